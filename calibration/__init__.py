@@ -1,0 +1,1 @@
+"""Calibration: measurements in, fitted hardware overlays and error reports out."""

@@ -1,0 +1,1 @@
+"""Hardware models: pydantic chip/system schemas and a YAML catalog with sources."""

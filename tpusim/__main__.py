@@ -1,0 +1,5 @@
+import sys
+
+from tpusim.cli import main
+
+sys.exit(main())
