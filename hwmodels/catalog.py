@@ -1,0 +1,268 @@
+"""The chip catalog: YAML files in, validated :class:`~hwmodels.schema.Chip` objects out.
+
+Where entries live
+------------------
+Two folders, searched in this order (see :func:`catalog_dirs`):
+
+1. **built-in** — ``hwmodels/catalog/*.yaml`` inside the package: published chips, one file
+   per chip, every value with its source. These are read-only data; nothing in tpusim writes
+   to them.
+2. **local** — ``$TPUSIM_LOCAL_DIR`` if set, else ``hwmodels/catalog/local/`` (gitignored):
+   machine-local entries such as the probed ``host-cpu.yaml`` (see :mod:`hwmodels.probe`),
+   and ``calibrated/<chip>.yaml`` overlays written by calibration (see
+   :mod:`hwmodels.overlay`).
+
+A file's stem is the chip's name (``tpu-v7.yaml`` holds ``name: tpu-v7``). A local entry
+may add a chip but never shadow a built-in one: that would silently override published data,
+so it is an error.
+
+Loading a chip
+--------------
+``load_chip("tpu-v7")`` reads the built-in file, validates it against the schema and, by
+default, applies the calibrated overlay if one exists; ``calibrated=False`` (or
+:func:`published_chip`) returns the published figures alone. Any problem with a file — YAML
+syntax, a missing field, a negative bandwidth — becomes an :class:`~hwmodels.errors.InputError`
+whose one-line message names the file and the field path::
+
+    hwmodels/catalog/x.yaml: hbm.peak_bandwidth_bytes_per_s.value: Input should be greater than or equal to 0
+
+List elements that carry a ``name`` are addressed by it (``links.ici.latency_s``), the same
+dotted paths calibration overlays use.
+
+Systems
+-------
+``make_system("tpu-v7", 8)`` joins 8 chips (16 devices) and counts the hosts they hang off,
+using :data:`CHIPS_PER_HOST`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from hwmodels.errors import InputError
+from hwmodels.schema import Chip, System
+
+BUILTIN_DIR = Path(__file__).resolve().parent / "catalog"
+LOCAL_DIR_ENV = "TPUSIM_LOCAL_DIR"
+
+# Chips per host, by chip name; chips not listed fall back to their kind. TPU hosts drive 4
+# chips (a v5e/v6e "-8" slice uses 8 on one host, but 4 per host is the pod building block);
+# an HGX GPU server holds 8 GPUs; a GB200 NVL72 compute tray holds 2 Grace-Blackwell
+# superchips = 4 GPUs; the probed host CPU is its own host.
+CHIPS_PER_HOST: dict[str, int] = {"gb200": 4}
+CHIPS_PER_HOST_BY_KIND: dict[str, int] = {"tpu": 4, "gpu": 8, "cpu": 1}
+
+
+def local_dir() -> Path:
+    """The folder for machine-local entries and calibrated overlays (may not exist yet)."""
+    override = os.environ.get(LOCAL_DIR_ENV)
+    if override:
+        return Path(override).expanduser()
+    return BUILTIN_DIR / "local"
+
+
+def catalog_dirs() -> list[Path]:
+    """Folders searched for ``<chip>.yaml``, built-in first, then the local folder."""
+    return [BUILTIN_DIR, local_dir()]
+
+
+def display_path(path: Path | str) -> str:
+    """``path`` relative to the working directory when it lies below it, else absolute."""
+    resolved = Path(path).resolve()
+    try:
+        return str(resolved.relative_to(Path.cwd()))
+    except ValueError:
+        return str(resolved)
+
+
+def _chip_paths() -> dict[str, Path]:
+    """Map chip name -> YAML file across the catalog folders; a name defined twice (a local
+    entry shadowing a built-in one) is an error rather than a silent override."""
+    paths: dict[str, Path] = {}
+    for folder in catalog_dirs():
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.glob("*.yaml")):
+            name = path.stem
+            if name in paths:
+                raise InputError(
+                    f"{display_path(path)}: chip {name!r} is already defined by "
+                    f"{display_path(paths[name])}; local entries may not shadow built-in ones"
+                )
+            paths[name] = path
+    return paths
+
+
+def list_chips() -> list[str]:
+    """Names of every chip in the catalog (built-in and local), sorted."""
+    return sorted(_chip_paths())
+
+
+# --------------------------------------------------------------------------- reading files
+
+
+def read_yaml_mapping(path: Path | str) -> dict[str, Any]:
+    """Read a YAML file whose top level must be a mapping; errors are one-line InputErrors."""
+    shown = display_path(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{shown}: file not found") from None
+    except OSError as error:
+        raise InputError(f"{shown}: cannot read: {error.strerror or error}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise InputError(f"{shown}: {where}YAML syntax error: {problem}") from None
+    if not isinstance(data, dict):
+        kind = "empty file" if data is None else f"a {type(data).__name__}"
+        raise InputError(f"{shown}: expected a mapping of fields at the top level, got {kind}")
+    return data
+
+
+def _loc_to_path(loc: Sequence[int | str], data: Any) -> str:
+    """Render a pydantic error location as a dotted path, naming list elements by ``name``."""
+    parts: list[str] = []
+    node: Any = data
+    for key in loc:
+        if isinstance(key, int):
+            element = node[key] if isinstance(node, list) and 0 <= key < len(node) else None
+            name = element.get("name") if isinstance(element, Mapping) else None
+            if isinstance(name, str) and name:
+                parts.append(name)
+            elif parts:
+                parts[-1] = f"{parts[-1]}[{key}]"
+            else:
+                parts.append(f"[{key}]")
+            node = element
+        else:
+            parts.append(str(key))
+            node = node.get(key) if isinstance(node, Mapping) else None
+    return ".".join(parts)
+
+
+def format_validation_error(source: str, error: ValidationError, data: Any) -> str:
+    """One line: ``<source>: <field path>: <message>`` (+ how many more errors there were)."""
+    errors = error.errors(include_url=False)
+    first = errors[0]
+    field = _loc_to_path(first.get("loc", ()), data)
+    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    line = f"{source}: {field}: {message}" if field else f"{source}: {message}"
+    if len(errors) > 1:
+        line += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
+    return line
+
+
+def load_chip_file(path: Path | str) -> Chip:
+    """Read and validate one chip YAML file (no overlay applied)."""
+    data = read_yaml_mapping(path)
+    try:
+        return Chip.model_validate(data)
+    except ValidationError as error:
+        raise InputError(format_validation_error(display_path(path), error, data)) from None
+
+
+def load_chip(name: str, *, calibrated: bool = True) -> Chip:
+    """The catalog chip ``name``; with ``calibrated`` its overlay (if any) is applied on top.
+
+    The file's ``name`` field must equal its stem. Unknown names raise an InputError that
+    lists the available chips.
+    """
+    paths = _chip_paths()
+    if name not in paths:
+        available = ", ".join(sorted(paths)) or "(none)"
+        raise InputError(f"unknown chip {name!r}; available: {available}")
+    chip = load_chip_file(paths[name])
+    if chip.name != name:
+        raise InputError(
+            f"{display_path(paths[name])}: name: {chip.name!r} does not match the file name "
+            f"{name!r}"
+        )
+    if not calibrated:
+        return chip
+    # Imported here: the overlay module builds on this one (local_dir, atomic writes).
+    from hwmodels.overlay import apply_overlay, load_overlay, overlay_path
+
+    path = overlay_path(name)
+    if not path.is_file():
+        return chip
+    return apply_overlay(chip, load_overlay(path), origin=display_path(path))
+
+
+def published_chip(name: str) -> Chip:
+    """The chip exactly as its catalog file states it, without any calibration overlay."""
+    return load_chip(name, calibrated=False)
+
+
+def chips_per_host(chip: Chip) -> int:
+    """How many chips one host drives (see :data:`CHIPS_PER_HOST`)."""
+    return CHIPS_PER_HOST.get(chip.name, CHIPS_PER_HOST_BY_KIND[chip.kind])
+
+
+def make_system(chip_name: str, chips: int, *, calibrated: bool = True) -> System:
+    """``chips`` copies of catalog chip ``chip_name``, on ``ceil(chips / chips_per_host)``
+    hosts. A system larger than the chip's link domain (e.g. 9 H100s over an 8-GPU NVLink
+    domain) is allowed; the simulator decides what crossing the domain costs."""
+    if chips < 1:
+        raise InputError(f"chips: must be >= 1 (got {chips})")
+    chip = load_chip(chip_name, calibrated=calibrated)
+    hosts = math.ceil(chips / chips_per_host(chip))
+    return System(chip=chip, chips=chips, hosts=hosts)
+
+
+# --------------------------------------------------------------------------- writing files
+
+
+def write_text_atomic(path: Path | str, text: str) -> Path:
+    """Write ``text`` to ``path`` so that readers see the old file or the new one, never half.
+
+    Steps: (1) write a temporary file in the same folder (same filesystem, so the rename is
+    atomic); (2) flush and fsync it so its bytes are on disk; (3) ``os.replace`` it over the
+    target; (4) fsync the folder so the rename itself is durable. If any step fails the
+    temporary file is removed and the previous file is left exactly as it was.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    temp_path = Path(temp_name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp_path, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temp_path.unlink()
+        raise
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    return target
+
+
+def chip_to_yaml(chip: Chip, header: str = "") -> str:
+    """Serialise a chip as catalog YAML (``header`` lines become ``#`` comments)."""
+    comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
+    body = yaml.safe_dump(
+        chip.model_dump(mode="json", exclude_none=True),
+        sort_keys=False,
+        allow_unicode=True,
+        width=100,
+    )
+    return comment + body

@@ -1,0 +1,213 @@
+"""``tpusim hardware``: list, show and probe catalog chips.
+
+Usage::
+
+    tpusim hardware                         # one row per chip: the headline figures
+    tpusim hardware show tpu-v7             # every figure with value, unit, label, source
+    tpusim hardware show h200 --json        # the chip as JSON (calibrated overlay applied)
+    tpusim hardware show tpu-v7 --uncalibrated   # the published figures only
+    tpusim hardware probe [--quick] [--json]     # measure this host, save host-cpu.yaml
+
+All values are per device (one TensorCore on TPU v7, one GPU on NVIDIA parts); the list's
+"dev" column says how many devices a chip holds. Units are converted for display
+only, from the unit each field name states: off-chip memory in decimal GB (as vendors
+publish HBM), on-chip memory in KiB/MiB (as they publish SRAM), rates in GB/s or TB/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from hwmodels.catalog import display_path, list_chips, load_chip
+from hwmodels.overlay import has_overlay, iter_figures
+from hwmodels.probe import probe_host, write_host_entry
+from hwmodels.schema import KIB, MIB, Chip
+
+LABEL_STYLES = {
+    "published": "green",
+    "measured": "cyan",
+    "derived": "blue",
+    "assumed": "yellow",
+    "calibrated": "magenta",
+}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "hardware",
+        help="list, show and probe catalog chips",
+        description="List catalog chips, show one chip's figures with sources, or probe this host.",
+    )
+    parser.set_defaults(func=run_list)
+    actions = parser.add_subparsers(dest="hardware_command", metavar="ACTION")
+
+    show = actions.add_parser("show", help="every figure of one chip, with unit, label and source")
+    show.add_argument("name", help="catalog chip name (see `tpusim hardware`)")
+    show.add_argument("--json", action="store_true", help="print the chip as JSON")
+    show.add_argument(
+        "--uncalibrated",
+        action="store_true",
+        help="ignore any calibrated overlay (published figures)",
+    )
+    show.set_defaults(func=run_show)
+
+    probe = actions.add_parser("probe", help="measure this host and save it as host-cpu")
+    probe.add_argument("--quick", action="store_true", help="small sizes, few repeats (~2 s)")
+    probe.add_argument("--json", action="store_true", help="print the probed chip as JSON")
+    probe.set_defaults(func=run_probe)
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def format_figure_value(path: str, value: float) -> tuple[str, str]:
+    """(number, unit) for display, chosen from the unit suffix of the field path."""
+    if "_bytes_per_s" in path:
+        if value >= 1e12:
+            return f"{value / 1e12:.3g}", "TB/s"
+        return f"{value / 1e9:.4g}", "GB/s"
+    if ".peak_flops_per_s." in path:
+        return f"{value / 1e12:.4g}", "TFLOP/s"
+    if path.endswith("_bytes"):
+        if value >= 1e9:  # off-chip memory: decimal GB, as vendors publish HBM
+            return f"{value / 1e9:.4g}", "GB"
+        if value >= MIB:  # on-chip memory: binary units, as vendors publish SRAM
+            return f"{value / MIB:.4g}", "MiB"
+        return f"{value / KIB:.4g}", "KiB"
+    if path.endswith("_s") or path.endswith("_s_per_tile"):
+        if value == 0.0:
+            return "0", "s"
+        if value < 1e-6:
+            return f"{value * 1e9:.4g}", "ns"
+        if value < 1e-3:
+            return f"{value * 1e6:.4g}", "µs"
+        return f"{value * 1e3:.4g}", "ms"
+    if path.endswith("_w"):
+        return f"{value:.4g}", "W"
+    return f"{value:.4g}", ""
+
+
+def _onchip_mib(chip: Chip) -> float:
+    """Device-wide staging memory: per-device tiers plus per-SM tiers times the SM count."""
+    tier = chip.staging_memory
+    if tier.per == "sm":
+        return tier.capacity_bytes.value * (chip.sm_count or 1) / MIB
+    return tier.capacity_bytes.value / MIB
+
+
+def chip_summary_row(chip: Chip) -> list[str]:
+    bf16 = chip.matrix_unit.peak_flops_per_s.get("bf16")
+    return [
+        chip.name,
+        chip.kind,
+        str(chip.devices_per_chip),
+        f"{chip.hbm.capacity_bytes.value / 1e9:.1f}",
+        f"{chip.hbm.peak_bandwidth_bytes_per_s.value / 1e12:.2f}",
+        f"{bf16.value / 1e12:.4g}" if bf16 else "—",
+        f"{_onchip_mib(chip):.4g} {chip.staging_memory.name}",
+        "yes" if has_overlay(chip.name) else "no",
+    ]
+
+
+def figures_table(chip: Chip, title: str) -> Table:
+    table = Table(title=title, show_lines=False)
+    for column, justify in (
+        ("field", "left"),
+        ("value", "right"),
+        ("unit", "left"),
+        ("label", "left"),
+        ("source", "left"),
+    ):
+        table.add_column(column, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for path, figure in iter_figures(chip):
+        number, unit = format_figure_value(path, figure.value)
+        if figure.uncertainty is not None:
+            spread, _ = format_figure_value(path, figure.uncertainty)
+            number = f"{number} ± {spread}"
+        style = LABEL_STYLES.get(figure.label, "")
+        table.add_row(path, number, unit, f"[{style}]{figure.label}[/]", figure.source)
+    return table
+
+
+def _structure_lines(chip: Chip) -> list[str]:
+    """Non-figure facts (counts, tiles, topology) that the figure table does not show."""
+    lines = [f"devices per chip: {chip.devices_per_chip}"]
+    if chip.sm_count:
+        lines.append(f"SMs: {chip.sm_count}")
+    for unit in chip.compute:
+        if unit.tile_rows > 1 or unit.tile_cols > 1:
+            lines.append(f"{unit.name} tile: {unit.tile_rows} x {unit.tile_cols}")
+    lines.append(
+        f"dma: {chip.dma.engines} engine(s), {chip.dma.efficient_in_flight} in flight before contention"
+    )
+    for link in chip.links:
+        domain = "" if link.domain_devices >= 1 << 30 else f", domain {link.domain_devices} devices"
+        lines.append(f"link {link.name}: {link.topology}, {link.links_per_device} link(s){domain}")
+    lines.append(f"execution: {chip.execution.mode}")
+    return lines
+
+
+def _print_figure(console: Console, chip: Chip, title: str) -> None:
+    console.print(figures_table(chip, title))
+    for line in _structure_lines(chip):
+        console.print(f"  {line}", highlight=False)
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def run_list(args: argparse.Namespace) -> int:
+    table = Table(title="Catalog chips (values per device)", box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in (
+        "name",
+        "kind",
+        "dev",
+        "HBM GB",
+        "HBM TB/s",
+        "bf16 TFLOP/s",
+        "staging MiB",
+        "calibrated",
+    ):
+        table.add_column(column, justify="left" if column in ("name", "kind") else "right")
+    for name in list_chips():
+        table.add_row(*chip_summary_row(load_chip(name)))
+    Console().print(table)
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    chip = load_chip(args.name, calibrated=not args.uncalibrated)
+    if args.json:
+        print(
+            json.dumps(
+                chip.model_dump(mode="json", exclude_none=True), indent=2, ensure_ascii=False
+            )
+        )
+        return 0
+    calibrated = any(figure.label == "calibrated" for _, figure in iter_figures(chip))
+    state = "calibrated overlay applied" if calibrated else "published figures"
+    title = f"{chip.name}: {chip.description} ({state}; values per device)"
+    _print_figure(Console(), chip, title)
+    return 0
+
+
+def run_probe(args: argparse.Namespace) -> int:
+    console = Console(stderr=True)
+    console.print("probing this host" + (" (quick)" if args.quick else "") + " ...")
+    chip = probe_host(quick=args.quick)
+    path = write_host_entry(chip)
+    if args.json:
+        print(
+            json.dumps(
+                chip.model_dump(mode="json", exclude_none=True), indent=2, ensure_ascii=False
+            )
+        )
+        return 0
+    _print_figure(Console(), chip, f"{chip.name}: {chip.description}")
+    Console().print(f"saved {display_path(path)}", highlight=False)
+    return 0

@@ -1,0 +1,87 @@
+"""Weight storage formats and the one function that owns their byte counts.
+
+A format stores ``value_bits`` per weight plus ``scale_bits`` for every
+``scale_block_values`` weights (block scales run along the contraction rows, as in the
+K3 checkpoint: FP8 gate/up has a bf16 scale per 256 rows; MXFP4 an E8M0 scale per 32
+values). ``mxu_dtype`` is the dtype the matrix unit consumes after dequantisation in
+on-chip memory (the published kernels dequantise narrow weights and push them at the
+bf16 rate).
+
+| format            | value bits | scale                        | source |
+| ---               | ---        | ---                          | --- |
+| bf16              | 16         | —                            | |
+| f32               | 32         | —                            | |
+| fp8_e4m3_b256     | 8          | bf16 per 256 contraction rows| K3 routed gate/up |
+| mxfp4             | 4          | E8M0 (8 bit) per 32 values   | K3 routed down |
+| nvfp4             | 4          | e4m3 (8 bit) per 16 values   | Muse Spark experts (3.38 MiB/expert/core) |
+| int8_channel      | 8          | bf16 per output column       | Muse Spark int8 dense |
+| int4_g128         | 4          | bf16 scale + bf16 offset per 128 | Muse Spark int4 experts (3.19 MiB/expert/core) |
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+FormatName = Literal[
+    "bf16", "f32", "fp8_e4m3_b256", "mxfp4", "nvfp4", "int8_channel", "int4_g128"
+]
+
+
+class WeightFormat(BaseModel):
+    """How one weight tensor is stored in HBM."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    value_bits: int = Field(ge=1)
+    scale_bits: int = Field(default=0, ge=0, description="bits of scale per block")
+    scale_block_values: int = Field(
+        default=0, ge=0, description="weights per scale (0: no block scale)"
+    )
+    per_column_scale_bits: int = Field(
+        default=0, ge=0, description="bits of scale per output column (channel-wise formats)"
+    )
+    mxu_dtype: Literal["bf16", "fp8", "f32", "int8"] = "bf16"
+
+
+FORMATS: dict[str, WeightFormat] = {
+    "bf16": WeightFormat(name="bf16", value_bits=16),
+    "f32": WeightFormat(name="f32", value_bits=32, mxu_dtype="f32"),
+    "fp8_e4m3_b256": WeightFormat(
+        name="fp8_e4m3_b256", value_bits=8, scale_bits=16, scale_block_values=256
+    ),
+    "mxfp4": WeightFormat(name="mxfp4", value_bits=4, scale_bits=8, scale_block_values=32),
+    "nvfp4": WeightFormat(name="nvfp4", value_bits=4, scale_bits=8, scale_block_values=16),
+    "int8_channel": WeightFormat(name="int8_channel", value_bits=8, per_column_scale_bits=16),
+    "int4_g128": WeightFormat(name="int4_g128", value_bits=4, scale_bits=32, scale_block_values=128),
+}
+
+
+def weight_format(name: str) -> WeightFormat:
+    try:
+        return FORMATS[name]
+    except KeyError:
+        raise KeyError(f"unknown weight format {name!r}; known: {', '.join(FORMATS)}") from None
+
+
+def value_bytes(fmt: WeightFormat, rows: int, cols: int) -> int:
+    """Bytes of the packed values of a ``rows x cols`` tensor (rows = contraction)."""
+    return math.ceil(rows * cols * fmt.value_bits / 8)
+
+
+def scale_bytes(fmt: WeightFormat, rows: int, cols: int) -> int:
+    """Bytes of the block and per-column scales of a ``rows x cols`` tensor."""
+    total_bits = 0
+    if fmt.scale_block_values:
+        blocks_per_col = math.ceil(rows / fmt.scale_block_values)
+        total_bits += blocks_per_col * cols * fmt.scale_bits
+    total_bits += cols * fmt.per_column_scale_bits
+    return math.ceil(total_bits / 8)
+
+
+def tensor_bytes(fmt: WeightFormat, rows: int, cols: int) -> int:
+    """Total HBM bytes of a ``rows x cols`` tensor in ``fmt``, scales included."""
+    return value_bytes(fmt, rows, cols) + scale_bytes(fmt, rows, cols)

@@ -1,0 +1,187 @@
+"""Sharding plans: how a model's weights and work are split over devices.
+
+A :class:`ShardingPlan` states, per device, the widths every sharded tensor gets and the
+collectives each layer runs. Published plans are YAML files in ``tpusim/models/``
+(``plan-k3-tp32.yaml``: Kimi K3 on 16 TPU v7 chips = 32 devices; ``plan-muse-tp8.yaml``);
+:func:`generic_plan` derives one for any model and device count (attention heads split
+tensor-parallel, experts split expert-parallel into groups, each group optionally splitting
+every expert's intermediate width tensor-parallel).
+
+Routed experts: device ``r`` belongs to group ``r // expert_tp`` of ``expert_groups``
+groups; the group owns ``num_experts / expert_groups`` consecutive experts and the device
+holds ``1 / expert_tp`` of each owned expert's intermediate width (K3 TP32: 8 groups of 4
+ranks, 112 experts per group, a 768-wide quarter of each).
+
+Collectives are listed with their payload per token and their stages (which link, how many
+peers). The engine prices each stage as ``stage latency + bytes / link bandwidth``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tpusim.modelconfig import ModelConfig
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class CollectiveStage(_Frozen):
+    link: Literal["sibling", "ici", "nvlink", "pcie", "local"] = Field(
+        description="which link carries this stage"
+    )
+    peers: int = Field(ge=1, description="devices this device sends to in this stage")
+
+
+class CollectiveSpec(_Frozen):
+    """One in-kernel collective of a layer."""
+
+    name: str
+    phase: Literal["attention", "moe", "mlp", "head"]
+    kind: Literal["exchange", "all_gather", "all_reduce", "reduce_scatter"]
+    bytes_per_token: int = Field(ge=0, description="payload sent to each peer per token, bytes")
+    stages: list[CollectiveStage] = Field(min_length=1)
+    after: str = Field(description="name of the op whose output it carries")
+    overlapped: bool = Field(
+        default=False, description="runs concurrently with the following compute (latent gather)"
+    )
+
+
+class ShardingPlan(_Frozen):
+    """Per-device widths and per-layer collectives of one deployment."""
+
+    name: str
+    description: str = ""
+    source: str = "derived"
+    devices: int = Field(ge=1, description="JAX devices the model is split over")
+    devices_per_chip: int = Field(default=1, ge=1)
+    lane_multiple: int = Field(default=128, ge=1, description="per-device widths pad to this")
+    attention_heads_per_device: int = Field(ge=1)
+    kv_heads_per_device: int = Field(default=1, ge=1, description="GQA KV heads per device")
+    expert_groups: int = Field(ge=1, description="expert-parallel groups")
+    expert_tp: int = Field(ge=1, description="devices splitting each expert's intermediate width")
+    router_cols_per_device: int = Field(ge=1, description="router output columns per device")
+    latent_down_cols_per_device: int = Field(default=0, ge=0)
+    latent_up_cols_per_device: int = Field(default=0, ge=0)
+    shared_intermediate_per_device: int = Field(default=0, ge=0)
+    dense_intermediate_per_device: int = Field(default=0, ge=0)
+    vocab_rows_per_device: int = Field(ge=1)
+    attention_collectives: list[CollectiveSpec] = Field(default_factory=list)
+    moe_collectives: list[CollectiveSpec] = Field(default_factory=list)
+    mlp_collectives: list[CollectiveSpec] = Field(default_factory=list)
+    head_collectives: list[CollectiveSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> ShardingPlan:
+        if self.expert_groups * self.expert_tp != self.devices:
+            raise ValueError(
+                f"expert_groups ({self.expert_groups}) x expert_tp ({self.expert_tp}) must equal "
+                f"devices ({self.devices})"
+            )
+        return self
+
+    @property
+    def chips(self) -> int:
+        return math.ceil(self.devices / self.devices_per_chip)
+
+    def check_against(self, model: ModelConfig) -> None:
+        """Raise ValueError when the plan cannot split ``model``."""
+        moe = model.moe
+        if moe.num_experts % self.expert_groups:
+            raise ValueError(
+                f"plan {self.name}: {moe.num_experts} experts do not split into "
+                f"{self.expert_groups} expert groups"
+            )
+        if moe.expert_intermediate_size % self.expert_tp:
+            raise ValueError(
+                f"plan {self.name}: expert width {moe.expert_intermediate_size} does not split "
+                f"{self.expert_tp} ways"
+            )
+
+    def experts_per_group(self, model: ModelConfig) -> int:
+        return model.moe.num_experts // self.expert_groups
+
+    def expert_slice_width(self, model: ModelConfig) -> int:
+        return model.moe.expert_intermediate_size // self.expert_tp
+
+    def group_of_device(self, device: int) -> int:
+        return device // self.expert_tp
+
+
+def round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def generic_plan(
+    model: ModelConfig, devices: int, *, devices_per_chip: int = 1, lane_multiple: int = 128,
+    devices_per_host: int = 8, intra_link: str = "ici", name: str | None = None,
+) -> ShardingPlan:
+    """A plan for any device count: attention TP over heads, experts EP (+TP when experts
+    are fewer than devices), every other projection column-split, vocabulary split.
+
+    Collectives: an all-reduce of the attention output and of the MoE output over all
+    devices (two stages: within a host, then across hosts), and an all-gather of the
+    router/latent input when experts are split.
+    """
+    if devices < 1:
+        raise ValueError("devices must be >= 1")
+    attention = model.mla or model.kda or model.gqa
+    num_heads = attention.num_query_heads if attention is model.gqa else attention.num_heads  # type: ignore[union-attr]
+    heads = max(1, math.ceil(num_heads / devices))
+    kv_heads = max(1, math.ceil(model.gqa.num_kv_heads / devices)) if model.gqa else 1
+    moe = model.moe
+    expert_groups = math.gcd(devices, moe.num_experts)
+    expert_tp = devices // expert_groups
+    if moe.expert_intermediate_size % expert_tp:
+        raise ValueError(f"generic plan: expert width does not split {expert_tp} ways")
+    hidden = model.hidden_size
+    latent = moe.latent_size or 0
+    hosts = max(1, math.ceil(devices / devices_per_host))
+    local_peers = min(devices, devices_per_host) - 1
+
+    def allreduce(name: str, phase: str, after: str) -> list[CollectiveSpec]:
+        if devices == 1:
+            return []
+        stages = []
+        if local_peers:
+            stages.append(CollectiveStage(link=intra_link, peers=local_peers))  # type: ignore[arg-type]
+        if hosts > 1:
+            stages.append(CollectiveStage(link=intra_link, peers=hosts - 1))  # type: ignore[arg-type]
+        return [CollectiveSpec(name=name, phase=phase, kind="all_reduce",  # type: ignore[arg-type]
+                               bytes_per_token=hidden * 2, stages=stages, after=after)]
+
+    latent_gather: list[CollectiveSpec] = []
+    if latent and devices > 1:
+        latent_cols = round_up(math.ceil(latent / devices), lane_multiple)
+        latent_gather = [CollectiveSpec(
+            name="moe.latent_allgather", phase="moe", kind="all_gather",
+            bytes_per_token=latent_cols * 2, stages=[CollectiveStage(link=intra_link, peers=devices - 1)],  # type: ignore[arg-type]
+            after="moe.latent_down", overlapped=True)]
+    return ShardingPlan(
+        name=name or f"generic-{devices}",
+        description=f"generic: attention TP{min(devices, num_heads)}, experts EP{expert_groups}"
+        f"xTP{expert_tp}, columns split {devices} ways",
+        source="derived by tpusim.plan.generic_plan",
+        devices=devices,
+        devices_per_chip=devices_per_chip,
+        lane_multiple=lane_multiple,
+        attention_heads_per_device=heads,
+        kv_heads_per_device=kv_heads,
+        expert_groups=expert_groups,
+        expert_tp=expert_tp,
+        router_cols_per_device=round_up(moe.num_experts, lane_multiple),
+        latent_down_cols_per_device=round_up(math.ceil(latent / devices), lane_multiple) if latent else 0,
+        latent_up_cols_per_device=round_up(math.ceil(hidden / devices), lane_multiple) if latent else 0,
+        shared_intermediate_per_device=round_up(math.ceil(moe.shared_intermediate_size / devices), lane_multiple)
+        if moe.shared_intermediate_size else 0,
+        dense_intermediate_per_device=round_up(math.ceil(model.dense_intermediate_size / devices), lane_multiple)
+        if model.dense_intermediate_size else 0,
+        vocab_rows_per_device=math.ceil(model.vocab_size / devices),
+        attention_collectives=allreduce("attn.allreduce", "attention", "attn.out"),
+        moe_collectives=latent_gather + allreduce("moe.allreduce", "moe", "moe.combine"),
+        mlp_collectives=allreduce("mlp.allreduce", "mlp", "mlp.down"),
+    )

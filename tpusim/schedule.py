@@ -1,0 +1,188 @@
+"""Prefetch schedules: the contract between the simulator and the megakernel.
+
+A :class:`Schedule` says, for every weight family, *when* its HBM→VMEM copies are issued
+relative to the compute stream, in what pieces, and into how many VMEM buffers; where the
+routed-expert copies are issued; and how KV tiles stream. ``tpusim simulate`` predicts a
+schedule, ``tpusim sweep`` searches over them and writes the best as JSON, and the kernel
+(:mod:`megakernel`) reads the same JSON and issues exactly those DMAs.
+
+Vocabulary (the kernel and the engine use the same words):
+
+- **op**: one compute step of the per-device program (``kda.qkvgb``, ``moe.router``,
+  ``expert[3]``, ...). The step is a flat sequence of ops across all layers.
+- **prefetch distance** ``d`` (``prefetch_distance_ops``): the copy feeding op ``i`` is
+  issued when the compute stream *starts* op ``i - d`` of the flat sequence, so ``d`` crosses
+  layer boundaries freely; ``d = 0`` issues it as its own op starts and waits at once (no
+  overlap). A copy is issued no earlier than its buffer is free.
+- **chunk**: a tensor larger than ``chunk_bytes`` is copied as row slabs of at most that
+  size; its op computes slab by slab as they land. ``None`` copies whole tensors.
+- **buffers**: the ring depth of a family: how many chunks (for ``routed_expert``: whole
+  expert slices, the "expert slots") may be resident at once. A buffer is reused only after
+  the op reading it has finished with it.
+- **pool**: families naming the same pool time-share one VMEM arena, sized for the largest
+  member (the published K3 kernel's ≈ 29.8 MiB pool holds attention projections *or* expert
+  slots). See :mod:`tpusim.vmem` for the byte accounting both sides use.
+- **expert issue**: ``after_routing`` (copies start when the top-k is known),
+  ``during_selection`` (each locally owned winner's copies start as the selection finds it,
+  as the published kernel does), or ``speculative`` (issued ``expert_speculation_ops`` ops
+  before routing from a prediction; a miss, at ``speculation_miss_rate``, refetches).
+
+Built-ins (``tpusim/schedules/*.json``): ``naive``, ``published``, ``layer-double-buffer``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from hwmodels.errors import InputError
+
+# Families a schedule controls (weight families from tpusim.modelconfig plus KV/state).
+SCHEDULE_FAMILIES = (
+    "kda_proj",
+    "mla_proj",
+    "gqa_proj",
+    "small_params",
+    "router",
+    "latent_proj",
+    "shared_expert",
+    "routed_expert",
+    "dense_mlp",
+    "lm_head",
+)
+
+SCHEDULES_DIR = Path(__file__).parent / "schedules"
+BUILTIN_SCHEDULES = ("naive", "published", "layer-double-buffer")
+
+
+class FamilySchedule(BaseModel):
+    """How one weight family streams into VMEM."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prefetch_distance_ops: int = Field(
+        default=0, ge=0, le=4096,
+        description="issue the copy this many ops before its consumer starts (crosses layers)",
+    )
+    chunk_bytes: int | None = Field(
+        default=None, ge=4096, description="split tensors into row slabs of at most this size"
+    )
+    buffers: int = Field(default=1, ge=1, le=64, description="ring depth (expert slots)")
+    pool: str | None = Field(default=None, description="VMEM pool shared with other families")
+
+
+class Schedule(BaseModel):
+    """A complete prefetch schedule for one decode step."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    families: dict[str, FamilySchedule] = Field(
+        default_factory=dict, description="per family; a family left out gets the defaults"
+    )
+    max_dmas_in_flight: int = Field(default=8, ge=1, le=256, description="outstanding copies")
+    expert_issue: Literal["after_routing", "during_selection", "speculative"] = "after_routing"
+    expert_speculation_ops: int = Field(
+        default=0, ge=0, description="with speculative issue: ops before routing the copies start"
+    )
+    speculation_miss_rate: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="fraction of speculative expert copies refetched"
+    )
+    kv_tile_tokens: int = Field(default=128, ge=8, description="KV cache tile, tokens")
+    kv_buffers: int = Field(default=2, ge=1, le=16, description="KV tiles in flight")
+
+    @model_validator(mode="after")
+    def _check(self) -> Schedule:
+        unknown = [name for name in self.families if name not in SCHEDULE_FAMILIES]
+        if unknown:
+            raise ValueError(
+                f"families: unknown family {unknown[0]!r}; known: {', '.join(SCHEDULE_FAMILIES)}"
+            )
+        routed = self.family("routed_expert")
+        if routed.chunk_bytes is not None:
+            raise ValueError("families.routed_expert.chunk_bytes: expert slices are copied whole")
+        if self.expert_issue == "speculative" and self.expert_speculation_ops == 0:
+            raise ValueError("expert_speculation_ops must be > 0 with expert_issue=speculative")
+        if self.expert_issue != "speculative" and self.speculation_miss_rate:
+            raise ValueError("speculation_miss_rate only applies to expert_issue=speculative")
+        for name, fam in self.families.items():
+            if fam.prefetch_distance_ops >= 1 and fam.buffers < 2 and fam.chunk_bytes:
+                # One buffer and a chunked tensor: the next chunk cannot land before this one
+                # is consumed, so a distance > 0 would refill a buffer still being read.
+                raise ValueError(
+                    f"families.{name}: prefetch_distance_ops > 0 with chunk_bytes needs buffers >= 2 "
+                    "(a single buffer would be refilled while still being read)"
+                )
+        return self
+
+    def family(self, name: str) -> FamilySchedule:
+        if name not in SCHEDULE_FAMILIES:
+            raise KeyError(f"unknown schedule family {name!r}")
+        return self.families.get(name, FamilySchedule())
+
+    def pools(self) -> dict[str, list[str]]:
+        """Pool name -> member families; unpooled families get a pool of their own."""
+        pools: dict[str, list[str]] = {}
+        for name in SCHEDULE_FAMILIES:
+            pool = self.family(name).pool or name
+            pools.setdefault(pool, []).append(name)
+        return pools
+
+    def content_hash(self) -> str:
+        """Stable 16-hex-digit hash of everything but name and description."""
+        data = self.model_dump(mode="json", exclude={"name", "description"})
+        data["families"] = {
+            name: self.family(name).model_dump(mode="json") for name in SCHEDULE_FAMILIES
+        }
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def with_changes(self, **changes: object) -> Schedule:
+        return Schedule.model_validate({**self.model_dump(), **changes})
+
+
+def load_schedule(name_or_path: str) -> Schedule:
+    """A built-in schedule by name, or a schedule JSON file."""
+    path = Path(name_or_path)
+    if name_or_path in BUILTIN_SCHEDULES:
+        path = SCHEDULES_DIR / f"{name_or_path}.json"
+    elif not path.exists():
+        raise InputError(
+            f"unknown schedule {name_or_path!r}: not a file and not one of {', '.join(BUILTIN_SCHEDULES)}"
+        )
+    try:
+        data = json.loads(path.read_text())
+    except OSError as error:
+        raise InputError(f"{path}: cannot read: {error.strerror}") from None
+    except json.JSONDecodeError as error:
+        raise InputError(f"{path}: line {error.lineno}: invalid JSON: {error.msg}") from None
+    try:
+        return Schedule.model_validate(data)
+    except ValidationError as error:
+        from tpusim.model_catalog import format_validation_error
+
+        raise InputError(format_validation_error(path, error)) from None
+
+
+def save_schedule(schedule: Schedule, path: Path) -> None:
+    """Write ``schedule`` as JSON atomically (temp file in the same folder, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(schedule.model_dump(mode="json"), indent=2) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

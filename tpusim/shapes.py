@@ -1,0 +1,228 @@
+"""Per-device weight tensors: the one place that owns every shape and byte count.
+
+The simulator's bytes and the kernel's HBM layout both come from these functions. Every
+tensor is stored ``rows x cols`` with ``rows`` the contraction dimension (``x @ W``), so
+block scales run down the rows. Widths pad to the plan's ``lane_multiple`` per sub-block.
+
+Per device ``d`` of a plan with ``h`` attention heads per device (``H`` hidden, ``P``
+padding to the lane multiple):
+
+| tensor | family | rows x cols | format key |
+| --- | --- | --- | --- |
+| ``kda.qkvgb`` | kda_proj | H x (4·P(h·hd) + P(h)) | dense |
+| ``kda.decay_a`` | kda_proj | H x decay_rank | dense |
+| ``kda.decay_b`` | kda_proj | decay_rank x h·hd | dense |
+| ``kda.o`` | kda_proj | h·hd x H | dense |
+| ``mla.q_a`` | mla_proj | H x q_lora | dense |
+| ``mla.q_b`` | mla_proj | q_lora x h·(nope + P(rope)) | dense |
+| ``mla.kv_a`` | mla_proj | H x (kv_lora + P(rope)) | dense |
+| ``mla.kv_b`` | mla_proj | kv_lora x h·(nope + v) | dense |
+| ``mla.gate`` | mla_proj | H x h·v | dense |
+| ``mla.o`` | mla_proj | h·v x H | dense |
+| ``gqa.q/k/v/gate/o`` | gqa_proj | H x h·hd, H x kvh·hd (x2), H x h·hd, h·hd x H | dense |
+| ``small.*`` | small_params | norms, biases, decay and mixture params (1 x n) | small_params |
+| ``moe.router`` | router | H x router_cols | router |
+| ``moe.latent_down`` / ``moe.latent_up`` | latent_proj | H x ld, L x lu | dense |
+| ``moe.shared_gate_up`` / ``moe.shared_down`` | shared_expert | H x 2s, s x H | dense |
+| ``expert.gate_up`` / ``expert.down`` | routed_expert | L x 2w, w x L (one slice) | routed_gate_up / routed_down |
+| ``mlp.gate_up`` / ``mlp.down`` | dense_mlp | H x 2m, m x H | dense |
+| ``head.lm_head`` | lm_head | H x vocab rows | lm_head |
+
+Worked check (K3 TP32, bf16): KDA = 7168·(4·384+128)·2 + 7168·128·2 + 128·384·2 + 384·7168·2
+= 29.84 MiB; MLA = 21 + 2.25 + 8.75 + 0.75 + 5.25 + 5.25 = 43.25 MiB; one expert slice =
+5.25 MiB FP8 gate/up + 42 KiB scales + 1.3125 MiB MXFP4 down + 84 KiB scales = 7,010,304 B.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from tpusim.formats import WeightFormat, scale_bytes, tensor_bytes, value_bytes, weight_format
+from tpusim.modelconfig import ModelConfig
+from tpusim.plan import ShardingPlan, round_up
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One weight tensor on one device."""
+
+    name: str
+    family: str
+    format_key: str
+    format_name: str
+    rows: int
+    cols: int
+
+    @cached_property
+    def fmt(self) -> WeightFormat:
+        return weight_format(self.format_name)
+
+    @cached_property
+    def bytes(self) -> int:
+        return tensor_bytes(self.fmt, self.rows, self.cols)
+
+    @property
+    def value_bytes(self) -> int:
+        return value_bytes(self.fmt, self.rows, self.cols)
+
+    @property
+    def scale_bytes(self) -> int:
+        return scale_bytes(self.fmt, self.rows, self.cols)
+
+
+def _spec(model: ModelConfig, name: str, family: str, key: str, rows: int, cols: int) -> TensorSpec:
+    return TensorSpec(name, family, key, model.format_of(key), rows, cols)
+
+
+def attention_tensors(model: ModelConfig, plan: ShardingPlan, layer: int) -> list[TensorSpec]:
+    """Attention projections of ``layer`` on one device."""
+    hidden, pad, heads = model.hidden_size, plan.lane_multiple, plan.attention_heads_per_device
+    kind = model.attention_kind(layer)
+    if kind == "kda":
+        kda = model.kda
+        assert kda is not None
+        width = heads * kda.head_dim
+        fused = 4 * round_up(width, pad) + round_up(heads, pad)
+        return [
+            _spec(model, "kda.qkvgb", "kda_proj", "dense", hidden, fused),
+            _spec(model, "kda.decay_a", "kda_proj", "dense", hidden, kda.decay_rank),
+            _spec(model, "kda.decay_b", "kda_proj", "dense", kda.decay_rank, width),
+            _spec(model, "kda.o", "kda_proj", "dense", width, hidden),
+        ]
+    if kind == "mla":
+        mla = model.mla
+        assert mla is not None
+        q_cols = heads * (mla.qk_nope_head_dim + round_up(mla.qk_rope_head_dim, pad))
+        tensors = [
+            _spec(model, "mla.q_a", "mla_proj", "dense", hidden, mla.q_lora_rank),
+            _spec(model, "mla.q_b", "mla_proj", "dense", mla.q_lora_rank, q_cols),
+            _spec(model, "mla.kv_a", "mla_proj", "dense", hidden,
+                  mla.kv_lora_rank + round_up(mla.qk_rope_head_dim, pad)),
+            _spec(model, "mla.kv_b", "mla_proj", "dense", mla.kv_lora_rank,
+                  heads * (mla.qk_nope_head_dim + mla.v_head_dim)),
+        ]
+        if mla.output_gate:
+            tensors.append(_spec(model, "mla.gate", "mla_proj", "dense", hidden, heads * mla.v_head_dim))
+        tensors.append(_spec(model, "mla.o", "mla_proj", "dense", heads * mla.v_head_dim, hidden))
+        return tensors
+    gqa = model.gqa
+    assert gqa is not None
+    q_width = heads * gqa.head_dim
+    kv_width = plan.kv_heads_per_device * gqa.head_dim
+    tensors = [
+        _spec(model, "gqa.q", "gqa_proj", "dense", hidden, q_width),
+        _spec(model, "gqa.k", "gqa_proj", "dense", hidden, kv_width),
+        _spec(model, "gqa.v", "gqa_proj", "dense", hidden, kv_width),
+    ]
+    if gqa.output_gate:
+        tensors.append(_spec(model, "gqa.gate", "gqa_proj", "dense", hidden, q_width))
+    tensors.append(_spec(model, "gqa.o", "gqa_proj", "dense", q_width, hidden))
+    return tensors
+
+
+def small_param_tensors(model: ModelConfig, plan: ShardingPlan, layer: int) -> list[TensorSpec]:
+    """Norm weights, router bias, decay and residual-mixture parameters of ``layer`` (f32)."""
+    hidden, heads = model.hidden_size, plan.attention_heads_per_device
+    sizes: list[tuple[str, int]] = [("small.attn_norm", hidden), ("small.mlp_norm", hidden)]
+    if model.residual == "attention_residuals":
+        sizes.append(("small.residual_mix", 2 * hidden))
+    kind = model.attention_kind(layer)
+    if kind == "kda" and model.kda:
+        width = heads * model.kda.head_dim
+        sizes += [("small.kda_a_log", heads), ("small.kda_dt_bias", width),
+                  ("small.kda_conv", 3 * width * model.kda.conv_kernel)]
+    if kind == "mla" and model.mla:
+        sizes += [("small.mla_q_norm", model.mla.q_lora_rank), ("small.mla_kv_norm", model.mla.kv_lora_rank)]
+    if model.is_moe_layer(layer):
+        if model.moe.router_bias:
+            sizes.append(("small.router_bias", model.moe.num_experts))
+        if model.moe.latent_norm and model.moe.latent_size:
+            sizes.append(("small.latent_norm", model.moe.latent_size))
+    return [_spec(model, name, "small_params", "small_params", 1, size) for name, size in sizes]
+
+
+def moe_dense_tensors(model: ModelConfig, plan: ShardingPlan) -> list[TensorSpec]:
+    """Router, latent projections and shared experts of one MoE layer on one device."""
+    hidden, moe = model.hidden_size, model.moe
+    tensors = [_spec(model, "moe.router", "router", "router", hidden, plan.router_cols_per_device)]
+    if moe.latent_size:
+        tensors += [
+            _spec(model, "moe.latent_down", "latent_proj", "dense", hidden, plan.latent_down_cols_per_device),
+            _spec(model, "moe.latent_up", "latent_proj", "dense", moe.latent_size, plan.latent_up_cols_per_device),
+        ]
+    if moe.num_shared_experts:
+        width = plan.shared_intermediate_per_device
+        tensors += [
+            _spec(model, "moe.shared_gate_up", "shared_expert", "dense", hidden, 2 * width),
+            _spec(model, "moe.shared_down", "shared_expert", "dense", width, hidden),
+        ]
+    return tensors
+
+
+def expert_slice_tensors(model: ModelConfig, plan: ShardingPlan) -> list[TensorSpec]:
+    """One routed expert's slice on one device (gate/up fused, then down)."""
+    width = plan.expert_slice_width(model)
+    expert_input = model.moe.latent_size or model.hidden_size
+    return [
+        _spec(model, "expert.gate_up", "routed_expert", "routed_gate_up", expert_input, 2 * width),
+        _spec(model, "expert.down", "routed_expert", "routed_down", width, expert_input),
+    ]
+
+
+def expert_slice_bytes(model: ModelConfig, plan: ShardingPlan) -> int:
+    return sum(t.bytes for t in expert_slice_tensors(model, plan))
+
+
+def dense_mlp_tensors(model: ModelConfig, plan: ShardingPlan) -> list[TensorSpec]:
+    width, hidden = plan.dense_intermediate_per_device, model.hidden_size
+    return [
+        _spec(model, "mlp.gate_up", "dense_mlp", "dense", hidden, 2 * width),
+        _spec(model, "mlp.down", "dense_mlp", "dense", width, hidden),
+    ]
+
+
+def lm_head_tensors(model: ModelConfig, plan: ShardingPlan) -> list[TensorSpec]:
+    return [_spec(model, "head.lm_head", "lm_head", "lm_head", model.hidden_size, plan.vocab_rows_per_device)]
+
+
+def layer_tensors(model: ModelConfig, plan: ShardingPlan, layer: int) -> list[TensorSpec]:
+    """Every non-expert tensor ``layer`` reads on one device, in program order."""
+    tensors = small_param_tensors(model, plan, layer) + attention_tensors(model, plan, layer)
+    if model.is_moe_layer(layer):
+        tensors += moe_dense_tensors(model, plan)
+    else:
+        tensors += dense_mlp_tensors(model, plan)
+    return tensors
+
+
+def kv_cache_bytes_per_token(model: ModelConfig, plan: ShardingPlan, layer: int) -> int:
+    """KV-cache bytes one sequence adds per token in ``layer`` on one device (bf16).
+
+    MLA keeps the compressed latent + rope key (padded to the lane multiple), shared by the
+    device's heads; GQA keeps K and V of the device's KV heads; KDA keeps no cache.
+    """
+    kind = model.attention_kind(layer)
+    if kind == "mla" and model.mla:
+        return 2 * (model.mla.kv_lora_rank + round_up(model.mla.qk_rope_head_dim, plan.lane_multiple))
+    if kind == "gqa" and model.gqa:
+        return 2 * 2 * plan.kv_heads_per_device * model.gqa.head_dim
+    return 0
+
+
+def attention_span_tokens(model: ModelConfig, layer: int, context_tokens: int) -> int:
+    """Tokens a decode step attends over in ``layer`` (sliding windows cap it)."""
+    gqa = model.gqa
+    if model.attention_kind(layer) == "gqa" and gqa and gqa.sliding_window:
+        full = gqa.full_attention_every and layer % gqa.full_attention_every == gqa.full_attention_offset
+        if not full:
+            return min(context_tokens, gqa.sliding_window)
+    return context_tokens
+
+
+def recurrent_state_bytes(model: ModelConfig, plan: ShardingPlan, layer: int) -> int:
+    """KDA recurrent-state bytes one sequence holds in ``layer`` on one device (f32)."""
+    if model.attention_kind(layer) == "kda" and model.kda:
+        head_dim = model.kda.head_dim
+        return plan.attention_heads_per_device * head_dim * head_dim * 4
+    return 0

@@ -1,0 +1,167 @@
+"""VMEM accounting of a schedule: the static scratch both the kernel and the engine use.
+
+Layout rule (the kernel allocates exactly this):
+
+1. Each weight *tensor kind* ``t`` (``kda.qkvgb``, ``mla.q_a``, ...) of a family ``f`` gets
+   ``buffers_f`` slab buffers. A slab is ``slab_rows(t)`` whole rows of ``t``: all rows when
+   the family is not chunked, else the most rows whose bytes fit ``chunk_bytes``, rounded
+   down to a multiple of the row granule (16 rows, or the format's scale block when larger,
+   so scales split with their values).
+2. ``routed_expert`` buffers are *expert slots*: each holds one whole expert slice (gate/up
+   and down, values and scales).
+3. A family's footprint is ``buffers_f * sum_t slab_bytes(t)``. Families sharing a pool
+   time-share one arena sized for the largest member footprint; an unpooled family is its
+   own arena.
+4. KV tiles: ``kv_buffers * kv_tile_tokens * kv_bytes_per_token * batch`` (MLA/GQA layers);
+   KDA recurrent state: one ``batch x heads x head_dim x head_dim`` f32 buffer.
+5. Activations: the residual stream and attention-residual block snapshots in f32, plus
+   working rows for the widest projection output, per batch row.
+
+The total must fit the chip's usable on-chip memory (TPU v7: ≤ 58 MiB of explicit buffers);
+:func:`check_fits` raises :class:`InfeasibleSchedule` naming the arenas otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tpusim.modelconfig import ModelConfig
+from tpusim.plan import ShardingPlan
+from tpusim.schedule import SCHEDULE_FAMILIES, Schedule
+from tpusim.shapes import (
+    TensorSpec,
+    dense_mlp_tensors,
+    expert_slice_bytes,
+    kv_cache_bytes_per_token,
+    layer_tensors,
+    lm_head_tensors,
+    recurrent_state_bytes,
+)
+
+ROW_GRANULE = 16  # bf16 packs 16 rows per (16, 128) VMEM tile
+
+
+class InfeasibleSchedule(ValueError):
+    """The schedule's buffers do not fit on-chip memory (message names what overflows)."""
+
+
+def row_granule(tensor: TensorSpec) -> int:
+    fmt = tensor.fmt
+    return max(ROW_GRANULE, fmt.scale_block_values if fmt.scale_block_values else 1)
+
+
+def slab_rows(tensor: TensorSpec, chunk_bytes: int | None) -> int:
+    """Rows per slab of ``tensor`` under ``chunk_bytes`` (all rows when not chunked)."""
+    if chunk_bytes is None or tensor.bytes <= chunk_bytes:
+        return tensor.rows
+    bytes_per_row = tensor.bytes / tensor.rows
+    granule = row_granule(tensor)
+    rows = int(chunk_bytes // bytes_per_row) // granule * granule
+    return max(granule, min(rows, tensor.rows))
+
+
+def slab_count(tensor: TensorSpec, chunk_bytes: int | None) -> int:
+    return math.ceil(tensor.rows / slab_rows(tensor, chunk_bytes))
+
+
+def slab_bytes(tensor: TensorSpec, chunk_bytes: int | None) -> int:
+    rows = slab_rows(tensor, chunk_bytes)
+    return math.ceil(tensor.bytes * rows / tensor.rows)
+
+
+def tensor_kinds(model: ModelConfig, plan: ShardingPlan) -> dict[str, list[TensorSpec]]:
+    """Family -> the distinct tensor kinds (largest instance of each name) the step reads."""
+    by_name: dict[str, TensorSpec] = {}
+    tensors = [t for layer in range(model.num_layers) for t in layer_tensors(model, plan, layer)]
+    tensors += lm_head_tensors(model, plan)
+    if model.dense_layers:
+        tensors += dense_mlp_tensors(model, plan)
+    for tensor in tensors:
+        current = by_name.get(tensor.name)
+        if current is None or tensor.bytes > current.bytes:
+            by_name[tensor.name] = tensor
+    kinds: dict[str, list[TensorSpec]] = {}
+    for tensor in by_name.values():
+        kinds.setdefault(tensor.family, []).append(tensor)
+    return kinds
+
+
+@dataclass
+class VmemPlan:
+    """Static on-chip scratch of a schedule, in bytes."""
+
+    family_bytes: dict[str, int]
+    arena_bytes: dict[str, int]
+    arena_members: dict[str, list[str]]
+    kv_bytes: int
+    state_bytes: int
+    activation_bytes: int
+    detail: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(self.arena_bytes.values())
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.kv_bytes + self.state_bytes + self.activation_bytes
+
+
+def activation_bytes(model: ModelConfig, batch: int) -> int:
+    """Residual stream, attention-residual snapshots and working rows (f32, per row)."""
+    blocks = math.ceil(model.num_layers / model.residual_block_layers) + 2
+    snapshots = blocks if model.residual == "attention_residuals" else 2
+    widest = max(model.hidden_size, model.moe.latent_size or 0) * 4
+    rows = max(batch, 8)  # sublane tile: activations pad to 8 rows
+    return rows * 4 * (model.hidden_size * snapshots + widest)
+
+
+def vmem_plan(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch: int) -> VmemPlan:
+    kinds = tensor_kinds(model, plan)
+    family_bytes: dict[str, int] = {}
+    detail: dict[str, int] = {}
+    for family in SCHEDULE_FAMILIES:
+        fam = schedule.family(family)
+        if family == "routed_expert":
+            if model.moe.num_experts:
+                family_bytes[family] = fam.buffers * expert_slice_bytes(model, plan)
+            continue
+        tensors = kinds.get(family, [])
+        if not tensors:
+            continue
+        total = 0
+        for tensor in tensors:
+            size = fam.buffers * slab_bytes(tensor, fam.chunk_bytes)
+            detail[tensor.name] = size
+            total += size
+        family_bytes[family] = total
+    arena_bytes: dict[str, int] = {}
+    arena_members: dict[str, list[str]] = {}
+    for pool, members in schedule.pools().items():
+        present = [m for m in members if m in family_bytes]
+        if present:
+            arena_members[pool] = present
+            arena_bytes[pool] = max(family_bytes[m] for m in present)
+    kv_per_token = max((kv_cache_bytes_per_token(model, plan, layer) for layer in range(model.num_layers)), default=0)
+    kv = schedule.kv_buffers * schedule.kv_tile_tokens * kv_per_token * batch
+    state = max((recurrent_state_bytes(model, plan, layer) for layer in range(model.num_layers)), default=0) * batch
+    return VmemPlan(family_bytes, arena_bytes, arena_members, kv, state, activation_bytes(model, batch), detail)
+
+
+def check_fits(vmem: VmemPlan, capacity_bytes: float, *, where: str = "VMEM") -> None:
+    """Raise :class:`InfeasibleSchedule` when the static scratch exceeds ``capacity_bytes``."""
+    if vmem.total_bytes <= capacity_bytes:
+        return
+    mib = 1 << 20
+    arenas = sorted(vmem.arena_bytes.items(), key=lambda item: -item[1])
+    listing = ", ".join(
+        f"{name} {size / mib:.2f} MiB" + (f" ({'+'.join(vmem.arena_members[name])})" if len(vmem.arena_members[name]) > 1 else "")
+        for name, size in arenas
+    )
+    raise InfeasibleSchedule(
+        f"schedule needs {vmem.total_bytes / mib:.2f} MiB of {where} but {capacity_bytes / mib:.2f} MiB is usable "
+        f"(over by {(vmem.total_bytes - capacity_bytes) / mib:.2f} MiB) at allocation, before layer 0: "
+        f"arenas {listing}; KV tiles {vmem.kv_bytes / mib:.2f} MiB, state {vmem.state_bytes / mib:.2f} MiB, "
+        f"activations {vmem.activation_bytes / mib:.2f} MiB"
+    )
