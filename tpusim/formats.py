@@ -12,6 +12,7 @@ bf16 rate).
 | bf16              | 16         | —                            | |
 | f32               | 32         | —                            | |
 | fp8_e4m3_b256     | 8          | bf16 per 256 contraction rows| K3 routed gate/up |
+| fp8_e4m3_b128x128 | 8          | f32 per 128 x 128 block      | DeepSeek-V3 / Kimi K2 checkpoints |
 | mxfp4             | 4          | E8M0 (8 bit) per 32 values   | K3 routed down |
 | nvfp4             | 4          | e4m3 (8 bit) per 16 values   | Muse Spark experts (3.38 MiB/expert/core) |
 | int8_channel      | 8          | bf16 per output column       | Muse Spark int8 dense |
@@ -26,7 +27,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 FormatName = Literal[
-    "bf16", "f32", "fp8_e4m3_b256", "mxfp4", "nvfp4", "int8_channel", "int4_g128"
+    "bf16", "f32", "fp8_e4m3_b256", "fp8_e4m3_b128x128", "mxfp4", "nvfp4", "int8_channel", "int4_g128"
 ]
 
 
@@ -41,6 +42,9 @@ class WeightFormat(BaseModel):
     scale_block_values: int = Field(
         default=0, ge=0, description="weights per scale (0: no block scale)"
     )
+    scale_block_cols: int = Field(
+        default=1, ge=1, description="columns one block scale covers (2-D blocks, DeepSeek FP8)"
+    )
     per_column_scale_bits: int = Field(
         default=0, ge=0, description="bits of scale per output column (channel-wise formats)"
     )
@@ -52,6 +56,10 @@ FORMATS: dict[str, WeightFormat] = {
     "f32": WeightFormat(name="f32", value_bits=32, mxu_dtype="f32"),
     "fp8_e4m3_b256": WeightFormat(
         name="fp8_e4m3_b256", value_bits=8, scale_bits=16, scale_block_values=256
+    ),
+    "fp8_e4m3_b128x128": WeightFormat(
+        name="fp8_e4m3_b128x128", value_bits=8, scale_bits=32, scale_block_values=128,
+        scale_block_cols=128,
     ),
     "mxfp4": WeightFormat(name="mxfp4", value_bits=4, scale_bits=8, scale_block_values=32),
     "nvfp4": WeightFormat(name="nvfp4", value_bits=4, scale_bits=8, scale_block_values=16),
@@ -77,7 +85,8 @@ def scale_bytes(fmt: WeightFormat, rows: int, cols: int) -> int:
     total_bits = 0
     if fmt.scale_block_values:
         blocks_per_col = math.ceil(rows / fmt.scale_block_values)
-        total_bits += blocks_per_col * cols * fmt.scale_bits
+        col_blocks = math.ceil(cols / fmt.scale_block_cols)
+        total_bits += blocks_per_col * col_blocks * fmt.scale_bits
     total_bits += cols * fmt.per_column_scale_bits
     return math.ceil(total_bits / 8)
 
