@@ -1,0 +1,85 @@
+"""HBM capacity: does a model's shard, plus its KV cache, fit on each device?
+
+Resident bytes per device = every layer's dense tensors (:mod:`tpusim.shapes`) + the slices
+of every routed expert the device owns (``experts_per_group`` per MoE layer) + the lm_head
+and embedding shards, plus the KV cache and recurrent state for ``batch`` sequences of
+``context_tokens`` (+ the tokens a step appends). A deployment that does not fit raises
+:class:`hwmodels.errors.InputError` with the numbers, so `tpusim compare` and
+`tpusim simulate` refuse it instead of predicting a speed nobody can run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hwmodels.errors import InputError
+from hwmodels.schema import Chip
+from tpusim.formats import tensor_bytes, weight_format
+from tpusim.modelconfig import ModelConfig
+from tpusim.plan import ShardingPlan
+from tpusim.shapes import (
+    expert_slice_bytes,
+    kv_cache_bytes_per_token,
+    layer_tensors,
+    lm_head_tensors,
+    recurrent_state_bytes,
+)
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class CapacityReport:
+    weight_bytes: int
+    expert_bytes: int
+    kv_bytes: int
+    capacity_bytes: float
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.kv_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.capacity_bytes
+
+
+def resident_weight_bytes(model: ModelConfig, plan: ShardingPlan) -> tuple[int, int]:
+    """(all weights, routed-expert part) one device holds in HBM, bytes."""
+    dense = sum(t.bytes for layer in range(model.num_layers) for t in layer_tensors(model, plan, layer))
+    head = sum(t.bytes for t in lm_head_tensors(model, plan))
+    embedding = tensor_bytes(weight_format(model.format_of("embedding")), plan.vocab_rows_per_device, model.hidden_size)
+    experts = len(model.moe_layers) * plan.experts_per_group(model) * expert_slice_bytes(model, plan)
+    return dense + head + embedding + experts, experts
+
+
+def cache_bytes(model: ModelConfig, plan: ShardingPlan, *, batch: int, context_tokens: int) -> int:
+    """KV cache + recurrent state for ``batch`` sequences of ``context_tokens`` on one device."""
+    total = 0
+    for layer in range(model.num_layers):
+        total += kv_cache_bytes_per_token(model, plan, layer) * context_tokens * batch
+        total += recurrent_state_bytes(model, plan, layer) * batch
+    return total
+
+
+def capacity_report(model: ModelConfig, plan: ShardingPlan, chip: Chip, *, batch: int,
+                    context_tokens: int) -> CapacityReport:
+    weights, experts = resident_weight_bytes(model, plan)
+    kv = cache_bytes(model, plan, batch=batch, context_tokens=context_tokens)
+    return CapacityReport(weights, experts, kv, chip.hbm.capacity_bytes.value)
+
+
+def check_capacity(model: ModelConfig, plan: ShardingPlan, chip: Chip, *, chips: int, batch: int,
+                   context_tokens: int) -> CapacityReport:
+    """Raise InputError when weights + KV cache do not fit one device's HBM."""
+    report = capacity_report(model, plan, chip, batch=batch, context_tokens=context_tokens)
+    if not report.fits:
+        needed_chips = -(-report.total_bytes * plan.devices // int(report.capacity_bytes)) // chip.devices_per_chip
+        raise InputError(
+            f"{model.name} does not fit on {chips} x {chip.name}: each device needs "
+            f"{report.total_bytes / GB:.1f} GB (weights {report.weight_bytes / GB:.1f} GB of which routed experts "
+            f"{report.expert_bytes / GB:.1f} GB, KV cache and state {report.kv_bytes / GB:.2f} GB at batch {batch}, "
+            f"context {context_tokens}) but has {report.capacity_bytes / GB:.1f} GB of HBM; "
+            f"at least ~{max(needed_chips, chips + 1)} chips are needed"
+        )
+    return report

@@ -1,0 +1,208 @@
+"""Side-by-side systems: the same model, batch sizes and acceptance lengths on TPUs and GPUs.
+
+A *system spec* is ``chip:chips[:execution]``: ``tpu-v7:16``, ``gb200:16`` (a conventional
+GPU serving stack: one kernel launch per op, NCCL collectives), ``gb200:16:graphs`` (the
+same with CUDA graphs: cheaper launches), ``gb200:16:megakernel`` (one persistent kernel per
+step with TMA-style async copies into shared memory / L2, driven by a prefetch schedule like
+the TPU kernel). TPU systems always run the megakernel.
+
+For each (system, batch, acceptance length) :func:`compare_rows` checks that weights + KV
+cache fit HBM (a row that does not fit says so instead of giving a time), picks a schedule
+(TPU and GPU megakernel rows: the sweep's best for that system and batch, or ``published``;
+per-kernel GPU rows: their execution model), simulates the plain decode step — or, with
+speculative decoding, the drafter's steps plus the verify step — and returns rows with
+stable keys: ``system, chips, batch, acceptance_length, step_ms, tokens_per_s, label,
+breakdown`` (+ ``execution, schedule, fits, note``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hwmodels.catalog import make_system
+from hwmodels.errors import InputError
+from hwmodels.schema import Chip, System
+from tpusim.capacity import check_capacity
+from tpusim.model_catalog import load_model, plan_for
+from tpusim.modelconfig import ModelConfig
+from tpusim.plan import ShardingPlan
+from tpusim.program import build_program
+from tpusim.routing import RoutingModel
+from tpusim.schedule import Schedule, load_schedule
+from tpusim.speculative import SpeculativeConfig, SpeculativeStep
+from tpusim.vmem import InfeasibleSchedule, check_fits, vmem_plan
+
+MS_PER_S = 1000.0
+EXECUTIONS = ("default", "per-kernel", "graphs", "megakernel")
+
+# (model, plan, system, batch) -> the schedule to run and how it was chosen
+ScheduleChooser = Callable[[ModelConfig, ShardingPlan, System, int], tuple[Schedule, str]]
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    chip: str
+    chips: int
+    execution: str = "default"
+
+    @property
+    def label(self) -> str:
+        suffix = "" if self.execution == "default" else f":{self.execution}"
+        return f"{self.chip}:{self.chips}{suffix}"
+
+
+def parse_systems(text: str) -> list[SystemSpec]:
+    specs = []
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        parts = item.split(":")
+        if len(parts) not in (2, 3):
+            raise InputError(f"--systems {item!r}: expected chip:chips[:execution], e.g. gb200:16:megakernel")
+        try:
+            chips = int(parts[1])
+        except ValueError:
+            raise InputError(f"--systems {item!r}: chip count {parts[1]!r} is not a number") from None
+        if chips < 1:
+            raise InputError(f"--systems {item!r}: chip count must be >= 1")
+        execution = parts[2] if len(parts) == 3 else "default"
+        if execution not in EXECUTIONS:
+            raise InputError(f"--systems {item!r}: execution {execution!r} not one of {', '.join(EXECUTIONS)}")
+        specs.append(SystemSpec(parts[0], chips, execution))
+    if not specs:
+        raise InputError("--systems: no system given")
+    return specs
+
+
+def with_execution(chip: Chip, execution: str) -> Chip:
+    """The chip with its execution model switched (GPU per-kernel / graphs / megakernel)."""
+    if execution == "default" or chip.kind == "tpu":
+        return chip
+    if execution == "megakernel":
+        mode = "megakernel"
+    elif execution in ("per-kernel", "graphs"):
+        mode = "per_op_launch"
+    else:
+        raise InputError(f"unknown execution {execution!r}")
+    updates: dict[str, Any] = {"mode": mode}
+    if execution == "graphs" and chip.execution.graph_launch_overhead_s is not None:
+        updates["launch_overhead_s"] = chip.execution.graph_launch_overhead_s
+    execution_model = chip.execution.model_copy(update=updates)
+    return chip.model_copy(update={"execution": execution_model})
+
+
+def execution_label(chip: Chip, spec: SystemSpec) -> str:
+    if chip.execution.mode == "megakernel":
+        return "megakernel"
+    return "per-kernel (CUDA graphs)" if spec.execution == "graphs" else "per-kernel launches"
+
+
+def fitting_schedule(model: ModelConfig, plan: ShardingPlan, chip: Chip, batch: int,
+                     names: tuple[str, ...] = ("published", "layer-double-buffer", "naive")) -> tuple[Schedule, str]:
+    """The first built-in schedule whose buffers fit the chip's on-chip memory."""
+    for name in names:
+        schedule = load_schedule(name)
+        try:
+            check_fits(vmem_plan(schedule, model, plan, batch), chip.staging_memory.usable_bytes)
+        except InfeasibleSchedule:
+            continue
+        return schedule, f"built-in `{name}` (first built-in that fits)"
+    raise InputError(f"no built-in schedule fits {chip.name}'s on-chip memory for {model.name} at batch {batch}")
+
+
+def _simulate_s(model: ModelConfig, plan: ShardingPlan, chip: Chip, schedule: Schedule, *, rows: int,
+                context_tokens: int, routing: RoutingModel, seed: int) -> tuple[float, dict[str, Any]]:
+    from tpusim.engine import simulate
+
+    program = build_program(model, plan, batch=rows, context_tokens=context_tokens, routing=routing, seed=seed)
+    result = simulate(program, schedule, chip)
+    return result.step_s, dict(result.breakdown)
+
+
+def _system_and_plan(model: ModelConfig, spec: SystemSpec, calibrated: bool) -> tuple[System, Chip, ShardingPlan]:
+    system = make_system(spec.chip, spec.chips, calibrated=calibrated)
+    chip = with_execution(system.chip, spec.execution)
+    intra = "nvlink" if chip.kind == "gpu" else "ici"
+    plan = plan_for(model, system.devices, devices_per_chip=chip.devices_per_chip, intra_link=intra)
+    return system.model_copy(update={"chip": chip}), chip, plan
+
+
+def compare_rows(
+    model_name: str,
+    systems: list[SystemSpec],
+    batches: list[int],
+    *,
+    acceptance_lengths: list[float] | None = None,
+    schedule: str | None = None,
+    choose_schedule: ScheduleChooser | None = None,
+    context_tokens: int = 1024,
+    routing: RoutingModel | None = None,
+    seed: int = 0,
+    calibrated: bool = True,
+    draft_tokens: int = 7,
+) -> list[dict[str, Any]]:
+    """Rows of the comparison (see the module docstring for keys)."""
+    routing = routing or RoutingModel("uniform")
+    model = load_model(model_name)
+    rows: list[dict[str, Any]] = []
+    speculation: list[float | None] = [None, *(acceptance_lengths or [])]
+    for spec in systems:
+        system, chip, plan = _system_and_plan(model, spec, calibrated)
+        label = "calibrated" if _is_calibrated(chip) else "simulated"
+        for batch in batches:
+            for acceptance in speculation:
+                row: dict[str, Any] = {
+                    "system": spec.label, "chips": spec.chips, "batch": batch,
+                    "acceptance_length": acceptance, "execution": execution_label(chip, spec),
+                    "plan": plan.name, "label": label,
+                }
+                rows.append(row)
+                verify_rows = batch * (draft_tokens + 1) if acceptance is not None else batch
+                try:
+                    check_capacity(model, plan, chip, chips=spec.chips, batch=verify_rows,
+                                   context_tokens=context_tokens + draft_tokens + 1)
+                except InputError as error:
+                    row.update(fits=False, step_ms=None, tokens_per_s=None, schedule=None,
+                               breakdown={}, note=str(error))
+                    continue
+                chosen, how = _schedule_for(model, plan, system, chip, batch=verify_rows,
+                                            schedule=schedule, choose=choose_schedule)
+                step_s, breakdown = _simulate_s(model, plan, chip, chosen, rows=verify_rows,
+                                                context_tokens=context_tokens, routing=routing, seed=seed)
+                row.update(fits=True, schedule=chosen.name, schedule_hash=chosen.content_hash(),
+                           schedule_choice=how)
+                if acceptance is None:
+                    row.update(step_ms=step_s * MS_PER_S, tokens_per_s=batch / step_s, breakdown=breakdown)
+                    continue
+                config = SpeculativeConfig(draft_tokens=draft_tokens, acceptance_length=acceptance)
+                draft_model = load_model(config.draft_model)
+                draft_plan = plan_for(draft_model, system.devices, devices_per_chip=chip.devices_per_chip,
+                                      intra_link="nvlink" if chip.kind == "gpu" else "ici")
+                draft_schedule, _ = fitting_schedule(draft_model, draft_plan, chip, batch)
+                draft_s, _ = _simulate_s(draft_model, draft_plan, chip, draft_schedule, rows=batch,
+                                         context_tokens=context_tokens, routing=routing, seed=seed)
+                step = SpeculativeStep(batch, draft_s, step_s, config)
+                row.update(step_ms=step.step_s * MS_PER_S, tokens_per_s=step.accepted_tokens_per_s,
+                           breakdown={"verify_ms": step_s * MS_PER_S, "draft_ms_per_token": draft_s * MS_PER_S,
+                                      "draft_tokens": draft_tokens, "draft_share": step.draft_share,
+                                      "verify_breakdown": breakdown})
+    return rows
+
+
+def _is_calibrated(chip: Chip) -> bool:
+    from hwmodels.overlay import iter_figures
+
+    return any(figure.label == "calibrated" for _, figure in iter_figures(chip))
+
+
+def _schedule_for(model: ModelConfig, plan: ShardingPlan, system: System, chip: Chip, *, batch: int,
+                  schedule: str | None, choose: ScheduleChooser | None) -> tuple[Schedule, str]:
+    if chip.execution.mode == "per_op_launch":
+        return load_schedule("naive"), "none: one kernel per op (the schedule does not apply)"
+    if schedule not in (None, "best"):
+        chosen = load_schedule(schedule)
+        check_fits(vmem_plan(chosen, model, plan, batch), chip.staging_memory.usable_bytes)
+        return chosen, f"given (`{schedule}`)"
+    if choose is not None:
+        return choose(model, plan, system, batch)
+    return fitting_schedule(model, plan, chip, batch)
