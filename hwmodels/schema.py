@@ -116,6 +116,13 @@ class ComputeUnit(BaseModel):
     )
     tile_rows: int = Field(default=1, ge=1, description="rows of the systolic tile; batch rows pad to it")
     tile_cols: int = Field(default=1, ge=1, description="columns of the systolic tile")
+    row_pad: int | None = Field(
+        default=None,
+        ge=1,
+        description="batch rows pad to a multiple of this for the FLOP term (TPU MXU: 8, the "
+        "sublane tile, since LHS rows stream through a loaded weight tile; GPU tensor cores: "
+        "the MMA M dimension); defaults to tile_rows",
+    )
     weight_push_s_per_tile: Figure | None = Field(
         default=None,
         description="time to push one tile_rows x tile_cols weight tile into the array; "

@@ -1,0 +1,151 @@
+"""A two-layer program small enough to simulate by hand: the engine must match exactly.
+
+The chip is built in the test with round numbers; the program is built op by op. Each
+expected time is worked out in the test's docstring/comments, microsecond by microsecond.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hwmodels.schema import Chip
+from tpusim.engine import simulate
+from tpusim.model_catalog import load_model, plan_for
+from tpusim.plan import CollectiveSpec, CollectiveStage
+from tpusim.program import CollectiveCall, LayerProgram, Op, Program
+from tpusim.schedule import FamilySchedule, Schedule
+from tpusim.shapes import TensorSpec
+
+US = 1e-6
+GATE_UP_BYTES = 256 * 1024 * 2  # bf16 256 x 1024 = 524,288 B
+DOWN_BYTES = 512 * 256 * 2  # bf16 512 x 256 = 262,144 B
+# HBM: 524,288 B in 20 µs -> 2.62144e10 B/s (so gate_up streams in 20 µs alone, down in 10).
+HBM_BYTES_PER_S = GATE_UP_BYTES / (20 * US)
+# MXU: tile 128 x 128; batch 1 pads to 128 rows. gate_up: 2 * 128 * 256 * 1024 = 2^26 FLOPs,
+# down: 2 * 128 * 512 * 256 = 2^25 FLOPs. Peak 2^26 FLOPs per 10 µs: gate_up 10 µs, down 5 µs.
+# Weight push 1 ns per tile (16 and 8 tiles): far below the FLOP term.
+MXU_PEAK = 2**26 / (10 * US)
+VPU_PEAK = 1e10  # norm: 2e4 vector FLOPs -> 2 µs
+# Collective after mlp.down: one ICI stage, 2 peers x 1000 B at 1e9 B/s = 2 µs, + 3 µs latency.
+
+
+def _figure(value: float) -> dict[str, Any]:
+    return {"value": value, "source": "test: hand-computed case"}
+
+
+def hand_chip(*, efficient_in_flight: int = 4, penalty: float = 0.0) -> Chip:
+    return Chip.model_validate({
+        "name": "hand-chip", "vendor": "google", "kind": "tpu", "devices_per_chip": 1,
+        "hbm": {"capacity_bytes": _figure(1e9), "peak_bandwidth_bytes_per_s": _figure(HBM_BYTES_PER_S),
+                "sustained_bandwidth_bytes_per_s": _figure(HBM_BYTES_PER_S)},
+        "on_chip": [{"name": "vmem", "capacity_bytes": _figure(64 * 2**20)}],
+        "compute": [
+            {"name": "mxu", "peak_flops_per_s": {"bf16": _figure(MXU_PEAK)}, "tile_rows": 128,
+             "tile_cols": 128, "weight_push_s_per_tile": _figure(1e-9)},
+            {"name": "vpu", "peak_flops_per_s": {"f32": _figure(VPU_PEAK)}},
+        ],
+        "dma": {"issue_latency_s": _figure(1 * US), "efficient_in_flight": efficient_in_flight,
+                "concurrency_penalty_per_dma": _figure(penalty)},
+        "links": [{"name": "ici", "bandwidth_bytes_per_s_per_direction": _figure(1e9),
+                   "latency_s": _figure(1 * US), "collective_stage_latency_s": _figure(3 * US)}],
+        "execution": {"mode": "megakernel", "launch_overhead_s": _figure(0.0),
+                      "per_step_overhead_s": _figure(10 * US), "per_layer_overhead_s": _figure(2 * US)},
+    })
+
+
+def hand_program() -> Program:
+    """Two layers of [norm (VPU, 2 µs), mlp.gate_up, mlp.down + all-reduce]."""
+    model = load_model("kimi-k3-mini").with_layers(2)  # sizes the VMEM arenas only
+    plan = plan_for(model, 1)
+    gate_up = TensorSpec("mlp.gate_up", "dense_mlp", "dense", "bf16", 256, 1024)
+    down = TensorSpec("mlp.down", "dense_mlp", "dense", "bf16", 512, 256)
+    assert (gate_up.bytes, down.bytes) == (GATE_UP_BYTES, DOWN_BYTES)
+    spec = CollectiveSpec(name="mlp.allreduce", phase="mlp", kind="all_reduce", bytes_per_token=1000,
+                          stages=[CollectiveStage(link="ici", peers=2)], after="mlp.down")
+    layers = []
+    for layer in range(2):
+        ops = [
+            Op("mlp.mix_norm", "mlp.mix_norm", layer, "mlp", "vpu", vector_flops=2e4),
+            Op("mlp.gate_up", "mlp.gate_up", layer, "mlp", "mxu", tensors=(gate_up,), matmuls=((1, 256, 1024),)),
+            Op("mlp.down", "mlp.down", layer, "mlp", "mxu", tensors=(down,), matmuls=((1, 512, 256),),
+               collectives=(CollectiveCall(spec, 1000),)),
+        ]
+        layers.append(LayerProgram(layer, "kda", False, ops, 0))
+    return Program(model=model, plan=plan, batch=1, context_tokens=1, routing_label="hand", seed=0,
+                   device_view="hand", layers=layers, head_ops=[])
+
+
+def schedule(distance: int, buffers: int) -> Schedule:
+    return Schedule(name=f"d{distance}", families={
+        "dense_mlp": FamilySchedule(prefetch_distance_ops=distance, buffers=buffers)}, max_dmas_in_flight=4)
+
+
+def test_no_prefetch_matches_hand_arithmetic() -> None:
+    """d = 0: every copy is issued when its op starts and waited on at once.
+
+    t=0..10 per-step overhead; 10..12 layer 0 overhead; 12..14 norm.
+    gate_up: issued 14, 1 µs latency, 20 µs stream -> lands 35; compute 35..45.
+    down: issued 45, lands 45+1+10 = 56; compute 56..61; all-reduce 3 + 2 = 5 µs -> 66.
+    layer 1: overhead 66..68, norm 68..70, gate_up lands 91, compute ..101,
+    down lands 112, compute ..117, all-reduce ..122.  Step 122 µs; exposed 21+11+21+11 = 64.
+    """
+    result = simulate(hand_program(), schedule(0, 1), hand_chip())
+    assert result.step_s == pytest.approx(122 * US, rel=1e-9)
+    assert result.exposed_dma_s == pytest.approx(64 * US, rel=1e-9)
+    assert result.breakdown_s["mlp"] == pytest.approx(2 * (2 + 10 + 5) * US, rel=1e-9)
+    assert result.breakdown_s["collectives"] == pytest.approx(10 * US, rel=1e-9)
+    assert result.breakdown_s["fixed_overheads"] == pytest.approx(14 * US, rel=1e-9)
+    assert sum(result.breakdown_s.values()) == pytest.approx(result.step_s, rel=1e-12)
+    assert result.dma_count == 4
+    assert result.dma_bytes == 2 * (GATE_UP_BYTES + DOWN_BYTES)
+    # HBM busy = in flight 21 + 11 per layer; exposed is all of it.
+    assert result.dma_busy_s == pytest.approx(64 * US, rel=1e-9)
+    assert result.overlap_fraction == pytest.approx(0.0, abs=1e-9)
+
+
+def test_prefetch_one_op_ahead_matches_hand_arithmetic() -> None:
+    """d = 1, two buffers: each copy is issued when the op before its consumer starts.
+
+    12: norm starts, gate_up0 issued, streams from 13 alone (full rate).
+    14: gate_up0's op starts, down0 issued; from 15 both stream at half rate.
+        By 15 gate_up0 has 2/20 of its bytes (52,428.8 B); down0 (262,144 B) at half rate
+        takes 20 µs -> lands 35. gate_up0 then has 314,572.8 B, the rest (209,715.2 B) at
+        full rate takes 8 µs -> lands 43.  Compute 43..53 (exposed 14..43 = 29 µs).
+    53..58 down0 (landed), all-reduce 58..63, layer overhead 63..65.
+    65: norm1 starts, gate_up1 issued (streams from 66); 67: down1 issued (from 68).
+        Same pattern shifted by 53 µs: down1 lands 88, gate_up1 lands 96 (exposed 67..96 = 29).
+    96..106 gate_up1, 106..111 down1, all-reduce ..116.  Step 116 µs, exposed 58 µs.
+    """
+    result = simulate(hand_program(), schedule(1, 2), hand_chip())
+    assert result.step_s == pytest.approx(116 * US, rel=1e-9)
+    assert result.exposed_dma_s == pytest.approx(58 * US, rel=1e-9)
+    assert result.vmem_peak_bytes - result.vmem_static_bytes <= 0
+
+
+def test_concurrency_penalty_slows_shared_streams() -> None:
+    """As above, but past 1 copy in flight throughput drops: efficiency(2) = 1 / (1 + 0.25).
+
+    From 15 the two copies share 0.8 x bandwidth: 0.4 x 2.62144e10 = 1.048576e10 B/s each.
+    down0: 262,144 B / 1.048576e10 = 25 µs -> lands 40; gate_up0 then has 314,572.8 B,
+    the rest at full rate (alone again) 8 µs -> lands 48. Compute 48..58, down0 58..63,
+    all-reduce ..68, overhead ..70, norm1 70..72 (gate_up1 issued 70, streams from 71),
+    down1 issued 72 (from 73): down1 lands 98, gate_up1 lands 106; compute 106..116,
+    down1 ..121, all-reduce ..126.  Step 126 µs.
+    """
+    result = simulate(hand_program(), schedule(1, 2), hand_chip(efficient_in_flight=1, penalty=0.25))
+    assert result.step_s == pytest.approx(126 * US, rel=1e-9)
+
+
+def test_event_list_uses_kernel_vocabulary() -> None:
+    result = simulate(hand_program(), schedule(0, 1), hand_chip(), record_events=True)
+    assert result.events is not None
+    assert result.events[:6] == [
+        ("compute", "mlp.mix_norm", 0),
+        ("dma_start", "dense_mlp", "mlp.gate_up", 0, 0),
+        ("compute", "mlp.gate_up", 0),
+        ("dma_wait", "dense_mlp", "mlp.gate_up", 0, 0),
+        ("dma_start", "dense_mlp", "mlp.down", 0, 0),
+        ("compute", "mlp.down", 0),
+    ]

@@ -1,0 +1,241 @@
+"""``simulate``: wire the resources together, run SimPy, collect a :class:`SimResult`.
+
+Steps of :func:`simulate`:
+
+1. Pick the execution policy for the chip (:mod:`tpusim.engine.execution`) and the schedule
+   it runs (the user's, or a conventional one for per-op launch).
+2. Size the static VMEM scratch with :func:`tpusim.vmem.vmem_plan`; when the policy enforces
+   it, :func:`tpusim.vmem.check_fits` against the chip's usable staging memory. An overflow
+   is diagnosed by a second simulation with the check off that watches the dynamic
+   occupancy, and re-raised as :class:`VmemOverflow` (an
+   :class:`~tpusim.vmem.InfeasibleSchedule`) naming the moment, the layer and the buffers.
+3. Lower program + schedule into copies, buffers and compute pieces
+   (:mod:`tpusim.engine.lowering`).
+4. Build the SimPy environment: the HBM server (:mod:`tpusim.engine.hbm`), the staging
+   memory (:mod:`tpusim.engine.staging`), the links and the compute-stream process
+   (:mod:`tpusim.engine.stream`), and run until no event is left.
+5. Turn the accounts into a :class:`~tpusim.engine.result.SimResult`.
+
+Determinism: SimPy orders simultaneous events by (time, priority, insertion); every other
+order in the engine is explicit (copies by consumption sequence, pools by admission order,
+dicts by insertion), so equal inputs give identical results and event lists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import simpy
+from simpy.events import NORMAL, Event, EventPriority
+
+from hwmodels.schema import Chip
+from tpusim.engine.execution import ExecutionPolicy, execution_policy
+from tpusim.engine.hbm import HbmServer
+from tpusim.engine.items import MXU, VPU, Descriptor
+from tpusim.engine.lowering import lower
+from tpusim.engine.result import PHASES, SimResult
+from tpusim.engine.staging import StagingMemory
+from tpusim.engine.stream import Links, StreamAccount, compute_stream
+from tpusim.engine.timeline import Recorder
+from tpusim.program import Program
+from tpusim.schedule import Schedule
+from tpusim.vmem import InfeasibleSchedule, VmemPlan, check_fits, vmem_plan
+
+MIB = 1 << 20
+HOLDINGS_SHOWN = 4
+
+
+class VmemOverflow(InfeasibleSchedule):
+    """A schedule whose buffers do not fit on-chip memory, with when and where it overflows.
+
+    ``time_s`` / ``layer`` / ``op`` say when the dynamic occupancy first crosses the usable
+    capacity (``None`` when only the static arenas overflow); ``buffers`` lists the pools
+    and what they hold at that moment (or the static arenas).
+    """
+
+    def __init__(self, message: str, *, time_s: float | None, layer: int | None, op: str | None,
+                 buffers: dict[str, list[str]]) -> None:
+        super().__init__(message)
+        self.time_s = time_s
+        self.layer = layer
+        self.op = op
+        self.buffers = buffers
+
+
+class CountingEnvironment(simpy.Environment):
+    """A SimPy environment that counts the events it schedules (for events/s figures)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scheduled = 0
+
+    def schedule(self, event: Event, priority: EventPriority = NORMAL, delay: float = 0) -> None:
+        self.scheduled += 1
+        super().schedule(event, priority, delay)
+
+
+def simulate(program: Program, schedule: Schedule, chip: Chip, *, record_timeline: bool = False,
+             record_events: bool = False) -> SimResult:
+    """Simulate one decode step of ``program`` under ``schedule`` on ``chip``.
+
+    ``record_timeline`` attaches per-resource intervals and the VMEM curve
+    (``result.timeline``) and the kernel-vocabulary event list (``result.events``);
+    ``record_events`` records only the event list. Both are off on the fast path.
+    Raises :class:`VmemOverflow` (an :class:`~tpusim.vmem.InfeasibleSchedule`) when the
+    schedule's buffers do not fit the chip's usable on-chip memory.
+    """
+    policy = execution_policy(chip)
+    effective = policy.effective_schedule(schedule)
+    vmem = vmem_plan(effective, program.model, program.plan, program.batch)
+    capacity = chip.staging_memory.usable_bytes
+    if policy.enforce_staging_capacity:
+        try:
+            check_fits(vmem, capacity)
+        except InfeasibleSchedule as error:
+            raise _diagnose(str(error), program, schedule, effective, chip, policy, vmem, capacity) from None
+    run = _execute(program, effective, chip, policy, vmem, record_timeline=record_timeline,
+                   record_events=record_events or record_timeline)
+    return _collect(run, program, schedule, policy, vmem, capacity)
+
+
+@dataclass
+class _Run:
+    """The resources of one finished simulation, before they are summarised."""
+
+    env: CountingEnvironment
+    hbm: HbmServer
+    staging: StagingMemory
+    account: StreamAccount
+    recorder: Recorder | None
+    events: list[tuple[Any, ...]] | None
+
+
+def _execute(program: Program, effective: Schedule, chip: Chip, policy: ExecutionPolicy, vmem: VmemPlan, *,
+             record_timeline: bool, record_events: bool, watch_bytes: float | None = None) -> _Run:
+    """Steps 3-4 of :func:`simulate`: lower, wire the resources, run SimPy to the end."""
+    lowered = lower(program, effective, chip, policy, vmem)
+    env = CountingEnvironment()
+    recorder = Recorder() if record_timeline else None
+    events: list[tuple[Any, ...]] | None = [] if record_events else None
+    landed: list[Callable[[Descriptor], None]] = []  # the staging memory's callback, set below
+    hbm = HbmServer(env, policy.hbm_bandwidth_bytes_per_s, chip.dma, effective.max_dmas_in_flight,
+                    lambda desc: landed[0](desc), recorder, events)
+    staging = StagingMemory(env, lowered.base_bytes, hbm, recorder, watch_bytes)
+    landed.append(staging.landed)
+    account = StreamAccount()
+    process = env.process(compute_stream(
+        env, lowered, hbm, staging, Links(recorder), account,
+        per_step_s=policy.per_step_overhead_s, per_layer_s=policy.per_layer_overhead_s,
+        launch_s=policy.launch_overhead_s, recorder=recorder, events=events,
+    ))
+    env.run()
+    if process.is_alive:  # cannot happen with in-order pools; kept as a loud guard
+        raise RuntimeError(
+            f"engine stalled at t={env.now:.9f} s in op {staging.current_op} (layer "
+            f"{staging.current_layer}): {staging.used_bytes} B resident, {hbm.in_flight} copies in flight"
+        )
+    return _Run(env, hbm, staging, account, recorder, events)
+
+
+def _collect(run: _Run, program: Program, schedule: Schedule, policy: ExecutionPolicy, vmem: VmemPlan,
+             capacity: float) -> SimResult:
+    """Step 5 of :func:`simulate`: the accounts as a :class:`SimResult`."""
+    account, hbm, staging = run.account, run.hbm, run.staging
+    step_s = max(account.stream_end_s, hbm.last_land_s, account.overlapped_end_s)
+    breakdown = {phase: account.compute_by_phase.get(phase, 0.0) for phase in PHASES}
+    for phase, value in account.compute_by_phase.items():
+        breakdown.setdefault(phase, value)
+    breakdown.update(
+        collectives=account.collective_s,
+        fixed_overheads=account.fixed_s,
+        exposed_dma=account.exposed_dma_s,
+        drain=step_s - account.stream_end_s,
+    )
+    layer_s: dict[int, float] = {}
+    starts = account.layer_start_s
+    for position, (layer, start) in enumerate(starts):
+        end = starts[position + 1][1] if position + 1 < len(starts) else account.stream_end_s
+        layer_s[layer] = layer_s.get(layer, 0.0) + (end - start)
+    busy = {"hbm": hbm.busy_s, "mxu": account.unit_busy[MXU], "vpu": account.unit_busy[VPU]}
+    busy.update({f"link.{name}": value for name, value in sorted(account.link_busy.items())})
+    busy_fraction = {key: (value / step_s if step_s > 0 else 0.0) for key, value in busy.items()}
+    overlap = 1.0 - account.exposed_dma_s / hbm.busy_s if hbm.busy_s > 0 else 1.0
+    timeline = None
+    if run.recorder is not None:
+        timeline = run.recorder.timeline
+        timeline.step_s = step_s
+        timeline.vmem_capacity_bytes = capacity
+    return SimResult(
+        step_s=step_s,
+        batch=program.batch,
+        tokens_per_s=program.batch / step_s if step_s > 0 else float("inf"),
+        exposed_dma_s=account.exposed_dma_s,
+        dma_busy_s=hbm.busy_s,
+        overlap_fraction=min(1.0, max(0.0, overlap)),
+        vmem_peak_bytes=staging.peak_bytes,
+        vmem_peak_time_s=staging.peak_s,
+        vmem_peak_layer=staging.peak_layer,
+        vmem_static_bytes=vmem.total_bytes,
+        vmem_capacity_bytes=capacity,
+        busy_fraction=busy_fraction,
+        breakdown_s=breakdown,
+        layer_s=layer_s,
+        exposed_dma_by_family_s=dict(sorted(account.exposed_by_family.items())),
+        dma_count=hbm.issued,
+        dma_bytes=hbm.bytes_moved,
+        event_count=run.env.scheduled,
+        schedule_name=schedule.name,
+        schedule_hash=schedule.content_hash(),
+        execution_mode=policy.mode,
+        timeline=timeline,
+        events=run.events,
+    )
+
+
+def _summarise_holdings(holdings: dict[str, list[str]]) -> str:
+    """``pool MiB [labels]`` per pool, largest first (at most HOLDINGS_SHOWN labels each)."""
+    parts = []
+    sized = [(pool, items, sum(int(item.rsplit(":", 1)[1]) for item in items)) for pool, items in holdings.items()]
+    for pool, items, total in sorted(sized, key=lambda entry: (-entry[2], entry[0])):
+        labels = list(dict.fromkeys(item.rsplit(":", 1)[0] for item in items))
+        shown = ", ".join(labels[:HOLDINGS_SHOWN])
+        more = f" +{len(labels) - HOLDINGS_SHOWN} more" if len(labels) > HOLDINGS_SHOWN else ""
+        parts.append(f"{pool} {total / MIB:.2f} MiB [{shown}{more}]")
+    return "; ".join(parts)
+
+
+def _where(layer: int | None) -> str:
+    return "the head" if layer == -1 else f"layer {layer}"
+
+
+def _diagnose(static_message: str, program: Program, schedule: Schedule, effective: Schedule, chip: Chip,
+              policy: ExecutionPolicy, vmem: VmemPlan, capacity: float) -> VmemOverflow:
+    """Re-run without the capacity limit to find when and where occupancy overflows.
+
+    If the buffers in use at once ever exceed ``capacity``, the error names the first such
+    moment and what was resident; otherwise only the static arenas overflow, and it names
+    the moment of peak use and what was resident then.
+    """
+    arenas = {name: [f"{'+'.join(vmem.arena_members.get(name, [name]))}:{size}"]
+              for name, size in vmem.arena_bytes.items()}
+    prefix = f"schedule {schedule.name!r}"
+    try:
+        staging = _execute(program, effective, chip, policy, vmem, record_timeline=False, record_events=False,
+                           watch_bytes=capacity).staging
+    except Exception as error:  # the diagnosis must never hide the original problem
+        return VmemOverflow(f"{prefix}: {static_message} (dynamic diagnosis failed: {error})",
+                            time_s=None, layer=None, op=None, buffers=arenas)
+    if staging.crossing is not None:
+        time_s, layer, op, holdings = staging.crossing
+        dynamic = (f"occupancy first exceeds {capacity / MIB:.2f} MiB at t={time_s * 1e3:.4f} ms in "
+                   f"{_where(layer)} (op {op}), holding {_summarise_holdings(holdings)}")
+        return VmemOverflow(f"{prefix}: {dynamic}; {static_message}",
+                            time_s=time_s, layer=layer, op=op, buffers=holdings)
+    dynamic = (f"the static arenas overflow; the buffers in use at once peak at "
+               f"{staging.peak_bytes / MIB:.2f} MiB at t={staging.peak_s * 1e3:.4f} ms in "
+               f"{_where(staging.peak_layer)} (op {staging.peak_op}), holding "
+               f"{_summarise_holdings(staging.peak_holdings)}")
+    return VmemOverflow(f"{prefix}: {static_message}; {dynamic}", time_s=staging.peak_s,
+                        layer=staging.peak_layer, op=staging.peak_op, buffers=staging.peak_holdings)

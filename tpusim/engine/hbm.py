@@ -1,0 +1,166 @@
+"""The HBM and its copy engine: a bandwidth shared by the copies in flight.
+
+Picture a single pipe out of HBM with a fixed capacity, ``B`` bytes/s (the chip's sustained
+bandwidth; per-op launch execution scales it by ``per_op_efficiency``). Copies (descriptors)
+wait in a queue, most urgent first (consumption order), and are *issued* while fewer than
+``max_dmas_in_flight`` are outstanding. An issued copy spends ``dma.issue_latency_s`` before
+its first byte moves, then *streams*. While ``n`` copies stream, the engine serves them
+round-robin, so each moves at::
+
+    rate(n) = B * dma.efficiency(n) / n          (efficiency: 1 up to efficient_in_flight,
+                                                  then 1 / (1 + penalty * (n - efficient)))
+
+This is a fluid processor-sharing server. It is simulated exactly, without a SimPy process
+per copy, by a *virtual clock*: ``S(t) = ∫ rate dt`` is the number of bytes every streaming
+copy has received since time 0. A copy that starts streaming at ``S0`` with ``b`` bytes
+finishes when ``S`` reaches ``S0 + b``; since all streaming copies advance at the same rate,
+they finish in order of that target, kept in a heap. Whenever the set changes (a copy starts
+or finishes) the rate is recomputed and one wake-up is scheduled for the next start or
+finish. A wake-up made stale by a later change is recognised by its token and ignored.
+
+The server counts its busy time (any copy in flight, latency included), the bytes it moved,
+and, when asked, records each copy on a lane track (lane = the lowest free in-flight slot)
+and emits the kernel's ``dma_start`` events.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import simpy
+
+from hwmodels.schema import DmaSpec
+from tpusim.engine.items import Descriptor
+from tpusim.engine.timeline import Recorder
+
+# A copy is complete when the virtual clock is within this many bytes of its target: float
+# slack of the running sum (absolute, plus relative to the sum); a byte takes ~3e-13 s at
+# TPU v7 rates, so the slack never moves a completion by a visible amount.
+BYTE_TOLERANCE = 0.5
+RELATIVE_TOLERANCE = 1e-9
+
+
+class HbmServer:
+    """Processor-sharing HBM bandwidth with an issue queue (see the module docstring)."""
+
+    def __init__(self, env: simpy.Environment, bandwidth_bytes_per_s: float, dma: DmaSpec,
+                 max_in_flight: int, on_land: Callable[[Descriptor], None],
+                 recorder: Recorder | None, events: list[tuple[Any, ...]] | None) -> None:
+        self.env = env
+        self.bandwidth = bandwidth_bytes_per_s
+        self.latency_s = dma.issue_latency_s.value
+        self.max_in_flight = max_in_flight
+        # per-copy rate with n streaming, n = 0..max_in_flight
+        self.rate_by_n = [0.0] + [
+            bandwidth_bytes_per_s * dma.efficiency(n) / n for n in range(1, max_in_flight + 1)
+        ]
+        self.on_land = on_land
+        self.recorder = recorder
+        self.events = events
+        self.queue: list[tuple[int, Descriptor]] = []  # (seq, copy) waiting to be issued
+        self.starting: deque[tuple[float, Descriptor]] = deque()  # issued, in issue latency
+        self.streaming: list[tuple[float, int, Descriptor]] = []  # (target S, seq, copy)
+        self.in_flight = 0
+        self.virtual_bytes = 0.0  # S(t)
+        self.rate = 0.0
+        self.last_s = 0.0
+        self.busy_s = 0.0
+        self.bytes_moved = 0
+        self.issued = 0
+        self.last_land_s = 0.0
+        self.wake_token = 0
+        self.wake_at = float("inf")
+        self.free_lanes = list(range(max_in_flight))
+
+    # ----------------------------------------------------------------- clock
+
+    def _advance(self, now: float) -> None:
+        elapsed = now - self.last_s
+        if elapsed > 0.0:
+            if self.streaming:
+                self.virtual_bytes += self.rate * elapsed
+            if self.in_flight:
+                self.busy_s += elapsed
+            self.last_s = now
+
+    def _reschedule(self, now: float) -> None:
+        next_s = float("inf")
+        if self.starting:
+            next_s = self.starting[0][0]
+        if self.streaming:
+            finish = now + max(0.0, self.streaming[0][0] - self.virtual_bytes) / self.rate
+            next_s = min(next_s, finish)
+        if next_s < self.wake_at:
+            self.wake_token += 1
+            self.wake_at = next_s
+            self.env.timeout(max(0.0, next_s - now), self.wake_token).callbacks.append(self._wake)
+
+    # ----------------------------------------------------------------- issue
+
+    def enqueue(self, desc: Descriptor) -> None:
+        """Queue a copy; :meth:`pump` issues it when a slot is free."""
+        heapq.heappush(self.queue, (desc.seq, desc))
+
+    def pump(self) -> None:
+        """Issue queued copies, most urgent first, while slots are free."""
+        if not self.queue or self.in_flight >= self.max_in_flight:
+            return
+        now = self.env.now
+        self._advance(now)
+        queue = self.queue
+        while queue and self.in_flight < self.max_in_flight:
+            desc = heapq.heappop(queue)[1]
+            self.in_flight += 1
+            self.issued += 1
+            desc.issue_s = now
+            if self.recorder is not None:
+                desc.lane = heapq.heappop(self.free_lanes)
+            if self.events is not None:
+                self.events.append(("dma_start", desc.family, desc.tensor, desc.layer, desc.chunk))
+            if self.latency_s > 0.0:
+                self.starting.append((now + self.latency_s, desc))
+            else:
+                self._start_streaming(desc)
+        self._reschedule(now)
+
+    def _start_streaming(self, desc: Descriptor) -> None:
+        heapq.heappush(self.streaming, (self.virtual_bytes + desc.nbytes, desc.seq, desc))
+        self.rate = self.rate_by_n[len(self.streaming)]
+
+    # ----------------------------------------------------------------- wake-ups
+
+    def _wake(self, event: simpy.Event) -> None:
+        if event.value != self.wake_token:
+            return  # superseded by an earlier wake-up
+        self.wake_at = float("inf")
+        now = self.env.now
+        self._advance(now)
+        streaming = self.streaming
+        landed: list[Descriptor] = []
+        limit = self.virtual_bytes * (1.0 + RELATIVE_TOLERANCE) + BYTE_TOLERANCE
+        while streaming and streaming[0][0] <= limit:
+            landed.append(heapq.heappop(streaming)[2])
+        starting = self.starting
+        while starting and starting[0][0] <= now:
+            self._start_streaming(starting.popleft()[1])
+        self.rate = self.rate_by_n[len(streaming)]
+        for desc in landed:
+            self._land(desc, now)
+        self.pump()
+        self._reschedule(now)
+
+    def _land(self, desc: Descriptor, now: float) -> None:
+        self.in_flight -= 1
+        self.bytes_moved += desc.nbytes
+        self.last_land_s = now
+        desc.landed = True
+        desc.land_s = now
+        if self.recorder is not None:
+            self.recorder.dma(desc)
+            heapq.heappush(self.free_lanes, desc.lane)
+        if desc.waiter is not None:
+            desc.waiter.succeed()
+        self.on_land(desc)

@@ -1,0 +1,424 @@
+"""Lowering: a program + a schedule + a chip → the copies, buffers and pieces to simulate.
+
+Run once per simulation, before the event loop. The steps, with what each guarantees:
+
+1. **Pools and rings.** One :class:`~tpusim.engine.items.Pool` per VMEM arena of
+   :func:`tpusim.vmem.vmem_plan` (capacity = the arena's bytes), plus one for the KV tiles
+   (``kv_buffers`` tiles) and one for the KDA recurrent state. One
+   :class:`~tpusim.engine.items.Ring` per weight tensor kind with the family's ``buffers``
+   as depth; the routed experts share one ring (the expert slots). *Invariant:* no slab is
+   larger than its pool, since an arena is sized for its largest member's full ring.
+2. **Slabs and descriptors**, op by op in program order (so ``seq`` is consumption order):
+   every weight tensor is cut into row slabs by :func:`tpusim.vmem.slab_rows` (the same
+   function the kernel uses); each slab is one or two descriptors (values, then block scales
+   if the format has any). A routed expert is one slab (the slot) of four descriptors
+   (gate/up, scales, down, scales). KV tiles: ``kv_tile_tokens`` tokens per descriptor.
+   KDA state: one read descriptor, and a write-back descriptor after the op.
+3. **Release points** — when a slab's copies may be issued:
+
+   - weight slab of op ``i``, family distance ``d``: when op ``max(0, i - d)`` *starts*;
+   - routed expert ``k`` of a layer with ``n`` local experts, by ``expert_issue``:
+     ``after_routing`` when the layer's ``moe.topk`` *ends*; ``during_selection`` at
+     fraction ``(k + 1) / n`` of ``moe.topk`` (the top-k op is cut into ``n`` pieces);
+     ``speculative`` when op ``moe.router - expert_speculation_ops`` starts, and a
+     deterministic fraction ``speculation_miss_rate`` of them (every expert where
+     ``floor((j + 1) * rate)`` steps up, counting experts ``j`` over the whole step)
+     mispredicts: its speculative copy is wasted (it holds a slot until it has landed and
+     routing is known) and the right expert is refetched when ``moe.topk`` ends. The family's
+     ``prefetch_distance_ops`` is not used for routed experts: the issue point is the
+     routing decision, and the slots bound how far ahead it runs;
+   - KV tiles and KDA state: when their op starts (distance 0; ``kv_buffers`` tiles stream
+     in flight).
+
+   Without cross-op prefetch (per-op launch execution) every slab is released when its own
+   op starts.
+4. **Pieces**: a matmul op whose matmuls pair with its tensors computes slab by slab (wait
+   for the slab's copies, compute the slab's rows, free the slab); an expert frees its slot
+   after its last matmul; KV-tiled attention computes tile by tile (each tile a share of
+   the op's matmul time proportional to its bytes); any other op waits for all its slabs,
+   computes, and frees them. Vector work follows as one VPU piece.
+5. **Collectives** after each op, priced per stage by :mod:`tpusim.engine.costs`. An
+   overlapped one (the latent all-gather) must be complete before the next ``moe.expert``
+   or ``moe.combine`` op of its layer starts (its output feeds the experts), else before the
+   next layer starts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hwmodels.schema import Chip
+from tpusim.engine.costs import (
+    collective_stage_s,
+    matmul_time_s,
+    op_matmul_dtype,
+    resolve_link,
+    vector_time_s,
+)
+from tpusim.engine.execution import ExecutionPolicy
+from tpusim.engine.items import (
+    MXU,
+    VPU,
+    CollectivePlan,
+    Descriptor,
+    OpPlan,
+    Piece,
+    Pool,
+    Ring,
+    Slab,
+)
+from tpusim.formats import scale_bytes, value_bytes
+from tpusim.program import Op, Program
+from tpusim.schedule import SCHEDULE_FAMILIES, FamilySchedule, Schedule
+from tpusim.shapes import TensorSpec, kv_cache_bytes_per_token, recurrent_state_bytes
+from tpusim.vmem import VmemPlan, slab_rows
+
+ROUTED = "routed_expert"
+KV_FAMILY = "kv_cache"
+STATE_FAMILY = "kda_state"
+KV_POOL = "<kv tiles>"
+STATE_POOL = "<kda state>"
+OVERLAP_JOIN_ROLES = ("moe.expert", "moe.combine")
+
+
+@dataclass
+class Lowered:
+    """Everything the event loop needs, built by :func:`lower`."""
+
+    ops: list[OpPlan]
+    pools: list[Pool]
+    descriptors: int
+    slabs: int
+    base_bytes: int  # always-resident scratch (activations)
+
+
+class _Builder:
+    """Counters and lookups shared by the lowering steps."""
+
+    def __init__(self, program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPolicy,
+                 vmem: VmemPlan) -> None:
+        self.program = program
+        self.schedule = schedule
+        self.chip = chip
+        self.policy = policy
+        self.matrix = chip.matrix_unit
+        self.compute_scale = 1.0 / policy.compute_efficiency
+        self.slab_seq = 0
+        self.desc_seq = 0
+        self.pools: dict[str, Pool] = {
+            name: Pool(name, size, tuple(vmem.arena_members.get(name, ())))
+            for name, size in vmem.arena_bytes.items()
+        }
+        self.kv_pool = Pool(KV_POOL, vmem.kv_bytes, (KV_FAMILY,))
+        self.state_pool = Pool(STATE_POOL, vmem.state_bytes, (STATE_FAMILY,))
+        self.rings: dict[str, Ring] = {}
+        self.kv_ring = Ring("kv_tiles", schedule.kv_buffers)
+        self.state_ring = Ring("kda_state", 1)
+        self.matmul_cache: dict[tuple[int, int, int, float], float] = {}
+        self.families: dict[str, FamilySchedule] = {name: schedule.family(name) for name in SCHEDULE_FAMILIES}
+        speculative = schedule.expert_issue == "speculative" and policy.cross_op_prefetch
+        self.miss_rate = schedule.speculation_miss_rate if speculative else 0.0
+        self.expert_count = 0  # routed experts lowered so far over the whole step (misses)
+
+    # ----------------------------------------------------------------- small factories
+
+    def pool_of(self, family: str) -> Pool:
+        name = self.families[family].pool or family
+        pool = self.pools.get(name)
+        if pool is None:  # a family vmem_plan did not size (no tensor kinds): unbounded
+            pool = self.pools[name] = Pool(name, 1 << 62, (family,))
+        return pool
+
+    def ring_of(self, key: str, depth: int) -> Ring:
+        ring = self.rings.get(key)
+        if ring is None:
+            ring = self.rings[key] = Ring(key, depth)
+        return ring
+
+    def new_slab(self, family: str, label: str, layer: int, op_index: int, pool: Pool, ring: Ring) -> Slab:
+        slab = Slab(self.slab_seq, family, label, layer, op_index, pool, ring)
+        self.slab_seq += 1
+        pool.order.append(slab)
+        return slab
+
+    def add_desc(self, slab: Slab | None, family: str, tensor: str, layer: int, chunk: int, nbytes: int,
+                 *, write: bool = False, frees_slab: Slab | None = None) -> Descriptor:
+        desc = Descriptor(self.desc_seq, family, tensor, layer, chunk, nbytes, slab,
+                          write=write, frees_slab=frees_slab)
+        self.desc_seq += 1
+        if slab is not None:
+            slab.descs.append(desc)
+            slab.nbytes += nbytes
+            slab.pending += 1
+        return desc
+
+    def matmul_s(self, rows: int, contraction: int, cols: int, peak: float) -> float:
+        key = (rows, contraction, cols, peak)
+        cached = self.matmul_cache.get(key)
+        if cached is None:
+            cached = self.matmul_cache[key] = (
+                matmul_time_s(rows, contraction, cols, self.matrix, peak) * self.compute_scale
+            )
+        return cached
+
+    def peak(self, op: Op) -> float:
+        return self.matrix.peak_for(op_matmul_dtype(op))
+
+    def op_matmul_s(self, op: Op) -> float:
+        """MXU time of all of ``op``'s matmuls, unsplit."""
+        peak = self.peak(op)
+        return sum(self.matmul_s(rows, contraction, cols, peak) for rows, contraction, cols in op.matmuls)
+
+    # ----------------------------------------------------------------- tensors → slabs
+
+    def tensor_slabs(self, tensor: TensorSpec, layer: int, op_index: int) -> list[tuple[Slab, int]]:
+        """Row slabs of a (non-expert) weight tensor: [(slab, rows in it)]."""
+        fam = self.families[tensor.family]
+        pool = self.pool_of(tensor.family)
+        ring = self.ring_of(tensor.name, fam.buffers)
+        per_slab = slab_rows(tensor, fam.chunk_bytes)
+        count = math.ceil(tensor.rows / per_slab)
+        fmt, cols = tensor.fmt, tensor.cols
+        values_left, scales_left = tensor.value_bytes, tensor.scale_bytes
+        out: list[tuple[Slab, int]] = []
+        for chunk in range(count):
+            rows = min(per_slab, tensor.rows - chunk * per_slab)
+            last = chunk == count - 1
+            values = values_left if last else value_bytes(fmt, rows, cols)
+            scales = scales_left if last else scale_bytes(fmt, rows, cols)
+            values_left -= values
+            scales_left -= scales
+            slab = self.new_slab(tensor.family, tensor.name, layer, op_index, pool, ring)
+            if values:
+                self.add_desc(slab, tensor.family, tensor.name, layer, chunk, values)
+            if scales:
+                self.add_desc(slab, tensor.family, f"{tensor.name}.scales", layer, chunk, scales)
+            out.append((slab, rows))
+        return out
+
+    def expert_slab(self, op: Op, op_index: int, label_suffix: str = "") -> Slab:
+        """One expert slot: every tensor of the expert op, values then scales."""
+        fam = self.families[ROUTED]
+        slab = self.new_slab(ROUTED, f"{op.name}{label_suffix}", op.layer, op_index,
+                             self.pool_of(ROUTED), self.ring_of(ROUTED, fam.buffers))
+        for tensor in op.tensors:
+            name = f"{tensor.name}{label_suffix}"
+            if tensor.value_bytes:
+                self.add_desc(slab, ROUTED, name, op.layer, 0, tensor.value_bytes)
+            if tensor.scale_bytes:
+                self.add_desc(slab, ROUTED, f"{name}.scales", op.layer, 0, tensor.scale_bytes)
+        return slab
+
+
+def _is_expert_op(op: Op) -> bool:
+    return bool(op.tensors) and all(t.family == ROUTED for t in op.tensors)
+
+
+def _layer_index_of_roles(ops: list[Op]) -> dict[int, dict[str, int]]:
+    """layer -> role -> first global op index with that role."""
+    out: dict[int, dict[str, int]] = {}
+    for index, op in enumerate(ops):
+        out.setdefault(op.layer, {}).setdefault(op.role, index)
+    return out
+
+
+def _overlap_join_index(ops: list[Op], index: int) -> int:
+    layer = ops[index].layer
+    for later in range(index + 1, len(ops)):
+        op = ops[later]
+        if op.layer != layer:
+            return later
+        if op.role in OVERLAP_JOIN_ROLES:
+            return later
+    return len(ops)
+
+
+def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPolicy, vmem: VmemPlan) -> Lowered:
+    """Lower ``program`` under ``schedule`` (see the module docstring for the steps)."""
+    b = _Builder(program, schedule, chip, policy, vmem)
+    ops = program.ops
+    plans: list[OpPlan] = []
+    previous_layer: int | None = None
+    # per layer: [(real slab, mispredicted slab or None)] in expert order
+    layer_experts: dict[int, list[tuple[Slab, Slab | None]]] = {}
+
+    for index, op in enumerate(ops):
+        first = op.layer != previous_layer
+        previous_layer = op.layer
+        plan_ = OpPlan(index, op.name, op.layer, op.phase, first)
+        plans.append(plan_)
+        vector_s = vector_time_s(op.vector_flops, chip) * b.compute_scale
+        if _is_expert_op(op):
+            _lower_expert(b, op, plan_, layer_experts)
+        elif op.tensors:
+            vector_s = _lower_weights(b, op, plan_, plans, vector_s)
+        elif op.kv_read_bytes and recurrent_state_bytes(program.model, program.plan, op.layer):
+            vector_s = _lower_state(b, op, plan_, vector_s)
+        elif op.kv_read_bytes:
+            _lower_kv_tiles(b, op, plan_)
+        else:
+            matmul_s = b.op_matmul_s(op)
+            if matmul_s:
+                plan_.pieces.append(Piece(matmul_s, MXU))
+        if vector_s or not plan_.pieces:
+            plan_.pieces.append(Piece(vector_s, VPU))
+        if op.kv_write_bytes and not recurrent_state_bytes(program.model, program.plan, op.layer):
+            write = b.add_desc(None, KV_FAMILY, "kv.append", op.layer, 0, op.kv_write_bytes, write=True)
+            last = plan_.pieces[-1]
+            plan_.pieces[-1] = last._replace(writes=(*last.writes, write))
+        _lower_collectives(b, ops, index, plan_)
+
+    if policy.cross_op_prefetch:
+        _place_expert_releases(plans, ops, _layer_index_of_roles(ops), layer_experts, schedule)
+    pools = [*b.pools.values(), b.kv_pool, b.state_pool]
+    for pool in pools:
+        pool.order.sort(key=lambda slab: slab.seq)
+    return Lowered(
+        ops=plans,
+        pools=pools,
+        descriptors=b.desc_seq,
+        slabs=b.slab_seq,
+        base_bytes=vmem.activation_bytes,
+    )
+
+
+def _lower_expert(b: _Builder, op: Op, plan_: OpPlan,
+                  layer_experts: dict[int, list[tuple[Slab, Slab | None]]]) -> None:
+    """A routed expert: one slot, a piece per matmul, the slot freed after the last."""
+    wasted = None
+    rate = b.miss_rate
+    if rate:
+        count = b.expert_count
+        if math.floor((count + 1) * rate + 1e-9) > math.floor(count * rate + 1e-9):
+            wasted = b.expert_slab(op, plan_.index, ".mispredicted")
+    b.expert_count += 1
+    slab = b.expert_slab(op, plan_.index)
+    if b.policy.cross_op_prefetch:
+        layer_experts.setdefault(op.layer, []).append((slab, wasted))
+    else:
+        plan_.start_releases.append(slab)
+    by_tensor: dict[str, list[Descriptor]] = {}
+    for desc in slab.descs:
+        by_tensor.setdefault(desc.tensor.removesuffix(".scales"), []).append(desc)
+    peak = b.peak(op)
+    pairs = list(zip(op.tensors, op.matmuls, strict=False))
+    for position, (tensor, (rows, contraction, cols)) in enumerate(pairs):
+        last = position == len(pairs) - 1
+        plan_.pieces.append(Piece(b.matmul_s(rows, contraction, cols, peak), MXU,
+                                  tuple(by_tensor.get(tensor.name, ())), (slab,) if last else ()))
+    if not pairs:
+        plan_.pieces.append(Piece(0.0, MXU, tuple(slab.descs), (slab,)))
+
+
+def _lower_weights(b: _Builder, op: Op, plan_: OpPlan, plans: list[OpPlan], vector_s: float) -> float:
+    """Weight slabs released ``d`` ops ahead; slab-by-slab matmuls, or wait-all for other ops.
+
+    Returns the vector time still to be added as a trailing VPU piece.
+    """
+    tensor_slabs = [(tensor, b.tensor_slabs(tensor, op.layer, plan_.index)) for tensor in op.tensors]
+    for _tensor, slabs in tensor_slabs:
+        for slab, _rows in slabs:
+            distance = b.families[slab.family].prefetch_distance_ops if b.policy.cross_op_prefetch else 0
+            plans[max(0, plan_.index - distance)].start_releases.append(slab)
+    peak = b.peak(op)
+    aligned = op.unit == "mxu" and len(op.matmuls) == len(op.tensors) and all(
+        contraction == tensor.rows for tensor, (_m, contraction, _n) in zip(op.tensors, op.matmuls, strict=True))
+    if aligned:
+        for (_tensor, slabs), (rows, _contraction, cols) in zip(tensor_slabs, op.matmuls, strict=True):
+            for slab, slab_rows_ in slabs:
+                plan_.pieces.append(Piece(b.matmul_s(rows, slab_rows_, cols, peak), MXU, tuple(slab.descs), (slab,)))
+        return vector_s
+    all_slabs = tuple(slab for _tensor, slabs in tensor_slabs for slab, _rows in slabs)
+    waits = tuple(desc for slab in all_slabs for desc in slab.descs)
+    matmul_s = b.op_matmul_s(op)
+    if op.unit == "mxu" or matmul_s:
+        plan_.pieces.append(Piece(matmul_s, MXU, waits, ()))
+        waits = ()
+    plan_.pieces.append(Piece(vector_s, VPU, waits, all_slabs))
+    return 0.0
+
+
+def _lower_state(b: _Builder, op: Op, plan_: OpPlan, vector_s: float) -> float:
+    """KDA core: read the recurrent state, update it, write it back (the write frees it)."""
+    slab = b.new_slab(STATE_FAMILY, "kda.state", op.layer, plan_.index, b.state_pool, b.state_ring)
+    b.add_desc(slab, STATE_FAMILY, "kda.state", op.layer, 0, op.kv_read_bytes)
+    plan_.start_releases.append(slab)
+    matmul_s = b.op_matmul_s(op)
+    if matmul_s:
+        plan_.pieces.append(Piece(matmul_s, MXU, tuple(slab.descs), ()))
+    writes: tuple[Descriptor, ...] = ()
+    frees: tuple[Slab, ...] = (slab,)
+    if op.kv_write_bytes:
+        writes = (b.add_desc(None, STATE_FAMILY, "kda.state.writeback", op.layer, 0, op.kv_write_bytes,
+                             write=True, frees_slab=slab),)
+        frees = ()
+    plan_.pieces.append(Piece(vector_s, VPU, () if matmul_s else tuple(slab.descs), frees, (), writes))
+    return 0.0
+
+
+def _lower_kv_tiles(b: _Builder, op: Op, plan_: OpPlan) -> None:
+    """MLA / GQA core: the cache streams in ``kv_tile_tokens`` tiles through ``kv_buffers``."""
+    program = b.program
+    per_token = kv_cache_bytes_per_token(program.model, program.plan, op.layer) * program.batch
+    tile_bytes = b.schedule.kv_tile_tokens * per_token if per_token else op.kv_read_bytes
+    tiles = max(1, math.ceil(op.kv_read_bytes / tile_bytes))
+    matmul_s = b.op_matmul_s(op)
+    left = op.kv_read_bytes
+    for tile in range(tiles):
+        size = min(tile_bytes, left)
+        left -= size
+        slab = b.new_slab(KV_FAMILY, "kv.tile", op.layer, plan_.index, b.kv_pool, b.kv_ring)
+        b.add_desc(slab, KV_FAMILY, "kv.tile", op.layer, tile, size)
+        plan_.start_releases.append(slab)
+        plan_.pieces.append(Piece(matmul_s * size / op.kv_read_bytes, MXU, tuple(slab.descs), (slab,)))
+
+
+def _lower_collectives(b: _Builder, ops: list[Op], index: int, plan_: OpPlan) -> None:
+    """Step 5: price each collective after op ``index`` stage by stage."""
+    op = ops[index]
+    for call in op.collectives:
+        stages = []
+        for stage in call.spec.stages:
+            link = resolve_link(b.chip, stage.link)
+            if link is not None:
+                stages.append((link.name, collective_stage_s(link, stage, call.payload_bytes_per_peer)))
+        if stages:
+            join = _overlap_join_index(ops, index) if call.spec.overlapped else index + 1
+            plan_.collectives.append(CollectivePlan(call.spec.name, call.spec.overlapped, tuple(stages), join))
+
+
+def _place_expert_releases(plans: list[OpPlan], ops: list[Op], roles: dict[int, dict[str, int]],
+                           layer_experts: dict[int, list[tuple[Slab, Slab | None]]],
+                           schedule: Schedule) -> None:
+    """Step 3 for routed experts: attach each expert slab to its issue point."""
+    for layer, experts in layer_experts.items():
+        layer_roles = roles.get(layer, {})
+        topk = layer_roles.get("moe.topk")
+        router = layer_roles.get("moe.router", topk)
+        if topk is None or router is None:  # no routing op: issue when the expert starts
+            for slab, wasted in experts:
+                if wasted is not None:
+                    plans[slab.op_index].start_releases.append(wasted)
+                    plans[slab.op_index].resolves.append(wasted)
+                plans[slab.op_index].start_releases.append(slab)
+            continue
+        topk_plan = plans[topk]
+        if schedule.expert_issue == "after_routing":
+            topk_plan.end_releases.extend(slab for slab, _wasted in experts)
+        elif schedule.expert_issue == "during_selection":
+            # the selection's own vector work, cut into one piece per local winner
+            plain = [piece for piece in topk_plan.pieces if piece.unit == VPU and not (
+                piece.waits or piece.frees or piece.releases or piece.writes)]
+            rest = [piece for piece in topk_plan.pieces if piece not in plain]
+            share = sum(piece.duration_s for piece in plain) / len(experts)
+            topk_plan.pieces = rest + [Piece(share, VPU, (), (), (slab,)) for slab, _wasted in experts]
+        else:  # speculative
+            issue = plans[max(0, router - schedule.expert_speculation_ops)]
+            for slab, wasted in experts:
+                if wasted is not None:
+                    issue.start_releases.append(wasted)
+                    topk_plan.resolves.append(wasted)
+                    topk_plan.end_releases.append(slab)
+                else:
+                    issue.start_releases.append(slab)

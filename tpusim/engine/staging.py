@@ -1,0 +1,144 @@
+"""VMEM over time: buffers reserved when their copies are issued, freed after use.
+
+A SimPy analogy: each :class:`~tpusim.engine.items.Pool` is a ``Container`` of bytes and
+each :class:`~tpusim.engine.items.Ring` a ``Resource`` with ``depth`` slots, except that
+requests are served strictly in consumption order and are made by the engine rather than by
+waiting processes, which keeps the event count per copy at a constant.
+
+A slab is *admitted* (its ring slot and pool bytes reserved, its copies queued at the HBM
+server) when all of these hold, checked whenever something changes:
+
+1. it has been released (its issue point in the compute stream has passed);
+2. every earlier slab of its pool has been admitted (in-order admission);
+3. its ring has a free slot: ``ring.used < ring.depth``;
+4. its pool has room: ``pool.used + slab.nbytes <= pool.capacity``.
+
+Occupancy = always-resident scratch (activations) + the bytes of every admitted, not yet
+freed slab. Because rings and pools are never over-filled, occupancy never exceeds the
+static plan of :func:`tpusim.vmem.vmem_plan`, hence never the chip's usable VMEM for a
+schedule that passed :func:`tpusim.vmem.check_fits`. The peak, its time and the compute
+layer at that moment are tracked always; a *watch* threshold (used to diagnose infeasible
+schedules, run with the capacity check off) records the first moment occupancy crosses it
+and the buffers held then.
+"""
+
+from __future__ import annotations
+
+import simpy
+
+from tpusim.engine.hbm import HbmServer
+from tpusim.engine.items import Descriptor, Pool, Slab
+from tpusim.engine.timeline import Recorder
+
+
+class StagingMemory:
+    """Dynamic VMEM: admission into pools/rings and the occupancy curve."""
+
+    def __init__(self, env: simpy.Environment, base_bytes: int, hbm: HbmServer,
+                 recorder: Recorder | None, watch_bytes: float | None = None) -> None:
+        self.env = env
+        self.hbm = hbm
+        self.recorder = recorder
+        self.used_bytes = base_bytes
+        self.peak_bytes = base_bytes
+        self.peak_s = 0.0
+        self.peak_layer: int | None = None
+        self.current_layer = 0
+        self.current_op = ""
+        self.watch_bytes = watch_bytes
+        self.crossing: tuple[float, int, str, dict[str, list[str]]] | None = None
+        self.peak_op = ""
+        self.peak_holdings: dict[str, list[str]] = {}
+        self.resident: dict[int, Slab] | None = {} if watch_bytes is not None else None
+        if recorder is not None:
+            recorder.vmem(0.0, base_bytes)
+
+    # ----------------------------------------------------------------- admission
+
+    def release_many(self, slabs: list[Slab] | tuple[Slab, ...]) -> None:
+        """Mark ``slabs`` issuable and admit what fits."""
+        touched: list[Pool] = []
+        for slab in slabs:
+            slab.released = True
+            if slab.pool not in touched:
+                touched.append(slab.pool)
+        for pool in touched:
+            self._fill(pool)
+
+    def _fill(self, pool: Pool) -> None:
+        order, ptr, admitted = pool.order, pool.ptr, False
+        hbm = self.hbm
+        while ptr < len(order):
+            slab = order[ptr]
+            if not slab.released:
+                break
+            ring = slab.ring
+            if ring.used >= ring.depth or pool.used_bytes + slab.nbytes > pool.capacity_bytes:
+                break
+            ring.used += 1
+            pool.used_bytes += slab.nbytes
+            slab.reserved = True
+            self._occupy(slab, slab.nbytes)
+            for desc in slab.descs:
+                hbm.enqueue(desc)
+            ptr += 1
+            admitted = True
+        pool.ptr = ptr
+        if admitted:
+            hbm.pump()
+
+    def free(self, slab: Slab) -> None:
+        """The consumer is done with ``slab``: its slot and bytes go back to the pool."""
+        if slab.freed:
+            return
+        slab.freed = True
+        slab.ring.used -= 1
+        slab.pool.used_bytes -= slab.nbytes
+        self._occupy(slab, -slab.nbytes)
+        self._fill(slab.pool)
+
+    def resolve(self, slab: Slab) -> None:
+        """Routing is known and ``slab`` was mispredicted: drop it (once it has landed)."""
+        if slab.pending == 0:
+            self.free(slab)
+        else:
+            slab.free_on_land = True
+
+    def landed(self, desc: Descriptor) -> None:
+        """HBM callback: ``desc`` has landed."""
+        slab = desc.slab
+        if slab is not None:
+            slab.pending -= 1
+            if slab.pending == 0 and slab.free_on_land:
+                self.free(slab)
+        if desc.frees_slab is not None:
+            self.free(desc.frees_slab)
+
+    # ----------------------------------------------------------------- occupancy
+
+    def _occupy(self, slab: Slab, delta: int) -> None:
+        self.used_bytes += delta
+        now = self.env.now
+        if self.recorder is not None:
+            self.recorder.vmem(now, self.used_bytes)
+        if self.resident is not None:
+            if delta > 0:
+                self.resident[slab.seq] = slab
+            else:
+                self.resident.pop(slab.seq, None)
+            if self.crossing is None and self.watch_bytes is not None and self.used_bytes > self.watch_bytes:
+                self.crossing = (now, self.current_layer, self.current_op, self.holdings())
+        if self.used_bytes > self.peak_bytes:
+            self.peak_bytes = self.used_bytes
+            self.peak_s = now
+            self.peak_layer = self.current_layer
+            if self.resident is not None:
+                self.peak_op = self.current_op
+                self.peak_holdings = self.holdings()
+
+    def holdings(self) -> dict[str, list[str]]:
+        """Pool -> ``label Lk nbytes`` of each resident slab (diagnosis runs only)."""
+        out: dict[str, list[str]] = {}
+        for slab in (self.resident or {}).values():
+            out.setdefault(slab.pool.name, []).append(f"{slab.label}@L{slab.layer}:{slab.nbytes}")
+        return out

@@ -1,0 +1,167 @@
+"""The compute stream: one in-order instruction stream driving the MXU and the VPU.
+
+A TensorCore runs the megakernel's body as a single sequence of ops; the MXU and the VPU
+are its two servers. Because the stream issues one piece at a time and waits for it, a
+unit never has a queue: in SimPy terms each is a ``Resource(capacity=1)`` whose only user is
+this process, so the engine keeps their busy time instead of modelling the queue. What the
+stream *does* wait for is other resources:
+
+- **copies** — before computing on a slab it waits until the slab's copies have landed
+  (``dma_wait``); that wait is the exposed DMA time;
+- **links** — a blocking collective occupies the stream for its stages; an overlapped one
+  runs on the link while the stream goes on, and the op that consumes its result waits for
+  it (:mod:`tpusim.engine.lowering` names that op).
+
+Per op ``i`` the process does (pseudocode of :func:`compute_stream`)::
+
+    if op starts a layer: wait per_layer_overhead
+    wait launch_overhead                        # per-op-launch execution only
+    wait for overlapped collectives joining here
+    release slabs whose issue point is "op i starts"   -> copies admitted / issued
+    for piece in op.pieces:
+        dma_wait on piece.waits (exposed DMA if not landed)
+        compute piece.duration on piece.unit
+        free piece.frees; release piece.releases; queue piece.writes
+    release slabs whose issue point is "op i ends"; drop mispredicted expert copies
+    run the op's collectives (blocking: wait; overlapped: hand to the link)
+
+Links are FIFO servers with a known finishing time (no sharing, no randomness), so they are
+plain ``free_at`` clocks rather than SimPy processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+import simpy
+
+from tpusim.engine.hbm import HbmServer
+from tpusim.engine.items import UNIT_NAMES, CollectivePlan
+from tpusim.engine.lowering import Lowered
+from tpusim.engine.staging import StagingMemory
+from tpusim.engine.timeline import Recorder
+
+
+@dataclass
+class StreamAccount:
+    """Where the compute stream's time went (seconds)."""
+
+    compute_by_phase: dict[str, float] = field(default_factory=dict)
+    unit_busy: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    exposed_dma_s: float = 0.0
+    exposed_by_family: dict[str, float] = field(default_factory=dict)
+    collective_s: float = 0.0
+    fixed_s: float = 0.0
+    stream_end_s: float = 0.0
+    overlapped_end_s: float = 0.0
+    layer_start_s: list[tuple[int, float]] = field(default_factory=list)
+    link_busy: dict[str, float] = field(default_factory=dict)
+
+
+class Links:
+    """FIFO link servers: each stage starts when both the caller and the link are ready."""
+
+    def __init__(self, recorder: Recorder | None) -> None:
+        self.free_at: dict[str, float] = {}
+        self.busy: dict[str, float] = {}
+        self.recorder = recorder
+
+    def run(self, call: CollectivePlan, start_s: float) -> float:
+        """Run ``call``'s stages from ``start_s``; return when the last stage ends."""
+        time_s = start_s
+        for link, duration in call.stages:
+            begin = max(time_s, self.free_at.get(link, 0.0))
+            time_s = begin + duration
+            self.free_at[link] = time_s
+            self.busy[link] = self.busy.get(link, 0.0) + duration
+            if self.recorder is not None:
+                self.recorder.interval(f"link {link}", begin, time_s, call.name)
+        return time_s
+
+
+def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, staging: StagingMemory,
+                   links: Links, account: StreamAccount, *, per_step_s: float, per_layer_s: float,
+                   launch_s: float, recorder: Recorder | None,
+                   events: list[tuple[Any, ...]] | None) -> Generator[simpy.Event, Any, None]:
+    """The SimPy process of the compute stream (see the module docstring)."""
+    timeout = env.timeout
+    by_phase = account.compute_by_phase
+    unit_busy = account.unit_busy
+    exposed_by_family = account.exposed_by_family
+    joins: dict[int, float] = {}
+    if per_step_s > 0.0:
+        yield timeout(per_step_s)
+        account.fixed_s += per_step_s
+    for op in lowered.ops:
+        if op.first_of_layer:
+            account.layer_start_s.append((op.layer, env.now))
+            if recorder is not None:
+                recorder.layer_start(op.layer, env.now)
+            if per_layer_s > 0.0 and op.layer >= 0:
+                yield timeout(per_layer_s)
+                account.fixed_s += per_layer_s
+        if launch_s > 0.0:
+            yield timeout(launch_s)
+            account.fixed_s += launch_s
+        join_s = joins.pop(op.index, 0.0)
+        if join_s > env.now:
+            start = env.now
+            yield timeout(join_s - start)
+            account.collective_s += join_s - start
+            if recorder is not None:
+                recorder.interval("wait", start, join_s, "collective join")
+        staging.current_layer = op.layer
+        staging.current_op = op.name
+        if op.start_releases:
+            staging.release_many(op.start_releases)
+        if events is not None:
+            events.append(("compute", op.name, op.layer))
+        phase = op.phase
+        for piece in op.pieces:
+            duration, unit, waits, frees, releases, writes = piece
+            for desc in waits:
+                if events is not None:
+                    events.append(("dma_wait", desc.family, desc.tensor, desc.layer, desc.chunk))
+                if not desc.landed:
+                    start = env.now
+                    desc.waiter = env.event()
+                    yield desc.waiter
+                    stalled = env.now - start
+                    account.exposed_dma_s += stalled
+                    exposed_by_family[desc.family] = exposed_by_family.get(desc.family, 0.0) + stalled
+                    if recorder is not None:
+                        recorder.interval("wait", start, env.now, f"wait {desc.tensor} L{desc.layer}")
+            if duration > 0.0:
+                start = env.now
+                yield timeout(duration)
+                unit_busy[unit] += duration
+                by_phase[phase] = by_phase.get(phase, 0.0) + duration
+                if recorder is not None:
+                    recorder.interval(UNIT_NAMES[unit], start, env.now, f"{op.name} L{op.layer}")
+            for slab in frees:
+                staging.free(slab)
+            if releases:
+                staging.release_many(releases)
+            if writes:
+                for desc in writes:
+                    hbm.enqueue(desc)
+                hbm.pump()
+        if op.end_releases:
+            staging.release_many(op.end_releases)
+        for slab in op.resolves:
+            staging.resolve(slab)
+        for call in op.collectives:
+            end = links.run(call, env.now)
+            if call.overlapped:
+                joins[call.join_op_index] = max(joins.get(call.join_op_index, 0.0), end)
+                account.overlapped_end_s = max(account.overlapped_end_s, end)
+            elif end > env.now:
+                start = env.now
+                yield timeout(end - start)
+                account.collective_s += end - start
+                if recorder is not None:
+                    recorder.interval("wait", start, end, call.name)
+    account.stream_end_s = env.now
+    account.link_busy = dict(links.busy)

@@ -1,0 +1,137 @@
+"""A timeline PNG: a few layers as a Gantt chart, the VMEM occupancy curve under it.
+
+``plot_timeline(timeline, "out.png", first_layer=1, layers=3)`` draws, for the window from
+the start of ``first_layer`` to the start of ``first_layer + layers`` on the compute stream:
+
+- top: one row per resource track (MXU, VPU, stream waits, each in-flight DMA slot, each
+  link), a bar per interval, coloured by what it is (attention, MoE dense, routed experts,
+  dense MLP / head, copies, collectives, waits); dotted lines at layer starts;
+- bottom: VMEM occupancy (MiB) as a step curve, with the usable capacity as a dashed line.
+
+Rendered with matplotlib's non-interactive Agg backend (no display needed) and written
+atomically (temporary file in the same folder, then ``os.replace``). Times on the axis are
+milliseconds from the start of the step; every number drawn is *simulated*.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # before pyplot is imported: no display needed
+import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
+
+from tpusim.engine.timeline import Timeline
+
+MS_PER_S = 1e3
+MIB = 1 << 20
+COLORS = {
+    "attention": "#4C72B0",
+    "moe": "#55A868",
+    "expert": "#8172B2",
+    "mlp": "#C44E52",
+    "copy": "#CCB974",
+    "link": "#64B5CD",
+    "wait": "#DD8452",
+}
+LEGEND = (("attention", "attention"), ("moe", "MoE dense"), ("expert", "routed experts"),
+          ("mlp", "dense MLP / head"), ("copy", "copies"), ("link", "collectives"), ("wait", "stalls"))
+
+
+def _category(track: str, label: str) -> str:
+    if track == "wait":  # stalls on copies, or the stream held by a blocking collective
+        return "wait" if label.startswith("wait") else "link"
+    if track.startswith("dma"):
+        return "copy"
+    if track.startswith("link"):
+        return "link"
+    if label.startswith("expert"):
+        return "expert"
+    if label.startswith(("kda", "mla", "gqa", "attn")):
+        return "attention"
+    if label.startswith("moe"):
+        return "moe"
+    return "mlp"
+
+
+def _track_rank(track: str) -> tuple[int, int, str]:
+    fixed = {"mxu": 0, "vpu": 1, "wait": 2}
+    if track in fixed:
+        return (0, fixed[track], track)
+    if track.startswith("dma"):
+        lane = track.split()[-1]
+        return (1, int(lane) if lane.isdigit() else 999, track)
+    return (2, 0, track)
+
+
+def plot_timeline(timeline: Timeline, path: Path | str, *, first_layer: int = 1, layers: int = 3,
+                  title: str = "") -> Path:
+    """Draw ``layers`` layers from ``first_layer`` (see the module docstring); returns the path."""
+    start_s, end_s = timeline.layer_window(first_layer, layers)
+    tracks = sorted((t for t, spans in timeline.tracks.items()
+                     if any(s < end_s and e > start_s for s, e, _ in spans)), key=_track_rank)
+    height = 1.6 + 0.28 * max(1, len(tracks))
+    figure, (gantt, vmem) = plt.subplots(
+        2, 1, sharex=True, figsize=(12, height + 2.2),
+        gridspec_kw={"height_ratios": [max(1.0, height), 2.0]},
+    )
+    try:
+        for row, track in enumerate(tracks):
+            bars, colors = [], []
+            for s, e, label in timeline.tracks[track]:
+                if e <= start_s or s >= end_s:
+                    continue
+                bars.append((s * MS_PER_S, (e - s) * MS_PER_S))
+                colors.append(COLORS[_category(track, label)])
+            if bars:
+                gantt.broken_barh(bars, (row - 0.4, 0.8), facecolors=colors, linewidth=0)
+        gantt.set_yticks(range(len(tracks)), tracks, fontsize=7)
+        gantt.set_ylim(len(tracks) - 0.5, -0.5)
+        for layer, time_s in timeline.layer_starts:
+            if start_s <= time_s <= end_s:
+                for axis in (gantt, vmem):
+                    axis.axvline(time_s * MS_PER_S, color="grey", linestyle=":", linewidth=0.8)
+                gantt.text(time_s * MS_PER_S, len(tracks) - 0.55, " head" if layer < 0 else f" L{layer}",
+                           fontsize=7, va="bottom", color="grey")
+        gantt.legend(handles=[Patch(color=COLORS[key], label=text) for key, text in LEGEND],
+                     loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize=7, ncol=len(LEGEND), frameon=False)
+        figure.suptitle(title or f"simulated timeline, layers {first_layer}..{first_layer + layers - 1}",
+                        fontsize=9)
+
+        samples = timeline.counters.get("vmem_bytes", [])
+        times = [t * MS_PER_S for t, _ in samples]
+        values = [v / MIB for _, v in samples]
+        if samples:
+            times.append(timeline.step_s * MS_PER_S)
+            values.append(values[-1])
+            vmem.step(times, values, where="post", color="#333333", linewidth=1.0, label="occupancy")
+        if timeline.vmem_capacity_bytes:
+            vmem.axhline(timeline.vmem_capacity_bytes / MIB, color="#C44E52", linestyle="--",
+                         linewidth=1.0, label="usable capacity")
+        vmem.set_ylabel("VMEM MiB", fontsize=8)
+        vmem.set_xlabel("time from step start, ms (simulated)", fontsize=8)
+        vmem.set_xlim(start_s * MS_PER_S, end_s * MS_PER_S)
+        vmem.legend(loc="lower right", fontsize=7)
+        figure.tight_layout()
+        return _save_atomic(figure, Path(path))
+    finally:
+        plt.close(figure)
+
+
+def _save_atomic(figure: plt.Figure, target: Path) -> Path:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        figure.savefig(temp_name, dpi=120, format="png")
+        os.replace(temp_name, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp_name)
+        raise
+    return target
