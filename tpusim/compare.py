@@ -75,9 +75,20 @@ def parse_systems(text: str) -> list[SystemSpec]:
 
 
 def with_execution(chip: Chip, execution: str) -> Chip:
-    """The chip with its execution model switched (GPU per-kernel / graphs / megakernel)."""
+    """The chip with its execution model switched (GPU per-kernel / graphs / megakernel).
+
+    ``default`` and TPU chips are returned unchanged (a TPU always runs the megakernel). A
+    GPU variant is a chip whose switched figures carry their own sources
+    (:func:`tpusim.engine.gpu.gpu_variant`): ``graphs`` replaces ``launch_overhead_s`` with
+    ``graph_launch_overhead_s``; ``megakernel`` sets the per-layer grid barrier and the
+    in-kernel collective latency priors (labelled assumed). A CPU host only switches mode.
+    """
     if execution == "default" or chip.kind == "tpu":
         return chip
+    if chip.kind == "gpu":
+        from tpusim.engine.gpu import gpu_variant
+
+        return gpu_variant(chip, execution)
     if execution == "megakernel":
         mode = "megakernel"
     elif execution in ("per-kernel", "graphs"):

@@ -128,7 +128,7 @@ def _execute(program: Program, effective: Schedule, chip: Chip, policy: Executio
     process = env.process(compute_stream(
         env, lowered, hbm, staging, Links(recorder), account,
         per_step_s=policy.per_step_overhead_s, per_layer_s=policy.per_layer_overhead_s,
-        launch_s=policy.launch_overhead_s, recorder=recorder, events=events,
+        recorder=recorder, events=events,
     ))
     env.run()
     if process.is_alive:  # cannot happen with in-order pools; kept as a loud guard
@@ -189,6 +189,8 @@ def _collect(run: _Run, program: Program, schedule: Schedule, policy: ExecutionP
         schedule_name=schedule.name,
         schedule_hash=schedule.content_hash(),
         execution_mode=policy.mode,
+        launch_s=account.launch_s,
+        launch_count=account.launch_count,
         timeline=timeline,
         events=run.events,
     )

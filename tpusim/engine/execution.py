@@ -1,55 +1,131 @@
 """Execution modes: how a chip dispatches a decode step, as one small replaceable policy.
 
 The engine core (lowering, HBM server, compute stream) knows nothing of launch modes; it
-asks an :class:`ExecutionPolicy` for the few numbers that differ:
+asks an :class:`ExecutionPolicy` for the few things that differ:
 
-=====================  =========================================  ==========================================
-knob                   ``megakernel`` (TPU: one pallas_call)      ``per_op_launch`` (GPU stack, CPU host)
-=====================  =========================================  ==========================================
-schedule               the user's schedule, as written            :func:`conventional_schedule`: no cross-op
-                                                                  prefetch, whole tensors, one buffer each
-cross-op prefetch      yes (``prefetch_distance_ops``, experts    no: every copy is issued when its own op
-                       at the expert-issue point)                 starts and waited on before it computes
-HBM rate               ``hbm.sustained_bandwidth_bytes_per_s``    sustained × ``execution.per_op_efficiency``
-compute rate           peak                                       peak × ``per_op_efficiency``
-per op                 nothing                                    ``execution.launch_overhead_s``
-per step / per layer   ``per_step_overhead_s`` / ``per_layer_``   the same
-staging capacity       enforced (``vmem.check_fits``)             not enforced (hardware-managed caches)
-=====================  =========================================  ==========================================
+=====================  ==========================  ==========================  ===============================
+knob                   ``megakernel`` on a TPU     ``per_op_launch`` on a      GPU chips (both modes):
+                       (one ``pallas_call``)       CPU host (the probe chip)   :mod:`tpusim.engine.gpu`
+=====================  ==========================  ==========================  ===============================
+schedule               the user's, as written      :func:`conventional_        per kernel: a fused serving
+                                                   schedule` (no cross-op      stack's copies; megakernel: the
+                                                   prefetch)                   user's, into L2
+kernel launches        none                        one per op                  per kernel: the fusion table of
+(:class:`KernelPlan`)                                                          :mod:`~tpusim.engine.gpu_fusion`;
+                                                                               megakernel: one per step
+HBM rate               sustained                   sustained ×                 per kernel: sustained ×
+                                                   ``per_op_efficiency``       ``per_op_efficiency``;
+                                                                               megakernel: sustained
+compute rate           peak                        peak × efficiency           as the HBM rate
+per step / per layer   ``per_step_overhead_s`` / ``per_layer_overhead_s`` (a GPU megakernel's grid barrier)
+collectives            per plan stage:             as the TPU                  NCCL per call (+ a launch,
+                       latency + bytes/bandwidth                               blocking) or in-kernel per stage;
+                                                                               NVLink domain checked
+staging capacity       enforced                    not enforced                megakernel: enforced (L2)
+=====================  ==========================  ==========================  ===============================
 
-The per-op mode is deliberately rough (a conventional serving stack: one kernel per op, each
-streaming its own weights, collectives as blocking calls); a full GPU execution model
-replaces :func:`execution_policy` without touching the rest of the engine.
+The HBM-rate convention, applied once everywhere: ``hbm.sustained_bandwidth_bytes_per_s`` is
+what a long stream of large copies reaches (a DMA ring, a persistent kernel's TMA stream);
+``execution.per_op_efficiency`` is the fraction of that rate — and of the matrix unit's peak
+— one standalone kernel of a conventional stack reaches. Neither figure may fold in the
+other.
+
+:func:`execution_policy` builds the policy; GPU chips get theirs from
+:func:`tpusim.engine.gpu.gpu_policy`, everything else from the two generic modes here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hwmodels.schema import Chip
+from tpusim.program import CollectiveCall, Program
 from tpusim.schedule import SCHEDULE_FAMILIES, FamilySchedule, Schedule
 
 # In-flight copies a conventional stack keeps per op: effectively unbounded (every tensor
 # of the op is requested at once, as a kernel's thread blocks do).
 CONVENTIONAL_MAX_DMAS_IN_FLIGHT = 64
 
+# (chip, collective call, devices in the system) -> its stages as (link name, seconds)
+CollectivePricer = Callable[[Chip, CollectiveCall, int], tuple[tuple[str, float], ...]]
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """Which kernel every op of a program runs in.
+
+    ``launches[i]`` kernel launches are paid just before op ``i`` starts (0 when op ``i`` is
+    fused into a kernel that is already running; more than 1 when the op is several kernels
+    in a real stack, e.g. a GEMM and its activation). ``kernel_start[i]`` is the op whose
+    start opens the kernel op ``i`` runs in: without cross-op prefetch, that is when op
+    ``i``'s weight copies are issued (a fused kernel requests every weight it reads at once).
+
+    Invariants: both tuples have one entry per op; ``kernel_start[i] <= i``.
+    """
+
+    launches: tuple[int, ...]
+    kernel_start: tuple[int, ...]
+    kernel_names: tuple[str, ...] = ()  # per op: what the launches before it are (for traces, docs)
+
+    def __post_init__(self) -> None:
+        if len(self.launches) != len(self.kernel_start):
+            raise ValueError("KernelPlan: launches and kernel_start differ in length")
+        for index, start in enumerate(self.kernel_start):
+            if not 0 <= start <= index:
+                raise ValueError(f"KernelPlan: op {index} opens at op {start}, which is not at or before it")
+
+    @property
+    def count(self) -> int:
+        """Kernel launches for the ops (collective kernels are counted by the stream)."""
+        return sum(self.launches)
+
+
+def one_kernel_per_op(program: Program) -> KernelPlan:
+    """Every op is its own kernel (the CPU host's dispatch loop)."""
+    count = len(program.ops)
+    return KernelPlan(launches=(1,) * count, kernel_start=tuple(range(count)))
+
+
+def no_kernel_launches(program: Program) -> KernelPlan:
+    """Nothing is launched inside the step (a TPU megakernel: dispatch is in the per-step cost)."""
+    count = len(program.ops)
+    return KernelPlan(launches=(0,) * count, kernel_start=tuple(range(count)))
+
 
 @dataclass(frozen=True)
 class ExecutionPolicy:
-    """What the engine needs to know about how a step is dispatched."""
+    """What the engine needs to know about how a step is dispatched.
+
+    ``kernel_plan`` maps the program to its kernels; each launch costs ``launch_overhead_s``.
+    ``collective_launches`` adds one launch before every collective call (an NCCL kernel);
+    ``collectives_block`` runs even the plan's overlapped collectives on the compute stream
+    (a conventional stack issues NCCL in order); ``collective_pricer`` replaces the per-stage
+    pricing of :func:`tpusim.engine.costs.collective_stage_s` (``None`` keeps it);
+    ``conventional`` is the schedule a mode without cross-op prefetch runs instead of the
+    user's.
+    """
 
     mode: str
     hbm_bandwidth_bytes_per_s: float
     compute_efficiency: float  # fraction of peak compute reached (1.0 for the megakernel)
-    launch_overhead_s: float  # added before every op
+    launch_overhead_s: float  # seconds per kernel launch
     per_step_overhead_s: float
     per_layer_overhead_s: float
     cross_op_prefetch: bool
     enforce_staging_capacity: bool
+    kernel_plan: Callable[[Program], KernelPlan] = no_kernel_launches
+    collective_launches: bool = False
+    collectives_block: bool = False
+    collective_pricer: CollectivePricer | None = None
+    conventional: Callable[[Schedule], Schedule] | None = None
+    description: str = ""
 
     def effective_schedule(self, schedule: Schedule) -> Schedule:
         """The schedule the engine actually runs under this execution mode."""
-        return schedule if self.cross_op_prefetch else conventional_schedule(schedule)
+        if self.cross_op_prefetch:
+            return schedule
+        return (self.conventional or conventional_schedule)(schedule)
 
 
 def conventional_schedule(schedule: Schedule) -> Schedule:
@@ -69,8 +145,18 @@ def conventional_schedule(schedule: Schedule) -> Schedule:
     )
 
 
+def per_op_efficiency(chip: Chip) -> float:
+    """``execution.per_op_efficiency`` clamped to (0, 1] (1.0 when the chip gives none)."""
+    figure = chip.execution.per_op_efficiency
+    return min(1.0, max(figure.value if figure else 1.0, 1e-3))
+
+
 def execution_policy(chip: Chip) -> ExecutionPolicy:
-    """The policy for ``chip.execution.mode``."""
+    """The policy for ``chip`` (see the module docstring's table)."""
+    if chip.kind == "gpu":
+        from tpusim.engine.gpu import gpu_policy  # the GPU model builds on this module
+
+        return gpu_policy(chip)
     execution = chip.execution
     sustained = chip.hbm.sustained_bandwidth_bytes_per_s.value
     if execution.mode == "megakernel":
@@ -83,9 +169,10 @@ def execution_policy(chip: Chip) -> ExecutionPolicy:
             per_layer_overhead_s=execution.per_layer_overhead_s.value,
             cross_op_prefetch=True,
             enforce_staging_capacity=True,
+            kernel_plan=no_kernel_launches,
+            description="one persistent kernel per step; dispatch is in the per-step cost",
         )
-    efficiency = execution.per_op_efficiency.value if execution.per_op_efficiency else 1.0
-    efficiency = min(1.0, max(efficiency, 1e-3))
+    efficiency = per_op_efficiency(chip)
     return ExecutionPolicy(
         mode="per_op_launch",
         hbm_bandwidth_bytes_per_s=sustained * efficiency,
@@ -95,4 +182,6 @@ def execution_policy(chip: Chip) -> ExecutionPolicy:
         per_layer_overhead_s=execution.per_layer_overhead_s.value,
         cross_op_prefetch=False,
         enforce_staging_capacity=False,
+        kernel_plan=one_kernel_per_op,
+        description="one dispatch per op, no cross-op prefetch",
     )

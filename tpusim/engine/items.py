@@ -14,8 +14,8 @@ once per simulation; the event loop only flips their state. Names follow the ker
   member families time-share; slabs are admitted strictly in consumption order.
 - :class:`Piece` — one uninterrupted stretch of the compute stream: wait for some copies,
   compute for ``duration_s`` on one unit, then free / release / write back.
-- :class:`OpPlan` — one op: the copies released when it starts or ends, its pieces and the
-  collectives after it.
+- :class:`OpPlan` — one op: the kernel launches paid before it (per-op launch execution), the
+  copies released when it starts or ends, its pieces and the collectives after it.
 
 State lives in plain ``__slots__`` classes (not pydantic): they are created by the thousand
 per simulation and mutated in the hot loop.
@@ -155,6 +155,7 @@ class CollectivePlan(NamedTuple):
     overlapped: bool
     stages: tuple[tuple[str, float], ...]
     join_op_index: int  # overlapped: the op that must not start before it completes
+    launch_s: float = 0.0  # a kernel launch paid on the stream before the call (an NCCL kernel)
 
 
 class OpPlan:
@@ -165,6 +166,9 @@ class OpPlan:
         "end_releases",
         "first_of_layer",
         "index",
+        "kernel",
+        "launch_s",
+        "launches",
         "layer",
         "name",
         "phase",
@@ -184,3 +188,6 @@ class OpPlan:
         self.resolves: list[Slab] = []  # mispredicted speculative slabs, known wrong at op end
         self.pieces: list[Piece] = []
         self.collectives: list[CollectivePlan] = []
+        self.launches = 0  # kernel launches paid before the op starts (execution policy)
+        self.launch_s = 0.0
+        self.kernel = ""  # what those launches are (trace label)

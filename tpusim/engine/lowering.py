@@ -30,17 +30,23 @@ Run once per simulation, before the event loop. The steps, with what each guaran
    - KV tiles and KDA state: when their op starts (distance 0; ``kv_buffers`` tiles stream
      in flight).
 
-   Without cross-op prefetch (per-op launch execution) every slab is released when its own
-   op starts.
+   Without cross-op prefetch (per-op launch execution) every slab is released when the
+   kernel its op runs in starts: the op's own start, or — for ops a GPU stack fuses into one
+   kernel (a grouped GEMM over every routed expert of a layer) — the start of the first op
+   of that kernel (:class:`~tpusim.engine.execution.KernelPlan`).
 4. **Pieces**: a matmul op whose matmuls pair with its tensors computes slab by slab (wait
    for the slab's copies, compute the slab's rows, free the slab); an expert frees its slot
    after its last matmul; KV-tiled attention computes tile by tile (each tile a share of
    the op's matmul time proportional to its bytes); any other op waits for all its slabs,
    computes, and frees them. Vector work follows as one VPU piece.
-5. **Collectives** after each op, priced per stage by :mod:`tpusim.engine.costs`. An
-   overlapped one (the latent all-gather) must be complete before the next ``moe.expert``
-   or ``moe.combine`` op of its layer starts (its output feeds the experts), else before the
-   next layer starts.
+5. **Collectives** after each op, priced per stage by :mod:`tpusim.engine.costs` (or by the
+   policy's ``collective_pricer``: GPU chips). An overlapped one (the latent all-gather) must
+   be complete before the next ``moe.expert`` or ``moe.combine`` op of its layer starts (its
+   output feeds the experts), else before the next layer starts; a policy whose collectives
+   block (a conventional GPU stack) runs it in line. A policy with ``collective_launches``
+   pays one kernel launch before each call.
+6. **Launches**: every op carries the kernel launches the policy's
+   :class:`~tpusim.engine.execution.KernelPlan` charges before it.
 """
 
 from __future__ import annotations
@@ -120,6 +126,14 @@ class _Builder:
         speculative = schedule.expert_issue == "speculative" and policy.cross_op_prefetch
         self.miss_rate = schedule.speculation_miss_rate if speculative else 0.0
         self.expert_count = 0  # routed experts lowered so far over the whole step (misses)
+        self.kernels = policy.kernel_plan(program)
+        self.plans: list[OpPlan] = []
+
+    def release_plan(self, index: int, distance: int) -> OpPlan:
+        """The op whose start issues a slab of op ``index`` (step 3)."""
+        if self.policy.cross_op_prefetch:
+            return self.plans[max(0, index - distance)]
+        return self.plans[self.kernels.kernel_start[index]]
 
     # ----------------------------------------------------------------- small factories
 
@@ -238,7 +252,8 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
     """Lower ``program`` under ``schedule`` (see the module docstring for the steps)."""
     b = _Builder(program, schedule, chip, policy, vmem)
     ops = program.ops
-    plans: list[OpPlan] = []
+    plans = b.plans
+    launch_s = policy.launch_overhead_s
     previous_layer: int | None = None
     # per layer: [(real slab, mispredicted slab or None)] in expert order
     layer_experts: dict[int, list[tuple[Slab, Slab | None]]] = {}
@@ -247,12 +262,16 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
         first = op.layer != previous_layer
         previous_layer = op.layer
         plan_ = OpPlan(index, op.name, op.layer, op.phase, first)
+        plan_.launches = b.kernels.launches[index]
+        plan_.launch_s = plan_.launches * launch_s
+        if b.kernels.kernel_names:
+            plan_.kernel = b.kernels.kernel_names[index]
         plans.append(plan_)
         vector_s = vector_time_s(op.vector_flops, chip) * b.compute_scale
         if _is_expert_op(op):
             _lower_expert(b, op, plan_, layer_experts)
         elif op.tensors:
-            vector_s = _lower_weights(b, op, plan_, plans, vector_s)
+            vector_s = _lower_weights(b, op, plan_, vector_s)
         elif op.kv_read_bytes and recurrent_state_bytes(program.model, program.plan, op.layer):
             vector_s = _lower_state(b, op, plan_, vector_s)
         elif op.kv_read_bytes:
@@ -297,7 +316,7 @@ def _lower_expert(b: _Builder, op: Op, plan_: OpPlan,
     if b.policy.cross_op_prefetch:
         layer_experts.setdefault(op.layer, []).append((slab, wasted))
     else:
-        plan_.start_releases.append(slab)
+        b.release_plan(plan_.index, 0).start_releases.append(slab)
     by_tensor: dict[str, list[Descriptor]] = {}
     for desc in slab.descs:
         by_tensor.setdefault(desc.tensor.removesuffix(".scales"), []).append(desc)
@@ -311,7 +330,7 @@ def _lower_expert(b: _Builder, op: Op, plan_: OpPlan,
         plan_.pieces.append(Piece(0.0, MXU, tuple(slab.descs), (slab,)))
 
 
-def _lower_weights(b: _Builder, op: Op, plan_: OpPlan, plans: list[OpPlan], vector_s: float) -> float:
+def _lower_weights(b: _Builder, op: Op, plan_: OpPlan, vector_s: float) -> float:
     """Weight slabs released ``d`` ops ahead; slab-by-slab matmuls, or wait-all for other ops.
 
     Returns the vector time still to be added as a trailing VPU piece.
@@ -319,8 +338,7 @@ def _lower_weights(b: _Builder, op: Op, plan_: OpPlan, plans: list[OpPlan], vect
     tensor_slabs = [(tensor, b.tensor_slabs(tensor, op.layer, plan_.index)) for tensor in op.tensors]
     for _tensor, slabs in tensor_slabs:
         for slab, _rows in slabs:
-            distance = b.families[slab.family].prefetch_distance_ops if b.policy.cross_op_prefetch else 0
-            plans[max(0, plan_.index - distance)].start_releases.append(slab)
+            b.release_plan(plan_.index, b.families[slab.family].prefetch_distance_ops).start_releases.append(slab)
     peak = b.peak(op)
     aligned = op.unit == "mxu" and len(op.matmuls) == len(op.tensors) and all(
         contraction == tensor.rows for tensor, (_m, contraction, _n) in zip(op.tensors, op.matmuls, strict=True))
@@ -377,15 +395,21 @@ def _lower_kv_tiles(b: _Builder, op: Op, plan_: OpPlan) -> None:
 def _lower_collectives(b: _Builder, ops: list[Op], index: int, plan_: OpPlan) -> None:
     """Step 5: price each collective after op ``index`` stage by stage."""
     op = ops[index]
+    policy = b.policy
     for call in op.collectives:
-        stages = []
-        for stage in call.spec.stages:
-            link = resolve_link(b.chip, stage.link)
-            if link is not None:
-                stages.append((link.name, collective_stage_s(link, stage, call.payload_bytes_per_peer)))
+        if policy.collective_pricer is not None:
+            stages = list(policy.collective_pricer(b.chip, call, b.program.plan.devices))
+        else:
+            stages = []
+            for stage in call.spec.stages:
+                link = resolve_link(b.chip, stage.link)
+                if link is not None:
+                    stages.append((link.name, collective_stage_s(link, stage, call.payload_bytes_per_peer)))
         if stages:
-            join = _overlap_join_index(ops, index) if call.spec.overlapped else index + 1
-            plan_.collectives.append(CollectivePlan(call.spec.name, call.spec.overlapped, tuple(stages), join))
+            overlapped = call.spec.overlapped and not policy.collectives_block
+            join = _overlap_join_index(ops, index) if overlapped else index + 1
+            launch = policy.launch_overhead_s if policy.collective_launches else 0.0
+            plan_.collectives.append(CollectivePlan(call.spec.name, overlapped, tuple(stages), join, launch))
 
 
 def _place_expert_releases(plans: list[OpPlan], ops: list[Op], roles: dict[int, dict[str, int]],

@@ -17,8 +17,11 @@ Definitions:
 - ``breakdown_s`` — the step split by what the compute stream was doing; the values sum to
   ``step_s``: compute per phase (``attention``, ``moe``, ``mlp``, ``head``), ``collectives``
   (blocking collectives and waits for overlapped ones), ``fixed_overheads`` (per step, per
-  layer, per-op launches), ``exposed_dma`` and ``drain`` (copies/collectives still finishing
+  layer, kernel launches), ``exposed_dma`` and ``drain`` (copies/collectives still finishing
   after the last op).
+- ``launch_s`` / ``launch_count`` — the kernel-launch part of ``fixed_overheads`` and how many
+  launches it paid for (per-op kernels, NCCL kernels, a GPU megakernel's one launch; 0 on a
+  TPU megakernel, whose dispatch is in the per-step cost).
 - ``layer_s`` — stream time per layer (``-1`` is the head), from the layer's first op
   (its per-layer overhead included) to the next layer's; with the per-step overhead and the
   drain they sum to ``step_s``.
@@ -68,6 +71,8 @@ class SimResult:
     execution_mode: str
     timeline: Timeline | None = field(default=None, compare=False, repr=False)
     events: list[tuple[Any, ...]] | None = field(default=None, compare=False, repr=False)
+    launch_s: float = 0.0
+    launch_count: int = 0
 
     @property
     def step_ms(self) -> float:
@@ -102,4 +107,6 @@ class SimResult:
             "schedule_name": self.schedule_name,
             "schedule_hash": self.schedule_hash,
             "execution_mode": self.execution_mode,
+            "launch_s": self.launch_s,
+            "launch_count": self.launch_count,
         }

@@ -15,7 +15,7 @@ stream *does* wait for is other resources:
 Per op ``i`` the process does (pseudocode of :func:`compute_stream`)::
 
     if op starts a layer: wait per_layer_overhead
-    wait launch_overhead                        # per-op-launch execution only
+    wait op.launch_s                            # the kernel launches the policy charges here
     wait for overlapped collectives joining here
     release slabs whose issue point is "op i starts"   -> copies admitted / issued
     for piece in op.pieces:
@@ -23,7 +23,11 @@ Per op ``i`` the process does (pseudocode of :func:`compute_stream`)::
         compute piece.duration on piece.unit
         free piece.frees; release piece.releases; queue piece.writes
     release slabs whose issue point is "op i ends"; drop mispredicted expert copies
-    run the op's collectives (blocking: wait; overlapped: hand to the link)
+    run the op's collectives (a launch first if the call is its own kernel;
+                              blocking: wait; overlapped: hand to the link)
+
+Kernel launches (per-op launch execution, NCCL kernels, a GPU megakernel's one launch) are
+recorded on a ``launch`` track of the timeline, labelled with the kernels launched.
 
 Links are FIFO servers with a known finishing time (no sharing, no randomness), so they are
 plain ``free_at`` clocks rather than SimPy processes.
@@ -53,7 +57,9 @@ class StreamAccount:
     exposed_dma_s: float = 0.0
     exposed_by_family: dict[str, float] = field(default_factory=dict)
     collective_s: float = 0.0
-    fixed_s: float = 0.0
+    fixed_s: float = 0.0  # per step, per layer and kernel launches
+    launch_s: float = 0.0  # the kernel-launch part of fixed_s
+    launch_count: int = 0
     stream_end_s: float = 0.0
     overlapped_end_s: float = 0.0
     layer_start_s: list[tuple[int, float]] = field(default_factory=list)
@@ -83,7 +89,7 @@ class Links:
 
 def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, staging: StagingMemory,
                    links: Links, account: StreamAccount, *, per_step_s: float, per_layer_s: float,
-                   launch_s: float, recorder: Recorder | None,
+                   recorder: Recorder | None,
                    events: list[tuple[Any, ...]] | None) -> Generator[simpy.Event, Any, None]:
     """The SimPy process of the compute stream (see the module docstring)."""
     timeout = env.timeout
@@ -102,9 +108,14 @@ def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, sta
             if per_layer_s > 0.0 and op.layer >= 0:
                 yield timeout(per_layer_s)
                 account.fixed_s += per_layer_s
-        if launch_s > 0.0:
-            yield timeout(launch_s)
-            account.fixed_s += launch_s
+        if op.launch_s > 0.0:
+            start = env.now
+            yield timeout(op.launch_s)
+            account.fixed_s += op.launch_s
+            account.launch_s += op.launch_s
+            account.launch_count += op.launches
+            if recorder is not None:
+                recorder.interval("launch", start, env.now, op.kernel or f"launch {op.name}")
         join_s = joins.pop(op.index, 0.0)
         if join_s > env.now:
             start = env.now
@@ -153,6 +164,14 @@ def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, sta
         for slab in op.resolves:
             staging.resolve(slab)
         for call in op.collectives:
+            if call.launch_s > 0.0:
+                start = env.now
+                yield timeout(call.launch_s)
+                account.fixed_s += call.launch_s
+                account.launch_s += call.launch_s
+                account.launch_count += 1
+                if recorder is not None:
+                    recorder.interval("launch", start, env.now, f"launch {call.name}")
             end = links.run(call, env.now)
             if call.overlapped:
                 joins[call.join_op_index] = max(joins.get(call.join_op_index, 0.0), end)

@@ -1,0 +1,350 @@
+"""The GPU execution model: a conventional serving stack, or a GPU megakernel, in one engine.
+
+Same program, same schedule schema, same SimPy engine as the TPU megakernel; what differs is
+how the step is dispatched (:class:`~tpusim.engine.execution.ExecutionPolicy`). Two modes,
+chosen by ``chip.execution.mode`` (``tpusim compare`` switches them with
+:func:`gpu_variant`: ``gb200:16`` / ``gb200:16:graphs`` / ``gb200:16:megakernel``).
+
+**Conventional stack** (``per_op_launch``; CUDA graphs are the same mode with a cheaper launch)::
+
+    step:  host per-step cost                                  (per_step_overhead_s)
+    for each kernel of the fusion table (gpu_fusion):          (launch_overhead_s each;
+        launch                                                  CUDA graphs: the graph figure)
+        request every weight the kernel reads                  (no cross-op prefetch: the
+        compute on each slab as it lands, at                    next kernel's weights are not
+        per_op_efficiency x peak                                in flight while this one runs)
+    after an op with a collective:
+        launch an NCCL kernel; one per-call latency            (collective_stage_latency_s)
+        + bytes / NVLink bandwidth; the stream waits           (blocking, even the latent
+                                                                all-gather a megakernel overlaps)
+
+- HBM rate ``sustained x per_op_efficiency``, compute ``peak x per_op_efficiency``. The 0.8
+  of AIConfigurator is applied once: ``per_op_efficiency`` carries it, ``sustained`` is the
+  rate of a long copy stream (H200: 4.3 TB/s measured; the others at that 0.9 of peak).
+- Tensor-core rows pad to the MMA M (``tile_rows`` 64): a batch-1 GEMV costs a 64-row MMA.
+- Inside a kernel, compute follows its own weight stream slab by slab (``KERNEL_SLAB_BYTES``,
+  ``KERNEL_COPIES_IN_FLIGHT``): a GEMM pipelines its loads and MMAs; what it cannot do is
+  load the next kernel's weights.
+- A fused-MoE grouped GEMM is launched once per layer for every routed expert and requests
+  all their weights when it starts (``FUSED_MOE_EXPERT_SLOTS`` expert slots).
+- The attention kernel streams its KV cache split over SMs (``KV_TILES_IN_FLIGHT`` tiles).
+
+**GPU megakernel** (``megakernel`` on a GPU chip)::
+
+    step:  host per-step cost + ONE launch of a persistent kernel
+    for each layer: grid barrier                               (per_layer_overhead_s, set by
+                                                                gpu_variant to GRID_BARRIER_S)
+        for each op: the user's schedule, as on a TPU          (cross-op prefetch, expert
+                                                                issue points, slots)
+        collectives in the kernel: device-initiated puts       (no launch; per stage
+                                                                IN_KERNEL_STAGE_LATENCY_S)
+
+- Copies are TMA bulk copies (``dma.issue_latency_s``) at the sustained HBM rate; compute
+  at peak.
+- **Staging tier: L2.** The schedule's buffers live in L2 (``Chip.staging_memory`` picks L2
+  on GPUs; capacity = the catalog's ``usable_capacity_bytes`` of L2): the kernel prefetches
+  with ``cp.async.bulk.prefetch.L2`` as far ahead as the schedule says, and SMs pull tiles
+  from L2 into their shared-memory rings as they compute. Shared memory is not the tier
+  because the schema's unit of an expert slot is a whole expert slice (26.7 MiB for K3 on
+  16 GPUs), and every SM's shared memory together (148 x 228 KiB ≈ 33 MiB on GB200) cannot
+  hold one next to the attention buffers. *Not modelled:* the SMs' reads from L2 (L2
+  bandwidth is a few times HBM's; the reads overlap the copy stream) — an optimistic
+  simplification to calibrate.
+- Ops inside a layer hand off through per-tile flags that overlap the copy stream (as
+  published GPU megakernels do); only the per-layer grid barrier is charged.
+
+**Collectives** (both modes; :func:`price_collective`): each stage names a link; inside one
+NVLink domain (``nvlink.domain_devices``: 72 on GB200 NVL72, 8 on HGX boards) it runs over
+NVLink. A system larger than the domain sends the stages that leave it — every stage after
+the first of a hierarchical collective, and any stage with more peers than the domain
+holds — over the scale-out link (``SCALE_OUT_LINK``: a 400 Gb/s NIC per GPU in the
+catalog), or fails with a clear error when the chip has none. NCCL pays one latency per
+call per link; in-kernel collectives pay one per stage (they follow the plan's algorithm,
+as the TPU kernel does).
+
+**Where the time goes** (:func:`gpu_breakdown`): compute, launches, collectives, exposed
+copies, other fixed overheads and drain, summing to the step — enough to show why a
+per-kernel stack loses to a megakernel at batch 1 (launches and NCCL latency, and copies
+exposed because nothing is prefetched across kernels).
+
+Priors here are labelled *assumed* with their reasoning (:data:`GRID_BARRIER_S`,
+:data:`IN_KERNEL_STAGE_LATENCY_S`); the chip's own figures come from the catalog.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from hwmodels.errors import InputError
+from hwmodels.schema import Chip, Figure, LinkSpec
+from tpusim.analytic import link_for
+from tpusim.engine.execution import (
+    ExecutionPolicy,
+    KernelPlan,
+    per_op_efficiency,
+)
+from tpusim.engine.gpu_fusion import fused_kernel_plan
+from tpusim.engine.result import SimResult
+from tpusim.plan import CollectiveStage
+from tpusim.program import CollectiveCall, Program
+from tpusim.schedule import SCHEDULE_FAMILIES, FamilySchedule, Schedule
+
+GPU_EXECUTIONS = ("per-kernel", "graphs", "megakernel")
+SCALE_OUT_LINK = "pcie"  # the schema's name for the PCIe-attached NIC (GPUDirect RDMA)
+
+MIB = 1 << 20
+# Inside one kernel, compute follows the weight stream tile by tile (a GEMM's multi-stage
+# TMA/cp.async pipeline): the engine cuts each kernel's weights into slabs of this size, all
+# admitted when the kernel starts (up to the schema's 64 buffers per tensor kind) ...
+KERNEL_SLAB_BYTES = 4 * MIB
+KERNEL_SLABS_BUFFERED = 64
+# ... with enough copies in flight to cover the issue latency (bandwidth x latency ≈ 7 MB ≈
+# 2 slabs on GB200) and few enough that slabs — and a grouped GEMM's experts — land roughly
+# in order, so the kernel computes on early tiles while later ones stream. (Measured on the
+# engine, K3 on 16 GB200 at batch 8: all copies at once 18.9 ms a step, 8 in flight 17.1 ms;
+# 2 MiB slabs with 16 in flight 18.2 ms: equal copies issued together land together, and
+# the next wave pays the issue latency with the pipe idle.)
+KERNEL_COPIES_IN_FLIGHT = 8
+# A fused-MoE grouped GEMM requests every routed expert of the layer when it starts: as many
+# expert slots as the schema allows (more than a 16-way expert-parallel K3 device gets at
+# batch 8; at larger batches the 65th expert waits for a slot, a mild pessimism).
+FUSED_MOE_EXPERT_SLOTS = 64
+# A split-KV decode attention kernel streams its cache from many SMs at once (schema max).
+KV_TILES_IN_FLIGHT = 16
+# l2_schedule: one pool for every family, two expert slots (see its docstring).
+L2_POOL = "main"
+L2_EXPERT_SLOTS = 2
+
+GRID_BARRIER_S = Figure(
+    value=1.5e-6,
+    source="assumed: a persistent kernel's grid-wide barrier (every SM arrives on a global "
+    "counter in L2 and spins until all have) costs about 1-2 us on Hopper/Blackwell-class parts "
+    "with ~140 SMs; 1.5 us once per layer, ops inside a layer hand off through per-tile flags "
+    "overlapped with the copy stream; to be calibrated",
+    label="assumed",
+)
+IN_KERNEL_STAGE_LATENCY_S = Figure(
+    value=2.5e-6,
+    source="assumed: one stage of a device-initiated (NVSHMEM-style) collective inside the "
+    "kernel: a put with signal through the NVSwitch (~1 us one-way, the catalog's NVLink latency "
+    "prior) plus ~1.5 us to fence, signal and see the flag on the receiver; no launch and no "
+    "host proxy, so below NCCL's per-call prior; TPU7x's measured in-kernel phase is 3.5-4.7 us "
+    "[INF]; to be calibrated",
+    label="assumed",
+)
+
+GPU_BREAKDOWN_KEYS = ("compute", "launches", "collectives", "exposed_dma", "other_overheads", "drain")
+NOT_COMPUTE = ("collectives", "fixed_overheads", "exposed_dma", "drain")  # the rest are compute phases
+
+
+# --------------------------------------------------------------------------- schedules
+
+
+def gpu_conventional_schedule(schedule: Schedule) -> Schedule:
+    """The copies of a conventional GPU stack (the user's schedule does not apply).
+
+    Every family: issued when the kernel reading it starts (nothing is prefetched across
+    kernels), in ``KERNEL_SLAB_BYTES`` slabs the kernel computes on as they land (its own
+    load/MMA pipeline). Routed experts: ``FUSED_MOE_EXPERT_SLOTS`` whole-slice slots, so the
+    grouped GEMM streams every expert of the layer. KV: the user's tile size,
+    ``KV_TILES_IN_FLIGHT`` tiles (a split-KV attention kernel).
+    """
+    families = {name: FamilySchedule(prefetch_distance_ops=0, chunk_bytes=KERNEL_SLAB_BYTES,
+                                     buffers=KERNEL_SLABS_BUFFERED) for name in SCHEDULE_FAMILIES}
+    families["routed_expert"] = FamilySchedule(prefetch_distance_ops=0, buffers=FUSED_MOE_EXPERT_SLOTS)
+    return Schedule(
+        name=f"{schedule.name} (GPU per-kernel stack)",
+        description="conventional GPU stack: each kernel streams its own weights; fused-MoE grouped GEMM",
+        families=families,
+        max_dmas_in_flight=KERNEL_COPIES_IN_FLIGHT,
+        expert_issue="after_routing",
+        kv_tile_tokens=schedule.kv_tile_tokens,
+        kv_buffers=KV_TILES_IN_FLIGHT,
+    )
+
+
+def l2_schedule(base: Schedule, *, expert_slots: int = L2_EXPERT_SLOTS) -> Schedule:
+    """``base`` adapted to a GPU megakernel's L2: every family in one pool, fewer expert slots.
+
+    The TPU's ``published`` schedule needs ≈ 130 MiB for K3 on 16 GPUs (four 26.7 MiB
+    expert slots beside the attention buffers), more than GB200's 94.5 MiB of usable L2.
+    Sharing one pool and keeping two slots fits (≈ 60 MiB at batch 1, 65 MiB at batch 8).
+    Measured on the engine, K3 on 16 GB200: ``l2_schedule(published)`` is the sweep's best
+    at batch 1 (3.50 ms a step; ``naive``, the only built-in that fits, 5.70 ms) and within
+    4 % of it at batch 8 (7.77 vs 7.50 ms; naive 11.71 ms) — 24-simulation sweeps, seed 0.
+    """
+    families = {name: base.family(name).model_copy(update={"pool": L2_POOL}) for name in SCHEDULE_FAMILIES}
+    families["routed_expert"] = families["routed_expert"].model_copy(update={"buffers": expert_slots})
+    return base.with_changes(
+        name=f"{base.name}-l2",
+        description=f"{base.name} adapted to a GPU megakernel's L2: one pool, {expert_slots} expert slots",
+        families={name: family.model_dump() for name, family in families.items()},
+    )
+
+
+def one_persistent_kernel(program: Program) -> KernelPlan:
+    """A GPU megakernel: one launch before the first op; every op runs inside it."""
+    count = len(program.ops)
+    launches = (1,) + (0,) * (count - 1) if count else ()
+    names = ("1 kernel: the persistent megakernel",) + ("",) * (count - 1) if count else ()
+    return KernelPlan(launches=launches, kernel_start=(0,) * count, kernel_names=names)
+
+
+# --------------------------------------------------------------------------- collectives
+
+
+def _scale_out(chip: Chip, devices: int, nvlink: LinkSpec) -> LinkSpec:
+    for link in chip.links:
+        if link.name == SCALE_OUT_LINK and link is not nvlink:
+            if devices > link.domain_devices:
+                raise InputError(
+                    f"{chip.name}: {devices} GPUs exceed the {link.name} scale-out fabric "
+                    f"({link.domain_devices} devices)")
+            return link
+    raise InputError(
+        f"{chip.name}: a system of {devices} GPUs spans more than one NVLink domain "
+        f"({nvlink.domain_devices} GPUs) and the catalog entry has no scale-out link "
+        f"({SCALE_OUT_LINK!r}) to reach the others; use at most {nvlink.domain_devices} GPUs")
+
+
+def stage_link(chip: Chip, stage: CollectiveStage, index: int, devices: int) -> LinkSpec | None:
+    """The link one collective stage runs over, NVLink domain considered (None: no link).
+
+    Inside the domain the plan's link (NVLink). In a system larger than the domain, the
+    stages that leave it go over the scale-out link: every stage after the first (a
+    hierarchical collective reduces inside the domain first) and any stage with more peers
+    than the domain holds.
+    """
+    link = link_for(chip, stage.link)
+    if link is None or devices <= link.domain_devices:
+        return link
+    if index > 0 or stage.peers + 1 > link.domain_devices:
+        return _scale_out(chip, devices, link)
+    return link
+
+
+def price_collective(chip: Chip, call: CollectiveCall, devices: int, *,
+                     per_call: bool) -> tuple[tuple[str, float], ...]:
+    """A collective's stages as ``(link name, seconds)``.
+
+    Each stage moves ``payload x peers / bandwidth`` over its link. Latency: ``per_call``
+    (NCCL) pays the link's ``collective_stage_latency_s`` once for consecutive stages on one
+    link — one call, however the library splits it; otherwise (in-kernel) once per stage.
+    """
+    out: list[tuple[str, float]] = []
+    for index, stage in enumerate(call.spec.stages):
+        link = stage_link(chip, stage, index, devices)
+        if link is None:
+            continue
+        transfer_s = call.payload_bytes_per_peer * stage.peers / link.bandwidth_bytes_per_s_per_direction.value
+        if per_call and out and out[-1][0] == link.name:
+            out[-1] = (link.name, out[-1][1] + transfer_s)
+        else:
+            out.append((link.name, link.collective_stage_latency_s.value + transfer_s))
+    return tuple(out)
+
+
+nccl_collective = partial(price_collective, per_call=True)
+in_kernel_collective = partial(price_collective, per_call=False)
+
+
+# --------------------------------------------------------------------------- policies
+
+
+def gpu_policy(chip: Chip) -> ExecutionPolicy:
+    """The execution policy of a GPU chip (see the module docstring)."""
+    execution = chip.execution
+    sustained = chip.hbm.sustained_bandwidth_bytes_per_s.value
+    if execution.mode == "megakernel":
+        return ExecutionPolicy(
+            mode="megakernel",
+            hbm_bandwidth_bytes_per_s=sustained,
+            compute_efficiency=1.0,
+            launch_overhead_s=execution.launch_overhead_s.value,
+            per_step_overhead_s=execution.per_step_overhead_s.value,
+            per_layer_overhead_s=execution.per_layer_overhead_s.value,
+            cross_op_prefetch=True,
+            enforce_staging_capacity=True,
+            kernel_plan=one_persistent_kernel,
+            collective_pricer=in_kernel_collective,
+            description="GPU megakernel: one persistent kernel, TMA prefetch into L2, in-kernel collectives",
+        )
+    efficiency = per_op_efficiency(chip)
+    return ExecutionPolicy(
+        mode="per_op_launch",
+        hbm_bandwidth_bytes_per_s=sustained * efficiency,
+        compute_efficiency=efficiency,
+        launch_overhead_s=execution.launch_overhead_s.value,
+        per_step_overhead_s=execution.per_step_overhead_s.value,
+        per_layer_overhead_s=execution.per_layer_overhead_s.value,
+        cross_op_prefetch=False,
+        enforce_staging_capacity=False,
+        kernel_plan=fused_kernel_plan,
+        collective_launches=True,
+        collectives_block=True,
+        collective_pricer=nccl_collective,
+        conventional=gpu_conventional_schedule,
+        description="conventional GPU stack: fused kernels, no cross-kernel prefetch, NCCL collectives",
+    )
+
+
+# --------------------------------------------------------------------------- chip variants
+
+
+def gpu_variant(chip: Chip, execution: str) -> Chip:
+    """``chip`` switched to one GPU execution variant; every switched figure keeps a source.
+
+    - ``per-kernel``: ``mode = per_op_launch`` with the catalog's launch cost;
+    - ``graphs``: the same, ``launch_overhead_s`` replaced by ``graph_launch_overhead_s``
+      (CUDA graphs: the stack is captured once and replayed; each kernel still costs a
+      smaller launch). The variant is a chip whose launch figure *is* the graph figure, so
+      the engine needs no flag and the figure's source says which it is;
+    - ``megakernel``: ``mode = megakernel``, ``per_layer_overhead_s`` = :data:`GRID_BARRIER_S`
+      and every NVLink's ``collective_stage_latency_s`` = :data:`IN_KERNEL_STAGE_LATENCY_S`
+      (the scale-out link keeps its figure). The one launch per step stays
+      ``launch_overhead_s``.
+    """
+    if chip.kind != "gpu":
+        raise InputError(f"{chip.name} is not a GPU: GPU execution variants do not apply")
+    updates: dict[str, Any] = {}
+    links = chip.links
+    if execution == "per-kernel":
+        updates["mode"] = "per_op_launch"
+    elif execution == "graphs":
+        updates["mode"] = "per_op_launch"
+        graph = chip.execution.graph_launch_overhead_s
+        if graph is None:
+            raise InputError(f"{chip.name}: the catalog gives no graph_launch_overhead_s for CUDA graphs")
+        updates["launch_overhead_s"] = graph
+    elif execution == "megakernel":
+        updates["mode"] = "megakernel"
+        updates["per_layer_overhead_s"] = GRID_BARRIER_S
+        links = [link.model_copy(update={"collective_stage_latency_s": IN_KERNEL_STAGE_LATENCY_S})
+                 if link.name == "nvlink" else link for link in chip.links]
+    else:
+        raise InputError(f"unknown GPU execution {execution!r}; known: {', '.join(GPU_EXECUTIONS)}")
+    return chip.model_copy(update={"execution": chip.execution.model_copy(update=updates), "links": links})
+
+
+# --------------------------------------------------------------------------- results
+
+
+def gpu_breakdown(result: SimResult) -> dict[str, float]:
+    """Where a GPU step's time goes, seconds; the values sum to ``result.step_s``.
+
+    ``compute`` (all phases), ``launches`` (kernel and NCCL launches, a megakernel's one),
+    ``collectives`` (on the stream: NCCL calls, in-kernel stages, waits for overlapped
+    ones), ``exposed_dma`` (waiting for weight/KV copies), ``other_overheads`` (per step,
+    per layer: host work, grid barriers) and ``drain``.
+    """
+    breakdown = result.breakdown_s
+    compute = sum(value for key, value in breakdown.items() if key not in NOT_COMPUTE)
+    return {
+        "compute": compute,
+        "launches": result.launch_s,
+        "collectives": breakdown.get("collectives", 0.0),
+        "exposed_dma": breakdown.get("exposed_dma", 0.0),
+        "other_overheads": breakdown.get("fixed_overheads", 0.0) - result.launch_s,
+        "drain": breakdown.get("drain", 0.0),
+    }

@@ -1,0 +1,167 @@
+"""Kernel fusion of a conventional GPU serving stack: which kernels a decode step launches.
+
+A serving stack (vLLM, SGLang, TensorRT-LLM running a DeepSeek/Kimi-style model) does not
+launch one kernel per op of our program, nor one per line of the model's Python: some ops
+are several kernels (a GEMM and its activation), some ops share one (the q/kv LoRA down
+projections as one GEMM; one grouped GEMM for every routed expert of a layer). This module
+holds that mapping as a table and turns a program into a
+:class:`~tpusim.engine.execution.KernelPlan`.
+
+The table (assumed: our reading of those stacks' decode paths, not a measurement; the launch
+count is what matters for the step time, so calibrate ``launch_overhead_s`` against it):
+
+====================  =======  ====================================================================
+program op            kernels  what the stack launches
+====================  =======  ====================================================================
+``attn.mix_norm``     1        residual mix + RMSNorm (+ activation quant), one fused kernel
+``kda.qkvgb``         1        fused q/k/v/gate/beta projection GEMM
+``kda.decay``         2        low-rank decay gate: two chained GEMMs (7168→128→heads·128)
+``kda.core``          3        short-conv state update; fused recurrent gated-delta-rule step;
+                               gated RMSNorm of the output
+``kda.o``             1        output projection GEMM
+``mla.q_a``           1        q_a and kv_a down projections as one GEMM (``fused_qkv_a_proj``)
+``mla.kv_a``          0        fused into ``mla.q_a``'s GEMM (its weights stream with it)
+``mla.q_b``           2        q LoRA RMSNorm; q_b GEMM
+``mla.kv_b``          2        kv LoRA RMSNorm + RoPE; absorbed W_UK batched GEMM
+``mla.core``          2        KV-cache append; MLA decode attention (split-KV, merge fused)
+``mla.gate``          1        output-gate GEMM
+``mla.o``             2        absorbed W_UV batched GEMM with the gate; output projection GEMM
+``gqa.q``             1        fused QKV GEMM
+``gqa.k``, ``gqa.v``  0        fused into ``gqa.q``'s GEMM
+``gqa.core``          2        RoPE + KV-cache append; decode attention
+``gqa.gate``          1        output-gate GEMM
+``gqa.o``             1        output projection GEMM
+``mlp.mix_norm``      1        residual mix + RMSNorm, one fused kernel
+``moe.router``        1        router GEMM
+``moe.topk``          1        fused sigmoid + bias + top-k + renormalise
+``moe.latent_down``   2        latent down GEMM; latent RMSNorm
+``moe.shared_gate_up``2        shared-expert gate/up GEMM; activation
+``moe.shared_down``   1        shared-expert down GEMM
+``expert[*]``         4        **once per layer for all routed experts** (a fused-MoE grouped
+                               GEMM): token permute/align; grouped gate/up GEMM; activation;
+                               grouped down GEMM. Every routed expert's weights are requested
+                               when the first of them starts. A layer whose device got no
+                               expert still launches them (with ``moe.combine``).
+``moe.combine``       1        un-permute + weighted sum + shared-expert add
+``moe.latent_up``     1        latent up GEMM
+``mlp.gate_up``       2        dense MLP gate/up GEMM; activation
+``mlp.down``          1        dense MLP down GEMM
+``head.norm``         1        final RMSNorm
+``head.lm_head``      1        lm_head GEMM
+other ops             1        one kernel each
+collectives           1 each   an NCCL kernel per call (counted by the engine's stream, not here)
+====================  =======  ====================================================================
+
+K3 per layer: a KDA + MoE layer is 8 + 14 = 22 kernels plus 3 NCCL calls (attention
+all-reduce, latent all-gather, MoE all-reduce); an MLA + MoE layer 11 + 14 + 3 — the "tens
+of kernels per layer plus NCCL collectives" of a conventional decode step.
+
+Norms are **not** fused into the following GEMM: the stacks above run RMSNorm as its own
+(fused residual-add + norm + quant) kernel. Some fuse the norm into the preceding NCCL
+all-reduce instead (TensorRT-LLM's all-reduce fusion); K3's attention-residual mixture is
+not one of the patterns those kernels cover, so the table keeps the norm as a kernel.
+
+Steps of :func:`fused_kernel_plan`, with the invariant each keeps:
+
+1. Walk the ops in program order; look up each op's rule (routed experts by role).
+2. A routed expert that follows another routed expert of the same layer joins its kernel
+   (0 launches, same ``kernel_start``); the first one pays the grouped-GEMM launches.
+3. An op whose rule says ``fused_into_previous`` joins the previous op's kernel when that
+   op is in the same layer. *Invariant:* ``kernel_start[i] <= i`` and a kernel never
+   spans two layers.
+4. ``moe.combine`` of a layer that had no routed-expert op also pays the grouped-GEMM
+   launches (the stack launches them with zero rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpusim.engine.execution import KernelPlan
+from tpusim.program import Program
+
+EXPERT_ROLE = "moe.expert"
+COMBINE = "moe.combine"
+
+
+@dataclass(frozen=True)
+class FusionRule:
+    """How one program op maps onto kernels of a conventional stack."""
+
+    kernels: int  # launches paid before the op when it opens its kernel(s)
+    what: str
+    fused_into_previous: bool = False  # runs inside the previous op's kernel (same layer)
+
+
+FUSION_TABLE: dict[str, FusionRule] = {
+    "attn.mix_norm": FusionRule(1, "residual mix + RMSNorm"),
+    "kda.qkvgb": FusionRule(1, "q/k/v/gate/beta GEMM"),
+    "kda.decay": FusionRule(2, "decay-gate GEMMs (low rank)"),
+    "kda.core": FusionRule(3, "conv update, gated delta rule, gated RMSNorm"),
+    "kda.o": FusionRule(1, "o_proj GEMM"),
+    "mla.q_a": FusionRule(1, "fused q_a/kv_a GEMM"),
+    "mla.kv_a": FusionRule(0, "in the fused q_a/kv_a GEMM", fused_into_previous=True),
+    "mla.q_b": FusionRule(2, "q LoRA RMSNorm, q_b GEMM"),
+    "mla.kv_b": FusionRule(2, "kv LoRA RMSNorm + RoPE, W_UK bmm"),
+    "mla.core": FusionRule(2, "KV append, MLA decode attention"),
+    "mla.gate": FusionRule(1, "gate GEMM"),
+    "mla.o": FusionRule(2, "W_UV bmm, o_proj GEMM"),
+    "gqa.q": FusionRule(1, "fused QKV GEMM"),
+    "gqa.k": FusionRule(0, "in the fused QKV GEMM", fused_into_previous=True),
+    "gqa.v": FusionRule(0, "in the fused QKV GEMM", fused_into_previous=True),
+    "gqa.core": FusionRule(2, "RoPE + KV append, decode attention"),
+    "gqa.gate": FusionRule(1, "gate GEMM"),
+    "gqa.o": FusionRule(1, "o_proj GEMM"),
+    "mlp.mix_norm": FusionRule(1, "residual mix + RMSNorm"),
+    "moe.router": FusionRule(1, "router GEMM"),
+    "moe.topk": FusionRule(1, "fused sigmoid/bias/top-k"),
+    "moe.latent_down": FusionRule(2, "latent_down GEMM, latent RMSNorm"),
+    "moe.shared_gate_up": FusionRule(2, "shared gate/up GEMM, activation"),
+    "moe.shared_down": FusionRule(1, "shared down GEMM"),
+    COMBINE: FusionRule(1, "un-permute + weighted sum"),
+    "moe.latent_up": FusionRule(1, "latent_up GEMM"),
+    "mlp.gate_up": FusionRule(2, "dense gate/up GEMM, activation"),
+    "mlp.down": FusionRule(1, "dense down GEMM"),
+    "head.norm": FusionRule(1, "final RMSNorm"),
+    "head.lm_head": FusionRule(1, "lm_head GEMM"),
+}
+ROUTED_EXPERTS = FusionRule(4, "fused MoE: permute, grouped gate/up GEMM, activation, grouped down GEMM")
+DEFAULT_RULE = FusionRule(1, "one kernel")
+
+
+def rule_for(name: str, role: str) -> FusionRule:
+    """The fusion rule of an op (routed experts by role, everything else by name)."""
+    if role == EXPERT_ROLE:
+        return ROUTED_EXPERTS
+    return FUSION_TABLE.get(name, DEFAULT_RULE)
+
+
+def fused_kernel_plan(program: Program) -> KernelPlan:
+    """The kernels a conventional GPU stack launches for ``program`` (steps in the docstring)."""
+    ops = program.ops
+    launches: list[int] = []
+    starts: list[int] = []
+    names: list[str] = []
+    experts_in_layer: dict[int, bool] = {}
+    for index, op in enumerate(ops):
+        rule = rule_for(op.name, op.role)
+        previous = ops[index - 1] if index else None
+        same_layer = previous is not None and previous.layer == op.layer
+        if op.role == EXPERT_ROLE:
+            experts_in_layer[op.layer] = True
+            joins = same_layer and previous is not None and previous.role == EXPERT_ROLE
+        else:
+            joins = rule.fused_into_previous and same_layer
+        if joins:
+            launches.append(0)
+            starts.append(starts[index - 1])
+            names.append("")
+            continue
+        count, what = rule.kernels, rule.what
+        if op.name == COMBINE and not experts_in_layer.get(op.layer, False):
+            count += ROUTED_EXPERTS.kernels
+            what = f"{ROUTED_EXPERTS.what} (no local expert); {what}"
+        launches.append(count)
+        starts.append(index)
+        names.append(f"{count} kernel{'s' if count != 1 else ''}: {what}" if count else "")
+    return KernelPlan(launches=tuple(launches), kernel_start=tuple(starts), kernel_names=tuple(names))
