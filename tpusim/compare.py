@@ -17,14 +17,16 @@ breakdown`` (+ ``execution, schedule, fits, note``).
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hwmodels.catalog import make_system
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip, System
-from tpusim.capacity import check_capacity
+from tpusim.capacity import capacity_report, check_capacity
 from tpusim.model_catalog import load_model, plan_for
 from tpusim.modelconfig import ModelConfig
 from tpusim.plan import ShardingPlan
@@ -109,12 +111,20 @@ def execution_label(chip: Chip, spec: SystemSpec) -> str:
 
 
 def fitting_schedule(model: ModelConfig, plan: ShardingPlan, chip: Chip, batch: int,
-                     names: tuple[str, ...] = ("published", "layer-double-buffer", "naive")) -> tuple[Schedule, str]:
-    """The first built-in schedule whose buffers fit the chip's on-chip memory."""
+                     names: tuple[str, ...] = ("published", "layer-double-buffer", "naive"),
+                     sequences: int | None = None) -> tuple[Schedule, str]:
+    """The first built-in schedule whose buffers fit the chip's on-chip memory (on a GPU,
+    each adapted to the L2 with :func:`tpusim.engine.gpu.l2_schedule` first)."""
+    from tpusim.engine.gpu import l2_schedule
+
+    candidates: list[tuple[str, Schedule]] = []
     for name in names:
-        schedule = load_schedule(name)
+        if chip.kind == "gpu":
+            candidates.append((f"{name} adapted to L2", l2_schedule(load_schedule(name))))
+        candidates.append((name, load_schedule(name)))
+    for name, schedule in candidates:
         try:
-            check_fits(vmem_plan(schedule, model, plan, batch), chip.staging_memory.usable_bytes)
+            check_fits(vmem_plan(schedule, model, plan, batch, sequences), chip.staging_memory.usable_bytes)
         except InfeasibleSchedule:
             continue
         return schedule, f"built-in `{name}` (first built-in that fits)"
@@ -122,12 +132,20 @@ def fitting_schedule(model: ModelConfig, plan: ShardingPlan, chip: Chip, batch: 
 
 
 def _simulate_s(model: ModelConfig, plan: ShardingPlan, chip: Chip, schedule: Schedule, *, rows: int,
-                context_tokens: int, routing: RoutingModel, seed: int) -> tuple[float, dict[str, Any]]:
+                context_tokens: int, routing: RoutingModel, seed: int,
+                sequences: int | None = None) -> tuple[float, dict[str, Any]]:
     from tpusim.engine import simulate
+    from tpusim.engine.gpu import gpu_breakdown
 
-    program = build_program(model, plan, batch=rows, context_tokens=context_tokens, routing=routing, seed=seed)
+    program = build_program(model, plan, batch=rows, context_tokens=context_tokens, routing=routing, seed=seed,
+                            sequences=sequences)
     result = simulate(program, schedule, chip)
-    return result.step_s, dict(result.breakdown)
+    breakdown: dict[str, Any] = {f"{key}_ms": value * MS_PER_S for key, value in result.breakdown_s.items()}
+    breakdown["launch_count"] = result.launch_count
+    breakdown["where_ms"] = {key: value * MS_PER_S for key, value in gpu_breakdown(result).items()}
+    breakdown["exposed_dma_ms"] = result.exposed_dma_s * MS_PER_S
+    breakdown["hbm_busy_fraction"] = result.busy_fraction.get("hbm", 0.0)
+    return result.step_s, breakdown
 
 
 def _system_and_plan(model: ModelConfig, spec: SystemSpec, calibrated: bool) -> tuple[System, Chip, ShardingPlan]:
@@ -173,13 +191,23 @@ def compare_rows(
                     check_capacity(model, plan, chip, chips=spec.chips, batch=verify_rows,
                                    context_tokens=context_tokens + draft_tokens + 1)
                 except InputError as error:
-                    row.update(fits=False, step_ms=None, tokens_per_s=None, schedule=None,
-                               breakdown={}, note=str(error))
+                    report = capacity_report(model, plan, chip, batch=verify_rows,
+                                             context_tokens=context_tokens + draft_tokens + 1)
+                    row.update(fits=False, step_ms=None, tokens_per_s=None, schedule=None, breakdown={},
+                               note=str(error),
+                               short_note=f"needs {report.total_bytes / 1e9:.0f} GB/device > "
+                                          f"{report.capacity_bytes / 1e9:.0f} GB HBM")
                     continue
-                chosen, how = _schedule_for(model, plan, system, chip, batch=verify_rows,
-                                            schedule=schedule, choose=choose_schedule)
+                try:
+                    chosen, how = _schedule_for(model, plan, system, chip, batch=verify_rows,
+                                                schedule=schedule, choose=choose_schedule, sequences=batch)
+                except InputError as error:
+                    row.update(fits=False, step_ms=None, tokens_per_s=None, schedule=None,
+                               breakdown={}, note=str(error), short_note="no schedule fits on-chip memory")
+                    continue
                 step_s, breakdown = _simulate_s(model, plan, chip, chosen, rows=verify_rows,
-                                                context_tokens=context_tokens, routing=routing, seed=seed)
+                                                context_tokens=context_tokens, routing=routing, seed=seed,
+                                                sequences=batch)
                 row.update(fits=True, schedule=chosen.name, schedule_hash=chosen.content_hash(),
                            schedule_choice=how)
                 if acceptance is None:
@@ -200,6 +228,31 @@ def compare_rows(
     return rows
 
 
+def sweep_chooser(*, budget: int, jobs: int, seed: int, out_dir: Path | None, context_tokens: int,
+                  routing: RoutingModel) -> ScheduleChooser:
+    """Choose each megakernel row's schedule with a (small) sweep, cached per system and batch.
+
+    Sweep outputs go to ``out_dir/sweep-<system>-b<batch>`` when ``out_dir`` is given.
+    """
+    cache: dict[tuple[str, int, str], tuple[Schedule, str]] = {}
+
+    def choose(model: ModelConfig, plan: ShardingPlan, system: System, batch: int) -> tuple[Schedule, str]:
+        from tpusim.sweep import run_sweep
+
+        key = (system.name + system.chip.execution.mode, batch, model.name)
+        if key not in cache:
+            folder = (out_dir / f"sweep-{system.chip.name}x{system.chips}-{system.chip.execution.mode}-b{batch}"
+                      if out_dir else Path(tempfile.mkdtemp(prefix="tpusim-sweep-")))
+            result = run_sweep(model, plan, system, batch=batch, out_dir=folder, budget=budget, jobs=jobs,
+                               seed=seed, context_tokens=context_tokens, routing=routing, quiet=True)
+            best_ms = result.best_row.get("predicted_ms")
+            cache[key] = (result.best, f"sweep best of {result.considered} candidates "
+                          f"({result.simulated} simulated, {result.pruned} pruned; {best_ms:.3f} ms simulated)")
+        return cache[key]
+
+    return choose
+
+
 def _is_calibrated(chip: Chip) -> bool:
     from hwmodels.overlay import iter_figures
 
@@ -207,13 +260,22 @@ def _is_calibrated(chip: Chip) -> bool:
 
 
 def _schedule_for(model: ModelConfig, plan: ShardingPlan, system: System, chip: Chip, *, batch: int,
-                  schedule: str | None, choose: ScheduleChooser | None) -> tuple[Schedule, str]:
+                  schedule: str | None, choose: ScheduleChooser | None,
+                  sequences: int | None = None) -> tuple[Schedule, str]:
     if chip.execution.mode == "per_op_launch":
         return load_schedule("naive"), "none: one kernel per op (the schedule does not apply)"
     if schedule not in (None, "best"):
         chosen = load_schedule(schedule)
-        check_fits(vmem_plan(chosen, model, plan, batch), chip.staging_memory.usable_bytes)
-        return chosen, f"given (`{schedule}`)"
+        if chip.kind == "gpu":
+            from tpusim.engine.gpu import l2_schedule
+
+            chosen = l2_schedule(chosen)
+        try:
+            check_fits(vmem_plan(chosen, model, plan, batch, sequences), chip.staging_memory.usable_bytes)
+        except InfeasibleSchedule:
+            fallback, how = fitting_schedule(model, plan, chip, batch, sequences=sequences)
+            return fallback, f"given `{schedule}` does not fit on-chip memory at {batch} rows; {how}"
+        return chosen, f"given (`{chosen.name}`)"
     if choose is not None:
         return choose(model, plan, system, batch)
-    return fitting_schedule(model, plan, chip, batch)
+    return fitting_schedule(model, plan, chip, batch, sequences=sequences)

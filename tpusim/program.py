@@ -116,6 +116,11 @@ class Program:
     layers: list[LayerProgram]
     head_ops: list[Op]
     meta: dict[str, object] = field(default_factory=dict)
+    sequences: int = 0  # sequences whose KV cache / state the rows read (0: one per row)
+
+    @property
+    def kv_sequences(self) -> int:
+        return self.sequences or self.batch
 
     @cached_property
     def ops(self) -> list[Op]:
@@ -159,7 +164,8 @@ def _matmul_op(name: str, role: str, layer: int, phase: str, tensors: list[Tenso
     )
 
 
-def _attention_ops(model: ModelConfig, plan: ShardingPlan, layer: int, batch: int, context: int) -> list[Op]:
+def _attention_ops(model: ModelConfig, plan: ShardingPlan, layer: int, batch: int, context: int,
+                   sequences: int) -> list[Op]:
     by_name = {t.name: t for t in attention_tensors(model, plan, layer)}
     small = small_param_tensors(model, plan, layer)
     hidden, heads = model.hidden_size, plan.attention_heads_per_device
@@ -174,7 +180,7 @@ def _attention_ops(model: ModelConfig, plan: ShardingPlan, layer: int, batch: in
     if kind == "kda":
         kda = model.kda
         assert kda is not None
-        state = recurrent_state_bytes(model, plan, layer) * batch
+        state = recurrent_state_bytes(model, plan, layer) * sequences
         state_elements = heads * kda.head_dim * kda.head_dim * batch
         ops += [
             mm("kda.qkvgb", "kda.qkvgb", ["kda.qkvgb"]),
@@ -200,7 +206,7 @@ def _attention_ops(model: ModelConfig, plan: ShardingPlan, layer: int, batch: in
             mm("mla.kv_b", "mla.kv_b", ["mla.kv_b"]),
             Op("mla.core", "attn.core", layer, "attention", "mxu", matmuls=core_matmuls,
                vector_flops=5.0 * heads * batch * span,
-               kv_read_bytes=kv_per_token * span * batch, kv_write_bytes=kv_per_token * batch,
+               kv_read_bytes=kv_per_token * span * sequences, kv_write_bytes=kv_per_token * batch,
                collectives=_collectives_after(plan, "attn.core", batch)),
         ]
         if "mla.gate" in by_name:
@@ -218,7 +224,7 @@ def _attention_ops(model: ModelConfig, plan: ShardingPlan, layer: int, batch: in
             mm("gqa.v", "gqa.v", ["gqa.v"]),
             Op("gqa.core", "attn.core", layer, "attention", "mxu", matmuls=core_matmuls,
                vector_flops=5.0 * heads * batch * span,
-               kv_read_bytes=kv_per_token * span * batch, kv_write_bytes=kv_per_token * batch,
+               kv_read_bytes=kv_per_token * span * sequences, kv_write_bytes=kv_per_token * batch,
                collectives=_collectives_after(plan, "attn.core", batch)),
         ]
         if "gqa.gate" in by_name:
@@ -285,8 +291,17 @@ def build_program(
     routing: RoutingModel | None = None,
     seed: int = 0,
     device_view: str | int = "critical",
+    sequences: int | None = None,
 ) -> Program:
-    """The per-device op list of one decode step (see the module docstring)."""
+    """The per-device op list of one decode step (see the module docstring).
+
+    ``batch`` is the number of rows through the model; ``sequences`` (default: ``batch``) the
+    number of sequences whose KV cache and recurrent state those rows read. A speculative
+    verify step runs ``draft_tokens + 1`` rows per sequence over one shared cache.
+    """
+    sequences = sequences or batch
+    if batch % sequences:
+        raise ValueError(f"batch ({batch}) must be a multiple of sequences ({sequences})")
     if batch < 1:
         raise ValueError("batch must be >= 1")
     if context_tokens < 1:
@@ -305,7 +320,7 @@ def build_program(
     layers: list[LayerProgram] = []
     moe_index = 0
     for layer in range(model.num_layers):
-        ops = _attention_ops(model, plan, layer, batch, context_tokens)
+        ops = _attention_ops(model, plan, layer, batch, context_tokens, sequences)
         routed = 0
         if model.is_moe_layer(layer):
             group = int(np.argmax(distinct[moe_index])) if device_view == "critical" else int(device_view)
@@ -327,4 +342,5 @@ def build_program(
         routing_label=routing.label, seed=seed, device_view=str(device_view),
         layers=layers, head_ops=head_ops,
         meta={"distinct_per_group": distinct, "group_size": group_size},
+        sequences=sequences,
     )

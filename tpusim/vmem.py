@@ -12,8 +12,10 @@ Layout rule (the kernel allocates exactly this):
 3. A family's footprint is ``buffers_f * sum_t slab_bytes(t)``. Families sharing a pool
    time-share one arena sized for the largest member footprint; an unpooled family is its
    own arena.
-4. KV tiles: ``kv_buffers * kv_tile_tokens * kv_bytes_per_token * batch`` (MLA/GQA layers);
-   KDA recurrent state: one ``batch x heads x head_dim x head_dim`` f32 buffer.
+4. KV tiles: ``kv_buffers * kv_tile_tokens * kv_bytes_per_token * sequences`` (MLA/GQA
+   layers); KDA recurrent state: one ``sequences x heads x head_dim x head_dim`` f32 buffer
+   (``sequences`` = batch rows, or fewer when several rows share a cache as in speculative
+   verification).
 5. Activations: the residual stream and attention-residual block snapshots in f32, plus
    working rows for the widest projection output, per batch row.
 
@@ -117,7 +119,11 @@ def activation_bytes(model: ModelConfig, batch: int) -> int:
     return rows * 4 * (model.hidden_size * snapshots + widest)
 
 
-def vmem_plan(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch: int) -> VmemPlan:
+def vmem_plan(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch: int,
+              kv_sequences: int | None = None) -> VmemPlan:
+    """Static scratch for ``batch`` rows; KV tiles and state for ``kv_sequences`` (default: one
+    per row; a speculative verify step has ``draft_tokens + 1`` rows per sequence)."""
+    kv_sequences = kv_sequences or batch
     kinds = tensor_kinds(model, plan)
     family_bytes: dict[str, int] = {}
     detail: dict[str, int] = {}
@@ -144,8 +150,8 @@ def vmem_plan(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch:
             arena_members[pool] = present
             arena_bytes[pool] = max(family_bytes[m] for m in present)
     kv_per_token = max((kv_cache_bytes_per_token(model, plan, layer) for layer in range(model.num_layers)), default=0)
-    kv = schedule.kv_buffers * schedule.kv_tile_tokens * kv_per_token * batch
-    state = max((recurrent_state_bytes(model, plan, layer) for layer in range(model.num_layers)), default=0) * batch
+    kv = schedule.kv_buffers * schedule.kv_tile_tokens * kv_per_token * kv_sequences
+    state = max((recurrent_state_bytes(model, plan, layer) for layer in range(model.num_layers)), default=0) * kv_sequences
     return VmemPlan(family_bytes, arena_bytes, arena_members, kv, state, activation_bytes(model, batch), detail)
 
 

@@ -378,7 +378,7 @@ def _lower_state(b: _Builder, op: Op, plan_: OpPlan, vector_s: float) -> float:
 def _lower_kv_tiles(b: _Builder, op: Op, plan_: OpPlan) -> None:
     """MLA / GQA core: the cache streams in ``kv_tile_tokens`` tiles through ``kv_buffers``."""
     program = b.program
-    per_token = kv_cache_bytes_per_token(program.model, program.plan, op.layer) * program.batch
+    per_token = kv_cache_bytes_per_token(program.model, program.plan, op.layer) * program.kv_sequences
     tile_bytes = b.schedule.kv_tile_tokens * per_token if per_token else op.kv_read_bytes
     tiles = max(1, math.ceil(op.kv_read_bytes / tile_bytes))
     matmul_s = b.op_matmul_s(op)
