@@ -1,0 +1,106 @@
+"""The sweep's analytic estimate: bounded by the floors, close to the engine, ranks like it."""
+
+from __future__ import annotations
+
+import random
+from functools import cache
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hwmodels.catalog import make_system
+from tpusim.analytic import floors
+from tpusim.engine import simulate
+from tpusim.model_catalog import load_model, plan_for
+from tpusim.program import build_program
+from tpusim.schedule import BUILTIN_SCHEDULES, load_schedule
+from tpusim.sweep.estimate import EstimateContext, _Hbm, _Pool, estimate
+from tpusim.sweep.prune import VmemAccountant, check_candidate
+from tpusim.sweep.report import spearman
+from tpusim.sweep.space import candidates, default_space
+
+K3_FAMILIES = ["kda_proj", "mla_proj", "small_params", "router", "latent_proj", "shared_expert",
+               "routed_expert", "dense_mlp", "lm_head"]
+
+
+@cache
+def workload(name: str, chips: int, batch: int) -> tuple:
+    model = load_model(name)
+    system = make_system("tpu-v7", chips)
+    plan = plan_for(model, system.devices, devices_per_chip=system.chip.devices_per_chip)
+    program = build_program(model, plan, batch=batch)
+    return model, plan, system, program, EstimateContext(program, system.chip)
+
+
+def test_estimate_is_never_below_the_analytic_floor() -> None:
+    for name, chips, batch in (("kimi-k3", 16, 1), ("kimi-k3", 16, 8), ("kimi-k3-mini", 2, 2)):
+        _model, _plan, system, program, ctx = workload(name, chips, batch)
+        floor_s = floors(program, system.chip).floor_s
+        for builtin in BUILTIN_SCHEDULES:
+            result = estimate(ctx, load_schedule(builtin))
+            assert result.step_s >= floor_s, (name, batch, builtin)
+            assert 0.0 <= result.exposed_dma_s < result.step_s
+            assert result.tokens_per_s == batch / result.step_s
+
+
+def test_estimate_tracks_the_engine_on_the_builtins() -> None:
+    """Within 15 % of the simulated step for every built-in (K3 batch 1 and 8, and the mini)."""
+    for name, chips, batch in (("kimi-k3", 16, 1), ("kimi-k3", 16, 8), ("kimi-k3-mini", 2, 2)):
+        _model, _plan, system, program, ctx = workload(name, chips, batch)
+        for builtin in BUILTIN_SCHEDULES:
+            schedule = load_schedule(builtin)
+            simulated = simulate(program, schedule, system.chip).step_s
+            estimated = estimate(ctx, schedule).step_s
+            assert abs(estimated - simulated) / simulated < 0.15, (name, batch, builtin, estimated, simulated)
+
+
+def test_estimate_ranks_random_k3_candidates_like_the_engine() -> None:
+    model, plan, system, program, ctx = workload("kimi-k3", 16, 1)
+    space = default_space().with_capacity(system.chip.staging_memory.usable_bytes, "test")
+    space = space.model_copy(update={"samples": 200, "neighbours": False})
+    accountant = VmemAccountant(model, plan, 1)
+    pool = [c for c in candidates(space, K3_FAMILIES, seed=11, guide=accountant)
+            if check_candidate(c.schedule, space, accountant).feasible]
+    picked = random.Random(0).sample(pool, 16)
+    estimated = [estimate(ctx, c.schedule, accountant.plan_for(c.schedule)).step_s for c in picked]
+    simulated = [simulate(program, c.schedule, system.chip).step_s for c in picked]
+    rho = spearman(estimated, simulated)
+    assert rho is not None and rho > 0.7, rho
+
+
+def test_naive_is_estimated_slowest_and_published_fastest_of_the_builtins() -> None:
+    for batch in (1, 8):
+        ctx = workload("kimi-k3", 16, batch)[4]
+        times = {name: estimate(ctx, load_schedule(name)).step_s for name in BUILTIN_SCHEDULES}
+        assert times["published"] < times["layer-double-buffer"] < times["naive"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 1e-3), st.floats(1e3, 5e7)), min_size=1, max_size=40),
+       st.integers(1, 16))
+def test_fluid_hbm_never_exceeds_its_bandwidth(copies: list[tuple[float, float]], max_in_flight: int) -> None:
+    """Invariant of the HBM model: by any time T it has moved at most bandwidth x T bytes."""
+    ctx = workload("kimi-k3-mini", 2, 2)[4]
+    hbm = _Hbm(ctx, max_in_flight)
+    landed = []
+    for ready, nbytes in copies:
+        land = hbm.copy(ready, nbytes)
+        assert land >= ready + nbytes / ctx.bandwidth_bytes_per_s
+        landed.append((land, nbytes))
+    for horizon, _ in landed:
+        moved = sum(n for land, n in landed if land <= horizon)
+        assert moved <= ctx.bandwidth_bytes_per_s * horizon * (1 + 1e-9) + 1.0
+
+
+@given(st.lists(st.tuples(st.floats(0, 1.0), st.integers(1, 100), st.floats(0, 1.0)), min_size=1, max_size=30))
+def test_pool_admits_in_order_and_never_overfills(slabs: list[tuple[float, int, float]]) -> None:
+    """Invariant of a pool: admissions are in order and held bytes never exceed the arena."""
+    pool = _Pool(100)
+    admitted = []
+    for ready, nbytes, hold_s in slabs:
+        at = pool.admit(ready, nbytes)
+        assert at >= ready and (not admitted or at >= admitted[-1][0])
+        resident = sum(n for start, end, n in admitted if start <= at < end)
+        assert resident + nbytes <= 100
+        admitted.append((at, at + hold_s, nbytes))
+        pool.hold(at + hold_s, nbytes)

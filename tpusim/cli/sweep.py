@@ -1,0 +1,152 @@
+"""`tpusim sweep`: search prefetch schedules for a model on a system and choose the fastest.
+
+    tpusim sweep --model kimi-k3 --hardware tpu-v7 --chips 16 --batch 1 --jobs 2 --out sweeps/k3-b1
+
+writes ``sweep.csv``, ``best.json`` (the schedule the kernel takes), ``summary.md``,
+``pareto.png``, ``sensitivity.png`` and ``space.json`` into ``--out``, and prints the top 5
+and the rank of ``published``, every number labelled *simulated* or *estimate*. Ctrl-C
+keeps every finished row; the same command with ``--resume`` continues without repeating
+them. See :mod:`tpusim.sweep` for the search itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from hwmodels.errors import InputError
+from tpusim.cli.common import add_workload_options, emit_json, positive_int, resolve_workload
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from tpusim.sweep.defaults import DEFAULT_BUDGET, DEFAULT_SCREEN_FACTOR, DEFAULT_SCREEN_LAYERS
+
+    parser = subparsers.add_parser(
+        "sweep", help="search prefetch schedules: prune, estimate, simulate the best, write best.json",
+        description="Search the schedule space for the fastest prefetch schedule (see tpusim.sweep).")
+    add_workload_options(parser)
+    for action in parser._actions:
+        if action.dest == "seed":  # one seed fixes both the routing draw and the sampled candidates
+            action.help = "seed of the routing draw and of the sampled candidates"
+    parser.add_argument("--out", required=True, type=Path, help="output folder (sweep.csv, best.json, summary.md, plots)")
+    parser.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET,
+                        help=f"full-step engine simulations, built-ins included (default {DEFAULT_BUDGET})")
+    parser.add_argument("--jobs", type=positive_int, default=1, help="worker processes (default 1)")
+    parser.add_argument("--resume", action="store_true", help="continue a sweep in --out, skipping finished rows")
+    parser.add_argument("--samples", type=int, default=None, help="random draws from the space (default: the space's)")
+    parser.add_argument("--space", type=Path, default=None, help="a SweepSpace JSON (or a previous space.json)")
+    parser.add_argument("--screen-factor", type=int, default=DEFAULT_SCREEN_FACTOR,
+                        help=f"screen factor x budget candidates on reduced layers (0: off; default {DEFAULT_SCREEN_FACTOR})")
+    parser.add_argument("--screen-layers", type=positive_int, default=DEFAULT_SCREEN_LAYERS,
+                        help=f"layers in the screening program (default {DEFAULT_SCREEN_LAYERS})")
+    parser.add_argument("--no-plots", action="store_true", help="skip pareto.png and sensitivity.png")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.set_defaults(func=run)
+
+
+def load_space(path: Path) -> Any:
+    """A :class:`SweepSpace` from a JSON file (bare, or a sweep's ``space.json``)."""
+    from pydantic import ValidationError
+
+    from tpusim.model_catalog import format_validation_error
+    from tpusim.sweep.space import SweepSpace
+
+    try:
+        data = json.loads(path.read_text())
+    except OSError as error:
+        raise InputError(f"{path}: cannot read: {error.strerror}") from None
+    except json.JSONDecodeError as error:
+        raise InputError(f"{path}: line {error.lineno}: invalid JSON: {error.msg}") from None
+    if isinstance(data, dict) and "space" in data and "workload" in data:
+        data = data["space"]
+    try:
+        return SweepSpace.model_validate(data)
+    except ValidationError as error:
+        raise InputError(format_validation_error(path, error)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from tpusim.sweep import SweepInterrupted, default_space, run_sweep
+
+    model, plan, system, routing = resolve_workload(args)
+    space = load_space(args.space) if args.space else default_space()
+    if args.samples is not None:
+        if args.samples < 0:
+            raise InputError("--samples must be >= 0")
+        space = space.model_copy(update={"samples": args.samples})
+    try:
+        result = run_sweep(
+            model, plan, system, args.batch, out_dir=args.out, budget=args.budget, jobs=args.jobs,
+            seed=args.seed, resume=args.resume, context_tokens=args.context, routing=routing,
+            quiet=args.quiet or args.json, space=space, screen_factor=args.screen_factor,
+            screen_layers=args.screen_layers, plots=not args.no_plots,
+        )
+    except SweepInterrupted as interrupted:
+        command = " ".join(shlex.quote(a) for a in ["tpusim", *sys.argv[1:]] if a != "--resume")
+        print(f"tpusim sweep: {interrupted}\n  resume with: {command} --resume", file=sys.stderr)
+        return 130
+    if args.json:
+        emit_json(_as_json(result))
+        return 0
+    _print_human(result, model.name, system.chip.name, system.chips, args.batch)
+    return 0
+
+
+def _as_json(result: Any) -> dict[str, Any]:
+    def clean(row: dict[str, Any] | None) -> dict[str, Any] | None:
+        if row is None:
+            return None
+        keys = ("hash", "name", "source", "status", "predicted_ms", "predicted_by", "tokens_per_s",
+                "exposed_dma_ms", "vmem_peak_mib", "vmem_static_mib", "est_ms", "screen_ms")
+        return {key: row.get(key) for key in keys}
+
+    simulated = sorted((r for r in result.rows if r["status"] == "simulated"),
+                       key=lambda r: (r["predicted_ms"], r["hash"]))
+    return {
+        "best": clean(result.best_row), "published": clean(result.published_row),
+        "published_rank": result.published_rank, "speedup_vs_published": result.speedup_vs_published,
+        "counts": {"considered": result.considered, "pruned": result.pruned, "screened": result.screened,
+                   "simulated": result.simulated, "estimated": result.estimated},
+        "top": [clean(r) for r in simulated[:10]], "engine": result.engine, "wall_s": result.wall_s,
+        "paths": {k: str(v) for k, v in result.paths.items()},
+    }
+
+
+def _print_human(result: Any, model: str, chip: str, chips: int, batch: int) -> None:
+    console = Console()
+    simulated = sorted((r for r in result.rows if r["status"] == "simulated"),
+                       key=lambda r: (r["predicted_ms"], r["hash"]))
+    console.print(f"{model} on {chip} x{chips}, batch {batch}: {result.considered} candidates considered, "
+                  f"{result.pruned} pruned, {result.screened} screened, {result.simulated} simulated, "
+                  f"{result.estimated} estimate only ({result.wall_s:.1f} s)")
+    table = Table(title="top 5")
+    for column in ("#", "name", "ms/step", "tokens/s", "exposed DMA ms", "VMEM peak MiB", "label"):
+        table.add_column(column, justify="left" if column in ("name", "label") else "right",
+                         overflow="fold", min_width=24 if column == "name" else None)
+    shown = simulated[:5] or sorted((r for r in result.rows if r["status"] == "estimated"),
+                                    key=lambda r: (r["predicted_ms"], r["hash"]))[:5]
+    for i, r in enumerate(shown, 1):
+        vmem = r.get("vmem_peak_mib")
+        table.add_row(str(i), r["name"], f"{r['predicted_ms']:.4f}", f"{r['tokens_per_s']:.1f}",
+                      f"{r['exposed_dma_ms']:.3f}" if r.get("exposed_dma_ms") is not None else "–",
+                      f"{vmem:.2f}" if vmem is not None else "–", r["predicted_by"])
+    console.print(table)
+    pub = result.published_row
+    if pub and pub.get("predicted_ms"):
+        console.print(f"published: {pub['predicted_ms']:.4f} ms/step ({pub['predicted_by']}), rank "
+                      f"{result.published_rank} of {len(simulated) or result.estimated}; chosen "
+                      f"{result.best_row['predicted_ms']:.4f} ms/step ({result.best_row['predicted_by']}), "
+                      f"{result.speedup_vs_published:.3f}x")
+    elif pub:
+        console.print(f"published: {pub['status']}: {pub.get('reason', '')}", markup=False)
+    if not result.engine:
+        console.print("[yellow]the engine is not importable: every number above is an estimate[/yellow]")
+    console.print(f"best schedule: {result.paths['best']}  (summary: {result.paths['summary']})")

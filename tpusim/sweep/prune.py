@@ -1,0 +1,119 @@
+"""Cheap pruning: reject candidates that cannot run before any estimate or simulation.
+
+A candidate is pruned, with the reason recorded in ``sweep.csv``, when
+
+1. ``max_dmas_in_flight`` exceeds the space's outstanding-DMA limit (``dmas: ...``), or
+2. its static VMEM scratch (:func:`tpusim.vmem.vmem_plan`, the accounting the kernel and the
+   engine share) exceeds the usable capacity (``vmem: ...`` with
+   :func:`tpusim.vmem.check_fits`'s message naming the arenas).
+
+Speed. ``vmem_plan`` walks every layer's tensors (≈ 5 ms for K3); a sweep prunes thousands
+of candidates. :class:`VmemAccountant` therefore memoises it: a plan's per-family bytes depend
+only on that family's ``(buffers, chunk_bytes)`` and its KV bytes only on
+``kv_buffers * kv_tile_tokens``, so it calls ``vmem_plan`` once per *new* family setting
+(a few hundred calls for the whole space) and assembles the rest with rule 3 of
+:mod:`tpusim.vmem` (a pool's arena is its largest member; arenas add up). The result is a
+real :class:`~tpusim.vmem.VmemPlan`; ``tests/test_sweep_space.py`` checks it equals
+``vmem_plan`` byte for byte.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpusim.modelconfig import ModelConfig
+from tpusim.plan import ShardingPlan
+from tpusim.schedule import SCHEDULE_FAMILIES, FamilySchedule, Schedule
+from tpusim.sweep.space import SweepSpace
+from tpusim.vmem import InfeasibleSchedule, VmemPlan, check_fits, tensor_kinds, vmem_plan
+
+
+class VmemAccountant:
+    """Memoised :func:`tpusim.vmem.vmem_plan` for many schedules of one workload."""
+
+    def __init__(self, model: ModelConfig, plan: ShardingPlan, batch: int) -> None:
+        self.model, self.plan, self.batch = model, plan, batch
+        self._family: dict[tuple[str, int, int | None], tuple[int, dict[str, int]] | None] = {}
+        self._kv: dict[int, int] = {}
+        self._fixed: tuple[int, int] | None = None  # (state, activations)
+        self._family_of = {t.name: family for family, ts in tensor_kinds(model, plan).items() for t in ts}
+        self.calls = 0
+
+    def _learn(self, schedule: Schedule) -> None:
+        self.calls += 1
+        full = vmem_plan(schedule, self.model, self.plan, self.batch)
+        for family in SCHEDULE_FAMILIES:
+            fam = schedule.family(family)
+            key = (family, fam.buffers, fam.chunk_bytes)
+            if family in full.family_bytes:
+                detail = {name: size for name, size in full.detail.items() if self._family_of.get(name) == family}
+                self._family[key] = (full.family_bytes[family], detail)
+            else:
+                self._family[key] = None
+        self._kv[schedule.kv_buffers * schedule.kv_tile_tokens] = full.kv_bytes
+        self._fixed = (full.state_bytes, full.activation_bytes)
+
+    def family_bytes(self, family: str, buffers: int, chunk_bytes: int | None) -> int:
+        """Footprint of ``family`` with ``buffers`` slabs of ``chunk_bytes`` (0 if absent)."""
+        key = (family, buffers, chunk_bytes)
+        if key not in self._family:
+            self._learn(Schedule(name="probe", families={family: FamilySchedule(buffers=buffers, chunk_bytes=chunk_bytes)}))
+        known = self._family[key]
+        return known[0] if known else 0
+
+    def fixed_bytes(self, kv_buffers: int, kv_tile_tokens: int) -> int:
+        """KV tiles + recurrent state + activations for these KV knobs."""
+        key = kv_buffers * kv_tile_tokens
+        if key not in self._kv or self._fixed is None:
+            self._learn(Schedule(name="probe", kv_buffers=kv_buffers, kv_tile_tokens=kv_tile_tokens))
+        assert self._fixed is not None
+        return self._kv[key] + sum(self._fixed)
+
+    def plan_for(self, schedule: Schedule) -> VmemPlan:
+        """The schedule's :class:`VmemPlan` (equal to ``vmem_plan(schedule, ...)``)."""
+        keys = {f: (f, schedule.family(f).buffers, schedule.family(f).chunk_bytes) for f in SCHEDULE_FAMILIES}
+        kv_key = schedule.kv_buffers * schedule.kv_tile_tokens
+        if self._fixed is None or kv_key not in self._kv or any(k not in self._family for k in keys.values()):
+            self._learn(schedule)
+        assert self._fixed is not None
+        family_bytes: dict[str, int] = {}
+        detail: dict[str, int] = {}
+        for family, key in keys.items():
+            known = self._family[key]
+            if known is not None:
+                family_bytes[family], part = known
+                detail.update(part)
+        arena_bytes: dict[str, int] = {}
+        arena_members: dict[str, list[str]] = {}
+        for pool, members in schedule.pools().items():
+            present = [m for m in members if m in family_bytes]
+            if present:
+                arena_members[pool] = present
+                arena_bytes[pool] = max(family_bytes[m] for m in present)
+        state, activations = self._fixed
+        return VmemPlan(family_bytes, arena_bytes, arena_members, self._kv[kv_key], state, activations, detail)
+
+
+@dataclass(frozen=True)
+class PruneVerdict:
+    """Whether a candidate survives pruning, its static VMEM bytes, and why not if it fails."""
+
+    feasible: bool
+    vmem_static_bytes: int
+    reason: str = ""
+
+
+def check_candidate(schedule: Schedule, space: SweepSpace, accountant: VmemAccountant) -> PruneVerdict:
+    """Apply the space's constraints to one schedule (see the module docstring)."""
+    vmem = accountant.plan_for(schedule)
+    limit = space.constraints.max_dmas_in_flight_limit
+    if schedule.max_dmas_in_flight > limit:
+        return PruneVerdict(False, vmem.total_bytes,
+                            f"dmas: max_dmas_in_flight {schedule.max_dmas_in_flight} exceeds the limit {limit}")
+    capacity = space.constraints.vmem_capacity_bytes
+    if capacity is not None:
+        try:
+            check_fits(vmem, capacity)
+        except InfeasibleSchedule as error:
+            return PruneVerdict(False, vmem.total_bytes, f"vmem: {error}")
+    return PruneVerdict(True, vmem.total_bytes)
