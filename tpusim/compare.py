@@ -229,11 +229,16 @@ def compare_rows(
 
 
 def sweep_chooser(*, budget: int, jobs: int, seed: int, out_dir: Path | None, context_tokens: int,
-                  routing: RoutingModel) -> ScheduleChooser:
-    """Choose each megakernel row's schedule with a (small) sweep, cached per system and batch.
+                  routing: RoutingModel, samples: int = 100, screen_factor: int = 4) -> ScheduleChooser:
+    """Choose each megakernel row's schedule with a small sweep, cached per system and row count.
 
-    Sweep outputs go to ``out_dir/sweep-<system>-b<batch>`` when ``out_dir`` is given.
+    The sweep is a reduced one (the built-ins and their one-knob neighbours plus ``samples``
+    random draws; ``budget`` full simulations) so a comparison of many rows stays quick; run
+    ``tpusim sweep`` for a full search. Outputs go to ``out_dir/sweep-...`` when given.
     """
+    from tpusim.sweep.space import default_space
+
+    space = default_space().model_copy(update={"samples": samples})
     cache: dict[tuple[str, int, str], tuple[Schedule, str]] = {}
 
     def choose(model: ModelConfig, plan: ShardingPlan, system: System, batch: int) -> tuple[Schedule, str]:
@@ -244,7 +249,8 @@ def sweep_chooser(*, budget: int, jobs: int, seed: int, out_dir: Path | None, co
             folder = (out_dir / f"sweep-{system.chip.name}x{system.chips}-{system.chip.execution.mode}-b{batch}"
                       if out_dir else Path(tempfile.mkdtemp(prefix="tpusim-sweep-")))
             result = run_sweep(model, plan, system, batch=batch, out_dir=folder, budget=budget, jobs=jobs,
-                               seed=seed, context_tokens=context_tokens, routing=routing, quiet=True)
+                               seed=seed, context_tokens=context_tokens, routing=routing, quiet=True,
+                               space=space, screen_factor=screen_factor)
             best_ms = result.best_row.get("predicted_ms")
             cache[key] = (result.best, f"sweep best of {result.considered} candidates "
                           f"({result.simulated} simulated, {result.pruned} pruned; {best_ms:.3f} ms simulated)")

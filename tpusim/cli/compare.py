@@ -32,7 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--draft-tokens", type=int, default=7, help="draft tokens per speculative step")
     parser.add_argument("--schedule", default=None,
                         help="best | published | a built-in | FILE (default: the sweep's best for each TPU/megakernel row)")
-    parser.add_argument("--sweep-budget", type=int, default=24, help="engine runs per sweep when choosing the best schedule")
+    parser.add_argument("--sweep-budget", type=int, default=8,
+                        help="full engine runs per (reduced) sweep when choosing the best schedule")
+    parser.add_argument("--sweep-samples", type=int, default=100,
+                        help="random schedules per reduced sweep, beside the built-ins and their neighbours")
     parser.add_argument("--jobs", type=int, default=1, help="processes for the sweeps")
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--routing", default="uniform")
@@ -54,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     chooser = None
     if args.schedule in (None, "best"):
         chooser = sweep_chooser(budget=args.sweep_budget, jobs=args.jobs, seed=args.seed, out_dir=args.out,
-                                context_tokens=args.context, routing=parse_routing(args.routing))
+                                context_tokens=args.context, routing=parse_routing(args.routing),
+                                samples=args.sweep_samples)
     rows = compare_rows(args.model, systems, batches, acceptance_lengths=acceptances, schedule=args.schedule,
                         choose_schedule=chooser, context_tokens=args.context, routing=parse_routing(args.routing),
                         seed=args.seed, calibrated=not args.uncalibrated, draft_tokens=args.draft_tokens)
