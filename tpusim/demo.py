@@ -1,0 +1,161 @@
+"""The main job: the whole loop on built-in defaults, written up as one report.
+
+Steps (each one is an ordinary ``tpusim`` subcommand run in-process; its JSON output feeds
+the report):
+
+1. **floor** — analytic per-device bytes and floors of Kimi K3 on 16 TPU v7 chips;
+2. **sweep** — prefetch schedules for K3 on ``tpu-v7`` x 16 at batch 1 and 8 → ``best.json``;
+3. **simulate** — the chosen schedule beside ``published`` and ``naive``, with a Perfetto
+   trace and a timeline plot of the chosen one;
+4. **run-kernel** — the Pallas megakernel with the chosen schedule on ``kimi-k3-mini`` (TPU
+   interpret mode on a CPU: checked against the reference; its time is *not* a TPU time);
+5. **calibrate** — ``tpu-v7`` on the published TPU7x measurements (one weight format held
+   out), and the host CPU model on the CPU closed loop;
+6. **compare** — K3 on TPU v7 x 16 against GB200 x 16 (per-kernel stack and megakernel) at
+   batch 1/2/4/8, without speculation and at acceptance lengths 3 and 6;
+7. **report** — ``report.md`` opening with the TPU-v7-against-GB200 table, every number
+   labelled, plus the plots and the trace.
+
+Calibrated overlays and the probed host entry go to ``<out>/local`` (``TPUSIM_LOCAL_DIR``)
+unless that variable is already set, so the demo never changes the user's catalog.
+A step that fails is reported in ``report.md`` and makes the demo exit non-zero, after the
+remaining steps have run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hwmodels.catalog import write_text_atomic
+from tpusim.cli import main as cli_main
+
+K3_TPU = ["--model", "kimi-k3", "--hardware", "tpu-v7", "--chips", "16"]
+
+
+@dataclass
+class DemoConfig:
+    out_dir: Path
+    jobs: int = 2
+    sweep_budget: int = 32
+    compare_batches: str = "1,2,4,8"
+    compare_acceptance: str = "3,6"
+    compare_systems: str = "tpu-v7:16,gb200:16,gb200:16:megakernel"
+    kernel_steps: int = 1
+    quick: bool = False  # smaller budgets (tests)
+
+
+@dataclass
+class StepRecord:
+    name: str
+    wall_s: float = 0.0
+    ok: bool = True
+    error: str = ""
+    data: Any = None
+
+
+@dataclass
+class DemoRun:
+    config: DemoConfig
+    steps: list[StepRecord] = field(default_factory=list)
+
+    def step(self, name: str) -> StepRecord:
+        record = StepRecord(name)
+        self.steps.append(record)
+        return record
+
+    @property
+    def ok(self) -> bool:
+        return all(step.ok for step in self.steps)
+
+
+def run_cli_json(argv: list[str]) -> Any:
+    """Run a subcommand in-process with ``--json``; return its parsed output."""
+    buffer, errors = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(errors):
+        code = cli_main([*argv, "--json"])
+    if code != 0:
+        raise RuntimeError(f"tpusim {' '.join(argv)} exited {code}: {errors.getvalue().strip()[-400:]}")
+    return json.loads(buffer.getvalue())
+
+
+def run_cli(argv: list[str]) -> str:
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
+        code = cli_main(argv)
+    if code != 0:
+        raise RuntimeError(f"tpusim {' '.join(argv)} exited {code}: {buffer.getvalue().strip()[-400:]}")
+    return buffer.getvalue()
+
+
+def _timed(run: DemoRun, name: str, action: Callable[[], Any], progress: Callable[[str], None]) -> StepRecord:
+    record = run.step(name)
+    progress(f"[demo] {name} ...")
+    start = time.perf_counter()
+    try:
+        record.data = action()
+    except Exception as error:  # a failed step is reported; the remaining steps still run
+        record.ok = False
+        record.error = f"{type(error).__name__}: {error}"
+        record.data = {"traceback": traceback.format_exc(limit=6)}
+    record.wall_s = time.perf_counter() - start
+    progress(f"[demo] {name}: {'done' if record.ok else 'FAILED: ' + record.error} ({record.wall_s:.1f} s)")
+    return record
+
+
+def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda _: None) -> DemoRun:
+    out = config.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TPUSIM_LOCAL_DIR", str((out / "local").resolve()))
+    run = DemoRun(config)
+    budget = 8 if config.quick else config.sweep_budget
+    samples = ["--samples", "60"] if config.quick else []
+
+    _timed(run, "floor", lambda: run_cli_json(["floor", *K3_TPU, "--batch", "1"]), progress)
+    for batch in (1, 8):
+        _timed(run, f"sweep b{batch}", lambda b=batch: run_cli_json([
+            "sweep", *K3_TPU, "--batch", str(b), "--budget", str(budget), "--jobs", str(config.jobs),
+            "--out", str(out / f"sweep-b{b}"), "--quiet", *samples]), progress)
+    best = out / "sweep-b1" / "best.json"
+    schedule = str(best) if best.exists() else "published"
+
+    def simulate_all() -> dict[str, Any]:
+        results = {}
+        for name in (schedule, "published", "naive"):
+            extra = ["--trace", str(out / "trace.json"), "--plot", str(out / "timeline.png")] if name == schedule else []
+            results["best" if name == schedule else name] = run_cli_json(
+                ["simulate", *K3_TPU, "--batch", "1", "--schedule", name, *extra])
+        return results
+
+    _timed(run, "simulate", simulate_all, progress)
+    measurements = out / "measurements.jsonl"
+    _timed(run, "run-kernel", lambda: run_cli([
+        "run-kernel", "--model", "kimi-k3-mini", "--schedule", schedule, "--batch", "1",
+        "--steps", str(config.kernel_steps), "--out", str(measurements)]), progress)
+    _timed(run, "calibrate tpu-v7", lambda: run_cli_json([
+        "calibrate", "--hardware", "tpu-v7", "--measurements", "published:tpu7x-musespark",
+        "--holdout", "format=int4+bf16", "--out", str(out / "calibration-tpu-v7")]), progress)
+    _timed(run, "calibrate host-cpu", lambda: run_cli_json([
+        "calibrate", "--hardware", "host-cpu", "--measurements", "cpu-loop", "--quick",
+        "--out", str(out / "calibration-host-cpu")]), progress)
+    compare_argv = ["compare", "--model", "kimi-k3", "--systems", config.compare_systems,
+                    "--batch", config.compare_batches, "--jobs", str(config.jobs),
+                    "--plot", str(out / "compare.png"), "--out", str(out / "compare-sweeps")]
+    if config.compare_acceptance:
+        compare_argv += ["--spec-acceptance", config.compare_acceptance]
+    if config.quick:
+        compare_argv += ["--sweep-budget", "4", "--sweep-samples", "20"]
+    _timed(run, "compare", lambda: run_cli_json(compare_argv), progress)
+
+    from tpusim.demo_report import render_report
+
+    write_text_atomic(out / "report.md", render_report(run))
+    return run
