@@ -128,6 +128,11 @@ class ComputeUnit(BaseModel):
         description="time to push one tile_rows x tile_cols weight tile into the array; "
         "bounds a matmul at small batch",
     )
+    weight_push_s_per_tile_by_dtype: dict[Dtype, Figure] = Field(
+        default_factory=dict,
+        description="push cost per tile for weight dtypes that differ from weight_push_s_per_tile "
+        "(TPU7x int8 dense weights: converted to bf16 on the way in, ≈ 2x the bf16 cost)",
+    )
     weight_push_dtypes_as: Dtype | None = Field(
         default=None,
         description="narrow weight dtypes (int8/int4/fp4) run at this dtype's rate "
@@ -141,6 +146,12 @@ class ComputeUnit(BaseModel):
         for dtype, figure in self.peak_flops_per_s.items():
             _positive(figure, f"{self.name}.peak_flops_per_s.{dtype}")
         return self
+
+    def push_for(self, dtype: str | None) -> float:
+        """Seconds to push one weight tile of ``dtype`` into the array (0 if not modelled)."""
+        if dtype is not None and dtype in self.weight_push_s_per_tile_by_dtype:
+            return self.weight_push_s_per_tile_by_dtype[dtype].value  # type: ignore[index]
+        return self.weight_push_s_per_tile.value if self.weight_push_s_per_tile is not None else 0.0
 
     def peak_for(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype``, falling back to the slowest listed rate."""

@@ -63,7 +63,9 @@ FORMATS: dict[str, WeightFormat] = {
     ),
     "mxfp4": WeightFormat(name="mxfp4", value_bits=4, scale_bits=8, scale_block_values=32),
     "nvfp4": WeightFormat(name="nvfp4", value_bits=4, scale_bits=8, scale_block_values=16),
-    "int8_channel": WeightFormat(name="int8_channel", value_bits=8, per_column_scale_bits=16),
+    "int8_channel": WeightFormat(
+        name="int8_channel", value_bits=8, per_column_scale_bits=16, mxu_dtype="int8"
+    ),
     "int4_g128": WeightFormat(name="int4_g128", value_bits=4, scale_bits=32, scale_block_values=128),
 }
 

@@ -55,20 +55,23 @@ def padded_rows(rows: int, unit: ComputeUnit) -> int:
     return max(1, math.ceil(rows / pad)) * pad
 
 
-def weight_push_s(contraction: int, cols: int, unit: ComputeUnit) -> float:
-    """Time to push a ``contraction x cols`` weight block into the array, tile by tile."""
-    if unit.weight_push_s_per_tile is None:
+def weight_push_s(contraction: int, cols: int, unit: ComputeUnit, dtype: str | None = None) -> float:
+    """Time to push a ``contraction x cols`` weight block of ``dtype`` into the array, tile by
+    tile (the unit's per-dtype push cost where it has one, e.g. int8 on TPU7x)."""
+    push = unit.push_for(dtype)
+    if not push:
         return 0.0
     tiles = math.ceil(contraction / unit.tile_rows) * math.ceil(cols / unit.tile_cols)
-    return tiles * unit.weight_push_s_per_tile.value
+    return tiles * push
 
 
-def matmul_time_s(rows: int, contraction: int, cols: int, unit: ComputeUnit, peak_flops_per_s: float) -> float:
+def matmul_time_s(rows: int, contraction: int, cols: int, unit: ComputeUnit, peak_flops_per_s: float,
+                  dtype: str | None = None) -> float:
     """MXU time of ``x[rows, contraction] @ W[contraction, cols]`` (see the module docstring)."""
     if rows <= 0 or contraction <= 0 or cols <= 0:
         return 0.0
     flop_s = 2.0 * padded_rows(rows, unit) * contraction * cols / peak_flops_per_s
-    return max(flop_s, weight_push_s(contraction, cols, unit))
+    return max(flop_s, weight_push_s(contraction, cols, unit, dtype))
 
 
 def vector_time_s(vector_flops: float, chip: Chip) -> float:

@@ -167,17 +167,19 @@ class _Builder:
             slab.pending += 1
         return desc
 
-    def matmul_s(self, rows: int, contraction: int, cols: int, peak: float) -> float:
+    def matmul_s(self, rows: int, contraction: int, cols: int, peak: tuple[float, str]) -> float:
         key = (rows, contraction, cols, peak)
         cached = self.matmul_cache.get(key)
         if cached is None:
             cached = self.matmul_cache[key] = (
-                matmul_time_s(rows, contraction, cols, self.matrix, peak) * self.compute_scale
+                matmul_time_s(rows, contraction, cols, self.matrix, peak[0], peak[1]) * self.compute_scale
             )
         return cached
 
-    def peak(self, op: Op) -> float:
-        return self.matrix.peak_for(op_matmul_dtype(op))
+    def peak(self, op: Op) -> tuple[float, str]:
+        """(peak FLOP/s, dtype) the matrix unit runs ``op`` at."""
+        dtype = op_matmul_dtype(op)
+        return self.matrix.peak_for(dtype), dtype
 
     def op_matmul_s(self, op: Op) -> float:
         """MXU time of all of ``op``'s matmuls, unsplit."""
@@ -343,9 +345,13 @@ def _lower_weights(b: _Builder, op: Op, plan_: OpPlan, vector_s: float) -> float
     aligned = op.unit == "mxu" and len(op.matmuls) == len(op.tensors) and all(
         contraction == tensor.rows for tensor, (_m, contraction, _n) in zip(op.tensors, op.matmuls, strict=True))
     if aligned:
-        for (_tensor, slabs), (rows, _contraction, cols) in zip(tensor_slabs, op.matmuls, strict=True):
+        for (tensor, slabs), (rows, contraction, cols) in zip(tensor_slabs, op.matmuls, strict=True):
+            # A slab's share of the whole matmul, in proportion to its rows: cutting the
+            # contraction into slabs does not add weight-tile pushes (a 32-row slab is not a
+            # full 256-row tile, it fills an eighth of one).
+            whole_s = b.matmul_s(rows, contraction, cols, peak)
             for slab, slab_rows_ in slabs:
-                plan_.pieces.append(Piece(b.matmul_s(rows, slab_rows_, cols, peak), MXU, tuple(slab.descs), (slab,)))
+                plan_.pieces.append(Piece(whole_s * slab_rows_ / tensor.rows, MXU, tuple(slab.descs), (slab,)))
         return vector_s
     all_slabs = tuple(slab for _tensor, slabs in tensor_slabs for slab, _rows in slabs)
     waits = tuple(desc for slab in all_slabs for desc in slab.descs)

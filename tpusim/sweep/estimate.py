@@ -126,8 +126,9 @@ class EstimateContext:
         seen_experts: dict[int, int] = {}
         previous_layer: int | None = None
         for index, op in enumerate(ops):
-            peak = self.matrix.peak_for(op_matmul_dtype(op))
-            mm = [matmul_time_s(m, k, n, self.matrix, peak) for m, k, n in op.matmuls]
+            dtype = op_matmul_dtype(op)
+            peak = self.matrix.peak_for(dtype)
+            mm = [matmul_time_s(m, k, n, self.matrix, peak, dtype) for m, k, n in op.matmuls]
             if _is_expert(op):
                 kind = EXPERT
             elif op.tensors:
@@ -171,7 +172,9 @@ class EstimateContext:
         if known is None:
             per_slab = slab_rows(tensor, chunk_bytes)
             count = math.ceil(tensor.rows / per_slab)
-            peak = self.matrix.peak_for(tensor.fmt.mxu_dtype)
+            dtype = tensor.fmt.mxu_dtype
+            peak = self.matrix.peak_for(dtype)
+            whole_s = matmul_time_s(rows, tensor.rows, tensor.cols, self.matrix, peak, dtype)
             out = []
             values_left, scales_left = tensor.value_bytes, tensor.scale_bytes
             for chunk in range(count):
@@ -181,7 +184,7 @@ class EstimateContext:
                 scales = scales_left if last else scale_bytes(tensor.fmt, slab_rows_, tensor.cols)
                 values_left -= values
                 scales_left -= scales
-                out.append((values + scales, matmul_time_s(rows, slab_rows_, tensor.cols, self.matrix, peak)))
+                out.append((values + scales, whole_s * slab_rows_ / tensor.rows))
             known = self._slabs[key] = tuple(out)
         return known
 

@@ -1,0 +1,205 @@
+"""Predict a measurement with the simulator: ``predict(chip, measurement) -> seconds``.
+
+A :class:`~calibration.measurements.Measurement` names everything the simulator needs:
+
+1. the **model** (:func:`resolve_model`: a catalog name such as ``muse-spark@int4+bf16``,
+   optionally with width/layer overrides in brackets, ``kimi-k3-mini[width=512,layers=4]``,
+   which the CPU loop uses to sweep model sizes);
+2. the **system** (chip name x chips) and so the device count and the sharding plan
+   (:func:`tpusim.model_catalog.plan_for`: the published ``muse-tp8`` plan for Muse on 8
+   devices);
+3. the **workload** (batch, context, routing) and so the per-device program
+   (:func:`tpusim.program.build_program`);
+4. the **schedule** (:func:`resolve_schedule`: ``muse-published`` from this package's data, a
+   built-in schedule name, or a schedule JSON path).
+
+:class:`Predictor` caches programs and schedules (they do not depend on the chip's figures,
+only on the chip's device count), so a fit that re-simulates the same points under many
+candidate chips pays only for the engine: ``Predictor.predict(chip, m)`` builds nothing after
+the first call for ``m``. The engine is :func:`tpusim.engine.simulate`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from calibration.measurements import Measurement
+from hwmodels.errors import InputError
+from hwmodels.schema import Chip
+from tpusim.model_catalog import load_model, plan_for
+from tpusim.modelconfig import ModelConfig
+from tpusim.plan import ShardingPlan, round_up
+from tpusim.program import Program, build_program
+from tpusim.routing import parse_routing
+from tpusim.schedule import BUILTIN_SCHEDULES, Schedule, load_schedule
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+PACKAGE_SCHEDULES = {"muse-published": DATA_DIR / "muse-published.json"}
+
+PredictFn = Callable[[Chip, Measurement], float]
+
+_OVERRIDES = re.compile(r"^(?P<base>[^\[\]]+)\[(?P<body>[^\[\]]*)\]$")
+LANE = 128  # widths scaled by ``width=`` stay multiples of the TPU lane width
+
+
+# --------------------------------------------------------------------------- models
+
+
+def _scaled(value: int, factor: float) -> int:
+    return max(LANE, round_up(math.ceil(value * factor), LANE)) if value else 0
+
+
+def scale_width(model: ModelConfig, width: int) -> ModelConfig:
+    """``model`` with hidden size ``width`` and every other width scaled by the same factor.
+
+    Scaled: ``hidden_size``, the MoE latent, routed-expert, shared and dense intermediate
+    sizes (to multiples of 128). Kept: head counts and head dims, expert counts, vocabulary,
+    layers. Used by the CPU loop to sweep model sizes of one architecture.
+    """
+    factor = width / model.hidden_size
+    moe = model.moe.model_copy(update={
+        "expert_intermediate_size": _scaled(model.moe.expert_intermediate_size, factor),
+        "latent_size": _scaled(model.moe.latent_size or 0, factor) or None,
+        "shared_intermediate_size": _scaled(model.moe.shared_intermediate_size, factor),
+    })
+    data = model.model_dump()
+    data.update(hidden_size=width, dense_intermediate_size=_scaled(model.dense_intermediate_size, factor),
+                moe=moe.model_dump())
+    return ModelConfig.model_validate(data)
+
+
+@lru_cache(maxsize=64)
+def resolve_model(spec: str) -> ModelConfig:
+    """A model from ``name[@variant][[key=value,...]]``.
+
+    Override keys: ``width`` (:func:`scale_width`), ``layers`` (:meth:`ModelConfig.with_layers`),
+    ``experts`` (routed experts), ``top_k``, ``vocab``, and ``formats=bf16|f32`` (every
+    weight family in that dtype, for the CPU replay). Example:
+    ``kimi-k3-mini[width=512,layers=4,formats=bf16]``.
+    """
+    match = _OVERRIDES.match(spec.strip())
+    base, body = (match.group("base"), match.group("body")) if match else (spec, "")
+    model = load_model(base.strip())
+    overrides: dict[str, int] = {}
+    formats: str | None = None
+    for item in filter(None, (part.strip() for part in body.split(","))):
+        key, _, value = item.partition("=")
+        if key == "formats" and value in ("bf16", "f32"):
+            formats = value
+            continue
+        if key not in ("width", "layers", "experts", "top_k", "vocab") or not value.isdigit():
+            raise InputError(
+                f"model {spec!r}: override {item!r} must be width|layers|experts|top_k|vocab=<int> "
+                "or formats=bf16|f32"
+            )
+        overrides[key] = int(value)
+    if "width" in overrides:
+        model = scale_width(model, overrides["width"])
+    if "layers" in overrides:
+        model = model.with_layers(overrides["layers"])
+    if {"experts", "top_k"} & overrides.keys():
+        moe = model.moe.model_copy(update={
+            "num_experts": overrides.get("experts", model.moe.num_experts),
+            "top_k": overrides.get("top_k", model.moe.top_k),
+        })
+        data = model.model_dump()
+        data["moe"] = moe.model_dump()
+        model = ModelConfig.model_validate(data)
+    if "vocab" in overrides:
+        data = model.model_dump()
+        data["vocab_size"] = overrides["vocab"]
+        model = ModelConfig.model_validate(data)
+    if formats is not None:
+        # Every weight family in one CPU-native dtype; norms and biases stay f32.
+        data = model.model_dump()
+        data["formats"] = {key: ("f32" if key == "small_params" else formats) for key in data["formats"]}
+        data["format_variants"] = {}
+        data["variant"] = None
+        model = ModelConfig.model_validate(data)
+    return model
+
+
+# --------------------------------------------------------------------------- schedules
+
+
+@lru_cache(maxsize=32)
+def resolve_schedule(name: str) -> Schedule:
+    """``muse-published`` (package data), a built-in schedule name, or a JSON path."""
+    if name in PACKAGE_SCHEDULES:
+        return load_schedule(str(PACKAGE_SCHEDULES[name]))
+    if name in BUILTIN_SCHEDULES or Path(name).exists():
+        return load_schedule(name)
+    known = ", ".join([*PACKAGE_SCHEDULES, *BUILTIN_SCHEDULES])
+    raise InputError(f"schedule {name!r}: not a file and not one of {known}")
+
+
+def default_schedule(chip: Chip) -> str:
+    """The schedule a measurement without one is predicted with: the built-in
+    ``published`` schedule on a megakernel chip, ``naive`` (each op reads its weights when
+    it starts) on a per-op-launch chip."""
+    return "published" if chip.execution.mode == "megakernel" else "naive"
+
+
+# --------------------------------------------------------------------------- predictor
+
+
+@dataclass
+class Predictor:
+    """Simulates measurements on candidate chips; programs and schedules are cached."""
+
+    seed: int = 0
+    _programs: dict[tuple[Any, ...], Program] = field(default_factory=dict, repr=False)
+    _plans: dict[tuple[Any, ...], ShardingPlan] = field(default_factory=dict, repr=False)
+    calls: int = 0
+
+    def plan(self, chip: Chip, m: Measurement) -> ShardingPlan:
+        devices = m.system.chips * chip.devices_per_chip
+        key = (m.model, devices, chip.devices_per_chip, chip.kind)
+        if key not in self._plans:
+            intra = "nvlink" if chip.kind == "gpu" else "ici"
+            self._plans[key] = plan_for(resolve_model(m.model), devices,
+                                        devices_per_chip=chip.devices_per_chip, intra_link=intra)
+        return self._plans[key]
+
+    def program(self, chip: Chip, m: Measurement) -> Program:
+        """The per-device program of ``m`` (built once per model/system/workload)."""
+        plan = self.plan(chip, m)
+        key = (m.model, plan.name, plan.devices, m.batch, m.context, m.routing, self.seed)
+        if key not in self._programs:
+            self._programs[key] = build_program(
+                resolve_model(m.model), plan, batch=m.batch, context_tokens=m.context,
+                routing=parse_routing(m.routing), seed=self.seed,
+            )
+        return self._programs[key]
+
+    def schedule(self, chip: Chip, m: Measurement) -> Schedule:
+        return resolve_schedule(m.schedule or default_schedule(chip))
+
+    def simulate(self, chip: Chip, m: Measurement) -> Any:
+        """The engine's full result (``step_s``, ``breakdown``, ...) for ``m`` on ``chip``."""
+        from tpusim.engine import simulate  # imported late: the engine is the heavy part
+
+        if chip.name != m.system.chip:
+            raise InputError(f"{m.key()}: measured on {m.system.chip}, predicted on {chip.name}")
+        self.calls += 1
+        return simulate(self.program(chip, m), self.schedule(chip, m), chip)
+
+    def predict(self, chip: Chip, m: Measurement) -> float:
+        """Simulated step time of ``m`` on ``chip``, seconds."""
+        return float(self.simulate(chip, m).step_s)
+
+    __call__ = predict
+
+
+_DEFAULT = Predictor()
+
+
+def predict(chip: Chip, point: Measurement) -> float:
+    """Simulated step time of ``point`` on ``chip`` in seconds (shared program cache)."""
+    return _DEFAULT.predict(chip, point)

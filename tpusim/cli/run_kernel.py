@@ -1,0 +1,58 @@
+"""``tpusim run-kernel``: run the Pallas megakernel and append a measurement record.
+
+Usage::
+
+    tpusim run-kernel --model kimi-k3-mini --schedule published --batch 1 --steps 2 \\
+        --out measurements.jsonl
+    tpusim run-kernel --schedule my-sweep-best.json --backend interpret --steps 1
+
+On a TPU (``--backend auto`` finds it) the steps are timed natively after a warm-up. On a
+CPU the kernel runs in Pallas TPU interpret mode, is checked against the pure-JAX
+reference, and the record says ``backend: cpu-interpret`` with a note that the time is the
+interpreter's, not a TPU's. Records are appended, never rewritten (see
+:mod:`megakernel.runner`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "run-kernel",
+        help="run the megakernel for N decode steps and record the timing",
+        description="Run the Pallas megakernel (TPU natively, or TPU interpret mode on a CPU), check it "
+        "against the reference and append a measurement record.",
+    )
+    parser.add_argument("--model", default="kimi-k3-mini", help="model name (single device; default kimi-k3-mini)")
+    parser.add_argument("--schedule", required=True, help="built-in schedule name or schedule JSON file")
+    parser.add_argument("--batch", type=int, default=1, help="sequences per step (default 1)")
+    parser.add_argument("--steps", type=int, default=2, help="timed decode steps (default 2)")
+    parser.add_argument("--context", type=int, default=16, help="tokens already cached per sequence (default 16)")
+    parser.add_argument("--backend", choices=("auto", "tpu", "interpret"), default="auto")
+    parser.add_argument("--weights", type=Path, help="folder of safetensors weights (default: seeded random)")
+    parser.add_argument("--seed", type=int, default=0, help="weights, state and first tokens (default 0)")
+    parser.add_argument("--label", default="measured", help="record label (default measured)")
+    parser.add_argument("--out", type=Path, default=Path("measurements.jsonl"), help="JSON-lines file to append to")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from megakernel.runner import RunConfig
+    from megakernel.runner import run as run_kernel
+
+    config = RunConfig(model=args.model, schedule=args.schedule, batch=args.batch, steps=args.steps,
+                       context=args.context, backend=args.backend, seed=args.seed, weights=args.weights,
+                       label=args.label)
+    record = run_kernel(config, args.out)
+    print(
+        f"{record['model']} {record['schedule']} b{record['batch']} on {record['backend']}: "
+        f"{record['ms_per_step_median']:.1f} ms/step (spread {record['ms_per_step_spread']:.1f} ms, "
+        f"{record['steps']} steps), max |kernel - reference| = {record['max_abs_error']:.3g}"
+    )
+    if record["backend"] == "cpu-interpret":
+        print(f"note: {record['timing_note']}")
+    print(f"appended to {args.out}")
+    return 0
