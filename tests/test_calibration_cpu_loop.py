@@ -1,0 +1,76 @@
+"""The CPU closed loop: probe the host, time jitted per-op decode steps, fit host-cpu.
+
+One quick end-to-end run (about 20–40 s on two busy cores) shared by the checks below; the
+full loop (4 layers, widths 256–1536, batch 1/4/16) runs in ``benchmarks/bench_calibration.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from calibration.cpu_loop import CpuLoopConfig, run_cpu_loop
+from calibration.cpu_workload import build_cpu_step
+from calibration.fit import FitResult
+from calibration.measurements import Measurement
+from calibration.predict import Predictor, resolve_model
+from hwmodels.catalog import load_chip
+from tpusim.cli import main
+from tpusim.model_catalog import plan_for
+from tpusim.program import build_program
+from tpusim.routing import parse_routing
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def loop(tmp_path_factory: pytest.TempPathFactory) -> tuple[FitResult, list[Measurement]]:
+    folder = tmp_path_factory.mktemp("local")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TPUSIM_LOCAL_DIR", str(folder))
+        return run_cpu_loop(CpuLoopConfig.quick(), probe=True, quick_probe=True)
+
+
+def test_replay_reads_exactly_the_program_bytes() -> None:
+    model = resolve_model("kimi-k3-mini[width=256,layers=2,formats=f32]")
+    program = build_program(model, plan_for(model, 1), batch=4, context_tokens=64,
+                            routing=parse_routing("uniform"))
+    step = build_cpu_step(program)
+    assert step.weight_bytes == program.weight_bytes
+    assert len(step.time_steps(warmup=1, repeats=2)) == 2
+
+
+def test_quick_loop_predicts_within_bounds(loop: tuple[FitResult, list[Measurement]]) -> None:
+    result, records = loop
+    assert len(records) == 9 and {r.backend for r in records} == {"cpu-xla"}
+    assert all(r.ms_per_step_median > 0 and r.steps for r in records)
+    assert {r.batch for r in result.split.holdout} == {4}
+    summary = result.summary()
+    # Loose bounds: the quick variant runs beside other jobs on two cores. The full loop's
+    # numbers (MAPE target 15 %) are in the benchmark and the issue note.
+    assert summary["mape_calibration"] < 0.30 and summary["mape_holdout"] < 0.35
+    assert summary["mape_calibration"] < summary["mape_before_calibration"] + 1e-9
+    by_path = {p.path: p for p in result.parameters}
+    assert 1e9 <= by_path["hbm.sustained_bandwidth_bytes_per_s"].value <= 1e13
+    assert "host-cpu" in result.fitted_on
+
+
+def test_cli_cpu_loop_reuses_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                   capsys: pytest.CaptureFixture[str],
+                                   loop: tuple[FitResult, list[Measurement]]) -> None:
+    """``--measurements FILE`` on cpu-xla records re-fits host-cpu without measuring again."""
+    monkeypatch.setenv("TPUSIM_LOCAL_DIR", str(tmp_path / "local"))
+    from hwmodels.probe import probe_host, write_host_entry
+
+    write_host_entry(probe_host(quick=True))
+    _result, records = loop
+    path = tmp_path / "cpu.jsonl"
+    path.write_text("".join(r.to_json_line() + "\n" for r in records))
+    assert main(["calibrate", "--hardware", "host-cpu", "--measurements", str(path),
+                 "--holdout", "width=512", "--out", str(tmp_path / "out"), "--json", "--max-evals", "15"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["mape_holdout"] is not None and data["overlay"]
+    assert load_chip("host-cpu").execution.launch_overhead_s.label == "calibrated"
+    assert Predictor().predict(load_chip("host-cpu"), records[0]) > 0
