@@ -26,7 +26,8 @@ def tpu(out: Path, max_evals: int) -> None:
     from calibration.predict import Predictor
     from calibration.published import load_published
     from calibration.report import write_fit_report
-    from hwmodels.catalog import load_chip, write_text_atomic
+    from hwmodels.atomic import write_text_atomic
+    from hwmodels.catalog import load_chip
 
     published = load_chip("tpu-v7", calibrated=False)
     records = load_published()
@@ -60,7 +61,7 @@ def cpu(out: Path, quick: bool) -> None:
     from calibration.cpu_loop import CpuLoopConfig, run_cpu_loop
     from calibration.measurements import write_measurements
     from calibration.report import write_fit_report
-    from hwmodels.catalog import write_text_atomic
+    from hwmodels.atomic import write_text_atomic
 
     config = CpuLoopConfig.quick() if quick else CpuLoopConfig()
     result, records = run_cpu_loop(config, probe=True, progress=lambda line: print(" ", line, flush=True))

@@ -63,7 +63,8 @@ from pydantic import (
     model_validator,
 )
 
-from hwmodels.catalog import display_path, write_text_atomic
+from hwmodels.atomic import write_text_atomic
+from hwmodels.catalog import display_path
 from hwmodels.errors import InputError
 
 MS_PER_S = 1e3  # milliseconds per second: records use ms, the simulator seconds

@@ -24,7 +24,7 @@ from pathlib import Path
 from calibration.fit import FitResult, mape, max_error
 from calibration.measurements import MS_PER_S, US_PER_S, Measurement
 from calibration.predict import Predictor
-from hwmodels.catalog import write_text_atomic
+from hwmodels.atomic import write_text_atomic
 from hwmodels.schema import Chip
 
 US_PER_MS = US_PER_S / MS_PER_S

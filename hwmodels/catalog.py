@@ -37,10 +37,8 @@ using :data:`CHIPS_PER_HOST`.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -223,37 +221,6 @@ def make_system(chip_name: str, chips: int, *, calibrated: bool = True) -> Syste
 
 
 # --------------------------------------------------------------------------- writing files
-
-
-def write_text_atomic(path: Path | str, text: str) -> Path:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, never half.
-
-    Steps: (1) write a temporary file in the same folder (same filesystem, so the rename is
-    atomic); (2) flush and fsync it so its bytes are on disk; (3) ``os.replace`` it over the
-    target; (4) fsync the folder so the rename itself is durable. If any step fails the
-    temporary file is removed and the previous file is left exactly as it was.
-    """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    temp_path = Path(temp_name)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp_path, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            temp_path.unlink()
-        raise
-    with contextlib.suppress(OSError):
-        dir_fd = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    return target
 
 
 def chip_to_yaml(chip: Chip, header: str = "") -> str:

@@ -51,13 +51,13 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from hwmodels.atomic import write_text_atomic
 from hwmodels.catalog import (
     BUILTIN_DIR,
     display_path,
     format_validation_error,
     local_dir,
     read_yaml_mapping,
-    write_text_atomic,
 )
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip, Figure

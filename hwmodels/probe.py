@@ -43,7 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hwmodels.catalog import chip_to_yaml, local_dir, write_text_atomic
+from hwmodels.atomic import write_text_atomic
+from hwmodels.catalog import chip_to_yaml, local_dir
 from hwmodels.schema import MIB, Chip
 
 HOST_CHIP_NAME = "host-cpu"

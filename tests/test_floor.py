@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -91,7 +92,7 @@ def test_bad_hardware_yaml_names_file_and_field(tmp_path, monkeypatch, capsys) -
     from hwmodels.catalog import load_chip_file
     from hwmodels.errors import InputError
 
-    text = open("hwmodels/catalog/tpu-v7.yaml").read().replace("value: 3.70e12", "value: -3.70e12")
+    text = Path("hwmodels/catalog/tpu-v7.yaml").read_text().replace("value: 3.70e12", "value: -3.70e12")
     path = tmp_path / "neg.yaml"
     path.write_text(text)
     with pytest.raises(InputError, match=r"neg.yaml: hbm.peak_bandwidth_bytes_per_s.value"):

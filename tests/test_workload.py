@@ -88,7 +88,7 @@ def test_uniform_distinct_experts_match_closed_form(k3) -> None:
 
 
 def test_identical_rows_load_top_k_experts(k3) -> None:
-    model, plan = k3
+    model, _plan = k3
     choices = draw_routing(RoutingModel("identical"), num_moe_layers=10, batch=8,
                            num_experts=model.moe.num_experts, top_k=16, seed=0)
     assert (distinct_per_group(choices, 896, 8).sum(axis=1) == 16).all()

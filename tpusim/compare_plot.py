@@ -3,12 +3,13 @@ speculation setting (none, then each acceptance length)."""
 
 from __future__ import annotations
 
-import os
-import tempfile
+import io
 from pathlib import Path
 from typing import Any
 
 import matplotlib
+
+from hwmodels.atomic import write_bytes_atomic
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -42,14 +43,9 @@ def plot_comparison(rows: list[dict[str, Any]], path: Path, *, title: str) -> Pa
     axes[0][0].legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".png")
-    os.close(fd)
+    buffer = io.BytesIO()
     try:
-        fig.savefig(tmp, dpi=110)
-        os.replace(tmp, path)
+        fig.savefig(buffer, format="png", dpi=110)
     finally:
         plt.close(fig)
-        Path(tmp).unlink(missing_ok=True)
-    return path
+    return write_bytes_atomic(path, buffer.getvalue())

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hwmodels.catalog import write_text_atomic
+from hwmodels.atomic import write_text_atomic
 from tpusim.cli import main as cli_main
 
 K3_TPU = ["--model", "kimi-k3", "--hardware", "tpu-v7", "--chips", "16"]

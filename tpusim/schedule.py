@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Literal
 
@@ -173,16 +171,6 @@ def load_schedule(name_or_path: str) -> Schedule:
 
 def save_schedule(schedule: Schedule, path: Path) -> None:
     """Write ``schedule`` as JSON atomically (temp file in the same folder, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(schedule.model_dump(mode="json"), indent=2) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from hwmodels.atomic import write_text_atomic
+
+    write_text_atomic(path, json.dumps(schedule.model_dump(mode="json"), indent=2) + "\n")

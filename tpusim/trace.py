@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hwmodels.catalog import write_text_atomic
+from hwmodels.atomic import write_text_atomic
 from tpusim.engine.timeline import Timeline, track_group
 
 US_PER_S = 1e6

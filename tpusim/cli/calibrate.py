@@ -44,7 +44,8 @@ from calibration.report import (
     scatter_plot,
     write_fit_report,
 )
-from hwmodels.catalog import display_path, load_chip, write_text_atomic
+from hwmodels.atomic import write_text_atomic
+from hwmodels.catalog import display_path, load_chip
 from hwmodels.errors import InputError
 from hwmodels.overlay import has_overlay, overlay_path
 from tpusim.cli.common import emit_json

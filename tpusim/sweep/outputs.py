@@ -33,12 +33,11 @@ from __future__ import annotations
 
 import csv
 import io
-import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
+from hwmodels.atomic import write_bytes_atomic, write_text_atomic  # noqa: F401 - re-exported for sweep modules
 from hwmodels.errors import InputError
 
 BASE_COLUMNS = (
@@ -49,36 +48,6 @@ BASE_COLUMNS = (
 FLOAT_COLUMNS = ("predicted_ms", "tokens_per_s", "exposed_dma_ms", "vmem_peak_mib", "vmem_static_mib",
                  "est_ms", "screen_ms", "sim_ms", "overlap_fraction")
 STATUSES = ("simulated", "estimated", "pruned")
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temp file in the same folder and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Binary twin of :func:`write_text_atomic` (plots)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _cell(value: Any) -> str:

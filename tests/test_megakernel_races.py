@@ -1,0 +1,52 @@
+"""Race detection: the TPU interpreter's detector (``detect_races=True``,
+``vector_clock_size=256``, fixed seeds, uninitialised VMEM as NaN) finds no race for valid
+schedules in both DMA modes, and finds one when the plan is broken on purpose.
+
+Each check runs in a subprocess with a timeout (:mod:`megakernel.race_check`): a kernel
+that waits on a semaphore nobody signals would hang forever. The kernel runs on an 8-layer
+kimi-k3-mini (prologue, KDA and MLA windows, the last window and the head: every code path
+of the 93-layer kernel, which is the same loop), batch 2.
+
+The broken schedule of the issue (refilling a buffer that is still being read) has two
+forms. A chunked family with one buffer and a prefetch distance is rejected by
+``Schedule`` validation (``test_megakernel_plan``); every other schedule is realised by the
+kernel's plan, which never reuses a busy buffer (proved for whole steps by the replay
+checker in ``test_megakernel_plan``), so the negative control here disables that rule in
+the plan (``--unsafe``): the next layer's attention weights then land in expert slots still
+being read, and the detector reports the race (eager DMA mode).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def race_check(*args: str, timeout_s: int) -> list[dict]:
+    env = {**os.environ, "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"}
+    proc = subprocess.run([sys.executable, "-m", "megakernel.race_check", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout_s, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def test_no_race_for_valid_schedules_in_both_dma_modes():
+    results = race_check("published,chunked", "--modes", "on_wait,eager", timeout_s=600)
+    assert len(results) == 4
+    for result in results:
+        assert not result["races"], result
+        assert result["max_abs_error"] < 1e-2, result  # batch-2 tolerance (see test_megakernel_kernel)
+
+
+def test_race_detector_catches_a_plan_that_refills_busy_buffers():
+    (result,) = race_check("published", "--modes", "eager", "--unsafe", timeout_s=300)
+    assert result["races"], result

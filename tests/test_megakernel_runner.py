@@ -1,0 +1,59 @@
+"""``tpusim run-kernel`` on the CPU: interpret mode, checked against the reference, one
+appended record labelled as not a TPU timing (run on a 4-layer variant of kimi-k3-mini,
+written as a model YAML, to keep CI fast)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from calibration.measurements import read_measurements
+from hwmodels.errors import InputError
+from megakernel.runner import append_record
+from tpusim.cli import main
+from tpusim.model_catalog import load_model
+
+pytestmark = pytest.mark.slow
+
+
+def test_run_kernel_appends_a_cpu_interpret_record(tmp_path, capsys):
+    model_file = tmp_path / "k3-mini-4.yaml"
+    model_file.write_text(yaml.safe_dump(load_model("kimi-k3-mini").with_layers(4).model_dump(mode="json")))
+    out = tmp_path / "measurements.jsonl"
+    out.write_text('{"keep": "this line"}\n')
+    code = main(["run-kernel", "--model", str(model_file), "--schedule", "published", "--batch", "2",
+                 "--steps", "2", "--backend", "interpret", "--out", str(out)])
+    assert code == 0
+    assert "NOT a TPU timing" in capsys.readouterr().out
+    lines = out.read_text().splitlines()
+    assert lines[0] == '{"keep": "this line"}'  # appended, never truncated
+    record = json.loads(lines[1])
+    assert record["backend"] == "cpu-interpret" and "NOT a TPU timing" in record["timing_note"]
+    assert record["schedule"] == "published" and len(record["schedule_hash"]) == 16
+    assert record["steps"] == 2 and record["ms_per_step_median"] > 0
+    assert record["max_abs_error"] < 1e-2
+    assert record["routing"].startswith("trace:")
+    (measurement,) = read_measurements_from(tmp_path, lines[1])
+    assert measurement.extra["max_abs_error"] == record["max_abs_error"]
+
+
+def read_measurements_from(tmp_path, line: str):
+    path = tmp_path / "one.jsonl"
+    path.write_text(line + "\n")
+    return read_measurements(path)
+
+
+def test_append_refuses_a_partial_last_line(tmp_path):
+    out = tmp_path / "m.jsonl"
+    out.write_text('{"half": ')
+    with pytest.raises(InputError, match="partial"):
+        append_record(out, {"a": 1})
+
+
+def test_bad_schedule_is_a_one_line_input_error(tmp_path, capsys):
+    code = main(["run-kernel", "--schedule", str(tmp_path / "missing.json"), "--backend", "interpret",
+                 "--out", str(tmp_path / "m.jsonl")])
+    assert code == 2
+    assert "unknown schedule" in capsys.readouterr().err
