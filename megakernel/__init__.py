@@ -1,1 +1,40 @@
-"""The Pallas megakernel for a whole MoE decode step, its pure-JAX reference and layout."""
+"""The Pallas megakernel for a whole Kimi K3 decode step, its pure-JAX reference and layout.
+
+Modules, bottom up:
+
+- math: :mod:`~megakernel.quant` (FP8 / MXFP4 / E8M0 codecs), :mod:`~megakernel.math_common`,
+  :mod:`~megakernel.math_kda`, :mod:`~megakernel.math_mla`, :mod:`~megakernel.math_moe`,
+  :mod:`~megakernel.residual` — pure functions shared by reference and kernel;
+- :mod:`~megakernel.dims` (per-device widths, checked against :mod:`tpusim.shapes`),
+  :mod:`~megakernel.layout` (weights in real formats: random or safetensors),
+  :mod:`~megakernel.reference` (the decode step in plain JAX);
+- :mod:`~megakernel.dma_plan` (schedule -> rings, arenas, issue points),
+  :mod:`~megakernel.hbm` (weights -> the 16-bit word slabs the kernel streams);
+- the kernel: :mod:`~megakernel.kernel` (assembly, prologue/windows),
+  :mod:`~megakernel.kernel_dma`, :mod:`~megakernel.kernel_attention`, :mod:`~megakernel.kernel_moe`;
+- :mod:`~megakernel.trace` (recorded and planned event orders), :mod:`~megakernel.runner`
+  (``tpusim run-kernel``), :mod:`~megakernel.race_check`, :mod:`~megakernel.examples`.
+
+Simplifications relative to ``shared/reference/kimi-k3.md`` (README material):
+
+1. KDA decay gate: ``g = -5 * sigmoid(exp(A_log) * (f + dt_bias))`` (bounded in (-5, 0)),
+   our choice of a gate with K3's lower bound; q, k L2-normalised, SiLU after the conv on
+   q, k, v; output gate = per-head RMSNorm (no weight) times sigmoid(gate).
+2. MLA: absorbed attention, RoPE rotate-half with base 10000; q/kv RMSNorms on the LoRA
+   latents; the cache stores the normed latent and the roped key (bf16). All rows of a batch
+   share one position.
+3. Attention residuals: our formulation (see :mod:`megakernel.residual`): softmax over
+   ``rmsnorm(source) . query`` per sublayer with sources = embedding, completed 12-layer block
+   sums and the running partial sum; the head reads the plain residual sum.
+4. The final norm weight is folded into ``lm_head`` (no separate parameter in tpusim.shapes);
+   the embedding gather runs in XLA before the ``pallas_call``.
+5. Weights are random (seeded) unless loaded from safetensors with our tensor names; the
+   FP8 gate/up blocks are quantised directly (not re-blocked from an MXFP4 checkpoint).
+6. Single device only: collectives are omitted. At the K3 TP32 per-device sizes (lowering
+   only) the latent all-gather, MoE output all-gather and router exchange are replaced by
+   stand-ins (:mod:`megakernel.dims`); routing scores the device's own 112 experts.
+7. Scheduling rules the kernel adds to the schedule contract (:mod:`megakernel.dma_plan`):
+   a prefetch distance never reaches back past a ``moe.topk`` whose expert count it spans;
+   small parameters never share a pool; ``mla.kv_b`` is never chunked; expert_issue
+   ``speculative`` is not implemented; ``max_dmas_in_flight`` is reported, not enforced.
+"""

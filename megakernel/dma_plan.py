@@ -1,0 +1,406 @@
+"""From a :class:`tpusim.schedule.Schedule` to the kernel's static DMA plan.
+
+**The program.** A decode step is a flat sequence of ops (the simulator's vocabulary):
+
+    layer 0:  attn.mix_norm kda.qkvgb kda.decay kda.core kda.o  mlp.mix_norm mlp.gate_up mlp.down
+    layer l:  attn.mix_norm <kda.qkvgb kda.decay kda.core kda.o | mla.q_a mla.kv_a mla.q_b mla.kv_b
+              mla.core mla.gate mla.o>  mlp.mix_norm moe.router moe.topk moe.latent_down
+              moe.shared_gate_up moe.shared_down expert[0] .. expert[n_l - 1] moe.combine moe.latent_up
+    head:     head.norm head.lm_head
+
+``n_l`` (distinct experts the batch routes to in layer ``l``) is known only once
+``moe.topk`` has run, so the kernel is organised in **windows** cut at expert regions:
+the *prologue* is layer 0 plus layer 1 up to ``moe.shared_down``; *window i* (i = 1..92) is
+``expert[*](i) moe.combine moe.latent_up`` followed by layer ``i+1`` up to its
+``moe.shared_down`` (or by the head for i = 92). Positions inside window i count from its
+``expert[0]`` = 0; its *lead-in* is the four ops before it, ``moe.topk`` (-4) ..
+``moe.shared_down`` (-1) of layer i. Given ``n_i`` and the kind of layer ``i+1`` (the
+*template*: ``kda``, ``mla`` or ``head``) every position in the window is fixed.
+
+**Rings and arenas.** Each tensor kind (``kda.qkvgb``, ``moe.router``, ...) is a ring of
+``buffers`` slabs (``tpusim.vmem.slab_rows`` rows each); the routed-expert ring's slots
+hold one whole expert slice. Ring slab ``g`` (counted over all instances, ``g = m*K + k``
+for slab ``k`` of instance ``m`` of a K-slab tensor) lives in buffer ``g % buffers``. The
+families of a pool share one uint16 arena of 128-lane rows sized for the largest member
+(exactly :func:`tpusim.vmem.vmem_plan`'s rule); members start at row 0 except the routed
+experts, whose slots are placed at the arena's top so the shared expert and the first
+slots can coexist. Everything in an arena is 16-bit words: bf16 as is, FP8/MXFP4/E8M0 bytes
+paired (:mod:`megakernel.quant`), the f32 small parameters as high and low halves. Small
+parameters are read from ``attn.mix_norm`` to ``moe.latent_down``, so at fixed addresses they
+cannot time-share a pool whose largest member fills it: they always get an arena of their
+own, even when the schedule names a pool for them (the kernel's one departure from
+:mod:`tpusim.vmem`, worth 0.3 MiB at K3 TP32).
+
+**Issue rule** (what both the kernel and :mod:`megakernel.trace` implement). The copy of
+slab ``k < buffers`` of the tensor first read by op ``c`` is issued at the start of op
+
+    max(c - d_family, horizon(c), free(c))
+
+- ``horizon(c)``: the op after the last ``moe.topk`` whose expert region lies before ``c``
+  (window position -3; the prologue's is 0). A distance that reaches back past a routing
+  decision is clamped there: before it, how many ops lie between issue and use is unknown.
+- ``free(c)``: the op after the last reader of every buffer the copy overwrites: the
+  previous occupant of its ring buffer and, in a pool, any other family's buffer whose
+  rows overlap (exact where a buffer index is static, else the ring's whole region).
+- slabs ``k >= buffers`` are issued inside the consumer op as slab ``k - buffers`` is
+  consumed; expert ``j < buffers`` at ``moe.topk`` (or ``free``), expert ``j >= buffers``
+  at the start of ``expert[j - buffers + 1]``.
+
+``max_dmas_in_flight`` is not enforced by the kernel (a TPU queues DMA descriptors in
+hardware); :func:`peak_in_flight` reports the plan's peak so a test can compare.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from megakernel.dims import LANES, ModelDims, weight_shapes
+from tpusim.schedule import Schedule
+from tpusim.shapes import TensorSpec
+from tpusim.vmem import slab_rows
+
+FAMILY = {
+    "small": "small_params", "kda.qkvgb": "kda_proj", "kda.decay_a": "kda_proj", "kda.decay_b": "kda_proj",
+    "kda.o": "kda_proj", "mla.q_a": "mla_proj", "mla.q_b": "mla_proj", "mla.kv_a": "mla_proj",
+    "mla.kv_b": "mla_proj", "mla.gate": "mla_proj", "mla.o": "mla_proj", "moe.router": "router",
+    "moe.latent_down": "latent_proj", "moe.latent_up": "latent_proj", "moe.shared_gate_up": "shared_expert",
+    "moe.shared_down": "shared_expert", "expert": "routed_expert", "mlp.gate_up": "dense_mlp",
+    "mlp.down": "dense_mlp", "head.lm_head": "lm_head",
+}
+RING_ORDER = tuple(FAMILY)  # arena placement order within a family
+NEVER = -1000  # table code: the unit is not part of this window
+
+
+class UnsupportedSchedule(ValueError):
+    """The kernel cannot realise this schedule (the message says which rule it breaks)."""
+
+
+@dataclass(frozen=True)
+class Ring:
+    """One tensor kind's VMEM ring."""
+
+    name: str
+    family: str
+    pool: str
+    buffers: int
+    rows: int  # logical rows (contraction) of one instance
+    cols: int
+    slab_rows: int  # logical rows per slab
+    num_slabs: int  # K
+    slab_arena_rows: int  # 128-lane uint16 rows one slab occupies (small: f32 row count 1)
+    offset: int = 0  # arena row where the ring's region starts
+    distance: int = 0
+    instances: int = 1  # tensors of this kind in a step (layers that have it)
+
+    @property
+    def padded_cols(self) -> int:
+        """Columns padded to whole 128-lane panels (K3 TP32's layer-0 gate/up is 2112 wide)."""
+        return -(-self.cols // LANES) * LANES
+
+    @property
+    def panels(self) -> int:
+        return self.padded_cols // LANES
+
+    @property
+    def region(self) -> tuple[int, int]:
+        return self.offset, self.offset + self.buffers * self.slab_arena_rows
+
+    def buffer_row(self, buffer: int) -> int:
+        """First arena row of ``buffer``. Expert slot 0 sits at the arena's top, slot 1 below
+        it, ...: the slots the shared expert's rows overlap are the last to be used."""
+        if self.name == "expert":
+            return self.offset + (self.buffers - 1 - buffer) * self.slab_arena_rows
+        return self.offset + buffer * self.slab_arena_rows
+
+    def buffer_range(self, buffer: int) -> tuple[int, int]:
+        start = self.buffer_row(buffer)
+        return start, start + self.slab_arena_rows
+
+    @property
+    def static_buffers(self) -> bool:
+        """Whether slab k of every instance lands in the same buffer (k % buffers)."""
+        return (self.name == "expert" or self.buffers == 1 or self.instances == 1
+                or self.num_slabs % self.buffers == 0)
+
+
+@dataclass(frozen=True)
+class ExpertSlot:
+    """Rows of one routed-expert slot (uint16 words, 128 lanes), in slot order."""
+
+    gate_up_rows: int  # fp8 value word rows, all panels
+    gate_up_scale_rows: int
+    down_rows: int
+    down_scale_rows: int
+
+    @property
+    def gate_up_total(self) -> int:
+        return self.gate_up_rows + self.gate_up_scale_rows
+
+    @property
+    def down_total(self) -> int:
+        return self.down_rows + self.down_scale_rows
+
+    @property
+    def total(self) -> int:
+        return self.gate_up_total + self.down_total
+
+
+@dataclass
+class Geometry:
+    """Every ring and arena of one (model, schedule)."""
+
+    rings: dict[str, Ring]
+    arenas: dict[str, int]  # pool -> uint16 rows of 128 lanes
+    expert_slot: ExpertSlot
+    kv_tile_tokens: int
+    kv_buffers: int
+    expert_issue: str
+    detail: dict[str, int] = field(default_factory=dict)
+
+
+def expert_slot(dims: ModelDims) -> ExpertSlot:
+    big_l, w = dims.moe.latent, dims.moe.slice_width
+    gu_panels, dn_panels = 2 * w // LANES, big_l // LANES
+    return ExpertSlot(gate_up_rows=gu_panels * big_l // 2, gate_up_scale_rows=gu_panels * big_l // 256,
+                      down_rows=dn_panels * w // 4, down_scale_rows=dn_panels * w // 64)
+
+
+def instance_count(dims: ModelDims, ring: str) -> int:
+    """How many tensors of kind ``ring`` one step reads (the ring's instance stack)."""
+    if ring == "small":
+        return dims.num_layers
+    if ring.startswith("kda."):
+        return len(dims.kda_layers)
+    if ring.startswith("mla."):
+        return len(dims.mla_layers)
+    if ring.startswith("moe.") or ring == "expert":
+        return len(dims.moe_layers)
+    return 1
+
+
+def geometry(dims: ModelDims, schedule: Schedule) -> Geometry:
+    """Rings, arena sizes and offsets for ``schedule`` (raises :class:`UnsupportedSchedule`)."""
+    if schedule.expert_issue == "speculative":
+        raise UnsupportedSchedule("expert_issue=speculative is not implemented by the kernel "
+                                  "(it needs an expert predictor); use after_routing or during_selection")
+    shapes = dict(weight_shapes(dims))
+    rings: dict[str, Ring] = {}
+    slot = expert_slot(dims)
+    for name in RING_ORDER:
+        family = FAMILY[name]
+        fam = schedule.family(family)
+        pool = fam.pool or family
+        count = instance_count(dims, name)
+        if name == "small":  # read through the whole layer: cannot time-share a fixed arena
+            pool = family  # f32 row stored as hi/lo 16-bit halves: 2 * S / 128 arena rows
+            rings[name] = Ring(name, family, pool, fam.buffers, 1, dims.small_cols, 1, 1,
+                               2 * dims.small_cols // LANES, distance=fam.prefetch_distance_ops, instances=count)
+            continue
+        if name == "expert":
+            rings[name] = Ring(name, family, pool, fam.buffers, 1, LANES, 1, 1, slot.total,
+                               distance=fam.prefetch_distance_ops, instances=count)
+            continue
+        rows, cols = shapes[name]
+        spec = TensorSpec(name, family, "dense", "bf16", rows, cols)
+        srows = slab_rows(spec, fam.chunk_bytes)
+        panels = -(-cols // LANES)
+        rings[name] = Ring(name, family, pool, fam.buffers, rows, cols, srows, math.ceil(rows / srows),
+                           srows * panels, distance=fam.prefetch_distance_ops, instances=count)
+    if rings["mla.kv_b"].num_slabs > 1:
+        raise UnsupportedSchedule("families.mla_proj: mla.kv_b is read by mla.kv_b and again by mla.core, so "
+                                  "the kernel keeps it whole: chunk_bytes must be at least its size")
+    # Arena placement: members at row 0 (rings of a family back to back), experts at the top.
+    family_rows: dict[str, int] = {}
+    for ring in rings.values():
+        family_rows[ring.family] = family_rows.get(ring.family, 0) + ring.buffers * ring.slab_arena_rows
+    arenas: dict[str, int] = {}
+    for ring in rings.values():
+        arenas[ring.pool] = max(arenas.get(ring.pool, 0), family_rows[ring.family])
+    cursor: dict[str, int] = {}
+    placed: dict[str, Ring] = {}
+    for name, ring in rings.items():
+        if name == "expert":
+            offset = arenas[ring.pool] - ring.buffers * ring.slab_arena_rows
+        else:
+            offset = cursor.get(ring.family, 0)
+            cursor[ring.family] = offset + ring.buffers * ring.slab_arena_rows
+        placed[name] = Ring(**{**ring.__dict__, "offset": offset})
+    return Geometry(placed, arenas, slot, schedule.kv_tile_tokens, schedule.kv_buffers, schedule.expert_issue)
+
+
+# ------------------------------------------------------------------------------ windows
+
+
+@dataclass(frozen=True)
+class Op:
+    """One op of a window: name, layer offset (0 = layer i, 1 = layer i+1) and what it reads.
+
+    ``reads`` holds (ring name, layer offset) pairs; an expert op reads ("expert", entry)."""
+
+    name: str
+    delta: int
+    reads: tuple[tuple[str, int], ...] = ()
+
+
+def attention_ops(kind: str, delta: int) -> list[Op]:
+    mix = Op("attn.mix_norm", delta, (("small", delta),))
+    if kind == "kda":
+        return [mix, Op("kda.qkvgb", delta, (("kda.qkvgb", delta),)),
+                Op("kda.decay", delta, (("kda.decay_a", delta), ("kda.decay_b", delta))),
+                Op("kda.core", delta), Op("kda.o", delta, (("kda.o", delta),))]
+    return [mix, *(Op(f"mla.{n}", delta, ((f"mla.{n}", delta),)) for n in ("q_a", "kv_a", "q_b", "kv_b")),
+            Op("mla.core", delta, (("mla.kv_b", delta),)), Op("mla.gate", delta, (("mla.gate", delta),)),
+            Op("mla.o", delta, (("mla.o", delta),))]
+
+
+def moe_head_ops(delta: int) -> list[Op]:
+    """mlp.mix_norm .. moe.shared_down (the part of a MoE layer before its experts)."""
+    return [Op("mlp.mix_norm", delta, (("small", delta),)), Op("moe.router", delta, (("moe.router", delta),)),
+            Op("moe.topk", delta, (("small", delta),)),
+            Op("moe.latent_down", delta, (("moe.latent_down", delta), ("small", delta))),
+            Op("moe.shared_gate_up", delta, (("moe.shared_gate_up", delta),)),
+            Op("moe.shared_down", delta, (("moe.shared_down", delta),))]
+
+
+def prologue_ops(next_kind: str) -> list[Op]:
+    """Layer 0 (KDA + dense MLP) and layer 1 up to moe.shared_down; positions from 0."""
+    dense = [Op("mlp.mix_norm", 0, (("small", 0),)), Op("mlp.gate_up", 0, (("mlp.gate_up", 0),)),
+             Op("mlp.down", 0, (("mlp.down", 0),))]
+    return [*attention_ops("kda", 0), *dense, *attention_ops(next_kind, 1), *moe_head_ops(1)]
+
+
+def window_ops(template: str, n: int) -> list[Op]:
+    """Lead-in (4 ops, positions -4..-1) + window ops (positions 0..)."""
+    lead = moe_head_ops(0)[2:]
+    body = [Op(f"expert[{j}]", 0, (("expert", j),)) for j in range(n)]
+    body += [Op("moe.combine", 0), Op("moe.latent_up", 0, (("moe.latent_up", 0),))]
+    if template == "head":
+        body += [Op("head.norm", 1), Op("head.lm_head", 1, (("head.lm_head", 1),))]
+    else:
+        body += attention_ops(template, 1) + moe_head_ops(1)
+    return lead + body
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A copy the plan schedules: slab ``slab`` of ring ``ring``'s instance at ``delta``
+    (for experts: ``delta`` = 0 and ``slab`` = the entry j)."""
+
+    ring: str
+    delta: int
+    slab: int
+
+
+@dataclass
+class WindowPlan:
+    ops: list[Op]  # lead-in included
+    first: int  # position of ops[0] (-4 for windows, 0 for the prologue)
+    issue: dict[Unit, int]  # unit -> position of the op at whose start it is issued
+    consumer: dict[Unit, int]
+
+    def position(self, index: int) -> int:
+        return self.first + index
+
+
+def _instances(ops: list[Op], first: int) -> dict[tuple[str, int], tuple[int, int]]:
+    """(ring, delta|entry) -> (first reader position, last reader position)."""
+    seen: dict[tuple[str, int], tuple[int, int]] = {}
+    for i, op in enumerate(ops):
+        for key in op.reads:
+            pos = first + i
+            c, _ = seen.get(key, (pos, pos))
+            seen[key] = (c, pos)
+    return seen
+
+
+def plan_window(geo: Geometry, ops: list[Op], first: int, horizon: int, *, respect_buffers: bool = True) -> WindowPlan:
+    """Issue positions of every copy first read at position >= 0 (module docstring rule).
+
+    ``respect_buffers=False`` ignores ``free`` for weight tensors: a deliberately broken plan
+    that refills buffers still being read, for the race-detector test only."""
+    instances = _instances(ops, first)
+    topk = next((first + i for i, op in enumerate(ops) if op.name == "moe.topk" and op.delta == 0), None)
+    rings = geo.rings
+    occupants = []  # (ring, delta/entry, slab, consumer, release)
+    for (ring_name, key), (c, r) in instances.items():
+        ring = rings[ring_name]
+        for k in range(ring.num_slabs):
+            occupants.append((ring, key, k, c, r))
+
+    def ranges(ring: Ring, key: int, k: int) -> list[tuple[int, int]]:
+        if ring.name == "expert":
+            return [ring.buffer_range(key % ring.buffers)]
+        if ring.static_buffers:
+            return [ring.buffer_range(k % ring.buffers)]
+        return [ring.region]
+
+    def same_buffer(ring: Ring, key_a: int, k_a: int, key_b: int, k_b: int) -> bool:
+        if ring.name == "expert":
+            return key_a % ring.buffers == key_b % ring.buffers
+        g_a, g_b = key_a * ring.num_slabs + k_a, key_b * ring.num_slabs + k_b
+        return (g_a - g_b) % ring.buffers == 0
+
+    issue: dict[Unit, int] = {}
+    consumer: dict[Unit, int] = {}
+    for (ring_name, key), (c, _) in sorted(instances.items(), key=lambda item: item[1][0]):
+        if c < 0:
+            continue  # read in the lead-in: planned by the previous window
+        ring = rings[ring_name]
+        slabs = [key] if ring_name == "expert" else list(range(min(ring.buffers, ring.num_slabs)))
+        for k in slabs:
+            slab = 0 if ring_name == "expert" else k
+            mine = ranges(ring, key, slab)
+            free = -10**9
+            for o_ring, o_key, o_k, o_c, o_r in occupants:
+                if o_c >= c or (o_ring.name == ring_name and o_key == key):
+                    continue
+                if o_ring.name == ring_name:
+                    hit = same_buffer(ring, key, slab, o_key, o_k)
+                elif o_ring.pool == ring.pool:
+                    hit = any(a < d and c2 < b for a, b in mine for c2, d in ranges(o_ring, o_key, o_k))
+                else:
+                    hit = False
+                if hit and (respect_buffers or ring_name == "expert"):
+                    free = max(free, o_r + 1)
+            if ring_name == "expert":
+                nominal = topk if topk is not None else first
+                when = max(nominal, free)
+            else:
+                when = max(c - ring.distance, horizon, free)
+            if when > c:
+                raise UnsupportedSchedule(
+                    f"pool {ring.pool!r}: {ring_name} (first read at position {c}) overlaps a buffer still read "
+                    "by the same op; give the families separate pools or more rows")
+            unit = Unit(ring_name, 0 if ring_name == "expert" else key, key if ring_name == "expert" else k)
+            issue[unit] = when
+            consumer[unit] = c
+    return WindowPlan(ops, first, issue, consumer)
+
+
+def plan_prologue(geo: Geometry, next_kind: str, *, respect_buffers: bool = True) -> WindowPlan:
+    return plan_window(geo, prologue_ops(next_kind), 0, 0, respect_buffers=respect_buffers)
+
+
+def plan_iteration(geo: Geometry, template: str, n: int, *, respect_buffers: bool = True) -> WindowPlan:
+    plan = plan_window(geo, window_ops(template, n), -4, -3, respect_buffers=respect_buffers)
+    slots = geo.rings["expert"].buffers
+    for j in range(n):
+        want = -4 if j < slots else j - slots + 1
+        got = plan.issue[Unit("expert", 0, j)]
+        if j >= slots and got != want:
+            raise UnsupportedSchedule(f"routed expert {j} would be issued at {got}, not at expert[{want}]")
+        if j < slots and got > 0:
+            raise UnsupportedSchedule(f"routed expert {j}'s slot is not free before the expert region ({got})")
+    return plan
+
+
+def peak_in_flight(plan: WindowPlan) -> int:
+    """Most copies issued and not yet waited at any op start (waits at the consumer)."""
+    events = sorted([(p, 1) for p in plan.issue.values()] + [(c, -1) for c in plan.consumer.values()],
+                    key=lambda e: (e[0], -e[1]))
+    peak = current = 0
+    for _, step in events:
+        current += step
+        peak = max(peak, current)
+    return peak

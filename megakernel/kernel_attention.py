@@ -1,0 +1,227 @@
+"""Attention phase of the megakernel: the mix-norm, KDA and MLA ops of one layer.
+
+Each function runs consecutive ops of one layer. ``begin(op)`` (from :mod:`megakernel.kernel`)
+issues the copies the plan starts at that op and records the op's compute event; the
+function then waits for the op's own weights (``ctx.matmul`` waits slab by slab) and
+computes with the shared math of :mod:`megakernel.math_kda` / :mod:`megakernel.math_mla`.
+
+State traffic (not in the schedule; each has its own small VMEM buffer):
+
+- KDA conv window: read at ``kda.qkvgb``, written back at its end; KDA recurrent state:
+  read at ``kda.core``, written back at its end. A write-back is waited on at the next KDA
+  layer's read (the buffer's next use) or at kernel exit.
+- MLA KV cache: ``mla.core`` streams ``ceil(p / kv_tile_tokens)`` tiles through ``kv_buffers``
+  buffers (tile ``t + kv_buffers`` is issued when tile ``t`` is consumed), folds this token's
+  entry in last, then writes the entry to the cache at position ``p`` and waits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from megakernel import math_kda, math_mla, residual
+from megakernel.dims import LANES
+from megakernel.kernel_dma import Ctx, idiv, imod
+from megakernel.math_common import mm_t, rmsnorm
+from megakernel.quant import words_to_bf16
+
+Begin = Callable[[str], None]
+
+
+def mix_norm(ctx: Ctx, layer: Any, sublayer: str) -> jax.Array:
+    """``attn.mix_norm`` / ``mlp.mix_norm``: attention-residual mixture + RMSNorm -> f32[B, H]."""
+    b, h, d = ctx.batch, ctx.dims.hidden, ctx.dims
+    blocks = ctx.scratch["blocks"][:, :b, :]
+    partial = ctx.scratch["partial"][:b, :]
+    mix = ctx.small(layer, "small.residual_mix")
+    query = mix[:, :h] if sublayer == "attn" else mix[:, h:]
+    has_partial = (imod(layer, d.block_layers) > 0) if sublayer == "attn" else True
+    mixed = residual.mix(blocks, partial, 1 + idiv(layer, d.block_layers), has_partial, query, d.eps)
+    norm = ctx.small(layer, "small.attn_norm" if sublayer == "attn" else "small.mlp_norm")
+    return rmsnorm(mixed, norm, d.eps)
+
+
+def add_to_residual(ctx: Ctx, out: jax.Array) -> None:
+    """``partial += out`` (f32[B, H])."""
+    b = ctx.batch
+    ctx.scratch["partial"][:b, :] = ctx.scratch["partial"][:b, :] + out
+
+
+class _StateCopies:
+    """Descriptors of the KDA conv-window / state copies of stack index ``m`` (built on use)."""
+
+    def __init__(self, ctx: Ctx, m: Any) -> None:
+        self.ctx, self.m = ctx, m
+
+    def __getitem__(self, name: str) -> Any:
+        s, o, m = self.ctx.scratch, self.ctx.outs, self.m
+        sem = s["state_sem"]
+        hbm = {"conv": o["state.conv"], "state": o["state.kda"]}
+        buf = {"conv": s["conv"], "state": s["kda_state"]}
+        kind, direction = name.split("_")
+        index = {"conv_in": 0, "conv_out": 1, "state_in": 2, "state_out": 3}[name]
+        if direction == "in":
+            return pltpu.make_async_copy(hbm[kind].at[m], buf[kind], sem.at[index])
+        return pltpu.make_async_copy(buf[kind], hbm[kind].at[m], sem.at[index])
+
+
+def _state_copies(ctx: Ctx, m: Any) -> _StateCopies:
+    return _StateCopies(ctx, m)
+
+
+def _state_event(ctx: Ctx, kind: str, tensor: str, layer: Any) -> None:
+    ctx.event(kind, "kda_state", tensor, dynamic=(layer, 0))
+
+
+def kda_layer(ctx: Ctx, layer: Any, begin: Begin, first_kda: bool) -> None:
+    """``attn.mix_norm`` .. ``kda.o`` of a KDA layer; adds the output to the residual."""
+    d, kd = ctx.dims, ctx.dims.kda
+    m = ctx.instance(ctx.geo.rings["kda.qkvgb"], layer)
+    copies = _state_copies(ctx, m)
+    begin("attn.mix_norm")
+    ctx.wait("small", layer, 0)
+    x = mix_norm(ctx, layer, "attn")
+
+    begin("kda.qkvgb")
+    y = ctx.matmul("kda.qkvgb", layer, x)
+    if not first_kda:
+        copies["conv_out"].wait()  # the previous KDA layer's write-back
+        _state_event(ctx, "dma_wait", "kda.conv_out", layer)
+    copies["conv_in"].start()
+    _state_event(ctx, "dma_start", "kda.conv_in", layer)
+    copies["conv_in"].wait()
+    _state_event(ctx, "dma_wait", "kda.conv_in", layer)
+    qkv, gate, beta_logits = math_kda.split_qkvgb(y, kd)
+    conv_w = ctx.small(layer, "small.kda_conv").reshape(kd.conv_kernel, 3 * kd.width)
+    conv_out, window = math_kda.short_conv(qkv, ctx.scratch["conv"][...], conv_w)
+    ctx.scratch["conv"][...] = window
+    copies["conv_out"].start()
+    _state_event(ctx, "dma_start", "kda.conv_out", layer)
+    q, k, v = math_kda.prepare_qkv(conv_out, kd)
+    beta = jax.nn.sigmoid(beta_logits)
+
+    begin("kda.decay")
+    low = ctx.matmul("kda.decay_a", layer, x)
+    f = ctx.matmul("kda.decay_b", layer, low)
+    g = math_kda.decay_log(f, ctx.small(layer, "small.kda_a_log"), ctx.small(layer, "small.kda_dt_bias"), kd)
+
+    begin("kda.core")
+    if not first_kda:
+        copies["state_out"].wait()
+        _state_event(ctx, "dma_wait", "kda.state_out", layer)
+    copies["state_in"].start()
+    _state_event(ctx, "dma_start", "kda.state_in", layer)
+    copies["state_in"].wait()
+    _state_event(ctx, "dma_wait", "kda.state_in", layer)
+    state = ctx.scratch["kda_state"][...]  # one load, one store: every access is a callback
+    outs, states = [], []
+    for hd in range(kd.heads):
+        cols = slice(hd * kd.head_dim, (hd + 1) * kd.head_dim)
+        o, s = math_kda.delta_rule_head(state[:, hd], q[hd], k[hd], v[hd], g[:, cols], beta[:, hd: hd + 1])
+        outs.append(o)
+        states.append(s)
+    ctx.scratch["kda_state"][...] = jnp.stack(states, axis=1)
+    copies["state_out"].start()
+    _state_event(ctx, "dma_start", "kda.state_out", layer)
+
+    begin("kda.o")
+    o = math_kda.output_gate(outs, gate, d.eps)
+    add_to_residual(ctx, ctx.matmul("kda.o", layer, o))
+
+
+def finish_kda_state(ctx: Ctx, last_kda_layer: int) -> None:
+    """Wait for the last KDA layer's write-backs (kernel exit)."""
+    copies = _state_copies(ctx, 0)
+    copies["conv_out"].wait()
+    _state_event(ctx, "dma_wait", "kda.conv_out", last_kda_layer)
+    copies["state_out"].wait()
+    _state_event(ctx, "dma_wait", "kda.state_out", last_kda_layer)
+
+
+def _panels(ctx: Ctx, ring: str, layer: Any) -> jax.Array:
+    """A resident single-slab tensor as its full bf16[R, C] matrix (panels side by side)."""
+    r = ctx.geo.rings[ring]
+    w = words_to_bf16(ctx.view(ring, layer, 0)).reshape(r.panels, r.slab_rows, LANES)
+    return jnp.concatenate([w[p] for p in range(r.panels)], axis=1)[: r.rows]
+
+
+def mla_layer(ctx: Ctx, layer: Any, begin: Begin) -> None:
+    """``attn.mix_norm`` .. ``mla.o`` of an MLA layer; adds the output to the residual."""
+    d, md = ctx.dims, ctx.dims.mla
+    b = ctx.batch
+    position = ctx.memo("position", 0, lambda: ctx.ins["smem.scalars"][0])
+    pos_f = position.astype(jnp.float32)
+    begin("attn.mix_norm")
+    ctx.wait("small", layer, 0)
+    x = mix_norm(ctx, layer, "attn")
+
+    begin("mla.q_a")
+    cq = rmsnorm(ctx.matmul("mla.q_a", layer, x), ctx.small(layer, "small.mla_q_norm"), d.eps)
+    begin("mla.kv_a")
+    entry = math_mla.kv_entry(ctx.matmul("mla.kv_a", layer, x), ctx.small(layer, "small.mla_kv_norm"), pos_f,
+                              md, d.eps).astype(jnp.bfloat16)
+    begin("mla.q_b")
+    q_nope, q_rope = math_mla.split_q(ctx.matmul("mla.q_b", layer, cq), pos_f, md)
+    q_rope_all = jnp.stack(q_rope, axis=1)
+
+    begin("mla.kv_b")
+    ctx.wait("mla.kv_b", layer, 0)
+    w_kv_b = _panels(ctx, "mla.kv_b", layer)
+    q_lat = jnp.stack([mm_t(q_nope[hd], w_kv_b[:, hd * md.kv_b_head_cols: hd * md.kv_b_head_cols + md.nope])
+                       for hd in range(md.heads)], axis=1)
+
+    begin("mla.core")
+    m = ctx.instance(ctx.geo.rings["mla.q_a"], layer)
+    carry = _attend_cache(ctx, layer, m, position, q_lat, q_rope_all)
+    carry = math_mla.attend_tile(carry, q_lat, q_rope_all, entry[:, None, :], jnp.ones((1, 1, 1), bool), md)
+    o = math_mla.attend_output(carry, w_kv_b, md)
+    ctx.scratch["kv_entry"][...] = entry[:, None, :]
+    write = pltpu.make_async_copy(ctx.scratch["kv_entry"],
+                                  ctx.outs["state.kv"].at[m, :, pl.ds(position, 1), :], ctx.scratch["kv_write_sem"].at[0])
+    write.start()
+    ctx.event("dma_start", "kv", "mla.kv_write", dynamic=(layer, 0))
+    write.wait()
+    ctx.event("dma_wait", "kv", "mla.kv_write", dynamic=(layer, 0))
+
+    begin("mla.gate")
+    o = o * jax.nn.sigmoid(ctx.matmul("mla.gate", layer, x))
+    begin("mla.o")
+    add_to_residual(ctx, ctx.matmul("mla.o", layer, o)[:b])
+
+
+def _attend_cache(ctx: Ctx, layer: Any, m: Any, position: jax.Array, q_lat: jax.Array,
+                  q_rope: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Online softmax over the cached tokens [0, position), streamed in KV tiles."""
+    md, tile, nbuf = ctx.dims.mla, ctx.geo.kv_tile_tokens, ctx.geo.kv_buffers
+    tiles = idiv(position + tile - 1, tile)
+
+    def copy(t: Any) -> Any:
+        slot = imod(t, nbuf)
+        return pltpu.make_async_copy(ctx.outs["state.kv"].at[m, :, pl.ds(t * tile, tile), :],
+                                     ctx.scratch["kv_tiles"].at[slot], ctx.scratch["kv_sem"].at[slot])
+
+    def start(t: Any) -> None:
+        copy(t).start()
+        ctx.event("dma_start", "kv", "mla.kv_tile", dynamic=(layer, t))
+
+    capacity_tiles = ctx.outs["state.kv"].shape[2] // tile
+    for t in range(min(nbuf, capacity_tiles)):
+        ctx.when(t < tiles, lambda t=t: start(t))
+
+    def body(t: Any, carry: Any) -> Any:
+        copy(t).wait()
+        ctx.event("dma_wait", "kv", "mla.kv_tile", dynamic=(layer, t))
+        kv = ctx.scratch["kv_tiles"][imod(t, nbuf)]
+        token = t * tile + lax.broadcasted_iota(jnp.int32, (1, 1, tile), 2)
+        carry = math_mla.attend_tile(carry, q_lat, q_rope, kv, token < position, md)
+        ctx.when(t + nbuf < tiles, lambda: start(t + nbuf))
+        return carry
+
+    return ctx.fori(0, tiles, body, math_mla.attend_init(ctx.batch, md))

@@ -1,0 +1,176 @@
+"""MLP phase of the megakernel: routing, the latent MoE with streamed experts, the layer-0
+dense MLP and the head.
+
+``moe.topk`` runs ``top_k`` selection rounds (:func:`megakernel.math_moe.topk_round`); after
+each round it walks the batch rows and appends every expert not yet seen to the SMEM expert
+list (first-appearance, round-major order). With ``expert_issue = during_selection`` the copy
+of list entry ``j < slots`` starts the moment the entry is appended (when the plan issues it
+at ``moe.topk``); with ``after_routing`` all of them start once the rounds are done. The
+expert loop of the next window (``lax.fori_loop`` over the dynamic count ``n``) runs
+``expert[j]``: refill entry ``j + slots - 1`` into the slot ``expert[j-1]`` freed, wait for
+entry ``j``, dequantise FP8 gate/up and MXFP4 down in VMEM, and accumulate the weighted
+output in f32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from megakernel import math_moe, residual
+from megakernel.dims import LANES
+from megakernel.kernel_attention import Begin, add_to_residual, mix_norm
+from megakernel.kernel_dma import N_NEXT, Ctx, idiv, imod
+from megakernel.math_common import rmsnorm, situ
+from megakernel.quant import dequant_fp8_words, dequant_mxfp4_words, words_to_bf16
+
+WORK_LATENT, WORK_SHARED, WORK_ACC = 0, 1, 2
+
+
+def moe_pre_experts(ctx: Ctx, layer: Any, begin: Begin, issue_at_topk: Callable[[Any], None]) -> None:
+    """``mlp.mix_norm`` .. ``moe.shared_down``: routing and the shared expert of ``layer``.
+
+    ``issue_at_topk(j)`` starts list entry ``j``'s copies if the plan issues them at topk."""
+    d, e, b = ctx.dims, ctx.dims.moe, ctx.batch
+    begin("mlp.mix_norm")
+    x = mix_norm(ctx, layer, "mlp")
+    begin("moe.router")
+    scores = jax.nn.sigmoid(ctx.matmul("moe.router", layer, x)[:, : e.scored_experts])
+    begin("moe.topk")
+    topk(ctx, layer, scores, issue_at_topk)
+    begin("moe.latent_down")
+    lat = math_moe.latent_input(d, ctx.matmul("moe.latent_down", layer, x), ctx.small(layer, "small.latent_norm"))
+    ctx.scratch["work"][WORK_LATENT, :b, : e.latent] = lat
+    begin("moe.shared_gate_up")
+    gu = ctx.matmul("moe.shared_gate_up", layer, x)
+    act = situ(gu[:, : e.shared_width], gu[:, e.shared_width:])
+    begin("moe.shared_down")
+    ctx.scratch["work"][WORK_SHARED, :b, : d.hidden] = ctx.matmul("moe.shared_down", layer, act)
+
+
+def topk(ctx: Ctx, layer: Any, scores: jax.Array, issue_at_topk: Callable[[Any], None]) -> None:
+    """Select, write the distinct-expert list and its length to SMEM, keep ids/weights in VMEM.
+
+    Dedup is vectorised: the ``k*B`` picks in round-major order are compared all-pairs; a pick
+    is new when no earlier pick has its id, and its list slot is the number of new picks
+    before it. Only the list entries themselves are scalar SMEM stores."""
+    e, b = ctx.dims.moe, ctx.batch
+    smem = ctx.scratch["smem"]
+    bias = ctx.small(layer, "small.router_bias")[:, : e.scored_experts]
+    during = ctx.geo.expert_issue == "during_selection"
+    key = scores + bias
+    ids, picked = [], []
+    for _ in range(e.top_k):
+        idx, score, key = math_moe.topk_round(key, scores)
+        ids.append(idx)
+        picked.append(score)
+    weights = math_moe.renormalise(picked, e.routed_scaling)
+    route = jnp.concatenate([x.astype(jnp.float32) for x in ids] + weights, axis=1)  # [B, 2k]
+    ctx.scratch["route"][:, :b, :] = jnp.broadcast_to(route.T[:, :, None], (2 * e.top_k, b, LANES))
+    picks = e.top_k * b
+    seq = jnp.concatenate(ids, axis=0)  # [k*B, 1] round-major
+    earlier = lax.broadcasted_iota(jnp.int32, (picks, picks), 1) < lax.broadcasted_iota(jnp.int32, (picks, picks), 0)
+    same = seq == seq.reshape(1, picks)
+    new = jnp.logical_not(jnp.any(same & earlier, axis=1, keepdims=True))  # [k*B, 1]
+    slot = jnp.sum(jnp.where(earlier & new.reshape(1, picks), 1, 0), axis=1, keepdims=True)
+    rows = lax.broadcasted_iota(jnp.int32, (picks, 1), 0)
+    for t in range(picks):
+        at = rows == t
+        eid = jnp.sum(jnp.where(at, seq, 0))
+        is_new = jnp.sum(jnp.where(at & new, 1, 0)) > 0
+        entry = jnp.sum(jnp.where(at, slot, 0))
+
+        def append(eid: jax.Array = eid, entry: jax.Array = entry) -> None:
+            smem[ctx.expert_list + entry] = eid
+            if during:
+                issue_at_topk(entry)
+
+        ctx.when(is_new, append)
+    n = jnp.sum(jnp.where(new, 1, 0))
+    smem[N_NEXT] = n
+    if not during:
+        for j in range(ctx.geo.rings["expert"].buffers):
+            ctx.when(j < n, lambda j=j: issue_at_topk(j))
+
+
+def expert_loop(ctx: Ctx, layer: Any, n: Any, begin_expert: Callable[[Any], None]) -> None:
+    """``expert[0..n-1]`` of ``layer``: weighted expert outputs summed in f32 (loop carry)."""
+    e, b = ctx.dims.moe, ctx.batch
+    es = ctx.geo.expert_slot
+    gu_panels, dn_panels = 2 * e.slice_width // LANES, e.latent // LANES
+    lat = ctx.scratch["work"][WORK_LATENT, :b, : e.latent].astype(jnp.bfloat16)
+    route = ctx.scratch["route"][:, :b, :1]  # [2k, B, 1]: ids then weights (one load)
+    ids = [route[r].astype(jnp.int32) for r in range(e.top_k)]
+    weights = [route[e.top_k + r] for r in range(e.top_k)]
+
+    def body(j: Any, acc: jax.Array) -> jax.Array:
+        begin_expert(j)
+        ctx.wait_expert(layer, j)
+        gu_words, dn_words = ctx.expert_view(j)  # one load of the slot
+        w_gu = dequant_fp8_words(
+            gu_words[: es.gate_up_rows].reshape(gu_panels, e.latent // 2, LANES),
+            words_to_bf16(gu_words[es.gate_up_rows:]).reshape(gu_panels, e.latent // 256, LANES))
+        h = jnp.einsum("bl,pln->bpn", lat, w_gu, preferred_element_type=jnp.float32)
+        h = h.reshape(b, 2 * e.slice_width)
+        act = situ(h[:, : e.slice_width], h[:, e.slice_width:])
+        w_dn = dequant_mxfp4_words(
+            dn_words[: es.down_rows].reshape(dn_panels, e.slice_width // 4, LANES),
+            dn_words[es.down_rows:].reshape(dn_panels, e.slice_width // 64, LANES))
+        y = jnp.einsum("bw,pwn->bpn", act.astype(jnp.bfloat16), w_dn, preferred_element_type=jnp.float32)
+        eid = ctx.scratch["smem"][ctx.expert_list + j]
+        return acc + math_moe.row_weight(ids, weights, eid) * y.reshape(b, e.latent)
+
+    acc = ctx.fori(0, n, body, jnp.zeros((b, e.latent), jnp.float32))
+    ctx.scratch["work"][WORK_ACC, :b, : e.latent] = acc
+
+
+def moe_post_experts(ctx: Ctx, layer: Any, begin: Begin) -> None:
+    """``moe.combine``, ``moe.latent_up``: back to the hidden size, add to the residual."""
+    d, e, b = ctx.dims, ctx.dims.moe, ctx.batch
+    begin("moe.combine")
+    acc = ctx.scratch["work"][WORK_ACC, :b, : e.latent]
+    begin("moe.latent_up")
+    out = math_moe.moe_output(d, ctx.matmul("moe.latent_up", layer, acc))
+    add_to_residual(ctx, out + ctx.scratch["work"][WORK_SHARED, :b, : d.hidden])
+    end_of_layer(ctx, layer)
+
+
+def end_of_layer(ctx: Ctx, layer: Any) -> None:
+    """At a block end, snapshot ``partial`` into its block slot and clear it."""
+    block_layers = ctx.dims.block_layers
+
+    def snapshot() -> None:
+        ctx.scratch["blocks"][1 + idiv(layer, block_layers)] = ctx.scratch["partial"][...]
+        ctx.scratch["partial"][...] = jnp.zeros_like(ctx.scratch["partial"])
+
+    if isinstance(layer, int):
+        if residual.block_ends_after(layer, block_layers):
+            snapshot()
+    else:
+        ctx.when(imod(layer + 1, block_layers) == 0, snapshot)
+
+
+def dense_mlp(ctx: Ctx, begin: Begin) -> None:
+    """Layer 0: ``mlp.mix_norm``, ``mlp.gate_up``, ``mlp.down``."""
+    width = ctx.dims.dense_width
+    begin("mlp.mix_norm")
+    x = mix_norm(ctx, 0, "mlp")
+    begin("mlp.gate_up")
+    gu = ctx.matmul("mlp.gate_up", 0, x)
+    begin("mlp.down")
+    add_to_residual(ctx, ctx.matmul("mlp.down", 0, situ(gu[:, :width], gu[:, width:])))
+    end_of_layer(ctx, 0)
+
+
+def head(ctx: Ctx, begin: Begin) -> None:
+    """``head.norm`` (plain residual sum, RMSNorm) and ``head.lm_head`` -> logits."""
+    d, b = ctx.dims, ctx.batch
+    begin("head.norm")
+    final = residual.final_hidden(ctx.scratch["blocks"][:, :b, :], ctx.scratch["partial"][:b, :], d.block_slots)
+    x = rmsnorm(final, None, d.eps)
+    begin("head.lm_head")
+    ctx.outs["logits"][...] = ctx.matmul("head.lm_head", d.num_layers, x)
