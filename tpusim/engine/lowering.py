@@ -218,12 +218,14 @@ class _Builder:
         fam = self.families[ROUTED]
         slab = self.new_slab(ROUTED, f"{op.name}{label_suffix}", op.layer, op_index,
                              self.pool_of(ROUTED), self.ring_of(ROUTED, fam.buffers))
+        # chunk = the expert's entry in the layer's expert list (the kernel's vocabulary)
+        entry = op.expert_index or 0
         for tensor in op.tensors:
             name = f"{tensor.name}{label_suffix}"
             if tensor.value_bytes:
-                self.add_desc(slab, ROUTED, name, op.layer, 0, tensor.value_bytes)
+                self.add_desc(slab, ROUTED, name, op.layer, entry, tensor.value_bytes)
             if tensor.scale_bytes:
-                self.add_desc(slab, ROUTED, f"{name}.scales", op.layer, 0, tensor.scale_bytes)
+                self.add_desc(slab, ROUTED, f"{name}.scales", op.layer, entry, tensor.scale_bytes)
         return slab
 
 
