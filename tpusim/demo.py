@@ -144,8 +144,8 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda _: Non
         "calibrate", "--hardware", "tpu-v7", "--measurements", "published:tpu7x-musespark",
         "--holdout", "format=int4+bf16", "--out", str(out / "calibration-tpu-v7")]), progress)
     _timed(run, "calibrate host-cpu", lambda: run_cli_json([
-        "calibrate", "--hardware", "host-cpu", "--measurements", "cpu-loop", "--quick",
-        "--out", str(out / "calibration-host-cpu")]), progress)
+        "calibrate", "--hardware", "host-cpu", "--measurements", "cpu-loop",
+        *(["--quick"] if config.quick else []), "--out", str(out / "calibration-host-cpu")]), progress)
     compare_argv = ["compare", "--model", "kimi-k3", "--systems", config.compare_systems,
                     "--batch", config.compare_batches, "--jobs", str(config.jobs),
                     "--plot", str(out / "compare.png"), "--out", str(out / "compare-sweeps")]
