@@ -119,6 +119,18 @@ def activation_bytes(model: ModelConfig, batch: int) -> int:
     return rows * 4 * (model.hidden_size * snapshots + widest)
 
 
+def arenas(schedule: Schedule, family_bytes: dict[str, int]) -> tuple[dict[str, int], dict[str, list[str]]]:
+    """Pool -> arena bytes (the largest member footprint) and pool -> present members."""
+    arena_bytes: dict[str, int] = {}
+    arena_members: dict[str, list[str]] = {}
+    for pool, members in schedule.pools().items():
+        present = [m for m in members if m in family_bytes]
+        if present:
+            arena_members[pool] = present
+            arena_bytes[pool] = max(family_bytes[m] for m in present)
+    return arena_bytes, arena_members
+
+
 def vmem_plan(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch: int,
               kv_sequences: int | None = None) -> VmemPlan:
     """Static scratch for ``batch`` rows; KV tiles and state for ``kv_sequences`` (default: one
@@ -142,13 +154,7 @@ def vmem_plan(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch:
             detail[tensor.name] = size
             total += size
         family_bytes[family] = total
-    arena_bytes: dict[str, int] = {}
-    arena_members: dict[str, list[str]] = {}
-    for pool, members in schedule.pools().items():
-        present = [m for m in members if m in family_bytes]
-        if present:
-            arena_members[pool] = present
-            arena_bytes[pool] = max(family_bytes[m] for m in present)
+    arena_bytes, arena_members = arenas(schedule, family_bytes)
     kv_per_token = max((kv_cache_bytes_per_token(model, plan, layer) for layer in range(model.num_layers)), default=0)
     kv = schedule.kv_buffers * schedule.kv_tile_tokens * kv_per_token * kv_sequences
     state = max((recurrent_state_bytes(model, plan, layer) for layer in range(model.num_layers)), default=0) * kv_sequences

@@ -157,6 +157,11 @@ def execution_policy(chip: Chip) -> ExecutionPolicy:
         from tpusim.engine.gpu import gpu_policy  # the GPU model builds on this module
 
         return gpu_policy(chip)
+    return base_policy(chip)
+
+
+def base_policy(chip: Chip) -> ExecutionPolicy:
+    """The TPU / host-CPU policy for ``chip.execution.mode``; GPU policies refine it."""
     execution = chip.execution
     sustained = chip.hbm.sustained_bandwidth_bytes_per_s.value
     if execution.mode == "megakernel":

@@ -73,6 +73,7 @@ Priors here are labelled *assumed* with their reasoning (:data:`GRID_BARRIER_S`,
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -82,7 +83,7 @@ from tpusim.analytic import link_for
 from tpusim.engine.execution import (
     ExecutionPolicy,
     KernelPlan,
-    per_op_efficiency,
+    base_policy,
 )
 from tpusim.engine.gpu_fusion import fused_kernel_plan
 from tpusim.engine.result import SimResult
@@ -253,33 +254,19 @@ in_kernel_collective = partial(price_collective, per_call=False)
 
 
 def gpu_policy(chip: Chip) -> ExecutionPolicy:
-    """The execution policy of a GPU chip (see the module docstring)."""
-    execution = chip.execution
-    sustained = chip.hbm.sustained_bandwidth_bytes_per_s.value
-    if execution.mode == "megakernel":
-        return ExecutionPolicy(
-            mode="megakernel",
-            hbm_bandwidth_bytes_per_s=sustained,
-            compute_efficiency=1.0,
-            launch_overhead_s=execution.launch_overhead_s.value,
-            per_step_overhead_s=execution.per_step_overhead_s.value,
-            per_layer_overhead_s=execution.per_layer_overhead_s.value,
-            cross_op_prefetch=True,
-            enforce_staging_capacity=True,
+    """The execution policy of a GPU chip (see the module docstring): the base policy of its
+    execution mode with the GPU's kernel plan, launches and collective pricing."""
+    base = base_policy(chip)
+    if chip.execution.mode == "megakernel":
+        return replace(
+            base,
+            launch_overhead_s=chip.execution.launch_overhead_s.value,
             kernel_plan=one_persistent_kernel,
             collective_pricer=in_kernel_collective,
             description="GPU megakernel: one persistent kernel, TMA prefetch into L2, in-kernel collectives",
         )
-    efficiency = per_op_efficiency(chip)
-    return ExecutionPolicy(
-        mode="per_op_launch",
-        hbm_bandwidth_bytes_per_s=sustained * efficiency,
-        compute_efficiency=efficiency,
-        launch_overhead_s=execution.launch_overhead_s.value,
-        per_step_overhead_s=execution.per_step_overhead_s.value,
-        per_layer_overhead_s=execution.per_layer_overhead_s.value,
-        cross_op_prefetch=False,
-        enforce_staging_capacity=False,
+    return replace(
+        base,
         kernel_plan=fused_kernel_plan,
         collective_launches=True,
         collectives_block=True,

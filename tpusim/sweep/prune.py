@@ -25,7 +25,7 @@ from tpusim.modelconfig import ModelConfig
 from tpusim.plan import ShardingPlan
 from tpusim.schedule import SCHEDULE_FAMILIES, FamilySchedule, Schedule
 from tpusim.sweep.space import SweepSpace
-from tpusim.vmem import InfeasibleSchedule, VmemPlan, check_fits, tensor_kinds, vmem_plan
+from tpusim.vmem import InfeasibleSchedule, VmemPlan, arenas, check_fits, tensor_kinds, vmem_plan
 
 
 class VmemAccountant:
@@ -83,13 +83,7 @@ class VmemAccountant:
             if known is not None:
                 family_bytes[family], part = known
                 detail.update(part)
-        arena_bytes: dict[str, int] = {}
-        arena_members: dict[str, list[str]] = {}
-        for pool, members in schedule.pools().items():
-            present = [m for m in members if m in family_bytes]
-            if present:
-                arena_members[pool] = present
-                arena_bytes[pool] = max(family_bytes[m] for m in present)
+        arena_bytes, arena_members = arenas(schedule, family_bytes)
         state, activations = self._fixed
         return VmemPlan(family_bytes, arena_bytes, arena_members, self._kv[kv_key], state, activations, detail)
 
