@@ -19,5 +19,5 @@ The pipeline, module by module:
 6. :mod:`calibration.cpu_workload` and :mod:`calibration.cpu_loop` — the closed loop on this
    host: probe, replay programs as jitted XLA steps, measure, fit ``host-cpu``.
 
-The command line is ``tpusim calibrate`` / ``tpusim report`` (:mod:`tpusim.cli.calibrate`).
+The command line is ``tpusim calibrate`` / ``tpusim report`` (:mod:`tpusim.app.cli.calibrate`).
 """

@@ -1,4 +1,4 @@
-"""A jitted per-op replay of a :class:`~tpusim.program.Program` on the JAX CPU backend.
+"""A jitted per-op replay of a :class:`~tpusim.workload.program.Program` on the JAX CPU backend.
 
 The CPU closed loop needs a real decode step whose bytes, FLOPs and op count are exactly
 the ones the simulator prices. :func:`build_cpu_step` walks the program op by op and emits,
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from tpusim.program import Op, Program
+from tpusim.workload.program import Op, Program
 
 NATIVE_DTYPES = ("bf16", "f32")
 CARRY_SCALE = 1e-6  # keeps the carry ≈ 1 so values stay finite over thousands of ops

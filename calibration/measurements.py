@@ -12,13 +12,13 @@ line of a ``.jsonl`` file::
 
 Fields
 ------
-- ``model``: a :func:`tpusim.model_catalog.load_model` name (``muse-spark@int4+bf16``).
+- ``model``: a :func:`tpusim.workload.model_catalog.load_model` name (``muse-spark@int4+bf16``).
 - ``system``: ``{"chip": <catalog chip>, "chips": N}``; the string forms ``"tpu-v7x4"``
   (:attr:`hwmodels.schema.System.name`) and ``"tpu-v7 x 4"`` are accepted too.
 - ``batch``, ``context`` (tokens already in each sequence's cache), ``routing``
-  (:func:`tpusim.routing.parse_routing` spec).
+  (:func:`tpusim.workload.routing.parse_routing` spec).
 - ``schedule`` (a built-in schedule name, a path, or a description) and ``schedule_hash``
-  (:meth:`tpusim.schedule.Schedule.content_hash`), either may be missing.
+  (:meth:`tpusim.schedule.schema.Schedule.content_hash`), either may be missing.
 - ``backend``: where it ran: ``"tpu7x (published)"``, ``"cpu-interpret"`` (Pallas interpret
   mode: *not* a TPU timing), ``"cpu-xla"`` (a jitted step on this host's CPU).
 - ``ms_per_step_median`` and ``ms_per_step_spread`` (half the inter-quartile range of the

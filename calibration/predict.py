@@ -6,10 +6,10 @@ A :class:`~calibration.measurements.Measurement` names everything the simulator 
    optionally with width/layer overrides in brackets, ``kimi-k3-mini[width=512,layers=4]``,
    which the CPU loop uses to sweep model sizes);
 2. the **system** (chip name x chips) and so the device count and the sharding plan
-   (:func:`tpusim.model_catalog.plan_for`: the published ``muse-tp8`` plan for Muse on 8
+   (:func:`tpusim.workload.model_catalog.plan_for`: the published ``muse-tp8`` plan for Muse on 8
    devices);
 3. the **workload** (batch, context, routing) and so the per-device program
-   (:func:`tpusim.program.build_program`);
+   (:func:`tpusim.workload.program.build_program`);
 4. the **schedule** (:func:`resolve_schedule`: ``muse-published`` from this package's data, a
    built-in schedule name, or a schedule JSON path).
 
@@ -32,12 +32,12 @@ from typing import Any
 from calibration.measurements import Measurement
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
-from tpusim.model_catalog import load_model, plan_for
-from tpusim.modelconfig import ModelConfig
-from tpusim.plan import ShardingPlan, round_up
-from tpusim.program import Program, build_program
-from tpusim.routing import parse_routing
-from tpusim.schedule import BUILTIN_SCHEDULES, Schedule, load_schedule
+from tpusim.workload.model_catalog import load_model, plan_for
+from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.sharding import ShardingPlan, round_up
+from tpusim.workload.program import Program, build_program
+from tpusim.workload.routing import parse_routing
+from tpusim.schedule.schema import BUILTIN_SCHEDULES, Schedule, load_schedule
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 PACKAGE_SCHEDULES = {"muse-published": DATA_DIR / "muse-published.json"}

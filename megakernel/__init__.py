@@ -5,14 +5,14 @@ Modules, bottom up:
 - math: :mod:`~megakernel.quant` (FP8 / MXFP4 / E8M0 codecs), :mod:`~megakernel.math_common`,
   :mod:`~megakernel.math_kda`, :mod:`~megakernel.math_mla`, :mod:`~megakernel.math_moe`,
   :mod:`~megakernel.residual` — pure functions shared by reference and kernel;
-- :mod:`~megakernel.dims` (per-device widths, checked against :mod:`tpusim.shapes`),
+- :mod:`~megakernel.dims` (per-device widths, checked against :mod:`tpusim.workload.shapes`),
   :mod:`~megakernel.layout` (weights in real formats: random or safetensors),
   :mod:`~megakernel.reference` (the decode step in plain JAX);
 - :mod:`~megakernel.dma_plan` (schedule -> rings, arenas, issue points),
   :mod:`~megakernel.hbm` (weights -> the 16-bit word slabs the kernel streams);
 - the kernel: :mod:`~megakernel.kernel` (assembly, prologue/windows),
   :mod:`~megakernel.kernel_dma`, :mod:`~megakernel.kernel_attention`, :mod:`~megakernel.kernel_moe`;
-- :mod:`~megakernel.trace` (recorded and planned event orders), :mod:`~megakernel.runner`
+- :mod:`~megakernel.events` (recorded and planned event orders), :mod:`~megakernel.runner`
   (``tpusim run-kernel``), :mod:`~megakernel.race_check`, :mod:`~megakernel.examples`.
 
 Simplifications relative to ``shared/reference/kimi-k3.md`` (README material):
@@ -26,7 +26,7 @@ Simplifications relative to ``shared/reference/kimi-k3.md`` (README material):
 3. Attention residuals: our formulation (see :mod:`megakernel.residual`): softmax over
    ``rmsnorm(source) . query`` per sublayer with sources = embedding, completed 12-layer block
    sums and the running partial sum; the head reads the plain residual sum.
-4. The final norm weight is folded into ``lm_head`` (no separate parameter in tpusim.shapes);
+4. The final norm weight is folded into ``lm_head`` (no separate parameter in tpusim.workload.shapes);
    the embedding gather runs in XLA before the ``pallas_call``.
 5. Weights are random (seeded) unless loaded from safetensors with our tensor names; the
    FP8 gate/up blocks are quantised directly (not re-blocked from an MXFP4 checkpoint).

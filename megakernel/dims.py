@@ -1,7 +1,7 @@
 """Per-device dimensions of the K3 decode step, derived from a model config and a plan.
 
 Every width the reference, the layout and the kernel use comes from here, and
-:func:`ModelDims.check_against_shapes` asserts they equal :mod:`tpusim.shapes` (the one place
+:func:`ModelDims.check_against_shapes` asserts they equal :mod:`tpusim.workload.shapes` (the one place
 that owns per-device shapes and bytes), so the simulator and the kernel cannot drift apart.
 
 Single device (``plan_for(model, 1)``): every width is the model's. On the K3 TP32 plan the
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from megakernel.math_kda import KdaDims
 from megakernel.math_mla import MlaDims
 from megakernel.residual import num_block_slots
-from tpusim.modelconfig import ModelConfig
-from tpusim.plan import ShardingPlan, round_up
-from tpusim.shapes import (
+from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.sharding import ShardingPlan, round_up
+from tpusim.workload.shapes import (
     attention_tensors,
     dense_mlp_tensors,
     expert_slice_tensors,
@@ -168,7 +168,7 @@ def model_dims(model: ModelConfig, plan: ShardingPlan) -> ModelDims:
 
 
 def check_against_shapes(dims: ModelDims, model: ModelConfig, plan: ShardingPlan) -> None:
-    """Assert every matrix the kernel streams has the (rows, cols) of :mod:`tpusim.shapes`."""
+    """Assert every matrix the kernel streams has the (rows, cols) of :mod:`tpusim.workload.shapes`."""
     ours = dict(weight_shapes(dims))
     theirs = {}
     for layer in (0, 1, 3):
@@ -180,7 +180,7 @@ def check_against_shapes(dims: ModelDims, model: ModelConfig, plan: ShardingPlan
         theirs[t.name] = (t.rows, t.cols)
     for name, shape in theirs.items():
         if ours.get(name) != shape:
-            raise AssertionError(f"{name}: kernel shape {ours.get(name)} != tpusim.shapes {shape}")
+            raise AssertionError(f"{name}: kernel shape {ours.get(name)} != tpusim.workload.shapes {shape}")
 
 
 def weight_shapes(dims: ModelDims) -> list[tuple[str, tuple[int, int]]]:

@@ -1,4 +1,4 @@
-"""From a :class:`tpusim.schedule.Schedule` to the kernel's static DMA plan.
+"""From a :class:`tpusim.schedule.schema.Schedule` to the kernel's static DMA plan.
 
 **The program.** A decode step is a flat sequence of ops (the simulator's vocabulary):
 
@@ -18,20 +18,20 @@ the *prologue* is layer 0 plus layer 1 up to ``moe.shared_down``; *window i* (i 
 *template*: ``kda``, ``mla`` or ``head``) every position in the window is fixed.
 
 **Rings and arenas.** Each tensor kind (``kda.qkvgb``, ``moe.router``, ...) is a ring of
-``buffers`` slabs (``tpusim.vmem.slab_rows`` rows each); the routed-expert ring's slots
+``buffers`` slabs (``tpusim.schedule.vmem.slab_rows`` rows each); the routed-expert ring's slots
 hold one whole expert slice. Ring slab ``g`` (counted over all instances, ``g = m*K + k``
 for slab ``k`` of instance ``m`` of a K-slab tensor) lives in buffer ``g % buffers``. The
 families of a pool share one uint16 arena of 128-lane rows sized for the largest member
-(exactly :func:`tpusim.vmem.vmem_plan`'s rule); members start at row 0 except the routed
+(exactly :func:`tpusim.schedule.vmem.vmem_plan`'s rule); members start at row 0 except the routed
 experts, whose slots are placed at the arena's top so the shared expert and the first
 slots can coexist. Everything in an arena is 16-bit words: bf16 as is, FP8/MXFP4/E8M0 bytes
 paired (:mod:`megakernel.quant`), the f32 small parameters as high and low halves. Small
 parameters are read from ``attn.mix_norm`` to ``moe.latent_down``, so at fixed addresses they
 cannot time-share a pool whose largest member fills it: they always get an arena of their
 own, even when the schedule names a pool for them (the kernel's one departure from
-:mod:`tpusim.vmem`, worth 0.3 MiB at K3 TP32).
+:mod:`tpusim.schedule.vmem`, worth 0.3 MiB at K3 TP32).
 
-**Issue rule** (what both the kernel and :mod:`megakernel.trace` implement). The copy of
+**Issue rule** (what both the kernel and :mod:`megakernel.events` implement). The copy of
 slab ``k < buffers`` of the tensor first read by op ``c`` is issued at the start of op
 
     max(c - d_family, horizon(c), free(c))
@@ -56,9 +56,9 @@ import math
 from dataclasses import dataclass, field
 
 from megakernel.dims import LANES, ModelDims, weight_shapes
-from tpusim.schedule import Schedule
-from tpusim.shapes import TensorSpec
-from tpusim.vmem import slab_rows
+from tpusim.schedule.schema import Schedule
+from tpusim.workload.shapes import TensorSpec
+from tpusim.schedule.vmem import slab_rows
 
 FAMILY = {
     "small": "small_params", "kda.qkvgb": "kda_proj", "kda.decay_a": "kda_proj", "kda.decay_b": "kda_proj",

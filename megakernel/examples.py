@@ -9,7 +9,7 @@ expert issue and 64-token KV tiles.
 
 from __future__ import annotations
 
-from tpusim.schedule import Schedule
+from tpusim.schedule.schema import Schedule
 
 
 def chunked_schedule() -> Schedule:

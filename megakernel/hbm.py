@@ -12,7 +12,7 @@ arena (one uint16 VMEM scratch per pool; Pallas' TPU interpreter cannot DMA thro
 | ``expert.gate_up`` | [n_moe, E, P*L/2 + P*L/256, 128] | FP8 byte pairs (rows r, r+L/2) per panel, then bf16 scales per panel |
 | ``expert.down`` | [n_moe, E, Q*w/4 + Q*w/64, 128] | MXFP4 byte pairs (4 nibbles) per panel, then E8M0 byte pairs per panel |
 
-(``K`` slabs of ``s`` rows per :func:`tpusim.vmem.slab_rows` under the schedule's
+(``K`` slabs of ``s`` rows per :func:`tpusim.schedule.vmem.slab_rows` under the schedule's
 ``chunk_bytes``; a last partial slab is zero-padded; ``P = ceil(cols / 128)``, a last partial
 panel zero-padded: only K3 TP32's 2112-wide layer-0 gate/up has one, +3 % of that tensor.) The HBM layout
 therefore depends on the schedule's chunk sizes, as the issue asks ("chunked per the

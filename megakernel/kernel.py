@@ -57,7 +57,7 @@ from megakernel.kernel_dma import (
 from megakernel.kernel_moe import dense_mlp, expert_loop, head, moe_post_experts, moe_pre_experts
 from megakernel.reference import DecodeState
 from megakernel.residual import num_block_slots
-from tpusim.schedule import Schedule
+from tpusim.schedule.schema import Schedule
 
 LEAD_IN = ("moe.topk", "moe.latent_down", "moe.shared_gate_up", "moe.shared_down")
 EXPERT_CODES = 1000  # codes below are expert[j]; op identities start here

@@ -7,7 +7,7 @@ seeded random initialisation (:func:`random_weights`) or from a folder of safete
 
 Every per-device array (``n_kda``/``n_mla``/``n_moe`` = KDA, MLA and MoE layers; ``H`` hidden;
 ``E`` experts on this device; ``L`` latent; ``w`` expert slice width; shapes per
-:mod:`tpusim.shapes`, see :func:`megakernel.dims.weight_shapes`):
+:mod:`tpusim.workload.shapes`, see :func:`megakernel.dims.weight_shapes`):
 
 | name | shape | dtype | origin |
 | --- | --- | --- | --- |

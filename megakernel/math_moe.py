@@ -11,7 +11,7 @@ Routing (``moe.router`` + ``moe.topk``), per batch row:
 
 The distinct experts a batch needs are listed in **first-appearance order, round-major**
 (round 0 of rows 0..B-1, then round 1, ...); the kernel runs ``expert[j]`` ops in that order
-and :mod:`megakernel.trace` predicts the same list.
+and :mod:`megakernel.events` predicts the same list.
 
 Experts work in the latent: ``lat = rmsnorm(x_norm @ W_latent_down, latent_norm)``; expert e
 computes ``situ(lat @ W_gate_e, lat @ W_up_e) @ W_down_e``; the weighted sum over chosen

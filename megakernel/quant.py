@@ -1,6 +1,6 @@
 """Weight formats: host-side encoders (numpy) and device-side decoders (pure jnp).
 
-Kimi K3 stores its routed experts in two narrow formats (``tpusim.formats``):
+Kimi K3 stores its routed experts in two narrow formats (``tpusim.workload.formats``):
 
 - **FP8 e4m3 with a bf16 power-of-two scale per 256 contraction rows** (``fp8_e4m3_b256``,
   gate/up). Value ``W[r, c] = e4m3(bits[r, c]) * scale[r // 256, c]``.

@@ -184,7 +184,7 @@ def decode_step(dims: ModelDims, p: Params, state: DecodeState, tokens: jax.Arra
 def decode_step_with_routing(dims: ModelDims, p: Params, state: DecodeState,
                              tokens: jax.Array) -> tuple[jax.Array, DecodeState, jax.Array]:
     """As :func:`decode_step`, plus the routing: i32[MoE layers, B, top_k] expert ids per row
-    in selection order (the format of ``tpusim.routing``'s ``trace:`` files)."""
+    in selection order (the format of ``tpusim.workload.routing``'s ``trace:`` files)."""
     tables = {name: jnp.asarray(v) for name, v in layer_tables(dims).items()}
     batch, hidden = tokens.shape[0], dims.hidden
     blocks = jnp.zeros((dims.block_slots, batch, hidden), jnp.float32)

@@ -20,7 +20,7 @@ K3 replaces ``x_{l+1} = x_l + f(x_l)`` by a mixture over earlier outputs grouped
   folded into ``lm_head`` rows), then ``lm_head``.
 
 Scratch: ``ceil(L / 12) + 1`` block slots plus ``partial`` = 10 hidden-wide f32 rows per
-batch row for K3, the ``snapshots`` term of :func:`tpusim.vmem.activation_bytes`.
+batch row for K3, the ``snapshots`` term of :func:`tpusim.schedule.vmem.activation_bytes`.
 """
 
 from __future__ import annotations

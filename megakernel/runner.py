@@ -13,7 +13,7 @@ Tokens are fed greedily (each step's argmax is the next input). The record is on
 in the format of :mod:`calibration.measurements` (``ms_per_step_spread`` = half the
 inter-quartile range), appended with a single ``O_APPEND`` write and ``fsync``: the file is
 never truncated and concurrent runners never interleave within a line. The routing the
-model's own router chose in the first step is saved as a ``tpusim.routing`` trace file next
+model's own router chose in the first step is saved as a ``tpusim.workload.routing`` trace file next
 to the records, and the record's ``routing`` is ``trace:<that file>``.
 """
 
@@ -40,9 +40,9 @@ from megakernel.hbm import pack_hbm
 from megakernel.kernel import Megakernel
 from megakernel.layout import load_safetensors, random_weights
 from megakernel.reference import decode_step, decode_step_with_routing, device_params, init_state
-from megakernel.trace import save_routing_trace
-from tpusim.model_catalog import load_model, plan_for
-from tpusim.schedule import load_schedule
+from megakernel.events import save_routing_trace
+from tpusim.workload.model_catalog import load_model, plan_for
+from tpusim.schedule.schema import load_schedule
 
 NOT_TPU_NOTE = "Pallas TPU interpret mode on a CPU: wall time of the interpreter, NOT a TPU timing"
 

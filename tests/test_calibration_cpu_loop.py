@@ -17,10 +17,10 @@ from calibration.fit import FitResult
 from calibration.measurements import Measurement
 from calibration.predict import Predictor, resolve_model
 from hwmodels.catalog import load_chip
-from tpusim.cli import main
-from tpusim.model_catalog import plan_for
-from tpusim.program import build_program
-from tpusim.routing import parse_routing
+from tpusim.app.cli import main
+from tpusim.workload.model_catalog import plan_for
+from tpusim.workload.program import build_program
+from tpusim.workload.routing import parse_routing
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ from calibration.report import fit_report, rows_from_fit, scatter_plot
 from hwmodels.catalog import BUILTIN_DIR, load_chip
 from hwmodels.errors import InputError
 from hwmodels.overlay import load_overlay, overlay_path
-from tpusim.cli import main
+from tpusim.app.cli import main
 
 # Known "true" figures for the synthetic set: every one moved away from the published value.
 TRUTH = {

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from tpusim.cli import main
-from tpusim.compare import compare_rows, parse_systems
-from tpusim.speculative import SpeculativeConfig, SpeculativeStep
+from tpusim.app.cli import main
+from tpusim.compare.rows import compare_rows, parse_systems
+from tpusim.workload.speculative import SpeculativeConfig, SpeculativeStep
 
 KEYS = {"system", "chips", "batch", "acceptance_length", "step_ms", "tokens_per_s", "label", "breakdown"}
 

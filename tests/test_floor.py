@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from hwmodels.catalog import make_system
-from tpusim.analytic import floors
-from tpusim.cli import main
-from tpusim.floor_report import floor_report
-from tpusim.model_catalog import load_model, plan_for
-from tpusim.program import build_program
-from tpusim.routing import RoutingModel, parse_routing
+from tpusim.workload.floors import floors
+from tpusim.app.cli import main
+from tpusim.report.floor import floor_report
+from tpusim.workload.model_catalog import load_model, plan_for
+from tpusim.workload.program import build_program
+from tpusim.workload.routing import RoutingModel, parse_routing
 
 
 def run_json(capsys, argv: list[str]) -> dict:

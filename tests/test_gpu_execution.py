@@ -14,8 +14,8 @@ import pytest
 from hwmodels.catalog import load_chip, make_system
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
-from tpusim.capacity import check_capacity
-from tpusim.compare import with_execution
+from tpusim.workload.capacity import check_capacity
+from tpusim.compare.rows import with_execution
 from tpusim.engine import InfeasibleSchedule, SimResult, simulate
 from tpusim.engine.execution import execution_policy
 from tpusim.engine.gpu import (
@@ -27,11 +27,11 @@ from tpusim.engine.gpu import (
     price_collective,
 )
 from tpusim.engine.gpu_fusion import fused_kernel_plan
-from tpusim.model_catalog import load_model, plan_for
-from tpusim.plan import CollectiveSpec, CollectiveStage
-from tpusim.program import CollectiveCall, LayerProgram, Op, Program, build_program
-from tpusim.schedule import FamilySchedule, Schedule, load_schedule
-from tpusim.shapes import TensorSpec
+from tpusim.workload.model_catalog import load_model, plan_for
+from tpusim.workload.sharding import CollectiveSpec, CollectiveStage
+from tpusim.workload.program import CollectiveCall, LayerProgram, Op, Program, build_program
+from tpusim.schedule.schema import FamilySchedule, Schedule, load_schedule
+from tpusim.workload.shapes import TensorSpec
 
 US = 1e-6
 MIB = 1 << 20

@@ -22,7 +22,7 @@ from hwmodels.overlay import (
     overlay_path,
     save_overlay,
 )
-from tpusim.cli import main
+from tpusim.app.cli import main
 
 BUILTIN_FILES = sorted(BUILTIN_DIR.glob("*.yaml"))
 EXPECTED_CHIPS = {"tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-v7", "h100", "h200", "b200", "gb200"}

@@ -29,9 +29,9 @@ from megakernel.hbm import pack_hbm
 from megakernel.kernel import Megakernel
 from megakernel.layout import random_weights
 from megakernel.reference import decode_step_with_routing, device_params, init_state
-from megakernel.trace import planned_event_order, weight_events
-from tpusim.model_catalog import load_model, plan_for
-from tpusim.schedule import load_schedule
+from megakernel.events import planned_event_order, weight_events
+from tpusim.workload.model_catalog import load_model, plan_for
+from tpusim.schedule.schema import load_schedule
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,7 @@
 """The whole kernel lowers for TPU from this CPU machine (Pallas -> Mosaic, a
 ``tpu_custom_call``), at kimi-k3-mini sizes and at full Kimi K3 per-device sizes of the
 TP32 plan built from ``ShapeDtypeStruct``s (nothing allocated; collectives omitted, see
-:mod:`megakernel.dims`), and its VMEM scratch equals tpusim.vmem's accounting.
+:mod:`megakernel.dims`), and its VMEM scratch equals tpusim.schedule.vmem's accounting.
 
 Lowering does not run libtpu's Mosaic compiler, so layout/tiling limits surface only on a
 real TPU; what this proves is that every op of the kernel has a Mosaic lowering rule.
@@ -17,9 +17,9 @@ from megakernel.dims import model_dims
 from megakernel.examples import chunked_schedule
 from megakernel.kernel import Megakernel
 from megakernel.reference import DecodeState
-from tpusim.model_catalog import load_model, plan_for
-from tpusim.schedule import load_schedule
-from tpusim.vmem import vmem_plan
+from tpusim.workload.model_catalog import load_model, plan_for
+from tpusim.schedule.schema import load_schedule
+from tpusim.schedule.vmem import vmem_plan
 
 MIB = 1 << 20
 TPU_V7_EXPLICIT_VMEM_BYTES = 58 * MIB  # usable explicit scratch on TPU v7 (issue / kimi-k3.md)

@@ -1,5 +1,5 @@
 """Megakernel building blocks (fast, no kernel run): weight formats, residual mixing, routing,
-dims against tpusim.shapes, the weight layout and safetensors loading."""
+dims against tpusim.workload.shapes, the weight layout and safetensors loading."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from megakernel.quant import (
     quantize_fp8_b256,
     quantize_mxfp4,
 )
-from tpusim.model_catalog import load_model, plan_for
-from tpusim.schedule import load_schedule
-from tpusim.shapes import expert_slice_bytes, layer_tensors, lm_head_tensors
+from tpusim.workload.model_catalog import load_model, plan_for
+from tpusim.schedule.schema import load_schedule
+from tpusim.workload.shapes import expert_slice_bytes, layer_tensors, lm_head_tensors
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +102,7 @@ def test_distinct_experts_are_listed_round_major():
 def test_kernel_shapes_and_bytes_equal_tpusim_shapes(name, devices):
     model = load_model(name)
     plan = plan_for(model, devices)
-    dims = model_dims(model, plan)  # raises if any (rows, cols) differs from tpusim.shapes
+    dims = model_dims(model, plan)  # raises if any (rows, cols) differs from tpusim.workload.shapes
     ours = dict(weight_shapes(dims))
     for t in layer_tensors(model, plan, 3) + layer_tensors(model, plan, 1) + lm_head_tensors(model, plan):
         if not t.name.startswith("small."):

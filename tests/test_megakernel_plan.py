@@ -1,4 +1,4 @@
-"""The kernel's DMA plan (fast, no kernel run): arena sizes equal tpusim.vmem's accounting,
+"""The kernel's DMA plan (fast, no kernel run): arena sizes equal tpusim.schedule.vmem's accounting,
 and an independent checker replays the planned event order of whole decode steps and proves
 no copy lands in VMEM rows that another copy's data still occupies."""
 
@@ -11,10 +11,10 @@ from megakernel.dims import model_dims
 from megakernel.dma_plan import UnsupportedSchedule, geometry, peak_in_flight, plan_iteration
 from megakernel.examples import chunked_schedule
 from megakernel.kernel import Megakernel
-from megakernel.trace import OP_READS, planned_event_order
-from tpusim.model_catalog import load_model, plan_for
-from tpusim.schedule import FamilySchedule, Schedule, load_schedule
-from tpusim.vmem import vmem_plan
+from megakernel.events import OP_READS, planned_event_order
+from tpusim.workload.model_catalog import load_model, plan_for
+from tpusim.schedule.schema import FamilySchedule, Schedule, load_schedule
+from tpusim.schedule.vmem import vmem_plan
 
 BUILTINS = ("naive", "published", "layer-double-buffer")
 ARENA_ROW_BYTES = 256  # 128 lanes of uint16
@@ -35,7 +35,7 @@ def schedules() -> list[Schedule]:
                          + [("kimi-k3", 32, load_schedule(n)) for n in BUILTINS],
                          ids=lambda v: getattr(v, "name", v))
 def test_arenas_are_the_vmem_accounting(name, devices, schedule):
-    """Each pool is one uint16 arena of exactly tpusim.vmem's bytes, except that small
+    """Each pool is one uint16 arena of exactly tpusim.schedule.vmem's bytes, except that small
     parameters always get their own arena (they are read through the whole layer)."""
     model = load_model(name)
     plan = plan_for(model, devices)

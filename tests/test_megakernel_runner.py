@@ -12,8 +12,8 @@ import yaml
 from calibration.measurements import read_measurements
 from hwmodels.errors import InputError
 from megakernel.runner import append_record
-from tpusim.cli import main
-from tpusim.model_catalog import load_model
+from tpusim.app.cli import main
+from tpusim.workload.model_catalog import load_model
 
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,6 @@
 """The kernel's DMA issue points match the simulator's for the same schedule and routing.
 
-The kernel side is :func:`megakernel.trace.planned_event_order`, which
+The kernel side is :func:`megakernel.events.planned_event_order`, which
 ``test_megakernel_kernel`` proves equal to the order the kernel records in interpret mode;
 the simulator side is ``simulate(..., record_events=True)`` on the program built with the
 kernel's own routing (saved as a ``trace:`` routing file). Both use one vocabulary; three
@@ -29,12 +29,12 @@ from megakernel.dims import model_dims
 from megakernel.kernel import Megakernel
 from megakernel.layout import random_weights
 from megakernel.reference import decode_step_with_routing, device_params, init_state
-from megakernel.trace import planned_event_order, save_routing_trace, weight_events
+from megakernel.events import planned_event_order, save_routing_trace, weight_events
 from tpusim.engine import simulate
-from tpusim.model_catalog import load_model, plan_for
-from tpusim.program import build_program
-from tpusim.routing import parse_routing
-from tpusim.schedule import load_schedule
+from tpusim.workload.model_catalog import load_model, plan_for
+from tpusim.workload.program import build_program
+from tpusim.workload.routing import parse_routing
+from tpusim.schedule.schema import load_schedule
 
 pytestmark = pytest.mark.slow
 

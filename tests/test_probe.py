@@ -11,7 +11,7 @@ from hwmodels import probe
 from hwmodels.catalog import list_chips, load_chip
 from hwmodels.overlay import iter_figures
 from hwmodels.schema import Chip
-from tpusim.cli import main
+from tpusim.app.cli import main
 
 
 @pytest.fixture(autouse=True)
@@ -64,7 +64,7 @@ def test_cli_probe_writes_the_entry(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from tpusim.cli import hardware
+    from tpusim.app.cli import hardware
 
     calls: list[bool] = []
 

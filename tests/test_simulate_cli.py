@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tpusim.cli import main
+from tpusim.app.cli import main
 
 MINI = ["simulate", "--model", "kimi-k3-mini", "--hardware", "tpu-v7", "--chips", "1", "--batch", "2"]
 K3 = ["simulate", "--model", "kimi-k3", "--hardware", "tpu-v7", "--chips", "16", "--batch", "1"]
@@ -53,7 +53,7 @@ def test_trace_and_plot_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 
 def test_schedule_file_is_accepted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from tpusim.schedule import load_schedule, save_schedule
+    from tpusim.schedule.schema import load_schedule, save_schedule
 
     path = tmp_path / "mine.json"
     save_schedule(load_schedule("published").with_changes(name="mine", max_dmas_in_flight=4), path)
@@ -81,7 +81,7 @@ def test_bad_numbers_are_rejected_by_argparse(capsys: pytest.CaptureFixture[str]
 
 
 def test_infeasible_schedule_is_an_input_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from tpusim.schedule import FamilySchedule, load_schedule, save_schedule
+    from tpusim.schedule.schema import FamilySchedule, load_schedule, save_schedule
 
     published = load_schedule("published")
     families = {name: published.family(name).model_dump() for name in published.families}

@@ -9,11 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hwmodels.catalog import make_system
-from tpusim.analytic import floors
+from tpusim.workload.floors import floors
 from tpusim.engine import simulate
-from tpusim.model_catalog import load_model, plan_for
-from tpusim.program import build_program
-from tpusim.schedule import BUILTIN_SCHEDULES, load_schedule
+from tpusim.workload.model_catalog import load_model, plan_for
+from tpusim.workload.program import build_program
+from tpusim.schedule.schema import BUILTIN_SCHEDULES, load_schedule
 from tpusim.sweep.estimate import EstimateContext, _Hbm, _Pool, estimate
 from tpusim.sweep.prune import VmemAccountant, check_candidate
 from tpusim.sweep.report import spearman

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hwmodels.catalog import make_system
-from tpusim.model_catalog import load_model, plan_for
+from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.sweep import default_space, run_sweep
 
 

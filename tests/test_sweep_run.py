@@ -19,9 +19,9 @@ import yaml
 
 from hwmodels.catalog import make_system
 from hwmodels.errors import InputError
-from tpusim.cli import main
-from tpusim.model_catalog import load_model, plan_for
-from tpusim.schedule import load_schedule
+from tpusim.app.cli import main
+from tpusim.workload.model_catalog import load_model, plan_for
+from tpusim.schedule.schema import load_schedule
 from tpusim.sweep import SweepInterrupted, SweepResult, SweepSpace, default_space, run_sweep
 from tpusim.sweep.outputs import STATUSES
 

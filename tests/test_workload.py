@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 
 from hwmodels.errors import InputError
-from tpusim.model_catalog import list_models, load_model, plan_for
-from tpusim.program import build_program
-from tpusim.routing import (
+from tpusim.workload.model_catalog import list_models, load_model, plan_for
+from tpusim.workload.program import build_program
+from tpusim.workload.routing import (
     RoutingModel,
     distinct_per_group,
     draw_routing,
     expected_distinct_uniform,
     parse_routing,
 )
-from tpusim.shapes import (
+from tpusim.workload.shapes import (
     attention_tensors,
     dense_mlp_tensors,
     expert_slice_bytes,

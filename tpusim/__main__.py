@@ -1,5 +1,5 @@
 import sys
 
-from tpusim.cli import main
+from tpusim.app.cli import main
 
 sys.exit(main())

@@ -1,7 +1,7 @@
 """The discrete-event engine: one decode step of one device, simulated under a schedule.
 
 ``simulate(program, schedule, chip) -> SimResult`` plays the per-device program
-(:mod:`tpusim.program`) through a model of the chip built from SimPy pieces. Like SimPy's
+(:mod:`tpusim.workload.program`) through a model of the chip built from SimPy pieces. Like SimPy's
 gas station — cars (copies) queue for pumps (in-flight DMA slots) and share the station's
 fuel line (HBM bandwidth) while a cashier (the compute stream) serves customers in order —
 each resource has one job:
@@ -18,7 +18,7 @@ each resource has one job:
   slab's copies before computing on it (that wait is the *exposed DMA* time).
 - **Links** (:mod:`~tpusim.engine.stream`): collectives after ops, blocking or overlapped.
 - **Data dependencies**: routed-expert copies wait for routing unless the schedule issues
-  them during selection or speculatively (:mod:`~tpusim.engine.lowering`).
+  them during selection or speculatively (:mod:`~tpusim.engine.build`).
 - **Execution mode** (:mod:`~tpusim.engine.execution`): megakernel vs. per-op launch.
 
 Costs are in :mod:`~tpusim.engine.costs`; results in :mod:`~tpusim.engine.result`; the
@@ -30,7 +30,7 @@ from tpusim.engine.core import VmemOverflow, simulate
 from tpusim.engine.execution import ExecutionPolicy, execution_policy
 from tpusim.engine.result import BREAKDOWN_KEYS, SimResult
 from tpusim.engine.timeline import Timeline
-from tpusim.vmem import InfeasibleSchedule
+from tpusim.schedule.vmem import InfeasibleSchedule
 
 __all__ = [
     "BREAKDOWN_KEYS",

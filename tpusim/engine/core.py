@@ -4,13 +4,13 @@ Steps of :func:`simulate`:
 
 1. Pick the execution policy for the chip (:mod:`tpusim.engine.execution`) and the schedule
    it runs (the user's, or a conventional one for per-op launch).
-2. Size the static VMEM scratch with :func:`tpusim.vmem.vmem_plan`; when the policy enforces
-   it, :func:`tpusim.vmem.check_fits` against the chip's usable staging memory. An overflow
+2. Size the static VMEM scratch with :func:`tpusim.schedule.vmem.vmem_plan`; when the policy enforces
+   it, :func:`tpusim.schedule.vmem.check_fits` against the chip's usable staging memory. An overflow
    is diagnosed by a second simulation with the check off that watches the dynamic
    occupancy, and re-raised as :class:`VmemOverflow` (an
-   :class:`~tpusim.vmem.InfeasibleSchedule`) naming the moment, the layer and the buffers.
+   :class:`~tpusim.schedule.vmem.InfeasibleSchedule`) naming the moment, the layer and the buffers.
 3. Lower program + schedule into copies, buffers and compute pieces
-   (:mod:`tpusim.engine.lowering`).
+   (:mod:`tpusim.engine.build`).
 4. Build the SimPy environment: the HBM server (:mod:`tpusim.engine.hbm`), the staging
    memory (:mod:`tpusim.engine.staging`), the links and the compute-stream process
    (:mod:`tpusim.engine.stream`), and run until no event is left.
@@ -34,14 +34,14 @@ from hwmodels.schema import Chip
 from tpusim.engine.execution import ExecutionPolicy, execution_policy
 from tpusim.engine.hbm import HbmServer
 from tpusim.engine.items import MXU, VPU, Descriptor
-from tpusim.engine.lowering import lower
+from tpusim.engine.build import lower
 from tpusim.engine.result import PHASES, SimResult
 from tpusim.engine.staging import StagingMemory
 from tpusim.engine.stream import Links, StreamAccount, compute_stream
 from tpusim.engine.timeline import Recorder
-from tpusim.program import Program
-from tpusim.schedule import Schedule
-from tpusim.vmem import InfeasibleSchedule, VmemPlan, check_fits, vmem_plan
+from tpusim.workload.program import Program
+from tpusim.schedule.schema import Schedule
+from tpusim.schedule.vmem import InfeasibleSchedule, VmemPlan, check_fits, vmem_plan
 
 MIB = 1 << 20
 HOLDINGS_SHOWN = 4
@@ -83,7 +83,7 @@ def simulate(program: Program, schedule: Schedule, chip: Chip, *, record_timelin
     ``record_timeline`` attaches per-resource intervals and the VMEM curve
     (``result.timeline``) and the kernel-vocabulary event list (``result.events``);
     ``record_events`` records only the event list. Both are off on the fast path.
-    Raises :class:`VmemOverflow` (an :class:`~tpusim.vmem.InfeasibleSchedule`) when the
+    Raises :class:`VmemOverflow` (an :class:`~tpusim.schedule.vmem.InfeasibleSchedule`) when the
     schedule's buffers do not fit the chip's usable on-chip memory.
     """
     policy = execution_policy(chip)

@@ -1,7 +1,7 @@
 """Cost formulas of the engine: how long one piece of work occupies one resource.
 
 Pure functions of the chip description, no state. The engine calls them once per op or
-slab while lowering a program (see :mod:`tpusim.engine.lowering`); nothing here runs
+slab while lowering a program (see :mod:`tpusim.engine.build`); nothing here runs
 inside the event loop.
 
 Matrix unit (MXU / tensor cores), for a matmul ``x[M, K] @ W[K, N]``::
@@ -15,7 +15,7 @@ rows stream through a loaded weight tile one per cycle; GPU tensor cores: the MM
 dimension, 64), and every ``tile_rows x tile_cols`` weight tile has to be pushed into the
 array once: at decode batch sizes the push term binds on TPUs. A chip without a published push cost (GPUs) has a zero push term. The dtype is the
 op's: the MXU dtype of its first weight tensor, else bf16 — the same convention as
-:func:`tpusim.analytic.floors`, so a simulated op is never cheaper than its floor.
+:func:`tpusim.workload.floors.floors`, so a simulated op is never cheaper than its floor.
 
 Vector unit (VPU / CUDA cores): ``vector_flops / peak(f32)``.
 
@@ -25,7 +25,7 @@ Collective stage on a link::
 
 with ``bandwidth = link.bandwidth_bytes_per_s_per_direction`` (already the per-device
 aggregate over ``links_per_device``; not multiplied again). A plan stage names a link
-(``sibling``, ``ici``, ``nvlink``, ...); :func:`tpusim.analytic.link_for` maps it onto the
+(``sibling``, ``ici``, ``nvlink``, ...); :func:`tpusim.workload.floors.link_for` maps it onto the
 chip's links with fallbacks (``ici`` → NVLink on a GPU, ``sibling`` → ICI on a chip without
 a sibling core). A stage whose link the chip lacks entirely costs nothing (a one-device
 system has no peers to talk to).
@@ -36,9 +36,9 @@ from __future__ import annotations
 import math
 
 from hwmodels.schema import Chip, ComputeUnit, LinkSpec
-from tpusim.analytic import link_for
-from tpusim.plan import CollectiveStage
-from tpusim.program import Op
+from tpusim.workload.floors import link_for
+from tpusim.workload.sharding import CollectiveStage
+from tpusim.workload.program import Op
 
 VECTOR_DTYPE = "f32"
 DEFAULT_MATMUL_DTYPE = "bf16"

@@ -79,7 +79,7 @@ from typing import Any
 
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip, Figure, LinkSpec
-from tpusim.analytic import link_for
+from tpusim.workload.floors import link_for
 from tpusim.engine.execution import (
     ExecutionPolicy,
     KernelPlan,
@@ -87,9 +87,9 @@ from tpusim.engine.execution import (
 )
 from tpusim.engine.gpu_fusion import fused_kernel_plan
 from tpusim.engine.result import SimResult
-from tpusim.plan import CollectiveStage
-from tpusim.program import CollectiveCall, Program
-from tpusim.schedule import SCHEDULE_FAMILIES, FamilySchedule, Schedule
+from tpusim.workload.sharding import CollectiveStage
+from tpusim.workload.program import CollectiveCall, Program
+from tpusim.schedule.schema import SCHEDULE_FAMILIES, FamilySchedule, Schedule
 
 GPU_EXECUTIONS = ("per-kernel", "graphs", "megakernel")
 SCALE_OUT_LINK = "pcie"  # the schema's name for the PCIe-attached NIC (GPUDirect RDMA)

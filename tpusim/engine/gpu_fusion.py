@@ -78,7 +78,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpusim.engine.execution import KernelPlan
-from tpusim.program import Program
+from tpusim.workload.program import Program
 
 EXPERT_ROLE = "moe.expert"
 COMBINE = "moe.combine"

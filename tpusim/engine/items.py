@@ -1,6 +1,6 @@
 """The engine's vocabulary: copies, buffers, pools and the lowered program.
 
-Lowering (:mod:`tpusim.engine.lowering`) turns a program and a schedule into these objects
+Lowering (:mod:`tpusim.engine.build`) turns a program and a schedule into these objects
 once per simulation; the event loop only flips their state. Names follow the kernel:
 
 - :class:`Descriptor` — one HBM↔VMEM copy (``dma_start`` / ``dma_wait`` in the kernel): the
@@ -10,7 +10,7 @@ once per simulation; the event loop only flips their state. Names follow the ker
   It is *reserved* when its copies are issued and *freed* when its consumer is done with it.
 - :class:`Ring` — the ``buffers`` slots of one tensor kind (``kda.qkvgb``, ...; the routed
   experts share one ring: the expert slots). At most ``depth`` of its slabs are resident.
-- :class:`Pool` — a VMEM arena (``arena_bytes`` from :func:`tpusim.vmem.vmem_plan`) that its
+- :class:`Pool` — a VMEM arena (``arena_bytes`` from :func:`tpusim.schedule.vmem.vmem_plan`) that its
   member families time-share; slabs are admitted strictly in consumption order.
 - :class:`Piece` — one uninterrupted stretch of the compute stream: wait for some copies,
   compute for ``duration_s`` on one unit, then free / release / write back.

@@ -15,8 +15,8 @@ server) when all of these hold, checked whenever something changes:
 
 Occupancy = always-resident scratch (activations) + the bytes of every admitted, not yet
 freed slab. Because rings and pools are never over-filled, occupancy never exceeds the
-static plan of :func:`tpusim.vmem.vmem_plan`, hence never the chip's usable VMEM for a
-schedule that passed :func:`tpusim.vmem.check_fits`. The peak, its time and the compute
+static plan of :func:`tpusim.schedule.vmem.vmem_plan`, hence never the chip's usable VMEM for a
+schedule that passed :func:`tpusim.schedule.vmem.check_fits`. The peak, its time and the compute
 layer at that moment are tracked always; a *watch* threshold (used to diagnose infeasible
 schedules, run with the capacity check off) records the first moment occupancy crosses it
 and the buffers held then.

@@ -10,7 +10,7 @@ stream *does* wait for is other resources:
   (``dma_wait``); that wait is the exposed DMA time;
 - **links** — a blocking collective occupies the stream for its stages; an overlapped one
   runs on the link while the stream goes on, and the op that consumes its result waits for
-  it (:mod:`tpusim.engine.lowering` names that op).
+  it (:mod:`tpusim.engine.build` names that op).
 
 Per op ``i`` the process does (pseudocode of :func:`compute_stream`)::
 
@@ -43,7 +43,7 @@ import simpy
 
 from tpusim.engine.hbm import HbmServer
 from tpusim.engine.items import UNIT_NAMES, CollectivePlan
-from tpusim.engine.lowering import Lowered
+from tpusim.engine.build import Lowered
 from tpusim.engine.staging import StagingMemory
 from tpusim.engine.timeline import Recorder
 

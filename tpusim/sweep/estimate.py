@@ -8,7 +8,7 @@ engine decides.
 
 The model
 ---------
-The engine's resources and rules (:mod:`tpusim.engine.lowering`, ``staging``, ``hbm``,
+The engine's resources and rules (:mod:`tpusim.engine.build`, ``staging``, ``hbm``,
 ``stream``), each replaced by a closed form:
 
 - the **compute stream** runs ops in order; an op computes slab by slab, each slab's piece
@@ -19,7 +19,7 @@ The engine's resources and rules (:mod:`tpusim.engine.lowering`, ``staging``, ``
   ``sustained bandwidth x DMA efficiency(copies in flight)``; a copy costs the DMA issue
   latency before its bytes move, and at most ``max_dmas_in_flight`` are out at once;
 - **VMEM**: one ring per tensor kind (``buffers`` slots; the routed experts share the expert
-  slots) and one pool per arena of :func:`tpusim.vmem.vmem_plan`, whose slabs are admitted
+  slots) and one pool per arena of :func:`tpusim.schedule.vmem.vmem_plan`, whose slabs are admitted
   strictly in consumption order while their bytes fit.
 
 Per slab ``s`` of op ``i``, in consumption order (which is program order):
@@ -67,11 +67,11 @@ from tpusim.engine.costs import (
     resolve_link,
     vector_time_s,
 )
-from tpusim.formats import scale_bytes, value_bytes
-from tpusim.program import Op, Program
-from tpusim.schedule import SCHEDULE_FAMILIES, Schedule
-from tpusim.shapes import TensorSpec, kv_cache_bytes_per_token, recurrent_state_bytes
-from tpusim.vmem import VmemPlan, slab_rows, vmem_plan
+from tpusim.workload.formats import scale_bytes, value_bytes
+from tpusim.workload.program import Op, Program
+from tpusim.schedule.schema import SCHEDULE_FAMILIES, Schedule
+from tpusim.workload.shapes import TensorSpec, kv_cache_bytes_per_token, recurrent_state_bytes
+from tpusim.schedule.vmem import VmemPlan, slab_rows, vmem_plan
 
 WEIGHTS_MM, WEIGHTS_OTHER, EXPERT, STATE, KV, PLAIN = range(6)
 
@@ -325,7 +325,7 @@ class _Pool:
 def estimate(ctx: EstimateContext, schedule: Schedule, vmem: VmemPlan | None = None) -> Estimate:
     """Estimate ``schedule`` on the context's program (see the module docstring).
 
-    ``vmem`` is the schedule's :func:`tpusim.vmem.vmem_plan` (computed when not given): its
+    ``vmem`` is the schedule's :func:`tpusim.schedule.vmem.vmem_plan` (computed when not given): its
     arena sizes are the pools' capacities.
     """
     program = ctx.program

@@ -9,7 +9,7 @@ Three ways to evaluate one schedule, cheapest first (every number keeps its labe
 - ``simulate``: the engine on the full program: the number the sweep reports.
 
 :func:`evaluate` is the adapter to :func:`tpusim.engine.simulate`; it turns a ``SimResult``
-(or an :class:`~tpusim.vmem.InfeasibleSchedule` raised while simulating) into a flat row.
+(or an :class:`~tpusim.schedule.vmem.InfeasibleSchedule` raised while simulating) into a flat row.
 
 Workers. A sweep with ``jobs > 1`` evaluates in a ``ProcessPoolExecutor`` (spawn start
 method: no inherited threads or locks). Each worker is initialised once with the
@@ -29,15 +29,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hwmodels.schema import Chip, System
-from tpusim.modelconfig import ModelConfig
-from tpusim.plan import ShardingPlan
-from tpusim.program import Program, build_program
-from tpusim.routing import RoutingModel
-from tpusim.schedule import Schedule
+from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.sharding import ShardingPlan
+from tpusim.workload.program import Program, build_program
+from tpusim.workload.routing import RoutingModel
+from tpusim.schedule.schema import Schedule
 from tpusim.sweep.estimate import EstimateContext, estimate
 from tpusim.sweep.prune import VmemAccountant
 from tpusim.sweep.space import Candidate
-from tpusim.vmem import InfeasibleSchedule
+from tpusim.schedule.vmem import InfeasibleSchedule
 
 MS_PER_S = 1000.0
 MIB = float(1 << 20)

@@ -16,7 +16,7 @@ predicted_by        ``simulated`` (engine, full step) or ``estimate``
 tokens_per_s        ``batch / predicted step`` (same label)
 exposed_dma_ms      un-overlapped copy time (same label)
 vmem_peak_mib       engine's VMEM peak (simulated rows)
-vmem_static_mib     static scratch from :func:`tpusim.vmem.vmem_plan`
+vmem_static_mib     static scratch from :func:`tpusim.schedule.vmem.vmem_plan`
 est_ms, screen_ms   the analytic estimate; the engine on the first N layers (ranking only)
 sim_ms              the engine's full step time
 overlap_fraction    share of copy time hidden under compute (simulated)

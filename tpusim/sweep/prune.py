@@ -3,17 +3,17 @@
 A candidate is pruned, with the reason recorded in ``sweep.csv``, when
 
 1. ``max_dmas_in_flight`` exceeds the space's outstanding-DMA limit (``dmas: ...``), or
-2. its static VMEM scratch (:func:`tpusim.vmem.vmem_plan`, the accounting the kernel and the
+2. its static VMEM scratch (:func:`tpusim.schedule.vmem.vmem_plan`, the accounting the kernel and the
    engine share) exceeds the usable capacity (``vmem: ...`` with
-   :func:`tpusim.vmem.check_fits`'s message naming the arenas).
+   :func:`tpusim.schedule.vmem.check_fits`'s message naming the arenas).
 
 Speed. ``vmem_plan`` walks every layer's tensors (≈ 5 ms for K3); a sweep prunes thousands
 of candidates. :class:`VmemAccountant` therefore memoises it: a plan's per-family bytes depend
 only on that family's ``(buffers, chunk_bytes)`` and its KV bytes only on
 ``kv_buffers * kv_tile_tokens``, so it calls ``vmem_plan`` once per *new* family setting
 (a few hundred calls for the whole space) and assembles the rest with rule 3 of
-:mod:`tpusim.vmem` (a pool's arena is its largest member; arenas add up). The result is a
-real :class:`~tpusim.vmem.VmemPlan`; ``tests/test_sweep_space.py`` checks it equals
+:mod:`tpusim.schedule.vmem` (a pool's arena is its largest member; arenas add up). The result is a
+real :class:`~tpusim.schedule.vmem.VmemPlan`; ``tests/test_sweep_space.py`` checks it equals
 ``vmem_plan`` byte for byte.
 """
 
@@ -21,15 +21,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpusim.modelconfig import ModelConfig
-from tpusim.plan import ShardingPlan
-from tpusim.schedule import SCHEDULE_FAMILIES, FamilySchedule, Schedule
+from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.sharding import ShardingPlan
+from tpusim.schedule.schema import SCHEDULE_FAMILIES, FamilySchedule, Schedule
 from tpusim.sweep.space import SweepSpace
-from tpusim.vmem import InfeasibleSchedule, VmemPlan, arenas, check_fits, tensor_kinds, vmem_plan
+from tpusim.schedule.vmem import InfeasibleSchedule, VmemPlan, arenas, check_fits, tensor_kinds, vmem_plan
 
 
 class VmemAccountant:
-    """Memoised :func:`tpusim.vmem.vmem_plan` for many schedules of one workload."""
+    """Memoised :func:`tpusim.schedule.vmem.vmem_plan` for many schedules of one workload."""
 
     def __init__(self, model: ModelConfig, plan: ShardingPlan, batch: int) -> None:
         self.model, self.plan, self.batch = model, plan, batch

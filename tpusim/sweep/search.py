@@ -47,10 +47,10 @@ from typing import Any
 
 from hwmodels.errors import InputError
 from hwmodels.schema import System
-from tpusim.modelconfig import ModelConfig
-from tpusim.plan import ShardingPlan
-from tpusim.routing import RoutingModel
-from tpusim.schedule import BUILTIN_SCHEDULES, SCHEDULE_FAMILIES, Schedule, save_schedule
+from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.sharding import ShardingPlan
+from tpusim.workload.routing import RoutingModel
+from tpusim.schedule.schema import BUILTIN_SCHEDULES, SCHEDULE_FAMILIES, Schedule, save_schedule
 from tpusim.sweep.defaults import (
     DEFAULT_BUDGET,
     DEFAULT_REFINE_SHARE,

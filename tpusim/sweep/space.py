@@ -2,7 +2,7 @@
 
 A :class:`SweepSpace` is data (pydantic, frozen). It is saved as ``space.json`` beside the
 results, so a sweep's output says exactly what was searched. For every schedule knob
-(:class:`tpusim.schedule.Schedule`) it lists the values a candidate may take:
+(:class:`tpusim.schedule.schema.Schedule`) it lists the values a candidate may take:
 
 ========================  ===========================================================
 knob                      space field
@@ -46,7 +46,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tpusim.schedule import (
+from tpusim.schedule.schema import (
     BUILTIN_SCHEDULES,
     SCHEDULE_FAMILIES,
     FamilySchedule,
@@ -97,7 +97,7 @@ class SpaceConstraints(_Frozen):
 
 
 class SweepSpace(_Frozen):
-    """Choices for every knob of :class:`~tpusim.schedule.Schedule`, and the constraints."""
+    """Choices for every knob of :class:`~tpusim.schedule.schema.Schedule`, and the constraints."""
 
     families: dict[str, FamilySpace]
     pool_patterns: dict[str, dict[str, list[str]]] = Field(

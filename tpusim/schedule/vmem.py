@@ -28,10 +28,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tpusim.modelconfig import ModelConfig
-from tpusim.plan import ShardingPlan
-from tpusim.schedule import SCHEDULE_FAMILIES, Schedule
-from tpusim.shapes import (
+from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.sharding import ShardingPlan
+from tpusim.schedule.schema import SCHEDULE_FAMILIES, Schedule
+from tpusim.workload.shapes import (
     TensorSpec,
     dense_mlp_tensors,
     expert_slice_bytes,

@@ -1,6 +1,6 @@
 """HBM capacity: does a model's shard, plus its KV cache, fit on each device?
 
-Resident bytes per device = every layer's dense tensors (:mod:`tpusim.shapes`) + the slices
+Resident bytes per device = every layer's dense tensors (:mod:`tpusim.workload.shapes`) + the slices
 of every routed expert the device owns (``experts_per_group`` per MoE layer) + the lm_head
 and embedding shards, plus the KV cache and recurrent state for ``batch`` sequences of
 ``context_tokens`` (+ the tokens a step appends). A deployment that does not fit raises
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
-from tpusim.formats import tensor_bytes, weight_format
-from tpusim.modelconfig import ModelConfig
-from tpusim.plan import ShardingPlan
-from tpusim.shapes import (
+from tpusim.workload.formats import tensor_bytes, weight_format
+from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.sharding import ShardingPlan
+from tpusim.workload.shapes import (
     expert_slice_bytes,
     kv_cache_bytes_per_token,
     layer_tensors,

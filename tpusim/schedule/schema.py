@@ -21,7 +21,7 @@ Vocabulary (the kernel and the engine use the same words):
   the op reading it has finished with it.
 - **pool**: families naming the same pool time-share one VMEM arena, sized for the largest
   member (the published K3 kernel's ≈ 29.8 MiB pool holds attention projections *or* expert
-  slots). See :mod:`tpusim.vmem` for the byte accounting both sides use.
+  slots). See :mod:`tpusim.schedule.vmem` for the byte accounting both sides use.
 - **expert issue**: ``after_routing`` (copies start when the top-k is known),
   ``during_selection`` (each locally owned winner's copies start as the selection finds it,
   as the published kernel does), or ``speculative`` (issued ``expert_speculation_ops`` ops
@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from hwmodels.errors import InputError
 
-# Families a schedule controls (weight families from tpusim.modelconfig plus KV/state).
+# Families a schedule controls (weight families from tpusim.workload.modelconfig plus KV/state).
 SCHEDULE_FAMILIES = (
     "kda_proj",
     "mla_proj",
@@ -55,7 +55,7 @@ SCHEDULE_FAMILIES = (
     "lm_head",
 )
 
-SCHEDULES_DIR = Path(__file__).parent / "schedules"
+SCHEDULES_DIR = Path(__file__).resolve().parents[1] / "schedules"
 BUILTIN_SCHEDULES = ("naive", "published", "layer-double-buffer")
 
 
@@ -164,7 +164,7 @@ def load_schedule(name_or_path: str) -> Schedule:
     try:
         return Schedule.model_validate(data)
     except ValidationError as error:
-        from tpusim.model_catalog import format_validation_error
+        from tpusim.workload.model_catalog import format_validation_error
 
         raise InputError(format_validation_error(path, error)) from None
 

@@ -7,7 +7,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from tpusim.cli.common import add_workload_options, emit_json, resolve_workload
+from tpusim.app.cli.common import add_workload_options, emit_json, resolve_workload
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -18,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tpusim.floor_report import floor_report
+    from tpusim.report.floor import floor_report
 
     model, plan, system, routing = resolve_workload(args)
     report = floor_report(model, plan, system, batch=args.batch, context_tokens=args.context,

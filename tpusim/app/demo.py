@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from hwmodels.atomic import write_text_atomic
-from tpusim.cli import main as cli_main
+from tpusim.app.cli import main as cli_main
 
 K3_TPU = ["--model", "kimi-k3", "--hardware", "tpu-v7", "--chips", "16"]
 
@@ -155,7 +155,7 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda _: Non
         compare_argv += ["--sweep-budget", "4", "--sweep-samples", "20"]
     _timed(run, "compare", lambda: run_cli_json(compare_argv), progress)
 
-    from tpusim.demo_report import render_report
+    from tpusim.app.demo_report import render_report
 
     write_text_atomic(out / "report.md", render_report(run))
     return run

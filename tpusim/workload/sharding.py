@@ -23,7 +23,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tpusim.modelconfig import ModelConfig
+from tpusim.workload.modelconfig import ModelConfig
 
 
 class _Frozen(BaseModel):
@@ -165,7 +165,7 @@ def generic_plan(
         name=name or f"generic-{devices}",
         description=f"generic: attention TP{min(devices, num_heads)}, experts EP{expert_groups}"
         f"xTP{expert_tp}, columns split {devices} ways",
-        source="derived by tpusim.plan.generic_plan",
+        source="derived by tpusim.workload.sharding.generic_plan",
         devices=devices,
         devices_per_chip=devices_per_chip,
         lane_multiple=lane_multiple,

@@ -48,7 +48,7 @@ from hwmodels.atomic import write_text_atomic
 from hwmodels.catalog import display_path, load_chip
 from hwmodels.errors import InputError
 from hwmodels.overlay import has_overlay, overlay_path
-from tpusim.cli.common import emit_json
+from tpusim.app.cli.common import emit_json
 
 CPU_LOOP = ("cpu-loop", "cpu-loop-quick")
 

@@ -26,7 +26,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from hwmodels.schema import Chip, LinkSpec
-from tpusim.program import Op, Program
+from tpusim.workload.program import Op, Program
 
 
 @dataclass

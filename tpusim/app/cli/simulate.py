@@ -23,7 +23,7 @@ floor):
 | ``breakdown`` | step ms by what the stream did (phases, collectives, fixed overheads, exposed DMA, drain) |
 | ``layer_ms`` | stream ms per layer ("-1": the head) |
 | ``exposed_dma_by_family_ms`` | exposed DMA per weight family |
-| ``floor_ms``, ``floors`` | analytic floors (:mod:`tpusim.analytic`) |
+| ``floor_ms``, ``floors`` | analytic floors (:mod:`tpusim.workload.floors`) |
 | ``schedule``, ``schedule_hash`` | schedule name and content hash |
 | ``source`` | how the numbers were made, and whether the chip had calibrated figures |
 """
@@ -39,7 +39,7 @@ from rich.table import Table
 
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
-from tpusim.cli.common import add_workload_options, emit_json, resolve_workload
+from tpusim.app.cli.common import add_workload_options, emit_json, resolve_workload
 
 MS_PER_S = 1e3
 MIB = 1 << 20
@@ -87,10 +87,10 @@ def _plot_layers(text: str) -> tuple[int, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tpusim.analytic import floors
+    from tpusim.workload.floors import floors
     from tpusim.engine import InfeasibleSchedule, simulate
-    from tpusim.program import build_program
-    from tpusim.schedule import load_schedule
+    from tpusim.workload.program import build_program
+    from tpusim.schedule.schema import load_schedule
 
     plot_layers = _plot_layers(args.plot_layers)
     model, plan, system, routing = resolve_workload(args)
@@ -113,13 +113,13 @@ def run(args: argparse.Namespace) -> int:
     if result.timeline is not None:
         try:
             if args.trace is not None:
-                from tpusim.trace import write_trace
+                from tpusim.report.perfetto import write_trace
 
                 data["trace"] = str(write_trace(result.timeline, args.trace, metadata={
                     "model": model.name, "system": system.name, "batch": args.batch,
                     "schedule": schedule.name, "schedule_hash": result.schedule_hash, "source": source}))
             if args.plot is not None:
-                from tpusim.timeline_plot import plot_timeline
+                from tpusim.report.timeline import plot_timeline
 
                 first, count = plot_layers
                 data["plot"] = str(plot_timeline(

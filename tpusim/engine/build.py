@@ -3,13 +3,13 @@
 Run once per simulation, before the event loop. The steps, with what each guarantees:
 
 1. **Pools and rings.** One :class:`~tpusim.engine.items.Pool` per VMEM arena of
-   :func:`tpusim.vmem.vmem_plan` (capacity = the arena's bytes), plus one for the KV tiles
+   :func:`tpusim.schedule.vmem.vmem_plan` (capacity = the arena's bytes), plus one for the KV tiles
    (``kv_buffers`` tiles) and one for the KDA recurrent state. One
    :class:`~tpusim.engine.items.Ring` per weight tensor kind with the family's ``buffers``
    as depth; the routed experts share one ring (the expert slots). *Invariant:* no slab is
    larger than its pool, since an arena is sized for its largest member's full ring.
 2. **Slabs and descriptors**, op by op in program order (so ``seq`` is consumption order):
-   every weight tensor is cut into row slabs by :func:`tpusim.vmem.slab_rows` (the same
+   every weight tensor is cut into row slabs by :func:`tpusim.schedule.vmem.slab_rows` (the same
    function the kernel uses); each slab is one or two descriptors (values, then block scales
    if the format has any). A routed expert is one slab (the slot) of four descriptors
    (gate/up, scales, down, scales). KV tiles: ``kv_tile_tokens`` tokens per descriptor.
@@ -74,11 +74,11 @@ from tpusim.engine.items import (
     Ring,
     Slab,
 )
-from tpusim.formats import scale_bytes, value_bytes
-from tpusim.program import Op, Program
-from tpusim.schedule import SCHEDULE_FAMILIES, FamilySchedule, Schedule
-from tpusim.shapes import TensorSpec, kv_cache_bytes_per_token, recurrent_state_bytes
-from tpusim.vmem import VmemPlan, slab_rows
+from tpusim.workload.formats import scale_bytes, value_bytes
+from tpusim.workload.program import Op, Program
+from tpusim.schedule.schema import SCHEDULE_FAMILIES, FamilySchedule, Schedule
+from tpusim.workload.shapes import TensorSpec, kv_cache_bytes_per_token, recurrent_state_bytes
+from tpusim.schedule.vmem import VmemPlan, slab_rows
 
 ROUTED = "routed_expert"
 KV_FAMILY = "kv_cache"

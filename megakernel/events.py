@@ -141,7 +141,7 @@ def planned_event_order(kernel: Megakernel, routing: np.ndarray) -> list[Event]:
 
 
 def save_routing_trace(routing: np.ndarray, path: Any) -> None:
-    """Write a routing as a ``tpusim.routing`` trace file (``{"layers": [[[e, ...], ...], ...]}``)."""
+    """Write a routing as a ``tpusim.workload.routing`` trace file (``{"layers": [[[e, ...], ...], ...]}``)."""
     import json
     from pathlib import Path
 

@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from hwmodels.errors import InputError
-from tpusim.modelconfig import ModelConfig
+from tpusim.workload.modelconfig import ModelConfig
 
 REQUIRED_KEYS = (
     "hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads",

@@ -1,4 +1,4 @@
-"""`tpusim demo`: the main job on built-in defaults (see :mod:`tpusim.demo`)."""
+"""`tpusim demo`: the main job on built-in defaults (see :mod:`tpusim.app.demo`)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def run(args: argparse.Namespace) -> int:
-    from tpusim.demo import DemoConfig, run_demo
+    from tpusim.app.demo import DemoConfig, run_demo
 
     config = DemoConfig(out_dir=args.out, jobs=args.jobs, sweep_budget=args.sweep_budget, quick=args.quick)
     result = run_demo(config, progress=lambda line: print(line, file=sys.stderr, flush=True))

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hwmodels.errors import InputError
-from tpusim.cli.common import emit_json
+from tpusim.app.cli.common import emit_json
 
 
 def _numbers(text: str, kind: type, name: str) -> list:
@@ -48,8 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tpusim.compare import compare_rows, parse_systems, sweep_chooser
-    from tpusim.routing import parse_routing
+    from tpusim.compare.rows import compare_rows, parse_systems, sweep_chooser
+    from tpusim.workload.routing import parse_routing
 
     systems = parse_systems(args.systems)
     batches = _numbers(args.batch, int, "--batch")
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
                         choose_schedule=chooser, context_tokens=args.context, routing=parse_routing(args.routing),
                         seed=args.seed, calibrated=not args.uncalibrated, draft_tokens=args.draft_tokens)
     if args.plot:
-        from tpusim.compare_plot import plot_comparison
+        from tpusim.compare.plot import plot_comparison
 
         plot_comparison(rows, args.plot, title=f"{args.model}: simulated decode throughput")
     if args.json:

@@ -1,6 +1,6 @@
 """The ``tpusim`` command line: a thin layer over library functions.
 
-Each subcommand lives in its own module under ``tpusim/cli/`` and exposes
+Each subcommand lives in its own module under ``tpusim/app/cli/`` and exposes
 ``register(subparsers)``, which adds its parser and sets ``func`` to a callable taking the
 parsed ``argparse.Namespace`` and returning an exit code. Input problems raise
 :class:`hwmodels.errors.InputError`; ``main`` prints them as one line on stderr and exits 2.
@@ -37,9 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in SUBCOMMAND_MODULES:
         try:
-            module = importlib.import_module(f"tpusim.cli.{module_name}")
+            module = importlib.import_module(f"tpusim.app.cli.{module_name}")
         except ModuleNotFoundError as error:
-            if error.name == f"tpusim.cli.{module_name}":
+            if error.name == f"tpusim.app.cli.{module_name}":
                 continue
             raise
         module.register(subparsers)

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hwmodels.errors import InputError
-from tpusim.cli.common import add_workload_options, emit_json, positive_int, resolve_workload
+from tpusim.app.cli.common import add_workload_options, emit_json, positive_int, resolve_workload
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -56,7 +56,7 @@ def load_space(path: Path) -> Any:
     """A :class:`SweepSpace` from a JSON file (bare, or a sweep's ``space.json``)."""
     from pydantic import ValidationError
 
-    from tpusim.model_catalog import format_validation_error
+    from tpusim.workload.model_catalog import format_validation_error
     from tpusim.sweep.space import SweepSpace
 
     try:

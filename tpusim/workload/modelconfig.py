@@ -2,9 +2,9 @@
 
 A :class:`ModelConfig` is loaded from a YAML file in ``tpusim/models/`` (``kimi-k3``,
 ``kimi-k3-mini``, ``muse-spark``, ...) or from a Hugging Face ``config.json``
-(:mod:`tpusim.hfconfig`). It describes *what* the model computes; how it is split over
-devices is a :class:`tpusim.plan.ShardingPlan`, and the per-device tensors follow from both
-in :mod:`tpusim.shapes`.
+(:mod:`tpusim.workload.hfconfig`). It describes *what* the model computes; how it is split over
+devices is a :class:`tpusim.workload.sharding.ShardingPlan`, and the per-device tensors follow from both
+in :mod:`tpusim.workload.shapes`.
 
 Attention kinds:
 
@@ -28,7 +28,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tpusim.formats import FORMATS
+from tpusim.workload.formats import FORMATS
 
 AttentionKind = Literal["kda", "mla", "gqa"]
 

@@ -16,12 +16,12 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from hwmodels.errors import InputError
-from tpusim.modelconfig import ModelConfig
-from tpusim.plan import ShardingPlan, generic_plan
+from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.sharding import ShardingPlan, generic_plan
 
 T = TypeVar("T", bound=BaseModel)
 
-MODELS_DIR = Path(__file__).parent / "models"
+MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
 
 # (model name without variant, devices) -> published plan file stem
 PUBLISHED_PLANS = {("kimi-k3", 32): "plan-k3-tp32", ("muse-spark", 8): "plan-muse-tp8"}
@@ -67,7 +67,7 @@ def load_model(name: str) -> ModelConfig:
     base, _, variant = name.partition("@")
     path = Path(base)
     if path.suffix == ".json":
-        from tpusim.hfconfig import load_hf_config
+        from tpusim.workload.hfconfig import load_hf_config
 
         model = load_hf_config(path)
     elif path.suffix in (".yaml", ".yml"):

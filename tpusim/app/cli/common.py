@@ -35,8 +35,8 @@ def add_workload_options(parser: argparse.ArgumentParser, *, batch: bool = True)
 def resolve_workload(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     """(model, plan, system, routing) from the parsed options."""
     from hwmodels.catalog import make_system
-    from tpusim.model_catalog import load_model, plan_for
-    from tpusim.routing import parse_routing
+    from tpusim.workload.model_catalog import load_model, plan_for
+    from tpusim.workload.routing import parse_routing
 
     model = load_model(args.model)
     system = make_system(args.hardware, args.chips, calibrated=not args.uncalibrated)

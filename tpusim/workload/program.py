@@ -2,7 +2,7 @@
 
 ``build_program(model, plan, batch=B, context_tokens=C, routing=R, seed=S)`` turns a
 model, a sharding plan and a routing draw into an ordered list of ops for one device. Each
-op names the weight tensors it reads (from :mod:`tpusim.shapes`), its matmuls as
+op names the weight tensors it reads (from :mod:`tpusim.workload.shapes`), its matmuls as
 ``(rows, contraction, cols)`` triples, its vector work, the KV-cache / recurrent-state
 bytes it streams, and the collectives issued after it. The engine simulates this list
 under a schedule; the analytic floors sum it; the kernel follows the same op order.
@@ -31,10 +31,10 @@ from functools import cached_property
 
 import numpy as np
 
-from tpusim.modelconfig import ModelConfig
-from tpusim.plan import CollectiveSpec, ShardingPlan
-from tpusim.routing import RoutingModel, distinct_per_group, draw_routing, tokens_per_expert
-from tpusim.shapes import (
+from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.sharding import CollectiveSpec, ShardingPlan
+from tpusim.workload.routing import RoutingModel, distinct_per_group, draw_routing, tokens_per_expert
+from tpusim.workload.shapes import (
     TensorSpec,
     attention_span_tokens,
     attention_tensors,

@@ -1,0 +1,1 @@
+"""Systems side by side: the same model on TPUs and GPUs."""

@@ -1,0 +1,1 @@
+"""Reports of one simulation: floor tables, Perfetto traces, timeline plots."""

@@ -1,0 +1,1 @@
+"""The schedule: the contract between the simulator and the kernel, and its VMEM accounting."""
