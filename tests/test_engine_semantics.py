@@ -10,7 +10,8 @@ import pytest
 from hwmodels.catalog import load_chip
 from tpusim.engine import SimResult, simulate
 from tpusim.engine.costs import matmul_time_s, padded_rows, weight_push_s
-from tpusim.engine.execution import conventional_schedule, execution_policy
+from tpusim.engine.execution import conventional_schedule
+from tpusim.engine.policy import execution_policy
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.program import Program, build_program
 from tpusim.schedule.schema import FamilySchedule, Schedule, load_schedule

@@ -17,7 +17,7 @@ from hwmodels.schema import Chip
 from tpusim.workload.capacity import check_capacity
 from tpusim.compare.rows import with_execution
 from tpusim.engine import InfeasibleSchedule, SimResult, simulate
-from tpusim.engine.execution import execution_policy
+from tpusim.engine.policy import execution_policy
 from tpusim.engine.gpu import (
     GPU_BREAKDOWN_KEYS,
     GRID_BARRIER_S,

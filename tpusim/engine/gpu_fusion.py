@@ -1,5 +1,9 @@
 """Kernel fusion of a conventional GPU serving stack: which kernels a decode step launches.
 
+Read by both conventional GPU stacks: ``:eager`` pays a launch per kernel, the default
+serving stack (:mod:`tpusim.engine.gpu_stack`) a graph gap and a fixed time by kernel *kind*
+(``gemm``, ``grouped_gemm``, ``attention``, ``small``), so every kernel below carries one.
+
 A serving stack (vLLM, SGLang, TensorRT-LLM running a DeepSeek/Kimi-style model) does not
 launch one kernel per op of our program, nor one per line of the model's Python: some ops
 are several kernels (a GEMM and its activation), some ops share one (the q/kv LoRA down
@@ -77,56 +81,63 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpusim.engine.execution import KernelPlan
 from tpusim.workload.program import Program
 
 EXPERT_ROLE = "moe.expert"
 COMBINE = "moe.combine"
+# kernel kinds (what sets a kernel's fixed time in the serving stack)
+GEMM, GROUPED_GEMM, ATTENTION, SMALL = "gemm", "grouped_gemm", "attention", "small"
+KERNEL_KINDS = (GEMM, GROUPED_GEMM, ATTENTION, SMALL)
 
 
 @dataclass(frozen=True)
 class FusionRule:
     """How one program op maps onto kernels of a conventional stack."""
 
-    kernels: int  # launches paid before the op when it opens its kernel(s)
+    kinds: tuple[str, ...]  # the kernels launched before the op when it opens them, by kind
     what: str
     fused_into_previous: bool = False  # runs inside the previous op's kernel (same layer)
 
+    @property
+    def kernels(self) -> int:
+        return len(self.kinds)
+
 
 FUSION_TABLE: dict[str, FusionRule] = {
-    "attn.mix_norm": FusionRule(1, "residual mix + RMSNorm"),
-    "kda.qkvgb": FusionRule(1, "q/k/v/gate/beta GEMM"),
-    "kda.decay": FusionRule(2, "decay-gate GEMMs (low rank)"),
-    "kda.core": FusionRule(3, "conv update, gated delta rule, gated RMSNorm"),
-    "kda.o": FusionRule(1, "o_proj GEMM"),
-    "mla.q_a": FusionRule(1, "fused q_a/kv_a GEMM"),
-    "mla.kv_a": FusionRule(0, "in the fused q_a/kv_a GEMM", fused_into_previous=True),
-    "mla.q_b": FusionRule(2, "q LoRA RMSNorm, q_b GEMM"),
-    "mla.kv_b": FusionRule(2, "kv LoRA RMSNorm + RoPE, W_UK bmm"),
-    "mla.core": FusionRule(2, "KV append, MLA decode attention"),
-    "mla.gate": FusionRule(1, "gate GEMM"),
-    "mla.o": FusionRule(2, "W_UV bmm, o_proj GEMM"),
-    "gqa.q": FusionRule(1, "fused QKV GEMM"),
-    "gqa.k": FusionRule(0, "in the fused QKV GEMM", fused_into_previous=True),
-    "gqa.v": FusionRule(0, "in the fused QKV GEMM", fused_into_previous=True),
-    "gqa.core": FusionRule(2, "RoPE + KV append, decode attention"),
-    "gqa.gate": FusionRule(1, "gate GEMM"),
-    "gqa.o": FusionRule(1, "o_proj GEMM"),
-    "mlp.mix_norm": FusionRule(1, "residual mix + RMSNorm"),
-    "moe.router": FusionRule(1, "router GEMM"),
-    "moe.topk": FusionRule(1, "fused sigmoid/bias/top-k"),
-    "moe.latent_down": FusionRule(2, "latent_down GEMM, latent RMSNorm"),
-    "moe.shared_gate_up": FusionRule(2, "shared gate/up GEMM, activation"),
-    "moe.shared_down": FusionRule(1, "shared down GEMM"),
-    COMBINE: FusionRule(1, "un-permute + weighted sum"),
-    "moe.latent_up": FusionRule(1, "latent_up GEMM"),
-    "mlp.gate_up": FusionRule(2, "dense gate/up GEMM, activation"),
-    "mlp.down": FusionRule(1, "dense down GEMM"),
-    "head.norm": FusionRule(1, "final RMSNorm"),
-    "head.lm_head": FusionRule(1, "lm_head GEMM"),
+    "attn.mix_norm": FusionRule((SMALL,), "residual mix + RMSNorm"),
+    "kda.qkvgb": FusionRule((GEMM,), "q/k/v/gate/beta GEMM"),
+    "kda.decay": FusionRule((GEMM, GEMM), "decay-gate GEMMs (low rank)"),
+    "kda.core": FusionRule((SMALL, ATTENTION, SMALL), "conv update, gated delta rule, gated RMSNorm"),
+    "kda.o": FusionRule((GEMM,), "o_proj GEMM"),
+    "mla.q_a": FusionRule((GEMM,), "fused q_a/kv_a GEMM"),
+    "mla.kv_a": FusionRule((), "in the fused q_a/kv_a GEMM", fused_into_previous=True),
+    "mla.q_b": FusionRule((SMALL, GEMM), "q LoRA RMSNorm, q_b GEMM"),
+    "mla.kv_b": FusionRule((SMALL, GEMM), "kv LoRA RMSNorm + RoPE, W_UK bmm"),
+    "mla.core": FusionRule((SMALL, ATTENTION), "KV append, MLA decode attention"),
+    "mla.gate": FusionRule((GEMM,), "gate GEMM"),
+    "mla.o": FusionRule((GEMM, GEMM), "W_UV bmm, o_proj GEMM"),
+    "gqa.q": FusionRule((GEMM,), "fused QKV GEMM"),
+    "gqa.k": FusionRule((), "in the fused QKV GEMM", fused_into_previous=True),
+    "gqa.v": FusionRule((), "in the fused QKV GEMM", fused_into_previous=True),
+    "gqa.core": FusionRule((SMALL, ATTENTION), "RoPE + KV append, decode attention"),
+    "gqa.gate": FusionRule((GEMM,), "gate GEMM"),
+    "gqa.o": FusionRule((GEMM,), "o_proj GEMM"),
+    "mlp.mix_norm": FusionRule((SMALL,), "residual mix + RMSNorm"),
+    "moe.router": FusionRule((GEMM,), "router GEMM"),
+    "moe.topk": FusionRule((SMALL,), "fused sigmoid/bias/top-k"),
+    "moe.latent_down": FusionRule((GEMM, SMALL), "latent_down GEMM, latent RMSNorm"),
+    "moe.shared_gate_up": FusionRule((GEMM, SMALL), "shared gate/up GEMM, activation"),
+    "moe.shared_down": FusionRule((GEMM,), "shared down GEMM"),
+    COMBINE: FusionRule((SMALL,), "un-permute + weighted sum"),
+    "moe.latent_up": FusionRule((GEMM,), "latent_up GEMM"),
+    "mlp.gate_up": FusionRule((GEMM, SMALL), "dense gate/up GEMM, activation"),
+    "mlp.down": FusionRule((GEMM,), "dense down GEMM"),
+    "head.norm": FusionRule((SMALL,), "final RMSNorm"),
+    "head.lm_head": FusionRule((GEMM,), "lm_head GEMM"),
 }
-ROUTED_EXPERTS = FusionRule(4, "fused MoE: permute, grouped gate/up GEMM, activation, grouped down GEMM")
-DEFAULT_RULE = FusionRule(1, "one kernel")
+ROUTED_EXPERTS = FusionRule((SMALL, GROUPED_GEMM, SMALL, GROUPED_GEMM),
+                            "fused MoE: permute, grouped gate/up GEMM, activation, grouped down GEMM")
+DEFAULT_RULE = FusionRule((SMALL,), "one kernel")
 
 
 def rule_for(name: str, role: str) -> FusionRule:
@@ -136,10 +147,19 @@ def rule_for(name: str, role: str) -> FusionRule:
     return FUSION_TABLE.get(name, DEFAULT_RULE)
 
 
-def fused_kernel_plan(program: Program) -> KernelPlan:
+@dataclass(frozen=True)
+class OpKernels:
+    """Per op of a program: the kernels launched before it (kinds) and what they are."""
+
+    kinds: tuple[tuple[str, ...], ...]
+    kernel_start: tuple[int, ...]
+    names: tuple[str, ...]
+
+
+def op_kernels(program: Program) -> OpKernels:
     """The kernels a conventional GPU stack launches for ``program`` (steps in the docstring)."""
     ops = program.ops
-    launches: list[int] = []
+    kinds: list[tuple[str, ...]] = []
     starts: list[int] = []
     names: list[str] = []
     experts_in_layer: dict[int, bool] = {}
@@ -153,15 +173,16 @@ def fused_kernel_plan(program: Program) -> KernelPlan:
         else:
             joins = rule.fused_into_previous and same_layer
         if joins:
-            launches.append(0)
+            kinds.append(())
             starts.append(starts[index - 1])
             names.append("")
             continue
-        count, what = rule.kernels, rule.what
+        these, what = rule.kinds, rule.what
         if op.name == COMBINE and not experts_in_layer.get(op.layer, False):
-            count += ROUTED_EXPERTS.kernels
+            these = ROUTED_EXPERTS.kinds + these
             what = f"{ROUTED_EXPERTS.what} (no local expert); {what}"
-        launches.append(count)
+        kinds.append(these)
         starts.append(index)
+        count = len(these)
         names.append(f"{count} kernel{'s' if count != 1 else ''}: {what}" if count else "")
-    return KernelPlan(launches=tuple(launches), kernel_start=tuple(starts), kernel_names=tuple(names))
+    return OpKernels(tuple(kinds), tuple(starts), tuple(names))
