@@ -1,0 +1,62 @@
+"""Deployment plans a GPU row tries, and the rule that picks one.
+
+GPU serving stacks deploy an MoE model in one NVLink domain as (``gpu-serving.md``):
+
+- ``attention TP{n} + experts EP{n}`` — attention heads and every projection split over all
+  GPUs, each GPU holding whole experts (:func:`tpusim.workload.sharding.generic_plan`);
+- ``attention TP{n} + experts TP4 x EP{n/4}`` — the same attention, each expert's width
+  split over 4 GPUs inside ``n / 4`` expert-parallel groups (TensorRT-LLM's minimum-latency
+  DeepSeek-R1 layout splits experts TP4 x EP2).
+
+A compare row simulates every candidate that fits HBM and keeps the fastest
+(:func:`pick_plan`), reporting which. *Not offered:* attention data-parallel (TP8 x DP2 +
+EP16): the per-device program has one batch for attention and MoE alike, so a DP split of
+the attention batch is not expressible yet.
+
+The interface for the system→plan rule (owned by :mod:`tpusim.workload.model_catalog`) is
+:func:`gpu_plan_candidates`: a list of ``(label, plan)``; a ``--plan SPEC`` given by the user
+replaces the list with one entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.sharding import ShardingPlan, generic_plan
+
+EXPERT_TP = 4  # the expert-TP width of the second candidate
+
+
+@dataclass(frozen=True)
+class PlanOutcome:
+    """One candidate's result in a row: ``step_s`` is None when it does not fit."""
+
+    label: str
+    plan: ShardingPlan
+    step_s: float | None
+    why_not: str = ""
+
+
+def gpu_plan_candidates(model: ModelConfig, devices: int, *, devices_per_chip: int = 1,
+                        intra_link: str = "nvlink") -> list[tuple[str, ShardingPlan]]:
+    """The plans a GPU row of ``devices`` GPUs tries (see the module docstring)."""
+    base = generic_plan(model, devices, devices_per_chip=devices_per_chip, intra_link=intra_link)
+    out = [(f"attention TP{devices} + experts EP{base.expert_groups}"
+            + (f" x TP{base.expert_tp}" if base.expert_tp > 1 else ""), base)]
+    groups = devices // EXPERT_TP
+    moe = model.moe
+    if (base.expert_tp == 1 and devices % EXPERT_TP == 0 and groups >= 1
+            and moe.num_experts % groups == 0 and moe.expert_intermediate_size % EXPERT_TP == 0):
+        plan = base.model_copy(update={
+            "name": f"{base.name}-etp{EXPERT_TP}", "expert_groups": groups, "expert_tp": EXPERT_TP,
+            "description": f"attention TP{devices}, experts TP{EXPERT_TP} x EP{groups}"})
+        out.append((f"attention TP{devices} + experts TP{EXPERT_TP} x EP{groups}", plan))
+    return out
+
+
+def pick_plan(outcomes: Sequence[PlanOutcome]) -> PlanOutcome | None:
+    """The fastest candidate that fits (None when none fits); ties keep the first listed."""
+    fitting = [outcome for outcome in outcomes if outcome.step_s is not None]
+    return min(fitting, key=lambda outcome: outcome.step_s) if fitting else None  # type: ignore[arg-type, return-value]
