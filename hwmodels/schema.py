@@ -263,9 +263,6 @@ class ExecutionModel(BaseModel):
         "serving stack (CUDA graphs, fused kernels; GPU chips with a `gpu` block)"
     )
     launch_overhead_s: Figure = Field(description="dispatch cost of one kernel launch, seconds")
-    graph_launch_overhead_s: Figure | None = Field(
-        default=None, description="per-kernel cost inside a captured graph (CUDA graphs)"
-    )
     per_step_overhead_s: Figure = Field(
         description="fixed cost per decode-step call (dispatch, glue, barrier), seconds"
     )

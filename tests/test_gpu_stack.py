@@ -121,3 +121,25 @@ def test_b200_stack_split_with_the_fitted_figures_is_within_15_percent() -> None
     assert all(abs(error) <= 0.15 for error in errors.values()), errors
     before = group_errors(split_step(b200, qwen_program(b200)))
     assert max(abs(e) for e in before.values()) > 0.15  # the priors did not: the fit did the work
+
+
+def test_mtp_drafter_from_a_deepseek_v3_config(tmp_path) -> None:
+    """``--drafter mtp`` reads ``num_nextn_predict_layers`` from the target's config.json and
+    drafts autoregressively with that many target layers (DeepSeek-V3: 1)."""
+    import json
+    from pathlib import Path
+
+    from tpusim.compare.rows import compare_rows, parse_systems
+
+    config = json.loads(Path("tests/data/deepseek-v3/config.json").read_text())
+    config["num_nextn_predict_layers"] = 1
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    rows = compare_rows(str(path), parse_systems("gb200:8"), [1], acceptance_lengths=[2.0], drafter="mtp",
+                        calibrated=False)
+    spec = next(row for row in rows if row["acceptance_length"] == 2.0)
+    assert (spec["drafter"], spec["drafter_kind"], spec["draft_tokens"]) == ("mtp", "autoregressive", 1)
+    plain = next(row for row in rows if row["acceptance_length"] is None)
+    # one MTP layer of 61 drafts far faster than the target verifies 2 rows
+    assert 0 < spec["draft_ms"] < plain["step_ms"] / 10
+    assert spec["step_ms"] == pytest.approx(spec["draft_ms"] + spec["verify_ms"])

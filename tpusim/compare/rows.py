@@ -212,11 +212,17 @@ def compare_rows(
     for spec in systems:
         system, chip, plans = _system_and_plans(model, spec, calibrated)
         label = "calibrated" if _is_calibrated(chip) else "simulated"
+        source = f"{label} (tpusim engine, {chip.execution.mode} execution on {chip.name})"
+        if chip.kind == "gpu":
+            from tpusim.engine.gpu import stack_source
+
+            source += f"; {stack_source(chip)}"
         for batch in batches:
             for acceptance in speculation:
                 row: dict[str, Any] = {
                     "system": spec.label, "chips": spec.chips, "batch": batch,
                     "acceptance_length": acceptance, "execution": execution_label(chip), "label": label,
+                    "source": source,
                 }
                 rows.append(row)
                 job = _RowJob(model, system, chip, batch, acceptance, chosen_drafter, schedule, choose_schedule,

@@ -4,15 +4,16 @@ The engine core (lowering, HBM server, compute stream) knows nothing of launch m
 asks an :class:`ExecutionPolicy` for the few things that differ:
 
 =====================  ==========================  ==========================  ===============================
-knob                   ``megakernel`` on a TPU     ``per_op_launch`` on a      GPU chips (both modes):
+knob                   ``megakernel`` on a TPU     ``per_op_launch`` on a      GPU chips (three stacks):
                        (one ``pallas_call``)       CPU host (the probe chip)   :mod:`tpusim.engine.gpu`
 =====================  ==========================  ==========================  ===============================
 schedule               the user's, as written      :func:`conventional_        per kernel: a fused serving
                                                    schedule` (no cross-op      stack's copies; megakernel: the
                                                    prefetch)                   user's, into L2
 kernel launches        none                        one per op                  per kernel: the fusion table of
-(:class:`KernelPlan`)                                                          :mod:`~tpusim.engine.gpu_fusion`;
-                                                                               megakernel: one per step
+(:class:`KernelPlan`)                                                          :mod:`~tpusim.engine.gpu_fusion`
+                                                                               (+ fixed time and ramp:
+                                                                               gpu_stack); megakernel: one
 HBM rate               sustained                   sustained ×                 per kernel: sustained ×
                                                    ``per_op_efficiency``       ``per_op_efficiency``;
                                                                                megakernel: sustained

@@ -335,6 +335,20 @@ def gpu_variant(chip: Chip, execution: str) -> Chip:
 # --------------------------------------------------------------------------- results
 
 
+def stack_source(chip: Chip) -> str:
+    """One line saying which of a GPU's stack figures (``execution.gpu``) are priors, derived
+    or calibrated — for the ``source`` of every simulated GPU number ("" for other chips)."""
+    gpu = chip.execution.gpu
+    if chip.kind != "gpu" or gpu is None:
+        return ""
+    by_label: dict[str, list[str]] = {}
+    for name in type(gpu).model_fields:
+        by_label.setdefault(getattr(gpu, name).label, []).append(name)
+    words = {"assumed": "priors (assumed)"}
+    parts = [f"{words.get(label, label)}: {', '.join(names)}" for label, names in sorted(by_label.items())]
+    return f"{STACK_LABELS[chip.execution.mode]}; stack figures " + "; ".join(parts)
+
+
 def gpu_breakdown(result: SimResult) -> dict[str, float]:
     """Where a GPU step's time goes, seconds; the values sum to ``result.step_s``.
 

@@ -8,14 +8,14 @@ A serving stack (vLLM, SGLang, TensorRT-LLM running a DeepSeek/Kimi-style model)
 launch one kernel per op of our program, nor one per line of the model's Python: some ops
 are several kernels (a GEMM and its activation), some ops share one (the q/kv LoRA down
 projections as one GEMM; one grouped GEMM for every routed expert of a layer). This module
-holds that mapping as a table and turns a program into a
-:class:`~tpusim.engine.execution.KernelPlan`.
+holds that mapping as a table and lists, per op of a program, the kernels launched before it
+(:func:`op_kernels`); :mod:`tpusim.engine.gpu_stack` prices them.
 
-The table (assumed: our reading of those stacks' decode paths, not a measurement; the launch
-count is what matters for the step time, so calibrate ``launch_overhead_s`` against it):
+The table (assumed: our reading of those stacks' decode paths, not a measurement; the
+serving stack's per-kernel figures are calibrated against it — calibration.gpu_stack):
 
 ====================  =======  ====================================================================
-program op            kernels  what the stack launches
+program op            kernels  what the stack launches (kinds in FUSION_TABLE)
 ====================  =======  ====================================================================
 ``attn.mix_norm``     1        residual mix + RMSNorm (+ activation quant), one fused kernel
 ``kda.qkvgb``         1        fused q/k/v/gate/beta projection GEMM
@@ -65,7 +65,7 @@ Norms are **not** fused into the following GEMM: the stacks above run RMSNorm as
 all-reduce instead (TensorRT-LLM's all-reduce fusion); K3's attention-residual mixture is
 not one of the patterns those kernels cover, so the table keeps the norm as a kernel.
 
-Steps of :func:`fused_kernel_plan`, with the invariant each keeps:
+Steps of :func:`op_kernels`, with the invariant each keeps:
 
 1. Walk the ops in program order; look up each op's rule (routed experts by role).
 2. A routed expert that follows another routed expert of the same layer joins its kernel

@@ -109,6 +109,10 @@ def run(args: argparse.Namespace) -> int:
     floor = floors(program, chip)
     source = (f"simulated (tpusim engine, {result.execution_mode} execution; hardware {chip.name}: "
               f"{calibration_note(chip)})")
+    if chip.kind == "gpu":
+        from tpusim.engine.gpu import stack_source
+
+        source += f"; {stack_source(chip)}"
     data = _json_result(result, floor, args, system.name, system.devices, plan.name, source)
     if result.timeline is not None:
         try:
