@@ -222,9 +222,10 @@ class GpuExecution(BaseModel):
 
     ``fixed(kind)`` is ``small_kernel_s`` (norms, RoPE, activation quantize, top-k, permute),
     ``gemm_fixed_s`` (a dense or grouped GEMM) or ``attention_fixed_s`` (decode attention, a
-    linear-attention recurrence). A GEMM's CTAs are its output tiles
-    (``ceil(cols / gemm_tile_cols)``, times the experts of a grouped GEMM): a GEMM with few
-    output columns occupies few SMs and does not reach the bandwidth of a long copy.
+    linear-attention recurrence). A GEMM's CTAs are its output tiles times its K splits
+    (``ceil(cols / gemm_tile_cols) x max(1, floor(rows / gemm_split_k_rows))``, summed over
+    the experts of a grouped GEMM): a small GEMM occupies few SMs and does not reach the
+    bandwidth of a long copy.
     Conventional stacks (serving stack and eager) stream each kernel's weights in
     ``kernel_slab_bytes`` slabs with ``kernel_copies_in_flight`` copies outstanding; a GPU
     megakernel pays ``grid_barrier_s`` per layer and ``in_kernel_stage_latency_s`` per
@@ -241,6 +242,8 @@ class GpuExecution(BaseModel):
     attention_fixed_s: Figure = Field(description="fixed time of a decode-attention / recurrence kernel, seconds")
     per_sm_bandwidth_bytes_per_s: Figure = Field(description="HBM bandwidth one SM (one CTA) pulls")
     gemm_tile_cols: Figure = Field(description="output columns per CTA of a decode GEMM (count)")
+    gemm_split_k_rows: Figure = Field(description="contraction rows per CTA down to which a decode GEMM "
+                                      "splits K (split-K / stream-K) to occupy more SMs (count)")
     pdl_overlap_s: Figure = Field(description="programmatic dependent launch: a kernel's prologue hidden "
                                   "under the previous kernel's tail, seconds (0 = off)")
     oneshot_allreduce_max_bytes: Figure = Field(description="largest all-reduce payload per device run "

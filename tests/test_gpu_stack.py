@@ -33,28 +33,28 @@ def _two_kernel_program() -> Program:
 def test_two_kernel_graph_step_by_hand() -> None:
     """GB200 serving stack, worked by hand from the catalog's figures:
 
-    GEMM: gap 0.6 µs + fixed 0.33 µs + 4 MiB at min(6.4 TB/s, 16 CTAs x 100 GB/s = 1.6 TB/s)
-          + 1 µs copy issue + a 64-row MMA at 0.889 x 2.5 PFLOP/s;
-    norm: gap 0.6 µs + fixed 1.44 µs;  step: + 20 µs host cost.
+    GEMM: gap 1.11 µs + fixed 2.58 µs + 4 MiB at min(6.4 TB/s, 16 tiles x 2 K splits of 512 rows
+          = 32 CTAs x 100 GB/s = 3.2 TB/s) + 1 µs copy issue + a 64-row MMA at 0.889 x 2.5 PFLOP/s;
+    norm: gap 1.11 µs + fixed 0.5 µs;  step: + 20 µs host cost.
     """
     chip = gpu_variant(load_chip("gb200", calibrated=False), "stack")
     gpu = chip.execution.gpu
     assert gpu is not None
     figures = (gpu.kernel_gap_s.value, gpu.gemm_fixed_s.value, gpu.small_kernel_s.value,
-               gpu.per_sm_bandwidth_bytes_per_s.value, gpu.gemm_tile_cols.value)
-    assert figures == (0.6e-6, 0.33e-6, 1.44e-6, 1.0e11, 128)
+               gpu.per_sm_bandwidth_bytes_per_s.value, gpu.gemm_tile_cols.value, gpu.gemm_split_k_rows.value)
+    assert figures == (1.11e-6, 2.58e-6, 0.5e-6, 1.0e11, 128, 512)
     stream = 7.2e12 * 0.8889
-    gemm_s = 0.6 * US + 0.33 * US + 4 * MIB / 1.6e12 + 1 * US + 2 * 64 * 1024 * 2048 / (0.8889 * 2.5e15)
-    norm_s = 0.6 * US + 1.44 * US
+    gemm_s = 1.11 * US + 2.58 * US + 4 * MIB / 3.2e12 + 1 * US + 2 * 64 * 1024 * 2048 / (0.8889 * 2.5e15)
+    norm_s = 1.11 * US + 0.5 * US
     result = simulate(_two_kernel_program(), load_schedule("naive"), chip)
     assert result.step_s == pytest.approx(20 * US + gemm_s + norm_s, rel=1e-6)
-    assert result.launch_count == 2 and result.launch_s == pytest.approx(1.2 * US)
-    ramp = 4 * MIB / 1.6e12 - 4 * MIB / stream  # what the 16-CTA GEMM loses to a long copy
-    assert result.kernel_fixed_s == pytest.approx(0.33 * US + 1.44 * US + ramp, rel=1e-6)
+    assert result.launch_count == 2 and result.launch_s == pytest.approx(2.22 * US)
+    ramp = 4 * MIB / 3.2e12 - 4 * MIB / stream  # what the 32-CTA GEMM loses to a long copy
+    assert result.kernel_fixed_s == pytest.approx(2.58 * US + 0.5 * US + ramp, rel=1e-6)
     assert result.op_time_s[1] == pytest.approx(norm_s, rel=1e-6)
     # eager: the same two kernels, each launched from the host at 3 µs instead of the gap
     eager = simulate(_two_kernel_program(), load_schedule("naive"), gpu_variant(chip, "eager"))
-    assert eager.step_s - result.step_s == pytest.approx(2 * (3.0 - 0.6) * US, rel=1e-6)
+    assert eager.step_s - result.step_s == pytest.approx(2 * (3.0 - 1.11) * US, rel=1e-6)
 
 
 def test_small_allreduce_is_one_shot_and_large_goes_to_nccl() -> None:
@@ -143,3 +143,16 @@ def test_mtp_drafter_from_a_deepseek_v3_config(tmp_path) -> None:
     # one MTP layer of 61 drafts far faster than the target verifies 2 rows
     assert 0 < spec["draft_ms"] < plain["step_ms"] / 10
     assert spec["step_ms"] == pytest.approx(spec["draft_ms"] + spec["verify_ms"])
+
+
+@pytest.mark.slow
+def test_the_b200_fit_reproduces_the_published_split() -> None:
+    """``tpusim calibrate --hardware b200 --measurements published:b200-vllm-qwen3.5``: from
+    the priors, the four fitted figures bring every stage group within 15 %."""
+    from calibration.gpu_stack import fit_gpu_stack
+
+    fit = fit_gpu_stack(load_chip("b200", calibrated=False))
+    assert fit["within_tolerance"], fit["after"]["errors"]
+    assert all(entry["value"] > 0 for entry in fit["parameters"].values())
+    with pytest.raises(ValueError, match="use --hardware b200"):
+        fit_gpu_stack(load_chip("gb200", calibrated=False))

@@ -17,7 +17,8 @@ Even inside a graph, a decode kernel does not run at a long copy's bandwidth. Pe
          + bytes / B_kernel                      the kernel's weights
     B_kernel = min(B_stream, per_sm_bandwidth x min(sm_count, CTAs))
     B_stream = sustained x per_op_efficiency     (the policy's HBM rate)
-    CTAs     = ceil(cols / gemm_tile_cols)       (x the experts of a grouped GEMM)
+    CTAs     = ceil(cols / gemm_tile_cols) x max(1, floor(rows / gemm_split_k_rows))
+                                                 (summed over the experts of a grouped GEMM)
 
 so the achieved bandwidth ``bytes / (fixed + bytes / B_kernel)`` rises with the bytes a
 kernel moves and with the SMs it occupies. The engine is the TPU's: the gap is the policy's
@@ -47,8 +48,6 @@ QUANTIZE = "activation quantize"
 # stage groups of a profiled decode step, by kernel kind
 STAGE_GROUPS = ("gemm", "moe", "attention", "small")
 GROUP_OF_KIND = {GEMM: "gemm", GROUPED_GEMM: "moe", ATTENTION: "attention", SMALL: "small"}
-# small kernels that a profiler books under the MoE stage (routing, permute, activation, un-permute)
-MOE_ROLES = ("moe.topk", "moe.expert", "moe.combine")
 
 
 @dataclass(frozen=True)
@@ -71,10 +70,8 @@ class StackKernel:
 
     @property
     def group(self) -> str:
-        """The stage group a profiler books it under (:data:`STAGE_GROUPS`); activation
-        quantize kernels stay ``small`` wherever they run."""
-        if self.kind == SMALL and self.role in MOE_ROLES and self.what != QUANTIZE:
-            return "moe"
+        """The stage group a profiler books it under (:data:`STAGE_GROUPS`): by kind, so the
+        MoE's routing, permute and activation kernels are ``small`` kernels."""
         return GROUP_OF_KIND[self.kind]
 
 
@@ -113,8 +110,10 @@ def _figures(chip: Chip) -> GpuExecution:
     return gpu
 
 
-def _tile_count(cols: int, gpu: GpuExecution) -> int:
-    return max(1, math.ceil(cols / max(1.0, gpu.gemm_tile_cols.value)))
+def gemm_ctas(rows: int, cols: int, gpu: GpuExecution) -> int:
+    """CTAs of a decode GEMM over a ``rows x cols`` weight: output tiles x K splits."""
+    tiles = max(1, math.ceil(cols / max(1.0, gpu.gemm_tile_cols.value)))
+    return tiles * max(1, int(rows // max(1.0, gpu.gemm_split_k_rows.value)))
 
 
 def _gemm_operands(op: Op, count: int, gpu: GpuExecution) -> list[tuple[int, int]]:
@@ -124,7 +123,7 @@ def _gemm_operands(op: Op, count: int, gpu: GpuExecution) -> list[tuple[int, int
     for position, tensor in enumerate(op.tensors):
         slot = min(position, count - 1)
         nbytes, ctas = out[slot]
-        out[slot] = (nbytes + tensor.value_bytes + tensor.scale_bytes, max(ctas, _tile_count(tensor.cols, gpu)))
+        out[slot] = (nbytes + tensor.value_bytes + tensor.scale_bytes, max(ctas, gemm_ctas(tensor.rows, tensor.cols, gpu)))
     return out
 
 
@@ -135,7 +134,7 @@ def _grouped_operands(ops: list[Op], first: int, gpu: GpuExecution) -> list[tupl
     for position in (0, 1):
         tensors = [op.tensors[position] for op in experts if len(op.tensors) > position]
         nbytes = sum(t.value_bytes + t.scale_bytes for t in tensors)
-        out.append((nbytes, sum(_tile_count(t.cols, gpu) for t in tensors)))
+        out.append((nbytes, sum(gemm_ctas(t.rows, t.cols, gpu) for t in tensors)))
     return out
 
 
