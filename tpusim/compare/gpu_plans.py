@@ -4,14 +4,16 @@ GPU serving stacks deploy an MoE model in one NVLink domain as (``gpu-serving.md
 
 - ``attention TP{n} + experts EP{n}`` — attention heads and every projection split over all
   GPUs, each GPU holding whole experts (:func:`tpusim.workload.sharding.generic_plan`);
-- ``attention TP{n} + experts TP4 x EP{n/4}`` — the same attention, each expert's width
-  split over 4 GPUs inside ``n / 4`` expert-parallel groups (TensorRT-LLM's minimum-latency
-  DeepSeek-R1 layout splits experts TP4 x EP2).
+- ``attention TP{n/2} x DP2 + experts EP{n}`` — two attention data-parallel groups, each
+  serving half the sequences with every head of a TP{n/2} shard (wide-EP serving). Offered
+  when the sharding plan carries ``attention_dp`` (issue 13's plan schema); until then the
+  per-device program has one batch for attention and MoE alike and the candidate is left out;
+- ``attention TP{n} + experts TP4 x EP{n/4}`` — the first plan's attention, each expert's
+  width split over 4 GPUs inside ``n / 4`` expert-parallel groups (TensorRT-LLM's
+  minimum-latency DeepSeek-R1 layout splits experts TP4 x EP2).
 
 A compare row simulates every candidate that fits HBM and keeps the fastest
-(:func:`pick_plan`), reporting which. *Not offered:* attention data-parallel (TP8 x DP2 +
-EP16): the per-device program has one batch for attention and MoE alike, so a DP split of
-the attention batch is not expressible yet.
+(:func:`pick_plan`), reporting which.
 
 The interface for the system→plan rule (owned by :mod:`tpusim.workload.model_catalog`) is
 :func:`gpu_plan_candidates`: a list of ``(label, plan)``; a ``--plan SPEC`` given by the user
@@ -26,7 +28,8 @@ from dataclasses import dataclass
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.sharding import ShardingPlan, generic_plan
 
-EXPERT_TP = 4  # the expert-TP width of the second candidate
+EXPERT_TP = 4  # the expert-TP width of the expert-TP candidate
+ATTENTION_DP = 2  # attention data-parallel groups of the DP candidate
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,10 @@ def gpu_plan_candidates(model: ModelConfig, devices: int, *, devices_per_chip: i
     base = generic_plan(model, devices, devices_per_chip=devices_per_chip, intra_link=intra_link)
     out = [(f"attention TP{devices} + experts EP{base.expert_groups}"
             + (f" x TP{base.expert_tp}" if base.expert_tp > 1 else ""), base)]
+    if "attention_dp" in ShardingPlan.model_fields and devices % ATTENTION_DP == 0 and devices > ATTENTION_DP:
+        dp = generic_plan(model, devices, devices_per_chip=devices_per_chip, intra_link=intra_link,
+                          attention_dp=ATTENTION_DP)  # type: ignore[call-arg]
+        out.append((f"attention TP{devices // ATTENTION_DP} x DP{ATTENTION_DP} + experts EP{dp.expert_groups}", dp))
     groups = devices // EXPERT_TP
     moe = model.moe
     if (base.expert_tp == 1 and devices % EXPERT_TP == 0 and groups >= 1
