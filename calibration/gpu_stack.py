@@ -40,7 +40,15 @@ from hwmodels.overlay import CalibratedValue, CalibrationOverlay
 from hwmodels.schema import Chip
 from tpusim.engine import simulate
 from tpusim.engine.gpu import gpu_variant
-from tpusim.engine.gpu_stack import STAGE_GROUPS, stack_kernels
+from tpusim.engine.gpu_fusion import ATTENTION as ATTENTION_KIND
+from tpusim.engine.gpu_fusion import GEMM, GROUPED_GEMM
+from tpusim.engine.gpu_stack import (
+    LOW_PRECISION_FORMATS,
+    QUANTIZE,
+    STAGE_GROUPS,
+    StackKernel,
+    stack_kernels,
+)
 from tpusim.schedule.schema import load_schedule
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.program import Op, Program, build_program
@@ -79,6 +87,7 @@ class StackSplit:
 
     group_us: dict[str, float]
     step_us: float
+    stage_us: dict[str, float]
 
     def shares(self) -> dict[str, float]:
         total = sum(self.group_us.values())
@@ -94,34 +103,74 @@ def published_group_us() -> dict[str, float]:
     return out
 
 
-def _main_group(op: Op) -> str:
-    if op.role == "moe.expert":
-        return "moe"
+DENSE, BF16_GEMMS = "dense FP8 GEMMs (projections)", "lm_head + small bf16 GEMMs"
+W13, W2, DELTANET, ATTENTION = "MoE up/gate (w13)", "MoE down (w2)", "Gated DeltaNet recurrence", "attention"
+NORMS, QUANTIZE_STAGE = "norms / RoPE", "FP8 activation quantize"
+
+
+def _gemm_stage(op: Op) -> str:
+    low = any(tensor.fmt.name in LOW_PRECISION_FORMATS for tensor in op.tensors)
+    return DENSE if low else BF16_GEMMS
+
+
+def _kernel_stage(op: Op, kernel: StackKernel, position: int) -> str:
+    """The published stage a kernel belongs to (``position``: its index among the op's
+    grouped GEMMs — the first is w13, the second w2)."""
+    if kernel.kind == GEMM:
+        return _gemm_stage(op)
+    if kernel.kind == GROUPED_GEMM:
+        return W13 if position == 0 else W2
+    if kernel.kind == ATTENTION_KIND:
+        return DELTANET if op.name == "kda.core" else ATTENTION
+    return QUANTIZE_STAGE if kernel.what == QUANTIZE else NORMS
+
+
+def _remainder_stages(op: Op) -> dict[str, float]:
+    """Where an op's copies and compute go, as shares (experts: w13 / w2 by bytes)."""
+    if op.role == "moe.expert" and len(op.tensors) >= 2:
+        up, down = (t.value_bytes + t.scale_bytes for t in op.tensors[:2])
+        return {W13: up / (up + down), W2: down / (up + down)}
     if op.role == "attn.core":
-        return "attention"
+        return {DELTANET if op.name == "kda.core" else ATTENTION: 1.0}
     if op.tensors and op.unit == "mxu":
-        return "gemm"
-    return "small"
+        return {_gemm_stage(op): 1.0}
+    return {NORMS: 1.0}
 
 
-def split_step(chip: Chip, program: Program) -> StackSplit:
-    """Simulate ``program`` under ``chip``'s serving stack and split it by stage group."""
+def split_stages(chip: Chip, program: Program) -> tuple[dict[str, float], float]:
+    """Simulate ``program`` under ``chip``'s serving stack; its time per published stage (s)
+    and the step (s). Each kernel's gap, fixed time and ramp go to its own stage; the rest
+    of an op (copies, compute) to the op's stage (an op fused into an earlier kernel: that
+    kernel's op's)."""
     stack = gpu_variant(chip, "stack")
     result = simulate(program, load_schedule("naive"), stack)
     gap_s = stack.execution.gpu.kernel_gap_s.value  # type: ignore[union-attr]
     kernels = stack_kernels(stack, program)
-    groups = dict.fromkeys(STAGE_GROUPS, 0.0)
-    owner: list[str] = []
+    stages = dict.fromkeys(PUBLISHED_STAGES_US, 0.0)
+    owner: dict[str, float] = {}
     for index, (op, op_s) in enumerate(zip(program.ops, result.op_time_s, strict=True)):
         these = kernels[index]
-        owner.append(_main_group(op) if these else owner[-1] if owner else _main_group(op))
+        if these or not owner:
+            owner = _remainder_stages(op)
         charged = 0.0
+        grouped = 0
         for kernel in these:
             cost = gap_s + kernel.fixed_s + kernel.ramp_s
-            groups[kernel.group] += cost
+            stages[_kernel_stage(op, kernel, grouped)] += cost
+            grouped += kernel.kind == GROUPED_GEMM
             charged += cost
-        groups[owner[-1]] += max(0.0, op_s - charged)
-    return StackSplit({k: v * 1e6 for k, v in groups.items()}, result.step_s * 1e6)
+        for stage, share in owner.items():
+            stages[stage] += share * max(0.0, op_s - charged)
+    return stages, result.step_s
+
+
+def split_step(chip: Chip, program: Program) -> StackSplit:
+    """:func:`split_stages` summed into the stage groups, in µs."""
+    stages, step_s = split_stages(chip, program)
+    groups = dict.fromkeys(STAGE_GROUPS, 0.0)
+    for stage, seconds in stages.items():
+        groups[STAGE_GROUP[stage]] += seconds * 1e6
+    return StackSplit(groups, step_s * 1e6, {stage: seconds * 1e6 for stage, seconds in stages.items()})
 
 
 def qwen_program(chip: Chip) -> Program:
@@ -170,12 +219,23 @@ def fit_gpu_stack(chip: Chip, *, max_evals: int = 40) -> dict[str, Any]:
         "chip": chip.name, "measurements": MEASUREMENT, "source": SOURCE, "model": MODEL,
         "published_step_us": STEP_US, "published_stages_us": PUBLISHED_STAGES_US,
         "published_group_us": published_group_us(),
-        "before": {"group_us": before.group_us, "step_us": before.step_us, "errors": group_errors(before)},
-        "after": {"group_us": after.group_us, "step_us": after.step_us, "errors": group_errors(after)},
+        "before": _summary(before), "after": _summary(after),
         "parameters": {path: {"published": _figure(chip, path), "value": value} for path, value in values.items()},
         "within_tolerance": all(abs(e) <= TOLERANCE for e in group_errors(after).values()),
         "tolerance": TOLERANCE,
     }
+
+
+def stage_errors(split: StackSplit) -> dict[str, float]:
+    """Per published stage (not fitted): simulated / published - 1, both as shares of their sums."""
+    total_sim, total_pub = sum(split.stage_us.values()), sum(PUBLISHED_STAGES_US.values())
+    return {stage: (split.stage_us[stage] / total_sim) / (value / total_pub) - 1.0
+            for stage, value in PUBLISHED_STAGES_US.items()}
+
+
+def _summary(split: StackSplit) -> dict[str, Any]:
+    return {"group_us": split.group_us, "step_us": split.step_us, "errors": group_errors(split),
+            "stage_us": split.stage_us, "stage_errors": stage_errors(split)}
 
 
 def _figure(chip: Chip, path: str) -> float:
@@ -198,6 +258,11 @@ def report_markdown(fit: dict[str, Any]) -> str:
         lines.append(f"| {group} | {fit['published_group_us'][group]:.0f} | {fit['before']['group_us'][group]:.0f} "
                      f"| {fit['before']['errors'][group]:+.1%} | {fit['after']['group_us'][group]:.0f} "
                      f"| {fit['after']['errors'][group]:+.1%} |")
+    lines += ["", "Within the groups (not fitted; shares of the stage sum):", "",
+              "| stage | published (µs) | simulated after (µs) | error of its share |", "| --- | ---: | ---: | ---: |"]
+    for stage, value in PUBLISHED_STAGES_US.items():
+        lines.append(f"| {stage} | {value:.0f} | {fit['after']['stage_us'][stage]:.0f} "
+                     f"| {fit['after']['stage_errors'][stage]:+.1%} |")
     lines += ["", f"Step: published {fit['published_step_us']:.0f} µs; simulated {fit['before']['step_us']:.0f} µs "
               f"before, {fit['after']['step_us']:.0f} µs after (simulated, calibrated).", ""]
     for path, entry in fit["parameters"].items():
