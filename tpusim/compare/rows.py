@@ -306,7 +306,7 @@ def _plan_outcome(job: _RowJob, plan_label: str, plan: ShardingPlan) -> tuple[Pl
 
 def sweep_chooser(*, budget: int, jobs: int, seed: int, out_dir: Path | None, context_tokens: int,
                   routing: RoutingModel, samples: int = 100, screen_factor: int = 4) -> ScheduleChooser:
-    """Choose each megakernel row's schedule with a small sweep, cached per system and row count.
+    """Choose each megakernel row's schedule with a small sweep, cached per system, plan and row count.
 
     The sweep is a reduced one (the built-ins and their one-knob neighbours plus ``samples``
     random draws; ``budget`` full simulations) so a comparison of many rows stays quick; run
@@ -315,14 +315,14 @@ def sweep_chooser(*, budget: int, jobs: int, seed: int, out_dir: Path | None, co
     from tpusim.sweep.space import default_space
 
     space = default_space().model_copy(update={"samples": samples})
-    cache: dict[tuple[str, int, str], tuple[Schedule, str]] = {}
+    cache: dict[tuple[str, int, str, str], tuple[Schedule, str]] = {}
 
     def choose(model: ModelConfig, plan: ShardingPlan, system: System, batch: int) -> tuple[Schedule, str]:
         from tpusim.sweep import run_sweep
 
-        key = (system.name + system.chip.execution.mode, batch, model.name)
+        key = (system.name + system.chip.execution.mode, batch, model.name, plan.name)
         if key not in cache:
-            folder = (out_dir / f"sweep-{system.chip.name}x{system.chips}-{system.chip.execution.mode}-b{batch}"
+            folder = (out_dir / f"sweep-{system.chip.name}x{system.chips}-{system.chip.execution.mode}-{plan.name}-b{batch}"
                       if out_dir else Path(tempfile.mkdtemp(prefix="tpusim-sweep-")))
             result = run_sweep(model, plan, system, batch=batch, out_dir=folder, budget=budget, jobs=jobs,
                                seed=seed, context_tokens=context_tokens, routing=routing, quiet=True,
