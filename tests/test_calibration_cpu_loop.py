@@ -55,12 +55,16 @@ def test_quick_loop_predicts_within_bounds(loop: tuple[FitResult, list[Measureme
     # numbers (MAPE target 15 %) are in the benchmark and the issue note.
     assert summary["mape_calibration"] < 0.30 and summary["mape_holdout"] < 0.35
     assert summary["mape_calibration"] < summary["mape_before_calibration"] + 1e-9
-    # The fitted bandwidth is judged against an independent measurement of the same host: the
-    # probe's numpy copy bandwidth (not against the fit's own bounds, which it cannot leave).
-    # XLA's fused reads and numpy's copy differ, and two busy cores add noise: within 4x.
+    # The fitted bandwidth is judged against the data and the probe, not against the fit's own
+    # bounds (which it cannot leave). Physics: a step that reads B weight bytes in T seconds
+    # streamed at least B / T, so no fit may claim less (30 % slack for the fit's own error).
+    # The probe's numpy copy measures DRAM while small XLA steps run from cache: the fit may
+    # exceed it, but not by the orders of magnitude its bounds would allow.
     fitted = {p.path: p for p in result.parameters}["hbm.sustained_bandwidth_bytes_per_s"].value
+    achieved = max(r.extra["weight_bytes"] / (r.ms_per_step_median / 1e3) for r in records)
     copy = probed.hbm.sustained_bandwidth_bytes_per_s.value
-    assert copy / 4 <= fitted <= copy * 4, (fitted, copy)
+    assert fitted >= 0.7 * achieved, (fitted, achieved)
+    assert copy / 4 <= fitted <= copy * 30, (fitted, copy)
     assert "host-cpu" in result.fitted_on
 
 
