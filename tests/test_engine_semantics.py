@@ -88,7 +88,7 @@ def test_speculative_misses_are_refetched_deterministically() -> None:
 def test_per_op_launch_policy_disables_cross_op_prefetch() -> None:
     chip = load_chip("h200", calibrated=False)
     policy = execution_policy(chip)
-    assert policy.mode == "per_op_launch" and not policy.cross_op_prefetch
+    assert policy.mode == "serving_stack" and not policy.cross_op_prefetch  # a GPU's catalog default
     assert policy.hbm_bandwidth_bytes_per_s == pytest.approx(
         chip.hbm.sustained_bandwidth_bytes_per_s.value * chip.execution.per_op_efficiency.value)  # type: ignore[union-attr]
     conventional = conventional_schedule(load_schedule("published"))
