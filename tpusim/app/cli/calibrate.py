@@ -5,6 +5,7 @@ Usage::
     tpusim calibrate --hardware tpu-v7 --measurements published:tpu7x-musespark \\
         --holdout format=int4+bf16 --out calib/tpu-v7 [--json] [--uncalibrated-start]
     tpusim calibrate --hardware host-cpu --measurements cpu-loop [--quick] --out calib/host
+    tpusim calibrate --hardware b200 --measurements published:b200-vllm-qwen3.5 --out calib/b200
     tpusim report --hardware tpu-v7 --measurements published:tpu7x-musespark [--out DIR]
 
 ``calibrate`` predicts every measurement with the published figures (*simulated,
@@ -18,6 +19,11 @@ this host, time jitted decode steps, fit ``host-cpu``.
 
 ``--json`` prints ``mape_before``, ``mape_calibration``, ``mape_holdout`` (fractions; None
 when nothing is held out) and ``parameters`` (``value``, ``uncertainty``, ``fitted_on``, …).
+
+``--measurements published:b200-vllm-qwen3.5`` fits the GPU serving stack's figures on a
+published per-stage split instead (:mod:`calibration.gpu_stack`); its ``--json`` gives
+``before`` / ``after`` (``group_us``, ``errors``, ``stage_us``, ``stage_errors``, ``step_us``),
+``parameters``, ``within_tolerance`` and ``overlay``.
 
 ``report`` fits nothing: it compares a measurement file with the simulator, uncalibrated and
 (if an overlay exists) calibrated.
