@@ -6,7 +6,7 @@ A :class:`~calibration.measurements.Measurement` names everything the simulator 
    optionally with width/layer overrides in brackets, ``kimi-k3-mini[width=512,layers=4]``,
    which the CPU loop uses to sweep model sizes);
 2. the **system** (chip name x chips) and so the device count and the sharding plan
-   (:func:`tpusim.workload.model_catalog.plan_for`: the published ``muse-tp8`` plan for Muse on 8
+   (:func:`tpusim.workload.model_catalog.plan_for_system`: the published ``muse-tp8`` plan for Muse on 8
    devices);
 3. the **workload** (batch, context, routing) and so the per-device program
    (:func:`tpusim.workload.program.build_program`);
@@ -32,7 +32,7 @@ from typing import Any
 from calibration.measurements import Measurement
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
-from tpusim.workload.model_catalog import load_model, plan_for
+from tpusim.workload.model_catalog import load_model, plan_for_system
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.sharding import ShardingPlan, round_up
 from tpusim.workload.program import Program, build_program
@@ -162,9 +162,7 @@ class Predictor:
         devices = m.system.chips * chip.devices_per_chip
         key = (m.model, devices, chip.devices_per_chip, chip.kind)
         if key not in self._plans:
-            intra = "nvlink" if chip.kind == "gpu" else "ici"
-            self._plans[key] = plan_for(resolve_model(m.model), devices,
-                                        devices_per_chip=chip.devices_per_chip, intra_link=intra)
+            self._plans[key] = plan_for_system(resolve_model(m.model), chip, m.system.chips)
         return self._plans[key]
 
     def program(self, chip: Chip, m: Measurement) -> Program:
