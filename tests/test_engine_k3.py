@@ -9,11 +9,11 @@ import pytest
 
 from hwmodels.catalog import make_system
 from hwmodels.schema import Chip
-from tpusim.workload.floors import floors
 from tpusim.engine import InfeasibleSchedule, SimResult, VmemOverflow, simulate
+from tpusim.schedule.schema import FamilySchedule, Schedule, load_schedule
+from tpusim.workload.floors import floors
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.program import Program, build_program
-from tpusim.schedule.schema import FamilySchedule, Schedule, load_schedule
 from tpusim.workload.shapes import expert_slice_bytes
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from hwmodels.catalog import make_system
-from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.sweep import default_space, run_sweep
+from tpusim.workload.model_catalog import load_model, plan_for
 
 
 @pytest.mark.parametrize(("batch", "jobs"), [(1, 1), (8, 2)])

@@ -20,10 +20,10 @@ import yaml
 from hwmodels.catalog import make_system
 from hwmodels.errors import InputError
 from tpusim.app.cli import main
-from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.schedule.schema import load_schedule
 from tpusim.sweep import SweepInterrupted, SweepResult, SweepSpace, default_space, run_sweep
 from tpusim.sweep.outputs import STATUSES
+from tpusim.workload.model_catalog import load_model, plan_for
 
 BATCH = 2
 

@@ -10,8 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from hwmodels.catalog import make_system
-from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.schedule.schema import BUILTIN_SCHEDULES, Schedule, load_schedule
+from tpusim.schedule.vmem import vmem_plan
 from tpusim.sweep.prune import VmemAccountant, check_candidate
 from tpusim.sweep.space import (
     FamilySpace,
@@ -23,7 +23,7 @@ from tpusim.sweep.space import (
     pool_pattern_name,
     schedule_knobs,
 )
-from tpusim.schedule.vmem import vmem_plan
+from tpusim.workload.model_catalog import load_model, plan_for
 
 K3_FAMILIES = ["kda_proj", "mla_proj", "small_params", "router", "latent_proj", "shared_expert",
                "routed_expert", "dense_mlp", "lm_head"]

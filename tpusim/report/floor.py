@@ -15,10 +15,10 @@ from typing import Any
 from hwmodels.schema import System
 from tpusim.workload.floors import floors, tokens_per_s
 from tpusim.workload.modelconfig import ModelConfig
-from tpusim.workload.sharding import ShardingPlan
 from tpusim.workload.program import build_program
 from tpusim.workload.routing import RoutingModel, expected_distinct
 from tpusim.workload.shapes import expert_slice_bytes
+from tpusim.workload.sharding import ShardingPlan
 
 MS_PER_S = 1000.0
 
