@@ -59,6 +59,7 @@ def floor_report(model: ModelConfig, plan: ShardingPlan, system: System, *, batc
             by_kind[kind] = by_kind.get(kind, 0.0) + size / groups
     by_kind["routed_expert"] = by_family["routed_expert"]
     bytes_per_device = sum(by_family.values())
+    weight_bytes = sum(size for family, size in by_family.items() if family not in ("kv_cache", "kda_state"))
 
     hbm_floor_s = bytes_per_device / chip.hbm.peak_bandwidth_bytes_per_s.value
     compute_floor_s = sum(fl.compute_floor_s for fl in group_floors) / groups
@@ -79,6 +80,7 @@ def floor_report(model: ModelConfig, plan: ShardingPlan, system: System, *, batc
         "routing": routing.label,
         "seed": seed,
         "bytes_per_device": bytes_per_device,
+        "weight_bytes_per_device": weight_bytes,
         "bytes_per_device_critical": critical.hbm_bytes,
         "routed_experts_per_device_per_layer": experts_per_layer,
         "routed_experts_closed_form": closed is not None,

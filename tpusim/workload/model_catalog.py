@@ -135,6 +135,16 @@ def plan_for(model: ModelConfig, devices: int, *, devices_per_chip: int = 1, int
     return plan
 
 
+def plan_devices(choice: str | None) -> int | None:
+    """Devices a ``--plan`` choice names by itself (a SPEC's ``tp``, a plan file's
+    ``devices``), or None when it leaves them to the system."""
+    if not choice or choice in ("auto", "generic"):
+        return None
+    if is_plan_spec(choice):
+        return parse_plan_spec(choice).tp
+    return load_plan(choice).devices
+
+
 def plan_for_system(model: ModelConfig, chip: Chip, chips: int, choice: str | None = None) -> ShardingPlan:
     """:func:`plan_for` on ``chips`` x ``chip`` (devices and collective link from the chip)."""
     return plan_for(model, chips * chip.devices_per_chip, devices_per_chip=chip.devices_per_chip,
