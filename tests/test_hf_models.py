@@ -265,4 +265,4 @@ def test_plan_command_prints_collectives(capsys: pytest.CaptureFixture[str]) -> 
     assert report["plan"]["expert_groups"] == 2 and report["experts_per_group"] == 128
     assert report["expert_slice_width"] == 512
     names = [c["name"] for c in report["collectives"]]
-    assert names == ["attn.allreduce", "moe.allreduce", "mlp.allreduce"]
+    assert names == ["attn.allreduce", "moe.allreduce", "mlp.allreduce"]  # 3 dense layers, then MoE

@@ -249,8 +249,10 @@ def _generic_collectives(model: ModelConfig, devices: int, attention_tp: int, de
             name="moe.latent_allgather", phase="moe", kind="all_gather",
             bytes_per_token=latent_cols * 2, stages=[CollectiveStage(link=intra_link, peers=devices - 1)],  # type: ignore[arg-type]
             after="moe.latent_down", overlapped=True)]
-    return {
+    return {  # only the phases the model has: a dense model has no MoE, an all-MoE model no MLP
         "attention_collectives": attention,
-        "moe_collectives": latent_gather + collective("moe.allreduce", "moe", out_kind, "moe.combine", devices),
-        "mlp_collectives": collective("mlp.allreduce", "mlp", out_kind, "mlp.down", devices),
+        "moe_collectives": latent_gather + collective("moe.allreduce", "moe", out_kind, "moe.combine", devices)
+        if model.moe else [],
+        "mlp_collectives": collective("mlp.allreduce", "mlp", out_kind, "mlp.down", devices)
+        if model.dense_layers else [],
     }
