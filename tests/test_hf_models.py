@@ -266,3 +266,15 @@ def test_plan_command_prints_collectives(capsys: pytest.CaptureFixture[str]) -> 
     assert report["expert_slice_width"] == 512
     names = [c["name"] for c in report["collectives"]]
     assert names == ["attn.allreduce", "moe.allreduce", "mlp.allreduce"]  # 3 dense layers, then MoE
+
+
+@pytest.mark.parametrize("kind", ["uniform", "identical", "zipf:1.2"])
+def test_grouped_top_k_keeps_each_row_in_its_groups(kind: str) -> None:
+    from tpusim.workload.routing import draw_routing, parse_routing
+
+    choices = draw_routing(parse_routing(kind), num_moe_layers=20, batch=16, num_experts=256, top_k=8, seed=3,
+                           groups=8, groups_per_token=4)
+    groups_per_row = {len(set(row // 32)) for layer in choices for row in layer}
+    assert max(groups_per_row) <= 4 and all(len(set(row)) == 8 for layer in choices for row in layer)
+    ungrouped = draw_routing(parse_routing(kind), num_moe_layers=20, batch=16, num_experts=256, top_k=8, seed=3)
+    assert max(len(set(row // 32)) for layer in ungrouped for row in layer) > 4  # the rule is what confines them

@@ -43,8 +43,9 @@ def floor_report(model: ModelConfig, plan: ShardingPlan, system: System, *, batc
     slice_bytes = expert_slice_bytes(model, plan)
     moe_layers = len(model.moe_layers)
     group_size = plan.experts_per_group(model)
-    closed = (expected_distinct(routing, model.moe.num_experts, model.moe.top_k, batch, group_size)
-              if model.moe else 0.0)
+    moe = model.moe
+    closed = (expected_distinct(routing, moe.num_experts, moe.top_k, batch, group_size,
+                                grouped=moe.routing_groups_per_token < moe.routing_groups) if moe else 0.0)
     sampled_mean = sum(sum(p.routed_experts_per_layer) for p in group_programs) / (groups * max(1, moe_layers))
     experts_per_layer = closed if closed is not None else sampled_mean
 

@@ -198,6 +198,8 @@ class MoeConfig(_Frozen):
         if self.num_experts % self.routing_groups or self.routing_groups_per_token > self.routing_groups:
             raise ValueError(f"routing_groups ({self.routing_groups}) must divide num_experts and be >= "
                              f"routing_groups_per_token ({self.routing_groups_per_token})")
+        if self.top_k > self.routing_groups_per_token * (self.num_experts // self.routing_groups):
+            raise ValueError(f"top_k ({self.top_k}) exceeds the experts of {self.routing_groups_per_token} groups")
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
         if self.num_shared_experts and not self.shared_intermediate_size:

@@ -322,7 +322,8 @@ def build_program(
     groups = plan.expert_groups
     if moe is not None:
         choices = draw_routing(routing, num_moe_layers=len(model.moe_layers), batch=batch,
-                               num_experts=moe.num_experts, top_k=moe.top_k, seed=seed)
+                               num_experts=moe.num_experts, top_k=moe.top_k, seed=seed,
+                               groups=moe.routing_groups, groups_per_token=moe.routing_groups_per_token)
         distinct = distinct_per_group(choices, moe.num_experts, groups)  # [moe_layers, groups]
         rows_per_expert = tokens_per_expert(choices, moe.num_experts)  # [moe_layers, experts]
     else:  # a dense model: no routed experts anywhere
