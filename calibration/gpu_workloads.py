@@ -147,11 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         current = WORKLOADS_PATH.read_text(encoding="utf-8") if WORKLOADS_PATH.exists() else ""
         if current != text:
-            print(f"{WORKLOADS_PATH}: stale; run python -m calibration.gpu_workloads", file=sys.stderr)
+            sys.stderr.write(f"{WORKLOADS_PATH}: stale; run python -m calibration.gpu_workloads\n")
             return 1
         return 0
     write_text_atomic(WORKLOADS_PATH, text)
-    print(f"wrote {WORKLOADS_PATH} ({len(text) / 1e3:.0f} kB)")
+    sys.stdout.write(f"wrote {WORKLOADS_PATH} ({len(text) / 1e3:.0f} kB)\n")
     return 0
 
 

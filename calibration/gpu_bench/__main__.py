@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from calibration.gpu_bench import WORKLOADS_PATH
-from calibration.gpu_bench.micro import COPY_MAX_BYTES, bench_copies, bench_gaps, bench_matmuls
+from calibration.gpu_bench.micro import COPY_MAX_BYTES, GAP_OPS, bench_copies, bench_gaps, bench_matmuls
 from calibration.gpu_bench.records import RecordWriter, RunInfo
 from calibration.gpu_bench.steps import bench_steps
 
@@ -34,6 +34,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)}")
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls before timing")
     parser.add_argument("--repeats", type=int, default=9, help="timed samples per measurement")
+    parser.add_argument("--gap-ops", default=",".join(map(str, GAP_OPS)),
+                        help="tiny ops per compiled gap executable, comma list")
     parser.add_argument("--trace-steps", type=int, default=3, help="profiled steps per model (0: no traces)")
     parser.add_argument("--budget-s", type=float, default=420.0,
                         help="stop starting new work after this many seconds (records so far are kept)")
@@ -96,11 +98,11 @@ def main(argv: list[str] | None = None) -> int:
         if time.monotonic() > deadline:
             skipped.append(f"{part}: not started, time budget spent")
             continue
-        print(f"gpu_bench: {part} ...", file=sys.stderr, flush=True)
+        sys.stderr.write(f"gpu_bench: {part} ...\n")
         if part == "copy":
             emit(bench_copies(info, max_bytes=max_bytes, rotate_bytes=rotate, **timing), part)
         elif part == "gap":
-            emit(bench_gaps(info, **timing), part)
+            emit(bench_gaps(info, op_counts=tuple(int(n) for n in args.gap_ops.split(",")), **timing), part)
         elif part == "matmul":
             emit(bench_matmuls(info, chosen["matmuls"], dtypes=tuple(chosen["dtypes"]), rows_list=tuple(chosen["rows"]),
                                rotate_bytes=rotate, skipped=skipped, **timing), part)
@@ -113,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                "records": writer.count, "traces": len(traces), "parts": parts, "skipped": skipped,
                "elapsed_s": round(time.monotonic() - began, 1), "max_bytes": max_bytes, "rotate_bytes": rotate}
     (out / "run.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
-    print(json.dumps(summary), flush=True)
+    sys.stdout.write(json.dumps(summary) + "\n")
     return 0
 
 

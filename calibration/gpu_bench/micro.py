@@ -18,6 +18,9 @@ puts on it:
 - **matmul** ``x[rows, K] @ W[K, N]`` at the decode shapes of the shipped models (bf16, and
   fp8 ``float8_e4m3fn`` where the backend compiles it; f32 in the CPU set, whose bf16
   matrix-vector code runs far below the memory rate): weight-streaming at small ``rows``.
+  The fp8 record times whatever XLA makes of a plain fp8 x fp8 dot (an fp8 GEMM where its
+  rewriter matches the pattern, an upcast and a bf16 GEMM where not): the trace of a step
+  or ``XLA_FLAGS=--xla_dump_to`` says which.
 
 Buffers smaller than ``rotate_bytes`` are cycled through enough copies that consecutive
 calls do not find their operands in the last-level cache (H200's L2 is 50 MiB), so the
@@ -147,7 +150,7 @@ def bench_gaps(info: RunInfo, *, warmup: int, repeats: int,
         )
 
 
-def _matmul_fn(dtype: str) -> Callable[[Any, Any], Any]:
+def _matmul() -> Callable[[Any, Any], Any]:
     import jax.numpy as jnp
 
     return lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
@@ -157,9 +160,9 @@ def _operands(rows: int, k: int, n: int, dtype: str, count: int, rng: np.random.
     import jax.numpy as jnp
 
     store = {"bf16": jnp.bfloat16, "fp8": jnp.float8_e4m3fn, "f32": jnp.float32}[dtype]
-    x = jnp.asarray(rng.standard_normal((rows, k), dtype=np.float32)).astype(store)
-    base = jnp.asarray(rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k))
-    return [(x, (base + i).astype(store)) for i in range(count)]
+    x = jnp.asarray(rng.standard_normal((rows, k), dtype=np.float32).astype(store))
+    base = rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k)
+    return [(x, jnp.asarray((base + 0.01 * i).astype(store))) for i in range(count)]
 
 
 def bench_matmuls(info: RunInfo, shapes: list[dict[str, Any]], *, dtypes: tuple[str, ...], rows_list: tuple[int, ...],
@@ -177,13 +180,14 @@ def bench_matmuls(info: RunInfo, shapes: list[dict[str, Any]], *, dtypes: tuple[
                 continue
             itemsize = ITEMSIZE[dtype]
             count = rotation(k * n * itemsize, rotate_bytes)
-            kernel = jax.jit(_matmul_fn(dtype))
+            kernel = jax.jit(_matmul())
             for rows in rows_list:
                 operands = _operands(rows, k, n, dtype, count, rng)
                 pick = _cycle(operands)
                 try:
-                    timing: Timing = time_call(lambda i, pick=pick: kernel(*pick(i)), warmup=warmup, repeats=repeats)
-                except Exception as error:  # noqa: BLE001 - a backend without fp8 raises its own types
+                    timing: Timing = time_call(lambda i, pick=pick, kernel=kernel: kernel(*pick(i)),
+                                               warmup=warmup, repeats=repeats)
+                except Exception as error:  # a backend without fp8 raises its own error types
                     failed.add(dtype)
                     skipped.append(f"matmul {dtype}: {type(error).__name__}: {str(error).splitlines()[0][:200]}")
                     break

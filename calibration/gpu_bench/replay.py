@@ -91,14 +91,14 @@ class _Arrays:
 
         scale = 1.0 / np.sqrt(max(shape[-2], 1))
         values = self.rng.standard_normal(shape, dtype=np.float32) * scale
-        self.weights.append(jnp.asarray(values).astype(jnp_dtype(dtype)))
+        self.weights.append(jnp.asarray(values.astype(jnp_dtype(dtype))))  # cast on the host: no eager op
         return len(self.weights) - 1
 
     def cache(self, shape: tuple[int, ...], dtype: str) -> int:
         import jax.numpy as jnp
 
         values = self.rng.standard_normal(shape, dtype=np.float32) * 0.1
-        self.caches.append(jnp.asarray(values).astype(jnp_dtype(dtype)))
+        self.caches.append(jnp.asarray(values.astype(jnp_dtype(dtype))))
         return len(self.caches) - 1
 
     def need(self, width: int, rows: int) -> None:
