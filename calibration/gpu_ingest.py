@@ -10,7 +10,8 @@ reads ``OUT/records.jsonl`` (every line validated as a
 (the traced step's median, and its top kernels as per-step phases; ``extra.kind:
 profile``), and writes them all to ``<into>/<chip>-<YYYY-MM-DD>.jsonl`` (atomically;
 refuses to replace an existing file without ``--force``). The date and chip come from
-``OUT/run.json``. The result is what ``tpusim calibrate --measurements`` reads.
+``OUT/run.json`` (or, for a run cut short before writing it, from the first record). The
+result is what ``tpusim calibrate --measurements`` reads.
 """
 
 from __future__ import annotations
@@ -61,8 +62,13 @@ def trace_records(out: Path) -> list[Measurement]:
 def ingest(out: Path | str) -> tuple[list[Measurement], dict[str, Any]]:
     """The run's records (validated) plus its trace records, and its ``run.json``."""
     folder = Path(out)
-    run = _read_json(folder / "run.json")
     records = read_measurements(folder / "records.jsonl")
+    if (folder / "run.json").exists():
+        run = _read_json(folder / "run.json")
+    else:  # a run cut by its time limit: what run.json would say, from the first record
+        first = records[0]
+        run = {"chip": first.system.chip, "date": first.extra.get("date", "unknown"), "label": first.label,
+               "device": first.extra.get("device", "unknown"), "complete": False}
     traces = trace_records(folder) if (folder / "traces.json").exists() else []
     return records + traces, run
 

@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from calibration.gpu_bench import WORKLOADS_PATH
-from calibration.gpu_bench.micro import COPY_MAX_BYTES, GAP_OPS, bench_copies, bench_gaps, bench_matmuls
+from calibration.gpu_bench.micro import (
+    COPY_MAX_BYTES,
+    GAP_OPS,
+    bench_copies,
+    bench_gaps,
+    bench_matmuls,
+)
 from calibration.gpu_bench.records import RecordWriter, RunInfo
 from calibration.gpu_bench.steps import bench_steps
 
@@ -108,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                                rotate_bytes=rotate, skipped=skipped, **timing), part)
         else:
             emit(bench_steps(info, chosen, out, trace_steps=args.trace_steps, traces=traces,
-                             deadline=deadline, **timing), part)
+                             deadline=deadline, skipped=skipped, **timing), part)
     (out / "traces.json").write_text(json.dumps(traces, indent=1) + "\n", encoding="utf-8")
     summary = {"set": set_name, "chip": info.chip, "label": info.label, "device": info.device,
                "jax_version": info.jax_version, "date": info.date, "host": info.host,

@@ -37,8 +37,10 @@ def trace_step(step: ReplayStep, folder: Path, *, steps: int) -> None:
 
 
 def bench_steps(info: RunInfo, workload_set: dict[str, Any], out: Path, *, warmup: int, repeats: int,
-                trace_steps: int, traces: list[dict[str, Any]], deadline: float) -> Iterator[dict[str, Any]]:
-    """One record per step description of ``workload_set``; traces appended to ``traces``.
+                trace_steps: int, traces: list[dict[str, Any]], deadline: float,
+                skipped: list[str]) -> Iterator[dict[str, Any]]:
+    """One record per step description of ``workload_set``; traces appended to ``traces``
+    (a profiler that cannot start, e.g. without CUPTI, is noted in ``skipped``).
 
     Stops (without error) before starting a step once ``time.monotonic()`` passes
     ``deadline``: the records already written stay valid.
@@ -63,8 +65,12 @@ def bench_steps(info: RunInfo, workload_set: dict[str, Any], out: Path, *, warmu
         )
         if name not in traced and trace_steps > 0:
             folder = out / "traces" / f"{name}-b{batch}"
-            trace_step(step, folder, steps=trace_steps)
             traced.add(name)
+            try:
+                trace_step(step, folder, steps=trace_steps)
+            except Exception as error:  # the profiler's own error types vary by backend
+                skipped.append(f"trace {name}: {type(error).__name__}: {str(error).splitlines()[0][:200]}")
+                continue
             traces.append({"folder": str(folder.relative_to(out)), "model": entry["model"], "batch": batch,
                            "context": context, "chip": info.chip, "backend": info.backend, "label": info.label,
                            "plan_devices": int(entry["plan_devices"]), "name": name})
