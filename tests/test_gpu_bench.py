@@ -55,7 +55,8 @@ def test_copy_sizes_and_rotation() -> None:
     sizes = copy_sizes(4 << 30)
     assert sizes[0] == 64 << 10 and sizes[-1] == 4 << 30 and len(sizes) == 17
     assert copy_sizes(300 << 10) == [64 << 10, 128 << 10, 256 << 10]
-    assert rotation(1 << 20, 256 << 20) == 64 and rotation(1 << 30, 256 << 20) == 1
+    assert rotation(1 << 20, 256 << 20) == 256 and rotation(1 << 30, 256 << 20) == 1
+    assert rotation(64 << 10, 256 << 20) == 4096 and rotation(1, 1 << 40) == 4096  # capped
 
 
 def test_hlo_kernel_count() -> None:
@@ -70,6 +71,34 @@ ENTRY %main (y: f32[8]) -> f32[8] {
 }
 """
     assert hlo_kernel_count(text) == 2
+
+
+def test_hlo_kernel_count_enters_command_buffers() -> None:
+    """XLA's GPU command buffers move kernels into a called computation: they still count;
+    fusion bodies do not."""
+    text = """HloModule m, entry_computation_layout={(f32[8]{0})->f32[8]{0}}
+
+%fused_computation (p: f32[8]) -> f32[8] {
+  %p = f32[8]{0} parameter(0)
+  ROOT %s = f32[8]{0} sine(%p)
+}
+
+%command_buffer (a: f32[8]) -> (f32[8], f32[8]) {
+  %a = f32[8]{0} parameter(0)
+  %f1 = f32[8]{0} fusion(%a), kind=kLoop, calls=%fused_computation
+  %g = (f32[8]{0}, s8[4]{0}) custom-call(%f1), custom_call_target="__cublas$gemm"
+  %f2 = f32[8]{0} fusion(%f1), kind=kLoop, calls=%fused_computation
+  ROOT %t = (f32[8]{0}, f32[8]{0}) tuple(%f1, %f2)
+}
+
+ENTRY %main (y: f32[8]) -> f32[8] {
+  %y = f32[8]{0} parameter(0)
+  %call = (f32[8]{0}, f32[8]{0}) call(%y), to_apply=%command_buffer
+  %gte = f32[8]{0} get-tuple-element(%call), index=0
+  ROOT %r = f32[8]{0} fusion(%gte), kind=kLoop, calls=%fused_computation
+}
+"""
+    assert hlo_kernel_count(text) == 4
 
 
 def _tiny_workloads(path: Path) -> Path:

@@ -45,7 +45,7 @@ COPY_MAX_BYTES = 4 * GIB
 MATMUL_ROWS = (1, 8, 64, 256)
 GAP_OPS = (1, 4, 16, 64, 256)
 EAGER_INNER = 200
-MAX_ROTATING_COPIES = 64
+MAX_ROTATING_COPIES = 4096
 ITEMSIZE = {"fp8": 1, "bf16": 2, "f32": 4}  # bytes per weight value of each matmul dtype
 NO_KERNEL_OPS = ("parameter", "constant", "tuple", "get-tuple-element", "bitcast", "opt-barrier", "after-all")
 
@@ -64,24 +64,62 @@ def rotation(nbytes: int, rotate_bytes: int) -> int:
     return max(1, min(MAX_ROTATING_COPIES, math.ceil(rotate_bytes / max(nbytes, 1))))
 
 
+def _instruction(line: str) -> tuple[str, str] | None:
+    """``(op, attributes)`` of one HLO instruction line, or None for any other line."""
+    if "=" not in line or not line.lstrip().startswith(("%", "ROOT")):
+        return None
+    rhs = line.split("=", 1)[1].strip()
+    if rhs.startswith("("):  # a tuple-shaped result: skip its type to reach the op name
+        depth = 0
+        for index, char in enumerate(rhs):
+            depth += char == "("
+            depth -= char == ")"
+            if depth == 0:
+                rhs = rhs[index + 1:].strip()
+                break
+    head = rhs.split("(", 1)[0].split()
+    return (head[-1], rhs) if head else None
+
+
 def hlo_kernel_count(compiled_text: str) -> int:
-    """Instructions of the ENTRY computation that launch work (fusions, dots, custom calls,
-    copies); parameters, constants, tuples and bitcasts launch nothing."""
-    entry = compiled_text[compiled_text.index("ENTRY"):]
-    count = 0
-    for line in entry.splitlines()[1:]:
-        line = line.strip()
-        if line.startswith("}"):
-            break
-        if "=" not in line:
+    """Kernels one execution of a compiled HLO module launches, counted from its text.
+
+    Counted: every instruction of the ENTRY computation that launches work (fusions, dots,
+    custom calls such as cuBLAS GEMMs, copies), recursing into ``call`` instructions (XLA's
+    GPU command buffers wrap runs of kernels in a called computation). Not counted:
+    parameters, constants, tuples, bitcasts, ``*-done`` halves of async pairs, and the bodies
+    of fusions and reducers (they run inside the kernel that calls them).
+    """
+    computations: dict[str, list[tuple[str, str]]] = {}
+    entry, current = "", None
+    for raw in compiled_text.splitlines():
+        line = raw.strip()
+        if line.endswith("{") and " = " not in line:  # a computation header
+            name = line.removeprefix("ENTRY").split()[0]
+            current = computations.setdefault(name, [])
+            if line.startswith("ENTRY"):
+                entry = name
             continue
-        rhs = line.split("=", 1)[1].strip()
-        # "f32[8]{0} fusion(%y), kind=..." -> the op name is the word before the first "("
-        head = rhs.split("(", 1)[0].split()
-        op = head[-1] if head else ""
-        if op and op not in NO_KERNEL_OPS:
-            count += 1
-    return count
+        if line.startswith("}"):
+            current = None
+            continue
+        parsed = _instruction(line)
+        if current is not None and parsed is not None:
+            current.append(parsed)
+
+    def count(name: str, seen: frozenset[str]) -> int:
+        total = 0
+        for op, rhs in computations.get(name, []):
+            if op == "call":
+                target = rhs.split("to_apply=", 1)[1].split(",")[0].split()[0] if "to_apply=" in rhs else ""
+                total += count(target, seen | {name}) if target and target not in seen else 0
+            elif op not in NO_KERNEL_OPS and not op.endswith(("-done", "-update")):
+                total += 1
+        return total
+
+    if not entry:
+        raise ValueError("compiled HLO text without an ENTRY computation")
+    return count(entry, frozenset())
 
 
 def _cycle(items: list[Any]) -> Callable[[int], Any]:
@@ -156,13 +194,18 @@ def _matmul() -> Callable[[Any, Any], Any]:
     return lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
 
 
-def _operands(rows: int, k: int, n: int, dtype: str, count: int, rng: np.random.Generator) -> list[tuple[Any, Any]]:
+def _store(dtype: str) -> Any:
     import jax.numpy as jnp
 
-    store = {"bf16": jnp.bfloat16, "fp8": jnp.float8_e4m3fn, "f32": jnp.float32}[dtype]
-    x = jnp.asarray(rng.standard_normal((rows, k), dtype=np.float32).astype(store))
+    return {"bf16": jnp.bfloat16, "fp8": jnp.float8_e4m3fn, "f32": jnp.float32}[dtype]
+
+
+def _weights(k: int, n: int, dtype: str, count: int, rng: np.random.Generator) -> list[Any]:
+    """``count`` distinct ``[k, n]`` weights (cast on the host, so no eager op compiles)."""
+    import jax.numpy as jnp
+
     base = rng.standard_normal((k, n), dtype=np.float32) / np.sqrt(k)
-    return [(x, jnp.asarray((base + 0.01 * i).astype(store))) for i in range(count)]
+    return [jnp.asarray((base + 0.01 * i).astype(_store(dtype))) for i in range(count)]
 
 
 def bench_matmuls(info: RunInfo, shapes: list[dict[str, Any]], *, dtypes: tuple[str, ...], rows_list: tuple[int, ...],
@@ -170,6 +213,7 @@ def bench_matmuls(info: RunInfo, shapes: list[dict[str, Any]], *, dtypes: tuple[
     """One record per (shape, rows, dtype); a dtype the backend cannot compile is skipped
     once, with the reason appended to ``skipped``."""
     import jax
+    import jax.numpy as jnp
 
     rng = np.random.default_rng(0)
     failed: set[str] = set()
@@ -181,11 +225,12 @@ def bench_matmuls(info: RunInfo, shapes: list[dict[str, Any]], *, dtypes: tuple[
             itemsize = ITEMSIZE[dtype]
             count = rotation(k * n * itemsize, rotate_bytes)
             kernel = jax.jit(_matmul())
+            weights = _weights(k, n, dtype, count, rng)
             for rows in rows_list:
-                operands = _operands(rows, k, n, dtype, count, rng)
-                pick = _cycle(operands)
+                x = jnp.asarray(rng.standard_normal((rows, k), dtype=np.float32).astype(_store(dtype)))
+                pick = _cycle(weights)
                 try:
-                    timing: Timing = time_call(lambda i, pick=pick, kernel=kernel: kernel(*pick(i)),
+                    timing: Timing = time_call(lambda i, x=x, pick=pick, kernel=kernel: kernel(x, pick(i)),
                                                warmup=warmup, repeats=repeats)
                 except Exception as error:  # a backend without fp8 raises its own error types
                     failed.add(dtype)
