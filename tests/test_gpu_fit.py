@@ -61,6 +61,8 @@ def test_micro_fit_recovers_known_gap_and_bandwidth() -> None:
     sigma = fitted["hbm.sustained_bandwidth_bytes_per_s"].uncertainty
     assert sigma is not None and 0 < sigma < 0.02 * 3.9e12
     assert result.summary()["mape_calibration"] < 0.02  # the residual is the 1 % noise
+    assert result.extra["mape_by_kind"]["matmul_fp8"] < 0.03  # predicted, not fitted
+    assert "24 matmul" in result.fitted_on  # 6 shapes x 4 rows in bf16; the fp8 ones are not fitted
 
 
 def test_held_out_steps_are_predicted_not_fitted() -> None:
