@@ -28,9 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tpusim.workload.modelconfig import ModelConfig
-from tpusim.workload.sharding import ShardingPlan
 from tpusim.schedule.schema import SCHEDULE_FAMILIES, Schedule
+from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.shapes import (
     TensorSpec,
     dense_mlp_tensors,
@@ -40,6 +39,7 @@ from tpusim.workload.shapes import (
     lm_head_tensors,
     recurrent_state_bytes,
 )
+from tpusim.workload.sharding import ShardingPlan
 
 ROW_GRANULE = 16  # bf16 packs 16 rows per (16, 128) VMEM tile
 

@@ -32,8 +32,12 @@ from functools import cached_property
 import numpy as np
 
 from tpusim.workload.modelconfig import ModelConfig
-from tpusim.workload.sharding import CollectiveSpec, ShardingPlan
-from tpusim.workload.routing import RoutingModel, distinct_per_group, draw_routing, tokens_per_expert
+from tpusim.workload.routing import (
+    RoutingModel,
+    distinct_per_group,
+    draw_routing,
+    tokens_per_expert,
+)
 from tpusim.workload.shapes import (
     TensorSpec,
     attention_span_tokens,
@@ -46,6 +50,7 @@ from tpusim.workload.shapes import (
     recurrent_state_bytes,
     small_param_tensors,
 )
+from tpusim.workload.sharding import CollectiveSpec, ShardingPlan
 
 # Vector work per element, FLOPs (norm: square, sum, rsqrt-scale, weight; situ: two tanh,
 # a sigmoid, products). Rough constants; the VPU is rarely the bottleneck at decode.

@@ -38,7 +38,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from tpusim.workload.formats import WeightFormat, scale_bytes, tensor_bytes, value_bytes, weight_format
+from tpusim.workload.formats import (
+    WeightFormat,
+    scale_bytes,
+    tensor_bytes,
+    value_bytes,
+    weight_format,
+)
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.sharding import ShardingPlan, round_up
 
