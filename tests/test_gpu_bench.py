@@ -156,3 +156,36 @@ def test_loader_on_a_recorded_trace() -> None:
     assert record.steps == 3 and record.model == "kimi-k3-mini[layers=2,formats=f32]"
     assert record.extra["modules"][0] == "jit_step" and record.extra["kernel_events"] > 3 * 20
     assert 0 < sum(p.ms for p in record.phases) <= record.ms_per_step_median * 1.5
+
+
+TINY_DESCRIPTION = {"batch": 2, "hidden": 64, "ops": [
+    {"kind": "vector", "cols": [64]},
+    {"kind": "matmul", "mats": [[2, 64, 128, "bf16"], [2, 64, 32, "f32"]]},
+    {"kind": "attention", "pairs": [[4, 32, 16, 32]], "shares_latent": False},
+    {"kind": "state", "heads": 2, "dim": 8},
+    {"kind": "topk", "experts": 8, "k": 2},
+    {"kind": "experts", "count": 3, "rows": 2, "mats": [[64, 96, "bf16"], [48, 64, "bf16"]]},
+]}
+
+
+@pytest.mark.parametrize("on_host", [True, pytest.param(False, marks=pytest.mark.slow)])
+def test_replay_allocates_every_op_kind(on_host: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every op kind replays, with values drawn on the host (CPU backend) or on the device
+    (the accelerator path, forced here); bytes counted by hand from the description."""
+    from calibration.gpu_bench import replay
+
+    original = replay._Arrays.__init__
+
+    def init(self: replay._Arrays, seed: int) -> None:
+        original(self, seed)
+        self.on_host = on_host
+
+    monkeypatch.setattr(replay._Arrays, "__init__", init)
+    step = replay.build_step(TINY_DESCRIPTION)
+    # vector 64 f32; matmul 64x128 bf16 + 64x32 f32; experts 3 x (64x96 + 48x64) bf16
+    assert step.weight_bytes == 64 * 4 + 64 * 128 * 2 + 64 * 32 * 4 + 3 * (64 * 96 + 48 * 64) * 2
+    # attention K and V caches 2 x 16 x 32 bf16 each; KDA-style state 2 x 2 x 8 x 8 f32
+    assert step.cache_bytes == 2 * (2 * 16 * 32 * 2) + 2 * 2 * 8 * 8 * 4
+    assert step.ops == 6 and len(step.time_steps(warmup=0, repeats=1)) == 1
+    with pytest.raises(ValueError, match="unknown op kind"):
+        replay.build_step({"batch": 1, "hidden": 8, "ops": [{"kind": "conv"}]})

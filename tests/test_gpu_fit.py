@@ -94,9 +94,8 @@ def test_missing_micro_kinds_are_named() -> None:
         fit_micro(load_chip("h200", calibrated=False), records)
 
 
-def test_cli_calibrate_reports_holdout_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_cli_calibrate_reports_holdout_steps(tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setenv("TPUSIM_LOCAL_DIR", str(tmp_path / "local"))
     data = write_measurements(tmp_path / "h200.jsonl", synthetic_micro() + synthetic_steps())
     code = cli_main(["calibrate", "--hardware", "h200", "--measurements", str(data), "--holdout",
                      "kind=decode_step", "--json", "--no-save", "--out", str(tmp_path / "out")])

@@ -28,6 +28,7 @@ program's bytes, FLOPs and op count (its *cost*), not a model's values. ``dtype`
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,28 +78,51 @@ class ReplayStep:
         return samples
 
 
+@functools.cache
+def _normal_fn(shape: tuple[int, ...], dtype: str, scale: float) -> Callable[[Any], Any]:
+    """A jitted ``scale * N(0, 1)`` of ``shape`` in ``dtype``, one compile per distinct shape."""
+    import jax
+    import jax.numpy as jnp
+
+    return jax.jit(lambda key: (jax.random.normal(key, shape, jnp.float32) * scale).astype(jnp_dtype(dtype)))
+
+
 class _Arrays:
-    """Random weights, caches and inputs allocated for one description."""
+    """Random weights, caches and inputs allocated for one description.
+
+    On an accelerator values are drawn on the device (``jax.random``): a replay of
+    Qwen3-30B-A3B at batch 32 allocates ≈ 53 GB of weights, minutes of host-side random
+    numbers and transfers. On a CPU backend (CI sizes) numpy draws them, which avoids one
+    compile per distinct shape.
+    """
 
     def __init__(self, seed: int) -> None:
-        self.rng = np.random.default_rng(seed)
+        import jax
+
+        self.key = jax.random.PRNGKey(seed)
+        self.rng = np.random.default_rng(seed)  # the small activation inputs
         self.weights: list[Any] = []
         self.caches: list[Any] = []
         self.inputs: dict[int, int] = {}  # width -> rows needed
+        self.drawn = 0
+        self.on_host = jax.default_backend() == "cpu"
 
-    def weight(self, shape: tuple[int, ...], dtype: str) -> int:
+    def _draw(self, shape: tuple[int, ...], dtype: str, scale: float) -> Any:
+        import jax
         import jax.numpy as jnp
 
-        scale = 1.0 / np.sqrt(max(shape[-2], 1))
-        values = self.rng.standard_normal(shape, dtype=np.float32) * scale
-        self.weights.append(jnp.asarray(values.astype(jnp_dtype(dtype))))  # cast on the host: no eager op
+        self.drawn += 1
+        if self.on_host:  # cast on the host: no per-shape compile for CI-sized arrays
+            values = self.rng.standard_normal(shape, dtype=np.float32) * scale
+            return jnp.asarray(values.astype(jnp_dtype(dtype)))
+        return _normal_fn(tuple(shape), dtype, float(scale))(jax.random.fold_in(self.key, self.drawn))
+
+    def weight(self, shape: tuple[int, ...], dtype: str) -> int:
+        self.weights.append(self._draw(shape, dtype, 1.0 / np.sqrt(max(shape[-2], 1))))
         return len(self.weights) - 1
 
     def cache(self, shape: tuple[int, ...], dtype: str) -> int:
-        import jax.numpy as jnp
-
-        values = self.rng.standard_normal(shape, dtype=np.float32) * 0.1
-        self.caches.append(jnp.asarray(values.astype(jnp_dtype(dtype))))
+        self.caches.append(self._draw(shape, dtype, 0.1))
         return len(self.caches) - 1
 
     def need(self, width: int, rows: int) -> None:
