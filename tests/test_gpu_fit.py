@@ -118,3 +118,13 @@ def test_transfer_scales_by_published_ratio_and_labels_derived() -> None:
         derive_from_h200(b200, calibrated, "execution.per_op_efficiency")
     with pytest.raises(InputError, match="not calibrated"):
         derive_from_h200(b200, h200, "hbm.sustained_bandwidth_bytes_per_s")
+
+
+def test_cli_text_lists_held_out_steps_and_refuses_parameters(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = write_measurements(tmp_path / "h200.jsonl", synthetic_micro() + synthetic_steps())
+    args = ["calibrate", "--hardware", "h200", "--measurements", str(data), "--no-save", "--out", str(tmp_path / "out")]
+    assert cli_main(args) == 0
+    out = capsys.readouterr().out
+    assert "held out kimi-k3-mini[layers=2,formats=bf16] b1: measured" in out
+    assert cli_main([*args, "--parameters", "hbm.sustained_bandwidth_bytes_per_s"]) == 2
+    assert "drop --parameters" in capsys.readouterr().err

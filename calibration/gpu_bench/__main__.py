@@ -31,6 +31,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True, help="folder for records.jsonl, traces/, run.json")
     parser.add_argument("--set", default="auto", help="workload set of workloads.json: h200, cpu, or auto "
                         "(cpu on a CPU backend, else h200)")
+    parser.add_argument("--chip", default=None,
+                        help="catalog chip the records calibrate (default: the set's, checked against "
+                        "the device name)")
     parser.add_argument("--workloads", type=Path, default=WORKLOADS_PATH, help="step descriptions and shapes")
     parser.add_argument("--max-bytes", type=int, default=None,
                         help="largest copy in bytes (default: the set's, 4 GiB for h200)")
@@ -85,7 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     records_path = out / "records.jsonl"
     if records_path.exists() and records_path.stat().st_size:
         raise SystemExit(f"gpu_bench: error: {records_path} exists; use an empty --out folder")
-    info = run_info(chosen["chip"])
+    info = run_info(args.chip or chosen["chip"])
+    if args.chip is None and info.backend != "cpu-xla" and info.chip not in info.device.lower().replace(" ", ""):
+        raise SystemExit(f"gpu_bench: error: the device is {info.device!r}, not a {info.chip}; pass --chip "
+                         "NAME to say which catalog chip its records calibrate")
     writer = RecordWriter(records_path)
     max_bytes = min(args.max_bytes or int(chosen["copy_max_bytes"]), COPY_MAX_BYTES)
     rotate = args.rotate_bytes if args.rotate_bytes is not None else int(chosen["rotate_bytes"])

@@ -116,6 +116,9 @@ def _fit(args: argparse.Namespace, console: Console) -> tuple[FitResult, list]:
     from calibration.gpu_fit import fit_micro, is_micro_set
 
     if is_micro_set(records):  # calibration.gpu_bench output: fit micro-benchmarks, predict steps
+        if args.parameters:
+            raise InputError("--parameters: a gpu_bench file fits its fixed micro-model figures "
+                             "(calibration.gpu_fit); drop --parameters")
         return fit_micro(published, records, holdout=args.holdout, start=start), records
     parameters = parse_parameters(args.parameters, published) if args.parameters else None
     result = fit_chip(published, records, parameters=parameters, holdout=args.holdout, start=start,
@@ -145,6 +148,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
         flag = " (at bound)" if p.at_bound else ""
         stdout.print(f"{p.path}: {p.published:.4g} (published) -> {p.value:.4g}{sigma} (calibrated){flag}",
                      highlight=False)
+    for row in result.extra.get("holdout_steps", []):  # gpu_bench files: held-out whole steps
+        stdout.print(f"held out {row['model']} b{row['batch']}: measured {row['measured_ms']:.3f} ms, "
+                     f"predicted {row['predicted_ms']:.3f} ms (calibrated), error {row['error']:+.1%}",
+                     highlight=False, markup=False)
     stdout.print(f"report: {display_path(paths['report'])}", highlight=False)
     stdout.print(f"overlay: {display_path(saved) if saved else 'not saved (--no-save)'}", highlight=False)
     return 0
