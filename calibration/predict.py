@@ -67,10 +67,10 @@ def scale_width(model: ModelConfig, width: int) -> ModelConfig:
         "expert_intermediate_size": _scaled(model.moe.expert_intermediate_size, factor),
         "latent_size": _scaled(model.moe.latent_size or 0, factor) or None,
         "shared_intermediate_size": _scaled(model.moe.shared_intermediate_size, factor),
-    })
+    }) if model.moe else None
     data = model.model_dump()
     data.update(hidden_size=width, dense_intermediate_size=_scaled(model.dense_intermediate_size, factor),
-                moe=moe.model_dump())
+                moe=moe.model_dump() if moe else None)
     return ModelConfig.model_validate(data)
 
 
@@ -104,6 +104,8 @@ def resolve_model(spec: str) -> ModelConfig:
     if "layers" in overrides:
         model = model.with_layers(overrides["layers"])
     if {"experts", "top_k"} & overrides.keys():
+        if model.moe is None:
+            raise InputError(f"model {spec!r}: experts/top_k overrides need an MoE model")
         moe = model.moe.model_copy(update={
             "num_experts": overrides.get("experts", model.moe.num_experts),
             "top_k": overrides.get("top_k", model.moe.top_k),

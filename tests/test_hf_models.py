@@ -278,3 +278,11 @@ def test_grouped_top_k_keeps_each_row_in_its_groups(kind: str) -> None:
     assert max(groups_per_row) <= 4 and all(len(set(row)) == 8 for layer in choices for row in layer)
     ungrouped = draw_routing(parse_routing(kind), num_moe_layers=20, batch=16, num_experts=256, top_k=8, seed=3)
     assert max(len(set(row // 32)) for layer in ungrouped for row in layer) > 4  # the rule is what confines them
+
+
+@pytest.mark.parametrize("name", ["llama-3.2-1b", "llama-3.1-8b", "qwen3-30b-a3b"])
+def test_catalog_twins_match_their_config_json(name: str) -> None:
+    """The catalog YAMLs of the GPU harness's models describe the same tensors as the cards."""
+    catalog, card = load_model(name), load_model(str(DATA / name / "config.json"))
+    assert parameter_count(catalog) == parameter_count(card)
+    assert catalog.tied_embeddings == card.tied_embeddings and (catalog.moe is None) == (card.moe is None)
