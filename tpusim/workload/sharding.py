@@ -4,8 +4,11 @@ A :class:`ShardingPlan` states, per device, the widths every sharded tensor gets
 collectives each layer runs. Published plans are YAML files in ``tpusim/models/``
 (``plan-k3-tp32.yaml``: Kimi K3 on 16 TPU v7 chips = 32 devices; ``plan-muse-tp8.yaml``);
 :func:`generic_plan` derives one for any model and device count (attention heads split
-tensor-parallel, experts split expert-parallel into groups, each group optionally splitting
-every expert's intermediate width tensor-parallel).
+tensor-parallel, or data-parallel over ``attention_dp`` groups; experts split expert-parallel
+into groups, each group optionally splitting every expert's intermediate width
+tensor-parallel; a dense model splits its MLP columns). ``--plan tp=8,expert_groups=2,...``
+reaches it through :mod:`tpusim.workload.plan_spec`; which plan a command gets is decided by
+:func:`tpusim.workload.model_catalog.plan_for`.
 
 Routed experts: device ``r`` belongs to group ``r // expert_tp`` of ``expert_groups``
 groups; the group owns ``num_experts / expert_groups`` consecutive experts and the device
