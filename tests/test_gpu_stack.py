@@ -13,7 +13,7 @@ from tpusim.schedule.schema import load_schedule
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.program import CollectiveCall, LayerProgram, Op, Program
 from tpusim.workload.shapes import TensorSpec
-from tpusim.workload.sharding import CollectiveSpec, CollectiveStage, ShardingPlan
+from tpusim.workload.sharding import CollectiveSpec, CollectiveStage
 from tpusim.workload.speculative import SpeculativeConfig, SpeculativeStep, load_drafter, mtp_model
 
 US = 1e-6
@@ -77,10 +77,9 @@ def test_small_allreduce_is_one_shot_and_large_goes_to_nccl() -> None:
 def test_plan_choice_skips_a_faster_plan_that_does_not_fit() -> None:
     model = load_model("kimi-k3")
     candidates = gpu_plan_candidates(model, 16)
-    shapes = [(plan.expert_groups, plan.expert_tp) for _label, plan in candidates]
-    assert shapes[0] == (16, 1) and shapes[-1] == (4, 4)
-    if "attention_dp" in ShardingPlan.model_fields:  # the plan schema with attention DP (issue 13)
-        assert any(getattr(plan, "attention_dp", 1) == 2 for _label, plan in candidates)
+    shapes = [(plan.attention_dp, plan.expert_groups, plan.expert_tp) for _label, plan in candidates]
+    assert shapes == [(1, 16, 1), (2, 16, 1), (1, 4, 4)]
+    assert len({plan.name for _label, plan in candidates}) == 3
     plan_a, plan_b = candidates[0][1], candidates[-1][1]
     outcomes = [PlanOutcome("fast, too big", plan_a, None, "needs 200 GB"), PlanOutcome("slow", plan_b, 0.02),
                 PlanOutcome("slower", plan_a, 0.03)]

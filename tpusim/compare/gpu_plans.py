@@ -5,9 +5,7 @@ GPU serving stacks deploy an MoE model in one NVLink domain as (``gpu-serving.md
 - ``attention TP{n} + experts EP{n}`` — attention heads and every projection split over all
   GPUs, each GPU holding whole experts (:func:`tpusim.workload.sharding.generic_plan`);
 - ``attention TP{n/2} x DP2 + experts EP{n}`` — two attention data-parallel groups, each
-  serving half the sequences with every head of a TP{n/2} shard (wide-EP serving). Offered
-  when the sharding plan carries ``attention_dp`` (issue 13's plan schema); until then the
-  per-device program has one batch for attention and MoE alike and the candidate is left out;
+  serving half the sequences with every head of a TP{n/2} shard (wide-EP serving);
 - ``attention TP{n} + experts TP4 x EP{n/4}`` — the first plan's attention, each expert's
   width split over 4 GPUs inside ``n / 4`` expert-parallel groups (TensorRT-LLM's
   minimum-latency DeepSeek-R1 layout splits experts TP4 x EP2).
@@ -15,9 +13,9 @@ GPU serving stacks deploy an MoE model in one NVLink domain as (``gpu-serving.md
 A compare row simulates every candidate that fits HBM and keeps the fastest
 (:func:`pick_plan`), reporting which.
 
-The interface for the system→plan rule (owned by :mod:`tpusim.workload.model_catalog`) is
-:func:`gpu_plan_candidates`: a list of ``(label, plan)``; a ``--plan SPEC`` given by the user
-replaces the list with one entry.
+The system→plan rule (:func:`tpusim.workload.model_catalog.plan_for_system`) stays the one
+owner of a row's plan when ``--plan`` is given, and on TPUs; on GPUs without ``--plan`` the
+rule's plan and :func:`gpu_plan_candidates` are tried (:mod:`tpusim.compare.rows`).
 """
 
 from __future__ import annotations
@@ -44,21 +42,21 @@ class PlanOutcome:
 
 def gpu_plan_candidates(model: ModelConfig, devices: int, *, devices_per_chip: int = 1,
                         intra_link: str = "nvlink") -> list[tuple[str, ShardingPlan]]:
-    """The plans a GPU row of ``devices`` GPUs tries (see the module docstring)."""
-    base = generic_plan(model, devices, devices_per_chip=devices_per_chip, intra_link=intra_link)
+    """The plans a GPU row of ``devices`` GPUs tries (see the module docstring), each named
+    apart (``generic-N``, ``generic-N-dp2``, ``generic-N-etp4``)."""
+    common = {"devices_per_chip": devices_per_chip, "intra_link": intra_link}
+    base = generic_plan(model, devices, **common)
     out = [(f"attention TP{devices} + experts EP{base.expert_groups}"
             + (f" x TP{base.expert_tp}" if base.expert_tp > 1 else ""), base)]
-    if "attention_dp" in ShardingPlan.model_fields and devices % ATTENTION_DP == 0 and devices > ATTENTION_DP:
-        dp = generic_plan(model, devices, devices_per_chip=devices_per_chip, intra_link=intra_link,
-                          attention_dp=ATTENTION_DP)  # type: ignore[call-arg]
+    if devices % ATTENTION_DP == 0 and devices > ATTENTION_DP:
+        dp = generic_plan(model, devices, attention_dp=ATTENTION_DP, name=f"{base.name}-dp{ATTENTION_DP}", **common)
         out.append((f"attention TP{devices // ATTENTION_DP} x DP{ATTENTION_DP} + experts EP{dp.expert_groups}", dp))
     groups = devices // EXPERT_TP
     moe = model.moe
-    if (base.expert_tp == 1 and devices % EXPERT_TP == 0 and groups >= 1
+    if (moe is not None and base.expert_tp == 1 and devices % EXPERT_TP == 0 and groups >= 1
             and moe.num_experts % groups == 0 and moe.expert_intermediate_size % EXPERT_TP == 0):
-        plan = base.model_copy(update={
-            "name": f"{base.name}-etp{EXPERT_TP}", "expert_groups": groups, "expert_tp": EXPERT_TP,
-            "description": f"attention TP{devices}, experts TP{EXPERT_TP} x EP{groups}"})
+        plan = generic_plan(model, devices, expert_groups=groups, expert_tp=EXPERT_TP,
+                            name=f"{base.name}-etp{EXPERT_TP}", **common)
         out.append((f"attention TP{devices} + experts TP{EXPERT_TP} x EP{groups}", plan))
     return out
 

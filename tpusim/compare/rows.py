@@ -33,7 +33,8 @@ from tpusim.compare.gpu_plans import PlanOutcome, gpu_plan_candidates, pick_plan
 from tpusim.schedule.schema import Schedule, load_schedule
 from tpusim.schedule.vmem import InfeasibleSchedule, check_fits, vmem_plan
 from tpusim.workload.capacity import capacity_report, check_capacity
-from tpusim.workload.model_catalog import PUBLISHED_PLANS, load_model, plan_for
+from tpusim.workload.format_choice import apply_formats
+from tpusim.workload.model_catalog import load_model, plan_for_system
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.program import build_program
 from tpusim.workload.routing import RoutingModel
@@ -159,17 +160,23 @@ def _simulate_s(model: ModelConfig, plan: ShardingPlan, chip: Chip, schedule: Sc
     return result.step_s, breakdown
 
 
-def _system_and_plans(model: ModelConfig, spec: SystemSpec,
-                      calibrated: bool) -> tuple[System, Chip, list[tuple[str, ShardingPlan]]]:
+def _system_and_plans(model: ModelConfig, spec: SystemSpec, calibrated: bool,
+                      plan_choice: str | None = None) -> tuple[System, Chip, list[tuple[str, ShardingPlan]]]:
+    """The system, its chip in the spec's execution, and the plans a row tries: ``--plan`` or
+    the system rule (:func:`~tpusim.workload.model_catalog.plan_for_system`) on TPUs and when
+    a plan is given; on GPUs otherwise the rule's plan and the GPU candidates
+    (:func:`~tpusim.compare.gpu_plans.gpu_plan_candidates`), each once."""
     system = make_system(spec.chip, spec.chips, calibrated=calibrated)
     chip = with_execution(system.chip, spec.execution)
-    if chip.kind == "gpu":
-        plans = gpu_plan_candidates(model, system.devices, devices_per_chip=chip.devices_per_chip)
-        if (model.name.partition("@")[0], system.devices) in PUBLISHED_PLANS:
-            plans = [(f"published {plan.name}", plan) for plan in [plan_for(model, system.devices)]] + plans
-    else:
-        plan = plan_for(model, system.devices, devices_per_chip=chip.devices_per_chip, intra_link="ici")
-        plans = [(plan.name, plan)]
+    rule = plan_for_system(model, chip, spec.chips, plan_choice)
+    plans = [(f"{rule.name} ({'--plan' if plan_choice not in (None, 'auto') else 'the system rule'})", rule)]
+    if chip.kind == "gpu" and plan_choice in (None, "auto"):
+        candidates = gpu_plan_candidates(model, system.devices, devices_per_chip=chip.devices_per_chip)
+        plans = [(label, plan) for label, plan in candidates if plan.name != rule.name]
+        if len(plans) == len(candidates):  # the rule's plan is not a GPU candidate: try it too
+            plans.insert(0, (f"{rule.name} (the system rule)", rule))
+        else:
+            plans = candidates
     return system.model_copy(update={"chip": chip}), chip, plans
 
 
@@ -202,15 +209,18 @@ def compare_rows(
     calibrated: bool = True,
     draft_tokens: int | None = None,
     drafter: str | None = None,
+    formats: str | None = None,
+    plan_choice: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows of the comparison (see the module docstring for keys)."""
+    """Rows of the comparison (see the module docstring for keys). ``formats`` and
+    ``plan_choice`` are the ``--formats`` and ``--plan`` texts (applied to every system)."""
     routing = routing or RoutingModel("uniform")
-    model = load_model(model_name)
+    model = apply_formats(load_model(model_name), formats)
     rows: list[dict[str, Any]] = []
     speculation: list[float | None] = [None, *(acceptance_lengths or [])]
     chosen_drafter = _drafter(model, model_name, drafter, draft_tokens) if acceptance_lengths else None
     for spec in systems:
-        system, chip, plans = _system_and_plans(model, spec, calibrated)
+        system, chip, plans = _system_and_plans(model, spec, calibrated, plan_choice)
         label = "calibrated" if _is_calibrated(chip) else "simulated"
         source = f"{label} (tpusim engine, {chip.execution.mode} execution on {chip.name})"
         if chip.kind == "gpu":
@@ -285,8 +295,7 @@ def _plan_outcome(job: _RowJob, plan_label: str, plan: ShardingPlan) -> tuple[Pl
         return PlanOutcome(plan_label, plan, step_s), fields
     config = SpeculativeConfig(kind=drafter.spec.kind, draft_tokens=drafter.draft_tokens,
                                acceptance_length=job.acceptance)
-    draft_plan = plan_for(drafter.model, job.system.devices, devices_per_chip=chip.devices_per_chip,
-                          intra_link="nvlink" if chip.kind == "gpu" else "ici")
+    draft_plan = plan_for_system(drafter.model, chip, job.system.chips)
     draft_rows = batch * config.draft_rows_per_sequence
     if chip.execution.mode == "megakernel":
         draft_schedule, _ = fitting_schedule(drafter.model, draft_plan, chip, draft_rows, sequences=batch)

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hwmodels.errors import InputError
-from tpusim.app.cli.common import emit_json
+from tpusim.app.cli.common import add_model_options, emit_json
 
 
 def _numbers(text: str, kind: type, name: str) -> list:
@@ -27,6 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", default="kimi-k3",
                         help="catalog model name (optionally name@variant) or a config.json / .yaml path "
                         "(default: kimi-k3)")
+    add_model_options(parser)
     parser.add_argument("--systems", default="tpu-v7:16,gb200:16,gb200:16:megakernel",
                         help="comma-separated chip:chips[:execution]; GPU execution: none = the serving stack "
                         "(CUDA graphs, fused kernels), eager, megakernel "
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     rows = compare_rows(args.model, systems, batches, acceptance_lengths=acceptances, schedule=args.schedule,
                         choose_schedule=chooser, context_tokens=args.context, routing=parse_routing(args.routing),
                         seed=args.seed, calibrated=not args.uncalibrated, draft_tokens=args.draft_tokens,
-                        drafter=args.drafter)
+                        drafter=args.drafter, formats=args.formats, plan_choice=args.plan)
     if args.plot:
         from tpusim.compare.plot import plot_comparison
 
