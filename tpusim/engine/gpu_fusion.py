@@ -52,7 +52,7 @@ program op            kernels  what the stack launches (kinds in FUSION_TABLE)
 ``mlp.down``          1        dense MLP down GEMM
 ``head.norm``         1        final RMSNorm
 ``head.lm_head``      1        lm_head GEMM
-other ops             1        one kernel each
+other ops             1        one kernel each (a GEMM when the op reads weights on the MXU)
 collectives           1 each   an NCCL kernel per call (counted by the engine's stream, not here)
 ====================  =======  ====================================================================
 
@@ -138,6 +138,7 @@ FUSION_TABLE: dict[str, FusionRule] = {
 ROUTED_EXPERTS = FusionRule((SMALL, GROUPED_GEMM, SMALL, GROUPED_GEMM),
                             "fused MoE: permute, grouped gate/up GEMM, activation, grouped down GEMM")
 DEFAULT_RULE = FusionRule((SMALL,), "one kernel")
+DEFAULT_GEMM_RULE = FusionRule((GEMM,), "one GEMM")  # an op not in the table that reads weights on the MXU
 
 
 def rule_for(name: str, role: str) -> FusionRule:
@@ -165,6 +166,8 @@ def op_kernels(program: Program) -> OpKernels:
     experts_in_layer: dict[int, bool] = {}
     for index, op in enumerate(ops):
         rule = rule_for(op.name, op.role)
+        if rule is DEFAULT_RULE and op.tensors and op.unit == "mxu":
+            rule = DEFAULT_GEMM_RULE
         previous = ops[index - 1] if index else None
         same_layer = previous is not None and previous.layer == op.layer
         if op.role == EXPERT_ROLE:
