@@ -246,8 +246,9 @@ def compare_rows(
                     continue
                 fields = next(fields for outcome, fields in outcomes if outcome is best)
                 fitting = sum(outcome.step_s is not None for outcome, _fields in outcomes)
-                row.update(plan=best.plan.name, plan_choice=f"{best.label} (fastest of {fitting} that fit, "
-                           f"{len(outcomes)} tried)", fits=True, **fields)
+                choice = best.label if len(outcomes) == 1 else (
+                    f"{best.label} (fastest of {fitting} that fit, {len(outcomes)} tried)")
+                row.update(plan=best.plan.name, plan_choice=choice, fits=True, **fields)
                 row["note"] = f"{row['execution']}; plan: {row['plan_choice']}"
     return rows
 
