@@ -184,7 +184,6 @@ def _system_and_plans(model: ModelConfig, spec: SystemSpec, calibrated: bool,
 class _Drafter:
     spec: DrafterSpec
     model: ModelConfig
-    config_kind: str
     draft_tokens: int
 
 
@@ -192,7 +191,7 @@ def _drafter(model: ModelConfig, model_argument: str, name: str | None, draft_to
     layers = mtp_layers(model_argument)
     spec = load_drafter(name or default_drafter(model, layers))
     draft_model = mtp_model(model, layers) if spec.model == TARGET_MTP else load_model(spec.model)
-    return _Drafter(spec, draft_model, spec.kind, draft_tokens or spec.draft_tokens)
+    return _Drafter(spec, draft_model, draft_tokens or spec.draft_tokens)
 
 
 def compare_rows(
@@ -249,6 +248,9 @@ def compare_rows(
                 choice = best.label if len(outcomes) == 1 else (
                     f"{best.label} (fastest of {fitting} that fit, {len(outcomes)} tried)")
                 row.update(plan=best.plan.name, plan_choice=choice, fits=True, **fields)
+                rejected = [f"{o.label}: {o.why_not}" for o, _fields in outcomes if o.step_s is None]
+                if rejected:
+                    row["plans_rejected"] = rejected
                 row["note"] = f"{row['execution']}; plan: {row['plan_choice']}"
     return rows
 
