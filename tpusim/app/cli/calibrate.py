@@ -79,7 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     calibrate.add_argument("--quick", action="store_true", help="cpu-loop: the small CI variant")
     calibrate.add_argument("--no-probe", action="store_true",
                            help="cpu-loop: reuse the saved host-cpu entry instead of probing again")
-    calibrate.set_defaults(func=run_calibrate)
+    calibrate.set_defaults(func=run_calibrate, output_lock="folder")
 
     report = subparsers.add_parser(
         "report",

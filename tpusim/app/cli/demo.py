@@ -14,7 +14,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--jobs", type=int, default=2, help="worker processes for sweeps")
     parser.add_argument("--sweep-budget", type=int, default=32, help="full simulations per sweep")
     parser.add_argument("--quick", action="store_true", help="small budgets (smoke test)")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, output_lock="folder")
 
 
 def run(args: argparse.Namespace) -> int:
