@@ -22,9 +22,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hwmodels.errors import InputError
@@ -58,10 +57,12 @@ def _alive(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def output_lock(target: Path, *, command: str, is_folder: bool = True) -> Iterator[Path]:
+def output_lock(target: Path, *, command: str, is_folder: bool = True,
+                on_stale: Callable[[str], None] | None = None) -> Iterator[Path]:
     """Hold the lock for ``target`` for the ``with`` body; InputError if another run holds it.
 
     Never waits: a second writer is refused at once with the holder's pid and command.
+    ``on_stale`` receives one line when a killed run's lock is taken over.
     """
     path = lock_path(Path(target), is_folder=is_folder)
     try:
@@ -78,9 +79,9 @@ def output_lock(target: Path, *, command: str, is_folder: bool = True) -> Iterat
             who = f"process {pid} ({what})" if pid is not None else "another process"
             raise InputError(f"{target} is in use by {who}; wait for it to finish or choose another output") from None
         pid, what = _holder(previous)
-        if pid is not None and pid != os.getpid() and not _alive(pid):
-            print(f"tpusim {command}: taking over a stale lock in {target} left by process {pid} ({what}), "
-                  f"which is no longer running", file=sys.stderr)
+        if pid is not None and pid != os.getpid() and not _alive(pid) and on_stale is not None:
+            on_stale(f"taking over a stale lock in {target} left by process {pid} ({what}), "
+                     f"which is no longer running")
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} tpusim {command}, started {stamp}\n".encode(), 0)

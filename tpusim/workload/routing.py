@@ -167,7 +167,6 @@ def draw_routing(
     """Expert choices, int32[num_moe_layers, batch, top_k]."""
     check_draw_size(num_moe_layers=num_moe_layers, batch=batch, top_k=top_k)
     rng = np.random.default_rng(seed)
-    shape = (num_moe_layers, batch, num_experts)
     if routing.kind == "uniform":
         if (num_moe_layers * batch * num_experts > REJECTION_ABOVE_KEYS
                 and _distinct_probability(num_experts, top_k) >= 0.5):

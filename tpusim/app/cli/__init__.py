@@ -4,7 +4,7 @@ Each subcommand lives in its own module under ``tpusim/app/cli/`` and exposes
 ``register(subparsers)``, which adds its parser and sets ``func`` to a callable taking the
 parsed ``argparse.Namespace`` and returning an exit code. Input problems raise
 :class:`hwmodels.errors.InputError`; ``main`` prints them (and pydantic validation errors)
-as one line on stderr and exits 2 (see :mod:`tpusim.app.run_guard`).
+as one line on stderr and exits 2 (see :mod:`tpusim.app.cli.run_guard`).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
-    from tpusim.app.run_guard import run_command
+    from tpusim.app.cli.run_guard import run_command
 
     return run_command(args)  # locks, signals, and every input error as one line, exit 2
 

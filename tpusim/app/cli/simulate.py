@@ -40,7 +40,7 @@ from rich.table import Table
 
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
-from tpusim.app.capacity_gate import check_fit
+from tpusim.app.cli.capacity_gate import check_fit
 from tpusim.app.cli.common import add_workload_options, emit_json, resolve_workload
 
 MS_PER_S = 1e3

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hwmodels.errors import InputError
-from tpusim.app.capacity_gate import check_fit
+from tpusim.app.cli.capacity_gate import check_fit
 from tpusim.app.cli.common import add_workload_options, emit_json, positive_int, resolve_workload
 
 

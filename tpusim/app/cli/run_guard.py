@@ -51,7 +51,8 @@ def _lock(args: argparse.Namespace) -> contextlib.AbstractContextManager[object]
     out = getattr(args, "out", None)
     if kind is None or out is None:
         return contextlib.nullcontext()
-    return output_lock(Path(out), command=args.command, is_folder=kind == "folder")
+    return output_lock(Path(out), command=args.command, is_folder=kind == "folder",
+                       on_stale=lambda line: print(f"tpusim {args.command}: {line}", file=sys.stderr))
 
 
 def run_command(args: argparse.Namespace) -> int:
