@@ -14,7 +14,6 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-
 # Subcommand modules, in the order ``tpusim --help`` lists them. A module that is missing
 # (a feature not yet built) is skipped rather than breaking the whole CLI.
 SUBCOMMAND_MODULES = (

@@ -121,10 +121,13 @@ def run_calibrate(args: argparse.Namespace) -> int:
     console.print(f"calibrating {args.hardware} on {args.measurements} ...", highlight=False)
     result, records = _fit(args, console)
     out = Path(args.out)
-    paths = write_fit_report(result, out, predictor=Predictor())
-    write_text_atomic(out / "fit.json", json.dumps(result.to_json(), indent=2, default=float) + "\n")
-    write_measurements(out / "measurements.jsonl", records)
-    saved = None if args.no_save else save_fit(result)
+    from tpusim.app.interrupts import deferred_interrupts
+
+    with deferred_interrupts():  # the report, fit, points and overlay change together or not at all
+        paths = write_fit_report(result, out, predictor=Predictor())
+        write_text_atomic(out / "fit.json", json.dumps(result.to_json(), indent=2, default=float) + "\n")
+        write_measurements(out / "measurements.jsonl", records)
+        saved = None if args.no_save else save_fit(result)
     summary = result.to_json()
     summary["overlay"] = str(saved) if saved else None
     summary["report"] = str(paths["report"])
