@@ -112,7 +112,7 @@ def _flags(*parts: st.SearchStrategy[list[str]]) -> st.SearchStrategy[list[str]]
 def cases(corpus: dict[str, str], out_root: Path, *, heavy: bool) -> st.SearchStrategy[list[str]]:
     """Argument lists for every subcommand (see the module docstring)."""
     small_models = ["kimi-k3-mini", "kimi-k3-draft"]
-    models = small_models + ["kimi-k3", "muse-spark", "nope", "kimi-k3@bogus", corpus["wrong-types.yaml"],
+    models = [*small_models, "kimi-k3", "muse-spark", "nope", "kimi-k3@bogus", corpus["wrong-types.yaml"],
                              corpus["empty.yaml"], corpus["garbage.yaml"], corpus["list.yaml"],
                              corpus["config-truncated.json"], corpus["config-wrong.json"], corpus["missing"]]
     hardware = ["tpu-v7", "gb200", "h200", "host-cpu", "nope", ""]
@@ -152,7 +152,7 @@ def cases(corpus: dict[str, str], out_root: Path, *, heavy: bool) -> st.SearchSt
                    st.just(["--no-plots", "--quiet", "--json"]))
     systems = ["tpu-v7:16", "gb200:2", "gb200:16:graphs", "tpu-v7:0", "tpu-v7", "nope:4", "gb200:4:warp", ",",
                "tpu-v7:3"]
-    compare = _flags(st.just(["compare"]), _opt("--model", small_models + ["kimi-k3", "nope"]),
+    compare = _flags(st.just(["compare"]), _opt("--model", [*small_models, "kimi-k3", "nope"]),
                      st.lists(st.sampled_from(systems), min_size=1, max_size=2).map(lambda s: ["--systems", ",".join(s)]),
                      _opt("--batch", ["1", "1,8", "0", "x", "", "-1"]),
                      _opt("--spec-acceptance", ["3", "9", "0", "x", "1,100"]),
@@ -195,7 +195,7 @@ def run_case(argv: list[str]) -> Outcome:
             code = main(argv)
         except SystemExit as exit_:
             code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
-        except BaseException:  # noqa: BLE001 - a failure to report, not to handle
+        except BaseException:
             return Outcome(argv, -1, stdout.getvalue(), stderr.getvalue(), [traceback.format_exc()])
     return Outcome(argv, code, stdout.getvalue(), stderr.getvalue())
 
@@ -217,7 +217,7 @@ def _independent_fit(argv: list[str]) -> bool | None:
                         intra_link="nvlink" if system.chip.kind == "gpu" else "ici")
         report = capacity_report(model, plan, system.chip, batch=int(_value(argv, "--batch", "1")),
                                  context_tokens=int(_value(argv, "--context", "1024")))
-    except Exception:  # noqa: BLE001 - the case itself decides; this is only the reference
+    except Exception:
         return None
     return report.fits
 

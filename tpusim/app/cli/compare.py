@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hwmodels.errors import InputError
-from tpusim.app.cli.common import emit_json
+from tpusim.app.cli.common import emit_json, positive_int
 
 
 def _numbers(text: str, kind: type, name: str) -> list:
@@ -32,12 +32,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--draft-tokens", type=int, default=7, help="draft tokens per speculative step")
     parser.add_argument("--schedule", default=None,
                         help="best | published | a built-in | FILE (default: the sweep's best for each TPU/megakernel row)")
-    parser.add_argument("--sweep-budget", type=int, default=8,
+    parser.add_argument("--sweep-budget", type=positive_int, default=8,
                         help="full engine runs per (reduced) sweep when choosing the best schedule")
     parser.add_argument("--sweep-samples", type=int, default=100,
                         help="random schedules per reduced sweep, beside the built-ins and their neighbours")
-    parser.add_argument("--jobs", type=int, default=1, help="processes for the sweeps")
-    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--jobs", type=positive_int, default=1, help="processes for the sweeps")
+    parser.add_argument("--context", type=positive_int, default=1024)
     parser.add_argument("--routing", default="uniform")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--uncalibrated", action="store_true")
