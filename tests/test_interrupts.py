@@ -20,11 +20,10 @@ PREVIOUS = {"report.md": "# previous report\n", "fit.json": '{"previous": true}\
 
 def test_signals_are_held_during_a_commit_and_delivered_after() -> None:
     reached_end = False
-    with pytest.raises(KeyboardInterrupt):
-        with deferred_interrupts():
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.05)  # a handler that raised would have raised by now
-            reached_end = True
+    with pytest.raises(KeyboardInterrupt), deferred_interrupts():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # a handler that raised would have raised by now
+        reached_end = True
     assert reached_end
 
 

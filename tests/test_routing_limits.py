@@ -9,7 +9,13 @@ from hypothesis import strategies as st
 
 import tpusim.workload.routing as routing
 from hwmodels.errors import InputError
-from tpusim.workload.routing import RoutingModel, distinct_per_group, draw_routing, parse_routing, tokens_per_expert
+from tpusim.workload.routing import (
+    RoutingModel,
+    distinct_per_group,
+    draw_routing,
+    parse_routing,
+    tokens_per_expert,
+)
 
 
 @settings(max_examples=15, deadline=None)
