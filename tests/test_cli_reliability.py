@@ -85,3 +85,16 @@ def test_unwritable_output_is_one_line(capsys: pytest.CaptureFixture[str], tmp_p
     code, _, err = run(capsys, "sweep", "--model", "kimi-k3-mini", "--hardware", "tpu-v7", "--chips", "1",
                        "--out", str(blocker / "sub"))
     assert code == 2 and str(blocker) in one_error_line(err, "sweep")
+
+
+@pytest.mark.parametrize(("flag", "name"), [("--model", "garbage.yaml"), ("--model", "config.json"),
+                                            ("--schedule", "garbage.json"), ("--routing", "garbage.json")])
+def test_binary_garbage_files_are_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path, flag: str,
+                                           name: str) -> None:
+    garbage = tmp_path / name
+    garbage.write_bytes(b"\x00\xff\xfe\x80 : : [\n" + bytes(range(256)))
+    argv = {"--model": "kimi-k3-mini", "--schedule": "published", "--routing": "uniform"}
+    argv[flag] = f"trace:{garbage}" if flag == "--routing" else str(garbage)
+    code, _, err = run(capsys, "simulate", "--hardware", "tpu-v7", "--chips", "1",
+                       *[token for pair in argv.items() for token in pair])
+    assert code == 2 and str(garbage) in one_error_line(err, "simulate")

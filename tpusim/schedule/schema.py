@@ -40,6 +40,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hwmodels.errors import InputError
+from hwmodels.textfile import read_user_text
 
 # Families a schedule controls (weight families from tpusim.workload.modelconfig plus KV/state).
 SCHEDULE_FAMILIES = (
@@ -156,7 +157,7 @@ def load_schedule(name_or_path: str) -> Schedule:
             f"unknown schedule {name_or_path!r}: not a file and not one of {', '.join(BUILTIN_SCHEDULES)}"
         )
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_user_text(path, kind="JSON"))
     except OSError as error:
         raise InputError(f"{path}: cannot read: {error.strerror}") from None
     except json.JSONDecodeError as error:

@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from hwmodels.errors import InputError
+from hwmodels.textfile import read_user_text
 from tpusim.workload.modelconfig import ModelConfig
 
 REQUIRED_KEYS = (
@@ -104,7 +105,7 @@ def model_from_hf_dict(data: dict[str, Any], *, source: str, name: str) -> Model
 def load_hf_config(path: Path) -> ModelConfig:
     """Read ``path`` (a config.json) into a ModelConfig named after its folder or file."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(read_user_text(path, kind="JSON"))
     except OSError as error:
         raise InputError(f"{path}: cannot read: {error.strerror}") from None
     except json.JSONDecodeError as error:

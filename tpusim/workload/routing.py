@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from hwmodels.errors import InputError
+from hwmodels.textfile import read_user_text
 
 ROUTING_KINDS = ("uniform", "identical", "zipf", "trace")
 # Gumbel keys are float64: 2**23 of them is a 64 MiB chunk, whatever the batch.
@@ -146,7 +147,7 @@ def check_draw_size(*, num_moe_layers: int, batch: int, top_k: int) -> None:
 
 def _load_trace(path: Path, num_experts: int, top_k: int) -> list[list[list[int]]]:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_user_text(path, kind="JSON"))
         layers = data["layers"]
         if not layers or not all(isinstance(rows, list) and rows for rows in layers):
             raise ValueError("layers must be a non-empty list of non-empty row lists")

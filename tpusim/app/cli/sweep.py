@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hwmodels.errors import InputError
+from hwmodels.textfile import read_user_text
 from tpusim.app.cli.capacity_gate import check_fit
 from tpusim.app.cli.common import add_workload_options, emit_json, positive_int, resolve_workload
 
@@ -61,7 +62,7 @@ def load_space(path: Path) -> Any:
     from tpusim.sweep.space import SweepSpace
 
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_user_text(path, kind="JSON"))
     except OSError as error:
         raise InputError(f"{path}: cannot read: {error.strerror}") from None
     except json.JSONDecodeError as error:
