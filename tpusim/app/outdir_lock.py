@@ -1,7 +1,7 @@
 """One writer per output folder: an advisory lock that names its holder.
 
-``sweep``, ``calibrate``, ``demo`` and ``run-kernel`` write several files into one folder
-(or append to one file). Two runs into the same place would interleave rows in
+``sweep``, ``calibrate``, ``demo`` and ``run-kernel`` (and ``compare`` / ``report`` given
+``--out``) write several files into one folder (or append to one file). Two runs into the same place would interleave rows in
 ``sweep.csv`` or mix two fits' reports, so each such command holds a lock for its whole run:
 
 - the lock is ``fcntl.flock`` (the standard library's binding of the POSIX advisory lock,

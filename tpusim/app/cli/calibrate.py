@@ -92,7 +92,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     report.add_argument("--out", type=Path, default=None, help="write report.md and scatter.png here")
     report.add_argument("--json", action="store_true", help="print rows and errors as JSON")
     report.add_argument("--uncalibrated", action="store_true", help="ignore any calibrated overlay")
-    report.set_defaults(func=run_report)
+    report.set_defaults(func=run_report, output_lock="folder")
 
 
 # --------------------------------------------------------------------------- calibrate

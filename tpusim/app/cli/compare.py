@@ -44,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--plot", type=Path, default=None, help="write a grouped bar chart (PNG)")
     parser.add_argument("--out", type=Path, default=None, help="folder for sweep outputs when choosing schedules")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, output_lock="folder")  # --out: the sweeps that choose schedules
 
 
 def run(args: argparse.Namespace) -> int:
