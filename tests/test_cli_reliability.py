@@ -98,3 +98,11 @@ def test_binary_garbage_files_are_one_line(capsys: pytest.CaptureFixture[str], t
     code, _, err = run(capsys, "simulate", "--hardware", "tpu-v7", "--chips", "1",
                        *[token for pair in argv.items() for token in pair])
     assert code == 2 and str(garbage) in one_error_line(err, "simulate")
+
+
+def test_context_beyond_the_models_maximum_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    config = Path(__file__).parent / "data" / "deepseek-v3" / "config.json"  # max_position_embeddings 163840
+    code, _, err = run(capsys, "floor", "--model", str(config), "--hardware", "tpu-v7", "--chips", "64",
+                       "--context", "163841")
+    assert code == 2
+    assert "--context 163841: deepseek-v3 supports at most 163840 tokens of context" in one_error_line(err, "floor")

@@ -59,6 +59,7 @@ def model_from_hf_dict(data: dict[str, Any], *, source: str, name: str) -> Model
         "vocab_size": data["vocab_size"],
         "num_layers": layers,
         "rms_norm_eps": data.get("rms_norm_eps", 1e-6),
+        "max_context_tokens": data.get("max_position_embeddings"),
         "attention_pattern": {"default": "mla"},
         "mla": {
             "num_heads": data["num_attention_heads"],

@@ -56,6 +56,9 @@ def check_fit(args: argparse.Namespace, model: Any, plan: Any, system: Any) -> F
 
     batch = getattr(args, "batch", 1)
     context_tokens = args.context
+    if model.max_context_tokens is not None and context_tokens > model.max_context_tokens:
+        raise InputError(f"--context {context_tokens}: {model.name} supports at most {model.max_context_tokens} "
+                         f"tokens of context ({model.source})")
     report = capacity_report(model, plan, system.chip, batch=batch, context_tokens=context_tokens)
     reason = ""
     if not report.fits:
