@@ -18,7 +18,7 @@ in-process through :func:`tpusim.app.cli.main` and must
 4. if it exits 0 for a model on a system, either fit HBM (checked independently with
    :func:`tpusim.workload.capacity.capacity_report`) or say ``does not fit``.
 
-Every run prints the number of cases tried and of failures. Coverage: ``hardware``,
+Every run prints the number of cases tried and of failures. Coverage: ``hardware``, ``plan``,
 ``floor``, ``simulate``, ``sweep`` (tiny budgets), ``compare`` (given schedules; no nested
 sweeps), ``report``, ``calibrate`` (its input validation and corrupt measurement files; a
 real fit is minutes, tested elsewhere), ``run-kernel`` and ``demo`` (argument validation
@@ -125,6 +125,9 @@ def cases(corpus: dict[str, str], out_root: Path, *, heavy: bool) -> st.SearchSt
                  corpus["schedule-minimal.json"], corpus["schedule-wrong.json"], corpus["truncated.json"],
                  corpus["empty.json"], corpus["garbage.bin"], corpus["missing"]]
     seed = ["0", "1", "-1", "x"]
+    formats = ["experts=nvfp4", "experts=int4,attention=bf16", "kv=fp8", "experts=nope", "bogus=bf16", "=", ""]
+    plans = ["generic", "k3-tp32", "tp=2", "tp=8,expert_groups=2,expert_tp=4", "tp=x", "tp=0", "nope",
+             corpus["wrong-types.yaml"]]
     out = st.integers(0, 10**9).map(lambda n: str(out_root / f"out-{n}"))
 
     def workload(model_values: list[str]) -> st.SearchStrategy[list[str]]:
@@ -132,7 +135,8 @@ def cases(corpus: dict[str, str], out_root: Path, *, heavy: bool) -> st.SearchSt
                       st.sampled_from(hardware).map(lambda v: ["--hardware", v]),
                       st.sampled_from(chips).map(lambda v: ["--chips", v]),
                       _opt("--batch", batch), _opt("--context", context), _opt("--routing", routing),
-                      _opt("--seed", seed), st.sampled_from([[], ["--force"]]),
+                      _opt("--seed", seed), st.sampled_from([[], ["--force"]]), _opt("--formats", formats),
+                      _opt("--plan", plans),
                       st.sampled_from([[], ["--uncalibrated"]]))
 
     sim_models = models if heavy else [m for m in models if m not in ("kimi-k3", "muse-spark")]
@@ -180,9 +184,13 @@ def cases(corpus: dict[str, str], out_root: Path, *, heavy: bool) -> st.SearchSt
     invalid_demo = st.sampled_from([["--jobs", "0"], ["--jobs", "-1"], ["--sweep-budget", "0"], ["--jobs", "x"],
                                     ["--out", corpus["empty.json"]]])
     demo = _flags(st.just(["demo"]), invalid_demo, st.sampled_from([[], ["--quick"]]))
+    plan = _flags(st.just(["plan"]), st.sampled_from(models).map(lambda v: ["--model", v]),
+                  _opt("--hardware", hardware), _opt("--chips", chips), _opt("--devices", chips),
+                  _opt("--batch", batch), _opt("--context", context), _opt("--formats", formats),
+                  _opt("--plan", plans), st.sampled_from([[], ["--json"]]))
     junk = st.lists(st.sampled_from(["--nope", "simulate", "-x", "", "--json", "--model"]), max_size=4)
     return st.one_of(simulate, refused, floor, sweep, compare, hardware_cmd, report, calibrate, run_kernel, demo,
-                     junk)
+                     plan, junk)
 
 
 def run_case(argv: list[str]) -> Outcome:
@@ -208,13 +216,13 @@ def _independent_fit(argv: list[str]) -> bool | None:
     """Does the case's model fit its system? Recomputed here, not read from the output."""
     from hwmodels.catalog import make_system
     from tpusim.workload.capacity import capacity_report
-    from tpusim.workload.model_catalog import load_model, plan_for
+    from tpusim.workload.format_choice import apply_formats
+    from tpusim.workload.model_catalog import load_model, plan_for_system
 
     try:
-        model = load_model(_value(argv, "--model", ""))
+        model = apply_formats(load_model(_value(argv, "--model", "")), _value(argv, "--formats", "") or None)
         system = make_system(_value(argv, "--hardware", ""), int(_value(argv, "--chips", "1")))
-        plan = plan_for(model, system.devices, devices_per_chip=system.chip.devices_per_chip,
-                        intra_link="nvlink" if system.chip.kind == "gpu" else "ici")
+        plan = plan_for_system(model, system.chip, system.chips, _value(argv, "--plan", "") or None)
         report = capacity_report(model, plan, system.chip, batch=int(_value(argv, "--batch", "1")),
                                  context_tokens=int(_value(argv, "--context", "1024")))
     except Exception:
