@@ -20,18 +20,24 @@ from tpusim.workload.routing import (
 
 @settings(max_examples=15, deadline=None)
 @given(layers=st.integers(1, 4), batch=st.integers(1, 40), experts=st.sampled_from([8, 16, 64]),
-       chunk=st.integers(1, 300), seed=st.integers(0, 2**16), kind=st.sampled_from(["uniform", "zipf:1.1"]))
+       chunk=st.integers(1, 300), seed=st.integers(0, 2**16), kind=st.sampled_from(["uniform", "zipf:1.1"]),
+       grouped=st.booleans())
 def test_chunked_draw_equals_the_one_shot_draw(layers: int, batch: int, experts: int, chunk: int, seed: int,
-                                               kind: str) -> None:
+                                               kind: str, grouped: bool) -> None:
     spec = parse_routing(kind)
-    one_shot = draw_routing(spec, num_moe_layers=layers, batch=batch, num_experts=experts, top_k=4, seed=seed)
+    grouping = {"groups": 4, "groups_per_token": 2} if grouped else {}
+    one_shot = draw_routing(spec, num_moe_layers=layers, batch=batch, num_experts=experts, top_k=4, seed=seed,
+                            **grouping)
     original = routing.KEY_CHUNK_ELEMENTS
     routing.KEY_CHUNK_ELEMENTS = chunk
     try:
-        chunked = draw_routing(spec, num_moe_layers=layers, batch=batch, num_experts=experts, top_k=4, seed=seed)
+        chunked = draw_routing(spec, num_moe_layers=layers, batch=batch, num_experts=experts, top_k=4, seed=seed,
+                               **grouping)
     finally:
         routing.KEY_CHUNK_ELEMENTS = original
     assert np.array_equal(one_shot, chunked)
+    if grouped:  # every row's experts come from at most 2 of the 4 groups
+        assert (np.array([[len(set((row // (experts // 4)).tolist())) for row in layer] for layer in chunked]) <= 2).all()
 
 
 def test_rejection_sampler_is_uniform_over_distinct_sets(monkeypatch: pytest.MonkeyPatch) -> None:
