@@ -106,3 +106,11 @@ def test_context_beyond_the_models_maximum_is_refused(capsys: pytest.CaptureFixt
                        "--context", "163841")
     assert code == 2
     assert "--context 163841: deepseek-v3 supports at most 163840 tokens of context" in one_error_line(err, "floor")
+
+
+def test_negative_draft_tokens_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by the fuzz: --draft-tokens -1 made a verify step of batch x 0 rows (a traceback)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", "--systems", "tpu-v7:16", "--spec-acceptance", "1", "--draft-tokens", "-1"])
+    assert exit_.value.code == 2
+    assert "--draft-tokens: must be >= 1, got -1" in capsys.readouterr().err

@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="comma-separated chip:chips[:per-kernel|graphs|megakernel]")
     parser.add_argument("--batch", default="1,2,4,8", help="comma-separated batch sizes")
     parser.add_argument("--spec-acceptance", default="", help="acceptance lengths for speculative decoding, e.g. 3,6")
-    parser.add_argument("--draft-tokens", type=int, default=7, help="draft tokens per speculative step")
+    parser.add_argument("--draft-tokens", type=positive_int, default=7, help="draft tokens per speculative step")
     parser.add_argument("--schedule", default=None,
                         help="best | published | a built-in | FILE (default: the sweep's best for each TPU/megakernel row)")
     parser.add_argument("--sweep-budget", type=positive_int, default=8,
