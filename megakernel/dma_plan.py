@@ -47,10 +47,17 @@ import math
 from dataclasses import dataclass, field, replace
 
 from megakernel.dims import LANES, ModelDims, weight_shapes
-from tpusim.schedule.issue_plan import RING_ORDER, Read, RingSpec, UnsupportedIssuePlan, place, plan_issues
+from tpusim.schedule.issue_plan import (
+    RING_ORDER,
+    Read,
+    RingSpec,
+    UnsupportedIssuePlan,
+    place,
+    plan_issues,
+)
 from tpusim.schedule.schema import Schedule
-from tpusim.workload.shapes import TensorSpec
 from tpusim.schedule.vmem import slab_rows
+from tpusim.workload.shapes import TensorSpec
 
 FAMILY = {
     "small": "small_params", "kda.qkvgb": "kda_proj", "kda.decay_a": "kda_proj", "kda.decay_b": "kda_proj",

@@ -52,6 +52,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from tpusim.schedule.vmem import InfeasibleSchedule
+
 # Arena placement order within a family (the kernel's ring order).
 RING_ORDER = (
     "small", "kda.qkvgb", "kda.decay_a", "kda.decay_b", "kda.o", "mla.q_a", "mla.q_b", "mla.kv_a",
@@ -68,7 +70,7 @@ REGION_ROLES = ("moe.expert", "moe.combine")
 FAR = 10**9
 
 
-class UnsupportedIssuePlan(ValueError):
+class UnsupportedIssuePlan(InfeasibleSchedule):
     """No issue point exists: a copy's buffer is still read by the copy's own consumer."""
 
 
