@@ -78,7 +78,7 @@ from tpusim.engine.items import (
 )
 from tpusim.schedule.program_issue import ProgramIssuePlan, program_issue_plan
 from tpusim.schedule.schema import SCHEDULE_FAMILIES, FamilySchedule, Schedule
-from tpusim.schedule.vmem import VmemPlan, slab_rows
+from tpusim.schedule.vmem import SMALL_FAMILY, VmemPlan, family_chunk, slab_rows
 from tpusim.workload.formats import scale_bytes, value_bytes
 from tpusim.workload.program import Op, Program
 from tpusim.workload.shapes import TensorSpec, kv_cache_bytes_per_token, recurrent_state_bytes
@@ -202,10 +202,14 @@ class _Builder:
 
     def tensor_slabs(self, tensor: TensorSpec, layer: int, op_index: int) -> list[tuple[Slab, int]]:
         """Row slabs of a (non-expert) weight tensor: [(slab, rows in it)]."""
-        fam = self.families[tensor.family]
-        ring = self.ring_of(tensor.name, fam.buffers)
+        chunk_bytes, buffers = family_chunk(self.schedule, tensor.family)
+        key = tensor.name
+        if self.issue is not None and tensor.family != SMALL_FAMILY:
+            key = self.issue.ring_of(tensor.name, tensor.family)
+            buffers = self.issue.rings[key].buffers
+        ring = self.ring_of(key, buffers)
         pool = self.pool_of(tensor.family, ring)
-        per_slab = slab_rows(tensor, fam.chunk_bytes)
+        per_slab = slab_rows(tensor, chunk_bytes)
         count = math.ceil(tensor.rows / per_slab)
         fmt, cols = tensor.fmt, tensor.cols
         values_left, scales_left = tensor.value_bytes, tensor.scale_bytes

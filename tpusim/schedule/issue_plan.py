@@ -35,7 +35,8 @@ arena of their own: they are read through the whole layer.
   overlap (exactly where the ring's buffer index is static, else the ring's whole region).
   ``mla.core`` reads ``mla.kv_b`` again (absorbed attention), so it counts as a reader.
 - Slabs ``k >= buffers`` are issued inside their consumer op, as slab ``k - buffers`` is
-  consumed (a refill: ``issue = c``, ``refill`` set).
+  consumed (a refill: ``issue = c``, ``refill`` set); so is a ring pool's slab whose bank
+  is still read by the same op (another tensor of that op).
 - Routed expert ``j``: ``max(routing, free)``, where ``routing`` is the layer's ``moe.topk``
   (``after_routing``: as it ends; ``during_selection``: during it) or, for ``speculative``,
   op ``moe.router - expert_speculation_ops``. Expert ``j >= buffers`` thus waits for the slot
@@ -135,12 +136,14 @@ def place(rings: Sequence[RingSpec]) -> tuple[dict[str, RingSpec], dict[str, int
 class Read:
     """An op reads instance ``key`` of ring ``ring``; its slab 0 is ring slab ``first_slot``.
 
-    ``slabs`` overrides the ring's K for this instance (a smaller tensor of the kind)."""
+    ``slabs`` overrides the ring's K for this instance (a smaller tensor of the kind);
+    ``distance`` the ring's prefetch distance (a ring pool's members keep their own)."""
 
     ring: str
     key: object
     first_slot: int
     slabs: int | None = None
+    distance: int | None = None
 
 
 @dataclass(frozen=True)
@@ -222,9 +225,14 @@ def plan_issues(rings: dict[str, RingSpec], op_reads: Sequence[Sequence[Read]], 
             plan.refills.add(unit)
             continue
         expert = ring.name == EXPERT_RING
-        floor = routing(inst.read) if expert else max(c - ring.distance, horizon(c))
+        distance = ring.distance if inst.read.distance is None else inst.read.distance
+        floor = routing(inst.read) if expert else max(c - distance, horizon(c))
         free = _free(ring, inst, k, buffer, live, slots, floor) if respect_buffers or expert else -FAR
         when = max(floor, free)
+        if when == c + 1 and ring.name.startswith("pool:"):  # the bank's occupant is read by op c too:
+            plan.issue[unit] = c  # refilled inside c as that occupant is consumed
+            plan.refills.add(unit)
+            continue
         if when > c:
             raise UnsupportedIssuePlan(
                 f"pool {ring.pool!r}: {ring.name} (first read at op {c}) needs a buffer still read by that "

@@ -28,9 +28,9 @@ from tpusim.schedule.issue_plan import (
     plan_issues,
 )
 from tpusim.schedule.schema import Schedule
-from tpusim.schedule.vmem import slab_bytes, slab_rows, tensor_kinds
+from tpusim.schedule.vmem import family_chunk, slab_bytes, slab_rows, tensor_kinds
 from tpusim.workload.program import Op, Program
-from tpusim.workload.shapes import expert_slice_bytes
+from tpusim.workload.shapes import TensorSpec, expert_slice_bytes
 
 SMALL_FAMILY = "small_params"
 ROUTED = "routed_expert"
@@ -44,11 +44,23 @@ class ProgramIssuePlan:
     rings: dict[str, RingSpec]
     arena_bytes: dict[str, int]
     routing_op: dict[int, int]  # layer -> op whose routing decision issues its experts
+    tensor_ring: dict[str, str]  # tensor name -> ring (weights other than small and experts)
+
+    def ring_of(self, tensor: str, family: str) -> str:
+        """The ring (engine queue) ``tensor`` streams through."""
+        if family == SMALL_FAMILY:
+            return SMALL_RING
+        if family == ROUTED:
+            return EXPERT_RING
+        return self.tensor_ring.get(tensor, tensor)
 
     def weight_issue(self, tensor: str, family: str, layer: int, chunk: int) -> int:
         """Op at whose start slab ``chunk`` of ``tensor`` (of ``layer``) is issued."""
-        ring = ring_name(tensor, family)
-        return self.plan.issue[Unit(ring, layer, 0 if ring == SMALL_RING else chunk)]
+        ring = self.ring_of(tensor, family)
+        if ring == SMALL_RING:
+            return self.plan.issue[Unit(ring, layer, 0)]
+        key: object = (tensor, layer) if ring.startswith("pool:") else layer
+        return self.plan.issue[Unit(ring, key, chunk)]
 
     def expert_issue(self, layer: int, entry: int) -> tuple[int, bool]:
         """(op, by routing): expert ``entry`` of ``layer`` is issued by that op's routing
@@ -57,25 +69,86 @@ class ProgramIssuePlan:
         return op, op == self.routing_op.get(layer)
 
 
-def ring_name(tensor_name: str, family: str) -> str:
-    """The ring a program tensor streams through."""
+def ring_name(tensor_name: str, family: str, schedule: Schedule | None = None) -> str:
+    """The ring a program tensor streams through (``pool:NAME`` for a ring-mode pool)."""
     if family == SMALL_FAMILY:
         return SMALL_RING
     if family == ROUTED:
         return EXPERT_RING
+    if schedule is not None and schedule.ring_pool(family) is not None:
+        return f"pool:{schedule.family(family).pool}"
     return tensor_name
 
 
-def program_issue_plan(program: Program, schedule: Schedule) -> ProgramIssuePlan:
+@dataclass
+class ProgramFacts:
+    """The schedule-independent part: which ring instance each op reads, horizons, routing ops.
+
+    Build once per program (:func:`program_facts`) when planning many schedules."""
+
+    kinds: dict[str, TensorSpec]  # tensor name -> its largest instance
+    reads: list[list[tuple[str, str, object, int]]]  # per op: (tensor name, family, key, slabs-of: bytes)
+    instances: dict[str, int]  # tensor name (small: "small", experts: "expert") -> instances
+    small_bytes: int
+    expert_bytes: int
+    horizons: list[int]
+    topk: dict[int, int]
+    router: dict[int, int]
+
+
+def program_facts(program: Program) -> ProgramFacts:
+    model, plan = program.model, program.plan
+    kinds = {t.name: t for tensors in tensor_kinds(model, plan).values() for t in tensors}
+    small_layers = {op.layer for op in program.ops for t in op.tensors if t.family == SMALL_FAMILY}
+    instances: dict[str, set[object]] = {}
+    small_bytes: dict[int, int] = {}
+    reads: list[list[tuple[str, str, object, int]]] = []
+    topk: dict[int, int] = {}
+    router: dict[int, int] = {}
+    for index, op in enumerate(program.ops):
+        if op.role == "moe.topk":
+            topk.setdefault(op.layer, index)
+        elif op.role == "moe.router":
+            router.setdefault(op.layer, index)
+        op_reads: list[tuple[str, str, object, int]] = []
+        for tensor in op.tensors:
+            if tensor.family == SMALL_FAMILY:
+                small_bytes[op.layer] = small_bytes.get(op.layer, 0) + tensor.bytes
+                entry = (SMALL_RING, SMALL_FAMILY, op.layer, 0)
+            elif tensor.family == ROUTED:
+                entry = (EXPERT_RING, ROUTED, (op.layer, op.expert_index or 0), 0)
+            else:
+                entry = (tensor.name, tensor.family, op.layer, tensor.bytes)
+            if entry not in op_reads:
+                op_reads.append(entry)
+        if op.role in SMALL_READER_ROLES and op.layer in small_layers and (
+                entry := (SMALL_RING, SMALL_FAMILY, op.layer, 0)) not in op_reads:
+            op_reads.append(entry)
+        extra = EXTRA_READS.get(op.name)
+        if extra is not None and extra in kinds:
+            op_reads.append((extra, kinds[extra].family, op.layer, kinds[extra].bytes))
+        for name, _family, key, _bytes in op_reads:
+            instances.setdefault(name, set()).add(key)
+        reads.append(op_reads)
+    return ProgramFacts(kinds, reads, {name: len(keys) for name, keys in instances.items()},
+                        max(small_bytes.values(), default=0), expert_slice_bytes(model, plan),
+                        horizon_ops(program.ops), topk, router)
+
+
+def program_issue_plan(program: Program, schedule: Schedule, facts: ProgramFacts | None = None) -> ProgramIssuePlan:
     """The issue plan of ``program`` under ``schedule`` (raises
     :class:`~tpusim.schedule.issue_plan.UnsupportedIssuePlan` when a layout has no issue point)."""
-    rings = program_rings(program, schedule)
+    facts = facts or program_facts(program)
+    rings, tensor_ring = program_rings(facts, schedule)
     order = [name for name in RING_ORDER if name in rings] + [name for name in rings if name not in RING_ORDER]
     placed, arenas = place([rings[name] for name in order])
-    reads = program_reads(program, placed)
-    horizons = horizon_ops(program.ops)
-    routing_op = routing_ops(program.ops, schedule)
-    first_read = {}
+    reads = program_reads(facts, schedule, placed, tensor_ring)
+    if schedule.expert_issue == "speculative":
+        ahead = schedule.expert_speculation_ops
+        routing_op = {layer: max(0, facts.router.get(layer, at) - ahead) for layer, at in facts.topk.items()}
+    else:
+        ahead, routing_op = 0, dict(facts.topk)
+    first_read: dict[object, int] = {}
     for index, op_reads in enumerate(reads):
         for read in op_reads:
             first_read.setdefault(read.key, index)
@@ -84,88 +157,76 @@ def program_issue_plan(program: Program, schedule: Schedule) -> ProgramIssuePlan
         layer = read.key[0]  # type: ignore[index]
         return routing_op.get(layer, first_read[read.key])
 
-    ahead = schedule.expert_speculation_ops if schedule.expert_issue == "speculative" else 0
-    plan = plan_issues(placed, reads, horizon=horizons.__getitem__, routing=routing, lookback=2 + ahead)
-    return ProgramIssuePlan(plan, placed, arenas, routing_op)
+    plan = plan_issues(placed, reads, horizon=facts.horizons.__getitem__, routing=routing, lookback=2 + ahead)
+    return ProgramIssuePlan(plan, placed, arenas, routing_op, tensor_ring)
 
 
-def program_rings(program: Program, schedule: Schedule) -> dict[str, RingSpec]:
-    """One ring per tensor kind the program streams, sized in bytes as VMEM accounting sizes it."""
-    model, plan = program.model, program.plan
-    kinds = {t.name: t for tensors in tensor_kinds(model, plan).values() for t in tensors}
-    instances: dict[str, set[object]] = {}
-    small_bytes: dict[int, int] = {}
-    for op in program.ops:
-        for tensor in op.tensors:
-            name = ring_name(tensor.name, tensor.family)
-            instances.setdefault(name, set()).add(op.layer if name != EXPERT_RING else op.expert_index)
-            if name == SMALL_RING:
-                small_bytes[op.layer] = small_bytes.get(op.layer, 0) + tensor.bytes
+def program_rings(facts: ProgramFacts, schedule: Schedule) -> tuple[dict[str, RingSpec], dict[str, str]]:
+    """One ring per tensor kind the program streams (one per ring-mode pool), sized in bytes as
+    VMEM accounting sizes it; and tensor name -> ring."""
     rings: dict[str, RingSpec] = {}
-    for name, keys in instances.items():
+    tensor_ring: dict[str, str] = {}
+    for name, count in facts.instances.items():
         if name == SMALL_RING:
             fam = schedule.family(SMALL_FAMILY)
-            rings[name] = RingSpec(name, SMALL_FAMILY, SMALL_FAMILY, fam.buffers, 1, max(small_bytes.values()),
-                                   fam.prefetch_distance_ops, len(keys))
-        elif name == EXPERT_RING:
+            rings[name] = RingSpec(name, SMALL_FAMILY, SMALL_FAMILY, fam.buffers, 1, facts.small_bytes,
+                                   fam.prefetch_distance_ops, count)
+            continue
+        if name == EXPERT_RING:
             fam = schedule.family(ROUTED)
-            rings[name] = RingSpec(name, ROUTED, fam.pool or ROUTED, fam.buffers, 1,
-                                   expert_slice_bytes(model, plan), 0, len(keys))
+            rings[name] = RingSpec(name, ROUTED, fam.pool or ROUTED, fam.buffers, 1, facts.expert_bytes, 0, count)
+            continue
+        kind = facts.kinds[name]
+        fam = schedule.family(kind.family)
+        chunk_bytes, buffers = family_chunk(schedule, kind.family)
+        slabs = math.ceil(kind.rows / slab_rows(kind, chunk_bytes))
+        pool = schedule.ring_pool(kind.family)
+        ring = tensor_ring[name] = ring_name(name, kind.family, schedule)
+        if pool is not None and pool.banks and pool.bank_bytes:
+            rings[ring] = RingSpec(ring, ring, ring, pool.banks, slabs, pool.bank_bytes, 0, count)
         else:
-            kind = kinds[name]
-            fam = schedule.family(kind.family)
-            slabs = math.ceil(kind.rows / slab_rows(kind, fam.chunk_bytes))
-            rings[name] = RingSpec(name, kind.family, fam.pool or kind.family, fam.buffers, slabs,
-                                   slab_bytes(kind, fam.chunk_bytes), fam.prefetch_distance_ops, len(keys))
-    return rings
+            rings[ring] = RingSpec(ring, kind.family, fam.pool or kind.family, buffers, slabs,
+                                   slab_bytes(kind, chunk_bytes), fam.prefetch_distance_ops, count)
+    return rings, tensor_ring
 
 
-def program_reads(program: Program, rings: dict[str, RingSpec]) -> list[list[Read]]:
-    """Per op, the ring instances it reads (module docstring)."""
+def program_reads(facts: ProgramFacts, schedule: Schedule, rings: dict[str, RingSpec],
+                  tensor_ring: dict[str, str]) -> list[list[Read]]:
+    """Per op, the ring instances it reads, with each instance's first ring slab (a ring
+    pool's bank counter runs over every member tensor, in consumption order)."""
     ordinals: dict[str, dict[object, int]] = {}
-    small_layers = {op.layer for op in program.ops for t in op.tensors if t.family == SMALL_FAMILY}
-
-    def read(name: str, key: object, slabs: int | None = None, entry: int = 0) -> Read:
-        seen = ordinals.setdefault(name, {})
-        ordinal = seen.setdefault(key, len(seen))
-        ring = rings[name]
-        first = entry if name == EXPERT_RING else ordinal * ring.num_slabs
-        return Read(name, key, first, slabs if slabs is not None and slabs < ring.num_slabs else None)
-
+    first_slot: dict[tuple[str, object], int] = {}
+    banks_used: dict[str, int] = {}
     out: list[list[Read]] = []
-    for op in program.ops:
+    for op_reads in facts.reads:
         reads: list[Read] = []
-        for tensor in op.tensors:
-            name = ring_name(tensor.name, tensor.family)
+        for name, family, key, nbytes in op_reads:
+            ring = rings[tensor_ring.get(name, name)]
+            slabs = None
             if name == EXPERT_RING:
-                entry = op.expert_index or 0
-                new = read(name, (op.layer, entry), entry=entry)
+                first = key[1]  # type: ignore[index]
             elif name == SMALL_RING:
-                new = read(name, op.layer)
+                seen = ordinals.setdefault(name, {})
+                first = seen.setdefault(key, len(seen))
             else:
-                fam_chunk = _chunk(rings[name], tensor.bytes)
-                new = read(name, op.layer, fam_chunk)
-            if new not in reads:
-                reads.append(new)
-        _extra_reads(op, reads, read, small_layers, rings)
+                kind = facts.kinds[name]
+                chunk_bytes, _ = family_chunk(schedule, family)
+                slabs = math.ceil(kind.rows / slab_rows(kind, chunk_bytes))
+                if nbytes < kind.bytes:
+                    slabs = max(1, min(slabs, math.ceil(nbytes / slab_bytes(kind, chunk_bytes))))
+                if (name, key) not in first_slot:
+                    if ring.name.startswith("pool:"):
+                        first_slot[name, key] = banks_used.get(ring.name, 0)
+                        banks_used[ring.name] = first_slot[name, key] + slabs
+                    else:
+                        seen = ordinals.setdefault(name, {})
+                        first_slot[name, key] = seen.setdefault(key, len(seen)) * ring.num_slabs
+                first = first_slot[name, key]
+                key = (name, key) if ring.name.startswith("pool:") else key
+            distance = schedule.family(family).prefetch_distance_ops if ring.name.startswith("pool:") else None
+            reads.append(Read(ring.name, key, first, slabs if slabs != ring.num_slabs else None, distance))
         out.append(reads)
     return out
-
-
-def _chunk(ring: RingSpec, nbytes: int) -> int:
-    """Slabs of a tensor of ``nbytes`` in ``ring`` (a smaller instance may need fewer)."""
-    return max(1, min(ring.num_slabs, math.ceil(nbytes / ring.slab_size)))
-
-
-def _extra_reads(op: Op, reads: list[Read], read, small_layers: set[int],  # type: ignore[no-untyped-def]
-                 rings: dict[str, RingSpec]) -> None:
-    if op.role in SMALL_READER_ROLES and op.layer in small_layers:
-        new = read(SMALL_RING, op.layer)
-        if new not in reads:
-            reads.append(new)
-    extra = EXTRA_READS.get(op.name)
-    if extra is not None and extra in rings:
-        reads.append(read(extra, op.layer))
 
 
 def horizon_ops(ops: list[Op]) -> list[int]:
@@ -179,18 +240,3 @@ def horizon_ops(ops: list[Op]) -> list[int]:
             current, topk = topk + 1, None
         out.append(current)
     return out
-
-
-def routing_ops(ops: list[Op], schedule: Schedule) -> dict[int, int]:
-    """layer -> the op whose routing decision issues the layer's experts."""
-    topk: dict[int, int] = {}
-    router: dict[int, int] = {}
-    for index, op in enumerate(ops):
-        if op.role == "moe.topk":
-            topk.setdefault(op.layer, index)
-        elif op.role == "moe.router":
-            router.setdefault(op.layer, index)
-    if schedule.expert_issue == "speculative":
-        ahead = schedule.expert_speculation_ops
-        return {layer: max(0, router.get(layer, at) - ahead) for layer, at in topk.items()}
-    return topk
