@@ -46,6 +46,11 @@ class ProgramIssuePlan:
     routing_op: dict[int, int]  # layer -> op whose routing decision issues its experts
     tensor_ring: dict[str, str]  # tensor name -> ring (weights other than small and experts)
 
+    def max_lead_ops(self) -> int:
+        """The most ops any copy is issued before its consumer."""
+        plan = self.plan
+        return max((plan.consumer[unit] - op for unit, op in plan.issue.items()), default=0)
+
     def ring_of(self, tensor: str, family: str) -> str:
         """The ring (engine queue) ``tensor`` streams through."""
         if family == SMALL_FAMILY:

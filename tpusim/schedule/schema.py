@@ -68,7 +68,8 @@ SCHEDULE_FAMILIES = (
 )
 
 SCHEDULES_DIR = Path(__file__).resolve().parents[1] / "schedules"
-BUILTIN_SCHEDULES = ("naive", "published", "layer-double-buffer", "muse-published")
+BUILTIN_SCHEDULES = ("naive", "published", "layer-double-buffer")  # K3's: the sweep's fixed starting points
+MODEL_SCHEDULES = ("muse-published",)  # built-ins written for one model (Muse Spark)
 
 
 class FamilySchedule(BaseModel):
@@ -201,12 +202,11 @@ class Schedule(BaseModel):
 def load_schedule(name_or_path: str) -> Schedule:
     """A built-in schedule by name, or a schedule JSON file."""
     path = Path(name_or_path)
-    if name_or_path in BUILTIN_SCHEDULES:
+    if name_or_path in BUILTIN_SCHEDULES + MODEL_SCHEDULES:
         path = SCHEDULES_DIR / f"{name_or_path}.json"
     elif not path.exists():
-        raise InputError(
-            f"unknown schedule {name_or_path!r}: not a file and not one of {', '.join(BUILTIN_SCHEDULES)}"
-        )
+        raise InputError(f"unknown schedule {name_or_path!r}: not a file and not one of "
+                         f"{', '.join(BUILTIN_SCHEDULES + MODEL_SCHEDULES)}")
     try:
         data = json.loads(path.read_text())
     except OSError as error:

@@ -32,8 +32,12 @@ from functools import cached_property
 import numpy as np
 
 from tpusim.workload.modelconfig import ModelConfig
-from tpusim.workload.sharding import CollectiveSpec, ShardingPlan
-from tpusim.workload.routing import RoutingModel, distinct_per_group, draw_routing, tokens_per_expert
+from tpusim.workload.routing import (
+    RoutingModel,
+    distinct_per_group,
+    draw_routing,
+    tokens_per_expert,
+)
 from tpusim.workload.shapes import (
     TensorSpec,
     attention_span_tokens,
@@ -46,6 +50,7 @@ from tpusim.workload.shapes import (
     recurrent_state_bytes,
     small_param_tensors,
 )
+from tpusim.workload.sharding import CollectiveSpec, ShardingPlan
 
 # Vector work per element, FLOPs (norm: square, sum, rsqrt-scale, weight; situ: two tanh,
 # a sigmoid, products). Rough constants; the VPU is rarely the bottleneck at decode.
@@ -54,6 +59,8 @@ ACTIVATION_FLOPS_PER_ELEMENT = 20.0
 TOPK_FLOPS_PER_SCORE = 16.0
 DELTA_RULE_FLOPS_PER_STATE_ELEMENT = 8.0
 
+
+DEFAULT_MATMUL_DTYPE = "bf16"
 
 @dataclass(frozen=True)
 class CollectiveCall:
@@ -87,6 +94,13 @@ class Op:
     @property
     def matmul_flops(self) -> float:
         return float(sum(2 * m * k * n for m, k, n in self.matmuls))
+
+    @property
+    def matmul_dtype(self) -> str:
+        """The dtype the matrix unit runs this op's matmuls at: its first weight tensor's MXU
+        dtype (after dequantisation), else bf16 (activation-only ops). The one statement of
+        this rule: the engine, the estimate and the floors read it."""
+        return self.tensors[0].fmt.mxu_dtype if self.tensors else DEFAULT_MATMUL_DTYPE
 
     @property
     def families(self) -> tuple[str, ...]:
