@@ -32,12 +32,12 @@ from typing import Any
 from calibration.measurements import Measurement
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
+from tpusim.schedule.schema import BUILTIN_SCHEDULES, Schedule, load_schedule
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.modelconfig import ModelConfig
-from tpusim.workload.sharding import ShardingPlan, round_up
 from tpusim.workload.program import Program, build_program
 from tpusim.workload.routing import parse_routing
-from tpusim.schedule.schema import BUILTIN_SCHEDULES, Schedule, load_schedule
+from tpusim.workload.sharding import ShardingPlan, round_up
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 PACKAGE_SCHEDULES = {"muse-published": DATA_DIR / "muse-published.json"}

@@ -26,15 +26,15 @@ from typing import Any
 from hwmodels.catalog import make_system
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip, System
+from tpusim.schedule.schema import Schedule, load_schedule
+from tpusim.schedule.vmem import InfeasibleSchedule, check_fits, vmem_plan
 from tpusim.workload.capacity import capacity_report, check_capacity
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.modelconfig import ModelConfig
-from tpusim.workload.sharding import ShardingPlan
 from tpusim.workload.program import build_program
 from tpusim.workload.routing import RoutingModel
-from tpusim.schedule.schema import Schedule, load_schedule
+from tpusim.workload.sharding import ShardingPlan
 from tpusim.workload.speculative import SpeculativeConfig, SpeculativeStep
-from tpusim.schedule.vmem import InfeasibleSchedule, check_fits, vmem_plan
 
 MS_PER_S = 1000.0
 EXECUTIONS = ("default", "per-kernel", "graphs", "megakernel")

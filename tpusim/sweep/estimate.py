@@ -19,21 +19,20 @@ The engine's resources and rules (:mod:`tpusim.engine.build`, ``staging``, ``hbm
   ``sustained bandwidth x DMA efficiency(copies in flight)``; a copy costs the DMA issue
   latency before its bytes move, and at most ``max_dmas_in_flight`` are out at once;
 - **VMEM**: one ring per tensor kind (``buffers`` slots; the routed experts share the expert
-  slots) and one pool per arena of :func:`tpusim.schedule.vmem.vmem_plan`, whose slabs are admitted
-  strictly in consumption order while their bytes fit.
+  slots; a ring-mode pool is one ring of banks), as the issue plan lays them out.
 
 Per slab ``s`` of op ``i``, in consumption order (which is program order):
 
-1. **Release** — a weight slab of family ``f``: when op ``max(0, i - d_f)`` starts; a routed
-   expert ``k`` of ``n``: when ``moe.topk`` ends (``after_routing``), at ``(k + 1) / n`` of it
-   (``during_selection``), or when op ``moe.router - expert_speculation_ops`` starts
-   (``speculative``; the mispredicted share is copied again after routing); KV tiles and
-   KDA state: when their op starts.
-2. **Admit** at the latest of: the release; the admission of the previous slab of its pool
-   (in order); its ring's slot being free (the slab ``buffers`` earlier in the ring has been
-   consumed); the pool having room (the earliest time the bytes still held by earlier slabs
-   plus this one fit the arena). *Invariant:* a pool never holds more than its arena and a
-   ring never more than ``buffers`` slabs.
+1. **Release** — at the start of the op :mod:`tpusim.schedule.issue_plan` names (the rule
+   the engine and the kernel read too); a routed expert issued at its routing decision: when
+   ``moe.topk`` ends (``after_routing``), at ``(k + 1) / n`` of it (``during_selection``), or
+   when op ``moe.router - expert_speculation_ops`` starts (``speculative``; the mispredicted
+   share is copied again after routing); KV tiles and KDA state: when their op starts.
+2. **Admit** at the latest of: the release and its ring's slot being free (the slab
+   ``buffers`` earlier in the ring has been consumed); rings are queues in order. The issue
+   plan's fixed arena addresses keep each arena within its size, so no byte count is
+   needed for weights; KV tiles and state are admitted while their bytes fit.
+   *Invariant:* a ring never holds more than ``buffers`` slabs.
 3. **Land** — the slab's bytes occupy the HBM from ``admission + issue latency``, filling
    earlier idle HBM time first (earlier slabs keep priority, as the engine's
    consumption-order queue gives them). *Invariant:* the HBM never moves more than
@@ -53,8 +52,6 @@ well the estimate ranks the simulated candidates.
 
 from __future__ import annotations
 
-import bisect
-import heapq
 import json
 import math
 from collections import deque
@@ -71,6 +68,7 @@ from tpusim.engine.costs import (
 from tpusim.schedule.program_issue import ProgramIssuePlan, program_facts, program_issue_plan
 from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import VmemPlan, family_chunk, slab_rows, vmem_plan
+from tpusim.sweep.estimate_resources import AdmissionPool, FluidHbm
 from tpusim.workload.formats import scale_bytes, value_bytes
 from tpusim.workload.program import Op, Program
 from tpusim.workload.shapes import TensorSpec, kv_cache_bytes_per_token, recurrent_state_bytes
@@ -230,115 +228,6 @@ class Estimate:
     exposed_by_family_s: dict[str, float]
 
 
-class _Hbm:
-    """A fluid bandwidth server with backfill and an in-flight limit (see the module docstring)."""
-
-    __slots__ = ("bandwidth", "busy_s", "efficiency", "end", "full_rate", "gap_ends", "gap_starts", "lands",
-                 "last_land", "latency", "max_in_flight", "may_contend")
-
-    def __init__(self, ctx: EstimateContext, max_in_flight: int) -> None:
-        self.end = 0.0
-        self.gap_starts: list[float] = []
-        self.gap_ends: list[float] = []
-        self.busy_s = 0.0
-        self.last_land = 0.0
-        self.bandwidth = ctx.bandwidth_bytes_per_s
-        self.latency = ctx.issue_latency_s
-        self.max_in_flight = max_in_flight
-        self.efficiency = [ctx.dma.efficiency(n) for n in range(max_in_flight + 1)]
-        self.full_rate = self.bandwidth * self.efficiency[1]
-        self.may_contend = max_in_flight > ctx.dma.efficient_in_flight
-        self.lands: deque[float] = deque(maxlen=max_in_flight)
-
-    def copy(self, ready: float, nbytes: float) -> float:
-        """Issue a copy of ``nbytes`` admitted at ``ready``; return when it has landed."""
-        lands = self.lands
-        if len(lands) == self.max_in_flight:
-            earliest = min(lands)
-            if earliest > ready:  # all slots busy: wait for the first to land
-                ready = earliest
-        rate = self.full_rate
-        if self.may_contend:  # more copies may be out than the DMA engine serves at full rate
-            outstanding = 1
-            for land in lands:
-                if land > ready:
-                    outstanding += 1
-            rate = self.bandwidth * self.efficiency[min(outstanding, self.max_in_flight)]
-        land = self._transfer(ready + self.latency, nbytes / rate)
-        lands.append(land)
-        if land > self.last_land:
-            self.last_land = land
-        return land
-
-    def _transfer(self, ready: float, duration: float) -> float:
-        self.busy_s += duration
-        starts, ends = self.gap_starts, self.gap_ends
-        if ends and ends[-1] > ready:
-            i = bisect.bisect_right(ends, ready)
-            while i < len(ends):
-                a = starts[i] if starts[i] > ready else ready
-                available = ends[i] - a
-                if available >= duration:
-                    land = a + duration
-                    if starts[i] < a:  # keep [start, a) idle, and [land, end) if any is left
-                        if ends[i] - land > 1e-12:
-                            starts.insert(i + 1, land)
-                            ends.insert(i + 1, ends[i])
-                        ends[i] = a
-                    elif ends[i] - land > 1e-12:
-                        starts[i] = land
-                    else:
-                        del starts[i], ends[i]
-                    return land
-                duration -= available
-                if starts[i] < a:
-                    ends[i] = a
-                    i += 1
-                else:
-                    del starts[i], ends[i]
-        start = ready if ready > self.end else self.end
-        if start - self.end > 1e-12:
-            starts.append(self.end)
-            ends.append(start)
-        self.end = start + duration
-        return self.end
-
-    def forget_before(self, horizon: float) -> None:
-        """Drop idle gaps ending before ``horizon`` (no copy can be admitted that early)."""
-        cut = bisect.bisect_left(self.gap_ends, horizon)
-        if cut:
-            del self.gap_starts[:cut], self.gap_ends[:cut]
-
-
-class _Pool:
-    """An arena: in-order admission while the held bytes fit (free times are known in order)."""
-
-    __slots__ = ("capacity", "held", "last_admit", "used")
-
-    def __init__(self, capacity: float) -> None:
-        self.capacity = capacity
-        self.last_admit = 0.0
-        self.held: list[tuple[float, int]] = []  # heap of (free time, bytes) of admitted slabs
-        self.used = 0
-
-    def admit(self, ready: float, nbytes: int) -> float:
-        t = ready if ready > self.last_admit else self.last_admit
-        held = self.held
-        while held and held[0][0] <= t:
-            self.used -= heapq.heappop(held)[1]
-        while held and self.used + nbytes > self.capacity:
-            free_s, size = heapq.heappop(held)
-            self.used -= size
-            if free_s > t:
-                t = free_s
-        self.last_admit = t
-        return t
-
-    def hold(self, free_s: float, nbytes: int) -> None:
-        heapq.heappush(self.held, (free_s, nbytes))
-        self.used += nbytes
-
-
 def estimate(ctx: EstimateContext, schedule: Schedule, vmem: VmemPlan | None = None) -> Estimate:
     """Estimate ``schedule`` on the context's program (see the module docstring).
 
@@ -361,10 +250,10 @@ class _Replay:
         unbounded = float("inf")
         self.ctx, self.schedule = ctx, schedule
         self.plan = ctx.issue_plan(schedule)
-        self.queues: dict[str, tuple[_Pool, deque[float]]] = {}  # ring -> (its queue, its free times)
-        self.kv = (_Pool(vmem.kv_bytes or unbounded), deque(maxlen=schedule.kv_buffers))
-        self.state = (_Pool(vmem.state_bytes or unbounded), deque(maxlen=1))
-        self.hbm = _Hbm(ctx, schedule.max_dmas_in_flight)
+        self.queues: dict[str, tuple[AdmissionPool, deque[float]]] = {}  # ring -> (its queue, its free times)
+        self.kv = (AdmissionPool(vmem.kv_bytes or unbounded), deque(maxlen=schedule.kv_buffers))
+        self.state = (AdmissionPool(vmem.state_bytes or unbounded), deque(maxlen=1))
+        self.hbm = FluidHbm(ctx.bandwidth_bytes_per_s, ctx.issue_latency_s, ctx.dma, schedule.max_dmas_in_flight)
         self.miss_rate = schedule.speculation_miss_rate if schedule.expert_issue == "speculative" else 0.0
         self.lead_ops = self.plan.max_lead_ops()
         self.link_free: dict[str, float] = {}
@@ -376,16 +265,16 @@ class _Replay:
         self.by_family: dict[str, float] = {}
         self.experts_seen = 0
 
-    def queue(self, tensor: str, family: str) -> tuple[_Pool, deque[float]]:
+    def queue(self, tensor: str, family: str) -> tuple[AdmissionPool, deque[float]]:
         """The ring queue a tensor's slabs go through (the engine's, with cross-op prefetch)."""
         key = tensor if family == "small_params" else self.plan.ring_of(tensor, family)
         known = self.queues.get(key)
         if known is None:
             depth = self.plan.rings[key].buffers if key in self.plan.rings else self.schedule.family(family).buffers
-            known = self.queues[key] = (_Pool(float("inf")), deque(maxlen=depth))
+            known = self.queues[key] = (AdmissionPool(float("inf")), deque(maxlen=depth))
         return known
 
-    def slab(self, queue: tuple[_Pool, deque[float]], release: float, nbytes: int) -> float:
+    def slab(self, queue: tuple[AdmissionPool, deque[float]], release: float, nbytes: int) -> float:
         """Admit one slab (step 2) and copy it (step 3): its landing time."""
         pool, ring = queue
         ready = release
@@ -394,7 +283,7 @@ class _Replay:
         return self.hbm.copy(pool.admit(ready, nbytes), nbytes)
 
     @staticmethod
-    def consume(queue: tuple[_Pool, deque[float]], free_s: float, nbytes: int) -> None:
+    def consume(queue: tuple[AdmissionPool, deque[float]], free_s: float, nbytes: int) -> None:
         queue[0].hold(free_s, nbytes)
         queue[1].append(free_s)
 
@@ -443,7 +332,7 @@ class _Replay:
         t = start
         waits_all = op.kind == WEIGHTS_OTHER  # a vector op waits for all its slabs, then frees them
         last_land = t
-        held: list[tuple[tuple[_Pool, deque[float]], int]] = []
+        held: list[tuple[tuple[AdmissionPool, deque[float]], int]] = []
         for position, tensor in enumerate(op.tensors):
             queue = self.queue(tensor.name, tensor.family)
             rows = op.rows[position] if position < len(op.rows) else 1

@@ -29,15 +29,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hwmodels.schema import Chip, System
-from tpusim.workload.modelconfig import ModelConfig
-from tpusim.workload.sharding import ShardingPlan
-from tpusim.workload.program import Program, build_program
-from tpusim.workload.routing import RoutingModel
 from tpusim.schedule.schema import Schedule
+from tpusim.schedule.vmem import InfeasibleSchedule
 from tpusim.sweep.estimate import EstimateContext, estimate
 from tpusim.sweep.prune import VmemAccountant
 from tpusim.sweep.space import Candidate
-from tpusim.schedule.vmem import InfeasibleSchedule
+from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.program import Program, build_program
+from tpusim.workload.routing import RoutingModel
+from tpusim.workload.sharding import ShardingPlan
 
 MS_PER_S = 1000.0
 MIB = float(1 << 20)

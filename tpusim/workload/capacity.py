@@ -16,7 +16,6 @@ from hwmodels.errors import InputError
 from hwmodels.schema import Chip
 from tpusim.workload.formats import tensor_bytes, weight_format
 from tpusim.workload.modelconfig import ModelConfig
-from tpusim.workload.sharding import ShardingPlan
 from tpusim.workload.shapes import (
     expert_slice_bytes,
     kv_cache_bytes_per_token,
@@ -24,6 +23,7 @@ from tpusim.workload.shapes import (
     lm_head_tensors,
     recurrent_state_bytes,
 )
+from tpusim.workload.sharding import ShardingPlan
 
 GB = 1e9
 

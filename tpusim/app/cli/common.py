@@ -7,8 +7,6 @@ import json
 import sys
 from typing import Any
 
-from hwmodels.errors import InputError
-
 
 def positive_int(text: str) -> int:
     try:
@@ -49,8 +47,3 @@ def resolve_workload(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
 def emit_json(data: Any) -> None:
     json.dump(data, sys.stdout, indent=2, default=float)
     sys.stdout.write("\n")
-
-
-def require(condition: bool, message: str) -> None:
-    if not condition:
-        raise InputError(message)
