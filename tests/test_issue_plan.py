@@ -20,7 +20,7 @@ from tpusim.workload.program import build_program
 
 def _plan(rings: list[RingSpec], reads: list[list[Read]], horizon: int = 0):  # type: ignore[no-untyped-def]
     placed, _ = place(rings)
-    return plan_issues(placed, reads, horizon=lambda _c: horizon, routing=lambda _r: 0)
+    return plan_issues(placed, reads, horizon=lambda c: min(c, horizon), routing=lambda _r: 0)
 
 
 def test_distance_horizon_and_free_clamps_by_hand() -> None:

@@ -335,13 +335,7 @@ def run_sweep(
     workload = Workload(model, plan, system, batch, context_tokens, routing or RoutingModel("uniform"), seed,
                         screen_layers)
     families = present_families(workload)
-    staging = system.chip.staging_memory
-    space = (space or default_space()).with_capacity(
-        staging.usable_bytes, f"{system.chip.name} {staging.name} usable bytes: "
-        + (staging.usable_capacity_bytes or staging.capacity_bytes).source)
-    config = {"workload": workload.describe(), "space": space.model_dump(mode="json")}
-    _check_space_file(out / "space.json", config, resume)
-    write_text_atomic(out / "space.json", json.dumps(config, indent=2) + "\n")
+    space = _space_file(out, workload, space or default_space(), resume)
 
     knobs = knob_names(families)
     table = SweepCsv(out / "sweep.csv", csv_columns(knobs))
@@ -382,6 +376,19 @@ def run_sweep(
     lap("outputs")
     result.wall_s = time.perf_counter() - started
     return result
+
+
+def _space_file(out: Path, workload: Workload, space: SweepSpace, resume: bool) -> SweepSpace:
+    """The space with the chip's VMEM capacity filled in, written as ``space.json`` (checked
+    against the existing file on ``--resume``)."""
+    chip = workload.system.chip
+    staging = chip.staging_memory
+    space = space.with_capacity(staging.usable_bytes, f"{chip.name} {staging.name} usable bytes: "
+                                + (staging.usable_capacity_bytes or staging.capacity_bytes).source)
+    config = {"workload": workload.describe(), "space": space.model_dump(mode="json")}
+    _check_space_file(out / "space.json", config, resume)
+    write_text_atomic(out / "space.json", json.dumps(config, indent=2) + "\n")
+    return space
 
 
 def _search_rounds(search: _Search, space: SweepSpace, families: list[str], budget: int, refine_budget: int,
