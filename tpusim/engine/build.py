@@ -76,7 +76,7 @@ from tpusim.engine.items import (
     Ring,
     Slab,
 )
-from tpusim.schedule.program_issue import ProgramIssuePlan, program_issue_plan
+from tpusim.schedule.program_issue import ProgramIssuePlan, cached_issue_plan
 from tpusim.schedule.schema import SCHEDULE_FAMILIES, FamilySchedule, Schedule
 from tpusim.schedule.vmem import SMALL_FAMILY, VmemPlan, arena_of, family_chunk, slab_rows
 from tpusim.workload.formats import scale_bytes, value_bytes
@@ -130,7 +130,7 @@ class _Builder:
         self.miss_rate = schedule.speculation_miss_rate if speculative else 0.0
         self.expert_count = 0  # routed experts lowered so far over the whole step (misses)
         self.kernels = policy.kernel_plan(program)
-        self.issue = program_issue_plan(program, schedule) if policy.cross_op_prefetch else None
+        self.issue = cached_issue_plan(program, schedule) if policy.cross_op_prefetch else None
         self.plans: list[OpPlan] = []
 
     def release_plan(self, index: int, tensor: TensorSpec | None = None, layer: int = 0, chunk: int = 0) -> OpPlan:

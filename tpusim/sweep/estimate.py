@@ -3,8 +3,10 @@
 The engine (:mod:`tpusim.engine`) is a SimPy model of every copy and op (0.1-0.2 s for a K3
 step); a sweep considers thousands of candidates. This module replays the same program under
 the engine's rules with *one pass of arithmetic per slab*: no event queue, no processes,
-9 ms per K3 step at batch 1 and 21 ms at batch 8 (2-core dev machine). It is an **estimate** (label every number it produces so); the
-engine decides.
+9 ms per K3 step at batch 1 and 21 ms at batch 8 (2-core dev machine, measured before the
+issue plan was shared; each distinct setting of the families, pools and expert issue also
+computes its issue plan once). It is an **estimate** (label every number it produces so);
+the engine decides.
 
 The model
 ---------
@@ -65,6 +67,7 @@ from tpusim.engine.costs import (
     resolve_link,
     vector_time_s,
 )
+from tpusim.schedule.issue_plan import Unit
 from tpusim.schedule.program_issue import ProgramIssuePlan, program_facts, program_issue_plan
 from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import VmemPlan, family_chunk, slab_rows, vmem_plan
@@ -251,6 +254,7 @@ class _Replay:
         self.ctx, self.schedule = ctx, schedule
         self.plan = ctx.issue_plan(schedule)
         self.queues: dict[str, tuple[AdmissionPool, deque[float]]] = {}  # ring -> (its queue, its free times)
+        self.tensors: dict[str, tuple[tuple[AdmissionPool, deque[float]], int | None, str, bool]] = {}
         self.kv = (AdmissionPool(vmem.kv_bytes or unbounded), deque(maxlen=schedule.kv_buffers))
         self.state = (AdmissionPool(vmem.state_bytes or unbounded), deque(maxlen=1))
         self.hbm = FluidHbm(ctx.bandwidth_bytes_per_s, ctx.issue_latency_s, ctx.dma, schedule.max_dmas_in_flight)
@@ -272,6 +276,15 @@ class _Replay:
         if known is None:
             depth = self.plan.rings[key].buffers if key in self.plan.rings else self.schedule.family(family).buffers
             known = self.queues[key] = (AdmissionPool(float("inf")), deque(maxlen=depth))
+        return known
+
+    def tensor_facts(self, tensor: str, family: str) -> tuple[tuple[AdmissionPool, deque[float]], int | None, str, bool]:
+        """(queue, slab size, ring, is small) of a tensor kind, memoised for the replay."""
+        known = self.tensors.get(tensor)
+        if known is None:
+            small = family == "small_params"
+            known = self.tensors[tensor] = (self.queue(tensor, family), family_chunk(self.schedule, family)[0],
+                                            self.plan.ring_of(tensor, family), small)
         return known
 
     def slab(self, queue: tuple[AdmissionPool, deque[float]], release: float, nbytes: int) -> float:
@@ -333,12 +346,13 @@ class _Replay:
         waits_all = op.kind == WEIGHTS_OTHER  # a vector op waits for all its slabs, then frees them
         last_land = t
         held: list[tuple[tuple[AdmissionPool, deque[float]], int]] = []
+        issue = self.plan.plan.issue
         for position, tensor in enumerate(op.tensors):
-            queue = self.queue(tensor.name, tensor.family)
+            queue, chunk_bytes, ring, small = self.tensor_facts(tensor.name, tensor.family)
+            key: object = (tensor.name, op.layer) if ring.startswith("pool:") else op.layer
             rows = op.rows[position] if position < len(op.rows) else 1
-            chunk_bytes, _buffers = family_chunk(self.schedule, tensor.family)
             for chunk, (nbytes, piece_s) in enumerate(self.ctx.slabs(tensor, chunk_bytes, rows, op.matmul_dtype)):
-                release = self.starts[self.plan.weight_issue(tensor.name, tensor.family, op.layer, chunk)]
+                release = self.starts[issue[Unit(ring, key, 0 if small else chunk)]]
                 land = self.slab(queue, release, nbytes)
                 if waits_all:
                     last_land = max(last_land, land)
