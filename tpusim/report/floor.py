@@ -37,7 +37,9 @@ def floor_report(model: ModelConfig, plan: ShardingPlan, system: System, *, batc
     slice_bytes = expert_slice_bytes(model, plan)
     moe_layers = len(model.moe_layers)
     group_size = plan.experts_per_group(model)
-    closed = expected_distinct(routing, model.moe.num_experts, model.moe.top_k, batch, group_size)
+    moe = model.moe
+    closed = (expected_distinct(routing, moe.num_experts, moe.top_k, batch, group_size,
+                                grouped=moe.routing_groups_per_token < moe.routing_groups) if moe else 0.0)
     sampled_mean = sum(sum(p.routed_experts_per_layer) for p in group_programs) / (groups * max(1, moe_layers))
     experts_per_layer = closed if closed is not None else sampled_mean
 
@@ -52,6 +54,7 @@ def floor_report(model: ModelConfig, plan: ShardingPlan, system: System, *, batc
             by_kind[kind] = by_kind.get(kind, 0.0) + size / groups
     by_kind["routed_expert"] = by_family["routed_expert"]
     bytes_per_device = sum(by_family.values())
+    weight_bytes = sum(size for family, size in by_family.items() if family not in ("kv_cache", "kda_state"))
 
     # The expected device: its bytes, the mean compute over the groups, and the collectives
     # of the critical device (every collective waits for it).
@@ -71,6 +74,7 @@ def floor_report(model: ModelConfig, plan: ShardingPlan, system: System, *, batc
         "routing": routing.label,
         "seed": seed,
         "bytes_per_device": bytes_per_device,
+        "weight_bytes_per_device": weight_bytes,
         "bytes_per_device_critical": critical.hbm_bytes,
         "routed_experts_per_device_per_layer": experts_per_layer,
         "routed_experts_closed_form": closed is not None,

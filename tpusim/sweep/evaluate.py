@@ -69,7 +69,7 @@ class Workload:
     def describe(self) -> dict[str, Any]:
         """A JSON-able identity of the workload (saved in ``space.json``; checked on resume)."""
         return {
-            "model": self.model.name, "plan": self.plan.name, "hardware": self.chip.name,
+            "model": self.model.name, "formats": self.model.formats, "plan": self.plan.name, "hardware": self.chip.name,
             "chips": self.system.chips, "devices": self.system.devices, "batch": self.batch,
             "context_tokens": self.context_tokens, "routing": self.routing.label, "seed": self.seed,
             "screen_layers": self.screen_layers,

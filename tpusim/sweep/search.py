@@ -113,7 +113,7 @@ class SweepResult:
 def present_families(workload: Workload) -> list[str]:
     """Weight families the program reads (the only ones whose knobs matter)."""
     seen = {tensor.family for op in workload.program().ops for tensor in op.tensors}
-    if workload.model.moe.num_experts:
+    if workload.model.num_experts:
         seen.add("routed_expert")
     return [family for family in SCHEDULE_FAMILIES if family in seen]
 

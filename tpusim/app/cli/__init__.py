@@ -25,6 +25,7 @@ SUBCOMMAND_MODULES = (
     "run_kernel",
     "calibrate",
     "compare",
+    "plan",
 )
 
 
