@@ -13,7 +13,8 @@ Vocabulary (the kernel and the engine use the same words):
 - **prefetch distance** ``d`` (``prefetch_distance_ops``): the copy feeding op ``i`` is
   issued when the compute stream *starts* op ``i - d`` of the flat sequence, so ``d`` crosses
   layer boundaries freely; ``d = 0`` issues it as its own op starts and waits at once (no
-  overlap). A copy is issued no earlier than its buffer is free.
+  overlap). A copy is issued no earlier than its buffer is free, nor before the last routing
+  decision ahead of it (the full rule: :mod:`tpusim.schedule.issue_plan`).
 - **chunk**: a tensor larger than ``chunk_bytes`` is copied as row slabs of at most that
   size; its op computes slab by slab as they land. ``None`` copies whole tensors.
 - **buffers**: the ring depth of a family: how many chunks (for ``routed_expert``: whole
