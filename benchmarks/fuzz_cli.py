@@ -109,6 +109,33 @@ def _flags(*parts: st.SearchStrategy[list[str]]) -> st.SearchStrategy[list[str]]
     return st.tuples(*parts).map(lambda groups: [token for group in groups for token in group])
 
 
+def _file_command_cases(corpus: dict[str, str], out: st.SearchStrategy[str],
+                        hardware: list[str]) -> tuple[st.SearchStrategy[list[str]], ...]:
+    """``hardware``, ``report``, ``calibrate``, ``run-kernel`` and ``demo`` cases (the last three
+    only as far as their input validation goes; their real runs take minutes)."""
+    hardware_cmd = st.one_of(st.just(["hardware"]),
+                             _flags(st.just(["hardware", "show"]), st.sampled_from(hardware[:-1]).map(lambda v: [v]),
+                                    st.sampled_from([[], ["--json"], ["--uncalibrated"]])))
+    measurements = [corpus["truncated.jsonl"], corpus["empty.jsonl"], corpus["wrong-types.jsonl"],
+                    corpus["garbage.bin"], corpus["missing"], "published:nope", "published:tpu7x-musespark"]
+    report = _flags(st.just(["report"]), st.sampled_from(hardware).map(lambda v: ["--hardware", v]),
+                    st.sampled_from(measurements[:-1]).map(lambda v: ["--measurements", v]), st.just(["--json"]))
+    calibrate = _flags(st.just(["calibrate"]), st.sampled_from(hardware).map(lambda v: ["--hardware", v]),
+                       st.sampled_from(measurements[:-1]).map(lambda v: ["--measurements", v]),
+                       _opt("--holdout", ["format=int4+bf16", "nonsense", "=", "batch=x"]),
+                       _opt("--parameters", ["nope.figure", ""]), out.map(lambda o: ["--out", o]),
+                       st.sampled_from([["--max-evals", "1"], ["--max-evals", "0"]]), st.just(["--json", "--no-probe"]))
+    invalid_kernel = st.sampled_from([["--batch", "0"], ["--steps", "0"], ["--context", "-1"], ["--model", "nope"],
+                                      ["--model", "kimi-k3"], ["--schedule", corpus["schedule-wrong.json"]],
+                                      ["--backend", "tpu"], ["--backend", "gpu"], ["--batch", "x"]])
+    run_kernel = _flags(st.just(["run-kernel", "--schedule", "published"]), invalid_kernel,
+                        out.map(lambda o: ["--out", o + ".jsonl"]))
+    invalid_demo = st.sampled_from([["--jobs", "0"], ["--jobs", "-1"], ["--sweep-budget", "0"], ["--jobs", "x"],
+                                    ["--out", corpus["empty.json"]]])
+    demo = _flags(st.just(["demo"]), invalid_demo, st.sampled_from([[], ["--quick"]]))
+    return hardware_cmd, report, calibrate, run_kernel, demo
+
+
 def cases(corpus: dict[str, str], out_root: Path, *, heavy: bool) -> st.SearchStrategy[list[str]]:
     """Argument lists for every subcommand (see the module docstring)."""
     small_models = ["kimi-k3-mini", "kimi-k3-draft"]
@@ -164,26 +191,7 @@ def cases(corpus: dict[str, str], out_root: Path, *, heavy: bool) -> st.SearchSt
                      st.sampled_from([["--schedule", "published"], ["--schedule", "naive"],
                                       ["--schedule", corpus["schedule-wrong.json"]], ["--schedule", corpus["missing"]]]),
                      st.just(["--json"]))
-    hardware_cmd = st.one_of(st.just(["hardware"]),
-                             _flags(st.just(["hardware", "show"]), st.sampled_from(hardware[:-1]).map(lambda v: [v]),
-                                    st.sampled_from([[], ["--json"], ["--uncalibrated"]])))
-    measurements = [corpus["truncated.jsonl"], corpus["empty.jsonl"], corpus["wrong-types.jsonl"],
-                    corpus["garbage.bin"], corpus["missing"], "published:nope", "published:tpu7x-musespark"]
-    report = _flags(st.just(["report"]), st.sampled_from(hardware).map(lambda v: ["--hardware", v]),
-                    st.sampled_from(measurements[:-1]).map(lambda v: ["--measurements", v]), st.just(["--json"]))
-    calibrate = _flags(st.just(["calibrate"]), st.sampled_from(hardware).map(lambda v: ["--hardware", v]),
-                       st.sampled_from(measurements[:-1]).map(lambda v: ["--measurements", v]),
-                       _opt("--holdout", ["format=int4+bf16", "nonsense", "=", "batch=x"]),
-                       _opt("--parameters", ["nope.figure", ""]), out.map(lambda o: ["--out", o]),
-                       st.sampled_from([["--max-evals", "1"], ["--max-evals", "0"]]), st.just(["--json", "--no-probe"]))
-    invalid_kernel = st.sampled_from([["--batch", "0"], ["--steps", "0"], ["--context", "-1"], ["--model", "nope"],
-                                      ["--model", "kimi-k3"], ["--schedule", corpus["schedule-wrong.json"]],
-                                      ["--backend", "tpu"], ["--backend", "gpu"], ["--batch", "x"]])
-    run_kernel = _flags(st.just(["run-kernel", "--schedule", "published"]), invalid_kernel,
-                        out.map(lambda o: ["--out", o + ".jsonl"]))
-    invalid_demo = st.sampled_from([["--jobs", "0"], ["--jobs", "-1"], ["--sweep-budget", "0"], ["--jobs", "x"],
-                                    ["--out", corpus["empty.json"]]])
-    demo = _flags(st.just(["demo"]), invalid_demo, st.sampled_from([[], ["--quick"]]))
+    hardware_cmd, report, calibrate, run_kernel, demo = _file_command_cases(corpus, out, hardware)
     plan = _flags(st.just(["plan"]), st.sampled_from(models).map(lambda v: ["--model", v]),
                   _opt("--hardware", hardware), _opt("--chips", chips), _opt("--devices", chips),
                   _opt("--batch", batch), _opt("--context", context), _opt("--formats", formats),

@@ -14,7 +14,6 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-
 # Subcommand modules, in the order ``tpusim --help`` lists them.
 SUBCOMMAND_MODULES = (
     "demo",
