@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
+from hwmodels.textfile import read_user_text
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.plan_spec import is_plan_spec, parse_plan_spec, plan_from_spec
 from tpusim.workload.sharding import ShardingPlan, generic_plan
@@ -46,10 +47,7 @@ def format_validation_error(path: Path | str, error: ValidationError) -> str:
 
 
 def read_yaml(path: Path) -> Any:
-    try:
-        text = path.read_text()
-    except OSError as error:
-        raise InputError(f"{path}: cannot read: {error.strerror}") from None
+    text = read_user_text(path, kind="YAML")
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as error:

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hwmodels.errors import InputError
-from tpusim.app.cli.common import add_model_options, emit_json
+from tpusim.app.cli.common import add_model_options, emit_json, positive_int
 
 
 def _numbers(text: str, kind: type, name: str) -> list:
@@ -40,18 +40,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="drafter for speculative rows: kimi-k3-dspark (parallel), kimi-k3-eagle "
                         "(autoregressive), mtp (the target's MTP layers, from config.json) "
                         "(default: the model's published drafter; kimi-k3-dspark for kimi-k3)")
-    parser.add_argument("--draft-tokens", type=int, default=None,
+    parser.add_argument("--draft-tokens", type=positive_int, default=None,
                         help="draft tokens per speculative step (default: the drafter's, 7 for kimi-k3-dspark)")
     parser.add_argument("--schedule", default=None,
                         help="best | published | a built-in name | FILE (default: the sweep's best for each "
                         "TPU/megakernel row)")
-    parser.add_argument("--sweep-budget", type=int, default=8,
+    parser.add_argument("--sweep-budget", type=positive_int, default=8,
                         help="full engine runs per (reduced) sweep when choosing the best schedule (default: 8)")
     parser.add_argument("--sweep-samples", type=int, default=100,
                         help="random schedules per reduced sweep, beside the built-ins and their neighbours "
                         "(default: 100)")
-    parser.add_argument("--jobs", type=int, default=1, help="processes for the sweeps (default: 1)")
-    parser.add_argument("--context", type=int, default=1024,
+    parser.add_argument("--jobs", type=positive_int, default=1, help="processes for the sweeps (default: 1)")
+    parser.add_argument("--context", type=positive_int, default=1024,
                         help="context tokens already in the KV cache per sequence (default: 1024)")
     parser.add_argument("--routing", default="uniform",
                         help="expert routing model: uniform, identical, zipf[:s] or trace:PATH "
@@ -64,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(default: none)")
     parser.add_argument("--out", type=Path, default=None,
                         help="folder for sweep outputs when choosing schedules (default: a temporary folder)")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, output_lock="folder")  # --out: the sweeps that choose schedules
 
 
 def run(args: argparse.Namespace) -> int:

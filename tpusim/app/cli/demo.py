@@ -6,15 +6,17 @@ import argparse
 import sys
 from pathlib import Path
 
+from tpusim.app.cli.common import positive_int
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser = subparsers.add_parser(
         "demo", help="the whole loop on defaults: sweep, kernel, calibrate, compare, report.md")
     parser.add_argument("--out", type=Path, default=Path("report"), help="report folder (default ./report)")
-    parser.add_argument("--jobs", type=int, default=2, help="worker processes for sweeps")
-    parser.add_argument("--sweep-budget", type=int, default=32, help="full simulations per sweep")
+    parser.add_argument("--jobs", type=positive_int, default=2, help="worker processes for sweeps")
+    parser.add_argument("--sweep-budget", type=positive_int, default=32, help="full simulations per sweep")
     parser.add_argument("--quick", action="store_true", help="small budgets (smoke test)")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, output_lock="folder")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
+from tpusim.app.cli.capacity_gate import check_fit
 from tpusim.app.cli.common import add_workload_options, emit_json, resolve_workload
 
 
@@ -21,8 +22,10 @@ def run(args: argparse.Namespace) -> int:
     from tpusim.report.floor import floor_report
 
     model, plan, system, routing = resolve_workload(args)
+    fit = check_fit(args, model, plan, system)  # capacity first
     report = floor_report(model, plan, system, batch=args.batch, context_tokens=args.context,
                           routing=routing, seed=args.seed)
+    report["capacity"] = fit.as_json()
     if args.json:
         emit_json(report)
         return 0
@@ -32,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     table.add_column("quantity")
     table.add_column("value", justify="right")
     table.add_column("label")
+    table.add_row("HBM needed / available", fit.summary(), fit.label)
     table.add_row("bytes per device per step (expected device)", f"{report['bytes_per_device'] / gb:.3f} GB", "analytic")
     table.add_row("bytes, critical device", f"{report['bytes_per_device_critical'] / gb:.3f} GB", "analytic (sampled routing)")
     table.add_row("routed experts per device per layer", f"{report['routed_experts_per_device_per_layer']:.3f}",

@@ -36,12 +36,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--seed", type=int, default=0, help="weights, state and first tokens (default 0)")
     parser.add_argument("--label", default="measured", help="record label (default measured)")
     parser.add_argument("--out", type=Path, default=Path("measurements.jsonl"), help="JSON-lines file to append to")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, output_lock="file")
 
 
 def run(args: argparse.Namespace) -> int:
-    from megakernel.runner import RunConfig
+    from megakernel.runner import RunConfig, resolve_backend
     from megakernel.runner import run as run_kernel
+    from tpusim.app.cli.capacity_gate import check_kernel_fits
+
+    if args.batch >= 1 and args.steps >= 1 and args.context >= 1:  # capacity first (the runner checks >= 1)
+        check_kernel_fits(args.model, batch=args.batch, context_tokens=args.context + args.steps,
+                          backend=resolve_backend(args.backend))
 
     config = RunConfig(model=args.model, schedule=args.schedule, batch=args.batch, steps=args.steps,
                        context=args.context, backend=args.backend, seed=args.seed, weights=args.weights,

@@ -26,6 +26,7 @@ floor):
 | ``floor_ms``, ``floors`` | analytic floors (:mod:`tpusim.workload.floors`) |
 | ``schedule``, ``schedule_hash`` | schedule name and content hash |
 | ``source`` | how the numbers were made, and whether the chip had calibrated figures |
+| ``capacity`` | HBM check: ``fits``, ``label`` (``does not fit`` only with ``--force``), bytes needed / per device |
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from rich.table import Table
 
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
+from tpusim.app.cli.capacity_gate import check_fit
 from tpusim.app.cli.common import add_workload_options, emit_json, resolve_workload
 
 MS_PER_S = 1e3
@@ -94,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
     plot_layers = _plot_layers(args.plot_layers)
     model, plan, system, routing = resolve_workload(args)
+    fit = check_fit(args, model, plan, system)  # capacity first: before any draw or schedule
     schedule = load_schedule(args.schedule)
     chip = system.chip
     try:
@@ -114,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
 
         source += f"; {stack_source(chip)}"
     data = _json_result(result, floor, args, system.name, system.devices, plan.name, source)
+    data["capacity"] = fit.as_json()
     if result.timeline is not None:
         try:
             if args.trace is not None:
@@ -178,7 +182,9 @@ def _print_human(data: dict[str, Any], console: Console) -> None:
     table.add_column("quantity")
     table.add_column("value", justify="right")
     table.add_column("label")
-    table.add_row("step time", f"{data['step_ms']:.3f} ms", SIMULATED)
+    table.add_row("HBM needed / available", data["capacity"]["summary"], data["capacity"]["label"])
+    table.add_row("step time", f"{data['step_ms']:.3f} ms", SIMULATED if data["capacity"]["fits"] else
+                  f"{SIMULATED}, does not fit")
     table.add_row("tokens/s (aggregate)", f"{data['tokens_per_s']:.1f}", SIMULATED)
     table.add_row("floor", f"{data['floor_ms']:.3f} ms", FLOOR)
     floors = data["floors"]

@@ -22,6 +22,8 @@ from rich.console import Console
 from rich.table import Table
 
 from hwmodels.errors import InputError
+from hwmodels.textfile import read_user_text
+from tpusim.app.cli.capacity_gate import check_fit
 from tpusim.app.cli.common import add_workload_options, emit_json, positive_int, resolve_workload
 
 
@@ -49,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-plots", action="store_true", help="skip pareto.png and sensitivity.png")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, output_lock="folder")
 
 
 def load_space(path: Path) -> Any:
@@ -60,7 +62,7 @@ def load_space(path: Path) -> Any:
     from tpusim.workload.model_catalog import format_validation_error
 
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_user_text(path, kind="JSON"))
     except OSError as error:
         raise InputError(f"{path}: cannot read: {error.strerror}") from None
     except json.JSONDecodeError as error:
@@ -77,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from tpusim.sweep import SweepInterrupted, default_space, run_sweep
 
     model, plan, system, routing = resolve_workload(args)
+    fit = check_fit(args, model, plan, system)  # capacity first
     space = load_space(args.space) if args.space else default_space()
     if args.samples is not None:
         if args.samples < 0:
@@ -94,9 +97,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"tpusim sweep: {interrupted}\n  resume with: {command} --resume", file=sys.stderr)
         return 130
     if args.json:
-        emit_json(_as_json(result))
+        emit_json({**_as_json(result), "capacity": fit.as_json()})
         return 0
     _print_human(result, model.name, system.chip.name, system.chips, args.batch)
+    if not fit.fits:
+        print(f"HBM: {fit.summary()}: every time above is for a deployment that does not fit")
     return 0
 
 
