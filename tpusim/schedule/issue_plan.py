@@ -52,6 +52,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from tpusim.schedule.vmem import InfeasibleSchedule
 
@@ -132,8 +133,7 @@ def place(rings: Sequence[RingSpec]) -> tuple[dict[str, RingSpec], dict[str, int
     return placed, arenas
 
 
-@dataclass(frozen=True)
-class Read:
+class Read(NamedTuple):
     """An op reads instance ``key`` of ring ``ring``; its slab 0 is ring slab ``first_slot``.
 
     ``slabs`` overrides the ring's K for this instance (a smaller tensor of the kind);
@@ -146,9 +146,9 @@ class Read:
     distance: int | None = None
 
 
-@dataclass(frozen=True)
-class Unit:
-    """One copy: slab ``slab`` of instance ``key`` of ring ``ring``."""
+class Unit(NamedTuple):
+    """One copy: slab ``slab`` of instance ``key`` of ring ``ring`` (a named tuple: planning
+    and its readers hash thousands per schedule)."""
 
     ring: str
     key: object
@@ -198,61 +198,67 @@ def plan_issues(rings: dict[str, RingSpec], op_reads: Sequence[Sequence[Read]], 
     whose last reader is older cannot delay any copy)."""
     instances = sorted(_instances(op_reads, first).values(), key=lambda inst: inst.first)
     plan = IssuePlan({}, {}, {})
+    issue, consumer, buffers, refills = plan.issue, plan.consumer, plan.buffer, plan.refills
     live: list[_Slot] = []  # occupants first read before c whose last reader may still matter
     slots: list[_Slot] = []
-    static = {name: ring.static_buffers for name, ring in rings.items()}
     for inst in instances:
         ring = rings[inst.read.ring]
         count = inst.read.slabs if inst.read.slabs is not None else ring.num_slabs
+        static = ring.static_buffers
         for k in range(count):
             buffer = (inst.read.first_slot + k) % ring.buffers
-            span = ring.buffer_range(buffer) if static[ring.name] else ring.region
-            slots.append(_Slot(ring, inst, k, buffer, span))
-    by_first, current = 0, None
+            span = ring.buffer_range(buffer) if static else ring.region
+            slots.append(_Slot(ring, inst, k, buffer, span, inst.last))
+    by_first, current, oldest = 0, None, None
     for slot in slots:
         ring, inst, k, buffer = slot.ring, slot.inst, slot.slab, slot.buffer
         c = inst.first
         unit = Unit(ring.name, inst.read.key, k)
-        plan.consumer[unit], plan.buffer[unit] = c, buffer
+        consumer[unit] = c
+        buffers[unit] = buffer
         if c != current:
             current = c
+            horizon_c = horizon(c)
+            if horizon_c - lookback != oldest:  # the survivors of an unchanged cut all survive it again
+                oldest = horizon_c - lookback
+                live = [other for other in live if other.last >= oldest]
             while by_first < len(slots) and slots[by_first].inst.first < c:
-                live.append(slots[by_first])
+                if slots[by_first].last >= oldest:
+                    live.append(slots[by_first])
                 by_first += 1
-            oldest = horizon(c) - lookback
-            live = [other for other in live if other.inst.last >= oldest]
         if c < min_consumer:
             continue
-        if k >= ring.buffers and ring.name != EXPERT_RING:
-            plan.issue[unit] = c
-            plan.refills.add(unit)
-            continue
         expert = ring.name == EXPERT_RING
+        if k >= ring.buffers and not expert:
+            issue[unit] = c
+            refills.add(unit)
+            continue
         distance = ring.distance if inst.read.distance is None else inst.read.distance
-        floor = routing(inst.read) if expert else max(c - distance, horizon(c))
+        floor = routing(inst.read) if expert else max(c - distance, horizon_c)
         free = _free(slot, live, floor) if respect_buffers or expert else -FAR
         when = floor if floor > free else free
         if when == c + 1 and ring.name.startswith("pool:"):  # the bank's occupant is read by op c too:
-            plan.issue[unit] = c  # refilled inside c as that occupant is consumed
-            plan.refills.add(unit)
+            issue[unit] = c  # refilled inside c as that occupant is consumed
+            refills.add(unit)
             continue
         if when > c:
             raise UnsupportedIssuePlan(
                 f"pool {ring.pool!r}: {ring.name} (first read at op {c}) needs a buffer still read by that "
                 "op; give the families separate pools or more room")
-        plan.issue[unit] = when
+        issue[unit] = when
     return plan
 
 
-@dataclass(frozen=True)
-class _Slot:
-    """Slab ``slab`` of an instance, in buffer ``buffer`` covering arena ``span``."""
+class _Slot(NamedTuple):
+    """Slab ``slab`` of an instance, in buffer ``buffer`` covering arena ``span``; ``last``:
+    the instance's last reader."""
 
     ring: RingSpec
     inst: _Instance
     slab: int
     buffer: int
     span: tuple[int, int]
+    last: int
 
 
 def _free(mine: _Slot, live: list[_Slot], floor: int) -> int:
@@ -261,7 +267,7 @@ def _free(mine: _Slot, live: list[_Slot], floor: int) -> int:
     bound = floor
     free = -FAR
     for other in live:
-        after = other.inst.last + 1
+        after = other.last + 1
         if after <= bound or other.inst is mine.inst:
             continue
         if other.ring is ring:

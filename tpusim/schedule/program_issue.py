@@ -24,6 +24,7 @@ from tpusim.schedule.issue_plan import (
     Read,
     RingSpec,
     Unit,
+    UnsupportedIssuePlan,
     place,
     plan_issues,
 )
@@ -140,19 +141,32 @@ def program_facts(program: Program) -> ProgramFacts:
                         horizon_ops(program.ops), topk, router)
 
 
-def program_issue_plan(program: Program, schedule: Schedule, facts: ProgramFacts | None = None) -> ProgramIssuePlan:
+def program_issue_plan(program: Program, schedule: Schedule, facts: ProgramFacts | None = None,
+                       pools: PoolPlanCache | None = None) -> ProgramIssuePlan:
     """The issue plan of ``program`` under ``schedule`` (raises
-    :class:`~tpusim.schedule.issue_plan.UnsupportedIssuePlan` when a layout has no issue point)."""
+    :class:`~tpusim.schedule.issue_plan.UnsupportedIssuePlan` when a layout has no issue point).
+
+    ``pools``: plan pool by pool and remember each pool's part (:class:`PoolPlanCache`; the
+    same plan, for many schedules of one program)."""
     facts = facts or program_facts(program)
     rings, tensor_ring = program_rings(facts, schedule)
     order = [name for name in RING_ORDER if name in rings] + [name for name in rings if name not in RING_ORDER]
     placed, arenas = place([rings[name] for name in order])
-    reads = program_reads(facts, schedule, placed, tensor_ring)
     if schedule.expert_issue == "speculative":
         ahead = schedule.expert_speculation_ops
         routing_op = {layer: max(0, facts.router.get(layer, at) - ahead) for layer, at in facts.topk.items()}
     else:
         ahead, routing_op = 0, dict(facts.topk)
+    plan = None if pools is None else pools.plan(facts, schedule, placed, tensor_ring, routing_op, ahead)
+    if plan is None:
+        plan = _plan(facts, schedule, placed, tensor_ring, routing_op, ahead, None)
+    return ProgramIssuePlan(plan, placed, arenas, routing_op, tensor_ring)
+
+
+def _plan(facts: ProgramFacts, schedule: Schedule, placed: dict[str, RingSpec], tensor_ring: dict[str, str],
+          routing_op: dict[int, int], ahead: int, only: set[str] | None) -> IssuePlan:
+    """The rule on the program's reads (of the rings in ``only``, or all)."""
+    reads = program_reads(facts, schedule, placed, tensor_ring, only)
     first_read: dict[object, int] = {}
     for index, op_reads in enumerate(reads):
         for read in op_reads:
@@ -162,8 +176,56 @@ def program_issue_plan(program: Program, schedule: Schedule, facts: ProgramFacts
         layer = read.key[0]  # type: ignore[index]
         return routing_op.get(layer, first_read[read.key])
 
-    plan = plan_issues(placed, reads, horizon=facts.horizons.__getitem__, routing=routing, lookback=2 + ahead)
-    return ProgramIssuePlan(plan, placed, arenas, routing_op, tensor_ring)
+    return plan_issues(placed, reads, horizon=facts.horizons.__getitem__, routing=routing, lookback=2 + ahead)
+
+
+class PoolPlanCache:
+    """Each pool's part of the issue plan, remembered per setting of what it depends on.
+
+    The rule never looks across pools (``free`` counts only buffers of the copy's own pool;
+    ``horizon`` and routing are the program's), so a pool's copies get the same issue points
+    whatever the other pools hold. A pool's part depends on its placed rings, the knobs of
+    the families streaming through them (chunk, buffers, distance, ring-pool spec) and, for
+    the pool of the expert slots only, the routing positions (``expert_issue`` and
+    ``expert_speculation_ops``): a sweep's candidates share most pools' parts. A schedule
+    with no issue point is planned whole again, so it raises the same error."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self._parts: dict[tuple[object, ...], IssuePlan | None] = {}
+
+    def plan(self, facts: ProgramFacts, schedule: Schedule, placed: dict[str, RingSpec],
+             tensor_ring: dict[str, str], routing_op: dict[int, int], ahead: int) -> IssuePlan | None:
+        """The whole plan merged from the pools' parts (None: some pool has no issue point)."""
+        families: dict[str, set[str]] = {}
+        for tensor, ring in tensor_ring.items():
+            families.setdefault(ring, set()).add(facts.kinds[tensor].family)
+        by_pool: dict[str, list[RingSpec]] = {}
+        for ring in placed.values():
+            by_pool.setdefault(ring.pool, []).append(ring)
+        merged = IssuePlan({}, {}, {})
+        for members in by_pool.values():
+            names = {ring.name for ring in members}
+            fams = sorted(set().union(*(families.get(ring.name, {ring.family}) for ring in members)))
+            knobs = tuple((f, schedule.family(f).model_dump_json(), family_chunk(schedule, f)) for f in fams)
+            routed = EXPERT_RING in names
+            key = (tuple(members), knobs, (schedule.expert_issue == "speculative", ahead) if routed else None)
+            if key not in self._parts:
+                if len(self._parts) >= self.limit:
+                    self._parts.clear()
+                try:
+                    part: IssuePlan | None = _plan(facts, schedule, placed, tensor_ring, routing_op, ahead, names)
+                except UnsupportedIssuePlan:
+                    part = None
+                self._parts[key] = part
+            part = self._parts[key]
+            if part is None:
+                return None
+            merged.issue.update(part.issue)
+            merged.consumer.update(part.consumer)
+            merged.buffer.update(part.buffer)
+            merged.refills.update(part.refills)
+        return merged
 
 
 _RECENT: list[tuple[Program, str, ProgramIssuePlan]] = []  # small LRU: re-simulations of one program
@@ -214,9 +276,10 @@ def program_rings(facts: ProgramFacts, schedule: Schedule) -> tuple[dict[str, Ri
 
 
 def program_reads(facts: ProgramFacts, schedule: Schedule, rings: dict[str, RingSpec],
-                  tensor_ring: dict[str, str]) -> list[list[Read]]:
-    """Per op, the ring instances it reads, with each instance's first ring slab (a ring
-    pool's bank counter runs over every member tensor, in consumption order)."""
+                  tensor_ring: dict[str, str], only: set[str] | None = None) -> list[list[Read]]:
+    """Per op, the ring instances it reads (of the rings in ``only``, or all), with each
+    instance's first ring slab (a ring pool's bank counter runs over every member tensor, in
+    consumption order)."""
     ordinals: dict[str, dict[object, int]] = {}
     first_slot: dict[tuple[str, object], int] = {}
     banks_used: dict[str, int] = {}
@@ -227,6 +290,8 @@ def program_reads(facts: ProgramFacts, schedule: Schedule, rings: dict[str, Ring
         reads: list[Read] = []
         for name, family, key, nbytes in op_reads:
             ring = rings[tensor_ring.get(name, name)]
+            if only is not None and ring.name not in only:
+                continue
             slabs = None
             if name == EXPERT_RING:
                 first = key[1]  # type: ignore[index]

@@ -68,7 +68,12 @@ from tpusim.engine.costs import (
     vector_time_s,
 )
 from tpusim.schedule.issue_plan import Unit
-from tpusim.schedule.program_issue import ProgramIssuePlan, program_facts, program_issue_plan
+from tpusim.schedule.program_issue import (
+    PoolPlanCache,
+    ProgramIssuePlan,
+    program_facts,
+    program_issue_plan,
+)
 from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import VmemPlan, family_chunk, slab_rows, vmem_plan
 from tpusim.sweep.estimate_resources import AdmissionPool, FluidHbm
@@ -170,6 +175,7 @@ class EstimateContext:
         self._slabs: dict[tuple[str, int | None, int, str], tuple[tuple[int, float], ...]] = {}
         self.facts = program_facts(program)
         self._plans: dict[str, ProgramIssuePlan] = {}
+        self._pool_plans = PoolPlanCache()
 
     def issue_plan(self, schedule: Schedule) -> ProgramIssuePlan:
         """The schedule's issue plan (memoised on everything it depends on)."""
@@ -179,7 +185,7 @@ class EstimateContext:
         if known is None:
             if len(self._plans) > 256:
                 self._plans.clear()
-            known = self._plans[key] = program_issue_plan(self.program, schedule, self.facts)
+            known = self._plans[key] = program_issue_plan(self.program, schedule, self.facts, self._pool_plans)
         return known
 
     def slabs(self, tensor: TensorSpec, chunk_bytes: int | None, rows: int,
