@@ -100,6 +100,7 @@ class ProgramFacts:
     horizons: list[int]
     topk: dict[int, int]
     router: dict[int, int]
+    reads_of: dict[str, list[tuple[int, int]]]  # tensor name -> (op, position in its reads) of each read
 
 
 def program_facts(program: Program) -> ProgramFacts:
@@ -111,6 +112,7 @@ def program_facts(program: Program) -> ProgramFacts:
     reads: list[list[tuple[str, str, object, int]]] = []
     topk: dict[int, int] = {}
     router: dict[int, int] = {}
+    reads_of: dict[str, list[tuple[int, int]]] = {}
     for index, op in enumerate(program.ops):
         if op.role == "moe.topk":
             topk.setdefault(op.layer, index)
@@ -133,12 +135,13 @@ def program_facts(program: Program) -> ProgramFacts:
         extra = EXTRA_READS.get(op.name)
         if extra is not None and extra in kinds:
             op_reads.append((extra, kinds[extra].family, op.layer, kinds[extra].bytes))
-        for name, _family, key, _bytes in op_reads:
+        for position, (name, _family, key, _bytes) in enumerate(op_reads):
             instances.setdefault(name, set()).add(key)
+            reads_of.setdefault(name, []).append((index, position))
         reads.append(op_reads)
     return ProgramFacts(kinds, reads, {name: len(keys) for name, keys in instances.items()},
                         max(small_bytes.values(), default=0), expert_slice_bytes(model, plan),
-                        horizon_ops(program.ops), topk, router)
+                        horizon_ops(program.ops), topk, router, reads_of)
 
 
 def program_issue_plan(program: Program, schedule: Schedule, facts: ProgramFacts | None = None,
@@ -285,35 +288,37 @@ def program_reads(facts: ProgramFacts, schedule: Schedule, rings: dict[str, Ring
     banks_used: dict[str, int] = {}
     slab_count: dict[tuple[str, int], int] = {}  # (tensor, bytes) -> slabs
     ring_distance = {name: schedule.family(name).prefetch_distance_ops for name in schedule.families}
-    out: list[list[Read]] = []
-    for op_reads in facts.reads:
-        reads: list[Read] = []
-        for name, family, key, nbytes in op_reads:
-            ring = rings[tensor_ring.get(name, name)]
-            if only is not None and ring.name not in only:
-                continue
-            slabs = None
-            if name == EXPERT_RING:
-                first = key[1]  # type: ignore[index]
-            elif name == SMALL_RING:
-                seen = ordinals.setdefault(name, {})
-                first = seen.setdefault(key, len(seen))
-            else:
-                slabs = slab_count.get((name, nbytes))
-                if slabs is None:
-                    slabs = slab_count[name, nbytes] = _slabs(facts.kinds[name], nbytes, schedule, family)
-                if (name, key) not in first_slot:
-                    if ring.name.startswith("pool:"):
-                        first_slot[name, key] = banks_used.get(ring.name, 0)
-                        banks_used[ring.name] = first_slot[name, key] + slabs
-                    else:
-                        seen = ordinals.setdefault(name, {})
-                        first_slot[name, key] = seen.setdefault(key, len(seen)) * ring.num_slabs
-                first = first_slot[name, key]
-                key = (name, key) if ring.name.startswith("pool:") else key
-            distance = ring_distance.get(family) if ring.name.startswith("pool:") else None
-            reads.append(Read(ring.name, key, first, slabs if slabs != ring.num_slabs else None, distance))
-        out.append(reads)
+    if only is None:
+        where: list[tuple[int, int]] = [(op, at) for op, op_reads in enumerate(facts.reads)
+                                        for at in range(len(op_reads))]
+    else:  # only the reads of those rings, in program order
+        where = sorted(entry for name, entries in facts.reads_of.items()
+                       if rings[tensor_ring.get(name, name)].name in only for entry in entries)
+    out: list[list[Read]] = [[] for _ in facts.reads]
+    for op, at in where:
+        name, family, key, nbytes = facts.reads[op][at]
+        ring = rings[tensor_ring.get(name, name)]
+        slabs = None
+        if name == EXPERT_RING:
+            first = key[1]  # type: ignore[index]
+        elif name == SMALL_RING:
+            seen = ordinals.setdefault(name, {})
+            first = seen.setdefault(key, len(seen))
+        else:
+            slabs = slab_count.get((name, nbytes))
+            if slabs is None:
+                slabs = slab_count[name, nbytes] = _slabs(facts.kinds[name], nbytes, schedule, family)
+            if (name, key) not in first_slot:
+                if ring.name.startswith("pool:"):
+                    first_slot[name, key] = banks_used.get(ring.name, 0)
+                    banks_used[ring.name] = first_slot[name, key] + slabs
+                else:
+                    seen = ordinals.setdefault(name, {})
+                    first_slot[name, key] = seen.setdefault(key, len(seen)) * ring.num_slabs
+            first = first_slot[name, key]
+            key = (name, key) if ring.name.startswith("pool:") else key
+        distance = ring_distance.get(family) if ring.name.startswith("pool:") else None
+        out[op].append(Read(ring.name, key, first, slabs if slabs != ring.num_slabs else None, distance))
     return out
 
 
