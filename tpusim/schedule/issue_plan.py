@@ -50,6 +50,7 @@ once (the engine's HBM queue), not when they are issued.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
@@ -199,7 +200,7 @@ def plan_issues(rings: dict[str, RingSpec], op_reads: Sequence[Sequence[Read]], 
     instances = sorted(_instances(op_reads, first).values(), key=lambda inst: inst.first)
     plan = IssuePlan({}, {}, {})
     issue, consumer, buffers, refills = plan.issue, plan.consumer, plan.buffer, plan.refills
-    live: list[_Slot] = []  # occupants first read before c whose last reader may still matter
+    live: list[_Slot] = []  # occupants first read before c whose last reader may still matter, by last reader
     slots: list[_Slot] = []
     for inst in instances:
         ring = rings[inst.read.ring]
@@ -209,7 +210,7 @@ def plan_issues(rings: dict[str, RingSpec], op_reads: Sequence[Sequence[Read]], 
             buffer = (inst.read.first_slot + k) % ring.buffers
             span = ring.buffer_range(buffer) if static else ring.region
             slots.append(_Slot(ring, inst, k, buffer, span, inst.last))
-    by_first, current, oldest = 0, None, None
+    by_first, current = 0, None
     for slot in slots:
         ring, inst, k, buffer = slot.ring, slot.inst, slot.slab, slot.buffer
         c = inst.first
@@ -219,12 +220,11 @@ def plan_issues(rings: dict[str, RingSpec], op_reads: Sequence[Sequence[Read]], 
         if c != current:
             current = c
             horizon_c = horizon(c)
-            if horizon_c - lookback != oldest:  # the survivors of an unchanged cut all survive it again
-                oldest = horizon_c - lookback
-                live = [other for other in live if other.last >= oldest]
+            oldest = horizon_c - lookback
+            del live[:bisect.bisect_left(live, oldest, key=_last_reader)]
             while by_first < len(slots) and slots[by_first].inst.first < c:
                 if slots[by_first].last >= oldest:
-                    live.append(slots[by_first])
+                    bisect.insort(live, slots[by_first], key=_last_reader)
                 by_first += 1
         if c < min_consumer:
             continue
@@ -261,20 +261,24 @@ class _Slot(NamedTuple):
     last: int
 
 
+def _last_reader(slot: _Slot) -> int:
+    return slot.last
+
+
 def _free(mine: _Slot, live: list[_Slot], floor: int) -> int:
-    """The op after the last reader of every buffer ``mine`` overwrites (or ``-FAR``)."""
-    ring, pool, (a, b) = mine.ring, mine.ring.pool, mine.span
-    bound = floor
-    free = -FAR
-    for other in live:
+    """The op after the last reader of every buffer ``mine`` overwrites, if after ``floor``
+    (else ``-FAR``). ``live`` is sorted by last reader, so the latest overlapping occupant,
+    the first met from the end, decides."""
+    ring, inst, buffer, pool, (a, b) = mine.ring, mine.inst, mine.buffer, mine.ring.pool, mine.span
+    for other in reversed(live):
         after = other.last + 1
-        if after <= bound or other.inst is mine.inst:
+        if after <= floor:
+            return -FAR
+        if other.inst is inst:
             continue
         if other.ring is ring:
-            hit = other.buffer == mine.buffer
-        else:
-            hit = other.ring.pool == pool and a < other.span[1] and other.span[0] < b
-        if hit:
-            free = bound = after
-    return free
-
+            if other.buffer == buffer:
+                return after
+        elif other.ring.pool == pool and a < other.span[1] and other.span[0] < b:
+            return after
+    return -FAR
