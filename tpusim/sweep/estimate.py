@@ -3,10 +3,11 @@
 The engine (:mod:`tpusim.engine`) is a SimPy model of every copy and op (0.1-0.2 s for a K3
 step); a sweep considers thousands of candidates. This module replays the same program under
 the engine's rules with *one pass of arithmetic per slab*: no event queue, no processes,
-9 ms per K3 step at batch 1 and 21 ms at batch 8 (2-core dev machine, measured before the
-issue plan was shared; each distinct setting of the families, pools and expert issue also
-computes its issue plan once). It is an **estimate** (label every number it produces so);
-the engine decides.
+about 22 ms per K3 step at batch 8 once the issue plan is known (2-core dev machine, shared).
+The issue plan is computed pool by pool and each pool's part remembered
+(:class:`~tpusim.schedule.program_issue.PoolPlanCache`), so across a sweep only the pools
+whose knobs are new are planned again (``benchmarks/bench_sweep.py`` times a whole sweep).
+It is an **estimate** (label every number it produces so); the engine decides.
 
 The model
 ---------
