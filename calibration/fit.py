@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
+from calibration.coverage import fit_coverage
 from calibration.measurements import Measurement
 from calibration.params import (
     SUSTAINED_PATH,
@@ -218,7 +219,8 @@ class FitResult:
             parameters[path] = CalibratedValue(
                 value=value, fitted_on=f"implied by the fitted {SUSTAINED_PATH} ({self.fitted_on})"
             )
-        return CalibrationOverlay(chip=self.chip.name, fitted_on=self.fitted_on, parameters=parameters)
+        return CalibrationOverlay(chip=self.chip.name, fitted_on=self.fitted_on, parameters=parameters,
+                                  coverage=fit_coverage(self.split.calibration))
 
     def to_json(self) -> dict[str, Any]:
         rows = []

@@ -146,6 +146,19 @@ def default_schedule(chip: Chip) -> str:
     return "published" if chip.execution.mode == "megakernel" else "naive"
 
 
+# The measurement's execution word -> the engine's execution variant (tpusim.compare.rows).
+EXECUTION_VARIANTS = {"eager": "per-kernel", "graphs": "graphs", "megakernel": "megakernel"}
+
+
+def with_measured_execution(chip: Chip, m: Measurement) -> Chip:
+    """``chip`` switched to the execution the record states (unchanged when it states none)."""
+    if m.system.execution is None:
+        return chip
+    from tpusim.compare.rows import with_execution
+
+    return with_execution(chip, EXECUTION_VARIANTS[m.system.execution])
+
+
 # --------------------------------------------------------------------------- predictor
 
 
@@ -188,6 +201,7 @@ class Predictor:
         if chip.name != m.system.chip:
             raise InputError(f"{m.key()}: measured on {m.system.chip}, predicted on {chip.name}")
         self.calls += 1
+        chip = with_measured_execution(chip, m)
         return simulate(self.program(chip, m), self.schedule(chip, m), chip)
 
     def predict(self, chip: Chip, m: Measurement) -> float:

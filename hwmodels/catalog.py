@@ -7,7 +7,8 @@ Two folders, searched in this order (see :func:`catalog_dirs`):
 1. **built-in** — ``hwmodels/catalog/*.yaml`` inside the package: published chips, one file
    per chip, every value with its source. These are read-only data; nothing in tpusim writes
    to them.
-2. **local** — ``$TPUSIM_LOCAL_DIR`` if set, else ``hwmodels/catalog/local/`` (gitignored):
+2. **local** — ``$TPUSIM_LOCAL_DIR`` if set, else the user's data directory
+   (``~/.local/share/tpusim`` on Linux, via ``platformdirs``):
    machine-local entries such as the probed ``host-cpu.yaml`` (see :mod:`hwmodels.probe`),
    and ``calibrated/<chip>.yaml`` overlays written by calibration (see
    :mod:`hwmodels.overlay`).
@@ -39,7 +40,6 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ from pydantic import ValidationError
 
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip, System
+from hwmodels.validation import describe_validation_error
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "catalog"
 LOCAL_DIR_ENV = "TPUSIM_LOCAL_DIR"
@@ -61,11 +62,16 @@ CHIPS_PER_HOST_BY_KIND: dict[str, int] = {"tpu": 4, "gpu": 8, "cpu": 1}
 
 
 def local_dir() -> Path:
-    """The folder for machine-local entries and calibrated overlays (may not exist yet)."""
+    """The folder for machine-local entries and calibrated overlays (may not exist yet):
+    ``$TPUSIM_LOCAL_DIR`` if set, else the user's data directory for tpusim
+    (``platformdirs.user_data_dir``: ``~/.local/share/tpusim`` on Linux), never a folder
+    inside the installed package."""
     override = os.environ.get(LOCAL_DIR_ENV)
     if override:
         return Path(override).expanduser()
-    return BUILTIN_DIR / "local"
+    import platformdirs  # a well-kept library for per-OS user folders
+
+    return Path(platformdirs.user_data_dir("tpusim", appauthor=False))
 
 
 def catalog_dirs() -> list[Path]:
@@ -130,37 +136,10 @@ def read_yaml_mapping(path: Path | str) -> dict[str, Any]:
     return data
 
 
-def _loc_to_path(loc: Sequence[int | str], data: Any) -> str:
-    """Render a pydantic error location as a dotted path, naming list elements by ``name``."""
-    parts: list[str] = []
-    node: Any = data
-    for key in loc:
-        if isinstance(key, int):
-            element = node[key] if isinstance(node, list) and 0 <= key < len(node) else None
-            name = element.get("name") if isinstance(element, Mapping) else None
-            if isinstance(name, str) and name:
-                parts.append(name)
-            elif parts:
-                parts[-1] = f"{parts[-1]}[{key}]"
-            else:
-                parts.append(f"[{key}]")
-            node = element
-        else:
-            parts.append(str(key))
-            node = node.get(key) if isinstance(node, Mapping) else None
-    return ".".join(parts)
-
-
-def format_validation_error(source: str, error: ValidationError, data: Any) -> str:
-    """One line: ``<source>: <field path>: <message>`` (+ how many more errors there were)."""
-    errors = error.errors(include_url=False)
-    first = errors[0]
-    field = _loc_to_path(first.get("loc", ()), data)
-    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-    line = f"{source}: {field}: {message}" if field else f"{source}: {message}"
-    if len(errors) > 1:
-        line += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
-    return line
+def format_validation_error(source: str, error: ValidationError, data: Any, *,
+                            schema: str | None = "hardware") -> str:
+    """One line listing every problem (:func:`hwmodels.validation.describe_validation_error`)."""
+    return describe_validation_error(source, error, data, schema=schema)
 
 
 def load_chip_file(path: Path | str) -> Chip:
@@ -227,7 +206,7 @@ def chip_to_yaml(chip: Chip, header: str = "") -> str:
     """Serialise a chip as catalog YAML (``header`` lines become ``#`` comments)."""
     comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
     body = yaml.safe_dump(
-        chip.model_dump(mode="json", exclude_none=True),
+        chip.model_dump(mode="json", exclude_none=True, exclude={"calibration"}),
         sort_keys=False,
         allow_unicode=True,
         width=100,

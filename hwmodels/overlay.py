@@ -60,6 +60,7 @@ from hwmodels.catalog import (
     read_yaml_mapping,
 )
 from hwmodels.errors import InputError
+from hwmodels.provenance import Calibration, FitCoverage
 from hwmodels.schema import Chip, Figure
 
 
@@ -83,6 +84,9 @@ class CalibrationOverlay(BaseModel):
         default_factory=lambda: datetime.now(UTC), description="when the fit was made (UTC)"
     )
     fitted_on: str = Field(min_length=1, description="what the fit as a whole was run on")
+    coverage: FitCoverage | None = Field(
+        default=None, description="the fitted points by dimension (models, chip counts, formats)"
+    )
     parameters: dict[str, CalibratedValue] = Field(description="dotted field path -> fitted value")
 
     @field_validator("parameters")
@@ -175,7 +179,8 @@ def apply_overlay(chip: Chip, overlay: CalibrationOverlay, *, origin: str | None
 
     Every replaced figure gets ``label: calibrated``, the fitted uncertainty, and a source
     naming the overlay (``origin``, default ``calibrated/<chip>.yaml``) and quoting the
-    published value. ``chip`` itself is not changed. Raises InputError if the overlay is for
+    published value; ``chip.calibration`` records the overlay, its figures and what it was
+    fitted on (:class:`hwmodels.provenance.Calibration`). ``chip`` itself is not changed. Raises InputError if the overlay is for
     another chip, names a path that is not a figure, or yields an invalid chip.
     """
     where = origin or f"calibrated/{overlay.chip}.yaml"
@@ -201,6 +206,10 @@ def apply_overlay(chip: Chip, overlay: CalibrationOverlay, *, origin: str | None
             "label": "calibrated",
             "source": f"calibrated overlay {where} ({created}), fitted on {fitted_on}; {replaced}",
         }
+    data["calibration"] = Calibration(
+        overlay=where, created=overlay.created, fitted_on=overlay.fitted_on,
+        figures=list(overlay.parameters), coverage=overlay.coverage,
+    )
     try:
         return Chip.model_validate(data)
     except ValidationError as error:
@@ -237,4 +246,4 @@ def load_overlay(path: Path | str) -> CalibrationOverlay:
     try:
         return CalibrationOverlay.model_validate(data)
     except ValidationError as error:
-        raise InputError(format_validation_error(display_path(path), error, data)) from None
+        raise InputError(format_validation_error(display_path(path), error, data, schema=None)) from None

@@ -18,6 +18,9 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.json_schema import SkipJsonSchema
+
+from hwmodels.provenance import Calibration
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -251,6 +254,11 @@ class Chip(BaseModel):
     execution: ExecutionModel
     power_w: Figure | None = Field(default=None, description="board power per chip, watts")
     sm_count: int | None = Field(default=None, ge=1, description="GPU streaming multiprocessors")
+    calibration: SkipJsonSchema[Calibration | None] = Field(
+        default=None,
+        description="set by hwmodels.overlay.apply_overlay: which figures were fitted and on "
+        "what; None for published figures (never written in a catalog file)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Chip:
@@ -258,6 +266,11 @@ class Chip(BaseModel):
         if len(set(names)) != len(names):
             raise ValueError("compute units must have distinct names")
         return self
+
+    @property
+    def is_calibrated(self) -> bool:
+        """Whether a calibrated overlay was applied (the one answer every label reads)."""
+        return self.calibration is not None
 
     def memory(self, name: str) -> OnChipMemory:
         for tier in self.on_chip:

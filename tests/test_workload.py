@@ -184,7 +184,7 @@ def test_model_yaml_errors_name_file_and_field(tmp_path) -> None:
         load_model(str(path))
     del bad["hidden_size"]
     path.write_text(yaml.safe_dump(bad))
-    with pytest.raises(InputError, match=r"bad.yaml: hidden_size: Field required"):
+    with pytest.raises(InputError, match=r"bad.yaml: missing field hidden_size .*tpusim schema model"):
         load_model(str(path))
     path.write_text("name: [unclosed\n")
     with pytest.raises(InputError, match=r"bad.yaml: line \d+: invalid YAML"):

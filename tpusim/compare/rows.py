@@ -177,7 +177,8 @@ def compare_rows(
     speculation: list[float | None] = [None, *(acceptance_lengths or [])]
     for spec in systems:
         system, chip, plan = _system_and_plan(model, spec, calibrated)
-        label = "calibrated" if _is_calibrated(chip) else "simulated"
+        label = "calibrated" if chip.is_calibrated else "simulated"
+        calibration = chip.calibration
         for batch in batches:
             for acceptance in speculation:
                 row: dict[str, Any] = {
@@ -185,6 +186,9 @@ def compare_rows(
                     "acceptance_length": acceptance, "execution": execution_label(chip, spec),
                     "plan": plan.name, "label": label,
                 }
+                if calibration is not None:
+                    row["calibrated_on"] = calibration.note()
+                    row["calibration_warnings"] = calibration.warnings(model_name, spec.chips)
                 rows.append(row)
                 verify_rows = batch * (draft_tokens + 1) if acceptance is not None else batch
                 try:
@@ -257,12 +261,6 @@ def sweep_chooser(*, budget: int, jobs: int, seed: int, out_dir: Path | None, co
         return cache[key]
 
     return choose
-
-
-def _is_calibrated(chip: Chip) -> bool:
-    from hwmodels.overlay import iter_figures
-
-    return any(figure.label == "calibrated" for _, figure in iter_figures(chip))
 
 
 def _schedule_for(model: ModelConfig, plan: ShardingPlan, system: System, chip: Chip, *, batch: int,

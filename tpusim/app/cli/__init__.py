@@ -26,6 +26,7 @@ SUBCOMMAND_MODULES = (
     "run_kernel",
     "calibrate",
     "compare",
+    "schema",
 )
 
 

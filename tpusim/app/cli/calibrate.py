@@ -16,6 +16,11 @@ used). Every command taking ``--hardware`` then uses the overlay unless ``--unca
 ``--measurements cpu-loop`` runs the CPU closed loop (:mod:`calibration.cpu_loop`): probe
 this host, time jitted decode steps, fit ``host-cpu``.
 
+The terminal summary (:mod:`tpusim.app.fit_summary`) gives the solver's convergence, the
+errors before / after / leave-one-out / held out, every parameter with its 95 % interval and
+identifiability, and the points the overlay was fitted on. A solve that stops before
+converging exits 2 without saving the overlay unless ``--allow-unconverged``.
+
 ``--json`` prints ``mape_before``, ``mape_calibration``, ``mape_holdout`` (fractions; None
 when nothing is held out) and ``parameters`` (``value``, ``uncertainty``, ``fitted_on``, …).
 
@@ -39,8 +44,6 @@ from calibration.predict import Predictor
 from calibration.report import (
     comparison_report,
     comparison_rows,
-    error_summary,
-    rows_from_fit,
     scatter_plot,
     write_fit_report,
 )
@@ -75,7 +78,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     calibrate.add_argument("--uncalibrated-start", action="store_true",
                            help="start from the published figures even if an overlay exists")
     calibrate.add_argument("--no-save", action="store_true", help="do not write the overlay")
-    calibrate.add_argument("--max-evals", type=int, default=30, help="least-squares evaluations (default 30)")
+    calibrate.add_argument("--max-evals", type=int, default=30,
+                           help="least-squares evaluations before the solver stops (default 30)")
+    calibrate.add_argument("--allow-unconverged", action="store_true",
+                           help="save the overlay and exit 0 even when the solver stopped before "
+                           "converging (default: exit 2, overlay not saved)")
     calibrate.add_argument("--quick", action="store_true", help="cpu-loop: the small CI variant")
     calibrate.add_argument("--no-probe", action="store_true",
                            help="cpu-loop: reuse the saved host-cpu entry instead of probing again")
@@ -117,6 +124,8 @@ def _fit(args: argparse.Namespace, console: Console) -> tuple[FitResult, list]:
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
+    from tpusim.app.fit_summary import convergence_problem, summary_lines
+
     console = Console(stderr=True)
     console.print(f"calibrating {args.hardware} on {args.measurements} ...", highlight=False)
     result, records = _fit(args, console)
@@ -124,22 +133,25 @@ def run_calibrate(args: argparse.Namespace) -> int:
     paths = write_fit_report(result, out, predictor=Predictor())
     write_text_atomic(out / "fit.json", json.dumps(result.to_json(), indent=2, default=float) + "\n")
     write_measurements(out / "measurements.jsonl", records)
-    saved = None if args.no_save else save_fit(result)
+    problem = convergence_problem(result)
+    refused = problem is not None and not args.allow_unconverged
+    saved = None if args.no_save or refused else save_fit(result)
     summary = result.to_json()
     summary["overlay"] = str(saved) if saved else None
     summary["report"] = str(paths["report"])
     if args.json:
         emit_json(summary)
-        return 0
-    stdout = Console()
-    stdout.print(error_summary(rows_from_fit(result)), highlight=False)
-    for p in result.parameters:
-        sigma = f" ± {p.uncertainty:.4g}" if p.uncertainty is not None else ""
-        flag = " (at bound)" if p.at_bound else ""
-        stdout.print(f"{p.path}: {p.published:.4g} (published) -> {p.value:.4g}{sigma} (calibrated){flag}",
-                     highlight=False)
-    stdout.print(f"report: {display_path(paths['report'])}", highlight=False)
-    stdout.print(f"overlay: {display_path(saved) if saved else 'not saved (--no-save)'}", highlight=False)
+    else:
+        stdout = Console(soft_wrap=True)
+        for line in summary_lines(result):
+            stdout.print(line, highlight=False, markup=False)
+        stdout.print(f"report: {display_path(paths['report'])}", highlight=False, markup=False)
+        reason = "--no-save" if args.no_save else "the solve did not converge"
+        stdout.print(f"overlay: {display_path(saved) if saved else 'not saved (' + reason + ')'}",
+                     highlight=False, markup=False)
+    if refused:
+        raise InputError(f"{problem}; the overlay was not saved. Raise --max-evals (now "
+                         f"{args.max_evals}) or pass --allow-unconverged to keep it anyway")
     return 0
 
 

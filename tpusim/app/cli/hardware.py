@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hwmodels.catalog import display_path, list_chips, load_chip
-from hwmodels.overlay import has_overlay, iter_figures
+from hwmodels.overlay import iter_figures
 from hwmodels.probe import probe_host, write_host_entry
 from hwmodels.schema import KIB, MIB, Chip
 
@@ -110,7 +110,7 @@ def chip_summary_row(chip: Chip) -> list[str]:
         f"{chip.hbm.peak_bandwidth_bytes_per_s.value / 1e12:.2f}",
         f"{bf16.value / 1e12:.4g}" if bf16 else "—",
         f"{_onchip_mib(chip):.4g} {chip.staging_memory.name}",
-        "yes" if has_overlay(chip.name) else "no",
+        "yes" if chip.is_calibrated else "no",
     ]
 
 
@@ -189,8 +189,7 @@ def run_show(args: argparse.Namespace) -> int:
             )
         )
         return 0
-    calibrated = any(figure.label == "calibrated" for _, figure in iter_figures(chip))
-    state = "calibrated overlay applied" if calibrated else "published figures"
+    state = chip.calibration.note() if chip.calibration is not None else "published figures"
     title = f"{chip.name}: {chip.description} ({state}; values per device)"
     _print_figure(Console(), chip, title)
     return 0

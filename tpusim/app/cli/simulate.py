@@ -26,6 +26,7 @@ floor):
 | ``floor_ms``, ``floors`` | analytic floors (:mod:`tpusim.workload.floors`) |
 | ``schedule``, ``schedule_hash`` | schedule name and content hash |
 | ``source`` | how the numbers were made, and whether the chip had calibrated figures |
+| ``calibrated``, ``calibration_warnings`` | whether an overlay was applied; where this run lies outside its fitted points |
 """
 
 from __future__ import annotations
@@ -65,14 +66,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def calibration_note(chip: Chip) -> str:
-    """``published figures`` or ``calibrated overlay on N figures (paths)``."""
-    from hwmodels.overlay import iter_figures
-
-    calibrated = [path for path, figure in iter_figures(chip) if figure.label == "calibrated"]
-    if not calibrated:
+    """``published figures`` or ``calibrated on <what> (N figures, overlay FILE)``, read from
+    the chip's one calibrated-or-not property (:attr:`hwmodels.schema.Chip.calibration`)."""
+    if chip.calibration is None:
         return "published figures"
-    shown = ", ".join(calibrated[:4]) + (f", +{len(calibrated) - 4} more" if len(calibrated) > 4 else "")
-    return f"published figures with a calibrated overlay on {len(calibrated)} figure(s): {shown}"
+    return chip.calibration.note()
 
 
 def _plot_layers(text: str) -> tuple[int, int]:
@@ -110,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
     source = (f"simulated (tpusim engine, {result.execution_mode} execution; hardware {chip.name}: "
               f"{calibration_note(chip)})")
     data = _json_result(result, floor, args, system.name, system.devices, plan.name, source)
+    data["calibrated"] = chip.is_calibrated
+    data["calibration_warnings"] = (chip.calibration.warnings(args.model, args.chips)
+                                    if chip.calibration is not None else [])
     if result.timeline is not None:
         try:
             if args.trace is not None:
@@ -201,3 +202,5 @@ def _print_human(data: dict[str, Any], console: Console) -> None:
         if key in data:
             console.print(f"{key}: {data[key]}", highlight=False)
     console.print(f"source: {data['source']}", highlight=False)
+    for warning in data.get("calibration_warnings", []):
+        console.print(f"warning: {warning}; the calibrated figures are extrapolated here", highlight=False)
