@@ -23,8 +23,15 @@ def _numbers(text: str, kind: type, name: str) -> list:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("compare", help="compare systems (TPU megakernel vs GPU stacks) side by side")
-    parser.add_argument("--model", default="kimi-k3")
+    parser = subparsers.add_parser(
+        "compare", help="compare systems (TPU megakernel vs GPU stacks) side by side",
+        description="Simulate the same model on several systems at several batch sizes (and, with "
+        "--spec-acceptance, with speculative decoding), after checking that weights and KV cache "
+        "fit HBM. TPU and GPU-megakernel rows run the best schedule of a reduced sweep per row "
+        "unless --schedule is given; each row shows the step time, throughput and where the time "
+        "goes (compute, launches, collectives, exposed copies, other).")
+    parser.add_argument("--model", default="kimi-k3",
+                        help="model name or a YAML/config.json path (default: kimi-k3)")
     parser.add_argument("--systems", default="tpu-v7:16,gb200:16,gb200:16:megakernel",
                         help="comma-separated chip:chips[:per-kernel|graphs|megakernel]")
     parser.add_argument("--batch", default="1,2,4,8", help="comma-separated batch sizes")
@@ -37,11 +44,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--sweep-samples", type=int, default=100,
                         help="random schedules per reduced sweep, beside the built-ins and their neighbours")
     parser.add_argument("--jobs", type=int, default=1, help="processes for the sweeps")
-    parser.add_argument("--context", type=int, default=1024)
-    parser.add_argument("--routing", default="uniform")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--uncalibrated", action="store_true")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--context", type=int, default=1024,
+                        help="tokens already in each sequence's cache (default: 1024)")
+    parser.add_argument("--routing", default="uniform",
+                        help="uniform | identical | zipf[:s] | trace:PATH (default: uniform)")
+    parser.add_argument("--seed", type=int, default=0, help="routing draw and sweep seed (default: 0)")
+    parser.add_argument("--uncalibrated", action="store_true",
+                        help="use published figures only, ignoring calibrated overlays")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--plot", type=Path, default=None, help="write a grouped bar chart (PNG)")
     parser.add_argument("--out", type=Path, default=None, help="folder for sweep outputs when choosing schedules")
     parser.set_defaults(func=run)

@@ -11,7 +11,11 @@ from tpusim.app.cli.common import add_workload_options, emit_json, resolve_workl
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("floor", help="analytic floors: HBM bytes / bandwidth, FLOPs / peak, collective latency")
+    parser = subparsers.add_parser(
+        "floor", help="analytic floors: HBM bytes / bandwidth, FLOPs / peak, collective latency",
+        description="Analytic lower bounds of one decode step on one device: the bytes it must read "
+        "from HBM over the published bandwidth, its FLOPs over the peak at each op's dtype, and the "
+        "latency of its blocking collectives. No simulation: every figure is an analytic floor.")
     add_workload_options(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)

@@ -44,9 +44,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         description="List catalog chips, show one chip's figures with sources, or probe this host.",
     )
     parser.set_defaults(func=run_list)
-    actions = parser.add_subparsers(dest="hardware_command", metavar="ACTION")
+    actions = parser.add_subparsers(dest="hardware_command", metavar="ACTION",
+                                    help="list (the default), show NAME, or probe")
 
-    show = actions.add_parser("show", help="every figure of one chip, with unit, label and source")
+    listing = actions.add_parser(
+        "list", help="one row per chip (the same as plain `tpusim hardware`)",
+        description="One row per catalog chip with its headline figures, per device.")
+    listing.set_defaults(func=run_list)
+
+    show = actions.add_parser(
+        "show", help="every figure of one chip, with unit, label and source",
+        description="Every figure of one chip with its value, unit, label (published, measured, "
+        "derived, assumed, calibrated) and source; source tags such as [INF] are expanded by "
+        "`tpusim sources`.")
     show.add_argument("name", help="catalog chip name (see `tpusim hardware`)")
     show.add_argument("--json", action="store_true", help="print the chip as JSON")
     show.add_argument(
@@ -56,7 +66,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     show.set_defaults(func=run_show)
 
-    probe = actions.add_parser("probe", help="measure this host and save it as host-cpu")
+    probe = actions.add_parser(
+        "probe", help="measure this host and save it as host-cpu",
+        description="Measure this host's memory bandwidth and matmul rate and save them as the "
+        "host-cpu chip in the local folder (every figure labelled measured).")
     probe.add_argument("--quick", action="store_true", help="small sizes, few repeats (~2 s)")
     probe.add_argument("--json", action="store_true", help="print the probed chip as JSON")
     probe.set_defaults(func=run_probe)

@@ -31,7 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--batch", type=int, default=1, help="sequences per step (default 1)")
     parser.add_argument("--steps", type=int, default=2, help="timed decode steps (default 2)")
     parser.add_argument("--context", type=int, default=16, help="tokens already cached per sequence (default 16)")
-    parser.add_argument("--backend", choices=("auto", "tpu", "interpret"), default="auto")
+    parser.add_argument("--backend", choices=("auto", "tpu", "interpret"), default="auto",
+                        help="auto: a TPU if JAX sees one, else TPU interpret mode on the CPU; tpu: "
+                        "fail without a TPU; interpret: the CPU interpreter (a check, not a TPU time)")
     parser.add_argument("--weights", type=Path, help="folder of safetensors weights (default: seeded random)")
     parser.add_argument("--seed", type=int, default=0, help="weights, state and first tokens (default 0)")
     parser.add_argument("--label", default="measured", help="record label (default measured)")
