@@ -24,6 +24,7 @@ SUBCOMMAND_MODULES = (
     "simulate",
     "sweep",
     "run_kernel",
+    "lower",
     "calibrate",
     "compare",
     "schema",
