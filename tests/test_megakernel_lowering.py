@@ -15,9 +15,9 @@ from megakernel.dims import model_dims
 from megakernel.examples import chunked_schedule
 from megakernel.kernel import Megakernel
 from megakernel.tpu_lowering import lower_for_tpu
-from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.schedule.schema import load_schedule
 from tpusim.schedule.vmem import vmem_plan
+from tpusim.workload.model_catalog import load_model, plan_for
 
 MIB = 1 << 20
 TPU_V7_EXPLICIT_VMEM_BYTES = 58 * MIB  # usable explicit scratch on TPU v7 (issue / kimi-k3.md)

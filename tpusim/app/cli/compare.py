@@ -5,11 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
 from hwmodels.errors import InputError
-from tpusim.app.cli.common import emit_json
+from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
 
 def _numbers(text: str, kind: type, name: str) -> list:
@@ -51,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0, help="routing draw and sweep seed (default: 0)")
     parser.add_argument("--uncalibrated", action="store_true",
                         help="use published figures only, ignoring calibrated overlays")
-    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    add_format_option(parser)
     parser.add_argument("--plot", type=Path, default=None, help="write a grouped bar chart (PNG)")
     parser.add_argument("--out", type=Path, default=None, help="folder for sweep outputs when choosing schedules")
     parser.set_defaults(func=run)
@@ -76,25 +73,39 @@ def run(args: argparse.Namespace) -> int:
         from tpusim.compare.plot import plot_comparison
 
         plot_comparison(rows, args.plot, title=f"{args.model}: simulated decode throughput")
-    if args.json:
-        emit_json(rows)
-        return 0
-    render_table(rows, Console(), title=f"{args.model}: decode step per system")
+    fmt = output_format(args)
+    table = comparison_table(rows, title=f"{args.model}: decode step per system (simulated)")
+    emit(table, fmt, notes=[] if fmt == "json" else calibration_notes(rows))
     return 0
 
 
-def render_table(rows: list[dict], console: Console, *, title: str) -> None:
-    table = Table(title=title)
-    for column in ("system", "execution", "batch", "accept.", "step ms", "tokens/s", "label", "schedule / note"):
-        table.add_column(column, justify="right" if column in ("batch", "accept.", "step ms", "tokens/s") else "left",
-                         overflow="fold")
+def comparison_table(rows: list[dict], *, title: str) -> TableData:
+    """The rows as a table: step, throughput, and where the step's time goes (ms)."""
+    from tpusim.compare.breakdown import PARTS, where_ms
+
+    columns = ["system", "execution", "batch", "accept.", "step ms", "tokens/s",
+               *[f"{part} ms" for part in PARTS], "label", "schedule / note"]
+    table = TableData(title=title, columns=columns, records=rows,
+                      right_aligned=[c for c in columns if c.endswith("ms") or c in ("batch", "accept.", "tokens/s")])
     for row in rows:
-        fits = row.get("fits", True)
-        table.add_row(
-            row["system"], row["execution"], str(row["batch"]),
+        parts = where_ms(row)
+        table.add(
+            row["system"], row["execution"], row["batch"],
             "—" if row["acceptance_length"] is None else f"{row['acceptance_length']:g}",
-            f"{row['step_ms']:.3f}" if fits else "does not fit",
-            f"{row['tokens_per_s']:.1f}" if fits else "—",
+            f"{row['step_ms']:.3f}" if parts else "does not fit",
+            f"{row['tokens_per_s']:.1f}" if parts else "—",
+            *[f"{parts[part]:.3f}" if parts else "—" for part in PARTS],
             row["label"], row.get("schedule_choice") or row.get("short_note", ""),
         )
-    console.print(table)
+    return table
+
+
+def calibration_notes(rows: list[dict]) -> list[str]:
+    """One line per calibrated system: what it was fitted on, and where this run lies outside."""
+    notes: list[str] = []
+    for system in dict.fromkeys(row["system"] for row in rows):
+        row = next(r for r in rows if r["system"] == system)
+        if row.get("calibrated_on"):
+            notes.append(f"{system}: {row['calibrated_on']}")
+            notes += [f"warning: {system}: {gap}" for gap in row.get("calibration_warnings", [])]
+    return notes
