@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 FORMATS = ("table", "markdown", "csv", "json")
@@ -83,11 +84,12 @@ def _markdown(table: TableData) -> str:
 
 
 def _rich(table: TableData) -> Table:
-    rich_table = Table(title=table.title or None)
+    """The table for rich, every string escaped (``[hash]`` is data, not a style tag)."""
+    rich_table = Table(title=escape(table.title) if table.title else None)
     for column in table.columns:
-        rich_table.add_column(column, justify="right" if column in table.right_aligned else "left")
+        rich_table.add_column(escape(column), justify="right" if column in table.right_aligned else "left")
     for row in table.rows:
-        rich_table.add_row(*row)
+        rich_table.add_row(*(escape(cell) for cell in row))
     return rich_table
 
 

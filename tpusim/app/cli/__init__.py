@@ -27,6 +27,7 @@ SUBCOMMAND_MODULES = (
     "lower",
     "calibrate",
     "compare",
+    "diff",
     "schema",
     "sources",
 )

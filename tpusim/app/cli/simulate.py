@@ -73,7 +73,8 @@ def calibration_note(chip: Chip) -> str:
     return chip.calibration.note()
 
 
-def _plot_layers(text: str) -> tuple[int, int]:
+def plot_layers(text: str) -> tuple[int, int]:
+    """``FIRST:COUNT`` of ``--plot-layers`` as two integers."""
     first, _, count = text.partition(":")
     try:
         layers = (int(first), int(count or 3))
@@ -84,47 +85,58 @@ def _plot_layers(text: str) -> tuple[int, int]:
     return layers
 
 
-def run(args: argparse.Namespace) -> int:
+def simulate_data(args: argparse.Namespace, workload: tuple[Any, Any, Any, Any], schedule: Any, *,
+                  record_timeline: bool) -> tuple[dict[str, Any], Any]:
+    """Simulate one step of ``workload`` (from :func:`resolve_workload`) under ``schedule``;
+    returns the ``--json`` dictionary and the timeline (None unless recorded)."""
     from tpusim.engine import InfeasibleSchedule, simulate
-    from tpusim.schedule.schema import load_schedule
     from tpusim.workload.floors import floors
     from tpusim.workload.program import build_program
 
-    plot_layers = _plot_layers(args.plot_layers)
-    model, plan, system, routing = resolve_workload(args)
-    schedule = load_schedule(args.schedule)
+    model, plan, system, routing = workload
     chip = system.chip
     try:
         program = build_program(model, plan, batch=args.batch, context_tokens=args.context,
                                 routing=routing, seed=args.seed)
     except ValueError as error:
         raise InputError(str(error)) from None
-    record = args.trace is not None or args.plot is not None
     try:
-        result = simulate(program, schedule, chip, record_timeline=record)
+        result = simulate(program, schedule, chip, record_timeline=record_timeline)
     except InfeasibleSchedule as error:
-        raise InputError(f"infeasible schedule: {error}") from None
-    floor = floors(program, chip)
+        raise InputError(f"infeasible schedule {schedule.name!r}: {error}") from None
     source = (f"simulated (tpusim engine, {result.execution_mode} execution; hardware {chip.name}: "
               f"{calibration_note(chip)})")
-    data = _json_result(result, floor, args, system.name, system.devices, plan.name, source)
+    data = _json_result(result, floors(program, chip), args, system.name, system.devices, plan.name, source)
     data["calibrated"] = chip.is_calibrated
     data["calibration_warnings"] = (chip.calibration.warnings(args.model, args.chips)
                                     if chip.calibration is not None else [])
-    if result.timeline is not None:
+    return data, result.timeline
+
+
+def run(args: argparse.Namespace) -> int:
+    from tpusim.schedule.schema import load_schedule
+
+    layers = plot_layers(args.plot_layers)
+    workload = resolve_workload(args)
+    model, _, system, _ = workload
+    schedule = load_schedule(args.schedule)
+    record = args.trace is not None or args.plot is not None
+    data, timeline = simulate_data(args, workload, schedule, record_timeline=record)
+    if timeline is not None:
         try:
             if args.trace is not None:
                 from tpusim.report.perfetto import write_trace
 
-                data["trace"] = str(write_trace(result.timeline, args.trace, metadata={
+                data["trace"] = str(write_trace(timeline, args.trace, metadata={
                     "model": model.name, "system": system.name, "batch": args.batch,
-                    "schedule": schedule.name, "schedule_hash": result.schedule_hash, "source": source}))
+                    "schedule": schedule.name, "schedule_hash": data["schedule_hash"],
+                    "source": data["source"]}))
             if args.plot is not None:
                 from tpusim.report.timeline import plot_timeline
 
-                first, count = plot_layers
+                first, count = layers
                 data["plot"] = str(plot_timeline(
-                    result.timeline, args.plot, first_layer=first, layers=count,
+                    timeline, args.plot, first_layer=first, layers=count,
                     title=f"{model.name} on {system.name}, batch {args.batch}, schedule {schedule.name} "
                           f"(simulated)"))
         except OSError as error:
