@@ -99,7 +99,8 @@ def test_source_says_when_the_chip_has_calibrated_figures(capsys: pytest.Capture
     save_overlay(CalibrationOverlay(chip="tpu-v7", fitted_on="test", parameters={
         "hbm.sustained_bandwidth_bytes_per_s": CalibratedValue(value=2.9e12)}))
     calibrated = run_json(capsys, MINI)
-    assert "calibrated overlay on 1 figure(s): hbm.sustained_bandwidth_bytes_per_s" in calibrated["source"]
+    assert "calibrated on test (1 figure: hbm.sustained_bandwidth_bytes_per_s" in calibrated["source"]
+    assert calibrated["calibrated"] is True
     published = run_json(capsys, [*MINI, "--uncalibrated"])
     assert published["source"].endswith("tpu-v7: published figures)")
     assert calibrated["step_ms"] > published["step_ms"]  # a slower HBM

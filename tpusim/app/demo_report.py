@@ -179,11 +179,18 @@ def _calibration_section(run: DemoRun, name: str, title: str) -> list[str]:
         return [*lines, problem, ""]
     assert step is not None
     data = step.data
+    if data.get("success", True):
+        lines.append(f"Solver: converged ({data.get('message', '')}).")
+    else:
+        lines.append(f"Solver: **did not converge** ({data.get('message', '')}); the demo keeps the overlay "
+                     "(`--allow-unconverged`), so treat the calibrated figures below with suspicion.")
     lines += [
+        "",
         "| error (MAPE) | before calibration | after calibration |", "| --- | ---: | ---: |",
         f"| points fitted | {_pct(data.get('mape_before_calibration'))} | {_pct(data.get('mape_calibration'))} |",
         f"| points held out ({data.get('holdout') or 'none'}) | {_pct(data.get('mape_before_holdout'))} | "
         f"{_pct(data.get('mape_holdout'))} |",
+        f"| leave-one-out, points fitted | — | {_pct(data.get('mape_loo'))} |",
         "",
         "| parameter | published | calibrated | ± (1σ) |", "| --- | ---: | ---: | ---: |",
     ]
