@@ -77,9 +77,10 @@ class Calibration(BaseModel):
     )
 
     def note(self) -> str:
-        """``calibrated on <what> (3 figures, overlay <file>)``."""
+        """``calibrated on <what> (2 figures: a, b; overlay <file>)``."""
         count = len(self.figures)
-        return (f"calibrated on {self.fitted_on} ({count} figure{'s' if count != 1 else ''}, "
+        shown = ", ".join(self.figures[:4]) + (f", +{count - 4} more" if count > 4 else "")
+        return (f"calibrated on {self.fitted_on} ({count} figure{'s' if count != 1 else ''}: {shown}; "
                 f"overlay {self.overlay})")
 
     def warnings(self, model_spec: str, chips: int) -> list[str]:

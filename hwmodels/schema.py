@@ -22,6 +22,12 @@ from pydantic.json_schema import SkipJsonSchema
 
 from hwmodels.provenance import Calibration
 
+# The field's words for each tier and unit, as a user of that chip would say them.
+TIER_WORDS = {"vmem": "VMEM", "smem": "SMEM", "shared_memory": "shared memory", "l2": "L2",
+              "tmem": "tensor memory"}
+UNIT_WORDS = {"mxu": "MXU", "vpu": "VPU", "tensor_core": "tensor cores", "cuda_core": "CUDA cores",
+              "cpu": "CPU cores"}
+
 KIB = 1 << 10
 MIB = 1 << 20
 GIB = 1 << 30
@@ -98,6 +104,11 @@ class OnChipMemory(BaseModel):
         ):
             raise ValueError(f"{self.name}.usable_capacity_bytes exceeds capacity_bytes")
         return self
+
+    @property
+    def display_name(self) -> str:
+        """The tier in the field's words: ``VMEM``, ``shared memory``, ``L2``."""
+        return TIER_WORDS[self.name]
 
     @property
     def usable_bytes(self) -> float:
@@ -266,6 +277,13 @@ class Chip(BaseModel):
         if len(set(names)) != len(names):
             raise ValueError("compute units must have distinct names")
         return self
+
+    @property
+    def words(self) -> dict[str, str]:
+        """Display words for the engine's generic resources: ``staging`` (the tier weights
+        land in), ``mxu`` (the matrix unit) and ``vpu`` (the vector unit) on this chip."""
+        return {"staging": self.staging_memory.display_name, "mxu": UNIT_WORDS[self.matrix_unit.name],
+                "vpu": UNIT_WORDS[self.vector_unit.name]}
 
     @property
     def is_calibrated(self) -> bool:

@@ -28,6 +28,9 @@ Definitions:
 - ``vmem_peak_bytes`` / ``vmem_peak_time_s`` / ``vmem_peak_layer`` — the highest dynamic
   VMEM occupancy (activations + resident buffers), when it was first reached and which layer
   the compute stream was in.
+- ``words`` — the chip's names for the generic resources: ``staging`` (what the ``vmem_*``
+  fields measure: VMEM on a TPU, L2 or shared memory on a GPU), ``mxu`` and ``vpu`` (the
+  ``busy_fraction`` keys: MXU/VPU on a TPU, tensor cores / CUDA cores on a GPU).
 - ``events`` — with ``record_events``: the ordered kernel-vocabulary event list
   ``("dma_start", family, tensor, layer, chunk)``, ``("dma_wait", family, tensor, layer,
   chunk)``, ``("compute", op_name, layer)``.
@@ -73,6 +76,10 @@ class SimResult:
     events: list[tuple[Any, ...]] | None = field(default=None, compare=False, repr=False)
     launch_s: float = 0.0
     launch_count: int = 0
+    # The chip's words for the generic resources (hwmodels.schema.Chip.words): "staging" is
+    # what the vmem_* fields measure (VMEM on a TPU, L2 / shared memory on a GPU), "mxu" and
+    # "vpu" the busy_fraction keys (MXU/VPU on a TPU, tensor/CUDA cores on a GPU).
+    words: dict[str, str] = field(default_factory=lambda: {"staging": "VMEM", "mxu": "MXU", "vpu": "VPU"})
 
     @property
     def step_ms(self) -> float:
@@ -109,4 +116,5 @@ class SimResult:
             "execution_mode": self.execution_mode,
             "launch_s": self.launch_s,
             "launch_count": self.launch_count,
+            "words": dict(self.words),
         }

@@ -20,6 +20,7 @@ floor):
 | ``vmem_peak_bytes``, ``vmem_peak_time_ms``, ``vmem_peak_layer`` | highest VMEM occupancy, when, where |
 | ``vmem_static_bytes``, ``vmem_capacity_bytes`` | the schedule's static scratch; usable capacity |
 | ``busy_fraction`` | per resource (hbm, mxu, vpu, link.*) busy time / step |
+| ``words`` | the chip's names for ``staging`` (what ``vmem_*`` measure), ``mxu``, ``vpu`` |
 | ``breakdown`` | step ms by what the stream did (phases, collectives, fixed overheads, exposed DMA, drain) |
 | ``layer_ms`` | stream ms per layer ("-1": the head) |
 | ``exposed_dma_by_family_ms`` | exposed DMA per weight family |
@@ -170,6 +171,7 @@ def _json_result(result: Any, floor: Any, args: argparse.Namespace, system: str,
         "breakdown": {key: value * ms for key, value in result.breakdown_s.items()},
         "layer_ms": {str(layer): value * ms for layer, value in result.layer_s.items()},
         "exposed_dma_by_family_ms": {key: value * ms for key, value in result.exposed_dma_by_family_s.items()},
+        "words": dict(result.words),
         "dma_count": result.dma_count,
         "dma_bytes": result.dma_bytes,
         "event_count": result.event_count,
@@ -199,13 +201,17 @@ def _print_human(data: dict[str, Any], console: Console) -> None:
     table.add_row("overlap fraction", f"{data['overlap_fraction']:.3f}", SIMULATED)
     layer = data["vmem_peak_layer"]
     where = "head" if layer == -1 else f"layer {layer}"
-    table.add_row("VMEM peak", f"{data['vmem_peak_bytes'] / MIB:.2f} MiB at {data['vmem_peak_time_ms']:.3f} ms ({where})",
-                  SIMULATED)
-    table.add_row("VMEM static scratch / usable",
-                  f"{data['vmem_static_bytes'] / MIB:.2f} / {data['vmem_capacity_bytes'] / MIB:.2f} MiB",
-                  "schedule plan / chip figure")
+    words = data["words"]
+    table.add_row(f"{words['staging']} peak",
+                  f"{data['vmem_peak_bytes'] / MIB:.2f} MiB at {data['vmem_peak_time_ms']:.3f} ms ({where})", SIMULATED)
+    if data["execution_mode"] == "megakernel":
+        table.add_row(f"{words['staging']} static scratch / usable",
+                      f"{data['vmem_static_bytes'] / MIB:.2f} / {data['vmem_capacity_bytes'] / MIB:.2f} MiB",
+                      "schedule plan / chip figure")
+    else:  # one kernel per op: no persistent kernel holds the schedule's buffers
+        table.add_row(f"{words['staging']} usable", f"{data['vmem_capacity_bytes'] / MIB:.2f} MiB", "chip figure")
     for key, value in data["busy_fraction"].items():
-        table.add_row(f"busy: {key}", f"{100 * value:.1f} %", SIMULATED)
+        table.add_row(f"busy: {words.get(key, key)}", f"{100 * value:.1f} %", SIMULATED)
     for key, value in data["breakdown"].items():
         table.add_row(f"step share: {key}", f"{value:.3f} ms", SIMULATED)
     table.add_row("copies issued / events", f"{data['dma_count']} / {data['event_count']}", SIMULATED)
