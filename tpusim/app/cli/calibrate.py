@@ -191,5 +191,5 @@ def run_report(args: argparse.Namespace) -> int:
             ],
         })
         return 0
-    Console().print(text, highlight=False, markup=False)
+    print(text)  # markdown as written: not re-wrapped to the terminal (or to 80 columns when piped)
     return 0

@@ -36,12 +36,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
 from tpusim.app.cli.common import add_workload_options, emit_json, resolve_workload
+from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
 MS_PER_S = 1e3
 MIB = 1 << 20
@@ -62,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--plot", type=Path, default=None, help="write a timeline PNG here")
     parser.add_argument("--plot-layers", default="1:3", metavar="FIRST:COUNT",
                         help="layers drawn in --plot (default 1:3)")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_format_option(parser)
     parser.set_defaults(func=run)
 
 
@@ -142,10 +140,11 @@ def run(args: argparse.Namespace) -> int:
                           f"(simulated)"))
         except OSError as error:
             raise InputError(f"cannot write output: {error.strerror or error}") from None
-    if args.json:
+    fmt = output_format(args)
+    if fmt == "json":
         emit_json(data)
         return 0
-    _print_human(data, Console())
+    _print_human(data, fmt)
     return 0
 
 
@@ -182,43 +181,38 @@ def _json_result(result: Any, floor: Any, args: argparse.Namespace, system: str,
     }
 
 
-def _print_human(data: dict[str, Any], console: Console) -> None:
+def _print_human(data: dict[str, Any], fmt: str) -> None:
     title = (f"{data['model']} on {data['system']} ({data['devices']} devices, plan {data['plan']}), "
              f"batch {data['batch']}, schedule {data['schedule']} [{data['schedule_hash']}]")
-    table = Table(title=title)
-    table.add_column("quantity")
-    table.add_column("value", justify="right")
-    table.add_column("label")
-    table.add_row("step time", f"{data['step_ms']:.3f} ms", SIMULATED)
-    table.add_row("tokens/s (aggregate)", f"{data['tokens_per_s']:.1f}", SIMULATED)
-    table.add_row("floor", f"{data['floor_ms']:.3f} ms", FLOOR)
+    table = TableData(title=title, columns=["quantity", "value", "label"], right_aligned=("value",), records=data)
+    table.add("step time", f"{data['step_ms']:.3f} ms", SIMULATED)
+    table.add("tokens/s (aggregate)", f"{data['tokens_per_s']:.1f}", SIMULATED)
+    table.add("floor", f"{data['floor_ms']:.3f} ms", FLOOR)
     floors = data["floors"]
-    table.add_row("  HBM / compute / collective floors",
+    table.add("  HBM / compute / collective floors",
                   f"{floors['hbm_ms']:.3f} / {floors['compute_ms']:.3f} / {floors['collective_ms']:.3f} ms", FLOOR)
-    table.add_row("step / floor", f"{data['step_ms'] / data['floor_ms']:.2f}x" if data["floor_ms"] else "—",
+    table.add("step / floor", f"{data['step_ms'] / data['floor_ms']:.2f}x" if data["floor_ms"] else "—",
                   f"{SIMULATED} / {FLOOR}")
-    table.add_row("exposed DMA", f"{data['exposed_dma_ms']:.3f} ms", SIMULATED)
-    table.add_row("overlap fraction", f"{data['overlap_fraction']:.3f}", SIMULATED)
+    table.add("exposed DMA", f"{data['exposed_dma_ms']:.3f} ms", SIMULATED)
+    table.add("overlap fraction", f"{data['overlap_fraction']:.3f}", SIMULATED)
     layer = data["vmem_peak_layer"]
     where = "head" if layer == -1 else f"layer {layer}"
     words = data["words"]
-    table.add_row(f"{words['staging']} peak",
+    table.add(f"{words['staging']} peak",
                   f"{data['vmem_peak_bytes'] / MIB:.2f} MiB at {data['vmem_peak_time_ms']:.3f} ms ({where})", SIMULATED)
     if data["execution_mode"] == "megakernel":
-        table.add_row(f"{words['staging']} static scratch / usable",
+        table.add(f"{words['staging']} static scratch / usable",
                       f"{data['vmem_static_bytes'] / MIB:.2f} / {data['vmem_capacity_bytes'] / MIB:.2f} MiB",
                       "schedule plan / chip figure")
     else:  # one kernel per op: no persistent kernel holds the schedule's buffers
-        table.add_row(f"{words['staging']} usable", f"{data['vmem_capacity_bytes'] / MIB:.2f} MiB", "chip figure")
+        table.add(f"{words['staging']} usable", f"{data['vmem_capacity_bytes'] / MIB:.2f} MiB", "chip figure")
     for key, value in data["busy_fraction"].items():
-        table.add_row(f"busy: {words.get(key, key)}", f"{100 * value:.1f} %", SIMULATED)
+        table.add(f"busy: {words.get(key, key)}", f"{100 * value:.1f} %", SIMULATED)
     for key, value in data["breakdown"].items():
-        table.add_row(f"step share: {key}", f"{value:.3f} ms", SIMULATED)
-    table.add_row("copies issued / events", f"{data['dma_count']} / {data['event_count']}", SIMULATED)
-    console.print(table)
-    for key in ("trace", "plot"):
-        if key in data:
-            console.print(f"{key}: {data[key]}", highlight=False)
-    console.print(f"source: {data['source']}", highlight=False)
-    for warning in data.get("calibration_warnings", []):
-        console.print(f"warning: {warning}; the calibrated figures are extrapolated here", highlight=False)
+        table.add(f"step share: {key}", f"{value:.3f} ms", SIMULATED)
+    table.add("copies issued / events", f"{data['dma_count']} / {data['event_count']}", SIMULATED)
+    notes = [f"{key}: {data[key]}" for key in ("trace", "plot") if key in data]
+    notes.append(f"source: {data['source']}")
+    notes += [f"warning: {warning}; the calibrated figures are extrapolated here"
+              for warning in data.get("calibration_warnings", [])]
+    emit(table, fmt, notes=notes)

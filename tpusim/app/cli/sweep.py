@@ -18,11 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
 from hwmodels.errors import InputError
 from tpusim.app.cli.common import add_workload_options, emit_json, positive_int, resolve_workload
+from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -48,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help=f"layers in the screening program (default {DEFAULT_SCREEN_LAYERS})")
     parser.add_argument("--no-plots", action="store_true", help="skip pareto.png and sensitivity.png")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_format_option(parser)
     parser.set_defaults(func=run)
 
 
@@ -56,8 +54,8 @@ def load_space(path: Path) -> Any:
     """A :class:`SweepSpace` from a JSON file (bare, or a sweep's ``space.json``)."""
     from pydantic import ValidationError
 
-    from tpusim.workload.model_catalog import format_validation_error
     from tpusim.sweep.space import SweepSpace
+    from tpusim.workload.model_catalog import format_validation_error
 
     try:
         data = json.loads(path.read_text())
@@ -86,17 +84,18 @@ def run(args: argparse.Namespace) -> int:
         result = run_sweep(
             model, plan, system, args.batch, out_dir=args.out, budget=args.budget, jobs=args.jobs,
             seed=args.seed, resume=args.resume, context_tokens=args.context, routing=routing,
-            quiet=args.quiet or args.json, space=space, screen_factor=args.screen_factor,
+            quiet=args.quiet or output_format(args) != "table", space=space, screen_factor=args.screen_factor,
             screen_layers=args.screen_layers, plots=not args.no_plots,
         )
     except SweepInterrupted as interrupted:
         command = " ".join(shlex.quote(a) for a in ["tpusim", *sys.argv[1:]] if a != "--resume")
         print(f"tpusim sweep: {interrupted}\n  resume with: {command} --resume", file=sys.stderr)
         return 130
-    if args.json:
+    fmt = output_format(args)
+    if fmt == "json":
         emit_json(_as_json(result))
         return 0
-    _print_human(result, model.name, system.chip.name, system.chips, args.batch)
+    _print_human(result, model.name, system.chip.name, system.chips, args.batch, fmt)
     return 0
 
 
@@ -120,33 +119,31 @@ def _as_json(result: Any) -> dict[str, Any]:
     }
 
 
-def _print_human(result: Any, model: str, chip: str, chips: int, batch: int) -> None:
-    console = Console()
+def _print_human(result: Any, model: str, chip: str, chips: int, batch: int, fmt: str) -> None:
     simulated = sorted((r for r in result.rows if r["status"] == "simulated"),
                        key=lambda r: (r["predicted_ms"], r["hash"]))
-    console.print(f"{model} on {chip} x{chips}, batch {batch}: {result.considered} candidates considered, "
-                  f"{result.pruned} pruned, {result.screened} screened, {result.simulated} simulated, "
-                  f"{result.estimated} estimate only ({result.wall_s:.1f} s)")
-    table = Table(title="top 5")
-    for column in ("#", "name", "ms/step", "tokens/s", "exposed DMA ms", "VMEM peak MiB", "label"):
-        table.add_column(column, justify="left" if column in ("name", "label") else "right",
-                         overflow="fold", min_width=24 if column == "name" else None)
+    notes = [f"{model} on {chip} x{chips}, batch {batch}: {result.considered} candidates considered, "
+             f"{result.pruned} pruned, {result.screened} screened, {result.simulated} simulated, "
+             f"{result.estimated} estimate only ({result.wall_s:.1f} s)"]
+    columns = ["#", "name", "ms/step", "tokens/s", "exposed DMA ms", "VMEM peak MiB", "label"]
+    table = TableData(title="top 5", columns=columns, right_aligned=("#", "ms/step", "tokens/s",
+                                                                      "exposed DMA ms", "VMEM peak MiB"))
     shown = simulated[:5] or sorted((r for r in result.rows if r["status"] == "estimated"),
                                     key=lambda r: (r["predicted_ms"], r["hash"]))[:5]
     for i, r in enumerate(shown, 1):
         vmem = r.get("vmem_peak_mib")
-        table.add_row(str(i), r["name"], f"{r['predicted_ms']:.4f}", f"{r['tokens_per_s']:.1f}",
-                      f"{r['exposed_dma_ms']:.3f}" if r.get("exposed_dma_ms") is not None else "–",
-                      f"{vmem:.2f}" if vmem is not None else "–", r["predicted_by"])
-    console.print(table)
+        table.add(i, r["name"], f"{r['predicted_ms']:.4f}", f"{r['tokens_per_s']:.1f}",
+                  f"{r['exposed_dma_ms']:.3f}" if r.get("exposed_dma_ms") is not None else "–",
+                  f"{vmem:.2f}" if vmem is not None else "–", r["predicted_by"])
     pub = result.published_row
     if pub and pub.get("predicted_ms"):
-        console.print(f"published: {pub['predicted_ms']:.4f} ms/step ({pub['predicted_by']}), rank "
-                      f"{result.published_rank} of {len(simulated) or result.estimated}; chosen "
-                      f"{result.best_row['predicted_ms']:.4f} ms/step ({result.best_row['predicted_by']}), "
-                      f"{result.speedup_vs_published:.3f}x")
+        notes.append(f"published: {pub['predicted_ms']:.4f} ms/step ({pub['predicted_by']}), rank "
+                     f"{result.published_rank} of {len(simulated) or result.estimated}; chosen "
+                     f"{result.best_row['predicted_ms']:.4f} ms/step ({result.best_row['predicted_by']}), "
+                     f"{result.speedup_vs_published:.3f}x")
     elif pub:
-        console.print(f"published: {pub['status']}: {pub.get('reason', '')}", markup=False)
+        notes.append(f"published: {pub['status']}: {pub.get('reason', '')}")
     if not result.engine:
-        console.print("[yellow]the engine is not importable: every number above is an estimate[/yellow]")
-    console.print(f"best schedule: {result.paths['best']}  (summary: {result.paths['summary']})")
+        notes.append("the engine is not importable: every number above is an estimate")
+    notes.append(f"best schedule: {result.paths['best']}  (summary: {result.paths['summary']})")
+    emit(table, fmt, notes=notes)
