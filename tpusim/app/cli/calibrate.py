@@ -50,7 +50,7 @@ from calibration.report import (
 from hwmodels.atomic import write_text_atomic
 from hwmodels.catalog import display_path, load_chip
 from hwmodels.errors import InputError
-from hwmodels.overlay import has_overlay, overlay_path
+from hwmodels.overlay import overlay_path
 from tpusim.app.cli.common import emit_json
 
 CPU_LOOP = ("cpu-loop", "cpu-loop-quick")
@@ -165,14 +165,14 @@ def run_report(args: argparse.Namespace) -> int:
         raise InputError(f"--measurements {args.measurements}: no records measured on {published.name}")
     predictor = Predictor()
     before = [predictor.predict(published, r) for r in records]
-    calibrated = None
-    if not args.uncalibrated and has_overlay(published.name):
-        calibrated = load_chip(published.name, calibrated=True)
+    loaded = None if args.uncalibrated else load_chip(published.name, calibrated=True)
+    calibrated = loaded if loaded is not None and loaded.calibration is not None else None
     after = [predictor.predict(calibrated, r) for r in records] if calibrated else None
-    note = (
-        f"*simulated, calibrated* uses the overlay {display_path(overlay_path(published.name))}."
-        if calibrated else "No calibrated overlay in use: every prediction uses the published figures."
-    )
+    note = "No calibrated overlay in use: every prediction uses the published figures."
+    if calibrated is not None and calibrated.calibration is not None:
+        gaps = sorted({gap for r in records for gap in calibrated.calibration.warnings(r.model, r.system.chips)})
+        note = (f"*simulated, calibrated*: {calibrated.calibration.note()}."
+                + "".join(f" Warning: {gap}." for gap in gaps))
     rows = comparison_rows(records, before, after)
     text = comparison_report(rows, published, calibrated_note=note)
     if args.out:
