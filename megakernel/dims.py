@@ -25,7 +25,6 @@ from megakernel.math_kda import KdaDims
 from megakernel.math_mla import MlaDims
 from megakernel.residual import num_block_slots
 from tpusim.workload.modelconfig import ModelConfig
-from tpusim.workload.sharding import ShardingPlan, round_up
 from tpusim.workload.shapes import (
     attention_tensors,
     dense_mlp_tensors,
@@ -34,6 +33,7 @@ from tpusim.workload.shapes import (
     moe_dense_tensors,
     small_param_tensors,
 )
+from tpusim.workload.sharding import ShardingPlan, round_up
 
 LANES = 128
 

@@ -57,8 +57,8 @@ from dataclasses import dataclass, field
 
 from megakernel.dims import LANES, ModelDims, weight_shapes
 from tpusim.schedule.schema import Schedule
-from tpusim.workload.shapes import TensorSpec
 from tpusim.schedule.vmem import slab_rows
+from tpusim.workload.shapes import TensorSpec
 
 FAMILY = {
     "small": "small_params", "kda.qkvgb": "kda_proj", "kda.decay_a": "kda_proj", "kda.decay_b": "kda_proj",

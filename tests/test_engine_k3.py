@@ -9,11 +9,11 @@ import pytest
 
 from hwmodels.catalog import make_system
 from hwmodels.schema import Chip
-from tpusim.workload.floors import floors
 from tpusim.engine import InfeasibleSchedule, SimResult, VmemOverflow, simulate
+from tpusim.schedule.schema import FamilySchedule, Schedule, load_schedule
+from tpusim.workload.floors import floors
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.program import Program, build_program
-from tpusim.schedule.schema import FamilySchedule, Schedule, load_schedule
 from tpusim.workload.shapes import expert_slice_bytes
 
 
@@ -139,12 +139,14 @@ def test_speculative_misses_refetch_expert_slices() -> None:
 
 
 def test_fewer_dmas_in_flight_help_when_the_engine_round_robins() -> None:
-    """[INF]: 4 expert slots in flight beat 8. The engine's fair sharing reproduces the sign."""
+    """[INF]: 4 expert slots in flight beat 8. The engine's fair sharing reproduces the sign,
+    and more DMAs in flight (16, ``published``'s limit) are slower still."""
     program, chip = k3(1)
     published = load_schedule("published")
     four = simulate(program, published.with_changes(max_dmas_in_flight=4), chip)
+    eight = simulate(program, published.with_changes(max_dmas_in_flight=8), chip)
     sixteen = simulate(program, published, chip)
-    assert four.step_s < sixteen.step_s
+    assert four.step_s < eight.step_s < sixteen.step_s
 
 
 def test_per_op_launch_gpu_runs_a_conventional_stack() -> None:

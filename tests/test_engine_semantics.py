@@ -11,9 +11,9 @@ from hwmodels.catalog import load_chip
 from tpusim.engine import SimResult, simulate
 from tpusim.engine.costs import matmul_time_s, padded_rows, weight_push_s
 from tpusim.engine.execution import conventional_schedule, execution_policy
+from tpusim.schedule.schema import FamilySchedule, Schedule, load_schedule
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.program import Program, build_program
-from tpusim.schedule.schema import FamilySchedule, Schedule, load_schedule
 
 
 def test_matmul_cost_pads_rows_and_takes_the_larger_of_flops_and_weight_push() -> None:

@@ -23,8 +23,8 @@ from megakernel.quant import (
     quantize_fp8_b256,
     quantize_mxfp4,
 )
-from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.schedule.schema import load_schedule
+from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.shapes import expert_slice_bytes, layer_tensors, lm_head_tensors
 
 

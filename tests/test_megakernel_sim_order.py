@@ -26,15 +26,15 @@ from jax.experimental.pallas import tpu as pltpu
 
 from hwmodels.catalog import load_chip
 from megakernel.dims import model_dims
+from megakernel.events import planned_event_order, save_routing_trace, weight_events
 from megakernel.kernel import Megakernel
 from megakernel.layout import random_weights
 from megakernel.reference import decode_step_with_routing, device_params, init_state
-from megakernel.events import planned_event_order, save_routing_trace, weight_events
 from tpusim.engine import simulate
+from tpusim.schedule.schema import load_schedule
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.program import build_program
 from tpusim.workload.routing import parse_routing
-from tpusim.schedule.schema import load_schedule
 
 pytestmark = pytest.mark.slow
 

@@ -9,15 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hwmodels.catalog import make_system
-from tpusim.workload.floors import floors
 from tpusim.engine import simulate
-from tpusim.workload.model_catalog import load_model, plan_for
-from tpusim.workload.program import build_program
 from tpusim.schedule.schema import BUILTIN_SCHEDULES, load_schedule
 from tpusim.sweep.estimate import EstimateContext, _Hbm, _Pool, estimate
 from tpusim.sweep.prune import VmemAccountant, check_candidate
 from tpusim.sweep.report import spearman
 from tpusim.sweep.space import candidates, default_space
+from tpusim.workload.floors import floors
+from tpusim.workload.model_catalog import load_model, plan_for
+from tpusim.workload.program import build_program
 
 K3_FAMILIES = ["kda_proj", "mla_proj", "small_params", "router", "latent_proj", "shared_expert",
                "routed_expert", "dense_mlp", "lm_head"]

@@ -74,11 +74,11 @@ from tpusim.engine.items import (
     Ring,
     Slab,
 )
+from tpusim.schedule.schema import SCHEDULE_FAMILIES, FamilySchedule, Schedule
+from tpusim.schedule.vmem import VmemPlan, slab_rows
 from tpusim.workload.formats import scale_bytes, value_bytes
 from tpusim.workload.program import Op, Program
-from tpusim.schedule.schema import SCHEDULE_FAMILIES, FamilySchedule, Schedule
 from tpusim.workload.shapes import TensorSpec, kv_cache_bytes_per_token, recurrent_state_bytes
-from tpusim.schedule.vmem import VmemPlan, slab_rows
 
 ROUTED = "routed_expert"
 KV_FAMILY = "kv_cache"

@@ -37,8 +37,8 @@ import math
 
 from hwmodels.schema import Chip, ComputeUnit, LinkSpec
 from tpusim.workload.floors import link_for
-from tpusim.workload.sharding import CollectiveStage
 from tpusim.workload.program import Op
+from tpusim.workload.sharding import CollectiveStage
 
 VECTOR_DTYPE = "f32"
 DEFAULT_MATMUL_DTYPE = "bf16"

@@ -67,11 +67,11 @@ from tpusim.engine.costs import (
     resolve_link,
     vector_time_s,
 )
+from tpusim.schedule.schema import SCHEDULE_FAMILIES, Schedule
+from tpusim.schedule.vmem import VmemPlan, slab_rows, vmem_plan
 from tpusim.workload.formats import scale_bytes, value_bytes
 from tpusim.workload.program import Op, Program
-from tpusim.schedule.schema import SCHEDULE_FAMILIES, Schedule
 from tpusim.workload.shapes import TensorSpec, kv_cache_bytes_per_token, recurrent_state_bytes
-from tpusim.schedule.vmem import VmemPlan, slab_rows, vmem_plan
 
 WEIGHTS_MM, WEIGHTS_OTHER, EXPERT, STATE, KV, PLAIN = range(6)
 

@@ -21,11 +21,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tpusim.schedule.schema import SCHEDULE_FAMILIES, FamilySchedule, Schedule
+from tpusim.schedule.vmem import (
+    InfeasibleSchedule,
+    VmemPlan,
+    arenas,
+    check_fits,
+    tensor_kinds,
+    vmem_plan,
+)
+from tpusim.sweep.space import SweepSpace
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.sharding import ShardingPlan
-from tpusim.schedule.schema import SCHEDULE_FAMILIES, FamilySchedule, Schedule
-from tpusim.sweep.space import SweepSpace
-from tpusim.schedule.vmem import InfeasibleSchedule, VmemPlan, arenas, check_fits, tensor_kinds, vmem_plan
 
 
 class VmemAccountant:

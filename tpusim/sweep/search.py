@@ -47,9 +47,6 @@ from typing import Any
 
 from hwmodels.errors import InputError
 from hwmodels.schema import System
-from tpusim.workload.modelconfig import ModelConfig
-from tpusim.workload.sharding import ShardingPlan
-from tpusim.workload.routing import RoutingModel
 from tpusim.schedule.schema import BUILTIN_SCHEDULES, SCHEDULE_FAMILIES, Schedule, save_schedule
 from tpusim.sweep.defaults import (
     DEFAULT_BUDGET,
@@ -72,6 +69,9 @@ from tpusim.sweep.space import (
     neighbours,
     schedule_knobs,
 )
+from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.routing import RoutingModel
+from tpusim.workload.sharding import ShardingPlan
 
 RowHook = Callable[[dict[str, Any]], None]
 
@@ -113,7 +113,7 @@ class SweepResult:
 def present_families(workload: Workload) -> list[str]:
     """Weight families the program reads (the only ones whose knobs matter)."""
     seen = {tensor.family for op in workload.program().ops for tensor in op.tensors}
-    if workload.model.moe.num_experts:
+    if workload.model.num_experts:
         seen.add("routed_expert")
     return [family for family in SCHEDULE_FAMILIES if family in seen]
 

@@ -295,7 +295,15 @@ def _with_pattern(families: dict[str, FamilySchedule], pools: dict[str, list[str
 
 
 def neighbours(base: Schedule, space: SweepSpace, present: list[str]) -> Iterator[Schedule]:
-    """Every schedule one knob away from ``base`` within the space (schema-valid ones)."""
+    """Every schedule exactly one knob away from ``base`` within the space (schema-valid ones;
+    a "change" to the value ``base`` already has is not a neighbour)."""
+    base_hash = base.content_hash()
+    for schedule in _one_knob_changes(base, space, present):
+        if schedule.content_hash() != base_hash:
+            yield schedule
+
+
+def _one_knob_changes(base: Schedule, space: SweepSpace, present: list[str]) -> Iterator[Schedule]:
     fams = {f: base.family(f) for f in present}
     glob = _globals_of(base)
     tag = base.name

@@ -15,8 +15,7 @@ from collections.abc import Sequence
 
 from hwmodels.errors import InputError
 
-# Subcommand modules, in the order ``tpusim --help`` lists them. A module that is missing
-# (a feature not yet built) is skipped rather than breaking the whole CLI.
+# Subcommand modules, in the order ``tpusim --help`` lists them.
 SUBCOMMAND_MODULES = (
     "demo",
     "hardware",
@@ -27,6 +26,7 @@ SUBCOMMAND_MODULES = (
     "lower",
     "calibrate",
     "compare",
+    "plan",
     "diff",
     "schema",
     "sources",
@@ -34,7 +34,8 @@ SUBCOMMAND_MODULES = (
 
 
 class HelpFormatter(argparse.HelpFormatter):
-    """Every option's help ends with its default unless it names one already (``argparse.ArgumentDefaultsHelpFormatter`` would repeat it and show ``False``)."""
+    """Every option's help ends with its default unless it names one already
+    (``argparse.ArgumentDefaultsHelpFormatter`` would repeat it and show ``False``)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
@@ -71,13 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tpusim {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", help="one of:")
     for module_name in SUBCOMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"tpusim.app.cli.{module_name}")
-        except ModuleNotFoundError as error:
-            if error.name == f"tpusim.app.cli.{module_name}":
-                continue
-            raise
-        module.register(subparsers)
+        importlib.import_module(f"tpusim.app.cli.{module_name}").register(subparsers)
     _use_formatter(parser)
     return parser
 

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from hwmodels.errors import InputError
+from tpusim.app.cli.common import add_model_options
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
 
@@ -28,7 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "unless --schedule is given; each row shows the step time, throughput and where the time "
         "goes (compute, launches, collectives, exposed copies, other).")
     parser.add_argument("--model", default="kimi-k3",
-                        help="model name or a YAML/config.json path (default: kimi-k3)")
+                        help="model name (kimi-k3, muse-spark@int4+bf16, ...) or a YAML/config.json path")
+    add_model_options(parser)
     parser.add_argument("--systems", default="tpu-v7:16,gb200:16,gb200:16:megakernel",
                         help="comma-separated chip:chips[:per-kernel|graphs|megakernel]")
     parser.add_argument("--batch", default="1,2,4,8", help="comma-separated batch sizes")
@@ -68,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
                                 samples=args.sweep_samples)
     rows = compare_rows(args.model, systems, batches, acceptance_lengths=acceptances, schedule=args.schedule,
                         choose_schedule=chooser, context_tokens=args.context, routing=parse_routing(args.routing),
-                        seed=args.seed, calibrated=not args.uncalibrated, draft_tokens=args.draft_tokens)
+                        seed=args.seed, calibrated=not args.uncalibrated, draft_tokens=args.draft_tokens,
+                        formats=args.formats, plan_choice=args.plan)
     if args.plot:
         from tpusim.compare.plot import plot_comparison
 
