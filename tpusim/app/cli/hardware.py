@@ -32,7 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser = subparsers.add_parser(
         "hardware",
         help="list, show and probe catalog chips",
-        description="List catalog chips, show one chip's figures with sources, or probe this host.",
+        description="List the catalog chips with their headline figures per device, each labelled "
+        "(published, measured, derived, assumed, calibrated); show one chip's every figure with its "
+        "unit, label and source; or probe this host and save it as host-cpu. Source tags are "
+        "expanded by `tpusim sources`.",
     )
     parser.set_defaults(func=run_list)
     add_format_option(parser, json_flag=False)

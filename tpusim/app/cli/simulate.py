@@ -51,7 +51,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser = subparsers.add_parser(
         "simulate",
         help="simulate one decode step under a prefetch schedule (SimPy engine)",
-        description="Simulate one decode step of one device under a prefetch schedule.",
+        description="Simulate one decode step of one device under a prefetch schedule in the "
+        "discrete-event engine: HBM copies, on-chip memory occupancy, matrix and vector units, "
+        "collectives on the links. Prints step time, tokens/s, the analytic floors, exposed DMA, "
+        "on-chip memory peak and busy fractions, in the chip's words (VMEM/MXU on a TPU, L2/tensor "
+        "cores on a GPU), and whether the chip's figures are published or calibrated (and on what). "
+        "--trace and --plot write a Perfetto trace and a timeline image.",
     )
     add_workload_options(parser)
     parser.add_argument("--schedule", default="published",

@@ -28,7 +28,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser(
         "sweep", help="search prefetch schedules: prune, estimate, simulate the best, write best.json",
-        description="Search the schedule space for the fastest prefetch schedule (see tpusim.sweep).")
+        description="Search prefetch schedules for one workload: every built-in schedule, their "
+        "one-knob neighbours and seeded random draws; prune what overflows on-chip memory, rank the "
+        "rest by an analytic estimate, screen the best on the first layers with the engine and "
+        "simulate the finalists in full. Writes sweep.csv (resumable), best.json (the schedule the "
+        "kernel takes), summary.md and plots to --out. Every time is simulated or estimated, and "
+        "labelled so.")
     add_workload_options(parser)
     for action in parser._actions:
         if action.dest == "seed":  # one seed fixes both the routing draw and the sampled candidates
