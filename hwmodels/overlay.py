@@ -11,7 +11,8 @@ the published value and its source, so the fit goes into a separate file::
 
     chip: tpu-v7
     created: 2025-01-01T12:00:00Z
-    fitted_on: 24 decode-step traces, batch 1..256, Qwen3-30B-A3B
+    fitted_on: "8 points: muse-spark@{nvfp4+bf16,nvfp4+int8} b1..8 on tpu-v7x4 (tpu7x (published))"
+    coverage: {models: [muse-spark], formats: [nvfp4+bf16, nvfp4+int8], chip_counts: [4], ...}
     parameters:
       hbm.sustained_bandwidth_bytes_per_s: {value: 2.98e12, uncertainty: 2.0e10, fitted_on: ...}
       links.ici.collective_stage_latency_s: {value: 4.1e-6, uncertainty: 3.0e-7}

@@ -100,7 +100,13 @@ def run(args: argparse.Namespace) -> int:
     if fmt == "json":
         emit_json(_as_json(result))
         return 0
-    _print_human(result, model.name, system.chip.name, system.chips, args.batch, fmt)
+    hardware = [f"hardware {system.chip.name}: published figures"]
+    calibration = system.chip.calibration
+    if calibration is not None:
+        hardware = [f"hardware {system.chip.name}: {calibration.note()}"]
+        hardware += [f"warning: {gap}; the calibrated figures are extrapolated here"
+                     for gap in calibration.warnings(args.model, args.chips)]
+    _print_human(result, model.name, system.chip.name, system.chips, args.batch, fmt, hardware)
     return 0
 
 
@@ -124,7 +130,8 @@ def _as_json(result: Any) -> dict[str, Any]:
     }
 
 
-def _print_human(result: Any, model: str, chip: str, chips: int, batch: int, fmt: str) -> None:
+def _print_human(result: Any, model: str, chip: str, chips: int, batch: int, fmt: str,
+                 hardware: list[str]) -> None:
     simulated = sorted((r for r in result.rows if r["status"] == "simulated"),
                        key=lambda r: (r["predicted_ms"], r["hash"]))
     notes = [f"{model} on {chip} x{chips}, batch {batch}: {result.considered} candidates considered, "
@@ -151,4 +158,4 @@ def _print_human(result: Any, model: str, chip: str, chips: int, batch: int, fmt
     if not result.engine:
         notes.append("the engine is not importable: every number above is an estimate")
     notes.append(f"best schedule: {result.paths['best']}  (summary: {result.paths['summary']})")
-    emit(table, fmt, notes=notes)
+    emit(table, fmt, notes=[*notes, *hardware])
