@@ -64,3 +64,14 @@ def test_a_second_demo_forgets_the_first_runs_overlays(tmp_path) -> None:
     _forget_previous_overlays(tmp_path / "local", said.append)
     assert not (folder / "tpu-v7.yaml").exists()
     assert len(said) == 1 and "tpu-v7.yaml" in said[0]
+
+
+def test_calibrated_rows_say_on_what_and_where_they_extrapolate(tmp_path) -> None:
+    run = DemoRun(DemoConfig(out_dir=tmp_path))
+    row = dict(_row("tpu-v7:16", "megakernel", 5.4), label="calibrated",
+               calibrated_on="calibrated on 8 points: muse-spark b1..8 on tpu-v7x4 (6 figures: ...)",
+               calibration_warnings=["kimi-k3 was not among the fitted models (muse-spark)"])
+    run.step("compare").data = [row]
+    text = render_report(run)
+    assert "- tpu-v7:16: calibrated on 8 points: muse-spark" in text
+    assert "- warning: tpu-v7:16: kimi-k3 was not among the fitted models (muse-spark)" in text

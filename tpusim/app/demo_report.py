@@ -65,7 +65,11 @@ def _compare_section(run: DemoRun) -> list[str]:
         else:
             lines.append(f"| {row['system']} | {row['execution']} | {row['batch']} | {accept} | does not fit | — | "
                          f"{row['label']} | {row.get('short_note', '')} |")
-    lines += ["", "![TPU v7 against GB200, simulated](compare.png)", ""]
+    from tpusim.app.cli.compare import calibration_notes
+
+    notes = calibration_notes(step.data)
+    lines += ["", *(f"- {note}" for note in notes), *([""] if notes else []),
+              "![TPU v7 against GB200, simulated](compare.png)", ""]
     gpu_rows = [r for r in step.data if r.get("fits") and r["batch"] == 1 and r["acceptance_length"] is None]
     if gpu_rows:
         lines += ["Where a batch-1 step goes (simulated, ms):", "",
