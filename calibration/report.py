@@ -17,6 +17,7 @@ build :class:`Row` lists; :func:`scatter_plot` draws either with matplotlib's Ag
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from pathlib import Path
 from calibration.fit import FitResult, mape, max_error
 from calibration.measurements import MS_PER_S, US_PER_S, Measurement
 from calibration.predict import Predictor
-from hwmodels.atomic import write_text_atomic
+from hwmodels.atomic import write_bytes_atomic, write_text_atomic
 from hwmodels.schema import Chip
 
 US_PER_MS = US_PER_S / MS_PER_S
@@ -284,9 +285,10 @@ def scatter_plot(rows: Sequence[Row], path: Path | str, *, title: str) -> Path:
     ax.legend(fontsize=7, loc="upper left")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(target)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
     plt.close(fig)
-    return target
+    return write_bytes_atomic(target, buffer.getvalue())  # never a half-written PNG
 
 
 def write_fit_report(result: FitResult, out_dir: Path | str, *, title: str | None = None,

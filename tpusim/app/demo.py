@@ -44,11 +44,19 @@ from tpusim.app.demo_run import DemoConfig, DemoRun, StepRecord
 K3_TPU = ["--model", "kimi-k3", "--hardware", "tpu-v7", "--chips", "16"]
 
 
+def _stop_if_interrupted(code: int) -> None:
+    """A step that stopped on Ctrl-C / SIGTERM (exit 130 / 143) stops the demo, which then
+    writes no report: the previous report.md stays as it was."""
+    if code in (130, 143):
+        raise KeyboardInterrupt(f"a demo step was interrupted (exit {code})")
+
+
 def run_cli_json(argv: list[str]) -> Any:
     """Run a subcommand in-process with ``--json``; return its parsed output."""
     buffer, errors = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(errors):
         code = cli_main([*argv, "--json"])
+    _stop_if_interrupted(code)
     if code != 0:
         raise RuntimeError(f"tpusim {' '.join(argv)} exited {code}: {errors.getvalue().strip()[-400:]}")
     return json.loads(buffer.getvalue())
@@ -58,6 +66,7 @@ def run_cli(argv: list[str]) -> str:
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
         code = cli_main(argv)
+    _stop_if_interrupted(code)
     if code != 0:
         raise RuntimeError(f"tpusim {' '.join(argv)} exited {code}: {buffer.getvalue().strip()[-400:]}")
     return buffer.getvalue()

@@ -107,7 +107,7 @@ def floors(program: Program, chip: Chip) -> Floors:
             by_family["kv_cache" if op.name != "kda.core" else "kda_state"] += kv
             by_kind[op_kind(op)] += kv
         if op.matmuls:
-            dtype = op.tensors[0].fmt.mxu_dtype if op.tensors else "bf16"
+            dtype = op.matmul_dtype
             peak = matrix.peak_for(dtype)
             compute_s += op.matmul_flops / peak
             flops[matrix.name] += op.matmul_flops

@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from hwmodels.errors import InputError
+from hwmodels.textfile import read_user_text
 from tpusim.workload.hf_architectures import READERS, MissingKey
 from tpusim.workload.modelconfig import ModelConfig
 
@@ -92,6 +93,7 @@ def model_from_hf_dict(data: dict[str, Any], *, source: str, name: str) -> Model
         "name": name,
         "description": f"read from {source} ({arch})",
         "source": f"Hugging Face config.json: {source}",
+        "max_context_tokens": data.get("max_position_embeddings"),
         "formats": formats,
         **fields,
     }
@@ -106,7 +108,7 @@ def model_from_hf_dict(data: dict[str, Any], *, source: str, name: str) -> Model
 def load_hf_config(path: Path) -> ModelConfig:
     """Read ``path`` (a config.json) into a ModelConfig named after its folder or file."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(read_user_text(path, kind="JSON"))
     except OSError as error:
         raise InputError(f"{path}: cannot read: {error.strerror}") from None
     except json.JSONDecodeError as error:

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
+from hwmodels.textfile import read_user_text
 from hwmodels.validation import describe_validation_error
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.plan_spec import is_plan_spec, parse_plan_spec, plan_from_spec
@@ -44,10 +45,7 @@ def format_validation_error(path: Path | str, error: ValidationError, data: Any 
 
 
 def read_yaml(path: Path) -> Any:
-    try:
-        text = path.read_text()
-    except OSError as error:
-        raise InputError(f"{path}: cannot read: {error.strerror}") from None
+    text = read_user_text(path, kind="YAML")
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as error:

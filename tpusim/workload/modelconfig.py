@@ -242,6 +242,9 @@ class ModelConfig(_Frozen):
     )
     variant: str | None = Field(default=None, description="selected format variant, if any")
     logit_softcap: float | None = Field(default=None, gt=0.0)
+    max_context_tokens: int | None = Field(
+        default=None, ge=1, description="longest context the model supports, tokens (config.json "
+        "max_position_embeddings); None where no figure is published")
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:

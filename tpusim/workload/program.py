@@ -64,6 +64,8 @@ TOPK_FLOPS_PER_SCORE = 16.0
 DELTA_RULE_FLOPS_PER_STATE_ELEMENT = 8.0
 
 
+DEFAULT_MATMUL_DTYPE = "bf16"
+
 @dataclass(frozen=True)
 class CollectiveCall:
     """A collective issued after an op, with its payload for this batch."""
@@ -96,6 +98,13 @@ class Op:
     @property
     def matmul_flops(self) -> float:
         return float(sum(2 * m * k * n for m, k, n in self.matmuls))
+
+    @property
+    def matmul_dtype(self) -> str:
+        """The dtype the matrix unit runs this op's matmuls at: its first weight tensor's MXU
+        dtype (after dequantisation), else bf16 (activation-only ops). The one statement of
+        this rule: the engine, the estimate and the floors read it."""
+        return self.tensors[0].fmt.mxu_dtype if self.tensors else DEFAULT_MATMUL_DTYPE
 
     @property
     def families(self) -> tuple[str, ...]:

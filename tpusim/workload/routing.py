@@ -22,14 +22,21 @@ Closed form (uniform): a group owning ``G`` of ``E`` experts loads in expectatio
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from hwmodels.errors import InputError
+from hwmodels.textfile import read_user_text
 
 ROUTING_KINDS = ("uniform", "identical", "zipf", "trace")
+# Gumbel keys are float64: 2**23 of them is a 64 MiB chunk, whatever the batch.
+KEY_CHUNK_ELEMENTS = 1 << 23
+# Above this many keys (about 20 s of Gumbel draws on one core at ~13 M/s), a uniform draw
+# switches to the O(top_k)-per-row rejection sampler: the same distribution, another stream.
+REJECTION_ABOVE_KEYS = 1 << 28
 
 
 @dataclass(frozen=True)
@@ -90,9 +97,73 @@ def _gumbel_topk(log_weights: np.ndarray, top_k: int, rng: np.random.Generator, 
     return np.argpartition(-keys, top_k - 1, axis=-1)[..., :top_k]
 
 
+def _chunked_gumbel_topk(log_weights: np.ndarray, batch: int, top_k: int, rng: np.random.Generator,
+                         groups: int = 1, groups_per_token: int = 1) -> np.ndarray:
+    """Gumbel top-k over ``[layers, batch, experts]`` keys, ``KEY_CHUNK_ELEMENTS`` at a time.
+
+    ``log_weights`` is ``[layers, experts]`` (one weight row per layer, shared by its rows).
+    A Generator fills arrays in C order from one stream, so drawing the keys row block by
+    row block gives exactly the values of the one-shot draw: results do not depend on the
+    chunk size, and memory stays at one chunk however large the batch.
+    """
+    layers, experts = log_weights.shape
+    out = np.empty((layers * batch, top_k), dtype=np.int32)
+    rows_per_chunk = max(1, KEY_CHUNK_ELEMENTS // experts)
+    for start in range(0, layers * batch, rows_per_chunk):
+        stop = min(start + rows_per_chunk, layers * batch)
+        weights = log_weights[np.arange(start, stop) // batch]
+        out[start:stop] = _gumbel_topk(weights, top_k, rng, groups, groups_per_token)
+    return out.reshape(layers, batch, top_k)
+
+
+def _rejection_topk(shape: tuple[int, int], num_experts: int, top_k: int,
+                    rng: np.random.Generator) -> np.ndarray:
+    """Uniform ``top_k`` distinct experts per row in O(top_k) work per row.
+
+    Each row draws ``top_k`` experts with replacement; rows with a repeat are drawn again.
+    Conditioned on no repeat every ordered tuple of distinct experts is equally likely, so
+    the accepted sets are exactly uniform over the ``top_k``-subsets, as the Gumbel draw's.
+    """
+    layers, batch = shape
+    out = rng.integers(num_experts, size=(layers * batch, top_k), dtype=np.int32)
+    redo = np.arange(layers * batch)
+    while redo.size:
+        ordered = np.sort(out[redo], axis=1)
+        redo = redo[(ordered[:, 1:] == ordered[:, :-1]).any(axis=1)]
+        out[redo] = rng.integers(num_experts, size=(redo.size, top_k), dtype=np.int32)
+    return out.reshape(layers, batch, top_k)
+
+
+def _distinct_probability(num_experts: int, top_k: int) -> float:
+    """Chance that ``top_k`` draws with replacement from ``num_experts`` are all distinct."""
+    return float(np.prod(1.0 - np.arange(top_k) / num_experts))
+
+
+def available_memory_bytes() -> int:
+    """Physical memory this host has free now (Linux/macOS ``sysconf``), bytes."""
+    pages = os.sysconf("SC_AVPHYS_PAGES") if "SC_AVPHYS_PAGES" in os.sysconf_names else os.sysconf("SC_PHYS_PAGES")
+    return int(pages) * int(os.sysconf("SC_PAGE_SIZE"))
+
+
+def check_draw_size(*, num_moe_layers: int, batch: int, top_k: int) -> None:
+    """Refuse a draw whose result, int32[layers, batch, top_k], would not fit free memory.
+
+    The choices are the one array a draw must hold whole (the program reads them per layer);
+    keys and counts are chunked. Half of the free memory is left for the rest of the run.
+    """
+    needed = num_moe_layers * batch * top_k * np.dtype(np.int32).itemsize
+    available = available_memory_bytes() // 2
+    if needed > available:
+        limit = max(1, available // (num_moe_layers * top_k * np.dtype(np.int32).itemsize))
+        raise InputError(
+            f"batch {batch}: the routing draw holds {num_moe_layers} MoE layers x {batch} rows x top-{top_k} "
+            f"expert choices ({needed / 1e9:.1f} GB), over half of this host's free memory "
+            f"({available / 1e9:.1f} GB); the largest batch this host can draw is {limit}")
+
+
 def _load_trace(path: Path, num_experts: int, top_k: int) -> list[list[list[int]]]:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_user_text(path, kind="JSON"))
         layers = data["layers"]
         if not layers or not all(isinstance(rows, list) and rows for rows in layers):
             raise ValueError("layers must be a non-empty list of non-empty row lists")
@@ -113,11 +184,14 @@ def draw_routing(
 ) -> np.ndarray:
     """Expert choices, int32[num_moe_layers, batch, top_k] (grouped top-k when
     ``groups_per_token < groups``; a trace is taken as recorded)."""
+    check_draw_size(num_moe_layers=num_moe_layers, batch=batch, top_k=top_k)
     rng = np.random.default_rng(seed)
-    shape = (num_moe_layers, batch, num_experts)
     grouping = {"groups": groups, "groups_per_token": groups_per_token}
     if routing.kind == "uniform":
-        return _gumbel_topk(np.zeros(shape), top_k, rng, **grouping).astype(np.int32)
+        if (num_moe_layers * batch * num_experts > REJECTION_ABOVE_KEYS and groups_per_token >= groups
+                and _distinct_probability(num_experts, top_k) >= 0.5):
+            return _rejection_topk((num_moe_layers, batch), num_experts, top_k, rng)
+        return _chunked_gumbel_topk(np.zeros((num_moe_layers, num_experts)), batch, top_k, rng, **grouping)
     if routing.kind == "identical":
         one = _gumbel_topk(np.zeros((num_moe_layers, 1, num_experts)), top_k, rng, **grouping)
         return np.repeat(one, batch, axis=1).astype(np.int32)
@@ -127,8 +201,7 @@ def draw_routing(
         perms = np.argsort(rng.random((num_moe_layers, num_experts)), axis=1)
         log_w = np.empty((num_moe_layers, num_experts))
         np.put_along_axis(log_w, perms, np.broadcast_to(log_p, (num_moe_layers, num_experts)), axis=1)
-        log_w = np.broadcast_to(log_w[:, None, :], shape)
-        return _gumbel_topk(log_w, top_k, rng, **grouping).astype(np.int32)
+        return _chunked_gumbel_topk(log_w, batch, top_k, rng, **grouping)
     assert routing.trace_path is not None
     layers = _load_trace(routing.trace_path, num_experts, top_k)
     out = np.empty((num_moe_layers, batch, top_k), dtype=np.int32)
@@ -140,11 +213,12 @@ def draw_routing(
 
 
 def distinct_per_group(choices: np.ndarray, num_experts: int, groups: int) -> np.ndarray:
-    """Distinct experts each group loads: int[num_moe_layers, groups]."""
+    """Distinct experts each group loads: int[num_moe_layers, groups] (one layer at a time,
+    so no temporary grows with layers x batch)."""
     layers = choices.shape[0]
     picked = np.zeros((layers, num_experts), dtype=bool)
-    layer_idx = np.repeat(np.arange(layers), choices.shape[1] * choices.shape[2])
-    picked[layer_idx, choices.reshape(-1)] = True
+    for layer in range(layers):
+        picked[layer, choices[layer].reshape(-1)] = True
     return picked.reshape(layers, groups, num_experts // groups).sum(axis=2)
 
 
@@ -152,7 +226,8 @@ def tokens_per_expert(choices: np.ndarray, num_experts: int) -> np.ndarray:
     """Rows routed to each expert: int[num_moe_layers, num_experts]."""
     layers = choices.shape[0]
     counts = np.zeros((layers, num_experts), dtype=np.int64)
-    np.add.at(counts, (np.repeat(np.arange(layers), choices.shape[1] * choices.shape[2]), choices.reshape(-1)), 1)
+    for layer in range(layers):
+        counts[layer] = np.bincount(choices[layer].reshape(-1), minlength=num_experts)
     return counts
 
 

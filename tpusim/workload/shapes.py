@@ -81,23 +81,62 @@ class TensorSpec:
         return scale_bytes(self.fmt, self.rows, self.cols)
 
 
+@dataclass(frozen=True)
+class DeviceWidths:
+    """The per-device widths every tensor shape here is built from (columns padded to the
+    plan's lane multiple where a kernel needs aligned column blocks). The megakernel takes its
+    dimensions from this too (:mod:`megakernel.dims`)."""
+
+    hidden: int
+    heads: int  # attention heads on one device
+    lane_multiple: int
+    kda_width: int  # heads * head_dim
+    kda_padded_width: int  # column block of q, k, v, gate in the fused KDA projection
+    kda_beta_cols: int  # beta logits per value head
+    mla_rope_pad: int  # rope key width padded to the lane multiple
+    router_cols: int
+    latent_down_cols: int
+    latent_up_cols: int
+    shared_width: int
+    expert_slice_width: int
+    local_experts: int
+    dense_width: int
+    vocab_rows: int
+
+
+def device_widths(model: ModelConfig, plan: ShardingPlan) -> DeviceWidths:
+    """Per-device widths of ``model`` under ``plan``."""
+    pad, heads = plan.lane_multiple, plan.attention_heads_per_device
+    kda_width = heads * model.kda.head_dim if model.kda else 0
+    value_heads = heads * model.kda.value_heads_per_key_head if model.kda else heads
+    return DeviceWidths(
+        hidden=model.hidden_size, heads=heads, lane_multiple=pad, kda_width=kda_width,
+        kda_padded_width=round_up(kda_width, pad), kda_beta_cols=round_up(value_heads, pad),
+        mla_rope_pad=round_up(model.mla.qk_rope_head_dim, pad) if model.mla else 0,
+        router_cols=plan.router_cols_per_device, latent_down_cols=plan.latent_down_cols_per_device,
+        latent_up_cols=plan.latent_up_cols_per_device, shared_width=plan.shared_intermediate_per_device,
+        expert_slice_width=plan.expert_slice_width(model), local_experts=plan.experts_per_group(model),
+        dense_width=plan.dense_intermediate_per_device, vocab_rows=plan.vocab_rows_per_device,
+    )
+
+
 def _spec(model: ModelConfig, name: str, family: str, key: str, rows: int, cols: int) -> TensorSpec:
     return TensorSpec(name, family, key, model.format_of(key), rows, cols)
 
 
 def attention_tensors(model: ModelConfig, plan: ShardingPlan, layer: int) -> list[TensorSpec]:
     """Attention projections of ``layer`` on one device."""
-    hidden, pad, heads = model.hidden_size, plan.lane_multiple, plan.attention_heads_per_device
+    widths = device_widths(model, plan)
+    hidden, heads, pad = model.hidden_size, widths.heads, widths.lane_multiple
     kind = model.attention_kind(layer)
     if kind == "kda":
         kda = model.kda
         assert kda is not None
-        width = heads * kda.head_dim
         value_heads = heads * kda.value_heads_per_key_head
         value_width = value_heads * kda.value_dim
         # q, k (key width), v, output gate (value width), beta per value head, and for Gated
         # DeltaNet the decay input per value head too (KDA's decay is the low-rank pair below).
-        fused = 2 * round_up(width, pad) + 2 * round_up(value_width, pad) + round_up(value_heads, pad)
+        fused = 2 * widths.kda_padded_width + 2 * round_up(value_width, pad) + widths.kda_beta_cols
         if not kda.decay_rank:
             fused += round_up(value_heads, pad)
         tensors = [_spec(model, "kda.qkvgb", "kda_proj", "attention", hidden, fused)]
@@ -110,12 +149,12 @@ def attention_tensors(model: ModelConfig, plan: ShardingPlan, layer: int) -> lis
     if kind == "mla":
         mla = model.mla
         assert mla is not None
-        q_cols = heads * (mla.qk_nope_head_dim + round_up(mla.qk_rope_head_dim, pad))
+        q_cols = heads * (mla.qk_nope_head_dim + widths.mla_rope_pad)
         tensors = [
             _spec(model, "mla.q_a", "mla_proj", "attention", hidden, mla.q_lora_rank),
             _spec(model, "mla.q_b", "mla_proj", "attention", mla.q_lora_rank, q_cols),
             _spec(model, "mla.kv_a", "mla_proj", "attention", hidden,
-                  mla.kv_lora_rank + round_up(mla.qk_rope_head_dim, pad)),
+                  mla.kv_lora_rank + widths.mla_rope_pad),
             _spec(model, "mla.kv_b", "mla_proj", "attention", mla.kv_lora_rank,
                   heads * (mla.qk_nope_head_dim + mla.v_head_dim)),
         ]
@@ -247,7 +286,7 @@ def kv_cache_bytes_per_token(model: ModelConfig, plan: ShardingPlan, layer: int)
     kind = model.attention_kind(layer)
     fmt = weight_format(model.format_of("kv"))
     if kind == "mla" and model.mla:
-        return tensor_bytes(fmt, model.mla.kv_lora_rank + round_up(model.mla.qk_rope_head_dim, plan.lane_multiple), 1)
+        return tensor_bytes(fmt, model.mla.kv_lora_rank + device_widths(model, plan).mla_rope_pad, 1)
     if kind == "gqa" and model.gqa:
         return 2 * plan.kv_heads_per_device * tensor_bytes(fmt, model.gqa.head_dim, 1)
     return 0

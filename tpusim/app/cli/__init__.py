@@ -3,7 +3,8 @@
 Each subcommand lives in its own module under ``tpusim/app/cli/`` and exposes
 ``register(subparsers)``, which adds its parser and sets ``func`` to a callable taking the
 parsed ``argparse.Namespace`` and returning an exit code. Input problems raise
-:class:`hwmodels.errors.InputError`; ``main`` prints them as one line on stderr and exits 2.
+:class:`hwmodels.errors.InputError`; ``main`` prints them (and pydantic validation errors)
+as one line on stderr and exits 2 (see :mod:`tpusim.app.cli.run_guard`).
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-
-from hwmodels.errors import InputError
 
 # Subcommand modules, in the order ``tpusim --help`` lists them.
 SUBCOMMAND_MODULES = (
@@ -83,14 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
-    try:
-        return int(args.func(args) or 0)
-    except InputError as error:
-        print(f"tpusim {args.command}: error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"tpusim {args.command}: interrupted", file=sys.stderr)
-        return 130
+    from tpusim.app.cli.run_guard import run_command
+
+    return run_command(args)  # locks, signals, and every input error as one line, exit 2
 
 
 if __name__ == "__main__":

@@ -89,7 +89,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     calibrate.add_argument("--quick", action="store_true", help="cpu-loop: the small CI variant")
     calibrate.add_argument("--no-probe", action="store_true",
                            help="cpu-loop: reuse the saved host-cpu entry instead of probing again")
-    calibrate.set_defaults(func=run_calibrate)
+    calibrate.set_defaults(func=run_calibrate, output_lock="folder")
 
     report = subparsers.add_parser(
         "report",
@@ -102,7 +102,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     report.add_argument("--out", type=Path, default=None, help="write report.md and scatter.png here")
     report.add_argument("--json", action="store_true", help="print rows and errors as JSON")
     report.add_argument("--uncalibrated", action="store_true", help="ignore any calibrated overlay")
-    report.set_defaults(func=run_report)
+    report.set_defaults(func=run_report, output_lock="folder")
 
 
 # --------------------------------------------------------------------------- calibrate
@@ -135,17 +135,19 @@ def _fit(args: argparse.Namespace, console: Console) -> tuple[FitResult, list]:
 
 def run_calibrate(args: argparse.Namespace) -> int:
     from tpusim.app.fit_summary import convergence_problem, summary_lines
+    from tpusim.app.interrupts import deferred_interrupts
 
     console = Console(stderr=True)
     console.print(f"calibrating {args.hardware} on {args.measurements} ...", highlight=False)
     result, records = _fit(args, console)
     out = Path(args.out)
-    paths = write_fit_report(result, out, predictor=Predictor())
-    write_text_atomic(out / "fit.json", json.dumps(result.to_json(), indent=2, default=float) + "\n")
-    write_measurements(out / "measurements.jsonl", records)
     problem = convergence_problem(result)
     refused = problem is not None and not args.allow_unconverged
-    saved = None if args.no_save or refused else save_fit(result)
+    with deferred_interrupts():  # the report, fit, points and overlay change together or not at all
+        paths = write_fit_report(result, out, predictor=Predictor())
+        write_text_atomic(out / "fit.json", json.dumps(result.to_json(), indent=2, default=float) + "\n")
+        write_measurements(out / "measurements.jsonl", records)
+        saved = None if args.no_save or refused else save_fit(result)
     summary = result.to_json()
     summary["overlay"] = str(saved) if saved else None
     summary["report"] = str(paths["report"])

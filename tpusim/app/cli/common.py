@@ -28,6 +28,9 @@ def add_workload_options(parser: argparse.ArgumentParser, *, batch: bool = True)
     parser.add_argument("--routing", default="uniform", help="uniform | identical | zipf[:s] | trace:PATH")
     parser.add_argument("--seed", type=int, default=0, help="routing draw seed")
     parser.add_argument("--uncalibrated", action="store_true", help="use published figures only, ignoring calibrated overlays")
+    from tpusim.app.cli.capacity_gate import add_force_option
+
+    add_force_option(parser)
     add_model_options(parser)
 
 

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from hwmodels.errors import InputError
-from tpusim.app.cli.common import add_model_options
+from tpusim.app.cli.common import add_model_options, positive_int
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
 
@@ -35,15 +35,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="comma-separated chip:chips[:per-kernel|graphs|megakernel]")
     parser.add_argument("--batch", default="1,2,4,8", help="comma-separated batch sizes")
     parser.add_argument("--spec-acceptance", default="", help="acceptance lengths for speculative decoding, e.g. 3,6")
-    parser.add_argument("--draft-tokens", type=int, default=7, help="draft tokens per speculative step")
+    parser.add_argument("--draft-tokens", type=positive_int, default=7, help="draft tokens per speculative step")
     parser.add_argument("--schedule", default=None,
                         help="best | published | a built-in | FILE (default: the sweep's best for each TPU/megakernel row)")
-    parser.add_argument("--sweep-budget", type=int, default=8,
+    parser.add_argument("--sweep-budget", type=positive_int, default=8,
                         help="full engine runs per (reduced) sweep when choosing the best schedule")
     parser.add_argument("--sweep-samples", type=int, default=100,
                         help="random schedules per reduced sweep, beside the built-ins and their neighbours")
-    parser.add_argument("--jobs", type=int, default=1, help="processes for the sweeps")
-    parser.add_argument("--context", type=int, default=1024,
+    parser.add_argument("--jobs", type=positive_int, default=1, help="processes for the sweeps")
+    parser.add_argument("--context", type=positive_int, default=1024,
                         help="tokens already in each sequence's cache (default: 1024)")
     parser.add_argument("--routing", default="uniform",
                         help="uniform | identical | zipf[:s] | trace:PATH (default: uniform)")
@@ -53,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_format_option(parser)
     parser.add_argument("--plot", type=Path, default=None, help="write a grouped bar chart (PNG)")
     parser.add_argument("--out", type=Path, default=None, help="folder for sweep outputs when choosing schedules")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, output_lock="folder")  # --out: the sweeps that choose schedules
 
 
 def run(args: argparse.Namespace) -> int:

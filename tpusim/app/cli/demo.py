@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from tpusim.app.cli.common import positive_int
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser = subparsers.add_parser(
@@ -16,10 +18,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "host, and TPU v7 against GB200; writes OUT/report.md with every figure labelled. Overlays "
         "go to OUT/local, and a previous run's overlays there are removed first.")
     parser.add_argument("--out", type=Path, default=Path("report"), help="report folder (default ./report)")
-    parser.add_argument("--jobs", type=int, default=2, help="worker processes for sweeps")
-    parser.add_argument("--sweep-budget", type=int, default=32, help="full simulations per sweep")
+    parser.add_argument("--jobs", type=positive_int, default=2, help="worker processes for sweeps")
+    parser.add_argument("--sweep-budget", type=positive_int, default=32, help="full simulations per sweep")
     parser.add_argument("--quick", action="store_true", help="small budgets (smoke test)")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, output_lock="folder")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from tpusim.app.cli.capacity_gate import check_fit
 from tpusim.app.cli.common import add_workload_options, emit_json, resolve_workload
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
@@ -23,8 +24,10 @@ def run(args: argparse.Namespace) -> int:
     from tpusim.report.floor import floor_report
 
     model, plan, system, routing = resolve_workload(args)
+    fit = check_fit(args, model, plan, system)  # capacity first
     report = floor_report(model, plan, system, batch=args.batch, context_tokens=args.context,
                           routing=routing, seed=args.seed)
+    report["capacity"] = fit.as_json()
     fmt = output_format(args)
     if fmt == "json":
         emit_json(report)
@@ -33,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     table = TableData(title=f"{report['model']} on {report['system']}, batch {report['batch']}, plan "
                       f"{report['plan']} — analytic floor", columns=["quantity", "value", "label"],
                       right_aligned=("value",))
+    table.add("HBM needed / available", fit.summary(), fit.label)
     table.add("bytes per device per step (expected device)", f"{report['bytes_per_device'] / gb:.3f} GB", "analytic")
     table.add("bytes, critical device", f"{report['bytes_per_device_critical'] / gb:.3f} GB", "analytic (sampled routing)")
     table.add("routed experts per device per layer", f"{report['routed_experts_per_device_per_layer']:.3f}",

@@ -40,41 +40,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--seed", type=int, default=0, help="weights, state and first tokens (default 0)")
     parser.add_argument("--label", default="measured", help="record label (default measured)")
     parser.add_argument("--out", type=Path, default=Path("measurements.jsonl"), help="JSON-lines file to append to")
-    parser.set_defaults(func=run)
-
-
-# The CPU interpreter holds the weights several times over (host arrays, packed HBM image,
-# the reference's copy); a quarter of this host's memory is the largest weight set it is
-# given. kimi-k3-mini on one device is 0.39 GB; kimi-k3 is 2,426 GB.
-INTERPRETER_MEMORY_FRACTION = 0.25
-
-
-def check_fits_interpreter(model_name: str, schedule: str) -> None:
-    """Raise InputError when ``model_name`` on one device is too large for the CPU
-    interpreter, pointing to ``tpusim lower`` (which checks the full-size kernel)."""
-    import os
-
-    from tpusim.workload.capacity import resident_weight_bytes
-    from tpusim.workload.model_catalog import load_model, plan_for
-
-    model = load_model(model_name)
-    weights, _ = resident_weight_bytes(model, plan_for(model, 1))
-    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if weights > INTERPRETER_MEMORY_FRACTION * host:
-        raise InputError(
-            f"--model {model_name}: its weights on one device are {weights / 1e9:,.1f} GB, too large for "
-            f"the CPU interpreter on this host ({host / 1e9:.0f} GB of memory; it runs models up to "
-            f"{INTERPRETER_MEMORY_FRACTION * host / 1e9:.0f} GB, e.g. kimi-k3-mini). To check the "
-            f"full-size kernel, lower it for TPU without running it: tpusim lower --model {model_name} "
-            f"--schedule {schedule}")
+    parser.set_defaults(func=run, output_lock="file")
 
 
 def run(args: argparse.Namespace) -> int:
     from megakernel.runner import RunConfig, resolve_backend
     from megakernel.runner import run as run_kernel
+    from tpusim.app.cli.capacity_gate import check_kernel_fits
 
-    if resolve_backend(args.backend) == "interpret":
-        check_fits_interpreter(args.model, args.schedule)
+    if args.batch >= 1 and args.steps >= 1 and args.context >= 1:  # capacity first (the runner checks >= 1)
+        try:
+            check_kernel_fits(args.model, batch=args.batch, context_tokens=args.context + args.steps,
+                              backend=resolve_backend(args.backend))
+        except InputError as error:
+            raise InputError(f"{error}. To check the full-size kernel without running it, lower it for "
+                             f"TPU: tpusim lower --model {args.model} --schedule {args.schedule}") from None
 
     config = RunConfig(model=args.model, schedule=args.schedule, batch=args.batch, steps=args.steps,
                        context=args.context, backend=args.backend, seed=args.seed, weights=args.weights,

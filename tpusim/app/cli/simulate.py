@@ -28,6 +28,7 @@ floor):
 | ``schedule``, ``schedule_hash`` | schedule name and content hash |
 | ``source`` | how the numbers were made, and whether the chip had calibrated figures |
 | ``calibrated``, ``calibration_warnings`` | whether an overlay was applied; where this run lies outside its fitted points |
+| ``capacity`` | HBM check: ``fits``, ``label`` (``does not fit`` only with ``--force``), bytes needed / per device |
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from typing import Any
 
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
+from tpusim.app.cli.capacity_gate import check_fit
 from tpusim.app.cli.common import add_workload_options, emit_json, resolve_workload
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
@@ -122,10 +124,12 @@ def run(args: argparse.Namespace) -> int:
 
     layers = plot_layers(args.plot_layers)
     workload = resolve_workload(args)
-    model, _, system, _ = workload
+    model, plan, system, _ = workload
+    fit = check_fit(args, model, plan, system)  # capacity first: before any draw or schedule
     schedule = load_schedule(args.schedule)
     record = args.trace is not None or args.plot is not None
     data, timeline = simulate_data(args, workload, schedule, record_timeline=record)
+    data["capacity"] = fit.as_json()
     if timeline is not None:
         try:
             if args.trace is not None:
@@ -190,7 +194,10 @@ def _print_human(data: dict[str, Any], fmt: str) -> None:
     title = (f"{data['model']} on {data['system']} ({data['devices']} devices, plan {data['plan']}), "
              f"batch {data['batch']}, schedule {data['schedule']} [{data['schedule_hash']}]")
     table = TableData(title=title, columns=["quantity", "value", "label"], right_aligned=("value",), records=data)
-    table.add("step time", f"{data['step_ms']:.3f} ms", SIMULATED)
+    if "capacity" in data:
+        table.add("HBM needed / available", data["capacity"]["summary"], data["capacity"]["label"])
+    fits = data.get("capacity", {}).get("fits", True)
+    table.add("step time", f"{data['step_ms']:.3f} ms", SIMULATED if fits else f"{SIMULATED}, does not fit")
     table.add("tokens/s (aggregate)", f"{data['tokens_per_s']:.1f}", SIMULATED)
     table.add("floor", f"{data['floor_ms']:.3f} ms", FLOOR)
     floors = data["floors"]

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from hwmodels.errors import InputError
+from hwmodels.textfile import read_user_text
+from tpusim.app.cli.capacity_gate import check_fit
 from tpusim.app.cli.common import add_workload_options, emit_json, positive_int, resolve_workload
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
@@ -52,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-plots", action="store_true", help="skip pareto.png and sensitivity.png")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_format_option(parser)
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, output_lock="folder")
 
 
 def load_space(path: Path) -> Any:
@@ -63,7 +65,7 @@ def load_space(path: Path) -> Any:
     from tpusim.workload.model_catalog import format_validation_error
 
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_user_text(path, kind="JSON"))
     except OSError as error:
         raise InputError(f"{path}: cannot read: {error.strerror}") from None
     except json.JSONDecodeError as error:
@@ -80,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from tpusim.sweep import SweepInterrupted, default_space, run_sweep
 
     model, plan, system, routing = resolve_workload(args)
+    fit = check_fit(args, model, plan, system)  # capacity first
     space = load_space(args.space) if args.space else default_space()
     if args.samples is not None:
         if args.samples < 0:
@@ -98,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         return 130
     fmt = output_format(args)
     if fmt == "json":
-        emit_json(_as_json(result))
+        emit_json({**_as_json(result), "capacity": fit.as_json()})
         return 0
     hardware = [f"hardware {system.chip.name}: published figures"]
     calibration = system.chip.calibration
@@ -106,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
         hardware = [f"hardware {system.chip.name}: {calibration.note()}"]
         hardware += [f"warning: {gap}; the calibrated figures are extrapolated here"
                      for gap in calibration.warnings(args.model, args.chips)]
+    if not fit.fits:
+        hardware.append(f"HBM: {fit.summary()}: every time above is for a deployment that does not fit")
     _print_human(result, model.name, system.chip.name, system.chips, args.batch, fmt, hardware)
     return 0
 

@@ -1,0 +1,330 @@
+"""Fuzz the ``tpusim`` command line: every subcommand, valid and invalid flags, corrupt files.
+
+Run::
+
+    nice -n 10 .venv/bin/python benchmarks/fuzz_cli.py --minutes 10      # the long form
+    .venv/bin/python benchmarks/fuzz_cli.py --minutes 1 --heavy           # + K3 simulations
+
+Each case is an argument list drawn (hypothesis) from the values of each flag of one
+subcommand, valid and invalid: unknown names, zero and negative numbers, sizes that would
+exhaust memory, and files that are corrupt (truncated JSON lines, YAML with wrong types,
+empty files, binary garbage, a schedule with every knob at its extreme). The case runs
+in-process through :func:`tpusim.app.cli.main` and must
+
+1. exit 0 or 2 (argparse's own errors are exit 2 too), never raise;
+2. print no traceback;
+3. leave no half-written file: no atomic-write temporaries, every JSON / JSON-lines output
+   parses;
+4. if it exits 0 for a model on a system, either fit HBM (checked independently with
+   :func:`tpusim.workload.capacity.capacity_report`) or say ``does not fit``.
+
+Every run prints the number of cases tried and of failures. Coverage: ``hardware``, ``plan``,
+``floor``, ``simulate``, ``sweep`` (tiny budgets), ``compare`` (given schedules; no nested
+sweeps), ``report``, ``calibrate`` (its input validation and corrupt measurement files; a
+real fit is minutes, tested elsewhere), ``run-kernel`` and ``demo`` (argument validation
+only: each case always carries one invalid value, as the real runs take minutes). Without
+``--heavy`` the models are the small ones and K3 only in cases refused before simulating.
+The CI test (``tests/test_cli_fuzz.py``) runs this harness for a bounded number of cases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+BIG = str(10**12)
+
+
+@dataclass
+class Outcome:
+    argv: list[str]
+    code: int
+    stdout: str
+    stderr: str
+    problems: list[str] = field(default_factory=list)
+
+
+def write_corpus(folder: Path) -> dict[str, str]:
+    """Corrupt and extreme input files; returns name -> path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    good_line = json.dumps({"model": "kimi-k3", "system": {"chip": "tpu-v7", "chips": 16}, "batch": 1,
+                            "ms_per_step_median": 1.0})
+    extreme = {
+        "name": "extreme", "max_dmas_in_flight": 256, "expert_issue": "speculative",
+        "expert_speculation_ops": 10**6, "speculation_miss_rate": 1.0, "kv_tile_tokens": 10**9,
+        "kv_buffers": 16,
+        "families": {fam: {"prefetch_distance_ops": 4096, "chunk_bytes": 4096, "buffers": 64}
+                     for fam in ("kda_proj", "mla_proj", "gqa_proj", "small_params", "router", "latent_proj",
+                                 "shared_expert", "routed_expert", "dense_mlp", "lm_head")},
+    }
+    minimal = {**extreme, "name": "minimal", "max_dmas_in_flight": 1, "expert_issue": "after_routing",
+               "expert_speculation_ops": 0, "speculation_miss_rate": 0.0, "kv_tile_tokens": 8, "kv_buffers": 1,
+               "families": {fam: {"prefetch_distance_ops": 0, "buffers": 1} for fam in extreme["families"]}}
+    files: dict[str, bytes] = {
+        "empty.yaml": b"",
+        "empty.json": b"",
+        "empty.jsonl": b"",
+        "garbage.bin": bytes(range(256)) * 4,
+        "garbage.yaml": b"\x00\xff\xfe\x80 : : [\n",
+        "wrong-types.yaml": b"name: 7\nhidden_size: lots\nnum_layers: [1, 2]\nformats: 3\n",
+        "list.yaml": b"- 1\n- 2\n",
+        "truncated.jsonl": (good_line + "\n" + good_line[: len(good_line) // 2]).encode(),
+        "wrong-types.jsonl": b'{"model": 3, "batch": "x"}\n',
+        "truncated.json": b'{"name": "x", "families": {"kda_proj": {"buffers": ',
+        "config-truncated.json": b'{"model_type": "deepseek_v3", "hidden_size": 7168, "num_hidden_',
+        "config-wrong.json": b'{"model_type": "deepseek_v3", "hidden_size": "wide", "num_hidden_layers": -1}',
+        "schedule-extreme.json": json.dumps(extreme).encode(),
+        "schedule-minimal.json": json.dumps(minimal).encode(),
+        "schedule-wrong.json": b'{"name": "", "max_dmas_in_flight": 0, "families": {"nope": {}}}',
+        "trace-bad.json": b'{"layers": [[[1, 1, 1]]]}',
+        "space-bad.json": b'{"samples": -3, "knobs": "all"}',
+    }
+    paths = {}
+    for name, data in files.items():
+        path = folder / name
+        path.write_bytes(data)
+        paths[name] = str(path)
+    paths["missing"] = str(folder / "does-not-exist.yaml")
+    paths["a-folder"] = str(folder)
+    return paths
+
+
+def _opt(flag: str, values: list[str]) -> st.SearchStrategy[list[str]]:
+    return st.one_of(st.just([]), st.sampled_from(values).map(lambda v: [flag, v]))
+
+
+def _flags(*parts: st.SearchStrategy[list[str]]) -> st.SearchStrategy[list[str]]:
+    return st.tuples(*parts).map(lambda groups: [token for group in groups for token in group])
+
+
+def _file_command_cases(corpus: dict[str, str], out: st.SearchStrategy[str],
+                        hardware: list[str]) -> tuple[st.SearchStrategy[list[str]], ...]:
+    """``hardware``, ``report``, ``calibrate``, ``run-kernel`` and ``demo`` cases (the last three
+    only as far as their input validation goes; their real runs take minutes)."""
+    hardware_cmd = st.one_of(st.just(["hardware"]),
+                             _flags(st.just(["hardware", "show"]), st.sampled_from(hardware[:-1]).map(lambda v: [v]),
+                                    st.sampled_from([[], ["--json"], ["--uncalibrated"]])))
+    measurements = [corpus["truncated.jsonl"], corpus["empty.jsonl"], corpus["wrong-types.jsonl"],
+                    corpus["garbage.bin"], corpus["missing"], "published:nope", "published:tpu7x-musespark"]
+    report = _flags(st.just(["report"]), st.sampled_from(hardware).map(lambda v: ["--hardware", v]),
+                    st.sampled_from(measurements[:-1]).map(lambda v: ["--measurements", v]), st.just(["--json"]))
+    calibrate = _flags(st.just(["calibrate"]), st.sampled_from(hardware).map(lambda v: ["--hardware", v]),
+                       st.sampled_from(measurements[:-1]).map(lambda v: ["--measurements", v]),
+                       _opt("--holdout", ["format=int4+bf16", "nonsense", "=", "batch=x"]),
+                       _opt("--parameters", ["nope.figure", ""]), out.map(lambda o: ["--out", o]),
+                       st.sampled_from([["--max-evals", "1"], ["--max-evals", "0"]]), st.just(["--json", "--no-probe"]))
+    invalid_kernel = st.sampled_from([["--batch", "0"], ["--steps", "0"], ["--context", "-1"], ["--model", "nope"],
+                                      ["--model", "kimi-k3"], ["--schedule", corpus["schedule-wrong.json"]],
+                                      ["--backend", "tpu"], ["--backend", "gpu"], ["--batch", "x"]])
+    run_kernel = _flags(st.just(["run-kernel", "--schedule", "published"]), invalid_kernel,
+                        out.map(lambda o: ["--out", o + ".jsonl"]))
+    invalid_demo = st.sampled_from([["--jobs", "0"], ["--jobs", "-1"], ["--sweep-budget", "0"], ["--jobs", "x"],
+                                    ["--out", corpus["empty.json"]]])
+    demo = _flags(st.just(["demo"]), invalid_demo, st.sampled_from([[], ["--quick"]]))
+    return hardware_cmd, report, calibrate, run_kernel, demo
+
+
+def cases(corpus: dict[str, str], out_root: Path, *, heavy: bool) -> st.SearchStrategy[list[str]]:
+    """Argument lists for every subcommand (see the module docstring)."""
+    small_models = ["kimi-k3-mini", "kimi-k3-draft"]
+    models = [*small_models, "kimi-k3", "muse-spark", "nope", "kimi-k3@bogus", corpus["wrong-types.yaml"],
+                             corpus["empty.yaml"], corpus["garbage.yaml"], corpus["list.yaml"],
+                             corpus["config-truncated.json"], corpus["config-wrong.json"], corpus["missing"]]
+    hardware = ["tpu-v7", "gb200", "h200", "host-cpu", "nope", ""]
+    chips = ["1", "2", "3", "16", "0", "-1", "x", BIG]
+    batch = ["1", "2", "8", "0", "-4", "100000", "1.5", BIG]
+    context = ["1", "16", "1024", "100000000", "0", "-1", BIG]
+    routing = ["uniform", "identical", "zipf", "zipf:1.2", "zipf:-1", "zipf:x", "trace:" + corpus["trace-bad.json"],
+               "trace:" + corpus["missing"], "bogus"]
+    schedules = ["published", "naive", "layer-double-buffer", "nope", corpus["schedule-extreme.json"],
+                 corpus["schedule-minimal.json"], corpus["schedule-wrong.json"], corpus["truncated.json"],
+                 corpus["empty.json"], corpus["garbage.bin"], corpus["missing"]]
+    seed = ["0", "1", "-1", "x"]
+    formats = ["experts=nvfp4", "experts=int4,attention=bf16", "kv=fp8", "experts=nope", "bogus=bf16", "=", ""]
+    plans = ["generic", "k3-tp32", "tp=2", "tp=8,expert_groups=2,expert_tp=4", "tp=x", "tp=0", "nope",
+             corpus["wrong-types.yaml"]]
+    out = st.integers(0, 10**9).map(lambda n: str(out_root / f"out-{n}"))
+
+    def workload(model_values: list[str]) -> st.SearchStrategy[list[str]]:
+        return _flags(st.sampled_from(model_values).map(lambda v: ["--model", v]),
+                      st.sampled_from(hardware).map(lambda v: ["--hardware", v]),
+                      st.sampled_from(chips).map(lambda v: ["--chips", v]),
+                      _opt("--batch", batch), _opt("--context", context), _opt("--routing", routing),
+                      _opt("--seed", seed), st.sampled_from([[], ["--force"]]), _opt("--formats", formats),
+                      _opt("--plan", plans),
+                      st.sampled_from([[], ["--uncalibrated"]]))
+
+    sim_models = models if heavy else [m for m in models if m not in ("kimi-k3", "muse-spark")]
+    simulate = _flags(st.just(["simulate"]), workload(sim_models), _opt("--schedule", schedules),
+                      _opt("--plot-layers", ["1:3", "0:1", "x", "1:0", "-5:2"]), st.just(["--json"]))
+    refused = _flags(st.just(["simulate"]), st.just(["--model", "kimi-k3"]),
+                     st.sampled_from([["--hardware", "gb200", "--chips", "2"], ["--hardware", "tpu-v7", "--chips", "3"],
+                                      ["--hardware", "tpu-v7", "--chips", "16", "--batch", "100000"],
+                                      ["--hardware", "tpu-v7", "--chips", "16", "--context", "100000000"]]),
+                     st.sampled_from([[], ["--json"]]))
+    floor = _flags(st.just(["floor"]), workload(models if heavy else sim_models), st.sampled_from([[], ["--json"]]))
+    sweep = _flags(st.just(["sweep"]), workload(sim_models), out.map(lambda o: ["--out", o]),
+                   st.sampled_from([["--budget", "1"], ["--budget", "2"], ["--budget", "0"], ["--budget", "x"]]),
+                   st.sampled_from([["--samples", "0"], ["--samples", "-1"], ["--samples", "3"]]),
+                   st.sampled_from([["--screen-factor", "0"], ["--screen-factor", "-2"]]),
+                   _opt("--space", [corpus["space-bad.json"], corpus["garbage.bin"], corpus["missing"]]),
+                   st.just(["--no-plots", "--quiet", "--json"]))
+    systems = ["tpu-v7:16", "gb200:2", "gb200:16:graphs", "tpu-v7:0", "tpu-v7", "nope:4", "gb200:4:warp", ",",
+               "tpu-v7:3"]
+    compare = _flags(st.just(["compare"]), _opt("--model", [*small_models, "kimi-k3", "nope"]),
+                     st.lists(st.sampled_from(systems), min_size=1, max_size=2).map(lambda s: ["--systems", ",".join(s)]),
+                     _opt("--batch", ["1", "1,8", "0", "x", "", "-1"]),
+                     _opt("--spec-acceptance", ["3", "9", "0", "x", "1,100"]),
+                     _opt("--draft-tokens", ["7", "0", "-1", "x"]), _opt("--context", context),
+                     st.sampled_from([["--schedule", "published"], ["--schedule", "naive"],
+                                      ["--schedule", corpus["schedule-wrong.json"]], ["--schedule", corpus["missing"]]]),
+                     st.just(["--json"]))
+    hardware_cmd, report, calibrate, run_kernel, demo = _file_command_cases(corpus, out, hardware)
+    plan = _flags(st.just(["plan"]), st.sampled_from(models).map(lambda v: ["--model", v]),
+                  _opt("--hardware", hardware), _opt("--chips", chips), _opt("--devices", chips),
+                  _opt("--batch", batch), _opt("--context", context), _opt("--formats", formats),
+                  _opt("--plan", plans), st.sampled_from([[], ["--json"]]))
+    junk = st.lists(st.sampled_from(["--nope", "simulate", "-x", "", "--json", "--model"]), max_size=4)
+    return st.one_of(simulate, refused, floor, sweep, compare, hardware_cmd, report, calibrate, run_kernel, demo,
+                     plan, junk)
+
+
+def run_case(argv: list[str]) -> Outcome:
+    """Run one argument list through ``main`` in-process and capture everything."""
+    from tpusim.app.cli import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            code = main(argv)
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
+        except BaseException:
+            return Outcome(argv, -1, stdout.getvalue(), stderr.getvalue(), [traceback.format_exc()])
+    return Outcome(argv, code, stdout.getvalue(), stderr.getvalue())
+
+
+def _value(argv: list[str], flag: str, default: str) -> str:
+    return argv[argv.index(flag) + 1] if flag in argv else default
+
+
+def _independent_fit(argv: list[str]) -> bool | None:
+    """Does the case's model fit its system? Recomputed here, not read from the output."""
+    from hwmodels.catalog import make_system
+    from tpusim.workload.capacity import capacity_report
+    from tpusim.workload.format_choice import apply_formats
+    from tpusim.workload.model_catalog import load_model, plan_for_system
+
+    try:
+        model = apply_formats(load_model(_value(argv, "--model", "")), _value(argv, "--formats", "") or None)
+        system = make_system(_value(argv, "--hardware", ""), int(_value(argv, "--chips", "1")))
+        plan = plan_for_system(model, system.chip, system.chips, _value(argv, "--plan", "") or None)
+        report = capacity_report(model, plan, system.chip, batch=int(_value(argv, "--batch", "1")),
+                                 context_tokens=int(_value(argv, "--context", "1024")))
+    except Exception:
+        return None
+    return report.fits
+
+
+def check_outcome(outcome: Outcome, out_root: Path) -> list[str]:
+    """The invariants of the module docstring; returns the problems found."""
+    problems = list(outcome.problems)
+    if outcome.code not in (0, 2):
+        problems.append(f"exit {outcome.code}")
+    if "Traceback (most recent call last)" in outcome.stdout + outcome.stderr:
+        problems.append("traceback printed")
+    if outcome.code == 2 and outcome.argv and outcome.argv[0] in ("simulate", "floor", "sweep", "compare",
+                                                                  "calibrate", "report", "run-kernel", "demo"):
+        errors = [line for line in outcome.stderr.splitlines() if "error:" in line]
+        if len(errors) != 1:
+            problems.append(f"expected one error line, got {len(errors)}")
+    for path in out_root.rglob("*"):
+        if path.is_file() and path.name.endswith(".tmp"):
+            problems.append(f"temporary file left: {path}")
+        elif path.is_file() and path.suffix == ".json":
+            try:
+                json.loads(path.read_text())
+            except (ValueError, UnicodeDecodeError):
+                problems.append(f"half-written JSON: {path}")
+        elif path.is_file() and path.suffix == ".jsonl":
+            for line in path.read_text().splitlines():
+                try:
+                    json.loads(line)
+                except ValueError:
+                    problems.append(f"half-written JSON line in {path}")
+    if outcome.code == 0 and outcome.argv[:1] and outcome.argv[0] in ("simulate", "floor", "sweep"):
+        fits = _independent_fit(outcome.argv)
+        if fits is False and "does not fit" not in outcome.stdout:
+            problems.append("exit 0 for a deployment that does not fit, without the label 'does not fit'")
+        if fits is False and "--force" not in outcome.argv:
+            problems.append("exit 0 for a deployment that does not fit, without --force")
+    if outcome.code == 0 and outcome.argv[:1] == ["compare"]:
+        for row in json.loads(outcome.stdout):
+            if not row.get("fits", True) and row.get("step_ms") is not None:
+                problems.append(f"compare row {row['system']} does not fit but has a step time")
+    return problems
+
+
+@dataclass
+class Tally:
+    cases: int = 0
+    failures: list[tuple[list[str], list[str]]] = field(default_factory=list)
+    by_command: dict[str, int] = field(default_factory=dict)
+
+
+def fuzz(tally: Tally, work: Path, *, examples: int, heavy: bool, seed: int | None = None) -> None:
+    """Run ``examples`` drawn cases, recording every case and failure in ``tally``."""
+    corpus = write_corpus(work / "corpus")
+    out_root = work / "outputs"
+    out_root.mkdir(parents=True, exist_ok=True)
+
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=seed is not None,
+              suppress_health_check=list(HealthCheck), phases=[Phase.generate])
+    @given(argv=cases(corpus, out_root, heavy=heavy))
+    def one(argv: list[str]) -> None:
+        outcome = run_case(argv)
+        tally.cases += 1
+        key = argv[0] if argv else "(none)"
+        tally.by_command[key] = tally.by_command.get(key, 0) + 1
+        problems = check_outcome(outcome, out_root)
+        if problems:
+            tally.failures.append((argv, problems))
+
+    one()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--minutes", type=float, default=10.0, help="wall time to fuzz (default 10)")
+    parser.add_argument("--heavy", action="store_true", help="also simulate K3 and Muse Spark (slower cases)")
+    args = parser.parse_args()
+    tally = Tally()
+    deadline = time.monotonic() + args.minutes * 60
+    with tempfile.TemporaryDirectory(prefix="tpusim-fuzz-") as tmp:
+        os.environ["TPUSIM_LOCAL_DIR"] = str(Path(tmp) / "local")  # overlays never touch the real local dir
+        rounds = 0
+        while time.monotonic() < deadline:
+            fuzz(tally, Path(tmp) / f"round-{rounds}", examples=25, heavy=args.heavy)
+            rounds += 1
+            print(f"[fuzz] {tally.cases} cases, {len(tally.failures)} failures", file=sys.stderr, flush=True)
+    print(f"cases tried: {tally.cases}; by command: {json.dumps(tally.by_command, sort_keys=True)}")
+    print(f"failures: {len(tally.failures)}")
+    for argv, problems in tally.failures[:20]:
+        print(f"- tpusim {' '.join(argv)}\n  " + "\n  ".join(p.strip().splitlines()[-1] for p in problems))
+    return 1 if tally.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Capacity first: a command that takes a model and a system checks HBM before anything else.
+
+Weights + KV cache + recurrent state per device (:mod:`tpusim.workload.capacity`, the one
+owner of that arithmetic) against the device's HBM. A deployment that does not fit stops
+with the numbers, exit 2, before any routing draw, schedule or simulation; a step time for
+a system that cannot hold the model is a confident wrong number. ``--force`` simulates it
+anyway and every result it prints carries the label ``does not fit``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from hwmodels.errors import InputError
+
+DOES_NOT_FIT = "does not fit"
+FITS = "fits"
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class FitVerdict:
+    """Whether the model's shard and cache fit one device's HBM (bytes per device)."""
+
+    fits: bool
+    needed_bytes_per_device: int
+    hbm_bytes_per_device: float
+    reason: str
+
+    @property
+    def label(self) -> str:
+        return FITS if self.fits else DOES_NOT_FIT
+
+    def as_json(self) -> dict[str, Any]:
+        return {"fits": self.fits, "label": self.label, "needed_bytes_per_device": self.needed_bytes_per_device,
+                "hbm_bytes_per_device": self.hbm_bytes_per_device, "reason": self.reason,
+                "summary": self.summary()}
+
+    def summary(self) -> str:
+        """``150.2 / 94.7 GB per device (fits)``: needed / available, and the verdict."""
+        return (f"{self.needed_bytes_per_device / GB:.1f} / {self.hbm_bytes_per_device / GB:.1f} GB per device "
+                f"({self.label})")
+
+
+def add_force_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--force", action="store_true",
+                        help="simulate even if the model does not fit HBM; the result is labelled 'does not fit'")
+
+
+def check_fit(args: argparse.Namespace, model: Any, plan: Any, system: Any) -> FitVerdict:
+    """The verdict for the parsed ``--batch``/``--context``; InputError unless it fits or ``--force``."""
+    from tpusim.workload.capacity import capacity_report, check_capacity
+
+    batch = getattr(args, "batch", 1)
+    context_tokens = args.context
+    if model.max_context_tokens is not None and context_tokens > model.max_context_tokens:
+        raise InputError(f"--context {context_tokens}: {model.name} supports at most {model.max_context_tokens} "
+                         f"tokens of context ({model.source})")
+    report = capacity_report(model, plan, system.chip, batch=batch, context_tokens=context_tokens)
+    reason = ""
+    if not report.fits:
+        try:
+            check_capacity(model, plan, system.chip, chips=system.chips, batch=batch, context_tokens=context_tokens)
+        except InputError as error:
+            reason = str(error)
+        if not getattr(args, "force", False):
+            raise InputError(f"{reason} (--force simulates it anyway, labelled '{DOES_NOT_FIT}')")
+        print(f"tpusim {args.command}: warning: {reason}; simulating anyway (--force), every result is "
+              f"labelled '{DOES_NOT_FIT}'", file=sys.stderr)
+    return FitVerdict(report.fits, report.total_bytes, report.capacity_bytes, reason)
+
+
+def check_kernel_fits(model_name: str, *, batch: int, context_tokens: int, backend: str) -> None:
+    """``run-kernel`` on one device: refuse a model whose weights + cache exceed that device.
+
+    On ``interpret`` (and ``auto`` without a TPU) the device is this host, and the limit is
+    half its free memory (the rest is the interpreter's working set); on a TPU it is the
+    catalog chip's HBM per device. The bytes are the capacity module's, at one device.
+    """
+    from hwmodels.catalog import load_chip
+    from tpusim.workload.capacity import cache_bytes, resident_weight_bytes
+    from tpusim.workload.model_catalog import load_model, plan_for
+    from tpusim.workload.routing import available_memory_bytes
+
+    model = load_model(model_name)
+    plan = plan_for(model, 1)
+    needed = resident_weight_bytes(model, plan)[0] + cache_bytes(model, plan, batch=batch,
+                                                                 context_tokens=context_tokens)
+    if backend == "tpu":
+        from megakernel.runner import device_chip
+
+        chip = load_chip(device_chip("tpu"))
+        available, where = chip.hbm.capacity_bytes.value, f"{chip.name} HBM per device"
+    else:
+        available, where = available_memory_bytes() / 2, "half of this host's free memory (interpret mode)"
+    if needed > available:
+        raise InputError(f"{model.name} does not fit one device: the kernel needs {needed / GB:.1f} GB "
+                         f"(weights + cache at batch {batch}, context {context_tokens}) but has "
+                         f"{available / GB:.1f} GB ({where}); run-kernel runs a single device")

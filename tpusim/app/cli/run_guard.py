@@ -1,0 +1,78 @@
+"""How every subcommand runs: one writer per output, signals as interrupts, errors as one line.
+
+:func:`run_command` is what ``tpusim.app.cli.main`` calls after parsing. Around the
+subcommand's ``func`` it
+
+1. turns SIGTERM into an interrupt (:mod:`tpusim.app.interrupts`), so ``kill`` unwinds
+   like Ctrl-C and atomic writers clean up;
+2. holds the output lock (:mod:`tpusim.app.outdir_lock`) when the subcommand declared one
+   with ``set_defaults(output_lock="folder" | "file")`` on its ``--out``;
+3. prints every input problem as one line, ``tpusim CMD: error: ...``, exit 2: our own
+   :class:`~hwmodels.errors.InputError`, pydantic ``ValidationError`` raised by models
+   built after parsing (speculative settings, plans, formats, schedules made in code),
+   ``OSError`` from reading or writing a user's path, and ``MemoryError`` (a size this host
+   cannot hold; the size limits refuse the known ones before they allocate).
+
+Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from hwmodels.errors import InputError
+from tpusim.app.interrupts import Terminated, terminate_as_interrupt
+from tpusim.app.outdir_lock import output_lock
+
+EXIT_INPUT_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM
+
+
+def validation_message(error: ValidationError) -> str:
+    """One line for a pydantic error raised outside any file: ``Model: field: message``."""
+    from tpusim.workload.model_catalog import format_validation_error
+
+    return format_validation_error(error.title, error)
+
+
+def os_error_message(error: OSError) -> str:
+    where = f"{error.filename}: " if error.filename else ""
+    return f"{where}{error.strerror or error}"
+
+
+def _lock(args: argparse.Namespace) -> contextlib.AbstractContextManager[object]:
+    kind = getattr(args, "output_lock", None)
+    out = getattr(args, "out", None)
+    if kind is None or out is None:
+        return contextlib.nullcontext()
+    return output_lock(Path(out), command=args.command, is_folder=kind == "folder",
+                       on_stale=lambda line: print(f"tpusim {args.command}: {line}", file=sys.stderr))
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run ``args.func(args)`` as described in the module docstring; return the exit code."""
+    try:
+        with terminate_as_interrupt(), _lock(args):
+            return int(args.func(args) or 0)
+    except InputError as error:
+        message = str(error)
+    except ValidationError as error:
+        message = validation_message(error)
+    except OSError as error:
+        message = os_error_message(error)
+    except MemoryError:
+        message = "ran out of memory: this host cannot hold the request; lower --batch or --context"
+    except Terminated:
+        print(f"tpusim {args.command}: terminated", file=sys.stderr)
+        return EXIT_TERMINATED
+    except KeyboardInterrupt:
+        print(f"tpusim {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"tpusim {args.command}: error: {' '.join(message.split())}", file=sys.stderr)
+    return EXIT_INPUT_ERROR
