@@ -22,7 +22,7 @@ The figures, and the chip paths they calibrate:
 fitted                 GPU (``kind: gpu``)                          host CPU (``host-cpu``)
 =====================  ===========================================  ==============================
 dispatch               ``execution.per_step_overhead_s``            the same
-gap                    ``execution.graph_launch_overhead_s``        ``execution.launch_overhead_s``
+gap                    ``execution.gpu.kernel_gap_s``               ``execution.launch_overhead_s``
 sustained              ``hbm.sustained_bandwidth_bytes_per_s``      the same
 eff                    ``execution.per_op_efficiency``              the same
 =====================  ===========================================  ==============================
@@ -34,10 +34,13 @@ and, measured directly (not fitted), the eager per-op cost (``gap_eager``) is th
 **Execution mode of a JAX step.** ``jax.jit`` compiles a whole decode step into one XLA
 executable: one dispatch per step, then the executable's kernels back to back with no host
 round trip between them (XLA's GPU runtime issues them from a command buffer). That is the
-engine's ``per_op_launch`` mode with the cheaper per-kernel cost of a captured graph — the
-``graphs`` variant of :func:`tpusim.engine.gpu.gpu_variant`, with the fitted gap as its
-per-kernel cost and the fitted dispatch as its per-step cost (:data:`JAX_STEP_EXECUTION`).
-No engine change was needed. What the engine does not know is how many kernels XLA makes of
+engine's GPU serving stack (``serving_stack``: the ``stack`` variant of
+:func:`tpusim.engine.gpu.gpu_variant`): the fitted gap as the per-kernel graph gap and the
+fitted dispatch as the per-step cost (:data:`JAX_STEP_EXECUTION`); the stack's fixed time
+per kernel kind and its bandwidth ramp (:mod:`tpusim.engine.gpu_stack`) keep the catalog's
+figures. *Caveat:* the compiled-gap micro-benchmark times chains of tiny kernels, so its
+``gap`` also holds what the stack calls ``small_kernel_s``; the engine then adds that prior
+again to each small kernel of a step. What the engine does not know is how many kernels XLA makes of
 each op (it uses the serving stack's fusion table, :mod:`tpusim.engine.gpu_fusion`); the
 held-out error says how much that matters.
 
@@ -70,7 +73,7 @@ from tpusim.workload.sharding import ShardingPlan
 MICRO_KINDS = ("copy", "gap_compiled", "gap_eager", "matmul")
 FITTED_KINDS = ("copy", "gap_compiled", "matmul")
 STEP_KIND = "decode_step"
-JAX_STEP_EXECUTION = "graphs"
+JAX_STEP_EXECUTION = "stack"
 ITEMSIZE = {"fp8": 1, "bf16": 2, "f32": 4}
 NAMES = ("dispatch", "gap", "sustained", "eff")
 BOUNDS = {"dispatch": (1e-7, 1e-2), "gap": (1e-9, 1e-3), "sustained": (1e9, 1e14), "eff": (0.05, 1.0)}
@@ -103,13 +106,13 @@ def is_micro_set(records: Sequence[Measurement]) -> bool:
 
 def parameter_paths(chip: Chip) -> dict[str, str]:
     """Fitted name -> chip figure path (the module docstring's table)."""
-    gap = "execution.graph_launch_overhead_s" if chip.kind == "gpu" else "execution.launch_overhead_s"
+    gap = "execution.gpu.kernel_gap_s" if chip.kind == "gpu" else "execution.launch_overhead_s"
     return {"dispatch": "execution.per_step_overhead_s", "gap": gap,
             "sustained": "hbm.sustained_bandwidth_bytes_per_s", "eff": "execution.per_op_efficiency"}
 
 
 def execution_chip(chip: Chip) -> Chip:
-    """``chip`` in the execution mode of a jitted JAX step (GPU: the ``graphs`` variant)."""
+    """``chip`` in the execution mode of a jitted JAX step (GPU: the serving ``stack`` variant)."""
     if chip.kind != "gpu":
         return chip
     from tpusim.engine.gpu import gpu_variant
@@ -333,7 +336,7 @@ def fit_micro(published: Chip, records: Sequence[Measurement], *, holdout: str |
         residual_s2=s2, engine_calls=steps.calls, elapsed_s=time.perf_counter() - began,
         success=bool(solution.success), message=str(solution.message),
         extra={"fit": "micro-benchmarks only (calibration.gpu_fit)",
-               "step_execution": (f"{JAX_STEP_EXECUTION} variant of per_op_launch: one XLA executable per step"
+               "step_execution": (f"{JAX_STEP_EXECUTION} variant (serving_stack: graph gap per kernel): one XLA executable per step"
                                   if published.kind == "gpu" else "per_op_launch: one XLA executable per step"),
                "mape_by_kind": by_kind, "holdout_steps": rows,
                "mape_holdout_steps": mape([row["error"] for row in rows]),

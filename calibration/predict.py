@@ -149,7 +149,8 @@ def default_schedule(chip: Chip) -> str:
 
 
 # The measurement's execution word -> the engine's execution variant (tpusim.compare.rows).
-EXECUTION_VARIANTS = {"eager": "per-kernel", "graphs": "graphs", "megakernel": "megakernel"}
+# graphs: the GPU serving stack (CUDA graphs), the catalog default for a GPU.
+EXECUTION_VARIANTS = {"eager": "eager", "graphs": "stack", "megakernel": "megakernel"}
 
 
 def with_measured_execution(chip: Chip, m: Measurement) -> Chip:

@@ -225,18 +225,61 @@ class LinkSpec(BaseModel):
         return self
 
 
+class GpuExecution(BaseModel):
+    """The figures of a GPU's three execution stacks (see :mod:`tpusim.engine.gpu_stack`).
+
+    Serving stack (CUDA graphs, vLLM / SGLang / TensorRT-LLM class), per kernel::
+
+        time = kernel_gap_s + fixed(kind) - pdl_overlap_s + bytes / achieved_bandwidth
+        achieved_bandwidth = min(sustained x per_op_efficiency,
+                                 per_sm_bandwidth_bytes_per_s x min(sm_count, CTAs))
+
+    ``fixed(kind)`` is ``small_kernel_s`` (norms, RoPE, activation quantize, top-k, permute),
+    ``gemm_fixed_s`` (a dense or grouped GEMM) or ``attention_fixed_s`` (decode attention, a
+    linear-attention recurrence). A GEMM's CTAs are its output tiles times its K splits
+    (``ceil(cols / gemm_tile_cols) x max(1, floor(rows / gemm_split_k_rows))``, summed over
+    the experts of a grouped GEMM): a small GEMM occupies few SMs and does not reach the
+    bandwidth of a long copy.
+    Conventional stacks (serving stack and eager) stream each kernel's weights in
+    ``kernel_slab_bytes`` slabs with ``kernel_copies_in_flight`` copies outstanding; a GPU
+    megakernel pays ``grid_barrier_s`` per layer and ``in_kernel_stage_latency_s`` per
+    collective stage. Small all-reduces (payload per device up to
+    ``oneshot_allreduce_max_bytes``) run as a one-shot kernel at
+    ``oneshot_allreduce_latency_s`` instead of NCCL's per-call latency.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kernel_gap_s: Figure = Field(description="GPU-side gap between two kernels inside a CUDA graph, seconds")
+    small_kernel_s: Figure = Field(description="fixed time of a kernel that moves few bytes, seconds")
+    gemm_fixed_s: Figure = Field(description="fixed time of a GEMM kernel beyond its bytes, seconds")
+    attention_fixed_s: Figure = Field(description="fixed time of a decode-attention / recurrence kernel, seconds")
+    per_sm_bandwidth_bytes_per_s: Figure = Field(description="HBM bandwidth one SM (one CTA) pulls")
+    gemm_tile_cols: Figure = Field(description="output columns per CTA of a decode GEMM (count)")
+    gemm_split_k_rows: Figure = Field(description="contraction rows per CTA down to which a decode GEMM "
+                                      "splits K (split-K / stream-K) to occupy more SMs (count)")
+    pdl_overlap_s: Figure = Field(description="programmatic dependent launch: a kernel's prologue hidden "
+                                  "under the previous kernel's tail, seconds (0 = off)")
+    oneshot_allreduce_max_bytes: Figure = Field(description="largest all-reduce payload per device run "
+                                                "as a one-shot kernel, bytes")
+    oneshot_allreduce_latency_s: Figure = Field(description="latency of a one-shot all-reduce kernel, seconds")
+    kernel_slab_bytes: Figure = Field(description="bytes a conventional kernel's load pipeline lands at a time")
+    kernel_copies_in_flight: Figure = Field(description="copies a conventional kernel keeps outstanding (count)")
+    grid_barrier_s: Figure = Field(description="a GPU megakernel's grid-wide barrier, once per layer, seconds")
+    in_kernel_stage_latency_s: Figure = Field(description="one stage of a device-initiated collective "
+                                              "inside a GPU megakernel, seconds")
+
+
 class ExecutionModel(BaseModel):
     """How a decode step is dispatched on this chip."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    mode: Literal["megakernel", "per_op_launch"] = Field(
-        description="one persistent kernel per step, or one kernel launch per op"
+    mode: Literal["megakernel", "per_op_launch", "serving_stack"] = Field(
+        description="one persistent kernel per step, one kernel launch per op (eager), or a GPU "
+        "serving stack (CUDA graphs, fused kernels; GPU chips with a `gpu` block)"
     )
     launch_overhead_s: Figure = Field(description="dispatch cost of one kernel launch, seconds")
-    graph_launch_overhead_s: Figure | None = Field(
-        default=None, description="per-kernel cost inside a captured graph (CUDA graphs)"
-    )
     per_step_overhead_s: Figure = Field(
         description="fixed cost per decode-step call (dispatch, glue, barrier), seconds"
     )
@@ -245,6 +288,15 @@ class ExecutionModel(BaseModel):
         default=None,
         description="fraction of HBM/compute peak a standalone kernel reaches (per_op_launch)",
     )
+    gpu: GpuExecution | None = Field(
+        default=None, description="GPU stack figures (serving stack, eager, megakernel); GPU chips only"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> ExecutionModel:
+        if self.mode == "serving_stack" and self.gpu is None:
+            raise ValueError("execution.mode serving_stack needs the execution.gpu figures")
+        return self
 
 
 class Chip(BaseModel):

@@ -45,9 +45,9 @@ def test_kv_cache_grows_with_batch_and_context() -> None:
 
 
 def test_parse_systems() -> None:
-    specs = parse_systems("tpu-v7:16, gb200:16:megakernel,h200:8:graphs")
-    assert [s.label for s in specs] == ["tpu-v7:16", "gb200:16:megakernel", "h200:8:graphs"]
-    for bad in ("tpu-v7", "gb200:x", "gb200:16:warp", "gb200:0"):
+    specs = parse_systems("tpu-v7:16, gb200:16:megakernel,h200:8:eager")
+    assert [s.label for s in specs] == ["tpu-v7:16", "gb200:16:megakernel", "h200:8:eager"]
+    for bad in ("tpu-v7", "gb200:x", "gb200:16:warp", "gb200:0", "gb200:16:graphs"):
         with pytest.raises(InputError):
             parse_systems(bad)
 
@@ -55,7 +55,7 @@ def test_parse_systems() -> None:
 def test_execution_switch_keeps_published_values() -> None:
     chip = make_system("gb200", 16).chip
     mega = with_execution(chip, "megakernel")
-    graphs = with_execution(chip, "graphs")
-    assert mega.execution.mode == "megakernel" and chip.execution.mode == "per_op_launch"
-    assert graphs.execution.launch_overhead_s.value < chip.execution.launch_overhead_s.value
+    eager = with_execution(chip, "eager")
+    assert mega.execution.mode == "megakernel" and chip.execution.mode == "serving_stack"
+    assert eager.execution.mode == "per_op_launch"
     assert mega.hbm == chip.hbm

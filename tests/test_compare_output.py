@@ -23,7 +23,7 @@ def rows(tmp_path_factory) -> list[dict]:
 
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
-        assert main([*ARGS, "--format", "json", "--spec-acceptance", "3"]) == 0
+        assert main([*ARGS, "--format", "json", "--spec-acceptance", "3", "--drafter", "kimi-k3-eagle"]) == 0
     return json.loads(buffer.getvalue())
 
 

@@ -18,8 +18,8 @@ def _row(system: str, execution: str, step_ms: float | None, fits: bool = True) 
 def test_report_opens_with_the_comparison_and_reports_failures(tmp_path) -> None:
     run = DemoRun(DemoConfig(out_dir=tmp_path))
     compare = run.step("compare")
-    compare.data = [_row("tpu-v7:16", "megakernel", 5.4), _row("gb200:16", "per-kernel launches", 13.1),
-                    _row("gb200:4", "per-kernel launches", None, fits=False)]
+    compare.data = [_row("tpu-v7:16", "megakernel", 5.4), _row("gb200:16", "serving stack", 13.1),
+                    _row("gb200:4", "serving stack", None, fits=False)]
     failed = run.step("floor")
     failed.ok, failed.error = False, "RuntimeError: boom"
     text = render_report(run)

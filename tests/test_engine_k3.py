@@ -151,7 +151,10 @@ def test_fewer_dmas_in_flight_help_when_the_engine_round_robins() -> None:
 
 
 def test_per_op_launch_gpu_runs_a_conventional_stack() -> None:
-    program, chip = k3(1, "h200", 16)
+    from tpusim.engine.gpu import gpu_variant
+
+    program, stack_chip = k3(1, "h200", 16)
+    chip = gpu_variant(stack_chip, "eager")  # the catalog default is the serving stack
     result = simulate(program, load_schedule("published"), chip)
     assert result.execution_mode == "per_op_launch"
     assert result.step_s > floors(program, chip).floor_s

@@ -9,7 +9,8 @@ import pytest
 from hwmodels.catalog import load_chip
 from tpusim.engine import SimResult, simulate
 from tpusim.engine.costs import matmul_time_s, padded_rows, weight_push_s
-from tpusim.engine.execution import conventional_schedule, execution_policy
+from tpusim.engine.execution import conventional_schedule
+from tpusim.engine.policy import execution_policy
 from tpusim.schedule.schema import FamilySchedule, Schedule, load_schedule
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.program import Program, build_program
@@ -85,7 +86,7 @@ def test_speculative_misses_are_refetched_deterministically(speculated_misses) -
 def test_per_op_launch_policy_disables_cross_op_prefetch() -> None:
     chip = load_chip("h200", calibrated=False)
     policy = execution_policy(chip)
-    assert policy.mode == "per_op_launch" and not policy.cross_op_prefetch
+    assert policy.mode == "serving_stack" and not policy.cross_op_prefetch  # a GPU's catalog default
     assert policy.hbm_bandwidth_bytes_per_s == pytest.approx(
         chip.hbm.sustained_bandwidth_bytes_per_s.value * chip.execution.per_op_efficiency.value)  # type: ignore[union-attr]
     conventional = conventional_schedule(load_schedule("published"))

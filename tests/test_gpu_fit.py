@@ -18,7 +18,7 @@ from hwmodels.errors import InputError
 from tpusim.app.cli import main as cli_main
 
 TRUE = {"dispatch": 9.0e-6, "gap": 2.2e-6, "sustained": 3.9e12, "eff": 0.82}
-TRUE_PATHS = {"execution.per_step_overhead_s": 9.0e-6, "execution.graph_launch_overhead_s": 2.2e-6,
+TRUE_PATHS = {"execution.per_step_overhead_s": 9.0e-6, "execution.gpu.kernel_gap_s": 2.2e-6,
               "hbm.sustained_bandwidth_bytes_per_s": 3.9e12, "execution.per_op_efficiency": 0.82}
 
 
@@ -54,7 +54,7 @@ def synthetic_steps() -> list[Measurement]:
 def test_micro_fit_recovers_known_gap_and_bandwidth() -> None:
     result = fit_micro(load_chip("h200", calibrated=False), synthetic_micro(), holdout=None)
     fitted = {p.path: p for p in result.parameters}
-    assert fitted["execution.graph_launch_overhead_s"].value == pytest.approx(2.2e-6, rel=0.05)
+    assert fitted["execution.gpu.kernel_gap_s"].value == pytest.approx(2.2e-6, rel=0.05)
     assert fitted["hbm.sustained_bandwidth_bytes_per_s"].value == pytest.approx(3.9e12, rel=0.02)
     assert fitted["execution.per_step_overhead_s"].value == pytest.approx(9.0e-6, rel=0.10)
     assert fitted["execution.per_op_efficiency"].value == pytest.approx(0.82, rel=0.03)
@@ -74,7 +74,7 @@ def test_held_out_steps_are_predicted_not_fitted() -> None:
     # Exact micro data -> the fitted figures are the true ones -> the engine's step matches.
     assert all(abs(row["error"]) < 0.01 for row in rows)
     assert all(abs(row["predicted_uncalibrated_ms"] / row["measured_ms"] - 1) > 0.02 for row in rows)
-    assert "graphs" in result.extra["step_execution"]
+    assert "stack" in result.extra["step_execution"]
 
 
 def test_slice_of_a_larger_plan_runs_without_collectives() -> None:
@@ -102,7 +102,7 @@ def test_cli_calibrate_reports_holdout_steps(tmp_path: Path,
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["holdout"] == "kind=decode_step" and summary["mape_holdout"] < 0.05
-    assert summary["parameters"]["execution.graph_launch_overhead_s"]["value"] == pytest.approx(2.2e-6, rel=0.05)
+    assert summary["parameters"]["execution.gpu.kernel_gap_s"]["value"] == pytest.approx(2.2e-6, rel=0.05)
 
 
 def test_transfer_scales_by_published_ratio_and_labels_derived() -> None:

@@ -108,10 +108,10 @@ def test_gpus(name: str) -> None:
     assert nvlink.domain_devices == (72 if name == "gb200" else 8)
     assert 1e-6 <= nvlink.collective_stage_latency_s.value <= 20e-6
     execution = chip.execution
-    assert execution.mode == "per_op_launch"
+    assert execution.mode == "serving_stack"
     assert execution.launch_overhead_s.value == pytest.approx(3e-6)
-    assert execution.graph_launch_overhead_s is not None
-    assert execution.graph_launch_overhead_s.value < execution.launch_overhead_s.value
+    assert execution.gpu is not None
+    assert execution.gpu.kernel_gap_s.value < execution.launch_overhead_s.value  # a graph gap beats a host launch
     assert execution.per_op_efficiency is not None
     # per-kernel streams at per_op_efficiency x sustained = 0.8 x peak (AIConfigurator's factor, applied once)
     assert execution.per_op_efficiency.value * chip.hbm.sustained_bandwidth_bytes_per_s.value == pytest.approx(

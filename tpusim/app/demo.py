@@ -11,7 +11,7 @@ the report):
    interpret mode on a CPU: checked against the reference; its time is *not* a TPU time);
 5. **calibrate** — ``tpu-v7`` on the published TPU7x measurements (one weight format held
    out), and the host CPU model on the CPU closed loop;
-6. **compare** — K3 on TPU v7 x 16 against GB200 x 16 (per-kernel stack and megakernel) at
+6. **compare** — K3 on TPU v7 x 16 against GB200 x 16 (serving stack and megakernel) at
    batch 1/2/4/8, without speculation and at acceptance lengths 3 and 6;
 7. **report** — ``report.md`` opening with the TPU-v7-against-GB200 table, every number
    labelled, plus the plots and the trace.

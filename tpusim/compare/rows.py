@@ -1,18 +1,21 @@
 """Side-by-side systems: the same model, batch sizes and acceptance lengths on TPUs and GPUs.
 
-A *system spec* is ``chip:chips[:execution]``: ``tpu-v7:16``, ``gb200:16`` (a conventional
-GPU serving stack: one kernel launch per op, NCCL collectives), ``gb200:16:graphs`` (the
-same with CUDA graphs: cheaper launches), ``gb200:16:megakernel`` (one persistent kernel per
-step with TMA-style async copies into shared memory / L2, driven by a prefetch schedule like
-the TPU kernel). TPU systems always run the megakernel.
+A *system spec* is ``chip:chips[:execution]``: ``tpu-v7:16``, ``gb200:16`` (the GPU serving
+stack a team deploys for decode: CUDA graphs, fused kernels, one-shot all-reduce —
+:mod:`tpusim.engine.gpu_stack`), ``gb200:16:eager`` (the same kernels launched one by one
+from the host, NCCL), ``gb200:16:megakernel`` (one persistent kernel per step with TMA-style
+async copies into L2, driven by a prefetch schedule like the TPU kernel). TPU systems always
+run the megakernel. GPU rows try the plans of :mod:`tpusim.compare.gpu_plans` and keep the
+fastest that fits.
 
 For each (system, batch, acceptance length) :func:`compare_rows` checks that weights + KV
 cache fit HBM (a row that does not fit says so instead of giving a time), picks a schedule
 (TPU and GPU megakernel rows: the sweep's best for that system and batch, or ``published``;
-per-kernel GPU rows: their execution model), simulates the plain decode step — or, with
-speculative decoding, the drafter's steps plus the verify step — and returns rows with
+conventional GPU rows: their stack), simulates the plain decode step — or, with
+speculative decoding, the drafter's forward(s) plus the verify step — and returns rows with
 stable keys: ``system, chips, batch, acceptance_length, step_ms, tokens_per_s, label,
-breakdown`` (+ ``execution, schedule, fits, note``).
+breakdown`` (+ ``execution, plan, plan_choice, schedule, fits, note``; speculative rows
+``draft_ms, verify_ms, drafter, drafter_kind, draft_tokens``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 from hwmodels.catalog import make_system
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip, System
+from tpusim.compare.gpu_plans import PlanOutcome, gpu_plan_candidates, pick_plan
 from tpusim.schedule.schema import Schedule, load_schedule
 from tpusim.schedule.vmem import InfeasibleSchedule, check_fits, vmem_plan
 from tpusim.workload.capacity import capacity_report, check_capacity
@@ -35,10 +39,20 @@ from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.program import build_program
 from tpusim.workload.routing import RoutingModel
 from tpusim.workload.sharding import ShardingPlan
-from tpusim.workload.speculative import SpeculativeConfig, SpeculativeStep
+from tpusim.workload.speculative import (
+    TARGET_MTP,
+    DrafterSpec,
+    SpeculativeConfig,
+    SpeculativeStep,
+    default_drafter,
+    load_drafter,
+    mtp_layers,
+    mtp_model,
+)
 
 MS_PER_S = 1000.0
-EXECUTIONS = ("default", "per-kernel", "graphs", "megakernel")
+EXECUTIONS = ("default", "stack", "eager", "megakernel")
+RENAMED = {"graphs": "the default (no suffix)", "per-kernel": "eager"}
 
 # (model, plan, system, batch) -> the schedule to run and how it was chosen
 ScheduleChooser = Callable[[ModelConfig, ShardingPlan, System, int], tuple[Schedule, str]]
@@ -69,6 +83,8 @@ def parse_systems(text: str) -> list[SystemSpec]:
         if chips < 1:
             raise InputError(f"--systems {item!r}: chip count must be >= 1")
         execution = parts[2] if len(parts) == 3 else "default"
+        if execution in RENAMED:
+            raise InputError(f"--systems {item!r}: `:{execution}` is now {RENAMED[execution]}")
         if execution not in EXECUTIONS:
             raise InputError(f"--systems {item!r}: execution {execution!r} not one of {', '.join(EXECUTIONS)}")
         specs.append(SystemSpec(parts[0], chips, execution))
@@ -78,13 +94,12 @@ def parse_systems(text: str) -> list[SystemSpec]:
 
 
 def with_execution(chip: Chip, execution: str) -> Chip:
-    """The chip with its execution model switched (GPU per-kernel / graphs / megakernel).
+    """The chip with its execution model switched (GPU ``stack`` / ``eager`` / ``megakernel``).
 
-    ``default`` and TPU chips are returned unchanged (a TPU always runs the megakernel). A
-    GPU variant is a chip whose switched figures carry their own sources
-    (:func:`tpusim.engine.gpu.gpu_variant`): ``graphs`` replaces ``launch_overhead_s`` with
-    ``graph_launch_overhead_s``; ``megakernel`` sets the per-layer grid barrier and the
-    in-kernel collective latency priors (labelled assumed). A CPU host only switches mode.
+    ``default`` and TPU chips are returned unchanged (a TPU always runs the megakernel; a
+    GPU's catalog default is its serving stack). A GPU variant is a chip whose switched
+    figures carry their own sources (:func:`tpusim.engine.gpu.gpu_variant`). A CPU host only
+    switches mode (``eager``: per-op launch).
     """
     if execution == "default" or chip.kind == "tpu":
         return chip
@@ -92,23 +107,19 @@ def with_execution(chip: Chip, execution: str) -> Chip:
         from tpusim.engine.gpu import gpu_variant
 
         return gpu_variant(chip, execution)
-    if execution == "megakernel":
-        mode = "megakernel"
-    elif execution in ("per-kernel", "graphs"):
-        mode = "per_op_launch"
-    else:
-        raise InputError(f"unknown execution {execution!r}")
-    updates: dict[str, Any] = {"mode": mode}
-    if execution == "graphs" and chip.execution.graph_launch_overhead_s is not None:
-        updates["launch_overhead_s"] = chip.execution.graph_launch_overhead_s
-    execution_model = chip.execution.model_copy(update=updates)
-    return chip.model_copy(update={"execution": execution_model})
+    modes = {"megakernel": "megakernel", "eager": "per_op_launch"}
+    if execution not in modes:
+        raise InputError(f"execution {execution!r} applies to GPUs only; a CPU host takes eager or megakernel")
+    return chip.model_copy(update={"execution": chip.execution.model_copy(update={"mode": modes[execution]})})
 
 
-def execution_label(chip: Chip, spec: SystemSpec) -> str:
-    if chip.execution.mode == "megakernel":
-        return "megakernel"
-    return "per-kernel (CUDA graphs)" if spec.execution == "graphs" else "per-kernel launches"
+def execution_label(chip: Chip) -> str:
+    """Which stack a row assumes, in words."""
+    if chip.kind == "gpu":
+        from tpusim.engine.gpu import STACK_LABELS
+
+        return STACK_LABELS[chip.execution.mode]
+    return "megakernel" if chip.execution.mode == "megakernel" else "per-op launches"
 
 
 def fitting_schedule(model: ModelConfig, plan: ShardingPlan, chip: Chip, batch: int,
@@ -149,12 +160,38 @@ def _simulate_s(model: ModelConfig, plan: ShardingPlan, chip: Chip, schedule: Sc
     return result.step_s, breakdown
 
 
-def _system_and_plan(model: ModelConfig, spec: SystemSpec, calibrated: bool,
-                     plan_choice: str | None = None) -> tuple[System, Chip, ShardingPlan]:
+def _system_and_plans(model: ModelConfig, spec: SystemSpec, calibrated: bool,
+                      plan_choice: str | None = None) -> tuple[System, Chip, list[tuple[str, ShardingPlan]]]:
+    """The system, its chip in the spec's execution, and the plans a row tries: ``--plan`` or
+    the system rule (:func:`~tpusim.workload.model_catalog.plan_for_system`) on TPUs and when
+    a plan is given; on GPUs otherwise the rule's plan and the GPU candidates
+    (:func:`~tpusim.compare.gpu_plans.gpu_plan_candidates`), each once."""
     system = make_system(spec.chip, spec.chips, calibrated=calibrated)
     chip = with_execution(system.chip, spec.execution)
-    plan = plan_for_system(model, chip, spec.chips, plan_choice)
-    return system.model_copy(update={"chip": chip}), chip, plan
+    rule = plan_for_system(model, chip, spec.chips, plan_choice)
+    plans = [(f"{rule.name} ({'--plan' if plan_choice not in (None, 'auto') else 'the system rule'})", rule)]
+    if chip.kind == "gpu" and plan_choice in (None, "auto"):
+        candidates = gpu_plan_candidates(model, system.devices, devices_per_chip=chip.devices_per_chip)
+        plans = [(label, plan) for label, plan in candidates if plan.name != rule.name]
+        if len(plans) == len(candidates):  # the rule's plan is not a GPU candidate: try it too
+            plans.insert(0, (f"{rule.name} (the system rule)", rule))
+        else:
+            plans = candidates
+    return system.model_copy(update={"chip": chip}), chip, plans
+
+
+@dataclass(frozen=True)
+class _Drafter:
+    spec: DrafterSpec
+    model: ModelConfig
+    draft_tokens: int
+
+
+def _drafter(model: ModelConfig, model_argument: str, name: str | None, draft_tokens: int | None) -> _Drafter:
+    layers = mtp_layers(model_argument)
+    spec = load_drafter(name or default_drafter(model, layers))
+    draft_model = mtp_model(model, layers) if spec.model == TARGET_MTP else load_model(spec.model)
+    return _Drafter(spec, draft_model, draft_tokens or spec.draft_tokens)
 
 
 def compare_rows(
@@ -169,7 +206,8 @@ def compare_rows(
     routing: RoutingModel | None = None,
     seed: int = 0,
     calibrated: bool = True,
-    draft_tokens: int = 7,
+    draft_tokens: int | None = None,
+    drafter: str | None = None,
     formats: str | None = None,
     plan_choice: str | None = None,
 ) -> list[dict[str, Any]]:
@@ -179,65 +217,112 @@ def compare_rows(
     model = apply_formats(load_model(model_name), formats)
     rows: list[dict[str, Any]] = []
     speculation: list[float | None] = [None, *(acceptance_lengths or [])]
+    chosen_drafter = _drafter(model, model_name, drafter, draft_tokens) if acceptance_lengths else None
     for spec in systems:
-        system, chip, plan = _system_and_plan(model, spec, calibrated, plan_choice)
+        system, chip, plans = _system_and_plans(model, spec, calibrated, plan_choice)
         label = "calibrated" if chip.is_calibrated else "simulated"
         calibration = chip.calibration
+        source = f"{label} (tpusim engine, {chip.execution.mode} execution on {chip.name})"
+        if chip.kind == "gpu":
+            from tpusim.engine.gpu import stack_source
+
+            source += f"; {stack_source(chip)}"
         for batch in batches:
             for acceptance in speculation:
                 row: dict[str, Any] = {
                     "system": spec.label, "chips": spec.chips, "batch": batch,
-                    "acceptance_length": acceptance, "execution": execution_label(chip, spec),
-                    "plan": plan.name, "label": label,
+                    "acceptance_length": acceptance, "execution": execution_label(chip), "label": label,
+                    "source": source,
                 }
                 if calibration is not None:
                     row["calibrated_on"] = calibration.note()
                     row["calibration_warnings"] = calibration.warnings(model_name, spec.chips)
                 rows.append(row)
-                verify_rows = batch * (draft_tokens + 1) if acceptance is not None else batch
-                try:
-                    check_capacity(model, plan, chip, chips=spec.chips, batch=verify_rows,
-                                   context_tokens=context_tokens + draft_tokens + 1)
-                except InputError as error:
-                    report = capacity_report(model, plan, chip, batch=verify_rows,
-                                             context_tokens=context_tokens + draft_tokens + 1)
-                    row.update(fits=False, step_ms=None, tokens_per_s=None, schedule=None, breakdown={},
-                               note=str(error),
-                               short_note=f"needs {report.total_bytes / 1e9:.0f} GB/device > "
-                                          f"{report.capacity_bytes / 1e9:.0f} GB HBM")
+                job = _RowJob(model, system, chip, batch, acceptance, chosen_drafter, schedule, choose_schedule,
+                              context_tokens, routing, seed)
+                outcomes = [_plan_outcome(job, plan_label, plan) for plan_label, plan in plans]
+                best = pick_plan([outcome for outcome, _fields in outcomes])
+                if best is None:
+                    first, fields = outcomes[0]
+                    row.update(plan=first.plan.name, fits=False, step_ms=None, tokens_per_s=None, schedule=None,
+                               breakdown={}, **fields)
                     continue
-                try:
-                    chosen, how = _schedule_for(model, plan, system, chip, batch=verify_rows,
-                                                schedule=schedule, choose=choose_schedule, sequences=batch)
-                except InputError as error:
-                    row.update(fits=False, step_ms=None, tokens_per_s=None, schedule=None,
-                               breakdown={}, note=str(error), short_note="no schedule fits on-chip memory")
-                    continue
-                step_s, breakdown = _simulate_s(model, plan, chip, chosen, rows=verify_rows,
-                                                context_tokens=context_tokens, routing=routing, seed=seed,
-                                                sequences=batch)
-                row.update(fits=True, schedule=chosen.name, schedule_hash=chosen.content_hash(),
-                           schedule_choice=how)
-                if acceptance is None:
-                    row.update(step_ms=step_s * MS_PER_S, tokens_per_s=batch / step_s, breakdown=breakdown)
-                    continue
-                config = SpeculativeConfig(draft_tokens=draft_tokens, acceptance_length=acceptance)
-                draft_model = load_model(config.draft_model)
-                draft_plan = plan_for_system(draft_model, chip, spec.chips)
-                draft_schedule, _ = fitting_schedule(draft_model, draft_plan, chip, batch)
-                draft_s, _ = _simulate_s(draft_model, draft_plan, chip, draft_schedule, rows=batch,
-                                         context_tokens=context_tokens, routing=routing, seed=seed)
-                step = SpeculativeStep(batch, draft_s, step_s, config)
-                row.update(step_ms=step.step_s * MS_PER_S, tokens_per_s=step.accepted_tokens_per_s,
-                           breakdown={"verify_ms": step_s * MS_PER_S, "draft_ms_per_token": draft_s * MS_PER_S,
-                                      "draft_tokens": draft_tokens, "draft_share": step.draft_share,
-                                      "verify_breakdown": breakdown})
+                fields = next(fields for outcome, fields in outcomes if outcome is best)
+                fitting = sum(outcome.step_s is not None for outcome, _fields in outcomes)
+                choice = best.label if len(outcomes) == 1 else (
+                    f"{best.label} (fastest of {fitting} that fit, {len(outcomes)} tried)")
+                row.update(plan=best.plan.name, plan_choice=choice, fits=True, **fields)
+                rejected = [f"{o.label}: {o.why_not}" for o, _fields in outcomes if o.step_s is None]
+                if rejected:
+                    row["plans_rejected"] = rejected
+                row["note"] = f"{row['execution']}; plan: {row['plan_choice']}"
     return rows
+
+
+@dataclass(frozen=True)
+class _RowJob:
+    model: ModelConfig
+    system: System
+    chip: Chip
+    batch: int
+    acceptance: float | None
+    drafter: _Drafter | None
+    schedule: str | None
+    choose: ScheduleChooser | None
+    context_tokens: int
+    routing: RoutingModel
+    seed: int
+
+
+def _plan_outcome(job: _RowJob, plan_label: str, plan: ShardingPlan) -> tuple[PlanOutcome, dict[str, Any]]:
+    """One plan of one row: does it fit, and how fast (the row's fields when chosen)."""
+    model, chip, batch = job.model, job.chip, job.batch
+    drafter = job.drafter if job.acceptance is not None else None
+    extra = drafter.draft_tokens + 1 if drafter else 0
+    verify_rows = batch * (drafter.draft_tokens + 1) if drafter else batch
+    try:
+        check_capacity(model, plan, chip, chips=job.system.chips, batch=verify_rows,
+                       context_tokens=job.context_tokens + extra)
+    except InputError as error:
+        report = capacity_report(model, plan, chip, batch=verify_rows, context_tokens=job.context_tokens + extra)
+        return PlanOutcome(plan_label, plan, None, str(error)), {
+            "note": str(error), "short_note": f"needs {report.total_bytes / 1e9:.0f} GB/device > "
+                                              f"{report.capacity_bytes / 1e9:.0f} GB HBM"}
+    try:
+        chosen, how = _schedule_for(model, plan, job.system, chip, batch=verify_rows, schedule=job.schedule,
+                                    choose=job.choose, sequences=batch)
+    except InputError as error:
+        return PlanOutcome(plan_label, plan, None, str(error)), {
+            "note": str(error), "short_note": "no schedule fits on-chip memory"}
+    step_s, breakdown = _simulate_s(model, plan, chip, chosen, rows=verify_rows, context_tokens=job.context_tokens,
+                                    routing=job.routing, seed=job.seed, sequences=batch)
+    fields: dict[str, Any] = {"schedule": chosen.name, "schedule_hash": chosen.content_hash(), "schedule_choice": how}
+    if drafter is None or job.acceptance is None:
+        fields.update(step_ms=step_s * MS_PER_S, tokens_per_s=batch / step_s, breakdown=breakdown)
+        return PlanOutcome(plan_label, plan, step_s), fields
+    config = SpeculativeConfig(kind=drafter.spec.kind, draft_tokens=drafter.draft_tokens,
+                               acceptance_length=job.acceptance)
+    draft_plan = plan_for_system(drafter.model, chip, job.system.chips)
+    draft_rows = batch * config.draft_rows_per_sequence
+    if chip.execution.mode == "megakernel":
+        draft_schedule, _ = fitting_schedule(drafter.model, draft_plan, chip, draft_rows, sequences=batch)
+    else:
+        draft_schedule = load_schedule("naive")
+    forward_s, _ = _simulate_s(drafter.model, draft_plan, chip, draft_schedule, rows=draft_rows,
+                               context_tokens=job.context_tokens, routing=job.routing, seed=job.seed, sequences=batch)
+    step = SpeculativeStep(batch, forward_s, step_s, config)
+    fields.update(step_ms=step.step_s * MS_PER_S, tokens_per_s=step.accepted_tokens_per_s,
+                  draft_ms=step.draft_s * MS_PER_S, verify_ms=step_s * MS_PER_S, drafter=drafter.spec.name,
+                  drafter_kind=config.kind, draft_tokens=config.draft_tokens,
+                  breakdown={"verify_ms": step_s * MS_PER_S, "draft_ms": step.draft_s * MS_PER_S,
+                             "draft_forwards": config.draft_forwards, "draft_share": step.draft_share,
+                             "verify_breakdown": breakdown})
+    return PlanOutcome(plan_label, plan, step.step_s), fields
 
 
 def sweep_chooser(*, budget: int, jobs: int, seed: int, out_dir: Path | None, context_tokens: int,
                   routing: RoutingModel, samples: int = 100, screen_factor: int = 4) -> ScheduleChooser:
-    """Choose each megakernel row's schedule with a small sweep, cached per system and row count.
+    """Choose each megakernel row's schedule with a small sweep, cached per system, plan and row count.
 
     The sweep is a reduced one (the built-ins and their one-knob neighbours plus ``samples``
     random draws; ``budget`` full simulations) so a comparison of many rows stays quick; run
@@ -246,14 +331,14 @@ def sweep_chooser(*, budget: int, jobs: int, seed: int, out_dir: Path | None, co
     from tpusim.sweep.space import default_space
 
     space = default_space().model_copy(update={"samples": samples})
-    cache: dict[tuple[str, int, str], tuple[Schedule, str]] = {}
+    cache: dict[tuple[str, int, str, str], tuple[Schedule, str]] = {}
 
     def choose(model: ModelConfig, plan: ShardingPlan, system: System, batch: int) -> tuple[Schedule, str]:
         from tpusim.sweep import run_sweep
 
-        key = (system.name + system.chip.execution.mode, batch, model.name)
+        key = (system.name + system.chip.execution.mode, batch, model.name, plan.name)
         if key not in cache:
-            folder = (out_dir / f"sweep-{system.chip.name}x{system.chips}-{system.chip.execution.mode}-b{batch}"
+            folder = (out_dir / f"sweep-{system.chip.name}x{system.chips}-{system.chip.execution.mode}-{plan.name}-b{batch}"
                       if out_dir else Path(tempfile.mkdtemp(prefix="tpusim-sweep-")))
             result = run_sweep(model, plan, system, batch=batch, out_dir=folder, budget=budget, jobs=jobs,
                                seed=seed, context_tokens=context_tokens, routing=routing, quiet=True,
@@ -269,8 +354,8 @@ def sweep_chooser(*, budget: int, jobs: int, seed: int, out_dir: Path | None, co
 def _schedule_for(model: ModelConfig, plan: ShardingPlan, system: System, chip: Chip, *, batch: int,
                   schedule: str | None, choose: ScheduleChooser | None,
                   sequences: int | None = None) -> tuple[Schedule, str]:
-    if chip.execution.mode == "per_op_launch":
-        return load_schedule("naive"), "none: one kernel per op (the schedule does not apply)"
+    if chip.execution.mode != "megakernel":
+        return load_schedule("naive"), "none: a conventional stack's kernels stream their own weights"
     if schedule not in (None, "best"):
         chosen = load_schedule(schedule)
         if chip.kind == "gpu":

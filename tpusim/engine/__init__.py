@@ -27,7 +27,8 @@ bytes inside; convert at the edges.
 """
 
 from tpusim.engine.core import VmemOverflow, simulate
-from tpusim.engine.execution import ExecutionPolicy, execution_policy
+from tpusim.engine.execution import ExecutionPolicy
+from tpusim.engine.policy import execution_policy
 from tpusim.engine.result import BREAKDOWN_KEYS, SimResult
 from tpusim.engine.timeline import Timeline
 from tpusim.schedule.vmem import InfeasibleSchedule

@@ -48,7 +48,8 @@ Run once per simulation, before the event loop. The steps, with what each guaran
    block (a conventional GPU stack) runs it in line. A policy with ``collective_launches``
    pays one kernel launch before each call.
 6. **Launches**: every op carries the kernel launches the policy's
-   :class:`~tpusim.engine.execution.KernelPlan` charges before it.
+   :class:`~tpusim.engine.execution.KernelPlan` charges before it, and the kernels' fixed
+   time (``KernelPlan.fixed_s``: a serving stack's per-kernel fixed cost and ramp).
 """
 
 from __future__ import annotations
@@ -275,6 +276,8 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
         plan_ = OpPlan(index, op.name, op.layer, op.phase, first)
         plan_.launches = b.kernels.launches[index]
         plan_.launch_s = plan_.launches * launch_s
+        if b.kernels.fixed_s:
+            plan_.kernel_fixed_s = b.kernels.fixed_s[index]
         if b.kernels.kernel_names:
             plan_.kernel = b.kernels.kernel_names[index]
         plans.append(plan_)

@@ -34,9 +34,10 @@ from simpy.events import NORMAL, Event, EventPriority
 
 from hwmodels.schema import Chip
 from tpusim.engine.build import lower
-from tpusim.engine.execution import ExecutionPolicy, execution_policy
+from tpusim.engine.execution import ExecutionPolicy
 from tpusim.engine.hbm import HbmServer
 from tpusim.engine.items import MXU, VPU, Descriptor
+from tpusim.engine.policy import execution_policy
 from tpusim.engine.result import PHASES, SimResult
 from tpusim.engine.staging import StagingMemory
 from tpusim.engine.stream import Links, StreamAccount, compute_stream
@@ -193,6 +194,8 @@ def _collect(run: _Run, program: Program, schedule: Schedule, policy: ExecutionP
         execution_mode=policy.mode,
         launch_s=account.launch_s,
         launch_count=account.launch_count,
+        kernel_fixed_s=account.kernel_fixed_s,
+        op_time_s=tuple(account.op_time_s),
         timeline=timeline,
         events=run.events,
     )

@@ -4,15 +4,16 @@ The engine core (lowering, HBM server, compute stream) knows nothing of launch m
 asks an :class:`ExecutionPolicy` for the few things that differ:
 
 =====================  ==========================  ==========================  ===============================
-knob                   ``megakernel`` on a TPU     ``per_op_launch`` on a      GPU chips (both modes):
+knob                   ``megakernel`` on a TPU     ``per_op_launch`` on a      GPU chips (three stacks):
                        (one ``pallas_call``)       CPU host (the probe chip)   :mod:`tpusim.engine.gpu`
 =====================  ==========================  ==========================  ===============================
 schedule               the user's, as written      :func:`conventional_        per kernel: a fused serving
                                                    schedule` (no cross-op      stack's copies; megakernel: the
                                                    prefetch)                   user's, into L2
 kernel launches        none                        one per op                  per kernel: the fusion table of
-(:class:`KernelPlan`)                                                          :mod:`~tpusim.engine.gpu_fusion`;
-                                                                               megakernel: one per step
+(:class:`KernelPlan`)                                                          :mod:`~tpusim.engine.gpu_fusion`
+                                                                               (+ fixed time and ramp:
+                                                                               gpu_stack); megakernel: one
 HBM rate               sustained                   sustained ×                 per kernel: sustained ×
                                                    ``per_op_efficiency``       ``per_op_efficiency``;
                                                                                megakernel: sustained
@@ -30,8 +31,10 @@ what a long stream of large copies reaches (a DMA ring, a persistent kernel's TM
 — one standalone kernel of a conventional stack reaches. Neither figure may fold in the
 other.
 
-:func:`execution_policy` builds the policy; GPU chips get theirs from
-:func:`tpusim.engine.gpu.gpu_policy`, everything else from the two generic modes here.
+:func:`base_policy` builds the two generic modes here; GPU chips refine them in
+:func:`tpusim.engine.gpu.gpu_policy`, and :func:`tpusim.engine.policy.execution_policy` picks
+one for a chip. This module imports neither (imports point down: ``policy`` → ``gpu`` →
+``gpu_fusion`` → ``execution``).
 """
 
 from __future__ import annotations
@@ -67,10 +70,15 @@ class KernelPlan:
     launches: tuple[int, ...]
     kernel_start: tuple[int, ...]
     kernel_names: tuple[str, ...] = ()  # per op: what the launches before it are (for traces, docs)
+    # per op (or empty: none): seconds the opened kernels cost beyond their launches and the
+    # engine's copies and compute — a serving stack's fixed time and ramp per kernel
+    fixed_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.launches) != len(self.kernel_start):
             raise ValueError("KernelPlan: launches and kernel_start differ in length")
+        if self.fixed_s and len(self.fixed_s) != len(self.launches):
+            raise ValueError("KernelPlan: fixed_s and launches differ in length")
         for index, start in enumerate(self.kernel_start):
             if not 0 <= start <= index:
                 raise ValueError(f"KernelPlan: op {index} opens at op {start}, which is not at or before it")
@@ -149,15 +157,6 @@ def per_op_efficiency(chip: Chip) -> float:
     """``execution.per_op_efficiency`` clamped to (0, 1] (1.0 when the chip gives none)."""
     figure = chip.execution.per_op_efficiency
     return min(1.0, max(figure.value if figure else 1.0, 1e-3))
-
-
-def execution_policy(chip: Chip) -> ExecutionPolicy:
-    """The policy for ``chip`` (see the module docstring's table)."""
-    if chip.kind == "gpu":
-        from tpusim.engine.gpu import gpu_policy  # the GPU model builds on this module
-
-        return gpu_policy(chip)
-    return base_policy(chip)
 
 
 def base_policy(chip: Chip) -> ExecutionPolicy:

@@ -1,15 +1,22 @@
-"""The GPU execution model: a conventional serving stack, or a GPU megakernel, in one engine.
+"""The GPU execution model: a serving stack, eager launches, or a GPU megakernel, in one engine.
 
 Same program, same schedule schema, same SimPy engine as the TPU megakernel; what differs is
-how the step is dispatched (:class:`~tpusim.engine.execution.ExecutionPolicy`). Two modes,
+how the step is dispatched (:class:`~tpusim.engine.execution.ExecutionPolicy`). Three stacks,
 chosen by ``chip.execution.mode`` (``tpusim compare`` switches them with
-:func:`gpu_variant`: ``gb200:16`` / ``gb200:16:graphs`` / ``gb200:16:megakernel``).
+:func:`gpu_variant`: ``gb200:16`` / ``gb200:16:eager`` / ``gb200:16:megakernel``). Every
+figure below is in the chip's catalog entry (``execution.gpu``, with its source and label).
 
-**Conventional stack** (``per_op_launch``; CUDA graphs are the same mode with a cheaper launch)::
+**Serving stack** (``serving_stack``, the default: CUDA graphs + fused kernels, as vLLM /
+SGLang / TensorRT-LLM deploy decode): the conventional stack below with a graph gap instead
+of a launch, a fixed time and bandwidth ramp per kernel, activation-quantize kernels and a
+one-shot all-reduce for small payloads — :mod:`tpusim.engine.gpu_stack`.
+
+**Eager stack** (``per_op_launch``: the serving stack's kernels, each launched from the host
+at ``launch_overhead_s`` instead of the graph gap, NCCL for every collective)::
 
     step:  host per-step cost                                  (per_step_overhead_s)
-    for each kernel of the fusion table (gpu_fusion):          (launch_overhead_s each;
-        launch                                                  CUDA graphs: the graph figure)
+    for each kernel of the fusion table (gpu_fusion):          (launch_overhead_s each)
+        launch
         request every weight the kernel reads                  (no cross-op prefetch: the
         compute on each slab as it lands, at                    next kernel's weights are not
         per_op_efficiency x peak                                in flight while this one runs)
@@ -22,8 +29,8 @@ chosen by ``chip.execution.mode`` (``tpusim compare`` switches them with
   of AIConfigurator is applied once: ``per_op_efficiency`` carries it, ``sustained`` is the
   rate of a long copy stream (H200: 4.3 TB/s measured; the others at that 0.9 of peak).
 - Tensor-core rows pad to the MMA M (``tile_rows`` 64): a batch-1 GEMV costs a 64-row MMA.
-- Inside a kernel, compute follows its own weight stream slab by slab (``KERNEL_SLAB_BYTES``,
-  ``KERNEL_COPIES_IN_FLIGHT``): a GEMM pipelines its loads and MMAs; what it cannot do is
+- Inside a kernel, compute follows its own weight stream slab by slab (``kernel_slab_bytes``,
+  ``kernel_copies_in_flight``): a GEMM pipelines its loads and MMAs; what it cannot do is
   load the next kernel's weights.
 - A fused-MoE grouped GEMM is launched once per layer for every routed expert and requests
   all their weights when it starts (``FUSED_MOE_EXPERT_SLOTS`` expert slots).
@@ -33,11 +40,11 @@ chosen by ``chip.execution.mode`` (``tpusim compare`` switches them with
 
     step:  host per-step cost + ONE launch of a persistent kernel
     for each layer: grid barrier                               (per_layer_overhead_s, set by
-                                                                gpu_variant to GRID_BARRIER_S)
+                                                                gpu_variant to grid_barrier_s)
         for each op: the user's schedule, as on a TPU          (cross-op prefetch, expert
                                                                 issue points, slots)
         collectives in the kernel: device-initiated puts       (no launch; per stage
-                                                                IN_KERNEL_STAGE_LATENCY_S)
+                                                                in_kernel_stage_latency_s)
 
 - Copies are TMA bulk copies (``dma.issue_latency_s``) at the sustained HBM rate; compute
   at peak.
@@ -67,8 +74,9 @@ copies, other fixed overheads and drain, summing to the step — enough to show 
 per-kernel stack loses to a megakernel at batch 1 (launches and NCCL latency, and copies
 exposed because nothing is prefetched across kernels).
 
-Priors here are labelled *assumed* with their reasoning (:data:`GRID_BARRIER_S`,
-:data:`IN_KERNEL_STAGE_LATENCY_S`); the chip's own figures come from the catalog.
+The constants this module once held (slab size, copies in flight, grid barrier, in-kernel
+stage latency) are catalog figures now (``execution.gpu``), labelled *assumed* — priors,
+some chosen by running this engine — with their reasoning in ``source``.
 """
 
 from __future__ import annotations
@@ -78,35 +86,31 @@ from functools import partial
 from typing import Any
 
 from hwmodels.errors import InputError
-from hwmodels.schema import Chip, Figure, LinkSpec
+from hwmodels.schema import Chip, GpuExecution, LinkSpec
 from tpusim.engine.execution import (
     ExecutionPolicy,
     KernelPlan,
     base_policy,
 )
-from tpusim.engine.gpu_fusion import fused_kernel_plan
+from tpusim.engine.gpu_stack import stack_kernel_plan
 from tpusim.engine.result import SimResult
 from tpusim.schedule.schema import SCHEDULE_FAMILIES, FamilySchedule, Schedule
 from tpusim.workload.floors import link_for
 from tpusim.workload.program import CollectiveCall, Program
 from tpusim.workload.sharding import CollectiveStage
 
-GPU_EXECUTIONS = ("per-kernel", "graphs", "megakernel")
+GPU_EXECUTIONS = ("stack", "eager", "megakernel")
+STACK_LABELS = {
+    "serving_stack": "serving stack (CUDA graphs, fused kernels, one-shot all-reduce)",
+    "per_op_launch": "eager (one host launch per kernel, NCCL)",
+    "megakernel": "GPU megakernel (one persistent kernel)",
+}
 SCALE_OUT_LINK = "pcie"  # the schema's name for the PCIe-attached NIC (GPUDirect RDMA)
 
-MIB = 1 << 20
-# Inside one kernel, compute follows the weight stream tile by tile (a GEMM's multi-stage
-# TMA/cp.async pipeline): the engine cuts each kernel's weights into slabs of this size, all
-# admitted when the kernel starts (up to the schema's 64 buffers per tensor kind) ...
-KERNEL_SLAB_BYTES = 4 * MIB
+# Conventional kernels admit every slab of their weights when they start, up to the
+# schema's 64 buffers per tensor kind; the slab size and the copies in flight are catalog
+# figures (execution.gpu.kernel_slab_bytes, kernel_copies_in_flight).
 KERNEL_SLABS_BUFFERED = 64
-# ... with enough copies in flight to cover the issue latency (bandwidth x latency ≈ 7 MB ≈
-# 2 slabs on GB200) and few enough that slabs — and a grouped GEMM's experts — land roughly
-# in order, so the kernel computes on early tiles while later ones stream. (Measured on the
-# engine, K3 on 16 GB200 at batch 8: all copies at once 18.9 ms a step, 8 in flight 17.1 ms;
-# 2 MiB slabs with 16 in flight 18.2 ms: equal copies issued together land together, and
-# the next wave pays the issue latency with the pipe idle.)
-KERNEL_COPIES_IN_FLIGHT = 8
 # A fused-MoE grouped GEMM requests every routed expert of the layer when it starts: as many
 # expert slots as the schema allows (more than a 16-way expert-parallel K3 device gets at
 # batch 8; at larger batches the 65th expert waits for a slot, a mild pessimism).
@@ -117,48 +121,31 @@ KV_TILES_IN_FLIGHT = 16
 L2_POOL = "main"
 L2_EXPERT_SLOTS = 2
 
-GRID_BARRIER_S = Figure(
-    value=1.5e-6,
-    source="assumed: a persistent kernel's grid-wide barrier (every SM arrives on a global "
-    "counter in L2 and spins until all have) costs about 1-2 us on Hopper/Blackwell-class parts "
-    "with ~140 SMs; 1.5 us once per layer, ops inside a layer hand off through per-tile flags "
-    "overlapped with the copy stream; to be calibrated",
-    label="assumed",
-)
-IN_KERNEL_STAGE_LATENCY_S = Figure(
-    value=2.5e-6,
-    source="assumed: one stage of a device-initiated (NVSHMEM-style) collective inside the "
-    "kernel: a put with signal through the NVSwitch (~1 us one-way, the catalog's NVLink latency "
-    "prior) plus ~1.5 us to fence, signal and see the flag on the receiver; no launch and no "
-    "host proxy, so below NCCL's per-call prior; TPU7x's measured in-kernel phase is 3.5-4.7 us "
-    "[INF]; to be calibrated",
-    label="assumed",
-)
-
-GPU_BREAKDOWN_KEYS = ("compute", "launches", "collectives", "exposed_dma", "other_overheads", "drain")
+GPU_BREAKDOWN_KEYS = ("compute", "launches", "kernel_fixed", "collectives", "exposed_dma", "other_overheads",
+                      "drain")
 NOT_COMPUTE = ("collectives", "fixed_overheads", "exposed_dma", "drain")  # the rest are compute phases
 
 
 # --------------------------------------------------------------------------- schedules
 
 
-def gpu_conventional_schedule(schedule: Schedule) -> Schedule:
+def gpu_conventional_schedule(gpu: GpuExecution, schedule: Schedule) -> Schedule:
     """The copies of a conventional GPU stack (the user's schedule does not apply).
 
     Every family: issued when the kernel reading it starts (nothing is prefetched across
-    kernels), in ``KERNEL_SLAB_BYTES`` slabs the kernel computes on as they land (its own
+    kernels), in ``gpu.kernel_slab_bytes`` slabs the kernel computes on as they land (its own
     load/MMA pipeline). Routed experts: ``FUSED_MOE_EXPERT_SLOTS`` whole-slice slots, so the
     grouped GEMM streams every expert of the layer. KV: the user's tile size,
     ``KV_TILES_IN_FLIGHT`` tiles (a split-KV attention kernel).
     """
-    families = {name: FamilySchedule(prefetch_distance_ops=0, chunk_bytes=KERNEL_SLAB_BYTES,
+    families = {name: FamilySchedule(prefetch_distance_ops=0, chunk_bytes=int(gpu.kernel_slab_bytes.value),
                                      buffers=KERNEL_SLABS_BUFFERED) for name in SCHEDULE_FAMILIES}
     families["routed_expert"] = FamilySchedule(prefetch_distance_ops=0, buffers=FUSED_MOE_EXPERT_SLOTS)
     return Schedule(
         name=f"{schedule.name} (GPU per-kernel stack)",
         description="conventional GPU stack: each kernel streams its own weights; fused-MoE grouped GEMM",
         families=families,
-        max_dmas_in_flight=KERNEL_COPIES_IN_FLIGHT,
+        max_dmas_in_flight=int(gpu.kernel_copies_in_flight.value),
         expert_issue="after_routing",
         kv_tile_tokens=schedule.kv_tile_tokens,
         kv_buffers=KV_TILES_IN_FLIGHT,
@@ -250,6 +237,30 @@ nccl_collective = partial(price_collective, per_call=True)
 in_kernel_collective = partial(price_collective, per_call=False)
 
 
+def stack_collective(chip: Chip, call: CollectiveCall, devices: int) -> tuple[tuple[str, float], ...]:
+    """A serving stack's collective: a small all-reduce inside the NVLink domain is one
+    one-shot kernel (every GPU reads each peer's buffer over NVLink: ``oneshot_allreduce_
+    latency_s + payload x peers / bandwidth``, all stages flattened into one); anything else
+    (large payloads, other kinds, a system beyond the domain) goes to NCCL."""
+    gpu = _gpu(chip)
+    nvlink = link_for(chip, call.spec.stages[0].link)
+    small = call.payload_bytes_per_peer <= gpu.oneshot_allreduce_max_bytes.value
+    if call.spec.kind != "all_reduce" or not small or nvlink is None or devices > nvlink.domain_devices:
+        return nccl_collective(chip, call, devices)
+    group = 1
+    for stage in call.spec.stages:
+        group *= stage.peers + 1
+    peers = group - 1
+    transfer_s = call.payload_bytes_per_peer * peers / nvlink.bandwidth_bytes_per_s_per_direction.value
+    return ((nvlink.name, gpu.oneshot_allreduce_latency_s.value + transfer_s),)
+
+
+def _gpu(chip: Chip) -> GpuExecution:
+    if chip.execution.gpu is None:
+        raise InputError(f"{chip.name}: the catalog entry has no execution.gpu figures (GPU stacks)")
+    return chip.execution.gpu
+
+
 # --------------------------------------------------------------------------- policies
 
 
@@ -257,6 +268,19 @@ def gpu_policy(chip: Chip) -> ExecutionPolicy:
     """The execution policy of a GPU chip (see the module docstring): the base policy of its
     execution mode with the GPU's kernel plan, launches and collective pricing."""
     base = base_policy(chip)
+    gpu = _gpu(chip)
+    if chip.execution.mode == "serving_stack":
+        return replace(
+            base,
+            mode="serving_stack",
+            launch_overhead_s=gpu.kernel_gap_s.value,
+            kernel_plan=partial(stack_kernel_plan, chip),
+            collective_launches=True,
+            collectives_block=True,
+            collective_pricer=stack_collective,
+            conventional=partial(gpu_conventional_schedule, gpu),
+            description=STACK_LABELS["serving_stack"],
+        )
     if chip.execution.mode == "megakernel":
         return replace(
             base,
@@ -267,12 +291,12 @@ def gpu_policy(chip: Chip) -> ExecutionPolicy:
         )
     return replace(
         base,
-        kernel_plan=fused_kernel_plan,
+        kernel_plan=partial(stack_kernel_plan, chip),
         collective_launches=True,
         collectives_block=True,
         collective_pricer=nccl_collective,
-        conventional=gpu_conventional_schedule,
-        description="conventional GPU stack: fused kernels, no cross-kernel prefetch, NCCL collectives",
+        conventional=partial(gpu_conventional_schedule, gpu),
+        description=STACK_LABELS["per_op_launch"],
     )
 
 
@@ -280,34 +304,28 @@ def gpu_policy(chip: Chip) -> ExecutionPolicy:
 
 
 def gpu_variant(chip: Chip, execution: str) -> Chip:
-    """``chip`` switched to one GPU execution variant; every switched figure keeps a source.
+    """``chip`` switched to one GPU stack; every switched figure keeps its catalog source.
 
-    - ``per-kernel``: ``mode = per_op_launch`` with the catalog's launch cost;
-    - ``graphs``: the same, ``launch_overhead_s`` replaced by ``graph_launch_overhead_s``
-      (CUDA graphs: the stack is captured once and replayed; each kernel still costs a
-      smaller launch). The variant is a chip whose launch figure *is* the graph figure, so
-      the engine needs no flag and the figure's source says which it is;
-    - ``megakernel``: ``mode = megakernel``, ``per_layer_overhead_s`` = :data:`GRID_BARRIER_S`
-      and every NVLink's ``collective_stage_latency_s`` = :data:`IN_KERNEL_STAGE_LATENCY_S`
-      (the scale-out link keeps its figure). The one launch per step stays
-      ``launch_overhead_s``.
+    - ``stack``: ``mode = serving_stack`` (the catalog default: CUDA graphs, fused kernels);
+    - ``eager``: ``mode = per_op_launch``, one host launch (``launch_overhead_s``) per kernel;
+    - ``megakernel``: ``mode = megakernel``, ``per_layer_overhead_s`` = the catalog's
+      ``execution.gpu.grid_barrier_s`` and every NVLink's ``collective_stage_latency_s`` =
+      ``execution.gpu.in_kernel_stage_latency_s`` (the scale-out link keeps its figure). The
+      one launch per step stays ``launch_overhead_s``.
     """
     if chip.kind != "gpu":
         raise InputError(f"{chip.name} is not a GPU: GPU execution variants do not apply")
+    gpu = _gpu(chip)
     updates: dict[str, Any] = {}
     links = chip.links
-    if execution == "per-kernel":
+    if execution == "stack":
+        updates["mode"] = "serving_stack"
+    elif execution == "eager":
         updates["mode"] = "per_op_launch"
-    elif execution == "graphs":
-        updates["mode"] = "per_op_launch"
-        graph = chip.execution.graph_launch_overhead_s
-        if graph is None:
-            raise InputError(f"{chip.name}: the catalog gives no graph_launch_overhead_s for CUDA graphs")
-        updates["launch_overhead_s"] = graph
     elif execution == "megakernel":
         updates["mode"] = "megakernel"
-        updates["per_layer_overhead_s"] = GRID_BARRIER_S
-        links = [link.model_copy(update={"collective_stage_latency_s": IN_KERNEL_STAGE_LATENCY_S})
+        updates["per_layer_overhead_s"] = gpu.grid_barrier_s
+        links = [link.model_copy(update={"collective_stage_latency_s": gpu.in_kernel_stage_latency_s})
                  if link.name == "nvlink" else link for link in chip.links]
     else:
         raise InputError(f"unknown GPU execution {execution!r}; known: {', '.join(GPU_EXECUTIONS)}")
@@ -317,10 +335,25 @@ def gpu_variant(chip: Chip, execution: str) -> Chip:
 # --------------------------------------------------------------------------- results
 
 
+def stack_source(chip: Chip) -> str:
+    """One line saying which of a GPU's stack figures (``execution.gpu``) are priors, derived
+    or calibrated — for the ``source`` of every simulated GPU number ("" for other chips)."""
+    gpu = chip.execution.gpu
+    if chip.kind != "gpu" or gpu is None:
+        return ""
+    by_label: dict[str, list[str]] = {}
+    for name in type(gpu).model_fields:
+        by_label.setdefault(getattr(gpu, name).label, []).append(name)
+    words = {"assumed": "priors (assumed)"}
+    parts = [f"{words.get(label, label)}: {', '.join(names)}" for label, names in sorted(by_label.items())]
+    return f"{STACK_LABELS[chip.execution.mode]}; stack figures " + "; ".join(parts)
+
+
 def gpu_breakdown(result: SimResult) -> dict[str, float]:
     """Where a GPU step's time goes, seconds; the values sum to ``result.step_s``.
 
-    ``compute`` (all phases), ``launches`` (kernel and NCCL launches, a megakernel's one),
+    ``compute`` (all phases), ``launches`` (kernel and NCCL launches, a megakernel's one; in a
+    graph, the per-kernel gap), ``kernel_fixed`` (a serving stack's fixed time and ramp),
     ``collectives`` (on the stream: NCCL calls, in-kernel stages, waits for overlapped
     ones), ``exposed_dma`` (waiting for weight/KV copies), ``other_overheads`` (per step,
     per layer: host work, grid barriers) and ``drain``.
@@ -330,8 +363,9 @@ def gpu_breakdown(result: SimResult) -> dict[str, float]:
     return {
         "compute": compute,
         "launches": result.launch_s,
+        "kernel_fixed": result.kernel_fixed_s,
         "collectives": breakdown.get("collectives", 0.0),
         "exposed_dma": breakdown.get("exposed_dma", 0.0),
-        "other_overheads": breakdown.get("fixed_overheads", 0.0) - result.launch_s,
+        "other_overheads": breakdown.get("fixed_overheads", 0.0) - result.launch_s - result.kernel_fixed_s,
         "drain": breakdown.get("drain", 0.0),
     }

@@ -1,17 +1,21 @@
 """Kernel fusion of a conventional GPU serving stack: which kernels a decode step launches.
 
+Read by both conventional GPU stacks: ``:eager`` pays a launch per kernel, the default
+serving stack (:mod:`tpusim.engine.gpu_stack`) a graph gap and a fixed time by kernel *kind*
+(``gemm``, ``grouped_gemm``, ``attention``, ``small``), so every kernel below carries one.
+
 A serving stack (vLLM, SGLang, TensorRT-LLM running a DeepSeek/Kimi-style model) does not
 launch one kernel per op of our program, nor one per line of the model's Python: some ops
 are several kernels (a GEMM and its activation), some ops share one (the q/kv LoRA down
 projections as one GEMM; one grouped GEMM for every routed expert of a layer). This module
-holds that mapping as a table and turns a program into a
-:class:`~tpusim.engine.execution.KernelPlan`.
+holds that mapping as a table and lists, per op of a program, the kernels launched before it
+(:func:`op_kernels`); :mod:`tpusim.engine.gpu_stack` prices them.
 
-The table (assumed: our reading of those stacks' decode paths, not a measurement; the launch
-count is what matters for the step time, so calibrate ``launch_overhead_s`` against it):
+The table (assumed: our reading of those stacks' decode paths, not a measurement; the
+serving stack's per-kernel figures are calibrated against it — calibration.gpu_stack):
 
 ====================  =======  ====================================================================
-program op            kernels  what the stack launches
+program op            kernels  what the stack launches (kinds in FUSION_TABLE)
 ====================  =======  ====================================================================
 ``attn.mix_norm``     1        residual mix + RMSNorm (+ activation quant), one fused kernel
 ``kda.qkvgb``         1        fused q/k/v/gate/beta projection GEMM
@@ -48,7 +52,7 @@ program op            kernels  what the stack launches
 ``mlp.down``          1        dense MLP down GEMM
 ``head.norm``         1        final RMSNorm
 ``head.lm_head``      1        lm_head GEMM
-other ops             1        one kernel each
+other ops             1        one kernel each (a GEMM when the op reads weights on the MXU)
 collectives           1 each   an NCCL kernel per call (counted by the engine's stream, not here)
 ====================  =======  ====================================================================
 
@@ -61,7 +65,7 @@ Norms are **not** fused into the following GEMM: the stacks above run RMSNorm as
 all-reduce instead (TensorRT-LLM's all-reduce fusion); K3's attention-residual mixture is
 not one of the patterns those kernels cover, so the table keeps the norm as a kernel.
 
-Steps of :func:`fused_kernel_plan`, with the invariant each keeps:
+Steps of :func:`op_kernels`, with the invariant each keeps:
 
 1. Walk the ops in program order; look up each op's rule (routed experts by role).
 2. A routed expert that follows another routed expert of the same layer joins its kernel
@@ -77,56 +81,64 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpusim.engine.execution import KernelPlan
 from tpusim.workload.program import Program
 
 EXPERT_ROLE = "moe.expert"
 COMBINE = "moe.combine"
+# kernel kinds (what sets a kernel's fixed time in the serving stack)
+GEMM, GROUPED_GEMM, ATTENTION, SMALL = "gemm", "grouped_gemm", "attention", "small"
+KERNEL_KINDS = (GEMM, GROUPED_GEMM, ATTENTION, SMALL)
 
 
 @dataclass(frozen=True)
 class FusionRule:
     """How one program op maps onto kernels of a conventional stack."""
 
-    kernels: int  # launches paid before the op when it opens its kernel(s)
+    kinds: tuple[str, ...]  # the kernels launched before the op when it opens them, by kind
     what: str
     fused_into_previous: bool = False  # runs inside the previous op's kernel (same layer)
 
+    @property
+    def kernels(self) -> int:
+        return len(self.kinds)
+
 
 FUSION_TABLE: dict[str, FusionRule] = {
-    "attn.mix_norm": FusionRule(1, "residual mix + RMSNorm"),
-    "kda.qkvgb": FusionRule(1, "q/k/v/gate/beta GEMM"),
-    "kda.decay": FusionRule(2, "decay-gate GEMMs (low rank)"),
-    "kda.core": FusionRule(3, "conv update, gated delta rule, gated RMSNorm"),
-    "kda.o": FusionRule(1, "o_proj GEMM"),
-    "mla.q_a": FusionRule(1, "fused q_a/kv_a GEMM"),
-    "mla.kv_a": FusionRule(0, "in the fused q_a/kv_a GEMM", fused_into_previous=True),
-    "mla.q_b": FusionRule(2, "q LoRA RMSNorm, q_b GEMM"),
-    "mla.kv_b": FusionRule(2, "kv LoRA RMSNorm + RoPE, W_UK bmm"),
-    "mla.core": FusionRule(2, "KV append, MLA decode attention"),
-    "mla.gate": FusionRule(1, "gate GEMM"),
-    "mla.o": FusionRule(2, "W_UV bmm, o_proj GEMM"),
-    "gqa.q": FusionRule(1, "fused QKV GEMM"),
-    "gqa.k": FusionRule(0, "in the fused QKV GEMM", fused_into_previous=True),
-    "gqa.v": FusionRule(0, "in the fused QKV GEMM", fused_into_previous=True),
-    "gqa.core": FusionRule(2, "RoPE + KV append, decode attention"),
-    "gqa.gate": FusionRule(1, "gate GEMM"),
-    "gqa.o": FusionRule(1, "o_proj GEMM"),
-    "mlp.mix_norm": FusionRule(1, "residual mix + RMSNorm"),
-    "moe.router": FusionRule(1, "router GEMM"),
-    "moe.topk": FusionRule(1, "fused sigmoid/bias/top-k"),
-    "moe.latent_down": FusionRule(2, "latent_down GEMM, latent RMSNorm"),
-    "moe.shared_gate_up": FusionRule(2, "shared gate/up GEMM, activation"),
-    "moe.shared_down": FusionRule(1, "shared down GEMM"),
-    COMBINE: FusionRule(1, "un-permute + weighted sum"),
-    "moe.latent_up": FusionRule(1, "latent_up GEMM"),
-    "mlp.gate_up": FusionRule(2, "dense gate/up GEMM, activation"),
-    "mlp.down": FusionRule(1, "dense down GEMM"),
-    "head.norm": FusionRule(1, "final RMSNorm"),
-    "head.lm_head": FusionRule(1, "lm_head GEMM"),
+    "attn.mix_norm": FusionRule((SMALL,), "residual mix + RMSNorm"),
+    "kda.qkvgb": FusionRule((GEMM,), "q/k/v/gate/beta GEMM"),
+    "kda.decay": FusionRule((GEMM, GEMM), "decay-gate GEMMs (low rank)"),
+    "kda.core": FusionRule((SMALL, ATTENTION, SMALL), "conv update, gated delta rule, gated RMSNorm"),
+    "kda.o": FusionRule((GEMM,), "o_proj GEMM"),
+    "mla.q_a": FusionRule((GEMM,), "fused q_a/kv_a GEMM"),
+    "mla.kv_a": FusionRule((), "in the fused q_a/kv_a GEMM", fused_into_previous=True),
+    "mla.q_b": FusionRule((SMALL, GEMM), "q LoRA RMSNorm, q_b GEMM"),
+    "mla.kv_b": FusionRule((SMALL, GEMM), "kv LoRA RMSNorm + RoPE, W_UK bmm"),
+    "mla.core": FusionRule((SMALL, ATTENTION), "KV append, MLA decode attention"),
+    "mla.gate": FusionRule((GEMM,), "gate GEMM"),
+    "mla.o": FusionRule((GEMM, GEMM), "W_UV bmm, o_proj GEMM"),
+    "gqa.q": FusionRule((GEMM,), "fused QKV GEMM"),
+    "gqa.k": FusionRule((), "in the fused QKV GEMM", fused_into_previous=True),
+    "gqa.v": FusionRule((), "in the fused QKV GEMM", fused_into_previous=True),
+    "gqa.core": FusionRule((SMALL, ATTENTION), "RoPE + KV append, decode attention"),
+    "gqa.gate": FusionRule((GEMM,), "gate GEMM"),
+    "gqa.o": FusionRule((GEMM,), "o_proj GEMM"),
+    "mlp.mix_norm": FusionRule((SMALL,), "residual mix + RMSNorm"),
+    "moe.router": FusionRule((GEMM,), "router GEMM"),
+    "moe.topk": FusionRule((SMALL,), "fused sigmoid/bias/top-k"),
+    "moe.latent_down": FusionRule((GEMM, SMALL), "latent_down GEMM, latent RMSNorm"),
+    "moe.shared_gate_up": FusionRule((GEMM, SMALL), "shared gate/up GEMM, activation"),
+    "moe.shared_down": FusionRule((GEMM,), "shared down GEMM"),
+    COMBINE: FusionRule((SMALL,), "un-permute + weighted sum"),
+    "moe.latent_up": FusionRule((GEMM,), "latent_up GEMM"),
+    "mlp.gate_up": FusionRule((GEMM, SMALL), "dense gate/up GEMM, activation"),
+    "mlp.down": FusionRule((GEMM,), "dense down GEMM"),
+    "head.norm": FusionRule((SMALL,), "final RMSNorm"),
+    "head.lm_head": FusionRule((GEMM,), "lm_head GEMM"),
 }
-ROUTED_EXPERTS = FusionRule(4, "fused MoE: permute, grouped gate/up GEMM, activation, grouped down GEMM")
-DEFAULT_RULE = FusionRule(1, "one kernel")
+ROUTED_EXPERTS = FusionRule((SMALL, GROUPED_GEMM, SMALL, GROUPED_GEMM),
+                            "fused MoE: permute, grouped gate/up GEMM, activation, grouped down GEMM")
+DEFAULT_RULE = FusionRule((SMALL,), "one kernel")
+DEFAULT_GEMM_RULE = FusionRule((GEMM,), "one GEMM")  # an op not in the table that reads weights on the MXU
 
 
 def rule_for(name: str, role: str) -> FusionRule:
@@ -136,15 +148,26 @@ def rule_for(name: str, role: str) -> FusionRule:
     return FUSION_TABLE.get(name, DEFAULT_RULE)
 
 
-def fused_kernel_plan(program: Program) -> KernelPlan:
+@dataclass(frozen=True)
+class OpKernels:
+    """Per op of a program: the kernels launched before it (kinds) and what they are."""
+
+    kinds: tuple[tuple[str, ...], ...]
+    kernel_start: tuple[int, ...]
+    names: tuple[str, ...]
+
+
+def op_kernels(program: Program) -> OpKernels:
     """The kernels a conventional GPU stack launches for ``program`` (steps in the docstring)."""
     ops = program.ops
-    launches: list[int] = []
+    kinds: list[tuple[str, ...]] = []
     starts: list[int] = []
     names: list[str] = []
     experts_in_layer: dict[int, bool] = {}
     for index, op in enumerate(ops):
         rule = rule_for(op.name, op.role)
+        if rule is DEFAULT_RULE and op.tensors and op.unit == "mxu":
+            rule = DEFAULT_GEMM_RULE
         previous = ops[index - 1] if index else None
         same_layer = previous is not None and previous.layer == op.layer
         if op.role == EXPERT_ROLE:
@@ -153,15 +176,16 @@ def fused_kernel_plan(program: Program) -> KernelPlan:
         else:
             joins = rule.fused_into_previous and same_layer
         if joins:
-            launches.append(0)
+            kinds.append(())
             starts.append(starts[index - 1])
             names.append("")
             continue
-        count, what = rule.kernels, rule.what
+        these, what = rule.kinds, rule.what
         if op.name == COMBINE and not experts_in_layer.get(op.layer, False):
-            count += ROUTED_EXPERTS.kernels
+            these = ROUTED_EXPERTS.kinds + these
             what = f"{ROUTED_EXPERTS.what} (no local expert); {what}"
-        launches.append(count)
+        kinds.append(these)
         starts.append(index)
+        count = len(these)
         names.append(f"{count} kernel{'s' if count != 1 else ''}: {what}" if count else "")
-    return KernelPlan(launches=tuple(launches), kernel_start=tuple(starts), kernel_names=tuple(names))
+    return OpKernels(tuple(kinds), tuple(starts), tuple(names))

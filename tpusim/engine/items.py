@@ -167,6 +167,7 @@ class OpPlan:
         "first_of_layer",
         "index",
         "kernel",
+        "kernel_fixed_s",
         "launch_s",
         "launches",
         "layer",
@@ -190,4 +191,5 @@ class OpPlan:
         self.collectives: list[CollectivePlan] = []
         self.launches = 0  # kernel launches paid before the op starts (execution policy)
         self.launch_s = 0.0
+        self.kernel_fixed_s = 0.0  # the opened kernels' fixed time and ramp (serving stack)
         self.kernel = ""  # what those launches are (trace label)

@@ -22,6 +22,11 @@ Definitions:
 - ``launch_s`` / ``launch_count`` — the kernel-launch part of ``fixed_overheads`` and how many
   launches it paid for (per-op kernels, NCCL kernels, a GPU megakernel's one launch; 0 on a
   TPU megakernel, whose dispatch is in the per-step cost).
+- ``kernel_fixed_s`` — the part of ``fixed_overheads`` a GPU serving stack's kernels cost
+  beyond their launches (fixed time and bandwidth ramp per kernel, :mod:`tpusim.engine.gpu_stack`).
+- ``op_time_s`` — per op of the program (in order), stream time from its start (its
+  launches and kernel fixed time included) to its end (its collectives included); with the
+  per-step and per-layer costs and the drain they sum to ``step_s``.
 - ``layer_s`` — stream time per layer (``-1`` is the head), from the layer's first op
   (its per-layer overhead included) to the next layer's; with the per-step overhead and the
   drain they sum to ``step_s``.
@@ -76,6 +81,8 @@ class SimResult:
     events: list[tuple[Any, ...]] | None = field(default=None, compare=False, repr=False)
     launch_s: float = 0.0
     launch_count: int = 0
+    kernel_fixed_s: float = 0.0
+    op_time_s: tuple[float, ...] = ()
     # The chip's words for the generic resources (hwmodels.schema.Chip.words): "staging" is
     # what the vmem_* fields measure (VMEM on a TPU, L2 / shared memory on a GPU), "mxu" and
     # "vpu" the busy_fraction keys (MXU/VPU on a TPU, tensor/CUDA cores on a GPU).
@@ -116,5 +123,6 @@ class SimResult:
             "execution_mode": self.execution_mode,
             "launch_s": self.launch_s,
             "launch_count": self.launch_count,
+            "kernel_fixed_s": self.kernel_fixed_s,
             "words": dict(self.words),
         }

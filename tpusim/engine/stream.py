@@ -16,6 +16,7 @@ Per op ``i`` the process does (pseudocode of :func:`compute_stream`)::
 
     if op starts a layer: wait per_layer_overhead
     wait op.launch_s                            # the kernel launches the policy charges here
+    wait op.kernel_fixed_s                      # their fixed time and ramp (serving stack)
     wait for overlapped collectives joining here
     release slabs whose issue point is "op i starts"   -> copies admitted / issued
     for piece in op.pieces:
@@ -57,8 +58,10 @@ class StreamAccount:
     exposed_dma_s: float = 0.0
     exposed_by_family: dict[str, float] = field(default_factory=dict)
     collective_s: float = 0.0
-    fixed_s: float = 0.0  # per step, per layer and kernel launches
+    fixed_s: float = 0.0  # per step, per layer, kernel launches and kernel fixed time
     launch_s: float = 0.0  # the kernel-launch part of fixed_s
+    kernel_fixed_s: float = 0.0  # the kernel fixed-time part of fixed_s (serving stack)
+    op_time_s: list[float] = field(default_factory=list)  # per op: its start (launches) to its end (collectives)
     launch_count: int = 0
     stream_end_s: float = 0.0
     overlapped_end_s: float = 0.0
@@ -108,6 +111,7 @@ def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, sta
             if per_layer_s > 0.0 and op.layer >= 0:
                 yield timeout(per_layer_s)
                 account.fixed_s += per_layer_s
+        op_start = env.now
         if op.launch_s > 0.0:
             start = env.now
             yield timeout(op.launch_s)
@@ -116,6 +120,13 @@ def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, sta
             account.launch_count += op.launches
             if recorder is not None:
                 recorder.interval("launch", start, env.now, op.kernel or f"launch {op.name}")
+        if op.kernel_fixed_s > 0.0:
+            start = env.now
+            yield timeout(op.kernel_fixed_s)
+            account.fixed_s += op.kernel_fixed_s
+            account.kernel_fixed_s += op.kernel_fixed_s
+            if recorder is not None:
+                recorder.interval("launch", start, env.now, f"kernel fixed time {op.name}")
         join_s = joins.pop(op.index, 0.0)
         if join_s > env.now:
             start = env.now
@@ -182,5 +193,6 @@ def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, sta
                 account.collective_s += end - start
                 if recorder is not None:
                     recorder.interval("wait", start, end, call.name)
+        account.op_time_s.append(env.now - op_start)
     account.stream_end_s = env.now
     account.link_busy = dict(links.busy)

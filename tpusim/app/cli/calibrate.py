@@ -5,6 +5,7 @@ Usage::
     tpusim calibrate --hardware tpu-v7 --measurements published:tpu7x-musespark \\
         --holdout format=int4+bf16 --out calib/tpu-v7 [--json] [--uncalibrated-start]
     tpusim calibrate --hardware host-cpu --measurements cpu-loop [--quick] --out calib/host
+    tpusim calibrate --hardware b200 --measurements published:b200-vllm-qwen3.5 --out calib/b200
     tpusim report --hardware tpu-v7 --measurements published:tpu7x-musespark [--out DIR]
 
 ``calibrate`` predicts every measurement with the published figures (*simulated,
@@ -26,6 +27,11 @@ converging exits 2 without saving the overlay unless ``--allow-unconverged``.
 
 ``--json`` prints ``mape_before``, ``mape_calibration``, ``mape_holdout`` (fractions; None
 when nothing is held out) and ``parameters`` (``value``, ``uncertainty``, ``fitted_on``, …).
+
+``--measurements published:b200-vllm-qwen3.5`` fits the GPU serving stack's figures on a
+published per-stage split instead (:mod:`calibration.gpu_stack`); its ``--json`` gives
+``before`` / ``after`` (``group_us``, ``errors``, ``stage_us``, ``stage_errors``, ``step_us``),
+``parameters``, ``within_tolerance`` and ``overlay``.
 
 ``report`` fits nothing: it compares a measurement file with the simulator, uncalibrated and
 (if an overlay exists) calibrated.
@@ -69,7 +75,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     calibrate.add_argument("--hardware", required=True, help="catalog chip (tpu-v7, host-cpu, ...)")
     calibrate.add_argument(
         "--measurements", required=True,
-        help="a .jsonl file, published:tpu7x-musespark, or cpu-loop (measure this host)",
+        help="a .jsonl file, published:tpu7x-musespark, published:b200-vllm-qwen3.5 (a GPU serving "
+        "stack's per-stage split), or cpu-loop (measure this host)",
     )
     calibrate.add_argument("--holdout", default=None,
                            help="points to hold out: key=value[|value][;key=value], keys format, batch, "
@@ -133,10 +140,35 @@ def _fit(args: argparse.Namespace, console: Console) -> tuple[FitResult, list]:
     return result, records
 
 
+def _run_gpu_stack(args: argparse.Namespace) -> int:
+    """``--measurements published:b200-vllm-qwen3.5``: fit the GPU serving stack's figures on
+    the published per-stage breakdown (:mod:`calibration.gpu_stack`)."""
+    from calibration.gpu_stack import fit_gpu_stack, overlay_of, report_markdown
+    from hwmodels.overlay import save_overlay
+
+    try:
+        fit = fit_gpu_stack(load_chip(args.hardware, calibrated=False), max_evals=args.max_evals)
+    except ValueError as error:
+        raise InputError(str(error)) from None
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "report.md", report_markdown(fit))
+    write_text_atomic(out / "fit.json", json.dumps(fit, indent=2, default=float) + "\n")
+    saved = None if args.no_save else save_overlay(overlay_of(fit))
+    fit["overlay"] = str(saved) if saved else None
+    if args.json:
+        emit_json(fit)
+    else:
+        Console().print(report_markdown(fit), highlight=False, markup=False)
+    return 0
+
+
 def run_calibrate(args: argparse.Namespace) -> int:
     from tpusim.app.fit_summary import convergence_problem, summary_lines
     from tpusim.app.interrupts import deferred_interrupts
 
+    if args.measurements == "published:b200-vllm-qwen3.5":
+        return _run_gpu_stack(args)
     console = Console(stderr=True)
     console.print(f"calibrating {args.hardware} on {args.measurements} ...", highlight=False)
     result, records = _fit(args, console)

@@ -29,30 +29,45 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "unless --schedule is given; each row shows the step time, throughput and where the time "
         "goes (compute, launches, collectives, exposed copies, other).")
     parser.add_argument("--model", default="kimi-k3",
-                        help="model name (kimi-k3, muse-spark@int4+bf16, ...) or a YAML/config.json path")
+                        help="catalog model name (optionally name@variant) or a config.json / .yaml path "
+                        "(default: kimi-k3)")
     add_model_options(parser)
     parser.add_argument("--systems", default="tpu-v7:16,gb200:16,gb200:16:megakernel",
-                        help="comma-separated chip:chips[:per-kernel|graphs|megakernel]")
-    parser.add_argument("--batch", default="1,2,4,8", help="comma-separated batch sizes")
-    parser.add_argument("--spec-acceptance", default="", help="acceptance lengths for speculative decoding, e.g. 3,6")
-    parser.add_argument("--draft-tokens", type=positive_int, default=7, help="draft tokens per speculative step")
+                        help="comma-separated chip:chips[:execution]; GPU execution: none = the serving stack "
+                        "(CUDA graphs, fused kernels), eager, megakernel "
+                        "(default: tpu-v7:16,gb200:16,gb200:16:megakernel)")
+    parser.add_argument("--batch", default="1,2,4,8", help="comma-separated batch sizes (default: 1,2,4,8)")
+    parser.add_argument("--spec-acceptance", default="",
+                        help="comma-separated acceptance lengths (accepted draft tokens + 1) for speculative "
+                        "decoding rows, e.g. 3,6 (default: none, plain decode only)")
+    parser.add_argument("--drafter", default=None,
+                        help="drafter for speculative rows: kimi-k3-dspark (parallel), kimi-k3-eagle "
+                        "(autoregressive), mtp (the target's MTP layers, from config.json) "
+                        "(default: the model's published drafter; kimi-k3-dspark for kimi-k3)")
+    parser.add_argument("--draft-tokens", type=positive_int, default=None,
+                        help="draft tokens per speculative step (default: the drafter's, 7 for kimi-k3-dspark)")
     parser.add_argument("--schedule", default=None,
-                        help="best | published | a built-in | FILE (default: the sweep's best for each TPU/megakernel row)")
+                        help="best | published | a built-in name | FILE (default: the sweep's best for each "
+                        "TPU/megakernel row)")
     parser.add_argument("--sweep-budget", type=positive_int, default=8,
-                        help="full engine runs per (reduced) sweep when choosing the best schedule")
+                        help="full engine runs per (reduced) sweep when choosing the best schedule (default: 8)")
     parser.add_argument("--sweep-samples", type=int, default=100,
-                        help="random schedules per reduced sweep, beside the built-ins and their neighbours")
-    parser.add_argument("--jobs", type=positive_int, default=1, help="processes for the sweeps")
+                        help="random schedules per reduced sweep, beside the built-ins and their neighbours "
+                        "(default: 100)")
+    parser.add_argument("--jobs", type=positive_int, default=1, help="processes for the sweeps (default: 1)")
     parser.add_argument("--context", type=positive_int, default=1024,
-                        help="tokens already in each sequence's cache (default: 1024)")
+                        help="context tokens already in the KV cache per sequence (default: 1024)")
     parser.add_argument("--routing", default="uniform",
-                        help="uniform | identical | zipf[:s] | trace:PATH (default: uniform)")
-    parser.add_argument("--seed", type=int, default=0, help="routing draw and sweep seed (default: 0)")
+                        help="expert routing model: uniform, identical, zipf[:s] or trace:PATH "
+                        "(default: uniform)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the routing draw and the sweeps (default: 0)")
     parser.add_argument("--uncalibrated", action="store_true",
-                        help="use published figures only, ignoring calibrated overlays")
+                        help="use the published catalog figures, ignoring calibrated overlays (default: off)")
     add_format_option(parser)
-    parser.add_argument("--plot", type=Path, default=None, help="write a grouped bar chart (PNG)")
-    parser.add_argument("--out", type=Path, default=None, help="folder for sweep outputs when choosing schedules")
+    parser.add_argument("--plot", type=Path, default=None, help="write a grouped bar chart (PNG) to this file "
+                        "(default: none)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder for sweep outputs when choosing schedules (default: a temporary folder)")
     parser.set_defaults(func=run, output_lock="folder")  # --out: the sweeps that choose schedules
 
 
@@ -71,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     rows = compare_rows(args.model, systems, batches, acceptance_lengths=acceptances, schedule=args.schedule,
                         choose_schedule=chooser, context_tokens=args.context, routing=parse_routing(args.routing),
                         seed=args.seed, calibrated=not args.uncalibrated, draft_tokens=args.draft_tokens,
-                        formats=args.formats, plan_choice=args.plan)
+                        drafter=args.drafter, formats=args.formats, plan_choice=args.plan)
     if args.plot:
         from tpusim.compare.plot import plot_comparison
 
@@ -98,7 +113,8 @@ def comparison_table(rows: list[dict], *, title: str) -> TableData:
             f"{row['step_ms']:.3f}" if parts else "does not fit",
             f"{row['tokens_per_s']:.1f}" if parts else "—",
             *[f"{parts[part]:.3f}" if parts else "—" for part in PARTS],
-            row["label"], row.get("schedule_choice") or row.get("short_note", ""),
+            row["label"], ((row.get("plan_choice") or "") + " "
+                           + (row.get("schedule_choice") or row.get("short_note", ""))).strip(),
         )
     return table
 

@@ -112,6 +112,10 @@ def simulate_data(args: argparse.Namespace, workload: tuple[Any, Any, Any, Any],
         raise InputError(f"infeasible schedule {schedule.name!r}: {error}") from None
     source = (f"simulated (tpusim engine, {result.execution_mode} execution; hardware {chip.name}: "
               f"{calibration_note(chip)})")
+    if chip.kind == "gpu":
+        from tpusim.engine.gpu import stack_source
+
+        source += f"; {stack_source(chip)}"
     data = _json_result(result, floors(program, chip), args, system.name, system.devices, plan.name, source)
     data["calibrated"] = chip.is_calibrated
     data["calibration_warnings"] = (chip.calibration.warnings(args.model, args.chips)
