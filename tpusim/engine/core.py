@@ -24,7 +24,6 @@ dicts by insertion), so equal inputs give identical results and event lists.
 from __future__ import annotations
 
 import dataclasses
-
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
