@@ -42,25 +42,21 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from calibration.fit import FitResult, fit_chip, save_fit
-from calibration.loaders import load_measurements, usable_for
-from calibration.measurements import write_measurements
-from calibration.params import parse_parameters
-from calibration.predict import Predictor
-from calibration.report import (
-    comparison_report,
-    comparison_rows,
-    scatter_plot,
-    write_fit_report,
-)
 from hwmodels.atomic import write_text_atomic
 from hwmodels.catalog import display_path, load_chip
 from hwmodels.errors import InputError
 from hwmodels.overlay import overlay_path
 from tpusim.app.cli.common import emit_json
+
+if TYPE_CHECKING:
+    from calibration.fit import FitResult
+
+# The calibration package (scipy, the engine) is imported inside the commands that use it,
+# so ``tpusim --help`` and every other command stay light.
 
 CPU_LOOP = ("cpu-loop", "cpu-loop-quick")
 
@@ -116,6 +112,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _fit(args: argparse.Namespace, console: Console) -> tuple[FitResult, list]:
+    from calibration.fit import fit_chip
+    from calibration.loaders import load_measurements, usable_for
+    from calibration.params import parse_parameters
+    from calibration.predict import Predictor
+
     if args.measurements in CPU_LOOP:
         from calibration.cpu_loop import CpuLoopConfig, run_cpu_loop
 
@@ -164,6 +165,10 @@ def _run_gpu_stack(args: argparse.Namespace) -> int:
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
+    from calibration.fit import save_fit
+    from calibration.measurements import write_measurements
+    from calibration.predict import Predictor
+    from calibration.report import write_fit_report
     from tpusim.app.fit_summary import convergence_problem, summary_lines
     from tpusim.app.interrupts import deferred_interrupts
 
@@ -207,6 +212,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
+    from calibration.loaders import load_measurements
+    from calibration.predict import Predictor
+    from calibration.report import comparison_report, comparison_rows, scatter_plot
+
     published = load_chip(args.hardware, calibrated=False)
     records = [r for r in load_measurements(args.measurements) if r.system.chip == published.name]
     if not records:
