@@ -77,8 +77,6 @@ class Topology:
     def __post_init__(self) -> None:
         if self.devices < 1 or self.devices_per_host < 1 or self.devices_per_chip < 1:
             raise ValueError("topology: devices, devices_per_host and devices_per_chip must be >= 1")
-        if self.devices_per_chip == 2 and self.devices % 2:
-            raise ValueError(f"topology: {self.devices} devices do not pair into two-core chips")
 
     def host(self, rank: int) -> int:
         return rank // self.devices_per_host
@@ -88,8 +86,9 @@ class Topology:
         return rank % self.devices_per_host
 
     def sibling(self, rank: int) -> int | None:
-        """The other core of ``rank``'s chip (``rank ^ 1`` on a two-core chip), else None."""
-        return rank ^ 1 if self.devices_per_chip == 2 else None
+        """The other core of ``rank``'s chip (``rank ^ 1`` on a two-core chip), else None
+        (also when the system uses only one core of the last chip)."""
+        return rank ^ 1 if self.devices_per_chip == 2 and (rank ^ 1) < self.devices else None
 
     def link_kind(self, src: int, dst: int) -> LinkKind:
         """``sibling``, ``same_host`` or ``cross_host``: the link a copy src→dst uses."""
