@@ -24,7 +24,6 @@ from tpusim.app.cli import main
 TRUTH = {
     "hbm.sustained_bandwidth_bytes_per_s": 2.6e12,  # published 3.05e12
     "compute.mxu.weight_push_s_per_tile": 14e-9,  # published 20 ns
-    "links.ici.bandwidth_bytes_per_s_per_direction": 1.0e11,  # published 1.34e11
     "execution.per_layer_overhead_s": 3e-6,  # published 1 µs
 }
 

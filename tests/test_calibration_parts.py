@@ -8,7 +8,13 @@ import pytest
 
 from calibration.components import load_components, predict_isolated
 from calibration.intervals import draw_samples
-from calibration.params import TPU_PARAMETERS, ParameterSpec, chip_with, default_parameters, figure_value
+from calibration.params import (
+    TPU_PARAMETERS,
+    ParameterSpec,
+    chip_with,
+    default_parameters,
+    figure_value,
+)
 from calibration.parts import PART_PARAMETERS, fit_stage, isolated_stage
 from hwmodels.catalog import list_chips, load_chip
 from hwmodels.schema import Chip
