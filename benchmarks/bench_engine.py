@@ -22,11 +22,11 @@ import statistics
 import time
 
 from hwmodels.catalog import make_system
-from tpusim.workload.floors import floors
 from tpusim.engine import simulate
+from tpusim.schedule.schema import BUILTIN_SCHEDULES, load_schedule
+from tpusim.workload.floors import floors
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.program import build_program
-from tpusim.schedule.schema import BUILTIN_SCHEDULES, load_schedule
 
 
 def bench(schedule_name: str, batch: int, runs: int, *, profile: bool = False) -> None:

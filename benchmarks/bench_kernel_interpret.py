@@ -23,8 +23,8 @@ from megakernel.hbm import pack_hbm
 from megakernel.kernel import Megakernel
 from megakernel.layout import random_weights
 from megakernel.reference import device_params, init_state
-from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.schedule.schema import load_schedule
+from tpusim.workload.model_catalog import load_model, plan_for
 
 
 def main() -> None:

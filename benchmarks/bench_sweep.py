@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 from hwmodels.catalog import make_system
-from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.sweep import run_sweep
 from tpusim.sweep.defaults import DEFAULT_BUDGET, DEFAULT_SCREEN_LAYERS
 from tpusim.sweep.report import knob_spreads, one_knob_effects
+from tpusim.workload.model_catalog import load_model, plan_for
 
 TARGET_WALL_S = 120.0
 TARGET_CANDIDATES = 1000

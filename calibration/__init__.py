@@ -18,6 +18,14 @@ The pipeline, module by module:
    after, scatter plots, every number labelled.
 6. :mod:`calibration.cpu_workload` and :mod:`calibration.cpu_loop` — the closed loop on this
    host: probe, replay programs as jitted XLA steps, measure, fit ``host-cpu``.
+7. The GPU loop: :mod:`calibration.gpu_bench` (a harness with jax and numpy only, run on the
+   lent machine), :mod:`calibration.gpu_workloads` and :mod:`calibration.step_description`
+   (what it runs, from the simulator's programs), :mod:`calibration.gpu_ingest` (its output
+   home), :mod:`calibration.gpu_fit` (fit on micro-benchmarks, predict whole steps) and
+   :mod:`calibration.gpu_transfer` (an H200 figure to another GPU by published ratios).
+
+This file imports nothing on purpose: ``calibration.gpu_bench`` must import on a machine
+that has JAX but not pydantic, simpy or scipy.
 
 The command line is ``tpusim calibrate`` / ``tpusim report`` (:mod:`tpusim.app.cli.calibrate`).
 """

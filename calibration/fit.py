@@ -66,7 +66,7 @@ from hwmodels.errors import InputError
 from hwmodels.overlay import CalibratedValue, CalibrationOverlay, save_overlay
 from hwmodels.schema import Chip
 
-HOLDOUT_KEYS = ("format", "batch", "width", "model", "context", "backend", "index")
+HOLDOUT_KEYS = ("format", "batch", "width", "model", "context", "backend", "index", "kind")
 _WIDTH = re.compile(r"[\[,]width=(\d+)")
 
 
@@ -88,6 +88,7 @@ def _matches(record: Measurement, index: int, key: str, values: set[str]) -> boo
         "format": record.format, "batch": str(record.batch), "model": record.model,
         "width": width.group(1) if width else "",
         "context": str(record.context), "backend": record.backend, "index": str(index),
+        "kind": str(record.extra.get("kind", "decode_step")),  # what a gpu_bench record measures
     }[key]
     return actual in values
 
@@ -95,7 +96,8 @@ def _matches(record: Measurement, index: int, key: str, values: set[str]) -> boo
 def split_records(records: Sequence[Measurement], spec: str | None) -> Split:
     """Hold out the records matching ``spec``: ``key=v1|v2`` clauses joined by ``;`` (all
     must match). Keys: format, batch, width (the ``width=`` model override), model, context,
-    backend, index (0-based position).
+    backend, index (0-based position), kind (``extra.kind`` of a :mod:`calibration.gpu_bench`
+    record: copy, gap_compiled, matmul, decode_step, ...; ``decode_step`` when absent).
     An empty spec holds nothing out."""
     if not spec:
         return Split(list(records), [], "")

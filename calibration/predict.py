@@ -6,7 +6,7 @@ A :class:`~calibration.measurements.Measurement` names everything the simulator 
    optionally with width/layer overrides in brackets, ``kimi-k3-mini[width=512,layers=4]``,
    which the CPU loop uses to sweep model sizes);
 2. the **system** (chip name x chips) and so the device count and the sharding plan
-   (:func:`tpusim.workload.model_catalog.plan_for`: the published ``muse-tp8`` plan for Muse on 8
+   (:func:`tpusim.workload.model_catalog.plan_for_system`: the published ``muse-tp8`` plan for Muse on 8
    devices);
 3. the **workload** (batch, context, routing) and so the per-device program
    (:func:`tpusim.workload.program.build_program`);
@@ -32,12 +32,12 @@ from typing import Any
 from calibration.measurements import Measurement
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
-from tpusim.workload.model_catalog import load_model, plan_for
+from tpusim.schedule.schema import BUILTIN_SCHEDULES, Schedule, load_schedule
+from tpusim.workload.model_catalog import load_model, plan_for_system
 from tpusim.workload.modelconfig import ModelConfig
-from tpusim.workload.sharding import ShardingPlan, round_up
 from tpusim.workload.program import Program, build_program
 from tpusim.workload.routing import parse_routing
-from tpusim.schedule.schema import BUILTIN_SCHEDULES, Schedule, load_schedule
+from tpusim.workload.sharding import ShardingPlan, round_up
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 PACKAGE_SCHEDULES = {"muse-published": DATA_DIR / "muse-published.json"}
@@ -67,10 +67,10 @@ def scale_width(model: ModelConfig, width: int) -> ModelConfig:
         "expert_intermediate_size": _scaled(model.moe.expert_intermediate_size, factor),
         "latent_size": _scaled(model.moe.latent_size or 0, factor) or None,
         "shared_intermediate_size": _scaled(model.moe.shared_intermediate_size, factor),
-    })
+    }) if model.moe else None
     data = model.model_dump()
     data.update(hidden_size=width, dense_intermediate_size=_scaled(model.dense_intermediate_size, factor),
-                moe=moe.model_dump())
+                moe=moe.model_dump() if moe else None)
     return ModelConfig.model_validate(data)
 
 
@@ -104,6 +104,8 @@ def resolve_model(spec: str) -> ModelConfig:
     if "layers" in overrides:
         model = model.with_layers(overrides["layers"])
     if {"experts", "top_k"} & overrides.keys():
+        if model.moe is None:
+            raise InputError(f"model {spec!r}: experts/top_k overrides need an MoE model")
         moe = model.moe.model_copy(update={
             "num_experts": overrides.get("experts", model.moe.num_experts),
             "top_k": overrides.get("top_k", model.moe.top_k),
@@ -166,9 +168,7 @@ class Predictor:
         devices = m.system.chips * chip.devices_per_chip
         key = (m.model, devices, chip.devices_per_chip, chip.kind)
         if key not in self._plans:
-            intra = "nvlink" if chip.kind == "gpu" else "ici"
-            self._plans[key] = plan_for(resolve_model(m.model), devices,
-                                        devices_per_chip=chip.devices_per_chip, intra_link=intra)
+            self._plans[key] = plan_for_system(resolve_model(m.model), chip, m.system.chips)
         return self._plans[key]
 
     def program(self, chip: Chip, m: Measurement) -> Program:

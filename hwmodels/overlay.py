@@ -52,14 +52,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hwmodels.atomic import write_text_atomic
-from hwmodels.catalog import (
+from hwmodels.errors import InputError
+from hwmodels.files import (
     BUILTIN_DIR,
     display_path,
     format_validation_error,
     local_dir,
     read_yaml_mapping,
 )
-from hwmodels.errors import InputError
 from hwmodels.schema import Chip, Figure
 
 

@@ -1,8 +1,9 @@
 """Per-device dimensions of the K3 decode step, derived from a model config and a plan.
 
-Every width the reference, the layout and the kernel use comes from here, and
-:func:`ModelDims.check_against_shapes` asserts they equal :mod:`tpusim.workload.shapes` (the one place
-that owns per-device shapes and bytes), so the simulator and the kernel cannot drift apart.
+Every width the reference, the layout and the kernel use comes from here, and every width
+here comes from :mod:`tpusim.workload.shapes` (the one owner of per-device shapes and bytes:
+:func:`~tpusim.workload.shapes.device_widths` and the tensor lists), so the simulator and the
+kernel cannot drift apart.
 
 Single device (``plan_for(model, 1)``): every width is the model's. On the K3 TP32 plan the
 kernel is built at one device's sizes with the collectives omitted (a lowering-only
@@ -25,17 +26,24 @@ from megakernel.math_kda import KdaDims
 from megakernel.math_mla import MlaDims
 from megakernel.residual import num_block_slots
 from tpusim.workload.modelconfig import ModelConfig
-from tpusim.workload.sharding import ShardingPlan, round_up
 from tpusim.workload.shapes import (
+    TensorSpec,
     attention_tensors,
     dense_mlp_tensors,
+    device_widths,
     expert_slice_tensors,
     lm_head_tensors,
     moe_dense_tensors,
     small_param_tensors,
 )
+from tpusim.workload.sharding import ShardingPlan, round_up
 
 LANES = 128
+STREAMED = (
+    "kda.qkvgb", "kda.decay_a", "kda.decay_b", "kda.o", "mla.q_a", "mla.q_b", "mla.kv_a", "mla.kv_b",
+    "mla.gate", "mla.o", "moe.router", "moe.latent_down", "moe.latent_up", "moe.shared_gate_up",
+    "moe.shared_down", "expert.gate_up", "expert.down", "mlp.gate_up", "mlp.down", "head.lm_head",
+)
 
 # Small parameters of a layer, packed in one f32 row in this order; each kind starts at a
 # multiple of 128 lanes. Layers without a kind (KDA params on an MLA layer) hold zeros there.
@@ -79,6 +87,8 @@ class ModelDims:
     kinds: tuple[str, ...]  # attention kind per layer ("kda" | "mla")
     small_offsets: dict[str, tuple[int, int]] = field(hash=False)  # kind -> (offset, length)
     small_cols: int = 0
+    shapes: dict[str, tuple[int, int]] = field(default_factory=dict, hash=False)  # from tpusim shapes
+    families: dict[str, str] = field(default_factory=dict, hash=False)  # tensor -> weight family (same)
 
     @property
     def kda_layers(self) -> list[int]:
@@ -128,8 +138,8 @@ def model_dims(model: ModelConfig, plan: ShardingPlan) -> ModelDims:
         raise UnsupportedModel(f"model {model.name}: the K3 megakernel " + "; ".join(problems))
     kda, mla, moe = model.kda, model.mla, model.moe
     assert kda is not None and mla is not None and moe.latent_size is not None
-    heads, pad = plan.attention_heads_per_device, plan.lane_multiple
-    local = plan.experts_per_group(model)
+    widths = device_widths(model, plan)
+    heads = widths.heads
     offsets: dict[str, tuple[int, int]] = {}
     lengths = {t.name: t.cols for layer in (0, 1, 3) for t in small_param_tensors(model, plan, layer)}
     cursor = 0
@@ -137,65 +147,47 @@ def model_dims(model: ModelConfig, plan: ShardingPlan) -> ModelDims:
         offsets[kind] = (cursor, lengths[kind])
         cursor += round_up(lengths[kind], LANES)
     dims = ModelDims(
-        hidden=model.hidden_size,
-        vocab_rows=plan.vocab_rows_per_device,
+        hidden=widths.hidden,
+        vocab_rows=widths.vocab_rows,
         num_layers=model.num_layers,
         eps=model.rms_norm_eps,
         block_layers=model.residual_block_layers,
-        kda=KdaDims(heads=heads, head_dim=kda.head_dim, padded_width=round_up(heads * kda.head_dim, pad),
-                    beta_cols=round_up(heads, pad), conv_kernel=kda.conv_kernel,
+        kda=KdaDims(heads=heads, head_dim=kda.head_dim, padded_width=widths.kda_padded_width,
+                    beta_cols=widths.kda_beta_cols, conv_kernel=kda.conv_kernel,
                     decay_rank=kda.decay_rank, lower_bound=kda.decay_lower_bound),
         mla=MlaDims(heads=heads, q_lora=mla.q_lora_rank, kv_lora=mla.kv_lora_rank,
                     nope=mla.qk_nope_head_dim, rope=mla.qk_rope_head_dim,
-                    rope_pad=round_up(mla.qk_rope_head_dim, pad), v_dim=mla.v_head_dim),
-        moe=MoeDims(num_experts=moe.num_experts, local_experts=local,
-                    scored_experts=min(plan.router_cols_per_device, moe.num_experts, local),
+                    rope_pad=widths.mla_rope_pad, v_dim=mla.v_head_dim),
+        moe=MoeDims(num_experts=moe.num_experts, local_experts=widths.local_experts,
+                    scored_experts=min(widths.router_cols, moe.num_experts, widths.local_experts),
                     top_k=moe.top_k, latent=moe.latent_size,
-                    latent_down_cols=plan.latent_down_cols_per_device,
-                    latent_up_cols=plan.latent_up_cols_per_device,
-                    slice_width=plan.expert_slice_width(model),
-                    shared_width=plan.shared_intermediate_per_device,
-                    router_cols=plan.router_cols_per_device, routed_scaling=moe.routed_scaling),
-        dense_width=plan.dense_intermediate_per_device,
+                    latent_down_cols=widths.latent_down_cols,
+                    latent_up_cols=widths.latent_up_cols,
+                    slice_width=widths.expert_slice_width,
+                    shared_width=widths.shared_width,
+                    router_cols=widths.router_cols, routed_scaling=moe.routed_scaling),
+        dense_width=widths.dense_width,
         kinds=tuple(model.attention_kind(layer) for layer in range(model.num_layers)),
         small_offsets=offsets,
         small_cols=cursor,
+        shapes={t.name: (t.rows, t.cols) for t in _streamed_tensors(model, plan)},
+        families={t.name: t.family for t in _streamed_tensors(model, plan)},
     )
     if dims.moe.top_k > dims.moe.scored_experts:
         raise UnsupportedModel(f"model {model.name}: top_k exceeds the experts scored per device")
-    check_against_shapes(dims, model, plan)
     return dims
 
 
-def check_against_shapes(dims: ModelDims, model: ModelConfig, plan: ShardingPlan) -> None:
-    """Assert every matrix the kernel streams has the (rows, cols) of :mod:`tpusim.workload.shapes`."""
-    ours = dict(weight_shapes(dims))
-    theirs = {}
-    for layer in (0, 1, 3):
-        for t in attention_tensors(model, plan, layer):
-            theirs[t.name] = (t.rows, t.cols)
-    for t in moe_dense_tensors(model, plan) + expert_slice_tensors(model, plan):
-        theirs[t.name] = (t.rows, t.cols)
-    for t in dense_mlp_tensors(model, plan) + lm_head_tensors(model, plan):
-        theirs[t.name] = (t.rows, t.cols)
-    for name, shape in theirs.items():
-        if ours.get(name) != shape:
-            raise AssertionError(f"{name}: kernel shape {ours.get(name)} != tpusim.workload.shapes {shape}")
+def _streamed_tensors(model: ModelConfig, plan: ShardingPlan) -> list[TensorSpec]:
+    """Every matrix the kernel streams, from :mod:`tpusim.workload.shapes`."""
+    kda_layer = next(layer for layer in range(model.num_layers) if model.attention_kind(layer) == "kda")
+    mla_layer = next(layer for layer in range(model.num_layers) if model.attention_kind(layer) == "mla")
+    tensors = (attention_tensors(model, plan, kda_layer) + attention_tensors(model, plan, mla_layer)
+               + moe_dense_tensors(model, plan) + expert_slice_tensors(model, plan)
+               + dense_mlp_tensors(model, plan) + lm_head_tensors(model, plan))
+    return tensors
 
 
 def weight_shapes(dims: ModelDims) -> list[tuple[str, tuple[int, int]]]:
-    """(name, (rows, cols)) of every streamed matrix, rows = contraction."""
-    h, k, m, e = dims.hidden, dims.kda, dims.mla, dims.moe
-    return [
-        ("kda.qkvgb", (h, k.qkvgb_cols)), ("kda.decay_a", (h, k.decay_rank)),
-        ("kda.decay_b", (k.decay_rank, k.width)), ("kda.o", (k.width, h)),
-        ("mla.q_a", (h, m.q_lora)), ("mla.q_b", (m.q_lora, m.heads * m.q_head_cols)),
-        ("mla.kv_a", (h, m.kv_cols)), ("mla.kv_b", (m.kv_lora, m.heads * m.kv_b_head_cols)),
-        ("mla.gate", (h, m.heads * m.v_dim)), ("mla.o", (m.heads * m.v_dim, h)),
-        ("moe.router", (h, e.router_cols)), ("moe.latent_down", (h, e.latent_down_cols)),
-        ("moe.latent_up", (e.latent, e.latent_up_cols)),
-        ("moe.shared_gate_up", (h, 2 * e.shared_width)), ("moe.shared_down", (e.shared_width, h)),
-        ("expert.gate_up", (e.latent, 2 * e.slice_width)), ("expert.down", (e.slice_width, e.latent)),
-        ("mlp.gate_up", (h, 2 * dims.dense_width)), ("mlp.down", (dims.dense_width, h)),
-        ("head.lm_head", (h, dims.vocab_rows)),
-    ]
+    """(name, (rows, cols)) of every streamed matrix, rows = contraction, in the kernel's order."""
+    return [(name, dims.shapes[name]) for name in STREAMED if name in dims.shapes]

@@ -59,15 +59,17 @@ from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import slab_rows
 from tpusim.workload.shapes import TensorSpec
 
-FAMILY = {
-    "small": "small_params", "kda.qkvgb": "kda_proj", "kda.decay_a": "kda_proj", "kda.decay_b": "kda_proj",
-    "kda.o": "kda_proj", "mla.q_a": "mla_proj", "mla.q_b": "mla_proj", "mla.kv_a": "mla_proj",
-    "mla.kv_b": "mla_proj", "mla.gate": "mla_proj", "mla.o": "mla_proj", "moe.router": "router",
-    "moe.latent_down": "latent_proj", "moe.latent_up": "latent_proj", "moe.shared_gate_up": "shared_expert",
-    "moe.shared_down": "shared_expert", "expert": "routed_expert", "mlp.gate_up": "dense_mlp",
-    "mlp.down": "dense_mlp", "head.lm_head": "lm_head",
-}
-assert tuple(FAMILY) == RING_ORDER  # the placement order tpusim.schedule.issue_plan owns
+SMALL_FAMILY, EXPERT_FAMILY = "small_params", "routed_expert"
+
+
+def ring_family(dims: ModelDims, ring: str) -> str:
+    """The weight family of ring ``ring``: :mod:`tpusim.workload.shapes` says (``small`` and
+    ``expert`` are the small-parameter row and the expert slots)."""
+    if ring == "small":
+        return SMALL_FAMILY
+    if ring == "expert":
+        return EXPERT_FAMILY
+    return dims.families[ring]
 NEVER = -1000  # table code: the unit is not part of this window
 
 
@@ -188,11 +190,19 @@ def geometry(dims: ModelDims, schedule: Schedule) -> Geometry:
     if schedule.expert_issue == "speculative":
         raise UnsupportedSchedule("expert_issue=speculative is not implemented by the kernel "
                                   "(it needs an expert predictor); use after_routing or during_selection")
+    for pool, spec in schedule.pools.items():
+        if spec.mode == "ring":
+            raise UnsupportedSchedule(
+                f"pools.{pool}: mode ring is not implemented by the kernel (a bank's index depends on every "
+                "dense slab streamed before it, so its issue tables would be per layer, not per window); "
+                "the simulator, sweep and VMEM accounting accept it")
     shapes = dict(weight_shapes(dims))
     rings: dict[str, Ring] = {}
     slot = expert_slot(dims)
     for name in RING_ORDER:
-        family = FAMILY[name]
+        if name not in ("small", "expert") and name not in dims.families:
+            continue
+        family = ring_family(dims, name)
         fam = schedule.family(family)
         pool = fam.pool or family
         count = instance_count(dims, name)

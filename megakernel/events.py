@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from megakernel.dma_plan import FAMILY, Unit, WindowPlan
+from megakernel.dma_plan import Unit, WindowPlan
 from megakernel.kernel import LEAD_IN, Megakernel, prologue_order
 from megakernel.kernel_dma import TEMPLATES
 from megakernel.math_moe import distinct_experts
@@ -80,7 +80,7 @@ def planned_event_order(kernel: Megakernel, routing: np.ndarray) -> list[Event]:
             for part in ("expert.gate_up", "expert.down"):
                 out.append(("dma_start", "routed_expert", part, layers[0], unit.slab))
         else:
-            out.append(("dma_start", FAMILY[unit.ring], unit.ring, layers[unit.delta], unit.slab))
+            out.append(("dma_start", geo.rings[unit.ring].family, unit.ring, layers[unit.delta], unit.slab))
 
     def planned(plan: WindowPlan, pos: int, layers: tuple[int, int]) -> None:
         due = [u for u, p in plan.issue.items() if p == pos and u in index]  # not refills

@@ -32,8 +32,8 @@ def check(schedule_name: str, mode: str, layers: int, batch: int, unsafe: bool) 
     from megakernel.kernel import Megakernel
     from megakernel.layout import random_weights
     from megakernel.reference import decode_step, device_params, init_state
-    from tpusim.workload.model_catalog import load_model, plan_for
     from tpusim.schedule.schema import load_schedule
+    from tpusim.workload.model_catalog import load_model, plan_for
 
     np.random.seed(0)  # the detector's vector clocks: repeatable runs
     model = load_model("kimi-k3-mini").with_layers(layers)

@@ -36,13 +36,13 @@ import numpy as np
 from hwmodels.errors import InputError
 from megakernel.dims import model_dims
 from megakernel.dma_plan import UnsupportedSchedule
+from megakernel.events import save_routing_trace
 from megakernel.hbm import pack_hbm
 from megakernel.kernel import Megakernel
 from megakernel.layout import load_safetensors, random_weights
 from megakernel.reference import decode_step, decode_step_with_routing, device_params, init_state
-from megakernel.events import save_routing_trace
-from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.schedule.schema import load_schedule
+from tpusim.workload.model_catalog import load_model, plan_for
 
 NOT_TPU_NOTE = "Pallas TPU interpret mode on a CPU: wall time of the interpreter, NOT a TPU timing"
 

@@ -17,6 +17,7 @@ from calibration.fit import FitResult
 from calibration.measurements import Measurement
 from calibration.predict import Predictor, resolve_model
 from hwmodels.catalog import load_chip
+from hwmodels.schema import Chip
 from tpusim.app.cli import main
 from tpusim.workload.model_catalog import plan_for
 from tpusim.workload.program import build_program
@@ -26,11 +27,13 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def loop(tmp_path_factory: pytest.TempPathFactory) -> tuple[FitResult, list[Measurement]]:
+def loop(tmp_path_factory: pytest.TempPathFactory) -> tuple[FitResult, list[Measurement], Chip]:
+    """The fit, its records, and the host entry the loop probed (published figures only)."""
     folder = tmp_path_factory.mktemp("local")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TPUSIM_LOCAL_DIR", str(folder))
-        return run_cpu_loop(CpuLoopConfig.quick(), probe=True, quick_probe=True)
+        result, records = run_cpu_loop(CpuLoopConfig.quick(), probe=True, quick_probe=True)
+        return result, records, load_chip("host-cpu", calibrated=False)
 
 
 def test_replay_reads_exactly_the_program_bytes() -> None:
@@ -42,8 +45,8 @@ def test_replay_reads_exactly_the_program_bytes() -> None:
     assert len(step.time_steps(warmup=1, repeats=2)) == 2
 
 
-def test_quick_loop_predicts_within_bounds(loop: tuple[FitResult, list[Measurement]]) -> None:
-    result, records = loop
+def test_quick_loop_predicts_within_bounds(loop: tuple[FitResult, list[Measurement], Chip]) -> None:
+    result, records, probed = loop
     assert len(records) == 9 and {r.backend for r in records} == {"cpu-xla"}
     assert all(r.ms_per_step_median > 0 and r.steps for r in records)
     assert {r.batch for r in result.split.holdout} == {4}
@@ -52,20 +55,28 @@ def test_quick_loop_predicts_within_bounds(loop: tuple[FitResult, list[Measureme
     # numbers (MAPE target 15 %) are in the benchmark and the issue note.
     assert summary["mape_calibration"] < 0.30 and summary["mape_holdout"] < 0.35
     assert summary["mape_calibration"] < summary["mape_before_calibration"] + 1e-9
-    by_path = {p.path: p for p in result.parameters}
-    assert 1e9 <= by_path["hbm.sustained_bandwidth_bytes_per_s"].value <= 1e13
+    # The fitted bandwidth is judged against the data and the probe, not against the fit's own
+    # bounds (which it cannot leave). Physics: a step that reads B weight bytes in T seconds
+    # streamed at least B / T, so no fit may claim less (30 % slack for the fit's own error).
+    # The probe's numpy copy measures DRAM while small XLA steps run from cache: the fit may
+    # exceed it, but not by the orders of magnitude its bounds would allow.
+    fitted = {p.path: p for p in result.parameters}["hbm.sustained_bandwidth_bytes_per_s"].value
+    achieved = max(r.extra["weight_bytes"] / (r.ms_per_step_median / 1e3) for r in records)
+    copy = probed.hbm.sustained_bandwidth_bytes_per_s.value
+    assert fitted >= 0.7 * achieved, (fitted, achieved)
+    assert copy / 4 <= fitted <= copy * 30, (fitted, copy)
     assert "host-cpu" in result.fitted_on
 
 
 def test_cli_cpu_loop_reuses_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                    capsys: pytest.CaptureFixture[str],
-                                   loop: tuple[FitResult, list[Measurement]]) -> None:
+                                   loop: tuple[FitResult, list[Measurement], Chip]) -> None:
     """``--measurements FILE`` on cpu-xla records re-fits host-cpu without measuring again."""
     monkeypatch.setenv("TPUSIM_LOCAL_DIR", str(tmp_path / "local"))
     from hwmodels.probe import probe_host, write_host_entry
 
     write_host_entry(probe_host(quick=True))
-    _result, records = loop
+    _result, records, _probed = loop
     path = tmp_path / "cpu.jsonl"
     path.write_text("".join(r.to_json_line() + "\n" for r in records))
     assert main(["calibrate", "--hardware", "host-cpu", "--measurements", str(path),

@@ -30,12 +30,6 @@ TRUTH = {
 }
 
 
-@pytest.fixture(autouse=True)
-def local_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("TPUSIM_LOCAL_DIR", str(tmp_path / "local"))
-    return tmp_path / "local"
-
-
 @pytest.fixture(scope="module")
 def predictor() -> Predictor:
     return Predictor()

@@ -22,12 +22,6 @@ from calibration.published import load_published
 from hwmodels.errors import InputError
 
 
-@pytest.fixture(autouse=True)
-def local_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("TPUSIM_LOCAL_DIR", str(tmp_path / "local"))
-    return tmp_path / "local"
-
-
 def record(**changes: object) -> Measurement:
     base = {
         "model": "muse-spark@int4+bf16", "system": {"chip": "tpu-v7", "chips": 4}, "batch": 2,

@@ -6,8 +6,8 @@ import pytest
 
 from hwmodels.catalog import make_system
 from hwmodels.errors import InputError
-from tpusim.workload.capacity import capacity_report, check_capacity, resident_weight_bytes
 from tpusim.compare.rows import parse_systems, with_execution
+from tpusim.workload.capacity import capacity_report, check_capacity, resident_weight_bytes
 from tpusim.workload.model_catalog import load_model, plan_for
 
 

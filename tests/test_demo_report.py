@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tpusim.app.demo import DemoConfig, DemoRun
 from tpusim.app.demo_report import render_report
+from tpusim.app.demo_run import DemoConfig, DemoRun
 
 
 def _row(system: str, execution: str, step_ms: float | None, fits: bool = True) -> dict:

@@ -12,11 +12,11 @@ import pytest
 
 from hwmodels.schema import Chip
 from tpusim.engine import simulate
-from tpusim.workload.model_catalog import load_model, plan_for
-from tpusim.workload.sharding import CollectiveSpec, CollectiveStage
-from tpusim.workload.program import CollectiveCall, LayerProgram, Op, Program
 from tpusim.schedule.schema import FamilySchedule, Schedule
+from tpusim.workload.model_catalog import load_model, plan_for
+from tpusim.workload.program import CollectiveCall, LayerProgram, Op, Program
 from tpusim.workload.shapes import TensorSpec
+from tpusim.workload.sharding import CollectiveSpec, CollectiveStage
 
 US = 1e-6
 GATE_UP_BYTES = 256 * 1024 * 2  # bf16 256 x 1024 = 524,288 B

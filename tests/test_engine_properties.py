@@ -15,13 +15,13 @@ from hypothesis import strategies as st
 
 from hwmodels.catalog import load_chip
 from hwmodels.schema import Chip
-from tpusim.workload.floors import floors
 from tpusim.engine import simulate
+from tpusim.schedule.schema import SCHEDULE_FAMILIES, Schedule, load_schedule
+from tpusim.workload.floors import floors
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.program import Program, build_program
 from tpusim.workload.routing import RoutingModel
-from tpusim.schedule.schema import SCHEDULE_FAMILIES, Schedule, load_schedule
 
 PROPERTY_SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 POOLS = (None, "a", "b")

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from hwmodels.catalog import make_system
-from tpusim.workload.floors import floors
 from tpusim.app.cli import main
 from tpusim.report.floor import floor_report
+from tpusim.workload.floors import floors
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.program import build_program
 from tpusim.workload.routing import RoutingModel, parse_routing

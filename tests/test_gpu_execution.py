@@ -14,7 +14,6 @@ import pytest
 from hwmodels.catalog import load_chip, make_system
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
-from tpusim.workload.capacity import check_capacity
 from tpusim.compare.rows import with_execution
 from tpusim.engine import InfeasibleSchedule, SimResult, simulate
 from tpusim.engine.execution import execution_policy
@@ -27,11 +26,12 @@ from tpusim.engine.gpu import (
     price_collective,
 )
 from tpusim.engine.gpu_fusion import fused_kernel_plan
-from tpusim.workload.model_catalog import load_model, plan_for
-from tpusim.workload.sharding import CollectiveSpec, CollectiveStage
-from tpusim.workload.program import CollectiveCall, LayerProgram, Op, Program, build_program
 from tpusim.schedule.schema import FamilySchedule, Schedule, load_schedule
+from tpusim.workload.capacity import check_capacity
+from tpusim.workload.model_catalog import load_model, plan_for
+from tpusim.workload.program import CollectiveCall, LayerProgram, Op, Program, build_program
 from tpusim.workload.shapes import TensorSpec
+from tpusim.workload.sharding import CollectiveSpec, CollectiveStage
 
 US = 1e-6
 MIB = 1 << 20

@@ -28,14 +28,6 @@ BUILTIN_FILES = sorted(BUILTIN_DIR.glob("*.yaml"))
 EXPECTED_CHIPS = {"tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-v7", "h100", "h200", "b200", "gb200"}
 
 
-@pytest.fixture(autouse=True)
-def local_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Every test gets its own empty local folder: nothing is written into the package."""
-    folder = tmp_path / "local"
-    monkeypatch.setenv("TPUSIM_LOCAL_DIR", str(folder))
-    return folder
-
-
 def _v7_data() -> dict[str, Any]:
     return yaml.safe_load((BUILTIN_DIR / "tpu-v7.yaml").read_text(encoding="utf-8"))
 

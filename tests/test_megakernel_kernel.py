@@ -24,14 +24,14 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 from megakernel.dims import model_dims
+from megakernel.events import planned_event_order, weight_events
 from megakernel.examples import chunked_schedule
 from megakernel.hbm import pack_hbm
 from megakernel.kernel import Megakernel
 from megakernel.layout import random_weights
 from megakernel.reference import decode_step_with_routing, device_params, init_state
-from megakernel.events import planned_event_order, weight_events
-from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.schedule.schema import load_schedule
+from tpusim.workload.model_catalog import load_model, plan_for
 
 pytestmark = pytest.mark.slow
 

@@ -23,8 +23,8 @@ from megakernel.quant import (
     quantize_fp8_b256,
     quantize_mxfp4,
 )
-from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.schedule.schema import load_schedule
+from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.shapes import expert_slice_bytes, layer_tensors, lm_head_tensors
 
 
@@ -102,11 +102,17 @@ def test_distinct_experts_are_listed_round_major():
 def test_kernel_shapes_and_bytes_equal_tpusim_shapes(name, devices):
     model = load_model(name)
     plan = plan_for(model, devices)
-    dims = model_dims(model, plan)  # raises if any (rows, cols) differs from tpusim.workload.shapes
+    dims = model_dims(model, plan)
     ours = dict(weight_shapes(dims))
     for t in layer_tensors(model, plan, 3) + layer_tensors(model, plan, 1) + lm_head_tensors(model, plan):
         if not t.name.startswith("small."):
             assert ours[t.name] == (t.rows, t.cols), t.name
+    # the kernel's math slices these matrices by its own widths: they must agree with the shapes
+    k, m, e = dims.kda, dims.mla, dims.moe
+    assert ours["kda.qkvgb"] == (dims.hidden, k.qkvgb_cols) and ours["kda.o"] == (k.width, dims.hidden)
+    assert ours["mla.q_b"] == (m.q_lora, m.heads * m.q_head_cols) and ours["mla.kv_a"] == (dims.hidden, m.kv_cols)
+    assert ours["mla.kv_b"] == (m.kv_lora, m.heads * m.kv_b_head_cols)
+    assert ours["expert.gate_up"] == (e.latent, 2 * e.slice_width) and ours["head.lm_head"] == (dims.hidden, dims.vocab_rows)
     slot = sum(int(np.prod(shape[2:])) * np.dtype(dtype).itemsize for key, (shape, dtype) in array_specs(dims).items()
                if key.startswith("expert."))
     assert slot == expert_slice_bytes(model, plan)  # 7,010,304 B at K3 TP32

@@ -9,12 +9,12 @@ import pytest
 
 from megakernel.dims import model_dims
 from megakernel.dma_plan import UnsupportedSchedule, geometry, peak_in_flight, plan_iteration
+from megakernel.events import OP_READS, planned_event_order
 from megakernel.examples import chunked_schedule
 from megakernel.kernel import Megakernel
-from megakernel.events import OP_READS, planned_event_order
-from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.schedule.schema import FamilySchedule, Schedule, load_schedule
 from tpusim.schedule.vmem import vmem_plan
+from tpusim.workload.model_catalog import load_model, plan_for
 
 BUILTINS = ("naive", "published", "layer-double-buffer")
 ARENA_ROW_BYTES = 256  # 128 lanes of uint16

@@ -14,13 +14,6 @@ from hwmodels.schema import Chip
 from tpusim.app.cli import main
 
 
-@pytest.fixture(autouse=True)
-def local_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "local"
-    monkeypatch.setenv("TPUSIM_LOCAL_DIR", str(folder))
-    return folder
-
-
 @pytest.fixture(scope="module")
 def host_chip() -> Chip:
     """One quick probe (~1–3 s) shared by the tests in this file."""

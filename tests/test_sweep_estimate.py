@@ -9,15 +9,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hwmodels.catalog import make_system
-from tpusim.workload.floors import floors
 from tpusim.engine import simulate
-from tpusim.workload.model_catalog import load_model, plan_for
-from tpusim.workload.program import build_program
 from tpusim.schedule.schema import BUILTIN_SCHEDULES, load_schedule
-from tpusim.sweep.estimate import EstimateContext, _Hbm, _Pool, estimate
+from tpusim.sweep.estimate import EstimateContext, estimate
+from tpusim.sweep.estimate_resources import AdmissionPool, FluidHbm
 from tpusim.sweep.prune import VmemAccountant, check_candidate
 from tpusim.sweep.report import spearman
 from tpusim.sweep.space import candidates, default_space
+from tpusim.workload.floors import floors
+from tpusim.workload.model_catalog import load_model, plan_for
+from tpusim.workload.program import build_program
 
 K3_FAMILIES = ["kda_proj", "mla_proj", "small_params", "router", "latent_proj", "shared_expert",
                "routed_expert", "dense_mlp", "lm_head"]
@@ -85,7 +86,7 @@ def test_naive_is_estimated_slowest_and_published_fastest_of_the_builtins() -> N
 def test_fluid_hbm_never_exceeds_its_bandwidth(copies: list[tuple[float, float]], max_in_flight: int) -> None:
     """Invariant of the HBM model: by any time T it has moved at most bandwidth x T bytes."""
     ctx = workload("kimi-k3-mini", 2, 2)[4]
-    hbm = _Hbm(ctx, max_in_flight)
+    hbm = FluidHbm(ctx.bandwidth_bytes_per_s, ctx.issue_latency_s, ctx.dma, max_in_flight)
     landed = []
     for ready, nbytes in copies:
         land = hbm.copy(ready, nbytes)
@@ -99,7 +100,7 @@ def test_fluid_hbm_never_exceeds_its_bandwidth(copies: list[tuple[float, float]]
 @given(st.lists(st.tuples(st.floats(0, 1.0), st.integers(1, 100), st.floats(0, 1.0)), min_size=1, max_size=30))
 def test_pool_admits_in_order_and_never_overfills(slabs: list[tuple[float, int, float]]) -> None:
     """Invariant of a pool: admissions are in order and held bytes never exceed the arena."""
-    pool = _Pool(100)
+    pool = AdmissionPool(100)
     admitted = []
     for ready, nbytes, hold_s in slabs:
         at = pool.admit(ready, nbytes)

@@ -11,11 +11,11 @@ import pytest
 
 from hwmodels.catalog import make_system
 from tpusim.engine import SimResult, simulate
+from tpusim.report.perfetto import VMEM_COUNTER, trace_events, write_trace
+from tpusim.report.timeline import plot_timeline
+from tpusim.schedule.schema import load_schedule
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.program import build_program
-from tpusim.schedule.schema import load_schedule
-from tpusim.report.timeline import plot_timeline
-from tpusim.report.perfetto import VMEM_COUNTER, trace_events, write_trace
 
 
 @cache

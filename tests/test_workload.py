@@ -167,9 +167,10 @@ def test_bad_model_names(name: str, match: str) -> None:
 
 def test_hf_config_without_moe_keys(tmp_path) -> None:
     path = tmp_path / "config.json"
-    path.write_text('{"hidden_size": 64, "vocab_size": 10, "num_hidden_layers": 2, "num_attention_heads": 2,'
-                    ' "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8}')
-    with pytest.raises(InputError, match=rf"{path}: missing MoE key 'n_routed_experts'"):
+    path.write_text('{"model_type": "deepseek_v3", "hidden_size": 64, "vocab_size": 10, "num_hidden_layers": 2,'
+                    ' "num_attention_heads": 2, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8,'
+                    ' "v_head_dim": 8, "moe_intermediate_size": 32}')
+    with pytest.raises(InputError, match=rf"{path}: missing key 'n_routed_experts' \(needed for DeepSeek-V3 MoE\)"):
         load_model(str(path))
 
 

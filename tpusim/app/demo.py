@@ -31,50 +31,13 @@ import os
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from hwmodels.atomic import write_text_atomic
 from tpusim.app.cli import main as cli_main
+from tpusim.app.demo_run import DemoConfig, DemoRun, StepRecord
 
 K3_TPU = ["--model", "kimi-k3", "--hardware", "tpu-v7", "--chips", "16"]
-
-
-@dataclass
-class DemoConfig:
-    out_dir: Path
-    jobs: int = 2
-    sweep_budget: int = 32
-    compare_batches: str = "1,2,4,8"
-    compare_acceptance: str = "3,6"
-    compare_systems: str = "tpu-v7:16,gb200:16,gb200:16:megakernel"
-    kernel_steps: int = 1
-    quick: bool = False  # smaller budgets (tests)
-
-
-@dataclass
-class StepRecord:
-    name: str
-    wall_s: float = 0.0
-    ok: bool = True
-    error: str = ""
-    data: Any = None
-
-
-@dataclass
-class DemoRun:
-    config: DemoConfig
-    steps: list[StepRecord] = field(default_factory=list)
-
-    def step(self, name: str) -> StepRecord:
-        record = StepRecord(name)
-        self.steps.append(record)
-        return record
-
-    @property
-    def ok(self) -> bool:
-        return all(step.ok for step in self.steps)
 
 
 def run_cli_json(argv: list[str]) -> Any:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tpusim.app.demo import DemoRun, StepRecord
+    from tpusim.app.demo_run import DemoRun, StepRecord
 
 
 def _fmt(value: Any, digits: int = 3) -> str:

@@ -32,15 +32,16 @@ from hwmodels.catalog import make_system
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip, System
 from tpusim.report.intervals import interval_fields, no_interval, sample_chips
+from tpusim.schedule.schema import Schedule, load_schedule
+from tpusim.schedule.vmem import InfeasibleSchedule, check_fits, vmem_plan
 from tpusim.workload.capacity import capacity_report, check_capacity
-from tpusim.workload.model_catalog import load_model, plan_for
+from tpusim.workload.format_choice import apply_formats
+from tpusim.workload.model_catalog import load_model, plan_for_system
 from tpusim.workload.modelconfig import ModelConfig
-from tpusim.workload.sharding import ShardingPlan
 from tpusim.workload.program import build_program
 from tpusim.workload.routing import RoutingModel
-from tpusim.schedule.schema import Schedule, load_schedule
+from tpusim.workload.sharding import ShardingPlan
 from tpusim.workload.speculative import SpeculativeConfig, SpeculativeStep
-from tpusim.schedule.vmem import InfeasibleSchedule, check_fits, vmem_plan
 
 MS_PER_S = 1000.0
 EXECUTIONS = ("default", "per-kernel", "graphs", "megakernel")
@@ -166,11 +167,11 @@ def _speculative_step_s(chip: Chip, *, verify: Callable[[Chip], float], draft: C
     return SpeculativeStep(batch, draft(chip), verify(chip), config).step_s
 
 
-def _system_and_plan(model: ModelConfig, spec: SystemSpec, calibrated: bool) -> tuple[System, Chip, ShardingPlan]:
+def _system_and_plan(model: ModelConfig, spec: SystemSpec, calibrated: bool,
+                     plan_choice: str | None = None) -> tuple[System, Chip, ShardingPlan]:
     system = make_system(spec.chip, spec.chips, calibrated=calibrated)
     chip = with_execution(system.chip, spec.execution)
-    intra = "nvlink" if chip.kind == "gpu" else "ici"
-    plan = plan_for(model, system.devices, devices_per_chip=chip.devices_per_chip, intra_link=intra)
+    plan = plan_for_system(model, chip, spec.chips, plan_choice)
     return system.model_copy(update={"chip": chip}), chip, plan
 
 
@@ -187,14 +188,17 @@ def compare_rows(
     seed: int = 0,
     calibrated: bool = True,
     draft_tokens: int = 7,
+    formats: str | None = None,
+    plan_choice: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows of the comparison (see the module docstring for keys)."""
+    """Rows of the comparison (see the module docstring for keys). ``formats`` and
+    ``plan_choice`` are the ``--formats`` and ``--plan`` texts (applied to every system)."""
     routing = routing or RoutingModel("uniform")
-    model = load_model(model_name)
+    model = apply_formats(load_model(model_name), formats)
     rows: list[dict[str, Any]] = []
     speculation: list[float | None] = [None, *(acceptance_lengths or [])]
     for spec in systems:
-        system, chip, plan = _system_and_plan(model, spec, calibrated)
+        system, chip, plan = _system_and_plan(model, spec, calibrated, plan_choice)
         label = "calibrated" if _is_calibrated(chip) else "simulated"
         samples = [with_execution(sample, spec.execution) for sample in sample_chips(chip)]
         for batch in batches:
@@ -239,8 +243,7 @@ def compare_rows(
                     continue
                 config = SpeculativeConfig(draft_tokens=draft_tokens, acceptance_length=acceptance)
                 draft_model = load_model(config.draft_model)
-                draft_plan = plan_for(draft_model, system.devices, devices_per_chip=chip.devices_per_chip,
-                                      intra_link="nvlink" if chip.kind == "gpu" else "ici")
+                draft_plan = plan_for_system(draft_model, chip, spec.chips)
                 draft_schedule, _ = fitting_schedule(draft_model, draft_plan, chip, batch)
                 draft_s, _ = _simulate_s(draft_model, draft_plan, chip, draft_schedule, rows=batch,
                                          context_tokens=context_tokens, routing=routing, seed=seed)

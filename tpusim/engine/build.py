@@ -79,9 +79,9 @@ from tpusim.engine.items import (
     Ring,
     Slab,
 )
-from tpusim.schedule.program_issue import ProgramIssuePlan, program_issue_plan
+from tpusim.schedule.program_issue import ProgramIssuePlan, cached_issue_plan
 from tpusim.schedule.schema import SCHEDULE_FAMILIES, FamilySchedule, Schedule
-from tpusim.schedule.vmem import SMALL_FAMILY, VmemPlan, family_chunk, slab_rows
+from tpusim.schedule.vmem import SMALL_FAMILY, VmemPlan, arena_of, family_chunk, slab_rows
 from tpusim.workload.formats import scale_bytes, value_bytes
 from tpusim.workload.program import Op, Program
 from tpusim.workload.shapes import TensorSpec, kv_cache_bytes_per_token, recurrent_state_bytes
@@ -134,7 +134,7 @@ class _Builder:
         self.miss_rate = schedule.speculation_miss_rate if speculative else 0.0
         self.expert_count = 0  # routed experts lowered so far over the whole step (misses)
         self.kernels = policy.kernel_plan(program)
-        self.issue = program_issue_plan(program, schedule) if policy.cross_op_prefetch else None
+        self.issue = cached_issue_plan(program, schedule) if policy.cross_op_prefetch else None
         self.plans: list[OpPlan] = []
 
     def release_plan(self, index: int, tensor: TensorSpec | None = None, layer: int = 0, chunk: int = 0) -> OpPlan:
@@ -149,10 +149,10 @@ class _Builder:
 
     def pool_of(self, family: str, ring: Ring) -> Pool:
         """The arena's pool; with an issue plan, the ring's own queue (step 3)."""
-        if self.issue is not None:
+        if self.issue is not None:  # named after its arena, so diagnoses group by arena
             pool = self.pools.get(ring.name)
             if pool is None:
-                pool = self.pools[ring.name] = Pool(ring.name, float("inf"), (family,))
+                pool = self.pools[ring.name] = Pool(arena_of(self.schedule, family), float("inf"), (family,))
             return pool
         name = self.families[family].pool or family
         pool = self.pools.get(name)
@@ -322,7 +322,8 @@ def _lower_expert(b: _Builder, op: Op, plan_: OpPlan,
     """A routed expert: one slot, a piece per matmul, the slot freed after the last."""
     wasted = None
     rate = b.miss_rate
-    if rate:
+    # only a copy issued ahead of routing can be mispredicted (a slot freeing later issues after it)
+    if rate and b.issue is not None and b.issue.expert_issue(op.layer, op.expert_index or 0)[1]:
         count = b.expert_count
         if math.floor((count + 1) * rate + 1e-9) > math.floor(count * rate + 1e-9):
             wasted = b.expert_slab(op, plan_.index, ".mispredicted")
@@ -452,10 +453,7 @@ def _place_expert_releases(plans: list[OpPlan], ops: list[Op], issue: ProgramIss
             if by_routing:
                 at_routing.append((slab, wasted))
                 continue
-            if wasted is not None:  # no routing op, or a slot that frees later: no speculation
-                plans[op_index].start_releases.append(wasted)
-                plans[op_index].resolves.append(wasted)
-            plans[op_index].start_releases.append(slab)
+            plans[op_index].start_releases.append(slab)  # issued after routing: never mispredicted
         if not at_routing or routing is None:
             continue
         if schedule.expert_issue == "speculative":

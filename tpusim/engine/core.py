@@ -31,17 +31,17 @@ import simpy
 from simpy.events import NORMAL, Event, EventPriority
 
 from hwmodels.schema import Chip
+from tpusim.engine.build import lower
 from tpusim.engine.execution import ExecutionPolicy, execution_policy
 from tpusim.engine.hbm import HbmServer
 from tpusim.engine.items import MXU, VPU, Descriptor
-from tpusim.engine.build import lower
 from tpusim.engine.result import PHASES, SimResult
 from tpusim.engine.staging import StagingMemory
 from tpusim.engine.stream import Links, StreamAccount, compute_stream
 from tpusim.engine.timeline import Recorder
-from tpusim.workload.program import Program
 from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import InfeasibleSchedule, VmemPlan, check_fits, vmem_plan
+from tpusim.workload.program import Program
 
 MIB = 1 << 20
 HOLDINGS_SHOWN = 4

@@ -37,16 +37,15 @@ import math
 
 from hwmodels.schema import Chip, ComputeUnit, LinkSpec
 from tpusim.workload.floors import link_for
-from tpusim.workload.sharding import CollectiveStage
 from tpusim.workload.program import Op
+from tpusim.workload.sharding import CollectiveStage
 
 VECTOR_DTYPE = "f32"
-DEFAULT_MATMUL_DTYPE = "bf16"
 
 
 def op_matmul_dtype(op: Op) -> str:
-    """The dtype the matrix unit runs ``op`` at (first weight tensor's MXU dtype, else bf16)."""
-    return op.tensors[0].fmt.mxu_dtype if op.tensors else DEFAULT_MATMUL_DTYPE
+    """The dtype the matrix unit runs ``op`` at (:attr:`tpusim.workload.program.Op.matmul_dtype`)."""
+    return op.matmul_dtype
 
 
 def padded_rows(rows: int, unit: ComputeUnit) -> int:

@@ -40,8 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hwmodels.schema import Chip
-from tpusim.workload.program import CollectiveCall, Program
 from tpusim.schedule.schema import SCHEDULE_FAMILIES, FamilySchedule, Schedule
+from tpusim.workload.program import CollectiveCall, Program
 
 # In-flight copies a conventional stack keeps per op: effectively unbounded (every tensor
 # of the op is requested at once, as a kernel's thread blocks do).

@@ -79,7 +79,6 @@ from typing import Any
 
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip, Figure, LinkSpec
-from tpusim.workload.floors import link_for
 from tpusim.engine.execution import (
     ExecutionPolicy,
     KernelPlan,
@@ -87,9 +86,10 @@ from tpusim.engine.execution import (
 )
 from tpusim.engine.gpu_fusion import fused_kernel_plan
 from tpusim.engine.result import SimResult
-from tpusim.workload.sharding import CollectiveStage
-from tpusim.workload.program import CollectiveCall, Program
 from tpusim.schedule.schema import SCHEDULE_FAMILIES, FamilySchedule, Schedule
+from tpusim.workload.floors import link_for
+from tpusim.workload.program import CollectiveCall, Program
+from tpusim.workload.sharding import CollectiveStage
 
 GPU_EXECUTIONS = ("per-kernel", "graphs", "megakernel")
 SCALE_OUT_LINK = "pcie"  # the schema's name for the PCIe-attached NIC (GPUDirect RDMA)

@@ -9,23 +9,17 @@ every collective waits for).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from hwmodels.schema import System
-from tpusim.workload.floors import floors, tokens_per_s
+from tpusim.workload.floors import Floors, floors, hbm_floor_s, tokens_per_s
 from tpusim.workload.modelconfig import ModelConfig
-from tpusim.workload.sharding import ShardingPlan
 from tpusim.workload.program import build_program
 from tpusim.workload.routing import RoutingModel, expected_distinct
 from tpusim.workload.shapes import expert_slice_bytes
+from tpusim.workload.sharding import ShardingPlan
 
 MS_PER_S = 1000.0
-
-
-@dataclass
-class FloorReport:
-    data: dict[str, Any]
 
 
 def floor_report(model: ModelConfig, plan: ShardingPlan, system: System, *, batch: int,
@@ -43,7 +37,9 @@ def floor_report(model: ModelConfig, plan: ShardingPlan, system: System, *, batc
     slice_bytes = expert_slice_bytes(model, plan)
     moe_layers = len(model.moe_layers)
     group_size = plan.experts_per_group(model)
-    closed = expected_distinct(routing, model.moe.num_experts, model.moe.top_k, batch, group_size)
+    moe = model.moe
+    closed = (expected_distinct(routing, moe.num_experts, moe.top_k, batch, group_size,
+                                grouped=moe.routing_groups_per_token < moe.routing_groups) if moe else 0.0)
     sampled_mean = sum(sum(p.routed_experts_per_layer) for p in group_programs) / (groups * max(1, moe_layers))
     experts_per_layer = closed if closed is not None else sampled_mean
 
@@ -58,13 +54,13 @@ def floor_report(model: ModelConfig, plan: ShardingPlan, system: System, *, batc
             by_kind[kind] = by_kind.get(kind, 0.0) + size / groups
     by_kind["routed_expert"] = by_family["routed_expert"]
     bytes_per_device = sum(by_family.values())
+    weight_bytes = sum(size for family, size in by_family.items() if family not in ("kv_cache", "kda_state"))
 
-    hbm_floor_s = bytes_per_device / chip.hbm.peak_bandwidth_bytes_per_s.value
-    compute_floor_s = sum(fl.compute_floor_s for fl in group_floors) / groups
-    collective_floor_s = critical_floors.collective_floor_s
-    floor_s = max(hbm_floor_s, compute_floor_s + collective_floor_s)
-    bound = "hbm" if hbm_floor_s >= compute_floor_s + collective_floor_s else (
-        "collective latency" if collective_floor_s > compute_floor_s else "compute")
+    # The expected device: its bytes, the mean compute over the groups, and the collectives
+    # of the critical device (every collective waits for it).
+    expected = Floors(hbm_bytes=round(bytes_per_device), hbm_floor_s=hbm_floor_s(bytes_per_device, chip),
+                      compute_floor_s=sum(fl.compute_floor_s for fl in group_floors) / groups,
+                      collective_floor_s=critical_floors.collective_floor_s)
     per_layer = {}
     first = group_programs[0]
     for layer in first.layers:
@@ -78,17 +74,18 @@ def floor_report(model: ModelConfig, plan: ShardingPlan, system: System, *, batc
         "routing": routing.label,
         "seed": seed,
         "bytes_per_device": bytes_per_device,
+        "weight_bytes_per_device": weight_bytes,
         "bytes_per_device_critical": critical.hbm_bytes,
         "routed_experts_per_device_per_layer": experts_per_layer,
         "routed_experts_closed_form": closed is not None,
         "routed_experts_critical_per_layer": sum(critical.routed_experts_per_layer) / max(1, moe_layers),
-        "hbm_floor_ms": hbm_floor_s * MS_PER_S,
-        "compute_floor_ms": compute_floor_s * MS_PER_S,
-        "collective_floor_ms": collective_floor_s * MS_PER_S,
-        "floor_ms": floor_s * MS_PER_S,
+        "hbm_floor_ms": expected.hbm_floor_s * MS_PER_S,
+        "compute_floor_ms": expected.compute_floor_s * MS_PER_S,
+        "collective_floor_ms": expected.collective_floor_s * MS_PER_S,
+        "floor_ms": expected.floor_s * MS_PER_S,
         "floor_ms_critical_device": critical_floors.floor_s * MS_PER_S,
-        "bound_by": bound,
-        "tokens_per_s_at_floor": tokens_per_s(batch, floor_s),
+        "bound_by": expected.bound_by,
+        "tokens_per_s_at_floor": tokens_per_s(batch, expected.floor_s),
         "hbm_peak_bytes_per_s": chip.hbm.peak_bandwidth_bytes_per_s.value,
         "breakdown": {
             "bytes_by_family": by_family,

@@ -198,26 +198,29 @@ def plan_issues(rings: dict[str, RingSpec], op_reads: Sequence[Sequence[Read]], 
     whose last reader is older cannot delay any copy)."""
     instances = sorted(_instances(op_reads, first).values(), key=lambda inst: inst.first)
     plan = IssuePlan({}, {}, {})
-    live: list[int] = []  # indices into slots of occupants first read before c, still relevant
-    slots: list[tuple[RingSpec, _Instance, int, int]] = []  # (ring, instance, slab, buffer)
+    live: list[_Slot] = []  # occupants first read before c whose last reader may still matter
+    slots: list[_Slot] = []
+    static = {name: ring.static_buffers for name, ring in rings.items()}
     for inst in instances:
         ring = rings[inst.read.ring]
         count = inst.read.slabs if inst.read.slabs is not None else ring.num_slabs
         for k in range(count):
-            slots.append((ring, inst, k, (inst.read.first_slot + k) % ring.buffers))
-    slots.sort(key=lambda s: s[1].first)
+            buffer = (inst.read.first_slot + k) % ring.buffers
+            span = ring.buffer_range(buffer) if static[ring.name] else ring.region
+            slots.append(_Slot(ring, inst, k, buffer, span))
     by_first, current = 0, None
-    for ring, inst, k, buffer in slots:
+    for slot in slots:
+        ring, inst, k, buffer = slot.ring, slot.inst, slot.slab, slot.buffer
         c = inst.first
         unit = Unit(ring.name, inst.read.key, k)
         plan.consumer[unit], plan.buffer[unit] = c, buffer
         if c != current:
             current = c
-            while by_first < len(slots) and slots[by_first][1].first < c:
-                live.append(by_first)
+            while by_first < len(slots) and slots[by_first].inst.first < c:
+                live.append(slots[by_first])
                 by_first += 1
             oldest = horizon(c) - lookback
-            live = [index for index in live if slots[index][1].last >= oldest]
+            live = [other for other in live if other.inst.last >= oldest]
         if c < min_consumer:
             continue
         if k >= ring.buffers and ring.name != EXPERT_RING:
@@ -227,8 +230,8 @@ def plan_issues(rings: dict[str, RingSpec], op_reads: Sequence[Sequence[Read]], 
         expert = ring.name == EXPERT_RING
         distance = ring.distance if inst.read.distance is None else inst.read.distance
         floor = routing(inst.read) if expert else max(c - distance, horizon(c))
-        free = _free(ring, inst, k, buffer, live, slots, floor) if respect_buffers or expert else -FAR
-        when = max(floor, free)
+        free = _free(slot, live, floor) if respect_buffers or expert else -FAR
+        when = floor if floor > free else free
         if when == c + 1 and ring.name.startswith("pool:"):  # the bank's occupant is read by op c too:
             plan.issue[unit] = c  # refilled inside c as that occupant is consumed
             plan.refills.add(unit)
@@ -241,23 +244,31 @@ def plan_issues(rings: dict[str, RingSpec], op_reads: Sequence[Sequence[Read]], 
     return plan
 
 
-def _free(ring: RingSpec, inst: _Instance, k: int, buffer: int, live: list[int],
-          slots: list[tuple[RingSpec, _Instance, int, int]], floor: int) -> int:
-    """The op after the last reader of every buffer slab ``k`` of ``inst`` overwrites."""
-    mine = [ring.buffer_range(buffer)] if ring.static_buffers else [ring.region]
+@dataclass(frozen=True)
+class _Slot:
+    """Slab ``slab`` of an instance, in buffer ``buffer`` covering arena ``span``."""
+
+    ring: RingSpec
+    inst: _Instance
+    slab: int
+    buffer: int
+    span: tuple[int, int]
+
+
+def _free(mine: _Slot, live: list[_Slot], floor: int) -> int:
+    """The op after the last reader of every buffer ``mine`` overwrites (or ``-FAR``)."""
+    ring, pool, (a, b) = mine.ring, mine.ring.pool, mine.span
+    bound = floor
     free = -FAR
-    for index in live:
-        o_ring, o_inst, _o_k, o_buffer = slots[index]
-        if o_inst.last + 1 <= max(free, floor) or o_inst is inst:
+    for other in live:
+        after = other.inst.last + 1
+        if after <= bound or other.inst is mine.inst:
             continue
-        if o_ring is ring:
-            hit = o_buffer == buffer
-        elif o_ring.pool == ring.pool:
-            theirs = o_ring.buffer_range(o_buffer) if o_ring.static_buffers else o_ring.region
-            hit = any(a < theirs[1] and theirs[0] < b for a, b in mine)
+        if other.ring is ring:
+            hit = other.buffer == mine.buffer
         else:
-            hit = False
+            hit = other.ring.pool == pool and a < other.span[1] and other.span[0] < b
         if hit:
-            free = o_inst.last + 1
+            free = bound = after
     return free
 

@@ -46,6 +46,11 @@ class ProgramIssuePlan:
     routing_op: dict[int, int]  # layer -> op whose routing decision issues its experts
     tensor_ring: dict[str, str]  # tensor name -> ring (weights other than small and experts)
 
+    def max_lead_ops(self) -> int:
+        """The most ops any copy is issued before its consumer."""
+        plan = self.plan
+        return max((plan.consumer[unit] - op for unit, op in plan.issue.items()), default=0)
+
     def ring_of(self, tensor: str, family: str) -> str:
         """The ring (engine queue) ``tensor`` streams through."""
         if family == SMALL_FAMILY:
@@ -161,6 +166,24 @@ def program_issue_plan(program: Program, schedule: Schedule, facts: ProgramFacts
     return ProgramIssuePlan(plan, placed, arenas, routing_op, tensor_ring)
 
 
+_RECENT: list[tuple[Program, str, ProgramIssuePlan]] = []  # small LRU: re-simulations of one program
+
+
+def cached_issue_plan(program: Program, schedule: Schedule) -> ProgramIssuePlan:
+    """:func:`program_issue_plan`, remembered for the last few (program, schedule) pairs: a
+    calibration or an interval re-simulates the same step many times with other chip figures,
+    and the plan depends on neither."""
+    digest = schedule.content_hash()
+    for index, (known, known_digest, plan) in enumerate(_RECENT):
+        if known is program and known_digest == digest:
+            _RECENT.append(_RECENT.pop(index))
+            return plan
+    plan = program_issue_plan(program, schedule)
+    _RECENT.append((program, digest, plan))
+    del _RECENT[:-8]
+    return plan
+
+
 def program_rings(facts: ProgramFacts, schedule: Schedule) -> tuple[dict[str, RingSpec], dict[str, str]]:
     """One ring per tensor kind the program streams (one per ring-mode pool), sized in bytes as
     VMEM accounting sizes it; and tensor name -> ring."""
@@ -197,6 +220,8 @@ def program_reads(facts: ProgramFacts, schedule: Schedule, rings: dict[str, Ring
     ordinals: dict[str, dict[object, int]] = {}
     first_slot: dict[tuple[str, object], int] = {}
     banks_used: dict[str, int] = {}
+    slab_count: dict[tuple[str, int], int] = {}  # (tensor, bytes) -> slabs
+    ring_distance = {name: schedule.family(name).prefetch_distance_ops for name in schedule.families}
     out: list[list[Read]] = []
     for op_reads in facts.reads:
         reads: list[Read] = []
@@ -209,11 +234,9 @@ def program_reads(facts: ProgramFacts, schedule: Schedule, rings: dict[str, Ring
                 seen = ordinals.setdefault(name, {})
                 first = seen.setdefault(key, len(seen))
             else:
-                kind = facts.kinds[name]
-                chunk_bytes, _ = family_chunk(schedule, family)
-                slabs = math.ceil(kind.rows / slab_rows(kind, chunk_bytes))
-                if nbytes < kind.bytes:
-                    slabs = max(1, min(slabs, math.ceil(nbytes / slab_bytes(kind, chunk_bytes))))
+                slabs = slab_count.get((name, nbytes))
+                if slabs is None:
+                    slabs = slab_count[name, nbytes] = _slabs(facts.kinds[name], nbytes, schedule, family)
                 if (name, key) not in first_slot:
                     if ring.name.startswith("pool:"):
                         first_slot[name, key] = banks_used.get(ring.name, 0)
@@ -223,10 +246,19 @@ def program_reads(facts: ProgramFacts, schedule: Schedule, rings: dict[str, Ring
                         first_slot[name, key] = seen.setdefault(key, len(seen)) * ring.num_slabs
                 first = first_slot[name, key]
                 key = (name, key) if ring.name.startswith("pool:") else key
-            distance = schedule.family(family).prefetch_distance_ops if ring.name.startswith("pool:") else None
+            distance = ring_distance.get(family) if ring.name.startswith("pool:") else None
             reads.append(Read(ring.name, key, first, slabs if slabs != ring.num_slabs else None, distance))
         out.append(reads)
     return out
+
+
+def _slabs(kind: TensorSpec, nbytes: int, schedule: Schedule, family: str) -> int:
+    """Slabs of an instance of ``kind`` holding ``nbytes`` (a smaller instance may need fewer)."""
+    chunk_bytes, _ = family_chunk(schedule, family)
+    slabs = math.ceil(kind.rows / slab_rows(kind, chunk_bytes))
+    if nbytes < kind.bytes:
+        slabs = max(1, min(slabs, math.ceil(nbytes / slab_bytes(kind, chunk_bytes))))
+    return slabs
 
 
 def horizon_ops(ops: list[Op]) -> list[int]:

@@ -13,7 +13,8 @@ Vocabulary (the kernel and the engine use the same words):
 - **prefetch distance** ``d`` (``prefetch_distance_ops``): the copy feeding op ``i`` is
   issued when the compute stream *starts* op ``i - d`` of the flat sequence, so ``d`` crosses
   layer boundaries freely; ``d = 0`` issues it as its own op starts and waits at once (no
-  overlap). A copy is issued no earlier than its buffer is free.
+  overlap). A copy is issued no earlier than its buffer is free, nor before the last routing
+  decision ahead of it (the full rule: :mod:`tpusim.schedule.issue_plan`).
 - **chunk**: a tensor larger than ``chunk_bytes`` is copied as row slabs of at most that
   size; its op computes slab by slab as they land. ``None`` copies whole tensors.
 - **buffers**: the ring depth of a family: how many chunks (for ``routed_expert``: whole
@@ -68,7 +69,8 @@ SCHEDULE_FAMILIES = (
 )
 
 SCHEDULES_DIR = Path(__file__).resolve().parents[1] / "schedules"
-BUILTIN_SCHEDULES = ("naive", "published", "layer-double-buffer", "muse-published")
+BUILTIN_SCHEDULES = ("naive", "published", "layer-double-buffer")  # K3's: the sweep's fixed starting points
+MODEL_SCHEDULES = ("muse-published",)  # built-ins written for one model (Muse Spark)
 
 
 class FamilySchedule(BaseModel):
@@ -201,12 +203,11 @@ class Schedule(BaseModel):
 def load_schedule(name_or_path: str) -> Schedule:
     """A built-in schedule by name, or a schedule JSON file."""
     path = Path(name_or_path)
-    if name_or_path in BUILTIN_SCHEDULES:
+    if name_or_path in BUILTIN_SCHEDULES + MODEL_SCHEDULES:
         path = SCHEDULES_DIR / f"{name_or_path}.json"
     elif not path.exists():
-        raise InputError(
-            f"unknown schedule {name_or_path!r}: not a file and not one of {', '.join(BUILTIN_SCHEDULES)}"
-        )
+        raise InputError(f"unknown schedule {name_or_path!r}: not a file and not one of "
+                         f"{', '.join(BUILTIN_SCHEDULES + MODEL_SCHEDULES)}")
     try:
         data = json.loads(path.read_text())
     except OSError as error:

@@ -113,7 +113,7 @@ def activation_bytes(model: ModelConfig, batch: int) -> int:
     """Residual stream, attention-residual snapshots and working rows (f32, per row)."""
     blocks = math.ceil(model.num_layers / model.residual_block_layers) + 2
     snapshots = blocks if model.residual == "attention_residuals" else 2
-    widest = max(model.hidden_size, model.moe.latent_size or 0) * 4
+    widest = max(model.hidden_size, (model.moe.latent_size or 0) if model.moe else 0) * 4
     rows = max(batch, 8)  # sublane tile: activations pad to 8 rows
     return rows * 4 * (model.hidden_size * snapshots + widest)
 
@@ -164,7 +164,7 @@ def vmem_plan(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch:
     for family in SCHEDULE_FAMILIES:
         fam = schedule.family(family)
         if family == "routed_expert":
-            if model.moe.num_experts:
+            if model.num_experts:
                 family_bytes[family] = fam.buffers * expert_slice_bytes(model, plan)
             continue
         tensors = kinds.get(family, [])

@@ -3,8 +3,10 @@
 The engine (:mod:`tpusim.engine`) is a SimPy model of every copy and op (0.1-0.2 s for a K3
 step); a sweep considers thousands of candidates. This module replays the same program under
 the engine's rules with *one pass of arithmetic per slab*: no event queue, no processes,
-9 ms per K3 step at batch 1 and 21 ms at batch 8 (2-core dev machine). It is an **estimate** (label every number it produces so); the
-engine decides.
+9 ms per K3 step at batch 1 and 21 ms at batch 8 (2-core dev machine, measured before the
+issue plan was shared; each distinct setting of the families, pools and expert issue also
+computes its issue plan once). It is an **estimate** (label every number it produces so);
+the engine decides.
 
 The model
 ---------
@@ -19,21 +21,20 @@ The engine's resources and rules (:mod:`tpusim.engine.build`, ``staging``, ``hbm
   ``sustained bandwidth x DMA efficiency(copies in flight)``; a copy costs the DMA issue
   latency before its bytes move, and at most ``max_dmas_in_flight`` are out at once;
 - **VMEM**: one ring per tensor kind (``buffers`` slots; the routed experts share the expert
-  slots) and one pool per arena of :func:`tpusim.schedule.vmem.vmem_plan`, whose slabs are admitted
-  strictly in consumption order while their bytes fit.
+  slots; a ring-mode pool is one ring of banks), as the issue plan lays them out.
 
 Per slab ``s`` of op ``i``, in consumption order (which is program order):
 
-1. **Release** — a weight slab of family ``f``: when op ``max(0, i - d_f)`` starts; a routed
-   expert ``k`` of ``n``: when ``moe.topk`` ends (``after_routing``), at ``(k + 1) / n`` of it
-   (``during_selection``), or when op ``moe.router - expert_speculation_ops`` starts
-   (``speculative``; the mispredicted share is copied again after routing); KV tiles and
-   KDA state: when their op starts.
-2. **Admit** at the latest of: the release; the admission of the previous slab of its pool
-   (in order); its ring's slot being free (the slab ``buffers`` earlier in the ring has been
-   consumed); the pool having room (the earliest time the bytes still held by earlier slabs
-   plus this one fit the arena). *Invariant:* a pool never holds more than its arena and a
-   ring never more than ``buffers`` slabs.
+1. **Release** — at the start of the op :mod:`tpusim.schedule.issue_plan` names (the rule
+   the engine and the kernel read too); a routed expert issued at its routing decision: when
+   ``moe.topk`` ends (``after_routing``), at ``(k + 1) / n`` of it (``during_selection``), or
+   when op ``moe.router - expert_speculation_ops`` starts (``speculative``; the mispredicted
+   share is copied again after routing); KV tiles and KDA state: when their op starts.
+2. **Admit** at the latest of: the release and its ring's slot being free (the slab
+   ``buffers`` earlier in the ring has been consumed); rings are queues in order. The issue
+   plan's fixed arena addresses keep each arena within its size, so no byte count is
+   needed for weights; KV tiles and state are admitted while their bytes fit.
+   *Invariant:* a ring never holds more than ``buffers`` slabs.
 3. **Land** — the slab's bytes occupy the HBM from ``admission + issue latency``, filling
    earlier idle HBM time first (earlier slabs keep priority, as the engine's
    consumption-order queue gives them). *Invariant:* the HBM never moves more than
@@ -53,8 +54,7 @@ well the estimate ranks the simulated candidates.
 
 from __future__ import annotations
 
-import bisect
-import heapq
+import json
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -68,11 +68,14 @@ from tpusim.engine.costs import (
     resolve_link,
     vector_time_s,
 )
+from tpusim.schedule.issue_plan import Unit
+from tpusim.schedule.program_issue import ProgramIssuePlan, program_facts, program_issue_plan
+from tpusim.schedule.schema import Schedule
+from tpusim.schedule.vmem import VmemPlan, family_chunk, slab_rows, vmem_plan
+from tpusim.sweep.estimate_resources import AdmissionPool, FluidHbm
 from tpusim.workload.formats import scale_bytes, value_bytes
 from tpusim.workload.program import Op, Program
-from tpusim.schedule.schema import SCHEDULE_FAMILIES, Schedule
 from tpusim.workload.shapes import TensorSpec, kv_cache_bytes_per_token, recurrent_state_bytes
-from tpusim.schedule.vmem import VmemPlan, slab_rows, vmem_plan
 
 WEIGHTS_MM, WEIGHTS_OTHER, EXPERT, STATE, KV, PLAIN = range(6)
 
@@ -101,6 +104,7 @@ class _OpCost:
     experts_in_layer: int
     topk_index: int
     router_index: int
+    matmul_dtype: str
 
 
 class EstimateContext:
@@ -179,19 +183,33 @@ class EstimateContext:
                 weight_bytes=op.weight_bytes, kv_read_bytes=op.kv_read_bytes, kv_write_bytes=op.kv_write_bytes,
                 kv_tile_unit_bytes=kv_cache_bytes_per_token(model, plan, op.layer) * program.batch,
                 expert_position=position, experts_in_layer=experts.get(op.layer, 0),
-                topk_index=topk, router_index=roles.get((op.layer, "moe.router"), topk),
+                topk_index=topk, router_index=roles.get((op.layer, "moe.router"), topk), matmul_dtype=dtype,
             ))
             previous_layer = op.layer
-        self._slabs: dict[tuple[str, int | None, int], tuple[tuple[int, float], ...]] = {}
+        self._slabs: dict[tuple[str, int | None, int, str], tuple[tuple[int, float], ...]] = {}
+        self.facts = program_facts(program)
+        self._plans: dict[str, ProgramIssuePlan] = {}
 
-    def slabs(self, tensor: TensorSpec, chunk_bytes: int | None, rows: int) -> tuple[tuple[int, float], ...]:
-        """``(bytes, piece seconds)`` of each row slab of ``tensor`` (memoised; as the engine cuts it)."""
-        key = (tensor.name, chunk_bytes, rows)
+    def issue_plan(self, schedule: Schedule) -> ProgramIssuePlan:
+        """The schedule's issue plan (memoised on everything it depends on)."""
+        key = json.dumps([schedule.model_dump(mode="json", include={"families", "pools", "expert_issue",
+                                                                   "expert_speculation_ops"})], sort_keys=True)
+        known = self._plans.get(key)
+        if known is None:
+            if len(self._plans) > 256:
+                self._plans.clear()
+            known = self._plans[key] = program_issue_plan(self.program, schedule, self.facts)
+        return known
+
+    def slabs(self, tensor: TensorSpec, chunk_bytes: int | None, rows: int,
+              dtype: str) -> tuple[tuple[int, float], ...]:
+        """``(bytes, piece seconds)`` of each row slab of ``tensor`` read by an op whose matmuls
+        run at ``dtype`` (memoised; as the engine cuts it)."""
+        key = (tensor.name, chunk_bytes, rows, dtype)
         known = self._slabs.get(key)
         if known is None:
             per_slab = slab_rows(tensor, chunk_bytes)
             count = math.ceil(tensor.rows / per_slab)
-            dtype = tensor.fmt.mxu_dtype
             peak = self.matrix.peak_for(dtype)
             whole_s = matmul_time_s(rows, tensor.rows, tensor.cols, self.matrix, peak, dtype)
             out = []
@@ -232,264 +250,189 @@ class Estimate:
     exposed_by_family_s: dict[str, float]
 
 
-class _Hbm:
-    """A fluid bandwidth server with backfill and an in-flight limit (see the module docstring)."""
-
-    __slots__ = ("bandwidth", "busy_s", "efficiency", "end", "full_rate", "gap_ends", "gap_starts", "lands",
-                 "last_land", "latency", "max_in_flight", "may_contend")
-
-    def __init__(self, ctx: EstimateContext, max_in_flight: int) -> None:
-        self.end = 0.0
-        self.gap_starts: list[float] = []
-        self.gap_ends: list[float] = []
-        self.busy_s = 0.0
-        self.last_land = 0.0
-        self.bandwidth = ctx.bandwidth_bytes_per_s
-        self.latency = ctx.issue_latency_s
-        self.max_in_flight = max_in_flight
-        self.efficiency = [ctx.dma.efficiency(n) for n in range(max_in_flight + 1)]
-        self.full_rate = self.bandwidth * self.efficiency[1]
-        self.may_contend = max_in_flight > ctx.dma.efficient_in_flight
-        self.lands: deque[float] = deque(maxlen=max_in_flight)
-
-    def copy(self, ready: float, nbytes: float) -> float:
-        """Issue a copy of ``nbytes`` admitted at ``ready``; return when it has landed."""
-        lands = self.lands
-        if len(lands) == self.max_in_flight:
-            earliest = min(lands)
-            if earliest > ready:  # all slots busy: wait for the first to land
-                ready = earliest
-        rate = self.full_rate
-        if self.may_contend:  # more copies may be out than the DMA engine serves at full rate
-            outstanding = 1
-            for land in lands:
-                if land > ready:
-                    outstanding += 1
-            rate = self.bandwidth * self.efficiency[min(outstanding, self.max_in_flight)]
-        land = self._transfer(ready + self.latency, nbytes / rate)
-        lands.append(land)
-        if land > self.last_land:
-            self.last_land = land
-        return land
-
-    def _transfer(self, ready: float, duration: float) -> float:
-        self.busy_s += duration
-        starts, ends = self.gap_starts, self.gap_ends
-        if ends and ends[-1] > ready:
-            i = bisect.bisect_right(ends, ready)
-            while i < len(ends):
-                a = starts[i] if starts[i] > ready else ready
-                available = ends[i] - a
-                if available >= duration:
-                    land = a + duration
-                    if starts[i] < a:  # keep [start, a) idle, and [land, end) if any is left
-                        if ends[i] - land > 1e-12:
-                            starts.insert(i + 1, land)
-                            ends.insert(i + 1, ends[i])
-                        ends[i] = a
-                    elif ends[i] - land > 1e-12:
-                        starts[i] = land
-                    else:
-                        del starts[i], ends[i]
-                    return land
-                duration -= available
-                if starts[i] < a:
-                    ends[i] = a
-                    i += 1
-                else:
-                    del starts[i], ends[i]
-        start = ready if ready > self.end else self.end
-        if start - self.end > 1e-12:
-            starts.append(self.end)
-            ends.append(start)
-        self.end = start + duration
-        return self.end
-
-    def forget_before(self, horizon: float) -> None:
-        """Drop idle gaps ending before ``horizon`` (no copy can be admitted that early)."""
-        cut = bisect.bisect_left(self.gap_ends, horizon)
-        if cut:
-            del self.gap_starts[:cut], self.gap_ends[:cut]
-
-
-class _Pool:
-    """An arena: in-order admission while the held bytes fit (free times are known in order)."""
-
-    __slots__ = ("capacity", "held", "last_admit", "used")
-
-    def __init__(self, capacity: float) -> None:
-        self.capacity = capacity
-        self.last_admit = 0.0
-        self.held: list[tuple[float, int]] = []  # heap of (free time, bytes) of admitted slabs
-        self.used = 0
-
-    def admit(self, ready: float, nbytes: int) -> float:
-        t = ready if ready > self.last_admit else self.last_admit
-        held = self.held
-        while held and held[0][0] <= t:
-            self.used -= heapq.heappop(held)[1]
-        while held and self.used + nbytes > self.capacity:
-            free_s, size = heapq.heappop(held)
-            self.used -= size
-            if free_s > t:
-                t = free_s
-        self.last_admit = t
-        return t
-
-    def hold(self, free_s: float, nbytes: int) -> None:
-        heapq.heappush(self.held, (free_s, nbytes))
-        self.used += nbytes
-
-
 def estimate(ctx: EstimateContext, schedule: Schedule, vmem: VmemPlan | None = None) -> Estimate:
     """Estimate ``schedule`` on the context's program (see the module docstring).
 
     ``vmem`` is the schedule's :func:`tpusim.schedule.vmem.vmem_plan` (computed when not given): its
-    arena sizes are the pools' capacities.
+    KV and state sizes bound those pools; weight copies follow the issue plan, whose fixed
+    arena addresses already keep every arena within its size.
     """
     program = ctx.program
     vmem = vmem or vmem_plan(schedule, program.model, program.plan, program.batch)
-    unbounded = float("inf")
-    arenas = {name: _Pool(size) for name, size in vmem.arena_bytes.items()}
-    fams = {name: schedule.family(name) for name in SCHEDULE_FAMILIES}
-    pool_of = {name: arenas.setdefault(fam.pool or name, _Pool(unbounded)) for name, fam in fams.items()}
-    kv_pool, state_pool = _Pool(vmem.kv_bytes or unbounded), _Pool(vmem.state_bytes or unbounded)
-    rings: dict[str, deque[float]] = {}
-    expert_pool = pool_of["routed_expert"]
-    expert_ring = rings["routed_expert"] = deque(maxlen=fams["routed_expert"].buffers)
-    kv_ring: deque[float] = deque(maxlen=schedule.kv_buffers)
-    state_ring: deque[float] = deque(maxlen=1)
-    hbm = _Hbm(ctx, schedule.max_dmas_in_flight)
-    issue = schedule.expert_issue
-    miss_rate = schedule.speculation_miss_rate if issue == "speculative" else 0.0
-    spec_ops = schedule.expert_speculation_ops
-    tile_tokens = schedule.kv_tile_tokens
-    max_distance = max(fam.prefetch_distance_ops for fam in fams.values())
-    link_free: dict[str, float] = {}
-    joins: dict[int, float] = {}
-    starts: list[float] = []
-    topk_span: dict[int, tuple[float, float]] = {}  # layer -> (start, end) of moe.topk
-    clock = ctx.per_step_s
-    exposed = 0.0
-    by_family: dict[str, float] = {}
-    experts_seen = 0
+    replay = _Replay(ctx, schedule, vmem)
+    for op in ctx.ops:
+        replay.op(op)
+    return replay.result()
 
-    def slab(pool: _Pool, ring: deque[float], release: float, nbytes: int) -> float:
+
+class _Replay:
+    """One pass over the program under one schedule (steps 1-4 of the module docstring)."""
+
+    def __init__(self, ctx: EstimateContext, schedule: Schedule, vmem: VmemPlan) -> None:
+        unbounded = float("inf")
+        self.ctx, self.schedule = ctx, schedule
+        self.plan = ctx.issue_plan(schedule)
+        self.queues: dict[str, tuple[AdmissionPool, deque[float]]] = {}  # ring -> (its queue, its free times)
+        self.tensors: dict[str, tuple[tuple[AdmissionPool, deque[float]], int | None, str, bool]] = {}
+        self.kv = (AdmissionPool(vmem.kv_bytes or unbounded), deque(maxlen=schedule.kv_buffers))
+        self.state = (AdmissionPool(vmem.state_bytes or unbounded), deque(maxlen=1))
+        self.hbm = FluidHbm(ctx.bandwidth_bytes_per_s, ctx.issue_latency_s, ctx.dma, schedule.max_dmas_in_flight)
+        self.miss_rate = schedule.speculation_miss_rate if schedule.expert_issue == "speculative" else 0.0
+        self.lead_ops = self.plan.max_lead_ops()
+        self.link_free: dict[str, float] = {}
+        self.joins: dict[int, float] = {}
+        self.starts: list[float] = []
+        self.topk_span: dict[int, tuple[float, float]] = {}  # layer -> (start, end) of moe.topk
+        self.clock = ctx.per_step_s
+        self.exposed = 0.0
+        self.by_family: dict[str, float] = {}
+        self.experts_seen = 0
+
+    def queue(self, tensor: str, family: str) -> tuple[AdmissionPool, deque[float]]:
+        """The ring queue a tensor's slabs go through (the engine's, with cross-op prefetch)."""
+        key = tensor if family == "small_params" else self.plan.ring_of(tensor, family)
+        known = self.queues.get(key)
+        if known is None:
+            depth = self.plan.rings[key].buffers if key in self.plan.rings else self.schedule.family(family).buffers
+            known = self.queues[key] = (AdmissionPool(float("inf")), deque(maxlen=depth))
+        return known
+
+    def tensor_facts(self, tensor: str, family: str) -> tuple[tuple[AdmissionPool, deque[float]], int | None, str, bool]:
+        """(queue, slab size, ring, is small) of a tensor kind, memoised for the replay."""
+        known = self.tensors.get(tensor)
+        if known is None:
+            small = family == "small_params"
+            known = self.tensors[tensor] = (self.queue(tensor, family), family_chunk(self.schedule, family)[0],
+                                            self.plan.ring_of(tensor, family), small)
+        return known
+
+    def slab(self, queue: tuple[AdmissionPool, deque[float]], release: float, nbytes: int) -> float:
         """Admit one slab (step 2) and copy it (step 3): its landing time."""
+        pool, ring = queue
         ready = release
         if len(ring) == ring.maxlen and ring[0] > ready:
             ready = ring[0]
-        return hbm.copy(pool.admit(ready, nbytes), nbytes)
+        return self.hbm.copy(pool.admit(ready, nbytes), nbytes)
 
-    def consume(pool: _Pool, ring: deque[float], free_s: float, nbytes: int) -> None:
-        pool.hold(free_s, nbytes)
-        ring.append(free_s)
+    @staticmethod
+    def consume(queue: tuple[AdmissionPool, deque[float]], free_s: float, nbytes: int) -> None:
+        queue[0].hold(free_s, nbytes)
+        queue[1].append(free_s)
 
-    for op in ctx.ops:
+    def wait(self, t: float, land: float, family: str) -> float:
+        """The stream waits for a landing: the exposed DMA time is charged to ``family``."""
+        if land > t:
+            self.exposed += land - t
+            self.by_family[family] = self.by_family.get(family, 0.0) + land - t
+            return land
+        return t
+
+    def op(self, op: _OpCost) -> None:
+        ctx = self.ctx
         if op.first_of_layer:
             if op.layer >= 0:
-                clock += ctx.per_layer_s
-            if max_distance and len(starts) > max_distance:
-                hbm.forget_before(starts[-max_distance - 1])
-        join = joins.pop(op.index, 0.0)
-        if join > clock:
-            clock = join
-        start = clock
-        starts.append(start)
-        t = start
+                self.clock += ctx.per_layer_s
+            if len(self.starts) > self.lead_ops:
+                self.hbm.forget_before(self.starts[-self.lead_ops - 1])
+        join = self.joins.pop(op.index, 0.0)
+        if join > self.clock:
+            self.clock = join
+        start = self.clock
+        self.starts.append(start)
         kind = op.kind
         if kind in (WEIGHTS_MM, WEIGHTS_OTHER):
-            waits_all = kind == WEIGHTS_OTHER  # a vector op waits for all its slabs, then frees them
-            last_land = t
-            held: list[tuple[_Pool, deque[float], int]] = []
-            for position, tensor in enumerate(op.tensors):
-                fam = fams[tensor.family]
-                distance = fam.prefetch_distance_ops
-                release = starts[op.index - distance] if op.index >= distance else starts[0]
-                pool = pool_of[tensor.family]
-                ring = rings.get(tensor.name)
-                if ring is None:
-                    ring = rings[tensor.name] = deque(maxlen=fam.buffers)
-                rows = op.rows[position] if position < len(op.rows) else 1
-                for nbytes, piece_s in ctx.slabs(tensor, fam.chunk_bytes, rows):
-                    land = slab(pool, ring, release, nbytes)
-                    if waits_all:
-                        last_land = max(last_land, land)
-                        held.append((pool, ring, nbytes))
-                        continue
-                    if land > t:
-                        exposed += land - t
-                        by_family[tensor.family] = by_family.get(tensor.family, 0.0) + land - t
-                        t = land
-                    t += piece_s
-                    consume(pool, ring, t, nbytes)
-            if last_land > t:
-                exposed += last_land - t
-                family = op.tensors[0].family
-                by_family[family] = by_family.get(family, 0.0) + last_land - t
-                t = last_land
-            t += (op.matmul_s if waits_all else 0.0) + op.vector_s
-            for pool, ring, nbytes in held:
-                consume(pool, ring, t, nbytes)
+            t = self.weights(op, start)
         elif kind == EXPERT:
-            pool, ring = expert_pool, expert_ring
-            span = topk_span.get(op.layer, (start, start))
-            nbytes = op.weight_bytes
-            if issue == "after_routing":
-                release = span[1]
-            elif issue == "during_selection":
-                release = span[0] + (span[1] - span[0]) * (op.expert_position + 1) / max(1, op.experts_in_layer)
-            else:
-                early = op.router_index - spec_ops
-                release = starts[max(0, early)] if op.router_index >= 0 else start
-                misses = math.floor((experts_seen + 1) * miss_rate + 1e-9) - math.floor(experts_seen * miss_rate + 1e-9)
-                if misses:  # the wasted copy holds a slot until it lands and routing is known
-                    wasted = slab(pool, ring, release, nbytes)
-                    consume(pool, ring, max(wasted, span[1]), nbytes)
-                    release = span[1]
-            experts_seen += 1
-            land = slab(pool, ring, release, nbytes)
-            if land > t:
-                exposed += land - t
-                by_family["routed_expert"] = by_family.get("routed_expert", 0.0) + land - t
-                t = land
-            t += op.matmul_s + op.vector_s
-            consume(pool, ring, t, nbytes)
+            t = self.expert(op, start)
         elif kind == STATE:
-            land = slab(state_pool, state_ring, start, op.kv_read_bytes)
-            if land > t:
-                exposed += land - t
-                by_family["kda_state"] = by_family.get("kda_state", 0.0) + land - t
-                t = land
-            t += op.matmul_s + op.vector_s
-            written = hbm.copy(t, op.kv_write_bytes) if op.kv_write_bytes else t
-            consume(state_pool, state_ring, written, op.kv_read_bytes)
+            t = self.recurrent_state(op, start)
         elif kind == KV:
-            tile_bytes = tile_tokens * op.kv_tile_unit_bytes or op.kv_read_bytes
-            tiles = max(1, math.ceil(op.kv_read_bytes / tile_bytes))
-            left = op.kv_read_bytes
-            for _tile in range(tiles):
-                size = min(tile_bytes, left)
-                left -= size
-                land = slab(kv_pool, kv_ring, start, size)
-                if land > t:
-                    exposed += land - t
-                    by_family["kv_cache"] = by_family.get("kv_cache", 0.0) + land - t
-                    t = land
-                t += op.matmul_s * size / op.kv_read_bytes
-                consume(kv_pool, kv_ring, t, size)
-            t += op.vector_s
+            t = self.kv_tiles(op, start)
         else:
-            t += op.matmul_s + op.vector_s
+            t = start + op.matmul_s + op.vector_s
             if op.index == op.topk_index:
-                topk_span[op.layer] = (start, t)
+                self.topk_span[op.layer] = (start, t)
         if op.kv_write_bytes and kind == KV:
-            hbm.copy(t, op.kv_write_bytes)
+            self.hbm.copy(t, op.kv_write_bytes)
+        link_free, joins = self.link_free, self.joins
         for stages in op.overlapped:
             joins[op.join_index] = max(joins.get(op.join_index, 0.0), _run_link(link_free, stages, t))
-        clock = _run_link(link_free, op.blocking, t) if op.blocking else t
-    step_s = max(clock, hbm.last_land, *joins.values())
-    return Estimate(step_s, exposed, hbm.busy_s, ctx.batch / step_s if step_s > 0 else 0.0, by_family)
+        self.clock = _run_link(link_free, op.blocking, t) if op.blocking else t
+
+    def weights(self, op: _OpCost, start: float) -> float:
+        """Weight slabs, released at the issue plan's ops; slab-by-slab or wait-all."""
+        t = start
+        waits_all = op.kind == WEIGHTS_OTHER  # a vector op waits for all its slabs, then frees them
+        last_land = t
+        held: list[tuple[tuple[AdmissionPool, deque[float]], int]] = []
+        issue = self.plan.plan.issue
+        for position, tensor in enumerate(op.tensors):
+            queue, chunk_bytes, ring, small = self.tensor_facts(tensor.name, tensor.family)
+            key: object = (tensor.name, op.layer) if ring.startswith("pool:") else op.layer
+            rows = op.rows[position] if position < len(op.rows) else 1
+            for chunk, (nbytes, piece_s) in enumerate(self.ctx.slabs(tensor, chunk_bytes, rows, op.matmul_dtype)):
+                release = self.starts[issue[Unit(ring, key, 0 if small else chunk)]]
+                land = self.slab(queue, release, nbytes)
+                if waits_all:
+                    last_land = max(last_land, land)
+                    held.append((queue, nbytes))
+                    continue
+                t = self.wait(t, land, tensor.family) + piece_s
+                self.consume(queue, t, nbytes)
+        t = self.wait(t, last_land, op.tensors[0].family)
+        t += (op.matmul_s if waits_all else 0.0) + op.vector_s
+        for queue, nbytes in held:
+            self.consume(queue, t, nbytes)
+        return t
+
+    def expert(self, op: _OpCost, start: float) -> float:
+        """A routed expert: released by its routing decision, or where its slot frees."""
+        queue = self.queue("expert", "routed_expert")
+        span = self.topk_span.get(op.layer, (start, start))
+        nbytes = op.weight_bytes
+        issue_op, by_routing = self.plan.expert_issue(op.layer, op.expert_position)
+        mode = self.schedule.expert_issue
+        if not by_routing:
+            release = self.starts[issue_op]
+        elif mode == "after_routing":
+            release = span[1]
+        elif mode == "during_selection":
+            release = span[0] + (span[1] - span[0]) * (op.expert_position + 1) / max(1, op.experts_in_layer)
+        else:
+            release = self.starts[issue_op]
+            seen, rate = self.experts_seen, self.miss_rate
+            if math.floor((seen + 1) * rate + 1e-9) - math.floor(seen * rate + 1e-9):
+                wasted = self.slab(queue, release, nbytes)  # holds a slot until it lands and routing is known
+                self.consume(queue, max(wasted, span[1]), nbytes)
+                release = span[1]
+        self.experts_seen += 1
+        t = self.wait(start, self.slab(queue, release, nbytes), "routed_expert") + op.matmul_s + op.vector_s
+        self.consume(queue, t, nbytes)
+        return t
+
+    def recurrent_state(self, op: _OpCost, start: float) -> float:
+        t = self.wait(start, self.slab(self.state, start, op.kv_read_bytes), "kda_state")
+        t += op.matmul_s + op.vector_s
+        written = self.hbm.copy(t, op.kv_write_bytes) if op.kv_write_bytes else t
+        self.consume(self.state, written, op.kv_read_bytes)
+        return t
+
+    def kv_tiles(self, op: _OpCost, start: float) -> float:
+        tile_bytes = self.schedule.kv_tile_tokens * op.kv_tile_unit_bytes or op.kv_read_bytes
+        tiles = max(1, math.ceil(op.kv_read_bytes / tile_bytes))
+        left, t = op.kv_read_bytes, start
+        for _tile in range(tiles):
+            size = min(tile_bytes, left)
+            left -= size
+            t = self.wait(t, self.slab(self.kv, start, size), "kv_cache")
+            t += op.matmul_s * size / op.kv_read_bytes
+            self.consume(self.kv, t, size)
+        return t + op.vector_s
+
+    def result(self) -> Estimate:
+        step_s = max(self.clock, self.hbm.last_land, *self.joins.values())
+        batch = self.ctx.batch
+        return Estimate(step_s, self.exposed, self.hbm.busy_s, batch / step_s if step_s > 0 else 0.0, self.by_family)
 
 
 def _run_link(link_free: dict[str, float], stages: tuple[tuple[str, float], ...], start: float) -> float:

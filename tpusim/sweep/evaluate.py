@@ -29,15 +29,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hwmodels.schema import Chip, System
-from tpusim.workload.modelconfig import ModelConfig
-from tpusim.workload.sharding import ShardingPlan
-from tpusim.workload.program import Program, build_program
-from tpusim.workload.routing import RoutingModel
 from tpusim.schedule.schema import Schedule
+from tpusim.schedule.vmem import InfeasibleSchedule
 from tpusim.sweep.estimate import EstimateContext, estimate
 from tpusim.sweep.prune import VmemAccountant
 from tpusim.sweep.space import Candidate
-from tpusim.schedule.vmem import InfeasibleSchedule
+from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.program import Program, build_program
+from tpusim.workload.routing import RoutingModel
+from tpusim.workload.sharding import ShardingPlan
 
 MS_PER_S = 1000.0
 MIB = float(1 << 20)
@@ -69,7 +69,7 @@ class Workload:
     def describe(self) -> dict[str, Any]:
         """A JSON-able identity of the workload (saved in ``space.json``; checked on resume)."""
         return {
-            "model": self.model.name, "plan": self.plan.name, "hardware": self.chip.name,
+            "model": self.model.name, "formats": self.model.formats, "plan": self.plan.name, "hardware": self.chip.name,
             "chips": self.system.chips, "devices": self.system.devices, "batch": self.batch,
             "context_tokens": self.context_tokens, "routing": self.routing.label, "seed": self.seed,
             "screen_layers": self.screen_layers,

@@ -47,9 +47,6 @@ from typing import Any
 
 from hwmodels.errors import InputError
 from hwmodels.schema import System
-from tpusim.workload.modelconfig import ModelConfig
-from tpusim.workload.sharding import ShardingPlan
-from tpusim.workload.routing import RoutingModel
 from tpusim.schedule.schema import BUILTIN_SCHEDULES, SCHEDULE_FAMILIES, Schedule, save_schedule
 from tpusim.sweep.defaults import (
     DEFAULT_BUDGET,
@@ -72,6 +69,9 @@ from tpusim.sweep.space import (
     neighbours,
     schedule_knobs,
 )
+from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.routing import RoutingModel
+from tpusim.workload.sharding import ShardingPlan
 
 RowHook = Callable[[dict[str, Any]], None]
 
@@ -113,7 +113,7 @@ class SweepResult:
 def present_families(workload: Workload) -> list[str]:
     """Weight families the program reads (the only ones whose knobs matter)."""
     seen = {tensor.family for op in workload.program().ops for tensor in op.tensors}
-    if workload.model.moe.num_experts:
+    if workload.model.num_experts:
         seen.add("routed_expert")
     return [family for family in SCHEDULE_FAMILIES if family in seen]
 
@@ -335,13 +335,7 @@ def run_sweep(
     workload = Workload(model, plan, system, batch, context_tokens, routing or RoutingModel("uniform"), seed,
                         screen_layers)
     families = present_families(workload)
-    staging = system.chip.staging_memory
-    space = (space or default_space()).with_capacity(
-        staging.usable_bytes, f"{system.chip.name} {staging.name} usable bytes: "
-        + (staging.usable_capacity_bytes or staging.capacity_bytes).source)
-    config = {"workload": workload.describe(), "space": space.model_dump(mode="json")}
-    _check_space_file(out / "space.json", config, resume)
-    write_text_atomic(out / "space.json", json.dumps(config, indent=2) + "\n")
+    space = _space_file(out, workload, space or default_space(), resume)
 
     knobs = knob_names(families)
     table = SweepCsv(out / "sweep.csv", csv_columns(knobs))
@@ -365,21 +359,7 @@ def run_sweep(
             evaluator = Evaluator(workload, jobs)
             search = _Search(workload, space, families, table, done, accountant, evaluator, progress, on_row,
                              screen_factor)
-            first = search.add(candidates(space, families, seed=seed, builtins=builtins, guide=accountant))
-            lap("candidates")
-            must = [c.hash for c in first if c.source == "builtin"]
-            search.run_round("search", first, budget - refine_budget, must)
-            lap("search")
-            if refine_budget:  # 6. refine: one-knob neighbours of the best simulated so far
-                seeds = [search.by_hash[r["hash"]].schedule for r in search.ranked()[:REFINE_FROM]]
-                around = [[Candidate(s, "refine", s.content_hash()) for s in neighbours(seed_schedule, space, families)]
-                          for seed_schedule in seeds]
-                fresh = search.add([c for group in around for c in group])
-                search.run_round("refine", fresh, refine_budget, [], screen_all=True)
-                if seeds:  # every one-knob neighbour of the first seed screened: the sensitivity table
-                    search.refine_seed = seeds[0].content_hash()
-                    search.screen_only([search.by_hash[c.hash] for c in around[0]])
-                lap("refine")
+            _search_rounds(search, space, families, budget, refine_budget, seed, builtins, accountant, lap)
     except KeyboardInterrupt:
         if evaluator is not None:
             evaluator.close(cancel=True)
@@ -391,7 +371,50 @@ def run_sweep(
         if evaluator is not None:
             evaluator.close()
         table.close()
+    result = _sweep_result(search, done, workload, knobs, phase_s, screen_layers)
+    _write_outputs(result, out, workload, space, plots=plots)
+    lap("outputs")
+    result.wall_s = time.perf_counter() - started
+    return result
 
+
+def _space_file(out: Path, workload: Workload, space: SweepSpace, resume: bool) -> SweepSpace:
+    """The space with the chip's VMEM capacity filled in, written as ``space.json`` (checked
+    against the existing file on ``--resume``)."""
+    chip = workload.system.chip
+    staging = chip.staging_memory
+    space = space.with_capacity(staging.usable_bytes, f"{chip.name} {staging.name} usable bytes: "
+                                + (staging.usable_capacity_bytes or staging.capacity_bytes).source)
+    config = {"workload": workload.describe(), "space": space.model_dump(mode="json")}
+    _check_space_file(out / "space.json", config, resume)
+    write_text_atomic(out / "space.json", json.dumps(config, indent=2) + "\n")
+    return space
+
+
+def _search_rounds(search: _Search, space: SweepSpace, families: list[str], budget: int, refine_budget: int,
+                   seed: int, builtins: tuple[str, ...], accountant: VmemAccountant,
+                   lap: Callable[[str], None]) -> None:
+    """Steps 1-6 of the module docstring: candidates, the search round, the refine round."""
+    first = search.add(candidates(space, families, seed=seed, builtins=builtins, guide=accountant))
+    lap("candidates")
+    must = [c.hash for c in first if c.source == "builtin"]
+    search.run_round("search", first, budget - refine_budget, must)
+    lap("search")
+    if refine_budget:  # 6. refine: one-knob neighbours of the best simulated so far
+        seeds = [search.by_hash[r["hash"]].schedule for r in search.ranked()[:REFINE_FROM]]
+        around = [[Candidate(s, "refine", s.content_hash()) for s in neighbours(seed_schedule, space, families)]
+                  for seed_schedule in seeds]
+        fresh = search.add([c for group in around for c in group])
+        search.run_round("refine", fresh, refine_budget, [], screen_all=True)
+        if seeds:  # every one-knob neighbour of the first seed screened: the sensitivity table
+            search.refine_seed = seeds[0].content_hash()
+            search.screen_only([search.by_hash[c.hash] for c in around[0]])
+        lap("refine")
+
+
+def _sweep_result(search: _Search, done: dict[str, dict[str, Any]], workload: Workload, knobs: list[str],
+                  phase_s: dict[str, float], screen_layers: int) -> SweepResult:
+    """The ranked outcome of a finished search (raises when every candidate was pruned)."""
     ranked = search.ranked()
     if not ranked:
         raise InputError("no feasible schedule: every candidate was pruned (see sweep.csv reasons)")
@@ -401,7 +424,7 @@ def run_sweep(
     published_hash = next((c.hash for c in search.considered
                            if c.source == "builtin" and c.schedule.name == "published"), None)
     published_row = done.get(published_hash) if published_hash else None
-    result = SweepResult(
+    return SweepResult(
         best=_best_schedule(search.by_hash[best_row["hash"]].schedule, best_row, published_row, workload),
         best_row=best_row, published_row=published_row,
         published_rank=next((i + 1 for i, r in enumerate(ranked) if r["hash"] == published_hash), None),
@@ -413,10 +436,6 @@ def run_sweep(
         sensitivity=search.sensitivity(seed),
         sensitivity_label=(f"simulated, first {screen_layers} layers" if search.use_engine and search.screen_factor
                            else "estimate"))
-    _write_outputs(result, out, workload, space, plots=plots)
-    lap("outputs")
-    result.wall_s = time.perf_counter() - started
-    return result
 
 
 def _final_row(base: dict[str, Any], row: dict[str, Any], est_ms: float | None, screen_ms: float | None,

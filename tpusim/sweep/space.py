@@ -10,7 +10,8 @@ knob                      space field
 per-family distance       ``families[f].distances``  (``prefetch_distance_ops``)
 per-family chunk          ``families[f].chunk_bytes`` (``None`` = whole tensors)
 per-family ring depth     ``families[f].buffers``    (expert slots for routed_expert)
-VMEM pools                ``pool_patterns`` (named groupings, e.g. attention+experts)
+VMEM pools                ``pool_patterns`` (named groupings, e.g. attention+experts), with
+                          ``pool_modes`` (a pattern's ring-of-banks pools)
 DMAs in flight            ``max_dmas_in_flight``
 expert issue              ``expert_issue`` (+ ``expert_speculation_ops``)
 KV streaming              ``kv_tile_tokens``, ``kv_buffers``
@@ -50,6 +51,7 @@ from tpusim.schedule.schema import (
     BUILTIN_SCHEDULES,
     SCHEDULE_FAMILIES,
     FamilySchedule,
+    PoolSpec,
     Schedule,
     load_schedule,
 )
@@ -104,6 +106,10 @@ class SweepSpace(_Frozen):
         description="named pool assignments: pattern -> {pool name: member families}; "
         "families in no pool get their own arena",
     )
+    pool_modes: dict[str, dict[str, PoolSpec]] = Field(
+        default_factory=dict,
+        description="pattern -> pool -> sharing mode (e.g. a ring of banks); pools left out are arenas",
+    )
     max_dmas_in_flight: list[int] = Field(min_length=1)
     expert_issue: list[ExpertIssue] = Field(min_length=1)
     expert_speculation_ops: int = Field(default=2, ge=1, description="with speculative issue")
@@ -141,6 +147,10 @@ class SweepSpace(_Frozen):
                     seen.add(member)
         if not self.pool_patterns:
             raise ValueError("pool_patterns: at least one pattern (e.g. none: {})")
+        for pattern, modes in self.pool_modes.items():
+            unknown = [pool for pool in modes if pool not in self.pool_patterns.get(pattern, {})]
+            if unknown:
+                raise ValueError(f"pool_modes.{pattern}: {unknown[0]!r} is not a pool of that pattern")
         return self
 
     def with_capacity(self, capacity_bytes: float, source: str) -> SweepSpace:
@@ -222,13 +232,26 @@ def pattern_partition(pools: dict[str, list[str]], families: Iterable[str]) -> f
 
 
 def pool_pattern_name(schedule: Schedule, space: SweepSpace, families: Iterable[str]) -> str:
-    """The name of the space pattern the schedule's pools match, else ``custom``."""
+    """The name of the space pattern the schedule's pools (and their modes) match, else ``custom``."""
     families = list(families)
     partition = pool_partition(schedule, families)
     for name, pools in space.pool_patterns.items():
-        if pattern_partition(pools, families) == partition:
+        if pattern_partition(pools, families) == partition and (
+                _modes(space, name, families) == _schedule_modes(schedule, families)):
             return name
     return "custom"
+
+
+def _modes(space: SweepSpace, pattern: str, families: list[str]) -> dict[frozenset[str], PoolSpec]:
+    pools = space.pool_patterns.get(pattern, {})
+    return {frozenset(pools[pool]) & set(families): spec
+            for pool, spec in space.pool_modes.get(pattern, {}).items() if spec.mode != "arena"}
+
+
+def _schedule_modes(schedule: Schedule, families: list[str]) -> dict[frozenset[str], PoolSpec]:
+    members = schedule.member_pools()
+    return {frozenset(members.get(pool, [])) & set(families): spec
+            for pool, spec in schedule.pools.items() if spec.mode != "arena"}
 
 
 def schedule_knobs(schedule: Schedule, space: SweepSpace, families: Iterable[str]) -> dict[str, Any]:
@@ -278,6 +301,7 @@ def _globals_of(schedule: Schedule) -> dict[str, Any]:
         "speculation_miss_rate": schedule.speculation_miss_rate,
         "kv_tile_tokens": schedule.kv_tile_tokens,
         "kv_buffers": schedule.kv_buffers,
+        "pools": dict(schedule.pools),
     }
 
 
@@ -295,7 +319,15 @@ def _with_pattern(families: dict[str, FamilySchedule], pools: dict[str, list[str
 
 
 def neighbours(base: Schedule, space: SweepSpace, present: list[str]) -> Iterator[Schedule]:
-    """Every schedule one knob away from ``base`` within the space (schema-valid ones)."""
+    """Every schedule exactly one knob away from ``base`` within the space (schema-valid ones;
+    a "change" to the value ``base`` already has is not a neighbour)."""
+    base_hash = base.content_hash()
+    for schedule in _one_knob_changes(base, space, present):
+        if schedule.content_hash() != base_hash:
+            yield schedule
+
+
+def _one_knob_changes(base: Schedule, space: SweepSpace, present: list[str]) -> Iterator[Schedule]:
     fams = {f: base.family(f) for f in present}
     glob = _globals_of(base)
     tag = base.name
@@ -316,7 +348,8 @@ def neighbours(base: Schedule, space: SweepSpace, present: list[str]) -> Iterato
                     yield schedule
     for pattern, pools in space.pool_patterns.items():
         changed = _with_pattern(fams, pools, present)
-        schedule = _make(f"{tag}~pools={pattern}", f"{tag} with pools {pattern}", {**base.families, **changed}, glob)
+        schedule = _make(f"{tag}~pools={pattern}", f"{tag} with pools {pattern}", {**base.families, **changed},
+                         {**glob, "pools": dict(space.pool_modes.get(pattern, {}))})
         if schedule is not None:
             yield schedule
     for value in space.max_dmas_in_flight:
@@ -414,7 +447,7 @@ def sample(space: SweepSpace, present: list[str], rng: np.random.Generator, inde
                                   buffers=chosen[f][2]) if f in chosen else FamilySchedule() for f in present}
     families = _with_pattern(families, space.pool_patterns[pattern], present)
     return Schedule(name=f"sample-{index:05d}", description=f"random draw {index} of the sweep space ({pattern})",
-                    families=families, **glob)
+                    families=families, pools=dict(space.pool_modes.get(pattern, {})), **glob)
 
 
 def candidates(space: SweepSpace, present: list[str], *, seed: int,

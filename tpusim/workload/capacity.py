@@ -16,14 +16,15 @@ from hwmodels.errors import InputError
 from hwmodels.schema import Chip
 from tpusim.workload.formats import tensor_bytes, weight_format
 from tpusim.workload.modelconfig import ModelConfig
-from tpusim.workload.sharding import ShardingPlan
 from tpusim.workload.shapes import (
     expert_slice_bytes,
     kv_cache_bytes_per_token,
     layer_tensors,
     lm_head_tensors,
+    mtp_tensors,
     recurrent_state_bytes,
 )
+from tpusim.workload.sharding import ShardingPlan
 
 GB = 1e9
 
@@ -45,20 +46,35 @@ class CapacityReport:
 
 
 def resident_weight_bytes(model: ModelConfig, plan: ShardingPlan) -> tuple[int, int]:
-    """(all weights, routed-expert part) one device holds in HBM, bytes."""
+    """(all weights, routed-expert part) one device holds in HBM, bytes.
+
+    Tied embeddings are stored once (the lm_head shard); multi-token-prediction layers
+    (``mtp_layers``: a copy of the last block plus :func:`~tpusim.workload.shapes.mtp_tensors`)
+    are resident, since serving stacks load them for speculative decoding.
+    """
     dense = sum(t.bytes for layer in range(model.num_layers) for t in layer_tensors(model, plan, layer))
     head = sum(t.bytes for t in lm_head_tensors(model, plan))
-    embedding = tensor_bytes(weight_format(model.format_of("embedding")), plan.vocab_rows_per_device, model.hidden_size)
-    experts = len(model.moe_layers) * plan.experts_per_group(model) * expert_slice_bytes(model, plan)
+    embedding = 0 if model.tied_embeddings else tensor_bytes(
+        weight_format(model.format_of("embedding")), plan.vocab_rows_per_device, model.hidden_size)
+    slice_bytes = expert_slice_bytes(model, plan)
+    experts = len(model.moe_layers) * plan.experts_per_group(model) * slice_bytes
+    if model.mtp_layers:
+        last = model.num_layers - 1
+        block = sum(t.bytes for t in layer_tensors(model, plan, last) + mtp_tensors(model, plan))
+        mtp_experts = plan.experts_per_group(model) * slice_bytes if model.is_moe_layer(last) else 0
+        dense += model.mtp_layers * block
+        experts += model.mtp_layers * mtp_experts
     return dense + head + embedding + experts, experts
 
 
 def cache_bytes(model: ModelConfig, plan: ShardingPlan, *, batch: int, context_tokens: int) -> int:
-    """KV cache + recurrent state for ``batch`` sequences of ``context_tokens`` on one device."""
+    """KV cache + recurrent state for ``batch`` sequences of ``context_tokens`` on one device
+    (with data-parallel attention a device caches only its ``batch / attention_dp`` share)."""
+    sequences = plan.attention_rows(batch)
     total = 0
     for layer in range(model.num_layers):
-        total += kv_cache_bytes_per_token(model, plan, layer) * context_tokens * batch
-        total += recurrent_state_bytes(model, plan, layer) * batch
+        total += kv_cache_bytes_per_token(model, plan, layer) * context_tokens * sequences
+        total += recurrent_state_bytes(model, plan, layer) * sequences
     return total
 
 

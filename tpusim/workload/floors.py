@@ -43,7 +43,20 @@ class Floors:
 
     @property
     def floor_s(self) -> float:
+        """The step floor: ``max(hbm, compute + collective)`` (the one place it is written)."""
         return max(self.hbm_floor_s, self.compute_floor_s + self.collective_floor_s)
+
+    @property
+    def bound_by(self) -> str:
+        """Which floor sets :attr:`floor_s`: ``hbm``, ``collective latency`` or ``compute``."""
+        if self.hbm_floor_s >= self.compute_floor_s + self.collective_floor_s:
+            return "hbm"
+        return "collective latency" if self.collective_floor_s > self.compute_floor_s else "compute"
+
+
+def hbm_floor_s(hbm_bytes: float, chip: Chip) -> float:
+    """Seconds to move ``hbm_bytes`` at the chip's *published peak* HBM bandwidth."""
+    return hbm_bytes / chip.hbm.peak_bandwidth_bytes_per_s.value
 
 
 def link_for(chip: Chip, name: str) -> LinkSpec | None:
@@ -102,7 +115,7 @@ def floors(program: Program, chip: Chip) -> Floors:
             by_family["kv_cache" if op.name != "kda.core" else "kda_state"] += kv
             by_kind[op_kind(op)] += kv
         if op.matmuls:
-            dtype = op.tensors[0].fmt.mxu_dtype if op.tensors else "bf16"
+            dtype = op.matmul_dtype
             peak = matrix.peak_for(dtype)
             compute_s += op.matmul_flops / peak
             flops[matrix.name] += op.matmul_flops
@@ -113,7 +126,7 @@ def floors(program: Program, chip: Chip) -> Floors:
     hbm_bytes = program.hbm_bytes
     return Floors(
         hbm_bytes=hbm_bytes,
-        hbm_floor_s=hbm_bytes / chip.hbm.peak_bandwidth_bytes_per_s.value,
+        hbm_floor_s=hbm_floor_s(hbm_bytes, chip),
         compute_floor_s=compute_s,
         collective_floor_s=collective_s,
         bytes_by_family=dict(by_family),

@@ -17,6 +17,12 @@ bf16 rate).
 | nvfp4             | 4          | e4m3 (8 bit) per 16 values   | Muse Spark experts (3.38 MiB/expert/core) |
 | int8_channel      | 8          | bf16 per output column       | Muse Spark int8 dense |
 | int4_g128         | 4          | bf16 scale + bf16 offset per 128 | Muse Spark int4 experts (3.19 MiB/expert/core) |
+
+Short names accepted on the command line (``--formats experts=nvfp4``) and in
+``quantization_config`` readers resolve through :data:`FORMAT_ALIASES` to one layout each:
+``fp8`` is e4m3 with an f32 scale per 128 x 128 block (the DeepSeek-V3 / Kimi K2 / Qwen3-FP8
+checkpoint layout), ``int8`` int8 with a bf16 scale per output channel, ``int4`` int4 with
+a bf16 scale and offset per group of 128 rows (GPTQ/AWQ-style group quantisation).
 """
 
 from __future__ import annotations
@@ -68,6 +74,18 @@ FORMATS: dict[str, WeightFormat] = {
     ),
     "int4_g128": WeightFormat(name="int4_g128", value_bits=4, scale_bits=32, scale_block_values=128),
 }
+
+
+FORMAT_ALIASES: dict[str, str] = {"fp8": "fp8_e4m3_b128x128", "int8": "int8_channel", "int4": "int4_g128"}
+
+
+def canonical_format(name: str) -> str:
+    """The layout name of ``name`` (an alias or a layout); KeyError naming the known ones."""
+    name = FORMAT_ALIASES.get(name, name)
+    if name not in FORMATS:
+        known = ", ".join([*FORMAT_ALIASES, *FORMATS])
+        raise KeyError(f"unknown weight format {name!r}; known: {known}")
+    return name
 
 
 def weight_format(name: str) -> WeightFormat:

@@ -1,21 +1,22 @@
-"""Reading a Hugging Face ``config.json`` of a DeepSeek-V3-style MoE model (DeepSeek-V3,
-Kimi K2 and their relatives) into a :class:`ModelConfig`.
+"""Reading a Hugging Face ``config.json`` into a :class:`ModelConfig`.
 
-Key names read (``model_type`` ``deepseek_v3`` / ``kimi_k2``):
+The architecture comes from ``architectures[0]`` (else ``model_type``); each has a reader in
+:mod:`tpusim.workload.hf_architectures` (Llama, Qwen3 dense / MoE / Next, DeepSeek-V3 and
+Kimi K2). Unknown keys are ignored; a missing required key, an unknown architecture or a
+quantisation this module cannot read is one :class:`InputError` line naming the file.
 
-| config.json key | ModelConfig field |
+Weight formats default to the checkpoint's ``quantization_config``:
+
+| quantization_config | formats of the linear layers in the blocks (attention, MLP, experts) |
 | --- | --- |
-| hidden_size, vocab_size, num_hidden_layers, rms_norm_eps | same |
-| num_attention_heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim | ``mla`` |
-| n_routed_experts, num_experts_per_tok, moe_intermediate_size | ``moe`` |
-| n_shared_experts (x moe_intermediate_size) | shared experts |
-| first_k_dense_replace, intermediate_size | dense layers 0..k-1 |
-| scoring_func, routed_scaling_factor, topk_method == noaux_tc | router |
-| quantization_config.fmt == e4m3 / weight_block_size | FP8 experts |
+| absent | bf16 |
+| ``quant_method: fp8`` (e4m3, ``weight_block_size`` 128 x 128) | ``fp8_e4m3_b128x128`` |
+| ``quant_method: mxfp4`` | routed experts ``mxfp4`` (the rest bf16) |
+| ``quant_method: modelopt``, ``quant_algo: NVFP4`` / ``FP8`` | ``nvfp4`` / ``fp8_e4m3_b128x128`` |
+| ``quant_method: gptq`` / ``awq``, ``bits: 4`` / ``8`` | ``int4_g128`` / ``int8_channel`` |
 
-Every assumption is checked where the data enters: a config without the MoE keys raises an
-error naming the file and the missing key. DeepSeek-V3 layers have no output gate and no
-latent projection; all layers are MLA.
+Embedding, lm_head and router stay bf16 and norms f32 in every case (the checkpoints keep
+them unquantised). ``--formats`` overrides any of this per family.
 """
 
 from __future__ import annotations
@@ -27,71 +28,72 @@ from typing import Any
 from pydantic import ValidationError
 
 from hwmodels.errors import InputError
+from tpusim.workload.hf_architectures import READERS, MissingKey
 from tpusim.workload.modelconfig import ModelConfig
 
-REQUIRED_KEYS = (
-    "hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads",
-    "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-)
-MOE_KEYS = ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
+LINEAR_KEYS = ("dense", "routed_gate_up", "routed_down")
+EXPERT_KEYS = ("routed_gate_up", "routed_down")
+
+
+def architecture_of(data: dict[str, Any], source: str) -> str:
+    """The reader key of ``data``: ``architectures[0]`` if known, else ``model_type``."""
+    names = [*(data.get("architectures") or []), data.get("model_type")]
+    for name in names:
+        if isinstance(name, str) and name in READERS:
+            return name
+    given = ", ".join(str(n) for n in names if n) or "none given"
+    known = ", ".join(sorted(k for k in READERS if k[0].isupper()))
+    hint = " (Kimi K3 is the catalog model `kimi-k3`)" if "k3" in given.lower() else ""
+    raise InputError(f"{source}: unknown architecture ({given}); known: {known}{hint}")
+
+
+def formats_from_quantization(quant: dict[str, Any], source: str) -> dict[str, str]:
+    """Format keys a ``quantization_config`` sets (see the module table)."""
+    if not quant:
+        return {}
+    method = str(quant.get("quant_method", "")).lower()
+    if method == "fp8" or quant.get("fmt") == "e4m3":
+        block = quant.get("weight_block_size")
+        if block not in (None, [128, 128]):
+            raise InputError(f"{source}: quantization_config.weight_block_size {block}: only [128, 128] is modelled")
+        return dict.fromkeys(LINEAR_KEYS, "fp8_e4m3_b128x128")
+    if method == "mxfp4":
+        return dict.fromkeys(EXPERT_KEYS, "mxfp4")
+    if method == "modelopt":
+        algo = str(quant.get("quant_algo", "")).upper()
+        by_algo = {"NVFP4": "nvfp4", "FP8": "fp8_e4m3_b128x128"}
+        if algo not in by_algo:
+            raise InputError(f"{source}: quantization_config.quant_algo {algo!r} not read; known: NVFP4, FP8")
+        return dict.fromkeys(LINEAR_KEYS, by_algo[algo])
+    if method in ("gptq", "awq"):
+        bits = quant.get("bits") or quant.get("w_bit")
+        by_bits = {4: "int4_g128", 8: "int8_channel"}
+        if bits not in by_bits:
+            raise InputError(f"{source}: quantization_config.bits {bits!r} not read; known: 4, 8")
+        return dict.fromkeys(LINEAR_KEYS, by_bits[bits])
+    raise InputError(f"{source}: quantization_config.quant_method {method!r} is not read "
+                     "(fp8, mxfp4, modelopt, gptq, awq are); pass --formats to say how the weights are stored")
 
 
 def model_from_hf_dict(data: dict[str, Any], *, source: str, name: str) -> ModelConfig:
-    missing = [key for key in REQUIRED_KEYS if key not in data]
-    if missing:
-        raise InputError(f"{source}: missing key {missing[0]!r} (needed for MLA attention)")
-    missing_moe = [key for key in MOE_KEYS if data.get(key) in (None, 0)]
-    if missing_moe:
-        raise InputError(f"{source}: missing MoE key {missing_moe[0]!r}: not a DeepSeek-V3-style MoE config")
-    layers = int(data["num_hidden_layers"])
-    first_dense = int(data.get("first_k_dense_replace", 0) or 0)
-    moe_width = int(data["moe_intermediate_size"])
-    shared = int(data.get("n_shared_experts", 0) or 0)
+    """The ModelConfig of a parsed ``config.json`` (``source`` names it in errors)."""
+    arch = architecture_of(data, source)
+    try:
+        fields = READERS[arch](data)
+    except MissingKey as missing:
+        raise InputError(f"{source}: missing key {missing.key!r} (needed for {missing.why})") from None
+    formats = {"dense": "bf16", "router": "bf16", "small_params": "f32", "routed_gate_up": "bf16",
+               "routed_down": "bf16", "lm_head": "bf16", "embedding": "bf16"}
     quant = data.get("quantization_config") or {}
-    fp8 = quant.get("fmt") == "e4m3" or quant.get("quant_method") == "fp8"
-    expert_format = "fp8_e4m3_b128x128" if fp8 else "bf16"
+    if not isinstance(quant, dict):
+        raise InputError(f"{source}: quantization_config: expected an object")
+    formats.update(formats_from_quantization(quant, source))
     config = {
         "name": name,
-        "description": f"read from {source} (model_type {data.get('model_type', 'unknown')})",
+        "description": f"read from {source} ({arch})",
         "source": f"Hugging Face config.json: {source}",
-        "hidden_size": data["hidden_size"],
-        "vocab_size": data["vocab_size"],
-        "num_layers": layers,
-        "rms_norm_eps": data.get("rms_norm_eps", 1e-6),
-        "attention_pattern": {"default": "mla"},
-        "mla": {
-            "num_heads": data["num_attention_heads"],
-            "q_lora_rank": data.get("q_lora_rank") or data["hidden_size"],
-            "kv_lora_rank": data["kv_lora_rank"],
-            "qk_nope_head_dim": data["qk_nope_head_dim"],
-            "qk_rope_head_dim": data["qk_rope_head_dim"],
-            "v_head_dim": data["v_head_dim"],
-            "output_gate": False,
-        },
-        "dense_layers": list(range(min(first_dense, layers))),
-        "dense_intermediate_size": data.get("intermediate_size", 0) if first_dense else 0,
-        "moe": {
-            "num_experts": data["n_routed_experts"],
-            "top_k": data["num_experts_per_tok"],
-            "expert_intermediate_size": moe_width,
-            "num_shared_experts": shared,
-            "shared_intermediate_size": shared * moe_width,
-            "router_scoring": "sigmoid" if data.get("scoring_func", "softmax") == "sigmoid" else "softmax",
-            "router_bias": data.get("topk_method") == "noaux_tc",
-            "routed_scaling": data.get("routed_scaling_factor", 1.0) or 1.0,
-            "router_dtype": "f32" if data.get("topk_method") == "noaux_tc" else "bf16",
-        },
-        "activation": "silu",
-        "residual": "standard",
-        "formats": {
-            "dense": expert_format,
-            "router": "bf16",
-            "small_params": "f32",
-            "routed_gate_up": expert_format,
-            "routed_down": expert_format,
-            "lm_head": "bf16",
-            "embedding": "bf16",
-        },
+        "formats": formats,
+        **fields,
     }
     try:
         return ModelConfig.model_validate(config)

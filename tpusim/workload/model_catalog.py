@@ -2,9 +2,16 @@
 
 ``load_model("kimi-k3")`` reads ``tpusim/models/kimi-k3.yaml``; ``load_model("muse-spark@int4+bf16")``
 selects a format variant; a path to a ``.yaml`` file or a Hugging Face ``config.json`` loads
-that file. ``plan_for(model, devices)`` picks the published plan when model and device count
-match one (``k3-tp32`` for K3 on 32 devices, ``muse-tp8`` for Muse Spark on 8) and derives a
-generic plan otherwise.
+that file.
+
+Which sharding plan a model gets on a system is decided in one place, :func:`plan_for`
+(:func:`plan_for_system` for a chip and chip count; every command calls it): the ``--plan``
+choice when given (a published plan's name, a plan YAML file, ``generic``, or a SPEC such as
+``tp=8,expert_groups=2,expert_tp=4``; see :mod:`tpusim.workload.plan_spec`), else the
+published plan when model and device count match one (``k3-tp32`` for K3 on 32 devices,
+``muse-tp8`` for Muse Spark on 8), else :func:`tpusim.workload.sharding.generic_plan`.
+Whatever is chosen is checked against the model; a plan that does not divide it is one
+:class:`InputError` line.
 """
 
 from __future__ import annotations
@@ -16,7 +23,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from hwmodels.errors import InputError
+from hwmodels.schema import Chip
 from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.plan_spec import is_plan_spec, parse_plan_spec, plan_from_spec
 from tpusim.workload.sharding import ShardingPlan, generic_plan
 
 T = TypeVar("T", bound=BaseModel)
@@ -95,18 +104,48 @@ def load_plan(name_or_path: str) -> ShardingPlan:
     return validate_file(ShardingPlan, path, read_yaml(path))
 
 
-def plan_for(model: ModelConfig, devices: int, *, devices_per_chip: int = 1,
-             intra_link: str = "ici", devices_per_host: int = 8) -> ShardingPlan:
-    """The published plan for (model, devices) if there is one, else a generic plan."""
+def intra_link_for(chip: Chip) -> str:
+    """The link a plan's collectives name on ``chip``: NVLink on GPUs, ICI otherwise."""
+    return "nvlink" if chip.kind == "gpu" else "ici"
+
+
+def plan_for(model: ModelConfig, devices: int, *, devices_per_chip: int = 1, intra_link: str = "ici",
+             devices_per_host: int = 8, choice: str | None = None) -> ShardingPlan:
+    """The plan ``model`` runs on ``devices`` devices (see the module docstring)."""
     base = model.name.partition("@")[0]
-    stem = PUBLISHED_PLANS.get((base, devices))
+    where = f"model {model.name} on {devices} devices"
     try:
-        plan = load_plan(stem) if stem else generic_plan(
-            model, devices, devices_per_chip=devices_per_chip, intra_link=intra_link,
-            devices_per_host=devices_per_host)
+        if choice and is_plan_spec(choice):
+            plan = plan_from_spec(model, parse_plan_spec(choice), devices, devices_per_chip=devices_per_chip,
+                                  intra_link=intra_link, devices_per_host=devices_per_host)
+        elif choice and choice not in ("auto", "generic"):
+            plan = load_plan(choice)
+            if plan.devices != devices:
+                raise InputError(f"{where}: plan {plan.name} is for {plan.devices} devices")
+        else:
+            stem = PUBLISHED_PLANS.get((base, devices)) if choice != "generic" else None
+            plan = load_plan(stem) if stem else generic_plan(
+                model, devices, devices_per_chip=devices_per_chip, intra_link=intra_link,
+                devices_per_host=devices_per_host)
         plan.check_against(model)
     except ValueError as error:
         if isinstance(error, InputError):
             raise
-        raise InputError(f"model {model.name} on {devices} devices: {error}") from None
+        raise InputError(f"{where}: {error}") from None
     return plan
+
+
+def plan_devices(choice: str | None) -> int | None:
+    """Devices a ``--plan`` choice names by itself (a SPEC's ``tp``, a plan file's
+    ``devices``), or None when it leaves them to the system."""
+    if not choice or choice in ("auto", "generic"):
+        return None
+    if is_plan_spec(choice):
+        return parse_plan_spec(choice).tp
+    return load_plan(choice).devices
+
+
+def plan_for_system(model: ModelConfig, chip: Chip, chips: int, choice: str | None = None) -> ShardingPlan:
+    """:func:`plan_for` on ``chips`` x ``chip`` (devices and collective link from the chip)."""
+    return plan_for(model, chips * chip.devices_per_chip, devices_per_chip=chip.devices_per_chip,
+                    intra_link=intra_link_for(chip), choice=choice)

@@ -8,8 +8,12 @@ in :mod:`tpusim.workload.shapes`.
 
 Attention kinds:
 
-- ``kda``: Kimi Delta Attention, a gated delta-rule linear attention with a per-head
-  ``head_dim x head_dim`` f32 recurrent state; no KV cache.
+- ``kda``: linear attention with a gated delta rule and a per-value-head
+  ``head_dim x value_head_dim`` f32 recurrent state; no KV cache. Two variants share the
+  machinery: Kimi Delta Attention (``variant: kda``: channel-wise decay from a low-rank
+  projection, as many value heads as key heads) and Gated DeltaNet (``variant:
+  gated_deltanet``, Qwen3-Next: a scalar decay per value head from the fused input
+  projection, more value heads than key heads).
 - ``mla``: multi-head latent attention (DeepSeek/Kimi): a low-rank query path and a
   compressed KV cache of ``kv_lora_rank + qk_rope_head_dim`` values per token.
 - ``gqa``: grouped-query attention with an optional sliding window (Muse Spark).
@@ -49,7 +53,7 @@ WEIGHT_FAMILIES = (
 # Format keys: a family may store sub-tensors in different formats (K3's routed experts
 # keep gate/up in FP8 and down in MXFP4).
 FORMAT_KEYS = (
-    "dense",  # attention, latent, shared, dense MLP projections
+    "dense",  # attention, latent, shared, dense MLP projections (unless given their own key)
     "router",
     "small_params",
     "routed_gate_up",
@@ -58,19 +62,53 @@ FORMAT_KEYS = (
     "embedding",
 )
 
+# Optional format keys: a model file (or ``--formats``) may give these their own format;
+# absent, they fall back to the key on the right (the KV cache defaults to bf16).
+OPTIONAL_FORMAT_KEYS: dict[str, str] = {
+    "attention": "dense",  # kda_proj / mla_proj / gqa_proj
+    "latent_proj": "dense",
+    "shared_expert": "dense",
+    "dense_mlp": "dense",
+    "kv": "",  # KV cache values; "" = bf16
+}
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class KdaConfig(_Frozen):
-    """Kimi Delta Attention (gated delta rule, linear attention)."""
+    """Linear attention with a gated delta rule: Kimi Delta Attention or Gated DeltaNet."""
 
-    num_heads: int = Field(ge=1)
-    head_dim: int = Field(ge=1, description="q/k/v head dim; the state is head_dim x head_dim f32")
+    variant: Literal["kda", "gated_deltanet"] = Field(
+        default="kda", description="kda: low-rank channel decay; gated_deltanet: scalar decay per value head")
+    num_heads: int = Field(ge=1, description="query/key heads")
+    head_dim: int = Field(ge=1, description="q/k head dim; the state is head_dim x value_head_dim f32")
+    num_value_heads: int | None = Field(default=None, ge=1, description="value heads (default num_heads)")
+    value_head_dim: int | None = Field(default=None, ge=1, description="value head dim (default head_dim)")
     conv_kernel: int = Field(default=4, ge=1, description="short causal conv width")
-    decay_rank: int = Field(ge=1, description="low-rank decay gate: hidden -> rank -> heads*head_dim")
+    decay_rank: int = Field(default=0, ge=0, description="low-rank decay gate hidden -> rank -> width (kda); 0: none")
     decay_lower_bound: float = Field(default=-5.0, lt=0.0, description="lower bound of log decay g")
+
+    @model_validator(mode="after")
+    def _check(self) -> KdaConfig:
+        if self.variant == "kda" and not self.decay_rank:
+            raise ValueError("decay_rank is required for variant kda")
+        if self.value_heads % self.num_heads:
+            raise ValueError(f"num_value_heads ({self.value_heads}) must be a multiple of num_heads ({self.num_heads})")
+        return self
+
+    @property
+    def value_heads(self) -> int:
+        return self.num_value_heads or self.num_heads
+
+    @property
+    def value_dim(self) -> int:
+        return self.value_head_dim or self.head_dim
+
+    @property
+    def value_heads_per_key_head(self) -> int:
+        return self.value_heads // self.num_heads
 
 
 class MlaConfig(_Frozen):
@@ -105,6 +143,7 @@ class GqaConfig(_Frozen):
     )
     full_attention_offset: int = Field(default=0, ge=0)
     output_gate: bool = Field(default=False, description="hidden -> heads*head_dim sigmoid gate")
+    qk_norm: bool = Field(default=False, description="RMSNorm over each q and k head (Qwen3): 2 x head_dim")
 
     @model_validator(mode="after")
     def _check(self) -> GqaConfig:
@@ -151,9 +190,16 @@ class MoeConfig(_Frozen):
     router_bias: bool = Field(default=True, description="per-expert correction bias for selection")
     routed_scaling: float = Field(default=1.0, gt=0.0)
     router_dtype: Literal["bf16", "f32"] = "bf16"
+    routing_groups: int = Field(default=1, ge=1, description="grouped top-k: expert groups (DeepSeek n_group)")
+    routing_groups_per_token: int = Field(default=1, ge=1, description="groups a token may pick (topk_group)")
 
     @model_validator(mode="after")
     def _check(self) -> MoeConfig:
+        if self.num_experts % self.routing_groups or self.routing_groups_per_token > self.routing_groups:
+            raise ValueError(f"routing_groups ({self.routing_groups}) must divide num_experts and be >= "
+                             f"routing_groups_per_token ({self.routing_groups_per_token})")
+        if self.top_k > self.routing_groups_per_token * (self.num_experts // self.routing_groups):
+            raise ValueError(f"top_k ({self.top_k}) exceeds the experts of {self.routing_groups_per_token} groups")
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
         if self.num_shared_experts and not self.shared_intermediate_size:
@@ -166,7 +212,8 @@ class MoeConfig(_Frozen):
 
 
 class ModelConfig(_Frozen):
-    """An MoE decoder-only transformer."""
+    """A decoder-only transformer: MoE (``moe`` set) or dense (``moe`` absent, every layer
+    in ``dense_layers``)."""
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-@+_]*$")
     description: str = ""
@@ -181,7 +228,11 @@ class ModelConfig(_Frozen):
     gqa: GqaConfig | None = None
     dense_layers: list[int] = Field(default_factory=list, description="layers with a dense MLP")
     dense_intermediate_size: int = Field(default=0, ge=0)
-    moe: MoeConfig
+    moe: MoeConfig | None = Field(default=None, description="routed experts; None: a dense model")
+    tied_embeddings: bool = Field(default=False, description="lm_head shares the embedding matrix")
+    mtp_layers: int = Field(
+        default=0, ge=0, description="multi-token-prediction layers in the checkpoint (DeepSeek-V3: 1); "
+        "resident weights, not run by the plain decode step")
     activation: Literal["situ", "silu"] = "silu"
     residual: Literal["standard", "attention_residuals"] = "standard"
     residual_block_layers: int = Field(default=12, ge=1, description="attention-residual block")
@@ -194,9 +245,10 @@ class ModelConfig(_Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
+        known_keys = (*FORMAT_KEYS, *OPTIONAL_FORMAT_KEYS)
         for key, fmt in self.formats.items():
-            if key not in FORMAT_KEYS:
-                raise ValueError(f"formats.{key}: unknown format key; known: {', '.join(FORMAT_KEYS)}")
+            if key not in known_keys:
+                raise ValueError(f"formats.{key}: unknown format key; known: {', '.join(known_keys)}")
             if fmt not in FORMATS:
                 raise ValueError(f"formats.{key}: unknown format {fmt!r}; known: {', '.join(FORMATS)}")
         missing = [key for key in FORMAT_KEYS if key not in self.formats]
@@ -204,13 +256,15 @@ class ModelConfig(_Frozen):
             raise ValueError(f"formats: missing keys {', '.join(missing)}")
         for variant, overrides in self.format_variants.items():
             for key, fmt in overrides.items():
-                if key not in FORMAT_KEYS or fmt not in FORMATS:
+                if key not in known_keys or fmt not in FORMATS:
                     raise ValueError(f"format_variants.{variant}.{key}: unknown key or format {fmt!r}")
         for layer in self.dense_layers:
             if not 0 <= layer < self.num_layers:
                 raise ValueError(f"dense_layers: layer {layer} outside 0..{self.num_layers - 1}")
         if self.dense_layers and not self.dense_intermediate_size:
             raise ValueError("dense_intermediate_size is required with dense_layers")
+        if self.moe is None and len(set(self.dense_layers)) != self.num_layers:
+            raise ValueError("a model without `moe` must list every layer in dense_layers")
         for layer in range(self.num_layers):
             kind = self.attention_pattern.kind_of(layer)
             if getattr(self, kind) is None:
@@ -221,14 +275,29 @@ class ModelConfig(_Frozen):
         return self.attention_pattern.kind_of(layer)
 
     def is_moe_layer(self, layer: int) -> bool:
-        return layer not in self.dense_layers
+        return self.moe is not None and layer not in self.dense_layers
+
+    @property
+    def num_experts(self) -> int:
+        """Routed experts per MoE layer (0 for a dense model)."""
+        return self.moe.num_experts if self.moe else 0
 
     @cached_property
     def moe_layers(self) -> list[int]:
         return [layer for layer in range(self.num_layers) if self.is_moe_layer(layer)]
 
     def format_of(self, key: str) -> str:
-        return self.formats[key]
+        """The format of ``key``; an optional key falls back to its parent (kv: bf16)."""
+        if key in self.formats:
+            return self.formats[key]
+        if key in OPTIONAL_FORMAT_KEYS:
+            parent = OPTIONAL_FORMAT_KEYS[key]
+            return self.formats[parent] if parent else "bf16"
+        raise KeyError(f"unknown format key {key!r}")
+
+    def with_formats(self, overrides: dict[str, str]) -> ModelConfig:
+        """The same model with some format keys replaced (validated)."""
+        return ModelConfig.model_validate({**self.model_dump(), "formats": {**self.formats, **overrides}})
 
     def with_variant(self, variant: str) -> ModelConfig:
         if variant not in self.format_variants:
@@ -240,6 +309,8 @@ class ModelConfig(_Frozen):
     def with_layers(self, num_layers: int) -> ModelConfig:
         """The same architecture with ``num_layers`` layers (patterns keep their rules)."""
         dense = [layer for layer in self.dense_layers if layer < num_layers]
+        if self.moe is None:
+            dense = list(range(num_layers))
         data = self.model_dump()
         data.update(num_layers=num_layers, dense_layers=dense)
         return ModelConfig.model_validate(data)

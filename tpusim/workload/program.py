@@ -9,7 +9,8 @@ under a schedule; the analytic floors sum it; the kernel follows the same op ord
 
 Op order per layer (the vocabulary the kernel's event trace uses too):
 
-- attention, KDA: ``attn.mix_norm, kda.qkvgb, kda.decay, kda.core, kda.o``
+- attention, KDA: ``attn.mix_norm, kda.qkvgb, kda.decay, kda.core, kda.o`` (Gated DeltaNet:
+  no ``kda.decay``; its decay input is part of ``kda.qkvgb``)
 - attention, MLA: ``attn.mix_norm, mla.q_a, mla.kv_a, mla.q_b, mla.kv_b, mla.core, mla.gate, mla.o``
 - attention, GQA: ``attn.mix_norm, gqa.q, gqa.k, gqa.v, gqa.core, gqa.gate, gqa.o``
 - MoE: ``mlp.mix_norm, moe.router, moe.topk, moe.latent_down, moe.shared_gate_up,
@@ -21,6 +22,9 @@ Device view: collectives synchronise all devices every layer, so the step runs a
 of the device with the most routed experts in each layer. ``device_view="critical"`` (the
 default) takes, per layer, the expert group that loads the most distinct experts;
 ``device_view=g`` (an int) follows expert group ``g`` throughout.
+
+Data-parallel attention (``plan.attention_dp > 1``): the attention ops run over this
+device's ``ceil(batch / attention_dp)`` rows and sequences; the MoE / MLP over all rows.
 """
 
 from __future__ import annotations
@@ -32,8 +36,12 @@ from functools import cached_property
 import numpy as np
 
 from tpusim.workload.modelconfig import ModelConfig
-from tpusim.workload.sharding import CollectiveSpec, ShardingPlan
-from tpusim.workload.routing import RoutingModel, distinct_per_group, draw_routing, tokens_per_expert
+from tpusim.workload.routing import (
+    RoutingModel,
+    distinct_per_group,
+    draw_routing,
+    tokens_per_expert,
+)
 from tpusim.workload.shapes import (
     TensorSpec,
     attention_span_tokens,
@@ -46,6 +54,7 @@ from tpusim.workload.shapes import (
     recurrent_state_bytes,
     small_param_tensors,
 )
+from tpusim.workload.sharding import CollectiveSpec, ShardingPlan
 
 # Vector work per element, FLOPs (norm: square, sum, rsqrt-scale, weight; situ: two tanh,
 # a sigmoid, products). Rough constants; the VPU is rarely the bottleneck at decode.
@@ -54,6 +63,8 @@ ACTIVATION_FLOPS_PER_ELEMENT = 20.0
 TOPK_FLOPS_PER_SCORE = 16.0
 DELTA_RULE_FLOPS_PER_STATE_ELEMENT = 8.0
 
+
+DEFAULT_MATMUL_DTYPE = "bf16"
 
 @dataclass(frozen=True)
 class CollectiveCall:
@@ -87,6 +98,13 @@ class Op:
     @property
     def matmul_flops(self) -> float:
         return float(sum(2 * m * k * n for m, k, n in self.matmuls))
+
+    @property
+    def matmul_dtype(self) -> str:
+        """The dtype the matrix unit runs this op's matmuls at: its first weight tensor's MXU
+        dtype (after dequantisation), else bf16 (activation-only ops). The one statement of
+        this rule: the engine, the estimate and the floors read it."""
+        return self.tensors[0].fmt.mxu_dtype if self.tensors else DEFAULT_MATMUL_DTYPE
 
     @property
     def families(self) -> tuple[str, ...]:
@@ -186,10 +204,11 @@ def _attention_ops(model: ModelConfig, plan: ShardingPlan, layer: int, batch: in
         kda = model.kda
         assert kda is not None
         state = recurrent_state_bytes(model, plan, layer) * sequences
-        state_elements = heads * kda.head_dim * kda.head_dim * batch
+        state_elements = heads * kda.value_heads_per_key_head * kda.head_dim * kda.value_dim * batch
+        ops.append(mm("kda.qkvgb", "kda.qkvgb", ["kda.qkvgb"]))
+        if "kda.decay_a" in by_name:  # KDA's low-rank decay; Gated DeltaNet's is in qkvgb
+            ops.append(mm("kda.decay", "kda.decay", ["kda.decay_a", "kda.decay_b"]))
         ops += [
-            mm("kda.qkvgb", "kda.qkvgb", ["kda.qkvgb"]),
-            mm("kda.decay", "kda.decay", ["kda.decay_a", "kda.decay_b"]),
             Op("kda.core", "attn.core", layer, "attention", "vpu",
                vector_flops=DELTA_RULE_FLOPS_PER_STATE_ELEMENT * state_elements,
                kv_read_bytes=state, kv_write_bytes=state,
@@ -242,6 +261,7 @@ def _moe_ops(model: ModelConfig, plan: ShardingPlan, layer: int, batch: int,
              expert_rows: list[int]) -> list[Op]:
     by_name = {t.name: t for t in moe_dense_tensors(model, plan)}
     moe, hidden = model.moe, model.hidden_size
+    assert moe is not None
     ops = [
         Op("mlp.mix_norm", "mlp.mix_norm", layer, "moe", "vpu",
            vector_flops=NORM_FLOPS_PER_ELEMENT * hidden * batch * (2 if model.residual == "attention_residuals" else 1)),
@@ -313,19 +333,26 @@ def build_program(
         raise ValueError("context_tokens must be >= 1")
     routing = routing or RoutingModel("uniform")
     moe = model.moe
-    choices = draw_routing(routing, num_moe_layers=len(model.moe_layers), batch=batch,
-                           num_experts=moe.num_experts, top_k=moe.top_k, seed=seed)
     groups = plan.expert_groups
-    distinct = distinct_per_group(choices, moe.num_experts, groups)  # [moe_layers, groups]
-    rows_per_expert = tokens_per_expert(choices, moe.num_experts)  # [moe_layers, experts]
-    group_size = moe.num_experts // groups
+    if moe is not None:
+        choices = draw_routing(routing, num_moe_layers=len(model.moe_layers), batch=batch,
+                               num_experts=moe.num_experts, top_k=moe.top_k, seed=seed,
+                               groups=moe.routing_groups, groups_per_token=moe.routing_groups_per_token)
+        distinct = distinct_per_group(choices, moe.num_experts, groups)  # [moe_layers, groups]
+        rows_per_expert = tokens_per_expert(choices, moe.num_experts)  # [moe_layers, experts]
+    else:  # a dense model: no routed experts anywhere
+        distinct = np.zeros((0, groups), dtype=np.int64)
+        rows_per_expert = np.zeros((0, 0), dtype=np.int64)
+    group_size = model.num_experts // groups
     if isinstance(device_view, int) and not 0 <= device_view < groups:
         raise ValueError(f"device_view group {device_view} outside 0..{groups - 1}")
 
     layers: list[LayerProgram] = []
     moe_index = 0
+    # Data-parallel attention: this device's attention serves its share of the rows only.
+    attention_rows, attention_sequences = plan.attention_rows(batch), plan.attention_rows(sequences)
     for layer in range(model.num_layers):
-        ops = _attention_ops(model, plan, layer, batch, context_tokens, sequences)
+        ops = _attention_ops(model, plan, layer, attention_rows, context_tokens, attention_sequences)
         routed = 0
         if model.is_moe_layer(layer):
             group = int(np.argmax(distinct[moe_index])) if device_view == "critical" else int(device_view)

@@ -10,6 +10,8 @@ B > 1.
   prompts, so only ``top_k`` distinct experts were loaded at every batch size).
 - ``zipf[:s]``: expert popularity follows a Zipf law with exponent ``s`` (default 1.0) over
   a random permutation per layer; rows sample ``top_k`` without replacement (Gumbel top-k).
+- grouped top-k (DeepSeek-V3: 8 groups of 32 experts, 4 groups per token) restricts each
+  row of the three drawn kinds to its best groups (see :func:`_gumbel_topk`).
 - ``trace:PATH``: a recorded trace, JSON ``{"layers": [[[e, ...], ...], ...]}`` indexed
   ``[moe_layer][row][k]``; rows and layers cycle if the trace is shorter than asked.
 
@@ -68,9 +70,23 @@ def parse_routing(spec: str) -> RoutingModel:
     raise InputError(f"--routing {spec}: unknown routing model; use one of uniform, identical, zipf[:s], trace:PATH")
 
 
-def _gumbel_topk(log_weights: np.ndarray, top_k: int, rng: np.random.Generator) -> np.ndarray:
-    """Sample top_k without replacement along the last axis (Gumbel top-k trick)."""
+def _gumbel_topk(log_weights: np.ndarray, top_k: int, rng: np.random.Generator, groups: int = 1,
+                 groups_per_token: int = 1) -> np.ndarray:
+    """Sample top_k without replacement along the last axis (Gumbel top-k trick).
+
+    Grouped top-k (``groups_per_token < groups``, DeepSeek-V3's ``n_group``/``topk_group``):
+    the experts form ``groups`` consecutive groups, a group scores the sum of its two best
+    perturbed expert scores (DeepSeek-V3's ``noaux_tc`` rule), and a row picks its experts
+    only from its ``groups_per_token`` best groups.
+    """
     keys = log_weights + rng.gumbel(size=log_weights.shape)
+    if groups_per_token < groups:
+        grouped = keys.reshape(*keys.shape[:-1], groups, keys.shape[-1] // groups)
+        best_two = np.sort(grouped, axis=-1)[..., -2:].sum(axis=-1)
+        keep = np.argpartition(-best_two, groups_per_token - 1, axis=-1)[..., :groups_per_token]
+        dropped = np.ones(best_two.shape, dtype=bool)
+        np.put_along_axis(dropped, keep, False, axis=-1)
+        keys = np.where(dropped[..., None], -np.inf, grouped).reshape(keys.shape)
     return np.argpartition(-keys, top_k - 1, axis=-1)[..., :top_k]
 
 
@@ -92,15 +108,18 @@ def _load_trace(path: Path, num_experts: int, top_k: int) -> list[list[list[int]
 
 
 def draw_routing(
-    routing: RoutingModel, *, num_moe_layers: int, batch: int, num_experts: int, top_k: int, seed: int
+    routing: RoutingModel, *, num_moe_layers: int, batch: int, num_experts: int, top_k: int, seed: int,
+    groups: int = 1, groups_per_token: int = 1,
 ) -> np.ndarray:
-    """Expert choices, int32[num_moe_layers, batch, top_k]."""
+    """Expert choices, int32[num_moe_layers, batch, top_k] (grouped top-k when
+    ``groups_per_token < groups``; a trace is taken as recorded)."""
     rng = np.random.default_rng(seed)
     shape = (num_moe_layers, batch, num_experts)
+    grouping = {"groups": groups, "groups_per_token": groups_per_token}
     if routing.kind == "uniform":
-        return _gumbel_topk(np.zeros(shape), top_k, rng).astype(np.int32)
+        return _gumbel_topk(np.zeros(shape), top_k, rng, **grouping).astype(np.int32)
     if routing.kind == "identical":
-        one = _gumbel_topk(np.zeros((num_moe_layers, 1, num_experts)), top_k, rng)
+        one = _gumbel_topk(np.zeros((num_moe_layers, 1, num_experts)), top_k, rng, **grouping)
         return np.repeat(one, batch, axis=1).astype(np.int32)
     if routing.kind == "zipf":
         ranks = np.arange(1, num_experts + 1, dtype=np.float64)
@@ -109,7 +128,7 @@ def draw_routing(
         log_w = np.empty((num_moe_layers, num_experts))
         np.put_along_axis(log_w, perms, np.broadcast_to(log_p, (num_moe_layers, num_experts)), axis=1)
         log_w = np.broadcast_to(log_w[:, None, :], shape)
-        return _gumbel_topk(log_w, top_k, rng).astype(np.int32)
+        return _gumbel_topk(log_w, top_k, rng, **grouping).astype(np.int32)
     assert routing.trace_path is not None
     layers = _load_trace(routing.trace_path, num_experts, top_k)
     out = np.empty((num_moe_layers, batch, top_k), dtype=np.int32)
@@ -142,9 +161,12 @@ def expected_distinct_uniform(num_experts: int, top_k: int, batch: int, group_si
     return group_size * (1.0 - (1.0 - top_k / num_experts) ** batch)
 
 
-def expected_distinct(routing: RoutingModel, num_experts: int, top_k: int, batch: int, group_size: int) -> float | None:
-    """Closed-form expectation where one exists (uniform, identical), else None."""
-    if routing.kind == "uniform":
+def expected_distinct(routing: RoutingModel, num_experts: int, top_k: int, batch: int, group_size: int,
+                      *, grouped: bool = False) -> float | None:
+    """Closed-form expectation where one exists (uniform, identical), else None. Grouped
+    top-k routing (``grouped``) has none for uniform routing: it concentrates a row's
+    experts in a few groups."""
+    if routing.kind == "uniform" and not grouped:
         return expected_distinct_uniform(num_experts, top_k, batch, group_size)
     if routing.kind == "identical":
         return group_size * top_k / num_experts

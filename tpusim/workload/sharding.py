@@ -4,8 +4,11 @@ A :class:`ShardingPlan` states, per device, the widths every sharded tensor gets
 collectives each layer runs. Published plans are YAML files in ``tpusim/models/``
 (``plan-k3-tp32.yaml``: Kimi K3 on 16 TPU v7 chips = 32 devices; ``plan-muse-tp8.yaml``);
 :func:`generic_plan` derives one for any model and device count (attention heads split
-tensor-parallel, experts split expert-parallel into groups, each group optionally splitting
-every expert's intermediate width tensor-parallel).
+tensor-parallel, or data-parallel over ``attention_dp`` groups; experts split expert-parallel
+into groups, each group optionally splitting every expert's intermediate width
+tensor-parallel; a dense model splits its MLP columns). ``--plan tp=8,expert_groups=2,...``
+reaches it through :mod:`tpusim.workload.plan_spec`; which plan a command gets is decided by
+:func:`tpusim.workload.model_catalog.plan_for`.
 
 Routed experts: device ``r`` belongs to group ``r // expert_tp`` of ``expert_groups``
 groups; the group owns ``num_experts / expert_groups`` consecutive experts and the device
@@ -95,12 +98,15 @@ class ShardingPlan(_Frozen):
     kv_heads_per_device: int = Field(default=1, ge=1, description="GQA KV heads per device")
     expert_groups: int = Field(ge=1, description="expert-parallel groups")
     expert_tp: int = Field(ge=1, description="devices splitting each expert's intermediate width")
-    router_cols_per_device: int = Field(ge=1, description="router output columns per device")
+    router_cols_per_device: int = Field(ge=0, description="router output columns per device (0: dense model)")
     latent_down_cols_per_device: int = Field(default=0, ge=0)
     latent_up_cols_per_device: int = Field(default=0, ge=0)
     shared_intermediate_per_device: int = Field(default=0, ge=0)
     dense_intermediate_per_device: int = Field(default=0, ge=0)
     vocab_rows_per_device: int = Field(ge=1)
+    attention_dp: int = Field(
+        default=1, ge=1, description="attention data-parallel groups: each group holds every head of its "
+        "devices // attention_dp TP shard and serves batch / attention_dp sequences")
     attention_collectives: list[CollectiveSpec] = Field(default_factory=list)
     moe_collectives: list[CollectiveSpec] = Field(default_factory=list)
     mlp_collectives: list[CollectiveSpec] = Field(default_factory=list)
@@ -139,6 +145,8 @@ class ShardingPlan(_Frozen):
                 f"expert_groups ({self.expert_groups}) x expert_tp ({self.expert_tp}) must equal "
                 f"devices ({self.devices})"
             )
+        if self.devices % self.attention_dp:
+            raise ValueError(f"attention_dp ({self.attention_dp}) does not divide devices ({self.devices})")
         specs = self.all_collectives
         names = {spec.name for spec in specs}
         for spec in specs:
@@ -150,6 +158,15 @@ class ShardingPlan(_Frozen):
                 if spec.min_batch <= other_top and other.min_batch <= top:
                     raise ValueError(f"collective {spec.name}: variants with overlapping batch ranges")
         return self
+
+    @property
+    def attention_tp(self) -> int:
+        """Devices one attention group splits its heads over."""
+        return self.devices // self.attention_dp
+
+    def attention_rows(self, rows: int) -> int:
+        """Rows (or sequences) one device's attention serves out of ``rows`` (DP splits them)."""
+        return -(-rows // self.attention_dp)
 
     @property
     def chips(self) -> int:
@@ -172,6 +189,8 @@ class ShardingPlan(_Frozen):
     def check_against(self, model: ModelConfig) -> None:
         """Raise ValueError when the plan cannot split ``model``."""
         moe = model.moe
+        if moe is None:
+            return
         if moe.num_experts % self.expert_groups:
             raise ValueError(
                 f"plan {self.name}: {moe.num_experts} experts do not split into "
@@ -184,10 +203,11 @@ class ShardingPlan(_Frozen):
             )
 
     def experts_per_group(self, model: ModelConfig) -> int:
-        return model.moe.num_experts // self.expert_groups
+        """Routed experts one expert group owns (0 for a dense model)."""
+        return model.num_experts // self.expert_groups
 
     def expert_slice_width(self, model: ModelConfig) -> int:
-        return model.moe.expert_intermediate_size // self.expert_tp
+        return model.moe.expert_intermediate_size // self.expert_tp if model.moe else 0
 
     def group_of_device(self, device: int) -> int:
         return device // self.expert_tp
@@ -200,44 +220,115 @@ def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+def attention_heads(model: ModelConfig) -> int:
+    """Query (KDA: key) heads of the model's attention; a hybrid's kinds must agree, since a
+    plan gives one ``attention_heads_per_device`` (K3: KDA 96 / MLA 96; Qwen3-Next 16 / 16)."""
+    counts = {kind: heads for kind, heads in (
+        ("kda", model.kda.num_heads if model.kda else 0), ("mla", model.mla.num_heads if model.mla else 0),
+        ("gqa", model.gqa.num_query_heads if model.gqa else 0)) if heads}
+    if len(set(counts.values())) > 1:
+        raise ValueError(f"attention kinds have different head counts ({counts}); one plan cannot split them")
+    return next(iter(counts.values()))
+
+
+def _expert_split(model: ModelConfig, devices: int, expert_groups: int | None,
+                  expert_tp: int | None) -> tuple[int, int]:
+    """(expert_groups, expert_tp): given, completed from ``devices``, or EP as wide as divides."""
+    if model.moe is None:
+        return 1, devices
+    if expert_groups is None and expert_tp is None:
+        expert_groups = math.gcd(devices, model.moe.num_experts)
+    if expert_groups is None:
+        expert_groups = devices // expert_tp if expert_tp and devices % expert_tp == 0 else 0
+    if expert_tp is None:
+        expert_tp = devices // expert_groups if expert_groups and devices % expert_groups == 0 else 0
+    if not expert_groups or not expert_tp or expert_groups * expert_tp != devices:
+        raise ValueError(f"expert_groups ({expert_groups}) x expert_tp ({expert_tp}) must equal devices ({devices})")
+    return expert_groups, expert_tp
+
+
 def generic_plan(
     model: ModelConfig, devices: int, *, devices_per_chip: int = 1, lane_multiple: int = 128,
     devices_per_host: int = 8, intra_link: str = "ici", name: str | None = None,
+    expert_groups: int | None = None, expert_tp: int | None = None, attention_dp: int = 1,
 ) -> ShardingPlan:
-    """A plan for any device count: attention TP over heads, experts EP (+TP when experts
-    are fewer than devices), every other projection column-split, vocabulary split.
+    """A plan for any device count: attention TP over heads (or DP: ``attention_dp`` groups
+    each holding all heads of a ``devices / attention_dp`` TP shard), experts EP over
+    ``expert_groups`` x TP within an expert over ``expert_tp`` (default: EP as wide as the
+    expert count divides, TP for the rest), every other projection column-split, vocabulary
+    split. A dense model column-splits its MLP over all devices.
 
-    Collectives: an all-reduce of the attention output and of the MoE output over all
-    devices (two stages: within a host, then across hosts), and an all-gather of the
-    router/latent input when experts are split.
+    Collectives: an all-reduce of the attention output over the attention TP group; with DP
+    attention an all-gather of the hidden rows to every device before the MoE/MLP; an
+    all-reduce (DP: reduce-scatter) of the MoE/MLP output over all devices (two stages:
+    within a host, then across hosts); an all-gather of the latent when experts are split.
     """
     if devices < 1:
         raise ValueError("devices must be >= 1")
-    attention = model.mla or model.kda or model.gqa
-    num_heads = attention.num_query_heads if attention is model.gqa else attention.num_heads  # type: ignore[union-attr]
-    heads = max(1, math.ceil(num_heads / devices))
-    kv_heads = max(1, math.ceil(model.gqa.num_kv_heads / devices)) if model.gqa else 1
+    if devices % attention_dp:
+        raise ValueError(f"attention_dp ({attention_dp}) does not divide devices ({devices})")
+    attention_tp = devices // attention_dp
+    num_heads = attention_heads(model)
+    heads = max(1, math.ceil(num_heads / attention_tp))
+    kv_heads = max(1, math.ceil(model.gqa.num_kv_heads / attention_tp)) if model.gqa else 1
+    groups, slice_tp = _expert_split(model, devices, expert_groups, expert_tp)
     moe = model.moe
-    expert_groups = math.gcd(devices, moe.num_experts)
-    expert_tp = devices // expert_groups
-    if moe.expert_intermediate_size % expert_tp:
-        raise ValueError(f"generic plan: expert width does not split {expert_tp} ways")
+    if moe is not None and moe.expert_intermediate_size % slice_tp:
+        raise ValueError(f"expert width {moe.expert_intermediate_size} does not split {slice_tp} ways")
     hidden = model.hidden_size
-    latent = moe.latent_size or 0
-    hosts = max(1, math.ceil(devices / devices_per_host))
-    local_peers = min(devices, devices_per_host) - 1
+    latent = moe.latent_size or 0 if moe else 0
+    shared = moe.shared_intermediate_size if moe else 0
+    collectives = _generic_collectives(model, devices, attention_tp, devices_per_host, intra_link, lane_multiple)
+    attention_words = f"attention TP{min(attention_tp, num_heads)}" + (f" x DP{attention_dp}" if attention_dp > 1 else "")
+    experts_words = f"experts EP{groups}xTP{slice_tp}" if moe else "dense MLP"
+    return ShardingPlan(
+        name=name or f"generic-{devices}",
+        description=f"generic: {attention_words}, {experts_words}, columns split {devices} ways",
+        source="derived by tpusim.workload.sharding.generic_plan",
+        devices=devices,
+        devices_per_chip=devices_per_chip,
+        lane_multiple=lane_multiple,
+        attention_heads_per_device=heads,
+        kv_heads_per_device=kv_heads,
+        attention_dp=attention_dp,
+        expert_groups=groups,
+        expert_tp=slice_tp,
+        router_cols_per_device=round_up(moe.num_experts, lane_multiple) if moe else 0,
+        latent_down_cols_per_device=round_up(math.ceil(latent / devices), lane_multiple) if latent else 0,
+        latent_up_cols_per_device=round_up(math.ceil(hidden / devices), lane_multiple) if latent else 0,
+        shared_intermediate_per_device=round_up(math.ceil(shared / devices), lane_multiple) if shared else 0,
+        dense_intermediate_per_device=round_up(math.ceil(model.dense_intermediate_size / devices), lane_multiple)
+        if model.dense_intermediate_size else 0,
+        vocab_rows_per_device=math.ceil(model.vocab_size / devices),
+        **collectives,
+    )
 
-    def allreduce(name: str, phase: str, after: str) -> list[CollectiveSpec]:
-        if devices == 1:
-            return []
-        stages = []
-        if local_peers:
-            stages.append(CollectiveStage(link=intra_link, peers=local_peers))  # type: ignore[arg-type]
+
+def _generic_collectives(model: ModelConfig, devices: int, attention_tp: int, devices_per_host: int,
+                         intra_link: str, lane_multiple: int) -> dict[str, list[CollectiveSpec]]:
+    """The generic plan's collectives by phase (see :func:`generic_plan`)."""
+    hidden = model.hidden_size
+    latent = model.moe.latent_size or 0 if model.moe else 0
+
+    def stages(group: int) -> list[CollectiveStage]:
+        hosts = max(1, math.ceil(group / devices_per_host))
+        local_peers = min(group, devices_per_host) - 1
+        out = [CollectiveStage(link=intra_link, peers=local_peers)] if local_peers else []  # type: ignore[arg-type]
         if hosts > 1:
-            stages.append(CollectiveStage(link=intra_link, peers=hosts - 1))  # type: ignore[arg-type]
-        return [CollectiveSpec(name=name, phase=phase, kind="all_reduce",  # type: ignore[arg-type]
-                               bytes_per_token=hidden * 2, stages=stages, after=after)]
+            out.append(CollectiveStage(link=intra_link, peers=hosts - 1))  # type: ignore[arg-type]
+        return out
 
+    def collective(name: str, phase: str, kind: str, after: str, group: int) -> list[CollectiveSpec]:
+        if group == 1:
+            return []
+        return [CollectiveSpec(name=name, phase=phase, kind=kind, bytes_per_token=hidden * 2,  # type: ignore[arg-type]
+                               stages=stages(group), after=after)]
+
+    data_parallel = attention_tp < devices
+    attention = collective("attn.allreduce", "attention", "all_reduce", "attn.out", attention_tp)
+    if data_parallel:
+        attention += collective("attn.dp_allgather", "attention", "all_gather", "attn.out", devices)
+    out_kind = "reduce_scatter" if data_parallel else "all_reduce"
     latent_gather: list[CollectiveSpec] = []
     if latent and devices > 1:
         latent_cols = round_up(math.ceil(latent / devices), lane_multiple)
@@ -245,27 +336,10 @@ def generic_plan(
             name="moe.latent_allgather", phase="moe", kind="all_gather",
             bytes_per_token=latent_cols * 2, stages=[CollectiveStage(link=intra_link, peers=devices - 1)],  # type: ignore[arg-type]
             after="moe.latent_down", overlapped=True)]
-    return ShardingPlan(
-        name=name or f"generic-{devices}",
-        description=f"generic: attention TP{min(devices, num_heads)}, experts EP{expert_groups}"
-        f"xTP{expert_tp}, columns split {devices} ways",
-        source="derived by tpusim.workload.sharding.generic_plan",
-        devices=devices,
-        devices_per_chip=devices_per_chip,
-        lane_multiple=lane_multiple,
-        attention_heads_per_device=heads,
-        kv_heads_per_device=kv_heads,
-        expert_groups=expert_groups,
-        expert_tp=expert_tp,
-        router_cols_per_device=round_up(moe.num_experts, lane_multiple),
-        latent_down_cols_per_device=round_up(math.ceil(latent / devices), lane_multiple) if latent else 0,
-        latent_up_cols_per_device=round_up(math.ceil(hidden / devices), lane_multiple) if latent else 0,
-        shared_intermediate_per_device=round_up(math.ceil(moe.shared_intermediate_size / devices), lane_multiple)
-        if moe.shared_intermediate_size else 0,
-        dense_intermediate_per_device=round_up(math.ceil(model.dense_intermediate_size / devices), lane_multiple)
-        if model.dense_intermediate_size else 0,
-        vocab_rows_per_device=math.ceil(model.vocab_size / devices),
-        attention_collectives=allreduce("attn.allreduce", "attention", "attn.out"),
-        moe_collectives=latent_gather + allreduce("moe.allreduce", "moe", "moe.combine"),
-        mlp_collectives=allreduce("mlp.allreduce", "mlp", "mlp.down"),
-    )
+    return {  # only the phases the model has: a dense model has no MoE, an all-MoE model no MLP
+        "attention_collectives": attention,
+        "moe_collectives": latent_gather + collective("moe.allreduce", "moe", out_kind, "moe.combine", devices)
+        if model.moe else [],
+        "mlp_collectives": collective("mlp.allreduce", "mlp", out_kind, "mlp.down", devices)
+        if model.dense_layers else [],
+    }

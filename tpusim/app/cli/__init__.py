@@ -15,8 +15,7 @@ from collections.abc import Sequence
 
 from hwmodels.errors import InputError
 
-# Subcommand modules, in the order ``tpusim --help`` lists them. A module that is missing
-# (a feature not yet built) is skipped rather than breaking the whole CLI.
+# Subcommand modules, in the order ``tpusim --help`` lists them.
 SUBCOMMAND_MODULES = (
     "demo",
     "hardware",
@@ -26,6 +25,7 @@ SUBCOMMAND_MODULES = (
     "run_kernel",
     "calibrate",
     "compare",
+    "plan",
 )
 
 
@@ -36,13 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in SUBCOMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"tpusim.app.cli.{module_name}")
-        except ModuleNotFoundError as error:
-            if error.name == f"tpusim.app.cli.{module_name}":
-                continue
-            raise
-        module.register(subparsers)
+        importlib.import_module(f"tpusim.app.cli.{module_name}").register(subparsers)
     return parser
 
 

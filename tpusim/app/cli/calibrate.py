@@ -13,6 +13,9 @@ uncalibrated*), fits the chip's identifiable figures by bounded least squares
 (atomically; the published catalog YAML is never written) and a report to ``--out``:
 ``report.md`` (tables), ``scatter.png``, ``fit.json``, ``measurements.jsonl`` (the points
 used). Every command taking ``--hardware`` then uses the overlay unless ``--uncalibrated``.
+A file written by :mod:`calibration.gpu_bench` (micro-benchmarks and whole steps) is fitted
+on its micro-benchmarks only and predicts the held-out steps (:mod:`calibration.gpu_fit`;
+``--holdout kind=decode_step``, the default for such a file).
 ``--measurements cpu-loop`` runs the CPU closed loop (:mod:`calibration.cpu_loop`): probe
 this host, time jitted decode steps, fit ``host-cpu``.
 
@@ -76,7 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     calibrate.add_argument("--holdout", default=None,
                            help="points to hold out: key=value[|value][;key=value], keys format, batch, "
-                           "width, model, context, backend, index (e.g. format=int4+bf16)")
+                           "width, model, context, backend, index, kind (e.g. format=int4+bf16, kind=decode_step)")
     calibrate.add_argument("--parameters", default=None,
                            help="comma-separated figure paths to fit (default: the chip's justified set)")
     calibrate.add_argument("--out", type=Path, required=True, help="folder for report.md, scatter.png, fit.json")
@@ -124,6 +127,13 @@ def _fit(args: argparse.Namespace, console: Console) -> tuple[FitResult, list]:
     published = load_chip(args.hardware, calibrated=False)
     records = usable_for(load_measurements(args.measurements), published.name, published.kind)
     start = None if args.uncalibrated_start else load_chip(args.hardware, calibrated=True)
+    from calibration.gpu_fit import fit_micro, is_micro_set
+
+    if is_micro_set(records):  # calibration.gpu_bench output: fit micro-benchmarks, predict steps
+        if args.parameters:
+            raise InputError("--parameters: a gpu_bench file fits its fixed micro-model figures "
+                             "(calibration.gpu_fit); drop --parameters")
+        return fit_micro(published, records, holdout=args.holdout, start=start), records
     parameters = parse_parameters(args.parameters, published) if args.parameters else None
     result = fit_chip(published, records, parameters=parameters, holdout=args.holdout, start=start,
                       predictor=Predictor(), max_nfev=args.max_evals)
@@ -204,6 +214,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
         flag = " (at bound)" if p.at_bound else ""
         stdout.print(f"{p.path}: {p.published:.4g} (published) -> {p.value:.4g}{sigma} (calibrated){flag}",
                      highlight=False)
+    for row in result.extra.get("holdout_steps", []):  # gpu_bench files: held-out whole steps
+        stdout.print(f"held out {row['model']} b{row['batch']}: measured {row['measured_ms']:.3f} ms, "
+                     f"predicted {row['predicted_ms']:.3f} ms (calibrated), error {row['error']:+.1%}",
+                     highlight=False, markup=False)
     stdout.print(f"report: {display_path(paths['report'])}", highlight=False)
     stdout.print(f"overlay: {display_path(saved) if saved else 'not saved (--no-save)'}", highlight=False)
     return 0

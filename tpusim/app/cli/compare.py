@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hwmodels.errors import InputError
-from tpusim.app.cli.common import emit_json
+from tpusim.app.cli.common import add_model_options, emit_json
 
 
 def _numbers(text: str, kind: type, name: str) -> list:
@@ -24,7 +24,9 @@ def _numbers(text: str, kind: type, name: str) -> list:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("compare", help="compare systems (TPU megakernel vs GPU stacks) side by side")
-    parser.add_argument("--model", default="kimi-k3")
+    parser.add_argument("--model", default="kimi-k3",
+                        help="model name (kimi-k3, muse-spark@int4+bf16, ...) or a YAML/config.json path")
+    add_model_options(parser)
     parser.add_argument("--systems", default="tpu-v7:16,gb200:16,gb200:16:megakernel",
                         help="comma-separated chip:chips[:per-kernel|graphs|megakernel]")
     parser.add_argument("--batch", default="1,2,4,8", help="comma-separated batch sizes")
@@ -61,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
                                 samples=args.sweep_samples)
     rows = compare_rows(args.model, systems, batches, acceptance_lengths=acceptances, schedule=args.schedule,
                         choose_schedule=chooser, context_tokens=args.context, routing=parse_routing(args.routing),
-                        seed=args.seed, calibrated=not args.uncalibrated, draft_tokens=args.draft_tokens)
+                        seed=args.seed, calibrated=not args.uncalibrated, draft_tokens=args.draft_tokens,
+                        formats=args.formats, plan_choice=args.plan)
     if args.plot:
         from tpusim.compare.plot import plot_comparison
 

@@ -18,7 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def run(args: argparse.Namespace) -> int:
-    from tpusim.app.demo import DemoConfig, run_demo
+    from tpusim.app.demo import run_demo
+    from tpusim.app.demo_run import DemoConfig
 
     config = DemoConfig(out_dir=args.out, jobs=args.jobs, sweep_budget=args.sweep_budget, quick=args.quick)
     result = run_demo(config, progress=lambda line: print(line, file=sys.stderr, flush=True))

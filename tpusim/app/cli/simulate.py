@@ -88,10 +88,10 @@ def _plot_layers(text: str) -> tuple[int, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tpusim.workload.floors import floors
     from tpusim.engine import InfeasibleSchedule, simulate
-    from tpusim.workload.program import build_program
     from tpusim.schedule.schema import load_schedule
+    from tpusim.workload.floors import floors
+    from tpusim.workload.program import build_program
 
     plot_layers = _plot_layers(args.plot_layers)
     model, plan, system, routing = resolve_workload(args)

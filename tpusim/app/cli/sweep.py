@@ -59,8 +59,8 @@ def load_space(path: Path) -> Any:
     """A :class:`SweepSpace` from a JSON file (bare, or a sweep's ``space.json``)."""
     from pydantic import ValidationError
 
-    from tpusim.workload.model_catalog import format_validation_error
     from tpusim.sweep.space import SweepSpace
+    from tpusim.workload.model_catalog import format_validation_error
 
     try:
         data = json.loads(path.read_text())

@@ -1,0 +1,45 @@
+"""Fixtures shared by the test files.
+
+``local_dir`` is autouse: every test gets its own empty folder for machine-local catalog
+entries and calibrated overlays (``TPUSIM_LOCAL_DIR``), so no test reads or writes the
+user's own calibration, and no test sees another test's overlay.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def local_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty local folder for this test (it may not exist until something writes it)."""
+    folder = tmp_path / "local"
+    monkeypatch.setenv("TPUSIM_LOCAL_DIR", str(folder))
+    return folder
+
+
+@pytest.fixture
+def speculated_misses():  # type: ignore[no-untyped-def]
+    """``count(program, schedule)``: routed-expert copies a speculative schedule mispredicts.
+
+    Written from the rule, not the engine: only an expert the issue plan issues ahead of
+    routing is speculated, and of the experts counted ``j = 0, 1, ...`` over the step, those
+    where ``floor((j + 1) * rate)`` steps up miss."""
+    import math
+
+    from tpusim.schedule.program_issue import program_issue_plan
+
+    def count(program, schedule) -> int:  # type: ignore[no-untyped-def]
+        plan = program_issue_plan(program, schedule)
+        rate, seen, misses = schedule.speculation_miss_rate, 0, 0
+        for op in program.ops:
+            if not op.tensors or any(t.family != "routed_expert" for t in op.tensors):
+                continue
+            steps = math.floor((seen + 1) * rate + 1e-9) > math.floor(seen * rate + 1e-9)
+            misses += steps and plan.expert_issue(op.layer, op.expert_index or 0)[1]
+            seen += 1
+        return misses
+
+    return count

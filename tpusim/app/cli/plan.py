@@ -1,0 +1,102 @@
+"""``tpusim plan``: show the sharding plan a model gets, and its collectives.
+
+Usage::
+
+    tpusim plan --model tests/data/deepseek-v3/config.json --plan tp=8,expert_groups=2,expert_tp=4
+    tpusim plan --model kimi-k3 --hardware tpu-v7 --chips 16          # the plan simulate would use
+    tpusim plan --model qwen3.json --plan tp=4,attention=dp --formats experts=fp8 --json
+
+The device count comes from ``--hardware``/``--chips``, else ``--devices``, else the plan
+itself (a SPEC's ``tp``, a plan file's ``devices``). With ``--hardware`` the report includes
+the HBM capacity check at ``--batch`` and ``--context``. Every number is derived from the
+model file and the plan; nothing is simulated.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.table import Table
+
+from hwmodels.errors import InputError
+from tpusim.app.cli.common import (
+    add_model_options,
+    emit_json,
+    load_model_with_formats,
+    positive_int,
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser("plan", help="print the sharding plan a model gets and its collectives",
+                                   description="Print a deployment plan, its collectives and per-device bytes.")
+    parser.add_argument("--model", required=True, help="model name or a YAML/config.json path")
+    add_model_options(parser)
+    parser.add_argument("--hardware", default=None, help="chip name (adds the HBM capacity check)")
+    parser.add_argument("--chips", type=positive_int, default=None, help="number of chips (with --hardware)")
+    parser.add_argument("--devices", type=positive_int, default=None, help="devices, when no --hardware is given")
+    parser.add_argument("--batch", type=positive_int, default=1, help="sequences (for KV-cache bytes)")
+    parser.add_argument("--context", type=positive_int, default=1024, help="tokens per sequence")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hwmodels.catalog import make_system
+    from tpusim.report.plan import plan_report
+    from tpusim.workload.model_catalog import plan_devices, plan_for, plan_for_system
+
+    model = load_model_with_formats(args)
+    chip = None
+    if args.hardware:
+        if not args.chips:
+            raise InputError("--hardware needs --chips")
+        chip = make_system(args.hardware, args.chips).chip
+        plan = plan_for_system(model, chip, args.chips, args.plan)
+    else:
+        devices = args.devices or plan_devices(args.plan)
+        if not devices:
+            raise InputError("say how many devices: --hardware H --chips N, --devices N, or tp=N in --plan")
+        plan = plan_for(model, devices, choice=args.plan)
+    report = plan_report(model, plan, chip, batch=args.batch, context_tokens=args.context)
+    if args.json:
+        emit_json(report)
+        return 0
+    _print(report, Console())
+    return 0
+
+
+def _print(report: dict, console: Console) -> None:
+    plan, params, per_device = report["plan"], report["parameters"], report["per_device"]
+    console.print(f"[bold]{report['model']}[/bold]: {params['total'] / 1e9:.2f} B parameters "
+                  f"({params['routed_experts'] / 1e9:.2f} B in routed experts; derived)")
+    console.print(f"plan [bold]{plan['name']}[/bold]: {plan['description']} (source: {plan['source']})")
+    split = Table(title="split (per device)")
+    split.add_column("field")
+    split.add_column("value", justify="right")
+    for key in ("devices", "attention_tp", "attention_dp", "attention_heads_per_device", "kv_heads_per_device",
+                "expert_groups", "expert_tp"):
+        split.add_row(key, str(plan[key]))
+    split.add_row("experts per group", str(report["experts_per_group"]))
+    split.add_row("expert slice width", str(report["expert_slice_width"]))
+    console.print(split)
+    table = Table(title="collectives per layer (derived)")
+    for column in ("name", "phase", "kind", "after op", "bytes/token", "stages"):
+        table.add_column(column, justify="right" if column == "bytes/token" else "left", overflow="fold")
+    for c in report["collectives"]:
+        stages = " then ".join(f"{s['peers']} peers over {s['link']}" for s in c["stages"])
+        table.add_row(c["name"], c["phase"], c["kind"], c["after"], str(c["bytes_per_token"]),
+                      stages + (" (overlapped)" if c.get("overlapped") else ""))
+    console.print(table)
+    console.print(f"per device: weights {per_device['weight_bytes'] / 1e9:.2f} GB (routed experts "
+                  f"{per_device['routed_expert_bytes'] / 1e9:.2f} GB), KV cache and state "
+                  f"{per_device['kv_and_state_bytes'] / 1e9:.3f} GB at batch {per_device['batch']}, "
+                  f"context {per_device['context_tokens']} (derived)")
+    formats = ", ".join(f"{k}={v}" for k, v in report["formats"].items())
+    console.print(f"formats: {formats}")
+    capacity = report.get("capacity")
+    if capacity:
+        verdict = "fits" if capacity["fits"] else f"does NOT fit: {capacity.get('reason', '')}"
+        console.print(f"capacity on {capacity['chip']}: needs {capacity['needed_bytes_per_device'] / 1e9:.1f} GB of "
+                      f"{capacity['hbm_bytes_per_device'] / 1e9:.1f} GB per device: {verdict}", markup=False)
