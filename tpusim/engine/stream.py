@@ -47,9 +47,9 @@ from typing import Any
 import simpy
 
 from tpusim.engine.build import Lowered
+from tpusim.engine.collectives import Handle, MessageFabric
 from tpusim.engine.hbm import HbmServer
 from tpusim.engine.items import UNIT_NAMES, CollectivePlan
-from tpusim.engine.collectives import Handle, MessageFabric
 from tpusim.engine.staging import StagingMemory
 from tpusim.engine.timeline import Recorder
 
