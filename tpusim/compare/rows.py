@@ -167,6 +167,19 @@ def _speculative_step_s(chip: Chip, *, verify: Callable[[Chip], float], draft: C
     return SpeculativeStep(batch, draft(chip), verify(chip), config).step_s
 
 
+def _speculative_interval(chip: Chip, samples: list[Chip], step: SpeculativeStep, verify: Callable[[Chip], float],
+                          draft: Callable[[Chip], float]) -> dict[str, Any]:
+    """The interval keys of a speculative row: verify and drafter re-simulated per sample;
+    tokens/s bounds count accepted tokens, not rows."""
+    fields = interval_fields(chip, partial(_speculative_step_s, verify=verify, draft=draft, batch=step.batch,
+                                           config=step.config), step.step_s, step.batch, chips=samples)
+    if fields.get("step_ms_low") is not None:
+        tokens_per_step = step.accepted_tokens_per_s * step.step_s
+        fields["tokens_per_s_low"] = tokens_per_step * MS_PER_S / fields["step_ms_high"]
+        fields["tokens_per_s_high"] = tokens_per_step * MS_PER_S / fields["step_ms_low"]
+    return fields
+
+
 def _system_and_plan(model: ModelConfig, spec: SystemSpec, calibrated: bool,
                      plan_choice: str | None = None) -> tuple[System, Chip, ShardingPlan]:
     system = make_system(spec.chip, spec.chips, calibrated=calibrated)
@@ -201,6 +214,7 @@ def compare_rows(
         system, chip, plan = _system_and_plan(model, spec, calibrated, plan_choice)
         label = "calibrated" if _is_calibrated(chip) else "simulated"
         samples = [with_execution(sample, spec.execution) for sample in sample_chips(chip)]
+        common: dict[str, Any] = {"context_tokens": context_tokens, "routing": routing, "seed": seed}
         for batch in batches:
             for acceptance in speculation:
                 row: dict[str, Any] = {
@@ -216,9 +230,8 @@ def compare_rows(
                 except InputError as error:
                     report = capacity_report(model, plan, chip, batch=verify_rows,
                                              context_tokens=context_tokens + draft_tokens + 1)
-                    row.update(no_interval("does not fit"))
                     row.update(fits=False, step_ms=None, tokens_per_s=None, schedule=None, breakdown={},
-                               note=str(error),
+                               note=str(error), **no_interval("does not fit"),
                                short_note=f"needs {report.total_bytes / 1e9:.0f} GB/device > "
                                           f"{report.capacity_bytes / 1e9:.0f} GB HBM")
                     continue
@@ -226,19 +239,19 @@ def compare_rows(
                     chosen, how = _schedule_for(model, plan, system, chip, batch=verify_rows,
                                                 schedule=schedule, choose=choose_schedule, sequences=batch)
                 except InputError as error:
-                    row.update(no_interval("no schedule fits"))
-                    row.update(fits=False, step_ms=None, tokens_per_s=None, schedule=None,
-                               breakdown={}, note=str(error), short_note="no schedule fits on-chip memory")
+                    row.update(fits=False, step_ms=None, tokens_per_s=None, schedule=None, breakdown={},
+                               note=str(error), short_note="no schedule fits on-chip memory",
+                               **no_interval("no schedule fits"))
                     continue
                 step_s, breakdown = _simulate_s(model, plan, chip, chosen, rows=verify_rows,
                                                 context_tokens=context_tokens, routing=routing, seed=seed,
                                                 sequences=batch)
+                verify = partial(_step_s, model=model, plan=plan, schedule=chosen, rows=verify_rows,
+                                 sequences=batch, **common)  # re-simulated on the interval's samples
                 row.update(fits=True, schedule=chosen.name, schedule_hash=chosen.content_hash(),
                            schedule_choice=how)
                 if acceptance is None:
                     row.update(step_ms=step_s * MS_PER_S, tokens_per_s=batch / step_s, breakdown=breakdown)
-                    verify = partial(_step_s, model=model, plan=plan, schedule=chosen, rows=verify_rows,
-                                     context_tokens=context_tokens, routing=routing, seed=seed, sequences=batch)
                     row.update(interval_fields(chip, verify, step_s, batch, chips=samples))
                     continue
                 config = SpeculativeConfig(draft_tokens=draft_tokens, acceptance_length=acceptance)
@@ -248,15 +261,8 @@ def compare_rows(
                 draft_s, _ = _simulate_s(draft_model, draft_plan, chip, draft_schedule, rows=batch,
                                          context_tokens=context_tokens, routing=routing, seed=seed)
                 step = SpeculativeStep(batch, draft_s, step_s, config)
-                verify = partial(_step_s, model=model, plan=plan, schedule=chosen, rows=verify_rows,
-                                 context_tokens=context_tokens, routing=routing, seed=seed, sequences=batch)
-                draft = partial(_step_s, model=draft_model, plan=draft_plan, schedule=draft_schedule, rows=batch,
-                                context_tokens=context_tokens, routing=routing, seed=seed, sequences=None)
-                speculative_s = partial(_speculative_step_s, verify=verify, draft=draft, batch=batch, config=config)
-                row.update(interval_fields(chip, speculative_s, step.step_s, batch, chips=samples))
-                if row.get("step_ms_low") is not None:  # accepted tokens, not rows, per step
-                    row["tokens_per_s_low"] = step.accepted_tokens_per_s * step.step_s * 1e3 / row["step_ms_high"]
-                    row["tokens_per_s_high"] = step.accepted_tokens_per_s * step.step_s * 1e3 / row["step_ms_low"]
+                draft = partial(_step_s, model=draft_model, plan=draft_plan, schedule=draft_schedule, rows=batch, **common)
+                row.update(_speculative_interval(chip, samples, step, verify, partial(draft, sequences=None)))
                 row.update(step_ms=step.step_s * MS_PER_S, tokens_per_s=step.accepted_tokens_per_s,
                            breakdown={"verify_ms": step_s * MS_PER_S, "draft_ms_per_token": draft_s * MS_PER_S,
                                       "draft_tokens": draft_tokens, "draft_share": step.draft_share,
