@@ -126,8 +126,7 @@ def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, sta
             if recorder is not None:
                 recorder.interval("launch", start, env.now, op.kernel or f"launch {op.name}")
         join_s = joins.pop(op.index, 0.0)
-        for handle in consumed.pop(op.index, ()):
-            join_s = max(join_s, fabric.complete_s(handle))
+        join_s = max([join_s, *(fabric.complete_s(handle) for handle in consumed.pop(op.index, ()))])
         if join_s > env.now:
             start = env.now
             yield timeout(join_s - start)
@@ -177,9 +176,7 @@ def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, sta
         issued: dict[str, Handle] = {}
         for call in op.collectives:
             if call.messages is not None:
-                handle = fabric.issue(call.messages, env.now, issued.get(call.messages.parent or ""))
-                issued[call.name] = handle
-                consumed.setdefault(call.join_op_index, []).append(handle)
+                _issue_messages(fabric, call, env.now, issued, consumed)
                 continue
             if call.launch_s > 0.0:
                 start = env.now
@@ -200,7 +197,20 @@ def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, sta
                 if recorder is not None:
                     recorder.interval("wait", start, end, call.name)
     account.stream_end_s = env.now
-    account.overlapped_end_s = max(account.overlapped_end_s, fabric.finish())
+    _finish_links(links, account)
+
+
+def _issue_messages(fabric: MessageFabric, call: CollectivePlan, now_s: float, issued: dict[str, Handle],
+                    consumed: dict[int, list[Handle]]) -> None:
+    """Issue a message collective (behind its parent if chained); its consumer will wait on it."""
+    handle = fabric.issue(call.messages, now_s, issued.get(call.messages.parent or ""))
+    issued[call.name] = handle
+    consumed.setdefault(call.join_op_index, []).append(handle)
+
+
+def _finish_links(links: Links, account: StreamAccount) -> None:
+    """Copies still in flight land (they bound the step); busy time of both link models."""
+    account.overlapped_end_s = max(account.overlapped_end_s, links.fabric.finish())
     account.link_busy = dict(links.busy)
-    for link, busy in fabric.busy_s.items():
+    for link, busy in links.fabric.busy_s.items():
         account.link_busy[link] = account.link_busy.get(link, 0.0) + busy
