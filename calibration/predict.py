@@ -32,7 +32,7 @@ from typing import Any
 from calibration.measurements import Measurement
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
-from tpusim.schedule.schema import BUILTIN_SCHEDULES, Schedule, load_schedule
+from tpusim.schedule.schema import BUILTIN_SCHEDULES, MODEL_SCHEDULES, Schedule, load_schedule
 from tpusim.workload.model_catalog import load_model, plan_for_system
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.program import Program, build_program
@@ -132,7 +132,11 @@ def resolve_model(spec: str) -> ModelConfig:
 
 @lru_cache(maxsize=32)
 def resolve_schedule(name: str) -> Schedule:
-    """``muse-published`` (package data), a built-in schedule name, or a JSON path."""
+    """A built-in schedule name (``muse-published`` is one), a schedule of this package's
+    data (``calibration/data/muse-published.json``, used only where the built-in catalog
+    lacks the name), or a JSON path."""
+    if name in BUILTIN_SCHEDULES or name in MODEL_SCHEDULES:
+        return load_schedule(name)
     if name in PACKAGE_SCHEDULES:
         return load_schedule(str(PACKAGE_SCHEDULES[name]))
     if name in BUILTIN_SCHEDULES or Path(name).exists():

@@ -89,6 +89,12 @@ class CalibrationOverlay(BaseModel):
         default=None, description="the fitted points by dimension (models, chip counts, formats)"
     )
     parameters: dict[str, CalibratedValue] = Field(description="dotted field path -> fitted value")
+    samples: list[dict[str, float]] = Field(
+        default_factory=list,
+        description="parameter sets drawn from the fit's uncertainty (each: path -> value, laid "
+        "over ``parameters``); re-simulating each gives the prediction interval",
+    )
+    interval_method: str = Field(default="", description="how ``samples`` were drawn")
 
     @field_validator("parameters")
     @classmethod

@@ -110,8 +110,10 @@ def comparison_table(rows: list[dict], *, title: str) -> TableData:
         table.add(
             row["system"], row["execution"], row["batch"],
             "—" if row["acceptance_length"] is None else f"{row['acceptance_length']:g}",
-            f"{row['step_ms']:.3f}" if parts else "does not fit",
-            f"{row['tokens_per_s']:.1f}" if parts else "—",
+            (f"{row['step_ms']:.3f}" + (f" [{row['step_ms_low']:.3f}–{row['step_ms_high']:.3f}]"
+                                        if row.get("step_ms_low") is not None else "")) if parts else "does not fit",
+            (f"{row['tokens_per_s']:.1f}" + (f" [{row['tokens_per_s_low']:.1f}–{row['tokens_per_s_high']:.1f}]"
+                                             if row.get("tokens_per_s_low") is not None else "")) if parts else "—",
             *[f"{parts[part]:.3f}" if parts else "—" for part in PARTS],
             row["label"], ((row.get("plan_choice") or "") + " "
                            + (row.get("schedule_choice") or row.get("short_note", ""))).strip(),
@@ -120,11 +122,17 @@ def comparison_table(rows: list[dict], *, title: str) -> TableData:
 
 
 def calibration_notes(rows: list[dict]) -> list[str]:
-    """One line per calibrated system: what it was fitted on, and where this run lies outside."""
+    """One line per calibrated system: what it was fitted on, and where this run lies outside;
+    then what the bracketed intervals are (or that there are none)."""
     notes: list[str] = []
     for system in dict.fromkeys(row["system"] for row in rows):
         row = next(r for r in rows if r["system"] == system)
         if row.get("calibrated_on"):
             notes.append(f"{system}: {row['calibrated_on']}")
             notes += [f"warning: {system}: {gap}" for gap in row.get("calibration_warnings", [])]
+    if any(row.get("step_ms_low") is not None for row in rows):
+        notes.append("[low–high]: 90 % prediction interval of calibrated rows (re-simulated over the fit's "
+                     "sampled parameter sets); rows labelled simulated have none.")
+    else:
+        notes.append("no prediction intervals: no row uses calibrated figures.")
     return notes

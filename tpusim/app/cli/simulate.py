@@ -21,6 +21,7 @@ floor):
 | ``vmem_static_bytes``, ``vmem_capacity_bytes`` | the schedule's static scratch; usable capacity |
 | ``busy_fraction`` | per resource (hbm, mxu, vpu, link.*) busy time / step |
 | ``words`` | the chip's names for ``staging`` (what ``vmem_*`` measure), ``mxu``, ``vpu`` |
+| ``step_ms_low``, ``step_ms_high``, ``tokens_per_s_low``, ``tokens_per_s_high`` | the 90 % prediction interval of a calibrated chip (re-simulated over the fit's sampled parameter sets, :mod:`tpusim.report.intervals`); ``None`` and ``interval: "none: ..."`` when uncalibrated |
 | ``breakdown`` | step ms by what the stream did (phases, collectives, fixed overheads, exposed DMA, drain) |
 | ``layer_ms`` | stream ms per layer ("-1": the head) |
 | ``exposed_dma_by_family_ms`` | exposed DMA per weight family |
@@ -117,6 +118,10 @@ def simulate_data(args: argparse.Namespace, workload: tuple[Any, Any, Any, Any],
 
         source += f"; {stack_source(chip)}"
     data = _json_result(result, floors(program, chip), args, system.name, system.devices, plan.name, source)
+    from tpusim.report.intervals import interval_fields
+
+    data.update(interval_fields(chip, lambda sample: simulate(program, schedule, sample).step_s,
+                                result.step_s, args.batch))
     data["calibrated"] = chip.is_calibrated
     data["calibration_warnings"] = (chip.calibration.warnings(args.model, args.chips)
                                     if chip.calibration is not None else [])
@@ -203,6 +208,13 @@ def _print_human(data: dict[str, Any], fmt: str) -> None:
     fits = data.get("capacity", {}).get("fits", True)
     table.add("step time", f"{data['step_ms']:.3f} ms", SIMULATED if fits else f"{SIMULATED}, does not fit")
     table.add("tokens/s (aggregate)", f"{data['tokens_per_s']:.1f}", SIMULATED)
+    from tpusim.report.intervals import format_interval
+
+    if data.get("step_ms_low") is not None:
+        table.add("  90 % interval", f"{data['step_ms_low']:.3f}–{data['step_ms_high']:.3f} ms; "
+                  f"{data['tokens_per_s_low']:.1f}–{data['tokens_per_s_high']:.1f} tok/s", "calibrated, re-simulated")
+    else:
+        table.add("  interval", format_interval(data), SIMULATED)
     table.add("floor", f"{data['floor_ms']:.3f} ms", FLOOR)
     floors = data["floors"]
     table.add("  HBM / compute / collective floors",
