@@ -93,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
         plot_comparison(rows, args.plot, title=f"{args.model}: simulated decode throughput")
     fmt = output_format(args)
     table = comparison_table(rows, title=f"{args.model}: decode step per system (simulated)")
-    emit(table, fmt, notes=[] if fmt == "json" else calibration_notes(rows))
+    notes = [] if fmt == "json" else calibration_notes(rows)
+    emit(table, fmt, notes=notes + interval_notes(rows) if fmt == "table" else notes)
     return 0
 
 
@@ -122,17 +123,19 @@ def comparison_table(rows: list[dict], *, title: str) -> TableData:
 
 
 def calibration_notes(rows: list[dict]) -> list[str]:
-    """One line per calibrated system: what it was fitted on, and where this run lies outside;
-    then what the bracketed intervals are (or that there are none)."""
+    """One line per calibrated system: what it was fitted on, and where this run lies outside."""
     notes: list[str] = []
     for system in dict.fromkeys(row["system"] for row in rows):
         row = next(r for r in rows if r["system"] == system)
         if row.get("calibrated_on"):
             notes.append(f"{system}: {row['calibrated_on']}")
             notes += [f"warning: {system}: {gap}" for gap in row.get("calibration_warnings", [])]
-    if any(row.get("step_ms_low") is not None for row in rows):
-        notes.append("[low–high]: 90 % prediction interval of calibrated rows (re-simulated over the fit's "
-                     "sampled parameter sets); rows labelled simulated have none.")
-    else:
-        notes.append("no prediction intervals: no row uses calibrated figures.")
     return notes
+
+
+def interval_notes(rows: list[dict]) -> list[str]:
+    """What the bracketed intervals in the table are, or that there are none."""
+    if any(row.get("step_ms_low") is not None for row in rows):
+        return ["[low–high]: 90 % prediction interval of calibrated rows (re-simulated over the fit's "
+                "sampled parameter sets); rows labelled simulated have none."]
+    return ["no prediction intervals: no row uses calibrated figures."]
