@@ -56,19 +56,29 @@ from hwmodels.schema import Chip
 
 @dataclass(frozen=True)
 class ParameterSpec:
-    """One fitted figure: its path, bounds in the field's unit, and why it is fitted."""
+    """One fitted figure: its path, bounds, and why it is fitted.
+
+    ``relative`` bounds are factors of the chip's own published value (so one spec serves
+    tpu-v5e at 0.8 TB/s and gb200 at 8 TB/s); absolute ones are in the field's unit.
+    """
 
     path: str
     lower: float
     upper: float
     why: str = ""
+    relative: bool = False
+    hold_rank: int = 0  # among unidentifiable parameters, higher ranks are held first
 
     def bounds_for(self, chip: Chip) -> tuple[float, float]:
-        """Bounds tightened by the chip itself (a sustained rate never above the peak)."""
-        upper = self.upper
+        """Bounds for ``chip`` (relative ones scaled by its value of the figure), tightened
+        by the chip itself (a sustained rate never above the peak)."""
+        lower, upper = self.lower, self.upper
+        if self.relative:
+            value = figure_value(chip, self.path)
+            lower, upper = lower * value, upper * value
         if self.path == SUSTAINED_PATH and chip.kind != "cpu":
             upper = min(upper, chip.hbm.peak_bandwidth_bytes_per_s.value)
-        return self.lower, upper
+        return lower, upper
 
 
 def figure_value(chip: Chip, path: str) -> float:
@@ -109,15 +119,17 @@ def chip_with(base: Chip, values: dict[str, float], *, fitted_on: str = "trial")
 
 
 TPU_PARAMETERS: tuple[ParameterSpec, ...] = (
-    ParameterSpec("hbm.sustained_bandwidth_bytes_per_s", 1.5e12, 3.70e12,
-                  "bytes per step differ across formats; never above the published peak"),
-    ParameterSpec("compute.mxu.weight_push_s_per_tile", 5e-9, 100e-9,
-                  "decode matmuls are push-bound; 20 ns published per tile, >= 5 ns (4 MXUs)"),
-    ParameterSpec("compute.mxu.weight_push_s_per_tile_by_dtype.int8", 10e-9, 150e-9,
+    ParameterSpec("hbm.sustained_bandwidth_bytes_per_s", 0.45, 1.25,
+                  "bytes per step differ across formats; never above the published peak", relative=True),
+    ParameterSpec("compute.mxu.weight_push_s_per_tile", 0.25, 5.0,
+                  "decode matmuls are push-bound; 20 ns published per tile on tpu-v7, >= 1/4 (4 MXUs)",
+                  relative=True),
+    ParameterSpec("compute.mxu.weight_push_s_per_tile_by_dtype.int8", 0.25, 4.0,
                   "int8 dense weights are converted to bf16 on their way into the MXU; the nvfp4+int8 "
-                  "and nvfp4+bf16 rows differ only in the dense format, which separates it"),
-    ParameterSpec("links.ici.bandwidth_bytes_per_s_per_direction", 2e10, 3e11,
-                  "collective payloads grow with batch; <= 1200 GB/s bidir per chip / 2 cores / 2"),
+                  "and nvfp4+bf16 rows differ only in the dense format, which separates it", relative=True),
+    ParameterSpec("links.ici.bandwidth_bytes_per_s_per_direction", 0.15, 2.2,
+                  "collective payloads grow with batch; at most ~2x the published per-core figure",
+                  relative=True),
     ParameterSpec("execution.per_layer_overhead_s", 0.0, 20e-6,
                   "the per-layer remainder (62 layers at every point)"),
     ParameterSpec("dma.concurrency_penalty_per_dma", 0.0, 0.2,
@@ -183,3 +195,23 @@ def identifiability(jacobian: np.ndarray, paths: list[str]) -> Identifiability:
         condition=condition,
         weakest={path: float(c) for path, c in zip(paths, vt[-1], strict=True)},
     )
+
+
+RANK_TOLERANCE = 1e-8  # singular values below this fraction of the largest count as zero
+
+
+def unseen(jacobian: np.ndarray) -> np.ndarray:
+    """Boolean per parameter: part of a combination the data cannot see at all (a singular
+    value below :data:`RANK_TOLERANCE` of the largest, and a component above 0.1 in its
+    singular vector). A pseudo-inverse would give such parameters a small, meaningless
+    variance; they are reported unidentifiable instead."""
+    flagged = np.zeros(jacobian.shape[1], dtype=bool)
+    if not jacobian.size:
+        return flagged
+    _, singular, vt = np.linalg.svd(jacobian, full_matrices=True)
+    largest = singular[0] if singular.size and singular[0] > 0 else 1.0
+    padded = np.zeros(vt.shape[0])
+    padded[:singular.size] = singular
+    for k in np.flatnonzero(padded < RANK_TOLERANCE * largest):
+        flagged |= np.abs(vt[k]) > 0.1
+    return flagged

@@ -84,6 +84,12 @@ class CalibrationOverlay(BaseModel):
     )
     fitted_on: str = Field(min_length=1, description="what the fit as a whole was run on")
     parameters: dict[str, CalibratedValue] = Field(description="dotted field path -> fitted value")
+    samples: list[dict[str, float]] = Field(
+        default_factory=list,
+        description="parameter sets drawn from the fit's uncertainty (each: path -> value, laid "
+        "over ``parameters``); re-simulating each gives the prediction interval",
+    )
+    interval_method: str = Field(default="", description="how ``samples`` were drawn")
 
     @field_validator("parameters")
     @classmethod

@@ -199,6 +199,10 @@ class LinkSpec(BaseModel):
     collective_stage_latency_s: Figure = Field(
         description="latency floor of one collective stage on small payloads"
     )
+    message_issue_s: Figure | None = Field(
+        default=None, description="sender-side cost of issuing one remote copy (a DMA "
+        "descriptor) on this link, seconds; None: not modelled (0)"
+    )
     links_per_device: int = Field(default=1, ge=1, description="links usable in parallel")
     topology: Literal["torus2d", "torus3d", "switch", "pair", "none"] = "none"
     domain_devices: int = Field(

@@ -31,20 +31,11 @@ cannot time-share a pool whose largest member fills it: they always get an arena
 own, even when the schedule names a pool for them (the kernel's one departure from
 :mod:`tpusim.schedule.vmem`, worth 0.3 MiB at K3 TP32).
 
-**Issue rule** (what both the kernel and :mod:`megakernel.events` implement). The copy of
-slab ``k < buffers`` of the tensor first read by op ``c`` is issued at the start of op
-
-    max(c - d_family, horizon(c), free(c))
-
-- ``horizon(c)``: the op after the last ``moe.topk`` whose expert region lies before ``c``
-  (window position -3; the prologue's is 0). A distance that reaches back past a routing
-  decision is clamped there: before it, how many ops lie between issue and use is unknown.
-- ``free(c)``: the op after the last reader of every buffer the copy overwrites: the
-  previous occupant of its ring buffer and, in a pool, any other family's buffer whose
-  rows overlap (exact where a buffer index is static, else the ring's whole region).
-- slabs ``k >= buffers`` are issued inside the consumer op as slab ``k - buffers`` is
-  consumed; expert ``j < buffers`` at ``moe.topk`` (or ``free``), expert ``j >= buffers``
-  at the start of ``expert[j - buffers + 1]``.
+**Issue rule**: :mod:`tpusim.schedule.issue_plan` states it and applies it; the kernel runs
+it window by window (horizon -3 for a window, 0 for the prologue, routing at ``moe.topk`` =
+-4), the simulator over its whole program, so both issue every copy at the same op. Slabs
+``k >= buffers`` are refilled inside the consumer op as slab ``k - buffers`` is consumed;
+expert ``j >= buffers`` at the start of ``expert[j - buffers + 1]``.
 
 ``max_dmas_in_flight`` is not enforced by the kernel (a TPU queues DMA descriptors in
 hardware); :func:`peak_in_flight` reports the plan's peak so a test can compare.
@@ -53,12 +44,20 @@ hardware); :func:`peak_in_flight` reports the plan's peak so a test can compare.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from megakernel.dims import LANES, ModelDims, weight_shapes
+from tpusim.schedule.issue_plan import (
+    RING_ORDER,
+    Read,
+    RingSpec,
+    UnsupportedIssuePlan,
+    place,
+    plan_issues,
+)
 from tpusim.schedule.schema import Schedule
-from tpusim.workload.shapes import TensorSpec
 from tpusim.schedule.vmem import slab_rows
+from tpusim.workload.shapes import TensorSpec
 
 FAMILY = {
     "small": "small_params", "kda.qkvgb": "kda_proj", "kda.decay_a": "kda_proj", "kda.decay_b": "kda_proj",
@@ -68,7 +67,7 @@ FAMILY = {
     "moe.shared_down": "shared_expert", "expert": "routed_expert", "mlp.gate_up": "dense_mlp",
     "mlp.down": "dense_mlp", "head.lm_head": "lm_head",
 }
-RING_ORDER = tuple(FAMILY)  # arena placement order within a family
+assert tuple(FAMILY) == RING_ORDER  # the placement order tpusim.schedule.issue_plan owns
 NEVER = -1000  # table code: the unit is not part of this window
 
 
@@ -118,10 +117,15 @@ class Ring:
         return start, start + self.slab_arena_rows
 
     @property
+    def spec(self) -> RingSpec:
+        """The ring as :mod:`tpusim.schedule.issue_plan` sees it (sizes in arena rows)."""
+        return RingSpec(self.name, self.family, self.pool, self.buffers, self.num_slabs, self.slab_arena_rows,
+                        self.distance, self.instances, self.offset)
+
+    @property
     def static_buffers(self) -> bool:
         """Whether slab k of every instance lands in the same buffer (k % buffers)."""
-        return (self.name == "expert" or self.buffers == 1 or self.instances == 1
-                or self.num_slabs % self.buffers == 0)
+        return self.spec.static_buffers
 
 
 @dataclass(frozen=True)
@@ -210,22 +214,9 @@ def geometry(dims: ModelDims, schedule: Schedule) -> Geometry:
     if rings["mla.kv_b"].num_slabs > 1:
         raise UnsupportedSchedule("families.mla_proj: mla.kv_b is read by mla.kv_b and again by mla.core, so "
                                   "the kernel keeps it whole: chunk_bytes must be at least its size")
-    # Arena placement: members at row 0 (rings of a family back to back), experts at the top.
-    family_rows: dict[str, int] = {}
-    for ring in rings.values():
-        family_rows[ring.family] = family_rows.get(ring.family, 0) + ring.buffers * ring.slab_arena_rows
-    arenas: dict[str, int] = {}
-    for ring in rings.values():
-        arenas[ring.pool] = max(arenas.get(ring.pool, 0), family_rows[ring.family])
-    cursor: dict[str, int] = {}
-    placed: dict[str, Ring] = {}
-    for name, ring in rings.items():
-        if name == "expert":
-            offset = arenas[ring.pool] - ring.buffers * ring.slab_arena_rows
-        else:
-            offset = cursor.get(ring.family, 0)
-            cursor[ring.family] = offset + ring.buffers * ring.slab_arena_rows
-        placed[name] = Ring(**{**ring.__dict__, "offset": offset})
+    # Arena placement: tpusim.schedule.issue_plan's rule (members from row 0, experts at the top).
+    specs, arenas = place([ring.spec for ring in rings.values()])
+    placed = {name: replace(ring, offset=specs[name].offset) for name, ring in rings.items()}
     return Geometry(placed, arenas, slot, schedule.kv_tile_tokens, schedule.kv_buffers, schedule.expert_issue)
 
 
@@ -303,78 +294,39 @@ class WindowPlan:
         return self.first + index
 
 
-def _instances(ops: list[Op], first: int) -> dict[tuple[str, int], tuple[int, int]]:
-    """(ring, delta|entry) -> (first reader position, last reader position)."""
-    seen: dict[tuple[str, int], tuple[int, int]] = {}
-    for i, op in enumerate(ops):
-        for key in op.reads:
-            pos = first + i
-            c, _ = seen.get(key, (pos, pos))
-            seen[key] = (c, pos)
-    return seen
+def _first_slot(ring: RingSpec, key: int) -> int:
+    """Ring slab of an instance's slab 0: the entry for an expert; ``delta * K`` otherwise
+    (the two instances of a window are consecutive), 0 for a ring with one instance."""
+    if ring.name == "expert":
+        return key
+    return key * ring.num_slabs if ring.instances > 1 else 0
 
 
 def plan_window(geo: Geometry, ops: list[Op], first: int, horizon: int, *, respect_buffers: bool = True) -> WindowPlan:
-    """Issue positions of every copy first read at position >= 0 (module docstring rule).
+    """Issue positions of every copy first read at position >= 0, by
+    :func:`tpusim.schedule.issue_plan.plan_issues` (slabs ``k >= buffers`` are refills the
+    kernel issues inside their consumer, so they are left out).
 
     ``respect_buffers=False`` ignores ``free`` for weight tensors: a deliberately broken plan
     that refills buffers still being read, for the race-detector test only."""
-    instances = _instances(ops, first)
     topk = next((first + i for i, op in enumerate(ops) if op.name == "moe.topk" and op.delta == 0), None)
-    rings = geo.rings
-    occupants = []  # (ring, delta/entry, slab, consumer, release)
-    for (ring_name, key), (c, r) in instances.items():
-        ring = rings[ring_name]
-        for k in range(ring.num_slabs):
-            occupants.append((ring, key, k, c, r))
-
-    def ranges(ring: Ring, key: int, k: int) -> list[tuple[int, int]]:
-        if ring.name == "expert":
-            return [ring.buffer_range(key % ring.buffers)]
-        if ring.static_buffers:
-            return [ring.buffer_range(k % ring.buffers)]
-        return [ring.region]
-
-    def same_buffer(ring: Ring, key_a: int, k_a: int, key_b: int, k_b: int) -> bool:
-        if ring.name == "expert":
-            return key_a % ring.buffers == key_b % ring.buffers
-        g_a, g_b = key_a * ring.num_slabs + k_a, key_b * ring.num_slabs + k_b
-        return (g_a - g_b) % ring.buffers == 0
-
+    specs = {name: ring.spec for name, ring in geo.rings.items()}
+    reads = [[Read(ring, key, _first_slot(specs[ring], key)) for ring, key in op.reads] for op in ops]
+    try:
+        planned = plan_issues(specs, reads, first=first, horizon=lambda _c: horizon,
+                              routing=lambda _read: topk if topk is not None else first,
+                              respect_buffers=respect_buffers, min_consumer=0)
+    except UnsupportedIssuePlan as error:
+        raise UnsupportedSchedule(str(error)) from None
     issue: dict[Unit, int] = {}
     consumer: dict[Unit, int] = {}
-    for (ring_name, key), (c, _) in sorted(instances.items(), key=lambda item: item[1][0]):
-        if c < 0:
-            continue  # read in the lead-in: planned by the previous window
-        ring = rings[ring_name]
-        slabs = [key] if ring_name == "expert" else list(range(min(ring.buffers, ring.num_slabs)))
-        for k in slabs:
-            slab = 0 if ring_name == "expert" else k
-            mine = ranges(ring, key, slab)
-            free = -10**9
-            for o_ring, o_key, o_k, o_c, o_r in occupants:
-                if o_c >= c or (o_ring.name == ring_name and o_key == key):
-                    continue
-                if o_ring.name == ring_name:
-                    hit = same_buffer(ring, key, slab, o_key, o_k)
-                elif o_ring.pool == ring.pool:
-                    hit = any(a < d and c2 < b for a, b in mine for c2, d in ranges(o_ring, o_key, o_k))
-                else:
-                    hit = False
-                if hit and (respect_buffers or ring_name == "expert"):
-                    free = max(free, o_r + 1)
-            if ring_name == "expert":
-                nominal = topk if topk is not None else first
-                when = max(nominal, free)
-            else:
-                when = max(c - ring.distance, horizon, free)
-            if when > c:
-                raise UnsupportedSchedule(
-                    f"pool {ring.pool!r}: {ring_name} (first read at position {c}) overlaps a buffer still read "
-                    "by the same op; give the families separate pools or more rows")
-            unit = Unit(ring_name, 0 if ring_name == "expert" else key, key if ring_name == "expert" else k)
-            issue[unit] = when
-            consumer[unit] = c
+    for unit, when in planned.issue.items():
+        if unit in planned.refills:
+            continue
+        key = int(unit.key)  # type: ignore[call-overload]
+        ours = Unit(unit.ring, 0, key) if unit.ring == "expert" else Unit(unit.ring, key, unit.slab)
+        issue[ours] = when
+        consumer[ours] = planned.consumer[unit]
     return WindowPlan(ops, first, issue, consumer)
 
 

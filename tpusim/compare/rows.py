@@ -12,7 +12,11 @@ cache fit HBM (a row that does not fit says so instead of giving a time), picks 
 per-kernel GPU rows: their execution model), simulates the plain decode step — or, with
 speculative decoding, the drafter's steps plus the verify step — and returns rows with
 stable keys: ``system, chips, batch, acceptance_length, step_ms, tokens_per_s, label,
-breakdown`` (+ ``execution, schedule, fits, note``).
+breakdown`` (+ ``execution, schedule, fits, note``) and the 90 % interval keys
+``step_ms_low, step_ms_high, tokens_per_s_low, tokens_per_s_high, interval``
+(:mod:`tpusim.report.intervals`: a calibrated chip's row is re-simulated once per stored
+parameter set — the drafter too for a speculative row; an uncalibrated row has ``None``
+there and says so in ``interval``).
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from hwmodels.catalog import make_system
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip, System
+from tpusim.report.intervals import interval_fields, no_interval, sample_chips
 from tpusim.workload.capacity import capacity_report, check_capacity
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.modelconfig import ModelConfig
@@ -148,6 +154,18 @@ def _simulate_s(model: ModelConfig, plan: ShardingPlan, chip: Chip, schedule: Sc
     return result.step_s, breakdown
 
 
+def _step_s(chip: Chip, *, model: ModelConfig, plan: ShardingPlan, schedule: Schedule, rows: int,
+            context_tokens: int, routing: RoutingModel, seed: int, sequences: int | None) -> float:
+    """Step seconds of one simulation (a re-simulation on an interval's sampled chip)."""
+    return _simulate_s(model, plan, chip, schedule, rows=rows, context_tokens=context_tokens, routing=routing,
+                       seed=seed, sequences=sequences)[0]
+
+
+def _speculative_step_s(chip: Chip, *, verify: Callable[[Chip], float], draft: Callable[[Chip], float],
+                        batch: int, config: SpeculativeConfig) -> float:
+    return SpeculativeStep(batch, draft(chip), verify(chip), config).step_s
+
+
 def _system_and_plan(model: ModelConfig, spec: SystemSpec, calibrated: bool) -> tuple[System, Chip, ShardingPlan]:
     system = make_system(spec.chip, spec.chips, calibrated=calibrated)
     chip = with_execution(system.chip, spec.execution)
@@ -178,6 +196,7 @@ def compare_rows(
     for spec in systems:
         system, chip, plan = _system_and_plan(model, spec, calibrated)
         label = "calibrated" if _is_calibrated(chip) else "simulated"
+        samples = [with_execution(sample, spec.execution) for sample in sample_chips(chip)]
         for batch in batches:
             for acceptance in speculation:
                 row: dict[str, Any] = {
@@ -193,6 +212,7 @@ def compare_rows(
                 except InputError as error:
                     report = capacity_report(model, plan, chip, batch=verify_rows,
                                              context_tokens=context_tokens + draft_tokens + 1)
+                    row.update(no_interval("does not fit"))
                     row.update(fits=False, step_ms=None, tokens_per_s=None, schedule=None, breakdown={},
                                note=str(error),
                                short_note=f"needs {report.total_bytes / 1e9:.0f} GB/device > "
@@ -202,6 +222,7 @@ def compare_rows(
                     chosen, how = _schedule_for(model, plan, system, chip, batch=verify_rows,
                                                 schedule=schedule, choose=choose_schedule, sequences=batch)
                 except InputError as error:
+                    row.update(no_interval("no schedule fits"))
                     row.update(fits=False, step_ms=None, tokens_per_s=None, schedule=None,
                                breakdown={}, note=str(error), short_note="no schedule fits on-chip memory")
                     continue
@@ -212,6 +233,9 @@ def compare_rows(
                            schedule_choice=how)
                 if acceptance is None:
                     row.update(step_ms=step_s * MS_PER_S, tokens_per_s=batch / step_s, breakdown=breakdown)
+                    verify = partial(_step_s, model=model, plan=plan, schedule=chosen, rows=verify_rows,
+                                     context_tokens=context_tokens, routing=routing, seed=seed, sequences=batch)
+                    row.update(interval_fields(chip, verify, step_s, batch, chips=samples))
                     continue
                 config = SpeculativeConfig(draft_tokens=draft_tokens, acceptance_length=acceptance)
                 draft_model = load_model(config.draft_model)
@@ -221,6 +245,15 @@ def compare_rows(
                 draft_s, _ = _simulate_s(draft_model, draft_plan, chip, draft_schedule, rows=batch,
                                          context_tokens=context_tokens, routing=routing, seed=seed)
                 step = SpeculativeStep(batch, draft_s, step_s, config)
+                verify = partial(_step_s, model=model, plan=plan, schedule=chosen, rows=verify_rows,
+                                 context_tokens=context_tokens, routing=routing, seed=seed, sequences=batch)
+                draft = partial(_step_s, model=draft_model, plan=draft_plan, schedule=draft_schedule, rows=batch,
+                                context_tokens=context_tokens, routing=routing, seed=seed, sequences=None)
+                speculative_s = partial(_speculative_step_s, verify=verify, draft=draft, batch=batch, config=config)
+                row.update(interval_fields(chip, speculative_s, step.step_s, batch, chips=samples))
+                if row.get("step_ms_low") is not None:  # accepted tokens, not rows, per step
+                    row["tokens_per_s_low"] = step.accepted_tokens_per_s * step.step_s * 1e3 / row["step_ms_high"]
+                    row["tokens_per_s_high"] = step.accepted_tokens_per_s * step.step_s * 1e3 / row["step_ms_low"]
                 row.update(step_ms=step.step_s * MS_PER_S, tokens_per_s=step.accepted_tokens_per_s,
                            breakdown={"verify_ms": step_s * MS_PER_S, "draft_ms_per_token": draft_s * MS_PER_S,
                                       "draft_tokens": draft_tokens, "draft_share": step.draft_share,

@@ -14,21 +14,23 @@ Run once per simulation, before the event loop. The steps, with what each guaran
    if the format has any). A routed expert is one slab (the slot) of four descriptors
    (gate/up, scales, down, scales). KV tiles: ``kv_tile_tokens`` tokens per descriptor.
    KDA state: one read descriptor, and a write-back descriptor after the op.
-3. **Release points** — when a slab's copies may be issued:
-
-   - weight slab of op ``i``, family distance ``d``: when op ``max(0, i - d)`` *starts*;
-   - routed expert ``k`` of a layer with ``n`` local experts, by ``expert_issue``:
-     ``after_routing`` when the layer's ``moe.topk`` *ends*; ``during_selection`` at
-     fraction ``(k + 1) / n`` of ``moe.topk`` (the top-k op is cut into ``n`` pieces);
-     ``speculative`` when op ``moe.router - expert_speculation_ops`` starts, and a
-     deterministic fraction ``speculation_miss_rate`` of them (every expert where
-     ``floor((j + 1) * rate)`` steps up, counting experts ``j`` over the whole step)
-     mispredicts: its speculative copy is wasted (it holds a slot until it has landed and
-     routing is known) and the right expert is refetched when ``moe.topk`` ends. The family's
-     ``prefetch_distance_ops`` is not used for routed experts: the issue point is the
-     routing decision, and the slots bound how far ahead it runs;
-   - KV tiles and KDA state: when their op starts (distance 0; ``kv_buffers`` tiles stream
-     in flight).
+3. **Release points** — when a slab's copies are issued: the op of
+   :mod:`tpusim.schedule.issue_plan` (the rule the kernel follows too; read through
+   :func:`tpusim.schedule.program_issue.program_issue_plan`), at that op's *start*; a refill
+   (slab ``k >= buffers``) at its consumer's start, admitted as its ring buffer frees. The
+   plan places every buffer at a fixed arena address and issues a copy only once every
+   buffer it overwrites is free, so with cross-op prefetch each ring is its own queue (no
+   byte count per arena: the addresses already keep the arena within its size). Routed
+   experts issued at their routing decision, by ``expert_issue``:
+   ``after_routing`` when the layer's ``moe.topk`` *ends*; ``during_selection`` at
+   fraction ``(k + 1) / n`` of ``moe.topk`` (the top-k op is cut into ``n`` pieces);
+   ``speculative`` when op ``moe.router - expert_speculation_ops`` starts, and a
+   deterministic fraction ``speculation_miss_rate`` of them (every expert where
+   ``floor((j + 1) * rate)`` steps up, counting experts ``j`` over the whole step)
+   mispredicts: its speculative copy is wasted (it holds a slot until it has landed and
+   routing is known) and the right expert is refetched when ``moe.topk`` ends. An expert
+   whose slot frees later is issued at the start of the op the plan names. KV tiles and
+   KDA state: when their op starts (``kv_buffers`` tiles stream in flight).
 
    Without cross-op prefetch (per-op launch execution) every slab is released when the
    kernel its op runs in starts: the op's own start, or — for ops a GPU stack fuses into one
@@ -39,7 +41,9 @@ Run once per simulation, before the event loop. The steps, with what each guaran
    after its last matmul; KV-tiled attention computes tile by tile (each tile a share of
    the op's matmul time proportional to its bytes); any other op waits for all its slabs,
    computes, and frees them. Vector work follows as one VPU piece.
-5. **Collectives** after each op, priced per stage by :mod:`tpusim.engine.costs` (or by the
+5. **Collectives** after each op. One whose plan entry names an ``algorithm`` runs as remote
+   copies on a megakernel chip (:mod:`tpusim.engine.collectives`: messages sharing the
+   links, the stream waiting only at the consuming op). Otherwise priced per stage by :mod:`tpusim.engine.costs` (or by the
    policy's ``collective_pricer``: GPU chips). An overlapped one (the latent all-gather) must
    be complete before the next ``moe.expert`` or ``moe.combine`` op of its layer starts (its
    output feeds the experts), else before the next layer starts; a policy whose collectives
@@ -52,9 +56,10 @@ Run once per simulation, before the event loop. The steps, with what each guaran
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hwmodels.schema import Chip
+from tpusim.engine.collectives import consumer_index, lower_messages
 from tpusim.engine.costs import (
     collective_stage_s,
     matmul_time_s,
@@ -74,11 +79,12 @@ from tpusim.engine.items import (
     Ring,
     Slab,
 )
+from tpusim.schedule.program_issue import ProgramIssuePlan, program_issue_plan
+from tpusim.schedule.schema import SCHEDULE_FAMILIES, FamilySchedule, Schedule
+from tpusim.schedule.vmem import SMALL_FAMILY, VmemPlan, family_chunk, slab_rows
 from tpusim.workload.formats import scale_bytes, value_bytes
 from tpusim.workload.program import Op, Program
-from tpusim.schedule.schema import SCHEDULE_FAMILIES, FamilySchedule, Schedule
 from tpusim.workload.shapes import TensorSpec, kv_cache_bytes_per_token, recurrent_state_bytes
-from tpusim.schedule.vmem import VmemPlan, slab_rows
 
 ROUTED = "routed_expert"
 KV_FAMILY = "kv_cache"
@@ -127,17 +133,26 @@ class _Builder:
         self.miss_rate = schedule.speculation_miss_rate if speculative else 0.0
         self.expert_count = 0  # routed experts lowered so far over the whole step (misses)
         self.kernels = policy.kernel_plan(program)
+        self.issue = program_issue_plan(program, schedule) if policy.cross_op_prefetch else None
         self.plans: list[OpPlan] = []
 
-    def release_plan(self, index: int, distance: int) -> OpPlan:
-        """The op whose start issues a slab of op ``index`` (step 3)."""
-        if self.policy.cross_op_prefetch:
-            return self.plans[max(0, index - distance)]
-        return self.plans[self.kernels.kernel_start[index]]
+    def release_plan(self, index: int, tensor: TensorSpec | None = None, layer: int = 0, chunk: int = 0) -> OpPlan:
+        """The op whose start issues slab ``chunk`` of ``tensor`` read by op ``index`` (step 3)."""
+        if self.issue is None:
+            return self.plans[self.kernels.kernel_start[index]]
+        if tensor is None:
+            return self.plans[index]
+        return self.plans[self.issue.weight_issue(tensor.name, tensor.family, layer, chunk)]
 
     # ----------------------------------------------------------------- small factories
 
-    def pool_of(self, family: str) -> Pool:
+    def pool_of(self, family: str, ring: Ring) -> Pool:
+        """The arena's pool; with an issue plan, the ring's own queue (step 3)."""
+        if self.issue is not None:
+            pool = self.pools.get(ring.name)
+            if pool is None:
+                pool = self.pools[ring.name] = Pool(ring.name, float("inf"), (family,))
+            return pool
         name = self.families[family].pool or family
         pool = self.pools.get(name)
         if pool is None:  # a family vmem_plan did not size (no tensor kinds): unbounded
@@ -190,10 +205,14 @@ class _Builder:
 
     def tensor_slabs(self, tensor: TensorSpec, layer: int, op_index: int) -> list[tuple[Slab, int]]:
         """Row slabs of a (non-expert) weight tensor: [(slab, rows in it)]."""
-        fam = self.families[tensor.family]
-        pool = self.pool_of(tensor.family)
-        ring = self.ring_of(tensor.name, fam.buffers)
-        per_slab = slab_rows(tensor, fam.chunk_bytes)
+        chunk_bytes, buffers = family_chunk(self.schedule, tensor.family)
+        key = tensor.name
+        if self.issue is not None and tensor.family != SMALL_FAMILY:
+            key = self.issue.ring_of(tensor.name, tensor.family)
+            buffers = self.issue.rings[key].buffers
+        ring = self.ring_of(key, buffers)
+        pool = self.pool_of(tensor.family, ring)
+        per_slab = slab_rows(tensor, chunk_bytes)
         count = math.ceil(tensor.rows / per_slab)
         fmt, cols = tensor.fmt, tensor.cols
         values_left, scales_left = tensor.value_bytes, tensor.scale_bytes
@@ -215,9 +234,8 @@ class _Builder:
 
     def expert_slab(self, op: Op, op_index: int, label_suffix: str = "") -> Slab:
         """One expert slot: every tensor of the expert op, values then scales."""
-        fam = self.families[ROUTED]
-        slab = self.new_slab(ROUTED, f"{op.name}{label_suffix}", op.layer, op_index,
-                             self.pool_of(ROUTED), self.ring_of(ROUTED, fam.buffers))
+        ring = self.ring_of(ROUTED, self.families[ROUTED].buffers)
+        slab = self.new_slab(ROUTED, f"{op.name}{label_suffix}", op.layer, op_index, self.pool_of(ROUTED, ring), ring)
         # chunk = the expert's entry in the layer's expert list (the kernel's vocabulary)
         entry = op.expert_index or 0
         for tensor in op.tensors:
@@ -231,14 +249,6 @@ class _Builder:
 
 def _is_expert_op(op: Op) -> bool:
     return bool(op.tensors) and all(t.family == ROUTED for t in op.tensors)
-
-
-def _layer_index_of_roles(ops: list[Op]) -> dict[int, dict[str, int]]:
-    """layer -> role -> first global op index with that role."""
-    out: dict[int, dict[str, int]] = {}
-    for index, op in enumerate(ops):
-        out.setdefault(op.layer, {}).setdefault(op.role, index)
-    return out
 
 
 def _overlap_join_index(ops: list[Op], index: int) -> int:
@@ -292,8 +302,8 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
             plan_.pieces[-1] = last._replace(writes=(*last.writes, write))
         _lower_collectives(b, ops, index, plan_)
 
-    if policy.cross_op_prefetch:
-        _place_expert_releases(plans, ops, _layer_index_of_roles(ops), layer_experts, schedule)
+    if b.issue is not None:
+        _place_expert_releases(plans, ops, b.issue, layer_experts, schedule)
     pools = [*b.pools.values(), b.kv_pool, b.state_pool]
     for pool in pools:
         pool.order.sort(key=lambda slab: slab.seq)
@@ -317,10 +327,10 @@ def _lower_expert(b: _Builder, op: Op, plan_: OpPlan,
             wasted = b.expert_slab(op, plan_.index, ".mispredicted")
     b.expert_count += 1
     slab = b.expert_slab(op, plan_.index)
-    if b.policy.cross_op_prefetch:
+    if b.issue is not None:
         layer_experts.setdefault(op.layer, []).append((slab, wasted))
     else:
-        b.release_plan(plan_.index, 0).start_releases.append(slab)
+        b.release_plan(plan_.index).start_releases.append(slab)
     by_tensor: dict[str, list[Descriptor]] = {}
     for desc in slab.descs:
         by_tensor.setdefault(desc.tensor.removesuffix(".scales"), []).append(desc)
@@ -340,9 +350,9 @@ def _lower_weights(b: _Builder, op: Op, plan_: OpPlan, vector_s: float) -> float
     Returns the vector time still to be added as a trailing VPU piece.
     """
     tensor_slabs = [(tensor, b.tensor_slabs(tensor, op.layer, plan_.index)) for tensor in op.tensors]
-    for _tensor, slabs in tensor_slabs:
-        for slab, _rows in slabs:
-            b.release_plan(plan_.index, b.families[slab.family].prefetch_distance_ops).start_releases.append(slab)
+    for tensor, slabs in tensor_slabs:
+        for chunk, (slab, _rows) in enumerate(slabs):
+            b.release_plan(plan_.index, tensor, op.layer, chunk).start_releases.append(slab)
     peak = b.peak(op)
     aligned = op.unit == "mxu" and len(op.matmuls) == len(op.tensors) and all(
         contraction == tensor.rows for tensor, (_m, contraction, _n) in zip(op.tensors, op.matmuls, strict=True))
@@ -401,10 +411,19 @@ def _lower_kv_tiles(b: _Builder, op: Op, plan_: OpPlan) -> None:
 
 
 def _lower_collectives(b: _Builder, ops: list[Op], index: int, plan_: OpPlan) -> None:
-    """Step 5: price each collective after op ``index`` stage by stage."""
+    """Step 5: each collective after op ``index`` as messages, or priced stage by stage."""
     op = ops[index]
     policy = b.policy
+    names = {call.spec.name for call in op.collectives}
     for call in op.collectives:
+        if call.spec.algorithm and policy.collective_pricer is None and not policy.collectives_block:
+            consumer = consumer_index(ops, index, call.spec.consumed_by)
+            lowered = lower_messages(b.chip, b.program.plan, call, consumer)
+            if lowered is not None:
+                if call.spec.after in names:
+                    lowered = replace(lowered, parent=call.spec.after)
+                plan_.collectives.append(CollectivePlan(call.spec.name, True, (), consumer, 0.0, lowered))
+                continue
         if policy.collective_pricer is not None:
             stages = list(policy.collective_pricer(b.chip, call, b.program.plan.devices))
         else:
@@ -420,37 +439,50 @@ def _lower_collectives(b: _Builder, ops: list[Op], index: int, plan_: OpPlan) ->
             plan_.collectives.append(CollectivePlan(call.spec.name, overlapped, tuple(stages), join, launch))
 
 
-def _place_expert_releases(plans: list[OpPlan], ops: list[Op], roles: dict[int, dict[str, int]],
+def _place_expert_releases(plans: list[OpPlan], ops: list[Op], issue: ProgramIssuePlan,
                            layer_experts: dict[int, list[tuple[Slab, Slab | None]]],
                            schedule: Schedule) -> None:
     """Step 3 for routed experts: attach each expert slab to its issue point."""
     for layer, experts in layer_experts.items():
-        layer_roles = roles.get(layer, {})
-        topk = layer_roles.get("moe.topk")
-        router = layer_roles.get("moe.router", topk)
-        if topk is None or router is None:  # no routing op: issue when the expert starts
-            for slab, wasted in experts:
-                if wasted is not None:
-                    plans[slab.op_index].start_releases.append(wasted)
-                    plans[slab.op_index].resolves.append(wasted)
-                plans[slab.op_index].start_releases.append(slab)
+        routing = issue.routing_op.get(layer)
+        at_routing: list[tuple[Slab, Slab | None]] = []
+        for slab, wasted in experts:
+            op_index, by_routing = issue.expert_issue(layer, ops[slab.op_index].expert_index or 0)
+            if by_routing:
+                at_routing.append((slab, wasted))
+                continue
+            if wasted is not None:  # no routing op, or a slot that frees later: no speculation
+                plans[op_index].start_releases.append(wasted)
+                plans[op_index].resolves.append(wasted)
+            plans[op_index].start_releases.append(slab)
+        if not at_routing or routing is None:
             continue
-        topk_plan = plans[topk]
-        if schedule.expert_issue == "after_routing":
-            topk_plan.end_releases.extend(slab for slab, _wasted in experts)
-        elif schedule.expert_issue == "during_selection":
-            # the selection's own vector work, cut into one piece per local winner
-            plain = [piece for piece in topk_plan.pieces if piece.unit == VPU and not (
-                piece.waits or piece.frees or piece.releases or piece.writes)]
-            rest = [piece for piece in topk_plan.pieces if piece not in plain]
-            share = sum(piece.duration_s for piece in plain) / len(experts)
-            topk_plan.pieces = rest + [Piece(share, VPU, (), (), (slab,)) for slab, _wasted in experts]
-        else:  # speculative
-            issue = plans[max(0, router - schedule.expert_speculation_ops)]
-            for slab, wasted in experts:
-                if wasted is not None:
-                    issue.start_releases.append(wasted)
-                    topk_plan.resolves.append(wasted)
-                    topk_plan.end_releases.append(slab)
-                else:
-                    issue.start_releases.append(slab)
+        if schedule.expert_issue == "speculative":
+            _speculative_releases(plans, ops, layer, routing, at_routing)
+        elif schedule.expert_issue == "after_routing":
+            plans[routing].end_releases.extend(slab for slab, _wasted in at_routing)
+        else:
+            _selection_releases(plans[routing], at_routing)
+
+
+def _selection_releases(topk_plan: OpPlan, experts: list[tuple[Slab, Slab | None]]) -> None:
+    """``during_selection``: the selection's own vector work, one piece per local winner."""
+    plain = [piece for piece in topk_plan.pieces if piece.unit == VPU and not (
+        piece.waits or piece.frees or piece.releases or piece.writes)]
+    rest = [piece for piece in topk_plan.pieces if piece not in plain]
+    share = sum(piece.duration_s for piece in plain) / len(experts)
+    topk_plan.pieces = rest + [Piece(share, VPU, (), (), (slab,)) for slab, _wasted in experts]
+
+
+def _speculative_releases(plans: list[OpPlan], ops: list[Op], layer: int, issue_index: int,
+                          experts: list[tuple[Slab, Slab | None]]) -> None:
+    """``speculative``: issued ahead of routing; a miss is refetched when ``moe.topk`` ends."""
+    topk_plan = next(plans[i] for i in range(issue_index, len(ops)) if ops[i].layer == layer
+                     and ops[i].role == "moe.topk")
+    for slab, wasted in experts:
+        if wasted is not None:
+            plans[issue_index].start_releases.append(wasted)
+            topk_plan.resolves.append(wasted)
+            topk_plan.end_releases.append(slab)
+        else:
+            plans[issue_index].start_releases.append(slab)

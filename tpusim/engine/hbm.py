@@ -20,7 +20,7 @@ finish. A wake-up made stale by a later change is recognised by its token and ig
 
 The server counts its busy time (any copy in flight, latency included), the bytes it moved,
 and, when asked, records each copy on a lane track (lane = the lowest free in-flight slot)
-and emits the kernel's ``dma_start`` events.
+and emits the kernel's ``dma_start`` events (when a copy is queued: issued).
 """
 
 from __future__ import annotations
@@ -101,8 +101,14 @@ class HbmServer:
     # ----------------------------------------------------------------- issue
 
     def enqueue(self, desc: Descriptor) -> None:
-        """Queue a copy; :meth:`pump` issues it when a slot is free."""
+        """Queue a copy; :meth:`pump` starts it when a slot is free.
+
+        Queuing is what the kernel calls issuing (its ``dma_start``): a TPU queues
+        descriptors in hardware, so the ``dma_start`` event is recorded here, not when an
+        in-flight slot frees."""
         heapq.heappush(self.queue, (desc.seq, desc))
+        if self.events is not None:
+            self.events.append(("dma_start", desc.family, desc.tensor, desc.layer, desc.chunk))
 
     def pump(self) -> None:
         """Issue queued copies, most urgent first, while slots are free."""
@@ -118,8 +124,6 @@ class HbmServer:
             desc.issue_s = now
             if self.recorder is not None:
                 desc.lane = heapq.heappop(self.free_lanes)
-            if self.events is not None:
-                self.events.append(("dma_start", desc.family, desc.tensor, desc.layer, desc.chunk))
             if self.latency_s > 0.0:
                 self.starting.append((now + self.latency_s, desc))
             else:

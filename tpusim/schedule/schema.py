@@ -19,15 +19,27 @@ Vocabulary (the kernel and the engine use the same words):
 - **buffers**: the ring depth of a family: how many chunks (for ``routed_expert``: whole
   expert slices, the "expert slots") may be resident at once. A buffer is reused only after
   the op reading it has finished with it.
-- **pool**: families naming the same pool time-share one VMEM arena, sized for the largest
-  member (the published K3 kernel's ≈ 29.8 MiB pool holds attention projections *or* expert
-  slots). See :mod:`tpusim.schedule.vmem` for the byte accounting both sides use.
+- **pool**: families naming the same pool share VMEM, in one of two modes
+  (:class:`PoolSpec`, under ``pools``; a pool not listed there is an ``arena``):
+
+  - ``arena`` (default): the members time-share one arena sized for the largest member
+    footprint (the published K3 kernel's ≈ 29.8 MiB pool holds attention projections *or*
+    expert slots);
+  - ``ring``: one ring of ``banks`` banks of ``bank_bytes`` each, shared by every member
+    tensor: each tensor is cut into bank-sized slabs and the slabs of all members take the
+    banks in turn, in consumption order, so the pool streams ahead across tensors and layers
+    as far as free banks allow (the Muse kernel's 12 x 2 MiB dense-weight ring). Members'
+    ``chunk_bytes`` and ``buffers`` are the pool's; their distances still apply. Routed
+    experts keep their own slots.
+
+  See :mod:`tpusim.schedule.vmem` for the byte accounting both sides use.
 - **expert issue**: ``after_routing`` (copies start when the top-k is known),
   ``during_selection`` (each locally owned winner's copies start as the selection finds it,
   as the published kernel does), or ``speculative`` (issued ``expert_speculation_ops`` ops
   before routing from a prediction; a miss, at ``speculation_miss_rate``, refetches).
 
-Built-ins (``tpusim/schedules/*.json``): ``naive``, ``published``, ``layer-double-buffer``.
+Built-ins (``tpusim/schedules/*.json``): ``naive``, ``published``, ``layer-double-buffer``
+(K3), ``muse-published`` (the Muse Spark kernel: a shared ring pool).
 """
 
 from __future__ import annotations
@@ -56,7 +68,7 @@ SCHEDULE_FAMILIES = (
 )
 
 SCHEDULES_DIR = Path(__file__).resolve().parents[1] / "schedules"
-BUILTIN_SCHEDULES = ("naive", "published", "layer-double-buffer")
+BUILTIN_SCHEDULES = ("naive", "published", "layer-double-buffer", "muse-published")
 
 
 class FamilySchedule(BaseModel):
@@ -75,6 +87,25 @@ class FamilySchedule(BaseModel):
     pool: str | None = Field(default=None, description="VMEM pool shared with other families")
 
 
+class PoolSpec(BaseModel):
+    """How the families naming a pool share VMEM (module docstring: ``arena`` or ``ring``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mode: Literal["arena", "ring"] = Field(default="arena", description="arena: time-shared, sized for "
+                                           "the largest member; ring: banks shared by every member tensor")
+    banks: int | None = Field(default=None, ge=2, le=256, description="ring mode: number of banks")
+    bank_bytes: int | None = Field(default=None, ge=65536, description="ring mode: bytes per bank")
+
+    @model_validator(mode="after")
+    def _check(self) -> PoolSpec:
+        if self.mode == "ring" and (self.banks is None or self.bank_bytes is None):
+            raise ValueError("mode ring needs banks and bank_bytes")
+        if self.mode == "arena" and (self.banks is not None or self.bank_bytes is not None):
+            raise ValueError("banks and bank_bytes only apply to mode ring")
+        return self
+
+
 class Schedule(BaseModel):
     """A complete prefetch schedule for one decode step."""
 
@@ -84,6 +115,9 @@ class Schedule(BaseModel):
     description: str = ""
     families: dict[str, FamilySchedule] = Field(
         default_factory=dict, description="per family; a family left out gets the defaults"
+    )
+    pools: dict[str, PoolSpec] = Field(
+        default_factory=dict, description="per pool name its sharing mode; a pool left out is an arena"
     )
     max_dmas_in_flight: int = Field(default=8, ge=1, le=256, description="outstanding copies")
     expert_issue: Literal["after_routing", "during_selection", "speculative"] = "after_routing"
@@ -104,6 +138,12 @@ class Schedule(BaseModel):
                 f"families: unknown family {unknown[0]!r}; known: {', '.join(SCHEDULE_FAMILIES)}"
             )
         routed = self.family("routed_expert")
+        members = {fam.pool for fam in self.families.values() if fam.pool}
+        for pool, spec in self.pools.items():
+            if pool not in members:
+                raise ValueError(f"pools.{pool}: no family names this pool")
+            if spec.mode == "ring" and routed.pool == pool:
+                raise ValueError(f"pools.{pool}: routed_expert keeps its own slots; it cannot join a ring pool")
         if routed.chunk_bytes is not None:
             raise ValueError("families.routed_expert.chunk_bytes: expert slices are copied whole")
         if self.expert_issue == "speculative" and self.expert_speculation_ops == 0:
@@ -125,7 +165,17 @@ class Schedule(BaseModel):
             raise KeyError(f"unknown schedule family {name!r}")
         return self.families.get(name, FamilySchedule())
 
-    def pools(self) -> dict[str, list[str]]:
+    def pool_spec(self, pool: str) -> PoolSpec:
+        """The sharing mode of ``pool`` (an ``arena`` unless ``pools`` says otherwise)."""
+        return self.pools.get(pool, PoolSpec())
+
+    def ring_pool(self, family: str) -> PoolSpec | None:
+        """The ring-mode pool ``family`` streams through, or None."""
+        pool = self.family(family).pool
+        spec = self.pools.get(pool) if pool else None
+        return spec if spec is not None and spec.mode == "ring" else None
+
+    def member_pools(self) -> dict[str, list[str]]:
         """Pool name -> member families; unpooled families get a pool of their own."""
         pools: dict[str, list[str]] = {}
         for name in SCHEDULE_FAMILIES:
@@ -136,6 +186,8 @@ class Schedule(BaseModel):
     def content_hash(self) -> str:
         """Stable 16-hex-digit hash of everything but name and description."""
         data = self.model_dump(mode="json", exclude={"name", "description"})
+        if not self.pools:  # added later: schedules without ring pools keep their hashes
+            del data["pools"]
         data["families"] = {
             name: self.family(name).model_dump(mode="json") for name in SCHEDULE_FAMILIES
         }

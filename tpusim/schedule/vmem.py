@@ -11,7 +11,10 @@ Layout rule (the kernel allocates exactly this):
    and down, values and scales).
 3. A family's footprint is ``buffers_f * sum_t slab_bytes(t)``. Families sharing a pool
    time-share one arena sized for the largest member footprint; an unpooled family is its
-   own arena.
+   own arena. Small parameters always get an arena of their own, even when the schedule
+   names a pool for them: they are read from ``attn.mix_norm`` to ``moe.latent_down``, so
+   at fixed addresses they cannot time-share a pool whose largest member fills it. A pool of
+   mode ``ring`` is ``banks * bank_bytes`` (its members' slabs take the banks in turn).
 4. KV tiles: ``kv_buffers * kv_tile_tokens * kv_bytes_per_token * sequences`` (MLA/GQA
    layers); KDA recurrent state: one ``sequences x heads x head_dim x head_dim`` f32 buffer
    (``sequences`` = batch rows, or fewer when several rows share a cache as in speculative
@@ -28,9 +31,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tpusim.workload.modelconfig import ModelConfig
-from tpusim.workload.sharding import ShardingPlan
 from tpusim.schedule.schema import SCHEDULE_FAMILIES, Schedule
+from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.shapes import (
     TensorSpec,
     dense_mlp_tensors,
@@ -40,6 +42,7 @@ from tpusim.workload.shapes import (
     lm_head_tensors,
     recurrent_state_bytes,
 )
+from tpusim.workload.sharding import ShardingPlan
 
 ROW_GRANULE = 16  # bf16 packs 16 rows per (16, 128) VMEM tile
 
@@ -61,10 +64,6 @@ def slab_rows(tensor: TensorSpec, chunk_bytes: int | None) -> int:
     granule = row_granule(tensor)
     rows = int(chunk_bytes // bytes_per_row) // granule * granule
     return max(granule, min(rows, tensor.rows))
-
-
-def slab_count(tensor: TensorSpec, chunk_bytes: int | None) -> int:
-    return math.ceil(tensor.rows / slab_rows(tensor, chunk_bytes))
 
 
 def slab_bytes(tensor: TensorSpec, chunk_bytes: int | None) -> int:
@@ -119,15 +118,38 @@ def activation_bytes(model: ModelConfig, batch: int) -> int:
     return rows * 4 * (model.hidden_size * snapshots + widest)
 
 
+SMALL_FAMILY = "small_params"
+
+
+def arena_of(schedule: Schedule, family: str) -> str:
+    """The arena ``family``'s buffers live in (its pool; small parameters: always their own)."""
+    if family == SMALL_FAMILY:
+        return family
+    return schedule.family(family).pool or family
+
+
+def family_chunk(schedule: Schedule, family: str) -> tuple[int | None, int]:
+    """(chunk_bytes, buffers) a family's tensors stream with: a ring pool's bank size and one
+    bank per slab, else the family's own."""
+    ring = schedule.ring_pool(family)
+    if ring is not None:
+        return ring.bank_bytes, 1
+    fam = schedule.family(family)
+    return fam.chunk_bytes, fam.buffers
+
+
 def arenas(schedule: Schedule, family_bytes: dict[str, int]) -> tuple[dict[str, int], dict[str, list[str]]]:
-    """Pool -> arena bytes (the largest member footprint) and pool -> present members."""
+    """Arena -> bytes (the largest member footprint, or a ring pool's banks) and -> present members."""
     arena_bytes: dict[str, int] = {}
     arena_members: dict[str, list[str]] = {}
-    for pool, members in schedule.pools().items():
-        present = [m for m in members if m in family_bytes]
-        if present:
-            arena_members[pool] = present
-            arena_bytes[pool] = max(family_bytes[m] for m in present)
+    for family in SCHEDULE_FAMILIES:
+        if family not in family_bytes:
+            continue
+        arena = arena_of(schedule, family)
+        arena_members.setdefault(arena, []).append(family)
+        ring = schedule.ring_pool(family)
+        size = ring.banks * ring.bank_bytes if ring is not None and ring.banks and ring.bank_bytes else family_bytes[family]
+        arena_bytes[arena] = max(arena_bytes.get(arena, 0), size)
     return arena_bytes, arena_members
 
 
@@ -149,8 +171,9 @@ def vmem_plan(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch:
         if not tensors:
             continue
         total = 0
+        chunk_bytes, buffers = family_chunk(schedule, family)
         for tensor in tensors:
-            size = fam.buffers * slab_bytes(tensor, fam.chunk_bytes)
+            size = buffers * slab_bytes(tensor, chunk_bytes)
             detail[tensor.name] = size
             total += size
         family_bytes[family] = total

@@ -21,11 +21,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tpusim.schedule.schema import SCHEDULE_FAMILIES, FamilySchedule, Schedule
+from tpusim.schedule.vmem import (
+    InfeasibleSchedule,
+    VmemPlan,
+    arenas,
+    check_fits,
+    family_chunk,
+    tensor_kinds,
+    vmem_plan,
+)
+from tpusim.sweep.space import SweepSpace
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.sharding import ShardingPlan
-from tpusim.schedule.schema import SCHEDULE_FAMILIES, FamilySchedule, Schedule
-from tpusim.sweep.space import SweepSpace
-from tpusim.schedule.vmem import InfeasibleSchedule, VmemPlan, arenas, check_fits, tensor_kinds, vmem_plan
 
 
 class VmemAccountant:
@@ -43,8 +51,8 @@ class VmemAccountant:
         self.calls += 1
         full = vmem_plan(schedule, self.model, self.plan, self.batch)
         for family in SCHEDULE_FAMILIES:
-            fam = schedule.family(family)
-            key = (family, fam.buffers, fam.chunk_bytes)
+            chunk_bytes, buffers = family_chunk(schedule, family)
+            key = (family, buffers, chunk_bytes)
             if family in full.family_bytes:
                 detail = {name: size for name, size in full.detail.items() if self._family_of.get(name) == family}
                 self._family[key] = (full.family_bytes[family], detail)
@@ -71,7 +79,7 @@ class VmemAccountant:
 
     def plan_for(self, schedule: Schedule) -> VmemPlan:
         """The schedule's :class:`VmemPlan` (equal to ``vmem_plan(schedule, ...)``)."""
-        keys = {f: (f, schedule.family(f).buffers, schedule.family(f).chunk_bytes) for f in SCHEDULE_FAMILIES}
+        keys = {f: (f, *reversed(family_chunk(schedule, f))) for f in SCHEDULE_FAMILIES}
         kv_key = schedule.kv_buffers * schedule.kv_tile_tokens
         if self._fixed is None or kv_key not in self._kv or any(k not in self._family for k in keys.values()):
             self._learn(schedule)

@@ -211,7 +211,7 @@ def knob_names(families: Iterable[str]) -> list[str]:
 def pool_partition(schedule: Schedule, families: Iterable[str]) -> frozenset[frozenset[str]]:
     """The schedule's pools as a partition of ``families`` (only pools of ≥ 2 members)."""
     present = set(families)
-    groups = [frozenset(m for m in members if m in present) for members in schedule.pools().values()]
+    groups = [frozenset(m for m in members if m in present) for members in schedule.member_pools().values()]
     return frozenset(g for g in groups if len(g) > 1)
 
 

@@ -19,6 +19,15 @@ this host, time jitted decode steps, fit ``host-cpu``.
 ``--json`` prints ``mape_before``, ``mape_calibration``, ``mape_holdout`` (fractions; None
 when nothing is held out) and ``parameters`` (``value``, ``uncertainty``, ``fitted_on``, …).
 
+``--procedure parts`` (the default for tpu-v7) fits each part on its own measurements
+first (:mod:`calibration.parts`: links, HBM, host, expert-slot sweep, Muse breakdown; the
+component data is ``--components``), reports the end-to-end MAPE with those values *before*
+fitting on the step times (``mape_e2e_parts_only``), then fits the rest on them
+(``mape_calibration``, ``mape_holdout``); ``parts`` holds per-part errors, ``pins`` which
+parameters each measurement constrains, ``unidentifiable_held`` what the data cannot pin.
+Either procedure stores sampled parameter sets in the overlay for 90 % prediction
+intervals (:mod:`calibration.intervals`).
+
 ``report`` fits nothing: it compares a measurement file with the simulator, uncalibrated and
 (if an overlay exists) calibrated.
 """
@@ -76,6 +85,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                            help="start from the published figures even if an overlay exists")
     calibrate.add_argument("--no-save", action="store_true", help="do not write the overlay")
     calibrate.add_argument("--max-evals", type=int, default=30, help="least-squares evaluations (default 30)")
+    calibrate.add_argument("--procedure", choices=("auto", "parts", "end-to-end"), default="auto",
+                           help="parts: fit each part on its own measurements, then the end-to-end points "
+                           "(default where component data exists: tpu-v7); end-to-end: one fit on step times")
+    calibrate.add_argument("--components", default="published:tpu7x-components",
+                           help="component measurements for --procedure parts (default published:tpu7x-components)")
     calibrate.add_argument("--quick", action="store_true", help="cpu-loop: the small CI variant")
     calibrate.add_argument("--no-probe", action="store_true",
                            help="cpu-loop: reuse the saved host-cpu entry instead of probing again")
@@ -116,15 +130,67 @@ def _fit(args: argparse.Namespace, console: Console) -> tuple[FitResult, list]:
     return result, records
 
 
+def _use_parts(args: argparse.Namespace) -> bool:
+    if args.procedure != "auto":
+        return args.procedure == "parts"
+    return args.hardware == "tpu-v7" and args.measurements not in CPU_LOOP and not args.parameters
+
+
+def _run_parts(args: argparse.Namespace, console: Console) -> int:
+    """``--procedure parts``: components first, then the end-to-end points (calibration.by_parts)."""
+    from calibration.by_parts import calibrate_by_parts
+    from calibration.components import load_components
+    from hwmodels.overlay import save_overlay
+
+    if not args.components.startswith("published:"):
+        raise InputError(f"--components {args.components}: expected published:<name>")
+    published = load_chip(args.hardware, calibrated=False)
+    records = usable_for(load_measurements(args.measurements), published.name, published.kind)
+    components = load_components(args.components.removeprefix("published:"))
+    result = calibrate_by_parts(published, records, components, holdout=args.holdout, predictor=Predictor(),
+                                max_nfev=min(args.max_evals, 12))
+    out = Path(args.out)
+    paths = write_fit_report(result.e2e, out, predictor=Predictor())
+    summary = result.to_json()
+    write_text_atomic(out / "fit.json", json.dumps(summary, indent=2, default=float) + "\n")
+    write_measurements(out / "measurements.jsonl", records)
+    saved = None if args.no_save else save_overlay(result.overlay())
+    summary["overlay"] = str(saved) if saved else None
+    summary["report"] = str(paths["report"])
+    if args.json:
+        emit_json(summary)
+        return 0
+    stdout = Console()
+    for name, part in summary["parts"].items():
+        before, after = part["mape_before"], part["mape_after"]
+        stdout.print(f"part {name}: MAPE {100 * before:.1f} % (published) -> {100 * after:.1f} % (fitted on it)",
+                     highlight=False)
+    stdout.print(f"end to end: MAPE {100 * summary['mape_e2e_published']:.1f} % (published), "
+                 f"{100 * summary['mape_e2e_parts_only']:.1f} % (parts only, not fitted on it), "
+                 f"{100 * summary['mape_calibration']:.1f} % (fitted on it)"
+                 + (f", held out {100 * summary['mape_holdout']:.1f} %" if summary["mape_holdout"] is not None else ""),
+                 highlight=False)
+    for path, p in summary["parameters"].items():
+        sigma = f" ± {p['uncertainty']:.3g}" if p["uncertainty"] is not None else ""
+        stdout.print(f"{path}: {p['value']:.4g}{sigma} (calibrated; {p['fitted_on']})", highlight=False)
+    for path, why in summary["unidentifiable_held"].items():
+        stdout.print(f"{path}: unidentifiable on this data, held ({why})", highlight=False)
+    stdout.print(f"prediction intervals: {summary['interval_samples']} sampled parameter sets stored", highlight=False)
+    stdout.print(f"overlay: {display_path(saved) if saved else 'not saved (--no-save)'}", highlight=False)
+    return 0
+
+
 def run_calibrate(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     console.print(f"calibrating {args.hardware} on {args.measurements} ...", highlight=False)
+    if _use_parts(args):
+        return _run_parts(args, console)
     result, records = _fit(args, console)
     out = Path(args.out)
     paths = write_fit_report(result, out, predictor=Predictor())
     write_text_atomic(out / "fit.json", json.dumps(result.to_json(), indent=2, default=float) + "\n")
     write_measurements(out / "measurements.jsonl", records)
-    saved = None if args.no_save else save_fit(result)
+    saved = None if args.no_save else save_fit(result, samples=True)
     summary = result.to_json()
     summary["overlay"] = str(saved) if saved else None
     summary["report"] = str(paths["report"])

@@ -83,8 +83,15 @@ def render_table(rows: list[dict], console: Console, *, title: str) -> None:
         table.add_row(
             row["system"], row["execution"], str(row["batch"]),
             "—" if row["acceptance_length"] is None else f"{row['acceptance_length']:g}",
-            f"{row['step_ms']:.3f}" if fits else "does not fit",
-            f"{row['tokens_per_s']:.1f}" if fits else "—",
+            (f"{row['step_ms']:.3f}" + (f" [{row['step_ms_low']:.3f}–{row['step_ms_high']:.3f}]"
+                                        if row.get("step_ms_low") is not None else "")) if fits else "does not fit",
+            (f"{row['tokens_per_s']:.1f}" + (f" [{row['tokens_per_s_low']:.1f}–{row['tokens_per_s_high']:.1f}]"
+                                             if row.get("tokens_per_s_low") is not None else "")) if fits else "—",
             row["label"], row.get("schedule_choice") or row.get("short_note", ""),
         )
     console.print(table)
+    if any(row.get("step_ms_low") is not None for row in rows):
+        console.print("[low–high]: 90 % prediction interval of calibrated rows (re-simulated over the fit's "
+                      "sampled parameter sets); rows labelled simulated have none.", highlight=False, markup=False)
+    else:
+        console.print("no prediction intervals: no row uses calibrated figures.", highlight=False, markup=False)

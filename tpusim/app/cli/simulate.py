@@ -20,6 +20,7 @@ floor):
 | ``vmem_peak_bytes``, ``vmem_peak_time_ms``, ``vmem_peak_layer`` | highest VMEM occupancy, when, where |
 | ``vmem_static_bytes``, ``vmem_capacity_bytes`` | the schedule's static scratch; usable capacity |
 | ``busy_fraction`` | per resource (hbm, mxu, vpu, link.*) busy time / step |
+| ``step_ms_low``, ``step_ms_high``, ``tokens_per_s_low``, ``tokens_per_s_high`` | the 90 % prediction interval of a calibrated chip (re-simulated over the fit's sampled parameter sets, :mod:`tpusim.report.intervals`); ``None`` and ``interval: "none: ..."`` when uncalibrated |
 | ``breakdown`` | step ms by what the stream did (phases, collectives, fixed overheads, exposed DMA, drain) |
 | ``layer_ms`` | stream ms per layer ("-1": the head) |
 | ``exposed_dma_by_family_ms`` | exposed DMA per weight family |
@@ -107,9 +108,16 @@ def run(args: argparse.Namespace) -> int:
     except InfeasibleSchedule as error:
         raise InputError(f"infeasible schedule: {error}") from None
     floor = floors(program, chip)
+    from tpusim.report.intervals import interval_fields
+
+    def resimulate(sample: Chip) -> float:
+        return simulate(program, schedule, sample).step_s
+
+    interval = interval_fields(chip, resimulate, result.step_s, args.batch)
     source = (f"simulated (tpusim engine, {result.execution_mode} execution; hardware {chip.name}: "
               f"{calibration_note(chip)})")
     data = _json_result(result, floor, args, system.name, system.devices, plan.name, source)
+    data.update(interval)
     if result.timeline is not None:
         try:
             if args.trace is not None:
@@ -176,6 +184,14 @@ def _print_human(data: dict[str, Any], console: Console) -> None:
     table.add_column("label")
     table.add_row("step time", f"{data['step_ms']:.3f} ms", SIMULATED)
     table.add_row("tokens/s (aggregate)", f"{data['tokens_per_s']:.1f}", SIMULATED)
+    from tpusim.report.intervals import format_interval
+
+    if data.get("step_ms_low") is not None:
+        table.add_row("  90 % interval", f"{data['step_ms_low']:.3f}–{data['step_ms_high']:.3f} ms; "
+                      f"{data['tokens_per_s_low']:.1f}–{data['tokens_per_s_high']:.1f} tok/s",
+                      "calibrated, re-simulated")
+    else:
+        table.add_row("  interval", format_interval(data), SIMULATED)
     table.add_row("floor", f"{data['floor_ms']:.3f} ms", FLOOR)
     floors = data["floors"]
     table.add_row("  HBM / compute / collective floors",

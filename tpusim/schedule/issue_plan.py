@@ -1,0 +1,263 @@
+"""The issue plan: for every weight copy of a step, the op at whose start it is issued.
+
+This module is the one statement of the schedule's issue rule. The engine
+(:mod:`tpusim.engine.build`), the sweep's estimate (:mod:`tpusim.sweep.estimate`) and the
+kernel's DMA plan (:mod:`megakernel.dma_plan`) all read it, so kernel and simulator issue
+every copy at the same op.
+
+**Copies, rings and buffers.** A *ring* is the VMEM home of one tensor kind
+(``kda.qkvgb``, ``moe.router``, ...): ``buffers`` slab buffers of equal size. Three rings
+are special: a layer's small parameters are one copy (ring ``small``: the kernel packs them
+in one row and reads it from ``attn.mix_norm`` to ``moe.latent_down``); the routed experts
+of a layer share the *expert slots* (ring ``expert``, one whole expert slice per slot); and
+in a pool of mode ``ring`` (:class:`tpusim.schedule.schema.PoolSpec`) every member tensor is
+cut into bank-sized slabs that take the pool's banks in turn (one ring named ``pool:NAME``).
+Ring slab ``g`` (counted over all instances of the kind in consumption order; for an
+expert, its entry ``j`` in the layer's expert list) lives in buffer ``g % buffers``.
+
+**Placement.** The families of a pool share one arena sized for the largest member
+(:mod:`tpusim.schedule.vmem` owns the sizes). Members start at the arena's base, the rings of
+a family back to back in :data:`RING_ORDER`; the expert slots sit at the arena's top, slot 0
+highest, so the shared expert and the first slots can coexist. Small parameters always get an
+arena of their own: they are read through the whole layer.
+
+**The issue rule.** The copy of slab ``k < buffers`` of an instance first read by op ``c``
+(whose family has prefetch distance ``d``) is issued at the start of op::
+
+    issue = max(c - d, horizon(c), free(c))
+
+- ``horizon(c)``: the op after the last ``moe.topk`` whose expert region (its layer's first
+  ``expert[*]`` or ``moe.combine``) starts before ``c``; 0 before the first. A distance that
+  reaches back past a routing decision is clamped there: before it, how many ops lie between
+  issue and use is unknown to a kernel compiled once for every routing.
+- ``free(c)``: the op after the last reader of every buffer the copy overwrites: the previous
+  occupant of its own ring buffer and, in a pool, any other ring's buffer whose arena bytes
+  overlap (exactly where the ring's buffer index is static, else the ring's whole region).
+  ``mla.core`` reads ``mla.kv_b`` again (absorbed attention), so it counts as a reader.
+- Slabs ``k >= buffers`` are issued inside their consumer op, as slab ``k - buffers`` is
+  consumed (a refill: ``issue = c``, ``refill`` set); so is a ring pool's slab whose bank
+  is still read by the same op (another tensor of that op).
+- Routed expert ``j``: ``max(routing, free)``, where ``routing`` is the layer's ``moe.topk``
+  (``after_routing``: as it ends; ``during_selection``: during it) or, for ``speculative``,
+  op ``moe.router - expert_speculation_ops``. Expert ``j >= buffers`` thus waits for the slot
+  of expert ``j - buffers``: it is issued at the start of ``expert[j - buffers + 1]``.
+
+If ``free(c) > c`` for a first copy the buffer it needs is still read by its own consumer:
+no kernel can run the layout, and :class:`UnsupportedIssuePlan` says which pool.
+``max_dmas_in_flight`` is not part of the plan: it limits how many issued copies move at
+once (the engine's HBM queue), not when they are issued.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from tpusim.schedule.vmem import InfeasibleSchedule
+
+# Arena placement order within a family (the kernel's ring order).
+RING_ORDER = (
+    "small", "kda.qkvgb", "kda.decay_a", "kda.decay_b", "kda.o", "mla.q_a", "mla.q_b", "mla.kv_a",
+    "mla.kv_b", "mla.gate", "mla.o", "moe.router", "moe.latent_down", "moe.latent_up",
+    "moe.shared_gate_up", "moe.shared_down", "expert", "mlp.gate_up", "mlp.down", "head.lm_head",
+)
+EXPERT_RING = "expert"
+SMALL_RING = "small"
+# Ops that read a layer's small-parameter row (the last one frees its buffer).
+SMALL_READER_ROLES = ("attn.mix_norm", "mlp.mix_norm", "moe.topk", "moe.latent_down")
+# op name -> ring it reads again after the ring's own op (absorbed MLA attention).
+EXTRA_READS = {"mla.core": "mla.kv_b"}
+REGION_ROLES = ("moe.expert", "moe.combine")
+FAR = 10**9
+
+
+class UnsupportedIssuePlan(InfeasibleSchedule):
+    """No issue point exists: a copy's buffer is still read by the copy's own consumer."""
+
+
+@dataclass(frozen=True)
+class RingSpec:
+    """One VMEM ring: ``buffers`` buffers of ``slab_size`` arena units from ``offset``.
+
+    Units are whatever the caller measures arenas in (bytes here, 16-bit 128-lane rows in the
+    kernel); only overlaps matter."""
+
+    name: str
+    family: str
+    pool: str
+    buffers: int
+    num_slabs: int  # K: slabs per instance
+    slab_size: int
+    distance: int = 0
+    instances: int = 1
+    offset: int = 0
+
+    @property
+    def region(self) -> tuple[int, int]:
+        return self.offset, self.offset + self.buffers * self.slab_size
+
+    def buffer_range(self, buffer: int) -> tuple[int, int]:
+        """Arena range of ``buffer``; expert slot 0 sits at the top, slot 1 below it, ..."""
+        if self.name == EXPERT_RING:
+            start = self.offset + (self.buffers - 1 - buffer) * self.slab_size
+        else:
+            start = self.offset + buffer * self.slab_size
+        return start, start + self.slab_size
+
+    @property
+    def static_buffers(self) -> bool:
+        """Whether slab ``k`` of every instance lands in the same buffer (``k % buffers``)."""
+        return (self.name == EXPERT_RING or self.name.startswith("pool:") or self.buffers == 1
+                or self.instances == 1 or self.num_slabs % self.buffers == 0)
+
+
+def place(rings: Sequence[RingSpec]) -> tuple[dict[str, RingSpec], dict[str, int]]:
+    """Offsets of ``rings`` (the placement rule above) and each pool's arena size."""
+    footprint = {r.name: r.buffers * r.slab_size for r in rings}
+    family_size: dict[str, int] = {}
+    for ring in rings:
+        family_size[ring.family] = family_size.get(ring.family, 0) + footprint[ring.name]
+    arenas: dict[str, int] = {}
+    for ring in rings:
+        arenas[ring.pool] = max(arenas.get(ring.pool, 0), family_size[ring.family])
+    cursor: dict[str, int] = {}
+    placed: dict[str, RingSpec] = {}
+    for ring in rings:
+        if ring.name == EXPERT_RING:
+            offset = arenas[ring.pool] - footprint[ring.name]
+        else:
+            offset = cursor.get(ring.family, 0)
+            cursor[ring.family] = offset + footprint[ring.name]
+        placed[ring.name] = replace(ring, offset=offset)
+    return placed, arenas
+
+
+@dataclass(frozen=True)
+class Read:
+    """An op reads instance ``key`` of ring ``ring``; its slab 0 is ring slab ``first_slot``.
+
+    ``slabs`` overrides the ring's K for this instance (a smaller tensor of the kind);
+    ``distance`` the ring's prefetch distance (a ring pool's members keep their own)."""
+
+    ring: str
+    key: object
+    first_slot: int
+    slabs: int | None = None
+    distance: int | None = None
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One copy: slab ``slab`` of instance ``key`` of ring ``ring``."""
+
+    ring: str
+    key: object
+    slab: int
+
+
+@dataclass
+class IssuePlan:
+    """Issue and consumer op positions of every copy (``refills``: issued inside the consumer)."""
+
+    issue: dict[Unit, int]
+    consumer: dict[Unit, int]
+    buffer: dict[Unit, int]
+    refills: set[Unit] = field(default_factory=set)
+
+
+@dataclass
+class _Instance:
+    read: Read
+    first: int
+    last: int
+
+
+def _instances(op_reads: Sequence[Sequence[Read]], first: int) -> dict[tuple[str, object], _Instance]:
+    seen: dict[tuple[str, object], _Instance] = {}
+    for i, reads in enumerate(op_reads):
+        for read in reads:
+            key = (read.ring, read.key)
+            known = seen.get(key)
+            if known is None:
+                seen[key] = _Instance(read, first + i, first + i)
+            else:
+                known.last = first + i
+    return seen
+
+
+def plan_issues(rings: dict[str, RingSpec], op_reads: Sequence[Sequence[Read]], *, first: int = 0,
+                horizon: Callable[[int], int], routing: Callable[[Read], int],
+                respect_buffers: bool = True, min_consumer: int = 0, lookback: int = 1) -> IssuePlan:
+    """Apply the issue rule to ops ``first, first + 1, ...`` reading ``op_reads``.
+
+    ``routing(read)`` is an expert read's routing position; ``min_consumer``: copies first
+    read before it are planned elsewhere (the kernel's window lead-in).
+    ``respect_buffers=False`` drops ``free`` for weights: a deliberately broken plan for the
+    kernel's race-detector test only. ``horizon`` must not decrease along the ops; ``lookback``
+    bounds how far before ``horizon(c)`` an expert's routing position may lie (an occupant
+    whose last reader is older cannot delay any copy)."""
+    instances = sorted(_instances(op_reads, first).values(), key=lambda inst: inst.first)
+    plan = IssuePlan({}, {}, {})
+    live: list[int] = []  # indices into slots of occupants first read before c, still relevant
+    slots: list[tuple[RingSpec, _Instance, int, int]] = []  # (ring, instance, slab, buffer)
+    for inst in instances:
+        ring = rings[inst.read.ring]
+        count = inst.read.slabs if inst.read.slabs is not None else ring.num_slabs
+        for k in range(count):
+            slots.append((ring, inst, k, (inst.read.first_slot + k) % ring.buffers))
+    slots.sort(key=lambda s: s[1].first)
+    by_first, current = 0, None
+    for ring, inst, k, buffer in slots:
+        c = inst.first
+        unit = Unit(ring.name, inst.read.key, k)
+        plan.consumer[unit], plan.buffer[unit] = c, buffer
+        if c != current:
+            current = c
+            while by_first < len(slots) and slots[by_first][1].first < c:
+                live.append(by_first)
+                by_first += 1
+            oldest = horizon(c) - lookback
+            live = [index for index in live if slots[index][1].last >= oldest]
+        if c < min_consumer:
+            continue
+        if k >= ring.buffers and ring.name != EXPERT_RING:
+            plan.issue[unit] = c
+            plan.refills.add(unit)
+            continue
+        expert = ring.name == EXPERT_RING
+        distance = ring.distance if inst.read.distance is None else inst.read.distance
+        floor = routing(inst.read) if expert else max(c - distance, horizon(c))
+        free = _free(ring, inst, k, buffer, live, slots, floor) if respect_buffers or expert else -FAR
+        when = max(floor, free)
+        if when == c + 1 and ring.name.startswith("pool:"):  # the bank's occupant is read by op c too:
+            plan.issue[unit] = c  # refilled inside c as that occupant is consumed
+            plan.refills.add(unit)
+            continue
+        if when > c:
+            raise UnsupportedIssuePlan(
+                f"pool {ring.pool!r}: {ring.name} (first read at op {c}) needs a buffer still read by that "
+                "op; give the families separate pools or more room")
+        plan.issue[unit] = when
+    return plan
+
+
+def _free(ring: RingSpec, inst: _Instance, k: int, buffer: int, live: list[int],
+          slots: list[tuple[RingSpec, _Instance, int, int]], floor: int) -> int:
+    """The op after the last reader of every buffer slab ``k`` of ``inst`` overwrites."""
+    mine = [ring.buffer_range(buffer)] if ring.static_buffers else [ring.region]
+    free = -FAR
+    for index in live:
+        o_ring, o_inst, _o_k, o_buffer = slots[index]
+        if o_inst.last + 1 <= max(free, floor) or o_inst is inst:
+            continue
+        if o_ring is ring:
+            hit = o_buffer == buffer
+        elif o_ring.pool == ring.pool:
+            theirs = o_ring.buffer_range(o_buffer) if o_ring.static_buffers else o_ring.region
+            hit = any(a < theirs[1] and theirs[0] < b for a, b in mine)
+        else:
+            hit = False
+        if hit:
+            free = o_inst.last + 1
+    return free
+

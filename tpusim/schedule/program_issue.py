@@ -1,0 +1,242 @@
+"""The issue plan of a whole program: :mod:`tpusim.schedule.issue_plan`'s rule on the flat op list.
+
+The kernel applies the rule window by window (its ops are fixed only between two routing
+decisions); here it runs once over a concrete program, whose expert counts are known. The
+rings take their slab sizes in bytes from :mod:`tpusim.schedule.vmem` (the same slabs the
+engine copies and the arena sizes VMEM accounting reports), and the reads follow the kernel:
+a layer's small-parameter row is read by every op in
+:data:`~tpusim.schedule.issue_plan.SMALL_READER_ROLES`, ``mla.core`` reads ``mla.kv_b``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tpusim.schedule.issue_plan import (
+    EXPERT_RING,
+    EXTRA_READS,
+    REGION_ROLES,
+    RING_ORDER,
+    SMALL_READER_ROLES,
+    SMALL_RING,
+    IssuePlan,
+    Read,
+    RingSpec,
+    Unit,
+    place,
+    plan_issues,
+)
+from tpusim.schedule.schema import Schedule
+from tpusim.schedule.vmem import family_chunk, slab_bytes, slab_rows, tensor_kinds
+from tpusim.workload.program import Op, Program
+from tpusim.workload.shapes import TensorSpec, expert_slice_bytes
+
+SMALL_FAMILY = "small_params"
+ROUTED = "routed_expert"
+
+
+@dataclass
+class ProgramIssuePlan:
+    """The issue plan of one program under one schedule (op indices of ``program.ops``)."""
+
+    plan: IssuePlan
+    rings: dict[str, RingSpec]
+    arena_bytes: dict[str, int]
+    routing_op: dict[int, int]  # layer -> op whose routing decision issues its experts
+    tensor_ring: dict[str, str]  # tensor name -> ring (weights other than small and experts)
+
+    def ring_of(self, tensor: str, family: str) -> str:
+        """The ring (engine queue) ``tensor`` streams through."""
+        if family == SMALL_FAMILY:
+            return SMALL_RING
+        if family == ROUTED:
+            return EXPERT_RING
+        return self.tensor_ring.get(tensor, tensor)
+
+    def weight_issue(self, tensor: str, family: str, layer: int, chunk: int) -> int:
+        """Op at whose start slab ``chunk`` of ``tensor`` (of ``layer``) is issued."""
+        ring = self.ring_of(tensor, family)
+        if ring == SMALL_RING:
+            return self.plan.issue[Unit(ring, layer, 0)]
+        key: object = (tensor, layer) if ring.startswith("pool:") else layer
+        return self.plan.issue[Unit(ring, key, chunk)]
+
+    def expert_issue(self, layer: int, entry: int) -> tuple[int, bool]:
+        """(op, by routing): expert ``entry`` of ``layer`` is issued by that op's routing
+        decision, or (False) at that op's start because its slot frees only then."""
+        op = self.plan.issue[Unit(EXPERT_RING, (layer, entry), 0)]
+        return op, op == self.routing_op.get(layer)
+
+
+def ring_name(tensor_name: str, family: str, schedule: Schedule | None = None) -> str:
+    """The ring a program tensor streams through (``pool:NAME`` for a ring-mode pool)."""
+    if family == SMALL_FAMILY:
+        return SMALL_RING
+    if family == ROUTED:
+        return EXPERT_RING
+    if schedule is not None and schedule.ring_pool(family) is not None:
+        return f"pool:{schedule.family(family).pool}"
+    return tensor_name
+
+
+@dataclass
+class ProgramFacts:
+    """The schedule-independent part: which ring instance each op reads, horizons, routing ops.
+
+    Build once per program (:func:`program_facts`) when planning many schedules."""
+
+    kinds: dict[str, TensorSpec]  # tensor name -> its largest instance
+    reads: list[list[tuple[str, str, object, int]]]  # per op: (tensor name, family, key, slabs-of: bytes)
+    instances: dict[str, int]  # tensor name (small: "small", experts: "expert") -> instances
+    small_bytes: int
+    expert_bytes: int
+    horizons: list[int]
+    topk: dict[int, int]
+    router: dict[int, int]
+
+
+def program_facts(program: Program) -> ProgramFacts:
+    model, plan = program.model, program.plan
+    kinds = {t.name: t for tensors in tensor_kinds(model, plan).values() for t in tensors}
+    small_layers = {op.layer for op in program.ops for t in op.tensors if t.family == SMALL_FAMILY}
+    instances: dict[str, set[object]] = {}
+    small_bytes: dict[int, int] = {}
+    reads: list[list[tuple[str, str, object, int]]] = []
+    topk: dict[int, int] = {}
+    router: dict[int, int] = {}
+    for index, op in enumerate(program.ops):
+        if op.role == "moe.topk":
+            topk.setdefault(op.layer, index)
+        elif op.role == "moe.router":
+            router.setdefault(op.layer, index)
+        op_reads: list[tuple[str, str, object, int]] = []
+        for tensor in op.tensors:
+            if tensor.family == SMALL_FAMILY:
+                small_bytes[op.layer] = small_bytes.get(op.layer, 0) + tensor.bytes
+                entry = (SMALL_RING, SMALL_FAMILY, op.layer, 0)
+            elif tensor.family == ROUTED:
+                entry = (EXPERT_RING, ROUTED, (op.layer, op.expert_index or 0), 0)
+            else:
+                entry = (tensor.name, tensor.family, op.layer, tensor.bytes)
+            if entry not in op_reads:
+                op_reads.append(entry)
+        if op.role in SMALL_READER_ROLES and op.layer in small_layers and (
+                entry := (SMALL_RING, SMALL_FAMILY, op.layer, 0)) not in op_reads:
+            op_reads.append(entry)
+        extra = EXTRA_READS.get(op.name)
+        if extra is not None and extra in kinds:
+            op_reads.append((extra, kinds[extra].family, op.layer, kinds[extra].bytes))
+        for name, _family, key, _bytes in op_reads:
+            instances.setdefault(name, set()).add(key)
+        reads.append(op_reads)
+    return ProgramFacts(kinds, reads, {name: len(keys) for name, keys in instances.items()},
+                        max(small_bytes.values(), default=0), expert_slice_bytes(model, plan),
+                        horizon_ops(program.ops), topk, router)
+
+
+def program_issue_plan(program: Program, schedule: Schedule, facts: ProgramFacts | None = None) -> ProgramIssuePlan:
+    """The issue plan of ``program`` under ``schedule`` (raises
+    :class:`~tpusim.schedule.issue_plan.UnsupportedIssuePlan` when a layout has no issue point)."""
+    facts = facts or program_facts(program)
+    rings, tensor_ring = program_rings(facts, schedule)
+    order = [name for name in RING_ORDER if name in rings] + [name for name in rings if name not in RING_ORDER]
+    placed, arenas = place([rings[name] for name in order])
+    reads = program_reads(facts, schedule, placed, tensor_ring)
+    if schedule.expert_issue == "speculative":
+        ahead = schedule.expert_speculation_ops
+        routing_op = {layer: max(0, facts.router.get(layer, at) - ahead) for layer, at in facts.topk.items()}
+    else:
+        ahead, routing_op = 0, dict(facts.topk)
+    first_read: dict[object, int] = {}
+    for index, op_reads in enumerate(reads):
+        for read in op_reads:
+            first_read.setdefault(read.key, index)
+
+    def routing(read: Read) -> int:
+        layer = read.key[0]  # type: ignore[index]
+        return routing_op.get(layer, first_read[read.key])
+
+    plan = plan_issues(placed, reads, horizon=facts.horizons.__getitem__, routing=routing, lookback=2 + ahead)
+    return ProgramIssuePlan(plan, placed, arenas, routing_op, tensor_ring)
+
+
+def program_rings(facts: ProgramFacts, schedule: Schedule) -> tuple[dict[str, RingSpec], dict[str, str]]:
+    """One ring per tensor kind the program streams (one per ring-mode pool), sized in bytes as
+    VMEM accounting sizes it; and tensor name -> ring."""
+    rings: dict[str, RingSpec] = {}
+    tensor_ring: dict[str, str] = {}
+    for name, count in facts.instances.items():
+        if name == SMALL_RING:
+            fam = schedule.family(SMALL_FAMILY)
+            rings[name] = RingSpec(name, SMALL_FAMILY, SMALL_FAMILY, fam.buffers, 1, facts.small_bytes,
+                                   fam.prefetch_distance_ops, count)
+            continue
+        if name == EXPERT_RING:
+            fam = schedule.family(ROUTED)
+            rings[name] = RingSpec(name, ROUTED, fam.pool or ROUTED, fam.buffers, 1, facts.expert_bytes, 0, count)
+            continue
+        kind = facts.kinds[name]
+        fam = schedule.family(kind.family)
+        chunk_bytes, buffers = family_chunk(schedule, kind.family)
+        slabs = math.ceil(kind.rows / slab_rows(kind, chunk_bytes))
+        pool = schedule.ring_pool(kind.family)
+        ring = tensor_ring[name] = ring_name(name, kind.family, schedule)
+        if pool is not None and pool.banks and pool.bank_bytes:
+            rings[ring] = RingSpec(ring, ring, ring, pool.banks, slabs, pool.bank_bytes, 0, count)
+        else:
+            rings[ring] = RingSpec(ring, kind.family, fam.pool or kind.family, buffers, slabs,
+                                   slab_bytes(kind, chunk_bytes), fam.prefetch_distance_ops, count)
+    return rings, tensor_ring
+
+
+def program_reads(facts: ProgramFacts, schedule: Schedule, rings: dict[str, RingSpec],
+                  tensor_ring: dict[str, str]) -> list[list[Read]]:
+    """Per op, the ring instances it reads, with each instance's first ring slab (a ring
+    pool's bank counter runs over every member tensor, in consumption order)."""
+    ordinals: dict[str, dict[object, int]] = {}
+    first_slot: dict[tuple[str, object], int] = {}
+    banks_used: dict[str, int] = {}
+    out: list[list[Read]] = []
+    for op_reads in facts.reads:
+        reads: list[Read] = []
+        for name, family, key, nbytes in op_reads:
+            ring = rings[tensor_ring.get(name, name)]
+            slabs = None
+            if name == EXPERT_RING:
+                first = key[1]  # type: ignore[index]
+            elif name == SMALL_RING:
+                seen = ordinals.setdefault(name, {})
+                first = seen.setdefault(key, len(seen))
+            else:
+                kind = facts.kinds[name]
+                chunk_bytes, _ = family_chunk(schedule, family)
+                slabs = math.ceil(kind.rows / slab_rows(kind, chunk_bytes))
+                if nbytes < kind.bytes:
+                    slabs = max(1, min(slabs, math.ceil(nbytes / slab_bytes(kind, chunk_bytes))))
+                if (name, key) not in first_slot:
+                    if ring.name.startswith("pool:"):
+                        first_slot[name, key] = banks_used.get(ring.name, 0)
+                        banks_used[ring.name] = first_slot[name, key] + slabs
+                    else:
+                        seen = ordinals.setdefault(name, {})
+                        first_slot[name, key] = seen.setdefault(key, len(seen)) * ring.num_slabs
+                first = first_slot[name, key]
+                key = (name, key) if ring.name.startswith("pool:") else key
+            distance = schedule.family(family).prefetch_distance_ops if ring.name.startswith("pool:") else None
+            reads.append(Read(ring.name, key, first, slabs if slabs != ring.num_slabs else None, distance))
+        out.append(reads)
+    return out
+
+
+def horizon_ops(ops: list[Op]) -> list[int]:
+    """horizon(c) for every op index (:mod:`tpusim.schedule.issue_plan`'s rule)."""
+    out: list[int] = []
+    current, topk, topk_layer = 0, None, None
+    for index, op in enumerate(ops):
+        if op.role == "moe.topk":
+            topk, topk_layer = index, op.layer
+        elif topk is not None and op.layer == topk_layer and op.role in REGION_ROLES:
+            current, topk = topk + 1, None
+        out.append(current)
+    return out
