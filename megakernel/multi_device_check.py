@@ -1,0 +1,66 @@
+"""Run the multi-device collective kernel once in a fresh process and print one JSON line.
+
+``python -m megakernel.multi_device_check --devices 8 [--layers N] [--seed S]
+[--mode eager|on_wait] [--bug skip_wait:NAME|single_buffer]``
+
+The process sets ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before JAX starts
+(virtual CPU devices exist only if the flag is set first), runs in TPU interpret mode with
+the race detector on (``vector_clock_size=256``, the given seed and DMA mode) and prints
+``{"devices", "layers", "seconds", "matches_expected", "races", "log_matches_plan",
+"max_abs_error"}`` (the log compared for every rank). A wrong semaphore can hang the
+interpreter forever, so callers run this under a timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=8)
+    parser.add_argument("--model", default="kimi-k3-nano")
+    parser.add_argument("--layers", type=int, default=0, help="0: all of the model's layers")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--mode", default="on_wait", choices=("on_wait", "eager"))
+    parser.add_argument("--bug", default="", help="skip_wait:COLLECTIVE or single_buffer (planted races)")
+    args = parser.parse_args(argv)
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={args.devices}"
+
+    import numpy as np
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as interpret_impl
+    from jax.experimental.pallas import tpu as pltpu
+
+    from megakernel.multi_device import Bugs, CollectiveKernel, expected_accumulators, planned_log
+    from tpusim.workload.model_catalog import load_model, plan_for
+
+    model = load_model(args.model)
+    plan = plan_for(model, args.devices)
+    if args.layers:
+        model = model.with_layers(args.layers)
+    bugs = Bugs(skip_wait=args.bug.split(":", 1)[1] if args.bug.startswith("skip_wait:") else None,
+                single_buffer=args.bug == "single_buffer")
+    np.random.seed(args.seed)  # the race detector's interleavings draw from numpy's global RNG
+    params = pltpu.InterpretParams(detect_races=True, vector_clock_size=256, dma_execution_mode=args.mode,
+                                   random_seed=args.seed)
+    kernel = CollectiveKernel(model, plan, 1, interpret=params, bugs=bugs)
+    acc0 = np.random.default_rng(args.seed).integers(0, 251, (plan.devices, kernel.width)).astype(np.float32)
+    start = time.perf_counter()
+    out, log = kernel.run(acc0)
+    seconds = time.perf_counter() - start
+    races = bool(interpret_impl.races.races_found)
+    want = expected_accumulators(kernel, acc0)
+    logs_ok = all([tuple(int(v) for v in row) for row in log[r] if row[0] >= 0] == planned_log(kernel, r)
+                  for r in range(plan.devices))
+    sys.stdout.write(json.dumps({"devices": plan.devices, "layers": model.num_layers, "seconds": round(seconds, 2),
+                      "matches_expected": bool(np.array_equal(out, want)), "races": races,
+                      "log_matches_plan": logs_ok, "max_abs_error": float(np.abs(out - want).max())}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
