@@ -49,10 +49,14 @@ class KernelCollective:
     group: str
     elems: int  # bf16 payload elements each rank contributes (bytes per token x batch / 2)
     phases: int
-    sends: int  # messages each rank sends per phase (the same for every rank and phase)
-    dst: np.ndarray  # int32[ranks, phases, sends]: destination rank of each message
-    slot: np.ndarray  # int32[ranks, phases, sends]: receive slot of the message at its destination
+    counts: tuple[int, ...]  # messages each rank sends (and receives) per phase, the same for every rank
+    dst: np.ndarray  # int32[ranks, phases, max count]: destination rank of each message
+    slot: np.ndarray  # int32[ranks, phases, max count]: receive slot of the message at its destination
     members: np.ndarray  # int32[ranks, group size]: each rank's group, ascending
+
+    @property
+    def max_count(self) -> int:
+        return max(self.counts)
 
 
 def kernel_collectives(plan: ShardingPlan, batch: int) -> list[KernelCollective]:
@@ -71,11 +75,11 @@ def kernel_collectives(plan: ShardingPlan, batch: int) -> list[KernelCollective]
         phases = {phase_count(algorithm, group, r, topo) for r in ranks}
         sent = {(r, p): [m for m in messages(algorithm, group, payload, r, topo) if m.phase == p]
                 for r in ranks for p in range(max(phases))}
-        counts = {len(v) for v in sent.values()}
-        if len(phases) != 1 or len(counts) != 1:
+        n_phases = max(phases)
+        counts = tuple(len(sent[0, p]) for p in range(n_phases))
+        if len(phases) != 1 or any(len(sent[r, p]) != counts[p] for r in ranks for p in range(n_phases)):
             raise UnsupportedPlan(f"collective {spec.name}: ranks send different message counts")
-        n_phases, n_sends = phases.pop(), counts.pop()
-        dst = np.zeros((plan.devices, n_phases, n_sends), np.int32)
+        dst = np.zeros((plan.devices, n_phases, max(counts)), np.int32)
         slot = np.zeros_like(dst)
         for r in ranks:
             for p in range(n_phases):
@@ -83,7 +87,7 @@ def kernel_collectives(plan: ShardingPlan, batch: int) -> list[KernelCollective]
                     arrivals = [a.src for a in incoming(algorithm, group, payload, m.dst, topo) if a.phase == p]
                     dst[r, p, i], slot[r, p, i] = m.dst, arrivals.index(r)
         members = np.array([group_ranks(group, r, topo) for r in ranks], np.int32)
-        out.append(KernelCollective(spec.name, algorithm, group, payload // 2, n_phases, n_sends,
+        out.append(KernelCollective(spec.name, algorithm, group, payload // 2, n_phases, counts,
                                     dst, slot, members))
     return out
 

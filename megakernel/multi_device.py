@@ -30,6 +30,7 @@ output) records each remote copy's issue and each receive wait of the first
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import jax
@@ -56,7 +57,7 @@ MOD_PAYLOAD, MOD_ACC = 9, 251
 class Bugs:
     """Deliberate mistakes for the race-detector tests (all off in real runs)."""
 
-    skip_wait: str | None = None  # collective whose last receive wait is skipped
+    skip_wait: str | None = None  # collective whose receive waits are all skipped (a missing wait)
     single_buffer: bool = False  # receive slots not double-buffered by layer parity
 
 
@@ -80,7 +81,9 @@ class CollectiveKernel:
 
     def _event_count(self, event: Event) -> int:
         c = self.colls[self.index[event[1]]]
-        return c.phases * c.sends  # one log line per message sent (issue) or received (wait)
+        if event[0] == "issue":
+            return c.counts[0]  # one log line per message sent
+        return sum(c.counts) + sum(c.counts[1:])  # per message received, and later phases' sends
 
     # ----------------------------------------------------------------------- the call
 
@@ -88,7 +91,7 @@ class CollectiveKernel:
         parity = 1 if self.bugs.single_buffer else 2
         return {
             "send": [pltpu.VMEM((c.phases, c.elems), jnp.bfloat16) for c in self.colls],
-            "recv": [pltpu.VMEM((parity, c.phases, c.sends, c.elems), jnp.bfloat16) for c in self.colls],
+            "recv": [pltpu.VMEM((parity, c.phases, c.max_count, c.elems), jnp.bfloat16) for c in self.colls],
             "send_sem": [pltpu.SemaphoreType.DMA((c.phases,)) for c in self.colls],
             "recv_sem": [pltpu.SemaphoreType.DMA((parity, c.phases)) for c in self.colls],
             "count": pltpu.SMEM((1,), jnp.int32),
@@ -102,9 +105,9 @@ class CollectiveKernel:
 
     def route(self, c: int, phase: int, i: int, field: str) -> int:
         """Column of (collective, phase, message, dst|slot) in the routes table."""
-        base = sum(2 * k.phases * k.sends for k in self.colls[:c])
+        base = sum(2 * k.phases * k.max_count for k in self.colls[:c])
         coll = self.colls[c]
-        return base + (coll.phases * coll.sends if field == "slot" else 0) + phase * coll.sends + i
+        return base + (coll.phases * coll.max_count if field == "slot" else 0) + phase * coll.max_count + i
 
     def call(self) -> Any:
         """``f(routes i32[1, words], acc f32[1, W]) -> (acc, event log)`` per device."""
@@ -119,10 +122,10 @@ class CollectiveKernel:
             interpret=self.interpret,
         )
 
-    def run(self, acc0: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Run on ``plan.devices`` devices: ``acc0`` f32[ranks, W] -> (acc f32[ranks, W],
-        event log int32[ranks, events, 5])."""
-        from jax.sharding import Mesh, NamedSharding
+    @cached_property
+    def mesh_fn(self) -> tuple[Any, Any]:
+        """(mesh, jitted shard_map of :meth:`call`), built once per kernel."""
+        from jax.sharding import Mesh
         from jax.sharding import PartitionSpec as P
 
         n = self.plan.devices
@@ -130,12 +133,21 @@ class CollectiveKernel:
             raise ValueError(f"{n} devices needed, JAX sees {len(jax.devices())} "
                              f"(XLA_FLAGS=--xla_force_host_platform_device_count={n} before JAX starts)")
         mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
-        fn = jax.jit(jax.shard_map(lambda r, a: self.call()(r.reshape(-1), a), mesh=mesh, in_specs=(P("x"), P("x")),
-                                   out_specs=(P("x"), P("x")), check_vma=False))
+        fn = jax.jit(jax.shard_map(lambda r, a: self.call()(r.reshape(-1), a), mesh=mesh,
+                                   in_specs=(P("x"), P("x")), out_specs=(P("x"), P("x")), check_vma=False))
+        return mesh, fn
+
+    def run(self, acc0: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Run on ``plan.devices`` devices: ``acc0`` f32[ranks, W] -> (acc f32[ranks, W],
+        event log int32[ranks, events, 5])."""
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
+
+        mesh, fn = self.mesh_fn
         routes = jax.device_put(jnp.asarray(self.tables()["routes"]), NamedSharding(mesh, P("x")))
         acc = jax.device_put(jnp.asarray(acc0, jnp.float32), NamedSharding(mesh, P("x")))
         out, log = fn(routes, acc)
-        return np.asarray(out), np.asarray(log).reshape(n, -1, EVENT_WORDS)
+        return np.asarray(out), np.asarray(log).reshape(self.plan.devices, -1, EVENT_WORDS)
 
     # ----------------------------------------------------------------------- the body
 
@@ -166,6 +178,7 @@ class CollectiveKernel:
         pltpu.semaphore_wait(barrier, n - 1)
 
     def _run_layer(self, ctx: _Ctx, layer: Any, events: list[Event]) -> None:
+        ctx.current = layer  # the layer (or head) whose events are running: decides tracing
         for kind, name, delta in events:
             c = self.index[name]
             if kind == "issue":
@@ -193,7 +206,7 @@ class CollectiveKernel:
             payload = jnp.mod(ctx.acc[:, :n] + (3 * c) + ctx.rank.astype(jnp.float32)
                               + jnp.asarray(layer, jnp.float32), MOD_PAYLOAD) - (MOD_PAYLOAD // 2)
             ctx.send[c][pl.ds(0, 1), :] = payload.astype(jnp.bfloat16)
-        for i in range(coll.sends):
+        for i in range(coll.counts[phase]):
             copy, dst = self._copy(ctx, c, phase, i, layer)
             copy.start()
             ctx.record(ISSUE, c, phase, dst, layer)
@@ -204,26 +217,27 @@ class CollectiveKernel:
         own = ctx.send[c][pl.ds(0, 1), :].astype(jnp.float32)
         total = own
         for phase in range(coll.phases):
-            for i in range(coll.sends):
+            count = coll.counts[phase]
+            for i in range(count):
                 copy, _ = self._copy(ctx, c, phase, i, layer)
-                if not (self.bugs.skip_wait == coll.name and phase == coll.phases - 1 and i == coll.sends - 1):
+                if self.bugs.skip_wait != coll.name:
                     copy.wait_recv()
                 ctx.record(WAIT, c, phase, i, layer)
-            arrived = ctx.recv[c][par, phase].astype(jnp.float32)  # [sends, n]
+            arrived = ctx.recv[c][par, phase, :count].astype(jnp.float32)  # [count, n]
             if coll.algorithm == "one_shot_two_level":
                 total = total + jnp.sum(arrived, axis=0, keepdims=True)
                 if phase + 1 < coll.phases:  # the host sum goes to the cross-host peers
-                    for i in range(coll.sends):
+                    for i in range(count):
                         self._copy(ctx, c, phase, i, layer)[0].wait_send()
                     ctx.send[c][pl.ds(phase + 1, 1), :] = total.astype(jnp.bfloat16)
                     self._issue(ctx, c, layer, phase + 1)
-        for i in range(coll.sends):
+        for i in range(coll.counts[-1]):
             self._copy(ctx, c, coll.phases - 1, i, layer)[0].wait_send()
         n = coll.elems
         if coll.algorithm == "pair_exchange":
             fold = 2.0 * arrived[0:1] + c
         elif coll.algorithm == "direct_all_gather":
-            weights = jnp.arange(1, coll.sends + 1, dtype=jnp.float32)[:, None]
+            weights = jnp.arange(1, coll.counts[0] + 1, dtype=jnp.float32)[:, None]
             fold = jnp.sum(weights * arrived, axis=0, keepdims=True) + 11.0 * own
         else:
             fold = 3.0 * total
@@ -243,14 +257,16 @@ class _Ctx:
     send_sem: list
     recv_sem: list
     count: Any
+    current: Any = 0
 
     @property
     def rank(self) -> Any:
         return jax.lax.axis_index("x")
 
     def record(self, kind: int, c: int, phase: int, peer: Any, layer: Any) -> None:
-        """Append one event if ``layer`` is traced (the first ``trace_layers`` and the head)."""
-        traced = (layer < self.kernel.trace_layers) | (layer == self.kernel.model.num_layers)
+        """Append one event of the issuing ``layer`` if it runs in a traced layer (the first
+        ``trace_layers`` and the head)."""
+        traced = (self.current < self.kernel.trace_layers) | (self.current == self.kernel.model.num_layers)
 
         def write() -> None:
             base = self.count[0] * EVENT_WORDS
@@ -308,7 +324,7 @@ def planned_log(kernel: CollectiveKernel, rank: int) -> list[tuple[int, int, int
                 out += [(ISSUE, c, 0, int(d), layer - delta) for d in coll.dst[rank, 0]]
                 continue
             for phase in range(coll.phases):
-                out += [(WAIT, c, phase, i, layer - delta) for i in range(coll.sends)]
+                out += [(WAIT, c, phase, i, layer - delta) for i in range(coll.counts[phase])]
                 if phase + 1 < coll.phases:
                     out += [(ISSUE, c, phase + 1, int(d), layer - delta) for d in coll.dst[rank, phase + 1]]
     return out

@@ -34,13 +34,15 @@ def nano():
     return model, plan_for(model, 8)
 
 
-def test_tables_deliver_every_message_to_its_own_slot(nano):
-    _, plan = nano
+@pytest.mark.parametrize("devices", [8, 32])
+def test_tables_deliver_every_message_to_its_own_slot(devices):
+    plan = plan_for(load_model("kimi-k3-nano"), devices)
     for coll in kernel_collectives(plan, 1):
         for phase in range(coll.phases):
             landed = Counter()
             for rank in range(plan.devices):
-                for dst, slot in zip(coll.dst[rank, phase], coll.slot[rank, phase], strict=True):
+                count = coll.counts[phase]
+                for dst, slot in zip(coll.dst[rank, phase, :count], coll.slot[rank, phase, :count], strict=True):
                     landed[int(dst), int(slot)] += 1
             assert set(landed.values()) == {1}, coll.name
             for rank in range(plan.devices):
