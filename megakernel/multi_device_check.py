@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as interpret_impl
     from jax.experimental.pallas import tpu as pltpu
 
+    from megakernel.collective_plan import UnsupportedPlan
     from megakernel.multi_device import Bugs, CollectiveKernel, expected_accumulators, planned_log
     from tpusim.workload.model_catalog import load_model, plan_for
 
@@ -50,7 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     np.random.seed(args.seed)  # the race detector's interleavings draw from numpy's global RNG
     params = pltpu.InterpretParams(detect_races=True, vector_clock_size=256, dma_execution_mode=args.mode,
                                    random_seed=args.seed)
-    kernel = CollectiveKernel(model, plan, 1, interpret=params, bugs=bugs)
+    try:
+        kernel = CollectiveKernel(model, plan, 1, interpret=params, bugs=bugs)
+    except UnsupportedPlan as error:
+        sys.stderr.write(f"plan {plan.name}: {error}\n")
+        return 2
     acc0 = np.random.default_rng(args.seed).integers(0, 251, (plan.devices, kernel.width)).astype(np.float32)
     seconds = []
     for _ in range(max(1, args.repeat)):

@@ -83,3 +83,14 @@ def test_planted_race_skipped_wait_is_caught():
     result = run_check("--devices", "8", "--layers", "2", "--seed", "1", "--mode", "eager",
                        "--bug", "skip_wait:attn.partial_reduce")
     assert result["races"], result
+
+
+@pytest.mark.slow
+def test_run_kernel_devices_refuses_a_plan_without_message_algorithms(tmp_path):
+    """The generic 4-device plan names no algorithms: one error line, exit 2."""
+    done = subprocess.run([sys.executable, "-m", "tpusim", "run-kernel", "--model", "kimi-k3-nano",
+                           "--devices", "4", "--json"], capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+                          cwd=tmp_path)
+    assert done.returncode == 2
+    assert "algorithm None is not run in the kernel" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
