@@ -237,7 +237,7 @@ class CollectiveKernel:
         if coll.algorithm == "pair_exchange":
             fold = 2.0 * arrived[0:1] + c
         elif coll.algorithm == "direct_all_gather":
-            weights = jnp.arange(1, coll.counts[0] + 1, dtype=jnp.float32)[:, None]
+            weights = (jax.lax.broadcasted_iota(jnp.int32, (coll.counts[0], 1), 0) + 1).astype(jnp.float32)
             fold = jnp.sum(weights * arrived, axis=0, keepdims=True) + 11.0 * own
         else:
             fold = 3.0 * total

@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--mode", default="on_wait", choices=("on_wait", "eager"))
     parser.add_argument("--repeat", type=int, default=1, help="calls; the first compiles (default 1)")
+    parser.add_argument("--lower", action="store_true",
+                        help="only lower for TPU (ShapeDtypeStructs, no run): prints the custom-call count")
     parser.add_argument("--bug", default="", help="skip_wait:COLLECTIVE or single_buffer (planted races)")
     args = parser.parse_args(argv)
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={args.devices}"
@@ -48,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         model = model.with_layers(args.layers)
     bugs = Bugs(skip_wait=args.bug.split(":", 1)[1] if args.bug.startswith("skip_wait:") else None,
                 single_buffer=args.bug == "single_buffer")
+    if args.lower:
+        return lower(model, plan)
     np.random.seed(args.seed)  # the race detector's interleavings draw from numpy's global RNG
     params = pltpu.InterpretParams(detect_races=True, vector_clock_size=256, dma_execution_mode=args.mode,
                                    random_seed=args.seed)
@@ -79,6 +83,29 @@ def main(argv: list[str] | None = None) -> int:
         "timing_note": "wall time of the Pallas TPU interpreter on virtual CPU devices (first call includes "
                        "the compile); NOT a TPU timing",
         "records": records}) + "\n")
+    return 0
+
+
+def lower(model: object, plan: object) -> int:
+    """Lower the collective program for TPU on the plan's mesh from this CPU (no TPU, no
+    weights: ``ShapeDtypeStruct`` arguments) and print what came out."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from megakernel.multi_device import CollectiveKernel
+
+    kernel = CollectiveKernel(model, plan, 1, interpret=False)  # type: ignore[arg-type]
+    mesh, fn = kernel.mesh_fn
+    sharding = NamedSharding(mesh, P("x"))
+    routes = jax.ShapeDtypeStruct(kernel.tables()["routes"].shape, jnp.int32, sharding=sharding)
+    acc = jax.ShapeDtypeStruct((kernel.plan.devices, kernel.width), jnp.float32, sharding=sharding)
+    text = fn.trace(routes, acc).lower(lowering_platforms=("tpu",)).as_text()
+    sys.stdout.write(json.dumps({"model": kernel.model.name, "plan": kernel.plan.name, "devices": kernel.plan.devices,
+                                 "tpu_custom_calls": text.count("tpu_custom_call"),
+                                 "messages_per_layer": sum(sum(c.counts) for c in kernel.colls),
+                                 "payload_bytes": {c.name: 2 * c.elems for c in kernel.colls}}) + "\n")
     return 0
 
 

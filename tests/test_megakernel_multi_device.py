@@ -94,3 +94,11 @@ def test_run_kernel_devices_refuses_a_plan_without_message_algorithms(tmp_path):
     assert done.returncode == 2
     assert "algorithm None is not run in the kernel" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_k3_tp32_collective_program_lowers_for_tpu():
+    """Full K3 payloads (bf16[3584] partials, 7168-wide shared reduce) on a 32-device mesh."""
+    result = run_check("--model", "kimi-k3", "--devices", "32", "--lower")
+    assert result["tpu_custom_calls"] == 1
+    assert result["payload_bytes"]["moe.routed_reduce"] == 7168
