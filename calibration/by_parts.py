@@ -140,6 +140,8 @@ class PartsResult:
         return {
             "chip": self.published.name, "procedure": "part by part",
             "parts": {stage.name: stage.to_json() for stage in self.stages},
+            "errors_by_measurement_set": {name: errors for stage in self.stages
+                                          for name, errors in stage.to_json()["errors_by_measurement_set"].items()},
             "mape_e2e_published": self.e2e.extra.get("mape_published"),
             "mape_e2e_parts_only": e2e["mape_before"],
             "mape_e2e_parts_only_holdout": e2e["mape_before_holdout"],

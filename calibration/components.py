@@ -23,6 +23,9 @@ Choices the mapping makes (each stated where the record is built):
   8-slot / 4-slot ratio (1.262) is used.
 - The 64×4096 "chip-hierarchical" all-reduce is not one of the plan algorithms; it is kept
   as a record with ``algorithm: null`` and reported, not fitted.
+- The ring's achieved rate is taken as the sustained rate itself: the ring runs with 12
+  banks + 4 expert slots in flight, which is within the catalog's ``efficient_in_flight``
+  (16 on tpu-v7, derived from this very measurement), so no contention penalty applies.
 - The all-gather's payload is not published ("direct copies to every peer", 3.67–4.94 µs):
   it is taken as one bf16 row of 8192 per core (16 KiB), the microbenchmarks' row width.
 """
@@ -56,6 +59,8 @@ class ComponentRecord(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     part: Literal["links", "hbm", "host", "slot_sweep", "breakdown"]
+    measurement_set: str = Field(default="", description="which published set it comes from "
+                                 "(collective_microbenchmarks, link_copies, ...); default: the part")
     name: str = Field(min_length=1, description="what was measured, human words")
     quantity: Literal["time_s", "rate_bytes_per_s", "ratio", "figure"]
     value: float = Field(gt=0.0, description="measured value in the quantity's unit (seconds, bytes/s, ratio)")
@@ -103,7 +108,7 @@ def _collective_records(data: dict[str, Any], where: str) -> list[ComponentRecor
         if row.get("op") == "all_gather":
             value, sigma, note = _range(row["us_range"])
             records.append(ComponentRecord(
-                part="links", name="all-gather, direct copies to 7 peers (16 KiB each, assumed)",
+                part="links", measurement_set="collective_microbenchmarks", name="all-gather, direct copies to 7 peers (16 KiB each, assumed)",
                 quantity="time_s", value=value * US, sigma_rel=sigma, sigma_note=note,
                 algorithm="direct_all_gather", payload_bytes=8192 * BYTES_PER["bf16"], topology=MUSE_CORES,
                 source=at))
@@ -112,7 +117,7 @@ def _collective_records(data: dict[str, Any], where: str) -> list[ComponentRecor
         payload = rows * cols * BYTES_PER[row["transfer_dtype"]]
         algorithm = "reduce_scatter_all_gather" if text.startswith(("reduce-scatter", "flat")) else None
         records.append(ComponentRecord(
-            part="links", name=f"all-reduce {row['transfer_dtype']}[{rows},{cols}] ({text})",
+            part="links", measurement_set="collective_microbenchmarks", name=f"all-reduce {row['transfer_dtype']}[{rows},{cols}] ({text})",
             quantity="time_s", value=row["us"] * US, sigma_rel=ASSUMED_SIGMA,
             sigma_note="assumed 5 %: one published number", algorithm=algorithm,
             payload_bytes=payload, topology=MUSE_CORES, source=at))
@@ -120,7 +125,7 @@ def _collective_records(data: dict[str, Any], where: str) -> list[ComponentRecor
     if phase:
         value, sigma, note = _range(phase["range"])
         records.append(ComponentRecord(
-            part="links", name="one latency-bound phase: small copies to the 7 other cores (1 KiB each, assumed)",
+            part="links", measurement_set="collective_microbenchmarks", name="one latency-bound phase: small copies to the 7 other cores (1 KiB each, assumed)",
             quantity="time_s", value=value * US, sigma_rel=sigma, sigma_note=note,
             copies=[[("sibling", 1024, 1), ("same_host", 1024, 6)]], source=f"{where}: collective_phase_latency_us"))
     return records
@@ -134,22 +139,22 @@ def _link_records(data: dict[str, Any], where: str) -> list[ComponentRecord]:
         size = int(row["bytes"])
         if "us" in row:
             records.append(ComponentRecord(
-                part="links", name=f"sibling-core copy of {size} B", quantity="time_s",
+                part="links", measurement_set="link_copies", name=f"sibling-core copy of {size} B", quantity="time_s",
                 value=row["us"] * US, sigma_rel=ASSUMED_SIGMA, sigma_note="assumed 5 %",
                 copies=[[("sibling", size, 1)]], source=at))
         else:
             records.append(ComponentRecord(
-                part="links", name=f"sibling-core copy of {size} B (rate)", quantity="rate_bytes_per_s",
+                part="links", measurement_set="link_copies", name=f"sibling-core copy of {size} B (rate)", quantity="rate_bytes_per_s",
                 value=row["gb_per_s"] * GB, sigma_rel=ASSUMED_SIGMA, sigma_note="assumed 5 %",
                 copies=[[("sibling", size, 1)]], moved_bytes=size, source=at))
     big = 16 << 20  # the rates are for large copies: 16 MiB, as for the sibling figure
     records.append(ComponentRecord(
-        part="links", name="cross-chip copy to one peer (16 MiB, rate)", quantity="rate_bytes_per_s",
+        part="links", measurement_set="link_copies", name="cross-chip copy to one peer (16 MiB, rate)", quantity="rate_bytes_per_s",
         value=links["cross_chip_peer_gb_per_s_per_core_per_direction"] * GB, sigma_rel=ASSUMED_SIGMA,
         sigma_note="assumed 5 % ('~45 GB/s')", copies=[[("same_host", big, 1)]], moved_bytes=big,
         source=f"{at}.cross_chip_peer_gb_per_s_per_core_per_direction", label="derived from published"))
     records.append(ComponentRecord(
-        part="links", name="cross-chip copies to three peers in parallel (16 MiB each, rate)",
+        part="links", measurement_set="link_copies", name="cross-chip copies to three peers in parallel (16 MiB each, rate)",
         quantity="rate_bytes_per_s", value=134 * GB, sigma_rel=ASSUMED_SIGMA, sigma_note="assumed 5 %",
         copies=[[("same_host", big, 3)]], moved_bytes=3 * big, source=f"{at}.note_cross_chip",
         label="derived from published"))

@@ -89,6 +89,7 @@ class StageFit:
     predicted_after: list[float]
     pins: dict[str, list[str]]  # record -> parameters it pins
     bounds: dict[str, tuple[float, float]] = field(default_factory=dict)
+    sets: list[str] = field(default_factory=list)  # per record: the measurement set it belongs to
 
     def errors(self, which: str) -> np.ndarray:
         predicted = np.array(self.predicted_before if which == "before" else self.predicted_after)
@@ -97,7 +98,14 @@ class StageFit:
 
     def to_json(self) -> dict[str, Any]:
         before, after = self.errors("before"), self.errors("after")
+        sets = self.sets or [self.name] * len(self.records)
+        by_set = {}
+        for name in dict.fromkeys(sets):
+            chosen = [i for i, s in enumerate(sets) if s == name]
+            by_set[name] = {"points": len(chosen), "mape_before": float(np.mean(np.abs(before[chosen]))),
+                            "mape_after": float(np.mean(np.abs(after[chosen])))}
         return {
+            "errors_by_measurement_set": by_set,
             "parameters": {p: {"value": self.values[p], "uncertainty": self.sigma.get(p),
                                "status": "fitted" if p in self.fitted else f"held: {self.held.get(p, '')}"}
                            for p in self.paths},
@@ -222,5 +230,7 @@ def isolated_stage(name: str, base: Chip, published: Chip, records: Sequence[Com
     def predict(chip: Chip) -> np.ndarray:
         return np.array([predict_isolated(chip, r) for r in used])
 
-    return fit_stage(name, base, published, PART_PARAMETERS[name], [r.name for r in used],
-                     [r.value for r in used], [r.sigma_rel for r in used], predict)
+    chip, stage = fit_stage(name, base, published, PART_PARAMETERS[name], [r.name for r in used],
+                            [r.value for r in used], [r.sigma_rel for r in used], predict)
+    stage.sets = [r.measurement_set or r.part for r in used]
+    return chip, stage

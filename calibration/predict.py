@@ -130,7 +130,11 @@ def resolve_model(spec: str) -> ModelConfig:
 
 @lru_cache(maxsize=32)
 def resolve_schedule(name: str) -> Schedule:
-    """``muse-published`` (package data), a built-in schedule name, or a JSON path."""
+    """A built-in schedule name (``muse-published`` is one), a schedule of this package's
+    data (``calibration/data/muse-published.json``, used only where the built-in catalog
+    lacks the name), or a JSON path."""
+    if name in BUILTIN_SCHEDULES:
+        return load_schedule(name)
     if name in PACKAGE_SCHEDULES:
         return load_schedule(str(PACKAGE_SCHEDULES[name]))
     if name in BUILTIN_SCHEDULES or Path(name).exists():

@@ -8,7 +8,13 @@ import pytest
 
 from calibration.components import load_components, predict_isolated
 from calibration.intervals import draw_samples
-from calibration.params import TPU_PARAMETERS, ParameterSpec, chip_with, default_parameters, figure_value
+from calibration.params import (
+    TPU_PARAMETERS,
+    ParameterSpec,
+    chip_with,
+    default_parameters,
+    figure_value,
+)
 from calibration.parts import PART_PARAMETERS, fit_stage, isolated_stage
 from hwmodels.catalog import list_chips, load_chip
 from hwmodels.schema import Chip
@@ -38,6 +44,8 @@ def test_links_part_pins_latencies_and_bandwidths_and_holds_issue_costs() -> Non
     # the sibling copy times (2.6 µs at 256 KiB, 610 GB/s at 16 MiB) give ≈ 663 GB/s, ≈ 2.1 µs
     assert stage.values["links.sibling.bandwidth_bytes_per_s_per_direction"] == pytest.approx(663e9, rel=0.05)
     assert np.mean(np.abs(stage.errors("after"))) < np.mean(np.abs(stage.errors("before")))
+    by_set = stage.to_json()["errors_by_measurement_set"]
+    assert {name: row["points"] for name, row in by_set.items()} == {"collective_microbenchmarks": 5, "link_copies": 4}
     rate = next(r for r in load_components() if r.name.startswith("cross-chip copy to one peer"))
     assert stage.pins[rate.name] == ["links.ici.bandwidth_bytes_per_s_per_direction"]
     assert predict_isolated(chip, rate) == pytest.approx(45e9, rel=0.1)

@@ -28,7 +28,7 @@ CHIP = load_chip("tpu-v7", calibrated=False)
 ICI = next(link for link in CHIP.links if link.name == "ici")
 SIB = next(link for link in CHIP.links if link.name == "sibling")
 A = ICI.bandwidth_bytes_per_s_per_direction.value  # aggregate ICI egress
-L, I = ICI.latency_s.value, ICI.message_issue_s.value  # type: ignore[union-attr]
+L, ISSUE = ICI.latency_s.value, ICI.message_issue_s.value  # type: ignore[union-attr]
 LS, IS, BS = SIB.latency_s.value, SIB.message_issue_s.value, SIB.bandwidth_bytes_per_s_per_direction.value  # type: ignore[union-attr]
 K3 = Topology(32, 8, 2)
 
@@ -43,10 +43,10 @@ def test_two_level_reduce_by_hand() -> None:
     # phase 0: the sibling copy is issued first, then 6 same-host copies share the ICI
     # (6 in flight: A / 6 each, below the per-copy cap A / 3)
     sibling_lands = IS + payload / BS + LS
-    local_lands = IS + 6 * I + payload / (A / 6) + L
+    local_lands = IS + 6 * ISSUE + payload / (A / 6) + L
     phase0 = max(sibling_lands, local_lands)
     # phase 1: 3 cross-host copies at min(A / 3, A / 3) each
-    phase1 = phase0 + 3 * I + payload / (A / 3) + L
+    phase1 = phase0 + 3 * ISSUE + payload / (A / 3) + L
     assert collective_time_s(CHIP, "one_shot_two_level", "all", payload, K3) == pytest.approx(phase1)
 
 
@@ -54,7 +54,7 @@ def test_reduce_scatter_all_gather_two_phases_of_chunks() -> None:
     payload = 8 * 8192 * 2
     chunk = payload // 8
     topology = Topology(8, 8, 2)
-    phase = max(IS + chunk / BS + LS, IS + 6 * I + chunk / (A / 6) + L)
+    phase = max(IS + chunk / BS + LS, IS + 6 * ISSUE + chunk / (A / 6) + L)
     assert collective_time_s(CHIP, "reduce_scatter_all_gather", "all", payload, topology) == pytest.approx(2 * phase)
 
 

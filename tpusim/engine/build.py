@@ -122,6 +122,7 @@ class _Builder:
             name: Pool(name, size, tuple(vmem.arena_members.get(name, ())))
             for name, size in vmem.arena_bytes.items()
         }
+        self.message_cache: dict[object, object] = {}  # priced collectives, reused across layers
         self.kv_pool = Pool(KV_POOL, vmem.kv_bytes, (KV_FAMILY,))
         self.state_pool = Pool(STATE_POOL, vmem.state_bytes, (STATE_FAMILY,))
         self.rings: dict[str, Ring] = {}
@@ -418,7 +419,7 @@ def _lower_collectives(b: _Builder, ops: list[Op], index: int, plan_: OpPlan) ->
     for call in op.collectives:
         if call.spec.algorithm and policy.collective_pricer is None and not policy.collectives_block:
             consumer = consumer_index(ops, index, call.spec.consumed_by)
-            lowered = lower_messages(b.chip, b.program.plan, call, consumer)
+            lowered = lower_messages(b.chip, b.program.plan, call, consumer, cache=b.message_cache)
             if lowered is not None:
                 if call.spec.after in names:
                     lowered = replace(lowered, parent=call.spec.after)

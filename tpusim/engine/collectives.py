@@ -41,6 +41,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 from hwmodels.schema import Chip, LinkSpec
 from tpusim.engine.costs import resolve_link
@@ -90,9 +91,24 @@ def message_issue_s(link: LinkSpec) -> float:
 
 
 def lower_messages(chip: Chip, plan: ShardingPlan, call: CollectiveCall, consumer_index: int,
-                   rank: int = 0) -> MessageCollective | None:
+                   rank: int = 0, cache: dict[Any, Any] | None = None) -> MessageCollective | None:
     """``call`` as rank ``rank``'s copies on ``chip``'s links (None: nothing to send or a
-    link kind the chip lacks, for which the stage-level pricing is kept)."""
+    link kind the chip lacks, for which the stage-level pricing is kept). ``cache`` (one
+    dict per lowering, i.e. per chip) reuses the priced phases of repeated collectives."""
+    spec = call.spec
+    assert spec.algorithm is not None
+    key = (spec.name, spec.algorithm, spec.group, call.payload_bytes_per_peer, rank, plan.topology)
+    if cache is not None and key in cache:
+        phases = cache[key]
+        return None if phases is None else MessageCollective(spec.name, phases, consumer_index)
+    lowered = _lower_phases(chip, plan, call, rank)
+    if cache is not None:
+        cache[key] = lowered
+    return None if lowered is None else MessageCollective(spec.name, lowered, consumer_index)
+
+
+def _lower_phases(chip: Chip, plan: ShardingPlan, call: CollectiveCall,
+                  rank: int) -> tuple[tuple[MessageGroup, ...], ...] | None:
     spec = call.spec
     assert spec.algorithm is not None
     grouped = _grouped(spec.algorithm, spec.group, call.payload_bytes_per_peer, rank, plan.topology)
@@ -109,7 +125,7 @@ def lower_messages(chip: Chip, plan: ShardingPlan, call: CollectiveCall, consume
             groups.append(MessageGroup(link.name, len(destinations), size, per_copy, aggregate,
                                        link.latency_s.value, message_issue_s(link), destinations))
         phases.append(tuple(groups))
-    return MessageCollective(spec.name, tuple(phases), consumer_index)
+    return tuple(phases)
 
 
 @lru_cache(maxsize=4096)

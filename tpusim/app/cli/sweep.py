@@ -6,7 +6,10 @@ writes ``sweep.csv``, ``best.json`` (the schedule the kernel takes), ``summary.m
 ``pareto.png``, ``sensitivity.png`` and ``space.json`` into ``--out``, and prints the top 5
 and the rank of ``published``, every number labelled *simulated* or *estimate*. Ctrl-C
 keeps every finished row; the same command with ``--resume`` continues without repeating
-them. See :mod:`tpusim.sweep` for the search itself.
+them. On a calibrated chip the best schedule also gets a 90 % prediction interval
+(``best_interval`` in ``--json``: re-simulated once per sampled parameter set of the
+calibration, :mod:`tpusim.report.intervals`; the other rows are ranked on the calibrated
+values alone). See :mod:`tpusim.sweep` for the search itself.
 """
 
 from __future__ import annotations
