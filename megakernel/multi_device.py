@@ -321,10 +321,11 @@ def planned_log(kernel: CollectiveKernel, rank: int) -> list[tuple[int, int, int
         for kind, name, delta in events:
             c, coll = kernel.index[name], kernel.colls[kernel.index[name]]
             if kind == "issue":
-                out += [(ISSUE, c, 0, int(d), layer - delta) for d in coll.dst[rank, 0]]
+                out += [(ISSUE, c, 0, int(d), layer - delta) for d in coll.dst[rank, 0, : coll.counts[0]]]
                 continue
             for phase in range(coll.phases):
                 out += [(WAIT, c, phase, i, layer - delta) for i in range(coll.counts[phase])]
                 if phase + 1 < coll.phases:
-                    out += [(ISSUE, c, phase + 1, int(d), layer - delta) for d in coll.dst[rank, phase + 1]]
+                    sent = coll.dst[rank, phase + 1, : coll.counts[phase + 1]]
+                    out += [(ISSUE, c, phase + 1, int(d), layer - delta) for d in sent]
     return out

@@ -22,6 +22,7 @@ from collections import Counter
 import pytest
 
 from megakernel.collective_plan import kernel_collectives, layer_events, loop_range
+from megakernel.multi_device import EVENT_WORDS, ISSUE, CollectiveKernel, planned_log
 from tpusim.workload.collectives import incoming
 from tpusim.workload.model_catalog import load_model, plan_for
 
@@ -61,6 +62,20 @@ def test_every_issue_is_waited_once_within_a_layer(nano):
             (issued if kind == "issue" else waited)[name, layer - delta] += 1
     assert issued == waited
     assert loop_range(layers) == (2, model.num_layers)  # one loop body for layers 2..92
+
+
+@pytest.mark.parametrize("devices", [8, 32])
+def test_planned_log_has_one_line_per_message_the_kernel_records(devices):
+    """The log buffer holds exactly the planned events (phase-1 sends of two-level reductions
+    included), and every planned send goes to a member of the collective's group."""
+    model = load_model("kimi-k3-nano")
+    kernel = CollectiveKernel(model, plan_for(model, devices), 1, interpret=True)
+    for rank in (0, devices - 1):
+        log = planned_log(kernel, rank)
+        assert EVENT_WORDS * len(log) == kernel.max_events
+        for kind, c, _phase, peer, _layer in log:
+            if kind == ISSUE:
+                assert peer != rank and peer in kernel.colls[c].members[rank]
 
 
 def run_check(*args: str) -> dict:
