@@ -154,13 +154,13 @@ def consumer_index(ops: list[Op], index: int, role: str | None) -> int:
     if role is None:
         return index + 1
     layer = ops[index].layer
-    next_layer = len(ops)
     for later in range(index + 1, len(ops)):
-        if ops[later].role == role:
+        # the search stops at the next layer's first op: a layer without the consumer (a
+        # device that loads no routed expert there) waits at the next layer's start, not at
+        # a consumer layers later (which would keep the copy's buffer busy across layers)
+        if ops[later].role == role or ops[later].layer != layer:
             return later
-        if ops[later].layer != layer and next_layer == len(ops):
-            next_layer = later
-    return next_layer
+    return len(ops)
 
 
 class _Flow:

@@ -35,7 +35,8 @@ T = TypeVar("T", bound=BaseModel)
 MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
 
 # (model name without variant, devices) -> published plan file stem
-PUBLISHED_PLANS = {("kimi-k3", 32): "plan-k3-tp32", ("muse-spark", 8): "plan-muse-tp8"}
+PUBLISHED_PLANS = {("kimi-k3", 32): "plan-k3-tp32", ("muse-spark", 8): "plan-muse-tp8",
+                   ("kimi-k3-nano", 8): "plan-k3-nano-tp8", ("kimi-k3-nano", 32): "plan-k3-nano-tp32"}
 
 
 def format_validation_error(path: Path | str, error: ValidationError, data: Any = None,
