@@ -50,7 +50,7 @@ import simpy
 from tpusim.engine.build import Lowered
 from tpusim.engine.collectives import Handle, MessageFabric
 from tpusim.engine.hbm import HbmServer
-from tpusim.engine.items import UNIT_NAMES, CollectivePlan
+from tpusim.engine.items import UNIT_NAMES, CollectivePlan, OpPlan
 from tpusim.engine.staging import StagingMemory
 from tpusim.engine.timeline import Recorder
 
@@ -102,15 +102,10 @@ def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, sta
                    recorder: Recorder | None,
                    events: list[tuple[Any, ...]] | None) -> Generator[simpy.Event, Any, None]:
     """The SimPy process of the compute stream (see the module docstring)."""
-    timeout = env.timeout
-    by_phase = account.compute_by_phase
-    unit_busy = account.unit_busy
-    exposed_by_family = account.exposed_by_family
     joins: dict[int, float] = {}
     consumed: dict[int, list[Handle]] = {}  # op index -> message collectives it waits for
-    fabric = links.fabric
     if per_step_s > 0.0:
-        yield timeout(per_step_s)
+        yield env.timeout(per_step_s)
         account.fixed_s += per_step_s
     for op in lowered.ops:
         if op.first_of_layer:
@@ -118,98 +113,121 @@ def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, sta
             if recorder is not None:
                 recorder.layer_start(op.layer, env.now)
             if per_layer_s > 0.0 and op.layer >= 0:
-                yield timeout(per_layer_s)
+                yield env.timeout(per_layer_s)
                 account.fixed_s += per_layer_s
         op_start = env.now
-        if op.launch_s > 0.0:
-            start = env.now
-            yield timeout(op.launch_s)
-            account.fixed_s += op.launch_s
-            account.launch_s += op.launch_s
-            account.launch_count += op.launches
-            if recorder is not None:
-                recorder.interval("launch", start, env.now, op.kernel or f"launch {op.name}")
-        if op.kernel_fixed_s > 0.0:
-            start = env.now
-            yield timeout(op.kernel_fixed_s)
-            account.fixed_s += op.kernel_fixed_s
-            account.kernel_fixed_s += op.kernel_fixed_s
-            if recorder is not None:
-                recorder.interval("launch", start, env.now, f"kernel fixed time {op.name}")
-        join_s = joins.pop(op.index, 0.0)
-        join_s = max([join_s, *(fabric.complete_s(handle) for handle in consumed.pop(op.index, ()))])
-        if join_s > env.now:
-            start = env.now
-            yield timeout(join_s - start)
-            account.collective_s += join_s - start
-            if recorder is not None:
-                recorder.interval("wait", start, join_s, "collective join")
+        yield from _launch_and_join(env, op, links, account, recorder, joins, consumed)
         staging.current_layer = op.layer
         staging.current_op = op.name
         if op.start_releases:
             staging.release_many(op.start_releases)
         if events is not None:
             events.append(("compute", op.name, op.layer))
-        phase = op.phase
-        for piece in op.pieces:
-            duration, unit, waits, frees, releases, writes = piece
-            for desc in waits:
-                if events is not None:
-                    events.append(("dma_wait", desc.family, desc.tensor, desc.layer, desc.chunk))
-                if not desc.landed:
-                    start = env.now
-                    desc.waiter = env.event()
-                    yield desc.waiter
-                    stalled = env.now - start
-                    account.exposed_dma_s += stalled
-                    exposed_by_family[desc.family] = exposed_by_family.get(desc.family, 0.0) + stalled
-                    if recorder is not None:
-                        recorder.interval("wait", start, env.now, f"wait {desc.tensor} L{desc.layer}")
-            if duration > 0.0:
-                start = env.now
-                yield timeout(duration)
-                unit_busy[unit] += duration
-                by_phase[phase] = by_phase.get(phase, 0.0) + duration
-                if recorder is not None:
-                    recorder.interval(UNIT_NAMES[unit], start, env.now, f"{op.name} L{op.layer}")
-            for slab in frees:
-                staging.free(slab)
-            if releases:
-                staging.release_many(releases)
-            if writes:
-                for desc in writes:
-                    hbm.enqueue(desc)
-                hbm.pump()
+        yield from _run_pieces(env, op, hbm, staging, account, recorder, events)
         if op.end_releases:
             staging.release_many(op.end_releases)
         for slab in op.resolves:
             staging.resolve(slab)
-        issued: dict[str, Handle] = {}
-        for call in op.collectives:
-            if call.messages is not None:
-                _issue_messages(fabric, call, env.now, issued, consumed)
-                continue
-            if call.launch_s > 0.0:
-                start = env.now
-                yield timeout(call.launch_s)
-                account.fixed_s += call.launch_s
-                account.launch_s += call.launch_s
-                account.launch_count += 1
-                if recorder is not None:
-                    recorder.interval("launch", start, env.now, f"launch {call.name}")
-            end = links.run(call, env.now)
-            if call.overlapped:
-                joins[call.join_op_index] = max(joins.get(call.join_op_index, 0.0), end)
-                account.overlapped_end_s = max(account.overlapped_end_s, end)
-            elif end > env.now:
-                start = env.now
-                yield timeout(end - start)
-                account.collective_s += end - start
-                if recorder is not None:
-                    recorder.interval("wait", start, end, call.name)
+        yield from _run_collectives(env, op, links, account, recorder, joins, consumed)
         account.op_time_s.append(env.now - op_start)
     account.stream_end_s = env.now
     _finish_links(links, account)
+
+
+def _launch_and_join(env: simpy.Environment, op: OpPlan, links: Links, account: StreamAccount,
+                     recorder: Recorder | None, joins: dict[int, float],
+                     consumed: dict[int, list[Handle]]) -> Generator[simpy.Event, Any, None]:
+    """Before an op computes: its kernel launches and fixed time, then the collectives it consumes."""
+    if op.launch_s > 0.0:
+        start = env.now
+        yield env.timeout(op.launch_s)
+        account.fixed_s += op.launch_s
+        account.launch_s += op.launch_s
+        account.launch_count += op.launches
+        if recorder is not None:
+            recorder.interval("launch", start, env.now, op.kernel or f"launch {op.name}")
+    if op.kernel_fixed_s > 0.0:
+        start = env.now
+        yield env.timeout(op.kernel_fixed_s)
+        account.fixed_s += op.kernel_fixed_s
+        account.kernel_fixed_s += op.kernel_fixed_s
+        if recorder is not None:
+            recorder.interval("launch", start, env.now, f"kernel fixed time {op.name}")
+    join_s = joins.pop(op.index, 0.0)
+    join_s = max([join_s, *(links.fabric.complete_s(handle) for handle in consumed.pop(op.index, ()))])
+    if join_s > env.now:
+        start = env.now
+        yield env.timeout(join_s - start)
+        account.collective_s += join_s - start
+        if recorder is not None:
+            recorder.interval("wait", start, join_s, "collective join")
+
+
+def _run_pieces(env: simpy.Environment, op: OpPlan, hbm: HbmServer, staging: StagingMemory,
+                account: StreamAccount, recorder: Recorder | None,
+                events: list[tuple[Any, ...]] | None) -> Generator[simpy.Event, Any, None]:
+    """An op's pieces in order: wait for each piece's copies (exposed DMA), compute, free."""
+    exposed_by_family = account.exposed_by_family
+    phase = op.phase
+    for piece in op.pieces:
+        duration, unit, waits, frees, releases, writes = piece
+        for desc in waits:
+            if events is not None:
+                events.append(("dma_wait", desc.family, desc.tensor, desc.layer, desc.chunk))
+            if not desc.landed:
+                start = env.now
+                desc.waiter = env.event()
+                yield desc.waiter
+                stalled = env.now - start
+                account.exposed_dma_s += stalled
+                exposed_by_family[desc.family] = exposed_by_family.get(desc.family, 0.0) + stalled
+                if recorder is not None:
+                    recorder.interval("wait", start, env.now, f"wait {desc.tensor} L{desc.layer}")
+        if duration > 0.0:
+            start = env.now
+            yield env.timeout(duration)
+            account.unit_busy[unit] += duration
+            account.compute_by_phase[phase] = account.compute_by_phase.get(phase, 0.0) + duration
+            if recorder is not None:
+                recorder.interval(UNIT_NAMES[unit], start, env.now, f"{op.name} L{op.layer}")
+        for slab in frees:
+            staging.free(slab)
+        if releases:
+            staging.release_many(releases)
+        if writes:
+            for desc in writes:
+                hbm.enqueue(desc)
+            hbm.pump()
+
+
+def _run_collectives(env: simpy.Environment, op: OpPlan, links: Links, account: StreamAccount,
+                     recorder: Recorder | None, joins: dict[int, float],
+                     consumed: dict[int, list[Handle]]) -> Generator[simpy.Event, Any, None]:
+    """After an op: message collectives are issued (their consumer waits); staged ones run on
+    their links, overlapped (joined later) or blocking the stream now."""
+    issued: dict[str, Handle] = {}
+    for call in op.collectives:
+        if call.messages is not None:
+            _issue_messages(links.fabric, call, env.now, issued, consumed)
+            continue
+        if call.launch_s > 0.0:
+            start = env.now
+            yield env.timeout(call.launch_s)
+            account.fixed_s += call.launch_s
+            account.launch_s += call.launch_s
+            account.launch_count += 1
+            if recorder is not None:
+                recorder.interval("launch", start, env.now, f"launch {call.name}")
+        end = links.run(call, env.now)
+        if call.overlapped:
+            joins[call.join_op_index] = max(joins.get(call.join_op_index, 0.0), end)
+            account.overlapped_end_s = max(account.overlapped_end_s, end)
+        elif end > env.now:
+            start = env.now
+            yield env.timeout(end - start)
+            account.collective_s += end - start
+            if recorder is not None:
+                recorder.interval("wait", start, end, call.name)
 
 
 def _issue_messages(fabric: MessageFabric, call: CollectivePlan, now_s: float, issued: dict[str, Handle],
