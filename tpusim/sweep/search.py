@@ -41,7 +41,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +55,11 @@ from tpusim.sweep.defaults import (
     ESTIMATE_CHUNK,
     REFINE_FROM,
 )
-from tpusim.sweep.evaluate import MIB, Evaluator, Workload, engine_available
+from tpusim.sweep.evaluate import MIB, Evaluator, Workload
 from tpusim.sweep.outputs import SweepCsv, csv_columns, write_text_atomic
 from tpusim.sweep.progress import SweepProgress
 from tpusim.sweep.prune import VmemAccountant, check_candidate
+from tpusim.sweep.result import SweepResult
 from tpusim.sweep.space import (
     Candidate,
     SweepSpace,
@@ -78,36 +78,6 @@ RowHook = Callable[[dict[str, Any]], None]
 
 class SweepInterrupted(KeyboardInterrupt):
     """Ctrl-C during a sweep; ``sweep.csv`` keeps every finished row (message says how to resume)."""
-
-
-@dataclass
-class SweepResult:
-    """What a sweep found. Times in ms; ``predicted_by`` says simulated or estimate."""
-
-    best: Schedule
-    best_row: dict[str, Any]
-    published_row: dict[str, Any] | None
-    published_rank: int | None  # 1-based among simulated candidates
-    considered: int
-    pruned: int
-    screened: int
-    simulated: int
-    estimated: int
-    engine: bool
-    wall_s: float
-    rows: list[dict[str, Any]]
-    knobs: list[str]
-    paths: dict[str, Path] = field(default_factory=dict)
-    phase_s: dict[str, float] = field(default_factory=dict)  # wall time per phase
-    sensitivity_seed: str = ""  # the schedule the sensitivity varies one knob at a time
-    sensitivity: list[dict[str, Any]] = field(default_factory=list)  # see _Search.sensitivity
-    sensitivity_label: str = ""
-
-    @property
-    def speedup_vs_published(self) -> float | None:
-        if not self.published_row or not self.published_row.get("predicted_ms"):
-            return None
-        return self.published_row["predicted_ms"] / self.best_row["predicted_ms"]
 
 
 def present_families(workload: Workload) -> list[str]:
@@ -137,7 +107,6 @@ class _Search:
         self.workload, self.space, self.families = workload, space, families
         self.table, self.done, self.accountant = table, done, accountant
         self.evaluator, self.progress, self.on_row = evaluator, progress, on_row
-        self.use_engine = engine_available()
         self.screen_factor = screen_factor if workload.screen_layers < workload.model.num_layers else 0
         self.considered: list[Candidate] = []
         self.by_hash: dict[str, Candidate] = {}
@@ -214,7 +183,7 @@ class _Search:
 
         screen, failed = self.screen, set()
         ranked = order
-        if self.use_engine and self.screen_factor:
+        if self.screen_factor:
             width = len(order) if screen_all else self.screen_factor * sim_budget
             pool = _unique([*(self.by_hash[h] for h in must), *order[:width]])
             todo = [c for c in pool if c.hash not in screen and self.status(c.hash) != "pruned"]
@@ -235,11 +204,8 @@ class _Search:
 
         finalists = _unique([*(self.by_hash[h] for h in must if h not in failed), *ranked])
         finalists = finalists[: max(sim_budget, len(must))]
-        final = ("simulated", "pruned") if self.use_engine else ("simulated", "pruned", "estimated")
-        todo = [c for c in finalists if self.status(c.hash) not in final]
-        task = progress.phase(f"{label}: simulate" if self.use_engine
-                              else f"{label}: estimate (no engine)",
-                              len(finalists), completed=len(finalists) - len(todo))
+        todo = [c for c in finalists if self.status(c.hash) not in ("simulated", "pruned")]
+        task = progress.phase(f"{label}: simulate", len(finalists), completed=len(finalists) - len(todo))
         for cand in finalists:
             if self.status(cand.hash) == "simulated":
                 progress.offer_best(self.done[cand.hash]["predicted_ms"], self.done[cand.hash]["name"])
@@ -260,7 +226,7 @@ class _Search:
     def screen_only(self, cands: list[Candidate]) -> None:
         """Screen candidates that already have rows (for the sensitivity table; no rows written)."""
         todo = [c for c in cands if c.hash not in self.screen and self.status(c.hash) not in (None, "pruned")]
-        if not (todo and self.use_engine and self.screen_factor):
+        if not (todo and self.screen_factor):
             return
         task = self.progress.phase("sensitivity: screen", len(todo))
         for done_batch, rows in self.evaluator.run("screen", [[c] for c in todo]):
@@ -275,7 +241,7 @@ class _Search:
         ``ms`` is the screen time (the engine on the first layers) when screening ran, else
         the estimate; ``sim_ms`` the full simulated step where one exists.
         """
-        metric = self.screen if self.use_engine and self.screen_factor else self.est
+        metric = self.screen if self.screen_factor else self.est
         seed_knobs = schedule_knobs(seed.schedule, self.space, self.families)
         out = [{"knob": knob, "value": value, "ms": metric.get(seed.hash), "is_seed": True,
                 "sim_ms": self.done.get(seed.hash, {}).get("sim_ms")} for knob, value in seed_knobs.items()]
@@ -431,24 +397,24 @@ def _sweep_result(search: _Search, done: dict[str, dict[str, Any]], workload: Wo
         considered=len(search.considered), pruned=sum(r["status"] == "pruned" for r in rows),
         screened=sum(r.get("screen_ms") is not None for r in rows),
         simulated=sum(r["status"] == "simulated" for r in rows),
-        estimated=sum(r["status"] == "estimated" for r in rows), engine=search.use_engine,
+        estimated=sum(r["status"] == "estimated" for r in rows),
         wall_s=0.0, rows=rows, knobs=knobs, phase_s={**phase_s, **search.stage_s}, sensitivity_seed=seed.schedule.name,
         sensitivity=search.sensitivity(seed),
-        sensitivity_label=(f"simulated, first {screen_layers} layers" if search.use_engine and search.screen_factor
+        sensitivity_label=(f"simulated, first {screen_layers} layers" if search.screen_factor
                            else "estimate"))
 
 
 def _final_row(base: dict[str, Any], row: dict[str, Any], est_ms: float | None, screen_ms: float | None,
                static_mib: float) -> dict[str, Any]:
-    """The CSV row of a finalist from its evaluation (engine result, or estimate without one)."""
+    """The CSV row of a finalist from its full-step engine evaluation (simulated, or pruned
+    when the engine found it does not fit)."""
     common = {**base, "est_ms": est_ms, "screen_ms": screen_ms, "vmem_static_mib": static_mib}
     if not row["feasible"]:
         return {**common, "status": "pruned", "reason": row["reason"]}
-    status = "simulated" if row["predicted_by"] == "simulated" else "estimated"
-    return {**common, "status": status, "predicted_ms": row["step_ms"], "predicted_by": row["predicted_by"],
+    return {**common, "status": "simulated", "predicted_ms": row["step_ms"], "predicted_by": row["predicted_by"],
             "tokens_per_s": row["tokens_per_s"], "exposed_dma_ms": row["exposed_dma_ms"],
             "vmem_peak_mib": row.get("vmem_peak_mib"), "overlap_fraction": row.get("overlap_fraction"),
-            "busy": row.get("busy", ""), "sim_ms": row["step_ms"] if status == "simulated" else None}
+            "busy": row.get("busy", ""), "sim_ms": row["step_ms"]}
 
 
 def _best_schedule(schedule: Schedule, best: dict[str, Any], published: dict[str, Any] | None,
