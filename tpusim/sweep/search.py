@@ -9,7 +9,8 @@ Steps (each keeps the invariant named after it):
    (:func:`~tpusim.sweep.space.candidates`). *The list depends only on the space, the
    model's families and the seed.*
 2. **Prune** every candidate with the static VMEM accounting and the DMA limit
-   (:mod:`tpusim.sweep.prune`); pruned rows are written at once. *No pruned candidate
+   (:mod:`tpusim.sweep.prune`), and every one the schedule schema rejected (reason
+   ``schema: ...``); pruned rows are written at once. *No pruned candidate
    is ever estimated or simulated.*
 3. **Estimate** the survivors (:mod:`tpusim.sweep.estimate`, ~10-20 ms each) and order them
    by ``(estimate, hash)``.
@@ -66,6 +67,7 @@ from tpusim.sweep.space import (
     candidates,
     default_space,
     knob_names,
+    neighbour_candidates,
     neighbours,
     schedule_knobs,
 )
@@ -149,6 +151,30 @@ class _Search:
                                     **schedule_knobs(cand.schedule, self.space, self.families)}
         return fresh
 
+    def prune(self, label: str, cands: list[Candidate]) -> list[Candidate]:
+        """Step 2: the feasible candidates; a ``pruned`` row for each of the rest (once).
+
+        A candidate the schema rejected is pruned with the schema's reason and never reaches
+        the VMEM accounting (its settings are not a valid schedule).
+        """
+        feasible: list[Candidate] = []
+        task = self.progress.phase(f"{label}: prune", len(cands))
+        for cand in cands:
+            row: dict[str, Any] | None = None
+            if cand.rejected:
+                row = {"reason": cand.rejected}
+            else:
+                verdict = check_candidate(cand.schedule, self.space, self.accountant)
+                self.static_mib[cand.hash] = verdict.vmem_static_bytes / MIB
+                if verdict.feasible:
+                    feasible.append(cand)
+                else:
+                    row = {"reason": verdict.reason, "vmem_static_mib": self.static_mib[cand.hash]}
+            if row is not None and self.status(cand.hash) is None:
+                self.emit({**self.base[cand.hash], "status": "pruned", **row})
+            self.progress.advance(task)
+        return feasible
+
     def run_round(self, label: str, cands: list[Candidate], sim_budget: int, must: list[str], *,
                   screen_all: bool = False) -> None:
         """Prune, estimate, screen and simulate ``cands`` (steps 2-5 of the module docstring).
@@ -157,17 +183,7 @@ class _Search:
         """
         progress, base, batch = self.progress, self.base, self.workload.batch
         self._mark = time.perf_counter()
-        feasible: list[Candidate] = []
-        task = progress.phase(f"{label}: prune", len(cands))
-        for cand in cands:
-            verdict = check_candidate(cand.schedule, self.space, self.accountant)
-            self.static_mib[cand.hash] = verdict.vmem_static_bytes / MIB
-            if verdict.feasible:
-                feasible.append(cand)
-            elif self.status(cand.hash) is None:
-                self.emit({**base[cand.hash], "status": "pruned", "reason": verdict.reason,
-                           "vmem_static_mib": self.static_mib[cand.hash]})
-            progress.advance(task)
+        feasible = self.prune(label, cands)
         must = [h for h in must if any(c.hash == h for c in feasible)]
         self.lap(f"{label}.prune")
 
@@ -368,8 +384,7 @@ def _search_rounds(search: _Search, space: SweepSpace, families: list[str], budg
     lap("search")
     if refine_budget:  # 6. refine: one-knob neighbours of the best simulated so far
         seeds = [search.by_hash[r["hash"]].schedule for r in search.ranked()[:REFINE_FROM]]
-        around = [[Candidate(s, "refine", s.content_hash()) for s in neighbours(seed_schedule, space, families)]
-                  for seed_schedule in seeds]
+        around = [list(neighbour_candidates(seed_schedule, space, families, "refine")) for seed_schedule in seeds]
         fresh = search.add([c for group in around for c in group])
         search.run_round("refine", fresh, refine_budget, [], screen_all=True)
         if seeds:  # every one-knob neighbour of the first seed screened: the sensitivity table
