@@ -8,7 +8,9 @@ stream *does* wait for is other resources:
 
 - **copies** — before computing on a slab it waits until the slab's copies have landed
   (``dma_wait``); that wait is the exposed DMA time;
-- **links** — a blocking collective occupies the stream for its stages; an overlapped one
+- **links** — a collective run as remote copies (:mod:`tpusim.engine.collectives`) is
+  issued at the end of its op and the stream waits for it only at the op that consumes it;
+  a stage-priced blocking collective occupies the stream for its stages; an overlapped one
   runs on the link while the stream goes on, and the op that consumes its result waits for
   it (:mod:`tpusim.engine.build` names that op).
 
@@ -17,7 +19,7 @@ Per op ``i`` the process does (pseudocode of :func:`compute_stream`)::
     if op starts a layer: wait per_layer_overhead
     wait op.launch_s                            # the kernel launches the policy charges here
     wait op.kernel_fixed_s                      # their fixed time and ramp (serving stack)
-    wait for overlapped collectives joining here
+    wait for overlapped collectives and message collectives consumed here
     release slabs whose issue point is "op i starts"   -> copies admitted / issued
     for piece in op.pieces:
         dma_wait on piece.waits (exposed DMA if not landed)
@@ -25,13 +27,16 @@ Per op ``i`` the process does (pseudocode of :func:`compute_stream`)::
         free piece.frees; release piece.releases; queue piece.writes
     release slabs whose issue point is "op i ends"; drop mispredicted expert copies
     run the op's collectives (a launch first if the call is its own kernel;
-                              blocking: wait; overlapped: hand to the link)
+                              messages: issue on the fabric; blocking: wait;
+                              overlapped: hand to the link)
 
 Kernel launches (per-op launch execution, NCCL kernels, a GPU megakernel's one launch) are
 recorded on a ``launch`` track of the timeline, labelled with the kernels launched.
 
-Links are FIFO servers with a known finishing time (no sharing, no randomness), so they are
-plain ``free_at`` clocks rather than SimPy processes.
+Stage-priced links are FIFO servers with a known finishing time (no sharing, no
+randomness), so they are plain ``free_at`` clocks rather than SimPy processes; message
+collectives share the links as a fluid (:class:`~tpusim.engine.collectives.MessageFabric`),
+run lazily up to the time the stream asks about.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from typing import Any
 import simpy
 
 from tpusim.engine.build import Lowered
+from tpusim.engine.collectives import Handle, MessageFabric
 from tpusim.engine.hbm import HbmServer
 from tpusim.engine.items import UNIT_NAMES, CollectivePlan
 from tpusim.engine.staging import StagingMemory
@@ -76,6 +82,7 @@ class Links:
         self.free_at: dict[str, float] = {}
         self.busy: dict[str, float] = {}
         self.recorder = recorder
+        self.fabric = MessageFabric(recorder)
 
     def run(self, call: CollectivePlan, start_s: float) -> float:
         """Run ``call``'s stages from ``start_s``; return when the last stage ends."""
@@ -100,6 +107,8 @@ def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, sta
     unit_busy = account.unit_busy
     exposed_by_family = account.exposed_by_family
     joins: dict[int, float] = {}
+    consumed: dict[int, list[Handle]] = {}  # op index -> message collectives it waits for
+    fabric = links.fabric
     if per_step_s > 0.0:
         yield timeout(per_step_s)
         account.fixed_s += per_step_s
@@ -128,6 +137,7 @@ def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, sta
             if recorder is not None:
                 recorder.interval("launch", start, env.now, f"kernel fixed time {op.name}")
         join_s = joins.pop(op.index, 0.0)
+        join_s = max([join_s, *(fabric.complete_s(handle) for handle in consumed.pop(op.index, ()))])
         if join_s > env.now:
             start = env.now
             yield timeout(join_s - start)
@@ -174,7 +184,11 @@ def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, sta
             staging.release_many(op.end_releases)
         for slab in op.resolves:
             staging.resolve(slab)
+        issued: dict[str, Handle] = {}
         for call in op.collectives:
+            if call.messages is not None:
+                _issue_messages(fabric, call, env.now, issued, consumed)
+                continue
             if call.launch_s > 0.0:
                 start = env.now
                 yield timeout(call.launch_s)
@@ -195,4 +209,20 @@ def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, sta
                     recorder.interval("wait", start, end, call.name)
         account.op_time_s.append(env.now - op_start)
     account.stream_end_s = env.now
+    _finish_links(links, account)
+
+
+def _issue_messages(fabric: MessageFabric, call: CollectivePlan, now_s: float, issued: dict[str, Handle],
+                    consumed: dict[int, list[Handle]]) -> None:
+    """Issue a message collective (behind its parent if chained); its consumer will wait on it."""
+    handle = fabric.issue(call.messages, now_s, issued.get(call.messages.parent or ""))
+    issued[call.name] = handle
+    consumed.setdefault(call.join_op_index, []).append(handle)
+
+
+def _finish_links(links: Links, account: StreamAccount) -> None:
+    """Copies still in flight land (they bound the step); busy time of both link models."""
+    account.overlapped_end_s = max(account.overlapped_end_s, links.fabric.finish())
     account.link_busy = dict(links.busy)
+    for link, busy in links.fabric.busy_s.items():
+        account.link_busy[link] = account.link_busy.get(link, 0.0) + busy

@@ -47,6 +47,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from hwmodels.validation import describe_validation_error
 from tpusim.schedule.schema import (
     BUILTIN_SCHEDULES,
     SCHEDULE_FAMILIES,
@@ -55,7 +56,6 @@ from tpusim.schedule.schema import (
     Schedule,
     load_schedule,
 )
-from tpusim.workload.model_catalog import format_validation_error
 
 MIB = 1 << 20
 ATTENTION_FAMILIES = ("kda_proj", "mla_proj", "gqa_proj")
@@ -301,7 +301,7 @@ def _make(name: str, description: str, families: dict[str, FamilySchedule],
         return Schedule(name=name, description=description, families=families, **globals_), ""
     except ValidationError as error:
         settings = Schedule.model_construct(name=name, description=description, families=families, **globals_)
-        return settings, format_validation_error("schema", error)
+        return settings, describe_validation_error("schema", error)
 
 
 def _globals_of(schedule: Schedule) -> dict[str, Any]:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from hwmodels.errors import InputError
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser = subparsers.add_parser(
@@ -31,7 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--batch", type=int, default=1, help="sequences per step (default 1)")
     parser.add_argument("--steps", type=int, default=2, help="timed decode steps (default 2)")
     parser.add_argument("--context", type=int, default=16, help="tokens already cached per sequence (default 16)")
-    parser.add_argument("--backend", choices=("auto", "tpu", "interpret"), default="auto")
+    parser.add_argument("--backend", choices=("auto", "tpu", "interpret"), default="auto",
+                        help="auto: a TPU if JAX sees one, else TPU interpret mode on the CPU; tpu: "
+                        "fail without a TPU; interpret: the CPU interpreter (a check, not a TPU time)")
     parser.add_argument("--weights", type=Path, help="folder of safetensors weights (default: seeded random)")
     parser.add_argument("--seed", type=int, default=0, help="weights, state and first tokens (default 0)")
     parser.add_argument("--label", default="measured", help="record label (default measured)")
@@ -45,8 +49,12 @@ def run(args: argparse.Namespace) -> int:
     from tpusim.app.cli.capacity_gate import check_kernel_fits
 
     if args.batch >= 1 and args.steps >= 1 and args.context >= 1:  # capacity first (the runner checks >= 1)
-        check_kernel_fits(args.model, batch=args.batch, context_tokens=args.context + args.steps,
-                          backend=resolve_backend(args.backend))
+        try:
+            check_kernel_fits(args.model, batch=args.batch, context_tokens=args.context + args.steps,
+                              backend=resolve_backend(args.backend))
+        except InputError as error:
+            raise InputError(f"{error}. To check the full-size kernel without running it, lower it for "
+                             f"TPU: tpusim lower --model {args.model} --schedule {args.schedule}") from None
 
     config = RunConfig(model=args.model, schedule=args.schedule, batch=args.batch, steps=args.steps,
                        context=args.context, backend=args.backend, seed=args.seed, weights=args.weights,
