@@ -26,6 +26,8 @@ Steps (:func:`fit_chip`):
    ``s² = Σ r² / (n - p)``, the residual variance; ``σ(θ_j) = θ_ref_j √cov_jj``. A
    parameter stopped at a bound is flagged and held there: it gets no σ (the statement is
    one-sided) and leaves the covariance, so a near-flat column cannot inflate the others.
+   The covariance of the free parameters (in their own units) is kept in
+   ``FitResult.extra["covariance"]`` for prediction intervals (:mod:`calibration.intervals`).
 6. **Validate**: predict the held-out points with the fitted chip (the honest test), and
    estimate leave-one-out errors on the calibration points from the hat matrix
    ``H = J (JᵀJ)⁻¹ Jᵀ``: ``r_(i) ≈ r_i / (1 - h_ii)`` (exact for a linear model, no refits).
@@ -47,6 +49,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
+from calibration.coverage import fit_coverage
 from calibration.measurements import Measurement
 from calibration.params import (
     SUSTAINED_PATH,
@@ -57,6 +60,7 @@ from calibration.params import (
     figure_value,
     identifiability,
     implied_values,
+    unseen,
 )
 from calibration.predict import PredictFn, Predictor
 from hwmodels.errors import InputError
@@ -220,7 +224,8 @@ class FitResult:
             parameters[path] = CalibratedValue(
                 value=value, fitted_on=f"implied by the fitted {SUSTAINED_PATH} ({self.fitted_on})"
             )
-        return CalibrationOverlay(chip=self.chip.name, fitted_on=self.fitted_on, parameters=parameters)
+        return CalibrationOverlay(chip=self.chip.name, fitted_on=self.fitted_on, parameters=parameters,
+                                  coverage=fit_coverage(self.split.calibration))
 
     def to_json(self) -> dict[str, Any]:
         rows = []
@@ -370,10 +375,15 @@ def fit_chip(
     sigma_x = np.full(len(x), np.nan)
     s2: float | None = None
     hat = np.zeros(len(res))
+    covariance: dict[str, Any] = {}
     if free.size:
         cov, s2, hat = _covariance(jac, res)
         if s2 is not None:
             sigma_x[free] = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+            sigma_x[free[unseen(jac)]] = np.nan  # a flat direction: no uncertainty to report
+            scale = ref[free]
+            covariance = {"paths": [paths[j] for j in free],
+                          "matrix": (cov * np.outer(scale, scale)).tolist()}
     fitted = [
         FittedParameter(
             path=spec.path, value=float(theta[j]),
@@ -395,14 +405,25 @@ def fit_chip(
         identifiability=identifiability(jac_all, paths) if jac_all.size else None,
         residual_s2=s2, engine_calls=calls, elapsed_s=time.perf_counter() - began,
         success=bool(solution.success), message=str(solution.message),
+        extra={"covariance": covariance} if covariance else {},
     )
 
 
-def save_fit(result: FitResult, path: Path | str | None = None) -> Path:
+def save_fit(result: FitResult, path: Path | str | None = None, *, samples: bool = False) -> Path:
     """Write the fit's overlay atomically (default ``<local dir>/calibrated/<chip>.yaml``).
 
     The published catalog file is never written: :func:`hwmodels.overlay.save_overlay`
     refuses the built-in folder and replaces the overlay file atomically, so an interrupted
     save leaves the previous overlay intact.
     """
-    return save_overlay(result.overlay(), path)
+    overlay = result.overlay()
+    covariance = result.extra.get("covariance")
+    if samples and covariance:
+        from calibration.intervals import METHOD, SEED, draw_samples
+
+        bounds = {p.path: (p.lower, p.upper) for p in result.parameters}
+        values = np.array([next(p.value for p in result.parameters if p.path == path) for path in covariance["paths"]])
+        overlay = overlay.model_copy(update={
+            "samples": draw_samples([(covariance["paths"], values, np.array(covariance["matrix"]), bounds)]),
+            "interval_method": METHOD.format(seed=SEED)})
+    return save_overlay(overlay, path)

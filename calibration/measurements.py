@@ -13,7 +13,8 @@ line of a ``.jsonl`` file::
 Fields
 ------
 - ``model``: a :func:`tpusim.workload.model_catalog.load_model` name (``muse-spark@int4+bf16``).
-- ``system``: ``{"chip": <catalog chip>, "chips": N}``; the string forms ``"tpu-v7x4"``
+- ``system``: ``{"chip": <catalog chip>, "chips": N, "execution": "eager" | "graphs" |
+  "megakernel"}`` (execution optional: the chip's default); the string forms ``"tpu-v7x4"``
   (:attr:`hwmodels.schema.System.name`) and ``"tpu-v7 x 4"`` are accepted too.
 - ``batch``, ``context`` (tokens already in each sequence's cache), ``routing``
   (:func:`tpusim.workload.routing.parse_routing` spec).
@@ -66,6 +67,7 @@ from pydantic import (
 from hwmodels.atomic import write_text_atomic
 from hwmodels.catalog import display_path
 from hwmodels.errors import InputError
+from hwmodels.validation import describe_validation_error
 
 MS_PER_S = 1e3  # milliseconds per second: records use ms, the simulator seconds
 US_PER_S = 1e6
@@ -80,6 +82,12 @@ class SystemRef(BaseModel):
 
     chip: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$", description="catalog chip name")
     chips: int = Field(ge=1, description="number of chips")
+    execution: Literal["eager", "graphs", "megakernel"] | None = Field(
+        default=None,
+        description="how the step was dispatched: eager (one kernel launch per op), graphs "
+        "(CUDA graphs replaying the launches) or megakernel (one persistent kernel); "
+        "None: the chip's default (TPU: megakernel)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -190,15 +198,6 @@ class Measurement(BaseModel):
 # --------------------------------------------------------------------------- reading
 
 
-def _first_error(error: ValidationError) -> str:
-    first = error.errors(include_url=False)[0]
-    where = ".".join(str(part) for part in first.get("loc", ()))
-    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-    more = len(error.errors()) - 1
-    suffix = f" (and {more} more error{'s' if more > 1 else ''})" if more else ""
-    return f"{where}: {message}{suffix}" if where else f"{message}{suffix}"
-
-
 def parse_measurement_line(text: str, *, source: str, line: int) -> Measurement:
     """Validate one JSON line; errors name ``source`` and ``line`` (1-based)."""
     try:
@@ -213,7 +212,8 @@ def parse_measurement_line(text: str, *, source: str, line: int) -> Measurement:
     try:
         return Measurement.model_validate(data)
     except ValidationError as error:
-        raise InputError(f"{source}: line {line}: {_first_error(error)}") from None
+        raise InputError(describe_validation_error(f"{source}: line {line}", error, data,
+                                                   schema="measurement")) from None
 
 
 def read_measurements(path: Path | str) -> list[Measurement]:

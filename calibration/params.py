@@ -16,12 +16,13 @@ three weight formats, batch 1–8, identical routing) that selects:
 | --- | --- |
 | ``hbm.sustained_bandwidth_bytes_per_s`` | formats differ in bytes per step (4.70 vs 7.02 GB/core) |
 | ``compute.mxu.weight_push_s_per_tile`` | decode matmuls are push-bound (rows pad only to the 8-row sublane tile); int8 dense pushes as many tiles as bf16 with half the bytes |
-| ``links.ici.bandwidth_bytes_per_s_per_direction`` | collective payloads grow with batch (27 KiB per token per layer) |
 | ``execution.per_layer_overhead_s`` | what remains per layer once bytes, tiles and payloads are priced |
 | ``dma.concurrency_penalty_per_dma`` | the published ring keeps up to 16 copies in flight; the 0.0655 prior was derived from 4-vs-8 expert slots and slows the whole ring |
 
 Left at their published or prior values, because this data cannot tell them apart from
-the ones above: ``execution.per_step_overhead_s`` (every point has 62 layers, so a
+the ones above: ``links.ici.bandwidth_bytes_per_s_per_direction`` (collectives run as
+remote copies whose small payloads are latency-bound: a 33 % change of the ICI rate moves a
+Muse b8 step by about 1.5 %; the link-copy measurements pin it, :mod:`calibration.parts`), ``execution.per_step_overhead_s`` (every point has 62 layers, so a
 per-step cost and 62 per-layer costs are the same number; the ≈ 70 µs published per-step
 figure [INF] is kept), ``links.ici.collective_stage_latency_s`` (4 stages per layer: the
 same per-layer constant as the per-layer overhead; [INF] measured 3.5–4.7 µs) and
@@ -30,9 +31,11 @@ nearly indistinguishable from bandwidth). :func:`identifiability` reports how we
 set is pinned (the condition number of the scaled Jacobian and its weakest direction), so a
 fit on other data can choose differently (``tpusim calibrate --parameters``).
 
-Bounds are physical, not convenient: the sustained HBM rate never above the published peak,
-the push time between 5 ns (four MXUs sharing the published 20 ns) and 100 ns, the ICI rate
-below the published 1200 GB/s per chip. A fit that stops at a bound is flagged in the
+Bounds are physical, not convenient, and per chip: relative ones are factors of the chip's
+own published value (``ParameterSpec.relative``), so tpu-v5e's 0.8 TB/s and gb200's 8 TB/s
+each get bounds around their own figure: the sustained HBM rate 0.45–1.25x and never above
+the chip's peak, the push time 0.25–5x (on tpu-v7: 5 ns, four MXUs sharing the published
+20 ns, to 100 ns). A fit that stops at a bound is flagged in the
 report: the model is missing something, and the flag says where to look.
 
 The CPU loop (``host-cpu``, one launch per op) fits ``hbm.sustained_bandwidth_bytes_per_s``
@@ -56,19 +59,29 @@ from hwmodels.schema import Chip
 
 @dataclass(frozen=True)
 class ParameterSpec:
-    """One fitted figure: its path, bounds in the field's unit, and why it is fitted."""
+    """One fitted figure: its path, bounds, and why it is fitted.
+
+    ``relative`` bounds are factors of the chip's own published value (so one spec serves
+    tpu-v5e at 0.8 TB/s and gb200 at 8 TB/s); absolute ones are in the field's unit.
+    """
 
     path: str
     lower: float
     upper: float
     why: str = ""
+    relative: bool = False
+    hold_rank: int = 0  # among unidentifiable parameters, higher ranks are held first
 
     def bounds_for(self, chip: Chip) -> tuple[float, float]:
-        """Bounds tightened by the chip itself (a sustained rate never above the peak)."""
-        upper = self.upper
+        """Bounds for ``chip`` (relative ones scaled by its value of the figure), tightened
+        by the chip itself (a sustained rate never above the peak)."""
+        lower, upper = self.lower, self.upper
+        if self.relative:
+            value = figure_value(chip, self.path)
+            lower, upper = lower * value, upper * value
         if self.path == SUSTAINED_PATH and chip.kind != "cpu":
             upper = min(upper, chip.hbm.peak_bandwidth_bytes_per_s.value)
-        return self.lower, upper
+        return lower, upper
 
 
 def figure_value(chip: Chip, path: str) -> float:
@@ -109,15 +122,14 @@ def chip_with(base: Chip, values: dict[str, float], *, fitted_on: str = "trial")
 
 
 TPU_PARAMETERS: tuple[ParameterSpec, ...] = (
-    ParameterSpec("hbm.sustained_bandwidth_bytes_per_s", 1.5e12, 3.70e12,
-                  "bytes per step differ across formats; never above the published peak"),
-    ParameterSpec("compute.mxu.weight_push_s_per_tile", 5e-9, 100e-9,
-                  "decode matmuls are push-bound; 20 ns published per tile, >= 5 ns (4 MXUs)"),
-    ParameterSpec("compute.mxu.weight_push_s_per_tile_by_dtype.int8", 10e-9, 150e-9,
+    ParameterSpec("hbm.sustained_bandwidth_bytes_per_s", 0.45, 1.25,
+                  "bytes per step differ across formats; never above the published peak", relative=True),
+    ParameterSpec("compute.mxu.weight_push_s_per_tile", 0.25, 5.0,
+                  "decode matmuls are push-bound; 20 ns published per tile on tpu-v7, >= 1/4 (4 MXUs)",
+                  relative=True),
+    ParameterSpec("compute.mxu.weight_push_s_per_tile_by_dtype.int8", 0.25, 4.0,
                   "int8 dense weights are converted to bf16 on their way into the MXU; the nvfp4+int8 "
-                  "and nvfp4+bf16 rows differ only in the dense format, which separates it"),
-    ParameterSpec("links.ici.bandwidth_bytes_per_s_per_direction", 2e10, 3e11,
-                  "collective payloads grow with batch; <= 1200 GB/s bidir per chip / 2 cores / 2"),
+                  "and nvfp4+bf16 rows differ only in the dense format, which separates it", relative=True),
     ParameterSpec("execution.per_layer_overhead_s", 0.0, 20e-6,
                   "the per-layer remainder (62 layers at every point)"),
     ParameterSpec("dma.concurrency_penalty_per_dma", 0.0, 0.2,
@@ -183,3 +195,23 @@ def identifiability(jacobian: np.ndarray, paths: list[str]) -> Identifiability:
         condition=condition,
         weakest={path: float(c) for path, c in zip(paths, vt[-1], strict=True)},
     )
+
+
+RANK_TOLERANCE = 1e-8  # singular values below this fraction of the largest count as zero
+
+
+def unseen(jacobian: np.ndarray) -> np.ndarray:
+    """Boolean per parameter: part of a combination the data cannot see at all (a singular
+    value below :data:`RANK_TOLERANCE` of the largest, and a component above 0.1 in its
+    singular vector). A pseudo-inverse would give such parameters a small, meaningless
+    variance; they are reported unidentifiable instead."""
+    flagged = np.zeros(jacobian.shape[1], dtype=bool)
+    if not jacobian.size:
+        return flagged
+    _, singular, vt = np.linalg.svd(jacobian, full_matrices=True)
+    largest = singular[0] if singular.size and singular[0] > 0 else 1.0
+    padded = np.zeros(vt.shape[0])
+    padded[:singular.size] = singular
+    for k in np.flatnonzero(padded < RANK_TOLERANCE * largest):
+        flagged |= np.abs(vt[k]) > 0.1
+    return flagged

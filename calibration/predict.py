@@ -32,7 +32,7 @@ from typing import Any
 from calibration.measurements import Measurement
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
-from tpusim.schedule.schema import BUILTIN_SCHEDULES, Schedule, load_schedule
+from tpusim.schedule.schema import BUILTIN_SCHEDULES, MODEL_SCHEDULES, Schedule, load_schedule
 from tpusim.workload.model_catalog import load_model, plan_for_system
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.program import Program, build_program
@@ -132,7 +132,11 @@ def resolve_model(spec: str) -> ModelConfig:
 
 @lru_cache(maxsize=32)
 def resolve_schedule(name: str) -> Schedule:
-    """``muse-published`` (package data), a built-in schedule name, or a JSON path."""
+    """A built-in schedule name (``muse-published`` is one), a schedule of this package's
+    data (``calibration/data/muse-published.json``, used only where the built-in catalog
+    lacks the name), or a JSON path."""
+    if name in BUILTIN_SCHEDULES or name in MODEL_SCHEDULES:
+        return load_schedule(name)
     if name in PACKAGE_SCHEDULES:
         return load_schedule(str(PACKAGE_SCHEDULES[name]))
     if name in BUILTIN_SCHEDULES or Path(name).exists():
@@ -146,6 +150,20 @@ def default_schedule(chip: Chip) -> str:
     ``published`` schedule on a megakernel chip, ``naive`` (each op reads its weights when
     it starts) on a per-op-launch chip."""
     return "published" if chip.execution.mode == "megakernel" else "naive"
+
+
+# The measurement's execution word -> the engine's execution variant (tpusim.compare.rows).
+# graphs: the GPU serving stack (CUDA graphs), the catalog default for a GPU.
+EXECUTION_VARIANTS = {"eager": "eager", "graphs": "stack", "megakernel": "megakernel"}
+
+
+def with_measured_execution(chip: Chip, m: Measurement) -> Chip:
+    """``chip`` switched to the execution the record states (unchanged when it states none)."""
+    if m.system.execution is None:
+        return chip
+    from tpusim.compare.rows import with_execution
+
+    return with_execution(chip, EXECUTION_VARIANTS[m.system.execution])
 
 
 # --------------------------------------------------------------------------- predictor
@@ -188,6 +206,7 @@ class Predictor:
         if chip.name != m.system.chip:
             raise InputError(f"{m.key()}: measured on {m.system.chip}, predicted on {chip.name}")
         self.calls += 1
+        chip = with_measured_execution(chip, m)
         return simulate(self.program(chip, m), self.schedule(chip, m), chip)
 
     def predict(self, chip: Chip, m: Measurement) -> float:

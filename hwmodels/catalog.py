@@ -7,7 +7,8 @@ Two folders, searched in this order (see :func:`catalog_dirs`):
 1. **built-in** — ``hwmodels/catalog/*.yaml`` inside the package: published chips, one file
    per chip, every value with its source. These are read-only data; nothing in tpusim writes
    to them.
-2. **local** — ``$TPUSIM_LOCAL_DIR`` if set, else ``hwmodels/catalog/local/`` (gitignored):
+2. **local** — ``$TPUSIM_LOCAL_DIR`` if set, else the user's data directory
+   (``~/.local/share/tpusim`` on Linux, via ``platformdirs``):
    machine-local entries such as the probed ``host-cpu.yaml`` (see :mod:`hwmodels.probe`),
    and ``calibrated/<chip>.yaml`` overlays written by calibration (see
    :mod:`hwmodels.overlay`).
@@ -153,7 +154,7 @@ def chip_to_yaml(chip: Chip, header: str = "") -> str:
     """Serialise a chip as catalog YAML (``header`` lines become ``#`` comments)."""
     comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
     body = yaml.safe_dump(
-        chip.model_dump(mode="json", exclude_none=True),
+        chip.model_dump(mode="json", exclude_none=True, exclude={"calibration"}),
         sort_keys=False,
         allow_unicode=True,
         width=100,

@@ -1,7 +1,7 @@
 """Where catalog files live, and reading them with one-line errors.
 
 The built-in catalog is ``hwmodels/catalog/*.yaml`` (published figures, read-only); the local
-folder (``$TPUSIM_LOCAL_DIR``, else ``hwmodels/catalog/local/``) holds machine-local entries
+folder (``$TPUSIM_LOCAL_DIR``, else the user's data directory via ``platformdirs``) holds machine-local entries
 and calibrated overlays. Every problem reading a YAML file or validating it becomes an
 :class:`~hwmodels.errors.InputError` whose one line names the file and the field path. Both
 :mod:`hwmodels.catalog` and :mod:`hwmodels.overlay` read files through this module.
@@ -10,7 +10,6 @@ and calibrated overlays. Every problem reading a YAML file or validating it beco
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,17 +17,23 @@ import yaml
 from pydantic import ValidationError
 
 from hwmodels.errors import InputError
+from hwmodels.validation import describe_validation_error
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "catalog"
 LOCAL_DIR_ENV = "TPUSIM_LOCAL_DIR"
 
 
 def local_dir() -> Path:
-    """The folder for machine-local entries and calibrated overlays (may not exist yet)."""
+    """The folder for machine-local entries and calibrated overlays (may not exist yet):
+    ``$TPUSIM_LOCAL_DIR`` if set, else the user's data directory for tpusim
+    (``platformdirs.user_data_dir``: ``~/.local/share/tpusim`` on Linux), never a folder
+    inside the installed package."""
     override = os.environ.get(LOCAL_DIR_ENV)
     if override:
         return Path(override).expanduser()
-    return BUILTIN_DIR / "local"
+    import platformdirs  # a well-kept library for per-OS user folders
+
+    return Path(platformdirs.user_data_dir("tpusim", appauthor=False))
 
 
 def display_path(path: Path | str) -> str:
@@ -62,34 +67,8 @@ def read_yaml_mapping(path: Path | str) -> dict[str, Any]:
     return data
 
 
-def _loc_to_path(loc: Sequence[int | str], data: Any) -> str:
-    """Render a pydantic error location as a dotted path, naming list elements by ``name``."""
-    parts: list[str] = []
-    node: Any = data
-    for key in loc:
-        if isinstance(key, int):
-            element = node[key] if isinstance(node, list) and 0 <= key < len(node) else None
-            name = element.get("name") if isinstance(element, Mapping) else None
-            if isinstance(name, str) and name:
-                parts.append(name)
-            elif parts:
-                parts[-1] = f"{parts[-1]}[{key}]"
-            else:
-                parts.append(f"[{key}]")
-            node = element
-        else:
-            parts.append(str(key))
-            node = node.get(key) if isinstance(node, Mapping) else None
-    return ".".join(parts)
-
-
-def format_validation_error(source: str, error: ValidationError, data: Any) -> str:
-    """One line: ``<source>: <field path>: <message>`` (+ how many more errors there were)."""
-    errors = error.errors(include_url=False)
-    first = errors[0]
-    field = _loc_to_path(first.get("loc", ()), data)
-    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-    line = f"{source}: {field}: {message}" if field else f"{source}: {message}"
-    if len(errors) > 1:
-        line += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
-    return line
+def format_validation_error(source: str, error: ValidationError, data: Any, *,
+                            schema: str | None = "hardware") -> str:
+    """One line listing every problem, ending with the ``tpusim schema`` topic to read
+    (:func:`hwmodels.validation.describe_validation_error`)."""
+    return describe_validation_error(source, error, data, schema=schema)

@@ -11,7 +11,8 @@ the published value and its source, so the fit goes into a separate file::
 
     chip: tpu-v7
     created: 2025-01-01T12:00:00Z
-    fitted_on: 24 decode-step traces, batch 1..256, Qwen3-30B-A3B
+    fitted_on: "8 points: muse-spark@{nvfp4+bf16,nvfp4+int8} b1..8 on tpu-v7x4 (tpu7x (published))"
+    coverage: {models: [muse-spark], formats: [nvfp4+bf16, nvfp4+int8], chip_counts: [4], ...}
     parameters:
       hbm.sustained_bandwidth_bytes_per_s: {value: 2.98e12, uncertainty: 2.0e10, fitted_on: ...}
       links.ici.collective_stage_latency_s: {value: 4.1e-6, uncertainty: 3.0e-7}
@@ -60,6 +61,7 @@ from hwmodels.files import (
     local_dir,
     read_yaml_mapping,
 )
+from hwmodels.provenance import Calibration, FitCoverage
 from hwmodels.schema import Chip, Figure
 
 
@@ -83,7 +85,16 @@ class CalibrationOverlay(BaseModel):
         default_factory=lambda: datetime.now(UTC), description="when the fit was made (UTC)"
     )
     fitted_on: str = Field(min_length=1, description="what the fit as a whole was run on")
+    coverage: FitCoverage | None = Field(
+        default=None, description="the fitted points by dimension (models, chip counts, formats)"
+    )
     parameters: dict[str, CalibratedValue] = Field(description="dotted field path -> fitted value")
+    samples: list[dict[str, float]] = Field(
+        default_factory=list,
+        description="parameter sets drawn from the fit's uncertainty (each: path -> value, laid "
+        "over ``parameters``); re-simulating each gives the prediction interval",
+    )
+    interval_method: str = Field(default="", description="how ``samples`` were drawn")
 
     @field_validator("parameters")
     @classmethod
@@ -175,7 +186,8 @@ def apply_overlay(chip: Chip, overlay: CalibrationOverlay, *, origin: str | None
 
     Every replaced figure gets ``label: calibrated``, the fitted uncertainty, and a source
     naming the overlay (``origin``, default ``calibrated/<chip>.yaml``) and quoting the
-    published value. ``chip`` itself is not changed. Raises InputError if the overlay is for
+    published value; ``chip.calibration`` records the overlay, its figures and what it was
+    fitted on (:class:`hwmodels.provenance.Calibration`). ``chip`` itself is not changed. Raises InputError if the overlay is for
     another chip, names a path that is not a figure, or yields an invalid chip.
     """
     where = origin or f"calibrated/{overlay.chip}.yaml"
@@ -201,6 +213,10 @@ def apply_overlay(chip: Chip, overlay: CalibrationOverlay, *, origin: str | None
             "label": "calibrated",
             "source": f"calibrated overlay {where} ({created}), fitted on {fitted_on}; {replaced}",
         }
+    data["calibration"] = Calibration(
+        overlay=where, created=overlay.created, fitted_on=overlay.fitted_on,
+        figures=list(overlay.parameters), coverage=overlay.coverage,
+    )
     try:
         return Chip.model_validate(data)
     except ValidationError as error:
@@ -237,4 +253,4 @@ def load_overlay(path: Path | str) -> CalibrationOverlay:
     try:
         return CalibrationOverlay.model_validate(data)
     except ValidationError as error:
-        raise InputError(format_validation_error(display_path(path), error, data)) from None
+        raise InputError(format_validation_error(display_path(path), error, data, schema=None)) from None

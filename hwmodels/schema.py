@@ -18,6 +18,15 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.json_schema import SkipJsonSchema
+
+from hwmodels.provenance import Calibration
+
+# The field's words for each tier and unit, as a user of that chip would say them.
+TIER_WORDS = {"vmem": "VMEM", "smem": "SMEM", "shared_memory": "shared memory", "l2": "L2",
+              "tmem": "tensor memory"}
+UNIT_WORDS = {"mxu": "MXU", "vpu": "VPU", "tensor_core": "tensor cores", "cuda_core": "CUDA cores",
+              "cpu": "CPU cores"}
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -95,6 +104,11 @@ class OnChipMemory(BaseModel):
         ):
             raise ValueError(f"{self.name}.usable_capacity_bytes exceeds capacity_bytes")
         return self
+
+    @property
+    def display_name(self) -> str:
+        """The tier in the field's words: ``VMEM``, ``shared memory``, ``L2``."""
+        return TIER_WORDS[self.name]
 
     @property
     def usable_bytes(self) -> float:
@@ -198,6 +212,10 @@ class LinkSpec(BaseModel):
     latency_s: Figure = Field(description="one-way latency of a small message")
     collective_stage_latency_s: Figure = Field(
         description="latency floor of one collective stage on small payloads"
+    )
+    message_issue_s: Figure | None = Field(
+        default=None, description="sender-side cost of issuing one remote copy (a DMA "
+        "descriptor) on this link, seconds; None: not modelled (0)"
     )
     links_per_device: int = Field(default=1, ge=1, description="links usable in parallel")
     topology: Literal["torus2d", "torus3d", "switch", "pair", "none"] = "none"
@@ -303,6 +321,11 @@ class Chip(BaseModel):
     execution: ExecutionModel
     power_w: Figure | None = Field(default=None, description="board power per chip, watts")
     sm_count: int | None = Field(default=None, ge=1, description="GPU streaming multiprocessors")
+    calibration: SkipJsonSchema[Calibration | None] = Field(
+        default=None,
+        description="set by hwmodels.overlay.apply_overlay: which figures were fitted and on "
+        "what; None for published figures (never written in a catalog file)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Chip:
@@ -310,6 +333,18 @@ class Chip(BaseModel):
         if len(set(names)) != len(names):
             raise ValueError("compute units must have distinct names")
         return self
+
+    @property
+    def words(self) -> dict[str, str]:
+        """Display words for the engine's generic resources: ``staging`` (the tier weights
+        land in), ``mxu`` (the matrix unit) and ``vpu`` (the vector unit) on this chip."""
+        return {"staging": self.staging_memory.display_name, "mxu": UNIT_WORDS[self.matrix_unit.name],
+                "vpu": UNIT_WORDS[self.vector_unit.name]}
+
+    @property
+    def is_calibrated(self) -> bool:
+        """Whether a calibrated overlay was applied (the one answer every label reads)."""
+        return self.calibration is not None
 
     def memory(self, name: str) -> OnChipMemory:
         for tier in self.on_chip:

@@ -13,7 +13,13 @@ Modules, bottom up:
 - the kernel: :mod:`~megakernel.kernel` (assembly, prologue/windows),
   :mod:`~megakernel.kernel_dma`, :mod:`~megakernel.kernel_attention`, :mod:`~megakernel.kernel_moe`;
 - :mod:`~megakernel.events` (recorded and planned event orders), :mod:`~megakernel.runner`
-  (``tpusim run-kernel``), :mod:`~megakernel.race_check`, :mod:`~megakernel.examples`.
+  (``tpusim run-kernel``), :mod:`~megakernel.race_check`, :mod:`~megakernel.examples`;
+- :mod:`~megakernel.reference_jnp`: the decode step written again without the math modules
+  above (the independent check of the kernel's math);
+- several devices: :mod:`~megakernel.collective_plan` (the plan's messages and the
+  simulator's issue/consume points as kernel tables), :mod:`~megakernel.multi_device` (the
+  collective program as remote copies under ``shard_map``),
+  :mod:`~megakernel.multi_device_check` (one run in a fresh process).
 
 Simplifications relative to ``shared/reference/kimi-k3.md`` (README material):
 
@@ -30,9 +36,11 @@ Simplifications relative to ``shared/reference/kimi-k3.md`` (README material):
    the embedding gather runs in XLA before the ``pallas_call``.
 5. Weights are random (seeded) unless loaded from safetensors with our tensor names; the
    FP8 gate/up blocks are quantised directly (not re-blocked from an MXFP4 checkpoint).
-6. Single device only: collectives are omitted. At the K3 TP32 per-device sizes (lowering
-   only) the latent all-gather, MoE output all-gather and router exchange are replaced by
-   stand-ins (:mod:`megakernel.dims`); routing scores the device's own 112 experts.
+6. The decode kernel is single-device: collectives are omitted. At the K3 TP32 per-device
+   sizes (lowering only) the latent all-gather, MoE output all-gather and router exchange
+   are replaced by stand-ins (:mod:`megakernel.dims`); routing scores the device's own 112
+   experts. The plan's collectives run in :mod:`megakernel.multi_device`, on an exact
+   integer payload chain rather than the model's activations.
 7. Scheduling rules the kernel adds to the schedule contract (:mod:`megakernel.dma_plan`):
    a prefetch distance never reaches back past a ``moe.topk`` whose expert count it spans;
    small parameters never share a pool; ``mla.kv_b`` is never chunked; expert_issue

@@ -222,8 +222,13 @@ def geometry(dims: ModelDims, schedule: Schedule) -> Geometry:
         rings[name] = Ring(name, family, pool, fam.buffers, rows, cols, srows, math.ceil(rows / srows),
                            srows * panels, distance=fam.prefetch_distance_ops, instances=count)
     if rings["mla.kv_b"].num_slabs > 1:
-        raise UnsupportedSchedule("families.mla_proj: mla.kv_b is read by mla.kv_b and again by mla.core, so "
-                                  "the kernel keeps it whole: chunk_bytes must be at least its size")
+        kv_b = rings["mla.kv_b"]
+        size = kv_b.rows * kv_b.cols * 2  # bf16
+        raise UnsupportedSchedule(
+            f"the MLA up-projection mla.kv_b is {size / (1 << 20):.2f} MiB per device here, but the schedule "
+            f"streams the mla_proj family in chunks of {schedule.families['mla_proj'].chunk_bytes / (1 << 20):.2f} "
+            "MiB; the kernel must hold mla.kv_b whole in VMEM (two ops read it), so set "
+            f"families.mla_proj.chunk_bytes to at least {size} or split the model over more devices")
     # Arena placement: tpusim.schedule.issue_plan's rule (members from row 0, experts at the top).
     specs, arenas = place([ring.spec for ring in rings.values()])
     placed = {name: replace(ring, offset=specs[name].offset) for name, ring in rings.items()}

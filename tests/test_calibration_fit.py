@@ -21,11 +21,12 @@ from hwmodels.overlay import load_overlay, overlay_path
 from tpusim.app.cli import main
 
 # Known "true" figures for the synthetic set: every one moved away from the published value.
+# (The bf16 push is not among them: with collectives as latency-bound messages and the ring
+# uncontended, the Muse steps are DMA-bound and hide most of the bf16 push time.)
 TRUTH = {
     "hbm.sustained_bandwidth_bytes_per_s": 2.6e12,  # published 3.05e12
-    "compute.mxu.weight_push_s_per_tile": 14e-9,  # published 20 ns
-    "links.ici.bandwidth_bytes_per_s_per_direction": 1.0e11,  # published 1.34e11
-    "execution.per_layer_overhead_s": 3e-6,  # published 1 µs
+    "compute.mxu.weight_push_s_per_tile_by_dtype.int8": 28e-9,  # published 37 ns
+    "execution.per_layer_overhead_s": 6e-6,  # published 1 µs: 62 x 5 µs moves every point by > 5 %
 }
 
 
@@ -139,7 +140,8 @@ def test_cli_calibrate_and_report(synthetic: list[Measurement], tmp_path: Path, 
     out = tmp_path / "out"
     code = main(["calibrate", "--hardware", "tpu-v7", "--measurements", str(measurements),
                  "--holdout", "batch=32;format=int4+bf16", "--out", str(out), "--json",
-                 "--parameters", ",".join(list(TRUTH)[:3]), "--max-evals", "12"])
+                 "--parameters", ",".join(list(TRUTH)[:3]), "--max-evals", "12",
+                 "--allow-unconverged"])  # 12 evaluations may stop early: this tests the CLI, not the solver
     assert code == 0
     data = json.loads(capsys.readouterr().out)
     for key in ("mape_before", "mape_calibration", "mape_holdout", "parameters"):

@@ -29,3 +29,49 @@ def test_report_opens_with_the_comparison_and_reports_failures(tmp_path) -> None
     assert "**FAILED**: `RuntimeError: boom`" in text
     assert "| floor | 0.0 | FAILED: RuntimeError: boom |" in text
     assert not run.ok
+
+
+def _simulated(calibrated: bool) -> dict:
+    return {"schedule": "published", "step_ms": 5.0, "tokens_per_s": 200.0, "exposed_dma_ms": 1.0,
+            "vmem_peak_bytes": 40 << 20, "busy_fraction": {"hbm": 0.5}, "calibrated": calibrated,
+            # simulate always writes "published figures" into the source: the label must not read it
+            "source": "simulated (hardware tpu-v7: calibrated on 12 points; published figures ...)"}
+
+
+def test_simulated_figures_are_labelled_calibrated_from_the_chip_property(tmp_path) -> None:
+    run = DemoRun(DemoConfig(out_dir=tmp_path))
+    run.step("simulate").data = {"best": _simulated(True), "naive": _simulated(False)}
+    text = render_report(run)
+    assert "| best (`published`) | 5.000 | 200.0 | 1.000 | 40.0 | 50 % | calibrated |" in text
+    assert "| naive (`published`) | 5.000 | 200.0 | 1.000 | 40.0 | 50 % | simulated |" in text
+
+
+def test_unconverged_calibration_is_said(tmp_path) -> None:
+    run = DemoRun(DemoConfig(out_dir=tmp_path))
+    run.step("calibrate tpu-v7").data = {"success": False, "message": "maximum evaluations", "mape_loo": 0.5}
+    text = render_report(run)
+    assert "**did not converge** (maximum evaluations)" in text
+    assert "| leave-one-out, points fitted | — | 50.0 % |" in text
+
+
+def test_a_second_demo_forgets_the_first_runs_overlays(tmp_path) -> None:
+    from tpusim.app.demo import _forget_previous_overlays
+
+    folder = tmp_path / "local" / "calibrated"
+    folder.mkdir(parents=True)
+    (folder / "tpu-v7.yaml").write_text("chip: tpu-v7\n")
+    said: list[str] = []
+    _forget_previous_overlays(tmp_path / "local", said.append)
+    assert not (folder / "tpu-v7.yaml").exists()
+    assert len(said) == 1 and "tpu-v7.yaml" in said[0]
+
+
+def test_calibrated_rows_say_on_what_and_where_they_extrapolate(tmp_path) -> None:
+    run = DemoRun(DemoConfig(out_dir=tmp_path))
+    row = dict(_row("tpu-v7:16", "megakernel", 5.4), label="calibrated",
+               calibrated_on="calibrated on 8 points: muse-spark b1..8 on tpu-v7x4 (6 figures: ...)",
+               calibration_warnings=["kimi-k3 was not among the fitted models (muse-spark)"])
+    run.step("compare").data = [row]
+    text = render_report(run)
+    assert "- tpu-v7:16: calibrated on 8 points: muse-spark" in text
+    assert "- warning: tpu-v7:16: kimi-k3 was not among the fitted models (muse-spark)" in text

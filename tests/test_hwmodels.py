@@ -166,7 +166,7 @@ def test_missing_field_names_file_and_field(tmp_path: Path) -> None:
         load_chip_file(path)
     message = str(caught.value)
     assert "\n" not in message
-    assert "missing.yaml" in message and "hbm.capacity_bytes: Field required" in message
+    assert "missing.yaml" in message and "missing field hbm.capacity_bytes" in message
 
 
 def test_list_elements_are_named_in_error_paths(tmp_path: Path) -> None:

@@ -120,7 +120,7 @@ def run_and_check(setup: Setup, schedule, batch: int, steps: int = 1, *, trace: 
     assert int(state.position) == CONTEXT + steps
 
 
-@pytest.mark.parametrize("name", ["naive", "layer-double-buffer"])
+@pytest.mark.parametrize("name", [pytest.param("naive", marks=pytest.mark.heavy), "layer-double-buffer"])
 def test_batch1_93_layers_with_event_trace(mini, name):
     run_and_check(mini, load_schedule(name), 1, trace=True)
 
@@ -129,7 +129,8 @@ def test_batch1_93_layers_greedy_4_steps_with_event_trace_published(mini):
     run_and_check(mini, load_schedule("published"), 1, steps=4, trace=True)
 
 
-@pytest.mark.parametrize("name", ["naive", "published", "layer-double-buffer"])
+@pytest.mark.parametrize("name", [pytest.param("naive", marks=pytest.mark.heavy), "published",
+                                  pytest.param("layer-double-buffer", marks=pytest.mark.heavy)])
 def test_batch4_93_layers(mini, name):
     run_and_check(mini, load_schedule(name), 4)
 

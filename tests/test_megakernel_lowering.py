@@ -9,32 +9,18 @@ real TPU; what this proves is that every op of the kernel has a Mosaic lowering 
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import pytest
 
 from megakernel.dims import model_dims
 from megakernel.examples import chunked_schedule
 from megakernel.kernel import Megakernel
-from megakernel.reference import DecodeState
+from megakernel.tpu_lowering import lower_for_tpu
 from tpusim.schedule.schema import load_schedule
 from tpusim.schedule.vmem import vmem_plan
 from tpusim.workload.model_catalog import load_model, plan_for
 
 MIB = 1 << 20
 TPU_V7_EXPLICIT_VMEM_BYTES = 58 * MIB  # usable explicit scratch on TPU v7 (issue / kimi-k3.md)
-
-
-def lower_for_tpu(kernel: Megakernel) -> str:
-    sds = jax.ShapeDtypeStruct
-    dims = kernel.dims
-    hbm = {name: sds(shape, jnp.uint16) for name, shape in kernel.hbm_shapes().items()}
-    states = kernel.state_shapes()
-    state = DecodeState(states["state.kda"], states["state.conv"], states["state.kv"], sds((), jnp.int32))
-    embedding = sds((dims.vocab_rows, dims.hidden), jnp.bfloat16)
-    tokens = sds((kernel.batch,), jnp.int32)
-    lowered = jax.jit(kernel.step).trace(hbm, embedding, state, tokens).lower(lowering_platforms=("tpu",))
-    return lowered.as_text()
 
 
 @pytest.mark.parametrize("schedule", [load_schedule("published"), chunked_schedule()], ids=lambda s: s.name)

@@ -99,7 +99,19 @@ def test_source_says_when_the_chip_has_calibrated_figures(capsys: pytest.Capture
     save_overlay(CalibrationOverlay(chip="tpu-v7", fitted_on="test", parameters={
         "hbm.sustained_bandwidth_bytes_per_s": CalibratedValue(value=2.9e12)}))
     calibrated = run_json(capsys, MINI)
-    assert "calibrated overlay on 1 figure(s): hbm.sustained_bandwidth_bytes_per_s" in calibrated["source"]
+    assert "calibrated on test (1 figure: hbm.sustained_bandwidth_bytes_per_s" in calibrated["source"]
+    assert calibrated["calibrated"] is True
     published = run_json(capsys, [*MINI, "--uncalibrated"])
     assert published["source"].endswith("tpu-v7: published figures)")
     assert calibrated["step_ms"] > published["step_ms"]  # a slower HBM
+
+
+def test_gpu_rows_speak_gpu_words(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--model", "kimi-k3-mini", "--hardware", "gb200", "--chips", "1",
+                 "--uncalibrated"]) == 0
+    out = capsys.readouterr().out
+    assert "busy: tensor cores" in out and "L2 peak" in out
+    assert "VMEM" not in out and "busy: mxu" not in out
+    assert main([*MINI, "--uncalibrated"]) == 0
+    out = capsys.readouterr().out
+    assert "busy: MXU" in out and "VMEM peak" in out

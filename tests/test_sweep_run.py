@@ -96,6 +96,24 @@ def test_outputs_are_complete_and_labelled(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".*.tmp"))  # atomic writes leave no temp files behind
 
 
+def test_schema_rejections_are_pruned_rows_that_resume_keeps(tmp_path: Path) -> None:
+    """Settings the schedule schema rejects are rows (``pruned``, ``schema: ...``), never evaluated."""
+    ring = {"mode": "ring", "banks": 4, "bank_bytes": 1 << 20}
+    space = SweepSpace.model_validate({**small_space(20).model_dump(mode="json"),
+                                       "pool_modes": {"attention+experts": {"main": ring}}})
+    result = sweep(tmp_path, space=space, budget=3, screen_factor=0)
+    rows = read_csv(tmp_path / "sweep.csv")
+    schema = [r for r in rows if r["reason"].startswith("schema: ")]
+    assert {"sample", "neighbour"} <= {r["source"] for r in schema}
+    assert all(r["status"] == "pruned" and not (r["est_ms"] or r["screen_ms"] or r["sim_ms"] or r["predicted_ms"])
+               for r in schema)
+    assert len(rows) == result.considered and result.pruned == sum(r["status"] == "pruned" for r in rows)
+    assert "schema " in (tmp_path / "summary.md").read_text()  # "Pruned by: ..., schema N"
+    resumed: list[dict[str, Any]] = []
+    sweep(tmp_path, space=space, budget=3, screen_factor=0, resume=True, on_row=resumed.append)
+    assert resumed == [] and read_csv(tmp_path / "sweep.csv") == rows
+
+
 def test_same_seed_gives_an_identical_best_json(tmp_path: Path) -> None:
     small = {"space": small_space(12), "budget": 8}  # budget 8: the refine round runs too
     sweep(tmp_path / "a", **small)

@@ -144,3 +144,36 @@ def test_neighbours_change_exactly_one_knob() -> None:
         assert len(changed) == 1, (schedule.name, changed)
         seen += 1
     assert seen > 80
+
+
+def ring_space(samples: int) -> SweepSpace:
+    """The default space with its attention+experts pool a ring of banks, which the schema
+    forbids (routed_expert keeps its own slots): every draw of that pattern is rejected."""
+    data = default_space().model_dump(mode="json")
+    ring = {"mode": "ring", "banks": 4, "bank_bytes": 1 << 20}
+    return SweepSpace.model_validate({**data, "samples": samples, "pool_modes": {"attention+experts": {"main": ring}}})
+
+
+def test_schema_rejections_stay_candidates_with_a_one_line_reason() -> None:
+    space = ring_space(40)
+    first = candidates(space, K3_FAMILIES, seed=0)
+    rejected = [c for c in first if c.rejected]
+    again = [c for c in candidates(space, K3_FAMILIES, seed=0) if c.rejected]
+    assert [(c.hash, c.rejected) for c in rejected] == [(c.hash, c.rejected) for c in again]  # stable for --resume
+    assert len({c.hash for c in first}) == len(first)
+    by_source = Counter(c.source for c in rejected)
+    assert by_source["sample"] and by_source["neighbour"]
+    assert any(c.schedule.name.endswith("~pools=attention+experts") and "routed_expert" in c.rejected
+               for c in rejected)  # a built-in moved into the ring pool
+    assert any(c.source == "neighbour" and "buffers >= 2" in c.rejected for c in rejected)  # a chunked single buffer
+    for cand in first:  # the schema itself, asked again, agrees with every verdict
+        data = cand.schedule.model_dump(mode="json")
+        if cand.rejected:
+            assert cand.rejected.startswith("schema: ") and "\n" not in cand.rejected
+            with pytest.raises(ValidationError):
+                Schedule.model_validate(data)
+        else:
+            Schedule.model_validate(data)
+    valid = {s.content_hash() for base in map(load_schedule, BUILTIN_SCHEDULES)
+             for s in neighbours(base, space, K3_FAMILIES)}
+    assert valid.isdisjoint(c.hash for c in rejected)  # neighbours() yields only valid schedules

@@ -40,7 +40,11 @@ def test_trace_file_is_valid_trace_event_json_with_the_expected_tracks(tmp_path:
     assert processes == {"compute stream", "HBM / DMA", "links", "VMEM"}
     threads = {e["args"]["name"]: (e["pid"], e["tid"]) for e in events
                if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert {"mxu", "vpu", "wait", "dma 0", "link ici", "link sibling"} <= set(threads)
+    assert {"mxu", "vpu", "wait", "dma 0", "link ici 0", "link sibling 0"} <= set(threads)
+    # every remote copy is its own slice on a link track: 31 latent-gather copies per MoE layer
+    gathers = [e for e in events if e["ph"] == "X" and e["name"].startswith("moe.latent_allgather p0")]
+    assert len(gathers) == 92 * 31
+    assert all(threads_pid == 3 for threads_pid in {e["pid"] for e in gathers})
     counters = [e for e in events if e["ph"] == "C"]
     assert counters and all(e["name"] == VMEM_COUNTER for e in counters)
     assert max(e["args"]["MiB"] for e in counters) == pytest.approx(result.vmem_peak_bytes / (1 << 20), abs=1e-3)

@@ -66,7 +66,11 @@ def _compare_section(run: DemoRun) -> list[str]:
         else:
             lines.append(f"| {row['system']} | {row['execution']} | {row['batch']} | {accept} | does not fit | — | "
                          f"{row['label']} | {row.get('short_note', '')} |")
-    lines += ["", "![TPU v7 against GB200, simulated](compare.png)", ""]
+    from tpusim.app.cli.compare import calibration_notes
+
+    notes = calibration_notes(step.data)
+    lines += ["", *(f"- {note}" for note in notes), *([""] if notes else []),
+              "![TPU v7 against GB200, simulated](compare.png)", ""]
     gpu_rows = [r for r in step.data if r.get("fits") and r["batch"] == 1 and r["acceptance_length"] is None]
     if gpu_rows:
         lines += ["Where a batch-1 step goes (simulated, ms):", "",
@@ -140,7 +144,7 @@ def _simulate_section(run: DemoRun) -> list[str]:
     lines += ["| schedule | step ms | tokens/s | exposed DMA ms | VMEM peak MiB | HBM busy | label |",
               "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for name, data in step.data.items():
-        label = "calibrated" if "calibrated" in data.get("source", "") and "published figures" not in data.get("source", "") else "simulated"
+        label = "calibrated" if data.get("calibrated") else "simulated"
         lines.append(f"| {name} (`{data.get('schedule', '')}`) | {data['step_ms']:.3f} | {data['tokens_per_s']:.1f} | "
                      f"{data['exposed_dma_ms']:.3f} | {data['vmem_peak_bytes'] / (1 << 20):.1f} | "
                      f"{100 * data['busy_fraction'].get('hbm', 0.0):.0f} % | {label} |")
@@ -182,11 +186,18 @@ def _calibration_section(run: DemoRun, name: str, title: str) -> list[str]:
         return [*lines, problem, ""]
     assert step is not None
     data = step.data
+    if data.get("success", True):
+        lines.append(f"Solver: converged ({data.get('message', '')}).")
+    else:
+        lines.append(f"Solver: **did not converge** ({data.get('message', '')}); the demo keeps the overlay "
+                     "(`--allow-unconverged`), so treat the calibrated figures below with suspicion.")
     lines += [
+        "",
         "| error (MAPE) | before calibration | after calibration |", "| --- | ---: | ---: |",
         f"| points fitted | {_pct(data.get('mape_before_calibration'))} | {_pct(data.get('mape_calibration'))} |",
         f"| points held out ({data.get('holdout') or 'none'}) | {_pct(data.get('mape_before_holdout'))} | "
         f"{_pct(data.get('mape_holdout'))} |",
+        f"| leave-one-out, points fitted | — | {_pct(data.get('mape_loo'))} |",
         "",
         "| parameter | published | calibrated | ± (1σ) |", "| --- | ---: | ---: | ---: |",
     ]

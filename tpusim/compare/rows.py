@@ -15,7 +15,11 @@ conventional GPU rows: their stack), simulates the plain decode step — or, wit
 speculative decoding, the drafter's forward(s) plus the verify step — and returns rows with
 stable keys: ``system, chips, batch, acceptance_length, step_ms, tokens_per_s, label,
 breakdown`` (+ ``execution, plan, plan_choice, schedule, fits, note``; speculative rows
-``draft_ms, verify_ms, drafter, drafter_kind, draft_tokens``).
+``draft_ms, verify_ms, drafter, drafter_kind, draft_tokens``) and the 90 % interval keys
+``step_ms_low, step_ms_high, tokens_per_s_low, tokens_per_s_high, interval``
+(:mod:`tpusim.report.intervals`: a calibrated chip's row is re-simulated once per stored
+parameter set — the drafter too for a speculative row — on the plan the row chose; an
+uncalibrated row has ``None`` there and says so in ``interval``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +35,7 @@ from hwmodels.catalog import make_system
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip, System
 from tpusim.compare.gpu_plans import PlanOutcome, gpu_plan_candidates, pick_plan
+from tpusim.report.intervals import interval_fields, no_interval, sample_chips
 from tpusim.schedule.schema import Schedule, load_schedule
 from tpusim.schedule.vmem import InfeasibleSchedule, check_fits, vmem_plan
 from tpusim.workload.capacity import capacity_report, check_capacity
@@ -160,6 +166,38 @@ def _simulate_s(model: ModelConfig, plan: ShardingPlan, chip: Chip, schedule: Sc
     return result.step_s, breakdown
 
 
+def _step_s(chip: Chip, *, model: ModelConfig, plan: ShardingPlan, schedule: Schedule, rows: int,
+            context_tokens: int, routing: RoutingModel, seed: int, sequences: int | None) -> float:
+    """Step seconds of one simulation (a re-simulation on an interval's sampled chip)."""
+    return _simulate_s(model, plan, chip, schedule, rows=rows, context_tokens=context_tokens, routing=routing,
+                       seed=seed, sequences=sequences)[0]
+
+
+# A row's re-simulation on a sampled chip: chip -> step seconds (speculative rows: the drafter too).
+Resimulate = Callable[[Chip], float]
+
+
+def _speculative_step_s(chip: Chip, *, verify: Resimulate, draft: Resimulate, batch: int,
+                        config: SpeculativeConfig) -> float:
+    return SpeculativeStep(batch, draft(chip), verify(chip), config).step_s
+
+
+def _row_interval(chip: Chip, samples: list[Chip], outcome: _Outcome, batch: int) -> dict[str, Any]:
+    """The interval keys of the chosen plan's row, re-simulated on every sampled chip; a
+    speculative row's tokens/s bounds count accepted tokens, not rows."""
+    if outcome.step is None:
+        return interval_fields(chip, outcome.verify, outcome.verify_s, batch, chips=samples)
+    step = outcome.step
+    run = partial(_speculative_step_s, verify=outcome.verify, draft=outcome.draft, batch=step.batch,
+                  config=step.config)
+    fields = interval_fields(chip, run, step.step_s, step.batch, chips=samples)
+    if fields.get("step_ms_low") is not None:
+        tokens_per_step = step.accepted_tokens_per_s * step.step_s
+        fields["tokens_per_s_low"] = tokens_per_step * MS_PER_S / fields["step_ms_high"]
+        fields["tokens_per_s_high"] = tokens_per_step * MS_PER_S / fields["step_ms_low"]
+    return fields
+
+
 def _system_and_plans(model: ModelConfig, spec: SystemSpec, calibrated: bool,
                       plan_choice: str | None = None) -> tuple[System, Chip, list[tuple[str, ShardingPlan]]]:
     """The system, its chip in the spec's execution, and the plans a row tries: ``--plan`` or
@@ -220,7 +258,9 @@ def compare_rows(
     chosen_drafter = _drafter(model, model_name, drafter, draft_tokens) if acceptance_lengths else None
     for spec in systems:
         system, chip, plans = _system_and_plans(model, spec, calibrated, plan_choice)
-        label = "calibrated" if _is_calibrated(chip) else "simulated"
+        label = "calibrated" if chip.is_calibrated else "simulated"
+        samples = [with_execution(sample, spec.execution) for sample in sample_chips(chip)]
+        calibration = chip.calibration
         source = f"{label} (tpusim engine, {chip.execution.mode} execution on {chip.name})"
         if chip.kind == "gpu":
             from tpusim.engine.gpu import stack_source
@@ -233,22 +273,26 @@ def compare_rows(
                     "acceptance_length": acceptance, "execution": execution_label(chip), "label": label,
                     "source": source,
                 }
+                if calibration is not None:
+                    row["calibrated_on"] = calibration.note()
+                    row["calibration_warnings"] = calibration.warnings(model_name, spec.chips)
                 rows.append(row)
                 job = _RowJob(model, system, chip, batch, acceptance, chosen_drafter, schedule, choose_schedule,
                               context_tokens, routing, seed)
                 outcomes = [_plan_outcome(job, plan_label, plan) for plan_label, plan in plans]
-                best = pick_plan([outcome for outcome, _fields in outcomes])
+                best = pick_plan([outcome.plan for outcome in outcomes])
                 if best is None:
-                    first, fields = outcomes[0]
-                    row.update(plan=first.plan.name, fits=False, step_ms=None, tokens_per_s=None, schedule=None,
-                               breakdown={}, **fields)
+                    first = outcomes[0]
+                    row.update(plan=first.plan.plan.name, fits=False, step_ms=None, tokens_per_s=None,
+                               schedule=None, breakdown={}, **first.fields, **no_interval(first.plan.why_not))
                     continue
-                fields = next(fields for outcome, fields in outcomes if outcome is best)
-                fitting = sum(outcome.step_s is not None for outcome, _fields in outcomes)
+                chosen = next(outcome for outcome in outcomes if outcome.plan is best)
+                fitting = sum(outcome.plan.step_s is not None for outcome in outcomes)
                 choice = best.label if len(outcomes) == 1 else (
                     f"{best.label} (fastest of {fitting} that fit, {len(outcomes)} tried)")
-                row.update(plan=best.plan.name, plan_choice=choice, fits=True, **fields)
-                rejected = [f"{o.label}: {o.why_not}" for o, _fields in outcomes if o.step_s is None]
+                row.update(plan=best.plan.name, plan_choice=choice, fits=True, **chosen.fields)
+                row.update(_row_interval(chip, samples, chosen, batch))
+                rejected = [f"{o.plan.label}: {o.plan.why_not}" for o in outcomes if o.plan.step_s is None]
                 if rejected:
                     row["plans_rejected"] = rejected
                 row["note"] = f"{row['execution']}; plan: {row['plan_choice']}"
@@ -270,7 +314,20 @@ class _RowJob:
     seed: int
 
 
-def _plan_outcome(job: _RowJob, plan_label: str, plan: ShardingPlan) -> tuple[PlanOutcome, dict[str, Any]]:
+@dataclass(frozen=True)
+class _Outcome:
+    """One plan of one row: fit and speed, the row's fields when chosen, and how to
+    re-simulate it on a sampled chip (for the interval)."""
+
+    plan: PlanOutcome
+    fields: dict[str, Any]
+    verify: Resimulate | None = None
+    verify_s: float = 0.0
+    draft: Resimulate | None = None
+    step: SpeculativeStep | None = None
+
+
+def _plan_outcome(job: _RowJob, plan_label: str, plan: ShardingPlan) -> _Outcome:
     """One plan of one row: does it fit, and how fast (the row's fields when chosen)."""
     model, chip, batch = job.model, job.chip, job.batch
     drafter = job.drafter if job.acceptance is not None else None
@@ -281,21 +338,23 @@ def _plan_outcome(job: _RowJob, plan_label: str, plan: ShardingPlan) -> tuple[Pl
                        context_tokens=job.context_tokens + extra)
     except InputError as error:
         report = capacity_report(model, plan, chip, batch=verify_rows, context_tokens=job.context_tokens + extra)
-        return PlanOutcome(plan_label, plan, None, str(error)), {
+        return _Outcome(PlanOutcome(plan_label, plan, None, str(error)), {
             "note": str(error), "short_note": f"needs {report.total_bytes / 1e9:.0f} GB/device > "
-                                              f"{report.capacity_bytes / 1e9:.0f} GB HBM"}
+                                              f"{report.capacity_bytes / 1e9:.0f} GB HBM"})
     try:
         chosen, how = _schedule_for(model, plan, job.system, chip, batch=verify_rows, schedule=job.schedule,
                                     choose=job.choose, sequences=batch)
     except InputError as error:
-        return PlanOutcome(plan_label, plan, None, str(error)), {
-            "note": str(error), "short_note": "no schedule fits on-chip memory"}
+        return _Outcome(PlanOutcome(plan_label, plan, None, str(error)), {
+            "note": str(error), "short_note": "no schedule fits on-chip memory"})
     step_s, breakdown = _simulate_s(model, plan, chip, chosen, rows=verify_rows, context_tokens=job.context_tokens,
                                     routing=job.routing, seed=job.seed, sequences=batch)
     fields: dict[str, Any] = {"schedule": chosen.name, "schedule_hash": chosen.content_hash(), "schedule_choice": how}
+    common: dict[str, Any] = {"context_tokens": job.context_tokens, "routing": job.routing, "seed": job.seed}
+    verify = partial(_step_s, model=model, plan=plan, schedule=chosen, rows=verify_rows, sequences=batch, **common)
     if drafter is None or job.acceptance is None:
         fields.update(step_ms=step_s * MS_PER_S, tokens_per_s=batch / step_s, breakdown=breakdown)
-        return PlanOutcome(plan_label, plan, step_s), fields
+        return _Outcome(PlanOutcome(plan_label, plan, step_s), fields, verify, step_s)
     config = SpeculativeConfig(kind=drafter.spec.kind, draft_tokens=drafter.draft_tokens,
                                acceptance_length=job.acceptance)
     draft_plan = plan_for_system(drafter.model, chip, job.system.chips)
@@ -307,13 +366,15 @@ def _plan_outcome(job: _RowJob, plan_label: str, plan: ShardingPlan) -> tuple[Pl
     forward_s, _ = _simulate_s(drafter.model, draft_plan, chip, draft_schedule, rows=draft_rows,
                                context_tokens=job.context_tokens, routing=job.routing, seed=job.seed, sequences=batch)
     step = SpeculativeStep(batch, forward_s, step_s, config)
+    draft = partial(_step_s, model=drafter.model, plan=draft_plan, schedule=draft_schedule, rows=draft_rows,
+                    sequences=batch, **common)
     fields.update(step_ms=step.step_s * MS_PER_S, tokens_per_s=step.accepted_tokens_per_s,
                   draft_ms=step.draft_s * MS_PER_S, verify_ms=step_s * MS_PER_S, drafter=drafter.spec.name,
                   drafter_kind=config.kind, draft_tokens=config.draft_tokens,
                   breakdown={"verify_ms": step_s * MS_PER_S, "draft_ms": step.draft_s * MS_PER_S,
                              "draft_forwards": config.draft_forwards, "draft_share": step.draft_share,
                              "verify_breakdown": breakdown})
-    return PlanOutcome(plan_label, plan, step.step_s), fields
+    return _Outcome(PlanOutcome(plan_label, plan, step.step_s), fields, verify, step_s, draft, step)
 
 
 def sweep_chooser(*, budget: int, jobs: int, seed: int, out_dir: Path | None, context_tokens: int,
@@ -345,12 +406,6 @@ def sweep_chooser(*, budget: int, jobs: int, seed: int, out_dir: Path | None, co
         return cache[key]
 
     return choose
-
-
-def _is_calibrated(chip: Chip) -> bool:
-    from hwmodels.overlay import iter_figures
-
-    return any(figure.label == "calibrated" for _, figure in iter_figures(chip))
 
 
 def _schedule_for(model: ModelConfig, plan: ShardingPlan, system: System, chip: Chip, *, batch: int,

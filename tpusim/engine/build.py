@@ -41,7 +41,9 @@ Run once per simulation, before the event loop. The steps, with what each guaran
    after its last matmul; KV-tiled attention computes tile by tile (each tile a share of
    the op's matmul time proportional to its bytes); any other op waits for all its slabs,
    computes, and frees them. Vector work follows as one VPU piece.
-5. **Collectives** after each op, priced per stage by :mod:`tpusim.engine.costs` (or by the
+5. **Collectives** after each op. One whose plan entry names an ``algorithm`` runs as remote
+   copies on a megakernel chip (:mod:`tpusim.engine.collectives`: messages sharing the
+   links, the stream waiting only at the consuming op). Otherwise priced per stage by :mod:`tpusim.engine.costs` (or by the
    policy's ``collective_pricer``: GPU chips). An overlapped one (the latent all-gather) must
    be complete before the next ``moe.expert`` or ``moe.combine`` op of its layer starts (its
    output feeds the experts), else before the next layer starts; a policy whose collectives
@@ -55,9 +57,10 @@ Run once per simulation, before the event loop. The steps, with what each guaran
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hwmodels.schema import Chip
+from tpusim.engine.collectives import consumer_index, lower_messages
 from tpusim.engine.costs import (
     collective_stage_s,
     matmul_time_s,
@@ -120,6 +123,7 @@ class _Builder:
             name: Pool(name, size, tuple(vmem.arena_members.get(name, ())))
             for name, size in vmem.arena_bytes.items()
         }
+        self.message_cache: dict[object, object] = {}  # priced collectives, reused across layers
         self.kv_pool = Pool(KV_POOL, vmem.kv_bytes, (KV_FAMILY,))
         self.state_pool = Pool(STATE_POOL, vmem.state_bytes, (STATE_FAMILY,))
         self.rings: dict[str, Ring] = {}
@@ -412,10 +416,19 @@ def _lower_kv_tiles(b: _Builder, op: Op, plan_: OpPlan) -> None:
 
 
 def _lower_collectives(b: _Builder, ops: list[Op], index: int, plan_: OpPlan) -> None:
-    """Step 5: price each collective after op ``index`` stage by stage."""
+    """Step 5: each collective after op ``index`` as messages, or priced stage by stage."""
     op = ops[index]
     policy = b.policy
+    names = {call.spec.name for call in op.collectives}
     for call in op.collectives:
+        if call.spec.algorithm and policy.collective_pricer is None and not policy.collectives_block:
+            consumer = consumer_index(ops, index, call.spec.consumed_by)
+            lowered = lower_messages(b.chip, b.program.plan, call, consumer, cache=b.message_cache)
+            if lowered is not None:
+                if call.spec.after in names:
+                    lowered = replace(lowered, parent=call.spec.after)
+                plan_.collectives.append(CollectivePlan(call.spec.name, True, (), consumer, 0.0, lowered))
+                continue
         if policy.collective_pricer is not None:
             stages = list(policy.collective_pricer(b.chip, call, b.program.plan.devices))
         else:

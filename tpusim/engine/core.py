@@ -23,6 +23,7 @@ dicts by insertion), so equal inputs give identical results and event lists.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -98,7 +99,7 @@ def simulate(program: Program, schedule: Schedule, chip: Chip, *, record_timelin
             raise _diagnose(str(error), program, schedule, effective, chip, policy, vmem, capacity) from None
     run = _execute(program, effective, chip, policy, vmem, record_timeline=record_timeline,
                    record_events=record_events or record_timeline)
-    return _collect(run, program, schedule, policy, vmem, capacity)
+    return dataclasses.replace(_collect(run, program, schedule, policy, vmem, capacity), words=chip.words)
 
 
 @dataclass

@@ -33,6 +33,9 @@ Definitions:
 - ``vmem_peak_bytes`` / ``vmem_peak_time_s`` / ``vmem_peak_layer`` — the highest dynamic
   VMEM occupancy (activations + resident buffers), when it was first reached and which layer
   the compute stream was in.
+- ``words`` — the chip's names for the generic resources: ``staging`` (what the ``vmem_*``
+  fields measure: VMEM on a TPU, L2 or shared memory on a GPU), ``mxu`` and ``vpu`` (the
+  ``busy_fraction`` keys: MXU/VPU on a TPU, tensor cores / CUDA cores on a GPU).
 - ``events`` — with ``record_events``: the ordered kernel-vocabulary event list
   ``("dma_start", family, tensor, layer, chunk)``, ``("dma_wait", family, tensor, layer,
   chunk)``, ``("compute", op_name, layer)``.
@@ -80,6 +83,10 @@ class SimResult:
     launch_count: int = 0
     kernel_fixed_s: float = 0.0
     op_time_s: tuple[float, ...] = ()
+    # The chip's words for the generic resources (hwmodels.schema.Chip.words): "staging" is
+    # what the vmem_* fields measure (VMEM on a TPU, L2 / shared memory on a GPU), "mxu" and
+    # "vpu" the busy_fraction keys (MXU/VPU on a TPU, tensor/CUDA cores on a GPU).
+    words: dict[str, str] = field(default_factory=lambda: {"staging": "VMEM", "mxu": "MXU", "vpu": "VPU"})
 
     @property
     def step_ms(self) -> float:
@@ -117,4 +124,5 @@ class SimResult:
             "launch_s": self.launch_s,
             "launch_count": self.launch_count,
             "kernel_fixed_s": self.kernel_fixed_s,
+            "words": dict(self.words),
         }

@@ -8,7 +8,9 @@ stream *does* wait for is other resources:
 
 - **copies** — before computing on a slab it waits until the slab's copies have landed
   (``dma_wait``); that wait is the exposed DMA time;
-- **links** — a blocking collective occupies the stream for its stages; an overlapped one
+- **links** — a collective run as remote copies (:mod:`tpusim.engine.collectives`) is
+  issued at the end of its op and the stream waits for it only at the op that consumes it;
+  a stage-priced blocking collective occupies the stream for its stages; an overlapped one
   runs on the link while the stream goes on, and the op that consumes its result waits for
   it (:mod:`tpusim.engine.build` names that op).
 
@@ -17,7 +19,7 @@ Per op ``i`` the process does (pseudocode of :func:`compute_stream`)::
     if op starts a layer: wait per_layer_overhead
     wait op.launch_s                            # the kernel launches the policy charges here
     wait op.kernel_fixed_s                      # their fixed time and ramp (serving stack)
-    wait for overlapped collectives joining here
+    wait for overlapped collectives and message collectives consumed here
     release slabs whose issue point is "op i starts"   -> copies admitted / issued
     for piece in op.pieces:
         dma_wait on piece.waits (exposed DMA if not landed)
@@ -25,13 +27,16 @@ Per op ``i`` the process does (pseudocode of :func:`compute_stream`)::
         free piece.frees; release piece.releases; queue piece.writes
     release slabs whose issue point is "op i ends"; drop mispredicted expert copies
     run the op's collectives (a launch first if the call is its own kernel;
-                              blocking: wait; overlapped: hand to the link)
+                              messages: issue on the fabric; blocking: wait;
+                              overlapped: hand to the link)
 
 Kernel launches (per-op launch execution, NCCL kernels, a GPU megakernel's one launch) are
 recorded on a ``launch`` track of the timeline, labelled with the kernels launched.
 
-Links are FIFO servers with a known finishing time (no sharing, no randomness), so they are
-plain ``free_at`` clocks rather than SimPy processes.
+Stage-priced links are FIFO servers with a known finishing time (no sharing, no
+randomness), so they are plain ``free_at`` clocks rather than SimPy processes; message
+collectives share the links as a fluid (:class:`~tpusim.engine.collectives.MessageFabric`),
+run lazily up to the time the stream asks about.
 """
 
 from __future__ import annotations
@@ -43,8 +48,9 @@ from typing import Any
 import simpy
 
 from tpusim.engine.build import Lowered
+from tpusim.engine.collectives import Handle, MessageFabric
 from tpusim.engine.hbm import HbmServer
-from tpusim.engine.items import UNIT_NAMES, CollectivePlan
+from tpusim.engine.items import UNIT_NAMES, CollectivePlan, OpPlan
 from tpusim.engine.staging import StagingMemory
 from tpusim.engine.timeline import Recorder
 
@@ -76,6 +82,7 @@ class Links:
         self.free_at: dict[str, float] = {}
         self.busy: dict[str, float] = {}
         self.recorder = recorder
+        self.fabric = MessageFabric(recorder)
 
     def run(self, call: CollectivePlan, start_s: float) -> float:
         """Run ``call``'s stages from ``start_s``; return when the last stage ends."""
@@ -95,13 +102,10 @@ def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, sta
                    recorder: Recorder | None,
                    events: list[tuple[Any, ...]] | None) -> Generator[simpy.Event, Any, None]:
     """The SimPy process of the compute stream (see the module docstring)."""
-    timeout = env.timeout
-    by_phase = account.compute_by_phase
-    unit_busy = account.unit_busy
-    exposed_by_family = account.exposed_by_family
     joins: dict[int, float] = {}
+    consumed: dict[int, list[Handle]] = {}  # op index -> message collectives it waits for
     if per_step_s > 0.0:
-        yield timeout(per_step_s)
+        yield env.timeout(per_step_s)
         account.fixed_s += per_step_s
     for op in lowered.ops:
         if op.first_of_layer:
@@ -109,90 +113,134 @@ def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, sta
             if recorder is not None:
                 recorder.layer_start(op.layer, env.now)
             if per_layer_s > 0.0 and op.layer >= 0:
-                yield timeout(per_layer_s)
+                yield env.timeout(per_layer_s)
                 account.fixed_s += per_layer_s
         op_start = env.now
-        if op.launch_s > 0.0:
-            start = env.now
-            yield timeout(op.launch_s)
-            account.fixed_s += op.launch_s
-            account.launch_s += op.launch_s
-            account.launch_count += op.launches
-            if recorder is not None:
-                recorder.interval("launch", start, env.now, op.kernel or f"launch {op.name}")
-        if op.kernel_fixed_s > 0.0:
-            start = env.now
-            yield timeout(op.kernel_fixed_s)
-            account.fixed_s += op.kernel_fixed_s
-            account.kernel_fixed_s += op.kernel_fixed_s
-            if recorder is not None:
-                recorder.interval("launch", start, env.now, f"kernel fixed time {op.name}")
-        join_s = joins.pop(op.index, 0.0)
-        if join_s > env.now:
-            start = env.now
-            yield timeout(join_s - start)
-            account.collective_s += join_s - start
-            if recorder is not None:
-                recorder.interval("wait", start, join_s, "collective join")
+        yield from _launch_and_join(env, op, links, account, recorder, joins, consumed)
         staging.current_layer = op.layer
         staging.current_op = op.name
         if op.start_releases:
             staging.release_many(op.start_releases)
         if events is not None:
             events.append(("compute", op.name, op.layer))
-        phase = op.phase
-        for piece in op.pieces:
-            duration, unit, waits, frees, releases, writes = piece
-            for desc in waits:
-                if events is not None:
-                    events.append(("dma_wait", desc.family, desc.tensor, desc.layer, desc.chunk))
-                if not desc.landed:
-                    start = env.now
-                    desc.waiter = env.event()
-                    yield desc.waiter
-                    stalled = env.now - start
-                    account.exposed_dma_s += stalled
-                    exposed_by_family[desc.family] = exposed_by_family.get(desc.family, 0.0) + stalled
-                    if recorder is not None:
-                        recorder.interval("wait", start, env.now, f"wait {desc.tensor} L{desc.layer}")
-            if duration > 0.0:
-                start = env.now
-                yield timeout(duration)
-                unit_busy[unit] += duration
-                by_phase[phase] = by_phase.get(phase, 0.0) + duration
-                if recorder is not None:
-                    recorder.interval(UNIT_NAMES[unit], start, env.now, f"{op.name} L{op.layer}")
-            for slab in frees:
-                staging.free(slab)
-            if releases:
-                staging.release_many(releases)
-            if writes:
-                for desc in writes:
-                    hbm.enqueue(desc)
-                hbm.pump()
+        yield from _run_pieces(env, op, hbm, staging, account, recorder, events)
         if op.end_releases:
             staging.release_many(op.end_releases)
         for slab in op.resolves:
             staging.resolve(slab)
-        for call in op.collectives:
-            if call.launch_s > 0.0:
-                start = env.now
-                yield timeout(call.launch_s)
-                account.fixed_s += call.launch_s
-                account.launch_s += call.launch_s
-                account.launch_count += 1
-                if recorder is not None:
-                    recorder.interval("launch", start, env.now, f"launch {call.name}")
-            end = links.run(call, env.now)
-            if call.overlapped:
-                joins[call.join_op_index] = max(joins.get(call.join_op_index, 0.0), end)
-                account.overlapped_end_s = max(account.overlapped_end_s, end)
-            elif end > env.now:
-                start = env.now
-                yield timeout(end - start)
-                account.collective_s += end - start
-                if recorder is not None:
-                    recorder.interval("wait", start, end, call.name)
+        yield from _run_collectives(env, op, links, account, recorder, joins, consumed)
         account.op_time_s.append(env.now - op_start)
     account.stream_end_s = env.now
+    _finish_links(links, account)
+
+
+def _launch_and_join(env: simpy.Environment, op: OpPlan, links: Links, account: StreamAccount,
+                     recorder: Recorder | None, joins: dict[int, float],
+                     consumed: dict[int, list[Handle]]) -> Generator[simpy.Event, Any, None]:
+    """Before an op computes: its kernel launches and fixed time, then the collectives it consumes."""
+    if op.launch_s > 0.0:
+        start = env.now
+        yield env.timeout(op.launch_s)
+        account.fixed_s += op.launch_s
+        account.launch_s += op.launch_s
+        account.launch_count += op.launches
+        if recorder is not None:
+            recorder.interval("launch", start, env.now, op.kernel or f"launch {op.name}")
+    if op.kernel_fixed_s > 0.0:
+        start = env.now
+        yield env.timeout(op.kernel_fixed_s)
+        account.fixed_s += op.kernel_fixed_s
+        account.kernel_fixed_s += op.kernel_fixed_s
+        if recorder is not None:
+            recorder.interval("launch", start, env.now, f"kernel fixed time {op.name}")
+    join_s = joins.pop(op.index, 0.0)
+    join_s = max([join_s, *(links.fabric.complete_s(handle) for handle in consumed.pop(op.index, ()))])
+    if join_s > env.now:
+        start = env.now
+        yield env.timeout(join_s - start)
+        account.collective_s += join_s - start
+        if recorder is not None:
+            recorder.interval("wait", start, join_s, "collective join")
+
+
+def _run_pieces(env: simpy.Environment, op: OpPlan, hbm: HbmServer, staging: StagingMemory,
+                account: StreamAccount, recorder: Recorder | None,
+                events: list[tuple[Any, ...]] | None) -> Generator[simpy.Event, Any, None]:
+    """An op's pieces in order: wait for each piece's copies (exposed DMA), compute, free."""
+    exposed_by_family = account.exposed_by_family
+    phase = op.phase
+    for piece in op.pieces:
+        duration, unit, waits, frees, releases, writes = piece
+        for desc in waits:
+            if events is not None:
+                events.append(("dma_wait", desc.family, desc.tensor, desc.layer, desc.chunk))
+            if not desc.landed:
+                start = env.now
+                desc.waiter = env.event()
+                yield desc.waiter
+                stalled = env.now - start
+                account.exposed_dma_s += stalled
+                exposed_by_family[desc.family] = exposed_by_family.get(desc.family, 0.0) + stalled
+                if recorder is not None:
+                    recorder.interval("wait", start, env.now, f"wait {desc.tensor} L{desc.layer}")
+        if duration > 0.0:
+            start = env.now
+            yield env.timeout(duration)
+            account.unit_busy[unit] += duration
+            account.compute_by_phase[phase] = account.compute_by_phase.get(phase, 0.0) + duration
+            if recorder is not None:
+                recorder.interval(UNIT_NAMES[unit], start, env.now, f"{op.name} L{op.layer}")
+        for slab in frees:
+            staging.free(slab)
+        if releases:
+            staging.release_many(releases)
+        if writes:
+            for desc in writes:
+                hbm.enqueue(desc)
+            hbm.pump()
+
+
+def _run_collectives(env: simpy.Environment, op: OpPlan, links: Links, account: StreamAccount,
+                     recorder: Recorder | None, joins: dict[int, float],
+                     consumed: dict[int, list[Handle]]) -> Generator[simpy.Event, Any, None]:
+    """After an op: message collectives are issued (their consumer waits); staged ones run on
+    their links, overlapped (joined later) or blocking the stream now."""
+    issued: dict[str, Handle] = {}
+    for call in op.collectives:
+        if call.messages is not None:
+            _issue_messages(links.fabric, call, env.now, issued, consumed)
+            continue
+        if call.launch_s > 0.0:
+            start = env.now
+            yield env.timeout(call.launch_s)
+            account.fixed_s += call.launch_s
+            account.launch_s += call.launch_s
+            account.launch_count += 1
+            if recorder is not None:
+                recorder.interval("launch", start, env.now, f"launch {call.name}")
+        end = links.run(call, env.now)
+        if call.overlapped:
+            joins[call.join_op_index] = max(joins.get(call.join_op_index, 0.0), end)
+            account.overlapped_end_s = max(account.overlapped_end_s, end)
+        elif end > env.now:
+            start = env.now
+            yield env.timeout(end - start)
+            account.collective_s += end - start
+            if recorder is not None:
+                recorder.interval("wait", start, end, call.name)
+
+
+def _issue_messages(fabric: MessageFabric, call: CollectivePlan, now_s: float, issued: dict[str, Handle],
+                    consumed: dict[int, list[Handle]]) -> None:
+    """Issue a message collective (behind its parent if chained); its consumer will wait on it."""
+    handle = fabric.issue(call.messages, now_s, issued.get(call.messages.parent or ""))
+    issued[call.name] = handle
+    consumed.setdefault(call.join_op_index, []).append(handle)
+
+
+def _finish_links(links: Links, account: StreamAccount) -> None:
+    """Copies still in flight land (they bound the step); busy time of both link models."""
+    account.overlapped_end_s = max(account.overlapped_end_s, links.fabric.finish())
     account.link_busy = dict(links.busy)
+    for link, busy in links.fabric.busy_s.items():
+        account.link_busy[link] = account.link_busy.get(link, 0.0) + busy

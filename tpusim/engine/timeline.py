@@ -11,7 +11,9 @@ not overlap within the track:
 - ``mxu``, ``vpu`` — compute pieces (label: op name, layer);
 - ``wait`` — the compute stream stalled on a copy (exposed DMA) or a collective;
 - ``dma N`` — copies in flight, one lane per in-flight slot (lane = lowest free slot);
-- ``link <name>`` — collective stages on that link (``ici``, ``sibling``, ``nvlink``).
+- ``link <name>`` — collective stages on that link (``ici``, ``sibling``, ``nvlink``);
+  ``link <name> <lane>`` — remote copies of message collectives, one per interval, lanes so
+  that copies in flight together do not overlap.
 
 Counters (``Timeline.counters``): ``vmem_bytes`` as ``(time_s, bytes)`` samples at every
 change. ``layer_starts`` marks where each layer (``-1``: the head) begins on the stream.

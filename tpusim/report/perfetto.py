@@ -6,7 +6,7 @@ Open the file in https://ui.perfetto.dev (or ``chrome://tracing``). Layout:
 | --- | --- | --- |
 | 1 ``compute stream`` | ``mxu``, ``vpu``, ``wait`` | ``X`` slices per compute piece / stall; ``i`` marks at layer starts |
 | 2 ``HBM / DMA`` | ``dma 0`` .. ``dma N-1`` (one per in-flight slot) | ``X`` slice per copy, issue to landing |
-| 3 ``links`` | one per link (``link ici``, ``link sibling``, ...) | ``X`` slice per collective stage |
+| 3 ``links`` | per link, lanes ``link ici 0``, ``link ici 1``, ... (message collectives) or one ``link ici`` track (stage-priced) | ``X`` slice per remote copy, issue to landing (label ``<collective> p<phase> →r<dst>``), or per collective stage |
 | 4 ``VMEM`` | counter ``VMEM occupancy`` | ``C`` samples (bytes, MiB) at every change |
 
 Names come as ``M`` metadata events (``process_name``, ``thread_name``, sort indices).

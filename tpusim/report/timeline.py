@@ -11,6 +11,8 @@ the start of ``first_layer`` to the start of ``first_layer + layers`` on the com
 Rendered with matplotlib's non-interactive Agg backend (no display needed) and written
 atomically (temporary file in the same folder, then ``os.replace``). Times on the axis are
 milliseconds from the start of the step; every number drawn is *simulated*.
+:func:`plot_timelines` stacks several timelines (two schedules, ``tpusim diff``) on one time
+axis.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -69,54 +72,85 @@ def _track_rank(track: str) -> tuple[int, int, str]:
     return (2, 0, track)
 
 
+def _draw_gantt(gantt: Any, timeline: Timeline, start_s: float, end_s: float, *,
+                legend: bool) -> list[str]:
+    """Bars of every track active in [start_s, end_s); returns the tracks drawn."""
+    tracks = sorted((t for t, spans in timeline.tracks.items()
+                     if any(s < end_s and e > start_s for s, e, _ in spans)), key=_track_rank)
+    for row, track in enumerate(tracks):
+        bars, colors = [], []
+        for s, e, label in timeline.tracks[track]:
+            if e <= start_s or s >= end_s:
+                continue
+            bars.append((s * MS_PER_S, (e - s) * MS_PER_S))
+            colors.append(COLORS[_category(track, label)])
+        if bars:
+            gantt.broken_barh(bars, (row - 0.4, 0.8), facecolors=colors, linewidth=0)
+    gantt.set_yticks(range(len(tracks)), tracks, fontsize=7)
+    gantt.set_ylim(len(tracks) - 0.5, -0.5)
+    for layer, time_s in timeline.layer_starts:
+        if start_s <= time_s <= end_s:
+            gantt.axvline(time_s * MS_PER_S, color="grey", linestyle=":", linewidth=0.8)
+            gantt.text(time_s * MS_PER_S, len(tracks) - 0.55, " head" if layer < 0 else f" L{layer}",
+                       fontsize=7, va="bottom", color="grey")
+    if legend:
+        gantt.legend(handles=[Patch(color=COLORS[key], label=text) for key, text in LEGEND],
+                     loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize=7, ncol=len(LEGEND), frameon=False)
+    return tracks
+
+
+def _draw_vmem(vmem: Any, timeline: Timeline, start_s: float, end_s: float) -> None:
+    """VMEM occupancy as a step curve with the usable capacity dashed."""
+    samples = timeline.counters.get("vmem_bytes", [])
+    times = [t * MS_PER_S for t, _ in samples]
+    values = [v / MIB for _, v in samples]
+    if samples:
+        times.append(timeline.step_s * MS_PER_S)
+        values.append(values[-1])
+        vmem.step(times, values, where="post", color="#333333", linewidth=1.0, label="occupancy")
+    if timeline.vmem_capacity_bytes:
+        vmem.axhline(timeline.vmem_capacity_bytes / MIB, color="#C44E52", linestyle="--",
+                     linewidth=1.0, label="usable capacity")
+    for _, time_s in timeline.layer_starts:
+        if start_s <= time_s <= end_s:
+            vmem.axvline(time_s * MS_PER_S, color="grey", linestyle=":", linewidth=0.8)
+    vmem.set_ylabel("VMEM MiB", fontsize=8)
+    vmem.set_xlim(start_s * MS_PER_S, end_s * MS_PER_S)
+    vmem.legend(loc="lower right", fontsize=7)
+
+
+def _track_count(timeline: Timeline, start_s: float, end_s: float) -> int:
+    return sum(1 for spans in timeline.tracks.values() if any(s < end_s and e > start_s for s, e, _ in spans))
+
+
 def plot_timeline(timeline: Timeline, path: Path | str, *, first_layer: int = 1, layers: int = 3,
                   title: str = "") -> Path:
     """Draw ``layers`` layers from ``first_layer`` (see the module docstring); returns the path."""
-    start_s, end_s = timeline.layer_window(first_layer, layers)
-    tracks = sorted((t for t, spans in timeline.tracks.items()
-                     if any(s < end_s and e > start_s for s, e, _ in spans)), key=_track_rank)
-    height = 1.6 + 0.28 * max(1, len(tracks))
-    figure, (gantt, vmem) = plt.subplots(
-        2, 1, sharex=True, figsize=(12, height + 2.2),
-        gridspec_kw={"height_ratios": [max(1.0, height), 2.0]},
-    )
+    return plot_timelines([("", timeline)], path, first_layer=first_layer, layers=layers, title=title)
+
+
+def plot_timelines(timelines: list[tuple[str, Timeline]], path: Path | str, *, first_layer: int = 1,
+                   layers: int = 3, title: str = "") -> Path:
+    """One figure with a Gantt chart and a VMEM curve per (label, timeline), stacked on one
+    time axis: the window runs from the earliest start of ``first_layer`` to the latest end
+    of its ``layers`` layers, so two schedules are compared at the same scale."""
+    windows = [timeline.layer_window(first_layer, layers) for _, timeline in timelines]
+    start_s, end_s = min(w[0] for w in windows), max(w[1] for w in windows)
+    ratios: list[float] = []
+    for _, timeline in timelines:
+        ratios += [max(1.0, 1.6 + 0.28 * max(1, _track_count(timeline, start_s, end_s))), 2.0]
+    figure, axes = plt.subplots(len(ratios), 1, sharex=True, figsize=(12, sum(ratios) + 0.6),
+                                gridspec_kw={"height_ratios": ratios}, squeeze=False)
     try:
-        for row, track in enumerate(tracks):
-            bars, colors = [], []
-            for s, e, label in timeline.tracks[track]:
-                if e <= start_s or s >= end_s:
-                    continue
-                bars.append((s * MS_PER_S, (e - s) * MS_PER_S))
-                colors.append(COLORS[_category(track, label)])
-            if bars:
-                gantt.broken_barh(bars, (row - 0.4, 0.8), facecolors=colors, linewidth=0)
-        gantt.set_yticks(range(len(tracks)), tracks, fontsize=7)
-        gantt.set_ylim(len(tracks) - 0.5, -0.5)
-        for layer, time_s in timeline.layer_starts:
-            if start_s <= time_s <= end_s:
-                for axis in (gantt, vmem):
-                    axis.axvline(time_s * MS_PER_S, color="grey", linestyle=":", linewidth=0.8)
-                gantt.text(time_s * MS_PER_S, len(tracks) - 0.55, " head" if layer < 0 else f" L{layer}",
-                           fontsize=7, va="bottom", color="grey")
-        gantt.legend(handles=[Patch(color=COLORS[key], label=text) for key, text in LEGEND],
-                     loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize=7, ncol=len(LEGEND), frameon=False)
+        for index, (label, timeline) in enumerate(timelines):
+            gantt, vmem = axes[2 * index][0], axes[2 * index + 1][0]
+            _draw_gantt(gantt, timeline, start_s, end_s, legend=index == 0)
+            _draw_vmem(vmem, timeline, start_s, end_s)
+            if label:
+                gantt.set_title(label, fontsize=8, loc="right")
+        axes[-1][0].set_xlabel("time from step start, ms (simulated)", fontsize=8)
         figure.suptitle(title or f"simulated timeline, layers {first_layer}..{first_layer + layers - 1}",
                         fontsize=9)
-
-        samples = timeline.counters.get("vmem_bytes", [])
-        times = [t * MS_PER_S for t, _ in samples]
-        values = [v / MIB for _, v in samples]
-        if samples:
-            times.append(timeline.step_s * MS_PER_S)
-            values.append(values[-1])
-            vmem.step(times, values, where="post", color="#333333", linewidth=1.0, label="occupancy")
-        if timeline.vmem_capacity_bytes:
-            vmem.axhline(timeline.vmem_capacity_bytes / MIB, color="#C44E52", linestyle="--",
-                         linewidth=1.0, label="usable capacity")
-        vmem.set_ylabel("VMEM MiB", fontsize=8)
-        vmem.set_xlabel("time from step start, ms (simulated)", fontsize=8)
-        vmem.set_xlim(start_s * MS_PER_S, end_s * MS_PER_S)
-        vmem.legend(loc="lower right", fontsize=7)
         figure.tight_layout()
         return _save_atomic(figure, Path(path))
     finally:

@@ -220,7 +220,7 @@ def load_schedule(name_or_path: str) -> Schedule:
     except ValidationError as error:
         from tpusim.workload.model_catalog import format_validation_error
 
-        raise InputError(format_validation_error(path, error)) from None
+        raise InputError(format_validation_error(path, error, None, "schedule")) from None
 
 
 def save_schedule(schedule: Schedule, path: Path) -> None:

@@ -13,6 +13,7 @@ Modules, in the order a sweep uses them:
 - :mod:`~tpusim.sweep.search`: :func:`run_sweep`, the successive-halving search and the
   refine round; :mod:`~tpusim.sweep.defaults` its default sizes;
 - :mod:`~tpusim.sweep.progress`: the rich progress bars;
+- :mod:`~tpusim.sweep.result`: :class:`SweepResult`, what a sweep found;
 - :mod:`~tpusim.sweep.outputs`, :mod:`~tpusim.sweep.report`, :mod:`~tpusim.sweep.plots`:
   ``sweep.csv``, ``summary.md``, ``pareto.png`` and ``sensitivity.png``.
 
@@ -29,14 +30,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tpusim.sweep.search import SweepInterrupted, SweepResult, run_sweep
+    from tpusim.sweep.result import SweepResult
+    from tpusim.sweep.search import SweepInterrupted, run_sweep
     from tpusim.sweep.space import SweepSpace, default_space
 
 __all__ = ["SweepInterrupted", "SweepResult", "SweepSpace", "default_space", "run_sweep"]
 
 # Imported on first use, so `tpusim --help` (which registers the sweep subcommand and reads
 # tpusim.sweep.defaults) does not pay for numpy, the engine and matplotlib.
-_LAZY = {"SweepInterrupted": "search", "SweepResult": "search", "run_sweep": "search",
+_LAZY = {"SweepInterrupted": "search", "SweepResult": "result", "run_sweep": "search",
          "SweepSpace": "space", "default_space": "space"}
 
 

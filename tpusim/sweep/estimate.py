@@ -61,6 +61,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from hwmodels.schema import Chip
+from tpusim.engine.collectives import collective_time_s, consumer_index
 from tpusim.engine.costs import (
     collective_stage_s,
     matmul_time_s,
@@ -149,12 +150,30 @@ class EstimateContext:
                 kind = PLAIN
             blocking: list[tuple[str, float]] = []
             overlapped: list[tuple[tuple[str, float], ...]] = []
+            join = len(ops)
+            chains: dict[str, int] = {}  # collective name -> its chain's position in ``overlapped``
             for call in op.collectives:
+                if call.spec.algorithm and chip.kind != "gpu":
+                    # remote copies (the engine's MessageFabric), timed on idle links; a chain
+                    # (``after`` naming a collective) runs behind its parent; the stream waits
+                    # at the consumer
+                    stage = (f"copies {call.spec.name}", collective_time_s(
+                        chip, call.spec.algorithm, call.spec.group, call.payload_bytes_per_peer, plan.topology))
+                    parent = chains.get(call.spec.after)
+                    if parent is None:
+                        chains[call.spec.name] = len(overlapped)
+                        overlapped.append((stage,))
+                    else:
+                        chains[call.spec.name] = parent
+                        overlapped[parent] = (*overlapped[parent], stage)
+                    join = min(join, consumer_index(ops, index, call.spec.consumed_by))
+                    continue
                 stages = tuple((link.name, collective_stage_s(link, stage, call.payload_bytes_per_peer))
                                for stage in call.spec.stages
                                if (link := resolve_link(chip, stage.link)) is not None)
                 if stages and call.spec.overlapped:
                     overlapped.append(stages)
+                    join = min(join, _join_index(ops, index))
                 else:
                     blocking.extend(stages)
             position = seen_experts.get(op.layer, 0)
@@ -166,7 +185,7 @@ class EstimateContext:
                 tensors=op.tensors, rows=tuple(m for m, _k, _n in op.matmuls),
                 matmul_s=sum(mm), piece_s=tuple(mm), vector_s=vector_time_s(op.vector_flops, chip),
                 blocking=tuple(blocking), overlapped=tuple(overlapped),
-                join_index=_join_index(ops, index) if overlapped else -1,
+                join_index=join if overlapped else -1,
                 weight_bytes=op.weight_bytes, kv_read_bytes=op.kv_read_bytes, kv_write_bytes=op.kv_write_bytes,
                 kv_tile_unit_bytes=kv_cache_bytes_per_token(model, plan, op.layer) * program.batch,
                 expert_position=position, experts_in_layer=experts.get(op.layer, 0),

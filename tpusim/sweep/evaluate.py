@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import multiprocessing
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
 from hwmodels.schema import Chip, System
+from tpusim.engine import simulate
 from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import InfeasibleSchedule
 from tpusim.sweep.estimate import EstimateContext, estimate
@@ -76,34 +77,14 @@ class Workload:
         }
 
 
-def engine_available() -> bool:
-    """Whether :func:`tpusim.engine.simulate` can be imported."""
-    return _simulate_function() is not None
-
-
-def _simulate_function() -> Callable[..., Any] | None:
-    try:
-        from tpusim.engine import simulate
-    except ImportError:
-        return None
-    return simulate
-
-
 def evaluate(program: Program, schedule: Schedule, chip: Chip) -> dict[str, Any]:
     """One schedule on one program: the engine's result as a flat row (times in ms).
 
-    Keys: ``predicted_by`` ("simulated", or "estimate" when the engine is not importable),
-    ``feasible``, ``reason``, ``step_ms``, ``tokens_per_s``, ``exposed_dma_ms``,
-    ``overlap_fraction``, ``vmem_peak_mib``, ``busy`` ("resource=fraction;..."), ``hash``.
+    Keys: ``predicted_by`` ("simulated"), ``feasible``, ``reason``, ``step_ms``,
+    ``tokens_per_s``, ``exposed_dma_ms``, ``overlap_fraction``, ``vmem_peak_mib``, ``busy``
+    ("resource=fraction;..."), ``hash``.
     """
-    simulate = _simulate_function()
     digest = schedule.content_hash()
-    if simulate is None:
-        est = estimate(EstimateContext(program, chip), schedule)
-        return {"predicted_by": "estimate", "feasible": True, "reason": "", "hash": digest,
-                "step_ms": est.step_s * MS_PER_S, "tokens_per_s": est.tokens_per_s,
-                "exposed_dma_ms": est.exposed_dma_s * MS_PER_S, "overlap_fraction": None,
-                "vmem_peak_mib": None, "busy": ""}
     try:
         result = simulate(program, schedule, chip)
     except InfeasibleSchedule as error:

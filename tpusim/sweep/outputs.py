@@ -10,7 +10,8 @@ column              meaning
 hash                :meth:`Schedule.content_hash` (the resume key)
 name, source        candidate name; builtin / neighbour / sample
 status              ``simulated`` | ``estimated`` (estimate only) | ``pruned``
-reason              why it was pruned (``vmem: ...``, ``dmas: ...``, ``vmem (simulated): ...``)
+reason              why it was pruned (``vmem: ...``, ``dmas: ...``, ``vmem (simulated): ...``,
+                    ``schema: ...`` for settings the schedule schema rejects)
 predicted_ms        the step time this row reports, labelled by ``predicted_by``
 predicted_by        ``simulated`` (engine, full step) or ``estimate``
 tokens_per_s        ``batch / predicted step`` (same label)

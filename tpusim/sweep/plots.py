@@ -25,7 +25,7 @@ from tpusim.sweep.report import knob_spreads
 
 if TYPE_CHECKING:
     from tpusim.sweep.evaluate import Workload
-    from tpusim.sweep.search import SweepResult
+    from tpusim.sweep.result import SweepResult
 
 
 def pareto_frontier(points: list[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -24,7 +24,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from tpusim.sweep.evaluate import Workload
-    from tpusim.sweep.search import SweepResult
+    from tpusim.sweep.result import SweepResult
     from tpusim.sweep.space import SweepSpace
 
 TOP_ROWS = 10
@@ -134,20 +134,28 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
 
 
 def summary_markdown(result: SweepResult, workload: Workload, space: SweepSpace) -> str:
-    """The text of ``summary.md``."""
+    """The text of ``summary.md``: one section after another, each from its own function."""
     w = workload.describe()
-    rows = result.rows
-    simulated = sorted((r for r in rows if r["status"] == "simulated"), key=lambda r: (r["predicted_ms"], r["hash"]))
-    estimated = [r for r in rows if r["status"] in ("simulated", "estimated") and r.get("est_ms") is not None]
-    best, pub = result.best_row, result.published_row
-    label = best["predicted_by"]
-    lines = [
+    lines = [*_header(w), *_counts(result), *_chosen(result), *_top(result.rows), *_agreement(result.rows, w),
+             *_knob_sensitivity(result), *_marginal(result), *_one_knob(result.rows), *_space(space)]
+    return "\n".join(lines)
+
+
+def _header(w: dict[str, Any]) -> list[str]:
+    """Title, workload and what each label means."""
+    return [
         f"# Schedule sweep: {w['model']} on {w['hardware']} x{w['chips']} ({w['devices']} devices), batch {w['batch']}",
         "",
         f"Plan `{w['plan']}`, context {w['context_tokens']} tokens, routing {w['routing']}, seed {w['seed']}. "
         "Labels: **simulated** = the SimPy engine on the full step; **estimate** = the analytic estimate "
         f"(`tpusim.sweep.estimate`); **screen** = the engine on the first {w['screen_layers']} layers (ranking only).",
         "",
+    ]
+
+
+def _counts(result: SweepResult) -> list[str]:
+    """How many candidates reached each stage, and what pruned the rest (by reason prefix)."""
+    lines = [
         "## Counts",
         "",
         "| considered | pruned | screened | simulated | estimated only |",
@@ -155,79 +163,121 @@ def summary_markdown(result: SweepResult, workload: Workload, space: SweepSpace)
         f"| {result.considered} | {result.pruned} | {result.screened} | {result.simulated} | {result.estimated} |",
         "",
     ]
-    if not result.engine:
-        lines += ["**The engine (`tpusim.engine.simulate`) was not importable: every number below is an estimate.**", ""]
-    reasons = Counter(str(r.get("reason", "")).split(":")[0] for r in rows if r["status"] == "pruned")
+    reasons = Counter(str(r.get("reason", "")).split(":")[0] for r in result.rows if r["status"] == "pruned")
     if reasons:
         lines += ["Pruned by: " + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())) + ".", ""]
-    lines += [
+    return lines
+
+
+def _simulated(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Simulated rows, fastest first (ties by hash)."""
+    return sorted((r for r in rows if r["status"] == "simulated"), key=lambda r: (r["predicted_ms"], r["hash"]))
+
+
+def _chosen(result: SweepResult) -> list[str]:
+    """The chosen schedule and where ``published`` ranks against it."""
+    best, pub = result.best_row, result.published_row
+    lines = [
         "## Chosen schedule",
         "",
         f"`best.json` = `{result.best.name}` (from `{best['name']}`, {best['source']}): "
-        f"**{best['predicted_ms']:.4f} ms/step, {best['tokens_per_s']:.1f} tokens/s ({label})**.",
+        f"**{best['predicted_ms']:.4f} ms/step, {best['tokens_per_s']:.1f} tokens/s ({best['predicted_by']})**.",
     ]
     if pub and pub.get("predicted_ms") is not None:
+        ranked = len(_simulated(result.rows)) or len(result.rows)
         lines.append(
             f"`published`: {pub['predicted_ms']:.4f} ms/step, {pub['tokens_per_s']:.1f} tokens/s "
-            f"({pub['predicted_by']}); rank {result.published_rank or '–'} of {len(simulated) or len(rows)}; "
+            f"({pub['predicted_by']}); rank {result.published_rank or '–'} of {ranked}; "
             f"the chosen schedule is {_fmt(result.speedup_vs_published, '.3f')}x faster.")
     elif pub:
         lines.append(f"`published` does not fit this workload: {pub['status']} ({pub.get('reason', '')}).")
-    lines += ["", f"## Top {TOP_ROWS} ({'simulated' if simulated else 'estimate'})", ""]
-    lines += _table(simulated[:TOP_ROWS] if simulated else
-                    sorted((r for r in rows if r["status"] == "estimated"),
-                           key=lambda r: (r["predicted_ms"], r["hash"]))[:TOP_ROWS])
+    return lines
+
+
+def _top(rows: list[dict[str, Any]]) -> list[str]:
+    """The best rows (simulated; estimated when nothing was simulated) and the built-ins."""
+    simulated = _simulated(rows)
+    top = simulated[:TOP_ROWS] if simulated else sorted(
+        (r for r in rows if r["status"] == "estimated"), key=lambda r: (r["predicted_ms"], r["hash"]))[:TOP_ROWS]
+    lines = ["", f"## Top {TOP_ROWS} ({'simulated' if simulated else 'estimate'})", "", *_table(top)]
     builtins = [r for r in rows if r["source"] == "builtin"]
     if builtins:
         lines += ["", "## Built-in schedules", "", *_table(builtins)]
-    lines += ["", "## Estimate vs simulation", "",
-              "Over the finalists only: they are the best few of the space and close together, so a rank "
-              "correlation here is a hard test (over 60 random feasible K3 candidates it measured 0.95 at batch 1 and 0.92 at batch 8; the 12-layer screen 0.97 and 0.99).", ""]
+    return lines
+
+
+def _agreement(rows: list[dict[str, Any]], w: dict[str, Any]) -> list[str]:
+    """How far the estimate and the screen rank and predict like the full simulation."""
+    lines = ["", "## Estimate vs simulation", "",
+             "Over the finalists only: they are the best few of the space and close together, so a rank "
+             "correlation here is a hard test (over 60 random feasible K3 candidates it measured 0.95 at batch 1 "
+             "and 0.92 at batch 8; the 12-layer screen 0.97 and 0.99).", ""]
     for key, name in (("est_ms", "analytic estimate"), ("screen_ms", f"screen ({w['screen_layers']} layers)")):
         a = agreement(rows, key)
         if a["n"]:
             lines.append(f"- {name} vs simulated, over {a['n']} simulated candidates: Spearman rank correlation "
                          f"{_fmt(a['spearman'], '.3f')}, median |relative error| {_fmt(a['median_rel_error'], '.1%')}"
                          + (" (a partial step: only the ranking matters)" if key == "screen_ms" else "") + ".")
-    lines += ["", "## Sensitivity: which knobs matter most", ""]
+    return lines
+
+
+def _knob_sensitivity(result: SweepResult) -> list[str]:
+    """Every knob varied alone around the sensitivity seed: the spread of its values."""
+    lines = ["", "## Sensitivity: which knobs matter most", ""]
     spreads = knob_spreads(result.sensitivity)
-    if spreads:
-        lines += [f"Around `{result.sensitivity_seed}` (the best schedule after the search round), every knob "
-                  f"varied alone over the space's values; times are **{result.sensitivity_label}** (a partial "
-                  "step: compare within the table). Spread = slowest minus fastest value.", "",
-                  "| knob | spread ms | spread % | best value (ms) | worst value (ms) | seed's value | values |",
-                  "| --- | ---: | ---: | --- | --- | --- | ---: |"]
-        lines += [f"| {t['knob']} | {t['spread_ms']:.4f} | {_fmt(t['spread_pct'], '.1f')} | {t['best_value']} "
-                  f"({t['best_ms']:.4f}) | {t['worst_value']} ({t['worst_ms']:.4f}) | {t['seed_value']} | {t['values']} |"
-                  for t in spreads]
-        lines.append("")
+    if not spreads:
+        return lines
+    lines += [f"Around `{result.sensitivity_seed}` (the best schedule after the search round), every knob "
+              f"varied alone over the space's values; times are **{result.sensitivity_label}** (a partial "
+              "step: compare within the table). Spread = slowest minus fastest value.", "",
+              "| knob | spread ms | spread % | best value (ms) | worst value (ms) | seed's value | values |",
+              "| --- | ---: | ---: | --- | --- | --- | ---: |"]
+    lines += [f"| {t['knob']} | {t['spread_ms']:.4f} | {_fmt(t['spread_pct'], '.1f')} | {t['best_value']} "
+              f"({t['best_ms']:.4f}) | {t['worst_value']} ({t['worst_ms']:.4f}) | {t['seed_value']} | {t['values']} |"
+              for t in spreads]
+    return [*lines, ""]
+
+
+def _marginal(result: SweepResult) -> list[str]:
+    """Median estimate per knob value over every estimated candidate (a marginal effect)."""
+    estimated = [r for r in result.rows if r["status"] in ("simulated", "estimated") and r.get("est_ms") is not None]
     marginal = sensitivity(estimated, result.knobs, "est_ms")[:12]
-    if marginal:
-        lines += [f"### Marginal spread over all {len(estimated)} estimated candidates (estimate ms)", "",
-                  "Median estimate per value of a knob across random candidates (all knobs vary at once: "
-                  "a marginal effect, not a causal one).", "",
-                  "| knob | spread ms | best value (median ms) | worst value (median ms) | values | n |",
-                  "| --- | ---: | --- | --- | ---: | ---: |"]
-        lines += [f"| {t['knob']} | {t['spread_ms']:.4f} | {t['best_value'] or 'whole'} ({t['best_median_ms']:.3f}) | "
-                  f"{t['worst_value'] or 'whole'} ({t['worst_median_ms']:.3f}) | {t['values']} | {t['n']} |" for t in marginal]
-        lines.append("")
+    if not marginal:
+        return []
+    lines = [f"### Marginal spread over all {len(estimated)} estimated candidates (estimate ms)", "",
+             "Median estimate per value of a knob across random candidates (all knobs vary at once: "
+             "a marginal effect, not a causal one).", "",
+             "| knob | spread ms | best value (median ms) | worst value (median ms) | values | n |",
+             "| --- | ---: | --- | --- | ---: | ---: |"]
+    lines += [f"| {t['knob']} | {t['spread_ms']:.4f} | {t['best_value'] or 'whole'} ({t['best_median_ms']:.3f}) | "
+              f"{t['worst_value'] or 'whole'} ({t['worst_median_ms']:.3f}) | {t['values']} | {t['n']} |"
+              for t in marginal]
+    return [*lines, ""]
+
+
+def _one_knob(rows: list[dict[str, Any]]) -> list[str]:
+    """Simulated neighbours against their simulated parents: one knob's causal effect."""
     effects = one_knob_effects(rows)
-    if effects:
-        shown = effects[:8] + [e for e in effects[-4:] if e not in effects[:8]]
-        lines += ["### One knob at a time (simulated)", "",
-                  "A neighbour changes one knob of its parent; both were simulated, so the delta is that "
-                  "knob's effect. The 8 most helpful changes, then the 4 most harmful.", "",
-                  "| parent | change | parent ms | ms | delta ms |", "| --- | --- | ---: | ---: | ---: |"]
-        lines += [f"| {e['parent']} | {e['change']} | {e['parent_ms']:.4f} | {e['ms']:.4f} | {e['delta_ms']:+.4f} |"
-                  for e in shown]
-        lines.append("")
+    if not effects:
+        return []
+    shown = effects[:8] + [e for e in effects[-4:] if e not in effects[:8]]
+    lines = ["### One knob at a time (simulated)", "",
+             "A neighbour changes one knob of its parent; both were simulated, so the delta is that "
+             "knob's effect. The 8 most helpful changes, then the 4 most harmful.", "",
+             "| parent | change | parent ms | ms | delta ms |", "| --- | --- | ---: | ---: | ---: |"]
+    lines += [f"| {e['parent']} | {e['change']} | {e['parent_ms']:.4f} | {e['ms']:.4f} | {e['delta_ms']:+.4f} |"
+              for e in shown]
+    return [*lines, ""]
+
+
+def _space(space: SweepSpace) -> list[str]:
+    """The limits the candidates were pruned against, and where the full space is."""
     capacity = space.constraints.vmem_capacity_bytes or 0
-    lines += ["## Space", "",
-              f"VMEM limit {capacity / (1 << 20):.2f} MiB ({space.constraints.vmem_capacity_source}); "
-              f"max_dmas_in_flight limit {space.constraints.max_dmas_in_flight_limit}; "
-              f"{space.samples} random draws + one-knob neighbours of the built-ins; the full space is in `space.json`.",
-              ""]
-    return "\n".join(lines)
+    return ["## Space", "",
+            f"VMEM limit {capacity / (1 << 20):.2f} MiB ({space.constraints.vmem_capacity_source}); "
+            f"max_dmas_in_flight limit {space.constraints.max_dmas_in_flight_limit}; "
+            f"{space.samples} random draws + one-knob neighbours of the built-ins; the full space is in `space.json`.",
+            ""]
 
 
 def _table(rows: list[dict[str, Any]]) -> list[str]:

@@ -9,7 +9,8 @@ Steps (each keeps the invariant named after it):
    (:func:`~tpusim.sweep.space.candidates`). *The list depends only on the space, the
    model's families and the seed.*
 2. **Prune** every candidate with the static VMEM accounting and the DMA limit
-   (:mod:`tpusim.sweep.prune`); pruned rows are written at once. *No pruned candidate
+   (:mod:`tpusim.sweep.prune`), and every one the schedule schema rejected (reason
+   ``schema: ...``); pruned rows are written at once. *No pruned candidate
    is ever estimated or simulated.*
 3. **Estimate** the survivors (:mod:`tpusim.sweep.estimate`, ~10-20 ms each) and order them
    by ``(estimate, hash)``.
@@ -41,7 +42,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,16 +56,18 @@ from tpusim.sweep.defaults import (
     ESTIMATE_CHUNK,
     REFINE_FROM,
 )
-from tpusim.sweep.evaluate import MIB, Evaluator, Workload, engine_available
+from tpusim.sweep.evaluate import MIB, Evaluator, Workload
 from tpusim.sweep.outputs import SweepCsv, csv_columns, write_text_atomic
 from tpusim.sweep.progress import SweepProgress
 from tpusim.sweep.prune import VmemAccountant, check_candidate
+from tpusim.sweep.result import SweepResult
 from tpusim.sweep.space import (
     Candidate,
     SweepSpace,
     candidates,
     default_space,
     knob_names,
+    neighbour_candidates,
     neighbours,
     schedule_knobs,
 )
@@ -78,36 +80,6 @@ RowHook = Callable[[dict[str, Any]], None]
 
 class SweepInterrupted(KeyboardInterrupt):
     """Ctrl-C during a sweep; ``sweep.csv`` keeps every finished row (message says how to resume)."""
-
-
-@dataclass
-class SweepResult:
-    """What a sweep found. Times in ms; ``predicted_by`` says simulated or estimate."""
-
-    best: Schedule
-    best_row: dict[str, Any]
-    published_row: dict[str, Any] | None
-    published_rank: int | None  # 1-based among simulated candidates
-    considered: int
-    pruned: int
-    screened: int
-    simulated: int
-    estimated: int
-    engine: bool
-    wall_s: float
-    rows: list[dict[str, Any]]
-    knobs: list[str]
-    paths: dict[str, Path] = field(default_factory=dict)
-    phase_s: dict[str, float] = field(default_factory=dict)  # wall time per phase
-    sensitivity_seed: str = ""  # the schedule the sensitivity varies one knob at a time
-    sensitivity: list[dict[str, Any]] = field(default_factory=list)  # see _Search.sensitivity
-    sensitivity_label: str = ""
-
-    @property
-    def speedup_vs_published(self) -> float | None:
-        if not self.published_row or not self.published_row.get("predicted_ms"):
-            return None
-        return self.published_row["predicted_ms"] / self.best_row["predicted_ms"]
 
 
 def present_families(workload: Workload) -> list[str]:
@@ -137,7 +109,6 @@ class _Search:
         self.workload, self.space, self.families = workload, space, families
         self.table, self.done, self.accountant = table, done, accountant
         self.evaluator, self.progress, self.on_row = evaluator, progress, on_row
-        self.use_engine = engine_available()
         self.screen_factor = screen_factor if workload.screen_layers < workload.model.num_layers else 0
         self.considered: list[Candidate] = []
         self.by_hash: dict[str, Candidate] = {}
@@ -180,6 +151,30 @@ class _Search:
                                     **schedule_knobs(cand.schedule, self.space, self.families)}
         return fresh
 
+    def prune(self, label: str, cands: list[Candidate]) -> list[Candidate]:
+        """Step 2: the feasible candidates; a ``pruned`` row for each of the rest (once).
+
+        A candidate the schema rejected is pruned with the schema's reason and never reaches
+        the VMEM accounting (its settings are not a valid schedule).
+        """
+        feasible: list[Candidate] = []
+        task = self.progress.phase(f"{label}: prune", len(cands))
+        for cand in cands:
+            row: dict[str, Any] | None = None
+            if cand.rejected:
+                row = {"reason": cand.rejected}
+            else:
+                verdict = check_candidate(cand.schedule, self.space, self.accountant)
+                self.static_mib[cand.hash] = verdict.vmem_static_bytes / MIB
+                if verdict.feasible:
+                    feasible.append(cand)
+                else:
+                    row = {"reason": verdict.reason, "vmem_static_mib": self.static_mib[cand.hash]}
+            if row is not None and self.status(cand.hash) is None:
+                self.emit({**self.base[cand.hash], "status": "pruned", **row})
+            self.progress.advance(task)
+        return feasible
+
     def run_round(self, label: str, cands: list[Candidate], sim_budget: int, must: list[str], *,
                   screen_all: bool = False) -> None:
         """Prune, estimate, screen and simulate ``cands`` (steps 2-5 of the module docstring).
@@ -188,17 +183,7 @@ class _Search:
         """
         progress, base, batch = self.progress, self.base, self.workload.batch
         self._mark = time.perf_counter()
-        feasible: list[Candidate] = []
-        task = progress.phase(f"{label}: prune", len(cands))
-        for cand in cands:
-            verdict = check_candidate(cand.schedule, self.space, self.accountant)
-            self.static_mib[cand.hash] = verdict.vmem_static_bytes / MIB
-            if verdict.feasible:
-                feasible.append(cand)
-            elif self.status(cand.hash) is None:
-                self.emit({**base[cand.hash], "status": "pruned", "reason": verdict.reason,
-                           "vmem_static_mib": self.static_mib[cand.hash]})
-            progress.advance(task)
+        feasible = self.prune(label, cands)
         must = [h for h in must if any(c.hash == h for c in feasible)]
         self.lap(f"{label}.prune")
 
@@ -214,7 +199,7 @@ class _Search:
 
         screen, failed = self.screen, set()
         ranked = order
-        if self.use_engine and self.screen_factor:
+        if self.screen_factor:
             width = len(order) if screen_all else self.screen_factor * sim_budget
             pool = _unique([*(self.by_hash[h] for h in must), *order[:width]])
             todo = [c for c in pool if c.hash not in screen and self.status(c.hash) != "pruned"]
@@ -235,11 +220,8 @@ class _Search:
 
         finalists = _unique([*(self.by_hash[h] for h in must if h not in failed), *ranked])
         finalists = finalists[: max(sim_budget, len(must))]
-        final = ("simulated", "pruned") if self.use_engine else ("simulated", "pruned", "estimated")
-        todo = [c for c in finalists if self.status(c.hash) not in final]
-        task = progress.phase(f"{label}: simulate" if self.use_engine
-                              else f"{label}: estimate (no engine)",
-                              len(finalists), completed=len(finalists) - len(todo))
+        todo = [c for c in finalists if self.status(c.hash) not in ("simulated", "pruned")]
+        task = progress.phase(f"{label}: simulate", len(finalists), completed=len(finalists) - len(todo))
         for cand in finalists:
             if self.status(cand.hash) == "simulated":
                 progress.offer_best(self.done[cand.hash]["predicted_ms"], self.done[cand.hash]["name"])
@@ -260,7 +242,7 @@ class _Search:
     def screen_only(self, cands: list[Candidate]) -> None:
         """Screen candidates that already have rows (for the sensitivity table; no rows written)."""
         todo = [c for c in cands if c.hash not in self.screen and self.status(c.hash) not in (None, "pruned")]
-        if not (todo and self.use_engine and self.screen_factor):
+        if not (todo and self.screen_factor):
             return
         task = self.progress.phase("sensitivity: screen", len(todo))
         for done_batch, rows in self.evaluator.run("screen", [[c] for c in todo]):
@@ -275,7 +257,7 @@ class _Search:
         ``ms`` is the screen time (the engine on the first layers) when screening ran, else
         the estimate; ``sim_ms`` the full simulated step where one exists.
         """
-        metric = self.screen if self.use_engine and self.screen_factor else self.est
+        metric = self.screen if self.screen_factor else self.est
         seed_knobs = schedule_knobs(seed.schedule, self.space, self.families)
         out = [{"knob": knob, "value": value, "ms": metric.get(seed.hash), "is_seed": True,
                 "sim_ms": self.done.get(seed.hash, {}).get("sim_ms")} for knob, value in seed_knobs.items()]
@@ -402,8 +384,7 @@ def _search_rounds(search: _Search, space: SweepSpace, families: list[str], budg
     lap("search")
     if refine_budget:  # 6. refine: one-knob neighbours of the best simulated so far
         seeds = [search.by_hash[r["hash"]].schedule for r in search.ranked()[:REFINE_FROM]]
-        around = [[Candidate(s, "refine", s.content_hash()) for s in neighbours(seed_schedule, space, families)]
-                  for seed_schedule in seeds]
+        around = [list(neighbour_candidates(seed_schedule, space, families, "refine")) for seed_schedule in seeds]
         fresh = search.add([c for group in around for c in group])
         search.run_round("refine", fresh, refine_budget, [], screen_all=True)
         if seeds:  # every one-knob neighbour of the first seed screened: the sensitivity table
@@ -431,24 +412,24 @@ def _sweep_result(search: _Search, done: dict[str, dict[str, Any]], workload: Wo
         considered=len(search.considered), pruned=sum(r["status"] == "pruned" for r in rows),
         screened=sum(r.get("screen_ms") is not None for r in rows),
         simulated=sum(r["status"] == "simulated" for r in rows),
-        estimated=sum(r["status"] == "estimated" for r in rows), engine=search.use_engine,
+        estimated=sum(r["status"] == "estimated" for r in rows),
         wall_s=0.0, rows=rows, knobs=knobs, phase_s={**phase_s, **search.stage_s}, sensitivity_seed=seed.schedule.name,
         sensitivity=search.sensitivity(seed),
-        sensitivity_label=(f"simulated, first {screen_layers} layers" if search.use_engine and search.screen_factor
+        sensitivity_label=(f"simulated, first {screen_layers} layers" if search.screen_factor
                            else "estimate"))
 
 
 def _final_row(base: dict[str, Any], row: dict[str, Any], est_ms: float | None, screen_ms: float | None,
                static_mib: float) -> dict[str, Any]:
-    """The CSV row of a finalist from its evaluation (engine result, or estimate without one)."""
+    """The CSV row of a finalist from its full-step engine evaluation (simulated, or pruned
+    when the engine found it does not fit)."""
     common = {**base, "est_ms": est_ms, "screen_ms": screen_ms, "vmem_static_mib": static_mib}
     if not row["feasible"]:
         return {**common, "status": "pruned", "reason": row["reason"]}
-    status = "simulated" if row["predicted_by"] == "simulated" else "estimated"
-    return {**common, "status": status, "predicted_ms": row["step_ms"], "predicted_by": row["predicted_by"],
+    return {**common, "status": "simulated", "predicted_ms": row["step_ms"], "predicted_by": row["predicted_by"],
             "tokens_per_s": row["tokens_per_s"], "exposed_dma_ms": row["exposed_dma_ms"],
             "vmem_peak_mib": row.get("vmem_peak_mib"), "overlap_fraction": row.get("overlap_fraction"),
-            "busy": row.get("busy", ""), "sim_ms": row["step_ms"] if status == "simulated" else None}
+            "busy": row.get("busy", ""), "sim_ms": row["step_ms"]}
 
 
 def _best_schedule(schedule: Schedule, best: dict[str, Any], published: dict[str, Any] | None,

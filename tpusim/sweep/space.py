@@ -33,8 +33,8 @@ Candidates (:func:`candidates`), in a fixed order so a seed gives the same list 
    limit (uniform draws over K3's space overflow VMEM nine times in ten).
 
 Duplicates (same :meth:`Schedule.content_hash`) are dropped, keeping the first. Families the
-model does not have (``gqa_proj`` for K3) are left at their defaults so they cannot create
-distinct-looking duplicates.
+model lacks (``gqa_proj`` for K3) keep their defaults, so they cannot create distinct-looking
+duplicates. Settings the schema rejects stay candidates, marked ``rejected`` with the reason.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from hwmodels.validation import describe_validation_error
 from tpusim.schedule.schema import (
     BUILTIN_SCHEDULES,
     SCHEDULE_FAMILIES,
@@ -279,18 +280,28 @@ def schedule_knobs(schedule: Schedule, space: SweepSpace, families: Iterable[str
 
 @dataclass(frozen=True)
 class Candidate:
-    """One schedule to consider, with where it came from (builtin / neighbour / sample)."""
+    """One schedule to consider, with where it came from (builtin / neighbour / sample / refine).
+
+    ``rejected`` is empty for a schedule the schema accepts. Otherwise it says why the schema
+    rejects these settings (``schema: ...``), and ``schedule`` holds them unvalidated
+    (``Schedule.model_construct``): the sweep reads its knobs and content hash for the row
+    (stable across ``--resume``) and never prunes, estimates or simulates it.
+    """
 
     schedule: Schedule
     source: str
     hash: str
+    rejected: str = ""
 
 
-def _make(name: str, description: str, families: dict[str, FamilySchedule], globals_: dict[str, Any]) -> Schedule | None:
+def _make(name: str, description: str, families: dict[str, FamilySchedule],
+          globals_: dict[str, Any]) -> tuple[Schedule, str]:
+    """The schedule and ``""``, or, when the schema rejects it, the unvalidated settings and why."""
     try:
-        return Schedule(name=name, description=description, families=families, **globals_)
-    except ValidationError:
-        return None
+        return Schedule(name=name, description=description, families=families, **globals_), ""
+    except ValidationError as error:
+        settings = Schedule.model_construct(name=name, description=description, families=families, **globals_)
+        return settings, describe_validation_error("schema", error)
 
 
 def _globals_of(schedule: Schedule) -> dict[str, Any]:
@@ -319,15 +330,24 @@ def _with_pattern(families: dict[str, FamilySchedule], pools: dict[str, list[str
 
 
 def neighbours(base: Schedule, space: SweepSpace, present: list[str]) -> Iterator[Schedule]:
-    """Every schedule exactly one knob away from ``base`` within the space (schema-valid ones;
-    a "change" to the value ``base`` already has is not a neighbour)."""
+    """Every schema-valid schedule exactly one knob away from ``base`` within the space."""
+    for cand in neighbour_candidates(base, space, present):
+        if not cand.rejected:
+            yield cand.schedule
+
+
+def neighbour_candidates(base: Schedule, space: SweepSpace, present: list[str],
+                         source: str = "neighbour") -> Iterator[Candidate]:
+    """Every one-knob change of ``base`` within the space, those the schema rejects included
+    (with ``rejected`` saying why); a "change" to the value ``base`` already has is none."""
     base_hash = base.content_hash()
-    for schedule in _one_knob_changes(base, space, present):
-        if schedule.content_hash() != base_hash:
-            yield schedule
+    for schedule, rejected in _one_knob_changes(base, space, present):
+        digest = schedule.content_hash()
+        if digest != base_hash:
+            yield Candidate(schedule, source, digest, rejected)
 
 
-def _one_knob_changes(base: Schedule, space: SweepSpace, present: list[str]) -> Iterator[Schedule]:
+def _one_knob_changes(base: Schedule, space: SweepSpace, present: list[str]) -> Iterator[tuple[Schedule, str]]:
     fams = {f: base.family(f) for f in present}
     glob = _globals_of(base)
     tag = base.name
@@ -342,33 +362,24 @@ def _one_knob_changes(base: Schedule, space: SweepSpace, present: list[str]) -> 
                 if getattr(fam, knob) == value:
                     continue
                 changed = {**fams, family: fam.model_copy(update={knob: value})}
-                schedule = _make(f"{tag}~{family}.{knob}={value}", f"{tag} with {family}.{knob}={value}",
-                                 {**base.families, **changed}, glob)
-                if schedule is not None:
-                    yield schedule
+                yield _make(f"{tag}~{family}.{knob}={value}", f"{tag} with {family}.{knob}={value}",
+                            {**base.families, **changed}, glob)
     for pattern, pools in space.pool_patterns.items():
         changed = _with_pattern(fams, pools, present)
-        schedule = _make(f"{tag}~pools={pattern}", f"{tag} with pools {pattern}", {**base.families, **changed},
-                         {**glob, "pools": dict(space.pool_modes.get(pattern, {}))})
-        if schedule is not None:
-            yield schedule
+        yield _make(f"{tag}~pools={pattern}", f"{tag} with pools {pattern}", {**base.families, **changed},
+                    {**glob, "pools": dict(space.pool_modes.get(pattern, {}))})
     for value in space.max_dmas_in_flight:
-        yield from _maybe(_make(f"{tag}~max_dmas={value}", f"{tag} with max_dmas_in_flight={value}",
-                                dict(base.families), {**glob, "max_dmas_in_flight": value}))
+        yield _make(f"{tag}~max_dmas={value}", f"{tag} with max_dmas_in_flight={value}",
+                    dict(base.families), {**glob, "max_dmas_in_flight": value})
     for issue in space.expert_issue:
-        yield from _maybe(_make(f"{tag}~expert_issue={issue}", f"{tag} with expert_issue={issue}",
-                                dict(base.families), {**glob, **_issue_globals(issue, space)}))
+        yield _make(f"{tag}~expert_issue={issue}", f"{tag} with expert_issue={issue}",
+                    dict(base.families), {**glob, **_issue_globals(issue, space)})
     for tokens in space.kv_tile_tokens:
-        yield from _maybe(_make(f"{tag}~kv_tile={tokens}", f"{tag} with kv_tile_tokens={tokens}",
-                                dict(base.families), {**glob, "kv_tile_tokens": tokens}))
+        yield _make(f"{tag}~kv_tile={tokens}", f"{tag} with kv_tile_tokens={tokens}",
+                    dict(base.families), {**glob, "kv_tile_tokens": tokens})
     for buffers in space.kv_buffers:
-        yield from _maybe(_make(f"{tag}~kv_buffers={buffers}", f"{tag} with kv_buffers={buffers}",
-                                dict(base.families), {**glob, "kv_buffers": buffers}))
-
-
-def _maybe(schedule: Schedule | None) -> Iterator[Schedule]:
-    if schedule is not None:
-        yield schedule
+        yield _make(f"{tag}~kv_buffers={buffers}", f"{tag} with kv_buffers={buffers}",
+                    dict(base.families), {**glob, "kv_buffers": buffers})
 
 
 class VmemGuide(Protocol):
@@ -385,7 +396,17 @@ class VmemGuide(Protocol):
 
 def sample(space: SweepSpace, present: list[str], rng: np.random.Generator, index: int,
            guide: VmemGuide | None = None) -> Schedule:
-    """One random schedule (see :func:`candidates` for the two samplers).
+    """One random schedule (raises ``ValueError`` when the schema rejects the draw)."""
+    cand = sample_candidate(space, present, rng, index, guide)
+    if cand.rejected:
+        raise ValueError(f"{cand.schedule.name}: {cand.rejected}")
+    return cand.schedule
+
+
+def sample_candidate(space: SweepSpace, present: list[str], rng: np.random.Generator, index: int,
+                     guide: VmemGuide | None = None) -> Candidate:
+    """One random draw as a candidate (see :func:`candidates` for the two samplers); a draw the
+    schema rejects (e.g. a ring pool that takes ``routed_expert``) comes back ``rejected``.
 
     Guided draw, step by step: (1) draw the global knobs and the pool pattern; (2) visit the
     families in a random order; (3) for each, keep the (distance, chunk, buffers) triples
@@ -446,8 +467,9 @@ def sample(space: SweepSpace, present: list[str], rng: np.random.Generator, inde
     families = {f: FamilySchedule(prefetch_distance_ops=chosen[f][0], chunk_bytes=chosen[f][1],
                                   buffers=chosen[f][2]) if f in chosen else FamilySchedule() for f in present}
     families = _with_pattern(families, space.pool_patterns[pattern], present)
-    return Schedule(name=f"sample-{index:05d}", description=f"random draw {index} of the sweep space ({pattern})",
-                    families=families, pools=dict(space.pool_modes.get(pattern, {})), **glob)
+    schedule, rejected = _make(f"sample-{index:05d}", f"random draw {index} of the sweep space ({pattern})",
+                               families, {"pools": dict(space.pool_modes.get(pattern, {})), **glob})
+    return Candidate(schedule, "sample", schedule.content_hash(), rejected)
 
 
 def candidates(space: SweepSpace, present: list[str], *, seed: int,
@@ -460,20 +482,19 @@ def candidates(space: SweepSpace, present: list[str], *, seed: int,
     out: list[Candidate] = []
     seen: set[str] = set()
 
-    def add(schedule: Schedule, source: str) -> None:
-        digest = schedule.content_hash()
-        if digest not in seen:
-            seen.add(digest)
-            out.append(Candidate(schedule, source, digest))
+    def add(cand: Candidate) -> None:
+        if cand.hash not in seen:
+            seen.add(cand.hash)
+            out.append(cand)
 
     bases = [load_schedule(name) for name in builtins]
     for base in bases:
-        add(base, "builtin")
+        add(Candidate(base, "builtin", base.content_hash()))
     if space.neighbours:
         for base in bases:
-            for schedule in neighbours(base, space, present):
-                add(schedule, "neighbour")
+            for cand in neighbour_candidates(base, space, present):
+                add(cand)
     rng = np.random.default_rng(seed)
     for index in range(space.samples):
-        add(sample(space, present, rng, index, guide), "sample")
+        add(sample_candidate(space, present, rng, index, guide))
     return out

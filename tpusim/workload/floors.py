@@ -79,14 +79,22 @@ def op_kind(op: Op) -> str:
 
 
 def collective_latency_s(chip: Chip, op: Op) -> float:
+    """Latency floor of ``op``'s blocking collectives: per stage the link's stage latency, or
+    for a collective run as remote copies (``algorithm`` set, priced message by message) per
+    phase one copy's issue cost plus the link latency (the least a phase can take)."""
     total = 0.0
     for call in op.collectives:
         if call.spec.overlapped:
             continue
         for stage in call.spec.stages:
             link = link_for(chip, stage.link)
-            if link is not None:
+            if link is None:
+                continue
+            if call.spec.algorithm is None or chip.kind == "gpu":  # GPU pricers keep stages
                 total += link.collective_stage_latency_s.value
+            else:
+                issue = link.message_issue_s.value if link.message_issue_s is not None else 0.0
+                total += link.latency_s.value + issue
     return total
 
 

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
 from hwmodels.textfile import read_user_text
+from hwmodels.validation import describe_validation_error
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.plan_spec import is_plan_spec, parse_plan_spec, plan_from_spec
 from tpusim.workload.sharding import ShardingPlan, generic_plan
@@ -34,16 +35,14 @@ T = TypeVar("T", bound=BaseModel)
 MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
 
 # (model name without variant, devices) -> published plan file stem
-PUBLISHED_PLANS = {("kimi-k3", 32): "plan-k3-tp32", ("muse-spark", 8): "plan-muse-tp8"}
+PUBLISHED_PLANS = {("kimi-k3", 32): "plan-k3-tp32", ("muse-spark", 8): "plan-muse-tp8",
+                   ("kimi-k3-nano", 8): "plan-k3-nano-tp8", ("kimi-k3-nano", 32): "plan-k3-nano-tp32"}
 
 
-def format_validation_error(path: Path | str, error: ValidationError) -> str:
-    """One line: ``file: field.path: message`` for the first error (count of the rest)."""
-    first = error.errors()[0]
-    where = ".".join(str(part) for part in first["loc"]) or "(top level)"
-    more = len(error.errors()) - 1
-    suffix = f" (and {more} more error{'s' if more > 1 else ''})" if more else ""
-    return f"{path}: {where}: {first['msg']}{suffix}"
+def format_validation_error(path: Path | str, error: ValidationError, data: Any = None,
+                            schema: str | None = None) -> str:
+    """One line listing every problem (:func:`hwmodels.validation.describe_validation_error`)."""
+    return describe_validation_error(str(path), error, data, schema=schema)
 
 
 def read_yaml(path: Path) -> Any:
@@ -62,7 +61,8 @@ def validate_file(cls: type[T], path: Path, data: Any) -> T:
     try:
         return cls.model_validate(data)
     except ValidationError as error:
-        raise InputError(format_validation_error(path, error)) from None
+        topic = {"ModelConfig": "model", "ShardingPlan": "plan"}.get(cls.__name__)
+        raise InputError(format_validation_error(path, error, data, topic)) from None
 
 
 def list_models() -> list[str]:

@@ -169,8 +169,13 @@ class Program:
 
 
 def _collectives_after(plan: ShardingPlan, role: str, batch: int) -> tuple[CollectiveCall, ...]:
-    specs = plan.attention_collectives + plan.moe_collectives + plan.mlp_collectives + plan.head_collectives
-    return tuple(CollectiveCall(s, s.bytes_per_token * batch) for s in specs if s.after == role)
+    """The collectives the op with ``role`` issues at ``batch``: those issued at its end, then
+    those chained behind them (``after`` naming a collective), parents first."""
+    specs = plan.collectives_at(batch)
+    issued = [s for s in specs if s.after == role]
+    for parent in issued:  # grows while iterating: chains of any depth
+        issued += [s for s in specs if s.after == parent.name and s not in issued]
+    return tuple(CollectiveCall(s, s.bytes_per_token * batch) for s in issued)
 
 
 def _matmul_op(name: str, role: str, layer: int, phase: str, tensors: list[TensorSpec], rows: int,

@@ -15,8 +15,12 @@ groups; the group owns ``num_experts / expert_groups`` consecutive experts and t
 holds ``1 / expert_tp`` of each owned expert's intermediate width (K3 TP32: 8 groups of 4
 ranks, 112 experts per group, a 768-wide quarter of each).
 
-Collectives are listed with their payload per token and their stages (which link, how many
-peers). The engine prices each stage as ``stage latency + bytes / link bandwidth``.
+Collectives are listed with their payload per token. A collective with an ``algorithm``
+(the published TPU plans) is expanded into messages by :mod:`tpusim.workload.collectives`
+(which rank copies how many bytes to which peer over which link, in which phase); its
+``stages`` (link, peers per phase) are derived from that expansion for stage-level pricing
+(GPU pricers, analytic floors). A collective without one (generic plans) lists its stages;
+the engine prices each stage as ``stage latency + bytes / link bandwidth``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tpusim.workload.collectives import ALGORITHMS, Algorithm, Group, Topology, link_stages
 from tpusim.workload.modelconfig import ModelConfig
 
 
@@ -46,12 +51,37 @@ class CollectiveSpec(_Frozen):
     name: str
     phase: Literal["attention", "moe", "mlp", "head"]
     kind: Literal["exchange", "all_gather", "all_reduce", "reduce_scatter"]
-    bytes_per_token: int = Field(ge=0, description="payload sent to each peer per token, bytes")
-    stages: list[CollectiveStage] = Field(min_length=1)
-    after: str = Field(description="name of the op whose output it carries")
+    bytes_per_token: int = Field(ge=0, description="payload per rank per token, bytes (a "
+                                 "reduction's partial, a gather's own piece)")
+    stages: list[CollectiveStage] = Field(
+        default_factory=list, description="(link, peers) per phase; derived from ``algorithm`` "
+        "when it is given")
+    after: str = Field(description="issuing point: the role of the op whose end issues it, or "
+                       "the name of the collective whose completion issues it")
     overlapped: bool = Field(
         default=False, description="runs concurrently with the following compute (latent gather)"
     )
+    algorithm: Algorithm | None = Field(
+        default=None, description="how the kernel runs it as remote copies "
+        "(tpusim.workload.collectives); None: priced per stage")
+    group: Group = Field(default="all", description="ranks taking part, seen from one rank")
+    consumed_by: str | None = Field(
+        default=None, description="role of the first op that reads the result: the compute "
+        "stream waits only there (None: the next op)")
+    min_batch: int = Field(default=1, ge=1, description="smallest batch this variant serves")
+    max_batch: int | None = Field(default=None, ge=1, description="largest batch it serves (None: any)")
+
+    def serves(self, batch: int) -> bool:
+        """Whether this variant is the one the plan runs at ``batch``."""
+        return self.min_batch <= batch and (self.max_batch is None or batch <= self.max_batch)
+
+    @model_validator(mode="after")
+    def _check_spec(self) -> CollectiveSpec:
+        if not self.stages and self.algorithm is None:
+            raise ValueError(f"collective {self.name}: give an algorithm or stages")
+        if self.max_batch is not None and self.max_batch < self.min_batch:
+            raise ValueError(f"collective {self.name}: max_batch < min_batch")
+        return self
 
 
 class ShardingPlan(_Frozen):
@@ -62,6 +92,7 @@ class ShardingPlan(_Frozen):
     source: str = "derived"
     devices: int = Field(ge=1, description="JAX devices the model is split over")
     devices_per_chip: int = Field(default=1, ge=1)
+    devices_per_host: int = Field(default=8, ge=1, description="devices per host (host = rank // this)")
     lane_multiple: int = Field(default=128, ge=1, description="per-device widths pad to this")
     attention_heads_per_device: int = Field(ge=1)
     kv_heads_per_device: int = Field(default=1, ge=1, description="GQA KV heads per device")
@@ -81,6 +112,32 @@ class ShardingPlan(_Frozen):
     mlp_collectives: list[CollectiveSpec] = Field(default_factory=list)
     head_collectives: list[CollectiveSpec] = Field(default_factory=list)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_stages(cls, data: object) -> object:
+        """Fill each algorithm collective's ``stages`` from its message expansion (rank 0)."""
+        if not isinstance(data, dict) or "devices" not in data:
+            return data
+        topology = Topology(int(data["devices"]), int(data.get("devices_per_host", 8)),
+                            int(data.get("devices_per_chip", 1)))
+        out = dict(data)
+        for key in COLLECTIVE_LISTS:
+            specs = []
+            for spec in data.get(key) or []:
+                fields = spec.model_dump() if isinstance(spec, CollectiveSpec) else spec
+                if isinstance(fields, dict) and fields.get("algorithm") and not fields.get("stages"):
+                    if fields["algorithm"] not in ALGORITHMS:
+                        raise ValueError(f"collective {fields.get('name')}: unknown algorithm {fields['algorithm']!r}")
+                    fields = {**fields, "stages": [
+                        {"link": link, "peers": peers} for link, peers in
+                        link_stages(fields["algorithm"], fields.get("group", "all"), 0, topology)]}
+                    if not fields["stages"]:  # no peer (one device): nothing to run
+                        continue
+                specs.append(fields)
+            if key in data:
+                out[key] = specs
+        return out
+
     @model_validator(mode="after")
     def _check(self) -> ShardingPlan:
         if self.expert_groups * self.expert_tp != self.devices:
@@ -90,6 +147,16 @@ class ShardingPlan(_Frozen):
             )
         if self.devices % self.attention_dp:
             raise ValueError(f"attention_dp ({self.attention_dp}) does not divide devices ({self.devices})")
+        specs = self.all_collectives
+        names = {spec.name for spec in specs}
+        for spec in specs:
+            if spec.after in names and spec.after == spec.name:
+                raise ValueError(f"collective {spec.name} is issued after itself")
+            rivals = [other for other in specs if other.name == spec.name and other is not spec]
+            for other in rivals:
+                top, other_top = spec.max_batch or 1 << 30, other.max_batch or 1 << 30
+                if spec.min_batch <= other_top and other.min_batch <= top:
+                    raise ValueError(f"collective {spec.name}: variants with overlapping batch ranges")
         return self
 
     @property
@@ -104,6 +171,20 @@ class ShardingPlan(_Frozen):
     @property
     def chips(self) -> int:
         return math.ceil(self.devices / self.devices_per_chip)
+
+    @property
+    def topology(self) -> Topology:
+        """Where the ranks sit (host = rank // devices_per_host; sibling = rank ^ 1 on 2-core chips)."""
+        return Topology(self.devices, self.devices_per_host, self.devices_per_chip)
+
+    @property
+    def all_collectives(self) -> list[CollectiveSpec]:
+        """Every collective of every phase, every batch variant, in plan order."""
+        return self.attention_collectives + self.moe_collectives + self.mlp_collectives + self.head_collectives
+
+    def collectives_at(self, batch: int) -> list[CollectiveSpec]:
+        """The collectives the plan runs at ``batch`` (one variant per name), in plan order."""
+        return [spec for spec in self.all_collectives if spec.serves(batch)]
 
     def check_against(self, model: ModelConfig) -> None:
         """Raise ValueError when the plan cannot split ``model``."""
@@ -130,6 +211,9 @@ class ShardingPlan(_Frozen):
 
     def group_of_device(self, device: int) -> int:
         return device // self.expert_tp
+
+
+COLLECTIVE_LISTS = ("attention_collectives", "moe_collectives", "mlp_collectives", "head_collectives")
 
 
 def round_up(value: int, multiple: int) -> int:

@@ -22,20 +22,57 @@ SUBCOMMAND_MODULES = (
     "simulate",
     "sweep",
     "run_kernel",
+    "lower",
     "calibrate",
     "compare",
     "plan",
+    "diff",
+    "schema",
+    "sources",
 )
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default unless it names one already
+    (``argparse.ArgumentDefaultsHelpFormatter`` would repeat it and show ``False``)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (not action.option_strings or default in (None, False, "", argparse.SUPPRESS)
+                or "default" in text or "%(default)" in text):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tpusim")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def _use_formatter(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = HelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _use_formatter(child)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tpusim",
-        description="Simulate, sweep, run and calibrate MoE decode-step megakernels.",
+        description="Simulate, sweep, run and calibrate MoE decode-step megakernels. "
+        "`tpusim COMMAND --help` describes each command; `tpusim schema TOPIC` the file formats.",
     )
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"tpusim {_version()}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", help="one of:")
     for module_name in SUBCOMMAND_MODULES:
         importlib.import_module(f"tpusim.app.cli.{module_name}").register(subparsers)
+    _use_formatter(parser)
     return parser
 
 

@@ -20,6 +20,11 @@ on its micro-benchmarks only and predicts the held-out steps (:mod:`calibration.
 ``--measurements cpu-loop`` runs the CPU closed loop (:mod:`calibration.cpu_loop`): probe
 this host, time jitted decode steps, fit ``host-cpu``.
 
+The terminal summary (:mod:`tpusim.app.fit_summary`) gives the solver's convergence, the
+errors before / after / leave-one-out / held out, every parameter with its 95 % interval and
+identifiability, and the points the overlay was fitted on. A solve that stops before
+converging exits 2 without saving the overlay unless ``--allow-unconverged``.
+
 ``--json`` prints ``mape_before``, ``mape_calibration``, ``mape_holdout`` (fractions; None
 when nothing is held out) and ``parameters`` (``value``, ``uncertainty``, ``fitted_on``, …).
 
@@ -27,6 +32,15 @@ when nothing is held out) and ``parameters`` (``value``, ``uncertainty``, ``fitt
 published per-stage split instead (:mod:`calibration.gpu_stack`); its ``--json`` gives
 ``before`` / ``after`` (``group_us``, ``errors``, ``stage_us``, ``stage_errors``, ``step_us``),
 ``parameters``, ``within_tolerance`` and ``overlay``.
+
+``--procedure parts`` (the default for tpu-v7) fits each part on its own measurements
+first (:mod:`calibration.parts`: links, HBM, host, expert-slot sweep, Muse breakdown; the
+component data is ``--components``), reports the end-to-end MAPE with those values *before*
+fitting on the step times (``mape_e2e_parts_only``), then fits the rest on them
+(``mape_calibration``, ``mape_holdout``); ``parts`` holds per-part errors, ``pins`` which
+parameters each measurement constrains, ``unidentifiable_held`` what the data cannot pin.
+Either procedure stores sampled parameter sets in the overlay for 90 % prediction
+intervals (:mod:`calibration.intervals`).
 
 ``report`` fits nothing: it compares a measurement file with the simulator, uncalibrated and
 (if an overlay exists) calibrated.
@@ -37,27 +51,21 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from calibration.fit import FitResult, fit_chip, save_fit
-from calibration.loaders import load_measurements, usable_for
-from calibration.measurements import write_measurements
-from calibration.params import parse_parameters
-from calibration.predict import Predictor
-from calibration.report import (
-    comparison_report,
-    comparison_rows,
-    error_summary,
-    rows_from_fit,
-    scatter_plot,
-    write_fit_report,
-)
 from hwmodels.atomic import write_text_atomic
 from hwmodels.catalog import display_path, load_chip
 from hwmodels.errors import InputError
-from hwmodels.overlay import has_overlay, overlay_path
+from hwmodels.overlay import overlay_path
 from tpusim.app.cli.common import emit_json
+
+if TYPE_CHECKING:
+    from calibration.fit import FitResult
+
+# The calibration package (scipy, the engine) is imported inside the commands that use it,
+# so ``tpusim --help`` and every other command stay light.
 
 CPU_LOOP = ("cpu-loop", "cpu-loop-quick")
 
@@ -85,7 +93,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     calibrate.add_argument("--uncalibrated-start", action="store_true",
                            help="start from the published figures even if an overlay exists")
     calibrate.add_argument("--no-save", action="store_true", help="do not write the overlay")
-    calibrate.add_argument("--max-evals", type=int, default=30, help="least-squares evaluations (default 30)")
+    calibrate.add_argument("--max-evals", type=int, default=30,
+                           help="least-squares evaluations before the solver stops (default 30)")
+    calibrate.add_argument("--allow-unconverged", action="store_true",
+                           help="save the overlay and exit 0 even when the solver stopped before "
+                           "converging (default: exit 2, overlay not saved)")
+    calibrate.add_argument("--procedure", choices=("auto", "parts", "end-to-end"), default="auto",
+                           help="parts: fit each part on its own measurements, then the end-to-end points "
+                           "(default where component data exists: tpu-v7); end-to-end: one fit on step times")
+    calibrate.add_argument("--components", default="published:tpu7x-components",
+                           help="component measurements for --procedure parts (default published:tpu7x-components)")
     calibrate.add_argument("--quick", action="store_true", help="cpu-loop: the small CI variant")
     calibrate.add_argument("--no-probe", action="store_true",
                            help="cpu-loop: reuse the saved host-cpu entry instead of probing again")
@@ -109,6 +126,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _fit(args: argparse.Namespace, console: Console) -> tuple[FitResult, list]:
+    from calibration.fit import fit_chip
+    from calibration.loaders import load_measurements, usable_for
+    from calibration.params import parse_parameters
+    from calibration.predict import Predictor
+
     if args.measurements in CPU_LOOP:
         from calibration.cpu_loop import CpuLoopConfig, run_cpu_loop
 
@@ -156,39 +178,105 @@ def _run_gpu_stack(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_calibrate(args: argparse.Namespace) -> int:
-    if args.measurements == "published:b200-vllm-qwen3.5":
-        return _run_gpu_stack(args)
-    console = Console(stderr=True)
-    console.print(f"calibrating {args.hardware} on {args.measurements} ...", highlight=False)
-    result, records = _fit(args, console)
-    out = Path(args.out)
+def _use_parts(args: argparse.Namespace) -> bool:
+    if args.procedure != "auto":
+        return args.procedure == "parts"
+    return args.hardware == "tpu-v7" and args.measurements not in CPU_LOOP and not args.parameters
+
+
+def _run_parts(args: argparse.Namespace, console: Console) -> int:
+    """``--procedure parts``: components first, then the end-to-end points (calibration.by_parts)."""
+    from calibration.by_parts import calibrate_by_parts
+    from calibration.components import load_components
+    from calibration.loaders import load_measurements, usable_for
+    from calibration.measurements import write_measurements
+    from calibration.predict import Predictor
+    from calibration.report import write_fit_report
+    from hwmodels.overlay import save_overlay
     from tpusim.app.interrupts import deferred_interrupts
 
-    with deferred_interrupts():  # the report, fit, points and overlay change together or not at all
-        paths = write_fit_report(result, out, predictor=Predictor())
-        write_text_atomic(out / "fit.json", json.dumps(result.to_json(), indent=2, default=float) + "\n")
-        write_measurements(out / "measurements.jsonl", records)
-        saved = None if args.no_save else save_fit(result)
+    if not args.components.startswith("published:"):
+        raise InputError(f"--components {args.components}: expected published:<name>")
+    published = load_chip(args.hardware, calibrated=False)
+    records = usable_for(load_measurements(args.measurements), published.name, published.kind)
+    components = load_components(args.components.removeprefix("published:"))
+    result = calibrate_by_parts(published, records, components, holdout=args.holdout, predictor=Predictor(),
+                                max_nfev=min(args.max_evals, 12))
+    out = Path(args.out)
     summary = result.to_json()
+    with deferred_interrupts():  # the report, fit, points and overlay change together or not at all
+        paths = write_fit_report(result.e2e, out, predictor=Predictor())
+        write_text_atomic(out / "fit.json", json.dumps(summary, indent=2, default=float) + "\n")
+        write_measurements(out / "measurements.jsonl", records)
+        saved = None if args.no_save else save_overlay(result.overlay())
     summary["overlay"] = str(saved) if saved else None
     summary["report"] = str(paths["report"])
     if args.json:
         emit_json(summary)
         return 0
     stdout = Console()
-    stdout.print(error_summary(rows_from_fit(result)), highlight=False)
-    for p in result.parameters:
-        sigma = f" ± {p.uncertainty:.4g}" if p.uncertainty is not None else ""
-        flag = " (at bound)" if p.at_bound else ""
-        stdout.print(f"{p.path}: {p.published:.4g} (published) -> {p.value:.4g}{sigma} (calibrated){flag}",
+    for name, part in summary["parts"].items():
+        before, after = part["mape_before"], part["mape_after"]
+        stdout.print(f"part {name}: MAPE {100 * before:.1f} % (published) -> {100 * after:.1f} % (fitted on it)",
                      highlight=False)
-    for row in result.extra.get("holdout_steps", []):  # gpu_bench files: held-out whole steps
-        stdout.print(f"held out {row['model']} b{row['batch']}: measured {row['measured_ms']:.3f} ms, "
-                     f"predicted {row['predicted_ms']:.3f} ms (calibrated), error {row['error']:+.1%}",
-                     highlight=False, markup=False)
-    stdout.print(f"report: {display_path(paths['report'])}", highlight=False)
+    stdout.print(f"end to end: MAPE {100 * summary['mape_e2e_published']:.1f} % (published), "
+                 f"{100 * summary['mape_e2e_parts_only']:.1f} % (parts only, not fitted on it), "
+                 f"{100 * summary['mape_calibration']:.1f} % (fitted on it)"
+                 + (f", held out {100 * summary['mape_holdout']:.1f} %" if summary["mape_holdout"] is not None else ""),
+                 highlight=False)
+    for path, p in summary["parameters"].items():
+        sigma = f" ± {p['uncertainty']:.3g}" if p["uncertainty"] is not None else ""
+        stdout.print(f"{path}: {p['value']:.4g}{sigma} (calibrated; {p['fitted_on']})", highlight=False)
+    for path, why in summary["unidentifiable_held"].items():
+        stdout.print(f"{path}: unidentifiable on this data, held ({why})", highlight=False)
+    stdout.print(f"prediction intervals: {summary['interval_samples']} sampled parameter sets stored", highlight=False)
     stdout.print(f"overlay: {display_path(saved) if saved else 'not saved (--no-save)'}", highlight=False)
+    return 0
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    from calibration.fit import save_fit
+    from calibration.measurements import write_measurements
+    from calibration.predict import Predictor
+    from calibration.report import write_fit_report
+    from tpusim.app.fit_summary import convergence_problem, summary_lines
+    from tpusim.app.interrupts import deferred_interrupts
+
+    if args.measurements == "published:b200-vllm-qwen3.5":
+        return _run_gpu_stack(args)
+    console = Console(stderr=True)
+    console.print(f"calibrating {args.hardware} on {args.measurements} ...", highlight=False)
+    if _use_parts(args):
+        return _run_parts(args, console)
+    result, records = _fit(args, console)
+    out = Path(args.out)
+    problem = convergence_problem(result)
+    refused = problem is not None and not args.allow_unconverged
+    with deferred_interrupts():  # the report, fit, points and overlay change together or not at all
+        paths = write_fit_report(result, out, predictor=Predictor())
+        write_text_atomic(out / "fit.json", json.dumps(result.to_json(), indent=2, default=float) + "\n")
+        write_measurements(out / "measurements.jsonl", records)
+        saved = None if args.no_save or refused else save_fit(result, samples=True)
+    summary = result.to_json()
+    summary["overlay"] = str(saved) if saved else None
+    summary["report"] = str(paths["report"])
+    if args.json:
+        emit_json(summary)
+    else:
+        stdout = Console(soft_wrap=True)
+        for line in summary_lines(result):
+            stdout.print(line, highlight=False, markup=False)
+        for row in result.extra.get("holdout_steps", []):  # gpu_bench files: held-out whole steps
+            stdout.print(f"held out {row['model']} b{row['batch']}: measured {row['measured_ms']:.3f} ms, "
+                         f"predicted {row['predicted_ms']:.3f} ms (calibrated), error {row['error']:+.1%}",
+                         highlight=False, markup=False)
+        stdout.print(f"report: {display_path(paths['report'])}", highlight=False, markup=False)
+        reason = "--no-save" if args.no_save else "the solve did not converge"
+        stdout.print(f"overlay: {display_path(saved) if saved else 'not saved (' + reason + ')'}",
+                     highlight=False, markup=False)
+    if refused:
+        raise InputError(f"{problem}; the overlay was not saved. Raise --max-evals (now "
+                         f"{args.max_evals}) or pass --allow-unconverged to keep it anyway")
     return 0
 
 
@@ -196,20 +284,24 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
+    from calibration.loaders import load_measurements
+    from calibration.predict import Predictor
+    from calibration.report import comparison_report, comparison_rows, scatter_plot
+
     published = load_chip(args.hardware, calibrated=False)
     records = [r for r in load_measurements(args.measurements) if r.system.chip == published.name]
     if not records:
         raise InputError(f"--measurements {args.measurements}: no records measured on {published.name}")
     predictor = Predictor()
     before = [predictor.predict(published, r) for r in records]
-    calibrated = None
-    if not args.uncalibrated and has_overlay(published.name):
-        calibrated = load_chip(published.name, calibrated=True)
+    loaded = None if args.uncalibrated else load_chip(published.name, calibrated=True)
+    calibrated = loaded if loaded is not None and loaded.calibration is not None else None
     after = [predictor.predict(calibrated, r) for r in records] if calibrated else None
-    note = (
-        f"*simulated, calibrated* uses the overlay {display_path(overlay_path(published.name))}."
-        if calibrated else "No calibrated overlay in use: every prediction uses the published figures."
-    )
+    note = "No calibrated overlay in use: every prediction uses the published figures."
+    if calibrated is not None and calibrated.calibration is not None:
+        gaps = sorted({gap for r in records for gap in calibrated.calibration.warnings(r.model, r.system.chips)})
+        note = (f"*simulated, calibrated*: {calibrated.calibration.note()}."
+                + "".join(f" Warning: {gap}." for gap in gaps))
     rows = comparison_rows(records, before, after)
     text = comparison_report(rows, published, calibrated_note=note)
     if args.out:
@@ -228,5 +320,5 @@ def run_report(args: argparse.Namespace) -> int:
             ],
         })
         return 0
-    Console().print(text, highlight=False, markup=False)
+    print(text)  # markdown as written: not re-wrapped to the terminal (or to 80 columns when piped)
     return 0

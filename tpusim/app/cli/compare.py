@@ -5,11 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
 from hwmodels.errors import InputError
-from tpusim.app.cli.common import add_model_options, emit_json, positive_int
+from tpusim.app.cli.common import add_model_options, positive_int
+from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
 
 def _numbers(text: str, kind: type, name: str) -> list:
@@ -23,7 +21,13 @@ def _numbers(text: str, kind: type, name: str) -> list:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("compare", help="compare systems (TPU megakernel vs GPU stacks) side by side")
+    parser = subparsers.add_parser(
+        "compare", help="compare systems (TPU megakernel vs GPU stacks) side by side",
+        description="Simulate the same model on several systems at several batch sizes (and, with "
+        "--spec-acceptance, with speculative decoding), after checking that weights and KV cache "
+        "fit HBM. TPU and GPU-megakernel rows run the best schedule of a reduced sweep per row "
+        "unless --schedule is given; each row shows the step time, throughput and where the time "
+        "goes (compute, launches, collectives, exposed copies, other).")
     parser.add_argument("--model", default="kimi-k3",
                         help="catalog model name (optionally name@variant) or a config.json / .yaml path "
                         "(default: kimi-k3)")
@@ -59,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the routing draw and the sweeps (default: 0)")
     parser.add_argument("--uncalibrated", action="store_true",
                         help="use the published catalog figures, ignoring calibrated overlays (default: off)")
-    parser.add_argument("--json", action="store_true", help="print the rows as JSON (default: a table)")
+    add_format_option(parser)
     parser.add_argument("--plot", type=Path, default=None, help="write a grouped bar chart (PNG) to this file "
                         "(default: none)")
     parser.add_argument("--out", type=Path, default=None,
@@ -87,25 +91,51 @@ def run(args: argparse.Namespace) -> int:
         from tpusim.compare.plot import plot_comparison
 
         plot_comparison(rows, args.plot, title=f"{args.model}: simulated decode throughput")
-    if args.json:
-        emit_json(rows)
-        return 0
-    render_table(rows, Console(), title=f"{args.model}: decode step per system")
+    fmt = output_format(args)
+    table = comparison_table(rows, title=f"{args.model}: decode step per system (simulated)")
+    notes = [] if fmt == "json" else calibration_notes(rows)
+    emit(table, fmt, notes=notes + interval_notes(rows) if fmt == "table" else notes)
     return 0
 
 
-def render_table(rows: list[dict], console: Console, *, title: str) -> None:
-    table = Table(title=title)
-    for column in ("system", "execution", "batch", "accept.", "step ms", "tokens/s", "label", "schedule / note"):
-        table.add_column(column, justify="right" if column in ("batch", "accept.", "step ms", "tokens/s") else "left",
-                         overflow="fold")
+def comparison_table(rows: list[dict], *, title: str) -> TableData:
+    """The rows as a table: step, throughput, and where the step's time goes (ms)."""
+    from tpusim.compare.breakdown import PARTS, where_ms
+
+    columns = ["system", "execution", "batch", "accept.", "step ms", "tokens/s",
+               *[f"{part} ms" for part in PARTS], "label", "schedule / note"]
+    table = TableData(title=title, columns=columns, records=rows,
+                      right_aligned=[c for c in columns if c.endswith("ms") or c in ("batch", "accept.", "tokens/s")])
     for row in rows:
-        fits = row.get("fits", True)
-        table.add_row(
-            row["system"], row["execution"], str(row["batch"]),
+        parts = where_ms(row)
+        table.add(
+            row["system"], row["execution"], row["batch"],
             "—" if row["acceptance_length"] is None else f"{row['acceptance_length']:g}",
-            f"{row['step_ms']:.3f}" if fits else "does not fit",
-            f"{row['tokens_per_s']:.1f}" if fits else "—",
-            row["label"], (row.get("plan_choice") or "") + " " + (row.get("schedule_choice") or row.get("short_note", "")),
+            (f"{row['step_ms']:.3f}" + (f" [{row['step_ms_low']:.3f}–{row['step_ms_high']:.3f}]"
+                                        if row.get("step_ms_low") is not None else "")) if parts else "does not fit",
+            (f"{row['tokens_per_s']:.1f}" + (f" [{row['tokens_per_s_low']:.1f}–{row['tokens_per_s_high']:.1f}]"
+                                             if row.get("tokens_per_s_low") is not None else "")) if parts else "—",
+            *[f"{parts[part]:.3f}" if parts else "—" for part in PARTS],
+            row["label"], ((row.get("plan_choice") or "") + " "
+                           + (row.get("schedule_choice") or row.get("short_note", ""))).strip(),
         )
-    console.print(table)
+    return table
+
+
+def calibration_notes(rows: list[dict]) -> list[str]:
+    """One line per calibrated system: what it was fitted on, and where this run lies outside."""
+    notes: list[str] = []
+    for system in dict.fromkeys(row["system"] for row in rows):
+        row = next(r for r in rows if r["system"] == system)
+        if row.get("calibrated_on"):
+            notes.append(f"{system}: {row['calibrated_on']}")
+            notes += [f"warning: {system}: {gap}" for gap in row.get("calibration_warnings", [])]
+    return notes
+
+
+def interval_notes(rows: list[dict]) -> list[str]:
+    """What the bracketed intervals in the table are, or that there are none."""
+    if any(row.get("step_ms_low") is not None for row in rows):
+        return ["[low–high]: 90 % prediction interval of calibrated rows (re-simulated over the fit's "
+                "sampled parameter sets); rows labelled simulated have none."]
+    return ["no prediction intervals: no row uses calibrated figures."]

@@ -11,7 +11,12 @@ from tpusim.app.cli.common import positive_int
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser = subparsers.add_parser(
-        "demo", help="the whole loop on defaults: sweep, kernel, calibrate, compare, report.md")
+        "demo", help="the whole loop on defaults: sweep, kernel, calibrate, compare, report.md",
+        description="Run the main job on built-in defaults: floors and a schedule sweep for Kimi K3 "
+        "on 16 TPU v7 chips, the Pallas megakernel with the chosen schedule on kimi-k3-mini (TPU "
+        "interpret mode on a CPU), calibration of tpu-v7 on the published TPU7x points and of this "
+        "host, and TPU v7 against GB200; writes OUT/report.md with every figure labelled. Overlays "
+        "go to OUT/local, and a previous run's overlays there are removed first.")
     parser.add_argument("--out", type=Path, default=Path("report"), help="report folder (default ./report)")
     parser.add_argument("--jobs", type=positive_int, default=2, help="worker processes for sweeps")
     parser.add_argument("--sweep-budget", type=positive_int, default=32, help="full simulations per sweep")

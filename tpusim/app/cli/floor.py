@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
-from rich.table import Table
-
 from tpusim.app.cli.capacity_gate import check_fit
 from tpusim.app.cli.common import add_workload_options, emit_json, resolve_workload
+from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("floor", help="analytic floors: HBM bytes / bandwidth, FLOPs / peak, collective latency")
+    parser = subparsers.add_parser(
+        "floor", help="analytic floors: HBM bytes / bandwidth, FLOPs / peak, collective latency",
+        description="Analytic lower bounds of one decode step on one device: the bytes it must read "
+        "from HBM over the published bandwidth, its FLOPs over the peak at each op's dtype, and the "
+        "latency of its blocking collectives. No simulation: every figure is an analytic floor.")
     add_workload_options(parser)
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_format_option(parser)
     parser.set_defaults(func=run)
 
 
@@ -26,33 +28,28 @@ def run(args: argparse.Namespace) -> int:
     report = floor_report(model, plan, system, batch=args.batch, context_tokens=args.context,
                           routing=routing, seed=args.seed)
     report["capacity"] = fit.as_json()
-    if args.json:
+    fmt = output_format(args)
+    if fmt == "json":
         emit_json(report)
         return 0
-    console = Console()
     gb, mib = 1e9, float(1 << 20)
-    table = Table(title=f"{report['model']} on {report['system']}, batch {report['batch']}, plan {report['plan']} — analytic floor")
-    table.add_column("quantity")
-    table.add_column("value", justify="right")
-    table.add_column("label")
-    table.add_row("HBM needed / available", fit.summary(), fit.label)
-    table.add_row("bytes per device per step (expected device)", f"{report['bytes_per_device'] / gb:.3f} GB", "analytic")
-    table.add_row("bytes, critical device", f"{report['bytes_per_device_critical'] / gb:.3f} GB", "analytic (sampled routing)")
-    table.add_row("routed experts per device per layer", f"{report['routed_experts_per_device_per_layer']:.3f}",
+    table = TableData(title=f"{report['model']} on {report['system']}, batch {report['batch']}, plan "
+                      f"{report['plan']} — analytic floor", columns=["quantity", "value", "label"],
+                      right_aligned=("value",))
+    table.add("HBM needed / available", fit.summary(), fit.label)
+    table.add("bytes per device per step (expected device)", f"{report['bytes_per_device'] / gb:.3f} GB", "analytic")
+    table.add("bytes, critical device", f"{report['bytes_per_device_critical'] / gb:.3f} GB", "analytic (sampled routing)")
+    table.add("routed experts per device per layer", f"{report['routed_experts_per_device_per_layer']:.3f}",
                   "closed form" if report["routed_experts_closed_form"] else "sampled mean")
-    table.add_row("HBM floor", f"{report['hbm_floor_ms']:.3f} ms", "analytic floor")
-    table.add_row("compute floor", f"{report['compute_floor_ms']:.3f} ms", "analytic floor")
-    table.add_row("collective floor", f"{report['collective_floor_ms']:.3f} ms", "analytic floor")
-    table.add_row("floor", f"{report['floor_ms']:.3f} ms ({report['bound_by']}-bound)", "analytic floor")
-    table.add_row("tokens/s at floor", f"{report['tokens_per_s_at_floor']:.1f}", "analytic floor")
-    console.print(table)
-    fam = Table(title="bytes per device by weight family (expected device)")
-    fam.add_column("family")
-    fam.add_column("MiB", justify="right")
-    fam.add_column("share", justify="right")
+    table.add("HBM floor", f"{report['hbm_floor_ms']:.3f} ms", "analytic floor")
+    table.add("compute floor", f"{report['compute_floor_ms']:.3f} ms", "analytic floor")
+    table.add("collective floor", f"{report['collective_floor_ms']:.3f} ms", "analytic floor")
+    table.add("floor", f"{report['floor_ms']:.3f} ms ({report['bound_by']}-bound)", "analytic floor")
+    table.add("tokens/s at floor", f"{report['tokens_per_s_at_floor']:.1f}", "analytic floor")
+    fam = TableData(title="bytes per device by weight family (expected device)",
+                    columns=["family", "MiB", "share"], right_aligned=("MiB", "share"))
     total = report["bytes_per_device"]
     for family, size in sorted(report["breakdown"]["bytes_by_family"].items(), key=lambda kv: -kv[1]):
-        fam.add_row(family, f"{size / mib:.1f}", f"{100 * size / total:.1f} %")
-    console.print(fam)
-    console.print(f"source: {report['source']}")
+        fam.add(family, f"{size / mib:.1f}", f"{100 * size / total:.1f} %")
+    emit([table, fam], fmt, notes=[f"source: {report['source']}"])
     return 0

@@ -19,36 +19,43 @@ from __future__ import annotations
 import argparse
 import json
 
-from rich import box
 from rich.console import Console
-from rich.table import Table
 
 from hwmodels.catalog import display_path, list_chips, load_chip
-from hwmodels.overlay import has_overlay, iter_figures
+from hwmodels.overlay import iter_figures
 from hwmodels.probe import probe_host, write_host_entry
-from hwmodels.schema import KIB, MIB, Chip
-
-LABEL_STYLES = {
-    "published": "green",
-    "measured": "cyan",
-    "derived": "blue",
-    "assumed": "yellow",
-    "calibrated": "magenta",
-}
+from hwmodels.schema import KIB, MIB, Chip, Figure
+from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser = subparsers.add_parser(
         "hardware",
         help="list, show and probe catalog chips",
-        description="List catalog chips, show one chip's figures with sources, or probe this host.",
+        description="List the catalog chips with their headline figures per device, each labelled "
+        "(published, measured, derived, assumed, calibrated); show one chip's every figure with its "
+        "unit, label and source; or probe this host and save it as host-cpu. Source tags are "
+        "expanded by `tpusim sources`.",
     )
     parser.set_defaults(func=run_list)
-    actions = parser.add_subparsers(dest="hardware_command", metavar="ACTION")
+    add_format_option(parser, json_flag=False)
+    actions = parser.add_subparsers(dest="hardware_command", metavar="ACTION",
+                                    help="list (the default), show NAME, or probe")
 
-    show = actions.add_parser("show", help="every figure of one chip, with unit, label and source")
+    listing = actions.add_parser(
+        "list", help="one row per chip (the same as plain `tpusim hardware`)",
+        description="One row per catalog chip with its headline figures, per device.")
+    add_format_option(listing, json_flag=False)
+    listing.set_defaults(func=run_list)
+
+    show = actions.add_parser(
+        "show", help="every figure of one chip, with unit, label and source",
+        description="Every figure of one chip with its value, unit, label (published, measured, "
+        "derived, assumed, calibrated) and source; source tags such as [INF] are expanded by "
+        "`tpusim sources`.")
     show.add_argument("name", help="catalog chip name (see `tpusim hardware`)")
-    show.add_argument("--json", action="store_true", help="print the chip as JSON")
+    add_format_option(show, json_flag=False)
+    show.add_argument("--json", action="store_true", help="print the chip as JSON (the catalog's fields)")
     show.add_argument(
         "--uncalibrated",
         action="store_true",
@@ -56,8 +63,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     show.set_defaults(func=run_show)
 
-    probe = actions.add_parser("probe", help="measure this host and save it as host-cpu")
+    probe = actions.add_parser(
+        "probe", help="measure this host and save it as host-cpu",
+        description="Measure this host's memory bandwidth and matmul rate and save them as the "
+        "host-cpu chip in the local folder (every figure labelled measured).")
     probe.add_argument("--quick", action="store_true", help="small sizes, few repeats (~2 s)")
+    add_format_option(probe, json_flag=False)
     probe.add_argument("--json", action="store_true", help="print the probed chip as JSON")
     probe.set_defaults(func=run_probe)
 
@@ -100,37 +111,41 @@ def _onchip_mib(chip: Chip) -> float:
     return tier.capacity_bytes.value / MIB
 
 
+LABEL_LETTERS = {"published": "P", "measured": "M", "derived": "D", "assumed": "A", "calibrated": "C"}
+LABEL_LEGEND = "labels: P published, M measured, D derived, A assumed, C calibrated (sources: `tpusim hardware show NAME`)"
+
+
+def _labelled(text: str, figure: Figure) -> str:
+    return f"{text} ({LABEL_LETTERS[figure.label]})"
+
+
 def chip_summary_row(chip: Chip) -> list[str]:
+    """One list row; every figure carries its label's letter (:data:`LABEL_LETTERS`)."""
     bf16 = chip.matrix_unit.peak_flops_per_s.get("bf16")
+    staging = chip.staging_memory
     return [
         chip.name,
         chip.kind,
         str(chip.devices_per_chip),
-        f"{chip.hbm.capacity_bytes.value / 1e9:.1f}",
-        f"{chip.hbm.peak_bandwidth_bytes_per_s.value / 1e12:.2f}",
-        f"{bf16.value / 1e12:.4g}" if bf16 else "—",
-        f"{_onchip_mib(chip):.4g} {chip.staging_memory.name}",
-        "yes" if has_overlay(chip.name) else "no",
+        _labelled(f"{chip.hbm.capacity_bytes.value / 1e9:.1f}", chip.hbm.capacity_bytes),
+        _labelled(f"{chip.hbm.peak_bandwidth_bytes_per_s.value / 1e12:.2f}", chip.hbm.peak_bandwidth_bytes_per_s),
+        _labelled(f"{bf16.value / 1e12:.4g}", bf16) if bf16 else "—",
+        _labelled(f"{_onchip_mib(chip):.4g} {staging.display_name}", staging.capacity_bytes),
+        "yes" if chip.is_calibrated else "no",
     ]
 
 
-def figures_table(chip: Chip, title: str) -> Table:
-    table = Table(title=title, show_lines=False)
-    for column, justify in (
-        ("field", "left"),
-        ("value", "right"),
-        ("unit", "left"),
-        ("label", "left"),
-        ("source", "left"),
-    ):
-        table.add_column(column, justify=justify, overflow="fold")  # type: ignore[arg-type]
+def figures_table(chip: Chip, title: str) -> TableData:
+    table = TableData(title=title, columns=["field", "value", "unit", "label", "source"],
+                      right_aligned=("value",), records=[])
     for path, figure in iter_figures(chip):
         number, unit = format_figure_value(path, figure.value)
         if figure.uncertainty is not None:
             spread, _ = format_figure_value(path, figure.uncertainty)
             number = f"{number} ± {spread}"
-        style = LABEL_STYLES.get(figure.label, "")
-        table.add_row(path, number, unit, f"[{style}]{figure.label}[/]", figure.source)
+        table.add(path, number, unit, figure.label, figure.source)
+        table.records.append({"field": path, "value": figure.value, "uncertainty": figure.uncertainty,
+                              "label": figure.label, "source": figure.source})
     return table
 
 
@@ -152,47 +167,33 @@ def _structure_lines(chip: Chip) -> list[str]:
     return lines
 
 
-def _print_figure(console: Console, chip: Chip, title: str) -> None:
-    console.print(figures_table(chip, title))
-    for line in _structure_lines(chip):
-        console.print(f"  {line}", highlight=False)
+def _print_figure(chip: Chip, title: str, fmt: str) -> None:
+    notes = [] if fmt == "json" else [f"  {line}" for line in _structure_lines(chip)]
+    emit(figures_table(chip, title), fmt, notes=notes)
 
 
 # --------------------------------------------------------------------------- commands
 
 
 def run_list(args: argparse.Namespace) -> int:
-    table = Table(title="Catalog chips (values per device)", box=box.SIMPLE_HEAD, pad_edge=False)
-    for column in (
-        "name",
-        "kind",
-        "dev",
-        "HBM GB",
-        "HBM TB/s",
-        "bf16 TFLOP/s",
-        "staging MiB",
-        "calibrated",
-    ):
-        table.add_column(column, justify="left" if column in ("name", "kind") else "right")
+    columns = ["name", "kind", "dev", "HBM GB", "HBM TB/s", "bf16 TFLOP/s", "staging MiB", "calibrated"]
+    table = TableData(title="Catalog chips (values per device)", columns=columns,
+                      right_aligned=columns[2:-1])
     for name in list_chips():
-        table.add_row(*chip_summary_row(load_chip(name)))
-    Console().print(table)
+        table.add(*chip_summary_row(load_chip(name)))
+    fmt = output_format(args)
+    emit(table, fmt, notes=[] if fmt == "json" else [LABEL_LEGEND])
     return 0
 
 
 def run_show(args: argparse.Namespace) -> int:
     chip = load_chip(args.name, calibrated=not args.uncalibrated)
-    if args.json:
-        print(
-            json.dumps(
-                chip.model_dump(mode="json", exclude_none=True), indent=2, ensure_ascii=False
-            )
-        )
+    fmt = output_format(args)
+    if fmt == "json":
+        print(json.dumps(chip.model_dump(mode="json", exclude_none=True), indent=2, ensure_ascii=False))
         return 0
-    calibrated = any(figure.label == "calibrated" for _, figure in iter_figures(chip))
-    state = "calibrated overlay applied" if calibrated else "published figures"
-    title = f"{chip.name}: {chip.description} ({state}; values per device)"
-    _print_figure(Console(), chip, title)
+    state = chip.calibration.note() if chip.calibration is not None else "published figures"
+    _print_figure(chip, f"{chip.name}: {chip.description} ({state}; values per device)", fmt)
     return 0
 
 
@@ -201,13 +202,10 @@ def run_probe(args: argparse.Namespace) -> int:
     console.print("probing this host" + (" (quick)" if args.quick else "") + " ...")
     chip = probe_host(quick=args.quick)
     path = write_host_entry(chip)
-    if args.json:
-        print(
-            json.dumps(
-                chip.model_dump(mode="json", exclude_none=True), indent=2, ensure_ascii=False
-            )
-        )
+    fmt = output_format(args)
+    if fmt == "json":
+        print(json.dumps(chip.model_dump(mode="json", exclude_none=True), indent=2, ensure_ascii=False))
         return 0
-    _print_figure(Console(), chip, f"{chip.name}: {chip.description}")
-    Console().print(f"saved {display_path(path)}", highlight=False)
+    _print_figure(chip, f"{chip.name}: {chip.description}", fmt)
+    print(f"saved {display_path(path)}")
     return 0

@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
-from rich.table import Table
-
 from hwmodels.errors import InputError
 from tpusim.app.cli.common import (
     add_model_options,
@@ -26,6 +23,7 @@ from tpusim.app.cli.common import (
     load_model_with_formats,
     positive_int,
 )
+from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -38,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--devices", type=positive_int, default=None, help="devices, when no --hardware is given")
     parser.add_argument("--batch", type=positive_int, default=1, help="sequences (for KV-cache bytes)")
     parser.add_argument("--context", type=positive_int, default=1024, help="tokens per sequence")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_format_option(parser)
     parser.set_defaults(func=run)
 
 
@@ -60,43 +58,43 @@ def run(args: argparse.Namespace) -> int:
             raise InputError("say how many devices: --hardware H --chips N, --devices N, or tp=N in --plan")
         plan = plan_for(model, devices, choice=args.plan)
     report = plan_report(model, plan, chip, batch=args.batch, context_tokens=args.context)
-    if args.json:
+    fmt = output_format(args)
+    if fmt == "json":
         emit_json(report)
         return 0
-    _print(report, Console())
+    _print(report, fmt)
     return 0
 
 
-def _print(report: dict, console: Console) -> None:
+def _print(report: dict, fmt: str) -> None:
     plan, params, per_device = report["plan"], report["parameters"], report["per_device"]
-    console.print(f"[bold]{report['model']}[/bold]: {params['total'] / 1e9:.2f} B parameters "
-                  f"({params['routed_experts'] / 1e9:.2f} B in routed experts; derived)")
-    console.print(f"plan [bold]{plan['name']}[/bold]: {plan['description']} (source: {plan['source']})")
-    split = Table(title="split (per device)")
-    split.add_column("field")
-    split.add_column("value", justify="right")
+    split = TableData(title="split (per device)", columns=["field", "value"], right_aligned=("value",))
     for key in ("devices", "attention_tp", "attention_dp", "attention_heads_per_device", "kv_heads_per_device",
                 "expert_groups", "expert_tp"):
-        split.add_row(key, str(plan[key]))
-    split.add_row("experts per group", str(report["experts_per_group"]))
-    split.add_row("expert slice width", str(report["expert_slice_width"]))
-    console.print(split)
-    table = Table(title="collectives per layer (derived)")
-    for column in ("name", "phase", "kind", "after op", "bytes/token", "stages"):
-        table.add_column(column, justify="right" if column == "bytes/token" else "left", overflow="fold")
+        split.add(key, plan[key])
+    split.add("experts per group", report["experts_per_group"])
+    split.add("expert slice width", report["expert_slice_width"])
+    table = TableData(title="collectives per layer (derived)",
+                      columns=["name", "phase", "kind", "after op", "bytes/token", "stages"],
+                      right_aligned=("bytes/token",))
     for c in report["collectives"]:
         stages = " then ".join(f"{s['peers']} peers over {s['link']}" for s in c["stages"])
-        table.add_row(c["name"], c["phase"], c["kind"], c["after"], str(c["bytes_per_token"]),
-                      stages + (" (overlapped)" if c.get("overlapped") else ""))
-    console.print(table)
-    console.print(f"per device: weights {per_device['weight_bytes'] / 1e9:.2f} GB (routed experts "
-                  f"{per_device['routed_expert_bytes'] / 1e9:.2f} GB), KV cache and state "
-                  f"{per_device['kv_and_state_bytes'] / 1e9:.3f} GB at batch {per_device['batch']}, "
-                  f"context {per_device['context_tokens']} (derived)")
+        table.add(c["name"], c["phase"], c["kind"], c["after"], c["bytes_per_token"],
+                  stages + (" (overlapped)" if c.get("overlapped") else ""))
     formats = ", ".join(f"{k}={v}" for k, v in report["formats"].items())
-    console.print(f"formats: {formats}")
+    notes = [
+        f"{report['model']}: {params['total'] / 1e9:.2f} B parameters ({params['routed_experts'] / 1e9:.2f} B in "
+        f"routed experts; derived)",
+        f"plan {plan['name']}: {plan['description']} (source: {plan['source']})",
+        f"per device: weights {per_device['weight_bytes'] / 1e9:.2f} GB (routed experts "
+        f"{per_device['routed_expert_bytes'] / 1e9:.2f} GB), KV cache and state "
+        f"{per_device['kv_and_state_bytes'] / 1e9:.3f} GB at batch {per_device['batch']}, "
+        f"context {per_device['context_tokens']} (derived)",
+        f"formats: {formats}",
+    ]
     capacity = report.get("capacity")
     if capacity:
         verdict = "fits" if capacity["fits"] else f"does NOT fit: {capacity.get('reason', '')}"
-        console.print(f"capacity on {capacity['chip']}: needs {capacity['needed_bytes_per_device'] / 1e9:.1f} GB of "
-                      f"{capacity['hbm_bytes_per_device'] / 1e9:.1f} GB per device: {verdict}", markup=False)
+        notes.append(f"capacity on {capacity['chip']}: needs {capacity['needed_bytes_per_device'] / 1e9:.1f} GB of "
+                     f"{capacity['hbm_bytes_per_device'] / 1e9:.1f} GB per device: {verdict}")
+    emit([split, table], fmt, notes=notes)

@@ -20,12 +20,15 @@ floor):
 | ``vmem_peak_bytes``, ``vmem_peak_time_ms``, ``vmem_peak_layer`` | highest VMEM occupancy, when, where |
 | ``vmem_static_bytes``, ``vmem_capacity_bytes`` | the schedule's static scratch; usable capacity |
 | ``busy_fraction`` | per resource (hbm, mxu, vpu, link.*) busy time / step |
+| ``words`` | the chip's names for ``staging`` (what ``vmem_*`` measure), ``mxu``, ``vpu`` |
+| ``step_ms_low``, ``step_ms_high``, ``tokens_per_s_low``, ``tokens_per_s_high`` | the 90 % prediction interval of a calibrated chip (re-simulated over the fit's sampled parameter sets, :mod:`tpusim.report.intervals`); ``None`` and ``interval: "none: ..."`` when uncalibrated |
 | ``breakdown`` | step ms by what the stream did (phases, collectives, fixed overheads, exposed DMA, drain) |
 | ``layer_ms`` | stream ms per layer ("-1": the head) |
 | ``exposed_dma_by_family_ms`` | exposed DMA per weight family |
 | ``floor_ms``, ``floors`` | analytic floors (:mod:`tpusim.workload.floors`) |
 | ``schedule``, ``schedule_hash`` | schedule name and content hash |
 | ``source`` | how the numbers were made, and whether the chip had calibrated figures |
+| ``calibrated``, ``calibration_warnings`` | whether an overlay was applied; where this run lies outside its fitted points |
 | ``capacity`` | HBM check: ``fits``, ``label`` (``does not fit`` only with ``--force``), bytes needed / per device |
 """
 
@@ -35,13 +38,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
 from tpusim.app.cli.capacity_gate import check_fit
 from tpusim.app.cli.common import add_workload_options, emit_json, resolve_workload
+from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
 MS_PER_S = 1e3
 MIB = 1 << 20
@@ -53,7 +54,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser = subparsers.add_parser(
         "simulate",
         help="simulate one decode step under a prefetch schedule (SimPy engine)",
-        description="Simulate one decode step of one device under a prefetch schedule.",
+        description="Simulate one decode step of one device under a prefetch schedule in the "
+        "discrete-event engine: HBM copies, on-chip memory occupancy, matrix and vector units, "
+        "collectives on the links. Prints step time, tokens/s, the analytic floors, exposed DMA, "
+        "on-chip memory peak and busy fractions, in the chip's words (VMEM/MXU on a TPU, L2/tensor "
+        "cores on a GPU), and whether the chip's figures are published or calibrated (and on what). "
+        "--trace and --plot write a Perfetto trace and a timeline image.",
     )
     add_workload_options(parser)
     parser.add_argument("--schedule", default="published",
@@ -62,22 +68,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--plot", type=Path, default=None, help="write a timeline PNG here")
     parser.add_argument("--plot-layers", default="1:3", metavar="FIRST:COUNT",
                         help="layers drawn in --plot (default 1:3)")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_format_option(parser)
     parser.set_defaults(func=run)
 
 
 def calibration_note(chip: Chip) -> str:
-    """``published figures`` or ``calibrated overlay on N figures (paths)``."""
-    from hwmodels.overlay import iter_figures
-
-    calibrated = [path for path, figure in iter_figures(chip) if figure.label == "calibrated"]
-    if not calibrated:
+    """``published figures`` or ``calibrated on <what> (N figures, overlay FILE)``, read from
+    the chip's one calibrated-or-not property (:attr:`hwmodels.schema.Chip.calibration`)."""
+    if chip.calibration is None:
         return "published figures"
-    shown = ", ".join(calibrated[:4]) + (f", +{len(calibrated) - 4} more" if len(calibrated) > 4 else "")
-    return f"published figures with a calibrated overlay on {len(calibrated)} figure(s): {shown}"
+    return chip.calibration.note()
 
 
-def _plot_layers(text: str) -> tuple[int, int]:
+def plot_layers(text: str) -> tuple[int, int]:
+    """``FIRST:COUNT`` of ``--plot-layers`` as two integers."""
     first, _, count = text.partition(":")
     try:
         layers = (int(first), int(count or 3))
@@ -88,58 +92,77 @@ def _plot_layers(text: str) -> tuple[int, int]:
     return layers
 
 
-def run(args: argparse.Namespace) -> int:
+def simulate_data(args: argparse.Namespace, workload: tuple[Any, Any, Any, Any], schedule: Any, *,
+                  record_timeline: bool) -> tuple[dict[str, Any], Any]:
+    """Simulate one step of ``workload`` (from :func:`resolve_workload`) under ``schedule``;
+    returns the ``--json`` dictionary and the timeline (None unless recorded)."""
     from tpusim.engine import InfeasibleSchedule, simulate
-    from tpusim.schedule.schema import load_schedule
     from tpusim.workload.floors import floors
     from tpusim.workload.program import build_program
 
-    plot_layers = _plot_layers(args.plot_layers)
-    model, plan, system, routing = resolve_workload(args)
-    fit = check_fit(args, model, plan, system)  # capacity first: before any draw or schedule
-    schedule = load_schedule(args.schedule)
+    model, plan, system, routing = workload
     chip = system.chip
     try:
         program = build_program(model, plan, batch=args.batch, context_tokens=args.context,
                                 routing=routing, seed=args.seed)
     except ValueError as error:
         raise InputError(str(error)) from None
-    record = args.trace is not None or args.plot is not None
     try:
-        result = simulate(program, schedule, chip, record_timeline=record)
+        result = simulate(program, schedule, chip, record_timeline=record_timeline)
     except InfeasibleSchedule as error:
-        raise InputError(f"infeasible schedule: {error}") from None
-    floor = floors(program, chip)
+        raise InputError(f"infeasible schedule {schedule.name!r}: {error}") from None
     source = (f"simulated (tpusim engine, {result.execution_mode} execution; hardware {chip.name}: "
               f"{calibration_note(chip)})")
     if chip.kind == "gpu":
         from tpusim.engine.gpu import stack_source
 
         source += f"; {stack_source(chip)}"
-    data = _json_result(result, floor, args, system.name, system.devices, plan.name, source)
+    data = _json_result(result, floors(program, chip), args, system.name, system.devices, plan.name, source)
+    from tpusim.report.intervals import interval_fields
+
+    data.update(interval_fields(chip, lambda sample: simulate(program, schedule, sample).step_s,
+                                result.step_s, args.batch))
+    data["calibrated"] = chip.is_calibrated
+    data["calibration_warnings"] = (chip.calibration.warnings(args.model, args.chips)
+                                    if chip.calibration is not None else [])
+    return data, result.timeline
+
+
+def run(args: argparse.Namespace) -> int:
+    from tpusim.schedule.schema import load_schedule
+
+    layers = plot_layers(args.plot_layers)
+    workload = resolve_workload(args)
+    model, plan, system, _ = workload
+    fit = check_fit(args, model, plan, system)  # capacity first: before any draw or schedule
+    schedule = load_schedule(args.schedule)
+    record = args.trace is not None or args.plot is not None
+    data, timeline = simulate_data(args, workload, schedule, record_timeline=record)
     data["capacity"] = fit.as_json()
-    if result.timeline is not None:
+    if timeline is not None:
         try:
             if args.trace is not None:
                 from tpusim.report.perfetto import write_trace
 
-                data["trace"] = str(write_trace(result.timeline, args.trace, metadata={
+                data["trace"] = str(write_trace(timeline, args.trace, metadata={
                     "model": model.name, "system": system.name, "batch": args.batch,
-                    "schedule": schedule.name, "schedule_hash": result.schedule_hash, "source": source}))
+                    "schedule": schedule.name, "schedule_hash": data["schedule_hash"],
+                    "source": data["source"]}))
             if args.plot is not None:
                 from tpusim.report.timeline import plot_timeline
 
-                first, count = plot_layers
+                first, count = layers
                 data["plot"] = str(plot_timeline(
-                    result.timeline, args.plot, first_layer=first, layers=count,
+                    timeline, args.plot, first_layer=first, layers=count,
                     title=f"{model.name} on {system.name}, batch {args.batch}, schedule {schedule.name} "
                           f"(simulated)"))
         except OSError as error:
             raise InputError(f"cannot write output: {error.strerror or error}") from None
-    if args.json:
+    fmt = output_format(args)
+    if fmt == "json":
         emit_json(data)
         return 0
-    _print_human(data, Console())
+    _print_human(data, fmt)
     return 0
 
 
@@ -165,6 +188,7 @@ def _json_result(result: Any, floor: Any, args: argparse.Namespace, system: str,
         "breakdown": {key: value * ms for key, value in result.breakdown_s.items()},
         "layer_ms": {str(layer): value * ms for layer, value in result.layer_s.items()},
         "exposed_dma_by_family_ms": {key: value * ms for key, value in result.exposed_dma_by_family_s.items()},
+        "words": dict(result.words),
         "dma_count": result.dma_count,
         "dma_bytes": result.dma_bytes,
         "event_count": result.event_count,
@@ -175,39 +199,48 @@ def _json_result(result: Any, floor: Any, args: argparse.Namespace, system: str,
     }
 
 
-def _print_human(data: dict[str, Any], console: Console) -> None:
+def _print_human(data: dict[str, Any], fmt: str) -> None:
     title = (f"{data['model']} on {data['system']} ({data['devices']} devices, plan {data['plan']}), "
              f"batch {data['batch']}, schedule {data['schedule']} [{data['schedule_hash']}]")
-    table = Table(title=title)
-    table.add_column("quantity")
-    table.add_column("value", justify="right")
-    table.add_column("label")
-    table.add_row("HBM needed / available", data["capacity"]["summary"], data["capacity"]["label"])
-    table.add_row("step time", f"{data['step_ms']:.3f} ms", SIMULATED if data["capacity"]["fits"] else
-                  f"{SIMULATED}, does not fit")
-    table.add_row("tokens/s (aggregate)", f"{data['tokens_per_s']:.1f}", SIMULATED)
-    table.add_row("floor", f"{data['floor_ms']:.3f} ms", FLOOR)
+    table = TableData(title=title, columns=["quantity", "value", "label"], right_aligned=("value",), records=data)
+    if "capacity" in data:
+        table.add("HBM needed / available", data["capacity"]["summary"], data["capacity"]["label"])
+    fits = data.get("capacity", {}).get("fits", True)
+    table.add("step time", f"{data['step_ms']:.3f} ms", SIMULATED if fits else f"{SIMULATED}, does not fit")
+    table.add("tokens/s (aggregate)", f"{data['tokens_per_s']:.1f}", SIMULATED)
+    from tpusim.report.intervals import format_interval
+
+    if data.get("step_ms_low") is not None:
+        table.add("  90 % interval", f"{data['step_ms_low']:.3f}–{data['step_ms_high']:.3f} ms; "
+                  f"{data['tokens_per_s_low']:.1f}–{data['tokens_per_s_high']:.1f} tok/s", "calibrated, re-simulated")
+    else:
+        table.add("  interval", format_interval(data), SIMULATED)
+    table.add("floor", f"{data['floor_ms']:.3f} ms", FLOOR)
     floors = data["floors"]
-    table.add_row("  HBM / compute / collective floors",
+    table.add("  HBM / compute / collective floors",
                   f"{floors['hbm_ms']:.3f} / {floors['compute_ms']:.3f} / {floors['collective_ms']:.3f} ms", FLOOR)
-    table.add_row("step / floor", f"{data['step_ms'] / data['floor_ms']:.2f}x" if data["floor_ms"] else "—",
+    table.add("step / floor", f"{data['step_ms'] / data['floor_ms']:.2f}x" if data["floor_ms"] else "—",
                   f"{SIMULATED} / {FLOOR}")
-    table.add_row("exposed DMA", f"{data['exposed_dma_ms']:.3f} ms", SIMULATED)
-    table.add_row("overlap fraction", f"{data['overlap_fraction']:.3f}", SIMULATED)
+    table.add("exposed DMA", f"{data['exposed_dma_ms']:.3f} ms", SIMULATED)
+    table.add("overlap fraction", f"{data['overlap_fraction']:.3f}", SIMULATED)
     layer = data["vmem_peak_layer"]
     where = "head" if layer == -1 else f"layer {layer}"
-    table.add_row("VMEM peak", f"{data['vmem_peak_bytes'] / MIB:.2f} MiB at {data['vmem_peak_time_ms']:.3f} ms ({where})",
-                  SIMULATED)
-    table.add_row("VMEM static scratch / usable",
-                  f"{data['vmem_static_bytes'] / MIB:.2f} / {data['vmem_capacity_bytes'] / MIB:.2f} MiB",
-                  "schedule plan / chip figure")
+    words = data["words"]
+    table.add(f"{words['staging']} peak",
+                  f"{data['vmem_peak_bytes'] / MIB:.2f} MiB at {data['vmem_peak_time_ms']:.3f} ms ({where})", SIMULATED)
+    if data["execution_mode"] == "megakernel":
+        table.add(f"{words['staging']} static scratch / usable",
+                      f"{data['vmem_static_bytes'] / MIB:.2f} / {data['vmem_capacity_bytes'] / MIB:.2f} MiB",
+                      "schedule plan / chip figure")
+    else:  # one kernel per op: no persistent kernel holds the schedule's buffers
+        table.add(f"{words['staging']} usable", f"{data['vmem_capacity_bytes'] / MIB:.2f} MiB", "chip figure")
     for key, value in data["busy_fraction"].items():
-        table.add_row(f"busy: {key}", f"{100 * value:.1f} %", SIMULATED)
+        table.add(f"busy: {words.get(key, key)}", f"{100 * value:.1f} %", SIMULATED)
     for key, value in data["breakdown"].items():
-        table.add_row(f"step share: {key}", f"{value:.3f} ms", SIMULATED)
-    table.add_row("copies issued / events", f"{data['dma_count']} / {data['event_count']}", SIMULATED)
-    console.print(table)
-    for key in ("trace", "plot"):
-        if key in data:
-            console.print(f"{key}: {data[key]}", highlight=False)
-    console.print(f"source: {data['source']}", highlight=False)
+        table.add(f"step share: {key}", f"{value:.3f} ms", SIMULATED)
+    table.add("copies issued / events", f"{data['dma_count']} / {data['event_count']}", SIMULATED)
+    notes = [f"{key}: {data[key]}" for key in ("trace", "plot") if key in data]
+    notes.append(f"source: {data['source']}")
+    notes += [f"warning: {warning}; the calibrated figures are extrapolated here"
+              for warning in data.get("calibration_warnings", [])]
+    emit(table, fmt, notes=notes)

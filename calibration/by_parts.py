@@ -1,0 +1,214 @@
+"""The part-by-part TPU calibration (:mod:`calibration.parts` describes the stages).
+
+:func:`calibrate_by_parts` runs the component stages, predicts the end-to-end points with
+the parts' chip (the MAPE *before fitting on them*), fits the remaining figures on the
+end-to-end points (holding any the data cannot pin), and draws the parameter sets for
+prediction intervals (:mod:`calibration.intervals`). :class:`PartsResult` carries it all;
+its :meth:`PartsResult.overlay` is the calibrated overlay with those sets.
+
+Simulated parts (engine runs on the Muse points, ``schedule`` as each record names it —
+``muse-published`` for the published set):
+
+- ``slot_sweep``: the Muse int4+bf16 b1 point simulated with the routed-expert buffers at
+  4 and 8; predicted value = ratio of the summed per-layer stream times (layers ≥ 0);
+- ``breakdown``: the Muse nvfp4+int8 b1 point; ``layer_total`` = summed per-layer stream
+  time / layers, ``collectives`` = the stream's collective waits / layers, ``fixed_total``
+  = step − summed per-layer time (per-step cost, head, drain).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from calibration.components import ComponentRecord
+from calibration.coverage import fit_coverage
+from calibration.fit import FitResult, fit_chip, mape, relative_errors
+from calibration.intervals import METHOD, SEED, draw_samples
+from calibration.measurements import Measurement
+from calibration.params import ParameterSpec, figure_value
+from calibration.parts import PART_PARAMETERS, PARTS_ORDER, StageFit, fit_stage, isolated_stage
+from calibration.predict import Predictor
+from hwmodels.errors import InputError
+from hwmodels.overlay import CalibratedValue, CalibrationOverlay
+from hwmodels.schema import Chip
+
+E2E_PARAMETERS: tuple[ParameterSpec, ...] = (
+    ParameterSpec("compute.mxu.weight_push_s_per_tile", 0.25, 5.0,
+                  "decode matmuls are push-bound; bf16 rows pin it", relative=True),
+    ParameterSpec("compute.mxu.weight_push_s_per_tile_by_dtype.int8", 0.25, 4.0,
+                  "nvfp4+int8 vs nvfp4+bf16 differ only in the dense format", relative=True),
+    ParameterSpec("execution.per_layer_overhead_s", 0.0, 20e-6, "the per-layer remainder"),
+)
+
+
+def _point(records: Sequence[Measurement], wanted: dict[str, Any]) -> Measurement:
+    for record in records:
+        if record.model == wanted["model"] and record.batch == wanted["batch"]:
+            return record
+    raise InputError(f"component data needs the end-to-end point {wanted['model']} b{wanted['batch']}, "
+                     "which the measurements lack")
+
+
+def _layers_s(result: Any) -> float:
+    return sum(value for layer, value in result.layer_s.items() if layer >= 0)
+
+
+def simulated_stage(name: str, base: Chip, published: Chip, records: Sequence[ComponentRecord],
+                    points: Sequence[Measurement], predictor: Predictor) -> tuple[Chip, StageFit] | None:
+    """The ``slot_sweep`` or ``breakdown`` stage (None when the data has no such record)."""
+    from tpusim.engine import simulate
+
+    used = [r for r in records if r.part == name]
+    if not used:
+        return None
+
+    def run(chip: Chip, record: ComponentRecord, slots: int | None = None) -> Any:
+        point = _point(points, record.measurement)
+        schedule = predictor.schedule(chip, point)
+        if slots is not None:
+            family = schedule.families["routed_expert"].model_copy(update={"buffers": slots})
+            schedule = schedule.model_copy(update={"families": {**schedule.families, "routed_expert": family}})
+        return simulate(predictor.program(chip, point), schedule, chip)
+
+    def predict(chip: Chip) -> np.ndarray:
+        values = []
+        cache: dict[Any, Any] = {}
+        for record in used:
+            if record.slots is not None:
+                reference, compared = (run(chip, record, n) for n in record.slots)
+                values.append(_layers_s(compared) / _layers_s(reference))
+                continue
+            key = record.measurement["model"]
+            if key not in cache:
+                cache[key] = run(chip, record)
+            result = cache[key]
+            layers = sum(1 for layer in result.layer_s if layer >= 0)
+            values.append({"layer_total": _layers_s(result) / layers,
+                           "collectives": result.breakdown_s["collectives"] / layers,
+                           "fixed_total": result.step_s - _layers_s(result)}[record.phase or ""])
+        return np.array(values)
+
+    return fit_stage(name, base, published, PART_PARAMETERS[name], [r.name for r in used],
+                     [r.value for r in used], [r.sigma_rel for r in used], predict, max_nfev=12)
+
+
+@dataclass
+class PartsResult:
+    """Everything the part-by-part calibration produced."""
+
+    published: Chip
+    stages: list[StageFit]
+    parts_chip: Chip
+    e2e: FitResult
+    e2e_held: dict[str, str]
+    samples: list[dict[str, float]] = field(default_factory=list)
+
+    @property
+    def chip(self) -> Chip:
+        """The calibrated chip (the parts' chip when the end-to-end stage held everything)."""
+        return self.parts_chip if self.e2e_fully_held else self.e2e.chip
+
+    @property
+    def e2e_fully_held(self) -> bool:
+        return all(p.path in self.e2e_held for p in self.e2e.parameters)
+
+    def fitted(self) -> dict[str, tuple[float, float | None, str]]:
+        """path -> (value, 1σ, data) for every fitted parameter of every stage."""
+        out: dict[str, tuple[float, float | None, str]] = {}
+        for stage in self.stages:
+            for path in stage.fitted:
+                out[path] = (stage.values[path], stage.sigma.get(path), f"{stage.name} measurements")
+        for p in self.e2e.parameters:
+            if p.path not in self.e2e_held:
+                out[p.path] = (p.value, p.uncertainty, p.fitted_on)
+        return out
+
+    def overlay(self) -> CalibrationOverlay:
+        parameters = {path: CalibratedValue(value=value, uncertainty=sigma, fitted_on=data)
+                      for path, (value, sigma, data) in self.fitted().items()}
+        return CalibrationOverlay(chip=self.published.name, fitted_on="part by part: components + "
+                                  + self.e2e.fitted_on, parameters=parameters, samples=self.samples,
+                                  coverage=fit_coverage(self.e2e.split.calibration),
+                                  interval_method=METHOD.format(seed=SEED))
+
+    def to_json(self) -> dict[str, Any]:
+        e2e = self.e2e.to_json()
+        held = {path: why for stage in self.stages for path, why in stage.held.items()}
+        held.update(self.e2e_held)
+        return {
+            "chip": self.published.name, "procedure": "part by part",
+            "parts": {stage.name: stage.to_json() for stage in self.stages},
+            "errors_by_measurement_set": {name: errors for stage in self.stages
+                                          for name, errors in stage.to_json()["errors_by_measurement_set"].items()},
+            "mape_e2e_published": self.e2e.extra.get("mape_published"),
+            "mape_e2e_parts_only": e2e["mape_before"],
+            "mape_e2e_parts_only_holdout": e2e["mape_before_holdout"],
+            "mape_calibration": e2e["mape_calibration"], "mape_holdout": e2e["mape_holdout"],
+            "max_error_holdout": e2e["max_error_holdout"],
+            "holdout": e2e["holdout"],
+            "parameters": {path: {"value": v, "uncertainty": s, "fitted_on": d}
+                           for path, (v, s, d) in self.fitted().items()},
+            "unidentifiable_held": held,
+            "pins": {name: pins for stage in self.stages for name, pins in stage.pins.items()},
+            "interval_samples": len(self.samples), "interval_method": METHOD.format(seed=SEED),
+            "e2e_fit": {k: e2e[k] for k in ("parameters", "identifiability", "points", "engine_calls", "elapsed_s")},
+        }
+
+
+def calibrate_by_parts(published: Chip, points: Sequence[Measurement], components: Sequence[ComponentRecord], *,
+                       holdout: str | None = None, predictor: Predictor | None = None,
+                       max_nfev: int = 12) -> PartsResult:
+    """Run the stages of :mod:`calibration.parts` and the end-to-end fit (module docstring)."""
+    predictor = predictor or Predictor()
+    chip, stages = published, []
+    for name in PARTS_ORDER:
+        if name in ("slot_sweep", "breakdown"):
+            done = simulated_stage(name, chip, published, components, points, predictor)
+        elif any(r.part == name for r in components):
+            done = isolated_stage(name, chip, published, components)
+        else:
+            done = None
+        if done is not None:
+            chip, stage = done
+            stages.append(stage)
+    parts_chip = chip
+    specs = list(E2E_PARAMETERS)
+    held: dict[str, str] = {}
+    while True:
+        e2e = fit_chip(parts_chip, points, parameters=specs, holdout=holdout, predictor=predictor,
+                       max_nfev=max_nfev)
+        weak = [p for p in e2e.parameters if p.uncertainty is None or p.uncertainty >= 0.5 * max(p.value, 1e-300)]
+        if not weak:
+            break
+        worst = max(weak, key=lambda p: float("inf") if p.uncertainty is None else p.uncertainty / max(p.value, 1e-300))
+        held[worst.path] = "end-to-end: " + ("stopped at a bound" if worst.at_bound else
+                                             f"1σ {worst.uncertainty:.3g} >= half its value {worst.value:.3g}") + "; held"
+        if len(specs) == 1:  # nothing left to fit: the parts' chip stands
+            break
+        specs = [s for s in specs if s.path != worst.path]
+    records = list(points)
+    e2e.extra["mape_published"] = mape(relative_errors([predictor.predict(published, r) for r in records], records))
+    result = PartsResult(published, stages, parts_chip, e2e, held)
+    result.samples = draw_samples(_stage_draws(result))
+    return result
+
+
+def _stage_draws(result: PartsResult) -> list[tuple[list[str], np.ndarray, np.ndarray, dict[str, tuple[float, float]]]]:
+    draws = []
+    for stage in result.stages:
+        if stage.fitted and stage.covariance is not None:
+            draws.append((stage.fitted, np.array([stage.values[p] for p in stage.fitted]), stage.covariance,
+                          stage.bounds))
+    cov = result.e2e.extra.get("covariance")
+    if cov:
+        paths = [p for p in cov["paths"] if p not in result.e2e_held]
+        index = [cov["paths"].index(p) for p in paths]
+        matrix = np.array(cov["matrix"])[np.ix_(index, index)]
+        values = np.array([figure_value(result.e2e.chip, p) for p in paths])
+        bounds = {p.path: (p.lower, p.upper) for p in result.e2e.parameters}
+        draws.append((paths, values, matrix, bounds))
+    return draws

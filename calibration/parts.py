@@ -1,0 +1,236 @@
+"""Calibration part by part: each part of the chip fitted on measurements of that part.
+
+The default TPU procedure (:func:`calibrate_by_parts`), in order, each stage starting from
+the chip the previous stages produced:
+
+1. **links** — link latencies, per-copy issue costs and bandwidths on the collective
+   microbenchmarks and link copies (priced on idle links, no engine run);
+2. **hbm** — the sustained HBM rate on the achieved rate of the dense DMA ring;
+3. **host** — the per-step fixed cost on the published host figure;
+4. **slot_sweep** — the DMA engine's sharing among outstanding copies
+   (``dma.concurrency_penalty_per_dma``) on the 8-vs-4 expert-slot ratio (two engine runs);
+5. **breakdown** — the per-layer overhead on the Muse per-layer total (one engine run);
+6. **end to end** — the step times predicted with the parts' chip (*without* fitting on
+   them: the honest test of the parts), then the remaining figures (MXU weight push per
+   dtype, per-layer overhead) fitted on them (:func:`calibration.fit.fit_chip`).
+
+Each stage (:func:`fit_stage`) minimises ``Σ ((predicted - measured) / (σ_rel · measured))²``
+by bounded least squares over its parameters, scaled to their start values; the
+covariance is ``(JᵀJ)⁻¹ · max(1, s²)`` from a central-difference Jacobian (2 % steps) with
+``s² = Σ r² / (n - p)`` (the stated measurement σ, inflated when the residuals say the
+model does worse than that). **Identifiability rule**: a parameter whose 1σ is not below
+half its value (or that stops at a bound) is *unidentifiable* on this data: it is held at
+its start value (the published one, or the previous stage's) and the stage is fitted again
+without it, until every fitted parameter is pinned. When several are weak, the one held
+first is the one the data says least about, except that a per-copy issue cost is held
+before a latency (``hold_rank``): the microbenchmarks always issue 7 ICI copies per phase,
+so only ``7 × issue + latency`` is seen, and the latency is the figure the engine's
+stage-free pricing needs most. Which parameters each measurement
+constrains is reported from the same Jacobian: a measurement *pins* a parameter when the
+elasticity ``|∂ ln predicted / ∂ ln θ|`` is at least 0.05.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from calibration.components import ComponentRecord, predict_isolated
+from calibration.params import ParameterSpec, chip_with, figure_value, unseen
+from hwmodels.schema import Chip
+
+PARTS_ORDER = ("links", "hbm", "host", "slot_sweep", "breakdown")
+PIN_ELASTICITY = 0.05
+JACOBIAN_STEP = 0.02
+MAX_HOLD_ROUNDS = 6
+
+PART_PARAMETERS: dict[str, tuple[ParameterSpec, ...]] = {
+    "links": (
+        ParameterSpec("links.ici.latency_s", 0.05, 20.0, "issue-to-landing latency of one ICI copy", relative=True),
+        ParameterSpec("links.ici.message_issue_s", 0.05, 20.0, "sender cost per remote copy on ICI", relative=True,
+                      hold_rank=1),
+        ParameterSpec("links.ici.bandwidth_bytes_per_s_per_direction", 0.15, 3.0,
+                      "aggregate ICI egress per core (three links)", relative=True),
+        ParameterSpec("links.sibling.latency_s", 0.05, 20.0, "issue-to-landing latency of a sibling copy",
+                      relative=True),
+        ParameterSpec("links.sibling.message_issue_s", 0.05, 20.0, "sender cost per sibling copy", relative=True,
+                      hold_rank=1),
+        ParameterSpec("links.sibling.bandwidth_bytes_per_s_per_direction", 0.2, 10.0,
+                      "sibling-core copy rate (published 101 GB/s at 256 KiB, 610 GB/s at 16 MiB)", relative=True),
+    ),
+    "hbm": (ParameterSpec("hbm.sustained_bandwidth_bytes_per_s", 0.45, 1.25,
+                          "achieved rate of the dense DMA ring; never above the peak", relative=True),),
+    "host": (ParameterSpec("execution.per_step_overhead_s", 0.1, 10.0, "fixed cost per step call", relative=True),),
+    "slot_sweep": (ParameterSpec("dma.concurrency_penalty_per_dma", 0.0, 0.3,
+                                 "8 expert slots in flight finish later than 4 (round-robin DMA engine)"),),
+    "breakdown": (ParameterSpec("execution.per_layer_overhead_s", 0.0, 20e-6,
+                                "what remains of the published 55 µs Muse layer"),),
+}
+
+
+@dataclass
+class StageFit:
+    """One stage's result: values, 1σ, what was held, per-record errors and pins."""
+
+    name: str
+    paths: list[str]
+    values: dict[str, float]
+    sigma: dict[str, float]
+    covariance: np.ndarray | None  # over ``fitted`` (in θ units)
+    fitted: list[str]
+    held: dict[str, str]  # path -> why it is held
+    records: list[str]
+    measured: list[float]
+    predicted_before: list[float]
+    predicted_after: list[float]
+    pins: dict[str, list[str]]  # record -> parameters it pins
+    bounds: dict[str, tuple[float, float]] = field(default_factory=dict)
+    sets: list[str] = field(default_factory=list)  # per record: the measurement set it belongs to
+
+    def errors(self, which: str) -> np.ndarray:
+        predicted = np.array(self.predicted_before if which == "before" else self.predicted_after)
+        measured = np.array(self.measured)
+        return (predicted - measured) / measured
+
+    def to_json(self) -> dict[str, Any]:
+        before, after = self.errors("before"), self.errors("after")
+        sets = self.sets or [self.name] * len(self.records)
+        by_set = {}
+        for name in dict.fromkeys(sets):
+            chosen = [i for i, s in enumerate(sets) if s == name]
+            by_set[name] = {"points": len(chosen), "mape_before": float(np.mean(np.abs(before[chosen]))),
+                            "mape_after": float(np.mean(np.abs(after[chosen])))}
+        return {
+            "errors_by_measurement_set": by_set,
+            "parameters": {p: {"value": self.values[p], "uncertainty": self.sigma.get(p),
+                               "status": "fitted" if p in self.fitted else f"held: {self.held.get(p, '')}"}
+                           for p in self.paths},
+            "mape_before": float(np.mean(np.abs(before))) if before.size else None,
+            "mape_after": float(np.mean(np.abs(after))) if after.size else None,
+            "records": [{"name": name, "measured": m, "predicted_before": b, "predicted_after": a,
+                         "error_after": float(e), "pins": self.pins.get(name, [])}
+                        for name, m, b, a, e in zip(self.records, self.measured, self.predicted_before,
+                                                    self.predicted_after, after, strict=True)],
+        }
+
+
+def _jacobian(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray, lower: np.ndarray,
+              upper: np.ndarray) -> np.ndarray:
+    """Central differences of relative size :data:`JACOBIAN_STEP`, clipped to the bounds."""
+    columns = []
+    for j in range(len(x)):
+        h = JACOBIAN_STEP * max(abs(float(x[j])), 1e-3)
+        plus, minus = x.copy(), x.copy()
+        plus[j], minus[j] = min(x[j] + h, upper[j]), max(x[j] - h, lower[j])
+        width = plus[j] - minus[j]
+        columns.append((fn(plus) - fn(minus)) / width if width > 0 else np.zeros(len(fn(x))))
+    return np.stack(columns, axis=1)
+
+
+def fit_stage(name: str, base: Chip, published: Chip, specs: Sequence[ParameterSpec],
+              names: Sequence[str], measured: Sequence[float], sigma_rel: Sequence[float],
+              predict: Callable[[Chip], np.ndarray], *, max_nfev: int = 40) -> tuple[Chip, StageFit]:
+    """Fit ``specs`` on ``base`` so that ``predict(chip)`` matches ``measured`` (see the
+    module docstring); returns the chip with the pinned values laid over ``base``."""
+    paths = [s.path for s in specs]
+    start = {p: figure_value(base, p) for p in paths}
+    bounds = {s.path: s.bounds_for(published) for s in specs}
+    meas = np.asarray(measured, dtype=float)
+    scale = meas * np.asarray(sigma_rel, dtype=float)
+    memo: dict[bytes, np.ndarray] = {}
+
+    def weighted(chip: Chip) -> np.ndarray:
+        return (np.asarray(predict(chip), dtype=float) - meas) / scale
+
+    before = list(np.asarray(predict(base), dtype=float))
+    held: dict[str, str] = {}
+    for _round in range(MAX_HOLD_ROUNDS + len(paths)):
+        free = [p for p in paths if p not in held]
+        fixed = {p: start[p] for p in held}
+        if not free:
+            values, sigma, cov = dict(start), {}, None
+            break
+        ref = np.array([start[p] if start[p] > 0 else bounds[p][1] * 1e-2 for p in free])
+        lo = np.array([bounds[p][0] for p in free]) / ref
+        hi = np.array([bounds[p][1] for p in free]) / ref
+        x0 = np.clip(np.array([start[p] for p in free]) / ref, lo, hi)
+
+        def residual(x: np.ndarray, free: list[str] = free, ref: np.ndarray = ref,
+                     fixed: dict[str, float] = fixed) -> np.ndarray:
+            key = np.asarray(x, dtype=float).tobytes() + str(free).encode()
+            if key not in memo:
+                trial = {**fixed, **dict(zip(free, (x * ref).tolist(), strict=True))}
+                memo[key] = weighted(chip_with(base, trial))
+            return memo[key]
+
+        solution = least_squares(residual, x0, bounds=(lo, hi), method="trf", max_nfev=max_nfev,
+                                 x_scale=1.0, diff_step=1e-3, ftol=1e-10, xtol=1e-8, gtol=1e-10)
+        x = solution.x
+        theta = x * ref
+        jac = _jacobian(residual, x, lo, hi)
+        r = residual(x)
+        n, p = jac.shape
+        s2 = float(r @ r / (n - p)) if n > p else 1.0
+        cov_x = np.linalg.pinv(jac.T @ jac) * max(1.0, s2)
+        sig = np.sqrt(np.clip(np.diag(cov_x), 0.0, None)) * ref
+        sig[unseen(jac)] = np.inf
+        tol = 1e-6 * (hi - lo) * ref
+        at_bound = [(t - bounds[q][0] <= tol[i]) or (bounds[q][1] - t <= tol[i]) for i, (q, t) in
+                    enumerate(zip(free, theta, strict=True))]
+        rank = {s.path: s.hold_rank for s in specs}
+        weak = [(rank[q], sig[i] / max(theta[i], 1e-300), q) for i, q in enumerate(free)
+                if at_bound[i] or not np.isfinite(sig[i]) or sig[i] >= 0.5 * theta[i]]
+        if weak:
+            _rank, _ratio, worst = max(weak)
+            i = free.index(worst)
+            held[worst] = ("stopped at a bound" if at_bound[i] else "not seen by the data (a flat direction)"
+                           if not np.isfinite(sig[i]) else
+                           f"1σ {sig[i]:.3g} >= half its value {theta[i]:.3g}") + "; held at its start value"
+            continue
+        values = {**start, **dict(zip(free, theta.tolist(), strict=True))}
+        sigma = dict(zip(free, sig.tolist(), strict=True))
+        cov = cov_x * np.outer(ref, ref)
+        break
+    fitted = [p for p in paths if p not in held]
+    chip = chip_with(base, {p: values[p] for p in fitted}) if fitted else base
+    after = list(np.asarray(predict(chip), dtype=float))
+    pins = _pins(base, chip, specs, names, predict, after, published)
+    return chip, StageFit(name, paths, values, sigma, cov, fitted, held, list(names), list(meas),
+                          before, after, pins, bounds)
+
+
+def _pins(base: Chip, chip: Chip, specs: Sequence[ParameterSpec], names: Sequence[str],
+          predict: Callable[[Chip], np.ndarray], after: list[float], published: Chip) -> dict[str, list[str]]:
+    """Per record, the parameters whose ±2 % change moves its prediction by ≥ 0.05 × 2 %."""
+    center = np.asarray(after, dtype=float)
+    pins: dict[str, list[str]] = {name: [] for name in names}
+    for spec in specs:
+        value = figure_value(chip, spec.path)
+        if value <= 0:
+            continue
+        upper = spec.bounds_for(published)[1]
+        bumped = min(value * (1 + JACOBIAN_STEP), max(upper, value))
+        moved = np.asarray(predict(chip_with(chip, {spec.path: bumped})), dtype=float)
+        elasticity = np.abs((moved - center) / np.where(center != 0, center, 1.0)) / (bumped / value - 1 or 1)
+        for name, e in zip(names, elasticity, strict=True):
+            if e >= PIN_ELASTICITY:
+                pins[name].append(spec.path)
+    return pins
+
+
+def isolated_stage(name: str, base: Chip, published: Chip, records: Sequence[ComponentRecord]
+                   ) -> tuple[Chip, StageFit]:
+    """A stage whose records are priced without the engine (links, hbm, host)."""
+    used = [r for r in records if r.part == name and r.modelled]
+
+    def predict(chip: Chip) -> np.ndarray:
+        return np.array([predict_isolated(chip, r) for r in used])
+
+    chip, stage = fit_stage(name, base, published, PART_PARAMETERS[name], [r.name for r in used],
+                            [r.value for r in used], [r.sigma_rel for r in used], predict)
+    stage.sets = [r.measurement_set or r.part for r in used]
+    return chip, stage

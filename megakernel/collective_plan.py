@@ -1,0 +1,133 @@
+"""Where the kernel issues and waits each in-kernel collective: read off the simulator's program.
+
+The simulator's per-device program (:func:`tpusim.workload.program.build_program`) lists each
+op with the collectives it issues at its end, and :func:`tpusim.engine.collectives.consumer_index`
+names the op whose start waits for each one (the plan's ``consumed_by``). This module turns
+that into the kernel's event sequence, so the kernel and the simulator issue and wait at the
+same points by construction of one source, and the test of the recorded trace checks that
+the kernel really ran them there:
+
+- ``("issue", name, delta)`` at the end of the op that issues ``name``;
+- ``("wait", name, delta)`` at the start of its consumer (``delta`` = layers back to the
+  issuing layer: a consumer in the next layer waits for the previous layer's copy).
+
+Messages (who sends what to whom, per phase) come from :mod:`tpusim.workload.collectives`,
+the one owner of the message list the engine also prices. :func:`rank_tables` lays them out
+as int tables indexed by rank (the kernel reads its row with its own mesh index).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tpusim.engine.collectives import consumer_index
+from tpusim.workload.collectives import group_ranks, incoming, messages, phase_count
+from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.program import build_program
+from tpusim.workload.routing import RoutingModel
+from tpusim.workload.sharding import ShardingPlan
+
+SUPPORTED = ("pair_exchange", "direct_all_gather", "one_shot_two_level")
+Event = tuple[str, str, int]  # (issue | wait, collective name, layers back to the issuing layer)
+
+
+class UnsupportedPlan(ValueError):
+    """The plan uses something the multi-device kernel does not run (message says what)."""
+
+
+@dataclass(frozen=True)
+class KernelCollective:
+    """One collective as the kernel runs it, for every rank of the plan."""
+
+    name: str
+    algorithm: str
+    group: str
+    elems: int  # bf16 payload elements each rank contributes (bytes per token x batch / 2)
+    phases: int
+    counts: tuple[int, ...]  # messages each rank sends (and receives) per phase, the same for every rank
+    dst: np.ndarray  # int32[ranks, phases, max count]: destination rank of each message
+    slot: np.ndarray  # int32[ranks, phases, max count]: receive slot of the message at its destination
+    members: np.ndarray  # int32[ranks, group size]: each rank's group, ascending
+
+    @property
+    def max_count(self) -> int:
+        return max(self.counts)
+
+
+def kernel_collectives(plan: ShardingPlan, batch: int) -> list[KernelCollective]:
+    """The plan's collectives at ``batch`` in plan order, expanded for every rank."""
+    topo = plan.topology
+    out = []
+    for spec in plan.collectives_at(batch):
+        algorithm, group = spec.algorithm, spec.group
+        if algorithm not in SUPPORTED:
+            raise UnsupportedPlan(f"collective {spec.name}: algorithm {algorithm} is not run in the kernel "
+                                  f"(supported: {', '.join(SUPPORTED)})")
+        payload = spec.bytes_per_token * batch
+        if payload % 2:
+            raise UnsupportedPlan(f"collective {spec.name}: {payload} B is not a whole number of bf16 values")
+        ranks = range(plan.devices)
+        phases = {phase_count(algorithm, group, r, topo) for r in ranks}
+        sent = {(r, p): [m for m in messages(algorithm, group, payload, r, topo) if m.phase == p]
+                for r in ranks for p in range(max(phases))}
+        n_phases = max(phases)
+        counts = tuple(len(sent[0, p]) for p in range(n_phases))
+        if len(phases) != 1 or any(len(sent[r, p]) != counts[p] for r in ranks for p in range(n_phases)):
+            raise UnsupportedPlan(f"collective {spec.name}: ranks send different message counts")
+        dst = np.zeros((plan.devices, n_phases, max(counts)), np.int32)
+        slot = np.zeros_like(dst)
+        for r in ranks:
+            for p in range(n_phases):
+                for i, m in enumerate(sent[r, p]):
+                    arrivals = [a.src for a in incoming(algorithm, group, payload, m.dst, topo) if a.phase == p]
+                    dst[r, p, i], slot[r, p, i] = m.dst, arrivals.index(r)
+        members = np.array([group_ranks(group, r, topo) for r in ranks], np.int32)
+        out.append(KernelCollective(spec.name, algorithm, group, payload // 2, n_phases, counts,
+                                    dst, slot, members))
+    return out
+
+
+def layer_events(model: ModelConfig, plan: ShardingPlan, batch: int) -> tuple[list[list[Event]], list[Event]]:
+    """-> (events of each layer, events of the head), from the simulator's program of rank 0."""
+    with tempfile.TemporaryDirectory() as folder:
+        # every row picks experts 0, 2, 4, ...: rank 0 loads one expert in every MoE layer,
+        # so all MoE layers have one event sequence (the kernel's loop body)
+        trace = Path(folder) / "routing.json"
+        trace.write_text(json.dumps({"layers": [[list(range(0, 2 * model.moe.top_k, 2))]]}))
+        program = build_program(model, plan, batch=batch, context_tokens=16, device_view=0,
+                                routing=RoutingModel("trace", trace_path=trace))
+    ops = program.ops
+    at: dict[int, list[Event]] = {}
+    for i, op in enumerate(ops):
+        for call in op.collectives:
+            consumer = consumer_index(ops, i, call.spec.consumed_by)
+            at.setdefault(2 * i + 1, []).append(("issue", call.spec.name, op.layer))
+            at.setdefault(2 * consumer, []).append(("wait", call.spec.name, op.layer))
+    layers: list[list[Event]] = [[] for _ in range(model.num_layers)]
+    head: list[Event] = []
+    for point in sorted(at):
+        index = point // 2
+        layer = ops[index].layer if index < len(ops) else -1
+        for kind, name, issued in at[point]:
+            if layer < 0:
+                head.append((kind, name, model.num_layers - issued))
+            else:
+                layers[layer].append((kind, name, layer - issued))
+    return layers, head
+
+
+def loop_range(layers: list[list[Event]]) -> tuple[int, int]:
+    """The longest run ``[a, b)`` of layers with the same event sequence (the kernel's loop)."""
+    best = (0, 1)
+    start = 0
+    for i in range(1, len(layers) + 1):
+        if i == len(layers) or layers[i] != layers[start]:
+            if i - start > best[1] - best[0]:
+                best = (start, i)
+            start = i
+    return best

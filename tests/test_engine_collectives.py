@@ -1,0 +1,117 @@
+"""Message-level collectives in the engine, worked by hand (tpusim.engine.collectives).
+
+Expected times are written from the pricing rule in the module docstring (issue copies back
+to back, fluid sharing of each link, landing = last byte + latency, next phase after
+landing), using the tpu-v7 catalog figures read here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hwmodels.catalog import load_chip
+from tpusim.engine import simulate
+from tpusim.engine.collectives import (
+    MessageCollective,
+    MessageFabric,
+    MessageGroup,
+    collective_time_s,
+    consumer_index,
+    isolated_time_s,
+)
+from tpusim.schedule.schema import load_schedule
+from tpusim.workload.collectives import Topology
+from tpusim.workload.model_catalog import load_model, load_plan
+from tpusim.workload.program import build_program
+
+CHIP = load_chip("tpu-v7", calibrated=False)
+ICI = next(link for link in CHIP.links if link.name == "ici")
+SIB = next(link for link in CHIP.links if link.name == "sibling")
+A = ICI.bandwidth_bytes_per_s_per_direction.value  # aggregate ICI egress
+L, ISSUE = ICI.latency_s.value, ICI.message_issue_s.value  # type: ignore[union-attr]
+LS, IS, BS = SIB.latency_s.value, SIB.message_issue_s.value, SIB.bandwidth_bytes_per_s_per_direction.value  # type: ignore[union-attr]
+K3 = Topology(32, 8, 2)
+
+
+def test_one_sibling_copy() -> None:
+    size = 262144
+    assert isolated_time_s(CHIP, [[("sibling", size, 1)]]) == pytest.approx(IS + size / BS + LS)
+
+
+def test_two_level_reduce_by_hand() -> None:
+    payload = 14336
+    # phase 0: the sibling copy is issued first, then 6 same-host copies share the ICI
+    # (6 in flight: A / 6 each, below the per-copy cap A / 3)
+    sibling_lands = IS + payload / BS + LS
+    local_lands = IS + 6 * ISSUE + payload / (A / 6) + L
+    phase0 = max(sibling_lands, local_lands)
+    # phase 1: 3 cross-host copies at min(A / 3, A / 3) each
+    phase1 = phase0 + 3 * ISSUE + payload / (A / 3) + L
+    assert collective_time_s(CHIP, "one_shot_two_level", "all", payload, K3) == pytest.approx(phase1)
+
+
+def test_reduce_scatter_all_gather_two_phases_of_chunks() -> None:
+    payload = 8 * 8192 * 2
+    chunk = payload // 8
+    topology = Topology(8, 8, 2)
+    phase = max(IS + chunk / BS + LS, IS + 6 * ISSUE + chunk / (A / 6) + L)
+    assert collective_time_s(CHIP, "reduce_scatter_all_gather", "all", payload, topology) == pytest.approx(2 * phase)
+
+
+def _group(count: int, size: int) -> MessageGroup:
+    return MessageGroup("ici", count, size, A / 3, A, 0.0, 0.0)
+
+
+def test_copies_in_flight_share_the_link() -> None:
+    """A alone: 3 copies at A/3 each. B (3 copies) joins at t1: all 6 move at A/6."""
+    size = 1_000_000
+    fabric = MessageFabric()
+    first = fabric.issue(MessageCollective("a", ((_group(3, size),),), 0), 0.0)
+    t1 = 0.5 * size / (A / 3)  # A's copies are half done
+    second = fabric.issue(MessageCollective("b", ((_group(3, size),),), 0), t1)
+    # A's remaining half moves at A/6: it takes twice as long as alone
+    first_done = t1 + 0.5 * size / (A / 6)
+    assert fabric.complete_s(first) == pytest.approx(first_done)
+    # B moved half a copy while sharing, then the rest alone at A/3
+    assert fabric.complete_s(second) == pytest.approx(first_done + 0.5 * size / (A / 3))
+
+
+def test_a_chained_collective_starts_when_its_parent_lands() -> None:
+    fabric = MessageFabric()
+    parent_plan = MessageCollective("p", ((MessageGroup("ici", 1, 0, A, A, 2e-6, 0.0),),), 0)
+    child_plan = MessageCollective("c", ((MessageGroup("sibling", 1, 0, BS, BS, 1e-6, 0.0),),), 0, parent="p")
+    parent = fabric.issue(parent_plan, 0.0)
+    child = fabric.issue(child_plan, 0.0, parent)
+    assert fabric.complete_s(child) == pytest.approx(3e-6)
+    assert fabric.complete_s(parent) == pytest.approx(2e-6)
+
+
+def _k3_program(layers: int, batch: int = 1):  # type: ignore[no-untyped-def]
+    return build_program(load_model("kimi-k3").with_layers(layers), load_plan("k3-tp32"), batch=batch)
+
+
+def test_the_shared_reduction_is_consumed_at_the_combine() -> None:
+    program = _k3_program(2)
+    ops = program.ops
+    issue = next(i for i, op in enumerate(ops) if op.layer == 1 and op.role == "moe.shared")
+    combine = next(i for i, op in enumerate(ops) if op.layer == 1 and op.role == "moe.combine")
+    assert consumer_index(ops, issue, "moe.combine") == combine
+    assert ops[issue + 1].role == "moe.expert"  # routed experts run while it is in flight
+    gather = next(i for i, op in enumerate(ops) if op.layer == 1 and op.role == "moe.latent_up")
+    next_layer = next(i for i, op in enumerate(ops) if op.layer == -1)
+    # the output gather's consumer (attn.mix_norm) is absent after the last layer: the head waits
+    assert consumer_index(ops, gather, "attn.mix_norm") == next_layer
+
+
+def test_a_consumer_further_away_never_slows_the_step() -> None:
+    """The stream waits only at the consumer: moving the shared reduction's consumer from
+    the combine back to the op right after it can only cost time."""
+    program = _k3_program(3)
+    schedule = load_schedule("published")
+    overlapped = simulate(program, schedule, CHIP).step_s
+    plan = load_plan("k3-tp32")
+    blocking_moe = [spec.model_copy(update={"consumed_by": None}) if spec.name == "moe.shared_reduce" else spec
+                    for spec in plan.moe_collectives]
+    blocking_plan = plan.model_copy(update={"moe_collectives": blocking_moe})
+    blocking = build_program(load_model("kimi-k3").with_layers(3), blocking_plan, batch=1)
+    assert simulate(blocking, schedule, CHIP).step_s > overlapped

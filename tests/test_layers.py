@@ -1,0 +1,155 @@
+"""The house reads top-down: imports point down the layers and never go round in a circle.
+
+Layers, bottom to top: ``hwmodels`` → ``tpusim`` core (everything under ``tpusim/`` but
+``tpusim/app``) → ``megakernel`` → ``calibration`` → the application layer ``tpusim/app``.
+Every import counts, including those under ``if TYPE_CHECKING:`` and those inside functions
+(they run, or they tie the modules together for a reader). The application layer may import
+``megakernel`` and ``calibration`` only inside functions, so ``tpusim --help`` stays light.
+This walker is written here, independently of any tool, with the standard library only.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("hwmodels", "tpusim", "megakernel", "calibration")
+LAYER = {"hwmodels": 0, "tpusim": 1, "megakernel": 2, "calibration": 3, "tpusim.app": 4}
+
+
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            dotted = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            found[dotted.removesuffix(".__init__")] = path
+    return found
+
+
+def _layer(module: str) -> int:
+    if module in ("tpusim.app", "tpusim.__main__") or module.startswith("tpusim.app."):
+        return LAYER["tpusim.app"]
+    return LAYER[module.split(".")[0]]
+
+
+def _resolve(name: str, known: dict[str, Path]) -> str | None:
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(module: str, path: Path, known: dict[str, Path]) -> list[tuple[str, bool]]:
+    """(imported module, whether it runs at import time) for every import statement."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    # Imports that do not run when the module is imported: inside functions, or typing-only.
+    deferred = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+                for n in ast.walk(f) if n is not f}
+    deferred |= {id(n) for block in ast.walk(tree)
+                 if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+                 for statement in block.body for n in ast.walk(statement)}
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: list[tuple[str, bool]] = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            names = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        for name in names:
+            target = _resolve(name, known)
+            if target and target != module:
+                found.append((target, id(node) not in deferred))
+    return found
+
+
+def _graph() -> tuple[dict[str, Path], dict[str, list[tuple[str, bool]]]]:
+    known = _modules()
+    return known, {module: _imports(module, path, known) for module, path in known.items()}
+
+
+def _is_package_of(a: str, b: str) -> bool:
+    """True when ``a`` is a package ``__init__`` that ``b`` lives in (a package re-exporting
+    its own members is not an upward import)."""
+    return b.startswith(a + ".")
+
+
+def test_no_import_runs_up_the_layers() -> None:
+    _, graph = _graph()
+    upward = [f"{m} -> {t}" for m, targets in graph.items() for t, _ in targets
+              if _layer(t) > _layer(m) and not _is_package_of(m, t)]
+    assert upward == []
+
+
+def test_app_imports_kernel_and_calibration_only_inside_functions() -> None:
+    _, graph = _graph()
+    eager = [f"{m} -> {t}" for m, targets in graph.items() if _layer(m) == LAYER["tpusim.app"]
+             for t, top_level in targets if top_level and _layer(t) in (LAYER["megakernel"], LAYER["calibration"])]
+    assert eager == []
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_circles() -> None:
+    _, graph = _graph()
+    edges = {m: {t for t, _ in targets if not _is_package_of(m, t)} for m, targets in graph.items()}
+    assert _cycles(edges) == []
+
+
+def test_cycle_finder_finds_a_planted_circle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_help_imports_neither_scipy_nor_jax() -> None:
+    code = ("import sys\nfrom tpusim.app.cli import build_parser\nbuild_parser().format_help()\n"
+            "heavy = ('scipy', 'jax', 'jaxlib', 'calibration', 'megakernel', 'simpy', 'matplotlib')\n"
+            "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in heavy)))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            cwd=ROOT).stdout.strip()
+    assert loaded == ""

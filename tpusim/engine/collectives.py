@@ -1,0 +1,357 @@
+"""Collectives as remote copies on link tracks: the engine side of
+:mod:`tpusim.workload.collectives`.
+
+Lowering (:func:`lower_messages`) turns one plan collective at one batch into a
+:class:`MessageCollective`: per phase, the copies this device sends grouped by link kind
+(:class:`MessageGroup`: how many copies, bytes each, the chip link they ride, that link's
+per-copy and aggregate rates, its latency and the per-copy issue cost), plus the op that
+consumes the result. The simulation (:class:`MessageFabric`) prices them:
+
+1. **Issue.** The sender issues a phase's copies back to back, ``message_issue_s`` each
+   (a remote DMA descriptor); a group starts moving bytes once its last copy is issued
+   (groups in plan order: sibling, same-host, cross-host).
+2. **Transfer.** Bytes flow as a fluid that shares each chip link among every copy in
+   flight on it: each copy moves at ``min(per-copy rate, aggregate rate / copies in flight)``
+   (ICI: 45 GB/s to one peer, 134 GB/s over the three links; the sibling link: one copy).
+   Copies of different collectives in flight at once slow each other down.
+3. **Landing.** A copy lands ``latency_s`` after its last byte left (the semaphore signal
+   included). Every algorithm is symmetric, so what this device *receives* in a phase lands
+   when what it sends lands: phase ``p + 1`` is issued when phase ``p`` has landed (its
+   payload is the received sum; the small VPU sum is not charged), and the collective is
+   complete when its last phase has landed.
+4. **Chains.** A collective issued after another (``after`` naming a collective: the K3
+   sibling gather of the reduced half) is issued when that one completes.
+5. **Consumer.** The compute stream waits only when it reaches the consuming op
+   (``consumed_by``): :meth:`MessageFabric.complete_s` runs the fluid forward until the
+   collective is complete. This is exact, not an approximation of the order of events: the
+   stream is the only issuer and it is blocked while the fabric runs ahead, so no copy can
+   join the links in that window.
+
+Cost per event is a few list operations over the groups in flight (copies of one group
+move in lockstep, so a group of 31 copies is one entry), which keeps a K3 step (93 layers,
+≈ 20 message groups per layer) to a few milliseconds of engine time.
+
+Trace: with a recorder each copy is one interval ``issue → landing`` on a track
+``link <chip link> <lane>`` (lanes assigned greedily at the end so intervals in one
+track never overlap), labelled ``<collective> p<phase> →r<dst>``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from hwmodels.schema import Chip, LinkSpec
+from tpusim.engine.costs import resolve_link
+from tpusim.engine.timeline import Recorder
+from tpusim.workload.collectives import LINK_KINDS, Topology, messages
+from tpusim.workload.program import CollectiveCall, Op
+from tpusim.workload.sharding import ShardingPlan
+
+INF = float("inf")
+CHIP_LINK_OF = {"sibling": "sibling", "same_host": "ici", "cross_host": "ici"}
+
+
+@dataclass(frozen=True)
+class MessageGroup:
+    """``count`` identical copies of ``bytes`` each over chip link ``link``."""
+
+    link: str
+    count: int
+    bytes: int
+    per_copy_bytes_per_s: float
+    aggregate_bytes_per_s: float
+    latency_s: float
+    issue_s: float
+    destinations: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class MessageCollective:
+    """One collective of one op, lowered: its phases of message groups and its consumer."""
+
+    name: str
+    phases: tuple[tuple[MessageGroup, ...], ...]
+    consumer_index: int  # the op whose start waits for it (len(ops): only the step's end)
+    parent: str | None = None  # issued when this collective completes (a chain), else at op end
+
+
+def link_rates(link: LinkSpec) -> tuple[float, float]:
+    """(per-copy, aggregate) bytes/s of a chip link: the aggregate is the link's per-device
+    figure; one copy rides one of its ``links_per_device`` links."""
+    aggregate = link.bandwidth_bytes_per_s_per_direction.value
+    return aggregate / link.links_per_device, aggregate
+
+
+def message_issue_s(link: LinkSpec) -> float:
+    """Sender-side cost of issuing one remote copy on ``link`` (0 when not published)."""
+    return link.message_issue_s.value if link.message_issue_s is not None else 0.0
+
+
+def lower_messages(chip: Chip, plan: ShardingPlan, call: CollectiveCall, consumer_index: int,
+                   rank: int = 0, cache: dict[Any, Any] | None = None) -> MessageCollective | None:
+    """``call`` as rank ``rank``'s copies on ``chip``'s links (None: nothing to send or a
+    link kind the chip lacks, for which the stage-level pricing is kept). ``cache`` (one
+    dict per lowering, i.e. per chip) reuses the priced phases of repeated collectives."""
+    spec = call.spec
+    assert spec.algorithm is not None
+    key = (spec.name, spec.algorithm, spec.group, call.payload_bytes_per_peer, rank, plan.topology)
+    if cache is not None and key in cache:
+        phases = cache[key]
+        return None if phases is None else MessageCollective(spec.name, phases, consumer_index)
+    lowered = _lower_phases(chip, plan, call, rank)
+    if cache is not None:
+        cache[key] = lowered
+    return None if lowered is None else MessageCollective(spec.name, lowered, consumer_index)
+
+
+def _lower_phases(chip: Chip, plan: ShardingPlan, call: CollectiveCall,
+                  rank: int) -> tuple[tuple[MessageGroup, ...], ...] | None:
+    spec = call.spec
+    assert spec.algorithm is not None
+    grouped = _grouped(spec.algorithm, spec.group, call.payload_bytes_per_peer, rank, plan.topology)
+    if not grouped:
+        return None
+    phases: list[tuple[MessageGroup, ...]] = []
+    for phase in grouped:
+        groups = []
+        for kind, size, destinations in phase:
+            link = resolve_link(chip, CHIP_LINK_OF[kind])
+            if link is None:
+                return None
+            per_copy, aggregate = link_rates(link)
+            groups.append(MessageGroup(link.name, len(destinations), size, per_copy, aggregate,
+                                       link.latency_s.value, message_issue_s(link), destinations))
+        phases.append(tuple(groups))
+    return tuple(phases)
+
+
+@lru_cache(maxsize=4096)
+def _grouped(algorithm: str, group: str, payload_bytes: int, rank: int,
+             topology: Topology) -> tuple[tuple[tuple[str, int, tuple[int, ...]], ...], ...]:
+    """Rank's copies per phase as ``(link kind, bytes, destinations)`` groups (memoised: a
+    program repeats the same few collectives in every layer)."""
+    sent = messages(algorithm, group, payload_bytes, rank, topology)
+    if not sent:
+        return ()
+    phases = []
+    for phase in range(max(m.phase for m in sent) + 1):
+        groups = []
+        for kind in LINK_KINDS:
+            chosen = [m for m in sent if m.phase == phase and m.link == kind]
+            if chosen:
+                groups.append((kind, chosen[0].bytes, tuple(m.dst for m in chosen)))
+        phases.append(tuple(groups))
+    return tuple(phases)
+
+
+def consumer_index(ops: list[Op], index: int, role: str | None) -> int:
+    """The op that consumes a collective issued at op ``index``: the first later op with
+    ``role`` (None: the next op); if none, the first op of the next layer (the residual
+    stream carries the result); if none, ``len(ops)`` (only the end of the step waits)."""
+    if role is None:
+        return index + 1
+    layer = ops[index].layer
+    for later in range(index + 1, len(ops)):
+        # the search stops at the next layer's first op: a layer without the consumer (a
+        # device that loads no routed expert there) waits at the next layer's start, not at
+        # a consumer layers later (which would keep the copy's buffer busy across layers)
+        if ops[later].role == role or ops[later].layer != layer:
+            return later
+    return len(ops)
+
+
+class _Flow:
+    """A group in flight: its copies move in lockstep."""
+
+    __slots__ = ("group", "handle", "left_bytes", "phase", "start_s")
+
+    def __init__(self, group: MessageGroup, handle: Handle, phase: int, start_s: float) -> None:
+        self.group = group
+        self.handle = handle
+        self.phase = phase
+        self.start_s = start_s
+        self.left_bytes = float(group.bytes)
+
+
+@dataclass
+class Handle:
+    """One issued collective: its progress and, once known, its completion time."""
+
+    plan: MessageCollective
+    phase: int = -1
+    groups_left: int = 0
+    phase_land_s: float = 0.0
+    done_s: float | None = None
+    children: list[Handle] = field(default_factory=list)
+
+
+class MessageFabric:
+    """The links as shared fluid servers (see the module docstring)."""
+
+    def __init__(self, recorder: Recorder | None = None) -> None:
+        self.now_s = 0.0
+        self.active: dict[str, list[_Flow]] = {}
+        self.starts: list[tuple[float, int, _Flow]] = []  # heap of flows waiting to start
+        self.sequence = 0
+        self.busy_s: dict[str, float] = {}
+        self.last_land_s = 0.0
+        self.recorder = recorder
+        self.spans: list[tuple[str, float, float, str]] = []  # (link, issue, land, label)
+
+    # ----------------------------------------------------------------- issuing
+    def issue(self, plan: MessageCollective, time_s: float, parent: Handle | None = None) -> Handle:
+        """Issue ``plan`` at ``time_s`` (or when ``parent`` completes); returns its handle."""
+        handle = Handle(plan)
+        if parent is not None:
+            parent.children.append(handle)
+            if parent.done_s is not None:
+                self._start_phase(handle, 0, max(time_s, parent.done_s))
+            return handle
+        self.advance_to(time_s)
+        self._start_phase(handle, 0, time_s)
+        return handle
+
+    def _start_phase(self, handle: Handle, phase: int, time_s: float) -> None:
+        groups = handle.plan.phases[phase]
+        handle.phase = phase
+        handle.groups_left = len(groups)
+        handle.phase_land_s = time_s
+        issued_s = time_s
+        for group in groups:
+            issued_s += group.count * group.issue_s
+            self.sequence += 1
+            heapq.heappush(self.starts, (issued_s, self.sequence, _Flow(group, handle, phase, time_s)))
+
+    # ----------------------------------------------------------------- the fluid
+    def _rates(self) -> dict[str, float]:
+        rates = {}
+        for link, flows in self.active.items():
+            if flows:
+                copies = sum(flow.group.count for flow in flows)
+                group = flows[0].group
+                rates[link] = min(group.per_copy_bytes_per_s, group.aggregate_bytes_per_s / copies)
+        return rates
+
+    def _step(self, limit_s: float) -> bool:
+        """Advance to the next event or ``limit_s``, whichever is first; False when idle."""
+        rates = self._rates()
+        next_s = self.starts[0][0] if self.starts else INF
+        for link, rate in rates.items():
+            smallest = min(flow.left_bytes for flow in self.active[link])
+            next_s = min(next_s, self.now_s + smallest / rate)
+        if next_s == INF:
+            self.now_s = max(self.now_s, limit_s) if limit_s < INF else self.now_s
+            return False
+        target = min(next_s, limit_s)
+        elapsed = target - self.now_s
+        if elapsed > 0.0:
+            for link, rate in rates.items():
+                moved = rate * elapsed
+                for flow in self.active[link]:
+                    flow.left_bytes -= moved
+                self.busy_s[link] = self.busy_s.get(link, 0.0) + elapsed
+        self.now_s = target
+        if target < next_s:
+            return True
+        for link in list(rates):
+            flows = self.active[link]
+            done = [flow for flow in flows if flow.left_bytes <= 1e-6]
+            if done:
+                self.active[link] = [flow for flow in flows if flow.left_bytes > 1e-6]
+                for flow in done:
+                    self._drained(flow)
+        while self.starts and self.starts[0][0] <= self.now_s:
+            _, _, flow = heapq.heappop(self.starts)
+            if flow.group.bytes <= 0:
+                self._drained(flow)
+            else:
+                self.active.setdefault(flow.group.link, []).append(flow)
+        return True
+
+    def _drained(self, flow: _Flow) -> None:
+        handle, group = flow.handle, flow.group
+        land_s = self.now_s + group.latency_s
+        self.last_land_s = max(self.last_land_s, land_s)
+        if self.recorder is not None:
+            for dst in group.destinations or (-1,) * group.count:
+                self.spans.append((group.link, flow.start_s, land_s, f"{handle.plan.name} p{flow.phase} →r{dst}"))
+        handle.phase_land_s = max(handle.phase_land_s, land_s)
+        handle.groups_left -= 1
+        if handle.groups_left:
+            return
+        if handle.phase + 1 < len(handle.plan.phases):
+            self._start_phase(handle, handle.phase + 1, handle.phase_land_s)
+            return
+        handle.done_s = handle.phase_land_s
+        for child in handle.children:
+            self._start_phase(child, 0, handle.done_s)
+
+    def advance_to(self, time_s: float) -> None:
+        """Run the fluid up to ``time_s`` (nothing new is issued before it)."""
+        while self.now_s < time_s and self._step(time_s):
+            pass
+        self.now_s = max(self.now_s, time_s)
+
+    def complete_s(self, handle: Handle) -> float:
+        """When ``handle``'s collective completes (runs the fluid as far as needed)."""
+        while handle.done_s is None:
+            if not self._step(INF):
+                raise RuntimeError(f"collective {handle.plan.name} can never complete")
+        return handle.done_s
+
+    def finish(self) -> float:
+        """Run everything in flight to completion; returns the last landing time."""
+        while self._step(INF):
+            pass
+        if self.recorder is not None:
+            self._record()
+        return self.last_land_s
+
+    def _record(self) -> None:
+        """Each copy on a lane of its link's tracks (greedy interval colouring by issue time)."""
+        assert self.recorder is not None
+        lanes: dict[str, list[float]] = {}
+        for link, start, end, label in sorted(self.spans, key=lambda span: (span[1], span[2], span[3])):
+            free = lanes.setdefault(link, [])
+            lane = next((i for i, until in enumerate(free) if until <= start), len(free))
+            if lane == len(free):
+                free.append(end)
+            else:
+                free[lane] = end
+            self.recorder.interval(f"link {link} {lane}", start, end, label)
+
+
+def _groups_on(chip: Chip, phase: tuple[tuple[str, int, tuple[int, ...]], ...]) -> tuple[MessageGroup, ...]:
+    groups = []
+    for kind, size, destinations in phase:
+        link = resolve_link(chip, CHIP_LINK_OF[kind])
+        if link is None:
+            raise ValueError(f"chip {chip.name} has no link for {kind} copies")
+        per_copy, aggregate = link_rates(link)
+        groups.append(MessageGroup(link.name, len(destinations), size, per_copy, aggregate,
+                                   link.latency_s.value, message_issue_s(link), destinations))
+    return tuple(groups)
+
+
+def isolated_time_s(chip: Chip, phases: list[list[tuple[str, int, int]]]) -> float:
+    """Seconds from issue to landing of copies on idle links, as a microbenchmark times them:
+    ``phases`` lists per phase ``(link kind, bytes per copy, copies)`` (e.g. one sibling copy
+    of 256 KiB: ``[[("sibling", 262144, 1)]]``)."""
+    lowered = tuple(_groups_on(chip, tuple((kind, size, tuple(range(count))) for kind, size, count in phase))
+                    for phase in phases)
+    fabric = MessageFabric()
+    return fabric.complete_s(fabric.issue(MessageCollective("isolated", lowered, 0), 0.0))
+
+
+def collective_time_s(chip: Chip, algorithm: str, group: str, payload_bytes: int, topology: Topology,
+                      rank: int = 0) -> float:
+    """Seconds one collective takes on idle links (a collective microbenchmark)."""
+    grouped = _grouped(algorithm, group, payload_bytes, rank, topology)
+    if not grouped:
+        return 0.0
+    fabric = MessageFabric()
+    plan = MessageCollective(algorithm, tuple(_groups_on(chip, phase) for phase in grouped), 0)
+    return fabric.complete_s(fabric.issue(plan, 0.0))
