@@ -12,7 +12,7 @@ Steps (each keeps the invariant named after it):
    (:mod:`tpusim.sweep.prune`), and every one the schedule schema rejected (reason
    ``schema: ...``); pruned rows are written at once. *No pruned candidate
    is ever estimated or simulated.*
-3. **Estimate** the survivors (:mod:`tpusim.sweep.estimate`, ~10-20 ms each) and order them
+3. **Estimate** the survivors (:mod:`tpusim.sweep.estimate`, ~30-60 ms each) and order them
    by ``(estimate, hash)``.
 4. **Screen** (successive halving, rung 1): the engine on the first ``screen_layers`` layers
    (~1/8 of a K3 step) for the built-ins and the ``screen_factor x budget`` best-estimated.
