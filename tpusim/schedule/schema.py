@@ -53,7 +53,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hwmodels.errors import InputError
-from hwmodels.textfile import read_user_text
+from hwmodels.textfile import read_user_json
 
 # Families a schedule controls (weight families from tpusim.workload.modelconfig plus KV/state).
 SCHEDULE_FAMILIES = (
@@ -209,12 +209,7 @@ def load_schedule(name_or_path: str) -> Schedule:
     elif not path.exists():
         raise InputError(f"unknown schedule {name_or_path!r}: not a file and not one of "
                          f"{', '.join(BUILTIN_SCHEDULES + MODEL_SCHEDULES)}")
-    try:
-        data = json.loads(read_user_text(path, kind="JSON"))
-    except OSError as error:
-        raise InputError(f"{path}: cannot read: {error.strerror}") from None
-    except json.JSONDecodeError as error:
-        raise InputError(f"{path}: line {error.lineno}: invalid JSON: {error.msg}") from None
+    data = read_user_json(path)
     try:
         return Schedule.model_validate(data)
     except ValidationError as error:

@@ -21,14 +21,13 @@ them unquantised). ``--formats`` overrides any of this per family.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from hwmodels.errors import InputError
-from hwmodels.textfile import read_user_text
+from hwmodels.textfile import read_user_json
 from tpusim.workload.hf_architectures import READERS, MissingKey
 from tpusim.workload.modelconfig import ModelConfig
 
@@ -107,12 +106,7 @@ def model_from_hf_dict(data: dict[str, Any], *, source: str, name: str) -> Model
 
 def load_hf_config(path: Path) -> ModelConfig:
     """Read ``path`` (a config.json) into a ModelConfig named after its folder or file."""
-    try:
-        data = json.loads(read_user_text(path, kind="JSON"))
-    except OSError as error:
-        raise InputError(f"{path}: cannot read: {error.strerror}") from None
-    except json.JSONDecodeError as error:
-        raise InputError(f"{path}: line {error.lineno}: invalid JSON: {error.msg}") from None
+    data = read_user_json(path)
     if not isinstance(data, dict):
         raise InputError(f"{path}: expected a JSON object")
     stem = Path(path).parent.name if Path(path).name == "config.json" else Path(path).stem

@@ -15,14 +15,13 @@ values alone). See :mod:`tpusim.sweep` for the search itself.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
 from hwmodels.errors import InputError
-from hwmodels.textfile import read_user_text
+from hwmodels.textfile import read_user_json
 from tpusim.app.cli.capacity_gate import check_fit
 from tpusim.app.cli.common import add_workload_options, emit_json, positive_int, resolve_workload
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
@@ -67,12 +66,7 @@ def load_space(path: Path) -> Any:
     from tpusim.sweep.space import SweepSpace
     from tpusim.workload.model_catalog import format_validation_error
 
-    try:
-        data = json.loads(read_user_text(path, kind="JSON"))
-    except OSError as error:
-        raise InputError(f"{path}: cannot read: {error.strerror}") from None
-    except json.JSONDecodeError as error:
-        raise InputError(f"{path}: line {error.lineno}: invalid JSON: {error.msg}") from None
+    data = read_user_json(path)
     if isinstance(data, dict) and "space" in data and "workload" in data:
         data = data["space"]
     try:
