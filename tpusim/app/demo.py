@@ -137,8 +137,11 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda _: Non
         "calibrate", "--hardware", "host-cpu", "--measurements", "cpu-loop",
         *(["--quick"] if config.quick else []), "--allow-unconverged", "--out", str(out / "calibration-host-cpu")]),
         progress)
+    # Megakernel rows run the schedule the sweep above chose (a row it does not fit falls back
+    # to a built-in that fits, and says so): a sweep per row, plan and verify size would
+    # take the demo from minutes to an hour. `tpusim compare` alone sweeps per row.
     compare_argv = ["compare", "--model", "kimi-k3", "--systems", config.compare_systems,
-                    "--batch", config.compare_batches, "--jobs", str(config.jobs),
+                    "--batch", config.compare_batches, "--jobs", str(config.jobs), "--schedule", schedule,
                     "--plot", str(out / "compare.png"), "--out", str(out / "compare-sweeps")]
     if config.compare_acceptance:
         compare_argv += ["--spec-acceptance", config.compare_acceptance]
