@@ -200,6 +200,20 @@ def _attention_ops(model: ModelConfig, plan: ShardingPlan, layer: int, batch: in
     def mm(name: str, role: str, names: list[str], **extra: object) -> Op:
         return _matmul_op(name, role, layer, "attention", [by_name[n] for n in names], batch, plan, batch, **extra)
 
+    def kv_cache_attention(prefix: str, projections: tuple[str, ...], core_matmuls: tuple[tuple[int, int, int], ...],
+                           span: int) -> list[Op]:
+        """MLA / GQA: the projections, the core over ``span`` cached tokens (one appended per
+        row), the optional output gate, the output projection."""
+        out = [mm(f"{prefix}.{p}", f"{prefix}.{p}", [f"{prefix}.{p}"]) for p in projections]
+        out.append(Op(f"{prefix}.core", "attn.core", layer, "attention", "mxu", matmuls=core_matmuls,
+                      vector_flops=5.0 * heads * batch * span,
+                      kv_read_bytes=kv_per_token * span * sequences, kv_write_bytes=kv_per_token * batch,
+                      collectives=_collectives_after(plan, "attn.core", batch)))
+        if f"{prefix}.gate" in by_name:
+            out.append(mm(f"{prefix}.gate", f"{prefix}.gate", [f"{prefix}.gate"]))
+        out.append(mm(f"{prefix}.o", "attn.out", [f"{prefix}.o"]))
+        return out
+
     if kind == "kda":
         kda = model.kda
         assert kda is not None
@@ -223,37 +237,14 @@ def _attention_ops(model: ModelConfig, plan: ShardingPlan, layer: int, batch: in
         # in the latent space; the cache tiles stream through the MXU like weights.
         latent = mla.kv_lora_rank + mla.qk_rope_head_dim
         core_matmuls = ((heads * batch, latent, span), (heads * batch, span, mla.kv_lora_rank))
-        ops += [
-            mm("mla.q_a", "mla.q_a", ["mla.q_a"]),
-            mm("mla.kv_a", "mla.kv_a", ["mla.kv_a"]),
-            mm("mla.q_b", "mla.q_b", ["mla.q_b"]),
-            mm("mla.kv_b", "mla.kv_b", ["mla.kv_b"]),
-            Op("mla.core", "attn.core", layer, "attention", "mxu", matmuls=core_matmuls,
-               vector_flops=5.0 * heads * batch * span,
-               kv_read_bytes=kv_per_token * span * sequences, kv_write_bytes=kv_per_token * batch,
-               collectives=_collectives_after(plan, "attn.core", batch)),
-        ]
-        if "mla.gate" in by_name:
-            ops.append(mm("mla.gate", "mla.gate", ["mla.gate"]))
-        ops.append(mm("mla.o", "attn.out", ["mla.o"]))
+        ops += kv_cache_attention("mla", ("q_a", "kv_a", "q_b", "kv_b"), core_matmuls, span)
     else:
         gqa = model.gqa
         assert gqa is not None
         span = attention_span_tokens(model, layer, context)
         group = max(1, heads // plan.kv_heads_per_device)
         core_matmuls = ((group * batch, gqa.head_dim, span), (group * batch, span, gqa.head_dim)) * plan.kv_heads_per_device
-        ops += [
-            mm("gqa.q", "gqa.q", ["gqa.q"]),
-            mm("gqa.k", "gqa.k", ["gqa.k"]),
-            mm("gqa.v", "gqa.v", ["gqa.v"]),
-            Op("gqa.core", "attn.core", layer, "attention", "mxu", matmuls=core_matmuls,
-               vector_flops=5.0 * heads * batch * span,
-               kv_read_bytes=kv_per_token * span * sequences, kv_write_bytes=kv_per_token * batch,
-               collectives=_collectives_after(plan, "attn.core", batch)),
-        ]
-        if "gqa.gate" in by_name:
-            ops.append(mm("gqa.gate", "gqa.gate", ["gqa.gate"]))
-        ops.append(mm("gqa.o", "attn.out", ["gqa.o"]))
+        ops += kv_cache_attention("gqa", ("q", "k", "v"), core_matmuls, span)
     return ops
 
 
