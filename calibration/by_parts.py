@@ -60,8 +60,6 @@ def _layers_s(result: Any) -> float:
 def simulated_stage(name: str, base: Chip, published: Chip, records: Sequence[ComponentRecord],
                     points: Sequence[Measurement], predictor: Predictor) -> tuple[Chip, StageFit] | None:
     """The ``slot_sweep`` or ``breakdown`` stage (None when the data has no such record)."""
-    from tpusim.engine import simulate
-
     used = [r for r in records if r.part == name]
     if not used:
         return None
@@ -72,20 +70,16 @@ def simulated_stage(name: str, base: Chip, published: Chip, records: Sequence[Co
         if slots is not None:
             family = schedule.families["routed_expert"].model_copy(update={"buffers": slots})
             schedule = schedule.model_copy(update={"families": {**schedule.families, "routed_expert": family}})
-        return simulate(predictor.program(chip, point), schedule, chip)
+        return predictor.simulate(chip, point, schedule)
 
     def predict(chip: Chip) -> np.ndarray:
         values = []
-        cache: dict[Any, Any] = {}
-        for record in used:
+        for record in used:  # the predictor keeps results: records of one point share a run
             if record.slots is not None:
                 reference, compared = (run(chip, record, n) for n in record.slots)
                 values.append(_layers_s(compared) / _layers_s(reference))
                 continue
-            key = record.measurement["model"]
-            if key not in cache:
-                cache[key] = run(chip, record)
-            result = cache[key]
+            result = run(chip, record)
             layers = sum(1 for layer in result.layer_s if layer >= 0)
             values.append({"layer_total": _layers_s(result) / layers,
                            "collectives": result.breakdown_s["collectives"] / layers,
@@ -185,8 +179,9 @@ def calibrate_by_parts(published: Chip, points: Sequence[Measurement], component
         if not weak:
             break
         worst = max(weak, key=lambda p: float("inf") if p.uncertainty is None else p.uncertainty / max(p.value, 1e-300))
-        held[worst.path] = "end-to-end: " + ("stopped at a bound" if worst.at_bound else
-                                             f"1σ {worst.uncertainty:.3g} >= half its value {worst.value:.3g}") + "; held"
+        why = ("stopped at a bound" if worst.at_bound else "not seen by the data (a flat direction)"
+               if worst.uncertainty is None else f"1σ {worst.uncertainty:.3g} >= half its value {worst.value:.3g}")
+        held[worst.path] = f"end-to-end: {why}; held"
         if len(specs) == 1:  # nothing left to fit: the parts' chip stands
             break
         specs = [s for s in specs if s.path != worst.path]

@@ -17,10 +17,11 @@ three weight formats, batch 1–8, identical routing) that selects:
 | ``hbm.sustained_bandwidth_bytes_per_s`` | formats differ in bytes per step (4.70 vs 7.02 GB/core) |
 | ``compute.mxu.weight_push_s_per_tile`` | decode matmuls are push-bound (rows pad only to the 8-row sublane tile); int8 dense pushes as many tiles as bf16 with half the bytes |
 | ``execution.per_layer_overhead_s`` | what remains per layer once bytes, tiles and payloads are priced |
-| ``dma.concurrency_penalty_per_dma`` | the published ring keeps up to 16 copies in flight; the 0.0655 prior was derived from 4-vs-8 expert slots and slows the whole ring |
 
 Left at their published or prior values, because this data cannot tell them apart from
-the ones above: ``links.ici.bandwidth_bytes_per_s_per_direction`` (collectives run as
+the ones above: ``dma.concurrency_penalty_per_dma`` (on tpu-v7 the DMA contention counts
+queues, and the published kernel's 1 ring + 4 expert slots are within the 5 it serves at
+full rate, so no step time sees it; the expert-slot sweep pins it, :mod:`calibration.parts`), ``links.ici.bandwidth_bytes_per_s_per_direction`` (collectives run as
 remote copies whose small payloads are latency-bound: a 33 % change of the ICI rate moves a
 Muse b8 step by about 1.5 %; the link-copy measurements pin it, :mod:`calibration.parts`), ``execution.per_step_overhead_s`` (every point has 62 layers, so a
 per-step cost and 62 per-layer costs are the same number; the ≈ 70 µs published per-step
@@ -132,8 +133,6 @@ TPU_PARAMETERS: tuple[ParameterSpec, ...] = (
                   "and nvfp4+bf16 rows differ only in the dense format, which separates it", relative=True),
     ParameterSpec("execution.per_layer_overhead_s", 0.0, 20e-6,
                   "the per-layer remainder (62 layers at every point)"),
-    ParameterSpec("dma.concurrency_penalty_per_dma", 0.0, 0.2,
-                  "the ring keeps up to 16 copies in flight; the 0.0655 prior comes from 4-vs-8 expert slots"),
 )
 
 CPU_PARAMETERS: tuple[ParameterSpec, ...] = (

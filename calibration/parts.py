@@ -8,7 +8,9 @@ the chip the previous stages produced:
 2. **hbm** — the sustained HBM rate on the achieved rate of the dense DMA ring;
 3. **host** — the per-step fixed cost on the published host figure;
 4. **slot_sweep** — the DMA engine's sharing among outstanding copies
-   (``dma.concurrency_penalty_per_dma``) on the 8-vs-4 expert-slot ratio (two engine runs);
+   (``dma.concurrency_penalty_per_dma``: the aggregate-rate loss per queue past
+   ``dma.efficient_in_flight``, :class:`hwmodels.schema.DmaSpec`) on the 8-vs-4
+   expert-slot ratio (two engine runs);
 5. **breakdown** — the per-layer overhead on the Muse per-layer total (one engine run);
 6. **end to end** — the step times predicted with the parts' chip (*without* fitting on
    them: the honest test of the parts), then the remaining figures (MXU weight push per
@@ -65,7 +67,7 @@ PART_PARAMETERS: dict[str, tuple[ParameterSpec, ...]] = {
     "hbm": (ParameterSpec("hbm.sustained_bandwidth_bytes_per_s", 0.45, 1.25,
                           "achieved rate of the dense DMA ring; never above the peak", relative=True),),
     "host": (ParameterSpec("execution.per_step_overhead_s", 0.1, 10.0, "fixed cost per step call", relative=True),),
-    "slot_sweep": (ParameterSpec("dma.concurrency_penalty_per_dma", 0.0, 0.3,
+    "slot_sweep": (ParameterSpec("dma.concurrency_penalty_per_dma", 0.0, 0.6,
                                  "8 expert slots in flight finish later than 4 (round-robin DMA engine)"),),
     "breakdown": (ParameterSpec("execution.per_layer_overhead_s", 0.0, 20e-6,
                                 "what remains of the published 55 µs Muse layer"),),

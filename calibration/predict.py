@@ -16,7 +16,12 @@ A :class:`~calibration.measurements.Measurement` names everything the simulator 
 :class:`Predictor` caches programs and schedules (they do not depend on the chip's figures,
 only on the chip's device count), so a fit that re-simulates the same points under many
 candidate chips pays only for the engine: ``Predictor.predict(chip, m)`` builds nothing after
-the first call for ``m``. The engine is :func:`tpusim.engine.simulate`.
+the first call for ``m``. It also keeps every engine result it computed, keyed by the chip's
+figures (its JSON), the workload and the schedule: a calibration evaluates the same chip on
+the same point many times (each identifiability round restarts from the same chip, the
+"before" and published predictions repeat the first evaluation, a stage's pins re-predict
+its fitted chip), and the engine is deterministic, so a repeat costs a dictionary lookup.
+The engine is :func:`tpusim.engine.simulate`.
 """
 
 from __future__ import annotations
@@ -176,7 +181,9 @@ class Predictor:
     seed: int = 0
     _programs: dict[tuple[Any, ...], Program] = field(default_factory=dict, repr=False)
     _plans: dict[tuple[Any, ...], ShardingPlan] = field(default_factory=dict, repr=False)
-    calls: int = 0
+    _results: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False)
+    calls: int = 0  # engine runs
+    reused: int = 0  # results served from ``_results``
 
     def plan(self, chip: Chip, m: Measurement) -> ShardingPlan:
         devices = m.system.chips * chip.devices_per_chip
@@ -199,15 +206,25 @@ class Predictor:
     def schedule(self, chip: Chip, m: Measurement) -> Schedule:
         return resolve_schedule(m.schedule or default_schedule(chip))
 
-    def simulate(self, chip: Chip, m: Measurement) -> Any:
-        """The engine's full result (``step_s``, ``breakdown``, ...) for ``m`` on ``chip``."""
+    def simulate(self, chip: Chip, m: Measurement, schedule: Schedule | None = None) -> Any:
+        """The engine's full result (``step_s``, ``breakdown``, ...) for ``m`` on ``chip``,
+        under ``schedule`` (default: the one ``m`` names). Results are kept (module docstring):
+        callers must not modify them."""
         from tpusim.engine import simulate  # imported late: the engine is the heavy part
 
         if chip.name != m.system.chip:
             raise InputError(f"{m.key()}: measured on {m.system.chip}, predicted on {chip.name}")
-        self.calls += 1
         chip = with_measured_execution(chip, m)
-        return simulate(self.program(chip, m), self.schedule(chip, m), chip)
+        schedule = schedule or self.schedule(chip, m)
+        key = (chip.model_dump_json(), schedule.model_dump_json(), m.model, m.system.chips, m.batch,
+               m.context, m.routing, self.seed)
+        result = self._results.get(key)
+        if result is None:
+            self.calls += 1
+            result = self._results[key] = simulate(self.program(chip, m), schedule, chip)
+        else:
+            self.reused += 1
+        return result
 
     def predict(self, chip: Chip, m: Measurement) -> float:
         """Simulated step time of ``m`` on ``chip``, seconds."""

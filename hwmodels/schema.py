@@ -177,25 +177,50 @@ class ComputeUnit(BaseModel):
 
 
 class DmaSpec(BaseModel):
-    """The copy engine(s) between HBM and on-chip memory.
+    """The copy engine(s) between HBM and on-chip memory, and how it shares its rate.
 
-    Concurrency: the engine serves outstanding descriptors round-robin; beyond
-    ``efficient_in_flight`` concurrent DMAs the aggregate throughput falls by a factor
-    ``1 / (1 + concurrency_penalty_per_dma * (n - efficient_in_flight))``. TPU7x: 4 expert
-    slots in flight beat 8 (653 vs 824 µs) [INF], hence penalty ≈ 0.0655 past 4.
+    The engine serves ``k`` *contenders* round-robin, each getting ``1 / k`` of the aggregate
+    rate, and the aggregate falls once more than ``efficient_in_flight`` contend::
+
+        efficiency(k) = 1 / (1 + concurrency_penalty_per_dma * max(0, k - efficient_in_flight))
+
+    What a contender is (``contention_unit``):
+
+    - ``copy``: every copy in flight, all moving at once (the rule for a chip with no data
+      that says otherwise);
+    - ``stream``: every *queue* with a copy outstanding. A queue is one address stream the
+      kernel refills in order, and serves its copies in order (only its head moves): the
+      banks of a dense ring or the row slabs of one tensor kind (one buffer ring), the KV
+      tiles; an expert slot reads one expert's weights, a region of its own, so each
+      occupied expert slot is a queue. Interleaving more independent streams at the
+      engine's round-robin granularity costs HBM row-buffer locality; more copies queued
+      in one stream do not.
+
+    TPU7x [INF] (``shared/reference/tpu7x-components.json``): the dense ring of 12 x 2 MiB
+    banks reaches 3.0–3.05 TB/s of 3.2 TB/s per core with 12 banks + 4 expert slots in
+    flight, while at batch 1 8 expert slots are 26 % slower than 4 (824 vs 653 µs per 8
+    layers) for the same bytes, "because the DMA engine round-robins among outstanding
+    transfers". Counting copies cannot fit both (16 copies at full rate, yet the 8-slot run
+    slows): by copy, a penalty large enough for the slot sweep also slows the ring whenever
+    KV tiles or small parameters join it. Counting queues can: 1 ring + 4 slots = 5 queues at
+    full rate, 1 + 8 = 9 past it.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     issue_latency_s: Figure = Field(description="fixed issue-to-first-byte cost per DMA, seconds")
     engines: int = Field(default=1, ge=1, description="independent DMA queues per device")
-    efficient_in_flight: int = Field(default=4, ge=1, description="DMAs in flight before contention")
+    efficient_in_flight: int = Field(default=4, ge=1, description="contenders (copies or streams, as "
+                                     "contention_unit says) in flight before the aggregate rate falls")
     concurrency_penalty_per_dma: Figure = Field(
-        description="fractional throughput loss per DMA in flight beyond efficient_in_flight"
+        description="fractional throughput loss per contender in flight beyond efficient_in_flight"
     )
+    contention_unit: Literal["copy", "stream"] = Field(
+        default="copy", description="what the penalty counts: every copy in flight, or every distinct "
+        "address stream in flight (one buffer ring, or one expert slot)")
 
     def efficiency(self, in_flight: int) -> float:
-        """Aggregate-throughput factor with ``in_flight`` concurrent DMAs (1.0 = no loss)."""
+        """Aggregate-throughput factor with ``in_flight`` contenders (1.0 = no loss)."""
         extra = max(0, in_flight - self.efficient_in_flight)
         return 1.0 / (1.0 + self.concurrency_penalty_per_dma.value * extra)
 

@@ -10,6 +10,13 @@ round-robin, so each moves at::
     rate(n) = B * dma.efficiency(n) / n          (efficiency: 1 up to efficient_in_flight,
                                                   then 1 / (1 + penalty * (n - efficient)))
 
+where ``n`` counts the contenders the chip declares (``dma.contention_unit``): every
+copy in flight (``copy``), or every *queue* (``stream``): the engine keeps one in-order
+queue per address stream (:func:`stream_of`: one per buffer ring, one per occupied expert
+slot) and round-robins among the queues, so only each queue's head streams; the rest of a
+queue's issued copies (their issue latency paid meanwhile) wait behind it in ``backlog``
+and start when the head lands. Either way the streaming copies all advance at one rate.
+
 This is a fluid processor-sharing server. It is simulated exactly, without a SimPy process
 per copy, by a *virtual clock*: ``S(t) = ∫ rate dt`` is the number of bytes every streaming
 copy has received since time 0. A copy that starts streaming at ``S0`` with ``b`` bytes
@@ -35,12 +42,28 @@ import simpy
 from hwmodels.schema import DmaSpec
 from tpusim.engine.items import Descriptor
 from tpusim.engine.timeline import Recorder
+from tpusim.schedule.program_issue import ROUTED
 
 # A copy is complete when the virtual clock is within this many bytes of its target: float
 # slack of the running sum (absolute, plus relative to the sum); a byte takes ~3e-13 s at
 # TPU v7 rates, so the slack never moves a completion by a visible amount.
 BYTE_TOLERANCE = 0.5
 RELATIVE_TOLERANCE = 1e-9
+INF = float("inf")
+
+
+def stream_of(desc: Descriptor) -> object:
+    """The address stream a copy belongs to (``dma.contention_unit: stream``).
+
+    A buffer ring's slabs are refilled in order from one weight stream (the banks of a
+    dense ring, the row slabs of one tensor kind, the KV tiles): one stream per ring. An
+    expert slot holds one expert's weights, a region of its own, so each expert slab is a
+    stream. A copy without a slab (a state or KV write-back) is a stream of its family.
+    """
+    slab = desc.slab
+    if slab is None:
+        return desc.family
+    return slab if slab.family == ROUTED else slab.ring
 
 
 class HbmServer:
@@ -57,6 +80,10 @@ class HbmServer:
         self.rate_by_n = [0.0] + [
             bandwidth_bytes_per_s * dma.efficiency(n) / n for n in range(1, max_in_flight + 1)
         ]
+        # by stream: each stream is an in-order queue; only its head streams, the rest of its
+        # issued copies (issue latency paid) wait behind it here
+        self.by_stream = dma.contention_unit == "stream"
+        self.backlog: dict[object, deque[Descriptor]] = {}
         self.on_land = on_land
         self.recorder = recorder
         self.events = events
@@ -72,7 +99,7 @@ class HbmServer:
         self.issued = 0
         self.last_land_s = 0.0
         self.wake_token = 0
-        self.wake_at = float("inf")
+        self.wake_at = INF
         self.free_lanes = list(range(max_in_flight))
 
     # ----------------------------------------------------------------- clock
@@ -87,16 +114,32 @@ class HbmServer:
             self.last_s = now
 
     def _reschedule(self, now: float) -> None:
-        next_s = float("inf")
-        if self.starting:
-            next_s = self.starting[0][0]
-        if self.streaming:
-            finish = now + max(0.0, self.streaming[0][0] - self.virtual_bytes) / self.rate
-            next_s = min(next_s, finish)
+        next_s = self._next_start_s() if self.starting else INF
+        streaming = self.streaming
+        if streaming:
+            left = streaming[0][0] - self.virtual_bytes
+            finish = now + left / self.rate if left > 0.0 else now
+            if finish < next_s:
+                next_s = finish
         if next_s < self.wake_at:
             self.wake_token += 1
             self.wake_at = next_s
-            self.env.timeout(max(0.0, next_s - now), self.wake_token).callbacks.append(self._wake)
+            self.env.timeout(next_s - now if next_s > now else 0.0, self.wake_token).callbacks.append(self._wake)
+
+    def _next_start_s(self) -> float:
+        """When the next copy in issue latency may start streaming.
+
+        By stream, a copy whose stream has a head streaming only joins its backlog: nothing
+        changes then, so no wake-up is needed for it; it moves at the next wake-up (at the
+        latest when that head lands, which is a wake-up anyway). That saves the wake-ups
+        of copies issued behind a busy stream."""
+        if not self.by_stream:
+            return self.starting[0][0]
+        backlog = self.backlog
+        for ready_s, desc in self.starting:
+            if stream_of(desc) not in backlog:
+                return ready_s
+        return INF
 
     # ----------------------------------------------------------------- issue
 
@@ -112,8 +155,13 @@ class HbmServer:
 
     def pump(self) -> None:
         """Issue queued copies, most urgent first, while slots are free."""
+        if self._issue():
+            self._reschedule(self.env.now)
+
+    def _issue(self) -> bool:
+        """:meth:`pump` without the wake-up (the caller schedules it); True if it issued."""
         if not self.queue or self.in_flight >= self.max_in_flight:
-            return
+            return False
         now = self.env.now
         self._advance(now)
         queue = self.queue
@@ -128,18 +176,35 @@ class HbmServer:
                 self.starting.append((now + self.latency_s, desc))
             else:
                 self._start_streaming(desc)
-        self._reschedule(now)
+        return True
 
     def _start_streaming(self, desc: Descriptor) -> None:
+        if self.by_stream:
+            key = stream_of(desc)
+            waiting = self.backlog.get(key)
+            if waiting is not None:  # its stream is busy: wait behind the head
+                waiting.append(desc)
+                return
+            self.backlog[key] = deque()
         heapq.heappush(self.streaming, (self.virtual_bytes + desc.nbytes, desc.seq, desc))
         self.rate = self.rate_by_n[len(self.streaming)]
+
+    def _next_of_stream(self, desc: Descriptor) -> None:
+        """The head of ``desc``'s stream landed: the next issued copy of it streams."""
+        key = stream_of(desc)
+        waiting = self.backlog[key]
+        if waiting:
+            following = waiting.popleft()
+            heapq.heappush(self.streaming, (self.virtual_bytes + following.nbytes, following.seq, following))
+        else:
+            del self.backlog[key]
 
     # ----------------------------------------------------------------- wake-ups
 
     def _wake(self, event: simpy.Event) -> None:
         if event.value != self.wake_token:
             return  # superseded by an earlier wake-up
-        self.wake_at = float("inf")
+        self.wake_at = INF
         now = self.env.now
         self._advance(now)
         streaming = self.streaming
@@ -147,13 +212,16 @@ class HbmServer:
         limit = self.virtual_bytes * (1.0 + RELATIVE_TOLERANCE) + BYTE_TOLERANCE
         while streaming and streaming[0][0] <= limit:
             landed.append(heapq.heappop(streaming)[2])
+        if self.by_stream:
+            for desc in landed:
+                self._next_of_stream(desc)
         starting = self.starting
         while starting and starting[0][0] <= now:
             self._start_streaming(starting.popleft()[1])
         self.rate = self.rate_by_n[len(streaming)]
         for desc in landed:
             self._land(desc, now)
-        self.pump()
+        self._issue()
         self._reschedule(now)
 
     def _land(self, desc: Descriptor, now: float) -> None:

@@ -49,7 +49,7 @@ per-layer overheads.
 Where it differs from the engine: processor sharing among in-flight copies is replaced by
 the fluid server with consumption-order priority (the same total throughput, a slightly
 different landing order); the DMA efficiency uses the copies outstanding when a slab is
-admitted; a slab's value and scale copies move as one transfer. ``summary.md`` reports how
+admitted (none for a chip that counts streams, see :mod:`tpusim.sweep.estimate_resources`); a slab's value and scale copies move as one transfer. ``summary.md`` reports how
 well the estimate ranks the simulated candidates.
 """
 

@@ -2,7 +2,10 @@
 
 Used by :mod:`tpusim.sweep.estimate` (its module docstring states the model): the HBM moves
 bytes at ``bandwidth x DMA efficiency(copies outstanding)`` with backfill of idle gaps and
-an in-flight limit; a pool admits slabs strictly in order while their bytes fit.
+an in-flight limit; a pool admits slabs strictly in order while their bytes fit. A chip
+whose DMA contention counts address streams (``dma.contention_unit: stream``) is priced
+without contention here: the estimate does not track streams, and at a chip's declared
+stream count the rate is the sustained one (the engine prices the rest).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ class FluidHbm:
         self.max_in_flight = max_in_flight
         self.efficiency = [dma.efficiency(n) for n in range(max_in_flight + 1)]
         self.full_rate = self.bandwidth * self.efficiency[1]
-        self.may_contend = max_in_flight > dma.efficient_in_flight
+        self.may_contend = dma.contention_unit == "copy" and max_in_flight > dma.efficient_in_flight
         self.lands: deque[float] = deque(maxlen=max_in_flight)
 
     def copy(self, ready: float, nbytes: float) -> float:
