@@ -17,7 +17,7 @@ A :class:`~calibration.measurements.Measurement` names everything the simulator 
 only on the chip's device count), so a fit that re-simulates the same points under many
 candidate chips pays only for the engine: ``Predictor.predict(chip, m)`` builds nothing after
 the first call for ``m``. It also keeps every engine result it computed, keyed by the chip's
-figures (its JSON), the workload and the schedule: a calibration evaluates the same chip on
+figures (:func:`figures_key`), the workload and the schedule: a calibration evaluates the same chip on
 the same point many times (each identifiability round restarts from the same chip, the
 "before" and published predictions repeat the first evaluation, a stage's pins re-predict
 its fitted chip), and the engine is deterministic, so a repeat costs a dictionary lookup.
@@ -26,6 +26,7 @@ The engine is :func:`tpusim.engine.simulate`.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable
@@ -174,6 +175,24 @@ def with_measured_execution(chip: Chip, m: Measurement) -> Chip:
 # --------------------------------------------------------------------------- predictor
 
 
+def _values_only(data: Any) -> Any:
+    if isinstance(data, dict):
+        if "value" in data and "source" in data:  # a Figure: only its value reaches the engine
+            return data["value"]
+        return {key: _values_only(item) for key, item in data.items()}
+    if isinstance(data, list):
+        return [_values_only(item) for item in data]
+    return data
+
+
+def figures_key(chip: Chip) -> str:
+    """What the engine reads of ``chip``: its structure and figure values, without sources,
+    labels or the calibration record (two chips with equal keys simulate identically)."""
+    return json.dumps(_values_only(chip.model_dump(mode="json", exclude={"calibration", "description"})),
+                      sort_keys=True)
+
+
+
 @dataclass
 class Predictor:
     """Simulates measurements on candidate chips; programs and schedules are cached."""
@@ -216,7 +235,7 @@ class Predictor:
             raise InputError(f"{m.key()}: measured on {m.system.chip}, predicted on {chip.name}")
         chip = with_measured_execution(chip, m)
         schedule = schedule or self.schedule(chip, m)
-        key = (chip.model_dump_json(), schedule.model_dump_json(), m.model, m.system.chips, m.batch,
+        key = (figures_key(chip), schedule.model_dump_json(), m.model, m.system.chips, m.batch,
                m.context, m.routing, self.seed)
         result = self._results.get(key)
         if result is None:
