@@ -24,8 +24,8 @@ Choices the mapping makes (each stated where the record is built):
 - The 64×4096 "chip-hierarchical" all-reduce is not one of the plan algorithms; it is kept
   as a record with ``algorithm: null`` and reported, not fitted.
 - The ring's achieved rate is taken as the sustained rate itself: on tpu-v7 the DMA
-  contention counts queues (``dma.contention_unit: stream``), and the ring (one queue of 12
-  banks) with 4 expert slots is 5 queues, the catalog's ``efficient_in_flight`` (derived
+  contention counts address streams (``dma.contention_unit: stream``), and the ring (one stream of 12
+  banks) with 4 expert slots is 5 streams, the catalog's ``efficient_in_flight`` (derived
   from this very measurement), so no contention penalty applies.
 - The all-gather's payload is not published ("direct copies to every peer", 3.67–4.94 µs):
   it is taken as one bf16 row of 8192 per core (16 KiB), the microbenchmarks' row width.

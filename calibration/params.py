@@ -20,8 +20,9 @@ three weight formats, batch 1–8, identical routing) that selects:
 
 Left at their published or prior values, because this data cannot tell them apart from
 the ones above: ``dma.concurrency_penalty_per_dma`` (on tpu-v7 the DMA contention counts
-queues, and the published kernel's 1 ring + 4 expert slots are within the 5 it serves at
-full rate, so no step time sees it; the expert-slot sweep pins it, :mod:`calibration.parts`), ``links.ici.bandwidth_bytes_per_s_per_direction`` (collectives run as
+address streams, and the published kernel's 1 ring + 4 expert slots are within the 5 it
+serves at full rate, so no step time sees it; the expert-slot sweep does,
+:mod:`calibration.parts`), ``links.ici.bandwidth_bytes_per_s_per_direction`` (collectives run as
 remote copies whose small payloads are latency-bound: a 33 % change of the ICI rate moves a
 Muse b8 step by about 1.5 %; the link-copy measurements pin it, :mod:`calibration.parts`), ``execution.per_step_overhead_s`` (every point has 62 layers, so a
 per-step cost and 62 per-layer costs are the same number; the ≈ 70 µs published per-step

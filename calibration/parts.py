@@ -8,7 +8,7 @@ the chip the previous stages produced:
 2. **hbm** — the sustained HBM rate on the achieved rate of the dense DMA ring;
 3. **host** — the per-step fixed cost on the published host figure;
 4. **slot_sweep** — the DMA engine's sharing among outstanding copies
-   (``dma.concurrency_penalty_per_dma``: the aggregate-rate loss per queue past
+   (``dma.concurrency_penalty_per_dma``: the aggregate-rate loss per address stream past
    ``dma.efficient_in_flight``, :class:`hwmodels.schema.DmaSpec`) on the 8-vs-4
    expert-slot ratio (two engine runs);
 5. **breakdown** — the per-layer overhead on the Muse per-layer total (one engine run);

@@ -5,11 +5,9 @@ bandwidth 1e9 B/s, ``efficient_in_flight = 1``, penalty 0.5. Two copies of 1000 
 successive slabs of one dense ring (one stream); two copies of 500 B are two expert slots
 (a stream each).
 
-- by stream: each stream is an in-order queue, so 3 heads stream (ring copy 0 and the two
-  expert copies; ring copy 1 waits behind copy 0): efficiency 1 / (1 + 0.5 x 2) = 0.5,
-  0.5e9 B/s shared by 3 heads = 1.667e8 B/s each. The expert copies land at
-  500 / 1.667e8 = 3 µs. Ring copy 0 then has 500 B left and streams alone at 1e9 B/s:
-  3.5 µs; ring copy 1 follows alone: 4.5 µs.
+- by stream: 3 streams -> efficiency 1 / (1 + 0.5 x 2) = 0.5, 0.5e9 B/s shared by the 4
+  copies = 1.25e8 B/s each. The expert copies land at 500 / 1.25e8 = 4 µs. Then one stream
+  (the ring): full rate 1e9 B/s shared by 2 = 5e8 each; 500 B left -> +1 µs: 5 µs.
 - by copy: 4 copies -> 1 / (1 + 0.5 x 3) = 0.4, 1e8 B/s each: experts land at 5 µs; then
   2 copies -> 1 / 1.5, 3.33e8 each; 500 B left -> +1.5 µs: 6.5 µs.
 
@@ -72,7 +70,7 @@ def test_streams_are_rings_and_expert_slots() -> None:
 
 
 def test_contention_by_stream_worked_by_hand() -> None:
-    assert _land_times("stream") == pytest.approx([3.5 * US, 4.5 * US, 3 * US, 3 * US], rel=1e-9)
+    assert _land_times("stream") == pytest.approx([5 * US, 5 * US, 4 * US, 4 * US], rel=1e-9)
 
 
 def test_contention_by_copy_worked_by_hand() -> None:

@@ -7,15 +7,15 @@ wait in a queue, most urgent first (consumption order), and are *issued* while f
 its first byte moves, then *streams*. While ``n`` copies stream, the engine serves them
 round-robin, so each moves at::
 
-    rate(n) = B * dma.efficiency(n) / n          (efficiency: 1 up to efficient_in_flight,
-                                                  then 1 / (1 + penalty * (n - efficient)))
+    rate(n) = B * dma.efficiency(k) / n          (efficiency: 1 up to efficient_in_flight,
+                                                  then 1 / (1 + penalty * (k - efficient)))
 
-where ``n`` counts the contenders the chip declares (``dma.contention_unit``): every
-copy in flight (``copy``), or every *queue* (``stream``): the engine keeps one in-order
-queue per address stream (:func:`stream_of`: one per buffer ring, one per occupied expert
-slot) and round-robins among the queues, so only each queue's head streams; the rest of a
-queue's issued copies (their issue latency paid meanwhile) wait behind it in ``backlog``
-and start when the head lands. Either way the streaming copies all advance at one rate.
+where ``k`` counts the contenders the chip declares (``dma.contention_unit``): every copy
+streaming (``copy``: ``k = n``), or every distinct address stream among them (``stream``:
+:func:`stream_of`, one per buffer ring, one per occupied expert slot), kept as a count of
+streaming copies per stream. Either way the engine shares the aggregate equally among the
+``n`` streaming copies (it round-robins among outstanding transfers), so they all advance
+at one rate.
 
 This is a fluid processor-sharing server. It is simulated exactly, without a SimPy process
 per copy, by a *virtual clock*: ``S(t) = ∫ rate dt`` is the number of bytes every streaming
@@ -80,10 +80,10 @@ class HbmServer:
         self.rate_by_n = [0.0] + [
             bandwidth_bytes_per_s * dma.efficiency(n) / n for n in range(1, max_in_flight + 1)
         ]
-        # by stream: each stream is an in-order queue; only its head streams, the rest of its
-        # issued copies (issue latency paid) wait behind it here
+        # by stream: streaming copies per address stream; the aggregate rate by streams
         self.by_stream = dma.contention_unit == "stream"
-        self.backlog: dict[object, deque[Descriptor]] = {}
+        self.streams: dict[object, int] = {}
+        self.aggregate_by_k = [bandwidth_bytes_per_s * dma.efficiency(k) for k in range(max_in_flight + 1)]
         self.on_land = on_land
         self.recorder = recorder
         self.events = events
@@ -114,7 +114,7 @@ class HbmServer:
             self.last_s = now
 
     def _reschedule(self, now: float) -> None:
-        next_s = self._next_start_s() if self.starting else INF
+        next_s = self.starting[0][0] if self.starting else INF
         streaming = self.streaming
         if streaming:
             left = streaming[0][0] - self.virtual_bytes
@@ -125,21 +125,6 @@ class HbmServer:
             self.wake_token += 1
             self.wake_at = next_s
             self.env.timeout(next_s - now if next_s > now else 0.0, self.wake_token).callbacks.append(self._wake)
-
-    def _next_start_s(self) -> float:
-        """When the next copy in issue latency may start streaming.
-
-        By stream, a copy whose stream has a head streaming only joins its backlog: nothing
-        changes then, so no wake-up is needed for it; it moves at the next wake-up (at the
-        latest when that head lands, which is a wake-up anyway). That saves the wake-ups
-        of copies issued behind a busy stream."""
-        if not self.by_stream:
-            return self.starting[0][0]
-        backlog = self.backlog
-        for ready_s, desc in self.starting:
-            if stream_of(desc) not in backlog:
-                return ready_s
-        return INF
 
     # ----------------------------------------------------------------- issue
 
@@ -179,25 +164,24 @@ class HbmServer:
         return True
 
     def _start_streaming(self, desc: Descriptor) -> None:
-        if self.by_stream:
-            key = stream_of(desc)
-            waiting = self.backlog.get(key)
-            if waiting is not None:  # its stream is busy: wait behind the head
-                waiting.append(desc)
-                return
-            self.backlog[key] = deque()
         heapq.heappush(self.streaming, (self.virtual_bytes + desc.nbytes, desc.seq, desc))
-        self.rate = self.rate_by_n[len(self.streaming)]
-
-    def _next_of_stream(self, desc: Descriptor) -> None:
-        """The head of ``desc``'s stream landed: the next issued copy of it streams."""
-        key = stream_of(desc)
-        waiting = self.backlog[key]
-        if waiting:
-            following = waiting.popleft()
-            heapq.heappush(self.streaming, (self.virtual_bytes + following.nbytes, following.seq, following))
+        if self.by_stream:
+            streams = self.streams
+            key = stream_of(desc)
+            streams[key] = streams.get(key, 0) + 1
+            self.rate = self.aggregate_by_k[len(streams)] / len(self.streaming)
         else:
-            del self.backlog[key]
+            self.rate = self.rate_by_n[len(self.streaming)]
+
+    def _stop_streaming(self, desc: Descriptor) -> None:
+        """A copy landed: one fewer streaming in its stream (contention by stream)."""
+        streams = self.streams
+        key = stream_of(desc)
+        left = streams[key] - 1
+        if left:
+            streams[key] = left
+        else:
+            del streams[key]
 
     # ----------------------------------------------------------------- wake-ups
 
@@ -214,11 +198,14 @@ class HbmServer:
             landed.append(heapq.heappop(streaming)[2])
         if self.by_stream:
             for desc in landed:
-                self._next_of_stream(desc)
+                self._stop_streaming(desc)
         starting = self.starting
         while starting and starting[0][0] <= now:
             self._start_streaming(starting.popleft()[1])
-        self.rate = self.rate_by_n[len(streaming)]
+        if self.by_stream and streaming:
+            self.rate = self.aggregate_by_k[len(self.streams)] / len(streaming)
+        else:
+            self.rate = self.rate_by_n[len(streaming)]
         for desc in landed:
             self._land(desc, now)
         self._issue()

@@ -159,7 +159,7 @@ def _structure_lines(chip: Chip) -> list[str]:
             lines.append(f"{unit.name} tile: {unit.tile_rows} x {unit.tile_cols}")
     lines.append(
         f"dma: {chip.dma.engines} engine(s), {chip.dma.efficient_in_flight} "
-        f"{'queues' if chip.dma.contention_unit == 'stream' else 'copies'} in flight before contention"
+        f"{'streams' if chip.dma.contention_unit == 'stream' else 'copies'} in flight before contention"
     )
     for link in chip.links:
         domain = "" if link.domain_devices >= 1 << 30 else f", domain {link.domain_devices} devices"
