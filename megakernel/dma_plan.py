@@ -399,6 +399,22 @@ def _read(geo: Geometry, specs: dict[str, RingSpec], ring_name: str, key: int,
     return Read(banks.ring, (ring_name, key), banks.first_bank(ring_name, layers[key]), ring.num_slabs, ring.distance)
 
 
+def _check_op_fits_ring(op: Op, reads: list[Read], specs: dict[str, RingSpec]) -> None:
+    """An op reading several tensors of one ring pool needs their slabs in distinct banks: the
+    kernel streams one tensor after the other, so a bank shared within the op would be
+    refilled while the op still needs it (a wrap the issue rule does not see)."""
+    slabs: dict[str, dict[object, int]] = {}
+    for read in reads:
+        if read.ring.startswith("pool:"):
+            slabs.setdefault(read.ring, {})[read.key] = read.slabs or 1
+    for ring, by_tensor in slabs.items():
+        total = sum(by_tensor.values())
+        if len(by_tensor) > 1 and total > specs[ring].buffers:
+            names = " and ".join(str(key[0]) for key in by_tensor)  # type: ignore[index]
+            raise UnsupportedSchedule(f"{op.name} reads {names}: {total} slabs of ring pool {ring[5:]!r}, more "
+                                      f"than its {specs[ring].buffers} banks; use more or larger banks")
+
+
 def plan_window(geo: Geometry, ops: list[Op], first: int, horizon: int, *, respect_buffers: bool = True,
                 layers: tuple[int, int] | None = None) -> WindowPlan:
     """Issue positions of every copy first read at position >= 0, by
@@ -412,6 +428,8 @@ def plan_window(geo: Geometry, ops: list[Op], first: int, horizon: int, *, respe
     specs = {name: ring.spec for name, ring in geo.rings.items() if not ring.bank_rows}
     specs.update(geo.pool_specs)
     reads = [[_read(geo, specs, ring, key, layers) for ring, key in op.reads] for op in ops]
+    for op, op_reads in zip(ops, reads, strict=True):
+        _check_op_fits_ring(op, op_reads, specs)
     try:
         planned = plan_issues(specs, reads, first=first, horizon=lambda _c: horizon,
                               routing=lambda _read: topk if topk is not None else first,
