@@ -4,7 +4,7 @@
 
     layer 0:  attn.mix_norm kda.qkvgb kda.decay kda.core kda.o  mlp.mix_norm mlp.gate_up mlp.down
     layer l:  attn.mix_norm <kda.qkvgb kda.decay kda.core kda.o | mla.q_a mla.kv_a mla.q_b mla.kv_b
-              mla.core mla.gate mla.o>  mlp.mix_norm moe.router moe.topk moe.latent_down
+              mla.core mla.gate mla.o>  mlp.mix_norm moe.router moe.latent_down moe.topk
               moe.shared_gate_up moe.shared_down expert[0] .. expert[n_l - 1] moe.combine moe.latent_up
     head:     head.norm head.lm_head
 
@@ -13,8 +13,8 @@
 the *prologue* is layer 0 plus layer 1 up to ``moe.shared_down``; *window i* (i = 1..92) is
 ``expert[*](i) moe.combine moe.latent_up`` followed by layer ``i+1`` up to its
 ``moe.shared_down`` (or by the head for i = 92). Positions inside window i count from its
-``expert[0]`` = 0; its *lead-in* is the four ops before it, ``moe.topk`` (-4) ..
-``moe.shared_down`` (-1) of layer i. Given ``n_i`` and the kind of layer ``i+1`` (the
+``expert[0]`` = 0; its *lead-in* is the ops before it from ``moe.topk`` (-3) to
+``moe.shared_down`` (-1) of layer i (:data:`LEAD_IN`). Given ``n_i`` and the kind of layer ``i+1`` (the
 *template*: ``kda``, ``mla`` or ``head``) every position in the window is fixed.
 
 **Rings and arenas.** Each tensor kind (``kda.qkvgb``, ``moe.router``, ...) is a ring of
@@ -26,7 +26,7 @@ families of a pool share one uint16 arena of 128-lane rows sized for the largest
 experts, whose slots are placed at the arena's top so the shared expert and the first
 slots can coexist. Everything in an arena is 16-bit words: bf16 as is, FP8/MXFP4/E8M0 bytes
 paired (:mod:`megakernel.quant`), the f32 small parameters as high and low halves. Small
-parameters are read from ``attn.mix_norm`` to ``moe.latent_down``, so at fixed addresses they
+parameters are read from ``attn.mix_norm`` to ``moe.topk``, so at fixed addresses they
 cannot time-share a pool whose largest member fills it: they always get an arena of their
 own, even when the schedule names a pool for them (the kernel's one departure from
 :mod:`tpusim.schedule.vmem`, worth 0.3 MiB at K3 TP32).
@@ -40,8 +40,8 @@ plans read each pooled slab's bank in a representative window of each template (
 hold for every window of that template), so the issue tables stay per window.
 
 **Issue rule**: :mod:`tpusim.schedule.issue_plan` states it and applies it; the kernel runs
-it window by window (horizon -3 for a window, 0 for the prologue, routing at ``moe.topk`` =
--4), the simulator over its whole program, so both issue every copy at the same op. Slabs
+it window by window (horizon -2 for a window, 0 for the prologue, routing at ``moe.topk`` =
+-3), the simulator over its whole program, so both issue every copy at the same op. Slabs
 ``k >= buffers`` are refilled inside the consumer op as slab ``k - buffers`` is consumed;
 expert ``j >= buffers`` at the start of ``expert[j - buffers + 1]``.
 
@@ -56,7 +56,7 @@ from dataclasses import dataclass, field, replace
 
 from megakernel.dims import LANES, ModelDims, weight_shapes
 from megakernel.errors import UnsupportedSchedule
-from megakernel.ring_pool import PoolBanks, pool_banks
+from megakernel.ring_pool import PoolBanks, check_op_fits, pool_banks
 from tpusim.schedule.issue_plan import (
     RING_ORDER,
     Read,
@@ -308,6 +308,11 @@ def _window_layers(dims: ModelDims, geo: Geometry) -> dict[str, int]:
 # ------------------------------------------------------------------------------ windows
 
 
+# The ops of a window's lead-in: layer i from its routing decision to its experts. The copies
+# of window i can be issued from the op after ``moe.topk`` on (the routing horizon).
+LEAD_IN = ("moe.topk", "moe.shared_gate_up", "moe.shared_down")
+
+
 @dataclass(frozen=True)
 class Op:
     """One op of a window: name, layer offset (0 = layer i, 1 = layer i+1) and what it reads.
@@ -331,10 +336,12 @@ def attention_ops(kind: str, delta: int) -> list[Op]:
 
 
 def moe_head_ops(delta: int) -> list[Op]:
-    """mlp.mix_norm .. moe.shared_down (the part of a MoE layer before its experts)."""
+    """mlp.mix_norm .. moe.shared_down (the part of a MoE layer before its experts). The latent
+    projection runs before the top-k so its all-gather overlaps the selection (the K3 kernel's
+    order)."""
     return [Op("mlp.mix_norm", delta, (("small", delta),)), Op("moe.router", delta, (("moe.router", delta),)),
-            Op("moe.topk", delta, (("small", delta),)),
             Op("moe.latent_down", delta, (("moe.latent_down", delta), ("small", delta))),
+            Op("moe.topk", delta, (("small", delta),)),
             Op("moe.shared_gate_up", delta, (("moe.shared_gate_up", delta),)),
             Op("moe.shared_down", delta, (("moe.shared_down", delta),))]
 
@@ -347,8 +354,8 @@ def prologue_ops(next_kind: str) -> list[Op]:
 
 
 def window_ops(template: str, n: int) -> list[Op]:
-    """Lead-in (4 ops, positions -4..-1) + window ops (positions 0..)."""
-    lead = moe_head_ops(0)[2:]
+    """Lead-in (:data:`LEAD_IN`, positions -len..-1) + window ops (positions 0..)."""
+    lead = moe_head_ops(0)[-len(LEAD_IN):]
     body = [Op(f"expert[{j}]", 0, (("expert", j),)) for j in range(n)]
     body += [Op("moe.combine", 0), Op("moe.latent_up", 0, (("moe.latent_up", 0),))]
     if template == "head":
@@ -371,7 +378,7 @@ class Unit:
 @dataclass
 class WindowPlan:
     ops: list[Op]  # lead-in included
-    first: int  # position of ops[0] (-4 for windows, 0 for the prologue)
+    first: int  # position of ops[0] (-len(LEAD_IN) for windows, 0 for the prologue)
     issue: dict[Unit, int]  # unit -> position of the op at whose start it is issued
     consumer: dict[Unit, int]
 
@@ -399,22 +406,6 @@ def _read(geo: Geometry, specs: dict[str, RingSpec], ring_name: str, key: int,
     return Read(banks.ring, (ring_name, key), banks.first_bank(ring_name, layers[key]), ring.num_slabs, ring.distance)
 
 
-def _check_op_fits_ring(op: Op, reads: list[Read], specs: dict[str, RingSpec]) -> None:
-    """An op reading several tensors of one ring pool needs their slabs in distinct banks: the
-    kernel streams one tensor after the other, so a bank shared within the op would be
-    refilled while the op still needs it (a wrap the issue rule does not see)."""
-    slabs: dict[str, dict[object, int]] = {}
-    for read in reads:
-        if read.ring.startswith("pool:"):
-            slabs.setdefault(read.ring, {})[read.key] = read.slabs or 1
-    for ring, by_tensor in slabs.items():
-        total = sum(by_tensor.values())
-        if len(by_tensor) > 1 and total > specs[ring].buffers:
-            names = " and ".join(str(key[0]) for key in by_tensor)  # type: ignore[index]
-            raise UnsupportedSchedule(f"{op.name} reads {names}: {total} slabs of ring pool {ring[5:]!r}, more "
-                                      f"than its {specs[ring].buffers} banks; use more or larger banks")
-
-
 def plan_window(geo: Geometry, ops: list[Op], first: int, horizon: int, *, respect_buffers: bool = True,
                 layers: tuple[int, int] | None = None) -> WindowPlan:
     """Issue positions of every copy first read at position >= 0, by
@@ -429,7 +420,7 @@ def plan_window(geo: Geometry, ops: list[Op], first: int, horizon: int, *, respe
     specs.update(geo.pool_specs)
     reads = [[_read(geo, specs, ring, key, layers) for ring, key in op.reads] for op in ops]
     for op, op_reads in zip(ops, reads, strict=True):
-        _check_op_fits_ring(op, op_reads, specs)
+        check_op_fits(op.name, op_reads, specs)
     try:
         planned = plan_issues(specs, reads, first=first, horizon=lambda _c: horizon,
                               routing=lambda _read: topk if topk is not None else first,
@@ -469,10 +460,12 @@ def plan_iteration(geo: Geometry, template: str, n: int, *, respect_buffers: boo
     if geo.pools and i is None:
         raise UnsupportedSchedule(f"no window of template {template} in this model")
     layers = (i, i + 1) if i is not None else None
-    plan = plan_window(geo, window_ops(template, n), -4, -3, respect_buffers=respect_buffers, layers=layers)
+    topk = -len(LEAD_IN)
+    plan = plan_window(geo, window_ops(template, n), topk, topk + 1, respect_buffers=respect_buffers,
+                       layers=layers)
     slots = geo.rings["expert"].buffers
     for j in range(n):
-        want = -4 if j < slots else j - slots + 1
+        want = topk if j < slots else j - slots + 1
         got = plan.issue[Unit("expert", 0, j)]
         if j >= slots and got != want:
             raise UnsupportedSchedule(f"routed expert {j} would be issued at {got}, not at expert[{want}]")

@@ -77,7 +77,7 @@ def test_unrealisable_ring_layouts_are_refused_with_the_rule():
     tiny_banks = ring.with_changes(pools={"ring": {"mode": "ring", "banks": 2, "bank_bytes": 262144}})
     tiny_banks = with_families(tiny_banks, mla_proj={"prefetch_distance_ops": 2, "buffers": 2},
                                lm_head={"prefetch_distance_ops": 2, "chunk_bytes": 2097152, "buffers": 2})
-    with pytest.raises(UnsupportedSchedule, match="kda.decay reads kda.decay_a and kda.decay_b: 8 slabs"):
+    with pytest.raises(UnsupportedSchedule, match=r"kda\.decay reads kda\.decay_a and kda\.decay_b: 8 slabs"):
         Megakernel(k3_dims, tiny_banks, 1, 512)
     mini = load_model("kimi-k3-mini")
     mini_dims = model_dims(mini, plan_for(mini, 1))
