@@ -9,8 +9,9 @@ builds the model's program (the dense ops do not depend on routing), asks
 :func:`tpusim.schedule.program_issue.program_issue_plan` for the bank of every pooled copy,
 and turns the answer into what a kernel compiled once for all layers can read:
 
-- per layer and pool, two SMEM words (:func:`bank_table`): the bank of the layer's first
-  pooled attention slab (part ``attn``) and of its first pooled MoE slab (part ``moe``);
+- per layer and pool, two SMEM words (:func:`bank_table`): the bank of slab 0 of the layer's
+  anchor attention kind (part ``attn``: its first pooled kind in
+  :data:`~tpusim.schedule.issue_plan.RING_ORDER`) and of its anchor MoE kind (part ``moe``);
 - per tensor kind, its static bank offset from its part's base (:attr:`PoolBanks.offset`):
   slab ``k`` of kind ``t`` in layer ``l`` is in bank ``(base[l, part(t)] + offset[t] + k) % banks``.
 
@@ -96,18 +97,19 @@ def pool_banks(dims: ModelDims, schedule: Schedule, slabs: dict[str, int]) -> di
         if spec.slab_size % ARENA_ROW_BYTES:
             raise UnsupportedSchedule(f"pools.{pool}.bank_bytes {spec.slab_size} is not a multiple of "
                                       f"{ARENA_ROW_BYTES} (one 128-lane row of 16-bit words)")
-        first, count = _first_banks(issue.plan.buffer, ring, num_layers)
+        first, count = _first_banks(issue.plan.buffer, ring, num_layers, spec.buffers)
         for key, got in count.items():
-            if got != slabs[key[0]]:
+            if got != slabs.get(key[0]):
                 raise UnsupportedSchedule(f"pools.{pool}: the program streams {key[0]} of layer {key[1]} in {got} "
-                                          f"slabs, the kernel in {slabs[key[0]]}")
+                                          f"slabs, the kernel in {slabs.get(key[0], 0)}")
         base, offset = _parts(first, spec.buffers, pool)
         out[pool] = PoolBanks(pool, ring, index, spec.buffers, spec.slab_size // ARENA_ROW_BYTES, first, base, offset)
     return out
 
 
-def _first_banks(buffer: dict, ring: str, num_layers: int) -> tuple[dict[tuple[str, int], int], dict]:
-    """(tensor, layer) -> bank of slab 0 and -> slab count; slab k must sit k banks further on."""
+def _first_banks(buffer: dict, ring: str, num_layers: int, banks: int) -> tuple[dict[tuple[str, int], int], dict]:
+    """(tensor, layer) -> bank of slab 0 and -> slab count; slab k must sit k banks further on
+    (the kernel computes it so)."""
     banks_of: dict[tuple[str, int], dict[int, int]] = {}
     for unit, bank in buffer.items():
         if unit.ring != ring:
@@ -118,6 +120,8 @@ def _first_banks(buffer: dict, ring: str, num_layers: int) -> tuple[dict[tuple[s
     count: dict[tuple[str, int], int] = {}
     for key, by_slab in banks_of.items():
         first[key], count[key] = by_slab[0], len(by_slab)
+        if any(bank != (by_slab[0] + k) % banks for k, bank in by_slab.items()):
+            raise UnsupportedSchedule(f"{ring}: the slabs of {key[0]} (layer {key[1]}) do not take consecutive banks")
     return first, count
 
 

@@ -181,10 +181,11 @@ def test_planned_steps_never_overwrite_live_buffers_k3_tp32(schedule):
     replay(kernel, planned_event_order(kernel, routing_for(dims, 1, 0)))
 
 
-def test_replay_catches_a_plan_that_ignores_buffer_reuse():
+@pytest.mark.parametrize("schedule", [load_schedule("published"), RINGS[0]], ids=lambda s: s.name)
+def test_replay_catches_a_plan_that_ignores_buffer_reuse(schedule):
     model = load_model("kimi-k3-mini")
     dims = model_dims(model, plan_for(model, 1))
-    kernel = Megakernel(dims, load_schedule("published"), 1, 256, unsafe_ignore_buffer_reuse=True)
+    kernel = Megakernel(dims, schedule, 1, 256, unsafe_ignore_buffer_reuse=True)
     with pytest.raises(AssertionError, match="overwrites rows"):
         replay(kernel, planned_event_order(kernel, routing_for(dims, 1, 0)))
 

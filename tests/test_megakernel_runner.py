@@ -41,6 +41,7 @@ def test_run_kernel_appends_a_cpu_interpret_record(tmp_path, capsys):
     assert measurement.extra["max_abs_error"] == record["max_abs_error"]
 
 
+@pytest.mark.heavy  # the same kernel as test_megakernel_kernel's ring run; here the CLI path
 def test_run_kernel_runs_a_ring_pool_schedule(tmp_path, capsys):
     """The Muse layout (every dense tensor through one ring of banks) at kimi-k3-mini sizes."""
     model_file = tmp_path / "k3-mini-4.yaml"
