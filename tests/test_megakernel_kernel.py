@@ -148,6 +148,7 @@ def test_chunked_schedule_batch2_8_layers_with_event_trace():
     run_and_check(Setup(layers=8), chunked_schedule(), 2, steps=2, trace=True)
 
 
+@pytest.mark.heavy  # ~75 s; in CI the ring runs 13 layers x 4 steps against reference_jnp and the race check
 def test_ring_pool_batch1_93_layers_with_event_trace(mini):
     """One step: over 93 layers of random weights the slab-by-slab sums' rounding grows
     chaotically when kernel and reference each carry their own state (measured: logits 1.2 %
