@@ -56,7 +56,7 @@ from dataclasses import dataclass, field, replace
 
 from megakernel.dims import LANES, ModelDims, weight_shapes
 from megakernel.errors import UnsupportedSchedule
-from megakernel.ring_pool import PoolBanks, check_op_fits, pool_banks
+from megakernel.ring_pool import PoolBanks, pool_banks
 from tpusim.schedule.issue_plan import (
     RING_ORDER,
     Read,
@@ -419,8 +419,6 @@ def plan_window(geo: Geometry, ops: list[Op], first: int, horizon: int, *, respe
     specs = {name: ring.spec for name, ring in geo.rings.items() if not ring.bank_rows}
     specs.update(geo.pool_specs)
     reads = [[_read(geo, specs, ring, key, layers) for ring, key in op.reads] for op in ops]
-    for op, op_reads in zip(ops, reads, strict=True):
-        check_op_fits(op.name, op_reads, specs)
     try:
         planned = plan_issues(specs, reads, first=first, horizon=lambda _c: horizon,
                               routing=lambda _read: topk if topk is not None else first,

@@ -30,7 +30,7 @@ import numpy as np
 
 from megakernel.dims import ModelDims
 from megakernel.errors import UnsupportedSchedule
-from tpusim.schedule.issue_plan import RING_ORDER, Read, RingSpec, UnsupportedIssuePlan
+from tpusim.schedule.issue_plan import RING_ORDER, UnsupportedIssuePlan
 from tpusim.schedule.program_issue import program_issue_plan
 from tpusim.schedule.schema import Schedule
 from tpusim.workload.program import build_program
@@ -144,22 +144,6 @@ def _parts(first: dict[tuple[str, int], int], banks: int, pool: str) -> tuple[di
                 raise UnsupportedSchedule(f"pools.{pool}: {tensor}'s bank offset within its layer differs between "
                                           "layers; the kernel needs it static")
     return base, offset
-
-
-def check_op_fits(op: str, reads: list[Read], specs: dict[str, RingSpec]) -> None:
-    """An op reading several tensors of one ring pool needs their slabs in distinct banks: the
-    kernel streams one tensor after the other, so a bank shared within the op would be
-    refilled while the op still needs it (a wrap the issue rule does not see)."""
-    slabs: dict[str, dict[object, int]] = {}
-    for read in reads:
-        if read.ring.startswith("pool:"):
-            slabs.setdefault(read.ring, {})[read.key] = read.slabs or 1
-    for ring, by_tensor in slabs.items():
-        total = sum(by_tensor.values())
-        if len(by_tensor) > 1 and total > specs[ring].buffers:
-            names = " and ".join(str(key[0]) for key in by_tensor)  # type: ignore[index]
-            raise UnsupportedSchedule(f"{op} reads {names}: {total} slabs of ring pool {ring[5:]!r}, more "
-                                      f"than its {specs[ring].buffers} banks; use more or larger banks")
 
 
 def bank_table(num_layers: int, pools: dict[str, PoolBanks]) -> np.ndarray:

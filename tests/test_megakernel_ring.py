@@ -18,8 +18,11 @@ from megakernel.kernel import Megakernel
 from megakernel.kernel_dma import Ctx
 from megakernel.ring_pool import bank_table
 from tpusim.app.cli import main
+from tpusim.schedule.issue_plan import UnsupportedIssuePlan
+from tpusim.schedule.program_issue import program_issue_plan
 from tpusim.schedule.schema import Schedule, load_schedule, save_schedule
 from tpusim.workload.model_catalog import load_model, plan_for
+from tpusim.workload.program import build_program
 
 
 def consumed_banks(kernel: Megakernel, routing: np.ndarray) -> dict[tuple[str, int, int], int]:
@@ -77,8 +80,11 @@ def test_unrealisable_ring_layouts_are_refused_with_the_rule():
     tiny_banks = ring.with_changes(pools={"ring": {"mode": "ring", "banks": 2, "bank_bytes": 262144}})
     tiny_banks = with_families(tiny_banks, mla_proj={"prefetch_distance_ops": 2, "buffers": 2},
                                lm_head={"prefetch_distance_ops": 2, "chunk_bytes": 2097152, "buffers": 2})
-    with pytest.raises(UnsupportedSchedule, match=r"kda\.decay reads kda\.decay_a and kda\.decay_b: 8 slabs"):
+    with pytest.raises(UnsupportedSchedule, match=r"reads kda\.decay_a and kda\.decay_b: 8 slabs"):
         Megakernel(k3_dims, tiny_banks, 1, 512)
+    # the one issue plan refuses it, so the simulator and the sweep do too
+    with pytest.raises(UnsupportedIssuePlan, match=r"reads kda\.decay_a and kda\.decay_b: 8 slabs"):
+        program_issue_plan(build_program(k3, plan_for(k3, 32), batch=1, context_tokens=512), tiny_banks)
     mini = load_model("kimi-k3-mini")
     mini_dims = model_dims(mini, plan_for(mini, 1))
     with pytest.raises(UnsupportedSchedule, match=r"pools\.ring\.bank_bytes to at least 131072"):
