@@ -56,6 +56,18 @@ def test_ring_arena_is_its_banks_and_each_bank_holds_one_slab_at_a_time(muse: tu
         last_consumer[issue.buffer[unit]] = issue.consumer[unit]
 
 
+def test_small_parameters_naming_a_ring_pool_keep_their_own_arena(muse: tuple) -> None:
+    """Small parameters are read through the whole layer, so they never stream through a
+    ring: naming one leaves their arena (and the ring's) as if they had not."""
+    model, plan, _program = muse
+    schedule = load_schedule("muse-published")
+    named = schedule.model_dump()
+    named["families"]["small_params"] = {**named["families"].get("small_params", {}), "pool": "ring"}
+    alone, pooled = vmem_plan(schedule, model, plan, 1), vmem_plan(Schedule.model_validate(named), model, plan, 1)
+    assert pooled.arena_bytes["small_params"] == alone.arena_bytes["small_params"] < 2 * MIB
+    assert pooled.arena_bytes["ring"] == 12 * 2 * MIB
+
+
 def test_more_expert_slots_slow_the_muse_step(muse: tuple) -> None:
     """The published 8-slot run is 26 % slower than 4 slots; the engine must at least agree in sign."""
     _, _, program = muse

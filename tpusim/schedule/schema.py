@@ -56,6 +56,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from hwmodels.errors import InputError
 from hwmodels.textfile import read_user_json
 
+# Per-layer norms, biases and gates: one small copy read through the whole layer.
+SMALL_FAMILY = "small_params"
 # Families a schedule controls (weight families from tpusim.workload.modelconfig plus KV/state).
 SCHEDULE_FAMILIES = (
     "kda_proj",
@@ -174,7 +176,10 @@ class Schedule(BaseModel):
         return self.pools.get(pool, PoolSpec())
 
     def ring_pool(self, family: str) -> PoolSpec | None:
-        """The ring-mode pool ``family`` streams through, or None."""
+        """The ring-mode pool ``family`` streams through, or None. Small parameters never do:
+        they are read through the whole layer, so they always get an arena of their own."""
+        if family == SMALL_FAMILY:
+            return None
         pool = self.family(family).pool
         spec = self.pools.get(pool) if pool else None
         return spec if spec is not None and spec.mode == "ring" else None

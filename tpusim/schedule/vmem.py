@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tpusim.schedule.schema import SCHEDULE_FAMILIES, Schedule
+from tpusim.schedule.schema import SCHEDULE_FAMILIES, SMALL_FAMILY, Schedule
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.shapes import (
     TensorSpec,
@@ -116,9 +116,6 @@ def activation_bytes(model: ModelConfig, batch: int) -> int:
     widest = max(model.hidden_size, (model.moe.latent_size or 0) if model.moe else 0) * 4
     rows = max(batch, 8)  # sublane tile: activations pad to 8 rows
     return rows * 4 * (model.hidden_size * snapshots + widest)
-
-
-SMALL_FAMILY = "small_params"
 
 
 def arena_of(schedule: Schedule, family: str) -> str:
