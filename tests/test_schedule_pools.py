@@ -12,7 +12,7 @@ from megakernel.dma_plan import UnsupportedSchedule, geometry
 from tpusim.engine import simulate
 from tpusim.schedule.program_issue import program_issue_plan
 from tpusim.schedule.schema import PoolSpec, Schedule, load_schedule
-from tpusim.schedule.vmem import vmem_plan
+from tpusim.schedule.vmem import InfeasibleSchedule, vmem_plan
 from tpusim.sweep.estimate import EstimateContext, estimate
 from tpusim.sweep.space import default_space, pool_pattern_name, sample
 from tpusim.workload.model_catalog import load_model, plan_for
@@ -66,6 +66,19 @@ def test_small_parameters_naming_a_ring_pool_keep_their_own_arena(muse: tuple) -
     alone, pooled = vmem_plan(schedule, model, plan, 1), vmem_plan(Schedule.model_validate(named), model, plan, 1)
     assert pooled.arena_bytes["small_params"] == alone.arena_bytes["small_params"] < 2 * MIB
     assert pooled.arena_bytes["ring"] == 12 * 2 * MIB
+
+
+def test_a_slab_larger_than_a_bank_is_infeasible(muse: tuple) -> None:
+    """The smallest slab of a ring member (its row granule) must fit one bank: the accounting
+    would otherwise count banks * bank_bytes for data that cannot be there."""
+    model, plan, program = muse
+    data = load_schedule("muse-published").model_dump()
+    data["pools"]["ring"]["bank_bytes"] = 65536
+    tiny = Schedule.model_validate(data)
+    with pytest.raises(InfeasibleSchedule, match=r"pools\.ring: the smallest slab of .* is larger than a bank \(65536"):
+        vmem_plan(tiny, model, plan, 1)
+    with pytest.raises(InfeasibleSchedule, match="larger than a bank"):
+        simulate(program, tiny, load_chip("tpu-v7"))
 
 
 def test_more_expert_slots_slow_the_muse_step(muse: tuple) -> None:

@@ -169,8 +169,13 @@ def vmem_plan(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch:
             continue
         total = 0
         chunk_bytes, buffers = family_chunk(schedule, family)
+        ring = schedule.ring_pool(family)
         for tensor in tensors:
             size = buffers * slab_bytes(tensor, chunk_bytes)
+            if ring is not None and size > (ring.bank_bytes or 0):
+                raise InfeasibleSchedule(
+                    f"pools.{fam.pool}: the smallest slab of {tensor.name} ({size} bytes, {row_granule(tensor)} "
+                    f"rows) is larger than a bank ({ring.bank_bytes} bytes); use larger banks")
             detail[tensor.name] = size
             total += size
         family_bytes[family] = total
