@@ -48,6 +48,17 @@ def test_slabs_past_the_ring_are_refills_and_a_busy_buffer_is_an_error() -> None
         _plan([x, y], [[Read("x", 0, 0)], [Read("x", 0, 0), Read("y", 0, 0)]])
 
 
+def test_an_op_reading_more_slabs_of_a_ring_pool_than_it_has_banks_is_refused() -> None:
+    # ring pool "r" of 3 banks; one op reads tensor x (2 slabs) then y (2 slabs): y's second
+    # slab would take the bank x's first slab still occupies within that op
+    ring = RingSpec("pool:r", "f", "r", buffers=3, num_slabs=1, slab_size=1)
+    x, y = Read("pool:r", ("x", 0), 0, slabs=2), Read("pool:r", ("y", 0), 2, slabs=2)
+    with pytest.raises(UnsupportedIssuePlan, match="reads x and y: 4 slabs, more than its 3 banks"):
+        _plan([ring], [[x, y]])
+    fits = Read("pool:r", ("y", 0), 2, slabs=1)
+    assert _plan([ring], [[x, fits]]).issue[Unit("pool:r", ("y", 0), 0)] == 0
+
+
 @pytest.mark.parametrize("schedule_name", ["published", "layer-double-buffer", "naive"])
 def test_no_copy_overwrites_a_buffer_still_read(schedule_name: str) -> None:
     """Invariant on a whole K3 step: a first copy is issued after the last reader of every

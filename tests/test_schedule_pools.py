@@ -12,7 +12,7 @@ from megakernel.dma_plan import UnsupportedSchedule, geometry
 from tpusim.engine import simulate
 from tpusim.schedule.program_issue import program_issue_plan
 from tpusim.schedule.schema import PoolSpec, Schedule, load_schedule
-from tpusim.schedule.vmem import vmem_plan
+from tpusim.schedule.vmem import InfeasibleSchedule, vmem_plan
 from tpusim.sweep.estimate import EstimateContext, estimate
 from tpusim.sweep.space import default_space, pool_pattern_name, sample
 from tpusim.workload.model_catalog import load_model, plan_for
@@ -56,6 +56,31 @@ def test_ring_arena_is_its_banks_and_each_bank_holds_one_slab_at_a_time(muse: tu
         last_consumer[issue.buffer[unit]] = issue.consumer[unit]
 
 
+def test_small_parameters_naming_a_ring_pool_keep_their_own_arena(muse: tuple) -> None:
+    """Small parameters are read through the whole layer, so they never stream through a
+    ring: naming one leaves their arena (and the ring's) as if they had not."""
+    model, plan, _program = muse
+    schedule = load_schedule("muse-published")
+    named = schedule.model_dump()
+    named["families"]["small_params"] = {**named["families"].get("small_params", {}), "pool": "ring"}
+    alone, pooled = vmem_plan(schedule, model, plan, 1), vmem_plan(Schedule.model_validate(named), model, plan, 1)
+    assert pooled.arena_bytes["small_params"] == alone.arena_bytes["small_params"] < 2 * MIB
+    assert pooled.arena_bytes["ring"] == 12 * 2 * MIB
+
+
+def test_a_slab_larger_than_a_bank_is_infeasible(muse: tuple) -> None:
+    """The smallest slab of a ring member (its row granule) must fit one bank: the accounting
+    would otherwise count banks * bank_bytes for data that cannot be there."""
+    model, plan, program = muse
+    data = load_schedule("muse-published").model_dump()
+    data["pools"]["ring"]["bank_bytes"] = 65536
+    tiny = Schedule.model_validate(data)
+    with pytest.raises(InfeasibleSchedule, match=r"pools\.ring: the smallest slab of .* is larger than a bank \(65536"):
+        vmem_plan(tiny, model, plan, 1)
+    with pytest.raises(InfeasibleSchedule, match="larger than a bank"):
+        simulate(program, tiny, load_chip("tpu-v7"))
+
+
 def test_more_expert_slots_slow_the_muse_step(muse: tuple) -> None:
     """The published 8-slot run is 26 % slower than 4 slots; the engine must at least agree in sign."""
     _, _, program = muse
@@ -82,10 +107,16 @@ def test_sweep_space_samples_and_estimates_ring_pools(muse: tuple) -> None:
     assert result.step_s > 0
 
 
-def test_the_kernel_says_it_cannot_run_a_ring_pool() -> None:
+def test_the_kernel_lays_out_a_ring_pool_as_vmem_accounting_sizes_it() -> None:
+    """The kernel runs ring pools (tests/test_megakernel_ring.py and the kernel runs); its ring
+    arena is the pool's banks, and a layout it cannot run is refused with the rule."""
     model = load_model("kimi-k3-mini")
-    dims = model_dims(model, plan_for(model, 1))
+    plan = plan_for(model, 1)
+    dims = model_dims(model, plan)
     schedule = Schedule(name="ring", families={"kda_proj": {"pool": "ring"}, "mla_proj": {"pool": "ring"}},
                         pools={"ring": {"mode": "ring", "banks": 4, "bank_bytes": 1 << 20}})
-    with pytest.raises(UnsupportedSchedule, match="mode ring is not implemented by the kernel"):
-        geometry(dims, schedule)
+    geo = geometry(dims, schedule)
+    assert geo.arenas["ring"] * 256 == vmem_plan(schedule, model, plan, 1).arena_bytes["ring"] == 4 << 20
+    small_banks = schedule.with_changes(pools={"ring": {"mode": "ring", "banks": 4, "bank_bytes": 65536}})
+    with pytest.raises(UnsupportedSchedule, match=r"mla\.kv_b"):
+        geometry(dims, small_banks)  # absorbed attention reads mla.kv_b twice: it must fit one bank

@@ -81,8 +81,8 @@ from tpusim.engine.items import (
     Slab,
 )
 from tpusim.schedule.program_issue import ProgramIssuePlan, cached_issue_plan
-from tpusim.schedule.schema import SCHEDULE_FAMILIES, FamilySchedule, Schedule
-from tpusim.schedule.vmem import SMALL_FAMILY, VmemPlan, arena_of, family_chunk, slab_rows
+from tpusim.schedule.schema import SCHEDULE_FAMILIES, SMALL_FAMILY, FamilySchedule, Schedule
+from tpusim.schedule.vmem import VmemPlan, arena_of, family_chunk, slab_rows
 from tpusim.workload.formats import scale_bytes, value_bytes
 from tpusim.workload.program import Op, Program
 from tpusim.workload.shapes import TensorSpec, kv_cache_bytes_per_token, recurrent_state_bytes

@@ -43,7 +43,8 @@ arena of their own: they are read through the whole layer.
   of expert ``j - buffers``: it is issued at the start of ``expert[j - buffers + 1]``.
 
 If ``free(c) > c`` for a first copy the buffer it needs is still read by its own consumer:
-no kernel can run the layout, and :class:`UnsupportedIssuePlan` says which pool.
+no kernel can run the layout, and :class:`UnsupportedIssuePlan` says which pool; so it does
+when one op reads more slabs of a ring pool than the pool has banks.
 ``max_dmas_in_flight`` is not part of the plan: it limits how many issued copies move at
 once (the engine's HBM queue), not when they are issued.
 """
@@ -197,6 +198,8 @@ def plan_issues(rings: dict[str, RingSpec], op_reads: Sequence[Sequence[Read]], 
     kernel's race-detector test only. ``horizon`` must not decrease along the ops; ``lookback``
     bounds how far before ``horizon(c)`` an expert's routing position may lie (an occupant
     whose last reader is older cannot delay any copy)."""
+    for index, reads in enumerate(op_reads):
+        _check_op_fits_its_pools(first + index, reads, rings)
     instances = sorted(_instances(op_reads, first).values(), key=lambda inst: inst.first)
     plan = IssuePlan({}, {}, {})
     issue, consumer, buffers, refills = plan.issue, plan.consumer, plan.buffer, plan.refills
@@ -247,6 +250,24 @@ def plan_issues(rings: dict[str, RingSpec], op_reads: Sequence[Sequence[Read]], 
                 "op; give the families separate pools or more room")
         issue[unit] = when
     return plan
+
+
+def _check_op_fits_its_pools(op: int, reads: Sequence[Read], rings: dict[str, RingSpec]) -> None:
+    """An op reading several tensors of one ring pool needs their slabs in distinct banks: it
+    streams one tensor after the other, so a bank taken twice within the op would be refilled
+    while the op still needs it, a wrap the ``free`` rule (which looks at earlier ops) does not
+    see."""
+    slabs: dict[str, dict[object, int]] = {}
+    for read in reads:
+        if read.ring.startswith("pool:"):
+            count = read.slabs if read.slabs is not None else rings[read.ring].num_slabs
+            slabs.setdefault(read.ring, {})[read.key] = count
+    for ring, by_tensor in slabs.items():
+        total, banks = sum(by_tensor.values()), rings[ring].buffers
+        if len(by_tensor) > 1 and total > banks:
+            names = " and ".join(str(key[0] if isinstance(key, tuple) else key) for key in by_tensor)
+            raise UnsupportedIssuePlan(f"pool {rings[ring].pool!r}: op {op} reads {names}: {total} slabs, more "
+                                       f"than its {banks} banks; use more or larger banks")
 
 
 class _Slot(NamedTuple):

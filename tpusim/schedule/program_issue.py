@@ -28,12 +28,11 @@ from tpusim.schedule.issue_plan import (
     place,
     plan_issues,
 )
-from tpusim.schedule.schema import Schedule
+from tpusim.schedule.schema import SMALL_FAMILY, Schedule
 from tpusim.schedule.vmem import family_chunk, slab_bytes, slab_rows, tensor_kinds
 from tpusim.workload.program import Op, Program
 from tpusim.workload.shapes import TensorSpec, expert_slice_bytes
 
-SMALL_FAMILY = "small_params"
 ROUTED = "routed_expert"
 
 

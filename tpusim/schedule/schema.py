@@ -40,7 +40,8 @@ Vocabulary (the kernel and the engine use the same words):
   before routing from a prediction; a miss, at ``speculation_miss_rate``, refetches).
 
 Built-ins (``tpusim/schedules/*.json``): ``naive``, ``published``, ``layer-double-buffer``
-(K3), ``muse-published`` (the Muse Spark kernel: a shared ring pool).
+(K3), ``muse-published`` (the Muse Spark kernel: a shared ring pool), ``k3-ring`` (that ring
+applied to K3; derived).
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from hwmodels.errors import InputError
 from hwmodels.textfile import read_user_json
 
+# Per-layer norms, biases and gates: one small copy read through the whole layer.
+SMALL_FAMILY = "small_params"
 # Families a schedule controls (weight families from tpusim.workload.modelconfig plus KV/state).
 SCHEDULE_FAMILIES = (
     "kda_proj",
@@ -71,7 +74,7 @@ SCHEDULE_FAMILIES = (
 
 SCHEDULES_DIR = Path(__file__).resolve().parents[1] / "schedules"
 BUILTIN_SCHEDULES = ("naive", "published", "layer-double-buffer")  # K3's: the sweep's fixed starting points
-MODEL_SCHEDULES = ("muse-published",)  # built-ins written for one model (Muse Spark)
+MODEL_SCHEDULES = ("muse-published", "k3-ring")  # built-ins written for one model (Muse Spark; K3)
 
 
 class FamilySchedule(BaseModel):
@@ -173,7 +176,10 @@ class Schedule(BaseModel):
         return self.pools.get(pool, PoolSpec())
 
     def ring_pool(self, family: str) -> PoolSpec | None:
-        """The ring-mode pool ``family`` streams through, or None."""
+        """The ring-mode pool ``family`` streams through, or None. Small parameters never do:
+        they are read through the whole layer, so they always get an arena of their own."""
+        if family == SMALL_FAMILY:
+            return None
         pool = self.family(family).pool
         spec = self.pools.get(pool) if pool else None
         return spec if spec is not None and spec.mode == "ring" else None

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tpusim.schedule.schema import SCHEDULE_FAMILIES, Schedule
+from tpusim.schedule.schema import SCHEDULE_FAMILIES, SMALL_FAMILY, Schedule
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.shapes import (
     TensorSpec,
@@ -118,9 +118,6 @@ def activation_bytes(model: ModelConfig, batch: int) -> int:
     return rows * 4 * (model.hidden_size * snapshots + widest)
 
 
-SMALL_FAMILY = "small_params"
-
-
 def arena_of(schedule: Schedule, family: str) -> str:
     """The arena ``family``'s buffers live in (its pool; small parameters: always their own)."""
     if family == SMALL_FAMILY:
@@ -172,8 +169,13 @@ def vmem_plan(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch:
             continue
         total = 0
         chunk_bytes, buffers = family_chunk(schedule, family)
+        ring = schedule.ring_pool(family)
         for tensor in tensors:
             size = buffers * slab_bytes(tensor, chunk_bytes)
+            if ring is not None and size > (ring.bank_bytes or 0):
+                raise InfeasibleSchedule(
+                    f"pools.{fam.pool}: the smallest slab of {tensor.name} ({size} bytes, {row_granule(tensor)} "
+                    f"rows) is larger than a bank ({ring.bank_bytes} bytes); use larger banks")
             detail[tensor.name] = size
             total += size
         family_bytes[family] = total

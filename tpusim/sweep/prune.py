@@ -107,7 +107,10 @@ class PruneVerdict:
 
 def check_candidate(schedule: Schedule, space: SweepSpace, accountant: VmemAccountant) -> PruneVerdict:
     """Apply the space's constraints to one schedule (see the module docstring)."""
-    vmem = accountant.plan_for(schedule)
+    try:
+        vmem = accountant.plan_for(schedule)
+    except InfeasibleSchedule as error:  # a layout VMEM cannot hold at all (a slab past its bank)
+        return PruneVerdict(False, 0, f"vmem: {error}")
     limit = space.constraints.max_dmas_in_flight_limit
     if schedule.max_dmas_in_flight > limit:
         return PruneVerdict(False, vmem.total_bytes,
