@@ -45,9 +45,6 @@ from tpusim.workload.program import Program, build_program
 from tpusim.workload.routing import parse_routing
 from tpusim.workload.sharding import ShardingPlan, round_up
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
-PACKAGE_SCHEDULES = {"muse-published": DATA_DIR / "muse-published.json"}
-
 PredictFn = Callable[[Chip, Measurement], float]
 
 _OVERRIDES = re.compile(r"^(?P<base>[^\[\]]+)\[(?P<body>[^\[\]]*)\]$")
@@ -138,16 +135,10 @@ def resolve_model(spec: str) -> ModelConfig:
 
 @lru_cache(maxsize=32)
 def resolve_schedule(name: str) -> Schedule:
-    """A built-in schedule name (``muse-published`` is one), a schedule of this package's
-    data (``calibration/data/muse-published.json``, used only where the built-in catalog
-    lacks the name), or a JSON path."""
-    if name in BUILTIN_SCHEDULES or name in MODEL_SCHEDULES:
+    """A built-in schedule name (``muse-published`` is one) or a JSON path."""
+    if name in BUILTIN_SCHEDULES or name in MODEL_SCHEDULES or Path(name).exists():
         return load_schedule(name)
-    if name in PACKAGE_SCHEDULES:
-        return load_schedule(str(PACKAGE_SCHEDULES[name]))
-    if name in BUILTIN_SCHEDULES or Path(name).exists():
-        return load_schedule(name)
-    known = ", ".join([*PACKAGE_SCHEDULES, *BUILTIN_SCHEDULES])
+    known = ", ".join([*BUILTIN_SCHEDULES, *MODEL_SCHEDULES])
     raise InputError(f"schedule {name!r}: not a file and not one of {known}")
 
 

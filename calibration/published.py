@@ -12,7 +12,7 @@ it into twelve records:
 | ``system`` | ``tpu-v7`` x 4 chips | ``deployment.chips``; 2 TensorCores per chip = 8 devices |
 | ``context`` | 151 + 128 / 2 = 215 | every row a 151-token prompt, 128 timed steps: the mean cache length over the timed steps |
 | ``routing`` | ``identical`` | identical prompts: every row routes to the same top-8 experts |
-| ``schedule`` | ``muse-published`` | ``calibration/data/muse-published.json``, the kernel's design |
+| ``schedule`` | ``muse-published`` | ``tpusim/schedules/muse-published.json``, the kernel's design |
 | ``backend`` | ``tpu7x (published)`` | published, not measured here |
 | ``ms_per_step_spread`` | ``None`` | not published |
 
