@@ -91,13 +91,15 @@ def message_issue_s(link: LinkSpec) -> float:
 
 
 def lower_messages(chip: Chip, plan: ShardingPlan, call: CollectiveCall, consumer_index: int,
-                   rank: int = 0, cache: dict[Any, Any] | None = None) -> MessageCollective | None:
+                   rank: int = 0, cache: dict[Any, Any] | None = None,
+                   topology: Topology | None = None) -> MessageCollective | None:
     """``call`` as rank ``rank``'s copies on ``chip``'s links (None: nothing to send or a
     link kind the chip lacks, for which the stage-level pricing is kept). ``cache`` (one
-    dict per lowering, i.e. per chip) reuses the priced phases of repeated collectives."""
+    dict per lowering, i.e. per chip) reuses the priced phases of repeated collectives;
+    ``topology`` is ``plan.topology``, passed in by a caller that lowers many calls."""
     spec = call.spec
     assert spec.algorithm is not None
-    key = (spec.name, spec.algorithm, spec.group, call.payload_bytes_per_peer, rank, plan.topology)
+    key = (spec.name, spec.algorithm, spec.group, call.payload_bytes_per_peer, rank, topology or plan.topology)
     if cache is not None and key in cache:
         phases = cache[key]
         return None if phases is None else MessageCollective(spec.name, phases, consumer_index)
