@@ -234,9 +234,12 @@ def render_report(run: DemoRun) -> str:
                                   "## 5. Calibration of tpu-v7 on the published TPU7x measurements (Muse Spark)")
     lines += _calibration_section(run, "calibrate host-cpu",
                                   "## 6. The CPU closed loop: host model against XLA-compiled decode steps on this machine")
-    lines += ["## Steps", "", "| step | wall s | status |", "| --- | ---: | --- |"]
+    lines += ["## Steps", "", "| step | wall s | CPU s | status |", "| --- | ---: | ---: | --- |"]
     for step in run.steps:
-        lines.append(f"| {step.name} | {step.wall_s:.1f} | {'ok' if step.ok else 'FAILED: ' + step.error} |")
+        lines.append(f"| {step.name} | {step.wall_s:.1f} | {step.cpu_s:.1f} | "
+                     f"{'ok' if step.ok else 'FAILED: ' + step.error} |")
     total = sum(step.wall_s for step in run.steps)
-    lines += ["", f"Total: {total:.1f} s wall on this machine.", ""]
+    cpu = sum(step.cpu_s for step in run.steps)
+    lines += ["", f"Total: {total:.1f} s wall, {cpu:.1f} s CPU on this machine (CPU: this process and its "
+              "sweep workers; wall also counts waiting for a core when other jobs share the machine).", ""]
     return "\n".join(lines)
