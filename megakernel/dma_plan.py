@@ -4,7 +4,7 @@
 
     layer 0:  attn.mix_norm kda.qkvgb kda.decay kda.core kda.o  mlp.mix_norm mlp.gate_up mlp.down
     layer l:  attn.mix_norm <kda.qkvgb kda.decay kda.core kda.o | mla.q_a mla.kv_a mla.q_b mla.kv_b
-              mla.core mla.gate mla.o>  mlp.mix_norm moe.router moe.topk moe.latent_down
+              mla.core mla.gate mla.o>  mlp.mix_norm moe.router moe.latent_down moe.topk
               moe.shared_gate_up moe.shared_down expert[0] .. expert[n_l - 1] moe.combine moe.latent_up
     head:     head.norm head.lm_head
 
@@ -13,8 +13,8 @@
 the *prologue* is layer 0 plus layer 1 up to ``moe.shared_down``; *window i* (i = 1..92) is
 ``expert[*](i) moe.combine moe.latent_up`` followed by layer ``i+1`` up to its
 ``moe.shared_down`` (or by the head for i = 92). Positions inside window i count from its
-``expert[0]`` = 0; its *lead-in* is the four ops before it, ``moe.topk`` (-4) ..
-``moe.shared_down`` (-1) of layer i. Given ``n_i`` and the kind of layer ``i+1`` (the
+``expert[0]`` = 0; its *lead-in* is the ops before it from ``moe.topk`` (-3) to
+``moe.shared_down`` (-1) of layer i (:data:`LEAD_IN`). Given ``n_i`` and the kind of layer ``i+1`` (the
 *template*: ``kda``, ``mla`` or ``head``) every position in the window is fixed.
 
 **Rings and arenas.** Each tensor kind (``kda.qkvgb``, ``moe.router``, ...) is a ring of
@@ -26,14 +26,14 @@ families of a pool share one uint16 arena of 128-lane rows sized for the largest
 experts, whose slots are placed at the arena's top so the shared expert and the first
 slots can coexist. Everything in an arena is 16-bit words: bf16 as is, FP8/MXFP4/E8M0 bytes
 paired (:mod:`megakernel.quant`), the f32 small parameters as high and low halves. Small
-parameters are read from ``attn.mix_norm`` to ``moe.latent_down``, so at fixed addresses they
+parameters are read from ``attn.mix_norm`` to ``moe.topk``, so at fixed addresses they
 cannot time-share a pool whose largest member fills it: they always get an arena of their
 own, even when the schedule names a pool for them (the kernel's one departure from
 :mod:`tpusim.schedule.vmem`, worth 0.3 MiB at K3 TP32).
 
 **Issue rule**: :mod:`tpusim.schedule.issue_plan` states it and applies it; the kernel runs
-it window by window (horizon -3 for a window, 0 for the prologue, routing at ``moe.topk`` =
--4), the simulator over its whole program, so both issue every copy at the same op. Slabs
+it window by window (horizon -2 for a window, 0 for the prologue, routing at ``moe.topk`` =
+-3), the simulator over its whole program, so both issue every copy at the same op. Slabs
 ``k >= buffers`` are refilled inside the consumer op as slab ``k - buffers`` is consumed;
 expert ``j >= buffers`` at the start of ``expert[j - buffers + 1]``.
 
@@ -238,6 +238,11 @@ def geometry(dims: ModelDims, schedule: Schedule) -> Geometry:
 # ------------------------------------------------------------------------------ windows
 
 
+# The ops of a window's lead-in: layer i from its routing decision to its experts. The copies
+# of window i can be issued from the op after ``moe.topk`` on (the routing horizon).
+LEAD_IN = ("moe.topk", "moe.shared_gate_up", "moe.shared_down")
+
+
 @dataclass(frozen=True)
 class Op:
     """One op of a window: name, layer offset (0 = layer i, 1 = layer i+1) and what it reads.
@@ -261,10 +266,12 @@ def attention_ops(kind: str, delta: int) -> list[Op]:
 
 
 def moe_head_ops(delta: int) -> list[Op]:
-    """mlp.mix_norm .. moe.shared_down (the part of a MoE layer before its experts)."""
+    """mlp.mix_norm .. moe.shared_down (the part of a MoE layer before its experts). The latent
+    projection runs before the top-k so its all-gather overlaps the selection (the K3 kernel's
+    order)."""
     return [Op("mlp.mix_norm", delta, (("small", delta),)), Op("moe.router", delta, (("moe.router", delta),)),
-            Op("moe.topk", delta, (("small", delta),)),
             Op("moe.latent_down", delta, (("moe.latent_down", delta), ("small", delta))),
+            Op("moe.topk", delta, (("small", delta),)),
             Op("moe.shared_gate_up", delta, (("moe.shared_gate_up", delta),)),
             Op("moe.shared_down", delta, (("moe.shared_down", delta),))]
 
@@ -277,8 +284,8 @@ def prologue_ops(next_kind: str) -> list[Op]:
 
 
 def window_ops(template: str, n: int) -> list[Op]:
-    """Lead-in (4 ops, positions -4..-1) + window ops (positions 0..)."""
-    lead = moe_head_ops(0)[2:]
+    """Lead-in (:data:`LEAD_IN`, positions -len..-1) + window ops (positions 0..)."""
+    lead = moe_head_ops(0)[-len(LEAD_IN):]
     body = [Op(f"expert[{j}]", 0, (("expert", j),)) for j in range(n)]
     body += [Op("moe.combine", 0), Op("moe.latent_up", 0, (("moe.latent_up", 0),))]
     if template == "head":
@@ -301,7 +308,7 @@ class Unit:
 @dataclass
 class WindowPlan:
     ops: list[Op]  # lead-in included
-    first: int  # position of ops[0] (-4 for windows, 0 for the prologue)
+    first: int  # position of ops[0] (-len(LEAD_IN) for windows, 0 for the prologue)
     issue: dict[Unit, int]  # unit -> position of the op at whose start it is issued
     consumer: dict[Unit, int]
 
@@ -350,10 +357,11 @@ def plan_prologue(geo: Geometry, next_kind: str, *, respect_buffers: bool = True
 
 
 def plan_iteration(geo: Geometry, template: str, n: int, *, respect_buffers: bool = True) -> WindowPlan:
-    plan = plan_window(geo, window_ops(template, n), -4, -3, respect_buffers=respect_buffers)
+    topk = -len(LEAD_IN)
+    plan = plan_window(geo, window_ops(template, n), topk, topk + 1, respect_buffers=respect_buffers)
     slots = geo.rings["expert"].buffers
     for j in range(n):
-        want = -4 if j < slots else j - slots + 1
+        want = topk if j < slots else j - slots + 1
         got = plan.issue[Unit("expert", 0, j)]
         if j >= slots and got != want:
             raise UnsupportedSchedule(f"routed expert {j} would be issued at {got}, not at expert[{want}]")

@@ -39,7 +39,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from megakernel import dma_plan
 from megakernel.dims import LANES, ModelDims
-from megakernel.dma_plan import NEVER, Geometry, Unit, WindowPlan
+from megakernel.dma_plan import LEAD_IN, NEVER, Geometry, Unit, WindowPlan
 from megakernel.hbm import hbm_shapes
 from megakernel.kernel_attention import finish_kda_state, kda_layer, mla_layer
 from megakernel.kernel_dma import (
@@ -59,7 +59,6 @@ from megakernel.reference import DecodeState
 from megakernel.residual import num_block_slots
 from tpusim.schedule.schema import Schedule
 
-LEAD_IN = ("moe.topk", "moe.latent_down", "moe.shared_gate_up", "moe.shared_down")
 EXPERT_CODES = 1000  # codes below are expert[j]; op identities start here
 
 
