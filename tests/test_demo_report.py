@@ -27,7 +27,7 @@ def test_report_opens_with_the_comparison_and_reports_failures(tmp_path) -> None
     assert "| tpu-v7:16 | megakernel | 1 | — | 5.400 | 185.2 | simulated |" in text
     assert "does not fit" in text and "needs 608 GB/device" in text
     assert "**FAILED**: `RuntimeError: boom`" in text
-    assert "| floor | 0.0 | FAILED: RuntimeError: boom |" in text
+    assert "| floor | 0.0 | 0.0 | FAILED: RuntimeError: boom |" in text
     assert not run.ok
 
 
