@@ -18,13 +18,16 @@ def _row(system: str, execution: str, step_ms: float | None, fits: bool = True) 
 def test_report_opens_with_the_comparison_and_reports_failures(tmp_path) -> None:
     run = DemoRun(DemoConfig(out_dir=tmp_path))
     compare = run.step("compare")
-    compare.data = [_row("tpu-v7:16", "megakernel", 5.4), _row("gb200:16", "serving stack", 13.1),
+    calibrated = {**_row("tpu-v7:16", "megakernel", 4.8), "batch": 2, "label": "calibrated",
+                  "step_ms_low": 4.58, "step_ms_high": 5.089}
+    compare.data = [_row("tpu-v7:16", "megakernel", 5.4), calibrated, _row("gb200:16", "serving stack", 13.1),
                     _row("gb200:4", "serving stack", None, fits=False)]
     failed = run.step("floor")
     failed.ok, failed.error = False, "RuntimeError: boom"
     text = render_report(run)
     assert text.startswith("# Kimi K3 decode: TPU v7 x 16 against GB200 x 16")
-    assert "| tpu-v7:16 | megakernel | 1 | — | 5.400 | 185.2 | simulated |" in text
+    assert "| tpu-v7:16 | megakernel | 1 | — | 5.400 | — | 185.2 | simulated |" in text
+    assert "| tpu-v7:16 | megakernel | 2 | — | 4.800 | 4.580–5.089 | 208.3 | calibrated |" in text
     assert "does not fit" in text and "needs 608 GB/device" in text
     assert "**FAILED**: `RuntimeError: boom`" in text
     assert "| floor | 0.0 | 0.0 | FAILED: RuntimeError: boom |" in text

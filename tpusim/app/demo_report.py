@@ -52,19 +52,23 @@ def _compare_section(run: DemoRun) -> list[str]:
         "carried a calibrated overlay from step 5). Tokens/s are aggregate over the batch; with",
         "speculative decoding they are *accepted* tokens/s (acceptance length a = accepted draft",
         "tokens + 1 bonus; K3's drafter, DSpark, proposes 7 tokens in one forward over an anchor + 7",
-        "rows; the target verifies 8 rows per sequence). GPU rows name their stack and plan.",
+        "rows; the target verifies 8 rows per sequence). GPU rows name their stack and plan. A",
+        "calibrated row carries a 90 % interval from re-simulating it on each parameter set the",
+        "calibration stored (parameter uncertainty only); an uncalibrated row has none (—).",
         "",
-        "| system | execution | batch | acceptance | step ms | tokens/s | label | schedule |",
-        "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |",
+        "| system | execution | batch | acceptance | step ms | 90 % interval ms | tokens/s | label | schedule |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     for row in step.data:
         accept = "—" if row["acceptance_length"] is None else f"{row['acceptance_length']:g}"
         if row.get("fits", True):
+            low, high = row.get("step_ms_low"), row.get("step_ms_high")
+            interval = "—" if low is None or high is None else f"{low:.3f}–{high:.3f}"
             lines.append(f"| {row['system']} | {row['execution']} | {row['batch']} | {accept} | "
-                         f"{row['step_ms']:.3f} | {row['tokens_per_s']:.1f} | {row['label']} | "
+                         f"{row['step_ms']:.3f} | {interval} | {row['tokens_per_s']:.1f} | {row['label']} | "
                          f"{row.get('schedule_choice', '')} |")
         else:
-            lines.append(f"| {row['system']} | {row['execution']} | {row['batch']} | {accept} | does not fit | — | "
+            lines.append(f"| {row['system']} | {row['execution']} | {row['batch']} | {accept} | does not fit | — | — | "
                          f"{row['label']} | {row.get('short_note', '')} |")
     from tpusim.app.cli.compare import calibration_notes
 
