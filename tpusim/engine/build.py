@@ -21,7 +21,7 @@ Run once per simulation, before the event loop. The steps, with what each guaran
    plan places every buffer at a fixed arena address and issues a copy only once every
    buffer it overwrites is free, so with cross-op prefetch each ring is its own queue (no
    byte count per arena: the addresses already keep the arena within its size). Routed
-   experts issued at their routing decision, by ``expert_issue``:
+   experts (:mod:`tpusim.engine.expert_release`) issued at their routing decision, by ``expert_issue``:
    ``after_routing`` when the layer's ``moe.topk`` *ends*; ``during_selection`` at
    fraction ``(k + 1) / n`` of ``moe.topk`` (the top-k op is cut into ``n`` pieces);
    ``speculative`` when op ``moe.router - expert_speculation_ops`` starts, and a
@@ -69,6 +69,7 @@ from tpusim.engine.costs import (
     vector_time_s,
 )
 from tpusim.engine.execution import ExecutionPolicy
+from tpusim.engine.expert_release import place_expert_releases
 from tpusim.engine.items import (
     MXU,
     VPU,
@@ -80,7 +81,7 @@ from tpusim.engine.items import (
     Ring,
     Slab,
 )
-from tpusim.schedule.program_issue import ProgramIssuePlan, cached_issue_plan
+from tpusim.schedule.program_issue import cached_issue_plan
 from tpusim.schedule.schema import SCHEDULE_FAMILIES, FamilySchedule, Schedule
 from tpusim.schedule.vmem import SMALL_FAMILY, VmemPlan, arena_of, family_chunk, slab_rows
 from tpusim.workload.formats import scale_bytes, value_bytes
@@ -355,7 +356,7 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
             _lower_collectives(b, ops, index, plan_)
 
     if b.issue is not None:
-        _place_expert_releases(plans, ops, b.issue, layer_experts, schedule)
+        place_expert_releases(plans, ops, b.issue, layer_experts, schedule)
     pools = [*b.pools.values(), b.kv_pool, b.state_pool]
     for pool in pools:
         pool.order.sort(key=lambda slab: slab.seq)
@@ -491,49 +492,3 @@ def _lower_collectives(b: _Builder, ops: list[Op], index: int, plan_: OpPlan) ->
             join = _overlap_join_index(ops, index) if overlapped else index + 1
             launch = policy.launch_overhead_s if policy.collective_launches else 0.0
             plan_.collectives.append(CollectivePlan(call.spec.name, overlapped, tuple(stages), join, launch))
-
-
-def _place_expert_releases(plans: list[OpPlan], ops: list[Op], issue: ProgramIssuePlan,
-                           layer_experts: dict[int, list[tuple[Slab, Slab | None]]],
-                           schedule: Schedule) -> None:
-    """Step 3 for routed experts: attach each expert slab to its issue point."""
-    for layer, experts in layer_experts.items():
-        routing = issue.routing_op.get(layer)
-        at_routing: list[tuple[Slab, Slab | None]] = []
-        for slab, wasted in experts:
-            op_index, by_routing = issue.expert_issue(layer, ops[slab.op_index].expert_index or 0)
-            if by_routing:
-                at_routing.append((slab, wasted))
-                continue
-            plans[op_index].start_releases.append(slab)  # issued after routing: never mispredicted
-        if not at_routing or routing is None:
-            continue
-        if schedule.expert_issue == "speculative":
-            _speculative_releases(plans, ops, layer, routing, at_routing)
-        elif schedule.expert_issue == "after_routing":
-            plans[routing].end_releases.extend(slab for slab, _wasted in at_routing)
-        else:
-            _selection_releases(plans[routing], at_routing)
-
-
-def _selection_releases(topk_plan: OpPlan, experts: list[tuple[Slab, Slab | None]]) -> None:
-    """``during_selection``: the selection's own vector work, one piece per local winner."""
-    plain = [piece for piece in topk_plan.pieces if piece.unit == VPU and not (
-        piece.waits or piece.frees or piece.releases or piece.writes)]
-    rest = [piece for piece in topk_plan.pieces if piece not in plain]
-    share = sum(piece.duration_s for piece in plain) / len(experts)
-    topk_plan.pieces = rest + [Piece(share, VPU, (), (), (slab,)) for slab, _wasted in experts]
-
-
-def _speculative_releases(plans: list[OpPlan], ops: list[Op], layer: int, issue_index: int,
-                          experts: list[tuple[Slab, Slab | None]]) -> None:
-    """``speculative``: issued ahead of routing; a miss is refetched when ``moe.topk`` ends."""
-    topk_plan = next(plans[i] for i in range(issue_index, len(ops)) if ops[i].layer == layer
-                     and ops[i].role == "moe.topk")
-    for slab, wasted in experts:
-        if wasted is not None:
-            plans[issue_index].start_releases.append(wasted)
-            topk_plan.resolves.append(wasted)
-            topk_plan.end_releases.append(slab)
-        else:
-            plans[issue_index].start_releases.append(slab)
