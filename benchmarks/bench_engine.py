@@ -8,18 +8,34 @@ Run::
 
 For each case it builds the program once (K3 on tpu-v7 x16, the published TP32 plan, per
 device), simulates it ``--runs`` times on the fast path (no timeline, no events) and prints
-the median wall time per step, SimPy events per second, copies per step and the simulated
-step time. Target: <= 0.5 s per full K3 step on a 2-core machine (a 1000-schedule sweep
-depends on it). ``--profile`` prints the top of a cProfile of one run.
+the median wall time per step, the median CPU time of this process per step (what to
+compare on a machine shared with other jobs: wall time there counts waiting for a core),
+SimPy events per second, copies per step and the simulated step time. Target (issue 11):
+<= 0.1 s per full K3 step at batch 1 with the message-level collectives, on the project's
+2-core machine (a sweep, a calibration and every interval re-simulation depend on it).
+``--profile`` prints the top of a cProfile of one run.
+
+Speed work must not move a simulated result. ``--results-out FILE`` writes, for every
+case run, the simulated step, exposed DMA, VMEM peak, breakdown, copy count and per-op
+times; ``--results-check FILE`` compares this run's against such a file (taken before the
+change) and fails on any relative difference above 1e-12::
+
+    .venv/bin/python benchmarks/bench_engine.py --all --runs 1 --results-out /tmp/before.json
+    (change the engine)
+    .venv/bin/python benchmarks/bench_engine.py --all --runs 1 --results-check /tmp/before.json
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
+import math
 import pstats
 import statistics
 import time
+from pathlib import Path
+from typing import Any
 
 from hwmodels.catalog import make_system
 from tpusim.engine import simulate
@@ -28,23 +44,27 @@ from tpusim.workload.floors import floors
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.program import build_program
 
+RELATIVE_TOLERANCE = 1e-12
 
-def bench(schedule_name: str, batch: int, runs: int, *, profile: bool = False) -> None:
+
+def bench(schedule_name: str, batch: int, runs: int, *, profile: bool = False) -> dict[str, Any]:
     system = make_system("tpu-v7", 16, calibrated=False)
     model = load_model("kimi-k3")
     plan = plan_for(model, system.devices, devices_per_chip=system.chip.devices_per_chip)
     program = build_program(model, plan, batch=batch)
     schedule = load_schedule(schedule_name)
     result = simulate(program, schedule, system.chip)  # warm-up (imports, caches)
-    walls = []
+    walls, cpus = [], []
     for _ in range(runs):
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.process_time()
         result = simulate(program, schedule, system.chip)
         walls.append(time.perf_counter() - began)
+        cpus.append(time.process_time() - began_cpu)
     median = statistics.median(walls)
     floor = floors(program, system.chip).floor_s
     print(f"{schedule_name:20s} batch {batch}: median {median * 1e3:7.1f} ms wall/step "
-          f"(min {min(walls) * 1e3:.1f}), {result.event_count / median:9.0f} events/s, "
+          f"(min {min(walls) * 1e3:.1f}; CPU median {statistics.median(cpus) * 1e3:.1f}), "
+          f"{result.event_count / median:9.0f} events/s, "
           f"{result.event_count} events, {result.dma_count} copies, {len(program.ops)} ops; "
           f"simulated step {result.step_s * 1e3:.3f} ms (analytic floor {floor * 1e3:.3f} ms)")
     if profile:
@@ -53,6 +73,26 @@ def bench(schedule_name: str, batch: int, runs: int, *, profile: bool = False) -
         simulate(program, schedule, system.chip)
         profiler.disable()
         pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+    return {"step_s": result.step_s, "exposed_dma_s": result.exposed_dma_s, "vmem_peak_bytes": result.vmem_peak_bytes,
+            "breakdown_s": result.breakdown_s, "dma_count": result.dma_count, "op_time_s": list(result.op_time_s)}
+
+
+def differences(before: Any, after: Any, path: str = "") -> list[str]:
+    """Where two result trees differ (numbers: by more than RELATIVE_TOLERANCE relative)."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        if set(before) != set(after):
+            return [f"{path}: keys {sorted(set(before) ^ set(after))}"]
+        return [line for key in before for line in differences(before[key], after[key], f"{path}/{key}")]
+    if isinstance(before, list) and isinstance(after, list):
+        if len(before) != len(after):
+            return [f"{path}: {len(before)} != {len(after)} entries"]
+        return [line for i, (b, a) in enumerate(zip(before, after, strict=True))
+                for line in differences(b, a, f"{path}[{i}]")]
+    if isinstance(before, (int, float)) and isinstance(after, (int, float)):
+        if not math.isclose(before, after, rel_tol=RELATIVE_TOLERANCE, abs_tol=0.0):
+            return [f"{path}: {before!r} -> {after!r}"]
+        return []
+    return [] if before == after else [f"{path}: {before!r} -> {after!r}"]
 
 
 def main() -> None:
@@ -62,11 +102,20 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--all", action="store_true", help="every built-in schedule at batch 1 and 8")
     parser.add_argument("--profile", action="store_true", help="cProfile one run")
+    parser.add_argument("--results-out", type=Path, help="write the simulated results (JSON)")
+    parser.add_argument("--results-check", type=Path, help="compare the simulated results with this file")
     args = parser.parse_args()
     cases = ([(name, batch) for batch in (1, 8) for name in BUILTIN_SCHEDULES] if args.all
              else [(args.schedule, args.batch)])
-    for name, batch in cases:
-        bench(name, batch, args.runs, profile=args.profile)
+    results = {f"{name} b{batch}": bench(name, batch, args.runs, profile=args.profile) for name, batch in cases}
+    if args.results_out:
+        args.results_out.write_text(json.dumps(results, indent=1))
+    if args.results_check:
+        before = json.loads(args.results_check.read_text())
+        found = differences({key: before[key] for key in results}, results)
+        print("\n".join(found[:20]) if found else f"simulated results identical to {args.results_check} "
+              f"(every number within {RELATIVE_TOLERANCE:g} relative)")
+        raise SystemExit(1 if found else 0)
 
 
 if __name__ == "__main__":

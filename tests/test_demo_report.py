@@ -18,16 +18,19 @@ def _row(system: str, execution: str, step_ms: float | None, fits: bool = True) 
 def test_report_opens_with_the_comparison_and_reports_failures(tmp_path) -> None:
     run = DemoRun(DemoConfig(out_dir=tmp_path))
     compare = run.step("compare")
-    compare.data = [_row("tpu-v7:16", "megakernel", 5.4), _row("gb200:16", "serving stack", 13.1),
+    calibrated = {**_row("tpu-v7:16", "megakernel", 4.8), "batch": 2, "label": "calibrated",
+                  "step_ms_low": 4.58, "step_ms_high": 5.089}
+    compare.data = [_row("tpu-v7:16", "megakernel", 5.4), calibrated, _row("gb200:16", "serving stack", 13.1),
                     _row("gb200:4", "serving stack", None, fits=False)]
     failed = run.step("floor")
     failed.ok, failed.error = False, "RuntimeError: boom"
     text = render_report(run)
     assert text.startswith("# Kimi K3 decode: TPU v7 x 16 against GB200 x 16")
-    assert "| tpu-v7:16 | megakernel | 1 | — | 5.400 | 185.2 | simulated |" in text
+    assert "| tpu-v7:16 | megakernel | 1 | — | 5.400 | — | 185.2 | simulated |" in text
+    assert "| tpu-v7:16 | megakernel | 2 | — | 4.800 | 4.580–5.089 | 208.3 | calibrated |" in text
     assert "does not fit" in text and "needs 608 GB/device" in text
     assert "**FAILED**: `RuntimeError: boom`" in text
-    assert "| floor | 0.0 | FAILED: RuntimeError: boom |" in text
+    assert "| floor | 0.0 | 0.0 | FAILED: RuntimeError: boom |" in text
     assert not run.ok
 
 
@@ -75,3 +78,26 @@ def test_calibrated_rows_say_on_what_and_where_they_extrapolate(tmp_path) -> Non
     text = render_report(run)
     assert "- tpu-v7:16: calibrated on 8 points: muse-spark" in text
     assert "- warning: tpu-v7:16: kimi-k3 was not among the fitted models (muse-spark)" in text
+
+
+def test_a_part_by_part_calibration_is_written_up(tmp_path) -> None:
+    run = DemoRun(DemoConfig(out_dir=tmp_path))
+    step = run.step("calibrate tpu-v7")
+    step.data = {
+        "chip": "tpu-v7", "procedure": "part by part", "holdout": "format=int4+bf16",
+        "errors_by_measurement_set": {"link_copies": {"points": 4, "mape_before": 0.269, "mape_after": 0.01}},
+        "mape_e2e_published": 0.062, "mape_e2e_parts_only": 0.072, "mape_calibration": 0.071, "mape_holdout": 0.061,
+        "parameters": {"links.ici.latency_s": {"value": 2.5e-6, "uncertainty": 2.3e-7, "fitted_on": "links"}},
+        "unidentifiable_held": {"links.ici.message_issue_s": "1σ above half its value; held"},
+        "interval_samples": 24,
+        "e2e_fit": {"points": [{"key": "muse b1", "set": "holdout", "measured_ms": 3.59, "measured_label": "tpu7x",
+                                "simulated_uncalibrated_ms": 3.906, "simulated_calibrated_ms": 3.876}]},
+    }
+    text = render_report(run)
+    assert "| link_copies | 4 | 26.9 % | 1.0 % |" in text
+    assert "| the parts' values, not fitted on the step times | 7.2 % |" in text
+    assert "| after fitting, points held out (format=int4+bf16) | 6.1 % |" in text
+    # the catalog column comes from the catalog file (tpu-v7's ICI latency: 1 µs, assumed there)
+    assert "| `links.ici.latency_s` | 1e-06 | 2.5e-06 | 2.3e-07 | links |" in text
+    assert "- `links.ici.message_issue_s`: 1σ above half its value; held" in text
+    assert "| muse b1 | holdout | 3.590 (tpu7x) | 3.906 | 3.876 |" in text

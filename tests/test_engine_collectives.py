@@ -127,3 +127,24 @@ def test_a_consumer_further_away_never_slows_the_step() -> None:
     blocking_plan = plan.model_copy(update={"moe_collectives": blocking_moe})
     blocking = build_program(load_model("kimi-k3").with_layers(3), blocking_plan, batch=1)
     assert simulate(blocking, schedule, CHIP).step_s > overlapped
+
+
+def test_a_residue_shorter_than_a_clock_tick_drains_instead_of_spinning() -> None:
+    """At t = 1 s the clock's float spacing is 2.2e-16 s; 1e-5 B at 663 GB/s takes 1.5e-17 s,
+    so stepping towards that finish cannot move the clock. Such a flow has drained: before
+    this rule the fabric stepped forever (a calibrated K3 verify step at 16 rows hung)."""
+    import signal
+
+    fast = MessageGroup("sibling", 1, 3584, 663e9, 663e9, 2e-6, 0.0)
+    fabric = MessageFabric()
+    handle = fabric.issue(MessageCollective("a", ((fast,),), 0), 1.0)
+    fabric.advance_to(1.0 + 1e-9)  # part of the copy has moved
+    (flow,) = fabric.active["sibling"]
+    flow.left_bytes = 1e-5  # what an interrupted step can leave behind
+    previous = signal.signal(signal.SIGALRM, lambda *_: pytest.fail("the fabric spins on a sub-tick residue"))
+    signal.alarm(10)
+    try:
+        assert fabric.complete_s(handle) == pytest.approx(1.0 + 1e-9 + 2e-6, abs=1e-15)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

@@ -75,7 +75,7 @@ def run_cli(argv: list[str]) -> str:
 def _timed(run: DemoRun, name: str, action: Callable[[], Any], progress: Callable[[str], None]) -> StepRecord:
     record = run.step(name)
     progress(f"[demo] {name} ...")
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), _cpu_s()
     try:
         record.data = action()
     except Exception as error:  # a failed step is reported; the remaining steps still run
@@ -83,8 +83,17 @@ def _timed(run: DemoRun, name: str, action: Callable[[], Any], progress: Callabl
         record.error = f"{type(error).__name__}: {error}"
         record.data = {"traceback": traceback.format_exc(limit=6)}
     record.wall_s = time.perf_counter() - start
-    progress(f"[demo] {name}: {'done' if record.ok else 'FAILED: ' + record.error} ({record.wall_s:.1f} s)")
+    record.cpu_s = _cpu_s() - start_cpu
+    progress(f"[demo] {name}: {'done' if record.ok else 'FAILED: ' + record.error} "
+             f"({record.wall_s:.1f} s wall, {record.cpu_s:.1f} s CPU)")
     return record
+
+
+def _cpu_s() -> float:
+    """CPU seconds used so far by this process and its waited-for children (sweep workers):
+    on a machine shared with other jobs, wall time also counts waiting for a core."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
 
 
 def _forget_previous_overlays(local: Path, progress: Callable[[str], None]) -> None:

@@ -52,19 +52,23 @@ def _compare_section(run: DemoRun) -> list[str]:
         "carried a calibrated overlay from step 5). Tokens/s are aggregate over the batch; with",
         "speculative decoding they are *accepted* tokens/s (acceptance length a = accepted draft",
         "tokens + 1 bonus; K3's drafter, DSpark, proposes 7 tokens in one forward over an anchor + 7",
-        "rows; the target verifies 8 rows per sequence). GPU rows name their stack and plan.",
+        "rows; the target verifies 8 rows per sequence). GPU rows name their stack and plan. A",
+        "calibrated row carries a 90 % interval from re-simulating it on each parameter set the",
+        "calibration stored (parameter uncertainty only); an uncalibrated row has none (—).",
         "",
-        "| system | execution | batch | acceptance | step ms | tokens/s | label | schedule |",
-        "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |",
+        "| system | execution | batch | acceptance | step ms | 90 % interval ms | tokens/s | label | schedule |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     for row in step.data:
         accept = "—" if row["acceptance_length"] is None else f"{row['acceptance_length']:g}"
         if row.get("fits", True):
+            low, high = row.get("step_ms_low"), row.get("step_ms_high")
+            interval = "—" if low is None or high is None else f"{low:.3f}–{high:.3f}"
             lines.append(f"| {row['system']} | {row['execution']} | {row['batch']} | {accept} | "
-                         f"{row['step_ms']:.3f} | {row['tokens_per_s']:.1f} | {row['label']} | "
+                         f"{row['step_ms']:.3f} | {interval} | {row['tokens_per_s']:.1f} | {row['label']} | "
                          f"{row.get('schedule_choice', '')} |")
         else:
-            lines.append(f"| {row['system']} | {row['execution']} | {row['batch']} | {accept} | does not fit | — | "
+            lines.append(f"| {row['system']} | {row['execution']} | {row['batch']} | {accept} | does not fit | — | — | "
                          f"{row['label']} | {row.get('short_note', '')} |")
     from tpusim.app.cli.compare import calibration_notes
 
@@ -186,6 +190,9 @@ def _calibration_section(run: DemoRun, name: str, title: str) -> list[str]:
         return [*lines, problem, ""]
     assert step is not None
     data = step.data
+    if data.get("procedure") == "part by part":
+        return [*lines, *_parts_lines(data),
+                *_points_lines(data, data.get("e2e_fit", {}).get("points", []), run.config.out_dir)]
     if data.get("success", True):
         lines.append(f"Solver: converged ({data.get('message', '')}).")
     else:
@@ -205,16 +212,66 @@ def _calibration_section(run: DemoRun, name: str, title: str) -> list[str]:
         sigma = parameter.get("uncertainty")
         sigma_text = "—" if sigma is None else f"{sigma:.3g}"
         lines.append(f"| `{path}` | {parameter['published']:.4g} | {parameter['value']:.4g} | {sigma_text} |")
-    lines += ["", "| point | set | measured ms | simulated (published figures) ms | simulated (calibrated) ms |",
-              "| --- | --- | ---: | ---: | ---: |"]
-    for point in data.get("points", []):
+    return lines + _points_lines(data, data.get("points", []), run.config.out_dir)
+
+
+def _points_lines(data: dict[str, Any], points: list[dict[str, Any]], out_dir: Path) -> list[str]:
+    lines = ["", "| point | set | measured ms | simulated (published figures) ms | simulated (calibrated) ms |",
+             "| --- | --- | ---: | ---: | ---: |"]
+    for point in points:
         lines.append(f"| {point['key']} | {point['set']} | {point['measured_ms']:.3f} ({point['measured_label']}) | "
                      f"{point['simulated_uncalibrated_ms']:.3f} | {point['simulated_calibrated_ms']:.3f} |")
     report = data.get("report")
     if report:
-        lines += ["", f"Full report: `{_relative(Path(report), run.config.out_dir)}`"]
+        lines += ["", f"Full report: `{_relative(Path(report), out_dir)}`"]
     lines.append("")
     return lines
+
+
+def _parts_lines(data: dict[str, Any]) -> list[str]:
+    """A part-by-part calibration (:mod:`calibration.by_parts`): each part's error on its own
+    measurements, the end-to-end error before and after fitting on the step times, the
+    parameters with the data that pinned them, and those held as unidentifiable."""
+    lines = ["Procedure: part by part (each part fitted on its own measurements, then the step times).", "",
+             "| measurement set | points | MAPE before | MAPE after |", "| --- | ---: | ---: | ---: |"]
+    for name, errors in data.get("errors_by_measurement_set", {}).items():
+        lines.append(f"| {name} | {errors.get('points', '?')} | {_pct(errors.get('mape_before'))} | "
+                     f"{_pct(errors.get('mape_after'))} |")
+    lines += [
+        "", "| end-to-end error (MAPE) | value |", "| --- | ---: |",
+        f"| published figures | {_pct(data.get('mape_e2e_published'))} |",
+        f"| the parts' values, not fitted on the step times | {_pct(data.get('mape_e2e_parts_only'))} |",
+        f"| after fitting on the step times, points fitted | {_pct(data.get('mape_calibration'))} |",
+        f"| after fitting, points held out ({data.get('holdout') or 'none'}) | {_pct(data.get('mape_holdout'))} |",
+        "", "| parameter | catalog figure (published or assumed) | calibrated | ± (1σ) | fitted on |",
+        "| --- | ---: | ---: | ---: | --- |",
+    ]
+    published = _published_figures(str(data.get("chip", "")))
+    for path, parameter in data.get("parameters", {}).items():
+        sigma = parameter.get("uncertainty")
+        before = published.get(path)
+        lines.append(f"| `{path}` | {'—' if before is None else f'{before:.4g}'} | {parameter['value']:.4g} | "
+                     f"{'—' if sigma is None else f'{sigma:.3g}'} | {parameter.get('fitted_on', '')} |")
+    held = data.get("unidentifiable_held", {})
+    if held:
+        lines += ["", "Held at their published values (the data cannot pin them):", ""]
+        lines += [f"- `{path}`: {why}" for path, why in held.items()]
+    if data.get("interval_samples"):
+        lines += ["", f"Interval samples stored in the overlay: {data['interval_samples']} "
+                      f"({data.get('interval_method', '')})."]
+    return lines
+
+
+def _published_figures(chip_name: str) -> dict[str, float]:
+    """Path -> catalog value (published, measured or assumed, as labelled there) of every figure of ``chip_name`` (empty if it is unknown)."""
+    from hwmodels.catalog import published_chip
+    from hwmodels.overlay import iter_figures
+
+    try:
+        chip = published_chip(chip_name)
+    except Exception:  # a report renders what it has: no published column for an unknown chip
+        return {}
+    return {path: figure.value for path, figure in iter_figures(chip)}
 
 
 def _relative(path: Path, base: Path) -> str:
@@ -234,9 +291,12 @@ def render_report(run: DemoRun) -> str:
                                   "## 5. Calibration of tpu-v7 on the published TPU7x measurements (Muse Spark)")
     lines += _calibration_section(run, "calibrate host-cpu",
                                   "## 6. The CPU closed loop: host model against XLA-compiled decode steps on this machine")
-    lines += ["## Steps", "", "| step | wall s | status |", "| --- | ---: | --- |"]
+    lines += ["## Steps", "", "| step | wall s | CPU s | status |", "| --- | ---: | ---: | --- |"]
     for step in run.steps:
-        lines.append(f"| {step.name} | {step.wall_s:.1f} | {'ok' if step.ok else 'FAILED: ' + step.error} |")
+        lines.append(f"| {step.name} | {step.wall_s:.1f} | {step.cpu_s:.1f} | "
+                     f"{'ok' if step.ok else 'FAILED: ' + step.error} |")
     total = sum(step.wall_s for step in run.steps)
-    lines += ["", f"Total: {total:.1f} s wall on this machine.", ""]
+    cpu = sum(step.cpu_s for step in run.steps)
+    lines += ["", f"Total: {total:.1f} s wall, {cpu:.1f} s CPU on this machine (CPU: this process and its "
+              "sweep workers; wall also counts waiting for a core when other jobs share the machine).", ""]
     return "\n".join(lines)

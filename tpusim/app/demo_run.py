@@ -27,6 +27,7 @@ class DemoConfig:
 class StepRecord:
     name: str
     wall_s: float = 0.0
+    cpu_s: float = 0.0  # CPU seconds of the demo and its finished worker processes (os.times)
     ok: bool = True
     error: str = ""
     data: Any = None

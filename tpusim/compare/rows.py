@@ -35,6 +35,7 @@ from hwmodels.catalog import make_system
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip, System
 from tpusim.compare.gpu_plans import PlanOutcome, gpu_plan_candidates, pick_plan
+from tpusim.compare.resimulate import MS_PER_S, SimulationCache
 from tpusim.report.intervals import interval_fields, no_interval, sample_chips
 from tpusim.schedule.schema import Schedule, load_schedule
 from tpusim.schedule.vmem import InfeasibleSchedule, check_fits, vmem_plan
@@ -42,7 +43,6 @@ from tpusim.workload.capacity import capacity_report, check_capacity
 from tpusim.workload.format_choice import apply_formats
 from tpusim.workload.model_catalog import load_model, plan_for_system
 from tpusim.workload.modelconfig import ModelConfig
-from tpusim.workload.program import build_program
 from tpusim.workload.routing import RoutingModel
 from tpusim.workload.sharding import ShardingPlan
 from tpusim.workload.speculative import (
@@ -56,7 +56,6 @@ from tpusim.workload.speculative import (
     mtp_model,
 )
 
-MS_PER_S = 1000.0
 EXECUTIONS = ("default", "stack", "eager", "megakernel")
 RENAMED = {"graphs": "the default (no suffix)", "per-kernel": "eager"}
 
@@ -149,28 +148,11 @@ def fitting_schedule(model: ModelConfig, plan: ShardingPlan, chip: Chip, batch: 
     raise InputError(f"no built-in schedule fits {chip.name}'s on-chip memory for {model.name} at batch {batch}")
 
 
-def _simulate_s(model: ModelConfig, plan: ShardingPlan, chip: Chip, schedule: Schedule, *, rows: int,
-                context_tokens: int, routing: RoutingModel, seed: int,
-                sequences: int | None = None) -> tuple[float, dict[str, Any]]:
-    from tpusim.engine import simulate
-    from tpusim.engine.gpu import gpu_breakdown
-
-    program = build_program(model, plan, batch=rows, context_tokens=context_tokens, routing=routing, seed=seed,
-                            sequences=sequences)
-    result = simulate(program, schedule, chip)
-    breakdown: dict[str, Any] = {f"{key}_ms": value * MS_PER_S for key, value in result.breakdown_s.items()}
-    breakdown["launch_count"] = result.launch_count
-    breakdown["where_ms"] = {key: value * MS_PER_S for key, value in gpu_breakdown(result).items()}
-    breakdown["exposed_dma_ms"] = result.exposed_dma_s * MS_PER_S
-    breakdown["hbm_busy_fraction"] = result.busy_fraction.get("hbm", 0.0)
-    return result.step_s, breakdown
-
-
-def _step_s(chip: Chip, *, model: ModelConfig, plan: ShardingPlan, schedule: Schedule, rows: int,
-            context_tokens: int, routing: RoutingModel, seed: int, sequences: int | None) -> float:
+def _step_s(chip: Chip, *, cache: SimulationCache, model: ModelConfig, plan: ShardingPlan, schedule: Schedule,
+            rows: int, context_tokens: int, routing: RoutingModel, seed: int, sequences: int | None) -> float:
     """Step seconds of one simulation (a re-simulation on an interval's sampled chip)."""
-    return _simulate_s(model, plan, chip, schedule, rows=rows, context_tokens=context_tokens, routing=routing,
-                       seed=seed, sequences=sequences)[0]
+    return cache.step(model, plan, chip, schedule, rows=rows, context_tokens=context_tokens, routing=routing,
+                      seed=seed, sequences=sequences)[0]
 
 
 # A row's re-simulation on a sampled chip: chip -> step seconds (speculative rows: the drafter too).
@@ -256,6 +238,7 @@ def compare_rows(
     rows: list[dict[str, Any]] = []
     speculation: list[float | None] = [None, *(acceptance_lengths or [])]
     chosen_drafter = _drafter(model, model_name, drafter, draft_tokens) if acceptance_lengths else None
+    cache = SimulationCache()  # rows and interval samples that repeat a simulation share it
     for spec in systems:
         system, chip, plans = _system_and_plans(model, spec, calibrated, plan_choice)
         label = "calibrated" if chip.is_calibrated else "simulated"
@@ -278,7 +261,7 @@ def compare_rows(
                     row["calibration_warnings"] = calibration.warnings(model_name, spec.chips)
                 rows.append(row)
                 job = _RowJob(model, system, chip, batch, acceptance, chosen_drafter, schedule, choose_schedule,
-                              context_tokens, routing, seed)
+                              context_tokens, routing, seed, cache)
                 outcomes = [_plan_outcome(job, plan_label, plan) for plan_label, plan in plans]
                 best = pick_plan([outcome.plan for outcome in outcomes])
                 if best is None:
@@ -312,6 +295,7 @@ class _RowJob:
     context_tokens: int
     routing: RoutingModel
     seed: int
+    cache: SimulationCache
 
 
 @dataclass(frozen=True)
@@ -347,10 +331,11 @@ def _plan_outcome(job: _RowJob, plan_label: str, plan: ShardingPlan) -> _Outcome
     except InputError as error:
         return _Outcome(PlanOutcome(plan_label, plan, None, str(error)), {
             "note": str(error), "short_note": "no schedule fits on-chip memory"})
-    step_s, breakdown = _simulate_s(model, plan, chip, chosen, rows=verify_rows, context_tokens=job.context_tokens,
-                                    routing=job.routing, seed=job.seed, sequences=batch)
+    step_s, breakdown = job.cache.step(model, plan, chip, chosen, rows=verify_rows, context_tokens=job.context_tokens,
+                                       routing=job.routing, seed=job.seed, sequences=batch)
     fields: dict[str, Any] = {"schedule": chosen.name, "schedule_hash": chosen.content_hash(), "schedule_choice": how}
-    common: dict[str, Any] = {"context_tokens": job.context_tokens, "routing": job.routing, "seed": job.seed}
+    common: dict[str, Any] = {"context_tokens": job.context_tokens, "routing": job.routing, "seed": job.seed,
+                              "cache": job.cache}
     verify = partial(_step_s, model=model, plan=plan, schedule=chosen, rows=verify_rows, sequences=batch, **common)
     if drafter is None or job.acceptance is None:
         fields.update(step_ms=step_s * MS_PER_S, tokens_per_s=batch / step_s, breakdown=breakdown)
@@ -363,8 +348,9 @@ def _plan_outcome(job: _RowJob, plan_label: str, plan: ShardingPlan) -> _Outcome
         draft_schedule, _ = fitting_schedule(drafter.model, draft_plan, chip, draft_rows, sequences=batch)
     else:
         draft_schedule = load_schedule("naive")
-    forward_s, _ = _simulate_s(drafter.model, draft_plan, chip, draft_schedule, rows=draft_rows,
-                               context_tokens=job.context_tokens, routing=job.routing, seed=job.seed, sequences=batch)
+    forward_s, _ = job.cache.step(drafter.model, draft_plan, chip, draft_schedule, rows=draft_rows,
+                                  context_tokens=job.context_tokens, routing=job.routing, seed=job.seed,
+                                  sequences=batch)
     step = SpeculativeStep(batch, forward_s, step_s, config)
     draft = partial(_step_s, model=drafter.model, plan=draft_plan, schedule=draft_schedule, rows=draft_rows,
                     sequences=batch, **common)

@@ -21,7 +21,7 @@ Run once per simulation, before the event loop. The steps, with what each guaran
    plan places every buffer at a fixed arena address and issues a copy only once every
    buffer it overwrites is free, so with cross-op prefetch each ring is its own queue (no
    byte count per arena: the addresses already keep the arena within its size). Routed
-   experts issued at their routing decision, by ``expert_issue``:
+   experts (:mod:`tpusim.engine.expert_release`) issued at their routing decision, by ``expert_issue``:
    ``after_routing`` when the layer's ``moe.topk`` *ends*; ``during_selection`` at
    fraction ``(k + 1) / n`` of ``moe.topk`` (the top-k op is cut into ``n`` pieces);
    ``speculative`` when op ``moe.router - expert_speculation_ops`` starts, and a
@@ -69,6 +69,7 @@ from tpusim.engine.costs import (
     vector_time_s,
 )
 from tpusim.engine.execution import ExecutionPolicy
+from tpusim.engine.expert_release import place_expert_releases
 from tpusim.engine.items import (
     MXU,
     VPU,
@@ -80,7 +81,7 @@ from tpusim.engine.items import (
     Ring,
     Slab,
 )
-from tpusim.schedule.program_issue import ProgramIssuePlan, cached_issue_plan
+from tpusim.schedule.program_issue import cached_issue_plan
 from tpusim.schedule.schema import SCHEDULE_FAMILIES, SMALL_FAMILY, FamilySchedule, Schedule
 from tpusim.schedule.vmem import VmemPlan, arena_of, family_chunk, slab_rows
 from tpusim.workload.formats import scale_bytes, value_bytes
@@ -137,6 +138,13 @@ class _Builder:
         self.kernels = policy.kernel_plan(program)
         self.issue = cached_issue_plan(program, schedule) if policy.cross_op_prefetch else None
         self.plans: list[OpPlan] = []
+        self.topology = program.plan.topology  # one Topology per lowering (a key of the message cache)
+        # memos of facts that repeat in every layer (the lowering's cost is per op, not per fact)
+        self.tensor_queues: dict[tuple[str, str], tuple[Ring, Pool, int | None]] = {}
+        self.slab_cuts: dict[tuple[str, str, int, int, int | None], tuple[tuple[int, int, int], ...]] = {}
+        self.peaks: dict[str, tuple[float, str]] = {}
+        self.state_bytes: dict[int, int] = {}
+        self.splits: dict[tuple[str, int, int], tuple[int, int]] = {}
 
     def release_plan(self, index: int, tensor: TensorSpec | None = None, layer: int = 0, chunk: int = 0) -> OpPlan:
         """The op whose start issues slab ``chunk`` of ``tensor`` read by op ``index`` (step 3)."""
@@ -196,7 +204,17 @@ class _Builder:
     def peak(self, op: Op) -> tuple[float, str]:
         """(peak FLOP/s, dtype) the matrix unit runs ``op`` at."""
         dtype = op_matmul_dtype(op)
-        return self.matrix.peak_for(dtype), dtype
+        peak = self.peaks.get(dtype)
+        if peak is None:
+            peak = self.peaks[dtype] = (self.matrix.peak_for(dtype), dtype)
+        return peak
+
+    def recurrent_state_bytes(self, layer: int) -> int:
+        """One sequence's KDA recurrent-state bytes in ``layer`` (0: not a KDA layer)."""
+        nbytes = self.state_bytes.get(layer)
+        if nbytes is None:
+            nbytes = self.state_bytes[layer] = recurrent_state_bytes(self.program.model, self.program.plan, layer)
+        return nbytes
 
     def op_matmul_s(self, op: Op) -> float:
         """MXU time of all of ``op``'s matmuls, unsplit."""
@@ -207,25 +225,9 @@ class _Builder:
 
     def tensor_slabs(self, tensor: TensorSpec, layer: int, op_index: int) -> list[tuple[Slab, int]]:
         """Row slabs of a (non-expert) weight tensor: [(slab, rows in it)]."""
-        chunk_bytes, buffers = family_chunk(self.schedule, tensor.family)
-        key = tensor.name
-        if self.issue is not None and tensor.family != SMALL_FAMILY:
-            key = self.issue.ring_of(tensor.name, tensor.family)
-            buffers = self.issue.rings[key].buffers
-        ring = self.ring_of(key, buffers)
-        pool = self.pool_of(tensor.family, ring)
-        per_slab = slab_rows(tensor, chunk_bytes)
-        count = math.ceil(tensor.rows / per_slab)
-        fmt, cols = tensor.fmt, tensor.cols
-        values_left, scales_left = tensor.value_bytes, tensor.scale_bytes
+        ring, pool, chunk_bytes = self.tensor_queue(tensor)
         out: list[tuple[Slab, int]] = []
-        for chunk in range(count):
-            rows = min(per_slab, tensor.rows - chunk * per_slab)
-            last = chunk == count - 1
-            values = values_left if last else value_bytes(fmt, rows, cols)
-            scales = scales_left if last else scale_bytes(fmt, rows, cols)
-            values_left -= values
-            scales_left -= scales
+        for chunk, (rows, values, scales) in enumerate(self.slab_cut(tensor, chunk_bytes)):
             slab = self.new_slab(tensor.family, tensor.name, layer, op_index, pool, ring)
             if values:
                 self.add_desc(slab, tensor.family, tensor.name, layer, chunk, values)
@@ -233,6 +235,42 @@ class _Builder:
                 self.add_desc(slab, tensor.family, f"{tensor.name}.scales", layer, chunk, scales)
             out.append((slab, rows))
         return out
+
+    def tensor_queue(self, tensor: TensorSpec) -> tuple[Ring, Pool, int | None]:
+        """(ring, pool, chunk bytes) a (non-expert) weight tensor streams through."""
+        key = (tensor.name, tensor.family)
+        queue = self.tensor_queues.get(key)
+        if queue is None:
+            chunk_bytes, buffers = family_chunk(self.schedule, tensor.family)
+            ring_key = tensor.name
+            if self.issue is not None and tensor.family != SMALL_FAMILY:
+                ring_key = self.issue.ring_of(tensor.name, tensor.family)
+                buffers = self.issue.rings[ring_key].buffers
+            ring = self.ring_of(ring_key, buffers)
+            queue = self.tensor_queues[key] = (ring, self.pool_of(tensor.family, ring), chunk_bytes)
+        return queue
+
+    def slab_cut(self, tensor: TensorSpec, chunk_bytes: int | None) -> tuple[tuple[int, int, int], ...]:
+        """(rows, value bytes, scale bytes) of each row slab of ``tensor`` (the last slab takes
+        what is left, so the slabs add up to the tensor's bytes exactly)."""
+        key = (tensor.name, tensor.format_name, tensor.rows, tensor.cols, chunk_bytes)  # cheaper to hash than the spec
+        cut = self.slab_cuts.get(key)
+        if cut is None:
+            per_slab = slab_rows(tensor, chunk_bytes)
+            count = math.ceil(tensor.rows / per_slab)
+            fmt, cols = tensor.fmt, tensor.cols
+            values_left, scales_left = tensor.value_bytes, tensor.scale_bytes
+            slabs = []
+            for chunk in range(count):
+                rows = min(per_slab, tensor.rows - chunk * per_slab)
+                last = chunk == count - 1
+                values = values_left if last else value_bytes(fmt, rows, cols)
+                scales = scales_left if last else scale_bytes(fmt, rows, cols)
+                values_left -= values
+                scales_left -= scales
+                slabs.append((rows, values, scales))
+            cut = self.slab_cuts[key] = tuple(slabs)
+        return cut
 
     def expert_slab(self, op: Op, op_index: int, label_suffix: str = "") -> Slab:
         """One expert slot: every tensor of the expert op, values then scales."""
@@ -242,15 +280,25 @@ class _Builder:
         entry = op.expert_index or 0
         for tensor in op.tensors:
             name = f"{tensor.name}{label_suffix}"
-            if tensor.value_bytes:
-                self.add_desc(slab, ROUTED, name, op.layer, entry, tensor.value_bytes)
-            if tensor.scale_bytes:
-                self.add_desc(slab, ROUTED, f"{name}.scales", op.layer, entry, tensor.scale_bytes)
+            values, scales = self.split_bytes(tensor)
+            if values:
+                self.add_desc(slab, ROUTED, name, op.layer, entry, values)
+            if scales:
+                self.add_desc(slab, ROUTED, f"{name}.scales", op.layer, entry, scales)
         return slab
+
+    def split_bytes(self, tensor: TensorSpec) -> tuple[int, int]:
+        """(value bytes, scale bytes) of a whole tensor (an expert's tensors repeat in every slot)."""
+        key = (tensor.format_name, tensor.rows, tensor.cols)
+        split = self.splits.get(key)
+        if split is None:
+            split = self.splits[key] = (tensor.value_bytes, tensor.scale_bytes)
+        return split
 
 
 def _is_expert_op(op: Op) -> bool:
-    return bool(op.tensors) and all(t.family == ROUTED for t in op.tensors)
+    tensors = op.tensors
+    return bool(tensors) and tensors[0].family == ROUTED and all(t.family == ROUTED for t in tensors)
 
 
 def _overlap_join_index(ops: list[Op], index: int) -> int:
@@ -290,7 +338,7 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
             _lower_expert(b, op, plan_, layer_experts)
         elif op.tensors:
             vector_s = _lower_weights(b, op, plan_, vector_s)
-        elif op.kv_read_bytes and recurrent_state_bytes(program.model, program.plan, op.layer):
+        elif op.kv_read_bytes and b.recurrent_state_bytes(op.layer):
             vector_s = _lower_state(b, op, plan_, vector_s)
         elif op.kv_read_bytes:
             _lower_kv_tiles(b, op, plan_)
@@ -300,14 +348,15 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
                 plan_.pieces.append(Piece(matmul_s, MXU))
         if vector_s or not plan_.pieces:
             plan_.pieces.append(Piece(vector_s, VPU))
-        if op.kv_write_bytes and not recurrent_state_bytes(program.model, program.plan, op.layer):
+        if op.kv_write_bytes and not b.recurrent_state_bytes(op.layer):
             write = b.add_desc(None, KV_FAMILY, "kv.append", op.layer, 0, op.kv_write_bytes, write=True)
             last = plan_.pieces[-1]
             plan_.pieces[-1] = last._replace(writes=(*last.writes, write))
-        _lower_collectives(b, ops, index, plan_)
+        if op.collectives:
+            _lower_collectives(b, ops, index, plan_)
 
     if b.issue is not None:
-        _place_expert_releases(plans, ops, b.issue, layer_experts, schedule)
+        place_expert_releases(plans, ops, b.issue, layer_experts, schedule)
     pools = [*b.pools.values(), b.kv_pool, b.state_pool]
     for pool in pools:
         pool.order.sort(key=lambda slab: slab.seq)
@@ -423,7 +472,8 @@ def _lower_collectives(b: _Builder, ops: list[Op], index: int, plan_: OpPlan) ->
     for call in op.collectives:
         if call.spec.algorithm and policy.collective_pricer is None and not policy.collectives_block:
             consumer = consumer_index(ops, index, call.spec.consumed_by)
-            lowered = lower_messages(b.chip, b.program.plan, call, consumer, cache=b.message_cache)
+            lowered = lower_messages(b.chip, b.program.plan, call, consumer, cache=b.message_cache,
+                                     topology=b.topology)
             if lowered is not None:
                 if call.spec.after in names:
                     lowered = replace(lowered, parent=call.spec.after)
@@ -442,49 +492,3 @@ def _lower_collectives(b: _Builder, ops: list[Op], index: int, plan_: OpPlan) ->
             join = _overlap_join_index(ops, index) if overlapped else index + 1
             launch = policy.launch_overhead_s if policy.collective_launches else 0.0
             plan_.collectives.append(CollectivePlan(call.spec.name, overlapped, tuple(stages), join, launch))
-
-
-def _place_expert_releases(plans: list[OpPlan], ops: list[Op], issue: ProgramIssuePlan,
-                           layer_experts: dict[int, list[tuple[Slab, Slab | None]]],
-                           schedule: Schedule) -> None:
-    """Step 3 for routed experts: attach each expert slab to its issue point."""
-    for layer, experts in layer_experts.items():
-        routing = issue.routing_op.get(layer)
-        at_routing: list[tuple[Slab, Slab | None]] = []
-        for slab, wasted in experts:
-            op_index, by_routing = issue.expert_issue(layer, ops[slab.op_index].expert_index or 0)
-            if by_routing:
-                at_routing.append((slab, wasted))
-                continue
-            plans[op_index].start_releases.append(slab)  # issued after routing: never mispredicted
-        if not at_routing or routing is None:
-            continue
-        if schedule.expert_issue == "speculative":
-            _speculative_releases(plans, ops, layer, routing, at_routing)
-        elif schedule.expert_issue == "after_routing":
-            plans[routing].end_releases.extend(slab for slab, _wasted in at_routing)
-        else:
-            _selection_releases(plans[routing], at_routing)
-
-
-def _selection_releases(topk_plan: OpPlan, experts: list[tuple[Slab, Slab | None]]) -> None:
-    """``during_selection``: the selection's own vector work, one piece per local winner."""
-    plain = [piece for piece in topk_plan.pieces if piece.unit == VPU and not (
-        piece.waits or piece.frees or piece.releases or piece.writes)]
-    rest = [piece for piece in topk_plan.pieces if piece not in plain]
-    share = sum(piece.duration_s for piece in plain) / len(experts)
-    topk_plan.pieces = rest + [Piece(share, VPU, (), (), (slab,)) for slab, _wasted in experts]
-
-
-def _speculative_releases(plans: list[OpPlan], ops: list[Op], layer: int, issue_index: int,
-                          experts: list[tuple[Slab, Slab | None]]) -> None:
-    """``speculative``: issued ahead of routing; a miss is refetched when ``moe.topk`` ends."""
-    topk_plan = next(plans[i] for i in range(issue_index, len(ops)) if ops[i].layer == layer
-                     and ops[i].role == "moe.topk")
-    for slab, wasted in experts:
-        if wasted is not None:
-            plans[issue_index].start_releases.append(wasted)
-            topk_plan.resolves.append(wasted)
-            topk_plan.end_releases.append(slab)
-        else:
-            plans[issue_index].start_releases.append(slab)

@@ -39,6 +39,7 @@ track never overlap), labelled ``<collective> p<phase> →r<dst>``.
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -51,6 +52,7 @@ from tpusim.workload.program import CollectiveCall, Op
 from tpusim.workload.sharding import ShardingPlan
 
 INF = float("inf")
+DRAINED_BYTES = 1e-6  # float residue of a flow's byte count that counts as drained
 CHIP_LINK_OF = {"sibling": "sibling", "same_host": "ici", "cross_host": "ici"}
 
 
@@ -91,13 +93,15 @@ def message_issue_s(link: LinkSpec) -> float:
 
 
 def lower_messages(chip: Chip, plan: ShardingPlan, call: CollectiveCall, consumer_index: int,
-                   rank: int = 0, cache: dict[Any, Any] | None = None) -> MessageCollective | None:
+                   rank: int = 0, cache: dict[Any, Any] | None = None,
+                   topology: Topology | None = None) -> MessageCollective | None:
     """``call`` as rank ``rank``'s copies on ``chip``'s links (None: nothing to send or a
     link kind the chip lacks, for which the stage-level pricing is kept). ``cache`` (one
-    dict per lowering, i.e. per chip) reuses the priced phases of repeated collectives."""
+    dict per lowering, i.e. per chip) reuses the priced phases of repeated collectives;
+    ``topology`` is ``plan.topology``, passed in by a caller that lowers many calls."""
     spec = call.spec
     assert spec.algorithm is not None
-    key = (spec.name, spec.algorithm, spec.group, call.payload_bytes_per_peer, rank, plan.topology)
+    key = (spec.name, spec.algorithm, spec.group, call.payload_bytes_per_peer, rank, topology or plan.topology)
     if cache is not None and key in cache:
         phases = cache[key]
         return None if phases is None else MessageCollective(spec.name, phases, consumer_index)
@@ -256,11 +260,15 @@ class MessageFabric:
         self.now_s = target
         if target < next_s:
             return True
-        for link in list(rates):
+        for link, rate in rates.items():
             flows = self.active[link]
-            done = [flow for flow in flows if flow.left_bytes <= 1e-6]
+            # Drained: a residue of float rounding, or one the link would move in less than one
+            # tick of the clock (the float spacing at now). Such a flow cannot advance the clock:
+            # left waiting, it would be stepped forever (a few µB at 663 GB/s at t = 16 ms).
+            drained_bytes = max(DRAINED_BYTES, rate * math.ulp(self.now_s))
+            done = [flow for flow in flows if flow.left_bytes <= drained_bytes]
             if done:
-                self.active[link] = [flow for flow in flows if flow.left_bytes > 1e-6]
+                self.active[link] = [flow for flow in flows if flow.left_bytes > drained_bytes]
                 for flow in done:
                     self._drained(flow)
         while self.starts and self.starts[0][0] <= self.now_s:

@@ -116,7 +116,8 @@ def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, sta
                 yield env.timeout(per_layer_s)
                 account.fixed_s += per_layer_s
         op_start = env.now
-        yield from _launch_and_join(env, op, links, account, recorder, joins, consumed)
+        if op.launch_s > 0.0 or op.kernel_fixed_s > 0.0 or op.index in joins or op.index in consumed:
+            yield from _launch_and_join(env, op, links, account, recorder, joins, consumed)
         staging.current_layer = op.layer
         staging.current_op = op.name
         if op.start_releases:
@@ -128,7 +129,8 @@ def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, sta
             staging.release_many(op.end_releases)
         for slab in op.resolves:
             staging.resolve(slab)
-        yield from _run_collectives(env, op, links, account, recorder, joins, consumed)
+        if op.collectives:
+            yield from _run_collectives(env, op, links, account, recorder, joins, consumed)
         account.op_time_s.append(env.now - op_start)
     account.stream_end_s = env.now
     _finish_links(links, account)

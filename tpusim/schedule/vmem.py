@@ -71,8 +71,24 @@ def slab_bytes(tensor: TensorSpec, chunk_bytes: int | None) -> int:
     return math.ceil(tensor.bytes * rows / tensor.rows)
 
 
+_KINDS_RECENT: list[tuple[ModelConfig, ShardingPlan, dict[str, list[TensorSpec]]]] = []
+
+
 def tensor_kinds(model: ModelConfig, plan: ShardingPlan) -> dict[str, list[TensorSpec]]:
-    """Family -> the distinct tensor kinds (largest instance of each name) the step reads."""
+    """Family -> the distinct tensor kinds (largest instance of each name) the step reads.
+
+    Remembered for the last few (model, plan) objects: every simulation sizes its VMEM with
+    it, and a sweep, a calibration or an interval simulates one program many times."""
+    for known_model, known_plan, kinds in _KINDS_RECENT:
+        if known_model is model and known_plan is plan:
+            return {family: list(tensors) for family, tensors in kinds.items()}
+    kinds = _tensor_kinds(model, plan)
+    _KINDS_RECENT.append((model, plan, kinds))
+    del _KINDS_RECENT[:-8]
+    return {family: list(tensors) for family, tensors in kinds.items()}
+
+
+def _tensor_kinds(model: ModelConfig, plan: ShardingPlan) -> dict[str, list[TensorSpec]]:
     by_name: dict[str, TensorSpec] = {}
     tensors = [t for layer in range(model.num_layers) for t in layer_tensors(model, plan, layer)]
     tensors += lm_head_tensors(model, plan)
