@@ -22,12 +22,15 @@ from megakernel.quant import dequant_fp8_b256, dequant_mxfp4
 class DecodeOps:
     """Op bodies of one kernel invocation (``ins``/``states`` operand refs, ``scratch``)."""
 
-    def __init__(self, kernel: Any, ctx: Any, ins: dict[str, Any], states: dict[str, Any], logits: Any,
-                 scratch: dict[str, Any]) -> None:
-        self.k, self.ctx, self.ins, self.states, self.logits, self.scratch = kernel, ctx, ins, states, logits, scratch
+    def __init__(self, kernel: Any, ctx: Any, ins: dict[str, Any], states: dict[str, Any], logits: Any) -> None:
+        self.k, self.ctx, self.ins, self.states, self.logits = kernel, ctx, ins, states, logits
         self.d = kernel.dims
         self.values: dict[str, jax.Array] = {}
         self.position = ins["position"][0]
+        # the residual stream as traced values (every VMEM access is an interpreter callback)
+        zero = jnp.zeros((kernel.batch, self.d.hidden), jnp.float32)
+        self.blocks = [ins["x0"][...]] + [zero] * (self.d.block_slots - 1)
+        self.partial = zero
 
     # ------------------------------------------------------------------ helpers
 
@@ -52,15 +55,15 @@ class DecodeOps:
     # ------------------------------------------------------------------ residual
 
     def add_to_residual(self, out: jax.Array) -> None:
-        self.scratch["partial"][...] = self.scratch["partial"][...] + out
+        self.partial = self.partial + out
 
     def mix_norm(self, layer: int, sublayer: str) -> jax.Array:
         d, h = self.d, self.d.hidden
         mix = self.small(layer, "small.residual_mix")
         query = mix[:, :h] if sublayer == "attn" else mix[:, h:]
         has_partial = layer % d.block_layers > 0 if sublayer == "attn" else True
-        mixed = residual.mix(self.scratch["blocks"][...], self.scratch["partial"][...],
-                             1 + layer // d.block_layers, has_partial, query, d.eps)
+        mixed = residual.mix(jnp.stack(self.blocks), self.partial, 1 + layer // d.block_layers, has_partial,
+                             query, d.eps)
         return rmsnorm(mixed, self.small(layer, f"small.{sublayer}_norm"), d.eps)
 
     def finish_mlp(self, layer: int) -> None:
@@ -71,8 +74,8 @@ class DecodeOps:
         else:
             self.add_to_residual(self.values.pop("moe.output_allgather") + self.values.pop("shared"))
         if residual.block_ends_after(layer, self.d.block_layers):
-            self.scratch["blocks"][1 + layer // self.d.block_layers] = self.scratch["partial"][...]
-            self.scratch["partial"][...] = jnp.zeros_like(self.scratch["partial"])
+            self.blocks[1 + layer // self.d.block_layers] = self.partial
+            self.partial = jnp.zeros_like(self.partial)
 
     def attn_mix_norm(self, layer: int) -> None:
         if layer > 0:
@@ -220,7 +223,7 @@ class DecodeOps:
 
     def head_norm(self, layer: int) -> None:
         self.finish_mlp(layer - 1)
-        final = residual.final_hidden(self.scratch["blocks"][...], self.scratch["partial"][...], self.d.block_slots)
+        final = residual.final_hidden(jnp.stack(self.blocks), self.partial, self.d.block_slots)
         self.values["x"] = rmsnorm(final, None, self.d.eps)
 
     def head_lm_head(self, layer: int) -> None:

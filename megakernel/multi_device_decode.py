@@ -45,7 +45,7 @@ from jax.experimental.pallas import tpu as pltpu
 from megakernel.collective_plan import UnsupportedPlan, layer_steps
 from megakernel.decode_shards import cut_of, state_shard, weight_shard
 from megakernel.dims import ModelDims, model_dims
-from megakernel.multi_device import EVENT_WORDS, ISSUE, WAIT, Bugs, CollectiveKernel, _Ctx
+from megakernel.multi_device import EVENT_WORDS, ISSUE, WAIT, Bugs, CollectiveKernel
 from tpusim.workload.collectives import incoming
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.sharding import ShardingPlan
@@ -68,8 +68,8 @@ class DecodeKernel(CollectiveKernel):
     """The decode step of (model, plan, batch, KV capacity) on ``plan.devices`` devices."""
 
     def __init__(self, model: ModelConfig, plan: ShardingPlan, batch: int, max_context: int, *,
-                 interpret: Any, trace_layers: int = 3, bugs: Bugs = Bugs()) -> None:
-        super().__init__(model, plan, batch, interpret=interpret, trace_layers=trace_layers, bugs=bugs)
+                 interpret: Any, trace_layers: int = 3, bugs: Bugs | None = None) -> None:
+        super().__init__(model, plan, batch, interpret=interpret, trace_layers=trace_layers, bugs=bugs or Bugs())
         self.dims: ModelDims = model_dims(model, plan, routes_all_experts=True)
         self.one: ModelDims = model_dims(model, _one_device(model))
         self.max_context = max_context
@@ -94,51 +94,44 @@ class DecodeKernel(CollectiveKernel):
 
     # ------------------------------------------------------------------ tables and shapes
 
-    def pos_table(self) -> np.ndarray:
-        """int32[ranks, words]: per collective and phase, the stack position of each arrival
-        slot and of the device's own value (participants of the phase in rank order)."""
+    def own_table(self) -> np.ndarray:
+        """int32[ranks, words]: per collective and phase, the device's own position among the
+        phase's participants in rank order (arrival slots hold the others in rank order:
+        :func:`megakernel.collective_plan.kernel_collectives` numbers them by source)."""
         rows = []
         for coll in self.colls:
-            block = np.zeros((self.plan.devices, coll.phases, coll.max_count + 1), np.int32)
+            block = np.zeros((self.plan.devices, coll.phases), np.int32)
             for r in range(self.plan.devices):
                 for p in range(coll.phases):
                     src = [m.src for m in incoming(coll.algorithm, coll.group, 2 * coll.elems, r, self.plan.topology)
                            if m.phase == p]
-                    order = sorted([*src, r])
-                    block[r, p, : len(src)] = [order.index(s) for s in src]
-                    block[r, p, coll.max_count] = order.index(r)
-            rows.append(block.reshape(self.plan.devices, -1))
+                    if src != sorted(src):
+                        raise UnsupportedPlan(f"collective {coll.name}: arrival slots not in rank order")
+                    block[r, p] = sorted([*src, r]).index(r)
+            rows.append(block)
         return np.concatenate(rows, axis=1)
 
-    def pos_word(self, c: int, phase: int, i: int) -> int:
-        """Column of (collective, phase, slot i; i = max_count: own) in the routes table."""
-        base = self._route_words
-        for k in self.colls[:c]:
-            base += k.phases * (k.max_count + 1)
-        return base + phase * (self.colls[c].max_count + 1) + i
+    def own_word(self, c: int, phase: int) -> int:
+        """Column of (collective, phase) in the own-position part of the routes table."""
+        return self._route_words + sum(k.phases for k in self.colls[:c]) + phase
 
     @cached_property
     def _route_words(self) -> int:
         return sum(2 * k.phases * k.max_count for k in self.colls)
 
     def routes(self) -> np.ndarray:
-        return np.concatenate([self.tables()["routes"], self.pos_table()], axis=1)
+        return np.concatenate([self.tables()["routes"], self.own_table()], axis=1)
 
     def scratch_shapes(self) -> dict[str, Any]:
         parity = 1 if self.bugs.single_buffer else 2
-        d, b = self.dims, self.batch
         widths = [self.batch * self.payload[c][0] for c in range(len(self.colls))]
         dtypes = [self.payload[c][1] for c in range(len(self.colls))]
         return {
             "send": [pltpu.VMEM((c.phases, n), t) for c, n, t in zip(self.colls, widths, dtypes, strict=True)],
             "recv": [pltpu.VMEM((parity, c.phases, c.max_count, n), t)
                      for c, n, t in zip(self.colls, widths, dtypes, strict=True)],
-            "stack": [pltpu.VMEM((c.max_count + 1, n), jnp.float32) for c, n in zip(self.colls, widths, strict=True)],
             "send_sem": [pltpu.SemaphoreType.DMA((c.phases,)) for c in self.colls],
             "recv_sem": [pltpu.SemaphoreType.DMA((parity, c.phases)) for c in self.colls],
-            "count": pltpu.SMEM((1,), jnp.int32),
-            "blocks": pltpu.VMEM((d.block_slots, b, d.hidden), jnp.float32),
-            "partial": pltpu.VMEM((b, d.hidden), jnp.float32),
         }
 
     def operand_names(self) -> dict[str, tuple[tuple[int, ...], Any]]:
@@ -227,11 +220,11 @@ class DecodeKernel(CollectiveKernel):
         return pl.pallas_call(
             self._body,
             out_shape=(jax.ShapeDtypeStruct((self.batch, self.dims.vocab_rows), jnp.float32), states,
-                       jax.ShapeDtypeStruct((self.max_events,), jnp.int32)),
+                       jax.ShapeDtypeStruct((1, self.max_events), jnp.int32)),
             in_specs=(pl.BlockSpec(memory_space=pltpu.SMEM),
                       {n: pl.BlockSpec(memory_space=pltpu.SMEM if n in smem else pltpu.VMEM) for n in specs}),
             out_specs=(pl.BlockSpec(memory_space=pltpu.VMEM), {n: pl.BlockSpec(memory_space=pltpu.VMEM) for n in states},
-                       pl.BlockSpec(memory_space=pltpu.SMEM)),
+                       pl.BlockSpec(memory_space=pltpu.VMEM)),
             scratch_shapes=self.scratch_shapes(),
             compiler_params=pltpu.CompilerParams(collective_id=0),
             interpret=self.interpret,
@@ -275,16 +268,10 @@ class DecodeKernel(CollectiveKernel):
               **scratch: Any) -> None:
         from megakernel.decode_ops import DecodeOps
 
-        ctx = _Ctx(self, routes, None, log, scratch["send"], scratch["recv"], scratch["send_sem"],
-                   scratch["recv_sem"], scratch["count"])
-        ops = DecodeOps(self, ctx, ins, states, logits, scratch)
-        scratch["count"][0] = 0
-        for i in range(self.max_events):
-            log[i] = -1
-        scratch["blocks"][...] = jnp.zeros(scratch["blocks"].shape, jnp.float32)
-        scratch["partial"][...] = jnp.zeros(scratch["partial"].shape, jnp.float32)
-        scratch["blocks"][0] = ins["x0"][...]
-        self._barrier(ctx)
+        ctx = DecodeCtx(self, _Words(routes), scratch["send"], scratch["recv"], scratch["send_sem"],
+                        scratch["recv_sem"])
+        ops = DecodeOps(self, ctx, ins, states, logits)
+        self._barrier(ctx)  # type: ignore[arg-type]
         for layer, steps in [*enumerate(self.steps), (self.model.num_layers, self.head_steps)]:
             ctx.current = layer
             for kind, name, delta in steps:
@@ -294,48 +281,95 @@ class DecodeKernel(CollectiveKernel):
                     payload = ops.values.pop(name) if name in ops.values else ops.values[self.after[name]]
                     self.issue(ctx, self.index[name], layer - delta, payload)
                 else:
-                    ops.values[name] = self.wait(ctx, self.index[name], layer - delta, scratch["stack"])
+                    ops.values[name] = self.wait(ctx, self.index[name], layer - delta)
+        log[...] = ctx.log_row(self.max_events)
 
-    def issue(self, ctx: _Ctx, c: int, layer: int, payload: jax.Array, phase: int = 0) -> None:
+    def issue(self, ctx: DecodeCtx, c: int, layer: int, payload: jax.Array, phase: int = 0) -> None:
         """Put ``payload`` f32[B, w] in ``send[c][phase]`` and start the phase's copies."""
         width, dtype = self.payload[c]
         ctx.send[c][pl.ds(phase, 1), :] = payload.reshape(1, self.batch * width).astype(dtype)
         for i in range(self.colls[c].counts[phase]):
-            copy, dst = self._copy(ctx, c, phase, i, layer)
+            copy, dst = self._copy(ctx, c, phase, i, layer)  # type: ignore[arg-type]
             copy.start()
             ctx.record(ISSUE, c, phase, dst, layer)
 
-    def wait(self, ctx: _Ctx, c: int, layer: int, stacks: list[Any]) -> jax.Array:
+    def wait(self, ctx: DecodeCtx, c: int, layer: int) -> jax.Array:
         """Wait for collective ``c`` of ``layer`` and combine: -> f32[B, w·members] (gather,
-        exchange: contributions in rank order) or f32[B, w] (reduction: summed in rank order)."""
+        exchange: contributions in rank order) or f32[B, w] (reduction: summed in rank order,
+        so every member computes the same value)."""
         coll, (width, _) = self.colls[c], self.payload[c]
-        par, stack = self._parity(layer), stacks[c]
-        b = self.batch
+        par, b = self._parity(layer), self.batch
         for phase in range(coll.phases):
             count = coll.counts[phase]
             for i in range(count):
-                copy, _ = self._copy(ctx, c, phase, i, layer)
+                copy, _ = self._copy(ctx, c, phase, i, layer)  # type: ignore[arg-type]
                 if self.bugs.skip_wait != coll.name:
                     copy.wait_recv()
                 ctx.record(WAIT, c, phase, i, layer)
-            stack[pl.ds(ctx.routes[self.pos_word(c, phase, coll.max_count)], 1), :] = (
-                ctx.send[c][pl.ds(phase, 1), :].astype(jnp.float32))
-            for i in range(count):
-                stack[pl.ds(ctx.routes[self.pos_word(c, phase, i)], 1), :] = (
-                    ctx.recv[c][par, phase, pl.ds(i, 1), :].astype(jnp.float32))
-            rows = stack[: count + 1, :]  # [participants, B*w] in rank order
+            own = ctx.send[c][pl.ds(phase, 1), :].astype(jnp.float32)  # [1, B*w]
+            slots = ctx.recv[c][par, phase, :count].astype(jnp.float32)  # [count, B*w] by source rank
+            rows = _insert(slots, own, ctx.routes[self.own_word(c, phase)])  # [count + 1, B*w] rank order
             if coll.algorithm != "one_shot_two_level":
                 out = jnp.concatenate([rows[k].reshape(b, width) for k in range(count + 1)], axis=1)
                 break
-            total = jnp.sum(rows, axis=0, keepdims=True)
-            out = total.reshape(b, width)
+            out = jnp.sum(rows, axis=0).reshape(b, width)
             if phase + 1 < coll.phases:  # the host sum goes to the cross-host peers
                 for i in range(count):
-                    self._copy(ctx, c, phase, i, layer)[0].wait_send()
+                    self._copy(ctx, c, phase, i, layer)[0].wait_send()  # type: ignore[arg-type]
                 self.issue(ctx, c, layer, out, phase + 1)
         for i in range(coll.counts[-1]):
-            self._copy(ctx, c, coll.phases - 1, i, layer)[0].wait_send()
+            self._copy(ctx, c, coll.phases - 1, i, layer)[0].wait_send()  # type: ignore[arg-type]
         return out
+
+
+def _insert(slots: jax.Array, own: jax.Array, at: jax.Array) -> jax.Array:
+    """Rows ``slots`` [n, m] with ``own`` [1, m] inserted before row ``at`` (traced scalar):
+    vector selects, no stores (each store is an interpreter callback)."""
+    n = slots.shape[0]
+    k = jax.lax.broadcasted_iota(jnp.int32, (n + 1, 1), 0)
+    below = jnp.concatenate([slots, own], axis=0)  # row k = slot k (k < at)
+    above = jnp.concatenate([own, slots], axis=0)  # row k = slot k - 1 (k > at)
+    return jnp.where(k < at, below, jnp.where(k == at, own, above))
+
+
+class _Words:
+    """The routes table in SMEM, each word loaded once per kernel (loads are callbacks)."""
+
+    def __init__(self, ref: Any) -> None:
+        self.ref = ref
+        self.cache: dict[int, Any] = {}
+
+    def __getitem__(self, i: int) -> Any:
+        if i not in self.cache:
+            self.cache[i] = self.ref[i]
+        return self.cache[i]
+
+
+class DecodeCtx:
+    """Refs of one decode-kernel invocation; the event log is kept as traced values and
+    stored once at the end (one store instead of six SMEM accesses per event)."""
+
+    def __init__(self, kernel: DecodeKernel, routes: _Words, send: list, recv: list, send_sem: list,
+                 recv_sem: list) -> None:
+        self.kernel, self.routes, self.send, self.recv = kernel, routes, send, recv
+        self.send_sem, self.recv_sem = send_sem, recv_sem
+        self.current = 0
+        self.events: list[tuple[Any, ...]] = []
+
+    @property
+    def rank(self) -> Any:
+        return jax.lax.axis_index("x")
+
+    def record(self, kind: int, c: int, phase: int, peer: Any, layer: int) -> None:
+        """Log one event if it runs in a traced layer (the first ``trace_layers``, the head)."""
+        if self.current < self.kernel.trace_layers or self.current == self.kernel.model.num_layers:
+            self.events.append((kind, c, phase, peer, layer))
+
+    def log_row(self, words: int) -> jax.Array:
+        """int32[1, words]: the events in order, then -1."""
+        flat = [jnp.asarray(v, jnp.int32) for event in self.events for v in event]
+        flat += [jnp.asarray(-1, jnp.int32)] * (words - len(flat))
+        return jnp.stack(flat).reshape(1, words)
 
 
 def _one_device(model: ModelConfig) -> ShardingPlan:
