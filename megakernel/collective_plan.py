@@ -35,6 +35,7 @@ from tpusim.workload.routing import RoutingModel
 from tpusim.workload.sharding import ShardingPlan
 
 SUPPORTED = ("pair_exchange", "direct_all_gather", "one_shot_two_level")
+DECODE_SUPPORTED = (*SUPPORTED, "reduce_scatter_all_gather")  # the decode kernel also runs this one
 Event = tuple[str, str, int]  # (issue | wait, collective name, layers back to the issuing layer)
 
 
@@ -61,15 +62,16 @@ class KernelCollective:
         return max(self.counts)
 
 
-def kernel_collectives(plan: ShardingPlan, batch: int) -> list[KernelCollective]:
+def kernel_collectives(plan: ShardingPlan, batch: int,
+                       supported: tuple[str, ...] = SUPPORTED) -> list[KernelCollective]:
     """The plan's collectives at ``batch`` in plan order, expanded for every rank."""
     topo = plan.topology
     out = []
     for spec in plan.collectives_at(batch):
         algorithm, group = spec.algorithm, spec.group
-        if algorithm not in SUPPORTED:
+        if algorithm not in supported:
             raise UnsupportedPlan(f"collective {spec.name}: algorithm {algorithm} is not run in the kernel "
-                                  f"(supported: {', '.join(SUPPORTED)})")
+                                  f"(supported: {', '.join(supported)})")
         payload = spec.bytes_per_token * batch
         if payload % 2:
             raise UnsupportedPlan(f"collective {spec.name}: {payload} B is not a whole number of bf16 values")

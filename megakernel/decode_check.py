@@ -35,10 +35,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", default="kimi-k3-nano")
     parser.add_argument("--layers", type=int, default=0, help="0: all of the model's layers")
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=1, help="sequences (batch >= 6: the reduce-scatter variant)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--context", type=int, default=5, help="tokens already in the KV cache")
     parser.add_argument("--mode", default="on_wait", choices=("on_wait", "eager"))
     parser.add_argument("--no-races", action="store_true", help="race detector off (faster)")
+    parser.add_argument("--f32-payloads", action="store_true",
+                        help="payloads in f32, not the plan's bf16 (numerics check: then the f32 tolerance applies)")
     parser.add_argument("--bug", default="", help="skip_wait:COLLECTIVE or single_buffer (planted races)")
     return parser.parse_args(argv)
 
@@ -80,16 +83,18 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                                    dma_execution_mode=args.mode, random_seed=args.seed)
     max_context = args.context + args.steps + 3
     try:
-        kernel = DecodeKernel(model, plan, 1, max_context, interpret=params, bugs=bugs)
+        kernel = DecodeKernel(model, plan, args.batch, max_context, interpret=params, bugs=bugs,
+                              f32_payloads=args.f32_payloads)
     except UnsupportedPlan as error:
         raise SystemExit(f"plan {plan.name}: {error}") from None
     one = kernel.one
     weights = random_weights(one, seed=args.seed)
-    state = init_state(one, 1, max_context, context=args.context, seed=args.seed + 1)
+    state = init_state(one, args.batch, max_context, context=args.context, seed=args.seed + 1)
     ref = reference_jnp.ReferenceStep(model, plan_for(model, 1), weights.arrays, one.small_offsets)
     ref_state = reference_jnp.RefState(state.kda_state, state.conv_state, state.kv_cache, state.position)
     embedding = np.asarray(weights["embedding"], np.float32)
-    tokens = ref_tokens = np.array([37], np.int32)
+    payload_dtype = np.float32 if args.f32_payloads else ml_dtypes.bfloat16
+    tokens = ref_tokens = (37 + 101 * np.arange(args.batch, dtype=np.int32)) % model.vocab_size
     inputs = kernel.device_inputs(weights.arrays, tuple(np.asarray(a) for a in (state.kda_state, state.conv_state, state.kv_cache)),
                                   embedding[tokens], args.context)
     steps, races, logs, errors = [], False, None, np.zeros(plan.devices)
@@ -98,12 +103,12 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         inputs["x0"] = np.broadcast_to(embedding[tokens], inputs["x0"].shape).copy()
         inputs["position"] = np.full_like(inputs["position"], args.context + step)
         start = time.perf_counter()
-        logits, states, log = kernel.run(inputs)
+        logits, states, log, routing = kernel.run(inputs)
         seconds = round(time.perf_counter() - start, 2)
         races = races or bool(interpret_impl.races.races_found)  # read before the next call resets it
         logs = log if logs is None else logs
         inputs.update(states)
-        ref_logits, ref_state, _ = ref(ref_state, jnp.asarray(ref_tokens))
+        ref_logits, ref_state, ref_routing = ref(ref_state, jnp.asarray(ref_tokens))
         want = np.asarray(ref_logits)
         scale = max(float(np.abs(want).max()), 1e-6)
         for rank in range(plan.devices):  # each device's vocabulary rows, against the reference's
@@ -112,12 +117,15 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         tokens = np.argmax(logits, -1).astype(np.int32)
         ref_tokens = np.asarray(jnp.argmax(ref_logits, -1), np.int32)
         steps.append({"seconds": seconds, "logits_relative_error": relative_error(logits, want),
-                      "within_tolerance": within_rounding(logits, want, rounded_to=ml_dtypes.bfloat16),
+                      "within_tolerance": within_rounding(logits, want, rounded_to=payload_dtype),
                       "within_f32_tolerance": within_rounding(logits, want),
                       "tokens": tokens.tolist(), "reference_tokens": ref_tokens.tolist(),
-                      "tokens_equal": bool(np.array_equal(tokens, ref_tokens))})
+                      "tokens_equal": bool(np.array_equal(tokens, ref_tokens)),
+                      "routing_same_on_every_device": bool((routing == routing[:1]).all()),
+                      "routing_differs_in_layers": [layer + 1 for layer in range(routing.shape[1])
+                                                    if not np.array_equal(routing[0, layer], ref_routing[layer])]})
     tokens_ok = all(s["tokens_equal"] for s in steps)
-    tol = TOLERANCE[np.dtype(ml_dtypes.bfloat16)]  # the payloads' dtype: see megakernel.tolerance
+    tol = TOLERANCE[np.dtype(payload_dtype)]  # the payloads' dtype: see megakernel.tolerance
     records = []
     for rank in range(plan.devices):
         recorded = [tuple(int(v) for v in row) for row in logs[rank] if row[0] >= 0]
@@ -126,6 +134,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                         "logits_relative_error": float(errors[rank])})
     ok = all(r["matches_reference"] for r in records)
     return {"model": args.model, "plan": plan.name, "devices": plan.devices, "layers": model.num_layers,
+            "batch": args.batch, "payloads": "f32" if args.f32_payloads else "plan (bf16; router scores f32)",
+            "algorithms": {c.name: c.algorithm for c in kernel.colls},
             "seed": args.seed, "backend": "cpu-interpret", "races": races, "matches_reference": ok,
             "log_matches_plan": all(r["log_matches_plan"] for r in records), "steps": steps,
             "reference": "megakernel.reference_jnp on one device (full weights); logits gathered over devices",

@@ -42,7 +42,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from megakernel.collective_plan import UnsupportedPlan, layer_steps
+from megakernel.collective_plan import DECODE_SUPPORTED, UnsupportedPlan, layer_steps
 from megakernel.decode_shards import cut_of, state_shard, weight_shard
 from megakernel.dims import ModelDims, model_dims
 from megakernel.multi_device import EVENT_WORDS, ISSUE, WAIT, Bugs, CollectiveKernel
@@ -67,8 +67,12 @@ def chunks(cols: int, bytes_per_col: int) -> list[tuple[int, int]]:
 class DecodeKernel(CollectiveKernel):
     """The decode step of (model, plan, batch, KV capacity) on ``plan.devices`` devices."""
 
+    ALGORITHMS = DECODE_SUPPORTED
+
     def __init__(self, model: ModelConfig, plan: ShardingPlan, batch: int, max_context: int, *,
-                 interpret: Any, trace_layers: int = 3, bugs: Bugs | None = None) -> None:
+                 interpret: Any, trace_layers: int = 3, bugs: Bugs | None = None, f32_payloads: bool = False) -> None:
+        """``f32_payloads``: every payload in f32 (twice the plan's bf16 bytes): a numerics check
+        that isolates the sharded math from the bf16 rounding of K3's partials."""
         super().__init__(model, plan, batch, interpret=interpret, trace_layers=trace_layers, bugs=bugs or Bugs())
         self.dims: ModelDims = model_dims(model, plan, routes_all_experts=True)
         self.one: ModelDims = model_dims(model, _one_device(model))
@@ -90,7 +94,7 @@ class DecodeKernel(CollectiveKernel):
             if size not in (2, 4):
                 raise UnsupportedPlan(f"collective {coll.name}: {2 * coll.elems // batch} B per token is not "
                                       f"{width} bf16 or f32 values")
-            self.payload[c] = (width, jnp.bfloat16 if size == 2 else jnp.float32)
+            self.payload[c] = (width, jnp.bfloat16 if size == 2 and not f32_payloads else jnp.float32)
 
     # ------------------------------------------------------------------ tables and shapes
 
@@ -115,16 +119,42 @@ class DecodeKernel(CollectiveKernel):
         """Column of (collective, phase) in the own-position part of the routes table."""
         return self._route_words + sum(k.phases for k in self.colls[:c]) + phase
 
+    def chunk_table(self) -> np.ndarray:
+        """int32[ranks, words]: per collective, the chunk each phase-0 message carries (its
+        destination's place in the group: a reduce-scatter sends each peer its own chunk)."""
+        rows = []
+        for coll in self.colls:
+            block = np.zeros((self.plan.devices, coll.max_count), np.int32)
+            for r in range(self.plan.devices):
+                members = list(coll.members[r])
+                block[r, : coll.counts[0]] = [members.index(int(d)) for d in coll.dst[r, 0, : coll.counts[0]]]
+            rows.append(block)
+        return np.concatenate(rows, axis=1)
+
+    def chunk_word(self, c: int, i: int) -> int:
+        base = self._route_words + sum(k.phases for k in self.colls)
+        return base + sum(k.max_count for k in self.colls[:c]) + i
+
+    def chunk(self, c: int) -> int:
+        """Values per message: the payload, or for a reduce-scatter a 1/group share (rounded up)."""
+        coll, n = self.colls[c], self.batch * self.payload[c][0]
+        return -(-n // coll.members.shape[1]) if coll.algorithm == "reduce_scatter_all_gather" else n
+
+    def buffer_width(self, c: int) -> int:
+        """Send/receive buffer width: the payload padded to whole chunks."""
+        return self.chunk(c) * (self.colls[c].members.shape[1] if self.colls[c].algorithm ==
+                                "reduce_scatter_all_gather" else 1)
+
     @cached_property
     def _route_words(self) -> int:
         return sum(2 * k.phases * k.max_count for k in self.colls)
 
     def routes(self) -> np.ndarray:
-        return np.concatenate([self.tables()["routes"], self.own_table()], axis=1)
+        return np.concatenate([self.tables()["routes"], self.own_table(), self.chunk_table()], axis=1)
 
     def scratch_shapes(self) -> dict[str, Any]:
         parity = 1 if self.bugs.single_buffer else 2
-        widths = [self.batch * self.payload[c][0] for c in range(len(self.colls))]
+        widths = [self.buffer_width(c) for c in range(len(self.colls))]
         dtypes = [self.payload[c][1] for c in range(len(self.colls))]
         return {
             "send": [pltpu.VMEM((c.phases, n), t) for c, n, t in zip(self.colls, widths, dtypes, strict=True)],
@@ -216,6 +246,8 @@ class DecodeKernel(CollectiveKernel):
         """``f(routes, inputs dict) -> (logits shard, states dict, event log)`` on one device."""
         specs = self.operand_names()
         states = {name: jax.ShapeDtypeStruct(*specs[name]) for name in self.state_names()}
+        states.update({f"L{layer}.route": jax.ShapeDtypeStruct((self.batch, self.dims.moe.top_k), jnp.int32)
+                       for layer in range(1, self.dims.num_layers)})  # the routing each device computed
         smem = {"position"}
         return pl.pallas_call(
             self._body,
@@ -249,8 +281,9 @@ class DecodeKernel(CollectiveKernel):
                                    out_specs=(P("x"), P("x"), P("x")), check_vma=False))
         return mesh, fn
 
-    def run(self, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
-        """-> (logits f32[B, V] gathered, new state operands [ranks, ...], logs [ranks, events, 5])."""
+    def run(self, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """-> (logits f32[B, V] gathered, new state operands [ranks, ...], logs [ranks, events, 5],
+        routing i32[ranks, MoE layers, B, k] (expert ids in selection order, every device's))."""
         from jax.sharding import NamedSharding
         from jax.sharding import PartitionSpec as P
 
@@ -259,8 +292,10 @@ class DecodeKernel(CollectiveKernel):
         logits, states, log = fn(put(self.routes()), {k: put(v) for k, v in inputs.items()})
         logits = np.asarray(logits)  # [ranks, B, vocab rows]
         gathered = np.concatenate(list(logits), axis=1)
+        routes = [f"L{layer}.route" for layer in range(1, self.dims.num_layers)]
+        routing = np.stack([np.asarray(states.pop(name)) for name in routes], axis=1)
         return gathered, {k: np.asarray(v) for k, v in states.items()}, np.asarray(log).reshape(
-            self.plan.devices, -1, EVENT_WORDS)
+            self.plan.devices, -1, EVENT_WORDS), routing
 
     # ------------------------------------------------------------------ the body
 
@@ -285,20 +320,37 @@ class DecodeKernel(CollectiveKernel):
         log[...] = ctx.log_row(self.max_events)
 
     def issue(self, ctx: DecodeCtx, c: int, layer: int, payload: jax.Array, phase: int = 0) -> None:
-        """Put ``payload`` f32[B, w] in ``send[c][phase]`` and start the phase's copies."""
-        width, dtype = self.payload[c]
-        ctx.send[c][pl.ds(phase, 1), :] = payload.reshape(1, self.batch * width).astype(dtype)
+        """Put ``payload`` f32[B, w] (a reduce-scatter's phase 1: its reduced chunk) in
+        ``send[c][phase]`` and start the phase's copies."""
+        dtype, flat = self.payload[c][1], payload.reshape(1, -1)
+        pad = self.buffer_width(c) - flat.shape[1]
+        if pad:
+            flat = jnp.concatenate([flat, jnp.zeros((1, pad), flat.dtype)], axis=1)
+        ctx.send[c][pl.ds(phase, 1), :] = flat.astype(dtype)
         for i in range(self.colls[c].counts[phase]):
             copy, dst = self._copy(ctx, c, phase, i, layer)  # type: ignore[arg-type]
             copy.start()
             ctx.record(ISSUE, c, phase, dst, layer)
 
+    def _copy(self, ctx: Any, c: int, phase: int, i: int, layer: Any) -> Any:
+        """Message ``i`` of ``phase``: its chunk of ``send[c][phase]`` -> the destination's slot."""
+        dst = ctx.routes[self.route(c, phase, i, "dst")]
+        slot = ctx.routes[self.route(c, phase, i, "slot")]
+        par, size = self._parity(layer), self.chunk(c)
+        first = ctx.routes[self.chunk_word(c, i)] * size if size < self.buffer_width(c) and phase == 0 else 0
+        return pltpu.make_async_remote_copy(
+            ctx.send[c].at[pl.ds(phase, 1), pl.ds(first, size)],
+            ctx.recv[c].at[par, pl.ds(phase, 1), slot, pl.ds(0, size)],
+            ctx.send_sem[c].at[phase], ctx.recv_sem[c].at[par, phase],
+            device_id=(dst,), device_id_type=pltpu.DeviceIdType.MESH), dst
+
     def wait(self, ctx: DecodeCtx, c: int, layer: int) -> jax.Array:
         """Wait for collective ``c`` of ``layer`` and combine: -> f32[B, w·members] (gather,
-        exchange: contributions in rank order) or f32[B, w] (reduction: summed in rank order,
+        exchange: contributions in rank order) or f32[B, w] (reductions: summed in rank order,
         so every member computes the same value)."""
         coll, (width, _) = self.colls[c], self.payload[c]
-        par, b = self._parity(layer), self.batch
+        par, b, size = self._parity(layer), self.batch, self.chunk(c)
+        scatter = coll.algorithm == "reduce_scatter_all_gather"
         for phase in range(coll.phases):
             count = coll.counts[phase]
             for i in range(count):
@@ -306,17 +358,29 @@ class DecodeKernel(CollectiveKernel):
                 if self.bugs.skip_wait != coll.name:
                     copy.wait_recv()
                 ctx.record(WAIT, c, phase, i, layer)
-            own = ctx.send[c][pl.ds(phase, 1), :].astype(jnp.float32)  # [1, B*w]
-            slots = ctx.recv[c][par, phase, :count].astype(jnp.float32)  # [count, B*w] by source rank
-            rows = _insert(slots, own, ctx.routes[self.own_word(c, phase)])  # [count + 1, B*w] rank order
-            if coll.algorithm != "one_shot_two_level":
-                out = jnp.concatenate([rows[k].reshape(b, width) for k in range(count + 1)], axis=1)
-                break
-            out = jnp.sum(rows, axis=0).reshape(b, width)
-            if phase + 1 < coll.phases:  # the host sum goes to the cross-host peers
+            at = ctx.routes[self.own_word(c, phase)]
+            own = ctx.send[c][pl.ds(phase, 1), :].astype(jnp.float32)  # [1, buffer width]
+            if scatter and phase == 0:  # this rank's chunk of its own partial
+                own = jax.lax.dynamic_slice_in_dim(own, at * size, size, axis=1)
+            slots = ctx.recv[c][par, phase, :count, : own.shape[1]].astype(jnp.float32)  # by source rank
+            rows = _insert(slots, own[:, : slots.shape[1]], at)  # [count + 1, .] in rank order
+            if scatter and phase == 0:  # reduce this rank's chunk, then gather everyone's
                 for i in range(count):
                     self._copy(ctx, c, phase, i, layer)[0].wait_send()  # type: ignore[arg-type]
-                self.issue(ctx, c, layer, out, phase + 1)
+                self.issue(ctx, c, layer, jnp.sum(rows, axis=0, keepdims=True), 1)
+                continue
+            if scatter:
+                out = jnp.concatenate([rows[k: k + 1, :size] for k in range(count + 1)], axis=1)
+                out = out[:, : b * width].reshape(b, width)
+            elif coll.algorithm != "one_shot_two_level":
+                out = jnp.concatenate([rows[k].reshape(b, width) for k in range(count + 1)], axis=1)
+                break
+            else:
+                out = jnp.sum(rows, axis=0).reshape(b, width)
+                if phase + 1 < coll.phases:  # the host sum goes to the cross-host peers
+                    for i in range(count):
+                        self._copy(ctx, c, phase, i, layer)[0].wait_send()  # type: ignore[arg-type]
+                    self.issue(ctx, c, layer, out, phase + 1)
         for i in range(coll.counts[-1]):
             self._copy(ctx, c, coll.phases - 1, i, layer)[0].wait_send()  # type: ignore[arg-type]
         return out
