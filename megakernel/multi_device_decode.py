@@ -158,8 +158,8 @@ class DecodeKernel(CollectiveKernel):
         dtypes = [self.payload[c][1] for c in range(len(self.colls))]
         return {
             "send": [pltpu.VMEM((c.phases, n), t) for c, n, t in zip(self.colls, widths, dtypes, strict=True)],
-            "recv": [pltpu.VMEM((parity, c.phases, c.max_count, n), t)
-                     for c, n, t in zip(self.colls, widths, dtypes, strict=True)],
+            "recv": [pltpu.VMEM((parity, c.phases, c.max_count, self.chunk(i)), t)  # a message each
+                     for i, (c, t) in enumerate(zip(self.colls, dtypes, strict=True))],
             "send_sem": [pltpu.SemaphoreType.DMA((c.phases,)) for c in self.colls],
             "recv_sem": [pltpu.SemaphoreType.DMA((parity, c.phases)) for c in self.colls],
         }
@@ -340,7 +340,7 @@ class DecodeKernel(CollectiveKernel):
         first = ctx.routes[self.chunk_word(c, i)] * size if size < self.buffer_width(c) and phase == 0 else 0
         return pltpu.make_async_remote_copy(
             ctx.send[c].at[pl.ds(phase, 1), pl.ds(first, size)],
-            ctx.recv[c].at[par, pl.ds(phase, 1), slot, pl.ds(0, size)],
+            ctx.recv[c].at[par, pl.ds(phase, 1), slot],
             ctx.send_sem[c].at[phase], ctx.recv_sem[c].at[par, phase],
             device_id=(dst,), device_id_type=pltpu.DeviceIdType.MESH), dst
 
@@ -362,15 +362,15 @@ class DecodeKernel(CollectiveKernel):
             own = ctx.send[c][pl.ds(phase, 1), :].astype(jnp.float32)  # [1, buffer width]
             if scatter and phase == 0:  # this rank's chunk of its own partial
                 own = jax.lax.dynamic_slice_in_dim(own, at * size, size, axis=1)
-            slots = ctx.recv[c][par, phase, :count, : own.shape[1]].astype(jnp.float32)  # by source rank
-            rows = _insert(slots, own[:, : slots.shape[1]], at)  # [count + 1, .] in rank order
+            slots = ctx.recv[c][par, phase, :count].astype(jnp.float32)  # [count, chunk] by source rank
+            rows = _insert(slots, own[:, :size], at)  # [count + 1, chunk] in rank order
             if scatter and phase == 0:  # reduce this rank's chunk, then gather everyone's
                 for i in range(count):
                     self._copy(ctx, c, phase, i, layer)[0].wait_send()  # type: ignore[arg-type]
                 self.issue(ctx, c, layer, jnp.sum(rows, axis=0, keepdims=True), 1)
                 continue
             if scatter:
-                out = jnp.concatenate([rows[k: k + 1, :size] for k in range(count + 1)], axis=1)
+                out = jnp.concatenate([rows[k: k + 1] for k in range(count + 1)], axis=1)
                 out = out[:, : b * width].reshape(b, width)
             elif coll.algorithm != "one_shot_two_level":
                 out = jnp.concatenate([rows[k].reshape(b, width) for k in range(count + 1)], axis=1)
