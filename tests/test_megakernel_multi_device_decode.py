@@ -168,6 +168,15 @@ def test_8_devices_more_seeds(seed):
     _assert_decodes(run_decode("--devices", "8", "--layers", "4", "--steps", "4", "--seed", str(seed)))
 
 
+@pytest.mark.heavy
+def test_batch_6_with_reduce_scatter_routed_reduce_gives_reference_tokens():
+    """K3's batch variant: routed-expert outputs reduce-scattered, then gathered."""
+    result = run_decode("--devices", "8", "--layers", "4", "--steps", "2", "--batch", "6", "--seed", "0")
+    assert result["algorithms"]["moe.routed_reduce"] == "reduce_scatter_all_gather"
+    assert all(s["tokens_equal"] for s in result["steps"]), result["steps"]
+    assert result["log_matches_plan"] and not result["races"], result
+
+
 @pytest.mark.slow
 def test_planted_race_in_the_decode_is_caught():
     result = run_decode("--devices", "8", "--layers", "4", "--steps", "1", "--seed", "1", "--mode", "eager",
