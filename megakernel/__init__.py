@@ -8,8 +8,10 @@ Modules, bottom up:
 - :mod:`~megakernel.dims` (per-device widths, checked against :mod:`tpusim.workload.shapes`),
   :mod:`~megakernel.layout` (weights in real formats: random or safetensors),
   :mod:`~megakernel.reference` (the decode step in plain JAX);
-- :mod:`~megakernel.dma_plan` (schedule -> rings, arenas, issue points),
-  :mod:`~megakernel.hbm` (weights -> the 16-bit word slabs the kernel streams);
+- :mod:`~megakernel.dma_plan` (schedule -> rings, arenas, issue points; refusals in
+  :mod:`~megakernel.errors`), :mod:`~megakernel.ring_pool` (a ring-mode pool's banks, read
+  from the simulator's issue plan), :mod:`~megakernel.hbm` (weights -> the 16-bit word slabs
+  the kernel streams);
 - the kernel: :mod:`~megakernel.kernel` (assembly, prologue/windows),
   :mod:`~megakernel.kernel_dma`, :mod:`~megakernel.kernel_attention`, :mod:`~megakernel.kernel_moe`;
 - :mod:`~megakernel.events` (recorded and planned event orders), :mod:`~megakernel.runner`
@@ -44,5 +46,6 @@ Simplifications relative to ``shared/reference/kimi-k3.md`` (README material):
 7. Scheduling rules the kernel adds to the schedule contract (:mod:`megakernel.dma_plan`):
    a prefetch distance never reaches back past a ``moe.topk`` whose expert count it spans;
    small parameters never share a pool; ``mla.kv_b`` is never chunked; expert_issue
-   ``speculative`` is not implemented; ``max_dmas_in_flight`` is reported, not enforced.
+   ``speculative`` is not implemented; in a ring pool a slab must fit a bank and the tensors
+   one op reads must fit the banks together; ``max_dmas_in_flight`` is reported, not enforced.
 """

@@ -89,6 +89,10 @@ class ModelDims:
     small_cols: int = 0
     shapes: dict[str, tuple[int, int]] = field(default_factory=dict, hash=False)  # from tpusim shapes
     families: dict[str, str] = field(default_factory=dict, hash=False)  # tensor -> weight family (same)
+    # The config and plan the widths came from: the kernel asks the simulator's issue plan
+    # (tpusim.schedule.program_issue) where a ring pool's slabs land, on this model's program.
+    model: ModelConfig | None = field(default=None, hash=False, compare=False, repr=False)
+    plan: ShardingPlan | None = field(default=None, hash=False, compare=False, repr=False)
 
     @property
     def kda_layers(self) -> list[int]:
@@ -177,6 +181,8 @@ def model_dims(model: ModelConfig, plan: ShardingPlan, *, routes_all_experts: bo
         small_cols=cursor,
         shapes={t.name: (t.rows, t.cols) for t in _streamed_tensors(model, plan)},
         families={t.name: t.family for t in _streamed_tensors(model, plan)},
+        model=model,
+        plan=plan,
     )
     if dims.moe.top_k > dims.moe.scored_experts:
         raise UnsupportedModel(f"model {model.name}: top_k exceeds the experts scored per device")

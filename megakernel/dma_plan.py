@@ -4,7 +4,7 @@
 
     layer 0:  attn.mix_norm kda.qkvgb kda.decay kda.core kda.o  mlp.mix_norm mlp.gate_up mlp.down
     layer l:  attn.mix_norm <kda.qkvgb kda.decay kda.core kda.o | mla.q_a mla.kv_a mla.q_b mla.kv_b
-              mla.core mla.gate mla.o>  mlp.mix_norm moe.router moe.topk moe.latent_down
+              mla.core mla.gate mla.o>  mlp.mix_norm moe.router moe.latent_down moe.topk
               moe.shared_gate_up moe.shared_down expert[0] .. expert[n_l - 1] moe.combine moe.latent_up
     head:     head.norm head.lm_head
 
@@ -13,8 +13,8 @@
 the *prologue* is layer 0 plus layer 1 up to ``moe.shared_down``; *window i* (i = 1..92) is
 ``expert[*](i) moe.combine moe.latent_up`` followed by layer ``i+1`` up to its
 ``moe.shared_down`` (or by the head for i = 92). Positions inside window i count from its
-``expert[0]`` = 0; its *lead-in* is the four ops before it, ``moe.topk`` (-4) ..
-``moe.shared_down`` (-1) of layer i. Given ``n_i`` and the kind of layer ``i+1`` (the
+``expert[0]`` = 0; its *lead-in* is the ops before it from ``moe.topk`` (-3) to
+``moe.shared_down`` (-1) of layer i (:data:`LEAD_IN`). Given ``n_i`` and the kind of layer ``i+1`` (the
 *template*: ``kda``, ``mla`` or ``head``) every position in the window is fixed.
 
 **Rings and arenas.** Each tensor kind (``kda.qkvgb``, ``moe.router``, ...) is a ring of
@@ -26,14 +26,22 @@ families of a pool share one uint16 arena of 128-lane rows sized for the largest
 experts, whose slots are placed at the arena's top so the shared expert and the first
 slots can coexist. Everything in an arena is 16-bit words: bf16 as is, FP8/MXFP4/E8M0 bytes
 paired (:mod:`megakernel.quant`), the f32 small parameters as high and low halves. Small
-parameters are read from ``attn.mix_norm`` to ``moe.latent_down``, so at fixed addresses they
+parameters are read from ``attn.mix_norm`` to ``moe.topk``, so at fixed addresses they
 cannot time-share a pool whose largest member fills it: they always get an arena of their
 own, even when the schedule names a pool for them (the kernel's one departure from
 :mod:`tpusim.schedule.vmem`, worth 0.3 MiB at K3 TP32).
 
+**Ring pools.** A pool of mode ``ring`` is one arena of ``banks`` banks; its members' slabs
+(cut at ``bank_bytes``) take the banks in turn across tensors and layers, so a slab's bank is
+not ``g % buffers`` of its own kind: :mod:`megakernel.ring_pool` reads it from the issue plan
+(per layer from SMEM, per kind a static offset). A member ring keeps its kind's shapes and
+HBM stack; its ``buffers`` are the pool's banks and its buffer stride is a bank. The window
+plans read each pooled slab's bank in a representative window of each template (checked to
+hold for every window of that template), so the issue tables stay per window.
+
 **Issue rule**: :mod:`tpusim.schedule.issue_plan` states it and applies it; the kernel runs
-it window by window (horizon -3 for a window, 0 for the prologue, routing at ``moe.topk`` =
--4), the simulator over its whole program, so both issue every copy at the same op. Slabs
+it window by window (horizon -2 for a window, 0 for the prologue, routing at ``moe.topk`` =
+-3), the simulator over its whole program, so both issue every copy at the same op. Slabs
 ``k >= buffers`` are refilled inside the consumer op as slab ``k - buffers`` is consumed;
 expert ``j >= buffers`` at the start of ``expert[j - buffers + 1]``.
 
@@ -47,6 +55,8 @@ import math
 from dataclasses import dataclass, field, replace
 
 from megakernel.dims import LANES, ModelDims, weight_shapes
+from megakernel.errors import UnsupportedSchedule
+from megakernel.ring_pool import PoolBanks, check_op_fits, pool_banks
 from tpusim.schedule.issue_plan import (
     RING_ORDER,
     Read,
@@ -56,7 +66,7 @@ from tpusim.schedule.issue_plan import (
     plan_issues,
 )
 from tpusim.schedule.schema import Schedule
-from tpusim.schedule.vmem import slab_rows
+from tpusim.schedule.vmem import family_chunk, slab_rows
 from tpusim.workload.shapes import TensorSpec
 
 SMALL_FAMILY, EXPERT_FAMILY = "small_params", "routed_expert"
@@ -71,10 +81,6 @@ def ring_family(dims: ModelDims, ring: str) -> str:
         return EXPERT_FAMILY
     return dims.families[ring]
 NEVER = -1000  # table code: the unit is not part of this window
-
-
-class UnsupportedSchedule(ValueError):
-    """The kernel cannot realise this schedule (the message says which rule it breaks)."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,18 @@ class Ring:
     offset: int = 0  # arena row where the ring's region starts
     distance: int = 0
     instances: int = 1  # tensors of this kind in a step (layers that have it)
+    bank_rows: int = 0  # member of a ring pool: rows per bank (its buffer stride); 0 otherwise
+
+    @property
+    def stride(self) -> int:
+        """Arena rows from one buffer to the next (a bank in a ring pool, else a slab)."""
+        return self.bank_rows or self.slab_arena_rows
+
+    @property
+    def sem_key(self) -> str:
+        """Semaphore array of the ring's buffers: a ring pool's banks share one (a bank has
+        one copy in flight at a time, whichever kind it holds)."""
+        return f"pool:{self.pool}" if self.bank_rows else self.name
 
     @property
     def padded_cols(self) -> int:
@@ -105,14 +123,14 @@ class Ring:
 
     @property
     def region(self) -> tuple[int, int]:
-        return self.offset, self.offset + self.buffers * self.slab_arena_rows
+        return self.offset, self.offset + self.buffers * self.stride
 
     def buffer_row(self, buffer: int) -> int:
         """First arena row of ``buffer``. Expert slot 0 sits at the arena's top, slot 1 below
         it, ...: the slots the shared expert's rows overlap are the last to be used."""
         if self.name == "expert":
             return self.offset + (self.buffers - 1 - buffer) * self.slab_arena_rows
-        return self.offset + buffer * self.slab_arena_rows
+        return self.offset + buffer * self.stride
 
     def buffer_range(self, buffer: int) -> tuple[int, int]:
         start = self.buffer_row(buffer)
@@ -163,6 +181,9 @@ class Geometry:
     kv_buffers: int
     expert_issue: str
     detail: dict[str, int] = field(default_factory=dict)
+    pools: dict[str, PoolBanks] = field(default_factory=dict)  # ring-mode pools by name
+    pool_specs: dict[str, RingSpec] = field(default_factory=dict)  # their issue-plan rings (``pool:NAME``)
+    window_layer: dict[str, int] = field(default_factory=dict)  # with ring pools: template -> a window of it
 
 
 def expert_slot(dims: ModelDims) -> ExpertSlot:
@@ -190,12 +211,6 @@ def geometry(dims: ModelDims, schedule: Schedule) -> Geometry:
     if schedule.expert_issue == "speculative":
         raise UnsupportedSchedule("expert_issue=speculative is not implemented by the kernel "
                                   "(it needs an expert predictor); use after_routing or during_selection")
-    for pool, spec in schedule.pools.items():
-        if spec.mode == "ring":
-            raise UnsupportedSchedule(
-                f"pools.{pool}: mode ring is not implemented by the kernel (a bank's index depends on every "
-                "dense slab streamed before it, so its issue tables would be per layer, not per window); "
-                "the simulator, sweep and VMEM accounting accept it")
     shapes = dict(weight_shapes(dims))
     rings: dict[str, Ring] = {}
     slot = expert_slot(dims)
@@ -217,25 +232,85 @@ def geometry(dims: ModelDims, schedule: Schedule) -> Geometry:
             continue
         rows, cols = shapes[name]
         spec = TensorSpec(name, family, "dense", "bf16", rows, cols)
-        srows = slab_rows(spec, fam.chunk_bytes)
+        chunk_bytes, _ = family_chunk(schedule, family)  # a ring pool's members: the bank size
+        ring_spec = schedule.ring_pool(family)
+        buffers = ring_spec.banks if ring_spec is not None and ring_spec.banks else fam.buffers
+        srows = slab_rows(spec, chunk_bytes)
         panels = -(-cols // LANES)
-        rings[name] = Ring(name, family, pool, fam.buffers, rows, cols, srows, math.ceil(rows / srows),
+        rings[name] = Ring(name, family, pool, buffers, rows, cols, srows, math.ceil(rows / srows),
                            srows * panels, distance=fam.prefetch_distance_ops, instances=count)
-    if rings["mla.kv_b"].num_slabs > 1:
-        kv_b = rings["mla.kv_b"]
-        size = kv_b.rows * kv_b.cols * 2  # bf16
-        raise UnsupportedSchedule(
-            f"the MLA up-projection mla.kv_b is {size / (1 << 20):.2f} MiB per device here, but the schedule "
-            f"streams the mla_proj family in chunks of {schedule.families['mla_proj'].chunk_bytes / (1 << 20):.2f} "
-            "MiB; the kernel must hold mla.kv_b whole in VMEM (two ops read it), so set "
-            f"families.mla_proj.chunk_bytes to at least {size} or split the model over more devices")
-    # Arena placement: tpusim.schedule.issue_plan's rule (members from row 0, experts at the top).
-    specs, arenas = place([ring.spec for ring in rings.values()])
-    placed = {name: replace(ring, offset=specs[name].offset) for name, ring in rings.items()}
-    return Geometry(placed, arenas, slot, schedule.kv_tile_tokens, schedule.kv_buffers, schedule.expert_issue)
+    _check_kv_b(rings["mla.kv_b"], schedule)
+    pools = pool_banks(dims, schedule, {n: r.num_slabs for n, r in rings.items() if schedule.ring_pool(r.family)})
+    for name, ring in rings.items():
+        banks = pools.get(ring.pool) if schedule.ring_pool(ring.family) else None
+        if banks is not None:
+            if ring.slab_arena_rows > banks.bank_rows:
+                raise UnsupportedSchedule(
+                    f"pools.{ring.pool}: a slab of {name} takes {ring.slab_arena_rows * 256} bytes in VMEM (columns "
+                    f"padded to {ring.padded_cols}), more than a bank ({banks.bank_rows * 256}); give "
+                    f"{ring.family} its own pool or use larger banks")
+            rings[name] = replace(ring, bank_rows=banks.bank_rows)
+    # Arena placement: tpusim.schedule.issue_plan's rule (members from row 0, experts at the top);
+    # a ring pool is one ring of banks.
+    pool_specs = {b.ring: RingSpec(b.ring, b.ring, b.pool, b.banks, 1, b.bank_rows) for b in pools.values()}
+    specs, arenas = place([ring.spec for ring in rings.values() if not ring.bank_rows] + list(pool_specs.values()))
+    placed = {name: replace(ring, offset=specs[pools[ring.pool].ring if ring.bank_rows else name].offset)
+              for name, ring in rings.items()}
+    geo = Geometry(placed, arenas, slot, schedule.kv_tile_tokens, schedule.kv_buffers, schedule.expert_issue,
+                   pools=pools, pool_specs={name: specs[name] for name in pool_specs})
+    if pools:
+        geo.window_layer = _window_layers(dims, geo)
+    return geo
+
+
+def _check_kv_b(kv_b: Ring, schedule: Schedule) -> None:
+    """Two ops read mla.kv_b (absorbed attention): the kernel holds it whole in one buffer."""
+    if kv_b.num_slabs == 1:
+        return
+    size = kv_b.rows * kv_b.cols * 2  # bf16
+    chunk, _ = family_chunk(schedule, "mla_proj")
+    knob = (f"pools.{schedule.family('mla_proj').pool}.bank_bytes" if schedule.ring_pool("mla_proj")
+            else "families.mla_proj.chunk_bytes")
+    raise UnsupportedSchedule(
+        f"the MLA up-projection mla.kv_b is {size / (1 << 20):.2f} MiB per device here, but the schedule "
+        f"streams the mla_proj family in chunks of {(chunk or 0) / (1 << 20):.2f} MiB; the kernel must hold "
+        f"mla.kv_b whole in VMEM (two ops read it), so set {knob} to at least {size} or split the model over "
+        "more devices")
+
+
+def window_template(dims: ModelDims, i: int) -> str:
+    """Template of window ``i`` (the kind of layer ``i + 1``, or ``head`` after the last layer)."""
+    return dims.kinds[i + 1] if i + 1 < dims.num_layers else "head"
+
+
+def _window_layers(dims: ModelDims, geo: Geometry) -> dict[str, int]:
+    """Template -> its first window. Every window of a template must see its pooled slabs in
+    the same banks relative to each other (then its issue points are the first one's)."""
+    first: dict[str, int] = {}
+    for i in dims.moe_layers:
+        template = window_template(dims, i)
+        rep = first.setdefault(template, i)
+        shifts: dict[str, set[int]] = {}
+        for op in window_ops(template, 1):
+            for ring_name, delta in op.reads:
+                ring = geo.rings.get(ring_name)
+                if ring is None or not ring.bank_rows:
+                    continue
+                banks = geo.pools[ring.pool]
+                shift = banks.first_bank(ring_name, i + delta) - banks.first_bank(ring_name, rep + delta)
+                shifts.setdefault(ring.pool, set()).add(shift % banks.banks)
+        if any(len(values) > 1 for values in shifts.values()):
+            raise UnsupportedSchedule(f"window {i}: its ring-pool slabs do not sit in the banks of window {rep}'s; "
+                                      "the kernel's issue tables need one bank pattern per window template")
+    return first
 
 
 # ------------------------------------------------------------------------------ windows
+
+
+# The ops of a window's lead-in: layer i from its routing decision to its experts. The copies
+# of window i can be issued from the op after ``moe.topk`` on (the routing horizon).
+LEAD_IN = ("moe.topk", "moe.shared_gate_up", "moe.shared_down")
 
 
 @dataclass(frozen=True)
@@ -261,10 +336,12 @@ def attention_ops(kind: str, delta: int) -> list[Op]:
 
 
 def moe_head_ops(delta: int) -> list[Op]:
-    """mlp.mix_norm .. moe.shared_down (the part of a MoE layer before its experts)."""
+    """mlp.mix_norm .. moe.shared_down (the part of a MoE layer before its experts). The latent
+    projection runs before the top-k so its all-gather overlaps the selection (the K3 kernel's
+    order)."""
     return [Op("mlp.mix_norm", delta, (("small", delta),)), Op("moe.router", delta, (("moe.router", delta),)),
-            Op("moe.topk", delta, (("small", delta),)),
             Op("moe.latent_down", delta, (("moe.latent_down", delta), ("small", delta))),
+            Op("moe.topk", delta, (("small", delta),)),
             Op("moe.shared_gate_up", delta, (("moe.shared_gate_up", delta),)),
             Op("moe.shared_down", delta, (("moe.shared_down", delta),))]
 
@@ -277,8 +354,8 @@ def prologue_ops(next_kind: str) -> list[Op]:
 
 
 def window_ops(template: str, n: int) -> list[Op]:
-    """Lead-in (4 ops, positions -4..-1) + window ops (positions 0..)."""
-    lead = moe_head_ops(0)[2:]
+    """Lead-in (:data:`LEAD_IN`, positions -len..-1) + window ops (positions 0..)."""
+    lead = moe_head_ops(0)[-len(LEAD_IN):]
     body = [Op(f"expert[{j}]", 0, (("expert", j),)) for j in range(n)]
     body += [Op("moe.combine", 0), Op("moe.latent_up", 0, (("moe.latent_up", 0),))]
     if template == "head":
@@ -301,7 +378,7 @@ class Unit:
 @dataclass
 class WindowPlan:
     ops: list[Op]  # lead-in included
-    first: int  # position of ops[0] (-4 for windows, 0 for the prologue)
+    first: int  # position of ops[0] (-len(LEAD_IN) for windows, 0 for the prologue)
     issue: dict[Unit, int]  # unit -> position of the op at whose start it is issued
     consumer: dict[Unit, int]
 
@@ -317,16 +394,33 @@ def _first_slot(ring: RingSpec, key: int) -> int:
     return key * ring.num_slabs if ring.instances > 1 else 0
 
 
-def plan_window(geo: Geometry, ops: list[Op], first: int, horizon: int, *, respect_buffers: bool = True) -> WindowPlan:
+def _read(geo: Geometry, specs: dict[str, RingSpec], ring_name: str, key: int,
+          layers: tuple[int, int] | None) -> Read:
+    """The issue plan's view of an op reading ``ring_name`` at layer offset (or expert entry)
+    ``key``: a ring-pool member is an instance of the pool's ring, in the bank the plan gave it."""
+    ring = geo.rings[ring_name]
+    if not ring.bank_rows:
+        return Read(ring_name, key, _first_slot(specs[ring_name], key))
+    assert layers is not None, "a window with ring-pool reads needs its layers"
+    banks = geo.pools[ring.pool]
+    return Read(banks.ring, (ring_name, key), banks.first_bank(ring_name, layers[key]), ring.num_slabs, ring.distance)
+
+
+def plan_window(geo: Geometry, ops: list[Op], first: int, horizon: int, *, respect_buffers: bool = True,
+                layers: tuple[int, int] | None = None) -> WindowPlan:
     """Issue positions of every copy first read at position >= 0, by
     :func:`tpusim.schedule.issue_plan.plan_issues` (slabs ``k >= buffers`` are refills the
     kernel issues inside their consumer, so they are left out).
 
+    ``layers``: the model layers of offsets 0 and 1 (where ring-pool banks are read).
     ``respect_buffers=False`` ignores ``free`` for weight tensors: a deliberately broken plan
     that refills buffers still being read, for the race-detector test only."""
     topk = next((first + i for i, op in enumerate(ops) if op.name == "moe.topk" and op.delta == 0), None)
-    specs = {name: ring.spec for name, ring in geo.rings.items()}
-    reads = [[Read(ring, key, _first_slot(specs[ring], key)) for ring, key in op.reads] for op in ops]
+    specs = {name: ring.spec for name, ring in geo.rings.items() if not ring.bank_rows}
+    specs.update(geo.pool_specs)
+    reads = [[_read(geo, specs, ring, key, layers) for ring, key in op.reads] for op in ops]
+    for op, op_reads in zip(ops, reads, strict=True):
+        check_op_fits(op.name, op_reads, specs)
     try:
         planned = plan_issues(specs, reads, first=first, horizon=lambda _c: horizon,
                               routing=lambda _read: topk if topk is not None else first,
@@ -336,24 +430,42 @@ def plan_window(geo: Geometry, ops: list[Op], first: int, horizon: int, *, respe
     issue: dict[Unit, int] = {}
     consumer: dict[Unit, int] = {}
     for unit, when in planned.issue.items():
+        pooled = unit.ring.startswith("pool:")
         if unit in planned.refills:
+            if pooled and unit.slab < specs[unit.ring].buffers:
+                name = unit.key[0]  # type: ignore[index]
+                raise UnsupportedSchedule(f"{name} slab {unit.slab} would refill a ring-pool bank that another tensor "
+                                          "of its own op still reads; the kernel refills only within one tensor")
             continue
-        key = int(unit.key)  # type: ignore[call-overload]
-        ours = Unit(unit.ring, 0, key) if unit.ring == "expert" else Unit(unit.ring, key, unit.slab)
+        if pooled:
+            name, delta = unit.key  # type: ignore[misc]
+            ours = Unit(name, delta, unit.slab)
+        elif unit.ring == "expert":
+            ours = Unit(unit.ring, 0, int(unit.key))  # type: ignore[call-overload]
+        else:
+            ours = Unit(unit.ring, int(unit.key), unit.slab)  # type: ignore[call-overload]
         issue[ours] = when
         consumer[ours] = planned.consumer[unit]
     return WindowPlan(ops, first, issue, consumer)
 
 
 def plan_prologue(geo: Geometry, next_kind: str, *, respect_buffers: bool = True) -> WindowPlan:
-    return plan_window(geo, prologue_ops(next_kind), 0, 0, respect_buffers=respect_buffers)
+    return plan_window(geo, prologue_ops(next_kind), 0, 0, respect_buffers=respect_buffers, layers=(0, 1))
 
 
 def plan_iteration(geo: Geometry, template: str, n: int, *, respect_buffers: bool = True) -> WindowPlan:
-    plan = plan_window(geo, window_ops(template, n), -4, -3, respect_buffers=respect_buffers)
+    """The plan of a window of ``template`` with ``n`` experts (with ring pools: the banks of
+    the model's first window of that template; :func:`geometry` checked the others agree)."""
+    i = geo.window_layer.get(template)
+    if geo.pools and i is None:
+        raise UnsupportedSchedule(f"no window of template {template} in this model")
+    layers = (i, i + 1) if i is not None else None
+    topk = -len(LEAD_IN)
+    plan = plan_window(geo, window_ops(template, n), topk, topk + 1, respect_buffers=respect_buffers,
+                       layers=layers)
     slots = geo.rings["expert"].buffers
     for j in range(n):
-        want = -4 if j < slots else j - slots + 1
+        want = topk if j < slots else j - slots + 1
         got = plan.issue[Unit("expert", 0, j)]
         if j >= slots and got != want:
             raise UnsupportedSchedule(f"routed expert {j} would be issued at {got}, not at expert[{want}]")

@@ -27,8 +27,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from megakernel.dma_plan import Unit, WindowPlan
-from megakernel.kernel import LEAD_IN, Megakernel, prologue_order
+from megakernel.dma_plan import LEAD_IN, Unit, WindowPlan
+from megakernel.kernel import Megakernel, prologue_order
 from megakernel.kernel_dma import TEMPLATES
 from megakernel.math_moe import distinct_experts
 from megakernel.reference import DecodeState
@@ -98,13 +98,13 @@ def planned_event_order(kernel: Megakernel, routing: np.ndarray) -> list[Event]:
     def experts_at_topk(i: int) -> None:
         plan = tables.plans[template(i), n[i]]
         for j in range(min(slots, n[i])):
-            if plan.issue[Unit("expert", 0, j)] == -4:
+            if plan.issue[Unit("expert", 0, j)] == -len(LEAD_IN):
                 start(Unit("expert", 0, j), (i, i + 1))
 
     def lead_in(op: str, i: int) -> None:
         """Copies of window ``i`` planned in its lead-in op ``op`` (after layer i's topk)."""
         if op in LEAD_IN and op != "moe.topk":
-            planned(tables.plans[template(i), n[i]], LEAD_IN.index(op) - 4, (i, i + 1))
+            planned(tables.plans[template(i), n[i]], LEAD_IN.index(op) - len(LEAD_IN), (i, i + 1))
 
     prologue = tables.prologue
     for pos, op in enumerate(prologue.ops):
@@ -120,7 +120,7 @@ def planned_event_order(kernel: Megakernel, routing: np.ndarray) -> list[Event]:
         waits(op.name, layer)
     for i in range(1, dims.num_layers):
         plan = tables.plans[template(i), n[i]]
-        for pos, op in enumerate(plan.ops[4:]):
+        for pos, op in enumerate(plan.ops[len(LEAD_IN):]):
             layer = i + op.delta
             if op.name.startswith("expert["):
                 planned(plan, pos, (i, i + 1))

@@ -4,7 +4,11 @@ The built-in schedules (``naive``, ``published``, ``layer-double-buffer``) never
 kimi-k3-mini tensor (its largest is 576 KiB, their slabs are >= 1 MiB). :func:`chunked_schedule`
 does: row slabs with more slabs than buffers (in-op refills), a pool shared by the shared
 expert, two expert slots and the dense MLP, deep prefetch of small parameters, after-routing
-expert issue and 64-token KV tiles.
+expert issue and 64-token KV tiles. :func:`ring_schedule` is the Muse kernel's layout
+(``tpusim/schedules/muse-published.json``: one ring of banks shared by every dense tensor,
+unbounded distances, 4 expert slots issued after routing, 3 KV tiles in flight) scaled to
+kimi-k3-mini: by default 4 banks of 128 KiB, so ``kda.qkvgb`` (6 slabs) refills banks inside
+its op and every tensor's bank wraps around the ring from layer to layer.
 """
 
 from __future__ import annotations
@@ -31,4 +35,25 @@ def chunked_schedule() -> Schedule:
         "expert_issue": "after_routing",
         "kv_tile_tokens": 64,
         "kv_buffers": 2,
+    })
+
+
+RING_MEMBERS = ("kda_proj", "mla_proj", "router", "latent_proj", "shared_expert", "dense_mlp", "lm_head")
+
+
+def ring_schedule(banks: int = 4, bank_bytes: int = 131072, *, members: tuple[str, ...] = RING_MEMBERS) -> Schedule:
+    """A ring-pool schedule: ``members`` share one ring of ``banks`` x ``bank_bytes``."""
+    families: dict[str, dict[str, object]] = {name: {"prefetch_distance_ops": 4096, "pool": "ring"} for name in members}
+    families["small_params"] = {"prefetch_distance_ops": 8, "buffers": 2}
+    families["routed_expert"] = {"buffers": 4}
+    return Schedule.model_validate({
+        "name": f"megakernel-ring-{banks}x{bank_bytes // 1024}k",
+        "description": f"the Muse kernel's shared ring ({banks} banks of {bank_bytes} bytes for every dense "
+                       "tensor) with 4 expert slots issued after routing and 3 KV tiles in flight",
+        "families": families,
+        "pools": {"ring": {"mode": "ring", "banks": banks, "bank_bytes": bank_bytes}},
+        "max_dmas_in_flight": 32,
+        "expert_issue": "after_routing",
+        "kv_tile_tokens": 64,
+        "kv_buffers": 3,
     })

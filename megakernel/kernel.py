@@ -39,7 +39,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from megakernel import dma_plan
 from megakernel.dims import LANES, ModelDims
-from megakernel.dma_plan import NEVER, Geometry, Unit, WindowPlan
+from megakernel.dma_plan import LEAD_IN, NEVER, Geometry, Unit, WindowPlan
 from megakernel.hbm import hbm_shapes
 from megakernel.kernel_attention import finish_kda_state, kda_layer, mla_layer
 from megakernel.kernel_dma import (
@@ -57,9 +57,9 @@ from megakernel.kernel_dma import (
 from megakernel.kernel_moe import dense_mlp, expert_loop, head, moe_post_experts, moe_pre_experts
 from megakernel.reference import DecodeState
 from megakernel.residual import num_block_slots
+from megakernel.ring_pool import bank_table
 from tpusim.schedule.schema import Schedule
 
-LEAD_IN = ("moe.topk", "moe.latent_down", "moe.shared_gate_up", "moe.shared_down")
 EXPERT_CODES = 1000  # codes below are expert[j]; op identities start here
 
 
@@ -90,6 +90,8 @@ def build_tables(dims: ModelDims, geo: Geometry, n_max: int, *, respect_buffers:
     codes = op_codes()
     plans: dict[tuple[int, int], WindowPlan] = {}
     for t, template in enumerate(TEMPLATES):
+        if geo.pools and template not in geo.window_layer:
+            continue  # no window of this template: its (ring-pool) banks are unknown and never needed
         for n in range(1, n_max + 1):
             plans[t, n] = dma_plan.plan_iteration(geo, template, n, respect_buffers=respect_buffers)
     slots = geo.rings["expert"].buffers
@@ -166,7 +168,7 @@ class Megakernel:
         wmax = max(d.hidden, d.moe.latent)
         return {
             "arena": {pool: pltpu.VMEM((rows, LANES), jnp.uint16) for pool, rows in g.arenas.items()},
-            "sem": {name: pltpu.SemaphoreType.DMA((ring.buffers,)) for name, ring in g.rings.items()},
+            "sem": {ring.sem_key: pltpu.SemaphoreType.DMA((ring.buffers,)) for ring in g.rings.values()},
             "blocks": pltpu.VMEM((num_block_slots(d.num_layers, d.block_layers), self.rows, d.hidden), jnp.float32),
             "partial": pltpu.VMEM((self.rows, d.hidden), jnp.float32),
             "work": pltpu.VMEM((4, self.rows, wmax), jnp.float32),
@@ -226,6 +228,7 @@ class Megakernel:
         specs: dict[str, Any] = {name: pl.BlockSpec(memory_space=pl.ANY) for name in self.hbm_shapes()}
         specs = {f"hbm.{k}": v for k, v in specs.items()}
         specs.update({"smem.layers": pl.BlockSpec(memory_space=pltpu.SMEM),
+                      "smem.banks": pl.BlockSpec(memory_space=pltpu.SMEM),
                       "vmem.issue": pl.BlockSpec(memory_space=pltpu.VMEM),
                       "smem.scalars": pl.BlockSpec(memory_space=pltpu.SMEM),
                       "x0": pl.BlockSpec(memory_space=pltpu.VMEM)})
@@ -236,6 +239,7 @@ class Megakernel:
         """Assemble the kernel's input dict (``x0`` f32[B, H] embedding rows)."""
         out = {f"hbm.{k}": v for k, v in hbm.items()}
         out.update({"smem.layers": jnp.asarray(layer_table(self.dims)),
+                    "smem.banks": jnp.asarray(bank_table(self.dims.num_layers, self.geo.pools)),
                     "vmem.issue": jnp.asarray(self.issue_rows()),
                     "smem.scalars": jnp.reshape(state.position, (1,)).astype(jnp.int32),
                     "x0": x0, "state.kda": state.kda_state, "state.conv": state.conv_state,

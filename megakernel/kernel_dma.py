@@ -4,7 +4,8 @@ Everything the op code needs to move weights lives on :class:`Ctx`:
 
 - ``start(ring, layer, k)`` / ``wait(ring, layer, k)``: copy slab ``k`` of ``ring``'s tensor of
   ``layer`` from HBM into its ring buffer ``(m*K + k) % buffers`` (``m`` = the layer's index in
-  the ring's stack, read from the SMEM layer table) and wait for it;
+  the ring's stack, read from the SMEM layer table) and wait for it; a ring-pool member goes
+  to bank ``(base + offset + k) % banks`` (:meth:`Ctx.buffer`, :mod:`megakernel.ring_pool`);
 - ``start_expert(layer, j)`` / ``wait_expert(j)``: the two copies (gate/up with its scales,
   down with its scales) of the ``j``-th distinct routed expert into slot ``j % slots``, the
   expert id read from SMEM (written by ``moe.topk``);
@@ -36,6 +37,7 @@ from jax.experimental.pallas import tpu as pltpu
 from megakernel.dims import LANES, ModelDims
 from megakernel.dma_plan import Geometry, Ring, Unit
 from megakernel.quant import words_to_bf16
+from megakernel.ring_pool import bank_word, part_of
 
 # Layer table columns (SMEM, flattened [num_layers, LAYER_COLS]).
 COL_IS_MLA, COL_KIND_INDEX, COL_TEMPLATE = 0, 1, 2
@@ -152,16 +154,36 @@ class Ctx:
 
     # ------------------------------------------------------------------------ rings
 
+    def buffer(self, ring: Ring, layer: Any, k: int) -> Any:
+        """The buffer slab ``k`` of ``layer``'s tensor lands in (an int where static).
+
+        A ring's own: ``(m*K + k) % buffers``. A ring-pool member's bank: from the plan for a
+        static layer or a kind only one layer has, else the layer's part base (SMEM, read once
+        per region) plus the kind's static offset."""
+        if ring.bank_rows:
+            banks = self.geo.pools[ring.pool]
+            part = part_of(ring.name)
+            if part is None:  # layer 0's MLP, the head: one layer (traced only in an untaken branch)
+                layer = banks.only_layer(ring.name)
+            if isinstance(layer, int):
+                return (banks.first_bank(ring.name, layer) + k) % ring.buffers
+            assert part is not None
+            word = bank_word(layer, len(self.geo.pools), banks.index, part)
+            base = self.memo(f"bank/{ring.pool}/{part}", layer, lambda: self.ins["smem.banks"][word])
+            return imod(base + (banks.offset[ring.name] + k), ring.buffers)
+        if ring.buffers == 1:
+            return 0
+        return imod(self.instance(ring, layer) * ring.num_slabs + k, ring.buffers)
+
     def _copy(self, ring: Ring, layer: Any, k: int, *, for_wait: bool = False) -> Any:
         """The descriptor of slab k's copy. A wait only needs the shapes and the semaphore,
-        so ``for_wait`` skips the HBM index (no SMEM read) when the buffer is static."""
-        m = 0 if for_wait and ring.buffers == 1 else self.instance(ring, layer)
-        buffer = imod(m * ring.num_slabs + k, ring.buffers) if ring.buffers > 1 else 0
-        row = ring.offset + buffer * ring.slab_arena_rows
+        so ``for_wait`` skips the HBM index (no SMEM read) when it can."""
+        m = 0 if for_wait and (ring.buffers == 1 or ring.bank_rows) else self.instance(ring, layer)
+        buffer = self.buffer(ring, layer, k)
         arena = self.scratch["arena"][ring.pool]
         src = self.ins[f"hbm.{ring.name}"].at[m] if ring.name == "small" else self.ins[f"hbm.{ring.name}"].at[m, k]
-        dst = arena.at[pl.ds(row, ring.slab_arena_rows), :]
-        return pltpu.make_async_copy(src, dst, self.scratch["sem"][ring.name].at[buffer])
+        dst = arena.at[pl.ds(ring.buffer_row(buffer), ring.slab_arena_rows), :]
+        return pltpu.make_async_copy(src, dst, self.scratch["sem"][ring.sem_key].at[buffer])
 
     def start(self, ring_name: str, layer: Any, k: int) -> None:
         ring = self.geo.rings[ring_name]
@@ -176,9 +198,7 @@ class Ctx:
     def view(self, ring_name: str, layer: Any, k: int) -> jax.Array:
         """The words of slab ``k`` (already waited): u16[slab_arena_rows, 128]."""
         ring = self.geo.rings[ring_name]
-        m = self.instance(ring, layer)
-        buffer = imod(m * ring.num_slabs + k, ring.buffers) if ring.buffers > 1 else 0
-        row = ring.offset + buffer * ring.slab_arena_rows
+        row = ring.buffer_row(self.buffer(ring, layer, k))
         return self.scratch["arena"][ring.pool][pl.ds(row, ring.slab_arena_rows), :]
 
     def matmul(self, ring_name: str, layer: Any, x: jax.Array) -> jax.Array:

@@ -40,11 +40,11 @@ def moe_pre_experts(ctx: Ctx, layer: Any, begin: Begin, issue_at_topk: Callable[
     x = mix_norm(ctx, layer, "mlp")
     begin("moe.router")
     scores = jax.nn.sigmoid(ctx.matmul("moe.router", layer, x)[:, : e.scored_experts])
-    begin("moe.topk")
-    topk(ctx, layer, scores, issue_at_topk)
-    begin("moe.latent_down")
+    begin("moe.latent_down")  # before the top-k: its all-gather overlaps the selection
     lat = math_moe.latent_input(d, ctx.matmul("moe.latent_down", layer, x), ctx.small(layer, "small.latent_norm"))
     ctx.scratch["work"][WORK_LATENT, :b, : e.latent] = lat
+    begin("moe.topk")
+    topk(ctx, layer, scores, issue_at_topk)
     begin("moe.shared_gate_up")
     gu = ctx.matmul("moe.shared_gate_up", layer, x)
     act = situ(gu[:, : e.shared_width], gu[:, e.shared_width:])

@@ -9,7 +9,7 @@ which is why tests call this in a subprocess with a timeout.
 
 ``--unsafe`` builds the kernel with a plan that ignores buffer reuse (copies land in VMEM
 rows still being read): the negative control that shows the detector catches it.
-``SCHEDULE`` is a built-in name, a JSON file, or ``chunked`` (:mod:`megakernel.examples`).
+``SCHEDULE`` is a built-in name, a JSON file, ``chunked`` or ``ring`` (:mod:`megakernel.examples`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def check(schedule_name: str, mode: str, layers: int, batch: int, unsafe: bool) 
     from jax.experimental.pallas import tpu as pltpu
 
     from megakernel.dims import model_dims
-    from megakernel.examples import chunked_schedule
+    from megakernel.examples import chunked_schedule, ring_schedule
     from megakernel.hbm import pack_hbm
     from megakernel.kernel import Megakernel
     from megakernel.layout import random_weights
@@ -38,7 +38,8 @@ def check(schedule_name: str, mode: str, layers: int, batch: int, unsafe: bool) 
     np.random.seed(0)  # the detector's vector clocks: repeatable runs
     model = load_model("kimi-k3-mini").with_layers(layers)
     dims = model_dims(model, plan_for(model, 1))
-    schedule = chunked_schedule() if schedule_name == "chunked" else load_schedule(schedule_name)
+    examples = {"chunked": chunked_schedule, "ring": ring_schedule}
+    schedule = examples[schedule_name]() if schedule_name in examples else load_schedule(schedule_name)
     params = pltpu.InterpretParams(detect_races=True, vector_clock_size=256, dma_execution_mode=mode,
                                    uninitialized_memory="nan", random_seed=0)
     kernel = Megakernel(dims, schedule, batch, 256, interpret=params, unsafe_ignore_buffer_reuse=unsafe)

@@ -103,6 +103,18 @@ def test_the_shared_reduction_is_consumed_at_the_combine() -> None:
     assert consumer_index(ops, gather, "attn.mix_norm") == next_layer
 
 
+def test_the_latent_all_gather_is_in_flight_during_the_top_k() -> None:
+    """K3's kernel runs the latent projection before the top-16 selection, so the latent's
+    32-way all-gather travels while the selection runs and is waited only at the experts."""
+    ops = _k3_program(2).ops
+    at = {op.role: i for i, op in enumerate(ops) if op.layer == 1}
+    latent = at["moe.latent_down"]
+    assert latent < at["moe.topk"] < at["moe.shared"]
+    assert [c.spec.name for c in ops[latent].collectives] == ["moe.latent_allgather"]
+    first_expert = next(i for i, op in enumerate(ops) if op.layer == 1 and op.role == "moe.expert")
+    assert consumer_index(ops, latent, "moe.expert") == first_expert
+
+
 def test_a_consumer_further_away_never_slows_the_step() -> None:
     """The stream waits only at the consumer: moving the shared reduction's consumer from
     the combine back to the op right after it can only cost time."""

@@ -11,7 +11,10 @@ kernel is used for as much as it can check:
 - batch 4 x {naive, published, layer-double-buffer} (up to 16 distinct experts a layer,
   so the n-dependent issue tables and slot refills are exercised);
 - the chunked example schedule (row slabs with in-op refills, a shared pool, 64-token KV
-  tiles) at batch 2 on an 8-layer variant, 2 steps, with the trace.
+  tiles) at batch 2 on an 8-layer variant, 2 steps, with the trace;
+- the ring-pool example schedule (the Muse layout: every dense tensor in one ring of 4 banks,
+  so banks wrap across layers and ``kda.qkvgb`` refills inside its op; 3 KV tiles) at batch 1,
+  with the trace (batch 4 under ``-m heavy``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from megakernel.dims import model_dims
 from megakernel.events import planned_event_order, weight_events
-from megakernel.examples import chunked_schedule
+from megakernel.examples import chunked_schedule, ring_schedule
 from megakernel.hbm import pack_hbm
 from megakernel.kernel import Megakernel
 from megakernel.layout import random_weights
@@ -37,23 +40,26 @@ pytestmark = pytest.mark.slow
 
 CONTEXT, MAX_CONTEXT = 130, 256  # two KV tiles of 128, the second partial
 
-# One tolerance rule, per dtype of the compared array and batch: max |kernel - reference|
-# <= TOLERANCE * max |reference|.
-# - batch 1: the kernel runs the reference's ops in the same order; measured: bit-identical
-#   (0.0) for every schedule over 93 layers, so only f32 rounding is allowed.
-# - batch > 1: XLA:CPU's batched matmuls may sum in another order than the kernel's panel
-#   matmuls; the difference grows over 93 layers. Measured at batch 4: logits 0.047 of max
-#   3.25 (1.4 %), KDA state 0.006 of ~1.5, bf16 KV cache 0.05 of ~4 (1-2 bf16 ulps).
+# One tolerance rule, per dtype of the compared array and summation order: max |kernel -
+# reference| <= TOLERANCE * max |reference|.
+# - batch 1 with every contraction whole: the kernel runs the reference's ops in the same
+#   order; measured: bit-identical (0.0) for every such schedule over 93 layers, so only f32
+#   rounding is allowed.
+# - otherwise ("reordered"): XLA:CPU's batched matmuls may sum in another order than the
+#   kernel's panel matmuls, and a contraction split in row slabs is summed slab by slab; the
+#   difference grows over 93 layers. Measured at batch 4: logits 0.047 of max 3.25 (1.4 %), KDA
+#   state 0.006 of ~1.5, bf16 KV cache 0.05 of ~4 (1-2 bf16 ulps); ring-pool example at batch 1
+#   (kda.qkvgb in 6 slabs, ...): logits 0.043 of max 3.52 (1.2 %).
 TOLERANCE = {
     (np.dtype(np.float32), 1): 1e-6,
     (np.dtype(ml_dtypes.bfloat16), 1): 2**-8,
-    (np.dtype(np.float32), "batched"): 3e-2,
-    (np.dtype(ml_dtypes.bfloat16), "batched"): 3e-2,
+    (np.dtype(np.float32), "reordered"): 3e-2,
+    (np.dtype(ml_dtypes.bfloat16), "reordered"): 3e-2,
 }
 
 
-def assert_close(got: jax.Array, want: jax.Array, batch: int, what: str) -> None:
-    key = (np.dtype(want.dtype), 1 if batch == 1 else "batched")
+def assert_close(got: jax.Array, want: jax.Array, exact_order: bool, what: str) -> None:
+    key = (np.dtype(want.dtype), 1 if exact_order else "reordered")
     got64, want64 = np.asarray(got, np.float64), np.asarray(want, np.float64)
     scale = max(np.abs(want64).max(), 1e-6)
     err = np.abs(got64 - want64).max()
@@ -97,6 +103,7 @@ def run_and_check(setup: Setup, schedule, batch: int, steps: int = 1, *, trace: 
     within tolerance, identical greedy tokens and, with ``trace``, each step's recorded
     weight events equal to the order the plan predicts for that step's routing."""
     kernel, hbm = setup.kernel(schedule, batch, trace=trace)
+    exact = batch == 1 and all(ring.num_slabs == 1 for ring in kernel.geo.rings.values())
     state, tokens = setup.inputs(batch)
     ref_state, ref_tokens = state, tokens
     for _ in range(steps):
@@ -105,10 +112,10 @@ def run_and_check(setup: Setup, schedule, batch: int, steps: int = 1, *, trace: 
             kernel.recorder.events.clear()
         logits, state = kernel.jitted_step(hbm, setup.params["embedding"], state, tokens)
         assert np.isfinite(np.asarray(logits)).all()
-        assert_close(logits, ref_logits, batch, "logits")
-        assert_close(state.kda_state, ref_next.kda_state, batch, "KDA state")
-        assert_close(state.conv_state, ref_next.conv_state, batch, "conv window")
-        assert_close(state.kv_cache, ref_next.kv_cache, batch, "KV cache")
+        assert_close(logits, ref_logits, exact, "logits")
+        assert_close(state.kda_state, ref_next.kda_state, exact, "KDA state")
+        assert_close(state.conv_state, ref_next.conv_state, exact, "conv window")
+        assert_close(state.kv_cache, ref_next.kv_cache, exact, "KV cache")
         if trace:
             events = list(kernel.recorder.events)
             assert weight_events(events) == planned_event_order(kernel, np.asarray(routing))
@@ -139,3 +146,16 @@ def test_chunked_schedule_batch2_8_layers_with_event_trace():
     """Row slabs with in-op refills, a shared pool and 64-token KV tiles (on 8 layers: the
     kernel's code is the same loop whatever the depth)."""
     run_and_check(Setup(layers=8), chunked_schedule(), 2, steps=2, trace=True)
+
+
+def test_ring_pool_batch1_93_layers_with_event_trace(mini):
+    """One step: over 93 layers of random weights the slab-by-slab sums' rounding grows
+    chaotically when kernel and reference each carry their own state (measured: logits 1.2 %
+    off after one step, 5 % after two); greedy decoding over 4 steps is checked on 13 layers
+    against the independent reference (test_megakernel_reference_jnp)."""
+    run_and_check(mini, ring_schedule(), 1, trace=True)
+
+
+@pytest.mark.heavy
+def test_ring_pool_batch4_93_layers(mini):
+    run_and_check(mini, ring_schedule(), 4)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from megakernel.dims import model_dims
-from megakernel.examples import chunked_schedule
+from megakernel.examples import chunked_schedule, ring_schedule
 from megakernel.kernel import Megakernel
 from megakernel.tpu_lowering import lower_for_tpu
 from tpusim.schedule.schema import load_schedule
@@ -23,7 +23,8 @@ MIB = 1 << 20
 TPU_V7_EXPLICIT_VMEM_BYTES = 58 * MIB  # usable explicit scratch on TPU v7 (issue / kimi-k3.md)
 
 
-@pytest.mark.parametrize("schedule", [load_schedule("published"), chunked_schedule()], ids=lambda s: s.name)
+@pytest.mark.parametrize("schedule", [load_schedule("published"), chunked_schedule(), ring_schedule()],
+                         ids=lambda s: s.name)
 def test_lowers_for_tpu_at_kimi_k3_mini_sizes(schedule):
     model = load_model("kimi-k3-mini")
     kernel = Megakernel(model_dims(model, plan_for(model, 1)), schedule, 4, 256)
@@ -35,8 +36,10 @@ def test_lowers_for_tpu_at_kimi_k3_mini_sizes(schedule):
 SWEEP_BEST = "tests/data/sweep-best-k3-b1.json"
 
 
+# k3-ring: the Muse kernel's shared ring of 12 x 2 MiB banks on K3 (fits 58 MiB at batch 1; at
+# batch 8 its three 256-token KV tiles per sequence do not).
 @pytest.mark.parametrize(("name", "batch"), [("published", 1), ("published", 8), ("layer-double-buffer", 1),
-                                             (SWEEP_BEST, 1)])
+                                             (SWEEP_BEST, 1), ("k3-ring", 1)])
 def test_lowers_for_tpu_at_full_k3_tp32_sizes_and_scratch_matches_vmem_accounting(name, batch):
     model = load_model("kimi-k3")
     plan = plan_for(model, 32)

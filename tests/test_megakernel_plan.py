@@ -1,6 +1,7 @@
 """The kernel's DMA plan (fast, no kernel run): arena sizes equal tpusim.schedule.vmem's accounting,
 and an independent checker replays the planned event order of whole decode steps and proves
-no copy lands in VMEM rows that another copy's data still occupies."""
+no copy lands in VMEM rows that another copy's data still occupies (in a ring pool, with the
+banks counted here from the order the slabs are consumed)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from megakernel.dims import model_dims
 from megakernel.dma_plan import UnsupportedSchedule, geometry, peak_in_flight, plan_iteration
 from megakernel.events import OP_READS, planned_event_order
-from megakernel.examples import chunked_schedule
+from megakernel.examples import chunked_schedule, ring_schedule
 from megakernel.kernel import Megakernel
 from tpusim.schedule.schema import FamilySchedule, Schedule, load_schedule
 from tpusim.schedule.vmem import vmem_plan
@@ -24,15 +25,16 @@ LAST_READER = {**{ring: op for op, rings in OP_READS.items() for ring in rings},
                "mla.kv_b": "mla.core", "small": ("moe.latent_down", "mlp.mix_norm")}
 
 CHUNKED = chunked_schedule()
+RINGS = [ring_schedule(), ring_schedule(3, 128 << 10, members=("mla_proj", "router", "latent_proj", "lm_head"))]
 
 
 def schedules() -> list[Schedule]:
-    return [load_schedule(name) for name in BUILTINS] + [CHUNKED]
+    return [load_schedule(name) for name in BUILTINS] + [CHUNKED] + RINGS
 
 
 @pytest.mark.parametrize(("name", "devices", "schedule"),
                          [("kimi-k3-mini", 1, s) for s in schedules()]
-                         + [("kimi-k3", 32, load_schedule(n)) for n in BUILTINS],
+                         + [("kimi-k3", 32, load_schedule(n)) for n in (*BUILTINS, "k3-ring")],
                          ids=lambda v: getattr(v, "name", v))
 def test_arenas_are_the_vmem_accounting(name, devices, schedule):
     """Each pool is one uint16 arena of exactly tpusim.schedule.vmem's bytes, except that small
@@ -51,11 +53,27 @@ def test_arenas_are_the_vmem_accounting(name, devices, schedule):
         assert ours[pool] == size, pool
 
 
-def arena_rows(kernel: Megakernel, event: tuple) -> tuple[str, int, int]:
+def ring_banks(kernel: Megakernel, events: list[tuple]) -> dict[tuple, int]:
+    """(tensor, layer, chunk) -> bank of every slab of a ring-mode pool, by the schema's rule
+    alone: the pool's slabs take the banks in turn, in the order they are consumed (waited)."""
+    schedule, count, banks = kernel.schedule, 0, {}
+    for event in events:
+        if event[0] == "dma_wait" and not event[2].startswith("expert.") and schedule.ring_pool(event[1]):
+            spec = schedule.ring_pool(event[1])
+            if event[2:] not in banks:
+                banks[event[2:]] = count % spec.banks
+                count += 1
+    return banks
+
+
+def arena_rows(kernel: Megakernel, event: tuple, banks: dict[tuple, int]) -> tuple[str, int, int]:
     """(pool, first row, end row) of the buffer a copy event uses, from the ring geometry
-    and the *real* instance index (no conservative regions)."""
-    _, _, tensor, layer, chunk = event
+    and the *real* instance index (no conservative regions); a ring pool's bank from ``banks``."""
+    _, family, tensor, layer, chunk = event
     dims, geo = kernel.dims, kernel.geo
+    if event[2:] in banks:
+        start = banks[event[2:]] * kernel.schedule.ring_pool(family).bank_bytes // ARENA_ROW_BYTES
+        return kernel.schedule.family(family).pool, start, start + geo.rings[tensor].slab_arena_rows
     if tensor.startswith("expert."):
         ring = geo.rings["expert"]
         start = ring.buffer_row(chunk % ring.buffers)
@@ -100,6 +118,7 @@ def replay(kernel: Megakernel, events: list[tuple]) -> None:
     """Check that every copy is waited after it starts, and that no copy starts while rows it
     overwrites still hold data that an op has yet to finish reading."""
     owner = op_of_events(kernel, events)
+    banks = ring_banks(kernel, events)
     ops = [(i, e) for i, e in enumerate(events) if e[0] == "compute"]
     first_event_of_op = {}
     for i, op in enumerate(owner):
@@ -108,7 +127,7 @@ def replay(kernel: Megakernel, events: list[tuple]) -> None:
     started: set[tuple] = set()
     for i, event in enumerate(events):
         if event[0] == "dma_start":
-            pool, lo, hi = arena_rows(kernel, event)
+            pool, lo, hi = arena_rows(kernel, event, banks)
             for other, (o_pool, o_lo, o_hi, release) in busy.items():
                 if o_pool == pool and lo < o_hi and o_lo < hi and (release is None or release > i):
                     raise AssertionError(f"event {i} {event} overwrites rows of {other} still in use")
@@ -154,7 +173,7 @@ def test_planned_steps_never_overwrite_live_buffers_mini(schedule, batch):
         replay(kernel, planned_event_order(kernel, routing_for(dims, batch, seed)))
 
 
-@pytest.mark.parametrize("schedule", [load_schedule(name) for name in BUILTINS], ids=lambda s: s.name)
+@pytest.mark.parametrize("schedule", [load_schedule(name) for name in (*BUILTINS, "k3-ring")], ids=lambda s: s.name)
 def test_planned_steps_never_overwrite_live_buffers_k3_tp32(schedule):
     model = load_model("kimi-k3")
     dims = model_dims(model, plan_for(model, 32))
@@ -162,10 +181,11 @@ def test_planned_steps_never_overwrite_live_buffers_k3_tp32(schedule):
     replay(kernel, planned_event_order(kernel, routing_for(dims, 1, 0)))
 
 
-def test_replay_catches_a_plan_that_ignores_buffer_reuse():
+@pytest.mark.parametrize("schedule", [load_schedule("published"), RINGS[0]], ids=lambda s: s.name)
+def test_replay_catches_a_plan_that_ignores_buffer_reuse(schedule):
     model = load_model("kimi-k3-mini")
     dims = model_dims(model, plan_for(model, 1))
-    kernel = Megakernel(dims, load_schedule("published"), 1, 256, unsafe_ignore_buffer_reuse=True)
+    kernel = Megakernel(dims, schedule, 1, 256, unsafe_ignore_buffer_reuse=True)
     with pytest.raises(AssertionError, match="overwrites rows"):
         replay(kernel, planned_event_order(kernel, routing_for(dims, 1, 0)))
 
@@ -175,7 +195,7 @@ def test_published_k3_issues_three_experts_during_selection_and_the_fourth_after
     geo = geometry(model_dims(model, plan_for(model, 32)), load_schedule("published"))
     plan = plan_iteration(geo, "kda", 16)
     issue = {u.slab: pos for u, pos in plan.issue.items() if u.ring == "expert"}
-    assert [issue[j] for j in range(4)] == [-4, -4, -4, 0]  # slot 3 overlaps the shared expert
+    assert [issue[j] for j in range(4)] == [-3, -3, -3, 0]  # slot 3 overlaps the shared expert
     assert [issue[j] for j in range(4, 16)] == list(range(1, 13))  # refill slot of expert j-4
     assert peak_in_flight(plan) <= load_schedule("published").max_dmas_in_flight
 

@@ -52,10 +52,17 @@ def test_no_race_for_valid_schedules_in_both_dma_modes():
     _assert_race_free(race_check("chunked", "--modes", "on_wait", timeout_s=600), 1)
 
 
+def test_no_race_for_the_ring_pool_schedule():
+    """The ring pool (every dense tensor through 4 shared banks, wrapping across layers) in
+    eager mode, where a copy into a bank still being read would land at once."""
+    _assert_race_free(race_check("ring", "--modes", "eager", timeout_s=600), 1)
+
+
 @pytest.mark.heavy
 def test_no_race_for_the_other_schedule_and_mode_pairs():
     _assert_race_free(race_check("published", "--modes", "on_wait", timeout_s=600), 1)
     _assert_race_free(race_check("chunked", "--modes", "eager", timeout_s=600), 1)
+    _assert_race_free(race_check("ring", "--modes", "on_wait", timeout_s=600), 1)
 
 
 def test_race_detector_catches_a_plan_that_refills_busy_buffers():

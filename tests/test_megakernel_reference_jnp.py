@@ -1,7 +1,8 @@
 """The kernel against the independent plain-jnp reference (:mod:`megakernel.reference_jnp`,
 written without the kernel's math modules): greedy tokens equal over 4 steps and logits and
 state within :mod:`tests.tolerances`, on a 13-layer kimi-k3-mini (KDA, MLA, the dense and MoE
-MLPs, a completed 12-layer residual block; shallow so rounding has not grown chaotic).
+MLPs, a completed 12-layer residual block; shallow so rounding has not grown chaotic), for the
+published schedule and the ring-pool example (every dense tensor through one ring of banks).
 Also: the reference imports nothing from ``megakernel``, and its format decoders agree with
 ml_dtypes' on what the host encoders wrote."""
 
@@ -19,6 +20,7 @@ from tolerances import assert_within_rounding
 
 from megakernel import reference_jnp
 from megakernel.dims import model_dims
+from megakernel.examples import ring_schedule
 from megakernel.hbm import pack_hbm
 from megakernel.kernel import Megakernel
 from megakernel.layout import random_weights
@@ -50,13 +52,14 @@ def test_weight_formats_decode_to_what_was_encoded():
 
 
 @pytest.mark.slow
-def test_kernel_matches_independent_reference_13_layers_4_greedy_steps():
+@pytest.mark.parametrize("schedule", [load_schedule("published"), ring_schedule()], ids=lambda s: s.name)
+def test_kernel_matches_independent_reference_13_layers_4_greedy_steps(schedule):
     model = load_model("kimi-k3-mini").with_layers(13)
     plan = plan_for(model, 1)
     dims = model_dims(model, plan)
     weights = random_weights(dims, seed=0)
     params = device_params(weights)
-    kernel = Megakernel(dims, load_schedule("published"), 1, 256, interpret=pltpu.InterpretParams())
+    kernel = Megakernel(dims, schedule, 1, 256, interpret=pltpu.InterpretParams())
     hbm = {name: jnp.asarray(value) for name, value in pack_hbm(weights, kernel.geo).items()}
     ref = reference_jnp.ReferenceStep(model, plan, weights.arrays, dims.small_offsets)
     state = init_state(dims, 1, kernel.max_context, context=130, seed=1)

@@ -11,8 +11,10 @@ import yaml
 
 from calibration.measurements import read_measurements
 from hwmodels.errors import InputError
+from megakernel.examples import ring_schedule
 from megakernel.runner import append_record
 from tpusim.app.cli import main
+from tpusim.schedule.schema import save_schedule
 from tpusim.workload.model_catalog import load_model
 
 pytestmark = pytest.mark.slow
@@ -37,6 +39,22 @@ def test_run_kernel_appends_a_cpu_interpret_record(tmp_path, capsys):
     assert record["routing"].startswith("trace:")
     (measurement,) = read_measurements_from(tmp_path, lines[1])
     assert measurement.extra["max_abs_error"] == record["max_abs_error"]
+
+
+@pytest.mark.heavy  # the same kernel as test_megakernel_kernel's ring run; here the CLI path
+def test_run_kernel_runs_a_ring_pool_schedule(tmp_path, capsys):
+    """The Muse layout (every dense tensor through one ring of banks) at kimi-k3-mini sizes."""
+    model_file = tmp_path / "k3-mini-4.yaml"
+    model_file.write_text(yaml.safe_dump(load_model("kimi-k3-mini").with_layers(4).model_dump(mode="json")))
+    schedule_file = tmp_path / "ring.json"
+    save_schedule(ring_schedule(), schedule_file)
+    out = tmp_path / "measurements.jsonl"
+    code = main(["run-kernel", "--model", str(model_file), "--schedule", str(schedule_file), "--steps", "1",
+                 "--backend", "interpret", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    record = json.loads(out.read_text())
+    assert record["schedule"] == ring_schedule().name and record["backend"] == "cpu-interpret"
+    assert record["max_abs_error"] < 1e-4  # batch 1, 4 layers: f32 rounding of the slab sums
 
 
 def read_measurements_from(tmp_path, line: str):

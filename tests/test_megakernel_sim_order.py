@@ -23,6 +23,7 @@ from hwmodels.catalog import load_chip
 from megakernel.dims import model_dims
 from megakernel.dma_plan import UnsupportedSchedule
 from megakernel.events import planned_event_order, save_routing_trace, weight_events
+from megakernel.examples import ring_schedule
 from megakernel.kernel import Megakernel
 from megakernel.layout import random_weights
 from megakernel.reference import decode_step_with_routing, device_params, init_state
@@ -110,6 +111,19 @@ def _compare(setup: dict, schedule: Schedule) -> tuple[int, int]:
 @pytest.mark.parametrize("schedule_name", BUILTIN_SCHEDULES)
 def test_builtin_schedules_issue_every_copy_at_the_same_op(setup: dict, schedule_name: str) -> None:
     copies, _ = _compare(setup, load_schedule(schedule_name))
+    assert copies > 1000
+
+
+# Ring pools: the Muse layout at mini sizes (4 banks: in-op refills, banks wrapping across
+# layers), a deep ring (12 banks of 2 MiB: every tensor one slab, far lookahead) and a ring of
+# some families beside per-kind rings (3 banks; KDA and the shared expert keep their own).
+RING_SCHEDULES = [ring_schedule(), ring_schedule(12, 2 << 20),
+                  ring_schedule(3, 128 << 10, members=("mla_proj", "router", "latent_proj", "lm_head"))]
+
+
+@pytest.mark.parametrize("schedule", RING_SCHEDULES, ids=lambda s: s.name)
+def test_ring_pool_schedules_issue_every_copy_at_the_same_op(setup: dict, schedule: Schedule) -> None:
+    copies, _ = _compare(setup, schedule)
     assert copies > 1000
 
 

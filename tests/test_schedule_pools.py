@@ -82,10 +82,16 @@ def test_sweep_space_samples_and_estimates_ring_pools(muse: tuple) -> None:
     assert result.step_s > 0
 
 
-def test_the_kernel_says_it_cannot_run_a_ring_pool() -> None:
+def test_the_kernel_lays_out_a_ring_pool_as_vmem_accounting_sizes_it() -> None:
+    """The kernel runs ring pools (tests/test_megakernel_ring.py and the kernel runs); its ring
+    arena is the pool's banks, and a layout it cannot run is refused with the rule."""
     model = load_model("kimi-k3-mini")
-    dims = model_dims(model, plan_for(model, 1))
+    plan = plan_for(model, 1)
+    dims = model_dims(model, plan)
     schedule = Schedule(name="ring", families={"kda_proj": {"pool": "ring"}, "mla_proj": {"pool": "ring"}},
                         pools={"ring": {"mode": "ring", "banks": 4, "bank_bytes": 1 << 20}})
-    with pytest.raises(UnsupportedSchedule, match="mode ring is not implemented by the kernel"):
-        geometry(dims, schedule)
+    geo = geometry(dims, schedule)
+    assert geo.arenas["ring"] * 256 == vmem_plan(schedule, model, plan, 1).arena_bytes["ring"] == 4 << 20
+    small_banks = schedule.with_changes(pools={"ring": {"mode": "ring", "banks": 4, "bank_bytes": 65536}})
+    with pytest.raises(UnsupportedSchedule, match=r"mla\.kv_b"):
+        geometry(dims, small_banks)  # absorbed attention reads mla.kv_b twice: it must fit one bank

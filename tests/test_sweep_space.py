@@ -60,6 +60,16 @@ def test_space_rejects_unknown_families_and_chunked_experts() -> None:
                                    "pool_patterns": {"x": {"a": ["router"], "b": ["router"]}}})
 
 
+@pytest.mark.parametrize(("field", "values", "bound"), [
+    ("buffers", [2, 0], "buffers: 0"), ("buffers", [65], "buffers: 65"),
+    ("distances", [-1], "distances: -1"), ("chunk_bytes", [None, 1024], "chunk_bytes: 1024"),
+])
+def test_family_space_values_must_be_ones_the_schedule_schema_accepts(field: str, values: list, bound: str) -> None:
+    knobs = {"distances": [0], "chunk_bytes": [None], "buffers": [2], field: values}
+    with pytest.raises(ValidationError, match=bound):
+        FamilySpace(**knobs)
+
+
 def test_family_triples_exclude_what_the_schema_forbids() -> None:
     triples = FamilySpace(distances=[0, 2], chunk_bytes=[None, 1 << 20], buffers=[1, 2]).triples()
     assert (2, 1 << 20, 1) not in triples  # distance > 0, chunked, one buffer: rejected by Schedule

@@ -8,7 +8,7 @@ every copy at the same op.
 **Copies, rings and buffers.** A *ring* is the VMEM home of one tensor kind
 (``kda.qkvgb``, ``moe.router``, ...): ``buffers`` slab buffers of equal size. Three rings
 are special: a layer's small parameters are one copy (ring ``small``: the kernel packs them
-in one row and reads it from ``attn.mix_norm`` to ``moe.latent_down``); the routed experts
+in one row and reads it from ``attn.mix_norm`` to ``moe.topk``); the routed experts
 of a layer share the *expert slots* (ring ``expert``, one whole expert slice per slot); and
 in a pool of mode ``ring`` (:class:`tpusim.schedule.schema.PoolSpec`) every member tensor is
 cut into bank-sized slabs that take the pool's banks in turn (one ring named ``pool:NAME``).

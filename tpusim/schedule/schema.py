@@ -40,7 +40,8 @@ Vocabulary (the kernel and the engine use the same words):
   before routing from a prediction; a miss, at ``speculation_miss_rate``, refetches).
 
 Built-ins (``tpusim/schedules/*.json``): ``naive``, ``published``, ``layer-double-buffer``
-(K3), ``muse-published`` (the Muse Spark kernel: a shared ring pool).
+(K3), ``muse-published`` (the Muse Spark kernel: a shared ring pool), ``k3-ring`` (that ring
+applied to K3; derived).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ SCHEDULE_FAMILIES = (
 
 SCHEDULES_DIR = Path(__file__).resolve().parents[1] / "schedules"
 BUILTIN_SCHEDULES = ("naive", "published", "layer-double-buffer")  # K3's: the sweep's fixed starting points
-MODEL_SCHEDULES = ("muse-published",)  # built-ins written for one model (Muse Spark)
+MODEL_SCHEDULES = ("muse-published", "k3-ring")  # built-ins written for one model (Muse Spark; K3)
 
 
 class FamilySchedule(BaseModel):

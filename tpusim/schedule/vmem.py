@@ -12,7 +12,7 @@ Layout rule (the kernel allocates exactly this):
 3. A family's footprint is ``buffers_f * sum_t slab_bytes(t)``. Families sharing a pool
    time-share one arena sized for the largest member footprint; an unpooled family is its
    own arena. Small parameters always get an arena of their own, even when the schedule
-   names a pool for them: they are read from ``attn.mix_norm`` to ``moe.latent_down``, so
+   names a pool for them: they are read from ``attn.mix_norm`` to ``moe.topk``, so
    at fixed addresses they cannot time-share a pool whose largest member fills it. A pool of
    mode ``ring`` is ``banks * bank_bytes`` (its members' slabs take the banks in turn).
 4. KV tiles: ``kv_buffers * kv_tile_tokens * kv_bytes_per_token * sequences`` (MLA/GQA

@@ -73,6 +73,22 @@ class FamilySpace(_Frozen):
     chunk_bytes: list[int | None] = Field(min_length=1, description="slab size choices, bytes")
     buffers: list[int] = Field(min_length=1, description="ring depth choices")
 
+    @model_validator(mode="after")
+    def _within_the_schema(self) -> FamilySpace:
+        """Every value must be one the schedule schema accepts (its bounds are the one owner):
+        a space listing ``buffers: [0]`` would otherwise yield only rejected candidates."""
+        knobs = (("prefetch_distance_ops", "distances", self.distances),
+                 ("chunk_bytes", "chunk_bytes", self.chunk_bytes), ("buffers", "buffers", self.buffers))
+        for knob, field, values in knobs:
+            for value in values:
+                try:
+                    FamilySchedule(**{knob: value})
+                except ValidationError as error:
+                    reason = error.errors(include_url=False)[0]["msg"]
+                    raise ValueError(f"{field}: {value!r} is outside the schedule schema's bounds "
+                                     f"({reason})") from None
+        return self
+
     def triples(self) -> list[tuple[int, int | None, int]]:
         """Every (distance, chunk, buffers) the schedule schema accepts, in a fixed order."""
         out = []

@@ -13,7 +13,7 @@ Op order per layer (the vocabulary the kernel's event trace uses too):
   no ``kda.decay``; its decay input is part of ``kda.qkvgb``)
 - attention, MLA: ``attn.mix_norm, mla.q_a, mla.kv_a, mla.q_b, mla.kv_b, mla.core, mla.gate, mla.o``
 - attention, GQA: ``attn.mix_norm, gqa.q, gqa.k, gqa.v, gqa.core, gqa.gate, gqa.o``
-- MoE: ``mlp.mix_norm, moe.router, moe.topk, moe.latent_down, moe.shared_gate_up,
+- MoE: ``mlp.mix_norm, moe.router, moe.latent_down, moe.topk, moe.shared_gate_up,
   moe.shared_down, expert[0..n-1], moe.combine, moe.latent_up``
 - dense MLP: ``mlp.mix_norm, mlp.gate_up, mlp.down``
 - after the last layer: ``head.norm, head.lm_head``
@@ -257,14 +257,14 @@ def _moe_ops(model: ModelConfig, plan: ShardingPlan, layer: int, batch: int,
         Op("mlp.mix_norm", "mlp.mix_norm", layer, "moe", "vpu",
            vector_flops=NORM_FLOPS_PER_ELEMENT * hidden * batch * (2 if model.residual == "attention_residuals" else 1)),
         _matmul_op("moe.router", "moe.router", layer, "moe", [by_name["moe.router"]], batch, plan, batch),
-        Op("moe.topk", "moe.topk", layer, "moe", "vpu",
-           vector_flops=TOPK_FLOPS_PER_SCORE * moe.num_experts * batch,
-           collectives=_collectives_after(plan, "moe.topk", batch)),
     ]
-    if "moe.latent_down" in by_name:
+    if "moe.latent_down" in by_name:  # before the top-k, so its all-gather overlaps the selection
         ops.append(_matmul_op("moe.latent_down", "moe.latent_down", layer, "moe",
                               [by_name["moe.latent_down"]], batch, plan, batch,
                               vector_flops=NORM_FLOPS_PER_ELEMENT * (moe.latent_size or 0) * batch))
+    ops.append(Op("moe.topk", "moe.topk", layer, "moe", "vpu",
+                  vector_flops=TOPK_FLOPS_PER_SCORE * moe.num_experts * batch,
+                  collectives=_collectives_after(plan, "moe.topk", batch)))
     if "moe.shared_gate_up" in by_name:
         shared = by_name["moe.shared_down"].rows
         ops += [
