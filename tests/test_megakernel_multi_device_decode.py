@@ -12,7 +12,8 @@ layers 1-2, MLA + MoE layer 3) over 4 greedy steps with the race detector on giv
 reference's tokens, every device computes the same routing and records the plan's
 collective log; with f32 payloads the logits are within the f32 tolerance on every device
 (the plan's bf16 payloads add K3's rounding of every partial); a skipped receive wait is
-caught as a race. Seeds 1 and 2 run under ``-m heavy``.
+caught as a race. The plan's bf16 payloads over seeds 0-2 and batch 6 (the reduce-scatter
+variant) run under ``-m heavy``. CI time here: about 70 s + 60 s.
 """
 
 from __future__ import annotations
@@ -147,24 +148,20 @@ def _assert_decodes(result: dict) -> None:
 
 
 @pytest.mark.slow
-def test_8_devices_4_layers_give_reference_tokens_over_4_steps_race_free():
-    """The plan's bf16 payloads: the logits carry K3's bf16 rounding of every partial, so
-    the tolerance check is the f32-payload test's job (measured: README)."""
-    _assert_decodes(run_decode("--devices", "8", "--layers", "4", "--steps", "4", "--seed", "0"))
-
-
-@pytest.mark.slow
-def test_8_devices_with_f32_payloads_match_reference_logits_within_f32_tolerance():
-    result = run_decode("--devices", "8", "--layers", "4", "--steps", "4", "--seed", "2", "--f32-payloads",
-                        "--no-races")
-    _assert_decodes({**result, "races": False})
+def test_8_devices_match_reference_over_4_greedy_steps_race_free_in_plan_order():
+    """f32 payloads: the sharded math alone, so the logits are held to the f32 tolerance."""
+    result = run_decode("--devices", "8", "--layers", "4", "--steps", "4", "--seed", "2", "--f32-payloads")
+    _assert_decodes(result)
     assert result["matches_reference"] and all(r["matches_reference"] for r in result["records"]), result["steps"]
     assert all(s["within_f32_tolerance"] and not s["routing_differs_in_layers"] for s in result["steps"])
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("seed", [1, 2])
-def test_8_devices_more_seeds(seed):
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_8_devices_with_the_plans_bf16_payloads_give_reference_tokens(seed):
+    """The plan's bytes: the logits carry K3's bf16 rounding of every partial (measured in
+    README: 2.4e-3 to 5.3e-3 of the largest logit, and a routing near-tie that flips), so
+    the check is the greedy tokens."""
     _assert_decodes(run_decode("--devices", "8", "--layers", "4", "--steps", "4", "--seed", str(seed)))
 
 
