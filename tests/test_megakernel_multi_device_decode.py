@@ -13,7 +13,7 @@ reference's tokens, every device computes the same routing and records the plan'
 collective log; with f32 payloads the logits are within the f32 tolerance on every device
 (the plan's bf16 payloads add K3's rounding of every partial); a skipped receive wait is
 caught as a race. The plan's bf16 payloads over seeds 0-2 and batch 6 (the reduce-scatter
-variant) run under ``-m heavy``. CI time here: about 70 s + 60 s.
+variant) run under ``-m heavy``. CI time here: 38 s + 25 s on a quiet host.
 """
 
 from __future__ import annotations
