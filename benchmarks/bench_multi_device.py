@@ -1,13 +1,17 @@
-"""Benchmark: the plan's in-kernel collectives of one kimi-k3-nano decode step on 8 virtual
-devices in Pallas TPU interpret mode (race detector on), on this CPU.
+"""Benchmark: the kimi-k3-nano decode on 8 virtual devices in Pallas TPU interpret mode, on
+this CPU.
 
-    .venv/bin/python benchmarks/bench_multi_device.py [--devices 8] [--layers 2 4 93] [--repeat 2]
+    .venv/bin/python benchmarks/bench_multi_device.py [--devices 8] [--layers 4 93] [--steps 2]
+        [--no-races] [--collectives-only]
 
-Each configuration runs in a fresh process (``python -m megakernel.multi_device_check``,
-virtual devices need ``XLA_FLAGS`` before JAX starts) and prints the wall time of each call
-(the first includes the compile) and whether every device matched the expected result.
-These are interpreter timings on a CPU, NOT TPU timings: every remote copy and semaphore
-operation of 8 devices goes through the interpreter's shared-memory callbacks.
+Each configuration runs in a fresh process (virtual devices need ``XLA_FLAGS`` before JAX
+starts): ``python -m megakernel.decode_check`` (the K3 decode on sharded weights with the
+plan's collectives, greedy steps against the single-device reference) or, with
+``--collectives-only``, ``python -m megakernel.multi_device_check`` (the collective program
+with its exact integer stand-in payload). It prints the wall time of each step (the first
+includes the compile) and whether every device matched. These are interpreter timings on a
+CPU, NOT TPU timings: every load, store, remote copy and semaphore operation of 8 devices
+goes through the interpreter's Python callbacks.
 """
 
 from __future__ import annotations
@@ -21,21 +25,35 @@ import sys
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=8)
-    parser.add_argument("--layers", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--layers", type=int, nargs="+", default=[4])
+    parser.add_argument("--steps", type=int, default=2, help="decode steps (calls); the first compiles")
+    parser.add_argument("--no-races", action="store_true", help="race detector off")
+    parser.add_argument("--collectives-only", action="store_true", help="the stand-in payload, not the decode")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per configuration")
     args = parser.parse_args()
     for layers in args.layers:
-        command = [sys.executable, "-m", "megakernel.multi_device_check", "--devices", str(args.devices),
-                   "--layers", str(layers), "--repeat", str(args.repeat)]
+        if args.collectives_only:
+            command = [sys.executable, "-m", "megakernel.multi_device_check", "--devices", str(args.devices),
+                       "--layers", str(layers), "--repeat", str(args.steps)]
+        else:
+            command = [sys.executable, "-m", "megakernel.decode_check", "--devices", str(args.devices),
+                       "--layers", str(layers), "--steps", str(args.steps)] + (["--no-races"] if args.no_races else [])
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, check=True)
         except subprocess.TimeoutExpired:
             print(f"{args.devices} devices, {layers} layers: no result within {args.timeout:.0f} s")
             continue
         result = json.loads(done.stdout.strip().splitlines()[-1])
-        print(f"{args.devices} devices, {result['layers']} layers: seconds per call {result['seconds_per_call']} "
-              f"(first includes compile), all devices match: {result['matches_expected']}, races: {result['races']}")
+        if args.collectives_only:
+            print(f"{args.devices} devices, {result['layers']} layers (stand-in payload): seconds per call "
+                  f"{result['seconds_per_call']} (first includes compile), exact: {result['matches_expected']}, "
+                  f"races: {result['races']}")
+            continue
+        seconds = [s["seconds"] for s in result["steps"]]
+        errors = [f"{s['logits_relative_error']:.2g}" for s in result["steps"]]
+        print(f"{args.devices} devices, {result['layers']} layers decode: seconds per step {seconds} (first includes "
+              f"compile), logits relative error {errors}, matches reference: {result['matches_reference']}, "
+              f"races: {result['races']} (detector {'off' if args.no_races else 'on'})")
 
 
 if __name__ == "__main__":

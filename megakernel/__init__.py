@@ -21,7 +21,11 @@ Modules, bottom up:
 - several devices: :mod:`~megakernel.collective_plan` (the plan's messages and the
   simulator's issue/consume points as kernel tables), :mod:`~megakernel.multi_device` (the
   collective program as remote copies under ``shard_map``),
-  :mod:`~megakernel.multi_device_check` (one run in a fresh process).
+  :mod:`~megakernel.multi_device_check` (one run in a fresh process); the K3 decode across
+  devices: :mod:`~megakernel.decode_shards` (each device's shard of the full weights),
+  :mod:`~megakernel.multi_device_decode` and :mod:`~megakernel.decode_ops` (the decode with
+  the collectives carrying its partials and gathers), :mod:`~megakernel.decode_check`
+  (against the single-device reference, in a fresh process), :mod:`~megakernel.tolerance`.
 
 Simplifications relative to ``shared/reference/kimi-k3.md`` (README material):
 
@@ -41,8 +45,9 @@ Simplifications relative to ``shared/reference/kimi-k3.md`` (README material):
 6. The decode kernel is single-device: collectives are omitted. At the K3 TP32 per-device
    sizes (lowering only) the latent all-gather, MoE output all-gather and router exchange
    are replaced by stand-ins (:mod:`megakernel.dims`); routing scores the device's own 112
-   experts. The plan's collectives run in :mod:`megakernel.multi_device`, on an exact
-   integer payload chain rather than the model's activations.
+   experts. The plan's collectives with the model's activations run in
+   :mod:`megakernel.multi_device_decode`, whose weights are per-layer VMEM operands rather
+   than the schedule's HBM streams.
 7. Scheduling rules the kernel adds to the schedule contract (:mod:`megakernel.dma_plan`):
    a prefetch distance never reaches back past a ``moe.topk`` whose expert count it spans;
    small parameters never share a pool; ``mla.kv_b`` is never chunked; expert_issue

@@ -7,7 +7,9 @@ that into the kernel's event sequence, so the kernel and the simulator issue and
 same points by construction of one source, and the test of the recorded trace checks that
 the kernel really ran them there:
 
-- ``("issue", name, delta)`` at the end of the op that issues ``name``;
+- ``("issue", name, delta)`` at the end of the op that issues ``name``, or, for a collective
+  the plan issues ``after`` another one (``attn.half_gather`` after ``attn.partial_reduce``),
+  right after that one's wait: its payload is the other's result;
 - ``("wait", name, delta)`` at the start of its consumer (``delta`` = layers back to the
   issuing layer: a consumer in the next layer waits for the previous layer's copy).
 
@@ -33,6 +35,7 @@ from tpusim.workload.routing import RoutingModel
 from tpusim.workload.sharding import ShardingPlan
 
 SUPPORTED = ("pair_exchange", "direct_all_gather", "one_shot_two_level")
+DECODE_SUPPORTED = (*SUPPORTED, "reduce_scatter_all_gather")  # the decode kernel also runs this one
 Event = tuple[str, str, int]  # (issue | wait, collective name, layers back to the issuing layer)
 
 
@@ -59,15 +62,16 @@ class KernelCollective:
         return max(self.counts)
 
 
-def kernel_collectives(plan: ShardingPlan, batch: int) -> list[KernelCollective]:
+def kernel_collectives(plan: ShardingPlan, batch: int,
+                       supported: tuple[str, ...] = SUPPORTED) -> list[KernelCollective]:
     """The plan's collectives at ``batch`` in plan order, expanded for every rank."""
     topo = plan.topology
     out = []
     for spec in plan.collectives_at(batch):
         algorithm, group = spec.algorithm, spec.group
-        if algorithm not in SUPPORTED:
+        if algorithm not in supported:
             raise UnsupportedPlan(f"collective {spec.name}: algorithm {algorithm} is not run in the kernel "
-                                  f"(supported: {', '.join(SUPPORTED)})")
+                                  f"(supported: {', '.join(supported)})")
         payload = spec.bytes_per_token * batch
         if payload % 2:
             raise UnsupportedPlan(f"collective {spec.name}: {payload} B is not a whole number of bf16 values")
@@ -94,6 +98,14 @@ def kernel_collectives(plan: ShardingPlan, batch: int) -> list[KernelCollective]
 
 def layer_events(model: ModelConfig, plan: ShardingPlan, batch: int) -> tuple[list[list[Event]], list[Event]]:
     """-> (events of each layer, events of the head), from the simulator's program of rank 0."""
+    layers, head = layer_steps(model, plan, batch)
+    return [[e for e in steps if e[0] != "op"] for steps in layers], [e for e in head if e[0] != "op"]
+
+
+def layer_steps(model: ModelConfig, plan: ShardingPlan, batch: int) -> tuple[list[list[Event]], list[Event]]:
+    """-> (steps of each layer, steps of the head): the program's ops as ``("op", name, 0)``
+    with every layer's collective events between them (waits before the consumer op, issues
+    after the issuing op), in program order: what the decode kernel walks."""
     with tempfile.TemporaryDirectory() as folder:
         # every row picks experts 0, 2, 4, ...: rank 0 loads one expert in every MoE layer,
         # so all MoE layers have one event sequence (the kernel's loop body)
@@ -103,22 +115,38 @@ def layer_events(model: ModelConfig, plan: ShardingPlan, batch: int) -> tuple[li
                                 routing=RoutingModel("trace", trace_path=trace))
     ops = program.ops
     at: dict[int, list[Event]] = {}
+    names = {spec.name for spec in plan.collectives_at(batch)}
     for i, op in enumerate(ops):
-        for call in op.collectives:
+        for call in op.collectives:  # plan order: a collective follows the one it is issued after
             consumer = consumer_index(ops, i, call.spec.consumed_by)
-            at.setdefault(2 * i + 1, []).append(("issue", call.spec.name, op.layer))
-            at.setdefault(2 * consumer, []).append(("wait", call.spec.name, op.layer))
+            wait = ("wait", call.spec.name, op.layer)
+            if call.spec.after in names:  # issued when that collective completes: right after its wait
+                parent = at[2 * consumer_index(ops, i, _spec_of(op, call.spec.after).consumed_by)]
+                parent.insert(parent.index(("wait", call.spec.after, op.layer)) + 1,
+                              ("issue", call.spec.name, op.layer))
+            else:
+                at.setdefault(2 * i + 1, []).append(("issue", call.spec.name, op.layer))
+            at.setdefault(2 * consumer, []).append(wait)
+    for i, op in enumerate(ops):
+        at.setdefault(2 * i, []).append(("op", op.name, op.layer))  # after the waits at its start
     layers: list[list[Event]] = [[] for _ in range(model.num_layers)]
     head: list[Event] = []
     for point in sorted(at):
         index = point // 2
         layer = ops[index].layer if index < len(ops) else -1
         for kind, name, issued in at[point]:
-            if layer < 0:
+            if kind == "op":
+                (head if layer < 0 else layers[layer]).append((kind, name, 0))
+            elif layer < 0:
                 head.append((kind, name, model.num_layers - issued))
             else:
                 layers[layer].append((kind, name, layer - issued))
     return layers, head
+
+
+def _spec_of(op: object, name: str) -> object:
+    """The collective spec ``name`` among the ones ``op`` issues."""
+    return next(call.spec for call in op.collectives if call.spec.name == name)  # type: ignore[attr-defined]
 
 
 def loop_range(layers: list[list[Event]]) -> tuple[int, int]:

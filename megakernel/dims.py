@@ -120,8 +120,12 @@ class ModelDims:
         return row[..., offset: offset + length]
 
 
-def model_dims(model: ModelConfig, plan: ShardingPlan) -> ModelDims:
-    """Validate that ``model`` is a K3-structured model and derive its per-device widths."""
+def model_dims(model: ModelConfig, plan: ShardingPlan, *, routes_all_experts: bool = False) -> ModelDims:
+    """Validate that ``model`` is a K3-structured model and derive its per-device widths.
+
+    ``routes_all_experts``: the multi-device decode kernel (:mod:`megakernel.multi_device_decode`)
+    assembles every expert's score with the router exchange, so top-k runs over all
+    ``num_experts`` (no single-device stand-in)."""
     problems = []
     if model.kda is None or model.mla is None:
         problems.append("needs both KDA and MLA attention")
@@ -163,7 +167,8 @@ def model_dims(model: ModelConfig, plan: ShardingPlan) -> ModelDims:
                     nope=mla.qk_nope_head_dim, rope=mla.qk_rope_head_dim,
                     rope_pad=widths.mla_rope_pad, v_dim=mla.v_head_dim),
         moe=MoeDims(num_experts=moe.num_experts, local_experts=widths.local_experts,
-                    scored_experts=min(widths.router_cols, moe.num_experts, widths.local_experts),
+                    scored_experts=(moe.num_experts if routes_all_experts
+                                    else min(widths.router_cols, moe.num_experts, widths.local_experts)),
                     top_k=moe.top_k, latent=moe.latent_size,
                     latent_down_cols=widths.latent_down_cols,
                     latent_up_cols=widths.latent_up_cols,

@@ -40,6 +40,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from megakernel.collective_plan import (
+    SUPPORTED,
     Event,
     kernel_collectives,
     layer_events,
@@ -64,10 +65,12 @@ class Bugs:
 class CollectiveKernel:
     """The collective program of (model, plan, batch) on ``plan.devices`` mesh devices."""
 
+    ALGORITHMS: tuple[str, ...] = SUPPORTED
+
     def __init__(self, model: ModelConfig, plan: ShardingPlan, batch: int, *, interpret: Any,
                  trace_layers: int = 3, bugs: Bugs = Bugs()) -> None:
         self.model, self.plan, self.batch, self.interpret, self.bugs = model, plan, batch, interpret, bugs
-        self.colls = kernel_collectives(plan, batch)
+        self.colls = kernel_collectives(plan, batch, self.ALGORITHMS)
         self.index = {c.name: i for i, c in enumerate(self.colls)}
         self.layers, self.head = layer_events(model, plan, batch)
         self.loop = loop_range(self.layers)

@@ -41,8 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--label", default="measured", help="record label (default measured)")
     parser.add_argument("--out", type=Path, default=Path("measurements.jsonl"), help="JSON-lines file to append to")
     parser.add_argument("--devices", type=int, default=1,
-                        help="N > 1: run the plan's in-kernel collectives on N virtual devices (interpret mode, "
-                        "a fresh process) and report per-device records (default 1: the single-device kernel)")
+                        help="N > 1: run the K3 decode on N virtual devices with the plan's in-kernel collectives "
+                        "(interpret mode, race detector on, a fresh process), --steps greedy steps against the "
+                        "single-device reference, and report per-device records (default 1: the single-device kernel)")
     parser.add_argument("--layers", type=int, default=0,
                         help="with --devices: run only the first N layers (default 0: all)")
     parser.add_argument("--json", action="store_true", help="with --devices: print the result as JSON")
@@ -89,8 +90,9 @@ def run_devices(args: argparse.Namespace) -> int:
     import sys
 
 
-    command = [sys.executable, "-m", "megakernel.multi_device_check", "--devices", str(args.devices),
-               "--model", args.model, "--seed", str(args.seed), "--layers", str(args.layers)]
+    command = [sys.executable, "-m", "megakernel.decode_check", "--devices", str(args.devices),
+               "--model", args.model, "--seed", str(args.seed), "--layers", str(args.layers),
+               "--steps", str(args.steps), "--context", str(args.context)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
@@ -101,7 +103,10 @@ def run_devices(args: argparse.Namespace) -> int:
         return 0
     for record in result["records"]:
         print(f"device {record['rank']}: matches_reference={record['matches_reference']} "
+              f"logits_relative_error={record['logits_relative_error']:.3g} "
               f"log_matches_plan={record['log_matches_plan']}")
-    print(f"{result['model']} on {result['devices']} devices, {result['layers']} layers: {result['seconds']:.1f} s "
-          f"races={result['races']}\nnote: {result['timing_note']}")
+    seconds = ", ".join(f"{step['seconds']:.1f}" for step in result["steps"])
+    print(f"{result['model']} on {result['devices']} devices, {result['layers']} layers, {len(result['steps'])} "
+          f"greedy steps against {result['reference']}: {seconds} s per step, races={result['races']}\n"
+          f"note: {result['timing_note']}")
     return 0

@@ -1,0 +1,237 @@
+"""The ops of the multi-device decode kernel: the single-device kernel's math on one shard.
+
+:class:`DecodeOps` runs one op of the simulator's program (by its name) on this device's
+operands. Values flow between ops of a layer in ``values``; an op that issues a collective
+leaves its payload there under the collective's name, and a collective's wait leaves its
+result there under the same name (:class:`megakernel.multi_device_decode.DecodeKernel`
+moves them). Shapes: activations f32[B, n]; ``a`` heads per device, ``hd`` head dim.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from megakernel import math_kda, math_mla, math_moe, residual
+from megakernel.math_common import mm, rmsnorm
+from megakernel.quant import dequant_fp8_b256, dequant_mxfp4
+
+
+class DecodeOps:
+    """Op bodies of one kernel invocation (``ins``/``states`` operand refs, ``scratch``)."""
+
+    def __init__(self, kernel: Any, ctx: Any, ins: dict[str, Any], states: dict[str, Any], logits: Any) -> None:
+        self.k, self.ctx, self.ins, self.states, self.logits = kernel, ctx, ins, states, logits
+        self.d = kernel.dims
+        self.values: dict[str, jax.Array] = {}
+        self.position = ins["position"][0]
+        # the residual stream as traced values (every VMEM access is an interpreter callback)
+        zero = jnp.zeros((kernel.batch, self.d.hidden), jnp.float32)
+        self.blocks = [ins["x0"][...]] + [zero] * (self.d.block_slots - 1)
+        self.partial = zero
+
+    # ------------------------------------------------------------------ helpers
+
+    def weight(self, layer: int | None, name: str) -> jax.Array:
+        """A weight matrix of ``layer`` (None: not per layer), its column chunks side by side."""
+        prefix = f"{name}." if layer is None else f"L{layer}.{name}."
+        parts = [self.ins[k][...] for k in sorted((k for k in self.ins if k.startswith(prefix)),
+                                                  key=lambda k: int(k.rsplit(".", 1)[1]))]
+        return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
+
+    def small(self, layer: int, kind: str) -> jax.Array:
+        offset, length = self.d.small_offsets[kind]
+        return self.ins[f"L{layer}.small"][:, offset: offset + length]
+
+    def run(self, name: str, layer: int) -> None:
+        if name.startswith("expert["):
+            if name == "expert[0]" or "routed" not in self.values:
+                self.experts(layer)
+            return
+        getattr(self, name.replace(".", "_"))(layer)
+
+    # ------------------------------------------------------------------ residual
+
+    def add_to_residual(self, out: jax.Array) -> None:
+        self.partial = self.partial + out
+
+    def mix_norm(self, layer: int, sublayer: str) -> jax.Array:
+        d, h = self.d, self.d.hidden
+        mix = self.small(layer, "small.residual_mix")
+        query = mix[:, :h] if sublayer == "attn" else mix[:, h:]
+        has_partial = layer % d.block_layers > 0 if sublayer == "attn" else True
+        mixed = residual.mix(jnp.stack(self.blocks), self.partial, 1 + layer // d.block_layers, has_partial,
+                             query, d.eps)
+        return rmsnorm(mixed, self.small(layer, f"small.{sublayer}_norm"), d.eps)
+
+    def finish_mlp(self, layer: int) -> None:
+        """Add layer ``layer``'s MLP output (its collectives just completed) and, at a block
+        end, snapshot the block."""
+        if layer == 0:
+            self.add_to_residual(self.values.pop("mlp.allreduce"))
+        else:
+            self.add_to_residual(self.values.pop("moe.output_allgather") + self.values.pop("shared"))
+        if residual.block_ends_after(layer, self.d.block_layers):
+            self.blocks[1 + layer // self.d.block_layers] = self.partial
+            self.partial = jnp.zeros_like(self.partial)
+
+    def attn_mix_norm(self, layer: int) -> None:
+        if layer > 0:
+            self.finish_mlp(layer - 1)
+        self.values["x"] = self.mix_norm(layer, "attn")
+
+    def mlp_mix_norm(self, layer: int) -> None:
+        self.values.pop("attn.partial_reduce", None)
+        self.add_to_residual(self.values.pop("attn.half_gather"))
+        self.values["x"] = self.mix_norm(layer, "mlp")
+
+    # ------------------------------------------------------------------ KDA
+
+    def kda_qkvgb(self, layer: int) -> None:
+        kd = self.d.kda
+        y = mm(self.values["x"], self.weight(layer, "kda.qkvgb"))
+        qkv, gate, beta_logits = math_kda.split_qkvgb(y, kd)
+        conv_w = self.small(layer, "small.kda_conv").reshape(kd.conv_kernel, 3 * kd.width)
+        conv_out, window = math_kda.short_conv(qkv, self.ins[f"L{layer}.conv"][...], conv_w)
+        self.states[f"L{layer}.conv"][...] = window
+        self.values["qkv"] = math_kda.prepare_qkv(conv_out, kd)
+        self.values["gate"], self.values["beta"] = gate, jax.nn.sigmoid(beta_logits)
+
+    def kda_decay(self, layer: int) -> None:
+        kd = self.d.kda
+        f = mm(mm(self.values["x"], self.weight(layer, "kda.decay_a")), self.weight(layer, "kda.decay_b"))
+        self.values["g"] = math_kda.decay_log(f, self.small(layer, "small.kda_a_log"),
+                                              self.small(layer, "small.kda_dt_bias"), kd)
+
+    def kda_core(self, layer: int) -> None:
+        kd = self.d.kda
+        q, k, v = self.values.pop("qkv")
+        g, beta = self.values.pop("g"), self.values.pop("beta")
+        state = self.ins[f"L{layer}.kda_state"][...]
+        outs, states = [], []
+        for hd in range(kd.heads):
+            cols = slice(hd * kd.head_dim, (hd + 1) * kd.head_dim)
+            o, s = math_kda.delta_rule_head(state[:, hd], q[hd], k[hd], v[hd], g[:, cols], beta[:, hd: hd + 1])
+            outs.append(o)
+            states.append(s)
+        self.states[f"L{layer}.kda_state"][...] = jnp.stack(states, axis=1)
+        self.values["attn.head_exchange"] = math_kda.output_gate(outs, self.values.pop("gate"), self.d.eps)
+
+    def kda_o(self, layer: int) -> None:
+        self.values["attn.partial_reduce"] = mm(self.values.pop("attn.head_exchange"), self.weight(layer, "kda.o"))
+
+    # ------------------------------------------------------------------ MLA
+
+    def mla_q_a(self, layer: int) -> None:
+        cq = mm(self.values["x"], self.weight(layer, "mla.q_a"))
+        self.values["cq"] = rmsnorm(cq, self.small(layer, "small.mla_q_norm"), self.d.eps)
+
+    def mla_kv_a(self, layer: int) -> None:
+        pos = self.position.astype(jnp.float32)
+        ckv = mm(self.values["x"], self.weight(layer, "mla.kv_a"))
+        self.values["entry"] = math_mla.kv_entry(ckv, self.small(layer, "small.mla_kv_norm"), pos, self.d.mla,
+                                                 self.d.eps).astype(jnp.bfloat16)
+
+    def mla_q_b(self, layer: int) -> None:
+        pos = self.position.astype(jnp.float32)
+        q_nope, q_rope = math_mla.split_q(mm(self.values.pop("cq"), self.weight(layer, "mla.q_b")), pos, self.d.mla)
+        self.values["q_nope"], self.values["q_rope"] = q_nope, jnp.stack(q_rope, axis=1)
+
+    def mla_kv_b(self, layer: int) -> None:
+        w_kv_b = self.weight(layer, "mla.kv_b")
+        self.values["q_lat"] = math_mla.absorb(self.values.pop("q_nope"), w_kv_b, self.d.mla)
+
+    def mla_core(self, layer: int) -> None:
+        """Attention over the cache and this token, the cache write, then this device's heads'
+        output gate (``mla.gate``'s math: the exchange carries gated heads)."""
+        md, b = self.d.mla, self.k.batch
+        cache = self.ins[f"L{layer}.kv"][...]  # [B, T, C + P(R)]
+        entry, q_lat, q_rope = self.values.pop("entry"), self.values.pop("q_lat"), self.values.pop("q_rope")
+        token = jax.lax.broadcasted_iota(jnp.int32, (1, 1, cache.shape[1]), 2)
+        carry = math_mla.attend_tile(math_mla.attend_init(b, md), q_lat, q_rope, cache, token < self.position, md)
+        carry = math_mla.attend_tile(carry, q_lat, q_rope, entry[:, None, :], jnp.ones((1, 1, 1), bool), md)
+        o = math_mla.attend_output(carry, self.weight(layer, "mla.kv_b"), md)
+        out = self.states[f"L{layer}.kv"]
+        out[...] = cache
+        out[:, pl_ds(self.position), :] = entry[:, None, :]
+        gate = jax.nn.sigmoid(mm(self.values["x"], self.weight(layer, "mla.gate")))
+        self.values["attn.head_exchange"] = o[:b] * gate
+
+    def mla_gate(self, layer: int) -> None:
+        """Applied at the end of ``mla.core`` (see there)."""
+
+    def mla_o(self, layer: int) -> None:
+        self.values["attn.partial_reduce"] = mm(self.values.pop("attn.head_exchange"), self.weight(layer, "mla.o"))
+
+    # ------------------------------------------------------------------ MLP and MoE
+
+    def mlp_gate_up(self, layer: int) -> None:
+        """Layer 0's dense MLP (both ops: the partial is issued at ``mlp.down``)."""
+        self.values["mlp.allreduce"] = math_moe.gated_mlp(self.values.pop("x"), self.weight(layer, "mlp.gate_up"),
+                                                          self.weight(layer, "mlp.down"))
+
+    def mlp_down(self, layer: int) -> None:
+        """Computed with ``mlp.gate_up`` (see there)."""
+
+    def moe_router(self, layer: int) -> None:
+        self.values["moe.router_exchange"] = jax.nn.sigmoid(mm(self.values["x"], self.weight(layer, "moe.router")))
+
+    def moe_topk(self, layer: int) -> None:
+        e = self.d.moe
+        scores = self.values.pop("moe.router_exchange")[:, : e.num_experts]
+        bias = self.small(layer, "small.router_bias")[:, : e.num_experts]
+        self.values["route"] = math_moe.select_topk(scores, bias, e.top_k, e.routed_scaling)
+        self.states[f"L{layer}.route"][...] = jnp.concatenate(self.values["route"][0], axis=1)
+
+    def moe_latent_down(self, layer: int) -> None:
+        self.values["moe.latent_allgather"] = mm(self.values["x"], self.weight(layer, "moe.latent_down"))
+
+    def moe_shared_gate_up(self, layer: int) -> None:
+        """The shared experts' channels of this device (both ops; issued at ``shared_down``)."""
+        self.values["moe.shared_reduce"] = math_moe.gated_mlp(
+            self.values.pop("x"), self.weight(layer, "moe.shared_gate_up"), self.weight(layer, "moe.shared_down"))
+
+    def moe_shared_down(self, layer: int) -> None:
+        """Computed with ``moe.shared_gate_up`` (see there)."""
+
+    def experts(self, layer: int) -> None:
+        """This device's experts on the gathered latent, weighted by the routing (0 if not chosen)."""
+        e, plan = self.d.moe, self.k.plan
+        lat = rmsnorm(self.values.pop("moe.latent_allgather"), self.small(layer, "small.latent_norm"), self.d.eps)
+        ids, weights = self.values.pop("route")
+        group_first = self.ctx.rank // plan.expert_tp * e.local_experts  # plan.group_of_device, traced
+        acc = jnp.zeros((self.k.batch, e.latent), jnp.float32)
+        for j in range(e.local_experts):
+            w_gu = dequant_fp8_b256(self.ins[f"L{layer}.expert.gate_up.values.{j}"][...],
+                                    self.ins[f"L{layer}.expert.gate_up.scales.{j}"][...])
+            w_dn = dequant_mxfp4(self.ins[f"L{layer}.expert.down.values.{j}"][...],
+                                 self.ins[f"L{layer}.expert.down.scales.{j}"][...])
+            y = math_moe.gated_mlp(lat, w_gu, w_dn)
+            acc = acc + math_moe.row_weight(ids, weights, group_first + j) * y
+        self.values["routed"] = acc
+
+    def moe_combine(self, layer: int) -> None:
+        self.values["shared"] = self.values.pop("moe.shared_reduce")
+        self.values["moe.routed_reduce"] = self.values.pop("routed")
+
+    def moe_latent_up(self, layer: int) -> None:
+        self.values["moe.output_allgather"] = mm(self.values.pop("moe.routed_reduce"),
+                                                 self.weight(layer, "moe.latent_up"))
+
+    # ------------------------------------------------------------------ head
+
+    def head_norm(self, layer: int) -> None:
+        self.finish_mlp(layer - 1)
+        final = residual.final_hidden(jnp.stack(self.blocks), self.partial, self.d.block_slots)
+        self.values["x"] = rmsnorm(final, None, self.d.eps)
+
+    def head_lm_head(self, layer: int) -> None:
+        self.logits[...] = mm(self.values.pop("x"), self.weight(None, "head.lm_head"))
+
+
+def pl_ds(start: Any) -> Any:
+    from jax.experimental import pallas as pl
+
+    return pl.ds(start, 1)

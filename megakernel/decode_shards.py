@@ -1,0 +1,157 @@
+"""Each device's shard of the full K3 weights and decode state, per the sharding plan.
+
+The multi-device decode kernel (:mod:`megakernel.multi_device_decode`) runs on the shards
+this module cuts out of the *same* full weights the single-device reference reads
+(:class:`megakernel.layout.Weights` of the one-device plan), so the gathered logits can be
+compared with the reference's. Per-device widths come from :func:`megakernel.dims.model_dims`
+of the multi-device plan (:mod:`tpusim.workload.shapes`, the one owner). Device ``r`` with
+``a`` attention heads per device holds heads ``a·r .. a·r + a - 1``; its sibling pair
+``p = r // 2`` holds ``2a`` heads and rank parity ``s = r % 2`` picks a hidden half:
+
+| tensor | device r's shard of the full tensor |
+| --- | --- |
+| ``kda.qkvgb`` | columns of its heads in each of the q, k, v, gate blocks, then its beta columns (each block padded to the plan's lane multiple) |
+| ``kda.decay_a`` / ``mla.q_a`` / ``mla.kv_a`` | whole (replicated; ``kv_a``'s rope padding cut to the plan's) |
+| ``kda.decay_b`` / ``mla.q_b`` / ``mla.kv_b`` / ``mla.gate`` | its heads' columns |
+| ``kda.o`` / ``mla.o`` | the pair's ``2a`` heads' rows x hidden half ``s``: the head exchange gives both siblings the pair's head outputs, each projects them onto its half (as many values as the table's ``a·hd x H``) |
+| ``moe.router`` | expert scores ``s·rc .. (s+1)·rc - 1`` (``rc`` router columns): the pair exchange assembles all scores |
+| ``moe.latent_down`` | latent columns ``r·ld ..`` (the all-gather assembles the latent) |
+| ``moe.latent_up`` | hidden columns of its lane in its host (the host all-gather assembles them) |
+| ``moe.shared_*`` / ``mlp.*`` | its intermediate channels (gate and up columns, down rows): a partial over the whole hidden |
+| ``expert.*`` | the experts of its expert group (whole width: expert TP 1 only) |
+| ``head.lm_head`` | vocabulary columns ``r·vr ..`` (the logits are gathered outside the kernel) |
+| ``small`` | norms, mixture, router bias, latent norm whole; KDA decay and conv parameters of its heads |
+
+State: KDA state and conv window of its heads; the MLA KV cache whole (the latent is shared
+by all heads), rope padding cut to the plan's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from megakernel.collective_plan import UnsupportedPlan
+from megakernel.dims import ModelDims
+from tpusim.workload.collectives import group_ranks
+from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.sharding import ShardingPlan
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Where device ``rank`` sits: its heads, pair half, expert group and host lane."""
+
+    rank: int
+    heads: int  # a: heads per device
+    parity: int  # s = rank % 2: the hidden half of the attention output projection
+    lane: int  # position of rank in its host group (latent_up columns)
+    group: int  # expert group
+    local_experts: int
+
+    @property
+    def first_head(self) -> int:
+        return self.heads * self.rank
+
+    @property
+    def pair_first_head(self) -> int:
+        return 2 * self.heads * (self.rank // 2)
+
+
+def cut_of(model: ModelConfig, plan: ShardingPlan, rank: int) -> Cut:
+    if plan.expert_tp != 1:
+        raise UnsupportedPlan(f"plan {plan.name}: expert_tp {plan.expert_tp}; the decode kernel keeps whole experts")
+    lane = group_ranks("host", rank, plan.topology).index(rank)
+    return Cut(rank, plan.attention_heads_per_device, rank % 2, lane, plan.group_of_device(rank),
+               plan.experts_per_group(model))
+
+
+def _cols(x: np.ndarray, start: int, width: int, padded: int | None = None) -> np.ndarray:
+    """Columns ``start .. start + width`` of the last axis, zero-padded to ``padded``."""
+    part = x[..., start: start + width]
+    if padded is None or padded == width:
+        return part
+    pad = np.zeros((*part.shape[:-1], padded - width), part.dtype)
+    return np.concatenate([part, pad], axis=-1)
+
+
+def _attention(full: dict[str, np.ndarray], one: ModelDims, dev: ModelDims, c: Cut) -> dict[str, np.ndarray]:
+    kd1, kd, md1, md = one.kda, dev.kda, one.mla, dev.mla
+    hd, a, half = kd.head_dim, c.heads, one.hidden // 2
+    qkvgb = full["kda.qkvgb"]
+    blocks = [_cols(qkvgb, i * kd1.padded_width + c.first_head * hd, a * hd, kd.padded_width) for i in range(4)]
+    blocks.append(_cols(qkvgb, 4 * kd1.padded_width + c.first_head, a, kd.beta_cols))
+    pair_rows = slice(c.pair_first_head * hd, (c.pair_first_head + 2 * a) * hd)
+    halves = slice(c.parity * half, (c.parity + 1) * half)
+    q_cols = [_cols(full["mla.q_b"], (c.first_head + i) * md1.q_head_cols, md.q_head_cols) for i in range(a)]
+    v_rows = slice(c.pair_first_head * md.v_dim, (c.pair_first_head + 2 * a) * md.v_dim)
+    return {
+        "kda.qkvgb": np.concatenate(blocks, axis=-1),
+        "kda.decay_a": full["kda.decay_a"],
+        "kda.decay_b": _cols(full["kda.decay_b"], c.first_head * hd, a * hd),
+        "kda.o": full["kda.o"][:, pair_rows, halves],
+        "mla.q_a": full["mla.q_a"],
+        "mla.kv_a": full["mla.kv_a"][..., : md.kv_cols],
+        "mla.q_b": np.concatenate(q_cols, axis=-1),
+        "mla.kv_b": _cols(full["mla.kv_b"], c.first_head * md.kv_b_head_cols, a * md.kv_b_head_cols),
+        "mla.gate": _cols(full["mla.gate"], c.first_head * md.v_dim, a * md.v_dim),
+        "mla.o": full["mla.o"][:, v_rows, halves],
+    }
+
+
+def _mlp(full: dict[str, np.ndarray], one: ModelDims, dev: ModelDims, c: Cut) -> dict[str, np.ndarray]:
+    e1, e = one.moe, dev.moe
+    r = c.rank
+    sw, dw = e.shared_width, dev.dense_width
+    experts = slice(c.group * c.local_experts, (c.group + 1) * c.local_experts)
+    out = {
+        "moe.router": _cols(full["moe.router"], c.parity * e.router_cols, e.router_cols),
+        "moe.latent_down": _cols(full["moe.latent_down"], r * e.latent_down_cols, e.latent_down_cols),
+        "moe.latent_up": _cols(full["moe.latent_up"], c.lane * e.latent_up_cols, e.latent_up_cols),
+        "moe.shared_gate_up": np.concatenate([_cols(full["moe.shared_gate_up"], r * sw, sw),
+                                              _cols(full["moe.shared_gate_up"], e1.shared_width + r * sw, sw)], -1),
+        "moe.shared_down": full["moe.shared_down"][:, r * sw: (r + 1) * sw],
+        "mlp.gate_up": np.concatenate([_cols(full["mlp.gate_up"], r * dw, dw),
+                                       _cols(full["mlp.gate_up"], one.dense_width + r * dw, dw)], -1),
+        "mlp.down": full["mlp.down"][r * dw: (r + 1) * dw],
+        "head.lm_head": _cols(full["head.lm_head"], r * dev.vocab_rows, dev.vocab_rows),
+    }
+    for name in ("expert.gate_up.values", "expert.gate_up.scales", "expert.down.values", "expert.down.scales"):
+        out[name] = full[name][:, experts]
+    return out
+
+
+def _small(full: np.ndarray, one: ModelDims, dev: ModelDims, c: Cut) -> np.ndarray:
+    """Packed small-parameter rows [layers, dev.small_cols] of device ``c.rank``."""
+    hd, a = dev.kda.head_dim, c.heads
+    out = np.zeros((full.shape[0], dev.small_cols), np.float32)
+    for kind, (offset, length) in dev.small_offsets.items():
+        value = one.small(full, kind)
+        if kind == "small.kda_a_log":
+            value = value[:, c.first_head: c.first_head + a]
+        elif kind == "small.kda_dt_bias":
+            value = value[:, c.first_head * hd: (c.first_head + a) * hd]
+        elif kind == "small.kda_conv":
+            taps = value.reshape(full.shape[0], one.kda.conv_kernel, 3, one.kda.width)
+            value = taps[..., c.first_head * hd: (c.first_head + a) * hd].reshape(full.shape[0], -1)
+        out[:, offset: offset + length] = value[:, :length]
+    return out
+
+
+def weight_shard(full: dict[str, np.ndarray], one: ModelDims, dev: ModelDims, cut: Cut) -> dict[str, np.ndarray]:
+    """Device ``cut.rank``'s weights (stacked per layer kind, as :class:`~megakernel.layout.Weights`)."""
+    out = {**_attention(full, one, dev, cut), **_mlp(full, one, dev, cut)}
+    out["small"] = _small(full["small"], one, dev, cut)
+    return out
+
+
+def state_shard(kda: np.ndarray, conv: np.ndarray, kv: np.ndarray, one: ModelDims, dev: ModelDims,
+                cut: Cut) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Device ``cut.rank``'s KDA state [n_kda, B, a, hd, hd], conv window [n_kda, B, K-1, 3·a·hd]
+    and KV cache [n_mla, B, T, C + P(R)] from the full (one-device) state."""
+    hd, a = dev.kda.head_dim, cut.heads
+    heads = slice(cut.first_head, cut.first_head + a)
+    blocks = conv.reshape(*conv.shape[:-1], 3, one.kda.width)[..., cut.first_head * hd: (cut.first_head + a) * hd]
+    return (np.asarray(kda)[:, :, heads], np.ascontiguousarray(blocks.reshape(*conv.shape[:-1], 3 * a * hd)),
+            np.asarray(kv)[..., : dev.mla.kv_cols])
