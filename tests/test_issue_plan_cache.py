@@ -8,7 +8,8 @@ import pytest
 from tpusim.schedule.issue_plan import UnsupportedIssuePlan
 from tpusim.schedule.program_issue import PoolPlanCache, program_facts, program_issue_plan
 from tpusim.schedule.schema import PoolSpec, load_schedule
-from tpusim.sweep.space import default_space, sample
+from tpusim.sweep.candidates import sample
+from tpusim.sweep.space import default_space
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.program import build_program
 

@@ -30,7 +30,8 @@ from megakernel.reference import decode_step_with_routing, device_params, init_s
 from tpusim.engine import simulate
 from tpusim.schedule.schema import BUILTIN_SCHEDULES, Schedule, load_schedule
 from tpusim.schedule.vmem import InfeasibleSchedule
-from tpusim.sweep.space import default_space, sample
+from tpusim.sweep.candidates import sample
+from tpusim.sweep.space import default_space
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.program import build_program
 from tpusim.workload.routing import parse_routing

@@ -13,8 +13,9 @@ from tpusim.engine import simulate
 from tpusim.schedule.program_issue import program_issue_plan
 from tpusim.schedule.schema import PoolSpec, Schedule, load_schedule
 from tpusim.schedule.vmem import InfeasibleSchedule, vmem_plan
+from tpusim.sweep.candidates import sample
 from tpusim.sweep.estimate import EstimateContext, estimate
-from tpusim.sweep.space import default_space, pool_pattern_name, sample
+from tpusim.sweep.space import default_space, pool_pattern_name
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.program import build_program
 

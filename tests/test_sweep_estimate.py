@@ -11,11 +11,12 @@ from hypothesis import strategies as st
 from hwmodels.catalog import make_system
 from tpusim.engine import simulate
 from tpusim.schedule.schema import BUILTIN_SCHEDULES, load_schedule
+from tpusim.sweep.candidates import candidates
 from tpusim.sweep.estimate import EstimateContext, estimate
 from tpusim.sweep.estimate_resources import AdmissionPool, FluidHbm
 from tpusim.sweep.prune import VmemAccountant, check_candidate
 from tpusim.sweep.report import spearman
-from tpusim.sweep.space import candidates, default_space
+from tpusim.sweep.space import default_space
 from tpusim.workload.floors import floors
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.program import build_program

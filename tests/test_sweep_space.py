@@ -12,14 +12,13 @@ from pydantic import ValidationError
 from hwmodels.catalog import make_system
 from tpusim.schedule.schema import BUILTIN_SCHEDULES, Schedule, load_schedule
 from tpusim.schedule.vmem import vmem_plan
+from tpusim.sweep.candidates import candidates, neighbours
 from tpusim.sweep.prune import VmemAccountant, check_candidate
 from tpusim.sweep.space import (
     FamilySpace,
     SweepSpace,
-    candidates,
     default_space,
     knob_names,
-    neighbours,
     pool_pattern_name,
     schedule_knobs,
 )

@@ -32,9 +32,9 @@ from hwmodels.schema import Chip, System
 from tpusim.engine import simulate
 from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import InfeasibleSchedule
+from tpusim.sweep.candidates import Candidate
 from tpusim.sweep.estimate import EstimateContext, estimate
 from tpusim.sweep.prune import VmemAccountant
-from tpusim.sweep.space import Candidate
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.program import Program, build_program
 from tpusim.workload.routing import RoutingModel

@@ -6,7 +6,7 @@ prefetch schedule of one workload (model, plan, system, batch) and writes its ou
 Steps (each keeps the invariant named after it):
 
 1. **Candidates.** Built-ins, their one-knob neighbours and ``space.samples`` seeded draws
-   (:func:`~tpusim.sweep.space.candidates`). *The list depends only on the space, the
+   (:func:`~tpusim.sweep.candidates.candidates`). *The list depends only on the space, the
    model's families and the seed.*
 2. **Prune** every candidate with the static VMEM accounting and the DMA limit
    (:mod:`tpusim.sweep.prune`), and every one the schedule schema rejected (reason
@@ -48,6 +48,7 @@ from typing import Any
 from hwmodels.errors import InputError
 from hwmodels.schema import System
 from tpusim.schedule.schema import BUILTIN_SCHEDULES, SCHEDULE_FAMILIES, Schedule, save_schedule
+from tpusim.sweep.candidates import Candidate, candidates, neighbour_candidates, neighbours
 from tpusim.sweep.defaults import (
     DEFAULT_BUDGET,
     DEFAULT_REFINE_SHARE,
@@ -61,16 +62,7 @@ from tpusim.sweep.outputs import SweepCsv, csv_columns, write_text_atomic
 from tpusim.sweep.progress import SweepProgress
 from tpusim.sweep.prune import VmemAccountant, check_candidate
 from tpusim.sweep.result import SweepResult
-from tpusim.sweep.space import (
-    Candidate,
-    SweepSpace,
-    candidates,
-    default_space,
-    knob_names,
-    neighbour_candidates,
-    neighbours,
-    schedule_knobs,
-)
+from tpusim.sweep.space import SweepSpace, default_space, knob_names, schedule_knobs
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.routing import RoutingModel
 from tpusim.workload.sharding import ShardingPlan
