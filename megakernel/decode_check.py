@@ -77,8 +77,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     plan = plan_for(model, args.devices)
     if args.layers:
         model = model.with_layers(args.layers)
-    bugs = Bugs(skip_wait=args.bug.split(":", 1)[1] if args.bug.startswith("skip_wait:") else None,
-                single_buffer=args.bug == "single_buffer")
+    bugs = Bugs.parse(args.bug)
     params = pltpu.InterpretParams(detect_races=not args.no_races, vector_clock_size=256,
                                    dma_execution_mode=args.mode, random_seed=args.seed)
     max_context = args.context + args.steps + 3

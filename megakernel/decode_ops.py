@@ -110,13 +110,8 @@ class DecodeOps:
         q, k, v = self.values.pop("qkv")
         g, beta = self.values.pop("g"), self.values.pop("beta")
         state = self.ins[f"L{layer}.kda_state"][...]
-        outs, states = [], []
-        for hd in range(kd.heads):
-            cols = slice(hd * kd.head_dim, (hd + 1) * kd.head_dim)
-            o, s = math_kda.delta_rule_head(state[:, hd], q[hd], k[hd], v[hd], g[:, cols], beta[:, hd: hd + 1])
-            outs.append(o)
-            states.append(s)
-        self.states[f"L{layer}.kda_state"][...] = jnp.stack(states, axis=1)
+        outs, new_state = math_kda.delta_rule_heads(state, q, k, v, g, beta, kd)
+        self.states[f"L{layer}.kda_state"][...] = new_state
         self.values["attn.head_exchange"] = math_kda.output_gate(outs, self.values.pop("gate"), self.d.eps)
 
     def kda_o(self, layer: int) -> None:

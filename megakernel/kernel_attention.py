@@ -121,13 +121,8 @@ def kda_layer(ctx: Ctx, layer: Any, begin: Begin, first_kda: bool) -> None:
     copies["state_in"].wait()
     _state_event(ctx, "dma_wait", "kda.state_in", layer)
     state = ctx.scratch["kda_state"][...]  # one load, one store: every access is a callback
-    outs, states = [], []
-    for hd in range(kd.heads):
-        cols = slice(hd * kd.head_dim, (hd + 1) * kd.head_dim)
-        o, s = math_kda.delta_rule_head(state[:, hd], q[hd], k[hd], v[hd], g[:, cols], beta[:, hd: hd + 1])
-        outs.append(o)
-        states.append(s)
-    ctx.scratch["kda_state"][...] = jnp.stack(states, axis=1)
+    outs, new_state = math_kda.delta_rule_heads(state, q, k, v, g, beta, kd)
+    ctx.scratch["kda_state"][...] = new_state
     copies["state_out"].start()
     _state_event(ctx, "dma_start", "kda.state_out", layer)
 

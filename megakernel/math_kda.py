@@ -110,6 +110,19 @@ def delta_rule_head(
     return o, new_state
 
 
+def delta_rule_heads(state: jax.Array, q: list[jax.Array], k: list[jax.Array], v: list[jax.Array],
+                     g: jax.Array, beta: jax.Array, d: KdaDims) -> tuple[list[jax.Array], jax.Array]:
+    """:func:`delta_rule_head` for every head: ``state`` f32[B, H, hd_v, hd_k], per-head q/k/v
+    lists, ``g`` f32[B, H*hd], ``beta`` f32[B, H] -> (per-head outputs, new state f32[B, H, ...])."""
+    outs, states = [], []
+    for h in range(d.heads):
+        cols = slice(h * d.head_dim, (h + 1) * d.head_dim)
+        o, s = delta_rule_head(state[:, h], q[h], k[h], v[h], g[:, cols], beta[:, h: h + 1])
+        outs.append(o)
+        states.append(s)
+    return outs, jnp.stack(states, axis=1)
+
+
 def output_gate(o_heads: list[jax.Array], gate: jax.Array, eps: float) -> jax.Array:
     """Per-head RMSNorm (no weight) times ``sigmoid(gate)``: -> f32[B, W]."""
     o = jnp.concatenate([rmsnorm(x, None, eps) for x in o_heads], axis=1)

@@ -61,6 +61,22 @@ class Bugs:
     skip_wait: str | None = None  # collective whose receive waits are all skipped (a missing wait)
     single_buffer: bool = False  # receive slots not double-buffered by layer parity
 
+    @classmethod
+    def parse(cls, text: str) -> Bugs:
+        """The checkers' ``--bug`` value: ``skip_wait:COLLECTIVE``, ``single_buffer`` or ``""``."""
+        return cls(skip_wait=text.split(":", 1)[1] if text.startswith("skip_wait:") else None,
+                   single_buffer=text == "single_buffer")
+
+
+def device_mesh(devices: int) -> Any:
+    """A 1-D mesh ``("x",)`` over the first ``devices`` JAX devices (virtual ones on a CPU)."""
+    from jax.sharding import Mesh
+
+    if len(jax.devices()) < devices:
+        raise ValueError(f"{devices} devices needed, JAX sees {len(jax.devices())} "
+                         f"(XLA_FLAGS=--xla_force_host_platform_device_count={devices} before JAX starts)")
+    return Mesh(np.array(jax.devices()[:devices]), ("x",))
+
 
 class CollectiveKernel:
     """The collective program of (model, plan, batch) on ``plan.devices`` mesh devices."""
@@ -128,14 +144,9 @@ class CollectiveKernel:
     @cached_property
     def mesh_fn(self) -> tuple[Any, Any]:
         """(mesh, jitted shard_map of :meth:`call`), built once per kernel."""
-        from jax.sharding import Mesh
         from jax.sharding import PartitionSpec as P
 
-        n = self.plan.devices
-        if len(jax.devices()) < n:
-            raise ValueError(f"{n} devices needed, JAX sees {len(jax.devices())} "
-                             f"(XLA_FLAGS=--xla_force_host_platform_device_count={n} before JAX starts)")
-        mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
+        mesh = device_mesh(self.plan.devices)
         fn = jax.jit(jax.shard_map(lambda r, a: self.call()(r.reshape(-1), a), mesh=mesh,
                                    in_specs=(P("x"), P("x")), out_specs=(P("x"), P("x")), check_vma=False))
         return mesh, fn

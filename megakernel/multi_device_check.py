@@ -48,8 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = plan_for(model, args.devices)
     if args.layers:
         model = model.with_layers(args.layers)
-    bugs = Bugs(skip_wait=args.bug.split(":", 1)[1] if args.bug.startswith("skip_wait:") else None,
-                single_buffer=args.bug == "single_buffer")
+    bugs = Bugs.parse(args.bug)
     if args.lower:
         return lower(model, plan)
     np.random.seed(args.seed)  # the race detector's interleavings draw from numpy's global RNG

@@ -45,7 +45,7 @@ from jax.experimental.pallas import tpu as pltpu
 from megakernel.collective_plan import DECODE_SUPPORTED, UnsupportedPlan, layer_steps
 from megakernel.decode_shards import cut_of, state_shard, weight_shard
 from megakernel.dims import ModelDims, model_dims
-from megakernel.multi_device import EVENT_WORDS, ISSUE, WAIT, Bugs, CollectiveKernel
+from megakernel.multi_device import EVENT_WORDS, ISSUE, WAIT, Bugs, CollectiveKernel, device_mesh
 from tpusim.workload.collectives import incoming
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.sharding import ShardingPlan
@@ -264,14 +264,9 @@ class DecodeKernel(CollectiveKernel):
 
     @cached_property
     def mesh_fn(self) -> tuple[Any, Any]:
-        from jax.sharding import Mesh
         from jax.sharding import PartitionSpec as P
 
-        n = self.plan.devices
-        if len(jax.devices()) < n:
-            raise ValueError(f"{n} devices needed, JAX sees {len(jax.devices())} "
-                             f"(XLA_FLAGS=--xla_force_host_platform_device_count={n} before JAX starts)")
-        mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
+        mesh = device_mesh(self.plan.devices)
 
         def per_device(routes: Any, ins: dict[str, Any]) -> Any:
             logits, states, log = self.call()(routes.reshape(-1), {k: v[0] for k, v in ins.items()})

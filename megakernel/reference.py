@@ -93,14 +93,9 @@ def kda_attention(dims: ModelDims, p: Params, small: jax.Array, x: jax.Array, st
     beta = jax.nn.sigmoid(beta_logits)
     f = mm(mm(x, p["kda.decay_a"]), p["kda.decay_b"])
     g = math_kda.decay_log(f, dims.small(small, "small.kda_a_log")[None], dims.small(small, "small.kda_dt_bias")[None], d)
-    outs, states = [], []
-    for h in range(d.heads):
-        cols = slice(h * d.head_dim, (h + 1) * d.head_dim)
-        o, s = math_kda.delta_rule_head(state[:, h], q[h], k[h], v[h], g[:, cols], beta[:, h: h + 1])
-        outs.append(o)
-        states.append(s)
+    outs, new_state = math_kda.delta_rule_heads(state, q, k, v, g, beta, d)
     o = math_kda.output_gate(outs, gate, dims.eps)
-    return mm(o, p["kda.o"]), jnp.stack(states, axis=1), window
+    return mm(o, p["kda.o"]), new_state, window
 
 
 def mla_attention(dims: ModelDims, p: Params, small: jax.Array, x: jax.Array, cache: jax.Array,
