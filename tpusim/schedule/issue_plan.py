@@ -198,8 +198,9 @@ def plan_issues(rings: dict[str, RingSpec], op_reads: Sequence[Sequence[Read]], 
     kernel's race-detector test only. ``horizon`` must not decrease along the ops; ``lookback``
     bounds how far before ``horizon(c)`` an expert's routing position may lie (an occupant
     whose last reader is older cannot delay any copy)."""
-    for index, reads in enumerate(op_reads):
-        _check_op_fits_its_pools(first + index, reads, rings)
+    if any(name.startswith("pool:") for name in rings):  # only ring pools can wrap within an op
+        for index, reads in enumerate(op_reads):
+            _check_op_fits_its_pools(first + index, reads, rings)
     instances = sorted(_instances(op_reads, first).values(), key=lambda inst: inst.first)
     plan = IssuePlan({}, {}, {})
     issue, consumer, buffers, refills = plan.issue, plan.consumer, plan.buffer, plan.refills
