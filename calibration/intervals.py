@@ -36,6 +36,17 @@ METHOD = (f"{SAMPLES} parameter sets drawn from N(fitted values, fit covariance)
           "prediction ± 1.645 sd of the re-simulated predictions")
 
 
+def nearest_psd(cov: np.ndarray) -> np.ndarray:
+    """The covariance made symmetric with negative eigenvalues set to 0 (a fit's covariance of
+    a weakly pinned parameter can come out slightly indefinite from round-off; numpy would
+    otherwise draw with the eigenvalues' absolute values)."""
+    sym = (cov + cov.T) / 2
+    eigenvalues, vectors = np.linalg.eigh(sym)
+    if eigenvalues.min(initial=0.0) >= 0:
+        return sym
+    return (vectors * np.clip(eigenvalues, 0.0, None)) @ vectors.T
+
+
 def draw_samples(stages: Sequence[tuple[list[str], np.ndarray, np.ndarray, dict[str, tuple[float, float]]]],
                  n: int = SAMPLES, seed: int = SEED) -> list[dict[str, float]]:
     """``n`` parameter sets; ``stages`` lists per stage ``(paths, values, covariance, bounds)``."""
@@ -46,8 +57,7 @@ def draw_samples(stages: Sequence[tuple[list[str], np.ndarray, np.ndarray, dict[
             continue
         mean = np.asarray(values, dtype=float)
         cov = np.asarray(cov, dtype=float)
-        cov = (cov + cov.T) / 2
-        draws = rng.multivariate_normal(mean, cov, size=n, method="eigh")
+        draws = rng.multivariate_normal(mean, nearest_psd(cov), size=n, method="eigh")
         for k in range(n):
             for j, path in enumerate(paths):
                 low, high = bounds.get(path, (-np.inf, np.inf))

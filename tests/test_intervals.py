@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from calibration.intervals import nearest_psd
 from hwmodels.overlay import CalibratedValue, CalibrationOverlay, save_overlay
 from tpusim.app.cli import main
 from tpusim.compare.rows import SystemSpec, compare_rows
@@ -64,3 +66,12 @@ def test_compare_rows_carry_interval_keys_only_when_calibrated() -> None:
     assert row["label"] == "calibrated"
     assert row["step_ms_low"] < row["step_ms"] < row["step_ms_high"]
     assert set(INTERVAL_KEYS) <= set(row)
+
+
+def test_an_indefinite_covariance_is_drawn_from_its_nearest_psd_matrix() -> None:
+    psd = np.array([[4.0, 1.0], [1.0, 2.0]])
+    np.testing.assert_array_equal(nearest_psd(psd), psd)  # already PSD: untouched
+    indefinite = np.array([[1.0, 2.0], [2.0, 1.0]])  # eigenvalues 3 and -1
+    fixed = nearest_psd(indefinite)
+    np.testing.assert_allclose(fixed, [[1.5, 1.5], [1.5, 1.5]])  # the -1 direction dropped
+    assert np.linalg.eigvalsh(fixed).min() > -1e-12
