@@ -5,10 +5,12 @@ here comes from :mod:`tpusim.workload.shapes` (the one owner of per-device shape
 :func:`~tpusim.workload.shapes.device_widths` and the tensor lists), so the simulator and the
 kernel cannot drift apart.
 
-Single device (``plan_for(model, 1)``): every width is the model's. On the K3 TP32 plan the
-kernel is built at one device's sizes with the collectives omitted (a lowering-only
-configuration); where the plan's per-device widths do not compose without a collective we
-use these stand-ins, all named in README:
+Single device (``plan_for(model, 1)``): every width is the model's. On a multi-device plan
+:class:`megakernel.kernel_collectives.CollectiveMegakernel` runs the plan's collectives inside
+the kernel (``routes_all_experts=True``), so nothing is stood in for. The one-device
+:class:`megakernel.kernel.Megakernel` can still be built at one device's widths of the K3
+TP32 plan with the collectives omitted (a lowering-only configuration); where the widths do
+not compose without a collective it uses these stand-ins, all named in README:
 
 - the latent all-gather: the local ``latent_down`` columns fill the first columns of the
   latent, the rest stay zero;

@@ -150,7 +150,8 @@ class Megakernel:
         self.geo = dma_plan.geometry(dims, schedule)
         tile = schedule.kv_tile_tokens
         self.max_context = -(-max_context // tile) * tile
-        self.n_max = min(dims.moe.scored_experts, batch * dims.moe.top_k)
+        # distinct experts a window can load: this device's experts the batch can pick
+        self.n_max = min(dims.moe.scored_experts, dims.moe.local_experts, batch * dims.moe.top_k)
         self.tables = build_tables(dims, self.geo, self.n_max, respect_buffers=not unsafe_ignore_buffer_reuse)
         self.trace = trace
         self.interpret = interpret
@@ -220,9 +221,12 @@ class Megakernel:
             out_specs=(pl.BlockSpec(memory_space=pltpu.VMEM),) + (pl.BlockSpec(memory_space=pl.ANY),) * 3,
             scratch_shapes=self.scratch_shapes(),
             input_output_aliases=aliases,
-            compiler_params=pltpu.CompilerParams(vmem_limit_bytes=64 * 1024 * 1024),
+            compiler_params=self.compiler_params(),
             interpret=self.interpret if self.interpret is not None else False,
         )
+
+    def compiler_params(self) -> Any:
+        return pltpu.CompilerParams(vmem_limit_bytes=64 * 1024 * 1024)
 
     def input_specs(self) -> dict[str, Any]:
         specs: dict[str, Any] = {name: pl.BlockSpec(memory_space=pl.ANY) for name in self.hbm_shapes()}
@@ -273,6 +277,7 @@ class Megakernel:
         d, b = self.dims, self.batch
         named_outs = dict(zip(("logits", "state.kda", "state.conv", "state.kv"), outs, strict=True))
         ctx = Ctx(d, self.geo, b, ins, named_outs, scratch, self.tables.units, self.n_max, self.recorder)
+        self.enter(ctx)
         scratch["blocks"][...] = jnp.zeros(scratch["blocks"].shape, jnp.float32)
         scratch["partial"][...] = jnp.zeros(scratch["partial"].shape, jnp.float32)
         scratch["work"][...] = jnp.zeros(scratch["work"].shape, jnp.float32)
@@ -284,6 +289,9 @@ class Megakernel:
         ctx.fori(1, d.num_layers - 1, lambda i, c: (self._window(ctx, i), c)[1], 0)
         self._window(ctx, d.num_layers - 1, last=True)
         finish_kda_state(ctx, d.kda_layers[-1])
+
+    def enter(self, ctx: Ctx) -> None:
+        """Kernel entry hook (the multi-device kernel binds its collectives and meets its peers)."""
 
     # --------------------------------------------------------------- issue emission
 

@@ -54,6 +54,13 @@ def add_to_residual(ctx: Ctx, out: jax.Array) -> None:
     ctx.scratch["partial"][:b, :] = ctx.scratch["partial"][:b, :] + out
 
 
+def finish_previous(ctx: Ctx, layer: Any) -> None:
+    """With collectives: wait for the previous layer's MLP output (its all-reduce or all-gather,
+    consumed here at ``attn.mix_norm``), add it to the residual and close its block."""
+    if ctx.link is not None and not (isinstance(layer, int) and layer == 0):
+        ctx.link.finish_mlp(ctx, layer)
+
+
 class _StateCopies:
     """Descriptors of the KDA conv-window / state copies of stack index ``m`` (built on use)."""
 
@@ -86,6 +93,7 @@ def kda_layer(ctx: Ctx, layer: Any, begin: Begin, first_kda: bool) -> None:
     m = ctx.instance(ctx.geo.rings["kda.qkvgb"], layer)
     copies = _state_copies(ctx, m)
     begin("attn.mix_norm")
+    finish_previous(ctx, layer)
     ctx.wait("small", layer, 0)
     x = mix_norm(ctx, layer, "attn")
 
@@ -125,8 +133,13 @@ def kda_layer(ctx: Ctx, layer: Any, begin: Begin, first_kda: bool) -> None:
     ctx.scratch["kda_state"][...] = new_state
     copies["state_out"].start()
     _state_event(ctx, "dma_start", "kda.state_out", layer)
+    if ctx.link is not None:  # the exchange carries this device's gated heads
+        ctx.link.issue(ctx, "attn.head_exchange", layer, math_kda.output_gate(outs, gate, d.eps))
 
     begin("kda.o")
+    if ctx.link is not None:
+        ctx.link.attention_output(ctx, "kda.o", layer)
+        return
     o = math_kda.output_gate(outs, gate, d.eps)
     add_to_residual(ctx, ctx.matmul("kda.o", layer, o))
 
@@ -154,6 +167,7 @@ def mla_layer(ctx: Ctx, layer: Any, begin: Begin) -> None:
     position = ctx.memo("position", 0, lambda: ctx.ins["smem.scalars"][0])
     pos_f = position.astype(jnp.float32)
     begin("attn.mix_norm")
+    finish_previous(ctx, layer)
     ctx.wait("small", layer, 0)
     x = mix_norm(ctx, layer, "attn")
 
@@ -187,7 +201,12 @@ def mla_layer(ctx: Ctx, layer: Any, begin: Begin) -> None:
 
     begin("mla.gate")
     o = o * jax.nn.sigmoid(ctx.matmul("mla.gate", layer, x))
+    if ctx.link is not None:  # issued after the gate: its weights hold this device's heads only
+        ctx.link.issue(ctx, "attn.head_exchange", layer, o[:b])
     begin("mla.o")
+    if ctx.link is not None:
+        ctx.link.attention_output(ctx, "mla.o", layer)
+        return
     add_to_residual(ctx, ctx.matmul("mla.o", layer, o)[:b])
 
 

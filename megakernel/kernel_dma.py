@@ -86,6 +86,10 @@ class Ctx:
     units: list[Unit]  # table columns
     n_max: int
     recorder: Recorder | None = None
+    # The plan's in-kernel collectives (megakernel.kernel_collectives.KernelLink.bind), or None
+    # on one device: the ops then use the single-device stand-ins of megakernel.dims.
+    link: Any = None
+    branch: str | None = None  # the lax.cond branch being traced ("true" | "false"), for trace-time logs
     _memo: dict[tuple[str, Any], tuple[Any, Any]] = field(default_factory=dict)
 
     def memo(self, key: str, owner: Any, make: Callable[[], Any]) -> Any:
@@ -298,13 +302,15 @@ class Ctx:
 
     def cond(self, pred: Any, true_fn: Callable[[], None], false_fn: Callable[[], None]) -> None:
         """``lax.cond`` over two side-effecting branches, each its own cache region."""
-        def wrap(fn: Callable[[], None]) -> Callable[[], None]:
+        def wrap(fn: Callable[[], None], name: str) -> Callable[[], None]:
             def branch() -> None:
+                outer, self.branch = self.branch, name
                 with self.region():
                     fn()
+                self.branch = outer
             return branch
 
-        jax.lax.cond(pred, wrap(true_fn), wrap(false_fn))
+        jax.lax.cond(pred, wrap(true_fn, "true"), wrap(false_fn, "false"))
 
     @property
     def expert_list(self) -> int:

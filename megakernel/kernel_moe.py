@@ -28,7 +28,7 @@ from megakernel.kernel_dma import N_NEXT, Ctx, idiv, imod
 from megakernel.math_common import rmsnorm, situ
 from megakernel.quant import dequant_fp8_words, dequant_mxfp4_words, words_to_bf16
 
-WORK_LATENT, WORK_SHARED, WORK_ACC = 0, 1, 2
+WORK_LATENT, WORK_SHARED, WORK_ACC, WORK_NORM = 0, 1, 2, 3  # rows of the "work" scratch
 
 
 def moe_pre_experts(ctx: Ctx, layer: Any, begin: Begin, issue_at_topk: Callable[[Any], None]) -> None:
@@ -38,18 +38,32 @@ def moe_pre_experts(ctx: Ctx, layer: Any, begin: Begin, issue_at_topk: Callable[
     d, e, b = ctx.dims, ctx.dims.moe, ctx.batch
     begin("mlp.mix_norm")
     x = mix_norm(ctx, layer, "mlp")
+    link = ctx.link
     begin("moe.router")
-    scores = jax.nn.sigmoid(ctx.matmul("moe.router", layer, x)[:, : e.scored_experts])
+    scores = jax.nn.sigmoid(ctx.matmul("moe.router", layer, x))
+    if link is not None:
+        link.issue(ctx, "moe.router_exchange", layer, scores)  # this device's router columns
     begin("moe.latent_down")  # before the top-k: its all-gather overlaps the selection
-    lat = math_moe.latent_input(d, ctx.matmul("moe.latent_down", layer, x), ctx.small(layer, "small.latent_norm"))
-    ctx.scratch["work"][WORK_LATENT, :b, : e.latent] = lat
+    down = ctx.matmul("moe.latent_down", layer, x)
+    if link is not None:
+        link.issue(ctx, "moe.latent_allgather", layer, down)
+        link.keep_latent_norm(ctx, ctx.small(layer, "small.latent_norm"))
+    else:
+        lat = math_moe.latent_input(d, down, ctx.small(layer, "small.latent_norm"))
+        ctx.scratch["work"][WORK_LATENT, :b, : e.latent] = lat
     begin("moe.topk")
-    topk(ctx, layer, scores, issue_at_topk)
+    if link is not None:
+        scores = link.wait(ctx, "moe.router_exchange", layer)
+    topk(ctx, layer, scores[:, : e.scored_experts], issue_at_topk)
     begin("moe.shared_gate_up")
     gu = ctx.matmul("moe.shared_gate_up", layer, x)
     act = situ(gu[:, : e.shared_width], gu[:, e.shared_width:])
     begin("moe.shared_down")
-    ctx.scratch["work"][WORK_SHARED, :b, : d.hidden] = ctx.matmul("moe.shared_down", layer, act)
+    shared = ctx.matmul("moe.shared_down", layer, act)
+    if link is not None:
+        link.issue(ctx, "moe.shared_reduce", layer, shared)
+    else:
+        ctx.scratch["work"][WORK_SHARED, :b, : d.hidden] = shared
 
 
 def topk(ctx: Ctx, layer: Any, scores: jax.Array, issue_at_topk: Callable[[Any], None]) -> None:
@@ -69,6 +83,8 @@ def topk(ctx: Ctx, layer: Any, scores: jax.Array, issue_at_topk: Callable[[Any],
         ids.append(idx)
         picked.append(score)
     weights = math_moe.renormalise(picked, e.routed_scaling)
+    if ctx.link is not None:  # global ids -> this group's local ids (others fall outside 0..local-1)
+        ids = [idx - ctx.link.group_first(ctx) for idx in ids]
     route = jnp.concatenate([x.astype(jnp.float32) for x in ids] + weights, axis=1)  # [B, 2k]
     ctx.scratch["route"][:, :b, :] = jnp.broadcast_to(route.T[:, :, None], (2 * e.top_k, b, LANES))
     picks = e.top_k * b
@@ -76,6 +92,8 @@ def topk(ctx: Ctx, layer: Any, scores: jax.Array, issue_at_topk: Callable[[Any],
     earlier = lax.broadcasted_iota(jnp.int32, (picks, picks), 1) < lax.broadcasted_iota(jnp.int32, (picks, picks), 0)
     same = seq == seq.reshape(1, picks)
     new = jnp.logical_not(jnp.any(same & earlier, axis=1, keepdims=True))  # [k*B, 1]
+    if ctx.link is not None:  # only experts of this device's group are listed (and loaded)
+        new = new & (seq >= 0) & (seq < e.local_experts)
     slot = jnp.sum(jnp.where(earlier & new.reshape(1, picks), 1, 0), axis=1, keepdims=True)
     rows = lax.broadcasted_iota(jnp.int32, (picks, 1), 0)
     for t in range(picks):
@@ -100,6 +118,8 @@ def topk(ctx: Ctx, layer: Any, scores: jax.Array, issue_at_topk: Callable[[Any],
 def expert_loop(ctx: Ctx, layer: Any, n: Any, begin_expert: Callable[[Any], None]) -> None:
     """``expert[0..n-1]`` of ``layer``: weighted expert outputs summed in f32 (loop carry)."""
     e, b = ctx.dims.moe, ctx.batch
+    if ctx.link is not None:  # the whole latent: consumed by expert[0], waited before the loop
+        ctx.link.gather_latent(ctx, layer)
     es = ctx.geo.expert_slot
     gu_panels, dn_panels = 2 * e.slice_width // LANES, e.latent // LANES
     lat = ctx.scratch["work"][WORK_LATENT, :b, : e.latent].astype(jnp.bfloat16)
@@ -132,6 +152,9 @@ def moe_post_experts(ctx: Ctx, layer: Any, begin: Begin) -> None:
     """``moe.combine``, ``moe.latent_up``: back to the hidden size, add to the residual."""
     d, e, b = ctx.dims, ctx.dims.moe, ctx.batch
     begin("moe.combine")
+    if ctx.link is not None:
+        ctx.link.moe_output(ctx, layer, begin)
+        return
     acc = ctx.scratch["work"][WORK_ACC, :b, : e.latent]
     begin("moe.latent_up")
     out = math_moe.moe_output(d, ctx.matmul("moe.latent_up", layer, acc))
@@ -162,7 +185,11 @@ def dense_mlp(ctx: Ctx, begin: Begin) -> None:
     begin("mlp.gate_up")
     gu = ctx.matmul("mlp.gate_up", 0, x)
     begin("mlp.down")
-    add_to_residual(ctx, ctx.matmul("mlp.down", 0, situ(gu[:, :width], gu[:, width:])))
+    out = ctx.matmul("mlp.down", 0, situ(gu[:, :width], gu[:, width:]))
+    if ctx.link is not None:  # added at layer 1's attn.mix_norm, where the all-reduce is consumed
+        ctx.link.issue(ctx, "mlp.allreduce", 0, out)
+        return
+    add_to_residual(ctx, out)
     end_of_layer(ctx, 0)
 
 
@@ -170,6 +197,8 @@ def head(ctx: Ctx, begin: Begin) -> None:
     """``head.norm`` (plain residual sum, RMSNorm) and ``head.lm_head`` -> logits."""
     d, b = ctx.dims, ctx.batch
     begin("head.norm")
+    if ctx.link is not None:
+        ctx.link.finish_mlp(ctx, d.num_layers)
     final = residual.final_hidden(ctx.scratch["blocks"][:, :b, :], ctx.scratch["partial"][:b, :], d.block_slots)
     x = rmsnorm(final, None, d.eps)
     begin("head.lm_head")

@@ -355,8 +355,9 @@ class DecodeKernel(CollectiveKernel):
                 ctx.record(WAIT, c, phase, i, layer)
             at = ctx.routes[self.own_word(c, phase)]
             own = ctx.send[c][pl.ds(phase, 1), :].astype(jnp.float32)  # [1, buffer width]
-            if scatter and phase == 0:  # this rank's chunk of its own partial
-                own = jax.lax.dynamic_slice_in_dim(own, at * size, size, axis=1)
+            if scatter and phase == 0:  # this rank's chunk of its own partial (a ref slice:
+                # a dynamic slice of a value has no Mosaic lowering)
+                own = ctx.send[c][pl.ds(phase, 1), pl.ds(at * size, size)].astype(jnp.float32)
             slots = ctx.recv[c][par, phase, :count].astype(jnp.float32)  # [count, chunk] by source rank
             rows = _insert(slots, own[:, :size], at)  # [count + 1, chunk] in rank order
             if scatter and phase == 0:  # reduce this rank's chunk, then gather everyone's

@@ -5,16 +5,23 @@ Lowering traces the kernel with ``jax.ShapeDtypeStruct`` inputs (nothing is allo
 the full Kimi K3 per-device sizes of the TP32 plan lower on a laptop) and asks JAX for the
 TPU lowering: Pallas → Mosaic, ending in one ``tpu_custom_call``. It proves that every op
 of the kernel has a Mosaic lowering rule for this schedule and these shapes; it does not run
-libtpu's Mosaic compiler, so tiling or layout limits surface only on a real TPU. Collectives
-are omitted (see :mod:`megakernel.dims`).
+libtpu's Mosaic compiler, so tiling or layout limits surface only on a real TPU.
+
+On a multi-device plan the kernel is :class:`megakernel.kernel_collectives.CollectiveMegakernel`
+under ``jax.shard_map`` over the plan's mesh, with the plan's collectives as remote copies
+inside it; the process needs ``plan.devices`` JAX devices (on a CPU:
+``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before JAX starts, as
+``python -m megakernel.lower_check`` does). On one device there are no collectives.
 
 The kernel's VMEM scratch (:meth:`megakernel.kernel.Megakernel.scratch_bytes`: arenas, KV
-tiles, states, activations) is set beside :func:`tpusim.schedule.vmem.vmem_plan`, the static
-accounting the simulator and the sweep use; the two are computed independently.
+tiles, states, activations, collective send/receive buffers) is set beside
+:func:`tpusim.schedule.vmem.vmem_plan`, the static accounting the simulator and the sweep
+use; the two are computed independently.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import jax
@@ -22,6 +29,7 @@ import jax.numpy as jnp
 
 from megakernel.dims import model_dims
 from megakernel.kernel import Megakernel
+from megakernel.kernel_collectives import CollectiveMegakernel
 from megakernel.reference import DecodeState
 from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import vmem_plan
@@ -42,6 +50,13 @@ def lower_for_tpu(kernel: Megakernel) -> str:
     return lowered.as_text()
 
 
+def communicates(text: str) -> bool:
+    """The lowered Mosaic call says it talks to other devices: Pallas sets ``has_communication``
+    in the ``tpu_custom_call``'s config when the kernel has remote copies or remote semaphore
+    signals (the kernel body itself is serialized MLIR bytecode, not searchable text)."""
+    return re.search(r'has_communication(\\22|")\s*:\s*true', text) is not None
+
+
 @dataclass(frozen=True)
 class LoweringReport:
     """What lowering one (model, plan, schedule, batch) for TPU showed, sizes in bytes."""
@@ -54,6 +69,8 @@ class LoweringReport:
     lowered: bool  # the lowering ends in a Mosaic tpu_custom_call
     scratch_bytes: dict[str, int]  # the kernel's VMEM scratch by group
     accounting_bytes: dict[str, int]  # tpusim.schedule.vmem's static accounting by part
+    collectives: bool = False  # the plan's collectives are inside the kernel (remote copies)
+    remote_copies_per_layer: int = 0  # remote copies one MoE layer of the kernel issues
 
     @property
     def scratch_total_bytes(self) -> int:
@@ -70,18 +87,36 @@ class LoweringReport:
 
 
 def lower_schedule(model: ModelConfig, plan: ShardingPlan, schedule: Schedule, *, batch: int,
-                   max_context: int) -> LoweringReport:
-    """Build the kernel at ``plan``'s per-device sizes and lower it for TPU.
+                   max_context: int, kernel: Megakernel | None = None) -> LoweringReport:
+    """Build the kernel at ``plan``'s per-device sizes and lower it for TPU (on a multi-device
+    plan: with its collectives, over a mesh of ``plan.devices`` JAX devices).
 
     Raises :class:`megakernel.dims.UnsupportedModel` for a model the K3 kernel does not
-    implement and :class:`megakernel.dma_plan.UnsupportedSchedule` for a schedule it cannot
-    follow (both say why).
+    implement, :class:`megakernel.dma_plan.UnsupportedSchedule` for a schedule it cannot
+    follow and :class:`megakernel.collective_plan.UnsupportedPlan` for collectives it does not
+    run (all say why). ``kernel``: the kernel to lower, when the caller built it (to read its
+    trace-time log afterwards); else built here.
     """
-    kernel = Megakernel(model_dims(model, plan), schedule, batch, max_context)
-    text = lower_for_tpu(kernel)
+    copies = 0
+    if plan.devices > 1:
+        kernel = kernel or CollectiveMegakernel(model, plan, schedule, batch, max_context)
+        assert isinstance(kernel, CollectiveMegakernel)
+        text = kernel.lower_for_tpu()
+        copies = kernel.remote_copies_per_layer()
+        present = communicates(text) and copies > 0
+    else:
+        kernel = kernel or Megakernel(model_dims(model, plan), schedule, batch, max_context)
+        text = lower_for_tpu(kernel)
+        present = False
     vmem = vmem_plan(schedule, model, plan, batch)
     accounting = {f"arena.{pool}": size for pool, size in vmem.arena_bytes.items()}
     accounting.update(kv_tiles=vmem.kv_bytes, states=vmem.state_bytes, activations=vmem.activation_bytes)
+    if vmem.collective_bytes:
+        accounting["collectives"] = vmem.collective_bytes
+    scratch: dict[str, int] = {}
+    for name, size in kernel.scratch_bytes().items():
+        key = "collectives" if name.startswith("coll.") else name
+        scratch[key] = scratch.get(key, 0) + size
     return LoweringReport(model=model.name, plan=plan.name, devices=plan.devices, schedule=schedule.name,
-                          batch=batch, lowered="tpu_custom_call" in text,
-                          scratch_bytes=kernel.scratch_bytes(), accounting_bytes=accounting)
+                          batch=batch, lowered="tpu_custom_call" in text, scratch_bytes=scratch,
+                          accounting_bytes=accounting, collectives=present, remote_copies_per_layer=copies)

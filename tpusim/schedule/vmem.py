@@ -21,6 +21,15 @@ Layout rule (the kernel allocates exactly this):
    verification).
 5. Activations: the residual stream and attention-residual block snapshots in f32, plus
    working rows for the widest projection output, per batch row.
+6. Collective buffers (multi-device plans): every in-kernel collective of the plan at this
+   batch keeps send and receive buffers in VMEM (remote copies land there), sized by
+   :func:`tpusim.workload.collectives.buffer_bytes` from the plan's message list; receive
+   slots are double-buffered when the collective runs in more than one layer. They are
+   ``collective_bytes``, counted in ``with_collectives_bytes`` (what the multi-device kernel
+   allocates) but **not** in ``total_bytes``, the figure the feasibility check uses: with one
+   receive slot per incoming message the published Muse TP8 deployment at batch 32 would
+   need 68.3 MiB (12.7 MiB of them collective buffers) of its 58 MiB, so the published
+   kernels must keep fewer; until that layout is known the check leaves them out.
 
 The total must fit the chip's usable on-chip memory (TPU v7: ≤ 58 MiB of explicit buffers);
 :func:`check_fits` raises :class:`InfeasibleSchedule` naming the arenas otherwise.
@@ -32,6 +41,7 @@ import math
 from dataclasses import dataclass, field
 
 from tpusim.schedule.schema import SCHEDULE_FAMILIES, SMALL_FAMILY, Schedule
+from tpusim.workload.collectives import buffer_bytes
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.shapes import (
     TensorSpec,
@@ -115,6 +125,7 @@ class VmemPlan:
     state_bytes: int
     activation_bytes: int
     detail: dict[str, int] = field(default_factory=dict)
+    collective_bytes: int = 0  # send/receive buffers of the in-kernel collectives (0 on one device)
 
     @property
     def weight_bytes(self) -> int:
@@ -122,7 +133,14 @@ class VmemPlan:
 
     @property
     def total_bytes(self) -> int:
+        """The static scratch the feasibility check holds against VMEM (rule 6: without the
+        collective buffers)."""
         return self.weight_bytes + self.kv_bytes + self.state_bytes + self.activation_bytes
+
+    @property
+    def with_collectives_bytes(self) -> int:
+        """Everything the multi-device kernel allocates: ``total_bytes`` + collective buffers."""
+        return self.total_bytes + self.collective_bytes
 
 
 def activation_bytes(model: ModelConfig, batch: int) -> int:
@@ -132,6 +150,27 @@ def activation_bytes(model: ModelConfig, batch: int) -> int:
     widest = max(model.hidden_size, (model.moe.latent_size or 0) if model.moe else 0) * 4
     rows = max(batch, 8)  # sublane tile: activations pad to 8 rows
     return rows * 4 * (model.hidden_size * snapshots + widest)
+
+
+def collective_layers(model: ModelConfig, phase: str) -> int:
+    """Layers that run a collective of ``phase`` (attention: all; moe: the MoE layers; mlp:
+    the dense layers; head: once)."""
+    dense = len(model.dense_layers) if model.moe else model.num_layers
+    return {"attention": model.num_layers, "moe": model.num_layers - dense, "mlp": dense}.get(phase, 1)
+
+
+def collective_bytes(model: ModelConfig, plan: ShardingPlan, batch: int) -> int:
+    """VMEM of the plan's in-kernel collectives at ``batch`` on rank 0 (every rank of these
+    symmetric algorithms keeps the same); see rule 6 of the module docstring. Collectives
+    without a remote-copy algorithm (generic plans, priced per stage) keep none."""
+    total = 0
+    for spec in plan.collectives_at(batch):
+        if spec.algorithm is None:  # priced per stage (generic plans), not run as remote copies
+            continue
+        copies = 2 if collective_layers(model, spec.phase) > 1 else 1
+        total += buffer_bytes(spec.algorithm, spec.group, spec.bytes_per_token * batch, 0, plan.topology,
+                              copies=copies)
+    return total
 
 
 def arena_of(schedule: Schedule, family: str) -> str:
@@ -199,7 +238,8 @@ def vmem_plan(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch:
     kv_per_token = max((kv_cache_bytes_per_token(model, plan, layer) for layer in range(model.num_layers)), default=0)
     kv = schedule.kv_buffers * schedule.kv_tile_tokens * kv_per_token * kv_sequences
     state = max((recurrent_state_bytes(model, plan, layer) for layer in range(model.num_layers)), default=0) * kv_sequences
-    return VmemPlan(family_bytes, arena_bytes, arena_members, kv, state, activation_bytes(model, batch), detail)
+    return VmemPlan(family_bytes, arena_bytes, arena_members, kv, state, activation_bytes(model, batch), detail,
+                    collective_bytes(model, plan, batch))
 
 
 def check_fits(vmem: VmemPlan, capacity_bytes: float, *, where: str = "VMEM") -> None:

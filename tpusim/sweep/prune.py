@@ -43,7 +43,7 @@ class VmemAccountant:
         self.model, self.plan, self.batch = model, plan, batch
         self._family: dict[tuple[str, int, int | None], tuple[int, dict[str, int]] | None] = {}
         self._kv: dict[int, int] = {}
-        self._fixed: tuple[int, int] | None = None  # (state, activations)
+        self._fixed: tuple[int, int, int] | None = None  # (state, activations, collective buffers)
         self._family_of = {t.name: family for family, ts in tensor_kinds(model, plan).items() for t in ts}
         self.calls = 0
 
@@ -59,7 +59,7 @@ class VmemAccountant:
             else:
                 self._family[key] = None
         self._kv[schedule.kv_buffers * schedule.kv_tile_tokens] = full.kv_bytes
-        self._fixed = (full.state_bytes, full.activation_bytes)
+        self._fixed = (full.state_bytes, full.activation_bytes, full.collective_bytes)
 
     def family_bytes(self, family: str, buffers: int, chunk_bytes: int | None) -> int:
         """Footprint of ``family`` with ``buffers`` slabs of ``chunk_bytes`` (0 if absent)."""
@@ -92,8 +92,9 @@ class VmemAccountant:
                 family_bytes[family], part = known
                 detail.update(part)
         arena_bytes, arena_members = arenas(schedule, family_bytes)
-        state, activations = self._fixed
-        return VmemPlan(family_bytes, arena_bytes, arena_members, self._kv[kv_key], state, activations, detail)
+        state, activations, collectives = self._fixed
+        return VmemPlan(family_bytes, arena_bytes, arena_members, self._kv[kv_key], state, activations, detail,
+                        collectives)
 
 
 @dataclass(frozen=True)

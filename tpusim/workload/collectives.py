@@ -47,7 +47,7 @@ name with disjoint batch ranges, the plan picks the one matching the batch).
 
 API (stable: add, do not rename): :class:`Topology`, :class:`Message`, :data:`ALGORITHMS`,
 :data:`GROUPS`, :func:`group_ranks`, :func:`messages`, :func:`incoming`,
-:func:`phase_count`, :func:`consumer_waits`, :func:`link_stages`.
+:func:`phase_count`, :func:`consumer_waits`, :func:`link_stages`, :func:`buffer_bytes`.
 """
 
 from __future__ import annotations
@@ -219,3 +219,25 @@ def link_stages(algorithm: str, group: str, rank: int, topology: Topology) -> li
         kinds = {topology.link_kind(rank, dst) for dst in dsts}
         stages.append(("sibling" if kinds == {"sibling"} else "ici", len(dsts)))
     return stages
+
+
+def buffer_bytes(algorithm: str, group: str, payload_bytes: int, rank: int, topology: Topology, *,
+                 copies: int) -> int:
+    """VMEM (bytes) the kernel keeps on ``rank`` for one collective: its send and receive buffers.
+
+    Layout rule (:class:`megakernel.kernel_collectives.KernelLink` allocates exactly this):
+    a send buffer per phase holding the payload (a reduce-scatter's padded to whole chunks:
+    group size x message), and per phase one receive slot per incoming message, ``copies``
+    times (2 when the collective runs in more than one layer: receive slots double-buffered by
+    layer parity, so a fast peer's next-layer copy never lands in a slot still being read).
+    0 when the rank has no peer (one device)."""
+    sent = messages(algorithm, group, payload_bytes, rank, topology)
+    if not sent:
+        return 0
+    size = sent[0].bytes
+    if algorithm == "reduce_scatter_all_gather":
+        per_phase = size * len(group_ranks(group, rank, topology))
+    else:
+        per_phase = payload_bytes
+    send = phase_count(algorithm, group, rank, topology) * per_phase
+    return send + copies * len(incoming(algorithm, group, payload_bytes, rank, topology)) * size

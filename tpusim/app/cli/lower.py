@@ -6,7 +6,8 @@ Usage::
     tpusim lower --model kimi-k3 --schedule best.json --batch 8 --json
 
 Traces the Pallas megakernel with shapes only (nothing is allocated) and lowers it for TPU
-(Pallas → Mosaic), then prints its VMEM scratch beside the simulator's static accounting
+(Pallas → Mosaic); on several devices with the plan's collectives inside it, over a mesh of
+virtual devices in a fresh process (:mod:`megakernel.lower_check`). It then prints its VMEM scratch beside the simulator's static accounting
 (:mod:`tpusim.schedule.vmem`) and the chip's usable VMEM. Lowering proves every op has a
 Mosaic lowering rule; Mosaic's own compiler runs only on a TPU (see
 :mod:`megakernel.tpu_lowering`). A model or schedule the kernel cannot implement is reported
@@ -53,9 +54,6 @@ def default_devices(model_name: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from hwmodels.catalog import load_chip
-    from megakernel.dims import UnsupportedModel
-    from megakernel.dma_plan import UnsupportedSchedule
-    from megakernel.tpu_lowering import lower_schedule
     from tpusim.schedule.schema import load_schedule
     from tpusim.workload.model_catalog import load_model, plan_for
 
@@ -66,27 +64,62 @@ def run(args: argparse.Namespace) -> int:
     devices = args.devices or default_devices(args.model)
     plan = plan_for(model, devices)
     schedule = load_schedule(args.schedule)
-    try:
-        report = lower_schedule(model, plan, schedule, batch=args.batch, max_context=args.context)
-    except UnsupportedModel as error:
-        raise InputError(f"the megakernel cannot implement this model: {error}") from None
-    except UnsupportedSchedule as error:
-        raise InputError(f"the megakernel cannot follow schedule {schedule.name!r} at {devices} device(s): "
-                         f"{error}") from None
+    report = _lower_on_mesh(args, devices) if devices > 1 else _lower_here(args, model, plan, schedule)
+    if "error" in report:
+        what = {"model": "the megakernel cannot implement this model",
+                "schedule": f"the megakernel cannot follow schedule {schedule.name!r} at {devices} device(s)",
+                "plan": f"the megakernel cannot run the collectives of plan {plan.name}"}[report["error"]]
+        raise InputError(f"{what}: {report['message']}")
     usable = chip.staging_memory.usable_bytes
+    scratch, accounting = sum(report["scratch_bytes"].values()), sum(report["accounting_bytes"].values())
     data: dict[str, Any] = {
-        "model": report.model, "plan": report.plan, "devices": report.devices, "schedule": report.schedule,
-        "batch": report.batch, "lowered": report.lowered, "scratch_bytes": report.scratch_bytes,
-        "scratch_total_bytes": report.scratch_total_bytes, "accounting_bytes": report.accounting_bytes,
-        "accounting_total_bytes": report.accounting_total_bytes,
-        "relative_difference": report.relative_difference, "usable_vmem_bytes": usable,
-        "fits": report.scratch_total_bytes <= usable, "hardware": chip.name,
+        **{key: report[key] for key in ("model", "plan", "devices", "schedule", "batch", "lowered",
+                                        "scratch_bytes", "accounting_bytes", "collectives",
+                                        "remote_copies_per_layer")},
+        "scratch_total_bytes": scratch, "accounting_total_bytes": accounting,
+        "relative_difference": (scratch - accounting) / accounting, "usable_vmem_bytes": usable,
+        "fits": scratch <= usable, "hardware": chip.name,
     }
     if args.json:
         emit_json(data)
     else:
         _print(data)
-    return 0 if report.lowered else 1
+    return 0 if report["lowered"] else 1
+
+
+def _lower_here(args: argparse.Namespace, model: Any, plan: Any, schedule: Any) -> dict[str, Any]:
+    """One device: lower in this process (no collectives, no mesh)."""
+    import dataclasses
+
+    from megakernel.dims import UnsupportedModel
+    from megakernel.dma_plan import UnsupportedSchedule
+    from megakernel.tpu_lowering import lower_schedule
+
+    try:
+        report = lower_schedule(model, plan, schedule, batch=args.batch, max_context=args.context)
+    except UnsupportedModel as error:
+        return {"error": "model", "message": str(error)}
+    except UnsupportedSchedule as error:
+        return {"error": "schedule", "message": str(error)}
+    return dataclasses.asdict(report)
+
+
+def _lower_on_mesh(args: argparse.Namespace, devices: int) -> dict[str, Any]:
+    """Several devices: a fresh process (``python -m megakernel.lower_check``), because the
+    mesh's virtual devices need XLA_FLAGS before JAX starts."""
+    import json
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "megakernel.lower_check", "--model", args.model, "--devices", str(devices),
+               "--schedule", args.schedule, "--batch", str(args.batch), "--context", str(args.context)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    lines = done.stdout.strip().splitlines()
+    if not lines:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise InputError(f"lowering on {devices} devices failed: {last}")
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
 
 
 def _print(data: dict[str, Any]) -> None:
@@ -96,6 +129,11 @@ def _print(data: dict[str, Any]) -> None:
     print(f"  VMEM scratch of the kernel:         {data['scratch_total_bytes'] / MIB:9.2f} MiB")
     print(f"  simulator's accounting (vmem.py):   {data['accounting_total_bytes'] / MIB:9.2f} MiB "
           f"({100 * data['relative_difference']:+.2f} %)")
+    if data["collectives"]:
+        print(f"  collectives in the kernel: yes, {data['remote_copies_per_layer']} remote copies per MoE layer "
+              f"(send/receive buffers {data['scratch_bytes'].get('collectives', 0) / MIB:.2f} MiB)")
+    else:
+        print("  collectives in the kernel: none" + (" (one device)" if data["devices"] == 1 else ""))
     verdict = "fits" if data["fits"] else "DOES NOT FIT"
     print(f"  usable VMEM on {data['hardware']} (published): {data['usable_vmem_bytes'] / MIB:9.2f} MiB: {verdict}")
     print("  kernel scratch by group: " + ", ".join(

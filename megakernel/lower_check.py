@@ -1,0 +1,65 @@
+"""Lower the kernel for TPU on a multi-device plan in a fresh process; print one JSON line.
+
+``python -m megakernel.lower_check --model kimi-k3 --devices 32 --schedule published
+[--batch 1] [--context 1024] [--log]``
+
+The process sets ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before JAX starts
+(the mesh needs ``N`` devices; virtual ones on a CPU), then runs
+:func:`megakernel.tpu_lowering.lower_schedule` and prints its report as JSON (``--log``: with
+``log``, the kernel's collective issues and waits in step order,
+:meth:`megakernel.kernel_collectives.CollectiveMegakernel.unrolled_log`). A model,
+schedule or plan the kernel cannot implement prints ``{"error": KIND, "message": ...}`` and
+exits 2 (KIND: ``model`` | ``schedule`` | ``plan``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="kimi-k3")
+    parser.add_argument("--devices", type=int, default=32)
+    parser.add_argument("--schedule", default="published")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--log", action="store_true", help="add the kernel's collective event order")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={args.devices}"
+    from megakernel.collective_plan import UnsupportedPlan
+    from megakernel.dims import UnsupportedModel
+    from megakernel.dma_plan import UnsupportedSchedule
+    from megakernel.kernel_collectives import CollectiveMegakernel
+    from megakernel.tpu_lowering import lower_schedule
+    from tpusim.schedule.schema import load_schedule
+    from tpusim.workload.model_catalog import load_model, plan_for
+
+    model = load_model(args.model)
+    plan = plan_for(model, args.devices)
+    schedule = load_schedule(args.schedule)
+    kinds = ((UnsupportedModel, "model"), (UnsupportedSchedule, "schedule"), (UnsupportedPlan, "plan"))
+    try:
+        kernel = CollectiveMegakernel(model, plan, schedule, args.batch, args.context)
+        report = lower_schedule(model, plan, schedule, batch=args.batch, max_context=args.context, kernel=kernel)
+    except tuple(kind for kind, _ in kinds) as error:
+        kind = next(name for cls, name in kinds if isinstance(error, cls))
+        sys.stdout.write(json.dumps({"error": kind, "message": str(error)}) + "\n")
+        return 2
+    result = dataclasses.asdict(report)
+    if args.log:
+        result["log"] = kernel.unrolled_log()
+    sys.stdout.write(json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,107 @@
+"""The schedule-driven megakernel with the plan's collectives inside it
+(:mod:`megakernel.kernel_collectives`): lowered for TPU at full Kimi K3 TP32 per-device sizes
+on a 32-device mesh (a fresh process: virtual devices need XLA_FLAGS before JAX starts), its
+VMEM scratch with the collective buffers against :mod:`tpusim.schedule.vmem`, its collective
+issue/wait order against the simulator's program, and the pieces it is built from."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from megakernel.collective_plan import layer_steps
+from megakernel.kernel_collectives import pair_matmul
+from tpusim.schedule.vmem import collective_bytes
+from tpusim.workload.collectives import Topology, buffer_bytes
+from tpusim.workload.model_catalog import load_model, plan_for
+
+TPU_V7_EXPLICIT_VMEM_BYTES = 58 << 20
+
+
+def lower_on_mesh(schedule: str, batch: int) -> dict:
+    done = subprocess.run([sys.executable, "-m", "megakernel.lower_check", "--model", "kimi-k3", "--devices", "32",
+                           "--schedule", schedule, "--batch", str(batch), "--log"],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def plan_order(batch: int) -> list[list]:
+    """The simulator's collective issue/wait order for rank 0 (its program's ops, the plan's
+    issue and consume points), with the issuing layer."""
+    model = load_model("kimi-k3")
+    layers, head = layer_steps(model, plan_for(model, 32), batch)
+    out = [[kind, name, layer - delta] for layer, steps in enumerate(layers) for kind, name, delta in steps
+           if kind != "op"]
+    return out + [[kind, name, model.num_layers - delta] for kind, name, delta in head if kind != "op"]
+
+
+@pytest.mark.slow  # two lowerings of all 93 layers at K3 TP32 sizes on 32 virtual devices (~25 s)
+@pytest.mark.parametrize("batch", [1, 8])  # 8: the reduce-scatter variants of both reductions
+def test_full_k3_tp32_lowers_with_collectives_vmem_and_order_match_the_simulator(batch: int) -> None:
+    data = lower_on_mesh("published", batch)
+    assert data["lowered"] and data["collectives"] and data["devices"] == 32
+    scratch, accounting = sum(data["scratch_bytes"].values()), sum(data["accounting_bytes"].values())
+    assert scratch == pytest.approx(accounting, rel=0.01)
+    assert data["scratch_bytes"]["collectives"] == data["accounting_bytes"]["collectives"]
+    if batch == 1:
+        # per MoE layer, from plan-k3-tp32.yaml: head exchange 1, partial reduce 3 + 3 (4 same-parity
+        # ranks a host, 4 hosts), half gather 1, router 1, latent all-gather 31, shared and routed
+        # reductions 7 + 3 each, output all-gather 7 (one host)
+        assert data["remote_copies_per_layer"] == 1 + 6 + 1 + 1 + 31 + 10 + 10 + 7
+        assert scratch <= TPU_V7_EXPLICIT_VMEM_BYTES
+    assert data["log"] == plan_order(batch)
+
+
+def test_collective_buffers_of_k3_tp32_from_the_plan_yaml() -> None:
+    """Hand count from plan-k3-tp32.yaml at batch 1 (P = bytes per token): pair exchanges keep
+    P to send and 2 x P to receive; the one-shot two-level reductions send P per phase and
+    receive 7 + 3 (group all: 8 ranks a host, 4 hosts) or 3 + 3 (same parity) messages, twice;
+    the layer-0 dense all-reduce runs once, so once; the all-gathers receive 31 or 7 pieces."""
+    model = load_model("kimi-k3")
+    expected = (3 * 768 + 14 * 7168 + 3 * 7168 + 3 * 2048 + (256 + 2 * 31 * 256) + 22 * 14336 + 22 * 7168
+                + (2048 + 2 * 7 * 2048) + (2 * 14336 + 10 * 14336))
+    assert collective_bytes(model, plan_for(model, 32), 1) == expected
+    assert collective_bytes(model, plan_for(model, 1), 1) == 0
+
+
+def test_reduce_scatter_buffers_pad_to_whole_chunks() -> None:
+    topo = Topology(devices=8, devices_per_host=8, devices_per_chip=2)
+    # 1000 B over 8 ranks: 125 B chunks; send 2 phases x 8 chunks, receive 2 x 7 per copy
+    assert buffer_bytes("reduce_scatter_all_gather", "all", 1000, 3, topo, copies=2) == 2 * 1000 + 2 * 14 * 125
+    assert buffer_bytes("reduce_scatter_all_gather", "all", 1001, 3, topo, copies=1) == 2 * 8 * 126 + 14 * 126
+
+
+class _Streamed:
+    """A stand-in for the kernel context's streamed matmul: ``x @ W`` in f32."""
+
+    def __init__(self, w: np.ndarray) -> None:
+        self.w = jnp.asarray(w)
+
+    def matmul(self, ring: str, layer: int, x: jnp.ndarray) -> jnp.ndarray:
+        return x @ self.w
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 2), st.integers(1, 3), st.integers(0, 2**16))
+def test_pair_matmul_is_the_pair_heads_times_the_hidden_half(batch: int, width_panels: int, half_panels: int,
+                                                            seed: int) -> None:
+    """The stored own-heads x hidden matrix, read with the panel rule, is K3's pair-heads x
+    hidden-half projection: build the pair matrix, store it by the rule, compare products."""
+    rng = np.random.default_rng(seed)
+    w, c = 128 * width_panels, 128 * half_panels
+    pair_w = rng.standard_normal((2 * w, c)).astype(np.float32)
+    stored = np.zeros((w, 2 * c), np.float32)
+    for p in range(half_panels):
+        for a in range(2):  # panel 2p + a holds member a's rows of the half's panel p
+            stored[:, (2 * p + a) * 128: (2 * p + a + 1) * 128] = pair_w[a * w:(a + 1) * w, p * 128:(p + 1) * 128]
+    pair = rng.standard_normal((batch, 2 * w)).astype(np.float32)
+    got = pair_matmul(_Streamed(stored), "kda.o", 1, jnp.asarray(pair))  # type: ignore[arg-type]
+    np.testing.assert_allclose(np.asarray(got), pair @ pair_w, rtol=1e-4, atol=1e-3)
