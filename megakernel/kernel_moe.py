@@ -109,6 +109,16 @@ def topk(ctx: Ctx, layer: Any, scores: jax.Array, issue_at_topk: Callable[[Any],
 
         ctx.when(is_new, append)
     n = jnp.sum(jnp.where(new, 1, 0))
+    if ctx.link is not None:
+        # No expert of this device's group chosen: still run one expert op (local expert 0,
+        # routing weight 0), because the schedule starts copies inside the expert loop.
+        def placeholder() -> None:
+            smem[ctx.expert_list] = 0
+            if during:
+                issue_at_topk(0)
+
+        ctx.when(n == 0, placeholder)
+        n = jnp.maximum(n, 1)
     smem[N_NEXT] = n
     if not during:
         for j in range(ctx.geo.rings["expert"].buffers):

@@ -1,0 +1,140 @@
+"""Run the schedule-driven kernel with collectives on N virtual devices against the one-device
+reference; print one JSON line.
+
+``python -m megakernel.collective_check --devices 8 [--model kimi-k3-nano] [--layers 4]
+[--steps 1] [--schedule published] [--seed 0] [--races] [--mode on_wait|eager] [--bug skip_wait:NAME|single_buffer]``
+
+The process sets ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before JAX starts,
+draws the one-device weights (:func:`megakernel.layout.random_weights`) and a decode state,
+cuts every device's shard (:mod:`megakernel.decode_shards`, the multi-device decode's cut),
+packs it into the kernel's HBM streams (:func:`megakernel.hbm.pack_hbm`; the output
+projections in the panel order :func:`megakernel.kernel_collectives.pair_matmul` reads), and
+runs :class:`megakernel.kernel_collectives.CollectiveMegakernel` in TPU interpret mode under
+``shard_map`` (with :mod:`megakernel.interpret_callbacks`' workaround: its arenas and
+streams are larger than the interpreter otherwise allocates), step by step beside the
+one-device :mod:`megakernel.reference_jnp` fed its own greedy tokens. ``matches_reference``:
+the same greedy tokens every step and the gathered logits within the bf16 tolerance of
+:mod:`megakernel.tolerance` (the plan's payloads are bf16). Not a TPU timing. Run it under
+``timeout``: a wrong semaphore hangs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+LANES = 128
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=8)
+    parser.add_argument("--model", default="kimi-k3-nano")
+    parser.add_argument("--layers", type=int, default=4, help="0: all of the model's layers")
+    parser.add_argument("--steps", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--schedule", default="published")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--context", type=int, default=5)
+    parser.add_argument("--races", action="store_true", help="race detector on (slower)")
+    parser.add_argument("--mode", default="on_wait", choices=("on_wait", "eager"), help="interpreter DMA mode")
+    parser.add_argument("--bug", default="", help="skip_wait:COLLECTIVE or single_buffer (planted races)")
+    return parser.parse_args(argv)
+
+
+def stored_projection(pair: object) -> object:
+    """K3's pair-heads x hidden-half projection [n, 2w, C] -> the stored [n, w, 2C]: panel
+    ``2p + a`` holds member ``a``'s rows of panel ``p`` (the rule ``pair_matmul`` reads)."""
+    import numpy as np
+
+    pair = np.asarray(pair)
+    n, rows, cols = pair.shape
+    w = rows // 2
+    blocks = pair.reshape(n, 2, w, cols // LANES, LANES)  # [n, a, w, p, lane]
+    return np.ascontiguousarray(blocks.transpose(0, 2, 3, 1, 4).reshape(n, w, 2 * cols))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={args.devices}"
+    sys.stdout.write(json.dumps(run(args)) + "\n")
+    return 0
+
+
+def run(args: argparse.Namespace) -> dict[str, object]:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as interpret_impl
+    from jax.experimental.pallas import tpu as pltpu
+
+    from megakernel import reference_jnp
+    from megakernel.decode_shards import cut_of, state_shard, weight_shard
+    from megakernel.dims import model_dims
+    from megakernel.hbm import pack_hbm
+    from megakernel.interpret_callbacks import read_callback_args_in_place
+    from megakernel.kernel_collectives import CollectiveMegakernel
+    from megakernel.layout import Weights, random_weights
+    from megakernel.multi_device import Bugs
+    from megakernel.reference import DecodeState, init_state
+    from megakernel.tolerance import TOLERANCE, relative_error
+    from tpusim.schedule.schema import load_schedule
+    from tpusim.workload.model_catalog import load_model, plan_for
+
+    read_callback_args_in_place()
+    np.random.seed(args.seed)  # the race detector's interleavings draw from numpy's global RNG
+    model = load_model(args.model)
+    plan = plan_for(model, args.devices)
+    if args.layers:
+        model = model.with_layers(args.layers)
+    params = pltpu.InterpretParams(detect_races=args.races, dma_execution_mode=args.mode, random_seed=args.seed)
+    max_context = args.context + args.steps + 3
+    kernel = CollectiveMegakernel(model, plan, load_schedule(args.schedule), args.batch, max_context,
+                                  interpret=params, bugs=Bugs.parse(args.bug))
+    one, dev = model_dims(model, plan_for(model, 1)), kernel.dims
+    weights = random_weights(one, seed=args.seed)
+    state = init_state(one, args.batch, kernel.max_context, context=args.context, seed=args.seed + 1)
+    hbm, states = [], []
+    for rank in range(plan.devices):
+        cut = cut_of(model, plan, rank)
+        shard = weight_shard(weights.arrays, one, dev, cut)
+        for name in ("kda.o", "mla.o"):
+            shard[name] = stored_projection(shard[name])
+        hbm.append(pack_hbm(Weights(dev, shard), kernel.geo))
+        states.append(state_shard(*(np.asarray(a) for a in (state.kda_state, state.conv_state, state.kv_cache)),
+                                  one, dev, cut))
+    stacked = {name: jnp.asarray(np.stack([h[name] for h in hbm])) for name in hbm[0]}
+    kda, conv, kv = (jnp.asarray(np.stack([s[i] for s in states])) for i in range(3))
+    embedding = jnp.asarray(weights["embedding"])
+    routes = jnp.asarray(kernel.routes())
+    step = jax.jit(kernel.sharded_step())
+    ref = reference_jnp.ReferenceStep(model, plan_for(model, 1), weights.arrays, one.small_offsets)
+    ref_state = reference_jnp.RefState(state.kda_state, state.conv_state, state.kv_cache, state.position)
+    tokens = ref_tokens = jnp.asarray((37 + 101 * np.arange(args.batch)) % model.vocab_size, jnp.int32)
+    dstate = DecodeState(kda, conv, kv, jnp.asarray(args.context, jnp.int32))
+    out, races = [], False
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        logits, dstate = step(stacked, embedding, dstate, tokens, routes)
+        logits = np.asarray(logits)
+        seconds = round(time.perf_counter() - start, 2)
+        races = races or bool(interpret_impl.races.races_found)
+        ref_logits, ref_state, _ = ref(ref_state, ref_tokens)
+        want = np.asarray(ref_logits)
+        tokens, ref_tokens = jnp.argmax(logits, -1).astype(jnp.int32), jnp.argmax(ref_logits, -1).astype(jnp.int32)
+        out.append({"seconds": seconds, "logits_relative_error": relative_error(logits, want),
+                    "tokens": np.asarray(tokens).tolist(), "reference_tokens": np.asarray(ref_tokens).tolist()})
+    tol = TOLERANCE[np.dtype(jnp.bfloat16)]
+    ok = all(s["tokens"] == s["reference_tokens"] and s["logits_relative_error"] <= tol for s in out)
+    return {"model": args.model, "plan": plan.name, "devices": plan.devices, "layers": model.num_layers,
+            "schedule": args.schedule, "batch": args.batch, "seed": args.seed, "bug": args.bug, "races": races,
+            "race_detector": args.races, "matches_reference": ok, "steps": out, "backend": "cpu-interpret",
+            "timing_note": "wall time of the Pallas TPU interpreter on virtual CPU devices (first step "
+                           "includes the compile); NOT a TPU timing"}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
