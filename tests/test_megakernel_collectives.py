@@ -2,7 +2,9 @@
 (:mod:`megakernel.kernel_collectives`): lowered for TPU at full Kimi K3 TP32 per-device sizes
 on a 32-device mesh (a fresh process: virtual devices need XLA_FLAGS before JAX starts), its
 VMEM scratch with the collective buffers against :mod:`tpusim.schedule.vmem`, its collective
-issue/wait order against the simulator's program, and the pieces it is built from."""
+issue/wait order against the simulator's program, run on 8 virtual devices in interpret mode
+against the one-device reference with the race detector on (and a planted missing wait
+caught), and the pieces it is built from."""
 
 from __future__ import annotations
 
@@ -43,8 +45,8 @@ def plan_order(batch: int) -> list[list]:
     return out + [[kind, name, model.num_layers - delta] for kind, name, delta in head if kind != "op"]
 
 
-@pytest.mark.slow  # two lowerings of all 93 layers at K3 TP32 sizes on 32 virtual devices (~25 s)
-@pytest.mark.parametrize("batch", [1, 8])  # 8: the reduce-scatter variants of both reductions
+@pytest.mark.slow  # lowers all 93 layers at K3 TP32 sizes on 32 virtual devices (6 s at batch 1, 13 s at 8)
+@pytest.mark.parametrize("batch", [1, pytest.param(8, marks=pytest.mark.heavy)])  # 8: reduce-scatter variants
 def test_full_k3_tp32_lowers_with_collectives_vmem_and_order_match_the_simulator(batch: int) -> None:
     data = lower_on_mesh("published", batch)
     assert data["lowered"] and data["collectives"] and data["devices"] == 32
@@ -105,3 +107,23 @@ def test_pair_matmul_is_the_pair_heads_times_the_hidden_half(batch: int, width_p
     pair = rng.standard_normal((batch, 2 * w)).astype(np.float32)
     got = pair_matmul(_Streamed(stored), "kda.o", 1, jnp.asarray(pair))  # type: ignore[arg-type]
     np.testing.assert_allclose(np.asarray(got), pair @ pair_w, rtol=1e-4, atol=1e-3)
+
+
+def collective_check(*args: str) -> dict:
+    done = subprocess.run([sys.executable, "-m", "megakernel.collective_check", "--devices", "8", "--layers", "4",
+                           "--races", *args], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow  # 8 devices x 4 layers of kimi-k3-nano in interpret mode, race detector on (~30 s)
+def test_8_devices_give_the_reference_tokens_race_free() -> None:
+    data = collective_check("--steps", "2", "--seed", "0")
+    assert not data["races"]
+    assert data["matches_reference"]  # same greedy tokens, logits within the bf16 tolerance
+
+
+@pytest.mark.heavy  # ~20 s more of interpret mode
+def test_planted_missing_wait_is_caught() -> None:
+    data = collective_check("--steps", "1", "--mode", "eager", "--bug", "skip_wait:attn.partial_reduce")
+    assert data["races"]
