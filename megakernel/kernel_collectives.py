@@ -38,6 +38,12 @@ layer parity when the collective runs in more than one layer (exactly
 :func:`tpusim.workload.collectives.buffer_bytes`, which :func:`tpusim.schedule.vmem.vmem_plan`
 counts). The kernel's trace-time log (:attr:`CollectiveMegakernel.link_log`) lists every
 issue and wait in trace order, for the event-order test against the plan.
+
+A device none of whose experts the batch chose still runs one expert op (local expert 0,
+routing weight 0): the schedule starts copies inside the expert loop, so a window needs at
+least one. Lowering: :meth:`CollectiveMegakernel.lower_for_tpu` (32 virtual devices at K3
+TP32 sizes, :mod:`megakernel.lower_check`); interpret-mode runs against the one-device
+reference: :mod:`megakernel.collective_check`.
 """
 
 from __future__ import annotations
