@@ -2,7 +2,7 @@
 reference; print one JSON line.
 
 ``python -m megakernel.collective_check --devices 8 [--model kimi-k3-nano] [--layers 4]
-[--steps 1] [--schedule published] [--seed 0] [--races] [--mode on_wait|eager] [--bug skip_wait:NAME|single_buffer]``
+[--steps 1] [--schedule published] [--seed 0] [--races] [--mode on_wait|eager] [--f32-payloads] [--bug skip_wait:NAME|single_buffer]``
 
 The process sets ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before JAX starts,
 draws the one-device weights (:func:`megakernel.layout.random_weights`) and a decode state,
@@ -41,6 +41,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--context", type=int, default=5)
     parser.add_argument("--races", action="store_true", help="race detector on (slower)")
     parser.add_argument("--mode", default="on_wait", choices=("on_wait", "eager"), help="interpreter DMA mode")
+    parser.add_argument("--f32-payloads", action="store_true",
+                        help="payloads in f32, not the plan's bf16 (numerics check: then the f32 tolerance applies)")
     parser.add_argument("--bug", default="", help="skip_wait:COLLECTIVE or single_buffer (planted races)")
     return parser.parse_args(argv)
 
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     params = pltpu.InterpretParams(detect_races=args.races, dma_execution_mode=args.mode, random_seed=args.seed)
     max_context = args.context + args.steps + 3
     kernel = CollectiveMegakernel(model, plan, load_schedule(args.schedule), args.batch, max_context,
-                                  interpret=params, bugs=Bugs.parse(args.bug))
+                                  interpret=params, bugs=Bugs.parse(args.bug), f32_payloads=args.f32_payloads)
     one, dev = model_dims(model, plan_for(model, 1)), kernel.dims
     weights = random_weights(one, seed=args.seed)
     state = init_state(one, args.batch, kernel.max_context, context=args.context, seed=args.seed + 1)
@@ -127,10 +129,11 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         tokens, ref_tokens = jnp.argmax(logits, -1).astype(jnp.int32), jnp.argmax(ref_logits, -1).astype(jnp.int32)
         out.append({"seconds": seconds, "logits_relative_error": relative_error(logits, want),
                     "tokens": np.asarray(tokens).tolist(), "reference_tokens": np.asarray(ref_tokens).tolist()})
-    tol = TOLERANCE[np.dtype(jnp.bfloat16)]
+    tol = TOLERANCE[np.dtype(np.float32 if args.f32_payloads else jnp.bfloat16)]
     ok = all(s["tokens"] == s["reference_tokens"] and s["logits_relative_error"] <= tol for s in out)
     return {"model": args.model, "plan": plan.name, "devices": plan.devices, "layers": model.num_layers,
-            "schedule": args.schedule, "batch": args.batch, "seed": args.seed, "bug": args.bug, "races": races,
+            "schedule": args.schedule, "batch": args.batch, "seed": args.seed, "bug": args.bug,
+            "payloads": "f32" if args.f32_payloads else "plan (bf16; router scores f32)", "races": races,
             "race_detector": args.races, "matches_reference": ok, "steps": out, "backend": "cpu-interpret",
             "timing_note": "wall time of the Pallas TPU interpreter on virtual CPU devices (first step "
                            "includes the compile); NOT a TPU timing"}

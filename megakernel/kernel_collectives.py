@@ -110,8 +110,9 @@ class _PhaseRecv:
 class KernelLink(DecodeKernel):
     """DecodeKernel's remote copies and combines, with this kernel's buffer layout."""
 
-    def __init__(self, model: ModelConfig, plan: ShardingPlan, batch: int, *, bugs: Bugs) -> None:
-        super().__init__(model, plan, batch, 1, interpret=None, bugs=bugs)
+    def __init__(self, model: ModelConfig, plan: ShardingPlan, batch: int, *, bugs: Bugs,
+                 f32_payloads: bool = False) -> None:
+        super().__init__(model, plan, batch, 1, interpret=None, bugs=bugs, f32_payloads=f32_payloads)
         runs = {name: sum(("issue", name, 0) in events for events in self.layers) for name in self.index}
         self.copies = {c: 1 if bugs.single_buffer or runs[coll.name] <= 1 else 2 for c, coll in enumerate(self.colls)}
 
@@ -232,13 +233,15 @@ class CollectiveMegakernel(Megakernel):
     ``devices`` mesh devices, one ``pallas_call`` each, collectives inside."""
 
     def __init__(self, model: ModelConfig, plan: ShardingPlan, schedule: Schedule, batch: int, max_context: int, *,
-                 interpret: Any = None, bugs: Bugs | None = None) -> None:
+                 interpret: Any = None, bugs: Bugs | None = None, f32_payloads: bool = False) -> None:
+        """``f32_payloads``: every payload in f32, twice the plan's bytes (a numerics check of the
+        sharded math alone; the VMEM accounting then no longer applies)."""
         dims = model_dims(model, plan, routes_all_experts=True)
         if (dims.hidden // LANES) % 2:
             raise UnsupportedModel(f"model {model.name}: the hidden size must be an even number of 128-lane panels")
         super().__init__(dims, schedule, batch, max_context, interpret=interpret)
         self.model, self.plan = model, plan
-        self.link = KernelLink(model, plan, batch, bugs=bugs or Bugs())
+        self.link = KernelLink(model, plan, batch, bugs=bugs or Bugs(), f32_payloads=f32_payloads)
         self.link_log: list[tuple[str, str, int | None, int, str | None]] = []
 
     def scratch_shapes(self) -> dict[str, Any]:
