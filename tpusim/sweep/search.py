@@ -408,7 +408,8 @@ def _sweep_result(search: _Search, done: dict[str, dict[str, Any]], workload: Wo
         wall_s=0.0, rows=rows, knobs=knobs, phase_s={**phase_s, **search.stage_s}, sensitivity_seed=seed.schedule.name,
         sensitivity=search.sensitivity(seed),
         sensitivity_label=(f"simulated, first {screen_layers} layers" if search.screen_factor
-                           else "estimate"))
+                           else "estimate"),
+        schedules={r["hash"]: search.by_hash[r["hash"]].schedule for r in ranked})
 
 
 def _final_row(base: dict[str, Any], row: dict[str, Any], est_ms: float | None, screen_ms: float | None,
