@@ -6,9 +6,9 @@ In order (:func:`schedule_for`):
    its kernels streaming their own weights);
 2. a given schedule (``--schedule NAME|PATH``; on a GPU adapted to the L2 first) when it
    fits the on-chip memory at the row count;
-3. with a chooser (``--schedule best``, the CLI's default), a reduced sweep per system, plan
-   and row count (:func:`sweep_chooser`; its program counts every row as a sequence, so
-   at a verify step's rows it may prune everything: then rule 4 from ``published``);
+3. with a chooser (``--schedule best``, the CLI's default), a reduced sweep per system, plan,
+   rows and sequences (:func:`sweep_chooser`; when it prunes everything, rule 4 from
+   ``published``);
 4. otherwise ``published`` (on a GPU the first built-in that fits its L2); when that, or
    the given schedule, does not fit (a speculative verify step runs
    ``draft_tokens + 1`` rows per sequence), :func:`fit_fallback`: on a TPU the given
@@ -35,8 +35,8 @@ from tpusim.workload.program import Program
 from tpusim.workload.routing import RoutingModel
 from tpusim.workload.sharding import ShardingPlan
 
-# (model, plan, system, batch) -> the schedule to run and how it was chosen
-ScheduleChooser = Callable[[ModelConfig, ShardingPlan, System, int], tuple[Schedule, str]]
+# (model, plan, system, rows, sequences or None) -> the schedule to run and how it was chosen
+ScheduleChooser = Callable[[ModelConfig, ShardingPlan, System, int, int | None], tuple[Schedule, str]]
 
 
 def fitting_schedule(model: ModelConfig, plan: ShardingPlan, chip: Chip, batch: int,
@@ -71,18 +71,20 @@ def sweep_chooser(*, budget: int, jobs: int, seed: int, out_dir: Path | None, co
     from tpusim.sweep.space import default_space
 
     space = default_space().model_copy(update={"samples": samples})
-    cache: dict[tuple[str, int, str, str], tuple[Schedule, str]] = {}
+    cache: dict[tuple[str, int, int | None, str, str], tuple[Schedule, str]] = {}
 
-    def choose(model: ModelConfig, plan: ShardingPlan, system: System, batch: int) -> tuple[Schedule, str]:
+    def choose(model: ModelConfig, plan: ShardingPlan, system: System, batch: int,
+               sequences: int | None) -> tuple[Schedule, str]:
         from tpusim.sweep import run_sweep
 
-        key = (system.name + system.chip.execution.mode, batch, model.name, plan.name)
+        key = (system.name + system.chip.execution.mode, batch, sequences, model.name, plan.name)
         if key not in cache:
             folder = (out_dir / f"sweep-{system.chip.name}x{system.chips}-{system.chip.execution.mode}-{plan.name}-b{batch}"
+                      f"{f'-s{sequences}' if sequences and sequences != batch else ''}"
                       if out_dir else Path(tempfile.mkdtemp(prefix="tpusim-sweep-")))
             result = run_sweep(model, plan, system, batch=batch, out_dir=folder, budget=budget, jobs=jobs,
                                seed=seed, context_tokens=context_tokens, routing=routing, quiet=True,
-                               space=space, screen_factor=screen_factor)
+                               space=space, screen_factor=screen_factor, sequences=sequences)
             best_ms = result.best_row.get("predicted_ms")
             cache[key] = (result.best, f"sweep best of {result.considered} candidates "
                           f"({result.simulated} simulated, {result.pruned} pruned; {best_ms:.3f} ms simulated)")
@@ -110,8 +112,8 @@ def schedule_for(model: ModelConfig, plan: ShardingPlan, system: System, chip: C
         return chosen, f"given (`{chosen.name}`)"
     if choose is not None:
         try:
-            return choose(model, plan, system, batch)
-        except InputError as error:  # every candidate pruned (the sweep counts each row a sequence)
+            return choose(model, plan, system, batch, sequences)
+        except InputError as error:  # every candidate pruned
             if chip.kind == "gpu":
                 raise
             fallback, how = fit_fallback(load_schedule("published"), model, plan, chip, batch, sequences, program_of)

@@ -69,12 +69,12 @@ def shrink_to_fit(schedule: Schedule, program: Program, chip: Chip, *,
     cost: dict[str, float] = {}
 
     def static(candidate: Schedule) -> int:
-        return vmem_plan(candidate, model, plan, program.batch, program.sequences).total_bytes
+        return vmem_plan(candidate, model, plan, program.batch, program.kv_sequences).total_bytes
 
     def estimate_s(candidate: Schedule) -> float:
         digest = candidate.content_hash()
         if digest not in cost:
-            vmem = vmem_plan(candidate, model, plan, program.batch, program.sequences)
+            vmem = vmem_plan(candidate, model, plan, program.batch, program.kv_sequences)
             cost[digest] = estimate(context, candidate, vmem).step_s
         return cost[digest]
 
