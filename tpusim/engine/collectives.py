@@ -317,7 +317,8 @@ class MessageFabric:
         """When ``handle``'s collective completes (runs the fluid as far as needed)."""
         while handle.done_s is None:
             if not self._step(INF):
-                raise RuntimeError(f"collective {handle.plan.name} can never complete")
+                waiting = " (a chain issues only after a wait on its parent)" if handle.phase < 0 else ""
+                raise RuntimeError(f"collective {handle.plan.name} can never complete{waiting}")
         return handle.done_s
 
     def wait(self, handle: Handle, at_s: float) -> tuple[float, list[Handle]]:
