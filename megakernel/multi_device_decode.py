@@ -43,7 +43,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from megakernel.collective_plan import DECODE_SUPPORTED, UnsupportedPlan, layer_steps
-from megakernel.decode_shards import cut_of, state_shard, weight_shard
+from megakernel.decode_shards import Cut, cut_of, state_shard, weight_shard
 from megakernel.dims import ModelDims, model_dims
 from megakernel.multi_device import EVENT_WORDS, ISSUE, WAIT, Bugs, CollectiveKernel, device_mesh
 from tpusim.workload.collectives import incoming
@@ -95,6 +95,28 @@ class DecodeKernel(CollectiveKernel):
                 raise UnsupportedPlan(f"collective {coll.name}: {2 * coll.elems // batch} B per token is not "
                                       f"{width} bf16 or f32 values")
             self.payload[c] = (width, jnp.bfloat16 if size == 2 and not f32_payloads else jnp.float32)
+        cuts = [cut_of(model, plan, r) for r in range(plan.devices)]
+        self.head_slots = cuts[0].head_slots  # the attention cut's period (replica = rank // slots)
+        self._check_groups(cuts)
+
+    def _check_groups(self, cuts: list[Cut]) -> None:
+        """The reductions that combine partial shards must span them: the attention partial
+        reduce sums each (pair, replica) part of its parity once, and the routed reduce spans
+        every expert-TP part of every expert group (its partial expert outputs)."""
+        for coll in self.colls:
+            if coll.name not in ("attn.partial_reduce", "moe.routed_reduce"):
+                continue
+            for r, cut in enumerate(cuts):
+                members = [cuts[int(m)] for m in coll.members[r]]
+                if coll.name == "attn.partial_reduce":
+                    parts = sorted((m.pair_first_head, m.replica) for m in members if m.parity == cut.parity)
+                    want = sorted({(k.pair_first_head, k.replica) for k in cuts})
+                else:
+                    parts = sorted((m.group, m.expert_part) for m in members)
+                    want = sorted({(k.group, k.expert_part) for k in cuts})
+                if parts != want:
+                    raise UnsupportedPlan(f"collective {coll.name}: rank {r}'s group does not hold each "
+                                          f"partial shard exactly once")
 
     # ------------------------------------------------------------------ tables and shapes
 
@@ -106,9 +128,9 @@ class DecodeKernel(CollectiveKernel):
         for coll in self.colls:
             block = np.zeros((self.plan.devices, coll.phases), np.int32)
             for r in range(self.plan.devices):
+                arrivals = incoming(coll.algorithm, coll.group, 2 * coll.elems, r, self.plan.topology)
                 for p in range(coll.phases):
-                    src = [m.src for m in incoming(coll.algorithm, coll.group, 2 * coll.elems, r, self.plan.topology)
-                           if m.phase == p]
+                    src = [m.src for m in arrivals if m.phase == p]
                     if src != sorted(src):
                         raise UnsupportedPlan(f"collective {coll.name}: arrival slots not in rank order")
                     block[r, p] = sorted([*src, r]).index(r)
