@@ -16,7 +16,7 @@ issue and wait points between them) and runs, per op, the single-device kernel's
 | ``moe.router_exchange`` | sigmoid scores of its half of the experts (f32) | every expert's score |
 | ``moe.latent_allgather`` | its ``latent_down`` columns | the whole latent (then the latent RMSNorm) |
 | ``moe.shared_reduce`` | its shared-expert channels' output (whole hidden) | the shared experts' output |
-| ``moe.routed_reduce`` | routing-weighted outputs of its group's experts (latent) | the routed sum |
+| ``moe.routed_reduce`` | routing-weighted outputs of its group's experts, or of its part of each when expert TP splits them (latent) | the routed sum |
 | ``moe.output_allgather`` | its lane's ``latent_up`` columns | the routed MoE output (whole hidden) |
 | ``mlp.allreduce`` | layer 0's dense MLP over its channels | the dense MLP output |
 
@@ -27,7 +27,10 @@ replicated values (residual stream, routing, norms) bit-identically. ``mla.gate`
 the device's own head before the exchange (its weights hold only its heads' columns), so
 its math runs at the end of ``mla.core``. Routing is computed on every device from the
 exchanged scores; each device runs its group's experts with the routing weight (0 when not
-chosen). Operands are per layer (the multi-device interpreter hangs on operands of
+chosen). With expert TP (nano TP32) each rank runs its part of every group expert's width
+and the routed reduce, which spans every part (checked against the cut), sums the partial
+outputs; heads the plan replicates (more head slots than heads) project a part of their
+pair's output-projection rows each (:mod:`megakernel.decode_shards`). Operands are per layer (the multi-device interpreter hangs on operands of
 64–128 KiB), column-chunked to at most :data:`OPERAND_LIMIT_BYTES`.
 """
 
