@@ -15,7 +15,10 @@ seconds, logits relative error, tokens equal), ``races``, ``matches_reference``,
 every step and the device's vocabulary rows of the logits within :mod:`megakernel.tolerance`'s
 bf16 tolerance, error relative to the largest reference logit: every sublayer output crosses
 devices as bf16, the plan's payload bytes, where the one-device reference adds it in f32;
-each step also says whether the f32 tolerance held). An unsupported
+each step also says whether the f32 tolerance held, the largest difference of device 0's router
+keys from the reference's (``router_key_deviation``), and lists ``routing_flips``: rows whose
+chosen experts differ from the reference's, each classified by :mod:`megakernel.decode_ties`;
+``matches_reference_up_to_near_ties`` is that module's labelled rule). An unsupported
 plan exits 1 with one line on stderr. A wrong semaphore can hang the interpreter: run it under a
 timeout.
 """
@@ -66,6 +69,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
 
     from megakernel import reference_jnp
     from megakernel.collective_plan import UnsupportedPlan
+    from megakernel.decode_ties import routing_flips
     from megakernel.layout import random_weights
     from megakernel.multi_device import Bugs, planned_log
     from megakernel.multi_device_decode import DecodeKernel
@@ -102,12 +106,13 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         inputs["x0"] = np.broadcast_to(embedding[tokens], inputs["x0"].shape).copy()
         inputs["position"] = np.full_like(inputs["position"], args.context + step)
         start = time.perf_counter()
-        logits, states, log, routing = kernel.run(inputs)
+        logits, states, log, routing, keys = kernel.run(inputs)
         seconds = round(time.perf_counter() - start, 2)
         races = races or bool(interpret_impl.races.races_found)  # read before the next call resets it
         logs = log if logs is None else logs
         inputs.update(states)
         ref_logits, ref_state, ref_routing = ref(ref_state, jnp.asarray(ref_tokens))
+        flips = routing_flips(routing[0], keys[0], np.asarray(ref_routing), np.asarray(ref.router_keys), payload_dtype)
         want = np.asarray(ref_logits)
         scale = max(float(np.abs(want).max()), 1e-6)
         for rank in range(plan.devices):  # each device's vocabulary rows, against the reference's
@@ -122,7 +127,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                       "tokens_equal": bool(np.array_equal(tokens, ref_tokens)),
                       "routing_same_on_every_device": bool((routing == routing[:1]).all()),
                       "routing_differs_in_layers": [layer + 1 for layer in range(routing.shape[1])
-                                                    if not np.array_equal(routing[0, layer], ref_routing[layer])]})
+                                                    if not np.array_equal(routing[0, layer], ref_routing[layer])],
+                      "routing_flips": flips,
+                      "router_key_deviation": float(np.abs(keys[0] - np.asarray(ref.router_keys)).max())})
     tokens_ok = all(s["tokens_equal"] for s in steps)
     tol = TOLERANCE[np.dtype(payload_dtype)]  # the payloads' dtype: see megakernel.tolerance
     records = []
@@ -132,11 +139,20 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                         "log_matches_plan": recorded == planned_log(kernel, rank),
                         "logits_relative_error": float(errors[rank])})
     ok = all(r["matches_reference"] for r in records)
+    flipped = [i for i, s in enumerate(steps) if s["routing_flips"]]
+    before = steps[: flipped[0]] if flipped else steps  # after a flip the two runs hold other states
+    ties_ok = tokens_ok and all(s["within_tolerance"] for s in before) and all(
+        f["near_tie"] for s in steps for f in s["routing_flips"])
     return {"model": args.model, "plan": plan.name, "devices": plan.devices, "layers": model.num_layers,
             "batch": args.batch, "payloads": "f32" if args.f32_payloads else "plan (bf16; router scores f32)",
             "algorithms": {c.name: c.algorithm for c in kernel.colls},
             "seed": args.seed, "backend": "cpu-interpret", "races": races, "matches_reference": ok,
             "log_matches_plan": all(r["log_matches_plan"] for r in records), "steps": steps,
+            "matches_reference_up_to_near_ties": ties_ok,
+            "near_tie_rule": "megakernel.decode_ties (diagnostic): tokens equal every step, logits within "
+                             "tolerance until the first step whose expert sets differ, every such difference a "
+                             "near tie (keys within the payload dtype's tolerance of the reference's, the "
+                             "swapped experts' reference keys within twice the keys' difference)",
             "reference": "megakernel.reference_jnp on one device (full weights); logits gathered over devices",
             "timing_note": "wall time of the Pallas TPU interpreter on virtual CPU devices (the first step "
                            "includes the compile); NOT a TPU timing",

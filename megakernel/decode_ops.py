@@ -189,6 +189,7 @@ class DecodeOps:
         bias = self.small(layer, "small.router_bias")[:, : e.num_experts]
         self.values["route"] = math_moe.select_topk(scores, bias, e.top_k, e.routed_scaling)
         self.states[f"L{layer}.route"][...] = jnp.concatenate(self.values["route"][0], axis=1)
+        self.states[f"L{layer}.router_keys"][...] = scores + bias  # what select_topk ranks (diagnostics)
 
     def moe_latent_down(self, layer: int) -> None:
         self.values["moe.latent_allgather"] = mm(self.values["x"], self.weight(layer, "moe.latent_down"))

@@ -271,8 +271,10 @@ class DecodeKernel(CollectiveKernel):
         """``f(routes, inputs dict) -> (logits shard, states dict, event log)`` on one device."""
         specs = self.operand_names()
         states = {name: jax.ShapeDtypeStruct(*specs[name]) for name in self.state_names()}
-        states.update({f"L{layer}.route": jax.ShapeDtypeStruct((self.batch, self.dims.moe.top_k), jnp.int32)
-                       for layer in range(1, self.dims.num_layers)})  # the routing each device computed
+        for layer in range(1, self.dims.num_layers):  # the routing each device computed, and its keys
+            states[f"L{layer}.route"] = jax.ShapeDtypeStruct((self.batch, self.dims.moe.top_k), jnp.int32)
+            states[f"L{layer}.router_keys"] = jax.ShapeDtypeStruct((self.batch, self.dims.moe.num_experts),
+                                                                   jnp.float32)
         smem = {"position"}
         return pl.pallas_call(
             self._body,
@@ -301,9 +303,11 @@ class DecodeKernel(CollectiveKernel):
                                    out_specs=(P("x"), P("x"), P("x")), check_vma=False))
         return mesh, fn
 
-    def run(self, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    def run(self, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray, np.ndarray,
+                                                          np.ndarray]:
         """-> (logits f32[B, V] gathered, new state operands [ranks, ...], logs [ranks, events, 5],
-        routing i32[ranks, MoE layers, B, k] (expert ids in selection order, every device's))."""
+        routing i32[ranks, MoE layers, B, k] (expert ids in selection order, every device's),
+        router keys f32[ranks, MoE layers, B, E] (the sigmoid scores + bias the top-k ranked))."""
         from jax.sharding import NamedSharding
         from jax.sharding import PartitionSpec as P
 
@@ -312,10 +316,11 @@ class DecodeKernel(CollectiveKernel):
         logits, states, log = fn(put(self.routes()), {k: put(v) for k, v in inputs.items()})
         logits = np.asarray(logits)  # [ranks, B, vocab rows]
         gathered = np.concatenate(list(logits), axis=1)
-        routes = [f"L{layer}.route" for layer in range(1, self.dims.num_layers)]
-        routing = np.stack([np.asarray(states.pop(name)) for name in routes], axis=1)
+        layers = range(1, self.dims.num_layers)
+        routing = np.stack([np.asarray(states.pop(f"L{layer}.route")) for layer in layers], axis=1)
+        keys = np.stack([np.asarray(states.pop(f"L{layer}.router_keys")) for layer in layers], axis=1)
         return gathered, {k: np.asarray(v) for k, v in states.items()}, np.asarray(log).reshape(
-            self.plan.devices, -1, EVENT_WORDS), routing
+            self.plan.devices, -1, EVENT_WORDS), routing, keys
 
     # ------------------------------------------------------------------ the body
 
