@@ -30,6 +30,12 @@ import json
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # JAX is imported only after XLA_FLAGS is set (main)
+    import numpy as np
+
+    from megakernel.multi_device_decode import DecodeKernel
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -69,9 +75,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
 
     from megakernel import reference_jnp
     from megakernel.collective_plan import UnsupportedPlan
-    from megakernel.decode_ties import routing_flips
+    from megakernel.decode_ties import NEAR_TIE_RULE, matches_up_to_near_ties
     from megakernel.layout import random_weights
-    from megakernel.multi_device import Bugs, planned_log
+    from megakernel.multi_device import Bugs
     from megakernel.multi_device_decode import DecodeKernel
     from megakernel.reference import init_state
     from megakernel.tolerance import TOLERANCE, relative_error, within_rounding
@@ -112,7 +118,6 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         logs = log if logs is None else logs
         inputs.update(states)
         ref_logits, ref_state, ref_routing = ref(ref_state, jnp.asarray(ref_tokens))
-        flips = routing_flips(routing[0], keys[0], np.asarray(ref_routing), np.asarray(ref.router_keys), payload_dtype)
         want = np.asarray(ref_logits)
         scale = max(float(np.abs(want).max()), 1e-6)
         for rank in range(plan.devices):  # each device's vocabulary rows, against the reference's
@@ -125,38 +130,52 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                       "within_f32_tolerance": within_rounding(logits, want),
                       "tokens": tokens.tolist(), "reference_tokens": ref_tokens.tolist(),
                       "tokens_equal": bool(np.array_equal(tokens, ref_tokens)),
-                      "routing_same_on_every_device": bool((routing == routing[:1]).all()),
-                      "routing_differs_in_layers": [layer + 1 for layer in range(routing.shape[1])
-                                                    if not np.array_equal(routing[0, layer], ref_routing[layer])],
-                      "routing_flips": flips,
-                      "router_key_deviation": float(np.abs(keys[0] - np.asarray(ref.router_keys)).max())})
-    tokens_ok = all(s["tokens_equal"] for s in steps)
+                      **_routing_record(routing, keys, np.asarray(ref_routing), np.asarray(ref.router_keys),
+                                        payload_dtype)})
     tol = TOLERANCE[np.dtype(payload_dtype)]  # the payloads' dtype: see megakernel.tolerance
-    records = []
-    for rank in range(plan.devices):
-        recorded = [tuple(int(v) for v in row) for row in logs[rank] if row[0] >= 0]
-        records.append({"rank": rank, "matches_reference": bool(tokens_ok and errors[rank] <= tol),
-                        "log_matches_plan": recorded == planned_log(kernel, rank),
-                        "logits_relative_error": float(errors[rank])})
+    records = _records(kernel, logs, errors, all(s["tokens_equal"] for s in steps), tol)
     ok = all(r["matches_reference"] for r in records)
-    flipped = [i for i, s in enumerate(steps) if s["routing_flips"]]
-    before = steps[: flipped[0]] if flipped else steps  # after a flip the two runs hold other states
-    ties_ok = tokens_ok and all(s["within_tolerance"] for s in before) and all(
-        f["near_tie"] for s in steps for f in s["routing_flips"])
     return {"model": args.model, "plan": plan.name, "devices": plan.devices, "layers": model.num_layers,
             "batch": args.batch, "payloads": "f32" if args.f32_payloads else "plan (bf16; router scores f32)",
             "algorithms": {c.name: c.algorithm for c in kernel.colls},
             "seed": args.seed, "backend": "cpu-interpret", "races": races, "matches_reference": ok,
             "log_matches_plan": all(r["log_matches_plan"] for r in records), "steps": steps,
-            "matches_reference_up_to_near_ties": ties_ok,
-            "near_tie_rule": "megakernel.decode_ties (diagnostic): tokens equal every step, logits within "
-                             "tolerance until the first step whose expert sets differ, every such difference a "
-                             "near tie (keys within the payload dtype's tolerance of the reference's, the "
-                             "swapped experts' reference keys within twice the keys' difference)",
+            "matches_reference_up_to_near_ties": matches_up_to_near_ties(steps), "near_tie_rule": NEAR_TIE_RULE,
             "reference": "megakernel.reference_jnp on one device (full weights); logits gathered over devices",
             "timing_note": "wall time of the Pallas TPU interpreter on virtual CPU devices (the first step "
                            "includes the compile); NOT a TPU timing",
             "records": records}
+
+
+def _records(kernel: DecodeKernel, logs: np.ndarray, errors: np.ndarray, tokens_ok: bool,
+             tolerance: float) -> list[dict[str, object]]:
+    """Per device: ``matches_reference`` (tokens every step and its vocabulary rows within
+    ``tolerance``), whether its recorded log (``logs`` i32[ranks, events, 5]) equals the
+    plan's, its logits error (``errors`` f64[ranks])."""
+    from megakernel.multi_device import planned_log
+
+    records = []
+    for rank in range(kernel.plan.devices):
+        recorded = [tuple(int(v) for v in row) for row in logs[rank] if row[0] >= 0]
+        records.append({"rank": rank, "matches_reference": bool(tokens_ok and errors[rank] <= tolerance),
+                        "log_matches_plan": recorded == planned_log(kernel, rank),
+                        "logits_relative_error": float(errors[rank])})
+    return records
+
+
+def _routing_record(routing: np.ndarray, keys: np.ndarray, ref_routing: np.ndarray, ref_keys: np.ndarray,
+                    payload_dtype: object) -> dict[str, object]:
+    """One step's routing against the reference's: ``routing`` i32[ranks, MoE layers, B, k],
+    ``keys`` f32[ranks, MoE layers, B, E] (every device's), the reference's without ``ranks``."""
+    import numpy as np
+
+    from megakernel.decode_ties import routing_flips
+
+    return {"routing_same_on_every_device": bool((routing == routing[:1]).all()),
+            "routing_differs_in_layers": [layer + 1 for layer in range(routing.shape[1])
+                                          if not np.array_equal(routing[0, layer], ref_routing[layer])],
+            "routing_flips": routing_flips(routing[0], keys[0], ref_routing, ref_keys, payload_dtype),
+            "router_key_deviation": float(np.abs(keys[0] - ref_keys).max())}
 
 
 if __name__ == "__main__":

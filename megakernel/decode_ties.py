@@ -33,6 +33,11 @@ import numpy as np
 
 from megakernel.tolerance import TOLERANCE
 
+NEAR_TIE_RULE = ("megakernel.decode_ties (diagnostic): tokens equal every step, logits within tolerance until "
+                 "the first step whose expert sets differ, every such difference a near tie (keys within the "
+                 "payload dtype's tolerance of the reference's, the swapped experts' reference keys within "
+                 "twice the keys' difference)")
+
 
 def routing_flips(kernel_ids: np.ndarray, kernel_keys: np.ndarray, ref_ids: np.ndarray, ref_keys: np.ndarray,
                   payload_dtype: object) -> list[dict[str, object]]:
@@ -56,3 +61,14 @@ def routing_flips(kernel_ids: np.ndarray, kernel_keys: np.ndarray, ref_ids: np.n
             out.append({"layer": i + 1, "row": row, "reference_margin": margin, "key_deviation": deviation,
                         "key_tolerance": allowed, "near_tie": bool(deviation <= allowed and margin <= 2 * deviation)})
     return out
+
+
+def matches_up_to_near_ties(steps: list[dict[str, object]]) -> bool:
+    """The labelled rule over a run's steps (``decode_check``'s step records: ``tokens_equal``,
+    ``within_tolerance``, ``routing_flips``): equal tokens every step, logits within tolerance
+    until the first step with a flip (after it the two runs hold other states), every flip a
+    near tie."""
+    flipped = [i for i, step in enumerate(steps) if step["routing_flips"]]
+    before = steps[: flipped[0]] if flipped else steps
+    return (all(step["tokens_equal"] for step in steps) and all(step["within_tolerance"] for step in before)
+            and all(flip["near_tie"] for step in steps for flip in step["routing_flips"]))  # type: ignore[attr-defined]
