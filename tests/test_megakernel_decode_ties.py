@@ -7,7 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from megakernel.decode_ties import routing_flips
+from megakernel.decode_ties import matches_up_to_near_ties, routing_flips
 
 REF_KEYS = np.array([[[0.90, 0.500, 0.499, 0.10]]], np.float32)  # [1 MoE layer, 1 row, 4 experts]
 REF_IDS = np.array([[[0, 1]]], np.int32)
@@ -45,3 +45,19 @@ def test_a_swap_the_key_deviation_cannot_explain_is_not():
     kernel_keys = REF_KEYS + np.float32(0.001)
     (flip,) = routing_flips(np.array([[[0, 3]]]), kernel_keys, REF_IDS, REF_KEYS, BF16)
     assert flip["reference_margin"] == pytest.approx(0.4, abs=1e-6) and not flip["near_tie"]
+
+
+def _step(tokens_equal: bool = True, within: bool = True, flips: tuple[bool, ...] = ()) -> dict[str, object]:
+    return {"tokens_equal": tokens_equal, "within_tolerance": within,
+            "routing_flips": [{"near_tie": near} for near in flips]}
+
+
+@pytest.mark.parametrize(("steps", "want"), [
+    ([_step(), _step()], True),
+    ([_step(), _step(within=False, flips=(True,)), _step(within=False)], True),  # logits free after a near tie
+    ([_step(within=False), _step(flips=(True,))], False),  # off before any flip
+    ([_step(), _step(within=False, flips=(True, False))], False),  # one flip not a near tie
+    ([_step(), _step(tokens_equal=False, flips=(True,))], False),  # tokens always count
+])
+def test_matches_up_to_near_ties(steps, want):
+    assert matches_up_to_near_ties(steps) is want
