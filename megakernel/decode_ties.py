@@ -56,7 +56,10 @@ def routing_flips(kernel_ids: np.ndarray, kernel_keys: np.ndarray, ref_ids: np.n
                 continue
             k_ref = np.asarray(ref_keys[i, row], np.float64)
             deviation = float(np.abs(np.asarray(kernel_keys[i, row], np.float64) - k_ref).max())
-            margin = float(max(k_ref[a] - k_ref[b] for a in theirs - mine for b in mine - theirs))
+            if not all(0 <= e < k_ref.size for e in mine):  # no such expert (NaN keys pick none): no tie
+                margin = float("inf")
+            else:
+                margin = float(max(k_ref[a] - k_ref[b] for a in theirs - mine for b in mine - theirs))
             allowed = tolerance * float(np.abs(k_ref).max())
             out.append({"layer": i + 1, "row": row, "reference_margin": margin, "key_deviation": deviation,
                         "key_tolerance": allowed, "near_tie": bool(deviation <= allowed and margin <= 2 * deviation)})

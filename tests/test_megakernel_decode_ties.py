@@ -61,3 +61,10 @@ def _step(tokens_equal: bool = True, within: bool = True, flips: tuple[bool, ...
 ])
 def test_matches_up_to_near_ties(steps, want):
     assert matches_up_to_near_ties(steps) is want
+
+
+def test_nan_keys_and_an_expert_id_out_of_range_are_no_near_tie():
+    """A missing wait can leave NaN keys: top-k then returns the sentinel id E."""
+    kernel_keys = np.full_like(REF_KEYS, np.nan)
+    (flip,) = routing_flips(np.array([[[0, 4]]]), kernel_keys, REF_IDS, REF_KEYS, BF16)
+    assert not flip["near_tie"]
