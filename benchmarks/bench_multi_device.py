@@ -1,8 +1,11 @@
-"""Benchmark: the kimi-k3-nano decode on 8 virtual devices in Pallas TPU interpret mode, on
-this CPU.
+"""Benchmark: the kimi-k3-nano decode on 8 or 32 virtual devices in Pallas TPU interpret mode,
+on this CPU.
 
-    .venv/bin/python benchmarks/bench_multi_device.py [--devices 8] [--layers 4 93] [--steps 2]
+    .venv/bin/python benchmarks/bench_multi_device.py [--devices 8|32] [--layers 4 93] [--steps 2]
         [--no-races] [--collectives-only]
+
+``--devices 32`` runs the nano TP32 plan (plan-k3-nano-tp32.yaml: 4 hosts x 8 devices,
+experts split 4 ways in groups of 4 ranks, each head on 4 devices).
 
 Each configuration runs in a fresh process (virtual devices need ``XLA_FLAGS`` before JAX
 starts): ``python -m megakernel.decode_check`` (the K3 decode on sharded weights with the
@@ -10,7 +13,7 @@ plan's collectives, greedy steps against the single-device reference) or, with
 ``--collectives-only``, ``python -m megakernel.multi_device_check`` (the collective program
 with its exact integer stand-in payload). It prints the wall time of each step (the first
 includes the compile) and whether every device matched. These are interpreter timings on a
-CPU, NOT TPU timings: every load, store, remote copy and semaphore operation of 8 devices
+CPU, NOT TPU timings: every load, store, remote copy and semaphore operation of every device
 goes through the interpreter's Python callbacks.
 """
 

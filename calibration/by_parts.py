@@ -150,6 +150,7 @@ class PartsResult:
             "pins": {name: pins for stage in self.stages for name, pins in stage.pins.items()},
             "interval_samples": len(self.samples), "interval_method": METHOD.format(seed=SEED),
             "e2e_fit": {k: e2e[k] for k in ("parameters", "identifiability", "points", "engine_calls", "elapsed_s")},
+            "contrasts": e2e["contrasts"],
         }
 
 

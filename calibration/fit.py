@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
+from calibration.contrasts import contrasts_json
 from calibration.coverage import fit_coverage
 from calibration.measurements import Measurement
 from calibration.params import (
@@ -249,7 +250,9 @@ class FitResult:
             },
             "residual_variance": self.residual_s2, "engine_calls": self.engine_calls,
             "elapsed_s": self.elapsed_s, "success": self.success, "message": self.message,
-            "points": rows, **self.extra,
+            "points": rows,
+            "contrasts": contrasts_json(self.records, self.after_s),
+            **self.extra,
         }
 
 

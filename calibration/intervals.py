@@ -57,7 +57,12 @@ def draw_samples(stages: Sequence[tuple[list[str], np.ndarray, np.ndarray, dict[
             continue
         mean = np.asarray(values, dtype=float)
         cov = np.asarray(cov, dtype=float)
-        draws = rng.multivariate_normal(mean, nearest_psd(cov), size=n, method="eigh")
+        # drawn as mean + sd * z, z ~ N(0, correlation): a covariance of figures near 1e12
+        # (bandwidths) has round-off far above numpy's absolute PSD tolerance, a correlation not
+        sd = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+        scale = np.where(sd > 0, sd, 1.0)
+        correlation = nearest_psd(cov / np.outer(scale, scale))
+        draws = mean + scale * rng.multivariate_normal(np.zeros(mean.size), correlation, size=n, method="eigh")
         for k in range(n):
             for j, path in enumerate(paths):
                 low, high = bounds.get(path, (-np.inf, np.inf))

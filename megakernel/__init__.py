@@ -25,7 +25,8 @@ Modules, bottom up:
   devices: :mod:`~megakernel.decode_shards` (each device's shard of the full weights),
   :mod:`~megakernel.multi_device_decode` and :mod:`~megakernel.decode_ops` (the decode with
   the collectives carrying its partials and gathers), :mod:`~megakernel.decode_check`
-  (against the single-device reference, in a fresh process), :mod:`~megakernel.tolerance`.
+  (against the single-device reference, in a fresh process), :mod:`~megakernel.decode_ties`
+  (routing near ties against the reference), :mod:`~megakernel.tolerance`.
 
 Simplifications relative to ``shared/reference/kimi-k3.md`` (README material):
 

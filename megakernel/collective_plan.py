@@ -85,11 +85,12 @@ def kernel_collectives(plan: ShardingPlan, batch: int,
             raise UnsupportedPlan(f"collective {spec.name}: ranks send different message counts")
         dst = np.zeros((plan.devices, n_phases, max(counts)), np.int32)
         slot = np.zeros_like(dst)
+        arrivals = {r: incoming(algorithm, group, payload, r, topo) for r in ranks}  # once per rank: 32^2 messages
         for r in ranks:
             for p in range(n_phases):
                 for i, m in enumerate(sent[r, p]):
-                    arrivals = [a.src for a in incoming(algorithm, group, payload, m.dst, topo) if a.phase == p]
-                    dst[r, p, i], slot[r, p, i] = m.dst, arrivals.index(r)
+                    sources = [a.src for a in arrivals[m.dst] if a.phase == p]
+                    dst[r, p, i], slot[r, p, i] = m.dst, sources.index(r)
         members = np.array([group_ranks(group, r, topo) for r in ranks], np.int32)
         out.append(KernelCollective(spec.name, algorithm, group, payload // 2, n_phases, counts,
                                     dst, slot, members))

@@ -15,7 +15,10 @@ seconds, logits relative error, tokens equal), ``races``, ``matches_reference``,
 every step and the device's vocabulary rows of the logits within :mod:`megakernel.tolerance`'s
 bf16 tolerance, error relative to the largest reference logit: every sublayer output crosses
 devices as bf16, the plan's payload bytes, where the one-device reference adds it in f32;
-each step also says whether the f32 tolerance held). An unsupported
+each step also says whether the f32 tolerance held, the largest difference of device 0's router
+keys from the reference's (``router_key_deviation``), and lists ``routing_flips``: rows whose
+chosen experts differ from the reference's, each classified by :mod:`megakernel.decode_ties`;
+``matches_reference_up_to_near_ties`` is that module's labelled rule). An unsupported
 plan exits 1 with one line on stderr. A wrong semaphore can hang the interpreter: run it under a
 timeout.
 """
@@ -27,6 +30,12 @@ import json
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # JAX is imported only after XLA_FLAGS is set (main)
+    import numpy as np
+
+    from megakernel.multi_device_decode import DecodeKernel
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -66,8 +75,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
 
     from megakernel import reference_jnp
     from megakernel.collective_plan import UnsupportedPlan
+    from megakernel.decode_ties import NEAR_TIE_RULE, matches_up_to_near_ties
     from megakernel.layout import random_weights
-    from megakernel.multi_device import Bugs, planned_log
+    from megakernel.multi_device import Bugs
     from megakernel.multi_device_decode import DecodeKernel
     from megakernel.reference import init_state
     from megakernel.tolerance import TOLERANCE, relative_error, within_rounding
@@ -102,7 +112,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         inputs["x0"] = np.broadcast_to(embedding[tokens], inputs["x0"].shape).copy()
         inputs["position"] = np.full_like(inputs["position"], args.context + step)
         start = time.perf_counter()
-        logits, states, log, routing = kernel.run(inputs)
+        logits, states, log, routing, keys = kernel.run(inputs)
         seconds = round(time.perf_counter() - start, 2)
         races = races or bool(interpret_impl.races.races_found)  # read before the next call resets it
         logs = log if logs is None else logs
@@ -120,27 +130,52 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                       "within_f32_tolerance": within_rounding(logits, want),
                       "tokens": tokens.tolist(), "reference_tokens": ref_tokens.tolist(),
                       "tokens_equal": bool(np.array_equal(tokens, ref_tokens)),
-                      "routing_same_on_every_device": bool((routing == routing[:1]).all()),
-                      "routing_differs_in_layers": [layer + 1 for layer in range(routing.shape[1])
-                                                    if not np.array_equal(routing[0, layer], ref_routing[layer])]})
-    tokens_ok = all(s["tokens_equal"] for s in steps)
+                      **_routing_record(routing, keys, np.asarray(ref_routing), np.asarray(ref.router_keys),
+                                        payload_dtype)})
     tol = TOLERANCE[np.dtype(payload_dtype)]  # the payloads' dtype: see megakernel.tolerance
-    records = []
-    for rank in range(plan.devices):
-        recorded = [tuple(int(v) for v in row) for row in logs[rank] if row[0] >= 0]
-        records.append({"rank": rank, "matches_reference": bool(tokens_ok and errors[rank] <= tol),
-                        "log_matches_plan": recorded == planned_log(kernel, rank),
-                        "logits_relative_error": float(errors[rank])})
+    records = _records(kernel, logs, errors, all(s["tokens_equal"] for s in steps), tol)
     ok = all(r["matches_reference"] for r in records)
     return {"model": args.model, "plan": plan.name, "devices": plan.devices, "layers": model.num_layers,
             "batch": args.batch, "payloads": "f32" if args.f32_payloads else "plan (bf16; router scores f32)",
             "algorithms": {c.name: c.algorithm for c in kernel.colls},
             "seed": args.seed, "backend": "cpu-interpret", "races": races, "matches_reference": ok,
             "log_matches_plan": all(r["log_matches_plan"] for r in records), "steps": steps,
+            "matches_reference_up_to_near_ties": matches_up_to_near_ties(steps), "near_tie_rule": NEAR_TIE_RULE,
             "reference": "megakernel.reference_jnp on one device (full weights); logits gathered over devices",
             "timing_note": "wall time of the Pallas TPU interpreter on virtual CPU devices (the first step "
                            "includes the compile); NOT a TPU timing",
             "records": records}
+
+
+def _records(kernel: DecodeKernel, logs: np.ndarray, errors: np.ndarray, tokens_ok: bool,
+             tolerance: float) -> list[dict[str, object]]:
+    """Per device: ``matches_reference`` (tokens every step and its vocabulary rows within
+    ``tolerance``), whether its recorded log (``logs`` i32[ranks, events, 5]) equals the
+    plan's, its logits error (``errors`` f64[ranks])."""
+    from megakernel.multi_device import planned_log
+
+    records = []
+    for rank in range(kernel.plan.devices):
+        recorded = [tuple(int(v) for v in row) for row in logs[rank] if row[0] >= 0]
+        records.append({"rank": rank, "matches_reference": bool(tokens_ok and errors[rank] <= tolerance),
+                        "log_matches_plan": recorded == planned_log(kernel, rank),
+                        "logits_relative_error": float(errors[rank])})
+    return records
+
+
+def _routing_record(routing: np.ndarray, keys: np.ndarray, ref_routing: np.ndarray, ref_keys: np.ndarray,
+                    payload_dtype: object) -> dict[str, object]:
+    """One step's routing against the reference's: ``routing`` i32[ranks, MoE layers, B, k],
+    ``keys`` f32[ranks, MoE layers, B, E] (every device's), the reference's without ``ranks``."""
+    import numpy as np
+
+    from megakernel.decode_ties import routing_flips
+
+    return {"routing_same_on_every_device": bool((routing == routing[:1]).all()),
+            "routing_differs_in_layers": [layer + 1 for layer in range(routing.shape[1])
+                                          if not np.array_equal(routing[0, layer], ref_routing[layer])],
+            "routing_flips": routing_flips(routing[0], keys[0], ref_routing, ref_keys, payload_dtype),
+            "router_key_deviation": float(np.abs(keys[0] - ref_keys).max())}
 
 
 if __name__ == "__main__":

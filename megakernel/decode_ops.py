@@ -114,8 +114,18 @@ class DecodeOps:
         self.states[f"L{layer}.kda_state"][...] = new_state
         self.values["attn.head_exchange"] = math_kda.output_gate(outs, self.values.pop("gate"), self.d.eps)
 
+    def project_heads(self, layer: int, name: str) -> None:
+        """The pair's head outputs (the exchange's result) onto this device's hidden half, over
+        its replica's part of the pair's rows (:mod:`megakernel.decode_shards`)."""
+        heads, w = self.values.pop("attn.head_exchange"), self.weight(layer, name)
+        part = w.shape[0]
+        if part != heads.shape[1]:  # head replicas: part rank // head_slots of the pair's rows
+            start = self.ctx.rank // self.k.head_slots * part
+            heads = jax.lax.dynamic_slice_in_dim(heads, start, part, axis=1)
+        self.values["attn.partial_reduce"] = mm(heads, w)
+
     def kda_o(self, layer: int) -> None:
-        self.values["attn.partial_reduce"] = mm(self.values.pop("attn.head_exchange"), self.weight(layer, "kda.o"))
+        self.project_heads(layer, "kda.o")
 
     # ------------------------------------------------------------------ MLA
 
@@ -158,7 +168,7 @@ class DecodeOps:
         """Applied at the end of ``mla.core`` (see there)."""
 
     def mla_o(self, layer: int) -> None:
-        self.values["attn.partial_reduce"] = mm(self.values.pop("attn.head_exchange"), self.weight(layer, "mla.o"))
+        self.project_heads(layer, "mla.o")
 
     # ------------------------------------------------------------------ MLP and MoE
 
@@ -179,6 +189,7 @@ class DecodeOps:
         bias = self.small(layer, "small.router_bias")[:, : e.num_experts]
         self.values["route"] = math_moe.select_topk(scores, bias, e.top_k, e.routed_scaling)
         self.states[f"L{layer}.route"][...] = jnp.concatenate(self.values["route"][0], axis=1)
+        self.states[f"L{layer}.router_keys"][...] = scores + bias  # what select_topk ranks (diagnostics)
 
     def moe_latent_down(self, layer: int) -> None:
         self.values["moe.latent_allgather"] = mm(self.values["x"], self.weight(layer, "moe.latent_down"))
@@ -192,7 +203,8 @@ class DecodeOps:
         """Computed with ``moe.shared_gate_up`` (see there)."""
 
     def experts(self, layer: int) -> None:
-        """This device's experts on the gathered latent, weighted by the routing (0 if not chosen)."""
+        """This device's part of its group's experts on the gathered latent, weighted by the
+        routing (0 if not chosen): a partial of each expert's output when expert TP splits it."""
         e, plan = self.d.moe, self.k.plan
         lat = rmsnorm(self.values.pop("moe.latent_allgather"), self.small(layer, "small.latent_norm"), self.d.eps)
         ids, weights = self.values.pop("route")

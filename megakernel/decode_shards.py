@@ -6,19 +6,27 @@ this module cuts out of the *same* full weights the single-device reference read
 compared with the reference's. Per-device widths come from :func:`megakernel.dims.model_dims`
 of the multi-device plan (:mod:`tpusim.workload.shapes`, the one owner). Device ``r`` with
 ``a`` attention heads per device holds heads ``a·r .. a·r + a - 1``; its sibling pair
-``p = r // 2`` holds ``2a`` heads and rank parity ``s = r % 2`` picks a hidden half:
+``p = r // 2`` holds ``2a`` heads and rank parity ``s = r % 2`` picks a hidden half. A plan
+with more head slots than the model has heads (nano TP32: 32 devices x 1 head, 8 heads)
+holds each head on ``replicas = devices·a / heads`` devices: device ``r`` is head slot
+``r mod (heads / a)`` of replica ``q = r div (heads / a)`` (one replica per host there), and
+splits its pair's output-projection rows ``replicas`` ways (part ``q``), so the same-parity
+partial reduce over every (pair, replica) sums each head's projection exactly once. Device
+``r`` of an expert group (``t = r mod expert_tp``) holds part ``t`` of every group expert's
+intermediate width ``w`` (:func:`tpusim.workload.shapes.device_widths`): gate and up columns
+``t·w ..``, down rows ``t·w ..``; the routed reduce over all ranks sums the parts:
 
 | tensor | device r's shard of the full tensor |
 | --- | --- |
 | ``kda.qkvgb`` | columns of its heads in each of the q, k, v, gate blocks, then its beta columns (each block padded to the plan's lane multiple) |
 | ``kda.decay_a`` / ``mla.q_a`` / ``mla.kv_a`` | whole (replicated; ``kv_a``'s rope padding cut to the plan's) |
 | ``kda.decay_b`` / ``mla.q_b`` / ``mla.kv_b`` / ``mla.gate`` | its heads' columns |
-| ``kda.o`` / ``mla.o`` | the pair's ``2a`` heads' rows x hidden half ``s``: the head exchange gives both siblings the pair's head outputs, each projects them onto its half (as many values as the table's ``a·hd x H``) |
+| ``kda.o`` / ``mla.o`` | the pair's ``2a`` heads' rows (part ``q`` of ``replicas``) x hidden half ``s``: the head exchange gives both siblings the pair's head outputs, each projects them onto its half (one replica: as many values as the table's ``a·hd x H``) |
 | ``moe.router`` | expert scores ``s·rc .. (s+1)·rc - 1`` (``rc`` router columns): the pair exchange assembles all scores |
 | ``moe.latent_down`` | latent columns ``r·ld ..`` (the all-gather assembles the latent) |
 | ``moe.latent_up`` | hidden columns of its lane in its host (the host all-gather assembles them) |
 | ``moe.shared_*`` / ``mlp.*`` | its intermediate channels (gate and up columns, down rows): a partial over the whole hidden |
-| ``expert.*`` | the experts of its expert group (whole width: expert TP 1 only) |
+| ``expert.*`` | the experts of its expert group, part ``t`` of each one's width (FP8 gate/up: columns and their scales; MXFP4 down: rows repacked by :func:`megakernel.quant.mxfp4_row_slice`, a part inside one 32-row block keeps the block's scale) |
 | ``head.lm_head`` | vocabulary columns ``r·vr ..`` (the logits are gathered outside the kernel) |
 | ``small`` | norms, mixture, router bias, latent norm whole; KDA decay and conv parameters of its heads |
 
@@ -34,6 +42,7 @@ import numpy as np
 
 from megakernel.collective_plan import UnsupportedPlan
 from megakernel.dims import ModelDims
+from megakernel.quant import mxfp4_row_slice
 from tpusim.workload.collectives import group_ranks
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.sharding import ShardingPlan
@@ -41,7 +50,7 @@ from tpusim.workload.sharding import ShardingPlan
 
 @dataclass(frozen=True)
 class Cut:
-    """Where device ``rank`` sits: its heads, pair half, expert group and host lane."""
+    """Where device ``rank`` sits: its heads, pair half, replica, expert group and part, host lane."""
 
     rank: int
     heads: int  # a: heads per device
@@ -49,22 +58,46 @@ class Cut:
     lane: int  # position of rank in its host group (latent_up columns)
     group: int  # expert group
     local_experts: int
+    head_slots: int = 0  # model heads / a (0: one slot per device, no replicas)
+    replicas: int = 1  # devices holding each head
+    expert_part: int = 0  # t: the part of each group expert's width this device holds
+    expert_tp: int = 1
+
+    @property
+    def slot(self) -> int:
+        return self.rank % self.head_slots if self.head_slots else self.rank
+
+    @property
+    def replica(self) -> int:
+        return self.rank // self.head_slots if self.head_slots else 0
 
     @property
     def first_head(self) -> int:
-        return self.heads * self.rank
+        return self.heads * self.slot
 
     @property
     def pair_first_head(self) -> int:
-        return 2 * self.heads * (self.rank // 2)
+        return 2 * self.heads * (self.slot // 2)
+
+    def pair_rows(self, head_rows: int) -> slice:
+        """This device's part of its pair's output-projection rows (``head_rows`` per head)."""
+        part = 2 * self.heads * head_rows // self.replicas
+        first = self.pair_first_head * head_rows + self.replica * part
+        return slice(first, first + part)
 
 
 def cut_of(model: ModelConfig, plan: ShardingPlan, rank: int) -> Cut:
-    if plan.expert_tp != 1:
-        raise UnsupportedPlan(f"plan {plan.name}: expert_tp {plan.expert_tp}; the decode kernel keeps whole experts")
+    """Device ``rank``'s place; raises :class:`UnsupportedPlan` for a head layout it cannot cut."""
+    a, heads = plan.attention_heads_per_device, model.kda.num_heads
+    if model.mla.num_heads != heads or heads % a or (plan.devices * a) % heads or (heads // a) % 2:
+        raise UnsupportedPlan(f"plan {plan.name}: {a} heads per device on {plan.devices} devices do not "
+                              f"replicate {heads} heads in whole sibling pairs")
+    slots, replicas = heads // a, plan.devices * a // heads
+    if any((2 * a * n) % replicas for n in (model.kda.head_dim, model.mla.v_head_dim)):
+        raise UnsupportedPlan(f"plan {plan.name}: a pair's output-projection rows do not split {replicas} ways")
     lane = group_ranks("host", rank, plan.topology).index(rank)
-    return Cut(rank, plan.attention_heads_per_device, rank % 2, lane, plan.group_of_device(rank),
-               plan.experts_per_group(model))
+    return Cut(rank, a, rank % 2, lane, plan.group_of_device(rank), plan.experts_per_group(model),
+               slots, replicas, rank % plan.expert_tp, plan.expert_tp)
 
 
 def _cols(x: np.ndarray, start: int, width: int, padded: int | None = None) -> np.ndarray:
@@ -82,10 +115,10 @@ def _attention(full: dict[str, np.ndarray], one: ModelDims, dev: ModelDims, c: C
     qkvgb = full["kda.qkvgb"]
     blocks = [_cols(qkvgb, i * kd1.padded_width + c.first_head * hd, a * hd, kd.padded_width) for i in range(4)]
     blocks.append(_cols(qkvgb, 4 * kd1.padded_width + c.first_head, a, kd.beta_cols))
-    pair_rows = slice(c.pair_first_head * hd, (c.pair_first_head + 2 * a) * hd)
+    pair_rows = c.pair_rows(hd)
     halves = slice(c.parity * half, (c.parity + 1) * half)
     q_cols = [_cols(full["mla.q_b"], (c.first_head + i) * md1.q_head_cols, md.q_head_cols) for i in range(a)]
-    v_rows = slice(c.pair_first_head * md.v_dim, (c.pair_first_head + 2 * a) * md.v_dim)
+    v_rows = c.pair_rows(md.v_dim)
     return {
         "kda.qkvgb": np.concatenate(blocks, axis=-1),
         "kda.decay_a": full["kda.decay_a"],
@@ -117,8 +150,27 @@ def _mlp(full: dict[str, np.ndarray], one: ModelDims, dev: ModelDims, c: Cut) ->
         "mlp.down": full["mlp.down"][r * dw: (r + 1) * dw],
         "head.lm_head": _cols(full["head.lm_head"], r * dev.vocab_rows, dev.vocab_rows),
     }
-    for name in ("expert.gate_up.values", "expert.gate_up.scales", "expert.down.values", "expert.down.scales"):
-        out[name] = full[name][:, experts]
+    out.update(_expert_parts(full, one, dev, c, experts))
+    return out
+
+
+def _expert_parts(full: dict[str, np.ndarray], one: ModelDims, dev: ModelDims, c: Cut,
+                  experts: slice) -> dict[str, np.ndarray]:
+    """Part ``c.expert_part`` of each group expert: gate and up columns (with their scale
+    columns) and down rows, the part's width ``w`` from the plan's shapes."""
+    whole, w = one.moe.slice_width, dev.moe.slice_width
+    if w * c.expert_tp != whole:
+        raise UnsupportedPlan(f"expert width {whole} is not {c.expert_tp} parts of {w}")
+    first = c.expert_part * w
+    out = {}
+    for name in ("expert.gate_up.values", "expert.gate_up.scales"):
+        gate_up = full[name][:, experts]
+        out[name] = np.concatenate([gate_up[..., first: first + w], gate_up[..., whole + first: whole + first + w]], -1)
+    try:
+        out["expert.down.values"], out["expert.down.scales"] = mxfp4_row_slice(
+            full["expert.down.values"][:, experts], full["expert.down.scales"][:, experts], first, w)
+    except ValueError as error:
+        raise UnsupportedPlan(f"expert down rows {first}..{first + w}: not an MXFP4 slice ({error})") from None
     return out
 
 

@@ -16,7 +16,7 @@ issue and wait points between them) and runs, per op, the single-device kernel's
 | ``moe.router_exchange`` | sigmoid scores of its half of the experts (f32) | every expert's score |
 | ``moe.latent_allgather`` | its ``latent_down`` columns | the whole latent (then the latent RMSNorm) |
 | ``moe.shared_reduce`` | its shared-expert channels' output (whole hidden) | the shared experts' output |
-| ``moe.routed_reduce`` | routing-weighted outputs of its group's experts (latent) | the routed sum |
+| ``moe.routed_reduce`` | routing-weighted outputs of its group's experts, or of its part of each when expert TP splits them (latent) | the routed sum |
 | ``moe.output_allgather`` | its lane's ``latent_up`` columns | the routed MoE output (whole hidden) |
 | ``mlp.allreduce`` | layer 0's dense MLP over its channels | the dense MLP output |
 
@@ -27,7 +27,10 @@ replicated values (residual stream, routing, norms) bit-identically. ``mla.gate`
 the device's own head before the exchange (its weights hold only its heads' columns), so
 its math runs at the end of ``mla.core``. Routing is computed on every device from the
 exchanged scores; each device runs its group's experts with the routing weight (0 when not
-chosen). Operands are per layer (the multi-device interpreter hangs on operands of
+chosen). With expert TP (nano TP32) each rank runs its part of every group expert's width
+and the routed reduce, which spans every part (checked against the cut), sums the partial
+outputs; heads the plan replicates (more head slots than heads) project a part of their
+pair's output-projection rows each (:mod:`megakernel.decode_shards`). Operands are per layer (the multi-device interpreter hangs on operands of
 64–128 KiB), column-chunked to at most :data:`OPERAND_LIMIT_BYTES`.
 """
 
@@ -43,7 +46,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from megakernel.collective_plan import DECODE_SUPPORTED, UnsupportedPlan, layer_steps
-from megakernel.decode_shards import cut_of, state_shard, weight_shard
+from megakernel.decode_shards import Cut, cut_of, state_shard, weight_shard
 from megakernel.dims import ModelDims, model_dims
 from megakernel.multi_device import EVENT_WORDS, ISSUE, WAIT, Bugs, CollectiveKernel, device_mesh
 from tpusim.workload.collectives import incoming
@@ -95,6 +98,28 @@ class DecodeKernel(CollectiveKernel):
                 raise UnsupportedPlan(f"collective {coll.name}: {2 * coll.elems // batch} B per token is not "
                                       f"{width} bf16 or f32 values")
             self.payload[c] = (width, jnp.bfloat16 if size == 2 and not f32_payloads else jnp.float32)
+        cuts = [cut_of(model, plan, r) for r in range(plan.devices)]
+        self.head_slots = cuts[0].head_slots  # the attention cut's period (replica = rank // slots)
+        self._check_groups(cuts)
+
+    def _check_groups(self, cuts: list[Cut]) -> None:
+        """The reductions that combine partial shards must span them: the attention partial
+        reduce sums each (pair, replica) part of its parity once, and the routed reduce spans
+        every expert-TP part of every expert group (its partial expert outputs)."""
+        for coll in self.colls:
+            if coll.name not in ("attn.partial_reduce", "moe.routed_reduce"):
+                continue
+            for r, cut in enumerate(cuts):
+                members = [cuts[int(m)] for m in coll.members[r]]
+                if coll.name == "attn.partial_reduce":
+                    parts = sorted((m.pair_first_head, m.replica) for m in members if m.parity == cut.parity)
+                    want = sorted({(k.pair_first_head, k.replica) for k in cuts})
+                else:
+                    parts = sorted((m.group, m.expert_part) for m in members)
+                    want = sorted({(k.group, k.expert_part) for k in cuts})
+                if parts != want:
+                    raise UnsupportedPlan(f"collective {coll.name}: rank {r}'s group does not hold each "
+                                          f"partial shard exactly once")
 
     # ------------------------------------------------------------------ tables and shapes
 
@@ -106,9 +131,9 @@ class DecodeKernel(CollectiveKernel):
         for coll in self.colls:
             block = np.zeros((self.plan.devices, coll.phases), np.int32)
             for r in range(self.plan.devices):
+                arrivals = incoming(coll.algorithm, coll.group, 2 * coll.elems, r, self.plan.topology)
                 for p in range(coll.phases):
-                    src = [m.src for m in incoming(coll.algorithm, coll.group, 2 * coll.elems, r, self.plan.topology)
-                           if m.phase == p]
+                    src = [m.src for m in arrivals if m.phase == p]
                     if src != sorted(src):
                         raise UnsupportedPlan(f"collective {coll.name}: arrival slots not in rank order")
                     block[r, p] = sorted([*src, r]).index(r)
@@ -246,8 +271,10 @@ class DecodeKernel(CollectiveKernel):
         """``f(routes, inputs dict) -> (logits shard, states dict, event log)`` on one device."""
         specs = self.operand_names()
         states = {name: jax.ShapeDtypeStruct(*specs[name]) for name in self.state_names()}
-        states.update({f"L{layer}.route": jax.ShapeDtypeStruct((self.batch, self.dims.moe.top_k), jnp.int32)
-                       for layer in range(1, self.dims.num_layers)})  # the routing each device computed
+        for layer in range(1, self.dims.num_layers):  # the routing each device computed, and its keys
+            states[f"L{layer}.route"] = jax.ShapeDtypeStruct((self.batch, self.dims.moe.top_k), jnp.int32)
+            states[f"L{layer}.router_keys"] = jax.ShapeDtypeStruct((self.batch, self.dims.moe.num_experts),
+                                                                   jnp.float32)
         smem = {"position"}
         return pl.pallas_call(
             self._body,
@@ -276,9 +303,11 @@ class DecodeKernel(CollectiveKernel):
                                    out_specs=(P("x"), P("x"), P("x")), check_vma=False))
         return mesh, fn
 
-    def run(self, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    def run(self, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray, np.ndarray,
+                                                          np.ndarray]:
         """-> (logits f32[B, V] gathered, new state operands [ranks, ...], logs [ranks, events, 5],
-        routing i32[ranks, MoE layers, B, k] (expert ids in selection order, every device's))."""
+        routing i32[ranks, MoE layers, B, k] (expert ids in selection order, every device's),
+        router keys f32[ranks, MoE layers, B, E] (the sigmoid scores + bias the top-k ranked))."""
         from jax.sharding import NamedSharding
         from jax.sharding import PartitionSpec as P
 
@@ -287,10 +316,11 @@ class DecodeKernel(CollectiveKernel):
         logits, states, log = fn(put(self.routes()), {k: put(v) for k, v in inputs.items()})
         logits = np.asarray(logits)  # [ranks, B, vocab rows]
         gathered = np.concatenate(list(logits), axis=1)
-        routes = [f"L{layer}.route" for layer in range(1, self.dims.num_layers)]
-        routing = np.stack([np.asarray(states.pop(name)) for name in routes], axis=1)
+        layers = range(1, self.dims.num_layers)
+        routing = np.stack([np.asarray(states.pop(f"L{layer}.route")) for layer in layers], axis=1)
+        keys = np.stack([np.asarray(states.pop(f"L{layer}.router_keys")) for layer in layers], axis=1)
         return gathered, {k: np.asarray(v) for k, v in states.items()}, np.asarray(log).reshape(
-            self.plan.devices, -1, EVENT_WORDS), routing
+            self.plan.devices, -1, EVENT_WORDS), routing, keys
 
     # ------------------------------------------------------------------ the body
 

@@ -75,6 +75,22 @@ def quantize_mxfp4(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return packed, (exponent + E8M0_BIAS).astype(np.uint8)
 
 
+def mxfp4_row_slice(packed: np.ndarray, scales: np.ndarray, start: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Logical rows ``start .. start + rows`` of an MXFP4 tensor (uint8[..., R/2, C] packed,
+    uint8[..., R/32, C] E8M0), repacked as a ``rows``-row tensor of the same layout (rows
+    ``r`` and ``r + rows/2`` share a byte). A slice inside one 32-row block (expert TP
+    splitting a narrow expert) keeps that block's scale row: the values are unchanged."""
+    if rows % 2 or (rows % MXFP4_BLOCK_ROWS and MXFP4_BLOCK_ROWS % rows):
+        raise ValueError(f"{rows} rows are not whole 32-row blocks nor an even part of one")
+    if start % min(rows, MXFP4_BLOCK_ROWS):
+        raise ValueError(f"a slice at row {start} straddles a scale block")
+    nibbles = np.concatenate([packed & 0xF, packed >> 4], axis=-2)[..., start: start + rows, :]
+    half = rows // 2
+    out = (nibbles[..., :half, :] | (nibbles[..., half:, :] << 4)).astype(np.uint8)
+    first = start // MXFP4_BLOCK_ROWS
+    return out, scales[..., first: first + -(-rows // MXFP4_BLOCK_ROWS), :]
+
+
 def pack_bytes_to_words(b: np.ndarray) -> np.ndarray:
     """uint8[..., R, C] -> uint16[..., R/2, C]: ``word[r] = b[r] | b[r + R/2] << 8``."""
     half = b.shape[-2] // 2
@@ -143,10 +159,14 @@ def dequant_fp8_b256(values: jax.Array, scales: jax.Array) -> jax.Array:
 
 
 def dequant_mxfp4(packed: jax.Array, scales: jax.Array) -> jax.Array:
-    """uint8[R/2, C] nibbles, uint8[R/32, C] E8M0 -> bf16[R, C] (exact)."""
+    """uint8[R/2, C] nibbles, uint8[R/32, C] E8M0 -> bf16[R, C] (exact). A slice of fewer
+    than 32 rows (:func:`mxfp4_row_slice`) carries its block's one scale row."""
     p = packed.astype(jnp.uint32)
     nibbles = jnp.concatenate([p & 0xF, p >> 4], axis=0)
-    w = decode_e2m1(nibbles) * repeat_rows(decode_e8m0(scales), MXFP4_BLOCK_ROWS, axis=0)
+    rows = nibbles.shape[0]
+    block = min(rows, MXFP4_BLOCK_ROWS)
+    assert rows == block * scales.shape[0], f"{rows} mxfp4 rows with {scales.shape[0]} scale rows"
+    w = decode_e2m1(nibbles) * repeat_rows(decode_e8m0(scales), block, axis=0)
     return w.astype(jnp.bfloat16)
 
 

@@ -218,10 +218,12 @@ def gated_mlp(x: jax.Array, gate_up: jax.Array, down: jax.Array) -> jax.Array:
 
 
 def moe(w: Widths, p: Mapping[str, jax.Array], small: Mapping[str, jax.Array],
-        x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Latent MoE + shared experts -> (out f32[B, H], chosen ids i32[B, k] in selection order)."""
+        x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Latent MoE + shared experts -> (out f32[B, H], chosen ids i32[B, k] in selection order,
+    selection keys f32[B, E] = sigmoid scores + bias)."""
     scores = jax.nn.sigmoid(matmul(x, p["moe.router"])[:, : w.experts])
-    _, ids = lax.top_k(scores + small["small.router_bias"][: w.experts], w.top_k)
+    keys = scores + small["small.router_bias"][: w.experts]
+    _, ids = lax.top_k(keys, w.top_k)
     chosen = jnp.take_along_axis(scores, ids, axis=1)
     gates = chosen / jnp.sum(chosen, axis=1, keepdims=True) * w.routed_scaling
     lat = rms(matmul(x, p["moe.latent_down"])[:, : w.latent], w.eps) * small["small.latent_norm"]
@@ -237,7 +239,7 @@ def moe(w: Widths, p: Mapping[str, jax.Array], small: Mapping[str, jax.Array],
     for slot in range(w.top_k):  # accumulate in selection order
         routed = routed + gates[:, slot: slot + 1] * y.reshape(-1, w.top_k, lat.shape[1])[:, slot, :]
     out = matmul(routed, p["moe.latent_up"])[:, : w.hidden]
-    return out + gated_mlp(x, p["moe.shared_gate_up"], p["moe.shared_down"]), ids.astype(jnp.int32)
+    return out + gated_mlp(x, p["moe.shared_gate_up"], p["moe.shared_down"]), ids.astype(jnp.int32), keys
 
 
 # ------------------------------------------------------------------------------ the step
@@ -257,7 +259,8 @@ class ReferenceStep:
     """One decode step of the whole model on one device's weights (all layers).
 
     ``arrays``: the weight arrays by module-table name; ``small_offsets``: kind ->
-    (offset, length) in the packed small-parameter row."""
+    (offset, length) in the packed small-parameter row. After a call, ``router_keys`` holds
+    that step's selection keys f32[MoE layers, B, E] (near-tie diagnostics)."""
 
     def __init__(self, model: ModelConfig, plan: ShardingPlan, arrays: Mapping[str, Any],
                  small_offsets: Mapping[str, tuple[int, int]]) -> None:
@@ -268,6 +271,7 @@ class ReferenceStep:
         self.small_offsets = dict(small_offsets)
         kinds = self.w.kinds
         self.stack_index = [kinds[:layer].count(kinds[layer]) for layer in range(len(kinds))]
+        self.router_keys: jax.Array | None = None
 
     def _small(self, layer: int) -> dict[str, jax.Array]:
         row = self.arrays["small"][layer]
@@ -282,7 +286,7 @@ class ReferenceStep:
         kda_state, conv, kv = list(state.kda), list(state.conv), list(state.kv)
         blocks = [self.arrays["embedding"][tokens].astype(jnp.float32)]
         partial_sum: jax.Array | None = None
-        routing = []
+        routing, router_keys = [], []
         for layer, kind in enumerate(w.kinds):
             small, i = self._small(layer), self.stack_index[layer]
             mix = small["small.residual_mix"]
@@ -298,8 +302,9 @@ class ReferenceStep:
                 out = _mlp(x, self.arrays["mlp.gate_up"], self.arrays["mlp.down"])
             else:
                 p = {**self._layer("moe.", layer - 1), **self._layer("expert.", layer - 1)}
-                out, ids = _moe(w, p, small, x)
+                out, ids, keys = _moe(w, p, small, x)
                 routing.append(ids)
+                router_keys.append(keys)
             partial_sum = partial_sum + out
             if (layer + 1) % w.block_layers == 0:
                 blocks.append(partial_sum)
@@ -307,4 +312,5 @@ class ReferenceStep:
         final = sum(blocks[1:], blocks[0]) + (partial_sum if partial_sum is not None else 0.0)
         logits = matmul(rms(final, w.eps), self.arrays["head.lm_head"])
         next_state = RefState(jnp.stack(kda_state), jnp.stack(conv), jnp.stack(kv), state.position + 1)
+        self.router_keys = jnp.stack(router_keys)
         return logits, next_state, jnp.stack(routing)

@@ -150,6 +150,8 @@ def test_cli_calibrate_and_report(synthetic: list[Measurement], tmp_path: Path, 
     for parameter in data["parameters"].values():
         assert {"value", "uncertainty", "fitted_on"} <= set(parameter)
     assert Path(data["overlay"]) == overlay_path("tpu-v7")
+    # data the engine itself made: the format contrasts (one per layer count) are not flagged
+    assert len(data["contrasts"]) == 2 and not any(p["varies_with_batch"] for p in data["contrasts"])
     assert {p.name for p in out.iterdir()} >= {"report.md", "scatter.png", "fit.json", "measurements.jsonl"}
 
     assert main(["report", "--hardware", "tpu-v7", "--measurements", str(measurements), "--json"]) == 0

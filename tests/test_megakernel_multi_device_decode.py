@@ -13,7 +13,8 @@ reference's tokens, every device computes the same routing and records the plan'
 collective log; with f32 payloads the logits are within the f32 tolerance on every device
 (the plan's bf16 payloads add K3's rounding of every partial); a skipped receive wait is
 caught as a race. The plan's bf16 payloads over seeds 0-2 and batch 6 (the reduce-scatter
-variant) run under ``-m heavy``. CI time here: 38 s + 25 s on a quiet host.
+variant) run under ``-m heavy``, and so does the nano TP32 plan on 32 devices (experts split
+4 ways; about 3 min a run: 178 s for the f32 one here). CI time here: 38 s + 25 s on a quiet host.
 """
 
 from __future__ import annotations
@@ -179,3 +180,19 @@ def test_planted_race_in_the_decode_is_caught():
     result = run_decode("--devices", "8", "--layers", "4", "--steps", "1", "--seed", "1", "--mode", "eager",
                         "--bug", "skip_wait:attn.partial_reduce")
     assert result["races"], result
+
+
+@pytest.mark.heavy
+def test_32_devices_with_f32_payloads_match_reference_race_free():
+    """The nano TP32 plan (expert TP 4, each head on 4 devices): 4 layers, 4 steps, race
+    detector on, f32 payloads, so the sharded math is held to the f32 tolerance (about 4 min)."""
+    result = run_decode("--devices", "32", "--layers", "4", "--steps", "4", "--seed", "0", "--f32-payloads")
+    _assert_decodes(result)
+    assert result["plan"] == "k3-nano-tp32" and len(result["records"]) == 32
+    assert result["matches_reference"] and all(s["within_f32_tolerance"] for s in result["steps"]), result["steps"]
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("seed", [1, 2])
+def test_32_devices_with_the_plans_bf16_payloads_give_reference_tokens(seed):
+    _assert_decodes(run_decode("--devices", "32", "--layers", "4", "--steps", "4", "--seed", str(seed)))

@@ -112,3 +112,17 @@ def test_pool_admits_in_order_and_never_overfills(slabs: list[tuple[float, int, 
         assert resident + nbytes <= 100
         admitted.append((at, at + hold_s, nbytes))
         pool.hold(at + hold_s, nbytes)
+
+
+def test_a_verify_step_reads_its_sequences_kv_not_its_rows() -> None:
+    """16 rows of 2 sequences at a 65536-token context, where KV reads dominate: the estimate
+    stays within 5 % of the engine (it was 41 % under when it sized KV tiles by rows)."""
+    model = load_model("kimi-k3-mini")
+    system = make_system("tpu-v7", 2)
+    plan = plan_for(model, system.devices, devices_per_chip=system.chip.devices_per_chip)
+    program = build_program(model, plan, batch=16, sequences=2, context_tokens=65536)
+    context = EstimateContext(program, system.chip)
+    for name in ("published", "naive"):
+        simulated = simulate(program, load_schedule(name), system.chip).step_s
+        estimated = estimate(context, load_schedule(name)).step_s
+        assert abs(estimated - simulated) / simulated < 0.05, (name, estimated, simulated)

@@ -218,3 +218,18 @@ def test_cli_interrupt_says_how_to_resume(tmp_path: Path, monkeypatch: pytest.Mo
                  "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 130 and "7 finished rows" in err and "--resume" in err
+
+
+def test_a_verify_step_sweep_runs_its_rows_over_its_sequences(tmp_path: Path) -> None:
+    """``sequences`` (a speculative verify step: rows of fewer sequences) reaches the program
+    every candidate is simulated on, and the workload saved beside the rows."""
+    from tpusim.engine import simulate
+    from tpusim.workload.program import build_program
+
+    result = sweep(tmp_path, sequences=1)
+    assert json.loads((tmp_path / "space.json").read_text())["workload"]["sequences"] == 1
+    model, plan, system = mini()
+    program = build_program(model, plan, batch=BATCH, context_tokens=1024, seed=3, sequences=1)
+    assert program.kv_sequences == 1
+    best = result.schedules[result.best_row["hash"]]
+    assert result.best_row["predicted_ms"] == pytest.approx(simulate(program, best, system.chip).step_s * 1e3, rel=1e-9)

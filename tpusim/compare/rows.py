@@ -24,11 +24,9 @@ uncalibrated row has ``None`` there and says so in ``interval``).
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from hwmodels.catalog import make_system
@@ -36,9 +34,9 @@ from hwmodels.errors import InputError
 from hwmodels.schema import Chip, System
 from tpusim.compare.gpu_plans import PlanOutcome, gpu_plan_candidates, pick_plan
 from tpusim.compare.resimulate import MS_PER_S, SimulationCache
+from tpusim.compare.schedule_choice import ScheduleChooser, fitting_schedule, schedule_for
 from tpusim.report.intervals import interval_fields, no_interval, sample_chips
 from tpusim.schedule.schema import Schedule, load_schedule
-from tpusim.schedule.vmem import InfeasibleSchedule, check_fits, vmem_plan
 from tpusim.workload.capacity import capacity_report, check_capacity
 from tpusim.workload.format_choice import apply_formats
 from tpusim.workload.model_catalog import load_model, plan_for_system
@@ -58,10 +56,6 @@ from tpusim.workload.speculative import (
 
 EXECUTIONS = ("default", "stack", "eager", "megakernel")
 RENAMED = {"graphs": "the default (no suffix)", "per-kernel": "eager"}
-
-# (model, plan, system, batch) -> the schedule to run and how it was chosen
-ScheduleChooser = Callable[[ModelConfig, ShardingPlan, System, int], tuple[Schedule, str]]
-
 
 @dataclass(frozen=True)
 class SystemSpec:
@@ -125,27 +119,6 @@ def execution_label(chip: Chip) -> str:
 
         return STACK_LABELS[chip.execution.mode]
     return "megakernel" if chip.execution.mode == "megakernel" else "per-op launches"
-
-
-def fitting_schedule(model: ModelConfig, plan: ShardingPlan, chip: Chip, batch: int,
-                     names: tuple[str, ...] = ("published", "layer-double-buffer", "naive"),
-                     sequences: int | None = None) -> tuple[Schedule, str]:
-    """The first built-in schedule whose buffers fit the chip's on-chip memory (on a GPU,
-    each adapted to the L2 with :func:`tpusim.engine.gpu.l2_schedule` first)."""
-    from tpusim.engine.gpu import l2_schedule
-
-    candidates: list[tuple[str, Schedule]] = []
-    for name in names:
-        if chip.kind == "gpu":
-            candidates.append((f"{name} adapted to L2", l2_schedule(load_schedule(name))))
-        candidates.append((name, load_schedule(name)))
-    for name, schedule in candidates:
-        try:
-            check_fits(vmem_plan(schedule, model, plan, batch, sequences), chip.staging_memory.usable_bytes)
-        except InfeasibleSchedule:
-            continue
-        return schedule, f"built-in `{name}` (first built-in that fits)"
-    raise InputError(f"no built-in schedule fits {chip.name}'s on-chip memory for {model.name} at batch {batch}")
 
 
 def _step_s(chip: Chip, *, cache: SimulationCache, model: ModelConfig, plan: ShardingPlan, schedule: Schedule,
@@ -326,8 +299,11 @@ def _plan_outcome(job: _RowJob, plan_label: str, plan: ShardingPlan) -> _Outcome
             "note": str(error), "short_note": f"needs {report.total_bytes / 1e9:.0f} GB/device > "
                                               f"{report.capacity_bytes / 1e9:.0f} GB HBM"})
     try:
-        chosen, how = _schedule_for(model, plan, job.system, chip, batch=verify_rows, schedule=job.schedule,
-                                    choose=job.choose, sequences=batch)
+        chosen, how = schedule_for(model, plan, job.system, chip, batch=verify_rows, schedule=job.schedule,
+                                   choose=job.choose, sequences=batch,
+                                   program_of=lambda: job.cache.program(
+                                       model, plan, rows=verify_rows, context_tokens=job.context_tokens,
+                                       routing=job.routing, seed=job.seed, sequences=batch)[1])
     except InputError as error:
         return _Outcome(PlanOutcome(plan_label, plan, None, str(error)), {
             "note": str(error), "short_note": "no schedule fits on-chip memory"})
@@ -361,56 +337,3 @@ def _plan_outcome(job: _RowJob, plan_label: str, plan: ShardingPlan) -> _Outcome
                              "draft_forwards": config.draft_forwards, "draft_share": step.draft_share,
                              "verify_breakdown": breakdown})
     return _Outcome(PlanOutcome(plan_label, plan, step.step_s), fields, verify, step_s, draft, step)
-
-
-def sweep_chooser(*, budget: int, jobs: int, seed: int, out_dir: Path | None, context_tokens: int,
-                  routing: RoutingModel, samples: int = 100, screen_factor: int = 4) -> ScheduleChooser:
-    """Choose each megakernel row's schedule with a small sweep, cached per system, plan and row count.
-
-    The sweep is a reduced one (the built-ins and their one-knob neighbours plus ``samples``
-    random draws; ``budget`` full simulations) so a comparison of many rows stays quick; run
-    ``tpusim sweep`` for a full search. Outputs go to ``out_dir/sweep-...`` when given.
-    """
-    from tpusim.sweep.space import default_space
-
-    space = default_space().model_copy(update={"samples": samples})
-    cache: dict[tuple[str, int, str, str], tuple[Schedule, str]] = {}
-
-    def choose(model: ModelConfig, plan: ShardingPlan, system: System, batch: int) -> tuple[Schedule, str]:
-        from tpusim.sweep import run_sweep
-
-        key = (system.name + system.chip.execution.mode, batch, model.name, plan.name)
-        if key not in cache:
-            folder = (out_dir / f"sweep-{system.chip.name}x{system.chips}-{system.chip.execution.mode}-{plan.name}-b{batch}"
-                      if out_dir else Path(tempfile.mkdtemp(prefix="tpusim-sweep-")))
-            result = run_sweep(model, plan, system, batch=batch, out_dir=folder, budget=budget, jobs=jobs,
-                               seed=seed, context_tokens=context_tokens, routing=routing, quiet=True,
-                               space=space, screen_factor=screen_factor)
-            best_ms = result.best_row.get("predicted_ms")
-            cache[key] = (result.best, f"sweep best of {result.considered} candidates "
-                          f"({result.simulated} simulated, {result.pruned} pruned; {best_ms:.3f} ms simulated)")
-        return cache[key]
-
-    return choose
-
-
-def _schedule_for(model: ModelConfig, plan: ShardingPlan, system: System, chip: Chip, *, batch: int,
-                  schedule: str | None, choose: ScheduleChooser | None,
-                  sequences: int | None = None) -> tuple[Schedule, str]:
-    if chip.execution.mode != "megakernel":
-        return load_schedule("naive"), "none: a conventional stack's kernels stream their own weights"
-    if schedule not in (None, "best"):
-        chosen = load_schedule(schedule)
-        if chip.kind == "gpu":
-            from tpusim.engine.gpu import l2_schedule
-
-            chosen = l2_schedule(chosen)
-        try:
-            check_fits(vmem_plan(chosen, model, plan, batch, sequences), chip.staging_memory.usable_bytes)
-        except InfeasibleSchedule:
-            fallback, how = fitting_schedule(model, plan, chip, batch, sequences=sequences)
-            return fallback, f"given `{schedule}` does not fit on-chip memory at {batch} rows; {how}"
-        return chosen, f"given (`{chosen.name}`)"
-    if choose is not None:
-        return choose(model, plan, system, batch)
-    return fitting_schedule(model, plan, chip, batch, sequences=sequences)

@@ -20,7 +20,11 @@ consumes the result. The simulation (:class:`MessageFabric`) prices them:
    payload is the received sum; the small VPU sum is not charged), and the collective is
    complete when its last phase has landed.
 4. **Chains.** A collective issued after another (``after`` naming a collective: the K3
-   sibling gather of the reduced half) is issued when that one completes.
+   sibling gather of the reduced half) is issued when the stream has *waited* for that one
+   (:meth:`MessageFabric.wait`): its payload is the parent's result, which a core knows only
+   by waiting on the parent's semaphores in its instruction stream, as the kernel does. Were
+   the parent consumed ops after it completes, issuing the child at the parent's landing
+   would be optimistic.
 5. **Consumer.** The compute stream waits only when it reaches the consuming op
    (``consumed_by``): :meth:`MessageFabric.complete_s` runs the fluid forward until the
    collective is complete. This is exact, not an approximation of the order of events: the
@@ -190,6 +194,9 @@ class Handle:
     phase_land_s: float = 0.0
     done_s: float | None = None
     children: list[Handle] = field(default_factory=list)
+    parent: Handle | None = None
+    waited: bool = False  # the stream has waited for it (its chained children may issue)
+    layer: int = 0  # the issuing op's layer (events)
 
 
 class MessageFabric:
@@ -204,15 +211,20 @@ class MessageFabric:
         self.last_land_s = 0.0
         self.recorder = recorder
         self.spans: list[tuple[str, float, float, str]] = []  # (link, issue, land, label)
+        self.unwaited_parents: list[Handle] = []  # parents of chains, for finish()
 
     # ----------------------------------------------------------------- issuing
-    def issue(self, plan: MessageCollective, time_s: float, parent: Handle | None = None) -> Handle:
-        """Issue ``plan`` at ``time_s`` (or when ``parent`` completes); returns its handle."""
-        handle = Handle(plan)
+    def issue(self, plan: MessageCollective, time_s: float, parent: Handle | None = None, layer: int = 0) -> Handle:
+        """Issue ``plan`` at ``time_s``, or, chained behind ``parent``, when the stream has
+        waited for the parent (:meth:`wait`); returns its handle."""
+        handle = Handle(plan, parent=parent, layer=layer)
         if parent is not None:
             parent.children.append(handle)
-            if parent.done_s is not None:
+            if parent.waited:
+                assert parent.done_s is not None
                 self._start_phase(handle, 0, max(time_s, parent.done_s))
+            else:
+                self.unwaited_parents.append(parent)
             return handle
         self.advance_to(time_s)
         self._start_phase(handle, 0, time_s)
@@ -294,8 +306,6 @@ class MessageFabric:
             self._start_phase(handle, handle.phase + 1, handle.phase_land_s)
             return
         handle.done_s = handle.phase_land_s
-        for child in handle.children:
-            self._start_phase(child, 0, handle.done_s)
 
     def advance_to(self, time_s: float) -> None:
         """Run the fluid up to ``time_s`` (nothing new is issued before it)."""
@@ -307,13 +317,40 @@ class MessageFabric:
         """When ``handle``'s collective completes (runs the fluid as far as needed)."""
         while handle.done_s is None:
             if not self._step(INF):
-                raise RuntimeError(f"collective {handle.plan.name} can never complete")
+                waiting = " (a chain issues only after a wait on its parent)" if handle.phase < 0 else ""
+                raise RuntimeError(f"collective {handle.plan.name} can never complete{waiting}")
         return handle.done_s
 
+    def wait(self, handle: Handle, at_s: float) -> tuple[float, list[Handle]]:
+        """The stream waits for ``handle`` from ``at_s``: (its completion time, the chained
+        collectives this wait issues, at ``max(at_s, completion)``). An unwaited parent is
+        waited first (the kernel cannot issue the chain otherwise)."""
+        issued: list[Handle] = []
+        if handle.parent is not None and not handle.parent.waited:
+            parent_done, issued = self.wait(handle.parent, at_s)
+            at_s = max(at_s, parent_done)
+        done_s = self.complete_s(handle)
+        if not handle.waited:
+            handle.waited = True
+            for child in handle.children:
+                if child.phase < 0:
+                    self._start_phase(child, 0, max(at_s, done_s))
+                    issued.append(child)
+        return done_s, issued
+
     def finish(self) -> float:
-        """Run everything in flight to completion; returns the last landing time."""
-        while self._step(INF):
-            pass
+        """Run everything in flight to completion, chains whose parent nobody waited for
+        issued at the parent's landing; returns the last landing time."""
+        pending = True
+        while pending:
+            while self._step(INF):
+                pass
+            pending = False
+            for handle in self.unwaited_parents:
+                if not handle.waited and handle.done_s is not None:
+                    handle.waited = pending = True
+                    for child in handle.children:
+                        self._start_phase(child, 0, handle.done_s)
         if self.recorder is not None:
             self._record()
         return self.last_land_s

@@ -117,7 +117,7 @@ def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, sta
                 account.fixed_s += per_layer_s
         op_start = env.now
         if op.launch_s > 0.0 or op.kernel_fixed_s > 0.0 or op.index in joins or op.index in consumed:
-            yield from _launch_and_join(env, op, links, account, recorder, joins, consumed)
+            yield from _launch_and_join(env, op, links, account, recorder, joins, consumed, events)
         staging.current_layer = op.layer
         staging.current_op = op.name
         if op.start_releases:
@@ -130,15 +130,15 @@ def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, sta
         for slab in op.resolves:
             staging.resolve(slab)
         if op.collectives:
-            yield from _run_collectives(env, op, links, account, recorder, joins, consumed)
+            yield from _run_collectives(env, op, links, account, recorder, joins, consumed, events)
         account.op_time_s.append(env.now - op_start)
     account.stream_end_s = env.now
     _finish_links(links, account)
 
 
 def _launch_and_join(env: simpy.Environment, op: OpPlan, links: Links, account: StreamAccount,
-                     recorder: Recorder | None, joins: dict[int, float],
-                     consumed: dict[int, list[Handle]]) -> Generator[simpy.Event, Any, None]:
+                     recorder: Recorder | None, joins: dict[int, float], consumed: dict[int, list[Handle]],
+                     events: list[tuple[Any, ...]] | None) -> Generator[simpy.Event, Any, None]:
     """Before an op computes: its kernel launches and fixed time, then the collectives it consumes."""
     if op.launch_s > 0.0:
         start = env.now
@@ -156,7 +156,15 @@ def _launch_and_join(env: simpy.Environment, op: OpPlan, links: Links, account: 
         if recorder is not None:
             recorder.interval("launch", start, env.now, f"kernel fixed time {op.name}")
     join_s = joins.pop(op.index, 0.0)
-    join_s = max([join_s, *(links.fabric.complete_s(handle) for handle in consumed.pop(op.index, ()))])
+    wait_s = env.now  # message collectives are waited one after another, in plan order
+    for handle in consumed.pop(op.index, ()):
+        if events is not None:
+            events.append(("collective_wait", handle.plan.name, handle.layer, op.layer))
+        done_s, chained = links.fabric.wait(handle, wait_s)
+        wait_s = max(wait_s, done_s)
+        if events is not None:
+            events.extend(("collective_issue", child.plan.name, child.layer, op.layer) for child in chained)
+    join_s = max(join_s, wait_s)
     if join_s > env.now:
         start = env.now
         yield env.timeout(join_s - start)
@@ -203,14 +211,14 @@ def _run_pieces(env: simpy.Environment, op: OpPlan, hbm: HbmServer, staging: Sta
 
 
 def _run_collectives(env: simpy.Environment, op: OpPlan, links: Links, account: StreamAccount,
-                     recorder: Recorder | None, joins: dict[int, float],
-                     consumed: dict[int, list[Handle]]) -> Generator[simpy.Event, Any, None]:
+                     recorder: Recorder | None, joins: dict[int, float], consumed: dict[int, list[Handle]],
+                     events: list[tuple[Any, ...]] | None) -> Generator[simpy.Event, Any, None]:
     """After an op: message collectives are issued (their consumer waits); staged ones run on
     their links, overlapped (joined later) or blocking the stream now."""
     issued: dict[str, Handle] = {}
     for call in op.collectives:
         if call.messages is not None:
-            _issue_messages(links.fabric, call, env.now, issued, consumed)
+            _issue_messages(links.fabric, call, env.now, issued, consumed, op.layer, events)
             continue
         if call.launch_s > 0.0:
             start = env.now
@@ -233,11 +241,17 @@ def _run_collectives(env: simpy.Environment, op: OpPlan, links: Links, account: 
 
 
 def _issue_messages(fabric: MessageFabric, call: CollectivePlan, now_s: float, issued: dict[str, Handle],
-                    consumed: dict[int, list[Handle]]) -> None:
-    """Issue a message collective (behind its parent if chained); its consumer will wait on it."""
-    handle = fabric.issue(call.messages, now_s, issued.get(call.messages.parent or ""))
+                    consumed: dict[int, list[Handle]], layer: int, events: list[tuple[Any, ...]] | None) -> None:
+    """Issue a message collective (a chained one once its parent is waited for); its
+    consumer will wait on it. Events: ``("collective_issue", name, issuing layer, layer)``
+    when the copies start (a chain's at the wait that starts it, :func:`_launch_and_join`)."""
+    assert call.messages is not None
+    parent = issued.get(call.messages.parent or "")
+    handle = fabric.issue(call.messages, now_s, parent, layer)
     issued[call.name] = handle
     consumed.setdefault(call.join_op_index, []).append(handle)
+    if events is not None and (parent is None or parent.waited):
+        events.append(("collective_issue", call.name, layer, layer))
 
 
 def _finish_links(links: Links, account: StreamAccount) -> None:

@@ -187,7 +187,7 @@ class EstimateContext:
                 blocking=tuple(blocking), overlapped=tuple(overlapped),
                 join_index=join if overlapped else -1,
                 weight_bytes=op.weight_bytes, kv_read_bytes=op.kv_read_bytes, kv_write_bytes=op.kv_write_bytes,
-                kv_tile_unit_bytes=kv_cache_bytes_per_token(model, plan, op.layer) * program.batch,
+                kv_tile_unit_bytes=kv_cache_bytes_per_token(model, plan, op.layer) * program.kv_sequences,
                 expert_position=position, experts_in_layer=experts.get(op.layer, 0),
                 topk_index=topk, router_index=roles.get((op.layer, "moe.router"), topk), matmul_dtype=dtype,
             ))
@@ -265,7 +265,7 @@ def estimate(ctx: EstimateContext, schedule: Schedule, vmem: VmemPlan | None = N
     arena addresses already keep every arena within its size.
     """
     program = ctx.program
-    vmem = vmem or vmem_plan(schedule, program.model, program.plan, program.batch)
+    vmem = vmem or vmem_plan(schedule, program.model, program.plan, program.batch, program.kv_sequences)
     replay = _Replay(ctx, schedule, vmem)
     for op in ctx.ops:
         replay.op(op)

@@ -56,6 +56,7 @@ class Workload:
     routing: RoutingModel = field(default_factory=lambda: RoutingModel("uniform"))
     seed: int = 0
     screen_layers: int = 12
+    sequences: int | None = None  # sequences the rows belong to (a verify step: fewer than rows)
 
     @property
     def chip(self) -> Chip:
@@ -65,7 +66,7 @@ class Workload:
         """The per-device program (``layers``: the first N layers only, for screening)."""
         model = self.model if layers is None or layers >= self.model.num_layers else self.model.with_layers(layers)
         return build_program(model, self.plan, batch=self.batch, context_tokens=self.context_tokens,
-                             routing=self.routing, seed=self.seed)
+                             routing=self.routing, seed=self.seed, sequences=self.sequences)
 
     def describe(self) -> dict[str, Any]:
         """A JSON-able identity of the workload (saved in ``space.json``; checked on resume)."""
@@ -74,6 +75,7 @@ class Workload:
             "chips": self.system.chips, "devices": self.system.devices, "batch": self.batch,
             "context_tokens": self.context_tokens, "routing": self.routing.label, "seed": self.seed,
             "screen_layers": self.screen_layers,
+            **({"sequences": self.sequences} if self.sequences else {}),
         }
 
 
@@ -109,7 +111,7 @@ class WorkerState:
         self.workload = workload
         self._programs: dict[str, Program] = {}
         self._estimate_ctx: EstimateContext | None = None
-        self._vmem = VmemAccountant(workload.model, workload.plan, workload.batch)
+        self._vmem = VmemAccountant(workload.model, workload.plan, workload.batch, workload.sequences)
 
     def program(self, stage: str) -> Program:
         if stage not in self._programs:

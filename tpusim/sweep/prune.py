@@ -39,8 +39,8 @@ from tpusim.workload.sharding import ShardingPlan
 class VmemAccountant:
     """Memoised :func:`tpusim.schedule.vmem.vmem_plan` for many schedules of one workload."""
 
-    def __init__(self, model: ModelConfig, plan: ShardingPlan, batch: int) -> None:
-        self.model, self.plan, self.batch = model, plan, batch
+    def __init__(self, model: ModelConfig, plan: ShardingPlan, batch: int, sequences: int | None = None) -> None:
+        self.model, self.plan, self.batch, self.sequences = model, plan, batch, sequences
         self._family: dict[tuple[str, int, int | None], tuple[int, dict[str, int]] | None] = {}
         self._kv: dict[int, int] = {}
         self._fixed: tuple[int, int, int] | None = None  # (state, activations, collective buffers)
@@ -49,7 +49,7 @@ class VmemAccountant:
 
     def _learn(self, schedule: Schedule) -> None:
         self.calls += 1
-        full = vmem_plan(schedule, self.model, self.plan, self.batch)
+        full = vmem_plan(schedule, self.model, self.plan, self.batch, self.sequences)
         for family in SCHEDULE_FAMILIES:
             chunk_bytes, buffers = family_chunk(schedule, family)
             key = (family, buffers, chunk_bytes)

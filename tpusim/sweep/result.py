@@ -42,6 +42,7 @@ class SweepResult:
     sensitivity_seed: str = ""
     sensitivity: list[dict[str, Any]] = field(default_factory=list)
     sensitivity_label: str = ""
+    schedules: dict[str, Schedule] = field(default_factory=dict)  # ranked rows' schedules by hash (re-simulation)
 
     @property
     def speedup_vs_published(self) -> float | None:

@@ -291,12 +291,15 @@ def run_sweep(
     builtins: tuple[str, ...] = BUILTIN_SCHEDULES,
     on_row: RowHook | None = None,
     plots: bool = True,
+    sequences: int | None = None,
 ) -> SweepResult:
     """Search schedules for one workload and write the outputs (see the module docstring).
 
     ``budget`` is the number of full-step engine simulations (built-ins included; they are
     simulated even when the budget is smaller); ``refine_share`` of it goes to the refine
-    round. ``seed`` fixes the random draws and the routing draw of the program. ``on_row``
+    round. ``seed`` fixes the random draws and the routing draw of the program; ``sequences``
+    (default: one per row) is how many sequences the ``batch`` rows belong to (a speculative
+    verify step: ``draft_tokens + 1`` rows each), which sizes the KV tiles and reads. ``on_row``
     is called after every row is written (tests use it to interrupt a sweep).
     """
     started = time.perf_counter()
@@ -307,14 +310,14 @@ def run_sweep(
         raise InputError("budget and jobs must be >= 1")
     out = Path(out_dir)
     workload = Workload(model, plan, system, batch, context_tokens, routing or RoutingModel("uniform"), seed,
-                        screen_layers)
+                        screen_layers, sequences)
     families = present_families(workload)
     space = _space_file(out, workload, space or default_space(), resume)
 
     knobs = knob_names(families)
     table = SweepCsv(out / "sweep.csv", csv_columns(knobs))
     done = {row["hash"]: row for row in table.read()} if resume else {}
-    accountant = VmemAccountant(model, plan, batch)
+    accountant = VmemAccountant(model, plan, batch, sequences)
     progress = SweepProgress(enabled=not quiet)
     evaluator: Evaluator | None = None
     refine_budget = int(budget * refine_share) if budget >= 8 else 0
@@ -408,7 +411,8 @@ def _sweep_result(search: _Search, done: dict[str, dict[str, Any]], workload: Wo
         wall_s=0.0, rows=rows, knobs=knobs, phase_s={**phase_s, **search.stage_s}, sensitivity_seed=seed.schedule.name,
         sensitivity=search.sensitivity(seed),
         sensitivity_label=(f"simulated, first {screen_layers} layers" if search.screen_factor
-                           else "estimate"))
+                           else "estimate"),
+        schedules={r["hash"]: search.by_hash[r["hash"]].schedule for r in ranked})
 
 
 def _final_row(base: dict[str, Any], row: dict[str, Any], est_ms: float | None, screen_ms: float | None,

@@ -188,6 +188,7 @@ def _run_parts(args: argparse.Namespace, console: Console) -> int:
     """``--procedure parts``: components first, then the end-to-end points (calibration.by_parts)."""
     from calibration.by_parts import calibrate_by_parts
     from calibration.components import load_components
+    from calibration.contrasts import contrast_lines
     from calibration.loaders import load_measurements, usable_for
     from calibration.measurements import write_measurements
     from calibration.predict import Predictor
@@ -224,6 +225,8 @@ def _run_parts(args: argparse.Namespace, console: Console) -> int:
                  f"{100 * summary['mape_calibration']:.1f} % (fitted on it)"
                  + (f", held out {100 * summary['mape_holdout']:.1f} %" if summary["mape_holdout"] is not None else ""),
                  highlight=False)
+    for line in contrast_lines(summary["contrasts"]):
+        stdout.print(line, highlight=False)
     for path, p in summary["parameters"].items():
         sigma = f" ± {p['uncertainty']:.3g}" if p["uncertainty"] is not None else ""
         stdout.print(f"{path}: {p['value']:.4g}{sigma} (calibrated; {p['fitted_on']})", highlight=False)
@@ -235,6 +238,7 @@ def _run_parts(args: argparse.Namespace, console: Console) -> int:
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
+    from calibration.contrasts import contrast_lines
     from calibration.fit import save_fit
     from calibration.measurements import write_measurements
     from calibration.predict import Predictor
@@ -264,7 +268,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         emit_json(summary)
     else:
         stdout = Console(soft_wrap=True)
-        for line in summary_lines(result):
+        for line in [*summary_lines(result), *contrast_lines(summary["contrasts"])]:
             stdout.print(line, highlight=False, markup=False)
         for row in result.extra.get("holdout_steps", []):  # gpu_bench files: held-out whole steps
             stdout.print(f"held out {row['model']} b{row['batch']}: measured {row['measured_ms']:.3f} ms, "

@@ -72,7 +72,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tpusim.compare.rows import compare_rows, parse_systems, sweep_chooser
+    from tpusim.compare.rows import compare_rows, parse_systems
+    from tpusim.compare.schedule_choice import sweep_chooser
     from tpusim.workload.routing import parse_routing
 
     systems = parse_systems(args.systems)

@@ -6,10 +6,11 @@ writes ``sweep.csv``, ``best.json`` (the schedule the kernel takes), ``summary.m
 ``pareto.png``, ``sensitivity.png`` and ``space.json`` into ``--out``, and prints the top 5
 and the rank of ``published``, every number labelled *simulated* or *estimate*. Ctrl-C
 keeps every finished row; the same command with ``--resume`` continues without repeating
-them. On a calibrated chip the best schedule also gets a 90 % prediction interval
-(``best_interval`` in ``--json``: re-simulated once per sampled parameter set of the
-calibration, :mod:`tpusim.report.intervals`; the other rows are ranked on the calibrated
-values alone). See :mod:`tpusim.sweep` for the search itself.
+them. On a calibrated chip every row shown (the top 5 and ``published``) gets a 90 %
+prediction interval and ``P(best)``, the share of the calibration's sampled parameter sets on
+which it is the fastest of those rows (``row_intervals`` in ``--json``, with the best row's
+also as ``best_interval``; :mod:`tpusim.sweep.intervals`). See :mod:`tpusim.sweep` for the
+search itself.
 """
 
 from __future__ import annotations
@@ -96,10 +97,12 @@ def run(args: argparse.Namespace) -> int:
         command = " ".join(shlex.quote(a) for a in ["tpusim", *sys.argv[1:]] if a != "--resume")
         print(f"tpusim sweep: {interrupted}\n  resume with: {command} --resume", file=sys.stderr)
         return 130
-    interval = _best_interval(result, model, plan, system, args, routing)
+    intervals = _row_intervals(result, model, plan, system, args, routing)
+    interval = next((r for r in intervals if r["hash"] == result.best_row["hash"]), None) or _estimate_only()
     fmt = output_format(args)
     if fmt == "json":
-        emit_json({**_as_json(result), "best_interval": interval, "capacity": fit.as_json()})
+        emit_json({**_as_json(result), "best_interval": interval, "row_intervals": intervals,
+                   "capacity": fit.as_json()})
         return 0
     from tpusim.report.intervals import format_interval
 
@@ -110,27 +113,33 @@ def run(args: argparse.Namespace) -> int:
         hardware += [f"warning: {gap}; the calibrated figures are extrapolated here"
                      for gap in calibration.warnings(args.model, args.chips)]
     hardware.append(f"best schedule: {format_interval(interval)}")
+    if interval.get("step_ms_low") is not None:
+        hardware.append("P(best): share of the calibration's sampled parameter sets on which the row is the "
+                        "fastest of the rows shown (paired re-simulations)")
     if not fit.fits:
         hardware.append(f"HBM: {fit.summary()}: every time above is for a deployment that does not fit")
-    _print_human(result, model.name, system.chip.name, system.chips, args.batch, fmt, hardware)
+    _print_human(result, model.name, system.chip.name, system.chips, args.batch, fmt, hardware,
+                 {r["hash"]: r for r in intervals})
     return 0
 
 
-def _best_interval(result: Any, model: Any, plan: Any, system: Any, args: argparse.Namespace,
-                   routing: Any) -> dict[str, Any]:
-    """The 90 % interval of the best row (re-simulated on the calibration's sampled chips);
-    the other rows are ranked by the calibrated values alone (24x the sweep's cost otherwise)."""
-    from tpusim.engine import simulate
-    from tpusim.report.intervals import interval_fields, no_interval
+def _row_intervals(result: Any, model: Any, plan: Any, system: Any, args: argparse.Namespace,
+                   routing: Any) -> list[dict[str, Any]]:
+    """The shown rows' 90 % intervals and ``p_best`` (:mod:`tpusim.sweep.intervals`)."""
+    from tpusim.sweep.intervals import row_intervals
     from tpusim.workload.program import build_program
 
-    best = result.best_row
-    if best.get("predicted_by") != "simulated":
-        return no_interval("the best row is an estimate, not a simulation")
-    program = build_program(model, plan, batch=args.batch, context_tokens=args.context, routing=routing,
-                            seed=args.seed)
-    return interval_fields(system.chip, lambda chip: simulate(program, result.best, chip).step_s,
-                           best["predicted_ms"] / 1e3, args.batch)
+    def program() -> Any:  # the sweep's full-step program (Workload.program)
+        return build_program(model, plan, batch=args.batch, context_tokens=args.context, routing=routing,
+                             seed=args.seed)
+
+    return row_intervals(result, program, system.chip)
+
+
+def _estimate_only() -> dict[str, Any]:
+    from tpusim.report.intervals import no_interval
+
+    return no_interval("the best row is an estimate, not a simulation")
 
 
 def _as_json(result: Any) -> dict[str, Any]:
@@ -154,25 +163,30 @@ def _as_json(result: Any) -> dict[str, Any]:
 
 
 def _print_human(result: Any, model: str, chip: str, chips: int, batch: int, fmt: str,
-                 hardware: list[str]) -> None:
+                 hardware: list[str], intervals: dict[str, dict[str, Any]]) -> None:
     simulated = sorted((r for r in result.rows if r["status"] == "simulated"),
                        key=lambda r: (r["predicted_ms"], r["hash"]))
     notes = [f"{model} on {chip} x{chips}, batch {batch}: {result.considered} candidates considered, "
              f"{result.pruned} pruned, {result.screened} screened, {result.simulated} simulated, "
              f"{result.estimated} estimate only ({result.wall_s:.1f} s)"]
-    columns = ["#", "name", "ms/step", "tokens/s", "exposed DMA ms", "VMEM peak MiB", "label"]
-    table = TableData(title="top 5", columns=columns, right_aligned=("#", "ms/step", "tokens/s",
+    with_interval = any(r.get("step_ms_low") is not None for r in intervals.values())
+    columns = ["#", "name", "ms/step", *(["90 % interval ms", "P(best)"] if with_interval else []),
+               "tokens/s", "exposed DMA ms", "VMEM peak MiB", "label"]
+    table = TableData(title="top 5", columns=columns, right_aligned=("#", "ms/step", "P(best)", "tokens/s",
                                                                       "exposed DMA ms", "VMEM peak MiB"))
     shown = simulated[:5] or sorted((r for r in result.rows if r["status"] == "estimated"),
                                     key=lambda r: (r["predicted_ms"], r["hash"]))[:5]
     for i, r in enumerate(shown, 1):
         vmem = r.get("vmem_peak_mib")
-        table.add(i, r["name"], f"{r['predicted_ms']:.4f}", f"{r['tokens_per_s']:.1f}",
+        table.add(i, r["name"], f"{r['predicted_ms']:.4f}", *_interval_cells(intervals.get(r["hash"]), with_interval),
+                  f"{r['tokens_per_s']:.1f}",
                   f"{r['exposed_dma_ms']:.3f}" if r.get("exposed_dma_ms") is not None else "–",
                   f"{vmem:.2f}" if vmem is not None else "–", r["predicted_by"])
     pub = result.published_row
     if pub and pub.get("predicted_ms"):
-        notes.append(f"published: {pub['predicted_ms']:.4f} ms/step ({pub['predicted_by']}), rank "
+        cells = _interval_cells(intervals.get(pub["hash"]), with_interval)
+        extra = f", 90 % interval {cells[0]} ms, P(best) {cells[1]}" if cells and cells[0] != "–" else ""
+        notes.append(f"published: {pub['predicted_ms']:.4f} ms/step ({pub['predicted_by']}{extra}), rank "
                      f"{result.published_rank} of {len(simulated) or result.estimated}; chosen "
                      f"{result.best_row['predicted_ms']:.4f} ms/step ({result.best_row['predicted_by']}), "
                      f"{result.speedup_vs_published:.3f}x")
@@ -180,3 +194,12 @@ def _print_human(result: Any, model: str, chip: str, chips: int, batch: int, fmt
         notes.append(f"published: {pub['status']}: {pub.get('reason', '')}")
     notes.append(f"best schedule: {result.paths['best']}  (summary: {result.paths['summary']})")
     emit(table, fmt, notes=[*notes, *hardware])
+
+
+def _interval_cells(entry: dict[str, Any] | None, with_interval: bool) -> list[str]:
+    """The interval and P(best) cells of one row (none when no row has an interval)."""
+    if not with_interval:
+        return []
+    if entry is None or entry.get("step_ms_low") is None:
+        return ["–", "–"]
+    return [f"{entry['step_ms_low']:.3f}–{entry['step_ms_high']:.3f}", f"{entry['p_best']:.2f}"]
