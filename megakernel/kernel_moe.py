@@ -112,12 +112,12 @@ def topk(ctx: Ctx, layer: Any, scores: jax.Array, issue_at_topk: Callable[[Any],
     if ctx.link is not None:
         # No expert of this device's group chosen: still run one expert op (local expert 0,
         # routing weight 0), because the schedule starts copies inside the expert loop.
-        def placeholder() -> None:
+        def zero_weight_expert() -> None:
             smem[ctx.expert_list] = 0
             if during:
                 issue_at_topk(0)
 
-        ctx.when(n == 0, placeholder)
+        ctx.when(n == 0, zero_weight_expert)
         n = jnp.maximum(n, 1)
     smem[N_NEXT] = n
     if not during:
