@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     from megakernel.kernel_collectives import CollectiveMegakernel
     from megakernel.layout import Weights, random_weights
     from megakernel.multi_device import Bugs
-    from megakernel.reference import DecodeState, init_state
+    from megakernel.reference import DecodeState, first_tokens, init_state
     from megakernel.tolerance import TOLERANCE, relative_error
     from tpusim.schedule.schema import load_schedule
     from tpusim.workload.model_catalog import load_model, plan_for
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     step = jax.jit(kernel.sharded_step())
     ref = reference_jnp.ReferenceStep(model, plan_for(model, 1), weights.arrays, one.small_offsets)
     ref_state = reference_jnp.RefState(state.kda_state, state.conv_state, state.kv_cache, state.position)
-    tokens = ref_tokens = jnp.asarray((37 + 101 * np.arange(args.batch)) % model.vocab_size, jnp.int32)
+    tokens = ref_tokens = jnp.asarray(first_tokens(args.batch, model.vocab_size))
     dstate = DecodeState(kda, conv, kv, jnp.asarray(args.context, jnp.int32))
     out, races = [], False
     for _ in range(args.steps):

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     from megakernel.layout import random_weights
     from megakernel.multi_device import Bugs
     from megakernel.multi_device_decode import DecodeKernel
-    from megakernel.reference import init_state
+    from megakernel.reference import first_tokens, init_state
     from megakernel.tolerance import TOLERANCE, relative_error, within_rounding
     from tpusim.workload.model_catalog import load_model, plan_for
 
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     ref_state = reference_jnp.RefState(state.kda_state, state.conv_state, state.kv_cache, state.position)
     embedding = np.asarray(weights["embedding"], np.float32)
     payload_dtype = np.float32 if args.f32_payloads else ml_dtypes.bfloat16
-    tokens = ref_tokens = (37 + 101 * np.arange(args.batch, dtype=np.int32)) % model.vocab_size
+    tokens = ref_tokens = first_tokens(args.batch, model.vocab_size)
     inputs = kernel.device_inputs(weights.arrays, tuple(np.asarray(a) for a in (state.kda_state, state.conv_state, state.kv_cache)),
                                   embedding[tokens], args.context)
     steps, races, logs, errors = [], False, None, np.zeros(plan.devices)

@@ -51,6 +51,11 @@ class DecodeState:
     position: jax.Array  # i32[]  tokens already cached = position of the new token
 
 
+def first_tokens(batch: int, vocab_size: int) -> np.ndarray:
+    """i32[batch]: the tokens every multi-device checker decodes from (distinct per row)."""
+    return ((37 + 101 * np.arange(batch)) % vocab_size).astype(np.int32)
+
+
 def init_state(dims: ModelDims, batch: int, max_context: int, context: int = 0, seed: int = 0) -> DecodeState:
     """A decode state as after a prefill of ``context`` tokens (random but well scaled)."""
     rng = np.random.default_rng(seed)

@@ -35,7 +35,7 @@ import numpy as np
 from megakernel import reference_jnp
 from megakernel.dims import model_dims
 from megakernel.layout import random_weights
-from megakernel.reference import init_state
+from megakernel.reference import first_tokens, init_state
 from megakernel.tolerance import relative_error
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.modelconfig import ModelConfig
@@ -68,7 +68,7 @@ def spread(model: ModelConfig, *, trials: int, steps: int = 1, seed: int = 0, co
     weights = random_weights(dims, seed=seed)
     state = init_state(dims, batch, max_context or context + steps + 3, context=context, seed=seed + 1)
     ref = reference_jnp.ReferenceStep(model, plan, weights.arrays, dims.small_offsets)
-    tokens = ((37 + 101 * np.arange(batch)) % model.vocab_size).astype(np.int32)  # as the checkers start
+    tokens = first_tokens(batch, model.vocab_size)  # as the checkers start
 
     def run(kda: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
         start = reference_jnp.RefState(jnp.asarray(kda), state.conv_state, state.kv_cache, state.position)
