@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
 from tpusim.schedule.schema import Schedule
-from tpusim.schedule.vmem import vmem_plan
+from tpusim.schedule.vmem import VmemPlan, vmem_plan
 from tpusim.sweep.candidates import neighbour_candidates
 from tpusim.sweep.estimate import EstimateContext, estimate
 from tpusim.sweep.space import SweepSpace, default_space
@@ -66,16 +66,22 @@ def shrink_to_fit(schedule: Schedule, program: Program, chip: Chip, *,
     capacity_bytes = chip.staging_memory.usable_bytes
     families = list(schedule.families)
     context = EstimateContext(program, chip)
+    plans: dict[str, VmemPlan] = {}
     cost: dict[str, float] = {}
 
+    def vmem(candidate: Schedule) -> VmemPlan:  # each candidate's accounting once (size, then estimate)
+        digest = candidate.content_hash()
+        if digest not in plans:
+            plans[digest] = vmem_plan(candidate, model, plan, program.batch, program.kv_sequences)
+        return plans[digest]
+
     def static(candidate: Schedule) -> int:
-        return vmem_plan(candidate, model, plan, program.batch, program.kv_sequences).total_bytes
+        return vmem(candidate).total_bytes
 
     def estimate_s(candidate: Schedule) -> float:
         digest = candidate.content_hash()
         if digest not in cost:
-            vmem = vmem_plan(candidate, model, plan, program.batch, program.kv_sequences)
-            cost[digest] = estimate(context, candidate, vmem).step_s
+            cost[digest] = estimate(context, candidate, vmem(candidate)).step_s
         return cost[digest]
 
     current, moves, size = schedule, [], static(schedule)
