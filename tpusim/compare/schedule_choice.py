@@ -52,11 +52,8 @@ def fitting_schedule(model: ModelConfig, plan: ShardingPlan, chip: Chip, batch: 
             candidates.append((f"{name} adapted to L2", l2_schedule(load_schedule(name))))
         candidates.append((name, load_schedule(name)))
     for name, schedule in candidates:
-        try:
-            check_fits(vmem_plan(schedule, model, plan, batch, sequences), chip.staging_memory.usable_bytes)
-        except InfeasibleSchedule:
-            continue
-        return schedule, f"built-in `{name}` (first built-in that fits)"
+        if _fits(schedule, model, plan, chip, batch, sequences):
+            return schedule, f"built-in `{name}` (first built-in that fits)"
     raise InputError(f"no built-in schedule fits {chip.name}'s on-chip memory for {model.name} at batch {batch}")
 
 
