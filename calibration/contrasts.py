@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
 
-from calibration.measurements import MS_PER_S, Measurement
+from calibration.measurements import MS_PER_S, Measurement, measured_label
 
 TOLERANCE = 0.05  # of the mean measured step
 
@@ -46,6 +46,7 @@ class FormatContrast:
     measured_delta_s: tuple[float, ...]
     simulated_delta_s: tuple[float, ...]
     mean_step_s: float  # the pair's mean measured step time
+    measured_label: str = "measured"  # where the step times come from: "published tpu7x", "measured cpu-xla"
 
     @property
     def missed_s(self) -> tuple[float, ...]:
@@ -72,9 +73,9 @@ class FormatContrast:
         return {"configuration": self.configuration, "base": self.base, "other": self.other,
                 "batches": list(self.batches), "measured_delta_ms": ms(self.measured_delta_s),
                 "simulated_delta_ms": ms(self.simulated_delta_s), "missed_ms": ms(self.missed_s),
-                "error_floor_ms": round(self.error_floor_s * MS_PER_S, 4),
+                "error_floor_ms": round(self.error_floor_s * MS_PER_S, 4), "measured_label": self.measured_label,
                 "varies_with_batch": self.varies_with_batch(), "tolerance": TOLERANCE,
-                "label": "derived: differences of measured and of calibrated simulated step times"}
+                "label": f"derived: differences of {self.measured_label} and of calibrated simulated step times"}
 
 
 def _configuration(record: Measurement) -> tuple[str, ...]:
@@ -106,7 +107,8 @@ def format_contrasts(records: Sequence[Measurement], simulated_s: Mapping[str, f
                 base=base or "default", other=other or "default", batches=batches,
                 measured_delta_s=tuple(o.step_s - b.step_s for b, o in pairs),
                 simulated_delta_s=tuple(simulated_s[o.key()] - simulated_s[b.key()] for b, o in pairs),
-                mean_step_s=sum(r.step_s for pair in pairs for r in pair) / (2 * len(pairs))))
+                mean_step_s=sum(r.step_s for pair in pairs for r in pair) / (2 * len(pairs)),
+                measured_label=" / ".join(sorted({measured_label(r) for pair in pairs for r in pair}))))
     return out
 
 
@@ -126,7 +128,7 @@ def contrast_lines(pairs: Sequence[Mapping[str, Any]]) -> list[str]:
         verdict = (f"varies with batch: a cost the model lacks; >= {pair['error_floor_ms']:.2f} ms off at some "
                    "point whatever figure moves both formats alike" if pair["varies_with_batch"]
                    else "steady over batch")
-        lines.append(f"format contrast {pair['other']} − {pair['base']} (ms at b{batches}): measured "
-                     f"{row(pair['measured_delta_ms'])}, simulated {row(pair['simulated_delta_ms'])}, "
+        lines.append(f"format contrast {pair['other']} − {pair['base']} (ms at b{batches}): {pair['measured_label']} "
+                     f"{row(pair['measured_delta_ms'])}, simulated (calibrated) {row(pair['simulated_delta_ms'])}, "
                      f"missed {row(pair['missed_ms'])} ({verdict})")
     return lines

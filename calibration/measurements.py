@@ -195,6 +195,14 @@ class Measurement(BaseModel):
         return json.dumps(data, separators=(", ", ": "), ensure_ascii=False)
 
 
+def measured_label(record: Measurement) -> str:
+    """``published tpu7x`` / ``measured cpu-xla`` / ... for a record's backend."""
+    backend = record.backend
+    if "(published)" in backend:
+        return f"published {backend.replace('(published)', '').strip()}"
+    return f"measured {backend}"
+
+
 # --------------------------------------------------------------------------- reading
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from calibration.fit import FitResult, mape, max_error
-from calibration.measurements import MS_PER_S, US_PER_S, Measurement
+from calibration.measurements import MS_PER_S, US_PER_S, Measurement, measured_label
 from calibration.predict import Predictor
 from hwmodels.atomic import write_bytes_atomic, write_text_atomic
 from hwmodels.schema import Chip
@@ -49,14 +49,6 @@ class Row:
         if self.after_s is None:
             return None
         return (self.after_s - self.record.step_s) / self.record.step_s
-
-
-def measured_label(record: Measurement) -> str:
-    """``published tpu7x`` / ``measured cpu-xla`` / ... for a record's backend."""
-    backend = record.backend
-    if "(published)" in backend:
-        return f"published {backend.replace('(published)', '').strip()}"
-    return f"measured {backend}"
 
 
 def _pct(value: float | None) -> str:
