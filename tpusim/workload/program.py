@@ -7,16 +7,10 @@ op names the weight tensors it reads (from :mod:`tpusim.workload.shapes`), its m
 bytes it streams, and the collectives issued after it. The engine simulates this list
 under a schedule; the analytic floors sum it; the kernel follows the same op order.
 
-Op order per layer (the vocabulary the kernel's event trace uses too):
-
-- attention, KDA: ``attn.mix_norm, kda.qkvgb, kda.decay, kda.core, kda.o`` (Gated DeltaNet:
-  no ``kda.decay``; its decay input is part of ``kda.qkvgb``)
-- attention, MLA: ``attn.mix_norm, mla.q_a, mla.kv_a, mla.q_b, mla.kv_b, mla.core, mla.gate, mla.o``
-- attention, GQA: ``attn.mix_norm, gqa.q, gqa.k, gqa.v, gqa.core, gqa.gate, gqa.o``
-- MoE: ``mlp.mix_norm, moe.router, moe.latent_down, moe.topk, moe.shared_gate_up,
-  moe.shared_down, expert[0..n-1], moe.combine, moe.latent_up``
-- dense MLP: ``mlp.mix_norm, mlp.gate_up, mlp.down``
-- after the last layer: ``head.norm, head.lm_head``
+Op order per layer: the attention block of the layer's kind, then its MLP block (MoE or
+dense), then after the last layer the head, each block's ops in the order
+:mod:`tpusim.workload.registry` declares (the kernel's DMA plan walks the same sequences);
+this module prices them (:func:`_op_cost`).
 
 Device view: collectives synchronise all devices every layer, so the step runs at the pace
 of the device with the most routed experts in each layer. ``device_view="critical"`` (the
@@ -29,13 +23,35 @@ device's ``ceil(batch / attention_dp)`` rows and sequences; the MoE / MLP over a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 
 from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.registry import (
+    DENSE,
+    EXPERT,
+    HEAD,
+    MOE,
+    Block,
+    OpSpec,
+    attention_block,
+    expert_op,
+)
+from tpusim.workload.registry.names import (
+    AttnOp,
+    ExpertTensor,
+    GqaOp,
+    HeadOp,
+    KdaOp,
+    MlaOp,
+    MlpOp,
+    MlpTensor,
+    MoeOp,
+    MoeTensor,
+)
 from tpusim.workload.routing import (
     RoutingModel,
     distinct_per_group,
@@ -178,124 +194,103 @@ def _collectives_after(plan: ShardingPlan, role: str, batch: int) -> tuple[Colle
     return tuple(CollectiveCall(s, s.bytes_per_token * batch) for s in issued)
 
 
-def _matmul_op(name: str, role: str, layer: int, phase: str, tensors: list[TensorSpec], rows: int,
-               plan: ShardingPlan, batch: int, **extra: object) -> Op:
-    return Op(
-        name=name, role=role, layer=layer, phase=phase, unit="mxu", tensors=tuple(tensors),
-        matmuls=tuple((rows, t.rows, t.cols) for t in tensors),
-        collectives=_collectives_after(plan, role, batch), **extra,  # type: ignore[arg-type]
-    )
+@dataclass(frozen=True)
+class _BlockContext:
+    """What a block's ops are priced with: the layer, its rows and sequences, its tensors."""
+
+    model: ModelConfig
+    plan: ShardingPlan
+    layer: int
+    rows: int  # rows through this block (attention: this device's share under attention DP)
+    sequences: int
+    context_tokens: int
+    tensors: dict[str, TensorSpec]  # this block's weight tensors on one device, by name
+    small: tuple[TensorSpec, ...] = ()  # the layer's small parameters (attention blocks carry them)
+    routed_experts: int = 0  # expert ops this device runs in this layer (MoE blocks)
+
+    @property
+    def norm_passes(self) -> int:
+        """RMSNorm passes before a block: attention residuals mix the block snapshots first."""
+        return 2 if self.model.residual == "attention_residuals" else 1
 
 
-def _attention_ops(model: ModelConfig, plan: ShardingPlan, layer: int, batch: int, context: int,
-                   sequences: int) -> list[Op]:
-    by_name = {t.name: t for t in attention_tensors(model, plan, layer)}
-    small = small_param_tensors(model, plan, layer)
-    hidden, heads = model.hidden_size, plan.attention_heads_per_device
-    ops = [Op("attn.mix_norm", "attn.mix_norm", layer, "attention", "vpu", tensors=tuple(small),
-              vector_flops=NORM_FLOPS_PER_ELEMENT * hidden * batch * (2 if model.residual == "attention_residuals" else 1))]
-    kind = model.attention_kind(layer)
-    kv_per_token = kv_cache_bytes_per_token(model, plan, layer)
+def _block_ops(block: Block, ctx: _BlockContext, expert_rows: Sequence[int] = ()) -> list[Op]:
+    """``block``'s ops for one layer (:mod:`tpusim.workload.registry`), each priced by
+    :func:`_op_cost`; a repeated op (the routed experts) once per entry of ``expert_rows``."""
+    ops: list[Op] = []
+    for spec in block.present_ops(ctx.tensors):
+        if spec.repeated:
+            ops += [_op(block, spec, ctx, expert_op(index), rows, expert_index=index)
+                    for index, rows in enumerate(expert_rows)]
+        else:
+            ops.append(_op(block, spec, ctx, spec.name, ctx.rows))
+    return ops
 
-    def mm(name: str, role: str, names: list[str], **extra: object) -> Op:
-        return _matmul_op(name, role, layer, "attention", [by_name[n] for n in names], batch, plan, batch, **extra)
 
-    def kv_cache_attention(prefix: str, projections: tuple[str, ...], core_matmuls: tuple[tuple[int, int, int], ...],
-                           span: int) -> list[Op]:
-        """MLA / GQA: the projections, the core over ``span`` cached tokens (one appended per
-        row), the optional output gate, the output projection."""
-        out = [mm(f"{prefix}.{p}", f"{prefix}.{p}", [f"{prefix}.{p}"]) for p in projections]
-        out.append(Op(f"{prefix}.core", "attn.core", layer, "attention", "mxu", matmuls=core_matmuls,
-                      vector_flops=5.0 * heads * batch * span,
-                      kv_read_bytes=kv_per_token * span * sequences, kv_write_bytes=kv_per_token * batch,
-                      collectives=_collectives_after(plan, "attn.core", batch)))
-        if f"{prefix}.gate" in by_name:
-            out.append(mm(f"{prefix}.gate", f"{prefix}.gate", [f"{prefix}.gate"]))
-        out.append(mm(f"{prefix}.o", "attn.out", [f"{prefix}.o"]))
-        return out
+def _op(block: Block, spec: OpSpec, ctx: _BlockContext, name: str, rows: int,
+        expert_index: int | None = None) -> Op:
+    tensors = tuple(ctx.tensors[t] for t in spec.tensors)
+    cost = _op_cost(spec.name, ctx, rows)
+    if spec.name == AttnOp.MIX_NORM:
+        tensors = ctx.small  # the small-parameter row streams with the layer's first op
+    matmuls = cost.pop("matmuls", tuple((rows, t.rows, t.cols) for t in tensors) if spec.unit == "mxu" else ())
+    return Op(name=name, role=spec.anchor, layer=ctx.layer, phase=block.phase, unit=spec.unit, tensors=tensors,
+              matmuls=matmuls, expert_index=expert_index,  # type: ignore[arg-type]
+              collectives=_collectives_after(ctx.plan, spec.anchor, ctx.rows), **cost)  # type: ignore[arg-type]
 
-    if kind == "kda":
+
+def _op_cost(name: str, ctx: _BlockContext, rows: int) -> dict[str, object]:
+    """The vector work, KV/state bytes and non-weight matmuls of op ``name`` (weight matmuls
+    are the generic ``rows x tensor`` products)."""
+    model, plan, hidden, heads = ctx.model, ctx.plan, ctx.model.hidden_size, ctx.plan.attention_heads_per_device
+    if name == AttnOp.MIX_NORM:
+        return {"vector_flops": NORM_FLOPS_PER_ELEMENT * hidden * rows * ctx.norm_passes}
+    if name == MlpOp.MIX_NORM:
+        passes = ctx.norm_passes if model.is_moe_layer(ctx.layer) else 1
+        return {"vector_flops": NORM_FLOPS_PER_ELEMENT * hidden * rows * passes}
+    if name == HeadOp.NORM:
+        return {"vector_flops": NORM_FLOPS_PER_ELEMENT * hidden * rows}
+    if name == KdaOp.CORE:
         kda = model.kda
         assert kda is not None
-        state = recurrent_state_bytes(model, plan, layer) * sequences
-        state_elements = heads * kda.value_heads_per_key_head * kda.head_dim * kda.value_dim * batch
-        ops.append(mm("kda.qkvgb", "kda.qkvgb", ["kda.qkvgb"]))
-        if "kda.decay_a" in by_name:  # KDA's low-rank decay; Gated DeltaNet's is in qkvgb
-            ops.append(mm("kda.decay", "kda.decay", ["kda.decay_a", "kda.decay_b"]))
-        ops += [
-            Op("kda.core", "attn.core", layer, "attention", "vpu",
-               vector_flops=DELTA_RULE_FLOPS_PER_STATE_ELEMENT * state_elements,
-               kv_read_bytes=state, kv_write_bytes=state,
-               collectives=_collectives_after(plan, "attn.core", batch)),
-            mm("kda.o", "attn.out", ["kda.o"]),
-        ]
-    elif kind == "mla":
-        mla = model.mla
-        assert mla is not None
-        span = attention_span_tokens(model, layer, context)
-        # Absorbed MLA decode: scores over the compressed cache (kv_lora + rope) then values
-        # in the latent space; the cache tiles stream through the MXU like weights.
-        latent = mla.kv_lora_rank + mla.qk_rope_head_dim
-        core_matmuls = ((heads * batch, latent, span), (heads * batch, span, mla.kv_lora_rank))
-        ops += kv_cache_attention("mla", ("q_a", "kv_a", "q_b", "kv_b"), core_matmuls, span)
-    else:
-        gqa = model.gqa
-        assert gqa is not None
-        span = attention_span_tokens(model, layer, context)
-        group = max(1, heads // plan.kv_heads_per_device)
-        core_matmuls = ((group * batch, gqa.head_dim, span), (group * batch, span, gqa.head_dim)) * plan.kv_heads_per_device
-        ops += kv_cache_attention("gqa", ("q", "k", "v"), core_matmuls, span)
-    return ops
-
-
-def _moe_ops(model: ModelConfig, plan: ShardingPlan, layer: int, batch: int,
-             expert_rows: list[int]) -> list[Op]:
-    by_name = {t.name: t for t in moe_dense_tensors(model, plan)}
-    moe, hidden = model.moe, model.hidden_size
-    assert moe is not None
-    ops = [
-        Op("mlp.mix_norm", "mlp.mix_norm", layer, "moe", "vpu",
-           vector_flops=NORM_FLOPS_PER_ELEMENT * hidden * batch * (2 if model.residual == "attention_residuals" else 1)),
-        _matmul_op("moe.router", "moe.router", layer, "moe", [by_name["moe.router"]], batch, plan, batch),
-    ]
-    if "moe.latent_down" in by_name:  # before the top-k, so its all-gather overlaps the selection
-        ops.append(_matmul_op("moe.latent_down", "moe.latent_down", layer, "moe",
-                              [by_name["moe.latent_down"]], batch, plan, batch,
-                              vector_flops=NORM_FLOPS_PER_ELEMENT * (moe.latent_size or 0) * batch))
-    ops.append(Op("moe.topk", "moe.topk", layer, "moe", "vpu",
-                  vector_flops=TOPK_FLOPS_PER_SCORE * moe.num_experts * batch,
-                  collectives=_collectives_after(plan, "moe.topk", batch)))
-    if "moe.shared_gate_up" in by_name:
-        shared = by_name["moe.shared_down"].rows
-        ops += [
-            _matmul_op("moe.shared_gate_up", "moe.shared_gate_up", layer, "moe",
-                       [by_name["moe.shared_gate_up"]], batch, plan, batch,
-                       vector_flops=ACTIVATION_FLOPS_PER_ELEMENT * shared * batch),
-            _matmul_op("moe.shared_down", "moe.shared", layer, "moe", [by_name["moe.shared_down"]], batch, plan, batch),
-        ]
-    slice_tensors = expert_slice_tensors(model, plan)
-    width = slice_tensors[1].rows
-    for index, rows in enumerate(expert_rows):
-        ops.append(_matmul_op(f"expert[{index}]", "moe.expert", layer, "moe", slice_tensors, rows, plan, batch,
-                              vector_flops=ACTIVATION_FLOPS_PER_ELEMENT * width * rows, expert_index=index))
-    expert_width = moe.latent_size or hidden
-    ops.append(Op("moe.combine", "moe.combine", layer, "moe", "vpu",
-                  vector_flops=2.0 * expert_width * batch * max(1, len(expert_rows)),
-                  collectives=_collectives_after(plan, "moe.combine", batch)))
-    if "moe.latent_up" in by_name:
-        ops.append(_matmul_op("moe.latent_up", "moe.latent_up", layer, "moe", [by_name["moe.latent_up"]], batch, plan, batch))
-    return ops
-
-
-def _dense_mlp_ops(model: ModelConfig, plan: ShardingPlan, layer: int, batch: int) -> list[Op]:
-    gate_up, down = dense_mlp_tensors(model, plan)
-    return [
-        Op("mlp.mix_norm", "mlp.mix_norm", layer, "mlp", "vpu",
-           vector_flops=NORM_FLOPS_PER_ELEMENT * model.hidden_size * batch),
-        _matmul_op("mlp.gate_up", "mlp.gate_up", layer, "mlp", [gate_up], batch, plan, batch,
-                   vector_flops=ACTIVATION_FLOPS_PER_ELEMENT * down.rows * batch),
-        _matmul_op("mlp.down", "mlp.down", layer, "mlp", [down], batch, plan, batch),
-    ]
+        state = recurrent_state_bytes(model, plan, ctx.layer) * ctx.sequences
+        elements = heads * kda.value_heads_per_key_head * kda.head_dim * kda.value_dim * rows
+        return {"vector_flops": DELTA_RULE_FLOPS_PER_STATE_ELEMENT * elements, "kv_read_bytes": state,
+                "kv_write_bytes": state}
+    if name in (MlaOp.CORE, GqaOp.CORE):
+        span = attention_span_tokens(model, ctx.layer, ctx.context_tokens)
+        kv_per_token = kv_cache_bytes_per_token(model, plan, ctx.layer)
+        if name == MlaOp.CORE:
+            mla = model.mla
+            assert mla is not None
+            # Absorbed MLA decode: scores over the compressed cache (kv_lora + rope) then values
+            # in the latent space; the cache tiles stream through the MXU like weights.
+            latent = mla.kv_lora_rank + mla.qk_rope_head_dim
+            core = ((heads * rows, latent, span), (heads * rows, span, mla.kv_lora_rank))
+        else:
+            gqa = model.gqa
+            assert gqa is not None
+            group = max(1, heads // plan.kv_heads_per_device)
+            core = ((group * rows, gqa.head_dim, span), (group * rows, span, gqa.head_dim)) * plan.kv_heads_per_device
+        return {"matmuls": core, "vector_flops": 5.0 * heads * rows * span,
+                "kv_read_bytes": kv_per_token * span * ctx.sequences, "kv_write_bytes": kv_per_token * rows}
+    moe = model.moe
+    if name == MoeOp.LATENT_DOWN:
+        assert moe is not None
+        return {"vector_flops": NORM_FLOPS_PER_ELEMENT * (moe.latent_size or 0) * rows}
+    if name == MoeOp.TOPK:
+        assert moe is not None
+        return {"vector_flops": TOPK_FLOPS_PER_SCORE * moe.num_experts * rows}
+    if name == MoeOp.SHARED_GATE_UP:
+        return {"vector_flops": ACTIVATION_FLOPS_PER_ELEMENT * ctx.tensors[MoeTensor.SHARED_DOWN].rows * rows}
+    if name == EXPERT.name:
+        return {"vector_flops": ACTIVATION_FLOPS_PER_ELEMENT * ctx.tensors[ExpertTensor.DOWN].rows * rows}
+    if name == MoeOp.COMBINE:
+        assert moe is not None
+        return {"vector_flops": 2.0 * (moe.latent_size or hidden) * rows * max(1, ctx.routed_experts)}
+    if name == MlpOp.GATE_UP:
+        return {"vector_flops": ACTIVATION_FLOPS_PER_ELEMENT * ctx.tensors[MlpTensor.DOWN].rows * rows}
+    return {}
 
 
 def build_program(
@@ -343,23 +338,31 @@ def build_program(
     # Data-parallel attention: this device's attention serves its share of the rows only.
     attention_rows, attention_sequences = plan.attention_rows(batch), plan.attention_rows(sequences)
     for layer in range(model.num_layers):
-        ops = _attention_ops(model, plan, layer, attention_rows, context_tokens, attention_sequences)
+        common = {"model": model, "plan": plan, "layer": layer, "context_tokens": context_tokens}
+        attention = _BlockContext(rows=attention_rows, sequences=attention_sequences,
+                                  tensors={t.name: t for t in attention_tensors(model, plan, layer)},
+                                  small=tuple(small_param_tensors(model, plan, layer)), **common)  # type: ignore[arg-type]
+        ops = _block_ops(attention_block(model.attention_kind(layer)), attention)
         routed = 0
         if model.is_moe_layer(layer):
             group = int(np.argmax(distinct[moe_index])) if device_view == "critical" else int(device_view)
             counts = rows_per_expert[moe_index, group * group_size:(group + 1) * group_size]
             expert_rows = [int(c) for c in counts if c > 0]
             routed = len(expert_rows)
-            ops += _moe_ops(model, plan, layer, batch, expert_rows)
+            tensors = moe_dense_tensors(model, plan) + expert_slice_tensors(model, plan)
+            mlp = _BlockContext(rows=batch, sequences=sequences, tensors={t.name: t for t in tensors},
+                                routed_experts=routed, **common)  # type: ignore[arg-type]
+            ops += _block_ops(MOE, mlp, expert_rows)
             moe_index += 1
         else:
-            ops += _dense_mlp_ops(model, plan, layer, batch)
+            mlp = _BlockContext(rows=batch, sequences=sequences, tensors={t.name: t for t in dense_mlp_tensors(model, plan)},
+                                **common)  # type: ignore[arg-type]
+            ops += _block_ops(DENSE, mlp)
         layers.append(LayerProgram(layer, model.attention_kind(layer), model.is_moe_layer(layer), ops, routed))
 
-    head_ops = [
-        Op("head.norm", "head.norm", -1, "head", "vpu", vector_flops=NORM_FLOPS_PER_ELEMENT * model.hidden_size * batch),
-        _matmul_op("head.lm_head", "head.lm_head", -1, "head", lm_head_tensors(model, plan), batch, plan, batch),
-    ]
+    head = _BlockContext(model=model, plan=plan, layer=-1, rows=batch, sequences=sequences,
+                         context_tokens=context_tokens, tensors={t.name: t for t in lm_head_tensors(model, plan)})
+    head_ops = _block_ops(HEAD, head)
     return Program(
         model=model, plan=plan, batch=batch, context_tokens=context_tokens,
         routing_label=routing.label, seed=seed, device_view=str(device_view),
