@@ -41,6 +41,7 @@ from tpusim.workload.shapes import (
 from tpusim.workload.sharding import ShardingPlan, round_up
 
 LANES = 128
+STREAMED_FORMAT = "bf16"  # the kernel streams every dense matrix in bf16 (experts keep their formats)
 STREAMED = (
     "kda.qkvgb", "kda.decay_a", "kda.decay_b", "kda.o", "mla.q_a", "mla.q_b", "mla.kv_a", "mla.kv_b",
     "mla.gate", "mla.o", "moe.router", "moe.latent_down", "moe.latent_up", "moe.shared_gate_up",

@@ -54,11 +54,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from megakernel.dims import LANES, ModelDims, weight_shapes
+from megakernel.dims import LANES, STREAMED_FORMAT, ModelDims, weight_shapes
 from megakernel.errors import UnsupportedSchedule
 from megakernel.ring_pool import PoolBanks, pool_banks
 from tpusim.schedule.issue_plan import (
+    EXPERT_RING,
     RING_ORDER,
+    SMALL_RING,
     Read,
     RingSpec,
     UnsupportedIssuePlan,
@@ -66,19 +68,20 @@ from tpusim.schedule.issue_plan import (
     plan_issues,
 )
 from tpusim.schedule.schema import Schedule
-from tpusim.schedule.vmem import family_chunk, slab_rows
-from tpusim.workload.shapes import TensorSpec
-
-SMALL_FAMILY, EXPERT_FAMILY = "small_params", "routed_expert"
+from tpusim.schedule.vmem import arena_of, family_chunk, slab_rows
+from tpusim.workload import registry
+from tpusim.workload.formats import tensor_bytes, weight_format
+from tpusim.workload.registry.names import Family, FormatKey, MlaTensor
+from tpusim.workload.shapes import TensorSpec, expert_slice_tensors
 
 
 def ring_family(dims: ModelDims, ring: str) -> str:
     """The weight family of ring ``ring``: :mod:`tpusim.workload.shapes` says (``small`` and
     ``expert`` are the small-parameter row and the expert slots)."""
-    if ring == "small":
-        return SMALL_FAMILY
-    if ring == "expert":
-        return EXPERT_FAMILY
+    if ring == SMALL_RING:
+        return Family.SMALL_PARAMS
+    if ring == EXPERT_RING:
+        return Family.ROUTED_EXPERT
     return dims.families[ring]
 NEVER = -1000  # table code: the unit is not part of this window
 
@@ -128,7 +131,7 @@ class Ring:
     def buffer_row(self, buffer: int) -> int:
         """First arena row of ``buffer``. Expert slot 0 sits at the arena's top, slot 1 below
         it, ...: the slots the shared expert's rows overlap are the last to be used."""
-        if self.name == "expert":
+        if self.name == EXPERT_RING:
             return self.offset + (self.buffers - 1 - buffer) * self.slab_arena_rows
         return self.offset + buffer * self.stride
 
@@ -186,24 +189,35 @@ class Geometry:
     window_layer: dict[str, int] = field(default_factory=dict)  # with ring pools: template -> a window of it
 
 
+ARENA_ROW_BYTES = LANES * 2  # one 128-lane row of 16-bit words
+
+
 def expert_slot(dims: ModelDims) -> ExpertSlot:
-    big_l, w = dims.moe.latent, dims.moe.slice_width
-    gu_panels, dn_panels = 2 * w // LANES, big_l // LANES
-    return ExpertSlot(gate_up_rows=gu_panels * big_l // 2, gate_up_scale_rows=gu_panels * big_l // 256,
-                      down_rows=dn_panels * w // 4, down_scale_rows=dn_panels * w // 64)
+    """An expert slot's rows: each part's value and scale bytes (:mod:`tpusim.workload.formats`,
+    the slice's own formats) in 16-bit 128-lane rows (:mod:`megakernel.quant` packs them)."""
+    assert dims.model is not None and dims.plan is not None, "model_dims keeps the model and plan"
+    gate_up, down = expert_slice_tensors(dims.model, dims.plan)
+    parts = (gate_up.value_bytes, gate_up.scale_bytes, down.value_bytes, down.scale_bytes)
+    if any(size % ARENA_ROW_BYTES for size in parts):
+        raise UnsupportedSchedule(f"an expert slice's parts ({parts} bytes) do not fill whole {LANES}-lane rows")
+    return ExpertSlot(*(size // ARENA_ROW_BYTES for size in parts))
 
 
 def instance_count(dims: ModelDims, ring: str) -> int:
-    """How many tensors of kind ``ring`` one step reads (the ring's instance stack)."""
-    if ring == "small":
+    """How many tensors of kind ``ring`` one step reads (the ring's instance stack): one per
+    layer whose block owns the tensor (:mod:`tpusim.workload.registry`)."""
+    if ring == SMALL_RING:
         return dims.num_layers
-    if ring.startswith("kda."):
-        return len(dims.kda_layers)
-    if ring.startswith("mla."):
-        return len(dims.mla_layers)
-    if ring.startswith("moe.") or ring == "expert":
+    if ring == EXPERT_RING or ring in _block_tensors(registry.MOE):
         return len(dims.moe_layers)
+    for kind in registry.ATTENTION_KINDS:
+        if ring in _block_tensors(registry.BLOCKS[kind]):
+            return dims.kinds.count(kind)
     return 1
+
+
+def _block_tensors(block: registry.Block) -> set[str]:
+    return {decl.name for decl in block.tensors}
 
 
 def geometry(dims: ModelDims, schedule: Schedule) -> Geometry:
@@ -215,23 +229,22 @@ def geometry(dims: ModelDims, schedule: Schedule) -> Geometry:
     rings: dict[str, Ring] = {}
     slot = expert_slot(dims)
     for name in RING_ORDER:
-        if name not in ("small", "expert") and name not in dims.families:
+        if name not in (SMALL_RING, EXPERT_RING) and name not in dims.families:
             continue
         family = ring_family(dims, name)
         fam = schedule.family(family)
-        pool = fam.pool or family
+        pool = arena_of(schedule, family)  # small parameters: always an arena of their own
         count = instance_count(dims, name)
-        if name == "small":  # read through the whole layer: cannot time-share a fixed arena
-            pool = family  # f32 row stored as hi/lo 16-bit halves: 2 * S / 128 arena rows
+        if name == SMALL_RING:  # f32 row stored as hi/lo 16-bit halves: 2 * S / 128 arena rows
             rings[name] = Ring(name, family, pool, fam.buffers, 1, dims.small_cols, 1, 1,
                                2 * dims.small_cols // LANES, distance=fam.prefetch_distance_ops, instances=count)
             continue
-        if name == "expert":
+        if name == EXPERT_RING:
             rings[name] = Ring(name, family, pool, fam.buffers, 1, LANES, 1, 1, slot.total,
                                distance=fam.prefetch_distance_ops, instances=count)
             continue
         rows, cols = shapes[name]
-        spec = TensorSpec(name, family, "dense", "bf16", rows, cols)
+        spec = TensorSpec(name, family, FormatKey.DENSE, STREAMED_FORMAT, rows, cols)
         chunk_bytes, _ = family_chunk(schedule, family)  # a ring pool's members: the bank size
         ring_spec = schedule.ring_pool(family)
         buffers = ring_spec.banks if ring_spec is not None and ring_spec.banks else fam.buffers
@@ -239,7 +252,7 @@ def geometry(dims: ModelDims, schedule: Schedule) -> Geometry:
         panels = -(-cols // LANES)
         rings[name] = Ring(name, family, pool, buffers, rows, cols, srows, math.ceil(rows / srows),
                            srows * panels, distance=fam.prefetch_distance_ops, instances=count)
-    _check_kv_b(rings["mla.kv_b"], schedule)
+    _check_kv_b(rings[MlaTensor.KV_B], schedule)
     pools = pool_banks(dims, schedule, {n: r.num_slabs for n, r in rings.items() if schedule.ring_pool(r.family)})
     for name, ring in rings.items():
         banks = pools.get(ring.pool) if schedule.ring_pool(ring.family) else None
@@ -267,10 +280,10 @@ def _check_kv_b(kv_b: Ring, schedule: Schedule) -> None:
     """Two ops read mla.kv_b (absorbed attention): the kernel holds it whole in one buffer."""
     if kv_b.num_slabs == 1:
         return
-    size = kv_b.rows * kv_b.cols * 2  # bf16
-    chunk, _ = family_chunk(schedule, "mla_proj")
-    knob = (f"pools.{schedule.family('mla_proj').pool}.bank_bytes" if schedule.ring_pool("mla_proj")
-            else "families.mla_proj.chunk_bytes")
+    size = tensor_bytes(weight_format(STREAMED_FORMAT), kv_b.rows, kv_b.cols)
+    chunk, _ = family_chunk(schedule, Family.MLA_PROJ)
+    knob = (f"pools.{schedule.family(Family.MLA_PROJ).pool}.bank_bytes" if schedule.ring_pool(Family.MLA_PROJ)
+            else f"families.{Family.MLA_PROJ}.chunk_bytes")
     raise UnsupportedSchedule(
         f"the MLA up-projection mla.kv_b is {size / (1 << 20):.2f} MiB per device here, but the schedule "
         f"streams the mla_proj family in chunks of {(chunk or 0) / (1 << 20):.2f} MiB; the kernel must hold "
@@ -309,8 +322,8 @@ def _window_layers(dims: ModelDims, geo: Geometry) -> dict[str, int]:
 
 
 # The ops of a window's lead-in: layer i from its routing decision to its experts. The copies
-# of window i can be issued from the op after ``moe.topk`` on (the routing horizon).
-LEAD_IN = ("moe.topk", "moe.shared_gate_up", "moe.shared_down")
+# of window i can be issued from the op after the routing op on (the routing horizon).
+LEAD_IN = registry.LEAD_IN
 
 
 @dataclass(frozen=True)
@@ -324,44 +337,56 @@ class Op:
     reads: tuple[tuple[str, int], ...] = ()
 
 
+def _window_op(spec: registry.OpSpec, delta: int) -> Op:
+    """The kernel's view of registry op ``spec`` at layer offset ``delta``: its tensors' rings,
+    then the small-parameter row, then what it reads again."""
+    reads = [(name, delta) for name in spec.tensors]
+    if spec.reads_small:
+        reads.append((SMALL_RING, delta))
+    reads += [(name, delta) for name in spec.rereads]
+    return Op(spec.name, delta, tuple(reads))
+
+
+def _block_ops(block: registry.Block, delta: int, ops: tuple[registry.OpSpec, ...] | None = None) -> list[Op]:
+    """``block``'s ops (or the part ``ops`` of them) as the kernel's K3 layers run them: every
+    optional op present (the kernel's model has every tensor, :func:`megakernel.dims.model_dims`)."""
+    return [_window_op(spec, delta) for spec in (block.ops if ops is None else ops)]
+
+
 def attention_ops(kind: str, delta: int) -> list[Op]:
-    mix = Op("attn.mix_norm", delta, (("small", delta),))
-    if kind == "kda":
-        return [mix, Op("kda.qkvgb", delta, (("kda.qkvgb", delta),)),
-                Op("kda.decay", delta, (("kda.decay_a", delta), ("kda.decay_b", delta))),
-                Op("kda.core", delta), Op("kda.o", delta, (("kda.o", delta),))]
-    return [mix, *(Op(f"mla.{n}", delta, ((f"mla.{n}", delta),)) for n in ("q_a", "kv_a", "q_b", "kv_b")),
-            Op("mla.core", delta, (("mla.kv_b", delta),)), Op("mla.gate", delta, (("mla.gate", delta),)),
-            Op("mla.o", delta, (("mla.o", delta),))]
+    return _block_ops(registry.attention_block(kind), delta)
 
 
 def moe_head_ops(delta: int) -> list[Op]:
-    """mlp.mix_norm .. moe.shared_down (the part of a MoE layer before its experts). The latent
-    projection runs before the top-k so its all-gather overlaps the selection (the K3 kernel's
-    order)."""
-    return [Op("mlp.mix_norm", delta, (("small", delta),)), Op("moe.router", delta, (("moe.router", delta),)),
-            Op("moe.latent_down", delta, (("moe.latent_down", delta), ("small", delta))),
-            Op("moe.topk", delta, (("small", delta),)),
-            Op("moe.shared_gate_up", delta, (("moe.shared_gate_up", delta),)),
-            Op("moe.shared_down", delta, (("moe.shared_down", delta),))]
+    """A MoE layer's ops before its experts (:data:`tpusim.workload.registry.MOE_PRE_EXPERTS`)."""
+    return _block_ops(registry.MOE, delta, registry.MOE_PRE_EXPERTS)
 
 
-def prologue_ops(next_kind: str) -> list[Op]:
-    """Layer 0 (KDA + dense MLP) and layer 1 up to moe.shared_down; positions from 0."""
-    dense = [Op("mlp.mix_norm", 0, (("small", 0),)), Op("mlp.gate_up", 0, (("mlp.gate_up", 0),)),
-             Op("mlp.down", 0, (("mlp.down", 0),))]
-    return [*attention_ops("kda", 0), *dense, *attention_ops(next_kind, 1), *moe_head_ops(1)]
+def moe_tail_ops(delta: int) -> list[Op]:
+    """A MoE layer's ops after its experts."""
+    return _block_ops(registry.MOE, delta, registry.MOE_POST_EXPERTS)
+
+
+def head_ops(delta: int) -> list[Op]:
+    return _block_ops(registry.HEAD, delta)
+
+
+def expert_ops(n: int) -> list[Op]:
+    """``expert[0] .. expert[n-1]``, each reading its entry's expert slot."""
+    return [Op(registry.expert_op(j), 0, ((EXPERT_RING, j),)) for j in range(n)]
+
+
+def prologue_ops(first_kind: str, next_kind: str) -> list[Op]:
+    """Layer 0 (``first_kind`` attention + dense MLP) and layer 1 up to its experts; positions from 0."""
+    return [*attention_ops(first_kind, 0), *_block_ops(registry.DENSE, 0), *attention_ops(next_kind, 1),
+            *moe_head_ops(1)]
 
 
 def window_ops(template: str, n: int) -> list[Op]:
     """Lead-in (:data:`LEAD_IN`, positions -len..-1) + window ops (positions 0..)."""
     lead = moe_head_ops(0)[-len(LEAD_IN):]
-    body = [Op(f"expert[{j}]", 0, (("expert", j),)) for j in range(n)]
-    body += [Op("moe.combine", 0), Op("moe.latent_up", 0, (("moe.latent_up", 0),))]
-    if template == "head":
-        body += [Op("head.norm", 1), Op("head.lm_head", 1, (("head.lm_head", 1),))]
-    else:
-        body += attention_ops(template, 1) + moe_head_ops(1)
+    body = expert_ops(n) + moe_tail_ops(0)
+    body += head_ops(1) if template == "head" else attention_ops(template, 1) + moe_head_ops(1)
     return lead + body
 
 
@@ -389,7 +414,7 @@ class WindowPlan:
 def _first_slot(ring: RingSpec, key: int) -> int:
     """Ring slab of an instance's slab 0: the entry for an expert; ``delta * K`` otherwise
     (the two instances of a window are consecutive), 0 for a ring with one instance."""
-    if ring.name == "expert":
+    if ring.name == EXPERT_RING:
         return key
     return key * ring.num_slabs if ring.instances > 1 else 0
 
@@ -415,7 +440,7 @@ def plan_window(geo: Geometry, ops: list[Op], first: int, horizon: int, *, respe
     ``layers``: the model layers of offsets 0 and 1 (where ring-pool banks are read).
     ``respect_buffers=False`` ignores ``free`` for weight tensors: a deliberately broken plan
     that refills buffers still being read, for the race-detector test only."""
-    topk = next((first + i for i, op in enumerate(ops) if op.name == "moe.topk" and op.delta == 0), None)
+    topk = next((first + i for i, op in enumerate(ops) if op.name == registry.ROUTING_OP and op.delta == 0), None)
     specs = {name: ring.spec for name, ring in geo.rings.items() if not ring.bank_rows}
     specs.update(geo.pool_specs)
     reads = [[_read(geo, specs, ring, key, layers) for ring, key in op.reads] for op in ops]
@@ -438,7 +463,7 @@ def plan_window(geo: Geometry, ops: list[Op], first: int, horizon: int, *, respe
         if pooled:
             name, delta = unit.key  # type: ignore[misc]
             ours = Unit(name, delta, unit.slab)
-        elif unit.ring == "expert":
+        elif unit.ring == EXPERT_RING:
             ours = Unit(unit.ring, 0, int(unit.key))  # type: ignore[call-overload]
         else:
             ours = Unit(unit.ring, int(unit.key), unit.slab)  # type: ignore[call-overload]
@@ -447,8 +472,9 @@ def plan_window(geo: Geometry, ops: list[Op], first: int, horizon: int, *, respe
     return WindowPlan(ops, first, issue, consumer)
 
 
-def plan_prologue(geo: Geometry, next_kind: str, *, respect_buffers: bool = True) -> WindowPlan:
-    return plan_window(geo, prologue_ops(next_kind), 0, 0, respect_buffers=respect_buffers, layers=(0, 1))
+def plan_prologue(geo: Geometry, first_kind: str, next_kind: str, *, respect_buffers: bool = True) -> WindowPlan:
+    return plan_window(geo, prologue_ops(first_kind, next_kind), 0, 0, respect_buffers=respect_buffers,
+                       layers=(0, 1))
 
 
 def plan_iteration(geo: Geometry, template: str, n: int, *, respect_buffers: bool = True) -> WindowPlan:
@@ -461,10 +487,10 @@ def plan_iteration(geo: Geometry, template: str, n: int, *, respect_buffers: boo
     topk = -len(LEAD_IN)
     plan = plan_window(geo, window_ops(template, n), topk, topk + 1, respect_buffers=respect_buffers,
                        layers=layers)
-    slots = geo.rings["expert"].buffers
+    slots = geo.rings[EXPERT_RING].buffers
     for j in range(n):
         want = topk if j < slots else j - slots + 1
-        got = plan.issue[Unit("expert", 0, j)]
+        got = plan.issue[Unit(EXPERT_RING, 0, j)]
         if j >= slots and got != want:
             raise UnsupportedSchedule(f"routed expert {j} would be issued at {got}, not at expert[{want}]")
         if j < slots and got > 0:

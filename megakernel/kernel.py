@@ -65,10 +65,10 @@ EXPERT_CODES = 1000  # codes below are expert[j]; op identities start here
 
 def op_codes() -> dict[tuple[str, int], int]:
     """(op name, layer offset) -> table code, for every non-expert op of any window."""
-    names = [(name, 0) for name in LEAD_IN] + [("moe.combine", 0), ("moe.latent_up", 0)]
-    for template in ("kda", "mla"):
+    names = [(name, 0) for name in LEAD_IN] + [(op.name, 0) for op in dma_plan.moe_tail_ops(0)]
+    for template in TEMPLATES[:-1]:
         names += [(op.name, 1) for op in dma_plan.attention_ops(template, 1) + dma_plan.moe_head_ops(1)]
-    names += [("head.norm", 1), ("head.lm_head", 1)]
+    names += [(op.name, 1) for op in dma_plan.head_ops(1)]
     codes: dict[tuple[str, int], int] = {}
     for key in names:
         codes.setdefault(key, EXPERT_CODES + len(codes))
@@ -114,7 +114,7 @@ def build_tables(dims: ModelDims, geo: Geometry, n_max: int, *, respect_buffers:
         col = table[:, j + 1:, index[Unit("expert", 0, j)]]
         if (col != col[:, -1:]).any():
             raise dma_plan.UnsupportedSchedule(f"expert entry {j}'s issue point depends on the expert count")
-    prologue = dma_plan.plan_prologue(geo, dims.kinds[1], respect_buffers=respect_buffers)
+    prologue = dma_plan.plan_prologue(geo, dims.kinds[0], dims.kinds[1], respect_buffers=respect_buffers)
     return Tables(units, table, prologue, codes, plans)
 
 
