@@ -62,13 +62,11 @@ from tpusim.schedule.issue_plan import (
     RING_ORDER,
     SMALL_RING,
     Read,
-    RingSpec,
     UnsupportedIssuePlan,
-    place,
     plan_issues,
 )
 from tpusim.schedule.schema import Schedule
-from tpusim.schedule.vmem import arena_of, family_chunk, slab_rows
+from tpusim.schedule.vmem import RingSpec, arena_of, family_chunk, place, slab_rows
 from tpusim.workload import registry
 from tpusim.workload.formats import tensor_bytes, weight_format
 from tpusim.workload.registry.names import Family, FormatKey, MlaTensor

@@ -82,6 +82,7 @@ from tpusim.engine.items import (
     Slab,
 )
 from tpusim.schedule.program_issue import cached_issue_plan
+from tpusim.schedule.release import is_mispredicted
 from tpusim.schedule.schema import SCHEDULE_FAMILIES, SMALL_FAMILY, FamilySchedule, Schedule
 from tpusim.schedule.vmem import VmemPlan, arena_of, family_chunk, slab_rows
 from tpusim.workload.formats import scale_bytes, value_bytes
@@ -375,10 +376,9 @@ def _lower_expert(b: _Builder, op: Op, plan_: OpPlan,
     wasted = None
     rate = b.miss_rate
     # only a copy issued ahead of routing can be mispredicted (a slot freeing later issues after it)
-    if rate and b.issue is not None and b.issue.expert_issue(op.layer, op.expert_index or 0)[1]:
-        count = b.expert_count
-        if math.floor((count + 1) * rate + 1e-9) > math.floor(count * rate + 1e-9):
-            wasted = b.expert_slab(op, plan_.index, ".mispredicted")
+    if rate and b.issue is not None and b.issue.expert_issue(op.layer, op.expert_index or 0)[1] \
+            and is_mispredicted(b.expert_count, rate):
+        wasted = b.expert_slab(op, plan_.index, ".mispredicted")
     b.expert_count += 1
     slab = b.expert_slab(op, plan_.index)
     if b.issue is not None:

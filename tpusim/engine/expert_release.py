@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from tpusim.engine.items import VPU, OpPlan, Piece, Slab
 from tpusim.schedule.program_issue import ProgramIssuePlan
+from tpusim.schedule.release import selection_fraction
 from tpusim.schedule.schema import Schedule
 from tpusim.workload.program import Op
+from tpusim.workload.registry import ROUTING_OP
 
 
 def place_expert_releases(plans: list[OpPlan], ops: list[Op], issue: ProgramIssuePlan,
@@ -44,15 +46,17 @@ def _selection_releases(topk_plan: OpPlan, experts: list[tuple[Slab, Slab | None
     plain = [piece for piece in topk_plan.pieces if piece.unit == VPU and not (
         piece.waits or piece.frees or piece.releases or piece.writes)]
     rest = [piece for piece in topk_plan.pieces if piece not in plain]
-    share = sum(piece.duration_s for piece in plain) / len(experts)
-    topk_plan.pieces = rest + [Piece(share, VPU, (), (), (slab,)) for slab, _wasted in experts]
+    total = sum(piece.duration_s for piece in plain)
+    n = len(experts)
+    topk_plan.pieces = rest + [Piece(total * (selection_fraction(k, n) - (selection_fraction(k - 1, n) if k else 0.0)),
+                                     VPU, (), (), (slab,)) for k, (slab, _wasted) in enumerate(experts)]
 
 
 def _speculative_releases(plans: list[OpPlan], ops: list[Op], layer: int, issue_index: int,
                           experts: list[tuple[Slab, Slab | None]]) -> None:
     """``speculative``: issued ahead of routing; a miss is refetched when ``moe.topk`` ends."""
     topk_plan = next(plans[i] for i in range(issue_index, len(ops)) if ops[i].layer == layer
-                     and ops[i].role == "moe.topk")
+                     and ops[i].role == ROUTING_OP)
     for slab, wasted in experts:
         if wasted is not None:
             plans[issue_index].start_releases.append(wasted)

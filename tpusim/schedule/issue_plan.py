@@ -53,86 +53,26 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from tpusim.schedule.vmem import InfeasibleSchedule
+from tpusim.schedule.vmem import EXPERT_RING, SMALL_RING, InfeasibleSchedule, RingSpec, place
+from tpusim.workload import registry
+from tpusim.workload.registry.names import Family
 
-# Arena placement order within a family (the kernel's ring order).
-RING_ORDER = (
-    "small", "kda.qkvgb", "kda.decay_a", "kda.decay_b", "kda.o", "mla.q_a", "mla.q_b", "mla.kv_a",
-    "mla.kv_b", "mla.gate", "mla.o", "moe.router", "moe.latent_down", "moe.latent_up",
-    "moe.shared_gate_up", "moe.shared_down", "expert", "mlp.gate_up", "mlp.down", "head.lm_head",
-)
-EXPERT_RING = "expert"
-SMALL_RING = "small"
-# Ops that read a layer's small-parameter row (the last one frees its buffer).
-SMALL_READER_ROLES = ("attn.mix_norm", "mlp.mix_norm", "moe.topk", "moe.latent_down")
-# op name -> ring it reads again after the ring's own op (absorbed MLA attention).
-EXTRA_READS = {"mla.core": "mla.kv_b"}
-REGION_ROLES = ("moe.expert", "moe.combine")
+# Arena placement order within a family (the kernel's ring order): the registry's tensor
+# order, the expert slice collapsed into its slots.
+RING_ORDER: tuple[str, ...] = (SMALL_RING, *dict.fromkeys(
+    EXPERT_RING if registry.TENSORS[name].family == Family.ROUTED_EXPERT else name for name in registry.TENSOR_ORDER))
 FAR = 10**9
+
+# RingSpec and place (the arena rule) live in tpusim.schedule.vmem; re-exported for readers of the plan.
+__all__ = ["EXPERT_RING", "RING_ORDER", "SMALL_RING", "IssuePlan", "Read", "RingSpec", "Unit",
+           "UnsupportedIssuePlan", "place", "plan_issues"]
 
 
 class UnsupportedIssuePlan(InfeasibleSchedule):
     """No issue point exists: a copy's buffer is still read by the copy's own consumer."""
-
-
-@dataclass(frozen=True)
-class RingSpec:
-    """One VMEM ring: ``buffers`` buffers of ``slab_size`` arena units from ``offset``.
-
-    Units are whatever the caller measures arenas in (bytes here, 16-bit 128-lane rows in the
-    kernel); only overlaps matter."""
-
-    name: str
-    family: str
-    pool: str
-    buffers: int
-    num_slabs: int  # K: slabs per instance
-    slab_size: int
-    distance: int = 0
-    instances: int = 1
-    offset: int = 0
-
-    @property
-    def region(self) -> tuple[int, int]:
-        return self.offset, self.offset + self.buffers * self.slab_size
-
-    def buffer_range(self, buffer: int) -> tuple[int, int]:
-        """Arena range of ``buffer``; expert slot 0 sits at the top, slot 1 below it, ..."""
-        if self.name == EXPERT_RING:
-            start = self.offset + (self.buffers - 1 - buffer) * self.slab_size
-        else:
-            start = self.offset + buffer * self.slab_size
-        return start, start + self.slab_size
-
-    @property
-    def static_buffers(self) -> bool:
-        """Whether slab ``k`` of every instance lands in the same buffer (``k % buffers``)."""
-        return (self.name == EXPERT_RING or self.name.startswith("pool:") or self.buffers == 1
-                or self.instances == 1 or self.num_slabs % self.buffers == 0)
-
-
-def place(rings: Sequence[RingSpec]) -> tuple[dict[str, RingSpec], dict[str, int]]:
-    """Offsets of ``rings`` (the placement rule above) and each pool's arena size."""
-    footprint = {r.name: r.buffers * r.slab_size for r in rings}
-    family_size: dict[str, int] = {}
-    for ring in rings:
-        family_size[ring.family] = family_size.get(ring.family, 0) + footprint[ring.name]
-    arenas: dict[str, int] = {}
-    for ring in rings:
-        arenas[ring.pool] = max(arenas.get(ring.pool, 0), family_size[ring.family])
-    cursor: dict[str, int] = {}
-    placed: dict[str, RingSpec] = {}
-    for ring in rings:
-        if ring.name == EXPERT_RING:
-            offset = arenas[ring.pool] - footprint[ring.name]
-        else:
-            offset = cursor.get(ring.family, 0)
-            cursor[ring.family] = offset + footprint[ring.name]
-        placed[ring.name] = replace(ring, offset=offset)
-    return placed, arenas
 
 
 class Read(NamedTuple):

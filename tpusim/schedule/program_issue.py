@@ -5,7 +5,8 @@ decisions); here it runs once over a concrete program, whose expert counts are k
 rings take their slab sizes in bytes from :mod:`tpusim.schedule.vmem` (the same slabs the
 engine copies and the arena sizes VMEM accounting reports), and the reads follow the kernel:
 a layer's small-parameter row is read by every op in
-:data:`~tpusim.schedule.issue_plan.SMALL_READER_ROLES`, ``mla.core`` reads ``mla.kv_b``.
+:data:`tpusim.workload.registry.SMALL_READERS`, and an op reads again what
+:data:`tpusim.workload.registry.REREADS` says (``mla.core`` reads ``mla.kv_b``).
 """
 
 from __future__ import annotations
@@ -15,25 +16,30 @@ from dataclasses import dataclass
 
 from tpusim.schedule.issue_plan import (
     EXPERT_RING,
-    EXTRA_READS,
-    REGION_ROLES,
     RING_ORDER,
-    SMALL_READER_ROLES,
     SMALL_RING,
     IssuePlan,
     Read,
-    RingSpec,
     Unit,
     UnsupportedIssuePlan,
-    place,
     plan_issues,
 )
 from tpusim.schedule.schema import SMALL_FAMILY, Schedule
-from tpusim.schedule.vmem import family_chunk, slab_bytes, slab_rows, tensor_kinds
+from tpusim.schedule.vmem import (
+    RingSpec,
+    arena_of,
+    family_chunk,
+    place,
+    slab_bytes,
+    slab_rows,
+    tensor_kinds,
+)
+from tpusim.workload import registry
 from tpusim.workload.program import Op, Program
+from tpusim.workload.registry.names import Family, MoeOp
 from tpusim.workload.shapes import TensorSpec, expert_slice_bytes
 
-ROUTED = "routed_expert"
+ROUTED = Family.ROUTED_EXPERT
 
 
 @dataclass
@@ -113,9 +119,9 @@ def program_facts(program: Program) -> ProgramFacts:
     router: dict[int, int] = {}
     reads_of: dict[str, list[tuple[int, int]]] = {}
     for index, op in enumerate(program.ops):
-        if op.role == "moe.topk":
+        if op.role == registry.ROUTING_OP:
             topk.setdefault(op.layer, index)
-        elif op.role == "moe.router":
+        elif op.role == MoeOp.ROUTER:  # speculative expert copies count back from the router
             router.setdefault(op.layer, index)
         op_reads: list[tuple[str, str, object, int]] = []
         for tensor in op.tensors:
@@ -128,12 +134,12 @@ def program_facts(program: Program) -> ProgramFacts:
                 entry = (tensor.name, tensor.family, op.layer, tensor.bytes)
             if entry not in op_reads:
                 op_reads.append(entry)
-        if op.role in SMALL_READER_ROLES and op.layer in small_layers and (
+        if op.role in registry.SMALL_READERS and op.layer in small_layers and (
                 entry := (SMALL_RING, SMALL_FAMILY, op.layer, 0)) not in op_reads:
             op_reads.append(entry)
-        extra = EXTRA_READS.get(op.name)
-        if extra is not None and extra in kinds:
-            op_reads.append((extra, kinds[extra].family, op.layer, kinds[extra].bytes))
+        for extra in registry.REREADS.get(op.name, ()):
+            if extra in kinds:
+                op_reads.append((extra, kinds[extra].family, op.layer, kinds[extra].bytes))
         for position, (name, _family, key, _bytes) in enumerate(op_reads):
             instances.setdefault(name, set()).add(key)
             reads_of.setdefault(name, []).append((index, position))
@@ -256,12 +262,12 @@ def program_rings(facts: ProgramFacts, schedule: Schedule) -> tuple[dict[str, Ri
     for name, count in facts.instances.items():
         if name == SMALL_RING:
             fam = schedule.family(SMALL_FAMILY)
-            rings[name] = RingSpec(name, SMALL_FAMILY, SMALL_FAMILY, fam.buffers, 1, facts.small_bytes,
+            rings[name] = RingSpec(name, SMALL_FAMILY, arena_of(schedule, SMALL_FAMILY), fam.buffers, 1, facts.small_bytes,
                                    fam.prefetch_distance_ops, count)
             continue
         if name == EXPERT_RING:
             fam = schedule.family(ROUTED)
-            rings[name] = RingSpec(name, ROUTED, fam.pool or ROUTED, fam.buffers, 1, facts.expert_bytes, 0, count)
+            rings[name] = RingSpec(name, ROUTED, arena_of(schedule, ROUTED), fam.buffers, 1, facts.expert_bytes, 0, count)
             continue
         kind = facts.kinds[name]
         fam = schedule.family(kind.family)
@@ -272,7 +278,7 @@ def program_rings(facts: ProgramFacts, schedule: Schedule) -> tuple[dict[str, Ri
         if pool is not None and pool.banks and pool.bank_bytes:
             rings[ring] = RingSpec(ring, ring, ring, pool.banks, slabs, pool.bank_bytes, 0, count)
         else:
-            rings[ring] = RingSpec(ring, kind.family, fam.pool or kind.family, buffers, slabs,
+            rings[ring] = RingSpec(ring, kind.family, arena_of(schedule, kind.family), buffers, slabs,
                                    slab_bytes(kind, chunk_bytes), fam.prefetch_distance_ops, count)
     return rings, tensor_ring
 
@@ -335,9 +341,9 @@ def horizon_ops(ops: list[Op]) -> list[int]:
     out: list[int] = []
     current, topk, topk_layer = 0, None, None
     for index, op in enumerate(ops):
-        if op.role == "moe.topk":
+        if op.role == registry.ROUTING_OP:
             topk, topk_layer = index, op.layer
-        elif topk is not None and op.layer == topk_layer and op.role in REGION_ROLES:
+        elif topk is not None and op.layer == topk_layer and op.role in registry.EXPERT_REGION_ROLES:
             current, topk = topk + 1, None
         out.append(current)
     return out

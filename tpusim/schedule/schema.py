@@ -55,22 +55,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from hwmodels.errors import InputError
 from hwmodels.textfile import read_user_json
+from tpusim.workload.registry.names import WEIGHT_FAMILIES, Family
 
 # Per-layer norms, biases and gates: one small copy read through the whole layer.
-SMALL_FAMILY = "small_params"
-# Families a schedule controls (weight families from tpusim.workload.modelconfig plus KV/state).
-SCHEDULE_FAMILIES = (
-    "kda_proj",
-    "mla_proj",
-    "gqa_proj",
-    "small_params",
-    "router",
-    "latent_proj",
-    "shared_expert",
-    "routed_expert",
-    "dense_mlp",
-    "lm_head",
-)
+SMALL_FAMILY = Family.SMALL_PARAMS
+# Families a schedule controls (the registry's weight families; KV tiles and state have knobs of their own).
+SCHEDULE_FAMILIES = WEIGHT_FAMILIES
 
 SCHEDULES_DIR = Path(__file__).resolve().parents[1] / "schedules"
 BUILTIN_SCHEDULES = ("naive", "published", "layer-double-buffer")  # K3's: the sweep's fixed starting points

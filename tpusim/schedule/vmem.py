@@ -38,11 +38,13 @@ The total must fit the chip's usable on-chip memory (TPU v7: ≤ 58 MiB of expli
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 
 from tpusim.schedule.schema import SCHEDULE_FAMILIES, SMALL_FAMILY, Schedule
 from tpusim.workload.collectives import buffer_bytes
 from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.registry.names import Family
 from tpusim.workload.shapes import (
     TensorSpec,
     dense_mlp_tensors,
@@ -112,6 +114,78 @@ def _tensor_kinds(model: ModelConfig, plan: ShardingPlan) -> dict[str, list[Tens
     for tensor in by_name.values():
         kinds.setdefault(tensor.family, []).append(tensor)
     return kinds
+
+
+EXPERT_RING = "expert"  # a layer's routed experts share the expert slots (one whole slice each)
+SMALL_RING = "small"  # a layer's small parameters: one packed row, one copy
+
+
+def arena_sizes(members: Iterable[tuple[str, int]]) -> dict[str, int]:
+    """The arena rule (rule 3): each arena is as large as its largest member; ``members`` are
+    (arena, member footprint) pairs."""
+    sizes: dict[str, int] = {}
+    for arena, size in members:
+        sizes[arena] = max(sizes.get(arena, 0), size)
+    return sizes
+
+
+@dataclass(frozen=True)
+class RingSpec:
+    """One VMEM ring: ``buffers`` buffers of ``slab_size`` arena units from ``offset``.
+
+    Units are whatever the caller measures arenas in (bytes here, 16-bit 128-lane rows in the
+    kernel); only overlaps matter."""
+
+    name: str
+    family: str
+    pool: str
+    buffers: int
+    num_slabs: int  # K: slabs per instance
+    slab_size: int
+    distance: int = 0
+    instances: int = 1
+    offset: int = 0
+
+    @property
+    def region(self) -> tuple[int, int]:
+        return self.offset, self.offset + self.buffers * self.slab_size
+
+    def buffer_range(self, buffer: int) -> tuple[int, int]:
+        """Arena range of ``buffer``; expert slot 0 sits at the top, slot 1 below it, ..."""
+        if self.name == EXPERT_RING:
+            start = self.offset + (self.buffers - 1 - buffer) * self.slab_size
+        else:
+            start = self.offset + buffer * self.slab_size
+        return start, start + self.slab_size
+
+    @property
+    def static_buffers(self) -> bool:
+        """Whether slab ``k`` of every instance lands in the same buffer (``k % buffers``)."""
+        return (self.name == EXPERT_RING or self.name.startswith("pool:") or self.buffers == 1
+                or self.instances == 1 or self.num_slabs % self.buffers == 0)
+
+
+def place(rings: Sequence[RingSpec]) -> tuple[dict[str, RingSpec], dict[str, int]]:
+    """Offsets of ``rings`` and each pool's arena size (rule 3): a family's rings back to back
+    from the arena's base in the order given (:data:`tpusim.schedule.issue_plan.RING_ORDER`),
+    the expert slots at the arena's top, slot 0 highest, so the shared expert and the first
+    slots can coexist. Units are the caller's (bytes here, 128-lane rows in the kernel)."""
+    footprint = {r.name: r.buffers * r.slab_size for r in rings}
+    family_size: dict[str, int] = {}
+    for ring in rings:
+        family_size[ring.family] = family_size.get(ring.family, 0) + footprint[ring.name]
+    arenas = arena_sizes((ring.pool, family_size[ring.family]) for ring in rings)
+    cursor: dict[str, int] = {}
+    placed: dict[str, RingSpec] = {}
+    for ring in rings:
+        if ring.name == EXPERT_RING:
+            offset = arenas[ring.pool] - footprint[ring.name]
+        else:
+            offset = cursor.get(ring.family, 0)
+            cursor[ring.family] = offset + footprint[ring.name]
+        placed[ring.name] = replace(ring, offset=offset)
+    return placed, arenas
+
 
 
 @dataclass
@@ -192,8 +266,8 @@ def family_chunk(schedule: Schedule, family: str) -> tuple[int | None, int]:
 
 def arenas(schedule: Schedule, family_bytes: dict[str, int]) -> tuple[dict[str, int], dict[str, list[str]]]:
     """Arena -> bytes (the largest member footprint, or a ring pool's banks) and -> present members."""
-    arena_bytes: dict[str, int] = {}
     arena_members: dict[str, list[str]] = {}
+    members: list[tuple[str, int]] = []
     for family in SCHEDULE_FAMILIES:
         if family not in family_bytes:
             continue
@@ -201,8 +275,8 @@ def arenas(schedule: Schedule, family_bytes: dict[str, int]) -> tuple[dict[str, 
         arena_members.setdefault(arena, []).append(family)
         ring = schedule.ring_pool(family)
         size = ring.banks * ring.bank_bytes if ring is not None and ring.banks and ring.bank_bytes else family_bytes[family]
-        arena_bytes[arena] = max(arena_bytes.get(arena, 0), size)
-    return arena_bytes, arena_members
+        members.append((arena, size))
+    return arena_sizes(members), arena_members
 
 
 def vmem_plan(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch: int,
@@ -215,7 +289,7 @@ def vmem_plan(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch:
     detail: dict[str, int] = {}
     for family in SCHEDULE_FAMILIES:
         fam = schedule.family(family)
-        if family == "routed_expert":
+        if family == Family.ROUTED_EXPERT:
             if model.num_experts:
                 family_bytes[family] = fam.buffers * expert_slice_bytes(model, plan)
             continue

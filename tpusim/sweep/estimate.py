@@ -76,6 +76,7 @@ from tpusim.schedule.program_issue import (
     program_facts,
     program_issue_plan,
 )
+from tpusim.schedule.release import is_mispredicted, selection_fraction
 from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import VmemPlan, family_chunk, slab_rows, vmem_plan
 from tpusim.sweep.estimate_resources import AdmissionPool, FluidHbm
@@ -404,11 +405,10 @@ class _Replay:
         elif mode == "after_routing":
             release = span[1]
         elif mode == "during_selection":
-            release = span[0] + (span[1] - span[0]) * (op.expert_position + 1) / max(1, op.experts_in_layer)
+            release = span[0] + (span[1] - span[0]) * selection_fraction(op.expert_position, op.experts_in_layer)
         else:
             release = self.starts[issue_op]
-            seen, rate = self.experts_seen, self.miss_rate
-            if math.floor((seen + 1) * rate + 1e-9) - math.floor(seen * rate + 1e-9):
+            if is_mispredicted(self.experts_seen, self.miss_rate):
                 wasted = self.slab(queue, release, nbytes)  # holds a slot until it lands and routing is known
                 self.consume(queue, max(wasted, span[1]), nbytes)
                 release = span[1]

@@ -2,7 +2,7 @@
 
 Each ``family=format`` pair sets the format keys of that family (the model file's or
 ``config.json``'s formats are the defaults). Families, by the names of
-:data:`tpusim.workload.modelconfig.WEIGHT_FAMILIES` where one exists:
+:data:`tpusim.workload.registry.names.WEIGHT_FAMILIES` where one exists:
 
 | family (aliases) | format keys it sets |
 | --- | --- |

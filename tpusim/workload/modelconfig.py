@@ -21,7 +21,7 @@ Attention kinds:
 Which layer uses which kind is an :class:`AttentionPattern`: a default kind plus rules
 (``every``/``offset`` or an explicit list of layers), later rules winning.
 
-Weight formats are given per *family* (see :data:`WEIGHT_FAMILIES`); a model can carry
+Weight formats are given per *family* (see :data:`tpusim.workload.registry.names.WEIGHT_FAMILIES`); a model can carry
 several named format variants (Muse Spark ships three) selected as ``name@variant``.
 """
 
@@ -37,19 +37,6 @@ from tpusim.workload.formats import FORMATS
 AttentionKind = Literal["kda", "mla", "gqa"]
 
 # Weight families: the unit a schedule prefetches and a breakdown reports.
-WEIGHT_FAMILIES = (
-    "kda_proj",  # KDA fused q/k/v/gate/beta, decay low-rank, output projection
-    "mla_proj",  # MLA q_a/q_b/kv_a/kv_b, output gate, output projection
-    "gqa_proj",  # GQA q/k/v/o (+ output gate)
-    "small_params",  # norms, router bias, decay parameters, residual-mixture weights (f32)
-    "router",  # router projection
-    "latent_proj",  # latent_down / latent_up (or a MoE input/output projection)
-    "shared_expert",  # shared experts' gate/up/down
-    "routed_expert",  # routed experts' gate/up/down (per expert slice)
-    "dense_mlp",  # dense MLP of the dense layers (layer 0 in K3)
-    "lm_head",  # vocabulary projection
-)
-
 # Format keys: a family may store sub-tensors in different formats (K3's routed experts
 # keep gate/up in FP8 and down in MXFP4).
 FORMAT_KEYS = (
