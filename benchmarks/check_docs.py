@@ -16,9 +16,9 @@ What it checks, in order:
    ``tpusim floor --json``): its subcommand, flags and values must parse, but required
    flags it leaves out are not asked for. A span holding ``: error:`` quotes output and is
    skipped.
-2. **Run** (``--run``, or by default when no ``--parse-only``): a few cheap commands
-   (:data:`CHEAP_COMMANDS`, each under a few seconds) are run in full in this process and
-   must exit 0.
+2. **Run** (unless ``--parse-only``): a few cheap commands (:data:`CHEAP_COMMANDS`, each
+   a few seconds at most) run in full in this process, must exit 0, and their output must
+   still hold the figures the docs quote from them.
 3. **Generated sections**: text between ``<!-- generated:NAME -->`` and
    ``<!-- end generated:NAME -->`` in a docs page is rebuilt from the parser
    (:data:`GENERATORS`: ``tpusim-help`` is ``tpusim --help`` and every subcommand's usage
@@ -72,16 +72,23 @@ PLACEHOLDERS: dict[str, str] = {
 # A token that still looks like a placeholder after substitution (all capitals) is reported.
 _LEFTOVER = re.compile(r"^[A-Z][A-Z_]*$")
 
-# Commands run in full: (argv, what it shows). Each takes a few seconds at most.
-CHEAP_COMMANDS: tuple[tuple[str, ...], ...] = (
-    ("--version",),
-    ("hardware", "list"),
-    ("hardware", "show", "tpu-v7"),
-    ("sources", "GC"),
-    ("schema", "model"),
-    ("schema", "measurement", "--example"),
-    ("floor", "--model", "kimi-k3", "--hardware", "tpu-v7", "--chips", "16", "--batch", "1"),
-    ("plan", "--model", "kimi-k3", "--plan", "k3-tp32"),
+# Commands run in full: (argv, substrings its output must contain). Each takes a few seconds
+# at most. The substrings are figures the docs quote, so a change that moves them fails here:
+# the worked example of docs/own-model.md and the 8-slot check of docs/calibration.md.
+CHEAP_COMMANDS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
+    (("--version",), ("tpusim",)),
+    (("hardware", "list"), ("tpu-v7",)),
+    (("hardware", "show", "tpu-v7"), ()),
+    (("sources", "GC"), ()),
+    (("schema", "model"), ()),
+    (("schema", "measurement", "--example"), ()),
+    (("floor", "--model", "kimi-k3", "--hardware", "tpu-v7", "--chips", "16", "--batch", "1"), ()),
+    (("plan", "--model", "kimi-k3", "--plan", "k3-tp32"), ()),
+    (("plan", "--model", "tests/data/qwen3-30b-a3b/config.json", "--formats", "experts=fp8", "--hardware", "tpu-v7",
+      "--chips", "2", "--batch", "8", "--context", "4096"),
+     ("30.53 B parameters", "plan generic-4", "weights 8.04 GB", "needs 8.8 GB of 94.7 GB per device: fits")),
+    (("simulate", "--model", "muse-spark@int4+bf16", "--hardware", "tpu-v7", "--chips", "4", "--batch", "1",
+      "--schedule", "muse-published", "--json", "--uncalibrated"), ('"step_ms": 3.763',)),
 )
 
 _FENCE = re.compile(r"^\s*(```|~~~)")
@@ -243,21 +250,31 @@ def run_cheap_commands() -> list[str]:
     from tpusim.app.cli import main
 
     failures = []
-    for argv in CHEAP_COMMANDS:
-        out, err = io.StringIO(), io.StringIO()
-        start = time.perf_counter()
-        try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                code = main(list(argv))
-        except SystemExit as stop:
-            code = stop.code if isinstance(stop.code, int) else 1
-        seconds = time.perf_counter() - start
-        if code != 0:
-            failures.append(f"tpusim {' '.join(argv)}: exit {code}: {err.getvalue().strip()[-300:]}")
-        elif not out.getvalue().strip():
-            failures.append(f"tpusim {' '.join(argv)}: printed nothing")
-        elif seconds > 10:
-            failures.append(f"tpusim {' '.join(argv)}: took {seconds:.1f} s (a cheap command must stay cheap)")
+    cwd = Path.cwd()
+    os.chdir(ROOT)  # documented paths (tests/data/...) are relative to the repository root
+    try:
+        for argv, expected in CHEAP_COMMANDS:
+            out, err = io.StringIO(), io.StringIO()
+            start = time.perf_counter()
+            try:
+                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                    code = main(list(argv))
+            except SystemExit as stop:
+                code = stop.code if isinstance(stop.code, int) else 1
+            seconds = time.perf_counter() - start
+            text = " ".join(out.getvalue().split())  # tables wrap with the terminal width
+            name = f"tpusim {' '.join(argv)}"
+            if code != 0:
+                failures.append(f"{name}: exit {code}: {err.getvalue().strip()[-300:]}")
+            elif not text:
+                failures.append(f"{name}: printed nothing")
+            elif seconds > 10:
+                failures.append(f"{name}: took {seconds:.1f} s (a cheap command must stay cheap)")
+            missing = [want for want in expected if want not in text]
+            if code == 0 and missing:
+                failures.append(f"{name}: output no longer contains the documented {missing}")
+    finally:
+        os.chdir(cwd)
     return failures
 
 

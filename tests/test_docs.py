@@ -97,3 +97,9 @@ def test_readme_links_every_docs_page() -> None:
     readme = (ROOT / "README.md").read_text()
     missing = [page.name for page in sorted((ROOT / "docs").glob("*.md")) if f"docs/{page.name}" not in readme]
     assert not missing, f"docs pages the README does not link: {missing}"
+
+
+def test_the_runner_fails_when_a_documented_figure_moves(checker: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checker, "CHEAP_COMMANDS", ((("--version",), ("tpusim",)), (("--version",), ("9.99 ms",))))
+    failures = checker.run_cheap_commands()
+    assert len(failures) == 1 and "9.99 ms" in failures[0], failures
