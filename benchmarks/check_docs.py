@@ -22,7 +22,7 @@ What it checks, in order:
 3. **Generated sections**: text between ``<!-- generated:NAME -->`` and
    ``<!-- end generated:NAME -->`` in a docs page is rebuilt from the parser
    (:data:`GENERATORS`: ``tpusim-help`` is ``tpusim --help`` and every subcommand's usage
-   line). Default mode checks and fails on drift; ``--write`` rewrites the sections.
+   line; ``simulate-json-keys`` the keys table of ``tpusim/app/cli/simulate.py``'s docstring). Default mode checks and fails on drift; ``--write`` rewrites the sections.
 
 Exit status 0 when everything holds, 1 otherwise; the last line is a one-line summary::
 
@@ -301,7 +301,17 @@ def _help_section() -> str:
     return "\n".join(parts) + "\n"
 
 
-GENERATORS = {"tpusim-help": _help_section}
+def _simulate_keys_section() -> str:
+    """The ``--json`` keys table of ``tpusim simulate``, from its module docstring (reST roles
+    and double backticks turned into markdown code)."""
+    from tpusim.app.cli import simulate
+
+    rows = [line for line in (simulate.__doc__ or "").split("\n") if line.startswith("|")]
+    text = "\n".join(rows).replace("``", "`")
+    return re.sub(r":(?:mod|func|class|data):`~?([^`]+)`", r"`\1`", text) + "\n"
+
+
+GENERATORS = {"tpusim-help": _help_section, "simulate-json-keys": _simulate_keys_section}
 
 
 def check_generated(*, write: bool, root: Path = ROOT) -> list[str]:

@@ -103,3 +103,22 @@ def test_the_runner_fails_when_a_documented_figure_moves(checker: ModuleType, mo
     monkeypatch.setattr(checker, "CHEAP_COMMANDS", ((("--version",), ("tpusim",)), (("--version",), ("9.99 ms",))))
     failures = checker.run_cheap_commands()
     assert len(failures) == 1 and "9.99 ms" in failures[0], failures
+
+
+def test_simulate_json_keys_table_names_every_key(capsys: pytest.CaptureFixture[str]) -> None:
+    """The keys table (generated into docs/cli-reference.md from simulate.py's docstring)
+    names every key ``tpusim simulate --json`` prints, and no other."""
+    import json
+    import re
+
+    from tpusim.app.cli import main, simulate
+
+    documented: set[str] = set()
+    for line in (simulate.__doc__ or "").split("\n"):
+        if line.startswith("| ``"):
+            documented |= set(re.findall(r"``([a-z_]+)``", line.split("|")[1]))
+    assert main(["simulate", "--model", "llama-3.2-1b", "--hardware", "tpu-v7", "--chips", "1", "--batch", "1",
+                 "--json", "--uncalibrated"]) == 0
+    printed = set(json.loads(capsys.readouterr().out))
+    assert printed - documented == set(), "printed but not documented"
+    assert documented - printed == set(), "documented but not printed"
