@@ -122,3 +122,28 @@ def test_simulate_json_keys_table_names_every_key(capsys: pytest.CaptureFixture[
     printed = set(json.loads(capsys.readouterr().out))
     assert printed - documented == set(), "printed but not documented"
     assert documented - printed == set(), "documented but not printed"
+
+
+def _documented_keys(markdown: str, heading: str) -> set[str]:
+    """Keys named in the first column of the table under ``heading`` (up to the next heading)."""
+    import re
+
+    section = markdown.split(heading, 1)[1].split("\n## ", 1)[0]
+    keys: set[str] = set()
+    for line in section.split("\n"):
+        if line.startswith("| `"):
+            keys |= set(re.findall(r"`([a-z_]+)`", line.split("|")[1]))
+    return keys
+
+
+def test_floor_json_keys_table_names_every_key(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from tpusim.app.cli import main
+
+    documented = _documented_keys((ROOT / "docs" / "cli-reference.md").read_text(), "## `tpusim floor --json` keys")
+    assert main(["floor", "--model", "llama-3.2-1b", "--hardware", "tpu-v7", "--chips", "1", "--batch", "1",
+                 "--json"]) == 0
+    printed = set(json.loads(capsys.readouterr().out))
+    assert printed - documented == set(), "printed but not documented in docs/cli-reference.md"
+    assert documented - printed == set(), "documented in docs/cli-reference.md but not printed"
