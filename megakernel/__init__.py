@@ -28,7 +28,7 @@ Modules, bottom up:
   (against the single-device reference, in a fresh process), :mod:`~megakernel.decode_ties`
   (routing near ties against the reference), :mod:`~megakernel.tolerance`.
 
-Simplifications relative to ``shared/reference/kimi-k3.md`` (README material):
+Simplifications relative to ``shared/reference/kimi-k3.md`` (docs/megakernel.md lists them too):
 
 1. KDA decay gate: ``g = -5 * sigmoid(exp(A_log) * (f + dt_bias))`` (bounded in (-5, 0)),
    our choice of a gate with K3's lower bound; q, k L2-normalised, SiLU after the conv on

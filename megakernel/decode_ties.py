@@ -24,7 +24,7 @@ chose set ``S'`` and the reference ``S``, with the kernel's keys ``k'`` and the 
 
 Measured (8 devices, 4 layers, seed 2, bf16 payloads, step 4, layer 2): ``m`` = 2.1e-3,
 ``d`` = 3.0e-3 against a tolerance of 6.4e-3 (2^-7 of 0.82): a near tie; on the steps
-before it the keys were 2.0e-3 to 4.6e-3 off somewhere (README).
+before it the keys were 2.0e-3 to 4.6e-3 off somewhere (docs/multi-device.md).
 """
 
 from __future__ import annotations

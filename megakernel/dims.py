@@ -10,7 +10,7 @@ Single device (``plan_for(model, 1)``): every width is the model's. On a multi-d
 the kernel (``routes_all_experts=True``), so nothing is stood in for. The one-device
 :class:`megakernel.kernel.Megakernel` can still be built at one device's widths of the K3
 TP32 plan with the collectives omitted (a lowering-only configuration); where the widths do
-not compose without a collective it uses these stand-ins, all named in README:
+not compose without a collective it uses these stand-ins, all named in docs/megakernel.md:
 
 - the latent all-gather: the local ``latent_down`` columns fill the first columns of the
   latent, the rest stay zero;

@@ -161,7 +161,7 @@ def test_8_devices_match_reference_over_4_greedy_steps_race_free_in_plan_order()
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_8_devices_with_the_plans_bf16_payloads_give_reference_tokens(seed):
     """The plan's bytes: the logits carry K3's bf16 rounding of every partial (measured in
-    README: 2.4e-3 to 5.3e-3 of the largest logit, and a routing near-tie that flips), so
+    docs/multi-device.md: 2.4e-3 to 5.3e-3 of the largest logit, and a routing near-tie that flips), so
     the check is the greedy tokens."""
     _assert_decodes(run_decode("--devices", "8", "--layers", "4", "--steps", "4", "--seed", str(seed)))
 

@@ -24,7 +24,7 @@ MS_PER_S = 1000.0
 
 def floor_report(model: ModelConfig, plan: ShardingPlan, system: System, *, batch: int,
                  context_tokens: int, routing: RoutingModel, seed: int = 0) -> dict[str, Any]:
-    """Everything `tpusim floor --json` prints (see README for the keys)."""
+    """Everything `tpusim floor --json` prints (the keys: docs/cli-reference.md)."""
     chip = system.chip
     groups = plan.expert_groups
     group_programs = [build_program(model, plan, batch=batch, context_tokens=context_tokens,

@@ -14,14 +14,16 @@ floor):
 
 | key | meaning |
 | --- | --- |
+| ``model``, ``hardware``, ``system``, ``chips``, ``devices``, ``plan``, ``batch``, ``context``, ``routing``, ``seed``, ``execution_mode`` | what was simulated (the inputs, the plan and the chip's execution mode) |
 | ``step_ms``, ``tokens_per_s`` | simulated step time; aggregate tokens/s = batch / step |
 | ``exposed_dma_ms`` | compute stream waiting on copies |
 | ``overlap_fraction`` | 1 - exposed DMA / time with copies in flight |
+| ``dma_busy_ms``, ``dma_count``, ``dma_bytes``, ``event_count`` | time with a copy in flight (issue latency included), copies, bytes copied, engine events |
 | ``vmem_peak_bytes``, ``vmem_peak_time_ms``, ``vmem_peak_layer`` | highest VMEM occupancy, when, where |
 | ``vmem_static_bytes``, ``vmem_capacity_bytes`` | the schedule's static scratch; usable capacity |
 | ``busy_fraction`` | per resource (hbm, mxu, vpu, link.*) busy time / step |
 | ``words`` | the chip's names for ``staging`` (what ``vmem_*`` measure), ``mxu``, ``vpu`` |
-| ``step_ms_low``, ``step_ms_high``, ``tokens_per_s_low``, ``tokens_per_s_high`` | the 90 % prediction interval of a calibrated chip (re-simulated over the fit's sampled parameter sets, :mod:`tpusim.report.intervals`); ``None`` and ``interval: "none: ..."`` when uncalibrated |
+| ``step_ms_low``, ``step_ms_high``, ``tokens_per_s_low``, ``tokens_per_s_high``, ``interval`` | the 90 % prediction interval of a calibrated chip (re-simulated over the fit's sampled parameter sets, :mod:`tpusim.report.intervals`); ``None`` and ``interval: "none: ..."`` when uncalibrated |
 | ``breakdown`` | step ms by what the stream did (phases, collectives, fixed overheads, exposed DMA, drain) |
 | ``layer_ms`` | stream ms per layer ("-1": the head) |
 | ``exposed_dma_by_family_ms`` | exposed DMA per weight family |
