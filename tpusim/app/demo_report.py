@@ -281,7 +281,8 @@ def _relative(path: Path, base: Path) -> str:
         return str(path)
 
 
-def render_report(run: DemoRun) -> str:
+def render_report(run: DemoRun, *, reuse: str = "") -> str:
+    """The report; ``reuse`` (:func:`tpusim.app.demo.reuse_line`) follows the calibrations."""
     lines = _compare_section(run)
     lines += _floor_section(run)
     lines += _sweep_section(run)
@@ -291,6 +292,8 @@ def render_report(run: DemoRun) -> str:
                                   "## 5. Calibration of tpu-v7 on the published TPU7x measurements (Muse Spark)")
     lines += _calibration_section(run, "calibrate host-cpu",
                                   "## 6. The CPU closed loop: host model against XLA-compiled decode steps on this machine")
+    if reuse:
+        lines += ["", reuse[0].upper() + reuse[1:] + ".", ""]
     lines += ["## Steps", "", "| step | wall s | CPU s | status |", "| --- | ---: | ---: | --- |"]
     for step in run.steps:
         lines.append(f"| {step.name} | {step.wall_s:.1f} | {step.cpu_s:.1f} | "
