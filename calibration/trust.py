@@ -13,8 +13,8 @@ Checks, in the order they are reported
    the wrong unit (µs written as ms is ×1000): a simulator off by 300× on a chip whose
    figures are published is far less likely than a unit slip, and no fit can repair it
    (the fitted figures would run to their bounds). No override.
-2. **Convergence** (checked by ``tpusim calibrate`` with
-   :func:`tpusim.app.fit_summary.convergence_problem`; ``--allow-unconverged`` keeps it).
+2. **Convergence** (the caller's verdict, :func:`tpusim.app.fit_summary.convergence_problem`;
+   ``--allow-unconverged`` keeps it).
 3. **Bounds** (:func:`bound_problems`): a parameter within :data:`BOUND_TOLERANCE` (10⁻⁶ of
    its bound range, the tolerance :func:`calibration.fit.fit_chip` flags ``at_bound`` with)
    of a bound. The bounds are physical (:mod:`calibration.params`): a fit that pushes against
@@ -132,19 +132,24 @@ def error_problem(errors: Sequence[float]) -> Refusal | None:
                    "describe this data")
 
 
-def check_fit(result: FitResult, *, values: Mapping[str, float] | None = None,
+def check_fit(result: FitResult, *, convergence: str | None = None,
+              values: Mapping[str, float] | None = None,
               parameters: Sequence[FittedParameter] | None = None,
               published: Chip | None = None) -> list[Refusal]:
-    """Every refusal of checks 1 and 3–5 for ``result`` (module docstring order).
+    """Every refusal for ``result``, in the module docstring's order.
 
-    ``values`` are the figures the overlay would save (default: the fitted parameters),
-    ``parameters`` those checked against their bounds (default: all fitted), ``published``
-    the chip whose ceilings apply (default: the fit's published chip)."""
+    ``convergence`` is the caller's verdict on the solve (None: converged; the sentence of
+    :func:`tpusim.app.fit_summary.convergence_problem` otherwise); ``values`` the figures the
+    overlay would save (default: the fitted parameters); ``parameters`` those checked against
+    their bounds (default: all fitted); ``published`` the chip whose ceilings apply (default:
+    the fit's published chip)."""
     records = result.records
     refusals: list[Refusal] = []
     unit = unit_problem([r.step_s for r in records], [result.before_s[r.key()] for r in records])
     if unit is not None:
         refusals.append(unit)
+    if convergence is not None:
+        refusals.append(Refusal(convergence, "--allow-unconverged"))
     checked = list(result.parameters if parameters is None else parameters)
     refusals += bound_problems(checked)
     fitted = {p.path: p.value for p in result.parameters} if values is None else dict(values)

@@ -325,7 +325,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from calibration.measurements import write_measurements
     from calibration.predict import Predictor
     from calibration.report import write_fit_report
-    from calibration.trust import Refusal, check_fit
+    from calibration.trust import check_fit
     from tpusim.app.fit_summary import convergence_problem, summary_lines
     from tpusim.app.interrupts import deferred_interrupts
 
@@ -338,7 +338,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     result, records = _fit(args, console)
     out = Path(args.out)
     problem = convergence_problem(result)
-    refusals = [*([Refusal(problem, "--allow-unconverged")] if problem else []), *check_fit(result)]
+    refusals = check_fit(result, convergence=problem)
     summary = result.to_json()
     blocking = _record_refusals(summary, refusals, args)
     with deferred_interrupts():  # the report, fit, points and overlay change together or not at all
