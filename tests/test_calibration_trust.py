@@ -218,3 +218,17 @@ def test_the_demo_prints_the_command_that_reuses_its_calibration(tmp_path, monke
     monkeypatch.delenv("TPUSIM_LOCAL_DIR")
     assert main(["demo", "--out", str(tmp_path / "report")]) == 0
     assert f"--local-dir {(tmp_path / 'report' / 'local').resolve()}" in capsys.readouterr().out
+
+
+def test_the_demo_report_says_what_it_kept_despite_the_checks_and_how_to_reuse_it(tmp_path) -> None:
+    from tpusim.app.demo_report import render_report
+    from tpusim.app.demo_run import DemoConfig, DemoRun
+
+    run = DemoRun(DemoConfig(out_dir=tmp_path))
+    run.step("calibrate host-cpu").data = {"refusals": [
+        {"reason": "execution.launch_overhead_s stopped at its lower bound", "override": "--allow-at-bounds",
+         "overridden": True}]}
+    text = render_report(run, reuse="to reuse this calibration: tpusim simulate --local-dir /x")
+    assert ("Kept despite failed checks (the demo passes --allow-at-bounds): execution.launch_overhead_s "
+            "stopped at its lower bound.") in text
+    assert "To reuse this calibration: tpusim simulate --local-dir /x." in text

@@ -193,6 +193,10 @@ def _calibration_section(run: DemoRun, name: str, title: str) -> list[str]:
     if data.get("procedure") == "part by part":
         return [*lines, *_parts_lines(data),
                 *_points_lines(data, data.get("e2e_fit", {}).get("points", []), run.config.out_dir)]
+    kept = [r["reason"] for r in data.get("refusals", []) if r.get("overridden")]
+    if kept:
+        lines += ["Kept despite failed checks (the demo passes " + ", ".join(sorted(
+            {r["override"] for r in data["refusals"] if r.get("overridden")})) + "): " + "; ".join(kept) + ".", ""]
     if data.get("success", True):
         lines.append(f"Solver: converged ({data.get('message', '')}).")
     else:
