@@ -412,7 +412,8 @@ def fit_chip(
     )
 
 
-def save_fit(result: FitResult, path: Path | str | None = None, *, samples: bool = False) -> Path:
+def save_fit(result: FitResult, path: Path | str | None = None, *, samples: bool = False,
+             provenance: dict[str, Any] | None = None) -> Path:
     """Write the fit's overlay atomically (default ``<local dir>/calibrated/<chip>.yaml``).
 
     The published catalog file is never written: :func:`hwmodels.overlay.save_overlay`
@@ -429,4 +430,6 @@ def save_fit(result: FitResult, path: Path | str | None = None, *, samples: bool
         overlay = overlay.model_copy(update={
             "samples": draw_samples([(covariance["paths"], values, np.array(covariance["matrix"]), bounds)]),
             "interval_method": METHOD.format(seed=SEED)})
+    if provenance:  # fields of the overlay the fit does not know (measurements, errors)
+        overlay = overlay.model_copy(update=provenance)
     return save_overlay(overlay, path)

@@ -110,6 +110,11 @@ def load_chip(name: str, *, calibrated: bool = True) -> Chip:
     """
     paths = _chip_paths()
     if name not in paths:
+        from hwmodels.probe import HOST_CHIP_NAME
+
+        if name == HOST_CHIP_NAME:  # written by the probe, into the local folder
+            raise InputError(f"{name} has not been measured on this machine yet (no {name}.yaml in "
+                             f"{display_path(local_dir())}): run `tpusim hardware probe` first")
         available = ", ".join(sorted(paths)) or "(none)"
         raise InputError(f"unknown chip {name!r}; available: {available}")
     chip = load_chip_file(paths[name])

@@ -39,7 +39,14 @@ Saving
 ------
 :func:`save_overlay` writes atomically (temporary file in the same folder, fsync,
 ``os.replace``): an interrupted save leaves the previous overlay intact. It refuses to write
-into the built-in catalog folder.
+into the built-in catalog folder. ``tpusim calibrate`` saves only a fit that passed its
+checks (:mod:`calibration.trust`) and records the measurement set and the fit's errors
+(``measurements``, ``errors``).
+
+Listing and removing
+--------------------
+:func:`overlay_paths` lists the overlays of the local folder, :func:`remove_overlay` deletes
+one (``tpusim overlays list|show|remove``).
 """
 
 from __future__ import annotations
@@ -95,6 +102,11 @@ class CalibrationOverlay(BaseModel):
         "over ``parameters``); re-simulating each gives the prediction interval",
     )
     interval_method: str = Field(default="", description="how ``samples`` were drawn")
+    measurements: str = Field(default="", description="the measurement file or set the fit read "
+                              "(as ``tpusim calibrate --measurements`` named it)")
+    errors: dict[str, float | None] = Field(
+        default_factory=dict, description="the fit's errors as fractions (mape_before, "
+        "mape_calibration, mape_holdout, ...), as ``tpusim calibrate --json`` reports them")
 
     @field_validator("parameters")
     @classmethod
@@ -113,6 +125,24 @@ def overlay_path(chip_name: str) -> Path:
 def has_overlay(chip_name: str) -> bool:
     """Whether a calibrated overlay exists for ``chip_name``."""
     return overlay_path(chip_name).is_file()
+
+
+def overlay_paths() -> list[Path]:
+    """Every overlay file in ``<local dir>/calibrated/``, sorted by chip name."""
+    folder = local_dir() / "calibrated"
+    return sorted(folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def remove_overlay(chip_name: str) -> Path:
+    """Delete the overlay of ``chip_name`` (the published figures apply again); returns its
+    path. InputError naming the overlays that exist when there is none for the chip."""
+    path = overlay_path(chip_name)
+    if not path.is_file():
+        existing = ", ".join(p.stem for p in overlay_paths()) or "(none)"
+        raise InputError(f"no calibrated overlay for {chip_name!r} in {display_path(path.parent)} "
+                         f"(overlays: {existing})")
+    path.unlink()
+    return path
 
 
 # --------------------------------------------------------------------------- field paths

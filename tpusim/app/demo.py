@@ -17,10 +17,14 @@ the report):
    labelled, plus the plots and the trace.
 
 Calibrated overlays and the probed host entry go to ``<out>/local`` (``TPUSIM_LOCAL_DIR``)
-unless that variable is already set, so the demo never changes the user's catalog; overlays
+(:func:`demo_local_dir`) unless that variable (or ``--local-dir``) is already set, so the demo
+never changes the user's catalog; :func:`reuse_line` is the command, printed at the end and
+written into the report, that runs later commands with the demo's calibration. Overlays
 a previous demo left there are removed first (a second run into the same folder starts from
 published figures too). Calibrations keep an overlay even when the solver stops early
-(``--allow-unconverged``), and the report says so.
+(``--allow-unconverged``; the host CPU's too when a noisy loop on a shared machine pushes a
+figure to a bound, ``--allow-at-bounds``), and the report says so; the other checks of
+:mod:`calibration.trust` (units, plausibility, error on the fitted points) still refuse.
 A step that fails is reported in ``report.md`` and makes the demo exit non-zero, after the
 remaining steps have run.
 """
@@ -31,6 +35,7 @@ import contextlib
 import io
 import json
 import os
+import shlex
 import time
 import traceback
 from collections.abc import Callable
@@ -106,12 +111,31 @@ def _forget_previous_overlays(local: Path, progress: Callable[[str], None]) -> N
         progress(f"[demo] removed the previous run's overlay {overlay}")
 
 
+def demo_local_dir(out: Path) -> Path:
+    """Where the demo's overlays and probed host go: ``$TPUSIM_LOCAL_DIR`` (``--local-dir``)
+    if set, else ``<out>/local``."""
+    from hwmodels.files import LOCAL_DIR_ENV
+
+    chosen = os.environ.get(LOCAL_DIR_ENV)
+    return Path(chosen).expanduser() if chosen else (out / "local").resolve()
+
+
+def reuse_line(local: Path) -> str:
+    """The exact command that reuses the demo's calibration (any command takes --local-dir)."""
+    folder = shlex.quote(str(local))
+    return (f"to reuse this calibration: tpusim simulate {' '.join(K3_TPU)} --local-dir {folder} "
+            f"(any command takes --local-dir, or export TPUSIM_LOCAL_DIR={folder}; "
+            f"`tpusim overlays list --local-dir {folder}` lists the overlays)")
+
+
 def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda _: None) -> DemoRun:
+    from hwmodels.files import LOCAL_DIR_ENV
+
     out = config.out_dir
     out.mkdir(parents=True, exist_ok=True)
-    if "TPUSIM_LOCAL_DIR" not in os.environ:
-        local = (out / "local").resolve()
-        os.environ["TPUSIM_LOCAL_DIR"] = str(local)
+    local = demo_local_dir(out)
+    if LOCAL_DIR_ENV not in os.environ:
+        os.environ[LOCAL_DIR_ENV] = str(local)
         _forget_previous_overlays(local, progress)
     run = DemoRun(config)
     budget = 8 if config.quick else config.sweep_budget
@@ -144,7 +168,7 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda _: Non
         progress)
     _timed(run, "calibrate host-cpu", lambda: run_cli_json([
         "calibrate", "--hardware", "host-cpu", "--measurements", "cpu-loop",
-        *(["--quick"] if config.quick else []), "--allow-unconverged", "--out", str(out / "calibration-host-cpu")]),
+        *(["--quick"] if config.quick else []), "--allow-unconverged", "--allow-at-bounds", "--out", str(out / "calibration-host-cpu")]),
         progress)
     # Megakernel rows run the schedule the sweep above chose (a row it does not fit falls back
     # to a built-in that fits, and says so): a sweep per row, plan and verify size would
@@ -160,5 +184,5 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda _: Non
 
     from tpusim.app.demo_report import render_report
 
-    write_text_atomic(out / "report.md", render_report(run))
+    write_text_atomic(out / "report.md", render_report(run, reuse=reuse_line(local)))
     return run

@@ -193,6 +193,10 @@ def _calibration_section(run: DemoRun, name: str, title: str) -> list[str]:
     if data.get("procedure") == "part by part":
         return [*lines, *_parts_lines(data),
                 *_points_lines(data, data.get("e2e_fit", {}).get("points", []), run.config.out_dir)]
+    kept = [r["reason"] for r in data.get("refusals", []) if r.get("overridden")]
+    if kept:
+        lines += ["Kept despite failed checks (the demo passes " + ", ".join(sorted(
+            {r["override"] for r in data["refusals"] if r.get("overridden")})) + "): " + "; ".join(kept) + ".", ""]
     if data.get("success", True):
         lines.append(f"Solver: converged ({data.get('message', '')}).")
     else:
@@ -281,7 +285,8 @@ def _relative(path: Path, base: Path) -> str:
         return str(path)
 
 
-def render_report(run: DemoRun) -> str:
+def render_report(run: DemoRun, *, reuse: str = "") -> str:
+    """The report; ``reuse`` (:func:`tpusim.app.demo.reuse_line`) follows the calibrations."""
     lines = _compare_section(run)
     lines += _floor_section(run)
     lines += _sweep_section(run)
@@ -291,6 +296,8 @@ def render_report(run: DemoRun) -> str:
                                   "## 5. Calibration of tpu-v7 on the published TPU7x measurements (Muse Spark)")
     lines += _calibration_section(run, "calibrate host-cpu",
                                   "## 6. The CPU closed loop: host model against XLA-compiled decode steps on this machine")
+    if reuse:
+        lines += ["", reuse[0].upper() + reuse[1:] + ".", ""]
     lines += ["## Steps", "", "| step | wall s | CPU s | status |", "| --- | ---: | ---: | --- |"]
     for step in run.steps:
         lines.append(f"| {step.name} | {step.wall_s:.1f} | {step.cpu_s:.1f} | "

@@ -4,7 +4,9 @@ Each subcommand lives in its own module under ``tpusim/app/cli/`` and exposes
 ``register(subparsers)``, which adds its parser and sets ``func`` to a callable taking the
 parsed ``argparse.Namespace`` and returning an exit code. Input problems raise
 :class:`hwmodels.errors.InputError`; ``main`` prints them (and pydantic validation errors)
-as one line on stderr and exits 2 (see :mod:`tpusim.app.cli.run_guard`).
+as one line on stderr and exits 2 (see :mod:`tpusim.app.cli.run_guard`). Every parser
+takes ``--local-dir DIR`` (:func:`tpusim.app.cli.common.add_local_dir_option`): the folder
+of calibrated overlays and local entries, as ``TPUSIM_LOCAL_DIR`` sets it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ SUBCOMMAND_MODULES = (
     "compare",
     "plan",
     "diff",
+    "overlays",
     "schema",
     "sources",
 )
@@ -54,12 +57,17 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def _use_formatter(parser: argparse.ArgumentParser) -> None:
+def _finish(parser: argparse.ArgumentParser) -> None:
+    """Every parser, nested ones too, gets the help formatter and ``--local-dir``."""
+    from tpusim.app.cli.common import add_local_dir_option
+
     parser.formatter_class = HelpFormatter
+    if not any("--local-dir" in action.option_strings for action in parser._actions):
+        add_local_dir_option(parser)
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for child in action.choices.values():
-                _use_formatter(child)
+                _finish(child)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", help="one of:")
     for module_name in SUBCOMMAND_MODULES:
         importlib.import_module(f"tpusim.app.cli.{module_name}").register(subparsers)
-    _use_formatter(parser)
+    _finish(parser)
     return parser
 
 
@@ -82,9 +90,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
+    from tpusim.app.cli.common import local_dir_from
     from tpusim.app.cli.run_guard import run_command
 
-    return run_command(args)  # locks, signals, and every input error as one line, exit 2
+    with local_dir_from(args):  # --local-dir DIR: overlays and local entries from DIR
+        return run_command(args)  # locks, signals, and every input error as one line, exit 2
 
 
 if __name__ == "__main__":

@@ -25,6 +25,19 @@ errors before / after / leave-one-out / held out, every parameter with its 95 % 
 identifiability, and the points the overlay was fitted on. A solve that stops before
 converging exits 2 without saving the overlay unless ``--allow-unconverged``.
 
+Refused fits
+------------
+Before saving, the fit is checked (:mod:`calibration.trust`, thresholds and why there):
+units sane (step times ≈ 1000× their prediction are reported as a likely unit error),
+solver converged, no parameter at a bound, fitted rates physically plausible against the
+chip's published (or probed) peaks, median error on the fitted points ≤ 25 %. A fit that
+fails any check still writes ``report.md`` (with a "Refused" section), ``fit.json``
+(``refusals``, ``refused``) and ``measurements.jsonl``, saves **no** overlay, and exits 2
+with one line on stderr naming every reason. ``--allow-unconverged`` and
+``--allow-at-bounds`` keep a fit despite those two checks (the terminal still says so); the
+others have no override. A saved overlay records the measurement set and the fit's errors
+(``tpusim overlays list|show|remove``).
+
 ``--json`` prints ``mape_before``, ``mape_calibration``, ``mape_holdout`` (fractions; None
 when nothing is held out) and ``parameters`` (``value``, ``uncertainty``, ``fitted_on``, …).
 
@@ -63,6 +76,7 @@ from tpusim.app.cli.common import emit_json
 
 if TYPE_CHECKING:
     from calibration.fit import FitResult
+    from calibration.trust import Refusal
 
 # The calibration package (scipy, the engine) is imported inside the commands that use it,
 # so ``tpusim --help`` and every other command stay light.
@@ -98,6 +112,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     calibrate.add_argument("--allow-unconverged", action="store_true",
                            help="save the overlay and exit 0 even when the solver stopped before "
                            "converging (default: exit 2, overlay not saved)")
+    calibrate.add_argument("--allow-at-bounds", action="store_true",
+                           help="save the overlay even when a fitted parameter stopped at one of its "
+                           "physical bounds (default: exit 2, overlay not saved)")
     calibrate.add_argument("--procedure", choices=("auto", "parts", "end-to-end"), default="auto",
                            help="parts: fit each part on its own measurements, then the end-to-end points "
                            "(default where component data exists: tpu-v7); end-to-end: one fit on step times")
@@ -169,7 +186,7 @@ def _run_gpu_stack(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "report.md", report_markdown(fit))
     write_text_atomic(out / "fit.json", json.dumps(fit, indent=2, default=float) + "\n")
-    saved = None if args.no_save else save_overlay(overlay_of(fit))
+    saved = None if args.no_save else save_overlay(overlay_of(fit).model_copy(update=_provenance(args, {})))
     fit["overlay"] = str(saved) if saved else None
     if args.json:
         emit_json(fit)
@@ -193,6 +210,7 @@ def _run_parts(args: argparse.Namespace, console: Console) -> int:
     from calibration.measurements import write_measurements
     from calibration.predict import Predictor
     from calibration.report import write_fit_report
+    from calibration.trust import check_fit
     from hwmodels.overlay import save_overlay
     from tpusim.app.interrupts import deferred_interrupts
 
@@ -205,15 +223,24 @@ def _run_parts(args: argparse.Namespace, console: Console) -> int:
                                 max_nfev=min(args.max_evals, 12))
     out = Path(args.out)
     summary = result.to_json()
+    refusals = check_fit(result.e2e, values={path: value for path, (value, _, _) in result.fitted().items()},
+                         parameters=[p for p in result.e2e.parameters if p.path not in result.e2e_held],
+                         published=published)
+    blocking = _record_refusals(summary, refusals, args)
     with deferred_interrupts():  # the report, fit, points and overlay change together or not at all
         paths = write_fit_report(result.e2e, out, predictor=Predictor())
+        _append_refusals(paths["report"], refusals, blocking)
         write_text_atomic(out / "fit.json", json.dumps(summary, indent=2, default=float) + "\n")
         write_measurements(out / "measurements.jsonl", records)
-        saved = None if args.no_save else save_overlay(result.overlay())
+        overlay = result.overlay().model_copy(update=_provenance(args, {
+            key: summary[key] for key in ("mape_e2e_published", "mape_e2e_parts_only", "mape_calibration",
+                                          "mape_holdout")}))
+        saved = None if args.no_save or blocking else save_overlay(overlay)
     summary["overlay"] = str(saved) if saved else None
     summary["report"] = str(paths["report"])
     if args.json:
         emit_json(summary)
+        _refuse(blocking, paths["report"])
         return 0
     stdout = Console()
     for name, part in summary["parts"].items():
@@ -233,8 +260,63 @@ def _run_parts(args: argparse.Namespace, console: Console) -> int:
     for path, why in summary["unidentifiable_held"].items():
         stdout.print(f"{path}: unidentifiable on this data, held ({why})", highlight=False)
     stdout.print(f"prediction intervals: {summary['interval_samples']} sampled parameter sets stored", highlight=False)
-    stdout.print(f"overlay: {display_path(saved) if saved else 'not saved (--no-save)'}", highlight=False)
+    _print_refusals(stdout, refusals, blocking)
+    stdout.print(f"overlay: {display_path(saved) if saved else _not_saved(args, blocking)}", highlight=False)
+    _refuse(blocking, paths["report"])
     return 0
+
+
+# --------------------------------------------------------------------------- refusing
+
+
+def _allowed(args: argparse.Namespace) -> set[str]:
+    """The refusal overrides given (:class:`calibration.trust.Refusal.override`)."""
+    flags = {"--allow-unconverged": args.allow_unconverged, "--allow-at-bounds": args.allow_at_bounds}
+    return {flag for flag, given in flags.items() if given}
+
+
+def _record_refusals(summary: dict, refusals: list[Refusal], args: argparse.Namespace) -> list[Refusal]:
+    """Put the refusals into the fit's JSON; return those no given flag overrides."""
+    from calibration.trust import unresolved
+
+    blocking = unresolved(refusals, _allowed(args))
+    summary["refusals"] = [{"reason": r.reason, "override": r.override, "overridden": r not in blocking}
+                           for r in refusals]
+    summary["refused"] = bool(blocking)
+    return blocking
+
+
+def _append_refusals(report: Path, refusals: list[Refusal], blocking: list[Refusal]) -> None:
+    """Add the checks' verdict to ``report.md`` (a refused fit still writes its report)."""
+    if not refusals:
+        return
+    heading = "## Refused: overlay not saved" if blocking else "## Kept despite failed checks"
+    lines = [f"- {r.reason}" + (" (overridden)" if r not in blocking else "") for r in refusals]
+    write_text_atomic(report, report.read_text() + "\n" + heading + "\n\n" + "\n".join(lines) + "\n")
+
+
+def _print_refusals(stdout: Console, refusals: list[Refusal], blocking: list[Refusal]) -> None:
+    for refusal in refusals:
+        word = "REFUSED" if refusal in blocking else f"warning (kept: {refusal.override})"
+        stdout.print(f"{word}: {refusal.reason}", highlight=False, markup=False)
+
+
+def _not_saved(args: argparse.Namespace, blocking: list[Refusal]) -> str:
+    return "not saved (" + ("refused, see above" if blocking else "--no-save") + ")"
+
+
+def _refuse(blocking: list[Refusal], report: Path) -> None:
+    """Exit 2 (one line on stderr) when the checks refused the fit."""
+    from calibration.trust import refusal_message
+
+    if blocking:
+        raise InputError(refusal_message(blocking, display_path(report)))
+
+
+def _provenance(args: argparse.Namespace, errors: dict) -> dict:
+    """What ``tpusim overlays`` shows beside the fit: the measurement set and the errors."""
+    return {"measurements": args.measurements,
+            "errors": {key: value for key, value in errors.items() if value is not None}}
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
@@ -243,6 +325,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from calibration.measurements import write_measurements
     from calibration.predict import Predictor
     from calibration.report import write_fit_report
+    from calibration.trust import check_fit
     from tpusim.app.fit_summary import convergence_problem, summary_lines
     from tpusim.app.interrupts import deferred_interrupts
 
@@ -255,13 +338,16 @@ def run_calibrate(args: argparse.Namespace) -> int:
     result, records = _fit(args, console)
     out = Path(args.out)
     problem = convergence_problem(result)
-    refused = problem is not None and not args.allow_unconverged
+    refusals = check_fit(result, convergence=problem)
+    summary = result.to_json()
+    blocking = _record_refusals(summary, refusals, args)
     with deferred_interrupts():  # the report, fit, points and overlay change together or not at all
         paths = write_fit_report(result, out, predictor=Predictor())
-        write_text_atomic(out / "fit.json", json.dumps(result.to_json(), indent=2, default=float) + "\n")
+        _append_refusals(paths["report"], refusals, blocking)
+        write_text_atomic(out / "fit.json", json.dumps(summary, indent=2, default=float) + "\n")
         write_measurements(out / "measurements.jsonl", records)
-        saved = None if args.no_save or refused else save_fit(result, samples=True)
-    summary = result.to_json()
+        saved = None if args.no_save or blocking else save_fit(
+            result, samples=True, provenance=_provenance(args, result.summary()))
     summary["overlay"] = str(saved) if saved else None
     summary["report"] = str(paths["report"])
     if args.json:
@@ -275,12 +361,13 @@ def run_calibrate(args: argparse.Namespace) -> int:
                          f"predicted {row['predicted_ms']:.3f} ms (calibrated), error {row['error']:+.1%}",
                          highlight=False, markup=False)
         stdout.print(f"report: {display_path(paths['report'])}", highlight=False, markup=False)
-        reason = "--no-save" if args.no_save else "the solve did not converge"
-        stdout.print(f"overlay: {display_path(saved) if saved else 'not saved (' + reason + ')'}",
+        _print_refusals(stdout, refusals, blocking)
+        stdout.print(f"overlay: {display_path(saved) if saved else _not_saved(args, blocking)}",
                      highlight=False, markup=False)
-    if refused:
+    if problem and blocking and all(r.override == "--allow-unconverged" for r in blocking):
         raise InputError(f"{problem}; the overlay was not saved. Raise --max-evals (now "
                          f"{args.max_evals}) or pass --allow-unconverged to keep it anyway")
+    _refuse(blocking, paths["report"])
     return 0
 
 

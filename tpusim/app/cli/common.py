@@ -1,11 +1,60 @@
-"""Options shared by the subcommands that take a model, a system and a batch."""
+"""Options shared by the subcommands: the local folder (every command), and the model, system
+and batch of those that take a workload."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
+from collections.abc import Iterator
 from typing import Any
+
+LOCAL_DIR_HELP = ("folder of machine-local catalog entries (host-cpu) and calibrated overlays; the same as "
+                  "setting TPUSIM_LOCAL_DIR (default: $TPUSIM_LOCAL_DIR, else the user data folder)")
+
+
+def add_local_dir_option(parser: argparse.ArgumentParser) -> None:
+    """``--local-dir DIR``: which calibrated overlays and local entries a command reads and
+    writes (:func:`hwmodels.files.local_dir`). Unset unless given (``SUPPRESS``), so a
+    subcommand's default never hides a ``tpusim --local-dir DIR COMMAND`` given before it."""
+    parser.add_argument("--local-dir", default=argparse.SUPPRESS, metavar="DIR", help=LOCAL_DIR_HELP)
+
+
+@contextlib.contextmanager
+def local_dir_from(args: argparse.Namespace) -> Iterator[None]:
+    """While a command runs, ``--local-dir`` (if given) is the local folder: it sets
+    ``TPUSIM_LOCAL_DIR``, the one place :func:`hwmodels.files.local_dir` reads, and restores
+    the previous value afterwards (in-process callers such as the demo and the tests)."""
+    from hwmodels.files import LOCAL_DIR_ENV
+
+    chosen = getattr(args, "local_dir", None)
+    if chosen is None:
+        yield
+        return
+    previous = os.environ.get(LOCAL_DIR_ENV)
+    os.environ[LOCAL_DIR_ENV] = str(chosen)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(LOCAL_DIR_ENV, None)
+        else:
+            os.environ[LOCAL_DIR_ENV] = previous
+
+
+def warn_outside_fit(chip: Any, model_spec: str, chips: int) -> list[str]:
+    """Print, on stderr, one line per way (``model_spec``, ``chips``) lies outside the points
+    ``chip``'s calibrated overlay was fitted on; returns the gaps (none: published figures).
+    On stderr so that ``--json`` output, whose ``calibration_warnings`` carry the same
+    sentences, still shows them on the terminal."""
+    calibration = getattr(chip, "calibration", None)
+    gaps = calibration.warnings(model_spec, chips) if calibration is not None else []
+    for gap in gaps:
+        print(f"tpusim: warning: {chip.name} calibration: {gap}; the calibrated figures are "
+              "extrapolated here", file=sys.stderr)
+    return gaps
 
 
 def positive_int(text: str) -> int:
@@ -62,6 +111,7 @@ def resolve_workload(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
 
     model = load_model_with_formats(args)
     system = make_system(args.hardware, args.chips, calibrated=not args.uncalibrated)
+    warn_outside_fit(system.chip, args.model, args.chips)
     plan = plan_for_system(model, system.chip, system.chips, getattr(args, "plan", None))
     routing = parse_routing(args.routing)
     return model, plan, system, routing

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from hwmodels.errors import InputError
@@ -95,6 +96,10 @@ def run(args: argparse.Namespace) -> int:
     fmt = output_format(args)
     table = comparison_table(rows, title=f"{args.model}: decode step per system (simulated)")
     notes = [] if fmt == "json" else calibration_notes(rows)
+    if fmt == "json":  # the rows carry calibration_warnings; the terminal still hears of them
+        for line in calibration_notes(rows):
+            if line.startswith("warning: "):
+                print(f"tpusim compare: {line}", file=sys.stderr)
     emit(table, fmt, notes=notes + interval_notes(rows) if fmt == "table" else notes)
     return 0
 

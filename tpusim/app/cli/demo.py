@@ -16,7 +16,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "on 16 TPU v7 chips, the Pallas megakernel with the chosen schedule on kimi-k3-mini (TPU "
         "interpret mode on a CPU), calibration of tpu-v7 on the published TPU7x points and of this "
         "host, and TPU v7 against GB200; writes OUT/report.md with every figure labelled. Overlays "
-        "go to OUT/local, and a previous run's overlays there are removed first.")
+        "go to OUT/local (or --local-dir), and a previous run's overlays there are removed first; the "
+        "demo prints the command that reuses them.")
     parser.add_argument("--out", type=Path, default=Path("report"), help="report folder (default ./report)")
     parser.add_argument("--jobs", type=positive_int, default=2, help="worker processes for sweeps")
     parser.add_argument("--sweep-budget", type=positive_int, default=32, help="full simulations per sweep")
@@ -30,8 +31,11 @@ def run(args: argparse.Namespace) -> int:
 
     config = DemoConfig(out_dir=args.out, jobs=args.jobs, sweep_budget=args.sweep_budget, quick=args.quick)
     result = run_demo(config, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    from tpusim.app.demo import demo_local_dir, reuse_line
+
     report = args.out / "report.md"
     print(f"report: {report}")
+    print(reuse_line(demo_local_dir(args.out)))
     if not result.ok:
         failed = ", ".join(step.name for step in result.steps if not step.ok)
         print(f"tpusim demo: steps failed: {failed} (see {report})", file=sys.stderr)
