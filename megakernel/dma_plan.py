@@ -356,17 +356,19 @@ def attention_ops(kind: str, delta: int) -> list[Op]:
 
 
 def moe_head_ops(delta: int) -> list[Op]:
-    """A MoE layer's ops before its experts (:data:`tpusim.workload.registry.MOE_PRE_EXPERTS`)."""
-    return _block_ops(registry.MOE, delta, registry.MOE_PRE_EXPERTS)
+    """A MoE layer's ops before its experts."""
+    block = registry.mlp_block(True)
+    return _block_ops(block, delta, block.split_at_experts()[0])
 
 
 def moe_tail_ops(delta: int) -> list[Op]:
     """A MoE layer's ops after its experts."""
-    return _block_ops(registry.MOE, delta, registry.MOE_POST_EXPERTS)
+    block = registry.mlp_block(True)
+    return _block_ops(block, delta, block.split_at_experts()[2])
 
 
 def head_ops(delta: int) -> list[Op]:
-    return _block_ops(registry.HEAD, delta)
+    return _block_ops(registry.head_block(), delta)
 
 
 def expert_ops(n: int) -> list[Op]:
@@ -376,7 +378,7 @@ def expert_ops(n: int) -> list[Op]:
 
 def prologue_ops(first_kind: str, next_kind: str) -> list[Op]:
     """Layer 0 (``first_kind`` attention + dense MLP) and layer 1 up to its experts; positions from 0."""
-    return [*attention_ops(first_kind, 0), *_block_ops(registry.DENSE, 0), *attention_ops(next_kind, 1),
+    return [*attention_ops(first_kind, 0), *_block_ops(registry.mlp_block(False), 0), *attention_ops(next_kind, 1),
             *moe_head_ops(1)]
 
 

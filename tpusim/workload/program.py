@@ -31,14 +31,13 @@ import numpy as np
 
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.registry import (
-    DENSE,
     EXPERT,
-    HEAD,
-    MOE,
     Block,
     OpSpec,
     attention_block,
     expert_op,
+    head_block,
+    mlp_block,
 )
 from tpusim.workload.registry.names import (
     AttnOp,
@@ -352,17 +351,17 @@ def build_program(
             tensors = moe_dense_tensors(model, plan) + expert_slice_tensors(model, plan)
             mlp = _BlockContext(rows=batch, sequences=sequences, tensors={t.name: t for t in tensors},
                                 routed_experts=routed, **common)  # type: ignore[arg-type]
-            ops += _block_ops(MOE, mlp, expert_rows)
+            ops += _block_ops(mlp_block(True), mlp, expert_rows)
             moe_index += 1
         else:
             mlp = _BlockContext(rows=batch, sequences=sequences, tensors={t.name: t for t in dense_mlp_tensors(model, plan)},
                                 **common)  # type: ignore[arg-type]
-            ops += _block_ops(DENSE, mlp)
+            ops += _block_ops(mlp_block(False), mlp)
         layers.append(LayerProgram(layer, model.attention_kind(layer), model.is_moe_layer(layer), ops, routed))
 
     head = _BlockContext(model=model, plan=plan, layer=-1, rows=batch, sequences=sequences,
                          context_tokens=context_tokens, tensors={t.name: t for t in lm_head_tensors(model, plan)})
-    head_ops = _block_ops(HEAD, head)
+    head_ops = _block_ops(head_block(), head)
     return Program(
         model=model, plan=plan, batch=batch, context_tokens=context_tokens,
         routing_label=routing.label, seed=seed, device_view=str(device_view),

@@ -67,7 +67,12 @@ def attention_block(kind: str) -> Block:
 
 
 def mlp_block(is_moe: bool) -> Block:
-    return MOE if is_moe else DENSE
+    """The MLP block of a MoE or a dense layer."""
+    return BLOCKS[MOE.kind if is_moe else DENSE.kind]
+
+
+def head_block() -> Block:
+    return BLOCKS[HEAD.kind]
 
 
 def tensor_decl(name: str) -> TensorDecl:
@@ -84,5 +89,5 @@ __all__ = [
     "ATTENTION_KINDS", "BLOCKS", "DENSE", "EXPERT", "EXPERT_REGION_ROLES", "HEAD", "LEAD_IN", "MOE",
     "MOE_POST_EXPERTS", "MOE_PRE_EXPERTS", "REREADS", "ROUTING_OP", "SMALL_READERS", "TENSORS",
     "TENSOR_ORDER", "Block", "OpSpec", "TensorDecl", "attention_block", "expert_index", "expert_op",
-    "mlp_block", "tensor_decl",
+    "head_block", "mlp_block", "tensor_decl",
 ]
