@@ -208,6 +208,8 @@ def compare_rows(
     ``plan_choice`` are the ``--formats`` and ``--plan`` texts (applied to every system)."""
     routing = routing or RoutingModel("uniform")
     model = apply_formats(load_model(model_name), formats)
+    if schedule not in (None, "best"):
+        load_schedule(schedule)  # a missing or invalid file is an input error, not a row that "does not fit"
     rows: list[dict[str, Any]] = []
     speculation: list[float | None] = [None, *(acceptance_lengths or [])]
     chosen_drafter = _drafter(model, model_name, drafter, draft_tokens) if acceptance_lengths else None
