@@ -310,7 +310,9 @@ def run_case(argv: list[str]) -> Outcome:
 
 
 def _value(argv: list[str], flag: str, default: str) -> str:
-    return argv[argv.index(flag) + 1] if flag in argv else default
+    """The value after ``flag`` in ``argv`` (``default`` when absent or last)."""
+    index = argv.index(flag) + 1 if flag in argv else len(argv)
+    return argv[index] if index < len(argv) else default
 
 
 def _independent_fit(argv: list[str]) -> bool | None:
