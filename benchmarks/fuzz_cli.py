@@ -16,7 +16,15 @@ in-process through :func:`tpusim.app.cli.main` and must
 3. leave no half-written file: no atomic-write temporaries, every JSON / JSON-lines output
    parses;
 4. if it exits 0 for a model on a system, either fit HBM (checked independently with
-   :func:`tpusim.workload.capacity.capacity_report`) or say ``does not fit``.
+   :func:`tpusim.workload.capacity.capacity_report`) or say ``does not fit``;
+5. the semantic half: valid-looking inputs misapplied to the model they are used with
+   (another model's published plan or a plan file with another head split, ``--formats``
+   for a family the model lacks, a schedule whose count is a boolean, a ``config.json``
+   whose layer count is text that is not a number) end in exit 2 or a labelled
+   ``warning``, never a silent answer. Whether a case is misapplied is decided here
+   (:func:`misapplication`, from the raw plan YAML and the model's shapes), not read from
+   the output. A ``config.json`` whose numbers are written as text that parses exactly
+   (``"48"``) and a checkpoint folder as ``--model`` are valid and must run.
 
 Every run prints the number of cases tried and of failures. Coverage: ``hardware``, ``plan``,
 ``floor``, ``simulate``, ``sweep`` (tiny budgets), ``compare`` (given schedules; no nested
@@ -91,7 +99,17 @@ def write_corpus(folder: Path) -> dict[str, str]:
         "trace-bad.json": b'{"layers": [[[1, 1, 1]]]}',
         "space-bad.json": b'{"samples": -3, "knobs": "all"}',
     }
-    paths = {}
+    repo = Path(__file__).resolve().parents[1]
+    qwen = json.loads((repo / "tests" / "data" / "qwen3-30b-a3b" / "config.json").read_text())
+    files["config-text-count.json"] = json.dumps({**qwen, "num_hidden_layers": "4x8"}).encode()
+    files["config-text-number.json"] = json.dumps({**qwen, "num_hidden_layers": "48"}).encode()
+    files["schedule-bool.json"] = json.dumps({"name": "bool", "families": {"routed_expert": {"buffers": True}}}).encode()
+    muse = (repo / "tpusim" / "models" / "plan-muse-tp8.yaml").read_text()
+    files["plan-other-heads.yaml"] = "".join(line for line in muse.splitlines(keepends=True)
+                                             if not line.startswith("model:")).encode()
+    (folder / "qwen3-30b-a3b").mkdir(exist_ok=True)
+    (folder / "qwen3-30b-a3b" / "config.json").write_text(json.dumps(qwen))
+    paths = {"checkpoint-folder": str(folder / "qwen3-30b-a3b")}
     for name, data in files.items():
         path = folder / name
         path.write_bytes(data)
@@ -196,9 +214,84 @@ def cases(corpus: dict[str, str], out_root: Path, *, heavy: bool) -> st.SearchSt
                   _opt("--hardware", hardware), _opt("--chips", chips), _opt("--devices", chips),
                   _opt("--batch", batch), _opt("--context", context), _opt("--formats", formats),
                   _opt("--plan", plans), st.sampled_from([[], ["--json"]]))
+    misapplied = _misapplied_cases(corpus)
     junk = st.lists(st.sampled_from(["--nope", "simulate", "-x", "", "--json", "--model"]), max_size=4)
     return st.one_of(simulate, refused, floor, sweep, compare, hardware_cmd, report, calibrate, run_kernel, demo,
-                     plan, junk)
+                     plan, junk, misapplied, misapplied)
+
+
+def _misapplied_cases(corpus: dict[str, str]) -> st.SearchStrategy[list[str]]:
+    """The semantic half (module docstring, 5): an otherwise valid ``floor`` / ``simulate`` /
+    ``plan`` case carrying one input misapplied to its model (or, as controls, valid inputs
+    that look odd: numbers as text, a checkpoint folder)."""
+    models = ["kimi-k3-mini", "kimi-k3-draft", "llama-3.2-1b", corpus["config-text-number.json"],
+              corpus["checkpoint-folder"]]
+    misapply = st.sampled_from([
+        ["--plan", "muse-tp8"], ["--plan", "k3-nano-tp8"], ["--plan", corpus["plan-other-heads.yaml"]],
+        ["--formats", "experts=fp8"], ["--formats", "shared_expert=fp8"], ["--formats", "latent_proj=int8"],
+        ["--formats", "dense_mlp=fp8"], ["--formats", "router=bf16,kv=fp8"], []])
+    command = st.sampled_from([["floor"], ["simulate"], ["simulate", "--schedule", corpus["schedule-bool.json"]],
+                               ["plan"], ["floor", "--model", corpus["config-text-count.json"]]])
+    return st.tuples(command, st.sampled_from(models), misapply, st.sampled_from([[], ["--json"]])).map(
+        lambda parts: [*parts[0], *([] if "--model" in parts[0] else ["--model", parts[1]]),
+                       "--hardware", "tpu-v7", "--chips", "4", *parts[2], *parts[3]])
+
+
+def _raw_plan(plan_arg: str) -> dict | None:
+    """The plan YAML ``--plan`` names, as parsed, or None (none given, a SPEC, an unknown
+    name, a corrupt file: nothing misapplied to a model)."""
+    import yaml
+
+    from tpusim.workload.model_catalog import MODELS_DIR
+
+    if not plan_arg:
+        return None
+    path = Path(plan_arg) if plan_arg.endswith(".yaml") else MODELS_DIR / f"plan-{plan_arg}.yaml"
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    wanted = {"name": str, "devices": int, "attention_heads_per_device": int}
+    if not isinstance(raw, dict) or not all(isinstance(raw.get(k), t) for k, t in wanted.items()):
+        return None
+    dp = raw.get("attention_dp", 1)
+    return raw if raw["devices"] >= 1 and isinstance(dp, int) and dp >= 1 else None
+
+
+def misapplication(argv: list[str]) -> str | None:
+    """What in ``argv`` is misapplied to its model, decided independently of the CLI's checks:
+    the raw plan YAML's ``model`` and head split against the model's shapes, the families
+    ``--formats`` names against the model's weights, and the corpus files built to be wrong."""
+    import math
+
+    from tpusim.workload.model_catalog import load_model
+    from tpusim.workload.sharding import attention_heads
+
+    model_arg = _value(argv, "--model", "")
+    if model_arg.endswith("config-text-count.json"):
+        return "a layer count written as text that is not a number"
+    if _value(argv, "--schedule", "").endswith("schedule-bool.json"):
+        return "a schedule count given as a boolean"
+    try:
+        model = load_model(model_arg)
+    except Exception:
+        return None
+    raw = _raw_plan(_value(argv, "--plan", ""))
+    if raw is not None:
+        if raw.get("model") not in (None, model.name.partition("@")[0]):
+            return f"plan {raw['name']} written for {raw['model']}"
+        tp = raw["devices"] // raw.get("attention_dp", 1)
+        if raw["attention_heads_per_device"] != math.ceil(attention_heads(model) / tp):
+            return f"plan {raw['name']}: another head split"
+    moe = model.moe
+    lacks = {"experts": moe is None, "router": moe is None,
+             "shared_expert": moe is None or not moe.shared_intermediate_size,
+             "latent_proj": moe is None or not moe.latent_size, "dense_mlp": not model.dense_layers}
+    for pair in _value(argv, "--formats", "").split(","):
+        family = pair.partition("=")[0].strip()
+        if lacks.get(family):
+            return f"--formats {pair} for a family {model.name} lacks"
+    return None
 
 
 def run_case(argv: list[str]) -> Outcome:
@@ -217,7 +310,9 @@ def run_case(argv: list[str]) -> Outcome:
 
 
 def _value(argv: list[str], flag: str, default: str) -> str:
-    return argv[argv.index(flag) + 1] if flag in argv else default
+    """The value after ``flag`` in ``argv`` (``default`` when absent or last)."""
+    index = argv.index(flag) + 1 if flag in argv else len(argv)
+    return argv[index] if index < len(argv) else default
 
 
 def _independent_fit(argv: list[str]) -> bool | None:
@@ -270,6 +365,9 @@ def check_outcome(outcome: Outcome, out_root: Path) -> list[str]:
             problems.append("exit 0 for a deployment that does not fit, without the label 'does not fit'")
         if fits is False and "--force" not in outcome.argv:
             problems.append("exit 0 for a deployment that does not fit, without --force")
+    wrong = misapplication(outcome.argv) if outcome.argv[:1] in (["floor"], ["simulate"], ["plan"]) else None
+    if wrong and outcome.code == 0 and "warning" not in outcome.stdout + outcome.stderr:
+        problems.append(f"silent misapplication: {wrong} ran without an error or a warning")
     if outcome.code == 0 and outcome.argv[:1] == ["compare"]:
         for row in json.loads(outcome.stdout):
             if not row.get("fits", True) and row.get("step_ms") is not None:
@@ -282,6 +380,9 @@ class Tally:
     cases: int = 0
     failures: list[tuple[list[str], list[str]]] = field(default_factory=list)
     by_command: dict[str, int] = field(default_factory=dict)
+    misapplied: int = 0  # cases misapplying an input (module docstring, 5)
+    silent: int = 0  # of those, exit 0 without an error or a warning
+    tracebacks: int = 0
 
 
 def fuzz(tally: Tally, work: Path, *, examples: int, heavy: bool, seed: int | None = None) -> None:
@@ -299,6 +400,10 @@ def fuzz(tally: Tally, work: Path, *, examples: int, heavy: bool, seed: int | No
         key = argv[0] if argv else "(none)"
         tally.by_command[key] = tally.by_command.get(key, 0) + 1
         problems = check_outcome(outcome, out_root)
+        if argv[:1] in (["floor"], ["simulate"], ["plan"]) and misapplication(argv):
+            tally.misapplied += 1
+        tally.silent += any(p.startswith("silent misapplication") for p in problems)
+        tally.tracebacks += any(p == "traceback printed" or p.startswith("Traceback") for p in problems)
         if problems:
             tally.failures.append((argv, problems))
 
@@ -320,7 +425,8 @@ def main() -> int:
             rounds += 1
             print(f"[fuzz] {tally.cases} cases, {len(tally.failures)} failures", file=sys.stderr, flush=True)
     print(f"cases tried: {tally.cases}; by command: {json.dumps(tally.by_command, sort_keys=True)}")
-    print(f"failures: {len(tally.failures)}")
+    print(f"failures: {len(tally.failures)}; tracebacks: {tally.tracebacks}; misapplied cases: {tally.misapplied}, "
+          f"silent misapplications: {tally.silent}")
     for argv, problems in tally.failures[:20]:
         print(f"- tpusim {' '.join(argv)}\n  " + "\n  ".join(p.strip().splitlines()[-1] for p in problems))
     return 1 if tally.failures else 0

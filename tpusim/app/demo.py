@@ -4,7 +4,8 @@ Steps (each one is an ordinary ``tpusim`` subcommand run in-process; its JSON ou
 the report):
 
 1. **floor** — analytic per-device bytes and floors of Kimi K3 on 16 TPU v7 chips;
-2. **sweep** — prefetch schedules for K3 on ``tpu-v7`` x 16 at batch 1 and 8 → ``best.json``;
+2. **sweep** — prefetch schedules for K3 on ``tpu-v7`` x 16 at batch 1 and 8 and every batch the
+   compare step shows → ``best.json`` each;
 3. **simulate** — the chosen schedule beside ``published`` and ``naive``, with a Perfetto
    trace and a timeline plot of the chosen one;
 4. **run-kernel** — the Pallas megakernel with the chosen schedule on ``kimi-k3-mini`` (TPU
@@ -12,7 +13,7 @@ the report):
 5. **calibrate** — ``tpu-v7`` on the published TPU7x measurements (one weight format held
    out), and the host CPU model on the CPU closed loop;
 6. **compare** — K3 on TPU v7 x 16 against GB200 x 16 (serving stack and megakernel) at
-   batch 1/2/4/8, without speculation and at acceptance lengths 3 and 6;
+   batch 1/2/4/8, each batch with its own sweep's schedule, without speculation and at acceptance lengths 3 and 6;
 7. **report** — ``report.md`` opening with the TPU-v7-against-GB200 table, every number
    labelled, plus the plots and the trace.
 
@@ -128,6 +129,34 @@ def reuse_line(local: Path) -> str:
             f"`tpusim overlays list --local-dir {folder}` lists the overlays)")
 
 
+def batch_schedule(out: Path, batch: int) -> str:
+    """The schedule the demo's sweep at ``batch`` chose (``published`` if it wrote none)."""
+    best = out / f"sweep-b{batch}" / "best.json"
+    return str(best) if best.exists() else "published"
+
+
+def compare_per_batch(config: DemoConfig, batches: list[int]) -> list[dict[str, Any]]:
+    """The compare step: one ``tpusim compare`` per batch with that batch's sweep choice
+    (:func:`batch_schedule`), the rows joined and plotted together."""
+    out = config.out_dir
+    rows: list[dict[str, Any]] = []
+    for batch in batches:
+        argv = ["compare", "--model", "kimi-k3", "--systems", config.compare_systems, "--batch", str(batch),
+                "--jobs", str(config.jobs), "--schedule", batch_schedule(out, batch),
+                "--out", str(out / "compare-sweeps")]
+        if config.compare_acceptance:
+            argv += ["--spec-acceptance", config.compare_acceptance]
+        if config.quick:
+            argv += ["--sweep-budget", "4", "--sweep-samples", "20"]
+        rows += run_cli_json(argv)
+    order = {system: index for index, system in enumerate(dict.fromkeys(row["system"] for row in rows))}
+    rows.sort(key=lambda row: order[row["system"]])  # grouped by system, batches in order, as one compare prints
+    from tpusim.compare.plot import plot_comparison
+
+    plot_comparison(rows, out / "compare.png", title="kimi-k3: simulated decode throughput")
+    return rows
+
+
 def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda _: None) -> DemoRun:
     from hwmodels.files import LOCAL_DIR_ENV
 
@@ -142,12 +171,12 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda _: Non
     samples = ["--samples", "60"] if config.quick else []
 
     _timed(run, "floor", lambda: run_cli_json(["floor", *K3_TPU, "--batch", "1"]), progress)
-    for batch in (1, 8):
+    compare_batches = sorted({int(b) for b in config.compare_batches.split(",") if b.strip()})
+    for batch in sorted({1, 8, *compare_batches}):  # every batch the compare step shows has its own sweep
         _timed(run, f"sweep b{batch}", lambda b=batch: run_cli_json([
             "sweep", *K3_TPU, "--batch", str(b), "--budget", str(budget), "--jobs", str(config.jobs),
             "--out", str(out / f"sweep-b{b}"), "--quiet", *samples]), progress)
-    best = out / "sweep-b1" / "best.json"
-    schedule = str(best) if best.exists() else "published"
+    schedule = batch_schedule(out, 1)
 
     def simulate_all() -> dict[str, Any]:
         results = {}
@@ -170,17 +199,10 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda _: Non
         "calibrate", "--hardware", "host-cpu", "--measurements", "cpu-loop",
         *(["--quick"] if config.quick else []), "--allow-unconverged", "--allow-at-bounds", "--out", str(out / "calibration-host-cpu")]),
         progress)
-    # Megakernel rows run the schedule the sweep above chose (a row it does not fit falls back
-    # to a built-in that fits, and says so): a sweep per row, plan and verify size would
-    # take the demo from minutes to an hour. `tpusim compare` alone sweeps per row.
-    compare_argv = ["compare", "--model", "kimi-k3", "--systems", config.compare_systems,
-                    "--batch", config.compare_batches, "--jobs", str(config.jobs), "--schedule", schedule,
-                    "--plot", str(out / "compare.png"), "--out", str(out / "compare-sweeps")]
-    if config.compare_acceptance:
-        compare_argv += ["--spec-acceptance", config.compare_acceptance]
-    if config.quick:
-        compare_argv += ["--sweep-budget", "4", "--sweep-samples", "20"]
-    _timed(run, "compare", lambda: run_cli_json(compare_argv), progress)
+    # Megakernel rows at each batch run the schedule that batch's sweep above chose (a row it
+    # does not fit falls back to a built-in that fits, and says so): a sweep per row, plan and
+    # verify size would take the demo from minutes to an hour. `tpusim compare` alone sweeps per row.
+    _timed(run, "compare", lambda: compare_per_batch(config, compare_batches), progress)
 
     from tpusim.app.demo_report import render_report
 

@@ -34,15 +34,23 @@ PIPE_WIDTH = 1_000  # columns a table may use when the output is not a terminal
 
 def add_format_option(parser: argparse.ArgumentParser, *, json_flag: bool = True) -> None:
     """``--format table|markdown|csv|json`` (and ``--json`` = ``--format json``)."""
-    parser.add_argument("--format", choices=FORMATS, default="table", dest="output_format",
-                        help="table (rich, full width when piped), markdown, csv or json")
+    parser.add_argument("--format", choices=FORMATS, default=None, dest="output_format",
+                        help="table (rich, full width when piped), markdown, csv or json (default: table)")
     if json_flag:
         parser.add_argument("--json", action="store_true", help="the same as --format json")
 
 
 def output_format(args: argparse.Namespace) -> str:
-    """The chosen format (``--json`` wins, for scripts written before ``--format``)."""
-    return "json" if getattr(args, "json", False) else getattr(args, "output_format", "table")
+    """The chosen format: ``--json`` (kept for scripts written before ``--format``) or
+    ``--format`` (default ``table``); both naming different formats is an InputError."""
+    chosen = getattr(args, "output_format", None)
+    if getattr(args, "json", False):
+        if chosen not in (None, "json"):
+            from hwmodels.errors import InputError
+
+            raise InputError(f"--json and --format {chosen} ask for different outputs; give one of them")
+        return "json"
+    return chosen or "table"
 
 
 def console(stream: TextIO | None = None) -> Console:

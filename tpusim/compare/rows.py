@@ -15,7 +15,8 @@ conventional GPU rows: their stack), simulates the plain decode step — or, wit
 speculative decoding, the drafter's forward(s) plus the verify step — and returns rows with
 stable keys: ``system, chips, batch, acceptance_length, step_ms, tokens_per_s, label,
 breakdown`` (+ ``execution, plan, plan_choice, schedule, fits, note``; speculative rows
-``draft_ms, verify_ms, drafter, drafter_kind, draft_tokens``) and the 90 % interval keys
+``draft_ms, verify_ms, drafter, drafter_kind, draft_tokens`` and ``slower_than_plain``, with a
+``warning`` when speculation yields fewer tokens/s than plain decode at that batch) and the 90 % interval keys
 ``step_ms_low, step_ms_high, tokens_per_s_low, tokens_per_s_high, interval``
 (:mod:`tpusim.report.intervals`: a calibrated chip's row is re-simulated once per stored
 parameter set — the drafter too for a speculative row — on the plan the row chose; an
@@ -208,6 +209,8 @@ def compare_rows(
     ``plan_choice`` are the ``--formats`` and ``--plan`` texts (applied to every system)."""
     routing = routing or RoutingModel("uniform")
     model = apply_formats(load_model(model_name), formats)
+    if schedule not in (None, "best"):
+        load_schedule(schedule)  # a missing or invalid file is an input error, not a row that "does not fit"
     rows: list[dict[str, Any]] = []
     speculation: list[float | None] = [None, *(acceptance_lengths or [])]
     chosen_drafter = _drafter(model, model_name, drafter, draft_tokens) if acceptance_lengths else None
@@ -252,7 +255,22 @@ def compare_rows(
                 if rejected:
                     row["plans_rejected"] = rejected
                 row["note"] = f"{row['execution']}; plan: {row['plan_choice']}"
+            flag_slow_speculation(rows[-len(speculation):])
     return rows
+
+
+def flag_slow_speculation(twins: list[dict[str, Any]]) -> None:
+    """Mark each speculative row of one system and batch (``twins[0]`` is the plain row) whose
+    accepted tokens/s fall below plain decode's: ``slower_than_plain`` (True/False on
+    speculative rows that ran) and a ``warning`` sentence."""
+    plain = twins[0].get("tokens_per_s")
+    for row in twins[1:]:
+        if plain is None or row.get("tokens_per_s") is None:
+            continue
+        row["slower_than_plain"] = row["tokens_per_s"] < plain
+        if row["slower_than_plain"]:
+            row["warning"] = (f"speculation slower than plain decode: {row['tokens_per_s']:.1f} accepted tokens/s "
+                              f"against {plain:.1f} at acceptance {row['acceptance_length']:g}")
 
 
 @dataclass(frozen=True)
@@ -292,7 +310,8 @@ def _plan_outcome(job: _RowJob, plan_label: str, plan: ShardingPlan) -> _Outcome
     verify_rows = batch * (drafter.draft_tokens + 1) if drafter else batch
     try:
         check_capacity(model, plan, chip, chips=job.system.chips, batch=verify_rows,
-                       context_tokens=job.context_tokens + extra)
+                       context_tokens=job.context_tokens + extra,
+                       plan_for_chips=partial(plan_for_system, model, chip))
     except InputError as error:
         report = capacity_report(model, plan, chip, batch=verify_rows, context_tokens=job.context_tokens + extra)
         return _Outcome(PlanOutcome(plan_label, plan, None, str(error)), {

@@ -49,9 +49,9 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from hwmodels.errors import InputError
 from hwmodels.textfile import read_user_json
@@ -61,6 +61,20 @@ from tpusim.workload.registry.names import WEIGHT_FAMILIES, Family
 SMALL_FAMILY = Family.SMALL_PARAMS
 # Families a schedule controls (the registry's weight families; KV tiles and state have knobs of their own).
 SCHEDULE_FAMILIES = WEIGHT_FAMILIES
+
+
+
+def _a_number(value: object) -> object:
+    """Counts and rates are numbers: a boolean (``"buffers": true`` would read as 1) or a text
+    is refused; an integral float such as 4.0 still reads as a count."""
+    if isinstance(value, bool | str | bytes):
+        raise ValueError(f"expected a number, got {json.dumps(value) if isinstance(value, bool | str) else value!r}")
+    return value
+
+
+# A schedule count (buffers, distances, bytes, banks, copies in flight) or rate: no booleans, no text.
+Count = Annotated[int, BeforeValidator(_a_number)]
+Rate = Annotated[float, BeforeValidator(_a_number)]
 
 SCHEDULES_DIR = Path(__file__).resolve().parents[1] / "schedules"
 BUILTIN_SCHEDULES = ("naive", "published", "layer-double-buffer")  # K3's: the sweep's fixed starting points
@@ -72,14 +86,14 @@ class FamilySchedule(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    prefetch_distance_ops: int = Field(
+    prefetch_distance_ops: Count = Field(
         default=0, ge=0, le=4096,
         description="issue the copy this many ops before its consumer starts (crosses layers)",
     )
-    chunk_bytes: int | None = Field(
+    chunk_bytes: Count | None = Field(
         default=None, ge=4096, description="split tensors into row slabs of at most this size"
     )
-    buffers: int = Field(default=1, ge=1, le=64, description="ring depth (expert slots)")
+    buffers: Count = Field(default=1, ge=1, le=64, description="ring depth (expert slots)")
     pool: str | None = Field(default=None, description="VMEM pool shared with other families")
 
 
@@ -90,8 +104,8 @@ class PoolSpec(BaseModel):
 
     mode: Literal["arena", "ring"] = Field(default="arena", description="arena: time-shared, sized for "
                                            "the largest member; ring: banks shared by every member tensor")
-    banks: int | None = Field(default=None, ge=2, le=256, description="ring mode: number of banks")
-    bank_bytes: int | None = Field(default=None, ge=65536, description="ring mode: bytes per bank")
+    banks: Count | None = Field(default=None, ge=2, le=256, description="ring mode: number of banks")
+    bank_bytes: Count | None = Field(default=None, ge=65536, description="ring mode: bytes per bank")
 
     @model_validator(mode="after")
     def _check(self) -> PoolSpec:
@@ -115,16 +129,16 @@ class Schedule(BaseModel):
     pools: dict[str, PoolSpec] = Field(
         default_factory=dict, description="per pool name its sharing mode; a pool left out is an arena"
     )
-    max_dmas_in_flight: int = Field(default=8, ge=1, le=256, description="outstanding copies")
+    max_dmas_in_flight: Count = Field(default=8, ge=1, le=256, description="outstanding copies")
     expert_issue: Literal["after_routing", "during_selection", "speculative"] = "after_routing"
-    expert_speculation_ops: int = Field(
+    expert_speculation_ops: Count = Field(
         default=0, ge=0, description="with speculative issue: ops before routing the copies start"
     )
-    speculation_miss_rate: float = Field(
+    speculation_miss_rate: Rate = Field(
         default=0.0, ge=0.0, le=1.0, description="fraction of speculative expert copies refetched"
     )
-    kv_tile_tokens: int = Field(default=128, ge=8, description="KV cache tile, tokens")
-    kv_buffers: int = Field(default=2, ge=1, le=16, description="KV tiles in flight")
+    kv_tile_tokens: Count = Field(default=128, ge=8, description="KV cache tile, tokens")
+    kv_buffers: Count = Field(default=2, ge=1, le=16, description="KV tiles in flight")
 
     @model_validator(mode="after")
     def _check(self) -> Schedule:

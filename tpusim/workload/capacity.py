@@ -10,6 +10,7 @@ and embedding shards, plus the KV cache and recurrent state for ``batch`` sequen
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hwmodels.errors import InputError
@@ -85,17 +86,48 @@ def capacity_report(model: ModelConfig, plan: ShardingPlan, chip: Chip, *, batch
     return CapacityReport(weights, experts, kv, chip.hbm.capacity_bytes.value)
 
 
+# Chip counts the advice of :func:`check_capacity` tries: powers of two and doublings of the
+# given count, up to this many chips.
+MAX_ADVICE_CHIPS = 4096
+
+
+def fitting_chips(model: ModelConfig, chip: Chip, *, chips: int, batch: int, context_tokens: int,
+                  plan_for_chips: Callable[[int], ShardingPlan]) -> tuple[int, CapacityReport] | None:
+    """The smallest chip count above ``chips`` (powers of two and doublings of ``chips``, up to
+    :data:`MAX_ADVICE_CHIPS`) whose plan (``plan_for_chips(count)``) fits, with its report; None
+    when none does (the KV cache and state per device need not shrink with more chips: a TP
+    plan keeps every sequence's latent cache on every device)."""
+    counts = sorted({2 ** k for k in range(13)} | {chips * 2 ** k for k in range(1, 13)})
+    for count in (c for c in counts if chips < c <= MAX_ADVICE_CHIPS):
+        try:
+            plan = plan_for_chips(count)
+        except ValueError:  # no plan for that count (an InputError is a ValueError too)
+            continue
+        report = capacity_report(model, plan, chip, batch=batch, context_tokens=context_tokens)
+        if report.fits:
+            return count, report
+    return None
+
+
 def check_capacity(model: ModelConfig, plan: ShardingPlan, chip: Chip, *, chips: int, batch: int,
-                   context_tokens: int) -> CapacityReport:
-    """Raise InputError when weights + KV cache do not fit one device's HBM."""
+                   context_tokens: int,
+                   plan_for_chips: Callable[[int], ShardingPlan] | None = None) -> CapacityReport:
+    """Raise InputError when weights + KV cache do not fit one device's HBM. With
+    ``plan_for_chips`` (chip count -> the plan the command would use there) the message says
+    how many chips fit, found by this same check on those plans (:func:`fitting_chips`)."""
     report = capacity_report(model, plan, chip, batch=batch, context_tokens=context_tokens)
     if not report.fits:
-        needed_chips = -(-report.total_bytes * plan.devices // int(report.capacity_bytes)) // chip.devices_per_chip
+        advice = ""
+        if plan_for_chips is not None:
+            found = fitting_chips(model, chip, chips=chips, batch=batch, context_tokens=context_tokens,
+                                  plan_for_chips=plan_for_chips)
+            advice = (f"; {found[0]} x {chip.name} fit ({found[1].total_bytes / GB:.1f} GB per device)" if found
+                      else f"; no count up to {MAX_ADVICE_CHIPS} x {chip.name} fits (the KV cache and state per "
+                      "device do not shrink enough with more chips): lower --batch or --context")
         raise InputError(
             f"{model.name} does not fit on {chips} x {chip.name}: each device needs "
             f"{report.total_bytes / GB:.1f} GB (weights {report.weight_bytes / GB:.1f} GB of which routed experts "
             f"{report.expert_bytes / GB:.1f} GB, KV cache and state {report.kv_bytes / GB:.2f} GB at batch {batch}, "
-            f"context {context_tokens}) but has {report.capacity_bytes / GB:.1f} GB of HBM; "
-            f"at least ~{max(needed_chips, chips + 1)} chips are needed"
+            f"context {context_tokens}) but has {report.capacity_bytes / GB:.1f} GB of HBM{advice}"
         )
     return report

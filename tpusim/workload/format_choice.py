@@ -67,8 +67,37 @@ def parse_formats(text: str) -> dict[str, str]:
     return keys
 
 
+def absent_format_keys(model: ModelConfig) -> dict[str, str]:
+    """Format keys naming weights ``model`` does not have -> what it lacks, in words."""
+    moe = model.moe
+    absent: dict[str, str] = {}
+    if moe is None:
+        absent.update(dict.fromkeys(("routed_gate_up", "routed_down", "router"), "routed experts (a dense model)"))
+    if moe is None or not moe.shared_intermediate_size:
+        absent["shared_expert"] = "shared expert"
+    if moe is None or not moe.latent_size:
+        absent["latent_proj"] = "latent projection"
+    if not model.dense_layers:
+        absent["dense_mlp"] = "dense MLP layer"
+    return absent
+
+
+def check_families(model: ModelConfig, text: str) -> None:
+    """InputError when a ``family=format`` pair of ``text`` names weights ``model`` lacks
+    (``experts=fp8`` on a dense model would otherwise change nothing, silently)."""
+    absent = absent_format_keys(model)
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        family = item.partition("=")[0].strip()
+        missing = [absent[key] for key in FAMILY_KEYS.get(family, ()) if key in absent]
+        if missing and len(missing) == len(FAMILY_KEYS[family]):
+            raise InputError(f"--formats {item!r}: {model.name} has no {missing[0]}; the pair would change nothing")
+
+
 def apply_formats(model: ModelConfig, text: str | None) -> ModelConfig:
-    """``model`` with the ``--formats`` choices applied (unchanged when ``text`` is empty)."""
+    """``model`` with the ``--formats`` choices applied (unchanged when ``text`` is empty);
+    a family the model lacks is an InputError (:func:`check_families`)."""
     if not text:
         return model
-    return model.with_formats(parse_formats(text))
+    keys = parse_formats(text)
+    check_families(model, text)
+    return model.with_formats(keys)

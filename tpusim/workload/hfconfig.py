@@ -21,6 +21,7 @@ them unquantised). ``--formats`` overrides any of this per family.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -75,13 +76,47 @@ def formats_from_quantization(quant: dict[str, Any], source: str) -> dict[str, s
                      "(fp8, mxfp4, modelopt, gptq, awq are); pass --formats to say how the weights are stored")
 
 
+# Keys holding a count or a size (``num_hidden_layers``, ``hidden_size``, ``head_dim``, ...): a
+# boolean or a text that is not a number there is refused, naming the key.
+COUNT_KEY = re.compile(r"^(num_|n_)|_(size|dim|rank|heads|layers|experts|interval|step|replace|tok)$|"
+                       r"^(vocab_size|topk_group|max_position_embeddings)$")
+INTEGER_TEXT = re.compile(r"[+-]?\d+")
+REAL_TEXT = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
+
+
+def read_numbers(value: Any, source: str, key: str = "") -> Any:
+    """``value`` with numbers written as text read exactly (``"48"`` -> 48, ``"1e-6"`` -> 1e-06),
+    in nested objects and lists too; a count key holding a boolean or other text is an
+    InputError naming ``source`` and the key."""
+    if isinstance(value, dict):
+        return {k: read_numbers(v, source, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [read_numbers(v, source, key) for v in value]
+    leaf = key.rpartition(".")[2]
+    if isinstance(value, str):
+        text = value.strip()
+        if INTEGER_TEXT.fullmatch(text):
+            return int(text)
+        if REAL_TEXT.fullmatch(text):
+            return float(text)
+        if COUNT_KEY.search(leaf):
+            raise InputError(f"{source}: {key}: expected a number, got {value!r}")
+    if isinstance(value, bool) and COUNT_KEY.search(leaf):
+        raise InputError(f"{source}: {key}: expected a number, got {str(value).lower()}")
+    return value
+
+
 def model_from_hf_dict(data: dict[str, Any], *, source: str, name: str) -> ModelConfig:
-    """The ModelConfig of a parsed ``config.json`` (``source`` names it in errors)."""
+    """The ModelConfig of a parsed ``config.json`` (``source`` names it in errors); numbers
+    written as text are read when they parse exactly (:func:`read_numbers`)."""
+    data = read_numbers(data, source)
     arch = architecture_of(data, source)
     try:
         fields = READERS[arch](data)
     except MissingKey as missing:
         raise InputError(f"{source}: missing key {missing.key!r} (needed for {missing.why})") from None
+    except (TypeError, ValueError, ArithmeticError) as error:  # a value of the wrong kind the checks above let by
+        raise InputError(f"{source}: a value has the wrong type or range for {arch}: {error}") from None
     formats = {"dense": "bf16", "router": "bf16", "small_params": "f32", "routed_gate_up": "bf16",
                "routed_down": "bf16", "lm_head": "bf16", "embedding": "bf16"}
     quant = data.get("quantization_config") or {}

@@ -2,7 +2,7 @@
 
 ``load_model("kimi-k3")`` reads ``tpusim/models/kimi-k3.yaml``; ``load_model("muse-spark@int4+bf16")``
 selects a format variant; a path to a ``.yaml`` file or a Hugging Face ``config.json`` loads
-that file.
+that file, and a folder its ``config.json``.
 
 Which sharding plan a model gets on a system is decided in one place, :func:`plan_for`
 (:func:`plan_for_system` for a chip and chip count; every command calls it): the ``--plan``
@@ -73,6 +73,11 @@ def load_model(name: str) -> ModelConfig:
     """Load a model by catalog name (optionally ``name@variant``) or by file path."""
     base, _, variant = name.partition("@")
     path = Path(base)
+    if path.is_dir():  # a checkpoint folder: its config.json
+        path = path / "config.json"
+        if not path.is_file():
+            raise InputError(f"{base}: a folder without a config.json (give a model name, a model YAML, "
+                             "a config.json or a folder holding one)")
     if path.suffix == ".json":
         from tpusim.workload.hfconfig import load_hf_config
 

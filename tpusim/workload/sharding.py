@@ -90,6 +90,9 @@ class ShardingPlan(_Frozen):
     name: str
     description: str = ""
     source: str = "derived"
+    model: str | None = Field(
+        default=None, description="catalog name of the model the plan was written for (a published "
+        "plan's widths are that model's); None: any model whose shapes it splits")
     devices: int = Field(ge=1, description="JAX devices the model is split over")
     devices_per_chip: int = Field(default=1, ge=1)
     devices_per_host: int = Field(default=8, ge=1, description="devices per host (host = rank // this)")
@@ -187,7 +190,28 @@ class ShardingPlan(_Frozen):
         return [spec for spec in self.all_collectives if spec.serves(batch)]
 
     def check_against(self, model: ModelConfig) -> None:
-        """Raise ValueError when the plan cannot split ``model``."""
+        """Raise ValueError when the plan does not split ``model``: a plan written for another
+        model, per-device head counts other than the model's heads over the attention TP group
+        (as :func:`generic_plan` derives them), a vocabulary shard that does not cover the
+        vocabulary, or experts and expert widths the plan's split does not divide."""
+        base = model.name.partition("@")[0]
+        if self.model is not None and self.model != base:
+            raise ValueError(f"plan {self.name} was written for {self.model}, not {base}; use a plan for {base} "
+                             "(--plan generic, or a SPEC such as tp=8)")
+        heads = math.ceil(attention_heads(model) / self.attention_tp)
+        if self.attention_heads_per_device != heads:
+            raise ValueError(f"plan {self.name}: {self.attention_heads_per_device} attention heads per device, but "
+                             f"{model.name}'s {attention_heads(model)} heads over {self.attention_tp} devices "
+                             f"are {heads}")
+        if model.gqa is not None:
+            kv_heads = max(1, math.ceil(model.gqa.num_kv_heads / self.attention_tp))
+            if self.kv_heads_per_device != kv_heads:
+                raise ValueError(f"plan {self.name}: {self.kv_heads_per_device} KV heads per device, but "
+                                 f"{model.name}'s {model.gqa.num_kv_heads} KV heads over {self.attention_tp} "
+                                 f"devices are {kv_heads}")
+        if self.vocab_rows_per_device * self.devices < model.vocab_size:
+            raise ValueError(f"plan {self.name}: {self.vocab_rows_per_device} vocabulary rows x {self.devices} "
+                             f"devices do not cover {model.name}'s {model.vocab_size} tokens")
         moe = model.moe
         if moe is None:
             return

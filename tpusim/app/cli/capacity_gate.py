@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from hwmodels.errors import InputError
@@ -53,6 +54,7 @@ def add_force_option(parser: argparse.ArgumentParser) -> None:
 def check_fit(args: argparse.Namespace, model: Any, plan: Any, system: Any) -> FitVerdict:
     """The verdict for the parsed ``--batch``/``--context``; InputError unless it fits or ``--force``."""
     from tpusim.workload.capacity import capacity_report, check_capacity
+    from tpusim.workload.model_catalog import plan_for_system
 
     batch = getattr(args, "batch", 1)
     context_tokens = args.context
@@ -63,7 +65,8 @@ def check_fit(args: argparse.Namespace, model: Any, plan: Any, system: Any) -> F
     reason = ""
     if not report.fits:
         try:
-            check_capacity(model, plan, system.chip, chips=system.chips, batch=batch, context_tokens=context_tokens)
+            check_capacity(model, plan, system.chip, chips=system.chips, batch=batch, context_tokens=context_tokens,
+                           plan_for_chips=partial(plan_for_system, model, system.chip, choice=getattr(args, "plan", None)))
         except InputError as error:
             reason = str(error)
         if not getattr(args, "force", False):

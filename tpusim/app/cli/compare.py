@@ -95,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
         plot_comparison(rows, args.plot, title=f"{args.model}: simulated decode throughput")
     fmt = output_format(args)
     table = comparison_table(rows, title=f"{args.model}: decode step per system (simulated)")
-    notes = [] if fmt == "json" else calibration_notes(rows)
+    notes = [] if fmt == "json" else calibration_notes(rows) + [
+        f"warning: {row['system']} batch {row['batch']}: {row['warning']}" for row in rows if row.get("warning")]
     if fmt == "json":  # the rows carry calibration_warnings; the terminal still hears of them
         for line in calibration_notes(rows):
             if line.startswith("warning: "):
@@ -122,7 +123,8 @@ def comparison_table(rows: list[dict], *, title: str) -> TableData:
             (f"{row['tokens_per_s']:.1f}" + (f" [{row['tokens_per_s_low']:.1f}–{row['tokens_per_s_high']:.1f}]"
                                              if row.get("tokens_per_s_low") is not None else "")) if parts else "—",
             *[f"{parts[part]:.3f}" if parts else "—" for part in PARTS],
-            row["label"], ((row.get("plan_choice") or "") + " "
+            row["label"], ((f"warning: {row['warning']}; " if row.get("warning") else "")
+                           + (row.get("plan_choice") or "") + " "
                            + (row.get("schedule_choice") or row.get("short_note", ""))).strip(),
         )
     return table

@@ -8,6 +8,12 @@ from tpusim.app.cli.capacity_gate import check_fit
 from tpusim.app.cli.common import add_workload_options, emit_json, resolve_workload
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
+# The two floors of one workload, named alike in `floor` and `simulate`: the expected device
+# (routed experts at their expectation) and the critical device (per layer the expert group
+# loading the most experts: the device `simulate` runs, so its floor is `simulate`'s).
+EXPECTED_DEVICE = "expected device"
+CRITICAL_DEVICE = "critical device (the one simulate runs)"
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -44,8 +50,10 @@ def run(args: argparse.Namespace) -> int:
     table.add("HBM floor", f"{report['hbm_floor_ms']:.3f} ms", "analytic floor")
     table.add("compute floor", f"{report['compute_floor_ms']:.3f} ms", "analytic floor")
     table.add("collective floor", f"{report['collective_floor_ms']:.3f} ms", "analytic floor")
-    table.add("floor", f"{report['floor_ms']:.3f} ms ({report['bound_by']}-bound)", "analytic floor")
-    table.add("tokens/s at floor", f"{report['tokens_per_s_at_floor']:.1f}", "analytic floor")
+    table.add(f"floor, {EXPECTED_DEVICE}", f"{report['floor_ms']:.3f} ms ({report['bound_by']}-bound)",
+              "analytic floor")
+    table.add(f"floor, {CRITICAL_DEVICE}", f"{report['floor_ms_critical_device']:.3f} ms", "analytic floor")
+    table.add(f"tokens/s at floor, {EXPECTED_DEVICE}", f"{report['tokens_per_s_at_floor']:.1f}", "analytic floor")
     fam = TableData(title="bytes per device by weight family (expected device)",
                     columns=["family", "MiB", "share"], right_aligned=("MiB", "share"))
     total = report["bytes_per_device"]

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from hwmodels.errors import InputError
 from tpusim.app.interrupts import Terminated, terminate_as_interrupt
 from tpusim.app.outdir_lock import output_lock
+from tpusim.app.tables import output_format
 
 EXIT_INPUT_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
@@ -58,6 +59,7 @@ def _lock(args: argparse.Namespace) -> contextlib.AbstractContextManager[object]
 def run_command(args: argparse.Namespace) -> int:
     """Run ``args.func(args)`` as described in the module docstring; return the exit code."""
     try:
+        output_format(args)  # --json against a different --format: refused before any work
         with terminate_as_interrupt(), _lock(args):
             return int(args.func(args) or 0)
     except InputError as error:

@@ -27,7 +27,7 @@ floor):
 | ``breakdown`` | step ms by what the stream did (phases, collectives, fixed overheads, exposed DMA, drain) |
 | ``layer_ms`` | stream ms per layer ("-1": the head) |
 | ``exposed_dma_by_family_ms`` | exposed DMA per weight family |
-| ``floor_ms``, ``floors`` | analytic floors (:mod:`tpusim.workload.floors`) |
+| ``floor_ms``, ``floors`` | analytic floors (:mod:`tpusim.workload.floors`) of the simulated (critical) device: ``tpusim floor``'s ``floor_ms_critical_device``; its ``floor_ms`` is the expected device's |
 | ``schedule``, ``schedule_hash`` | schedule name and content hash |
 | ``source`` | how the numbers were made, and whether the chip had calibrated figures |
 | ``calibrated``, ``calibration_warnings`` | whether an overlay was applied; where this run lies outside its fitted points |
@@ -44,6 +44,7 @@ from hwmodels.errors import InputError
 from hwmodels.schema import Chip
 from tpusim.app.cli.capacity_gate import check_fit
 from tpusim.app.cli.common import add_workload_options, emit_json, resolve_workload
+from tpusim.app.cli.floor import CRITICAL_DEVICE
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
 MS_PER_S = 1e3
@@ -196,7 +197,7 @@ def _json_result(result: Any, floor: Any, args: argparse.Namespace, system: str,
         "event_count": result.event_count,
         "floor_ms": floor.floor_s * ms,
         "floors": {"hbm_ms": floor.hbm_floor_s * ms, "compute_ms": floor.compute_floor_s * ms,
-                   "collective_ms": floor.collective_floor_s * ms, "label": FLOOR},
+                   "collective_ms": floor.collective_floor_s * ms, "label": FLOOR, "device": "critical"},
         "source": source,
     }
 
@@ -217,7 +218,7 @@ def _print_human(data: dict[str, Any], fmt: str) -> None:
                   f"{data['tokens_per_s_low']:.1f}–{data['tokens_per_s_high']:.1f} tok/s", "calibrated, re-simulated")
     else:
         table.add("  interval", format_interval(data), SIMULATED)
-    table.add("floor", f"{data['floor_ms']:.3f} ms", FLOOR)
+    table.add(f"floor, {CRITICAL_DEVICE}", f"{data['floor_ms']:.3f} ms", FLOOR)
     floors = data["floors"]
     table.add("  HBM / compute / collective floors",
                   f"{floors['hbm_ms']:.3f} / {floors['compute_ms']:.3f} / {floors['collective_ms']:.3f} ms", FLOOR)

@@ -96,7 +96,11 @@ def run(args: argparse.Namespace) -> int:
     except SweepInterrupted as interrupted:
         command = " ".join(shlex.quote(a) for a in ["tpusim", *sys.argv[1:]] if a != "--resume")
         print(f"tpusim sweep: {interrupted}\n  resume with: {command} --resume", file=sys.stderr)
-        return 130
+        from tpusim.app.cli.run_guard import EXIT_INTERRUPTED, EXIT_TERMINATED
+        from tpusim.app.interrupts import Terminated
+
+        # SweepInterrupted is raised from the interrupt it caught: SIGTERM exits 143, Ctrl-C 130
+        return EXIT_TERMINATED if isinstance(interrupted.__context__, Terminated) else EXIT_INTERRUPTED
     intervals = _row_intervals(result, model, plan, system, args, routing)
     interval = next((r for r in intervals if r["hash"] == result.best_row["hash"]), None) or _estimate_only()
     fmt = output_format(args)
