@@ -52,6 +52,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from tpusim.workload.registry.names import Family
+
 BIG = str(10**12)
 
 
@@ -74,8 +76,8 @@ def write_corpus(folder: Path) -> dict[str, str]:
         "expert_speculation_ops": 10**6, "speculation_miss_rate": 1.0, "kv_tile_tokens": 10**9,
         "kv_buffers": 16,
         "families": {fam: {"prefetch_distance_ops": 4096, "chunk_bytes": 4096, "buffers": 64}
-                     for fam in ("kda_proj", "mla_proj", "gqa_proj", "small_params", "router", "latent_proj",
-                                 "shared_expert", "routed_expert", "dense_mlp", "lm_head")},
+                     for fam in (Family.KDA_PROJ, Family.MLA_PROJ, Family.GQA_PROJ, Family.SMALL_PARAMS, Family.ROUTER, Family.LATENT_PROJ,
+                                 Family.SHARED_EXPERT, Family.ROUTED_EXPERT, Family.DENSE_MLP, Family.LM_HEAD)},
     }
     minimal = {**extreme, "name": "minimal", "max_dmas_in_flight": 1, "expert_issue": "after_routing",
                "expert_speculation_ops": 0, "speculation_miss_rate": 0.0, "kv_tile_tokens": 8, "kv_buffers": 1,
@@ -103,7 +105,7 @@ def write_corpus(folder: Path) -> dict[str, str]:
     qwen = json.loads((repo / "tests" / "data" / "qwen3-30b-a3b" / "config.json").read_text())
     files["config-text-count.json"] = json.dumps({**qwen, "num_hidden_layers": "4x8"}).encode()
     files["config-text-number.json"] = json.dumps({**qwen, "num_hidden_layers": "48"}).encode()
-    files["schedule-bool.json"] = json.dumps({"name": "bool", "families": {"routed_expert": {"buffers": True}}}).encode()
+    files["schedule-bool.json"] = json.dumps({"name": "bool", "families": {Family.ROUTED_EXPERT: {"buffers": True}}}).encode()
     muse = (repo / "tpusim" / "models" / "plan-muse-tp8.yaml").read_text()
     files["plan-other-heads.yaml"] = "".join(line for line in muse.splitlines(keepends=True)
                                              if not line.startswith("model:")).encode()
@@ -284,9 +286,9 @@ def misapplication(argv: list[str]) -> str | None:
         if raw["attention_heads_per_device"] != math.ceil(attention_heads(model) / tp):
             return f"plan {raw['name']}: another head split"
     moe = model.moe
-    lacks = {"experts": moe is None, "router": moe is None,
-             "shared_expert": moe is None or not moe.shared_intermediate_size,
-             "latent_proj": moe is None or not moe.latent_size, "dense_mlp": not model.dense_layers}
+    lacks = {"experts": moe is None, Family.ROUTER: moe is None,
+             Family.SHARED_EXPERT: moe is None or not moe.shared_intermediate_size,
+             Family.LATENT_PROJ: moe is None or not moe.latent_size, Family.DENSE_MLP: not model.dense_layers}
     for pair in _value(argv, "--formats", "").split(","):
         family = pair.partition("=")[0].strip()
         if lacks.get(family):

@@ -26,6 +26,8 @@ import os
 import sys
 import time
 
+from tpusim.workload.registry.names import KdaTensor, MlaTensor
+
 LANES = 128
 
 
@@ -103,7 +105,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     for rank in range(plan.devices):
         cut = cut_of(model, plan, rank)
         shard = weight_shard(weights.arrays, one, dev, cut)
-        for name in ("kda.o", "mla.o"):
+        for name in (KdaTensor.OUT, MlaTensor.OUT):
             shard[name] = stored_projection(shard[name])
         hbm.append(pack_hbm(Weights(dev, shard), kernel.geo))
         states.append(state_shard(*(np.asarray(a) for a in (state.kda_state, state.conv_state, state.kv_cache)),

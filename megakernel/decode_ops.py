@@ -17,6 +17,15 @@ import jax.numpy as jnp
 from megakernel import math_kda, math_mla, math_moe, residual
 from megakernel.math_common import mm, rmsnorm
 from megakernel.quant import dequant_fp8_b256, dequant_mxfp4
+from tpusim.workload.registry.names import (
+    Collective,
+    HeadTensor,
+    KdaTensor,
+    MlaTensor,
+    MlpTensor,
+    MoeTensor,
+    SmallParam,
+)
 
 
 class DecodeOps:
@@ -59,7 +68,7 @@ class DecodeOps:
 
     def mix_norm(self, layer: int, sublayer: str) -> jax.Array:
         d, h = self.d, self.d.hidden
-        mix = self.small(layer, "small.residual_mix")
+        mix = self.small(layer, SmallParam.RESIDUAL_MIX)
         query = mix[:, :h] if sublayer == "attn" else mix[:, h:]
         has_partial = layer % d.block_layers > 0 if sublayer == "attn" else True
         mixed = residual.mix(jnp.stack(self.blocks), self.partial, 1 + layer // d.block_layers, has_partial,
@@ -70,9 +79,9 @@ class DecodeOps:
         """Add layer ``layer``'s MLP output (its collectives just completed) and, at a block
         end, snapshot the block."""
         if layer == 0:
-            self.add_to_residual(self.values.pop("mlp.allreduce"))
+            self.add_to_residual(self.values.pop(Collective.MLP_ALLREDUCE))
         else:
-            self.add_to_residual(self.values.pop("moe.output_allgather") + self.values.pop("shared"))
+            self.add_to_residual(self.values.pop(Collective.MOE_OUTPUT_ALLGATHER) + self.values.pop("shared"))
         if residual.block_ends_after(layer, self.d.block_layers):
             self.blocks[1 + layer // self.d.block_layers] = self.partial
             self.partial = jnp.zeros_like(self.partial)
@@ -83,17 +92,17 @@ class DecodeOps:
         self.values["x"] = self.mix_norm(layer, "attn")
 
     def mlp_mix_norm(self, layer: int) -> None:
-        self.values.pop("attn.partial_reduce", None)
-        self.add_to_residual(self.values.pop("attn.half_gather"))
+        self.values.pop(Collective.ATTN_PARTIAL_REDUCE, None)
+        self.add_to_residual(self.values.pop(Collective.ATTN_HALF_GATHER))
         self.values["x"] = self.mix_norm(layer, "mlp")
 
     # ------------------------------------------------------------------ KDA
 
     def kda_qkvgb(self, layer: int) -> None:
         kd = self.d.kda
-        y = mm(self.values["x"], self.weight(layer, "kda.qkvgb"))
+        y = mm(self.values["x"], self.weight(layer, KdaTensor.QKVGB))
         qkv, gate, beta_logits = math_kda.split_qkvgb(y, kd)
-        conv_w = self.small(layer, "small.kda_conv").reshape(kd.conv_kernel, 3 * kd.width)
+        conv_w = self.small(layer, SmallParam.KDA_CONV).reshape(kd.conv_kernel, 3 * kd.width)
         conv_out, window = math_kda.short_conv(qkv, self.ins[f"L{layer}.conv"][...], conv_w)
         self.states[f"L{layer}.conv"][...] = window
         self.values["qkv"] = math_kda.prepare_qkv(conv_out, kd)
@@ -101,9 +110,9 @@ class DecodeOps:
 
     def kda_decay(self, layer: int) -> None:
         kd = self.d.kda
-        f = mm(mm(self.values["x"], self.weight(layer, "kda.decay_a")), self.weight(layer, "kda.decay_b"))
-        self.values["g"] = math_kda.decay_log(f, self.small(layer, "small.kda_a_log"),
-                                              self.small(layer, "small.kda_dt_bias"), kd)
+        f = mm(mm(self.values["x"], self.weight(layer, KdaTensor.DECAY_A)), self.weight(layer, KdaTensor.DECAY_B))
+        self.values["g"] = math_kda.decay_log(f, self.small(layer, SmallParam.KDA_A_LOG),
+                                              self.small(layer, SmallParam.KDA_DT_BIAS), kd)
 
     def kda_core(self, layer: int) -> None:
         kd = self.d.kda
@@ -112,40 +121,40 @@ class DecodeOps:
         state = self.ins[f"L{layer}.kda_state"][...]
         outs, new_state = math_kda.delta_rule_heads(state, q, k, v, g, beta, kd)
         self.states[f"L{layer}.kda_state"][...] = new_state
-        self.values["attn.head_exchange"] = math_kda.output_gate(outs, self.values.pop("gate"), self.d.eps)
+        self.values[Collective.ATTN_HEAD_EXCHANGE] = math_kda.output_gate(outs, self.values.pop("gate"), self.d.eps)
 
     def project_heads(self, layer: int, name: str) -> None:
         """The pair's head outputs (the exchange's result) onto this device's hidden half, over
         its replica's part of the pair's rows (:mod:`megakernel.decode_shards`)."""
-        heads, w = self.values.pop("attn.head_exchange"), self.weight(layer, name)
+        heads, w = self.values.pop(Collective.ATTN_HEAD_EXCHANGE), self.weight(layer, name)
         part = w.shape[0]
         if part != heads.shape[1]:  # head replicas: part rank // head_slots of the pair's rows
             start = self.ctx.rank // self.k.head_slots * part
             heads = jax.lax.dynamic_slice_in_dim(heads, start, part, axis=1)
-        self.values["attn.partial_reduce"] = mm(heads, w)
+        self.values[Collective.ATTN_PARTIAL_REDUCE] = mm(heads, w)
 
     def kda_o(self, layer: int) -> None:
-        self.project_heads(layer, "kda.o")
+        self.project_heads(layer, KdaTensor.OUT)
 
     # ------------------------------------------------------------------ MLA
 
     def mla_q_a(self, layer: int) -> None:
-        cq = mm(self.values["x"], self.weight(layer, "mla.q_a"))
-        self.values["cq"] = rmsnorm(cq, self.small(layer, "small.mla_q_norm"), self.d.eps)
+        cq = mm(self.values["x"], self.weight(layer, MlaTensor.Q_A))
+        self.values["cq"] = rmsnorm(cq, self.small(layer, SmallParam.MLA_Q_NORM), self.d.eps)
 
     def mla_kv_a(self, layer: int) -> None:
         pos = self.position.astype(jnp.float32)
-        ckv = mm(self.values["x"], self.weight(layer, "mla.kv_a"))
-        self.values["entry"] = math_mla.kv_entry(ckv, self.small(layer, "small.mla_kv_norm"), pos, self.d.mla,
+        ckv = mm(self.values["x"], self.weight(layer, MlaTensor.KV_A))
+        self.values["entry"] = math_mla.kv_entry(ckv, self.small(layer, SmallParam.MLA_KV_NORM), pos, self.d.mla,
                                                  self.d.eps).astype(jnp.bfloat16)
 
     def mla_q_b(self, layer: int) -> None:
         pos = self.position.astype(jnp.float32)
-        q_nope, q_rope = math_mla.split_q(mm(self.values.pop("cq"), self.weight(layer, "mla.q_b")), pos, self.d.mla)
+        q_nope, q_rope = math_mla.split_q(mm(self.values.pop("cq"), self.weight(layer, MlaTensor.Q_B)), pos, self.d.mla)
         self.values["q_nope"], self.values["q_rope"] = q_nope, jnp.stack(q_rope, axis=1)
 
     def mla_kv_b(self, layer: int) -> None:
-        w_kv_b = self.weight(layer, "mla.kv_b")
+        w_kv_b = self.weight(layer, MlaTensor.KV_B)
         self.values["q_lat"] = math_mla.absorb(self.values.pop("q_nope"), w_kv_b, self.d.mla)
 
     def mla_core(self, layer: int) -> None:
@@ -157,47 +166,47 @@ class DecodeOps:
         token = jax.lax.broadcasted_iota(jnp.int32, (1, 1, cache.shape[1]), 2)
         carry = math_mla.attend_tile(math_mla.attend_init(b, md), q_lat, q_rope, cache, token < self.position, md)
         carry = math_mla.attend_tile(carry, q_lat, q_rope, entry[:, None, :], jnp.ones((1, 1, 1), bool), md)
-        o = math_mla.attend_output(carry, self.weight(layer, "mla.kv_b"), md)
+        o = math_mla.attend_output(carry, self.weight(layer, MlaTensor.KV_B), md)
         out = self.states[f"L{layer}.kv"]
         out[...] = cache
         out[:, pl_ds(self.position), :] = entry[:, None, :]
-        gate = jax.nn.sigmoid(mm(self.values["x"], self.weight(layer, "mla.gate")))
-        self.values["attn.head_exchange"] = o[:b] * gate
+        gate = jax.nn.sigmoid(mm(self.values["x"], self.weight(layer, MlaTensor.GATE)))
+        self.values[Collective.ATTN_HEAD_EXCHANGE] = o[:b] * gate
 
     def mla_gate(self, layer: int) -> None:
         """Applied at the end of ``mla.core`` (see there)."""
 
     def mla_o(self, layer: int) -> None:
-        self.project_heads(layer, "mla.o")
+        self.project_heads(layer, MlaTensor.OUT)
 
     # ------------------------------------------------------------------ MLP and MoE
 
     def mlp_gate_up(self, layer: int) -> None:
         """Layer 0's dense MLP (both ops: the partial is issued at ``mlp.down``)."""
-        self.values["mlp.allreduce"] = math_moe.gated_mlp(self.values.pop("x"), self.weight(layer, "mlp.gate_up"),
-                                                          self.weight(layer, "mlp.down"))
+        self.values[Collective.MLP_ALLREDUCE] = math_moe.gated_mlp(self.values.pop("x"), self.weight(layer, MlpTensor.GATE_UP),
+                                                          self.weight(layer, MlpTensor.DOWN))
 
     def mlp_down(self, layer: int) -> None:
         """Computed with ``mlp.gate_up`` (see there)."""
 
     def moe_router(self, layer: int) -> None:
-        self.values["moe.router_exchange"] = jax.nn.sigmoid(mm(self.values["x"], self.weight(layer, "moe.router")))
+        self.values[Collective.MOE_ROUTER_EXCHANGE] = jax.nn.sigmoid(mm(self.values["x"], self.weight(layer, MoeTensor.ROUTER)))
 
     def moe_topk(self, layer: int) -> None:
         e = self.d.moe
-        scores = self.values.pop("moe.router_exchange")[:, : e.num_experts]
-        bias = self.small(layer, "small.router_bias")[:, : e.num_experts]
+        scores = self.values.pop(Collective.MOE_ROUTER_EXCHANGE)[:, : e.num_experts]
+        bias = self.small(layer, SmallParam.ROUTER_BIAS)[:, : e.num_experts]
         self.values["route"] = math_moe.select_topk(scores, bias, e.top_k, e.routed_scaling)
         self.states[f"L{layer}.route"][...] = jnp.concatenate(self.values["route"][0], axis=1)
         self.states[f"L{layer}.router_keys"][...] = scores + bias  # what select_topk ranks (diagnostics)
 
     def moe_latent_down(self, layer: int) -> None:
-        self.values["moe.latent_allgather"] = mm(self.values["x"], self.weight(layer, "moe.latent_down"))
+        self.values[Collective.MOE_LATENT_ALLGATHER] = mm(self.values["x"], self.weight(layer, MoeTensor.LATENT_DOWN))
 
     def moe_shared_gate_up(self, layer: int) -> None:
         """The shared experts' channels of this device (both ops; issued at ``shared_down``)."""
-        self.values["moe.shared_reduce"] = math_moe.gated_mlp(
-            self.values.pop("x"), self.weight(layer, "moe.shared_gate_up"), self.weight(layer, "moe.shared_down"))
+        self.values[Collective.MOE_SHARED_REDUCE] = math_moe.gated_mlp(
+            self.values.pop("x"), self.weight(layer, MoeTensor.SHARED_GATE_UP), self.weight(layer, MoeTensor.SHARED_DOWN))
 
     def moe_shared_down(self, layer: int) -> None:
         """Computed with ``moe.shared_gate_up`` (see there)."""
@@ -206,7 +215,7 @@ class DecodeOps:
         """This device's part of its group's experts on the gathered latent, weighted by the
         routing (0 if not chosen): a partial of each expert's output when expert TP splits it."""
         e, plan = self.d.moe, self.k.plan
-        lat = rmsnorm(self.values.pop("moe.latent_allgather"), self.small(layer, "small.latent_norm"), self.d.eps)
+        lat = rmsnorm(self.values.pop(Collective.MOE_LATENT_ALLGATHER), self.small(layer, SmallParam.LATENT_NORM), self.d.eps)
         ids, weights = self.values.pop("route")
         group_first = self.ctx.rank // plan.expert_tp * e.local_experts  # plan.group_of_device, traced
         acc = jnp.zeros((self.k.batch, e.latent), jnp.float32)
@@ -220,12 +229,12 @@ class DecodeOps:
         self.values["routed"] = acc
 
     def moe_combine(self, layer: int) -> None:
-        self.values["shared"] = self.values.pop("moe.shared_reduce")
-        self.values["moe.routed_reduce"] = self.values.pop("routed")
+        self.values["shared"] = self.values.pop(Collective.MOE_SHARED_REDUCE)
+        self.values[Collective.MOE_ROUTED_REDUCE] = self.values.pop("routed")
 
     def moe_latent_up(self, layer: int) -> None:
-        self.values["moe.output_allgather"] = mm(self.values.pop("moe.routed_reduce"),
-                                                 self.weight(layer, "moe.latent_up"))
+        self.values[Collective.MOE_OUTPUT_ALLGATHER] = mm(self.values.pop(Collective.MOE_ROUTED_REDUCE),
+                                                 self.weight(layer, MoeTensor.LATENT_UP))
 
     # ------------------------------------------------------------------ head
 
@@ -235,7 +244,7 @@ class DecodeOps:
         self.values["x"] = rmsnorm(final, None, self.d.eps)
 
     def head_lm_head(self, layer: int) -> None:
-        self.logits[...] = mm(self.values.pop("x"), self.weight(None, "head.lm_head"))
+        self.logits[...] = mm(self.values.pop("x"), self.weight(None, HeadTensor.LM_HEAD))
 
 
 def pl_ds(start: Any) -> Any:

@@ -45,6 +45,14 @@ from megakernel.dims import ModelDims
 from megakernel.quant import mxfp4_row_slice
 from tpusim.workload.collectives import group_ranks
 from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.registry.names import (
+    HeadTensor,
+    KdaTensor,
+    MlaTensor,
+    MlpTensor,
+    MoeTensor,
+    SmallParam,
+)
 from tpusim.workload.sharding import ShardingPlan
 
 
@@ -112,24 +120,24 @@ def _cols(x: np.ndarray, start: int, width: int, padded: int | None = None) -> n
 def _attention(full: dict[str, np.ndarray], one: ModelDims, dev: ModelDims, c: Cut) -> dict[str, np.ndarray]:
     kd1, kd, md1, md = one.kda, dev.kda, one.mla, dev.mla
     hd, a, half = kd.head_dim, c.heads, one.hidden // 2
-    qkvgb = full["kda.qkvgb"]
+    qkvgb = full[KdaTensor.QKVGB]
     blocks = [_cols(qkvgb, i * kd1.padded_width + c.first_head * hd, a * hd, kd.padded_width) for i in range(4)]
     blocks.append(_cols(qkvgb, 4 * kd1.padded_width + c.first_head, a, kd.beta_cols))
     pair_rows = c.pair_rows(hd)
     halves = slice(c.parity * half, (c.parity + 1) * half)
-    q_cols = [_cols(full["mla.q_b"], (c.first_head + i) * md1.q_head_cols, md.q_head_cols) for i in range(a)]
+    q_cols = [_cols(full[MlaTensor.Q_B], (c.first_head + i) * md1.q_head_cols, md.q_head_cols) for i in range(a)]
     v_rows = c.pair_rows(md.v_dim)
     return {
-        "kda.qkvgb": np.concatenate(blocks, axis=-1),
-        "kda.decay_a": full["kda.decay_a"],
-        "kda.decay_b": _cols(full["kda.decay_b"], c.first_head * hd, a * hd),
-        "kda.o": full["kda.o"][:, pair_rows, halves],
-        "mla.q_a": full["mla.q_a"],
-        "mla.kv_a": full["mla.kv_a"][..., : md.kv_cols],
-        "mla.q_b": np.concatenate(q_cols, axis=-1),
-        "mla.kv_b": _cols(full["mla.kv_b"], c.first_head * md.kv_b_head_cols, a * md.kv_b_head_cols),
-        "mla.gate": _cols(full["mla.gate"], c.first_head * md.v_dim, a * md.v_dim),
-        "mla.o": full["mla.o"][:, v_rows, halves],
+        KdaTensor.QKVGB: np.concatenate(blocks, axis=-1),
+        KdaTensor.DECAY_A: full[KdaTensor.DECAY_A],
+        KdaTensor.DECAY_B: _cols(full[KdaTensor.DECAY_B], c.first_head * hd, a * hd),
+        KdaTensor.OUT: full[KdaTensor.OUT][:, pair_rows, halves],
+        MlaTensor.Q_A: full[MlaTensor.Q_A],
+        MlaTensor.KV_A: full[MlaTensor.KV_A][..., : md.kv_cols],
+        MlaTensor.Q_B: np.concatenate(q_cols, axis=-1),
+        MlaTensor.KV_B: _cols(full[MlaTensor.KV_B], c.first_head * md.kv_b_head_cols, a * md.kv_b_head_cols),
+        MlaTensor.GATE: _cols(full[MlaTensor.GATE], c.first_head * md.v_dim, a * md.v_dim),
+        MlaTensor.OUT: full[MlaTensor.OUT][:, v_rows, halves],
     }
 
 
@@ -139,16 +147,16 @@ def _mlp(full: dict[str, np.ndarray], one: ModelDims, dev: ModelDims, c: Cut) ->
     sw, dw = e.shared_width, dev.dense_width
     experts = slice(c.group * c.local_experts, (c.group + 1) * c.local_experts)
     out = {
-        "moe.router": _cols(full["moe.router"], c.parity * e.router_cols, e.router_cols),
-        "moe.latent_down": _cols(full["moe.latent_down"], r * e.latent_down_cols, e.latent_down_cols),
-        "moe.latent_up": _cols(full["moe.latent_up"], c.lane * e.latent_up_cols, e.latent_up_cols),
-        "moe.shared_gate_up": np.concatenate([_cols(full["moe.shared_gate_up"], r * sw, sw),
-                                              _cols(full["moe.shared_gate_up"], e1.shared_width + r * sw, sw)], -1),
-        "moe.shared_down": full["moe.shared_down"][:, r * sw: (r + 1) * sw],
-        "mlp.gate_up": np.concatenate([_cols(full["mlp.gate_up"], r * dw, dw),
-                                       _cols(full["mlp.gate_up"], one.dense_width + r * dw, dw)], -1),
-        "mlp.down": full["mlp.down"][r * dw: (r + 1) * dw],
-        "head.lm_head": _cols(full["head.lm_head"], r * dev.vocab_rows, dev.vocab_rows),
+        MoeTensor.ROUTER: _cols(full[MoeTensor.ROUTER], c.parity * e.router_cols, e.router_cols),
+        MoeTensor.LATENT_DOWN: _cols(full[MoeTensor.LATENT_DOWN], r * e.latent_down_cols, e.latent_down_cols),
+        MoeTensor.LATENT_UP: _cols(full[MoeTensor.LATENT_UP], c.lane * e.latent_up_cols, e.latent_up_cols),
+        MoeTensor.SHARED_GATE_UP: np.concatenate([_cols(full[MoeTensor.SHARED_GATE_UP], r * sw, sw),
+                                              _cols(full[MoeTensor.SHARED_GATE_UP], e1.shared_width + r * sw, sw)], -1),
+        MoeTensor.SHARED_DOWN: full[MoeTensor.SHARED_DOWN][:, r * sw: (r + 1) * sw],
+        MlpTensor.GATE_UP: np.concatenate([_cols(full[MlpTensor.GATE_UP], r * dw, dw),
+                                       _cols(full[MlpTensor.GATE_UP], one.dense_width + r * dw, dw)], -1),
+        MlpTensor.DOWN: full[MlpTensor.DOWN][r * dw: (r + 1) * dw],
+        HeadTensor.LM_HEAD: _cols(full[HeadTensor.LM_HEAD], r * dev.vocab_rows, dev.vocab_rows),
     }
     out.update(_expert_parts(full, one, dev, c, experts))
     return out
@@ -180,11 +188,11 @@ def _small(full: np.ndarray, one: ModelDims, dev: ModelDims, c: Cut) -> np.ndarr
     out = np.zeros((full.shape[0], dev.small_cols), np.float32)
     for kind, (offset, length) in dev.small_offsets.items():
         value = one.small(full, kind)
-        if kind == "small.kda_a_log":
+        if kind == SmallParam.KDA_A_LOG:
             value = value[:, c.first_head: c.first_head + a]
-        elif kind == "small.kda_dt_bias":
+        elif kind == SmallParam.KDA_DT_BIAS:
             value = value[:, c.first_head * hd: (c.first_head + a) * hd]
-        elif kind == "small.kda_conv":
+        elif kind == SmallParam.KDA_CONV:
             taps = value.reshape(full.shape[0], one.kda.conv_kernel, 3, one.kda.width)
             value = taps[..., c.first_head * hd: (c.first_head + a) * hd].reshape(full.shape[0], -1)
         out[:, offset: offset + length] = value[:, :length]

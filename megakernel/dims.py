@@ -28,6 +28,17 @@ from megakernel.math_kda import KdaDims
 from megakernel.math_mla import MlaDims
 from megakernel.residual import num_block_slots
 from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.registry.names import (
+    ExpertTensor,
+    Family,
+    FormatKey,
+    HeadTensor,
+    KdaTensor,
+    MlaTensor,
+    MlpTensor,
+    MoeTensor,
+    SmallParam,
+)
 from tpusim.workload.shapes import (
     TensorSpec,
     attention_tensors,
@@ -43,17 +54,17 @@ from tpusim.workload.sharding import ShardingPlan, round_up
 LANES = 128
 STREAMED_FORMAT = "bf16"  # the kernel streams every dense matrix in bf16 (experts keep their formats)
 STREAMED = (
-    "kda.qkvgb", "kda.decay_a", "kda.decay_b", "kda.o", "mla.q_a", "mla.q_b", "mla.kv_a", "mla.kv_b",
-    "mla.gate", "mla.o", "moe.router", "moe.latent_down", "moe.latent_up", "moe.shared_gate_up",
-    "moe.shared_down", "expert.gate_up", "expert.down", "mlp.gate_up", "mlp.down", "head.lm_head",
+    KdaTensor.QKVGB, KdaTensor.DECAY_A, KdaTensor.DECAY_B, KdaTensor.OUT, MlaTensor.Q_A, MlaTensor.Q_B, MlaTensor.KV_A, MlaTensor.KV_B,
+    MlaTensor.GATE, MlaTensor.OUT, MoeTensor.ROUTER, MoeTensor.LATENT_DOWN, MoeTensor.LATENT_UP, MoeTensor.SHARED_GATE_UP,
+    MoeTensor.SHARED_DOWN, ExpertTensor.GATE_UP, ExpertTensor.DOWN, MlpTensor.GATE_UP, MlpTensor.DOWN, HeadTensor.LM_HEAD,
 )
 
 # Small parameters of a layer, packed in one f32 row in this order; each kind starts at a
 # multiple of 128 lanes. Layers without a kind (KDA params on an MLA layer) hold zeros there.
 SMALL_KINDS = (
-    "small.attn_norm", "small.mlp_norm", "small.residual_mix", "small.kda_a_log",
-    "small.kda_dt_bias", "small.kda_conv", "small.mla_q_norm", "small.mla_kv_norm",
-    "small.router_bias", "small.latent_norm",
+    SmallParam.ATTN_NORM, SmallParam.MLP_NORM, SmallParam.RESIDUAL_MIX, SmallParam.KDA_A_LOG,
+    SmallParam.KDA_DT_BIAS, SmallParam.KDA_CONV, SmallParam.MLA_Q_NORM, SmallParam.MLA_KV_NORM,
+    SmallParam.ROUTER_BIAS, SmallParam.LATENT_NORM,
 )
 
 
@@ -140,8 +151,8 @@ def model_dims(model: ModelConfig, plan: ShardingPlan, *, routes_all_experts: bo
         problems.append("needs activation 'situ' and attention_residuals")
     if model.moe.router_scoring != "sigmoid" or not model.moe.router_bias:
         problems.append("needs sigmoid routing with a correction bias")
-    expected = {"routed_gate_up": "fp8_e4m3_b256", "routed_down": "mxfp4", "dense": "bf16",
-                "router": "bf16", "lm_head": "bf16", "embedding": "bf16", "small_params": "f32"}
+    expected = {FormatKey.ROUTED_GATE_UP: "fp8_e4m3_b256", FormatKey.ROUTED_DOWN: "mxfp4", "dense": "bf16",
+                Family.ROUTER: "bf16", Family.LM_HEAD: "bf16", "embedding": "bf16", Family.SMALL_PARAMS: "f32"}
     for key, fmt in expected.items():
         if model.format_of(key) != fmt:
             problems.append(f"format {key} must be {fmt}, got {model.format_of(key)}")

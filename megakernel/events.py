@@ -32,23 +32,35 @@ from megakernel.kernel import Megakernel, prologue_order
 from megakernel.kernel_dma import TEMPLATES
 from megakernel.math_moe import distinct_experts
 from megakernel.reference import DecodeState
+from tpusim.schedule.issue_plan import SMALL_RING
+from tpusim.workload import registry
+from tpusim.workload.registry.names import (
+    AttnOp,
+    ExpertTensor,
+    Family,
+    MoeOp,
+    StateFamily,
+)
 
 Event = tuple[Any, ...]
 
+def _op_waits() -> dict[str, tuple[str, ...]]:
+    """Op -> the weight rings it waits for, in read order: the registry's tensors of every
+    non-expert op, and the small-parameter row at ``attn.mix_norm`` (its first reader; the
+    later readers of a layer's row find it landed)."""
+    waits: dict[str, tuple[str, ...]] = {AttnOp.MIX_NORM: (SMALL_RING,)}
+    for block in registry.BLOCKS.values():
+        waits.update({op.name: op.tensors for op in block.ops if op.tensors and not op.repeated})
+    return waits
+
+
 # Weight rings each op waits for, in the order the op reads them.
-OP_READS = {
-    "attn.mix_norm": ("small",), "kda.qkvgb": ("kda.qkvgb",), "kda.decay": ("kda.decay_a", "kda.decay_b"),
-    "kda.o": ("kda.o",), "mla.q_a": ("mla.q_a",), "mla.kv_a": ("mla.kv_a",), "mla.q_b": ("mla.q_b",),
-    "mla.kv_b": ("mla.kv_b",), "mla.gate": ("mla.gate",), "mla.o": ("mla.o",), "moe.router": ("moe.router",),
-    "moe.latent_down": ("moe.latent_down",), "moe.shared_gate_up": ("moe.shared_gate_up",),
-    "moe.shared_down": ("moe.shared_down",), "moe.latent_up": ("moe.latent_up",),
-    "mlp.gate_up": ("mlp.gate_up",), "mlp.down": ("mlp.down",), "head.lm_head": ("head.lm_head",),
-}
+OP_READS = _op_waits()
 
 
 def weight_events(events: list[Event]) -> list[Event]:
     """Drop KDA-state and KV-cache traffic, keeping weight copies and compute events."""
-    return [e for e in events if e[0] == "compute" or e[1] not in ("kda_state", "kv")]
+    return [e for e in events if e[0] == "compute" or e[1] not in (StateFamily.KDA_STATE, "kv")]
 
 
 def kernel_event_order(kernel: Megakernel, hbm: dict[str, jax.Array], embedding: jax.Array,
@@ -77,8 +89,8 @@ def planned_event_order(kernel: Megakernel, routing: np.ndarray) -> list[Event]:
 
     def start(unit: Unit, layers: tuple[int, int]) -> None:
         if unit.ring == "expert":
-            for part in ("expert.gate_up", "expert.down"):
-                out.append(("dma_start", "routed_expert", part, layers[0], unit.slab))
+            for part in (ExpertTensor.GATE_UP, ExpertTensor.DOWN):
+                out.append(("dma_start", Family.ROUTED_EXPERT, part, layers[0], unit.slab))
         else:
             out.append(("dma_start", geo.rings[unit.ring].family, unit.ring, layers[unit.delta], unit.slab))
 
@@ -103,7 +115,7 @@ def planned_event_order(kernel: Megakernel, routing: np.ndarray) -> list[Event]:
 
     def lead_in(op: str, i: int) -> None:
         """Copies of window ``i`` planned in its lead-in op ``op`` (after layer i's topk)."""
-        if op in LEAD_IN and op != "moe.topk":
+        if op in LEAD_IN and op != MoeOp.TOPK:
             planned(tables.plans[template(i), n[i]], LEAD_IN.index(op) - len(LEAD_IN), (i, i + 1))
 
     prologue = tables.prologue
@@ -115,7 +127,7 @@ def planned_event_order(kernel: Megakernel, routing: np.ndarray) -> list[Event]:
         if layer == 1:
             lead_in(op.name, 1)
         out.append(("compute", op.name, layer))
-        if op.name == "moe.topk":
+        if op.name == MoeOp.TOPK:
             experts_at_topk(1)
         waits(op.name, layer)
     for i in range(1, dims.num_layers):
@@ -127,14 +139,14 @@ def planned_event_order(kernel: Megakernel, routing: np.ndarray) -> list[Event]:
                 if pos >= 1 and pos + slots - 1 < n[i]:
                     start(Unit("expert", 0, pos + slots - 1), (i, i + 1))
                 out.append(("compute", op.name, i))
-                for part in ("expert.gate_up", "expert.down"):
-                    out.append(("dma_wait", "routed_expert", part, i, pos))
+                for part in (ExpertTensor.GATE_UP, ExpertTensor.DOWN):
+                    out.append(("dma_wait", Family.ROUTED_EXPERT, part, i, pos))
                 continue
             planned(plan, pos, (i, i + 1))
             if op.delta == 1 and layer < dims.num_layers:
                 lead_in(op.name, layer)
             out.append(("compute", op.name, layer))
-            if op.name == "moe.topk" and op.delta == 1:
+            if op.name == MoeOp.TOPK and op.delta == 1:
                 experts_at_topk(layer)
             waits(op.name, layer)
     return out

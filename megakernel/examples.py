@@ -14,6 +14,7 @@ its op and every tensor's bank wraps around the ring from layer to layer.
 from __future__ import annotations
 
 from tpusim.schedule.schema import Schedule
+from tpusim.workload.registry.names import Family
 
 
 def chunked_schedule() -> Schedule:
@@ -22,15 +23,15 @@ def chunked_schedule() -> Schedule:
         "description": "kimi-k3-mini test schedule: row slabs with in-op refills, a shared mlp pool, "
                        "deep prefetch, after-routing expert issue",
         "families": {
-            "kda_proj": {"prefetch_distance_ops": 3, "chunk_bytes": 65536, "buffers": 2, "pool": "attention"},
-            "mla_proj": {"prefetch_distance_ops": 2, "chunk_bytes": 131072, "buffers": 2, "pool": "attention"},
-            "small_params": {"prefetch_distance_ops": 6, "buffers": 2},
-            "router": {"prefetch_distance_ops": 2, "chunk_bytes": 16384, "buffers": 2},
-            "latent_proj": {"prefetch_distance_ops": 1, "chunk_bytes": 32768, "buffers": 3},
-            "shared_expert": {"prefetch_distance_ops": 2, "chunk_bytes": 65536, "buffers": 2, "pool": "mlp"},
-            "routed_expert": {"buffers": 2, "pool": "mlp"},
-            "dense_mlp": {"prefetch_distance_ops": 1, "chunk_bytes": 65536, "buffers": 3, "pool": "mlp"},
-            "lm_head": {"prefetch_distance_ops": 3, "chunk_bytes": 65536, "buffers": 2},
+            Family.KDA_PROJ: {"prefetch_distance_ops": 3, "chunk_bytes": 65536, "buffers": 2, "pool": "attention"},
+            Family.MLA_PROJ: {"prefetch_distance_ops": 2, "chunk_bytes": 131072, "buffers": 2, "pool": "attention"},
+            Family.SMALL_PARAMS: {"prefetch_distance_ops": 6, "buffers": 2},
+            Family.ROUTER: {"prefetch_distance_ops": 2, "chunk_bytes": 16384, "buffers": 2},
+            Family.LATENT_PROJ: {"prefetch_distance_ops": 1, "chunk_bytes": 32768, "buffers": 3},
+            Family.SHARED_EXPERT: {"prefetch_distance_ops": 2, "chunk_bytes": 65536, "buffers": 2, "pool": "mlp"},
+            Family.ROUTED_EXPERT: {"buffers": 2, "pool": "mlp"},
+            Family.DENSE_MLP: {"prefetch_distance_ops": 1, "chunk_bytes": 65536, "buffers": 3, "pool": "mlp"},
+            Family.LM_HEAD: {"prefetch_distance_ops": 3, "chunk_bytes": 65536, "buffers": 2},
         },
         "expert_issue": "after_routing",
         "kv_tile_tokens": 64,
@@ -38,14 +39,14 @@ def chunked_schedule() -> Schedule:
     })
 
 
-RING_MEMBERS = ("kda_proj", "mla_proj", "router", "latent_proj", "shared_expert", "dense_mlp", "lm_head")
+RING_MEMBERS = (Family.KDA_PROJ, Family.MLA_PROJ, Family.ROUTER, Family.LATENT_PROJ, Family.SHARED_EXPERT, Family.DENSE_MLP, Family.LM_HEAD)
 
 
 def ring_schedule(banks: int = 4, bank_bytes: int = 131072, *, members: tuple[str, ...] = RING_MEMBERS) -> Schedule:
     """A ring-pool schedule: ``members`` share one ring of ``banks`` x ``bank_bytes``."""
     families: dict[str, dict[str, object]] = {name: {"prefetch_distance_ops": 4096, "pool": "ring"} for name in members}
-    families["small_params"] = {"prefetch_distance_ops": 8, "buffers": 2}
-    families["routed_expert"] = {"buffers": 4}
+    families[Family.SMALL_PARAMS] = {"prefetch_distance_ops": 8, "buffers": 2}
+    families[Family.ROUTED_EXPERT] = {"buffers": 4}
     return Schedule.model_validate({
         "name": f"megakernel-ring-{banks}x{bank_bytes // 1024}k",
         "description": f"the Muse kernel's shared ring ({banks} banks of {bank_bytes} bytes for every dense "

@@ -27,6 +27,7 @@ from megakernel.dims import LANES
 from megakernel.dma_plan import Geometry, Ring
 from megakernel.layout import STACKED_DENSE, Weights
 from megakernel.quant import bf16_to_words, pack_bytes_to_words
+from tpusim.workload.registry.names import ExpertTensor
 
 
 def panels(words: np.ndarray) -> np.ndarray:
@@ -76,7 +77,7 @@ def pack_hbm(weights: Weights, geo: Geometry) -> dict[str, np.ndarray]:
         if name not in STACKED_DENSE:
             value = value[None]
         out[name] = slabs(bf16_to_words(value), ring)
-    out["expert.gate_up"], out["expert.down"] = expert_words(weights)
+    out[ExpertTensor.GATE_UP], out[ExpertTensor.DOWN] = expert_words(weights)
     return out
 
 
@@ -89,6 +90,6 @@ def hbm_shapes(geo: Geometry, dims_layers: int, moe_layers: int, local_experts: 
         elif name != "expert":
             shapes[name] = (ring.instances, ring.num_slabs, ring.slab_arena_rows, LANES)
     slot = geo.expert_slot
-    shapes["expert.gate_up"] = (moe_layers, local_experts, slot.gate_up_total, LANES)
-    shapes["expert.down"] = (moe_layers, local_experts, slot.down_total, LANES)
+    shapes[ExpertTensor.GATE_UP] = (moe_layers, local_experts, slot.gate_up_total, LANES)
+    shapes[ExpertTensor.DOWN] = (moe_layers, local_experts, slot.down_total, LANES)
     return shapes

@@ -59,6 +59,7 @@ from megakernel.reference import DecodeState
 from megakernel.residual import num_block_slots
 from megakernel.ring_pool import bank_table
 from tpusim.schedule.schema import Schedule
+from tpusim.workload.registry.names import KdaTensor, MoeOp, StateFamily
 
 EXPERT_CODES = 1000  # codes below are expert[j]; op identities start here
 
@@ -178,7 +179,7 @@ class Megakernel:
             "kv_sem": pltpu.SemaphoreType.DMA((g.kv_buffers,)),
             "kv_entry": pltpu.VMEM((b, 1, d.mla.kv_cols), jnp.bfloat16),
             "kv_write_sem": pltpu.SemaphoreType.DMA((1,)),
-            "kda_state": pltpu.VMEM((b, d.kda.heads, d.kda.head_dim, d.kda.head_dim), jnp.float32),
+            StateFamily.KDA_STATE: pltpu.VMEM((b, d.kda.heads, d.kda.head_dim, d.kda.head_dim), jnp.float32),
             "conv": pltpu.VMEM((b, d.kda.conv_kernel - 1, 3 * d.kda.width), jnp.float32),
             "state_sem": pltpu.SemaphoreType.DMA((4,)),
             "smem": pltpu.SMEM((smem_words(d, self.n_max),), jnp.int32),
@@ -354,7 +355,7 @@ class Megakernel:
 
     def _next_window_begin(self, ctx: Ctx, op: str, layer: Any, templates: list[int]) -> None:
         """Lead-in: copies of the window of ``layer`` planned at this op (after topk)."""
-        if op not in LEAD_IN or op == "moe.topk":
+        if op not in LEAD_IN or op == MoeOp.TOPK:
             return
         template = ctx.memo("template", layer, lambda: ctx.layer_col(layer, COL_TEMPLATE))
         if len(templates) == 1:
@@ -365,7 +366,7 @@ class Megakernel:
     def _issue_at_topk(self, ctx: Ctx, layer: Any, j: Any, templates: list[int]) -> None:
         """Expert entry ``j`` (traced) was just appended: start it if the plan issues it at
         ``moe.topk`` (one ``pl.when`` whatever the slot count)."""
-        code = self.tables.codes["moe.topk", 0]
+        code = self.tables.codes[MoeOp.TOPK, 0]
         template = ctx.memo("template", layer, lambda: ctx.layer_col(layer, COL_TEMPLATE))
         index = {u: i for i, u in enumerate(self.tables.units)}
         hit: Any = False
@@ -420,7 +421,7 @@ class Megakernel:
         slots = self.geo.rings["expert"].buffers
         nxt = i + 1
         if not last:
-            ctx.instance(self.geo.rings["kda.qkvgb"], nxt)  # the next layer's stack index, read once
+            ctx.instance(self.geo.rings[KdaTensor.QKVGB], nxt)  # the next layer's stack index, read once
         next_templates = [0, 1, 2] if not isinstance(i, int) else [TEMPLATES.index(
             self.dims.kinds[i + 2] if i + 2 < self.dims.num_layers else "head")]
         ctx.table(template, n, 0)  # load this window's issue row once, outside any branch

@@ -31,6 +31,17 @@ from megakernel.dims import LANES
 from megakernel.kernel_dma import Ctx, idiv, imod
 from megakernel.math_common import mm_t, rmsnorm
 from megakernel.quant import words_to_bf16
+from tpusim.workload.registry.names import (
+    AttnOp,
+    Collective,
+    KdaOp,
+    KdaTensor,
+    MlaOp,
+    MlaTensor,
+    SmallParam,
+    StateBuffer,
+    StateFamily,
+)
 
 Begin = Callable[[str], None]
 
@@ -40,11 +51,11 @@ def mix_norm(ctx: Ctx, layer: Any, sublayer: str) -> jax.Array:
     b, h, d = ctx.batch, ctx.dims.hidden, ctx.dims
     blocks = ctx.scratch["blocks"][:, :b, :]
     partial = ctx.scratch["partial"][:b, :]
-    mix = ctx.small(layer, "small.residual_mix")
+    mix = ctx.small(layer, SmallParam.RESIDUAL_MIX)
     query = mix[:, :h] if sublayer == "attn" else mix[:, h:]
     has_partial = (imod(layer, d.block_layers) > 0) if sublayer == "attn" else True
     mixed = residual.mix(blocks, partial, 1 + idiv(layer, d.block_layers), has_partial, query, d.eps)
-    norm = ctx.small(layer, "small.attn_norm" if sublayer == "attn" else "small.mlp_norm")
+    norm = ctx.small(layer, SmallParam.ATTN_NORM if sublayer == "attn" else SmallParam.MLP_NORM)
     return rmsnorm(mixed, norm, d.eps)
 
 
@@ -71,7 +82,7 @@ class _StateCopies:
         s, o, m = self.ctx.scratch, self.ctx.outs, self.m
         sem = s["state_sem"]
         hbm = {"conv": o["state.conv"], "state": o["state.kda"]}
-        buf = {"conv": s["conv"], "state": s["kda_state"]}
+        buf = {"conv": s["conv"], "state": s[StateFamily.KDA_STATE]}
         kind, direction = name.split("_")
         index = {"conv_in": 0, "conv_out": 1, "state_in": 2, "state_out": 3}[name]
         if direction == "in":
@@ -84,73 +95,73 @@ def _state_copies(ctx: Ctx, m: Any) -> _StateCopies:
 
 
 def _state_event(ctx: Ctx, kind: str, tensor: str, layer: Any) -> None:
-    ctx.event(kind, "kda_state", tensor, dynamic=(layer, 0))
+    ctx.event(kind, StateFamily.KDA_STATE, tensor, dynamic=(layer, 0))
 
 
 def kda_layer(ctx: Ctx, layer: Any, begin: Begin, first_kda: bool) -> None:
     """``attn.mix_norm`` .. ``kda.o`` of a KDA layer; adds the output to the residual."""
     d, kd = ctx.dims, ctx.dims.kda
-    m = ctx.instance(ctx.geo.rings["kda.qkvgb"], layer)
+    m = ctx.instance(ctx.geo.rings[KdaTensor.QKVGB], layer)
     copies = _state_copies(ctx, m)
-    begin("attn.mix_norm")
+    begin(AttnOp.MIX_NORM)
     finish_previous(ctx, layer)
     ctx.wait("small", layer, 0)
     x = mix_norm(ctx, layer, "attn")
 
-    begin("kda.qkvgb")
-    y = ctx.matmul("kda.qkvgb", layer, x)
+    begin(KdaOp.QKVGB)
+    y = ctx.matmul(KdaTensor.QKVGB, layer, x)
     if not first_kda:
         copies["conv_out"].wait()  # the previous KDA layer's write-back
-        _state_event(ctx, "dma_wait", "kda.conv_out", layer)
+        _state_event(ctx, "dma_wait", StateBuffer.KDA_CONV_OUT, layer)
     copies["conv_in"].start()
-    _state_event(ctx, "dma_start", "kda.conv_in", layer)
+    _state_event(ctx, "dma_start", StateBuffer.KDA_CONV_IN, layer)
     copies["conv_in"].wait()
-    _state_event(ctx, "dma_wait", "kda.conv_in", layer)
+    _state_event(ctx, "dma_wait", StateBuffer.KDA_CONV_IN, layer)
     qkv, gate, beta_logits = math_kda.split_qkvgb(y, kd)
-    conv_w = ctx.small(layer, "small.kda_conv").reshape(kd.conv_kernel, 3 * kd.width)
+    conv_w = ctx.small(layer, SmallParam.KDA_CONV).reshape(kd.conv_kernel, 3 * kd.width)
     conv_out, window = math_kda.short_conv(qkv, ctx.scratch["conv"][...], conv_w)
     ctx.scratch["conv"][...] = window
     copies["conv_out"].start()
-    _state_event(ctx, "dma_start", "kda.conv_out", layer)
+    _state_event(ctx, "dma_start", StateBuffer.KDA_CONV_OUT, layer)
     q, k, v = math_kda.prepare_qkv(conv_out, kd)
     beta = jax.nn.sigmoid(beta_logits)
 
-    begin("kda.decay")
-    low = ctx.matmul("kda.decay_a", layer, x)
-    f = ctx.matmul("kda.decay_b", layer, low)
-    g = math_kda.decay_log(f, ctx.small(layer, "small.kda_a_log"), ctx.small(layer, "small.kda_dt_bias"), kd)
+    begin(KdaOp.DECAY)
+    low = ctx.matmul(KdaTensor.DECAY_A, layer, x)
+    f = ctx.matmul(KdaTensor.DECAY_B, layer, low)
+    g = math_kda.decay_log(f, ctx.small(layer, SmallParam.KDA_A_LOG), ctx.small(layer, SmallParam.KDA_DT_BIAS), kd)
 
-    begin("kda.core")
+    begin(KdaOp.CORE)
     if not first_kda:
         copies["state_out"].wait()
-        _state_event(ctx, "dma_wait", "kda.state_out", layer)
+        _state_event(ctx, "dma_wait", StateBuffer.KDA_STATE_OUT, layer)
     copies["state_in"].start()
-    _state_event(ctx, "dma_start", "kda.state_in", layer)
+    _state_event(ctx, "dma_start", StateBuffer.KDA_STATE_IN, layer)
     copies["state_in"].wait()
-    _state_event(ctx, "dma_wait", "kda.state_in", layer)
-    state = ctx.scratch["kda_state"][...]  # one load, one store: every access is a callback
+    _state_event(ctx, "dma_wait", StateBuffer.KDA_STATE_IN, layer)
+    state = ctx.scratch[StateFamily.KDA_STATE][...]  # one load, one store: every access is a callback
     outs, new_state = math_kda.delta_rule_heads(state, q, k, v, g, beta, kd)
-    ctx.scratch["kda_state"][...] = new_state
+    ctx.scratch[StateFamily.KDA_STATE][...] = new_state
     copies["state_out"].start()
-    _state_event(ctx, "dma_start", "kda.state_out", layer)
+    _state_event(ctx, "dma_start", StateBuffer.KDA_STATE_OUT, layer)
     if ctx.link is not None:  # the exchange carries this device's gated heads
-        ctx.link.issue(ctx, "attn.head_exchange", layer, math_kda.output_gate(outs, gate, d.eps))
+        ctx.link.issue(ctx, Collective.ATTN_HEAD_EXCHANGE, layer, math_kda.output_gate(outs, gate, d.eps))
 
-    begin("kda.o")
+    begin(KdaOp.OUT)
     if ctx.link is not None:
-        ctx.link.attention_output(ctx, "kda.o", layer)
+        ctx.link.attention_output(ctx, KdaTensor.OUT, layer)
         return
     o = math_kda.output_gate(outs, gate, d.eps)
-    add_to_residual(ctx, ctx.matmul("kda.o", layer, o))
+    add_to_residual(ctx, ctx.matmul(KdaTensor.OUT, layer, o))
 
 
 def finish_kda_state(ctx: Ctx, last_kda_layer: int) -> None:
     """Wait for the last KDA layer's write-backs (kernel exit)."""
     copies = _state_copies(ctx, 0)
     copies["conv_out"].wait()
-    _state_event(ctx, "dma_wait", "kda.conv_out", last_kda_layer)
+    _state_event(ctx, "dma_wait", StateBuffer.KDA_CONV_OUT, last_kda_layer)
     copies["state_out"].wait()
-    _state_event(ctx, "dma_wait", "kda.state_out", last_kda_layer)
+    _state_event(ctx, "dma_wait", StateBuffer.KDA_STATE_OUT, last_kda_layer)
 
 
 def _panels(ctx: Ctx, ring: str, layer: Any) -> jax.Array:
@@ -166,28 +177,28 @@ def mla_layer(ctx: Ctx, layer: Any, begin: Begin) -> None:
     b = ctx.batch
     position = ctx.memo("position", 0, lambda: ctx.ins["smem.scalars"][0])
     pos_f = position.astype(jnp.float32)
-    begin("attn.mix_norm")
+    begin(AttnOp.MIX_NORM)
     finish_previous(ctx, layer)
     ctx.wait("small", layer, 0)
     x = mix_norm(ctx, layer, "attn")
 
-    begin("mla.q_a")
-    cq = rmsnorm(ctx.matmul("mla.q_a", layer, x), ctx.small(layer, "small.mla_q_norm"), d.eps)
-    begin("mla.kv_a")
-    entry = math_mla.kv_entry(ctx.matmul("mla.kv_a", layer, x), ctx.small(layer, "small.mla_kv_norm"), pos_f,
+    begin(MlaOp.Q_A)
+    cq = rmsnorm(ctx.matmul(MlaTensor.Q_A, layer, x), ctx.small(layer, SmallParam.MLA_Q_NORM), d.eps)
+    begin(MlaOp.KV_A)
+    entry = math_mla.kv_entry(ctx.matmul(MlaTensor.KV_A, layer, x), ctx.small(layer, SmallParam.MLA_KV_NORM), pos_f,
                               md, d.eps).astype(jnp.bfloat16)
-    begin("mla.q_b")
-    q_nope, q_rope = math_mla.split_q(ctx.matmul("mla.q_b", layer, cq), pos_f, md)
+    begin(MlaOp.Q_B)
+    q_nope, q_rope = math_mla.split_q(ctx.matmul(MlaTensor.Q_B, layer, cq), pos_f, md)
     q_rope_all = jnp.stack(q_rope, axis=1)
 
-    begin("mla.kv_b")
-    ctx.wait("mla.kv_b", layer, 0)
-    w_kv_b = _panels(ctx, "mla.kv_b", layer)
+    begin(MlaOp.KV_B)
+    ctx.wait(MlaTensor.KV_B, layer, 0)
+    w_kv_b = _panels(ctx, MlaTensor.KV_B, layer)
     q_lat = jnp.stack([mm_t(q_nope[hd], w_kv_b[:, hd * md.kv_b_head_cols: hd * md.kv_b_head_cols + md.nope])
                        for hd in range(md.heads)], axis=1)
 
-    begin("mla.core")
-    m = ctx.instance(ctx.geo.rings["mla.q_a"], layer)
+    begin(MlaOp.CORE)
+    m = ctx.instance(ctx.geo.rings[MlaTensor.Q_A], layer)
     carry = _attend_cache(ctx, layer, m, position, q_lat, q_rope_all)
     carry = math_mla.attend_tile(carry, q_lat, q_rope_all, entry[:, None, :], jnp.ones((1, 1, 1), bool), md)
     o = math_mla.attend_output(carry, w_kv_b, md)
@@ -195,19 +206,19 @@ def mla_layer(ctx: Ctx, layer: Any, begin: Begin) -> None:
     write = pltpu.make_async_copy(ctx.scratch["kv_entry"],
                                   ctx.outs["state.kv"].at[m, :, pl.ds(position, 1), :], ctx.scratch["kv_write_sem"].at[0])
     write.start()
-    ctx.event("dma_start", "kv", "mla.kv_write", dynamic=(layer, 0))
+    ctx.event("dma_start", "kv", StateBuffer.MLA_KV_WRITE, dynamic=(layer, 0))
     write.wait()
-    ctx.event("dma_wait", "kv", "mla.kv_write", dynamic=(layer, 0))
+    ctx.event("dma_wait", "kv", StateBuffer.MLA_KV_WRITE, dynamic=(layer, 0))
 
-    begin("mla.gate")
-    o = o * jax.nn.sigmoid(ctx.matmul("mla.gate", layer, x))
+    begin(MlaOp.GATE)
+    o = o * jax.nn.sigmoid(ctx.matmul(MlaTensor.GATE, layer, x))
     if ctx.link is not None:  # issued after the gate: its weights hold this device's heads only
-        ctx.link.issue(ctx, "attn.head_exchange", layer, o[:b])
-    begin("mla.o")
+        ctx.link.issue(ctx, Collective.ATTN_HEAD_EXCHANGE, layer, o[:b])
+    begin(MlaOp.OUT)
     if ctx.link is not None:
-        ctx.link.attention_output(ctx, "mla.o", layer)
+        ctx.link.attention_output(ctx, MlaTensor.OUT, layer)
         return
-    add_to_residual(ctx, ctx.matmul("mla.o", layer, o)[:b])
+    add_to_residual(ctx, ctx.matmul(MlaTensor.OUT, layer, o)[:b])
 
 
 def _attend_cache(ctx: Ctx, layer: Any, m: Any, position: jax.Array, q_lat: jax.Array,
@@ -223,7 +234,7 @@ def _attend_cache(ctx: Ctx, layer: Any, m: Any, position: jax.Array, q_lat: jax.
 
     def start(t: Any) -> None:
         copy(t).start()
-        ctx.event("dma_start", "kv", "mla.kv_tile", dynamic=(layer, t))
+        ctx.event("dma_start", "kv", StateBuffer.MLA_KV_TILE, dynamic=(layer, t))
 
     capacity_tiles = ctx.outs["state.kv"].shape[2] // tile
     for t in range(min(nbuf, capacity_tiles)):
@@ -231,7 +242,7 @@ def _attend_cache(ctx: Ctx, layer: Any, m: Any, position: jax.Array, q_lat: jax.
 
     def body(t: Any, carry: Any) -> Any:
         copy(t).wait()
-        ctx.event("dma_wait", "kv", "mla.kv_tile", dynamic=(layer, t))
+        ctx.event("dma_wait", "kv", StateBuffer.MLA_KV_TILE, dynamic=(layer, t))
         kv = ctx.scratch["kv_tiles"][imod(t, nbuf)]
         token = t * tile + lax.broadcasted_iota(jnp.int32, (1, 1, tile), 2)
         carry = math_mla.attend_tile(carry, q_lat, q_rope, kv, token < position, md)

@@ -69,6 +69,7 @@ from megakernel.multi_device_decode import DecodeKernel
 from megakernel.reference import DecodeState
 from tpusim.schedule.schema import Schedule
 from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.registry.names import Collective, MoeOp, MoeTensor
 from tpusim.workload.sharding import ShardingPlan
 
 
@@ -188,20 +189,20 @@ class LinkRun:
     def attention_output(self, ctx: Ctx, ring: str, layer: Any) -> None:
         """``*.o`` and the attention's reduction: pair heads -> hidden half -> all heads ->
         whole hidden, added to the residual."""
-        pair = self.wait(ctx, "attn.head_exchange", layer)
-        self.issue(ctx, "attn.partial_reduce", layer, pair_matmul(ctx, ring, layer, pair))
-        half = self.wait(ctx, "attn.partial_reduce", layer)
-        self.issue(ctx, "attn.half_gather", layer, half)
-        add_to_residual(ctx, self.wait(ctx, "attn.half_gather", layer))
+        pair = self.wait(ctx, Collective.ATTN_HEAD_EXCHANGE, layer)
+        self.issue(ctx, Collective.ATTN_PARTIAL_REDUCE, layer, pair_matmul(ctx, ring, layer, pair))
+        half = self.wait(ctx, Collective.ATTN_PARTIAL_REDUCE, layer)
+        self.issue(ctx, Collective.ATTN_HALF_GATHER, layer, half)
+        add_to_residual(ctx, self.wait(ctx, Collective.ATTN_HALF_GATHER, layer))
 
     def finish_mlp(self, ctx: Ctx, layer: Any) -> None:
         """At ``layer``'s first op: the previous layer's MLP output (dense all-reduce, or the
         MoE output all-gather plus the shared experts), into the residual; close its block."""
         d, b = ctx.dims, ctx.batch
         if isinstance(layer, int) and layer == 1:
-            out = self.wait(ctx, "mlp.allreduce", 0)
+            out = self.wait(ctx, Collective.MLP_ALLREDUCE, 0)
         else:
-            gathered = self.wait(ctx, "moe.output_allgather", layer - 1, back=1)
+            gathered = self.wait(ctx, Collective.MOE_OUTPUT_ALLGATHER, layer - 1, back=1)
             out = gathered[:, : d.hidden] + ctx.scratch["work"][WORK_SHARED, :b, : d.hidden]
         add_to_residual(ctx, out)
         end_of_layer(ctx, layer - 1)
@@ -213,7 +214,7 @@ class LinkRun:
 
     def gather_latent(self, ctx: Ctx, layer: Any) -> None:
         d, b = ctx.dims, ctx.batch
-        lat = self.wait(ctx, "moe.latent_allgather", layer)[:, : d.moe.latent]
+        lat = self.wait(ctx, Collective.MOE_LATENT_ALLGATHER, layer)[:, : d.moe.latent]
         norm = ctx.scratch["work"][WORK_NORM, :1, : d.moe.latent]
         ctx.scratch["work"][WORK_LATENT, :b, : d.moe.latent] = rmsnorm(lat, norm, d.eps)
 
@@ -221,11 +222,11 @@ class LinkRun:
         """``moe.combine`` and ``moe.latent_up`` with the shared and routed reductions; the
         output all-gather is consumed at the next layer's first op."""
         d, b = ctx.dims, ctx.batch
-        ctx.scratch["work"][WORK_SHARED, :b, : d.hidden] = self.wait(ctx, "moe.shared_reduce", layer)
-        self.issue(ctx, "moe.routed_reduce", layer, ctx.scratch["work"][WORK_ACC, :b, : d.moe.latent])
-        begin("moe.latent_up")
-        routed = self.wait(ctx, "moe.routed_reduce", layer)
-        self.issue(ctx, "moe.output_allgather", layer, ctx.matmul("moe.latent_up", layer, routed))
+        ctx.scratch["work"][WORK_SHARED, :b, : d.hidden] = self.wait(ctx, Collective.MOE_SHARED_REDUCE, layer)
+        self.issue(ctx, Collective.MOE_ROUTED_REDUCE, layer, ctx.scratch["work"][WORK_ACC, :b, : d.moe.latent])
+        begin(MoeOp.LATENT_UP)
+        routed = self.wait(ctx, Collective.MOE_ROUTED_REDUCE, layer)
+        self.issue(ctx, Collective.MOE_OUTPUT_ALLGATHER, layer, ctx.matmul(MoeTensor.LATENT_UP, layer, routed))
 
 
 class CollectiveMegakernel(Megakernel):

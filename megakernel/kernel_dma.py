@@ -38,6 +38,7 @@ from megakernel.dims import LANES, ModelDims
 from megakernel.dma_plan import Geometry, Ring, Unit
 from megakernel.quant import words_to_bf16
 from megakernel.ring_pool import bank_word, part_of
+from tpusim.workload.registry.names import ExpertTensor, Family
 
 # Layer table columns (SMEM, flattened [num_layers, LAYER_COLS]).
 COL_IS_MLA, COL_KIND_INDEX, COL_TEMPLATE = 0, 1, 2
@@ -259,15 +260,15 @@ class Ctx:
         gu, dn = self._expert_copies(layer, j)
         gu.start()
         dn.start()
-        self.event("dma_start", "routed_expert", "expert.gate_up", dynamic=(layer, j))
-        self.event("dma_start", "routed_expert", "expert.down", dynamic=(layer, j))
+        self.event("dma_start", Family.ROUTED_EXPERT, ExpertTensor.GATE_UP, dynamic=(layer, j))
+        self.event("dma_start", Family.ROUTED_EXPERT, ExpertTensor.DOWN, dynamic=(layer, j))
 
     def wait_expert(self, layer: Any, j: Any) -> None:
         gu, dn = self._expert_copies(layer, j, for_wait=True)
         gu.wait()
-        self.event("dma_wait", "routed_expert", "expert.gate_up", dynamic=(layer, j))
+        self.event("dma_wait", Family.ROUTED_EXPERT, ExpertTensor.GATE_UP, dynamic=(layer, j))
         dn.wait()
-        self.event("dma_wait", "routed_expert", "expert.down", dynamic=(layer, j))
+        self.event("dma_wait", Family.ROUTED_EXPERT, ExpertTensor.DOWN, dynamic=(layer, j))
 
     def expert_view(self, j: Any) -> tuple[jax.Array, jax.Array]:
         """(gate_up words u16[gu_total, 128], down words u16[dn_total, 128]) of entry j."""

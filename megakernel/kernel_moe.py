@@ -27,6 +27,16 @@ from megakernel.kernel_attention import Begin, add_to_residual, mix_norm
 from megakernel.kernel_dma import N_NEXT, Ctx, idiv, imod
 from megakernel.math_common import rmsnorm, situ
 from megakernel.quant import dequant_fp8_words, dequant_mxfp4_words, words_to_bf16
+from tpusim.workload.registry.names import (
+    Collective,
+    HeadOp,
+    HeadTensor,
+    MlpOp,
+    MlpTensor,
+    MoeOp,
+    MoeTensor,
+    SmallParam,
+)
 
 WORK_LATENT, WORK_SHARED, WORK_ACC, WORK_NORM = 0, 1, 2, 3  # rows of the "work" scratch
 
@@ -36,32 +46,32 @@ def moe_pre_experts(ctx: Ctx, layer: Any, begin: Begin, issue_at_topk: Callable[
 
     ``issue_at_topk(j)`` starts list entry ``j``'s copies if the plan issues them at topk."""
     d, e, b = ctx.dims, ctx.dims.moe, ctx.batch
-    begin("mlp.mix_norm")
+    begin(MlpOp.MIX_NORM)
     x = mix_norm(ctx, layer, "mlp")
     link = ctx.link
-    begin("moe.router")
-    scores = jax.nn.sigmoid(ctx.matmul("moe.router", layer, x))
+    begin(MoeOp.ROUTER)
+    scores = jax.nn.sigmoid(ctx.matmul(MoeTensor.ROUTER, layer, x))
     if link is not None:
-        link.issue(ctx, "moe.router_exchange", layer, scores)  # this device's router columns
-    begin("moe.latent_down")  # before the top-k: its all-gather overlaps the selection
-    down = ctx.matmul("moe.latent_down", layer, x)
+        link.issue(ctx, Collective.MOE_ROUTER_EXCHANGE, layer, scores)  # this device's router columns
+    begin(MoeOp.LATENT_DOWN)  # before the top-k: its all-gather overlaps the selection
+    down = ctx.matmul(MoeTensor.LATENT_DOWN, layer, x)
     if link is not None:
-        link.issue(ctx, "moe.latent_allgather", layer, down)
-        link.keep_latent_norm(ctx, ctx.small(layer, "small.latent_norm"))
+        link.issue(ctx, Collective.MOE_LATENT_ALLGATHER, layer, down)
+        link.keep_latent_norm(ctx, ctx.small(layer, SmallParam.LATENT_NORM))
     else:
-        lat = math_moe.latent_input(d, down, ctx.small(layer, "small.latent_norm"))
+        lat = math_moe.latent_input(d, down, ctx.small(layer, SmallParam.LATENT_NORM))
         ctx.scratch["work"][WORK_LATENT, :b, : e.latent] = lat
-    begin("moe.topk")
+    begin(MoeOp.TOPK)
     if link is not None:
-        scores = link.wait(ctx, "moe.router_exchange", layer)
+        scores = link.wait(ctx, Collective.MOE_ROUTER_EXCHANGE, layer)
     topk(ctx, layer, scores[:, : e.scored_experts], issue_at_topk)
-    begin("moe.shared_gate_up")
-    gu = ctx.matmul("moe.shared_gate_up", layer, x)
+    begin(MoeOp.SHARED_GATE_UP)
+    gu = ctx.matmul(MoeTensor.SHARED_GATE_UP, layer, x)
     act = situ(gu[:, : e.shared_width], gu[:, e.shared_width:])
-    begin("moe.shared_down")
-    shared = ctx.matmul("moe.shared_down", layer, act)
+    begin(MoeOp.SHARED_DOWN)
+    shared = ctx.matmul(MoeTensor.SHARED_DOWN, layer, act)
     if link is not None:
-        link.issue(ctx, "moe.shared_reduce", layer, shared)
+        link.issue(ctx, Collective.MOE_SHARED_REDUCE, layer, shared)
     else:
         ctx.scratch["work"][WORK_SHARED, :b, : d.hidden] = shared
 
@@ -74,7 +84,7 @@ def topk(ctx: Ctx, layer: Any, scores: jax.Array, issue_at_topk: Callable[[Any],
     before it. Only the list entries themselves are scalar SMEM stores."""
     e, b = ctx.dims.moe, ctx.batch
     smem = ctx.scratch["smem"]
-    bias = ctx.small(layer, "small.router_bias")[:, : e.scored_experts]
+    bias = ctx.small(layer, SmallParam.ROUTER_BIAS)[:, : e.scored_experts]
     during = ctx.geo.expert_issue == "during_selection"
     key = scores + bias
     ids, picked = [], []
@@ -161,13 +171,13 @@ def expert_loop(ctx: Ctx, layer: Any, n: Any, begin_expert: Callable[[Any], None
 def moe_post_experts(ctx: Ctx, layer: Any, begin: Begin) -> None:
     """``moe.combine``, ``moe.latent_up``: back to the hidden size, add to the residual."""
     d, e, b = ctx.dims, ctx.dims.moe, ctx.batch
-    begin("moe.combine")
+    begin(MoeOp.COMBINE)
     if ctx.link is not None:
         ctx.link.moe_output(ctx, layer, begin)
         return
     acc = ctx.scratch["work"][WORK_ACC, :b, : e.latent]
-    begin("moe.latent_up")
-    out = math_moe.moe_output(d, ctx.matmul("moe.latent_up", layer, acc))
+    begin(MoeOp.LATENT_UP)
+    out = math_moe.moe_output(d, ctx.matmul(MoeTensor.LATENT_UP, layer, acc))
     add_to_residual(ctx, out + ctx.scratch["work"][WORK_SHARED, :b, : d.hidden])
     end_of_layer(ctx, layer)
 
@@ -190,14 +200,14 @@ def end_of_layer(ctx: Ctx, layer: Any) -> None:
 def dense_mlp(ctx: Ctx, begin: Begin) -> None:
     """Layer 0: ``mlp.mix_norm``, ``mlp.gate_up``, ``mlp.down``."""
     width = ctx.dims.dense_width
-    begin("mlp.mix_norm")
+    begin(MlpOp.MIX_NORM)
     x = mix_norm(ctx, 0, "mlp")
-    begin("mlp.gate_up")
-    gu = ctx.matmul("mlp.gate_up", 0, x)
-    begin("mlp.down")
-    out = ctx.matmul("mlp.down", 0, situ(gu[:, :width], gu[:, width:]))
+    begin(MlpOp.GATE_UP)
+    gu = ctx.matmul(MlpTensor.GATE_UP, 0, x)
+    begin(MlpOp.DOWN)
+    out = ctx.matmul(MlpTensor.DOWN, 0, situ(gu[:, :width], gu[:, width:]))
     if ctx.link is not None:  # added at layer 1's attn.mix_norm, where the all-reduce is consumed
-        ctx.link.issue(ctx, "mlp.allreduce", 0, out)
+        ctx.link.issue(ctx, Collective.MLP_ALLREDUCE, 0, out)
         return
     add_to_residual(ctx, out)
     end_of_layer(ctx, 0)
@@ -206,10 +216,10 @@ def dense_mlp(ctx: Ctx, begin: Begin) -> None:
 def head(ctx: Ctx, begin: Begin) -> None:
     """``head.norm`` (plain residual sum, RMSNorm) and ``head.lm_head`` -> logits."""
     d, b = ctx.dims, ctx.batch
-    begin("head.norm")
+    begin(HeadOp.NORM)
     if ctx.link is not None:
         ctx.link.finish_mlp(ctx, d.num_layers)
     final = residual.final_hidden(ctx.scratch["blocks"][:, :b, :], ctx.scratch["partial"][:b, :], d.block_slots)
     x = rmsnorm(final, None, d.eps)
-    begin("head.lm_head")
-    ctx.outs["logits"][...] = ctx.matmul("head.lm_head", d.num_layers, x)
+    begin(HeadOp.LM_HEAD)
+    ctx.outs["logits"][...] = ctx.matmul(HeadTensor.LM_HEAD, d.num_layers, x)

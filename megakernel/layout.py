@@ -47,13 +47,22 @@ import numpy as np
 from hwmodels.errors import InputError
 from megakernel.dims import SMALL_KINDS, ModelDims, weight_shapes
 from megakernel.quant import quantize_fp8_b256, quantize_mxfp4
+from tpusim.workload.registry.names import (
+    Family,
+    HeadTensor,
+    KdaTensor,
+    MlaTensor,
+    MlpTensor,
+    MoeTensor,
+    SmallParam,
+)
 
 BF16 = ml_dtypes.bfloat16
 STACKED_DENSE = {  # name -> the layer stack it belongs to
-    "kda.qkvgb": "kda", "kda.decay_a": "kda", "kda.decay_b": "kda", "kda.o": "kda",
-    "mla.q_a": "mla", "mla.q_b": "mla", "mla.kv_a": "mla", "mla.kv_b": "mla", "mla.gate": "mla",
-    "mla.o": "mla", "moe.router": "moe", "moe.latent_down": "moe", "moe.latent_up": "moe",
-    "moe.shared_gate_up": "moe", "moe.shared_down": "moe",
+    KdaTensor.QKVGB: "kda", KdaTensor.DECAY_A: "kda", KdaTensor.DECAY_B: "kda", KdaTensor.OUT: "kda",
+    MlaTensor.Q_A: "mla", MlaTensor.Q_B: "mla", MlaTensor.KV_A: "mla", MlaTensor.KV_B: "mla", MlaTensor.GATE: "mla",
+    MlaTensor.OUT: "mla", MoeTensor.ROUTER: "moe", MoeTensor.LATENT_DOWN: "moe", MoeTensor.LATENT_UP: "moe",
+    MoeTensor.SHARED_GATE_UP: "moe", MoeTensor.SHARED_DOWN: "moe",
 }
 EXPERT_PARTS = ("expert.gate_up.values", "expert.gate_up.scales", "expert.down.values", "expert.down.scales")
 
@@ -91,7 +100,7 @@ def array_specs(dims: ModelDims) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     specs["expert.gate_up.scales"] = ((n_moe, e, big_l // 256, 2 * w), np.dtype(BF16))
     specs["expert.down.values"] = ((n_moe, e, w // 2, big_l), np.dtype(np.uint8))
     specs["expert.down.scales"] = ((n_moe, e, w // 32, big_l), np.dtype(np.uint8))
-    for name in ("mlp.gate_up", "mlp.down", "head.lm_head"):
+    for name in (MlpTensor.GATE_UP, MlpTensor.DOWN, HeadTensor.LM_HEAD):
         specs[name] = (shapes[name], np.dtype(BF16))
     return specs
 
@@ -115,19 +124,19 @@ def _random_small(dims: ModelDims, rng: np.random.Generator) -> np.ndarray:
 
     all_layers = list(range(dims.num_layers))
     n, h = dims.num_layers, dims.hidden
-    for kind in ("small.attn_norm", "small.mlp_norm"):
+    for kind in (SmallParam.ATTN_NORM, SmallParam.MLP_NORM):
         put(all_layers, kind, 1.0 + _normal(rng, (n, h), 0.1))
-    put(all_layers, "small.residual_mix", _normal(rng, (n, 2 * h), 1.0 / np.sqrt(h)))
+    put(all_layers, SmallParam.RESIDUAL_MIX, _normal(rng, (n, 2 * h), 1.0 / np.sqrt(h)))
     kda, mla, moe = dims.kda_layers, dims.mla_layers, dims.moe_layers
-    put(kda, "small.kda_a_log", np.log(rng.uniform(0.5, 4.0, (len(kda), dims.kda.heads))).astype(np.float32))
-    put(kda, "small.kda_dt_bias", _normal(rng, (len(kda), dims.kda.width), 0.5))
+    put(kda, SmallParam.KDA_A_LOG, np.log(rng.uniform(0.5, 4.0, (len(kda), dims.kda.heads))).astype(np.float32))
+    put(kda, SmallParam.KDA_DT_BIAS, _normal(rng, (len(kda), dims.kda.width), 0.5))
     conv = _normal(rng, (len(kda), dims.kda.conv_kernel, 3 * dims.kda.width), 0.3)
     conv[:, -1, :] += 1.0  # the current token's tap dominates
-    put(kda, "small.kda_conv", conv.reshape(len(kda), -1))
-    put(mla, "small.mla_q_norm", 1.0 + _normal(rng, (len(mla), dims.mla.q_lora), 0.1))
-    put(mla, "small.mla_kv_norm", 1.0 + _normal(rng, (len(mla), dims.mla.kv_lora), 0.1))
-    put(moe, "small.router_bias", _normal(rng, (len(moe), dims.moe.num_experts), 0.1))
-    put(moe, "small.latent_norm", 1.0 + _normal(rng, (len(moe), dims.moe.latent), 0.1))
+    put(kda, SmallParam.KDA_CONV, conv.reshape(len(kda), -1))
+    put(mla, SmallParam.MLA_Q_NORM, 1.0 + _normal(rng, (len(mla), dims.mla.q_lora), 0.1))
+    put(mla, SmallParam.MLA_KV_NORM, 1.0 + _normal(rng, (len(mla), dims.mla.kv_lora), 0.1))
+    put(moe, SmallParam.ROUTER_BIAS, _normal(rng, (len(moe), dims.moe.num_experts), 0.1))
+    put(moe, SmallParam.LATENT_NORM, 1.0 + _normal(rng, (len(moe), dims.moe.latent), 0.1))
     return small
 
 
@@ -144,12 +153,12 @@ def random_weights(dims: ModelDims, seed: int = 0) -> Weights:
         "embedding": _normal(rng, specs["embedding"][0], 1.0).astype(BF16),
         "small": _random_small(dims, rng),
     }
-    output_projections = {"kda.o", "mla.o", "moe.latent_up", "moe.shared_down"}
+    output_projections = {KdaTensor.OUT, MlaTensor.OUT, MoeTensor.LATENT_UP, MoeTensor.SHARED_DOWN}
     for name in STACKED_DENSE:
         shape = specs[name][0]
         std = (0.5 if name in output_projections else 1.0) / np.sqrt(shape[-2])
         arrays[name] = _normal(rng, shape, std).astype(BF16)
-    router = arrays["moe.router"]
+    router = arrays[MoeTensor.ROUTER]
     router[..., dims.moe.num_experts:] = 0  # padding columns
     n_moe, e = len(dims.moe_layers), dims.moe.local_experts
     big_l, w = dims.moe.latent, dims.moe.slice_width
@@ -159,9 +168,9 @@ def random_weights(dims: ModelDims, seed: int = 0) -> Weights:
         parts = (*quantize_fp8_b256(gate_up), *quantize_mxfp4(down))
         for name, part in zip(EXPERT_PARTS, parts, strict=True):
             arrays.setdefault(name, np.zeros(specs[name][0], part.dtype))[layer] = part
-    arrays["mlp.gate_up"] = _normal(rng, specs["mlp.gate_up"][0], 1.0 / np.sqrt(dims.hidden)).astype(BF16)
-    arrays["mlp.down"] = _normal(rng, specs["mlp.down"][0], 0.5 / np.sqrt(dims.dense_width)).astype(BF16)
-    arrays["head.lm_head"] = _normal(rng, specs["head.lm_head"][0], 1.0 / np.sqrt(dims.hidden)).astype(BF16)
+    arrays[MlpTensor.GATE_UP] = _normal(rng, specs[MlpTensor.GATE_UP][0], 1.0 / np.sqrt(dims.hidden)).astype(BF16)
+    arrays[MlpTensor.DOWN] = _normal(rng, specs[MlpTensor.DOWN][0], 0.5 / np.sqrt(dims.dense_width)).astype(BF16)
+    arrays[HeadTensor.LM_HEAD] = _normal(rng, specs[HeadTensor.LM_HEAD][0], 1.0 / np.sqrt(dims.hidden)).astype(BF16)
     return Weights(dims, arrays)
 
 
@@ -192,7 +201,7 @@ def _small_layers(dims: ModelDims, kind: str) -> list[int]:
         return dims.kda_layers
     if kind.startswith("small.mla"):
         return dims.mla_layers
-    if kind in ("small.router_bias", "small.latent_norm"):
+    if kind in (SmallParam.ROUTER_BIAS, SmallParam.LATENT_NORM):
         return dims.moe_layers
     return list(range(dims.num_layers))
 
@@ -204,8 +213,8 @@ def save_safetensors(weights: Weights, folder: Path, *, max_file_bytes: int = 1 
     dims, folder = weights.dims, Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, np.ndarray] = {
-        "model.embed_tokens": weights["embedding"], "lm_head": weights["head.lm_head"],
-        "model.layers.0.mlp.gate_up": weights["mlp.gate_up"], "model.layers.0.mlp.down": weights["mlp.down"],
+        "model.embed_tokens": weights["embedding"], Family.LM_HEAD: weights[HeadTensor.LM_HEAD],
+        "model.layers.0.mlp.gate_up": weights[MlpTensor.GATE_UP], "model.layers.0.mlp.down": weights[MlpTensor.DOWN],
     }
     for kind in SMALL_KINDS:
         for layer in _small_layers(dims, kind):
@@ -263,9 +272,9 @@ def load_safetensors(dims: ModelDims, folder: Path) -> Weights:
     specs = array_specs(dims)
     arrays = {name: np.zeros(shape, dtype) for name, (shape, dtype) in specs.items()}
     arrays["embedding"][...] = get("model.embed_tokens", *specs["embedding"])
-    arrays["head.lm_head"][...] = get("lm_head", *specs["head.lm_head"])
-    arrays["mlp.gate_up"][...] = get("model.layers.0.mlp.gate_up", *specs["mlp.gate_up"])
-    arrays["mlp.down"][...] = get("model.layers.0.mlp.down", *specs["mlp.down"])
+    arrays[HeadTensor.LM_HEAD][...] = get(Family.LM_HEAD, *specs[HeadTensor.LM_HEAD])
+    arrays[MlpTensor.GATE_UP][...] = get("model.layers.0.mlp.gate_up", *specs[MlpTensor.GATE_UP])
+    arrays[MlpTensor.DOWN][...] = get("model.layers.0.mlp.down", *specs[MlpTensor.DOWN])
     for kind in SMALL_KINDS:
         offset, length = dims.small_offsets[kind]
         for layer in _small_layers(dims, kind):

@@ -51,12 +51,21 @@ from megakernel.dims import ModelDims, model_dims
 from megakernel.multi_device import EVENT_WORDS, ISSUE, WAIT, Bugs, CollectiveKernel, device_mesh
 from tpusim.workload.collectives import incoming
 from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.registry.names import (
+    Collective,
+    HeadTensor,
+    KdaTensor,
+    MlaTensor,
+    MlpTensor,
+    MoeTensor,
+    StateFamily,
+)
 from tpusim.workload.sharding import ShardingPlan
 
 OPERAND_LIMIT_BYTES = 48 * 1024
-ATTN = ("kda.qkvgb", "kda.decay_a", "kda.decay_b", "kda.o")
-MLA = ("mla.q_a", "mla.kv_a", "mla.q_b", "mla.kv_b", "mla.gate", "mla.o")
-MOE = ("moe.router", "moe.latent_down", "moe.latent_up", "moe.shared_gate_up", "moe.shared_down")
+ATTN = (KdaTensor.QKVGB, KdaTensor.DECAY_A, KdaTensor.DECAY_B, KdaTensor.OUT)
+MLA = (MlaTensor.Q_A, MlaTensor.KV_A, MlaTensor.Q_B, MlaTensor.KV_B, MlaTensor.GATE, MlaTensor.OUT)
+MOE = (MoeTensor.ROUTER, MoeTensor.LATENT_DOWN, MoeTensor.LATENT_UP, MoeTensor.SHARED_GATE_UP, MoeTensor.SHARED_DOWN)
 EXPERT = ("expert.gate_up.values", "expert.gate_up.scales", "expert.down.values", "expert.down.scales")
 
 
@@ -82,11 +91,11 @@ class DecodeKernel(CollectiveKernel):
         self.max_context = max_context
         self.steps, self.head_steps = layer_steps(model, plan, batch)
         d = self.dims
-        widths = {"attn.head_exchange": d.kda.width, "attn.partial_reduce": d.hidden // 2,
-                  "attn.half_gather": d.hidden // 2, "moe.router_exchange": d.moe.router_cols,
-                  "moe.latent_allgather": d.moe.latent_down_cols, "moe.shared_reduce": d.hidden,
-                  "moe.routed_reduce": d.moe.latent, "moe.output_allgather": d.moe.latent_up_cols,
-                  "mlp.allreduce": d.hidden}
+        widths = {Collective.ATTN_HEAD_EXCHANGE: d.kda.width, Collective.ATTN_PARTIAL_REDUCE: d.hidden // 2,
+                  Collective.ATTN_HALF_GATHER: d.hidden // 2, Collective.MOE_ROUTER_EXCHANGE: d.moe.router_cols,
+                  Collective.MOE_LATENT_ALLGATHER: d.moe.latent_down_cols, Collective.MOE_SHARED_REDUCE: d.hidden,
+                  Collective.MOE_ROUTED_REDUCE: d.moe.latent, Collective.MOE_OUTPUT_ALLGATHER: d.moe.latent_up_cols,
+                  Collective.MLP_ALLREDUCE: d.hidden}
         self.after = {spec.name: spec.after for spec in plan.collectives_at(batch)}
         self.payload: dict[int, tuple[int, Any]] = {}  # collective -> (width per row, dtype)
         for c, coll in enumerate(self.colls):
@@ -107,11 +116,11 @@ class DecodeKernel(CollectiveKernel):
         reduce sums each (pair, replica) part of its parity once, and the routed reduce spans
         every expert-TP part of every expert group (its partial expert outputs)."""
         for coll in self.colls:
-            if coll.name not in ("attn.partial_reduce", "moe.routed_reduce"):
+            if coll.name not in (Collective.ATTN_PARTIAL_REDUCE, Collective.MOE_ROUTED_REDUCE):
                 continue
             for r, cut in enumerate(cuts):
                 members = [cuts[int(m)] for m in coll.members[r]]
-                if coll.name == "attn.partial_reduce":
+                if coll.name == Collective.ATTN_PARTIAL_REDUCE:
                     parts = sorted((m.pair_first_head, m.replica) for m in members if m.parity == cut.parity)
                     want = sorted({(k.pair_first_head, k.replica) for k in cuts})
                 else:
@@ -198,7 +207,7 @@ class DecodeKernel(CollectiveKernel):
         for layer, kind in enumerate(d.kinds):
             shapes[f"L{layer}.small"] = ((1, d.small_cols), jnp.float32)
             names = ATTN if kind == "kda" else MLA
-            names += MOE if layer > 0 else ("mlp.gate_up", "mlp.down")
+            names += MOE if layer > 0 else (MlpTensor.GATE_UP, MlpTensor.DOWN)
             for name in names:
                 value = ref[name][0] if name in ATTN + MLA + MOE else ref[name]
                 for k, (a, z) in enumerate(chunks(value.shape[-1], value.shape[-2] * value.dtype.itemsize)):
@@ -212,14 +221,14 @@ class DecodeKernel(CollectiveKernel):
                 shapes[f"L{layer}.conv"] = ((b, d.kda.conv_kernel - 1, 3 * d.kda.width), jnp.float32)
             else:
                 shapes[f"L{layer}.kv"] = ((b, self.max_context, m.kv_cols), jnp.bfloat16)
-        value = ref["head.lm_head"]
+        value = ref[HeadTensor.LM_HEAD]
         for k, (a, z) in enumerate(chunks(value.shape[-1], value.shape[-2] * 2)):
             shapes[f"head.lm_head.{k}"] = ((value.shape[0], z - a), value.dtype)
         return shapes
 
     def state_names(self) -> list[str]:
         return [f"L{layer}.{s}" for layer, kind in enumerate(self.dims.kinds)
-                for s in (("kda_state", "conv") if kind == "kda" else ("kv",))]
+                for s in ((StateFamily.KDA_STATE, "conv") if kind == "kda" else ("kv",))]
 
     @cached_property
     def _zero_full(self) -> dict[str, np.ndarray]:
@@ -246,7 +255,7 @@ class DecodeKernel(CollectiveKernel):
             for layer, kind in enumerate(d.kinds):
                 i = d.kind_index(layer)
                 out[f"L{layer}.small"] = w["small"][layer][None]
-                names = (ATTN if kind == "kda" else MLA) + (MOE if layer > 0 else ("mlp.gate_up", "mlp.down"))
+                names = (ATTN if kind == "kda" else MLA) + (MOE if layer > 0 else (MlpTensor.GATE_UP, MlpTensor.DOWN))
                 for name in names:
                     value = w[name][i if name in ATTN + MLA else layer - 1] if name in ATTN + MLA + MOE else w[name]
                     for k, (a, z) in enumerate(chunks(value.shape[-1], value.shape[-2] * value.dtype.itemsize)):
@@ -259,7 +268,7 @@ class DecodeKernel(CollectiveKernel):
                     out[f"L{layer}.kda_state"], out[f"L{layer}.conv"] = kda[i], conv[i]
                 else:
                     out[f"L{layer}.kv"] = kv[i]
-            value = w["head.lm_head"]
+            value = w[HeadTensor.LM_HEAD]
             for k, (a, z) in enumerate(chunks(value.shape[-1], value.shape[-2] * 2)):
                 out[f"head.lm_head.{k}"] = value[..., a:z]
             per.append(out)

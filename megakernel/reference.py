@@ -36,6 +36,14 @@ from megakernel.dims import ModelDims
 from megakernel.layout import Weights
 from megakernel.math_common import mm, rmsnorm, situ
 from megakernel.quant import dequant_fp8_b256, dequant_mxfp4
+from tpusim.workload.registry.names import (
+    HeadTensor,
+    KdaTensor,
+    MlaTensor,
+    MlpTensor,
+    MoeTensor,
+    SmallParam,
+)
 
 Params = dict[str, jax.Array]
 
@@ -91,16 +99,16 @@ def kda_attention(dims: ModelDims, p: Params, small: jax.Array, x: jax.Array, st
     """``x`` f32[B, H] normed input, ``small`` f32[S], ``state`` f32[B, h, hd, hd], ``window``
     f32[B, K-1, 3W] -> (out f32[B, H], state, window)."""
     d = dims.kda
-    qkv, gate, beta_logits = math_kda.split_qkvgb(mm(x, p["kda.qkvgb"]), d)
-    conv_w = dims.small(small, "small.kda_conv").reshape(d.conv_kernel, 3 * d.width)
+    qkv, gate, beta_logits = math_kda.split_qkvgb(mm(x, p[KdaTensor.QKVGB]), d)
+    conv_w = dims.small(small, SmallParam.KDA_CONV).reshape(d.conv_kernel, 3 * d.width)
     conv_out, window = math_kda.short_conv(qkv, window, conv_w)
     q, k, v = math_kda.prepare_qkv(conv_out, d)
     beta = jax.nn.sigmoid(beta_logits)
-    f = mm(mm(x, p["kda.decay_a"]), p["kda.decay_b"])
-    g = math_kda.decay_log(f, dims.small(small, "small.kda_a_log")[None], dims.small(small, "small.kda_dt_bias")[None], d)
+    f = mm(mm(x, p[KdaTensor.DECAY_A]), p[KdaTensor.DECAY_B])
+    g = math_kda.decay_log(f, dims.small(small, SmallParam.KDA_A_LOG)[None], dims.small(small, SmallParam.KDA_DT_BIAS)[None], d)
     outs, new_state = math_kda.delta_rule_heads(state, q, k, v, g, beta, d)
     o = math_kda.output_gate(outs, gate, dims.eps)
-    return mm(o, p["kda.o"]), new_state, window
+    return mm(o, p[KdaTensor.OUT]), new_state, window
 
 
 def mla_attention(dims: ModelDims, p: Params, small: jax.Array, x: jax.Array, cache: jax.Array,
@@ -108,32 +116,32 @@ def mla_attention(dims: ModelDims, p: Params, small: jax.Array, x: jax.Array, ca
     """``x`` f32[B, H], ``cache`` bf16[B, T_max, C+Rp] -> (out f32[B, H], cache with entry at p)."""
     d = dims.mla
     pos_f = position.astype(jnp.float32)
-    cq = rmsnorm(mm(x, p["mla.q_a"]), dims.small(small, "small.mla_q_norm")[None], dims.eps)
-    entry = math_mla.kv_entry(mm(x, p["mla.kv_a"]), dims.small(small, "small.mla_kv_norm")[None], pos_f, d, dims.eps)
+    cq = rmsnorm(mm(x, p[MlaTensor.Q_A]), dims.small(small, SmallParam.MLA_Q_NORM)[None], dims.eps)
+    entry = math_mla.kv_entry(mm(x, p[MlaTensor.KV_A]), dims.small(small, SmallParam.MLA_KV_NORM)[None], pos_f, d, dims.eps)
     entry = entry.astype(jnp.bfloat16)
-    q_nope, q_rope = math_mla.split_q(mm(cq, p["mla.q_b"]), pos_f, d)
-    q_lat = math_mla.absorb(q_nope, p["mla.kv_b"], d)
+    q_nope, q_rope = math_mla.split_q(mm(cq, p[MlaTensor.Q_B]), pos_f, d)
+    q_lat = math_mla.absorb(q_nope, p[MlaTensor.KV_B], d)
     q_rope_all = jnp.stack(q_rope, axis=1)
     carry = math_mla.attend_init(x.shape[0], d)
     t_max = cache.shape[1]
     valid = (lax.broadcasted_iota(jnp.int32, (1, 1, t_max), 2) < position)
     carry = math_mla.attend_tile(carry, q_lat, q_rope_all, cache, valid, d)
     carry = math_mla.attend_tile(carry, q_lat, q_rope_all, entry[:, None, :], jnp.ones((1, 1, 1), bool), d)
-    o = math_mla.attend_output(carry, p["mla.kv_b"], d)
-    o = o * jax.nn.sigmoid(mm(x, p["mla.gate"]))
+    o = math_mla.attend_output(carry, p[MlaTensor.KV_B], d)
+    o = o * jax.nn.sigmoid(mm(x, p[MlaTensor.GATE]))
     cache = lax.dynamic_update_slice(cache, entry[:, None, :], (0, position, 0))
-    return mm(o, p["mla.o"]), cache
+    return mm(o, p[MlaTensor.OUT]), cache
 
 
 def latent_moe(dims: ModelDims, p: Params, experts: Params, small: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``x`` f32[B, H] normed input; ``experts`` this layer's expert arrays [E, ...] ->
     (out f32[B, H], chosen expert ids i32[B, k] in selection order)."""
     e = dims.moe
-    logits = mm(x, p["moe.router"])[:, : e.scored_experts]
+    logits = mm(x, p[MoeTensor.ROUTER])[:, : e.scored_experts]
     scores = jax.nn.sigmoid(logits)
-    bias = dims.small(small, "small.router_bias")[None, : e.scored_experts]
+    bias = dims.small(small, SmallParam.ROUTER_BIAS)[None, : e.scored_experts]
     ids, weights = math_moe.select_topk(scores, bias, e.top_k, e.routed_scaling)
-    lat = math_moe.latent_input(dims, mm(x, p["moe.latent_down"]), dims.small(small, "small.latent_norm")[None])
+    lat = math_moe.latent_input(dims, mm(x, p[MoeTensor.LATENT_DOWN]), dims.small(small, SmallParam.LATENT_NORM)[None])
     gate_up = jax.vmap(dequant_fp8_b256)(experts["expert.gate_up.values"], experts["expert.gate_up.scales"])
     down = jax.vmap(dequant_mxfp4)(experts["expert.down.values"], experts["expert.down.scales"])
     # bf16 operands, f32 products and sums (what the MXU does); XLA:CPU has no batched
@@ -151,8 +159,8 @@ def latent_moe(dims: ModelDims, p: Params, experts: Params, small: jax.Array, x:
         eid = picks[t]
         contribution = math_moe.row_weight(ids, weights, eid) * y[:, eid]
         routed = jnp.where(new[t], routed + contribution, routed)
-    out = math_moe.moe_output(dims, mm(routed, p["moe.latent_up"]))
-    shared = math_moe.gated_mlp(x, p["moe.shared_gate_up"], p["moe.shared_down"])
+    out = math_moe.moe_output(dims, mm(routed, p[MoeTensor.LATENT_UP]))
+    shared = math_moe.gated_mlp(x, p[MoeTensor.SHARED_GATE_UP], p[MoeTensor.SHARED_DOWN])
     return out + shared, jnp.concatenate(ids, axis=1)
 
 
@@ -167,9 +175,9 @@ def _take(p: Params, names: list[str], index: jax.Array) -> Params:
     return {name: lax.dynamic_index_in_dim(p[name], index, keepdims=False) for name in names}
 
 
-KDA_NAMES = ["kda.qkvgb", "kda.decay_a", "kda.decay_b", "kda.o"]
-MLA_NAMES = ["mla.q_a", "mla.q_b", "mla.kv_a", "mla.kv_b", "mla.gate", "mla.o"]
-MOE_NAMES = ["moe.router", "moe.latent_down", "moe.latent_up", "moe.shared_gate_up", "moe.shared_down"]
+KDA_NAMES = [KdaTensor.QKVGB, KdaTensor.DECAY_A, KdaTensor.DECAY_B, KdaTensor.OUT]
+MLA_NAMES = [MlaTensor.Q_A, MlaTensor.Q_B, MlaTensor.KV_A, MlaTensor.KV_B, MlaTensor.GATE, MlaTensor.OUT]
+MOE_NAMES = [MoeTensor.ROUTER, MoeTensor.LATENT_DOWN, MoeTensor.LATENT_UP, MoeTensor.SHARED_GATE_UP, MoeTensor.SHARED_DOWN]
 EXPERT_NAMES = ["expert.gate_up.values", "expert.gate_up.scales", "expert.down.values", "expert.down.scales"]
 
 
@@ -196,9 +204,9 @@ def decode_step_with_routing(dims: ModelDims, p: Params, state: DecodeState,
         small = p["small"][layer]
         num_blocks = 1 + layer // dims.block_layers
         has_partial = layer % dims.block_layers > 0
-        q_attn = dims.small(small, "small.residual_mix")[None, :hidden]
+        q_attn = dims.small(small, SmallParam.RESIDUAL_MIX)[None, :hidden]
         x = rmsnorm(residual.mix(blocks, partial_sum, num_blocks, has_partial, q_attn, dims.eps),
-                    dims.small(small, "small.attn_norm")[None], dims.eps)
+                    dims.small(small, SmallParam.ATTN_NORM)[None], dims.eps)
         index = tables["kind_index"][layer]
 
         def kda_branch(operands):
@@ -217,11 +225,11 @@ def decode_step_with_routing(dims: ModelDims, p: Params, state: DecodeState,
             out, kda_state, conv_state, kv_cache = lax.cond(
                 tables["is_mla"][layer] == 1, mla_branch, kda_branch, (kda_state, conv_state, kv_cache))
         partial_sum = partial_sum + out
-        q_mlp = dims.small(small, "small.residual_mix")[None, hidden:]
+        q_mlp = dims.small(small, SmallParam.RESIDUAL_MIX)[None, hidden:]
         x = rmsnorm(residual.mix(blocks, partial_sum, num_blocks, True, q_mlp, dims.eps),
-                    dims.small(small, "small.mlp_norm")[None], dims.eps)
+                    dims.small(small, SmallParam.MLP_NORM)[None], dims.eps)
         if dense:
-            out = math_moe.gated_mlp(x, p["mlp.gate_up"], p["mlp.down"])
+            out = math_moe.gated_mlp(x, p[MlpTensor.GATE_UP], p[MlpTensor.DOWN])
         else:
             moe_index = layer - 1
             out, ids = latent_moe(dims, _take(p, MOE_NAMES, moe_index), _take(p, EXPERT_NAMES, moe_index), small, x)
@@ -239,5 +247,5 @@ def decode_step_with_routing(dims: ModelDims, p: Params, state: DecodeState,
     carry = lax.fori_loop(1, dims.num_layers, lambda layer, c: run_layer(layer, c, dense=False), carry)
     blocks, partial_sum, kda_state, conv_state, kv_cache, routing = carry
     final = residual.final_hidden(blocks, partial_sum, dims.block_slots)
-    logits = mm(rmsnorm(final, None, dims.eps), p["head.lm_head"])
+    logits = mm(rmsnorm(final, None, dims.eps), p[HeadTensor.LM_HEAD])
     return logits, DecodeState(kda_state, conv_state, kv_cache, state.position + 1), routing

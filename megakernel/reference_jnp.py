@@ -44,6 +44,14 @@ import numpy as np
 from jax import lax
 
 from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.registry.names import (
+    HeadTensor,
+    KdaTensor,
+    MlaTensor,
+    MlpTensor,
+    MoeTensor,
+    SmallParam,
+)
 from tpusim.workload.sharding import ShardingPlan, round_up
 
 E2M1_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
@@ -153,25 +161,25 @@ def kda(w: Widths, p: Mapping[str, jax.Array], small: Mapping[str, jax.Array], x
     """KDA for one token. ``state_t`` f32[B, h, v, k] (kernel layout) -> (out, state_t, window)."""
     hd, nh, pw = w.head_dim, w.heads, w.pad_w
     width = nh * hd
-    y = matmul(x, p["kda.qkvgb"])
+    y = matmul(x, p[KdaTensor.QKVGB])
     qkv = jnp.concatenate([y[:, i * pw: i * pw + width] for i in range(3)], axis=1)
     gate, beta = y[:, 3 * pw: 3 * pw + width], jax.nn.sigmoid(y[:, 4 * pw: 4 * pw + nh])
-    taps = small["small.kda_conv"].reshape(w.conv_kernel, 3 * width)
+    taps = small[SmallParam.KDA_CONV].reshape(w.conv_kernel, 3 * width)
     history = jnp.concatenate([window, qkv[:, None, :]], axis=1)  # [B, K, 3W], oldest first
     conv = jnp.einsum("bkc,kc->bc", history, taps)
     conv = conv * jax.nn.sigmoid(conv)
     q, k, v = (conv[:, i * width: (i + 1) * width].reshape(-1, nh, hd) for i in range(3))
     q = q / jnp.sqrt(jnp.sum(q * q, -1, keepdims=True) + 1e-6) / math.sqrt(hd)
     k = k / jnp.sqrt(jnp.sum(k * k, -1, keepdims=True) + 1e-6)
-    f = matmul(matmul(x, p["kda.decay_a"]), p["kda.decay_b"]).reshape(-1, nh, hd)
-    rate = jnp.exp(small["small.kda_a_log"][:nh])[None, :, None]
-    g = w.lower_bound * jax.nn.sigmoid(rate * (f + small["small.kda_dt_bias"].reshape(nh, hd)))
+    f = matmul(matmul(x, p[KdaTensor.DECAY_A]), p[KdaTensor.DECAY_B]).reshape(-1, nh, hd)
+    rate = jnp.exp(small[SmallParam.KDA_A_LOG][:nh])[None, :, None]
+    g = w.lower_bound * jax.nn.sigmoid(rate * (f + small[SmallParam.KDA_DT_BIAS].reshape(nh, hd)))
     s = jnp.swapaxes(state_t, -1, -2) * jnp.exp(g)[..., None]  # S[b, h, key, value]
     error = v - jnp.einsum("bhkv,bhk->bhv", s, k)
     s = s + beta[..., None, None] * k[..., :, None] * error[..., None, :]
     o = jnp.einsum("bhkv,bhk->bhv", s, q)
     o = (rms(o, w.eps).reshape(-1, width)) * jax.nn.sigmoid(gate)
-    return matmul(o, p["kda.o"]), jnp.swapaxes(s, -1, -2), history[:, 1:, :]
+    return matmul(o, p[KdaTensor.OUT]), jnp.swapaxes(s, -1, -2), history[:, 1:, :]
 
 
 def mla(w: Widths, p: Mapping[str, jax.Array], small: Mapping[str, jax.Array], x: jax.Array,
@@ -184,15 +192,15 @@ def mla(w: Widths, p: Mapping[str, jax.Array], small: Mapping[str, jax.Array], x
     bf16 rounding points differ; over 93 random layers that grew to a few percent of the
     logits, more than the greedy-token check can absorb.)"""
     nh, c, r = w.mla_heads, w.kv_lora, w.rope
-    cq = rms(matmul(x, p["mla.q_a"]), w.eps) * small["small.mla_q_norm"]
-    ckv = matmul(x, p["mla.kv_a"])
-    latent = rms(ckv[:, :c], w.eps) * small["small.mla_kv_norm"]
+    cq = rms(matmul(x, p[MlaTensor.Q_A]), w.eps) * small[SmallParam.MLA_Q_NORM]
+    ckv = matmul(x, p[MlaTensor.KV_A])
+    latent = rms(ckv[:, :c], w.eps) * small[SmallParam.MLA_KV_NORM]
     entry = jnp.concatenate([latent, rotate(ckv[:, c: c + r], position),
                              jnp.zeros((x.shape[0], w.rope_pad - r), jnp.float32)], axis=1).astype(jnp.bfloat16)
     cache = lax.dynamic_update_slice(cache, entry[:, None, :], (0, position, 0))
-    q = matmul(cq, p["mla.q_b"]).reshape(-1, nh, w.nope + w.rope_pad)
+    q = matmul(cq, p[MlaTensor.Q_B]).reshape(-1, nh, w.nope + w.rope_pad)
     q_nope, q_rope = q[..., : w.nope], rotate(q[..., w.nope: w.nope + r], position)
-    kv_b = p["mla.kv_b"].reshape(c, nh, w.nope + w.v_dim)
+    kv_b = p[MlaTensor.KV_B].reshape(c, nh, w.nope + w.v_dim)
     q_lat = jnp.einsum("bhn,chn->bhc", q_nope.astype(jnp.bfloat16), kv_b[..., : w.nope],
                        preferred_element_type=jnp.float32)
     tokens = cache.astype(jnp.float32)  # [B, T, C + P(R)]
@@ -202,8 +210,8 @@ def mla(w: Widths, p: Mapping[str, jax.Array], small: Mapping[str, jax.Array], x
     o_lat = jnp.einsum("bht,btc->bhc", jax.nn.softmax(scores, axis=-1), tokens[..., :c])
     o = jnp.einsum("bhc,chv->bhv", o_lat.astype(jnp.bfloat16), kv_b[..., w.nope:],
                    preferred_element_type=jnp.float32).reshape(x.shape[0], -1)
-    o = o * jax.nn.sigmoid(matmul(x, p["mla.gate"]))
-    return matmul(o, p["mla.o"]), cache
+    o = o * jax.nn.sigmoid(matmul(x, p[MlaTensor.GATE]))
+    return matmul(o, p[MlaTensor.OUT]), cache
 
 
 def _bf16(x: jax.Array) -> jax.Array:
@@ -221,12 +229,12 @@ def moe(w: Widths, p: Mapping[str, jax.Array], small: Mapping[str, jax.Array],
         x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Latent MoE + shared experts -> (out f32[B, H], chosen ids i32[B, k] in selection order,
     selection keys f32[B, E] = sigmoid scores + bias)."""
-    scores = jax.nn.sigmoid(matmul(x, p["moe.router"])[:, : w.experts])
-    keys = scores + small["small.router_bias"][: w.experts]
+    scores = jax.nn.sigmoid(matmul(x, p[MoeTensor.ROUTER])[:, : w.experts])
+    keys = scores + small[SmallParam.ROUTER_BIAS][: w.experts]
     _, ids = lax.top_k(keys, w.top_k)
     chosen = jnp.take_along_axis(scores, ids, axis=1)
     gates = chosen / jnp.sum(chosen, axis=1, keepdims=True) * w.routed_scaling
-    lat = rms(matmul(x, p["moe.latent_down"])[:, : w.latent], w.eps) * small["small.latent_norm"]
+    lat = rms(matmul(x, p[MoeTensor.LATENT_DOWN])[:, : w.latent], w.eps) * small[SmallParam.LATENT_NORM]
     flat = ids.reshape(-1)  # [B*k]: each row's choices, in selection order
     gate_up = jax.vmap(fp8_weight)(p["expert.gate_up.values"][flat], p["expert.gate_up.scales"][flat])
     down = jax.vmap(mxfp4_weight)(p["expert.down.values"][flat], p["expert.down.scales"][flat])
@@ -238,8 +246,8 @@ def moe(w: Widths, p: Mapping[str, jax.Array], small: Mapping[str, jax.Array],
     routed = jnp.zeros_like(lat)
     for slot in range(w.top_k):  # accumulate in selection order
         routed = routed + gates[:, slot: slot + 1] * y.reshape(-1, w.top_k, lat.shape[1])[:, slot, :]
-    out = matmul(routed, p["moe.latent_up"])[:, : w.hidden]
-    return out + gated_mlp(x, p["moe.shared_gate_up"], p["moe.shared_down"]), ids.astype(jnp.int32), keys
+    out = matmul(routed, p[MoeTensor.LATENT_UP])[:, : w.hidden]
+    return out + gated_mlp(x, p[MoeTensor.SHARED_GATE_UP], p[MoeTensor.SHARED_DOWN]), ids.astype(jnp.int32), keys
 
 
 # ------------------------------------------------------------------------------ the step
@@ -289,17 +297,17 @@ class ReferenceStep:
         routing, router_keys = [], []
         for layer, kind in enumerate(w.kinds):
             small, i = self._small(layer), self.stack_index[layer]
-            mix = small["small.residual_mix"]
+            mix = small[SmallParam.RESIDUAL_MIX]
             x = _mix_norm(w, blocks + ([partial_sum] if partial_sum is not None else []),
-                          mix[:hidden], small["small.attn_norm"], "attn")
+                          mix[:hidden], small[SmallParam.ATTN_NORM], "attn")
             if kind == "kda":
                 out, kda_state[i], conv[i] = _kda(w, self._layer("kda.", i), small, x, kda_state[i], conv[i])
             else:
                 out, kv[i] = _mla(w, self._layer("mla.", i), small, x, kv[i], state.position)
             partial_sum = out if partial_sum is None else partial_sum + out
-            x = _mix_norm(w, [*blocks, partial_sum], mix[hidden:], small["small.mlp_norm"], "mlp")
+            x = _mix_norm(w, [*blocks, partial_sum], mix[hidden:], small[SmallParam.MLP_NORM], "mlp")
             if layer == 0:
-                out = _mlp(x, self.arrays["mlp.gate_up"], self.arrays["mlp.down"])
+                out = _mlp(x, self.arrays[MlpTensor.GATE_UP], self.arrays[MlpTensor.DOWN])
             else:
                 p = {**self._layer("moe.", layer - 1), **self._layer("expert.", layer - 1)}
                 out, ids, keys = _moe(w, p, small, x)
@@ -310,7 +318,7 @@ class ReferenceStep:
                 blocks.append(partial_sum)
                 partial_sum = None
         final = sum(blocks[1:], blocks[0]) + (partial_sum if partial_sum is not None else 0.0)
-        logits = matmul(rms(final, w.eps), self.arrays["head.lm_head"])
+        logits = matmul(rms(final, w.eps), self.arrays[HeadTensor.LM_HEAD])
         next_state = RefState(jnp.stack(kda_state), jnp.stack(conv), jnp.stack(kv), state.position + 1)
         self.router_keys = jnp.stack(router_keys)
         return logits, next_state, jnp.stack(routing)

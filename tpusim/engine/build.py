@@ -87,14 +87,15 @@ from tpusim.schedule.schema import SCHEDULE_FAMILIES, SMALL_FAMILY, FamilySchedu
 from tpusim.schedule.vmem import VmemPlan, arena_of, family_chunk, slab_rows
 from tpusim.workload.formats import scale_bytes, value_bytes
 from tpusim.workload.program import Op, Program
+from tpusim.workload.registry.names import Family, MoeOp, Role, StateBuffer, StateFamily
 from tpusim.workload.shapes import TensorSpec, kv_cache_bytes_per_token, recurrent_state_bytes
 
-ROUTED = "routed_expert"
+ROUTED = Family.ROUTED_EXPERT
 KV_FAMILY = "kv_cache"
-STATE_FAMILY = "kda_state"
+STATE_FAMILY = StateFamily.KDA_STATE
 KV_POOL = "<kv tiles>"
 STATE_POOL = "<kda state>"
-OVERLAP_JOIN_ROLES = ("moe.expert", "moe.combine")
+OVERLAP_JOIN_ROLES = (Role.MOE_EXPERT, MoeOp.COMBINE)
 
 
 @dataclass
@@ -130,7 +131,7 @@ class _Builder:
         self.state_pool = Pool(STATE_POOL, vmem.state_bytes, (STATE_FAMILY,))
         self.rings: dict[str, Ring] = {}
         self.kv_ring = Ring("kv_tiles", schedule.kv_buffers)
-        self.state_ring = Ring("kda_state", 1)
+        self.state_ring = Ring(StateFamily.KDA_STATE, 1)
         self.matmul_cache: dict[tuple[int, int, int, float], float] = {}
         self.families: dict[str, FamilySchedule] = {name: schedule.family(name) for name in SCHEDULE_FAMILIES}
         speculative = schedule.expert_issue == "speculative" and policy.cross_op_prefetch
@@ -431,8 +432,8 @@ def _lower_weights(b: _Builder, op: Op, plan_: OpPlan, vector_s: float) -> float
 
 def _lower_state(b: _Builder, op: Op, plan_: OpPlan, vector_s: float) -> float:
     """KDA core: read the recurrent state, update it, write it back (the write frees it)."""
-    slab = b.new_slab(STATE_FAMILY, "kda.state", op.layer, plan_.index, b.state_pool, b.state_ring)
-    b.add_desc(slab, STATE_FAMILY, "kda.state", op.layer, 0, op.kv_read_bytes)
+    slab = b.new_slab(STATE_FAMILY, StateBuffer.KDA_STATE, op.layer, plan_.index, b.state_pool, b.state_ring)
+    b.add_desc(slab, STATE_FAMILY, StateBuffer.KDA_STATE, op.layer, 0, op.kv_read_bytes)
     plan_.start_releases.append(slab)
     matmul_s = b.op_matmul_s(op)
     if matmul_s:
@@ -440,7 +441,7 @@ def _lower_state(b: _Builder, op: Op, plan_: OpPlan, vector_s: float) -> float:
     writes: tuple[Descriptor, ...] = ()
     frees: tuple[Slab, ...] = (slab,)
     if op.kv_write_bytes:
-        writes = (b.add_desc(None, STATE_FAMILY, "kda.state.writeback", op.layer, 0, op.kv_write_bytes,
+        writes = (b.add_desc(None, STATE_FAMILY, StateBuffer.KDA_STATE_WRITEBACK, op.layer, 0, op.kv_write_bytes,
                              write=True, frees_slab=slab),)
         frees = ()
     plan_.pieces.append(Piece(vector_s, VPU, () if matmul_s else tuple(slab.descs), frees, (), writes))

@@ -97,6 +97,7 @@ from tpusim.engine.result import SimResult
 from tpusim.schedule.schema import SCHEDULE_FAMILIES, FamilySchedule, Schedule
 from tpusim.workload.floors import link_for
 from tpusim.workload.program import CollectiveCall, Program
+from tpusim.workload.registry.names import Family
 from tpusim.workload.sharding import CollectiveStage
 
 GPU_EXECUTIONS = ("stack", "eager", "megakernel")
@@ -140,7 +141,7 @@ def gpu_conventional_schedule(gpu: GpuExecution, schedule: Schedule) -> Schedule
     """
     families = {name: FamilySchedule(prefetch_distance_ops=0, chunk_bytes=int(gpu.kernel_slab_bytes.value),
                                      buffers=KERNEL_SLABS_BUFFERED) for name in SCHEDULE_FAMILIES}
-    families["routed_expert"] = FamilySchedule(prefetch_distance_ops=0, buffers=FUSED_MOE_EXPERT_SLOTS)
+    families[Family.ROUTED_EXPERT] = FamilySchedule(prefetch_distance_ops=0, buffers=FUSED_MOE_EXPERT_SLOTS)
     return Schedule(
         name=f"{schedule.name} (GPU per-kernel stack)",
         description="conventional GPU stack: each kernel streams its own weights; fused-MoE grouped GEMM",
@@ -163,7 +164,7 @@ def l2_schedule(base: Schedule, *, expert_slots: int = L2_EXPERT_SLOTS) -> Sched
     4 % of it at batch 8 (7.77 vs 7.50 ms; naive 11.71 ms) — 24-simulation sweeps, seed 0.
     """
     families = {name: base.family(name).model_copy(update={"pool": L2_POOL}) for name in SCHEDULE_FAMILIES}
-    families["routed_expert"] = families["routed_expert"].model_copy(update={"buffers": expert_slots})
+    families[Family.ROUTED_EXPERT] = families[Family.ROUTED_EXPERT].model_copy(update={"buffers": expert_slots})
     return base.with_changes(
         name=f"{base.name}-l2",
         description=f"{base.name} adapted to a GPU megakernel's L2: one pool, {expert_slots} expert slots",

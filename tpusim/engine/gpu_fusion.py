@@ -82,9 +82,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpusim.workload.program import Program
+from tpusim.workload.registry.names import (
+    AttnOp,
+    GqaOp,
+    GqaTensor,
+    HeadOp,
+    HeadTensor,
+    KdaOp,
+    KdaTensor,
+    MlaOp,
+    MlaTensor,
+    MlpOp,
+    MlpTensor,
+    MoeOp,
+    MoeTensor,
+    Role,
+)
 
-EXPERT_ROLE = "moe.expert"
-COMBINE = "moe.combine"
+EXPERT_ROLE = Role.MOE_EXPERT
+COMBINE = MoeOp.COMBINE
 # kernel kinds (what sets a kernel's fixed time in the serving stack)
 GEMM, GROUPED_GEMM, ATTENTION, SMALL = "gemm", "grouped_gemm", "attention", "small"
 KERNEL_KINDS = (GEMM, GROUPED_GEMM, ATTENTION, SMALL)
@@ -104,36 +120,36 @@ class FusionRule:
 
 
 FUSION_TABLE: dict[str, FusionRule] = {
-    "attn.mix_norm": FusionRule((SMALL,), "residual mix + RMSNorm"),
-    "kda.qkvgb": FusionRule((GEMM,), "q/k/v/gate/beta GEMM"),
-    "kda.decay": FusionRule((GEMM, GEMM), "decay-gate GEMMs (low rank)"),
-    "kda.core": FusionRule((SMALL, ATTENTION, SMALL), "conv update, gated delta rule, gated RMSNorm"),
-    "kda.o": FusionRule((GEMM,), "o_proj GEMM"),
-    "mla.q_a": FusionRule((GEMM,), "fused q_a/kv_a GEMM"),
-    "mla.kv_a": FusionRule((), "in the fused q_a/kv_a GEMM", fused_into_previous=True),
-    "mla.q_b": FusionRule((SMALL, GEMM), "q LoRA RMSNorm, q_b GEMM"),
-    "mla.kv_b": FusionRule((SMALL, GEMM), "kv LoRA RMSNorm + RoPE, W_UK bmm"),
-    "mla.core": FusionRule((SMALL, ATTENTION), "KV append, MLA decode attention"),
-    "mla.gate": FusionRule((GEMM,), "gate GEMM"),
-    "mla.o": FusionRule((GEMM, GEMM), "W_UV bmm, o_proj GEMM"),
-    "gqa.q": FusionRule((GEMM,), "fused QKV GEMM"),
-    "gqa.k": FusionRule((), "in the fused QKV GEMM", fused_into_previous=True),
-    "gqa.v": FusionRule((), "in the fused QKV GEMM", fused_into_previous=True),
-    "gqa.core": FusionRule((SMALL, ATTENTION), "RoPE + KV append, decode attention"),
-    "gqa.gate": FusionRule((GEMM,), "gate GEMM"),
-    "gqa.o": FusionRule((GEMM,), "o_proj GEMM"),
-    "mlp.mix_norm": FusionRule((SMALL,), "residual mix + RMSNorm"),
-    "moe.router": FusionRule((GEMM,), "router GEMM"),
-    "moe.topk": FusionRule((SMALL,), "fused sigmoid/bias/top-k"),
-    "moe.latent_down": FusionRule((GEMM, SMALL), "latent_down GEMM, latent RMSNorm"),
-    "moe.shared_gate_up": FusionRule((GEMM, SMALL), "shared gate/up GEMM, activation"),
-    "moe.shared_down": FusionRule((GEMM,), "shared down GEMM"),
+    AttnOp.MIX_NORM: FusionRule((SMALL,), "residual mix + RMSNorm"),
+    KdaTensor.QKVGB: FusionRule((GEMM,), "q/k/v/gate/beta GEMM"),
+    KdaOp.DECAY: FusionRule((GEMM, GEMM), "decay-gate GEMMs (low rank)"),
+    KdaOp.CORE: FusionRule((SMALL, ATTENTION, SMALL), "conv update, gated delta rule, gated RMSNorm"),
+    KdaTensor.OUT: FusionRule((GEMM,), "o_proj GEMM"),
+    MlaTensor.Q_A: FusionRule((GEMM,), "fused q_a/kv_a GEMM"),
+    MlaTensor.KV_A: FusionRule((), "in the fused q_a/kv_a GEMM", fused_into_previous=True),
+    MlaTensor.Q_B: FusionRule((SMALL, GEMM), "q LoRA RMSNorm, q_b GEMM"),
+    MlaTensor.KV_B: FusionRule((SMALL, GEMM), "kv LoRA RMSNorm + RoPE, W_UK bmm"),
+    MlaOp.CORE: FusionRule((SMALL, ATTENTION), "KV append, MLA decode attention"),
+    MlaTensor.GATE: FusionRule((GEMM,), "gate GEMM"),
+    MlaTensor.OUT: FusionRule((GEMM, GEMM), "W_UV bmm, o_proj GEMM"),
+    GqaTensor.Q: FusionRule((GEMM,), "fused QKV GEMM"),
+    GqaTensor.K: FusionRule((), "in the fused QKV GEMM", fused_into_previous=True),
+    GqaTensor.V: FusionRule((), "in the fused QKV GEMM", fused_into_previous=True),
+    GqaOp.CORE: FusionRule((SMALL, ATTENTION), "RoPE + KV append, decode attention"),
+    GqaTensor.GATE: FusionRule((GEMM,), "gate GEMM"),
+    GqaTensor.OUT: FusionRule((GEMM,), "o_proj GEMM"),
+    MlpOp.MIX_NORM: FusionRule((SMALL,), "residual mix + RMSNorm"),
+    MoeTensor.ROUTER: FusionRule((GEMM,), "router GEMM"),
+    MoeOp.TOPK: FusionRule((SMALL,), "fused sigmoid/bias/top-k"),
+    MoeTensor.LATENT_DOWN: FusionRule((GEMM, SMALL), "latent_down GEMM, latent RMSNorm"),
+    MoeTensor.SHARED_GATE_UP: FusionRule((GEMM, SMALL), "shared gate/up GEMM, activation"),
+    MoeTensor.SHARED_DOWN: FusionRule((GEMM,), "shared down GEMM"),
     COMBINE: FusionRule((SMALL,), "un-permute + weighted sum"),
-    "moe.latent_up": FusionRule((GEMM,), "latent_up GEMM"),
-    "mlp.gate_up": FusionRule((GEMM, SMALL), "dense gate/up GEMM, activation"),
-    "mlp.down": FusionRule((GEMM,), "dense down GEMM"),
-    "head.norm": FusionRule((SMALL,), "final RMSNorm"),
-    "head.lm_head": FusionRule((GEMM,), "lm_head GEMM"),
+    MoeTensor.LATENT_UP: FusionRule((GEMM,), "latent_up GEMM"),
+    MlpTensor.GATE_UP: FusionRule((GEMM, SMALL), "dense gate/up GEMM, activation"),
+    MlpTensor.DOWN: FusionRule((GEMM,), "dense down GEMM"),
+    HeadOp.NORM: FusionRule((SMALL,), "final RMSNorm"),
+    HeadTensor.LM_HEAD: FusionRule((GEMM,), "lm_head GEMM"),
 }
 ROUTED_EXPERTS = FusionRule((SMALL, GROUPED_GEMM, SMALL, GROUPED_GEMM),
                             "fused MoE: permute, grouped gate/up GEMM, activation, grouped down GEMM")

@@ -15,6 +15,7 @@ from hwmodels.schema import System
 from tpusim.workload.floors import Floors, floors, hbm_floor_s, tokens_per_s
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.program import build_program
+from tpusim.workload.registry.names import Family, StateFamily
 from tpusim.workload.routing import RoutingModel, expected_distinct
 from tpusim.workload.shapes import expert_slice_bytes
 from tpusim.workload.sharding import ShardingPlan
@@ -47,14 +48,14 @@ def floor_report(model: ModelConfig, plan: ShardingPlan, system: System, *, batc
     for fl in group_floors:
         for family, size in fl.bytes_by_family.items():
             by_family[family] = by_family.get(family, 0.0) + size / groups
-    by_family["routed_expert"] = experts_per_layer * slice_bytes * moe_layers
+    by_family[Family.ROUTED_EXPERT] = experts_per_layer * slice_bytes * moe_layers
     by_kind: dict[str, float] = {}
     for fl in group_floors:
         for kind, size in fl.bytes_by_op_kind.items():
             by_kind[kind] = by_kind.get(kind, 0.0) + size / groups
-    by_kind["routed_expert"] = by_family["routed_expert"]
+    by_kind[Family.ROUTED_EXPERT] = by_family[Family.ROUTED_EXPERT]
     bytes_per_device = sum(by_family.values())
-    weight_bytes = sum(size for family, size in by_family.items() if family not in ("kv_cache", "kda_state"))
+    weight_bytes = sum(size for family, size in by_family.items() if family not in ("kv_cache", StateFamily.KDA_STATE))
 
     # The expected device: its bytes, the mean compute over the groups, and the collectives
     # of the critical device (every collective waits for it).

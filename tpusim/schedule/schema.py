@@ -147,7 +147,7 @@ class Schedule(BaseModel):
             raise ValueError(
                 f"families: unknown family {unknown[0]!r}; known: {', '.join(SCHEDULE_FAMILIES)}"
             )
-        routed = self.family("routed_expert")
+        routed = self.family(Family.ROUTED_EXPERT)
         members = {fam.pool for fam in self.families.values() if fam.pool}
         for pool, spec in self.pools.items():
             if pool not in members:

@@ -82,6 +82,7 @@ from tpusim.schedule.vmem import VmemPlan, family_chunk, slab_rows, vmem_plan
 from tpusim.sweep.estimate_resources import AdmissionPool, FluidHbm
 from tpusim.workload.formats import scale_bytes, value_bytes
 from tpusim.workload.program import Op, Program
+from tpusim.workload.registry.names import Family, MoeOp, Role, StateFamily
 from tpusim.workload.shapes import TensorSpec, kv_cache_bytes_per_token, recurrent_state_bytes
 
 WEIGHTS_MM, WEIGHTS_OTHER, EXPERT, STATE, KV, PLAIN = range(6)
@@ -180,7 +181,7 @@ class EstimateContext:
             position = seen_experts.get(op.layer, 0)
             if kind == EXPERT:
                 seen_experts[op.layer] = position + 1
-            topk = roles.get((op.layer, "moe.topk"), -1)
+            topk = roles.get((op.layer, MoeOp.TOPK), -1)
             self.ops.append(_OpCost(
                 index=index, layer=op.layer, first_of_layer=op.layer != previous_layer, kind=kind,
                 tensors=op.tensors, rows=tuple(m for m, _k, _n in op.matmuls),
@@ -190,7 +191,7 @@ class EstimateContext:
                 weight_bytes=op.weight_bytes, kv_read_bytes=op.kv_read_bytes, kv_write_bytes=op.kv_write_bytes,
                 kv_tile_unit_bytes=kv_cache_bytes_per_token(model, plan, op.layer) * program.kv_sequences,
                 expert_position=position, experts_in_layer=experts.get(op.layer, 0),
-                topk_index=topk, router_index=roles.get((op.layer, "moe.router"), topk), matmul_dtype=dtype,
+                topk_index=topk, router_index=roles.get((op.layer, MoeOp.ROUTER), topk), matmul_dtype=dtype,
             ))
             previous_layer = op.layer
         self._slabs: dict[tuple[str, int | None, int, str], tuple[tuple[int, float], ...]] = {}
@@ -235,14 +236,14 @@ class EstimateContext:
 
 
 def _is_expert(op: Op) -> bool:
-    return bool(op.tensors) and all(t.family == "routed_expert" for t in op.tensors)
+    return bool(op.tensors) and all(t.family == Family.ROUTED_EXPERT for t in op.tensors)
 
 
 def _join_index(ops: list[Op], index: int) -> int:
     """The op that consumes an overlapped collective's result (the engine's rule)."""
     layer = ops[index].layer
     for later in range(index + 1, len(ops)):
-        if ops[later].layer != layer or ops[later].role in ("moe.expert", "moe.combine"):
+        if ops[later].layer != layer or ops[later].role in (Role.MOE_EXPERT, MoeOp.COMBINE):
             return later
     return len(ops)
 
@@ -298,7 +299,7 @@ class _Replay:
 
     def queue(self, tensor: str, family: str) -> tuple[AdmissionPool, deque[float]]:
         """The ring queue a tensor's slabs go through (the engine's, with cross-op prefetch)."""
-        key = tensor if family == "small_params" else self.plan.ring_of(tensor, family)
+        key = tensor if family == Family.SMALL_PARAMS else self.plan.ring_of(tensor, family)
         known = self.queues.get(key)
         if known is None:
             depth = self.plan.rings[key].buffers if key in self.plan.rings else self.schedule.family(family).buffers
@@ -309,7 +310,7 @@ class _Replay:
         """(queue, slab size, ring, is small) of a tensor kind, memoised for the replay."""
         known = self.tensors.get(tensor)
         if known is None:
-            small = family == "small_params"
+            small = family == Family.SMALL_PARAMS
             known = self.tensors[tensor] = (self.queue(tensor, family), family_chunk(self.schedule, family)[0],
                                             self.plan.ring_of(tensor, family), small)
         return known
@@ -395,7 +396,7 @@ class _Replay:
 
     def expert(self, op: _OpCost, start: float) -> float:
         """A routed expert: released by its routing decision, or where its slot frees."""
-        queue = self.queue("expert", "routed_expert")
+        queue = self.queue("expert", Family.ROUTED_EXPERT)
         span = self.topk_span.get(op.layer, (start, start))
         nbytes = op.weight_bytes
         issue_op, by_routing = self.plan.expert_issue(op.layer, op.expert_position)
@@ -413,12 +414,12 @@ class _Replay:
                 self.consume(queue, max(wasted, span[1]), nbytes)
                 release = span[1]
         self.experts_seen += 1
-        t = self.wait(start, self.slab(queue, release, nbytes), "routed_expert") + op.matmul_s + op.vector_s
+        t = self.wait(start, self.slab(queue, release, nbytes), Family.ROUTED_EXPERT) + op.matmul_s + op.vector_s
         self.consume(queue, t, nbytes)
         return t
 
     def recurrent_state(self, op: _OpCost, start: float) -> float:
-        t = self.wait(start, self.slab(self.state, start, op.kv_read_bytes), "kda_state")
+        t = self.wait(start, self.slab(self.state, start, op.kv_read_bytes), StateFamily.KDA_STATE)
         t += op.matmul_s + op.vector_s
         written = self.hbm.copy(t, op.kv_write_bytes) if op.kv_write_bytes else t
         self.consume(self.state, written, op.kv_read_bytes)

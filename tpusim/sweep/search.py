@@ -64,6 +64,7 @@ from tpusim.sweep.prune import VmemAccountant, check_candidate
 from tpusim.sweep.result import SweepResult
 from tpusim.sweep.space import SweepSpace, default_space, knob_names, schedule_knobs
 from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.registry.names import Family
 from tpusim.workload.routing import RoutingModel
 from tpusim.workload.sharding import ShardingPlan
 
@@ -78,7 +79,7 @@ def present_families(workload: Workload) -> list[str]:
     """Weight families the program reads (the only ones whose knobs matter)."""
     seen = {tensor.family for op in workload.program().ops for tensor in op.tensors}
     if workload.model.num_experts:
-        seen.add("routed_expert")
+        seen.add(Family.ROUTED_EXPERT)
     return [family for family in SCHEDULE_FAMILIES if family in seen]
 
 

@@ -39,9 +39,10 @@ from tpusim.schedule.schema import (
     PoolSpec,
     Schedule,
 )
+from tpusim.workload.registry.names import Family
 
 MIB = 1 << 20
-ATTENTION_FAMILIES = ("kda_proj", "mla_proj", "gqa_proj")
+ATTENTION_FAMILIES = (Family.KDA_PROJ, Family.MLA_PROJ, Family.GQA_PROJ)
 ExpertIssue = Literal["after_routing", "during_selection", "speculative"]
 
 
@@ -133,7 +134,7 @@ class SweepSpace(_Frozen):
         for name in self.families:
             if name not in SCHEDULE_FAMILIES:
                 raise ValueError(f"families.{name}: unknown family; known: {', '.join(SCHEDULE_FAMILIES)}")
-        routed = self.families.get("routed_expert")
+        routed = self.families.get(Family.ROUTED_EXPERT)
         if routed and any(c is not None for c in routed.chunk_bytes):
             raise ValueError("families.routed_expert.chunk_bytes: expert slices are copied whole (use [null])")
         for pattern, pools in self.pool_patterns.items():
@@ -179,18 +180,18 @@ def default_space() -> SweepSpace:
     attention_all = list(ATTENTION_FAMILIES)
     return SweepSpace(
         families={
-            "kda_proj": attention, "mla_proj": attention, "gqa_proj": attention,
-            "small_params": FamilySpace(distances=[0, 2, 5, 10], chunk_bytes=[None], buffers=[1, 2]),
-            "router": dense, "latent_proj": dense, "shared_expert": dense,
-            "routed_expert": FamilySpace(distances=[0], chunk_bytes=[None], buffers=[2, 3, 4, 6, 8]),
-            "dense_mlp": big, "lm_head": big,
+            Family.KDA_PROJ: attention, Family.MLA_PROJ: attention, Family.GQA_PROJ: attention,
+            Family.SMALL_PARAMS: FamilySpace(distances=[0, 2, 5, 10], chunk_bytes=[None], buffers=[1, 2]),
+            Family.ROUTER: dense, Family.LATENT_PROJ: dense, Family.SHARED_EXPERT: dense,
+            Family.ROUTED_EXPERT: FamilySpace(distances=[0], chunk_bytes=[None], buffers=[2, 3, 4, 6, 8]),
+            Family.DENSE_MLP: big, Family.LM_HEAD: big,
         },
         pool_patterns={
             "none": {},
-            "attention+experts": {"main": [*attention_all, "routed_expert"]},
-            "attention+experts+shared": {"main": [*attention_all, "routed_expert", "shared_expert"]},
-            "attention+mlp": {"main": [*attention_all, "shared_expert", "routed_expert", "dense_mlp", "lm_head"]},
-            "attention|mlp": {"attention": attention_all, "mlp": ["routed_expert", "dense_mlp", "lm_head"]},
+            "attention+experts": {"main": [*attention_all, Family.ROUTED_EXPERT]},
+            "attention+experts+shared": {"main": [*attention_all, Family.ROUTED_EXPERT, Family.SHARED_EXPERT]},
+            "attention+mlp": {"main": [*attention_all, Family.SHARED_EXPERT, Family.ROUTED_EXPERT, Family.DENSE_MLP, Family.LM_HEAD]},
+            "attention|mlp": {"attention": attention_all, "mlp": [Family.ROUTED_EXPERT, Family.DENSE_MLP, Family.LM_HEAD]},
             "all": {"main": list(SCHEDULE_FAMILIES)},
         },
         max_dmas_in_flight=[4, 8, 16, 32],
@@ -212,7 +213,7 @@ def knob_names(families: Iterable[str]) -> list[str]:
     names = []
     for family in families:
         names.append(f"{family}.distance")
-        if family != "routed_expert":
+        if family != Family.ROUTED_EXPERT:
             names.append(f"{family}.chunk_mib")
         names.append(f"{family}.buffers")
     return [*names, *GLOBAL_KNOBS]
@@ -261,7 +262,7 @@ def schedule_knobs(schedule: Schedule, space: SweepSpace, families: Iterable[str
     for family in families:
         fam = schedule.family(family)
         knobs[f"{family}.distance"] = fam.prefetch_distance_ops
-        if family != "routed_expert":
+        if family != Family.ROUTED_EXPERT:
             knobs[f"{family}.chunk_mib"] = "" if fam.chunk_bytes is None else round(fam.chunk_bytes / MIB, 4)
         knobs[f"{family}.buffers"] = fam.buffers
     knobs["pools"] = pool_pattern_name(schedule, space, families)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from hwmodels.schema import Chip, LinkSpec
 from tpusim.workload.program import Op, Program
+from tpusim.workload.registry.names import Family, KdaOp, StateFamily
 
 
 @dataclass
@@ -74,7 +75,7 @@ def link_for(chip: Chip, name: str) -> LinkSpec | None:
 def op_kind(op: Op) -> str:
     """Coarse kind of an op for breakdowns: attention/moe_dense/routed_expert/mlp/head."""
     if op.phase == "moe":
-        return "routed_expert" if op.expert_index is not None else "moe_dense"
+        return Family.ROUTED_EXPERT if op.expert_index is not None else "moe_dense"
     return op.phase
 
 
@@ -112,7 +113,7 @@ def floors(program: Program, chip: Chip) -> Floors:
             by_kind[op_kind(op)] += tensor.bytes
         kv = op.kv_read_bytes + op.kv_write_bytes
         if kv:
-            by_family["kv_cache" if op.name != "kda.core" else "kda_state"] += kv
+            by_family["kv_cache" if op.name != KdaOp.CORE else StateFamily.KDA_STATE] += kv
             by_kind[op_kind(op)] += kv
         if op.matmuls:
             dtype = op.matmul_dtype

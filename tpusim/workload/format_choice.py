@@ -25,27 +25,28 @@ from __future__ import annotations
 from hwmodels.errors import InputError
 from tpusim.workload.formats import canonical_format
 from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.registry.names import Family, FormatKey
 
 FAMILY_KEYS: dict[str, tuple[str, ...]] = {
-    "experts": ("routed_gate_up", "routed_down"),
-    "routed_expert": ("routed_gate_up", "routed_down"),
-    "experts_gate_up": ("routed_gate_up",),
-    "routed_gate_up": ("routed_gate_up",),
-    "experts_down": ("routed_down",),
-    "routed_down": ("routed_down",),
-    "shared_expert": ("shared_expert",),
+    "experts": (FormatKey.ROUTED_GATE_UP, FormatKey.ROUTED_DOWN),
+    Family.ROUTED_EXPERT: (FormatKey.ROUTED_GATE_UP, FormatKey.ROUTED_DOWN),
+    "experts_gate_up": (FormatKey.ROUTED_GATE_UP,),
+    FormatKey.ROUTED_GATE_UP: (FormatKey.ROUTED_GATE_UP,),
+    "experts_down": (FormatKey.ROUTED_DOWN,),
+    FormatKey.ROUTED_DOWN: (FormatKey.ROUTED_DOWN,),
+    Family.SHARED_EXPERT: (Family.SHARED_EXPERT,),
     "attention": ("attention",),
-    "kda_proj": ("attention",),
-    "mla_proj": ("attention",),
-    "gqa_proj": ("attention",),
-    "dense_mlp": ("dense_mlp",),
-    "mlp": ("dense_mlp",),
-    "latent_proj": ("latent_proj",),
+    Family.KDA_PROJ: ("attention",),
+    Family.MLA_PROJ: ("attention",),
+    Family.GQA_PROJ: ("attention",),
+    Family.DENSE_MLP: (Family.DENSE_MLP,),
+    "mlp": (Family.DENSE_MLP,),
+    Family.LATENT_PROJ: (Family.LATENT_PROJ,),
     "dense": ("dense",),
-    "router": ("router",),
-    "lm_head": ("lm_head",),
+    Family.ROUTER: (Family.ROUTER,),
+    Family.LM_HEAD: (Family.LM_HEAD,),
     "embedding": ("embedding",),
-    "small_params": ("small_params",),
+    Family.SMALL_PARAMS: (Family.SMALL_PARAMS,),
     "kv": ("kv",),
 }
 
@@ -72,13 +73,13 @@ def absent_format_keys(model: ModelConfig) -> dict[str, str]:
     moe = model.moe
     absent: dict[str, str] = {}
     if moe is None:
-        absent.update(dict.fromkeys(("routed_gate_up", "routed_down", "router"), "routed experts (a dense model)"))
+        absent.update(dict.fromkeys((FormatKey.ROUTED_GATE_UP, FormatKey.ROUTED_DOWN, Family.ROUTER), "routed experts (a dense model)"))
     if moe is None or not moe.shared_intermediate_size:
-        absent["shared_expert"] = "shared expert"
+        absent[Family.SHARED_EXPERT] = "shared expert"
     if moe is None or not moe.latent_size:
-        absent["latent_proj"] = "latent projection"
+        absent[Family.LATENT_PROJ] = "latent projection"
     if not model.dense_layers:
-        absent["dense_mlp"] = "dense MLP layer"
+        absent[Family.DENSE_MLP] = "dense MLP layer"
     return absent
 
 

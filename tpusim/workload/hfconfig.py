@@ -31,9 +31,10 @@ from hwmodels.errors import InputError
 from hwmodels.textfile import read_user_json
 from tpusim.workload.hf_architectures import READERS, MissingKey
 from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.registry.names import Family, FormatKey
 
-LINEAR_KEYS = ("dense", "routed_gate_up", "routed_down")
-EXPERT_KEYS = ("routed_gate_up", "routed_down")
+LINEAR_KEYS = ("dense", FormatKey.ROUTED_GATE_UP, FormatKey.ROUTED_DOWN)
+EXPERT_KEYS = (FormatKey.ROUTED_GATE_UP, FormatKey.ROUTED_DOWN)
 
 
 def architecture_of(data: dict[str, Any], source: str) -> str:
@@ -117,8 +118,8 @@ def model_from_hf_dict(data: dict[str, Any], *, source: str, name: str) -> Model
         raise InputError(f"{source}: missing key {missing.key!r} (needed for {missing.why})") from None
     except (TypeError, ValueError, ArithmeticError) as error:  # a value of the wrong kind the checks above let by
         raise InputError(f"{source}: a value has the wrong type or range for {arch}: {error}") from None
-    formats = {"dense": "bf16", "router": "bf16", "small_params": "f32", "routed_gate_up": "bf16",
-               "routed_down": "bf16", "lm_head": "bf16", "embedding": "bf16"}
+    formats = {"dense": "bf16", FormatKey.ROUTER: "bf16", FormatKey.SMALL_PARAMS: "f32", FormatKey.ROUTED_GATE_UP: "bf16",
+               FormatKey.ROUTED_DOWN: "bf16", Family.LM_HEAD: "bf16", "embedding": "bf16"}
     quant = data.get("quantization_config") or {}
     if not isinstance(quant, dict):
         raise InputError(f"{source}: quantization_config: expected an object")

@@ -33,6 +33,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tpusim.workload.formats import FORMATS
+from tpusim.workload.registry.names import Family, FormatKey
 
 AttentionKind = Literal["kda", "mla", "gqa"]
 
@@ -41,11 +42,11 @@ AttentionKind = Literal["kda", "mla", "gqa"]
 # keep gate/up in FP8 and down in MXFP4).
 FORMAT_KEYS = (
     "dense",  # attention, latent, shared, dense MLP projections (unless given their own key)
-    "router",
-    "small_params",
-    "routed_gate_up",
-    "routed_down",
-    "lm_head",
+    Family.ROUTER,
+    Family.SMALL_PARAMS,
+    FormatKey.ROUTED_GATE_UP,
+    FormatKey.ROUTED_DOWN,
+    Family.LM_HEAD,
     "embedding",
 )
 
@@ -53,9 +54,9 @@ FORMAT_KEYS = (
 # absent, they fall back to the key on the right (the KV cache defaults to bf16).
 OPTIONAL_FORMAT_KEYS: dict[str, str] = {
     "attention": "dense",  # kda_proj / mla_proj / gqa_proj
-    "latent_proj": "dense",
-    "shared_expert": "dense",
-    "dense_mlp": "dense",
+    Family.LATENT_PROJ: "dense",
+    Family.SHARED_EXPERT: "dense",
+    Family.DENSE_MLP: "dense",
     "kv": "",  # KV cache values; "" = bf16
 }
 

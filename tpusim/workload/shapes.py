@@ -50,6 +50,19 @@ from tpusim.workload.formats import (
     weight_format,
 )
 from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.registry.names import (
+    ExpertTensor,
+    Family,
+    FormatKey,
+    GqaTensor,
+    HeadTensor,
+    KdaTensor,
+    MlaTensor,
+    MlpTensor,
+    MoeTensor,
+    MtpTensor,
+    SmallParam,
+)
 from tpusim.workload.sharding import ShardingPlan, round_up
 
 
@@ -139,50 +152,50 @@ def attention_tensors(model: ModelConfig, plan: ShardingPlan, layer: int) -> lis
         fused = 2 * widths.kda_padded_width + 2 * round_up(value_width, pad) + widths.kda_beta_cols
         if not kda.decay_rank:
             fused += round_up(value_heads, pad)
-        tensors = [_spec(model, "kda.qkvgb", "kda_proj", "attention", hidden, fused)]
+        tensors = [_spec(model, KdaTensor.QKVGB, Family.KDA_PROJ, "attention", hidden, fused)]
         if kda.decay_rank:
             tensors += [
-                _spec(model, "kda.decay_a", "kda_proj", "attention", hidden, kda.decay_rank),
-                _spec(model, "kda.decay_b", "kda_proj", "attention", kda.decay_rank, value_width),
+                _spec(model, KdaTensor.DECAY_A, Family.KDA_PROJ, "attention", hidden, kda.decay_rank),
+                _spec(model, KdaTensor.DECAY_B, Family.KDA_PROJ, "attention", kda.decay_rank, value_width),
             ]
-        return [*tensors, _spec(model, "kda.o", "kda_proj", "attention", value_width, hidden)]
+        return [*tensors, _spec(model, KdaTensor.OUT, Family.KDA_PROJ, "attention", value_width, hidden)]
     if kind == "mla":
         mla = model.mla
         assert mla is not None
         q_cols = heads * (mla.qk_nope_head_dim + widths.mla_rope_pad)
         tensors = [
-            _spec(model, "mla.q_a", "mla_proj", "attention", hidden, mla.q_lora_rank),
-            _spec(model, "mla.q_b", "mla_proj", "attention", mla.q_lora_rank, q_cols),
-            _spec(model, "mla.kv_a", "mla_proj", "attention", hidden,
+            _spec(model, MlaTensor.Q_A, Family.MLA_PROJ, "attention", hidden, mla.q_lora_rank),
+            _spec(model, MlaTensor.Q_B, Family.MLA_PROJ, "attention", mla.q_lora_rank, q_cols),
+            _spec(model, MlaTensor.KV_A, Family.MLA_PROJ, "attention", hidden,
                   mla.kv_lora_rank + widths.mla_rope_pad),
-            _spec(model, "mla.kv_b", "mla_proj", "attention", mla.kv_lora_rank,
+            _spec(model, MlaTensor.KV_B, Family.MLA_PROJ, "attention", mla.kv_lora_rank,
                   heads * (mla.qk_nope_head_dim + mla.v_head_dim)),
         ]
         if mla.output_gate:
-            tensors.append(_spec(model, "mla.gate", "mla_proj", "attention", hidden, heads * mla.v_head_dim))
-        tensors.append(_spec(model, "mla.o", "mla_proj", "attention", heads * mla.v_head_dim, hidden))
+            tensors.append(_spec(model, MlaTensor.GATE, Family.MLA_PROJ, "attention", hidden, heads * mla.v_head_dim))
+        tensors.append(_spec(model, MlaTensor.OUT, Family.MLA_PROJ, "attention", heads * mla.v_head_dim, hidden))
         return tensors
     gqa = model.gqa
     assert gqa is not None
     q_width = heads * gqa.head_dim
     kv_width = plan.kv_heads_per_device * gqa.head_dim
     tensors = [
-        _spec(model, "gqa.q", "gqa_proj", "attention", hidden, q_width),
-        _spec(model, "gqa.k", "gqa_proj", "attention", hidden, kv_width),
-        _spec(model, "gqa.v", "gqa_proj", "attention", hidden, kv_width),
+        _spec(model, GqaTensor.Q, Family.GQA_PROJ, "attention", hidden, q_width),
+        _spec(model, GqaTensor.K, Family.GQA_PROJ, "attention", hidden, kv_width),
+        _spec(model, GqaTensor.V, Family.GQA_PROJ, "attention", hidden, kv_width),
     ]
     if gqa.output_gate:
-        tensors.append(_spec(model, "gqa.gate", "gqa_proj", "attention", hidden, q_width))
-    tensors.append(_spec(model, "gqa.o", "gqa_proj", "attention", q_width, hidden))
+        tensors.append(_spec(model, GqaTensor.GATE, Family.GQA_PROJ, "attention", hidden, q_width))
+    tensors.append(_spec(model, GqaTensor.OUT, Family.GQA_PROJ, "attention", q_width, hidden))
     return tensors
 
 
 def small_param_tensors(model: ModelConfig, plan: ShardingPlan, layer: int) -> list[TensorSpec]:
     """Norm weights, router bias, decay and residual-mixture parameters of ``layer`` (f32)."""
     hidden, heads = model.hidden_size, plan.attention_heads_per_device
-    sizes: list[tuple[str, int]] = [("small.attn_norm", hidden), ("small.mlp_norm", hidden)]
+    sizes: list[tuple[str, int]] = [(SmallParam.ATTN_NORM, hidden), (SmallParam.MLP_NORM, hidden)]
     if model.residual == "attention_residuals":
-        sizes.append(("small.residual_mix", 2 * hidden))
+        sizes.append((SmallParam.RESIDUAL_MIX, 2 * hidden))
     kind = model.attention_kind(layer)
     if kind == "kda" and model.kda:
         kda = model.kda
@@ -190,38 +203,38 @@ def small_param_tensors(model: ModelConfig, plan: ShardingPlan, layer: int) -> l
         value_heads = heads * kda.value_heads_per_key_head
         conv_channels = 2 * width + value_heads * kda.value_dim
         if kda.variant == "kda":
-            sizes += [("small.kda_a_log", heads), ("small.kda_dt_bias", width)]
+            sizes += [(SmallParam.KDA_A_LOG, heads), (SmallParam.KDA_DT_BIAS, width)]
         else:  # Gated DeltaNet: per-value-head decay parameters, gated RMSNorm over a value head
-            sizes += [("small.kda_a_log", value_heads), ("small.kda_dt_bias", value_heads),
-                      ("small.kda_out_norm", kda.value_dim)]
-        sizes.append(("small.kda_conv", conv_channels * kda.conv_kernel))
+            sizes += [(SmallParam.KDA_A_LOG, value_heads), (SmallParam.KDA_DT_BIAS, value_heads),
+                      (SmallParam.KDA_OUT_NORM, kda.value_dim)]
+        sizes.append((SmallParam.KDA_CONV, conv_channels * kda.conv_kernel))
     if kind == "mla" and model.mla:
-        sizes += [("small.mla_q_norm", model.mla.q_lora_rank), ("small.mla_kv_norm", model.mla.kv_lora_rank)]
+        sizes += [(SmallParam.MLA_Q_NORM, model.mla.q_lora_rank), (SmallParam.MLA_KV_NORM, model.mla.kv_lora_rank)]
     if kind == "gqa" and model.gqa and model.gqa.qk_norm:
-        sizes += [("small.gqa_q_norm", model.gqa.head_dim), ("small.gqa_k_norm", model.gqa.head_dim)]
+        sizes += [(SmallParam.GQA_Q_NORM, model.gqa.head_dim), (SmallParam.GQA_K_NORM, model.gqa.head_dim)]
     if model.moe is not None and model.is_moe_layer(layer):
         if model.moe.router_bias:
-            sizes.append(("small.router_bias", model.moe.num_experts))
+            sizes.append((SmallParam.ROUTER_BIAS, model.moe.num_experts))
         if model.moe.latent_norm and model.moe.latent_size:
-            sizes.append(("small.latent_norm", model.moe.latent_size))
-    return [_spec(model, name, "small_params", "small_params", 1, size) for name, size in sizes]
+            sizes.append((SmallParam.LATENT_NORM, model.moe.latent_size))
+    return [_spec(model, name, Family.SMALL_PARAMS, Family.SMALL_PARAMS, 1, size) for name, size in sizes]
 
 
 def moe_dense_tensors(model: ModelConfig, plan: ShardingPlan) -> list[TensorSpec]:
     """Router, latent projections and shared experts of one MoE layer on one device."""
     hidden, moe = model.hidden_size, model.moe
     assert moe is not None, "moe_dense_tensors needs an MoE model"
-    tensors = [_spec(model, "moe.router", "router", "router", hidden, plan.router_cols_per_device)]
+    tensors = [_spec(model, MoeTensor.ROUTER, Family.ROUTER, Family.ROUTER, hidden, plan.router_cols_per_device)]
     if moe.latent_size:
         tensors += [
-            _spec(model, "moe.latent_down", "latent_proj", "latent_proj", hidden, plan.latent_down_cols_per_device),
-            _spec(model, "moe.latent_up", "latent_proj", "latent_proj", moe.latent_size, plan.latent_up_cols_per_device),
+            _spec(model, MoeTensor.LATENT_DOWN, Family.LATENT_PROJ, Family.LATENT_PROJ, hidden, plan.latent_down_cols_per_device),
+            _spec(model, MoeTensor.LATENT_UP, Family.LATENT_PROJ, Family.LATENT_PROJ, moe.latent_size, plan.latent_up_cols_per_device),
         ]
     if moe.num_shared_experts:
         width = plan.shared_intermediate_per_device
         tensors += [
-            _spec(model, "moe.shared_gate_up", "shared_expert", "shared_expert", hidden, 2 * width),
-            _spec(model, "moe.shared_down", "shared_expert", "shared_expert", width, hidden),
+            _spec(model, MoeTensor.SHARED_GATE_UP, Family.SHARED_EXPERT, Family.SHARED_EXPERT, hidden, 2 * width),
+            _spec(model, MoeTensor.SHARED_DOWN, Family.SHARED_EXPERT, Family.SHARED_EXPERT, width, hidden),
         ]
     return tensors
 
@@ -232,8 +245,8 @@ def expert_slice_tensors(model: ModelConfig, plan: ShardingPlan) -> list[TensorS
     width = plan.expert_slice_width(model)
     expert_input = model.moe.latent_size or model.hidden_size
     return [
-        _spec(model, "expert.gate_up", "routed_expert", "routed_gate_up", expert_input, 2 * width),
-        _spec(model, "expert.down", "routed_expert", "routed_down", width, expert_input),
+        _spec(model, ExpertTensor.GATE_UP, Family.ROUTED_EXPERT, FormatKey.ROUTED_GATE_UP, expert_input, 2 * width),
+        _spec(model, ExpertTensor.DOWN, Family.ROUTED_EXPERT, FormatKey.ROUTED_DOWN, width, expert_input),
     ]
 
 
@@ -245,13 +258,13 @@ def expert_slice_bytes(model: ModelConfig, plan: ShardingPlan) -> int:
 def dense_mlp_tensors(model: ModelConfig, plan: ShardingPlan) -> list[TensorSpec]:
     width, hidden = plan.dense_intermediate_per_device, model.hidden_size
     return [
-        _spec(model, "mlp.gate_up", "dense_mlp", "dense_mlp", hidden, 2 * width),
-        _spec(model, "mlp.down", "dense_mlp", "dense_mlp", width, hidden),
+        _spec(model, MlpTensor.GATE_UP, Family.DENSE_MLP, Family.DENSE_MLP, hidden, 2 * width),
+        _spec(model, MlpTensor.DOWN, Family.DENSE_MLP, Family.DENSE_MLP, width, hidden),
     ]
 
 
 def lm_head_tensors(model: ModelConfig, plan: ShardingPlan) -> list[TensorSpec]:
-    return [_spec(model, "head.lm_head", "lm_head", "lm_head", model.hidden_size, plan.vocab_rows_per_device)]
+    return [_spec(model, HeadTensor.LM_HEAD, Family.LM_HEAD, Family.LM_HEAD, model.hidden_size, plan.vocab_rows_per_device)]
 
 
 def mtp_tensors(model: ModelConfig, plan: ShardingPlan) -> list[TensorSpec]:
@@ -261,8 +274,8 @@ def mtp_tensors(model: ModelConfig, plan: ShardingPlan) -> list[TensorSpec]:
     weights only: the plain decode step does not run them."""
     hidden = model.hidden_size
     cols = round_up(-(-hidden // plan.devices), plan.lane_multiple)
-    return [_spec(model, "mtp.eh_proj", "mtp_proj", "dense", 2 * hidden, cols),
-            _spec(model, "small.mtp_norms", "small_params", "small_params", 1, 3 * hidden)]
+    return [_spec(model, MtpTensor.EH_PROJ, Family.MTP_PROJ, "dense", 2 * hidden, cols),
+            _spec(model, SmallParam.MTP_NORMS, Family.SMALL_PARAMS, Family.SMALL_PARAMS, 1, 3 * hidden)]
 
 
 def layer_tensors(model: ModelConfig, plan: ShardingPlan, layer: int) -> list[TensorSpec]:

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tpusim.workload.collectives import ALGORITHMS, Algorithm, Group, Topology, link_stages
 from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.registry.names import Collective, MlpOp, MoeOp, Role
 
 
 class _Frozen(BaseModel):
@@ -349,21 +350,21 @@ def _generic_collectives(model: ModelConfig, devices: int, attention_tp: int, de
                                stages=stages(group), after=after)]
 
     data_parallel = attention_tp < devices
-    attention = collective("attn.allreduce", "attention", "all_reduce", "attn.out", attention_tp)
+    attention = collective(Collective.ATTN_ALLREDUCE, "attention", "all_reduce", Role.ATTN_OUT, attention_tp)
     if data_parallel:
-        attention += collective("attn.dp_allgather", "attention", "all_gather", "attn.out", devices)
+        attention += collective(Collective.ATTN_DP_ALLGATHER, "attention", "all_gather", Role.ATTN_OUT, devices)
     out_kind = "reduce_scatter" if data_parallel else "all_reduce"
     latent_gather: list[CollectiveSpec] = []
     if latent and devices > 1:
         latent_cols = round_up(math.ceil(latent / devices), lane_multiple)
         latent_gather = [CollectiveSpec(
-            name="moe.latent_allgather", phase="moe", kind="all_gather",
+            name=Collective.MOE_LATENT_ALLGATHER, phase="moe", kind="all_gather",
             bytes_per_token=latent_cols * 2, stages=[CollectiveStage(link=intra_link, peers=devices - 1)],  # type: ignore[arg-type]
-            after="moe.latent_down", overlapped=True)]
+            after=MoeOp.LATENT_DOWN, overlapped=True)]
     return {  # only the phases the model has: a dense model has no MoE, an all-MoE model no MLP
         "attention_collectives": attention,
-        "moe_collectives": latent_gather + collective("moe.allreduce", "moe", out_kind, "moe.combine", devices)
+        "moe_collectives": latent_gather + collective(Collective.MOE_ALLREDUCE, "moe", out_kind, MoeOp.COMBINE, devices)
         if model.moe else [],
-        "mlp_collectives": collective("mlp.allreduce", "mlp", out_kind, "mlp.down", devices)
+        "mlp_collectives": collective(Collective.MLP_ALLREDUCE, "mlp", out_kind, MlpOp.DOWN, devices)
         if model.dense_layers else [],
     }
