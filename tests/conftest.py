@@ -1,5 +1,9 @@
 """Fixtures shared by the test files.
 
+Every ``heavy`` test is also ``slow`` (:func:`pytest_collection_modifyitems`): a ``-m`` on the
+command line replaces the ``-m 'not heavy'`` of ``addopts``, so ``pytest -m "not slow"`` would
+otherwise run the heavy 8- and 32-device interpret-mode checks (minutes each).
+
 ``local_dir`` is autouse: every test gets its own empty folder for machine-local catalog
 entries and calibrated overlays (``TPUSIM_LOCAL_DIR``), so no test reads or writes the
 user's own calibration, and no test sees another test's overlay.
@@ -10,6 +14,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every heavy test slow too: heavy means slower than slow."""
+    for item in items:
+        if item.get_closest_marker("heavy") is not None and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True)

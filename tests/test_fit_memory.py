@@ -30,7 +30,7 @@ def static_bytes(schedule, model, plan, rows: int, sequences: int) -> int:
     return vmem_plan(schedule, model, plan, rows, sequences).total_bytes
 
 
-@pytest.mark.parametrize(("rows", "sequences"), [(32, 4), (64, 8)])
+@pytest.mark.parametrize(("rows", "sequences"), [(32, 4), pytest.param(64, 8, marks=pytest.mark.slow)])  # 64: ~11 s
 def test_published_shrinks_to_a_fitting_schedule_faster_than_naive(rows: int, sequences: int) -> None:
     model, plan, system, program = k3(rows, sequences)
     capacity = system.chip.staging_memory.usable_bytes
@@ -45,12 +45,14 @@ def test_published_shrinks_to_a_fitting_schedule_faster_than_naive(rows: int, se
         assert step_s < 0.75 * simulate(program, naive, system.chip).step_s
 
 
+@pytest.mark.slow  # shrinks published through every candidate at 256 rows before refusing (~26 s, loaded machine)
 def test_a_row_count_whose_activations_alone_overflow_is_refused_in_one_line() -> None:
     _, _, system, program = k3(256, 8)
     with pytest.raises(InputError, match=r"cannot be shrunk to fit .* MiB of on-chip memory at 256 rows"):
         shrink_to_fit(load_schedule("published"), program, system.chip)
 
 
+@pytest.mark.slow  # a whole compare run with a shrink (~15 s, loaded machine)
 def test_a_compare_row_that_does_not_fit_says_it_was_shrunk() -> None:
     model, plan, system, program = k3(64, 8)
     built = []

@@ -11,6 +11,7 @@ This walker is written here, independently of any tool, with the standard librar
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -69,6 +70,7 @@ def _imports(module: str, path: Path, known: dict[str, Path]) -> list[tuple[str,
     return found
 
 
+@functools.cache  # parsed once for the tests below (~2 s of CPU each time)
 def _graph() -> tuple[dict[str, Path], dict[str, list[tuple[str, bool]]]]:
     known = _modules()
     return known, {module: _imports(module, path, known) for module, path in known.items()}

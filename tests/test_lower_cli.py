@@ -21,6 +21,7 @@ def test_lower_full_k3_published(capsys) -> None:
     assert data["fits"]
 
 
+@pytest.mark.slow  # lowers the whole kimi-k3-mini kernel (~7 s, loaded machine)
 def test_lower_mini_prints_the_vmem_comparison(capsys) -> None:
     assert main(["lower", "--model", "kimi-k3-mini", "--schedule", "published"]) == 0
     out = capsys.readouterr().out
@@ -28,6 +29,7 @@ def test_lower_mini_prints_the_vmem_comparison(capsys) -> None:
     assert "simulator's accounting" in out and "usable VMEM on tpu-v7" in out
 
 
+@pytest.mark.slow  # traces the kernel until the lowering fails (~8.5 s, loaded machine)
 def test_unlowerable_schedule_says_why(capsys) -> None:
     assert main(["lower", "--model", "kimi-k3", "--schedule", "published", "--devices", "4"]) == 2
     err = capsys.readouterr().err

@@ -91,6 +91,7 @@ class _Streamed:
         return x @ self.w
 
 
+@pytest.mark.slow  # 10 interpret-mode kernel runs (~9 s, loaded machine)
 @settings(max_examples=10, deadline=None)
 @given(st.integers(1, 3), st.integers(1, 2), st.integers(1, 3), st.integers(0, 2**16))
 def test_pair_matmul_is_the_pair_heads_times_the_hidden_half(batch: int, width_panels: int, half_panels: int,

@@ -49,6 +49,7 @@ def _mxfp4_numpy(packed: np.ndarray, exponents: np.ndarray) -> np.ndarray:
     return values * np.repeat(np.exp2(exponents.astype(np.float32) - 127), block, axis=-2)
 
 
+@pytest.mark.slow  # 32 ranks' expert shards cut and run through the MLP (~9 s, loaded machine)
 def test_expert_parts_sum_to_the_whole_expert(tp32):
     model, plan, kernel, full = tp32
     rng = np.random.default_rng(1)

@@ -22,6 +22,9 @@ from tpusim.schedule.schema import load_schedule
 from tpusim.schedule.vmem import vmem_plan
 from tpusim.workload.model_catalog import load_model, plan_for
 
+# Every test traces and lowers the whole kernel (3-13 s each on the 2-core machine, ~55 s in all).
+pytestmark = pytest.mark.slow
+
 MIB = 1 << 20
 TPU_V7_EXPLICIT_VMEM_BYTES = 58 * MIB  # usable explicit scratch on TPU v7 (issue / kimi-k3.md)
 

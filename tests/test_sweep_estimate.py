@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from functools import cache
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -62,6 +63,7 @@ def test_estimate_tracks_the_engine_on_the_builtins() -> None:
             assert abs(estimated - simulated) / simulated < 0.22, (name, batch, builtin, estimated, simulated)
 
 
+@pytest.mark.slow  # the engine on random K3 candidates (~4.5 s)
 def test_estimate_ranks_random_k3_candidates_like_the_engine() -> None:
     model, plan, system, program, ctx = workload("kimi-k3", 16, 1)
     space = default_space().with_capacity(system.chip.staging_memory.usable_bytes, "test")

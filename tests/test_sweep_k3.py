@@ -32,6 +32,7 @@ def space_around_published(max_dmas: list[int]) -> SweepSpace:
         "kv_buffers": [published.kv_buffers], "samples": 0, "neighbours": True})
 
 
+@pytest.mark.slow  # a whole K3 sweep (batch 1: ~3.7 s; batch 8 on 2 workers: ~8 s on the loaded machine)
 @pytest.mark.parametrize(("batch", "jobs"), [(1, 1), (8, 2)])
 def test_k3_sweep_accounts_for_every_candidate(tmp_path: Path, batch: int, jobs: int) -> None:
     model = load_model("kimi-k3")

@@ -114,6 +114,7 @@ def test_schema_rejections_are_pruned_rows_that_resume_keeps(tmp_path: Path) -> 
     assert resumed == [] and read_csv(tmp_path / "sweep.csv") == rows
 
 
+@pytest.mark.slow  # two whole sweeps (~10 s, loaded machine)
 def test_same_seed_gives_an_identical_best_json(tmp_path: Path) -> None:
     small = {"space": small_space(12), "budget": 8}  # budget 8: the refine round runs too
     sweep(tmp_path / "a", **small)
@@ -154,6 +155,7 @@ def test_interrupted_sweep_keeps_rows_and_resume_does_not_repeat_them(tmp_path: 
     assert (out / "best.json").read_bytes() == (tmp_path / "reference" / "best.json").read_bytes()
 
 
+@pytest.mark.slow  # CLI sweeps in subprocesses, one interrupted (~16 s, loaded machine)
 def test_ctrl_c_on_the_cli_keeps_rows_and_resume_finishes(tmp_path: Path, mini_yaml: str) -> None:
     """A real SIGINT to `tpusim sweep --jobs 2`: exit 130, a resume hint, rows intact, no repeats."""
     command = [sys.executable, "-m", "tpusim",

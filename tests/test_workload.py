@@ -74,6 +74,7 @@ def test_muse_spark_per_core_bytes(variant: str, expert_mib: float, dense_mib: f
     assert dense == pytest.approx(dense_mib, rel=0.01)
 
 
+@pytest.mark.slow  # 16000 sampled routings (~3 s)
 def test_uniform_distinct_experts_match_closed_form(k3) -> None:
     """K3 uniform routing: distinct experts per device per layer vs G·(1-(1-k/E)^B), within 1 %."""
     model, plan = k3
