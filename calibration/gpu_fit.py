@@ -67,6 +67,7 @@ from calibration.params import chip_with, figure_value, identifiability
 from calibration.predict import Predictor
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
+from tpusim.workload.formats import dtype_bytes
 from tpusim.workload.program import Program
 from tpusim.workload.sharding import ShardingPlan
 
@@ -74,7 +75,6 @@ MICRO_KINDS = ("copy", "gap_compiled", "gap_eager", "matmul")
 FITTED_KINDS = ("copy", "gap_compiled", "matmul")
 STEP_KIND = "decode_step"
 JAX_STEP_EXECUTION = "stack"
-ITEMSIZE = {"fp8": 1, "bf16": 2, "f32": 4}
 NAMES = ("dispatch", "gap", "sustained", "eff")
 BOUNDS = {"dispatch": (1e-7, 1e-2), "gap": (1e-9, 1e-3), "sustained": (1e9, 1e14), "eff": (0.05, 1.0)}
 
@@ -146,8 +146,8 @@ def micro_time_s(theta: dict[str, float], chip: Chip, record: Measurement) -> fl
         return dispatch + int(extra["kernels"]) * gap
     if kind == "matmul":
         rows, k, n, dtype = int(extra["rows"]), int(extra["k"]), int(extra["n"]), str(extra["dtype"])
-        weight = k * n * ITEMSIZE[dtype]
-        moved = weight + rows * k * ITEMSIZE[dtype] + rows * n * 2
+        weight = k * n * dtype_bytes(dtype)
+        moved = weight + rows * k * dtype_bytes(dtype) + rows * n * dtype_bytes("bf16")  # bf16 output
         peak, tile = _peak(chip, dtype)
         padded = math.ceil(rows / tile) * tile
         return dispatch + gap + max(moved / (sustained * eff), 2.0 * padded * k * n / (peak * eff))
