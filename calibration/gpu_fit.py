@@ -61,6 +61,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
+from calibration.covariance import fit_covariance
 from calibration.fit import FitResult, FittedParameter, Split, mape, relative_errors, split_records
 from calibration.measurements import Measurement
 from calibration.params import chip_with, figure_value, identifiability
@@ -246,24 +247,24 @@ def _solve(published: Chip, micro: list[Measurement], start: dict[str, float]) -
 
 
 def _parameters(published: Chip, solution: Any, ref: np.ndarray, bounds: np.ndarray, start: dict[str, float],
-                fitted_on: str, n: int) -> tuple[list[FittedParameter], float | None, np.ndarray]:
+                fitted_on: str) -> tuple[list[FittedParameter], float | None, np.ndarray]:
     paths = parameter_paths(published)
-    jac, residual = solution.jac, solution.fun
-    s2 = float(residual @ residual / (n - len(NAMES))) if n > len(NAMES) else None
-    jtj_inv = np.linalg.pinv(jac.T @ jac)
-    hat = np.einsum("ij,jk,ik->i", jac, jtj_inv, jac)
+    residual = solution.fun
+    fit_cov = fit_covariance(solution.jac, residual)  # the solver's Jacobian: the micro model is analytic
+    s2 = fit_cov.s2
     out = []
     for j, name in enumerate(NAMES):
         value = float(solution.x[j] * ref[j])
         lo, hi = float(bounds[0, j]), float(bounds[1, j])
         at_bound = math.isclose(value, lo, rel_tol=1e-3) or math.isclose(value, hi, rel_tol=1e-3)
-        sigma = None if at_bound or s2 is None else float(ref[j] * math.sqrt(max(jtj_inv[j, j] * s2, 0.0)))
+        unknown = at_bound or s2 is None or bool(fit_cov.flat[j])  # a flat direction: no σ to report
+        sigma = None if unknown else float(ref[j] * fit_cov.sigma[j])
         out.append(FittedParameter(
             path=paths[name], value=value, uncertainty=sigma, start=start[name],
             published=figure_value(published, paths[name]), lower=lo, upper=hi, at_bound=at_bound,
             fitted_on=fitted_on, why=f"micro model '{name}' (calibration.gpu_fit)",
         ))
-    loo = residual / np.clip(1.0 - hat, 1e-6, None)
+    loo = residual / np.clip(1.0 - fit_cov.hat, 1e-6, None)
     return out, s2, loo
 
 
@@ -315,7 +316,7 @@ def fit_micro(published: Chip, records: Sequence[Measurement], *, holdout: str |
     start_theta = chip_theta(start or published)
     fitted_on = describe_micro(micro)
     solution, ref, bounds = _solve(published, micro, start_theta)
-    parameters, s2, loo = _parameters(published, solution, ref, bounds, start_theta, fitted_on, len(micro))
+    parameters, s2, loo = _parameters(published, solution, ref, bounds, start_theta, fitted_on)
     parameters += _eager(published, split.calibration, fitted_on)
     chip = chip_with(published, {p.path: p.value for p in parameters}, fitted_on=fitted_on)
     steps = StepPredictor()
