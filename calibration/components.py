@@ -33,7 +33,6 @@ Choices the mapping makes (each stated where the record is built):
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from hwmodels.catalog import display_path
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
+from hwmodels.textfile import read_user_json
 from tpusim.workload.formats import dtype_bytes
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -201,10 +201,7 @@ def load_components(name: str = "tpu7x-components") -> list[ComponentRecord]:
 
     path = components_path(name)
     where = display_path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as error:
-        raise InputError(f"{where}: cannot read component data: {error}") from None
+    data = read_user_json(path, shown=where)  # package data, read with the same one-line errors
     try:
         hbm = data["hbm_to_vmem_dma"]
         host = data["host"]
