@@ -5,6 +5,8 @@ part-by-part fit (:mod:`calibration.parts`) and the GPU micro-benchmark fit
 (:mod:`calibration.gpu_fit`) — solves a bounded least-squares problem in scaled variables
 ``x = θ / θ_ref`` and states its uncertainty with the functions here; the prediction
 intervals (:mod:`calibration.intervals`) draw parameter sets with :func:`correlated_draws`.
+(The GPU serving-stack fit, :mod:`calibration.gpu_stack`, fits three figures on four stage
+shares and states no uncertainty: its overlay has no samples, so no interval.)
 
 The rule, for residuals ``r`` (``n`` of them) and Jacobian ``J = ∂r/∂x`` (``n × p``) at
 the solution:
