@@ -35,6 +35,7 @@ from calibration.predict import Predictor
 from hwmodels.errors import InputError
 from hwmodels.overlay import CalibratedValue, CalibrationOverlay
 from hwmodels.schema import Chip
+from tpusim.workload.registry.names import Family
 
 E2E_PARAMETERS: tuple[ParameterSpec, ...] = (
     ParameterSpec("compute.mxu.weight_push_s_per_tile", 0.25, 5.0,
@@ -68,8 +69,8 @@ def simulated_stage(name: str, base: Chip, published: Chip, records: Sequence[Co
         point = _point(points, record.measurement)
         schedule = predictor.schedule(chip, point)
         if slots is not None:
-            family = schedule.families["routed_expert"].model_copy(update={"buffers": slots})
-            schedule = schedule.model_copy(update={"families": {**schedule.families, "routed_expert": family}})
+            family = schedule.families[Family.ROUTED_EXPERT].model_copy(update={"buffers": slots})
+            schedule = schedule.model_copy(update={"families": {**schedule.families, Family.ROUTED_EXPERT: family}})
         return predictor.simulate(chip, point, schedule)
 
     def predict(chip: Chip) -> np.ndarray:

@@ -33,7 +33,6 @@ Choices the mapping makes (each stated where the record is built):
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,13 +41,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from hwmodels.catalog import display_path
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
+from hwmodels.textfile import read_user_json
+from tpusim.workload.formats import dtype_bytes
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 COMPONENT_DATASETS = {"tpu7x-components": "tpu7x-components.json"}
 PARTS = ("links", "hbm", "host", "slot_sweep", "breakdown")
 ASSUMED_SIGMA = 0.05  # relative 1σ of a single published number without a range
 MUSE_CORES = {"devices": 8, "devices_per_host": 8, "devices_per_chip": 2}
-BYTES_PER = {"bf16": 2, "f32": 4}
 US = 1e-6
 GB = 1e9
 TB = 1e12
@@ -111,11 +111,11 @@ def _collective_records(data: dict[str, Any], where: str) -> list[ComponentRecor
             records.append(ComponentRecord(
                 part="links", measurement_set="collective_microbenchmarks", name="all-gather, direct copies to 7 peers (16 KiB each, assumed)",
                 quantity="time_s", value=value * US, sigma_rel=sigma, sigma_note=note,
-                algorithm="direct_all_gather", payload_bytes=8192 * BYTES_PER["bf16"], topology=MUSE_CORES,
+                algorithm="direct_all_gather", payload_bytes=8192 * dtype_bytes("bf16"), topology=MUSE_CORES,
                 source=at))
             continue
         rows, cols = row["shape"]
-        payload = rows * cols * BYTES_PER[row["transfer_dtype"]]
+        payload = rows * cols * dtype_bytes(row["transfer_dtype"])
         algorithm = "reduce_scatter_all_gather" if text.startswith(("reduce-scatter", "flat")) else None
         records.append(ComponentRecord(
             part="links", measurement_set="collective_microbenchmarks", name=f"all-reduce {row['transfer_dtype']}[{rows},{cols}] ({text})",
@@ -201,10 +201,7 @@ def load_components(name: str = "tpu7x-components") -> list[ComponentRecord]:
 
     path = components_path(name)
     where = display_path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as error:
-        raise InputError(f"{where}: cannot read component data: {error}") from None
+    data = read_user_json(path, shown=where)  # package data, read with the same one-line errors
     try:
         hbm = data["hbm_to_vmem_dma"]
         host = data["host"]

@@ -22,8 +22,8 @@ Steps (:func:`fit_chip`):
    point once; a forward-difference Jacobian costs ``p`` more simulations per point, so an
    iteration costs ``n (p + 1)`` engine calls. Evaluations are memoised by ``x``.
 5. **Uncertainty** from a central-difference Jacobian ``J`` at the solution (2 % steps, see
-   :func:`fit_chip`): ``cov(x) = s² (JᵀJ)⁻¹`` with
-   ``s² = Σ r² / (n - p)``, the residual variance; ``σ(θ_j) = θ_ref_j √cov_jj``. A
+   :func:`fit_chip`) by the one rule of :mod:`calibration.covariance`: ``cov(x) = s² (JᵀJ)⁺``
+   with ``s² = Σ r² / (n - p)``, the residual variance; ``σ(θ_j) = θ_ref_j √cov_jj``. A
    parameter stopped at a bound is flagged and held there: it gets no σ (the statement is
    one-sided) and leaves the covariance, so a near-flat column cannot inflate the others.
    The covariance of the free parameters (in their own units) is kept in
@@ -50,6 +50,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from calibration.contrasts import contrasts_json
+from calibration.covariance import central_jacobian, fit_covariance
 from calibration.coverage import fit_coverage
 from calibration.measurements import Measurement
 from calibration.params import (
@@ -61,7 +62,6 @@ from calibration.params import (
     figure_value,
     identifiability,
     implied_values,
-    unseen,
 )
 from calibration.predict import PredictFn, Predictor
 from hwmodels.errors import InputError
@@ -271,30 +271,6 @@ def describe_records(records: Sequence[Measurement]) -> str:
     return f"{len(records)} points: {model} {batch} on {','.join(systems)} ({', '.join(backends)})"
 
 
-def _covariance(jac: np.ndarray, residuals: np.ndarray) -> tuple[np.ndarray, float | None, np.ndarray]:
-    """(cov of x, residual variance s², hat-matrix diagonal) from J and r at the solution."""
-    n, p = jac.shape
-    jtj_inv = np.linalg.pinv(jac.T @ jac)
-    s2 = float(residuals @ residuals / (n - p)) if n > p else None
-    cov = jtj_inv * (s2 if s2 is not None else float("nan"))
-    hat = np.einsum("ij,jk,ik->i", jac, jtj_inv, jac)
-    return cov, s2, hat
-
-
-def _central_jacobian(residuals: Any, x: np.ndarray, lower: np.ndarray, upper: np.ndarray,
-                      step: float) -> np.ndarray:
-    """``d r / d x`` by central differences of relative size ``step``, clipped to the bounds."""
-    columns = []
-    for j in range(len(x)):
-        h = step * max(abs(float(x[j])), 1e-3)
-        plus, minus = x.copy(), x.copy()
-        plus[j] = min(x[j] + h, upper[j])
-        minus[j] = max(x[j] - h, lower[j])
-        width = plus[j] - minus[j]
-        columns.append((residuals(plus) - residuals(minus)) / width if width > 0 else np.zeros_like(residuals(x)))
-    return np.stack(columns, axis=1)
-
-
 def fit_chip(
     published: Chip,
     records: Sequence[Measurement],
@@ -373,20 +349,19 @@ def fit_chip(
     # The Jacobian over the free parameters only: a parameter stopped at a bound is held
     # there (its error bar is one-sided, reported as None), and a near-zero column of it
     # would otherwise blow up every correlated parameter's variance through (JᵀJ)⁻¹.
-    jac_all = _central_jacobian(residuals, x, lower / ref, upper / ref, uncertainty_step)
+    jac_all = central_jacobian(residuals, x, lower / ref, upper / ref, uncertainty_step)
     jac = jac_all[:, free]
     sigma_x = np.full(len(x), np.nan)
     s2: float | None = None
     hat = np.zeros(len(res))
     covariance: dict[str, Any] = {}
     if free.size:
-        cov, s2, hat = _covariance(jac, res)
+        fit_cov = fit_covariance(jac, res)
+        s2, hat = fit_cov.s2, fit_cov.hat
         if s2 is not None:
-            sigma_x[free] = np.sqrt(np.clip(np.diag(cov), 0.0, None))
-            sigma_x[free[unseen(jac)]] = np.nan  # a flat direction: no uncertainty to report
-            scale = ref[free]
-            covariance = {"paths": [paths[j] for j in free],
-                          "matrix": (cov * np.outer(scale, scale)).tolist()}
+            sigma_x[free] = fit_cov.sigma
+            sigma_x[free[fit_cov.flat]] = np.nan  # a flat direction: no uncertainty to report
+            covariance = {"paths": [paths[j] for j in free], "matrix": fit_cov.scaled(ref[free]).tolist()}
     fitted = [
         FittedParameter(
             path=spec.path, value=float(theta[j]),

@@ -61,12 +61,14 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
+from calibration.covariance import fit_covariance
 from calibration.fit import FitResult, FittedParameter, Split, mape, relative_errors, split_records
 from calibration.measurements import Measurement
 from calibration.params import chip_with, figure_value, identifiability
 from calibration.predict import Predictor
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
+from tpusim.workload.formats import dtype_bytes
 from tpusim.workload.program import Program
 from tpusim.workload.sharding import ShardingPlan
 
@@ -74,7 +76,6 @@ MICRO_KINDS = ("copy", "gap_compiled", "gap_eager", "matmul")
 FITTED_KINDS = ("copy", "gap_compiled", "matmul")
 STEP_KIND = "decode_step"
 JAX_STEP_EXECUTION = "stack"
-ITEMSIZE = {"fp8": 1, "bf16": 2, "f32": 4}
 NAMES = ("dispatch", "gap", "sustained", "eff")
 BOUNDS = {"dispatch": (1e-7, 1e-2), "gap": (1e-9, 1e-3), "sustained": (1e9, 1e14), "eff": (0.05, 1.0)}
 
@@ -146,8 +147,8 @@ def micro_time_s(theta: dict[str, float], chip: Chip, record: Measurement) -> fl
         return dispatch + int(extra["kernels"]) * gap
     if kind == "matmul":
         rows, k, n, dtype = int(extra["rows"]), int(extra["k"]), int(extra["n"]), str(extra["dtype"])
-        weight = k * n * ITEMSIZE[dtype]
-        moved = weight + rows * k * ITEMSIZE[dtype] + rows * n * 2
+        weight = k * n * dtype_bytes(dtype)
+        moved = weight + rows * k * dtype_bytes(dtype) + rows * n * dtype_bytes("bf16")  # bf16 output
         peak, tile = _peak(chip, dtype)
         padded = math.ceil(rows / tile) * tile
         return dispatch + gap + max(moved / (sustained * eff), 2.0 * padded * k * n / (peak * eff))
@@ -246,24 +247,24 @@ def _solve(published: Chip, micro: list[Measurement], start: dict[str, float]) -
 
 
 def _parameters(published: Chip, solution: Any, ref: np.ndarray, bounds: np.ndarray, start: dict[str, float],
-                fitted_on: str, n: int) -> tuple[list[FittedParameter], float | None, np.ndarray]:
+                fitted_on: str) -> tuple[list[FittedParameter], float | None, np.ndarray]:
     paths = parameter_paths(published)
-    jac, residual = solution.jac, solution.fun
-    s2 = float(residual @ residual / (n - len(NAMES))) if n > len(NAMES) else None
-    jtj_inv = np.linalg.pinv(jac.T @ jac)
-    hat = np.einsum("ij,jk,ik->i", jac, jtj_inv, jac)
+    residual = solution.fun
+    fit_cov = fit_covariance(solution.jac, residual)  # the solver's Jacobian: the micro model is analytic
+    s2 = fit_cov.s2
     out = []
     for j, name in enumerate(NAMES):
         value = float(solution.x[j] * ref[j])
         lo, hi = float(bounds[0, j]), float(bounds[1, j])
         at_bound = math.isclose(value, lo, rel_tol=1e-3) or math.isclose(value, hi, rel_tol=1e-3)
-        sigma = None if at_bound or s2 is None else float(ref[j] * math.sqrt(max(jtj_inv[j, j] * s2, 0.0)))
+        unknown = at_bound or s2 is None or bool(fit_cov.flat[j])  # a flat direction: no σ to report
+        sigma = None if unknown else float(ref[j] * fit_cov.sigma[j])
         out.append(FittedParameter(
             path=paths[name], value=value, uncertainty=sigma, start=start[name],
             published=figure_value(published, paths[name]), lower=lo, upper=hi, at_bound=at_bound,
             fitted_on=fitted_on, why=f"micro model '{name}' (calibration.gpu_fit)",
         ))
-    loo = residual / np.clip(1.0 - hat, 1e-6, None)
+    loo = residual / np.clip(1.0 - fit_cov.hat, 1e-6, None)
     return out, s2, loo
 
 
@@ -315,7 +316,7 @@ def fit_micro(published: Chip, records: Sequence[Measurement], *, holdout: str |
     start_theta = chip_theta(start or published)
     fitted_on = describe_micro(micro)
     solution, ref, bounds = _solve(published, micro, start_theta)
-    parameters, s2, loo = _parameters(published, solution, ref, bounds, start_theta, fitted_on, len(micro))
+    parameters, s2, loo = _parameters(published, solution, ref, bounds, start_theta, fitted_on)
     parameters += _eager(published, split.calibration, fitted_on)
     chip = chip_with(published, {p.path: p.value for p in parameters}, fitted_on=fitted_on)
     steps = StepPredictor()

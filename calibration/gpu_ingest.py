@@ -17,7 +17,6 @@ result is what ``tpusim calibrate --measurements`` reads.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,18 +25,16 @@ from calibration.measurements import Measurement, read_measurements, write_measu
 from calibration.profiler import load_trace, trace_measurement
 from hwmodels.catalog import display_path
 from hwmodels.errors import InputError
+from hwmodels.textfile import read_user_json
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 PROFILE_KIND = "profile"
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"{display_path(path)}: file not found (is this a gpu_bench --out folder?)") from None
-    except json.JSONDecodeError as error:
-        raise InputError(f"{display_path(path)}: line {error.lineno}: invalid JSON: {error.msg}") from None
+    if not path.exists():
+        raise InputError(f"{display_path(path)}: file not found (is this a gpu_bench --out folder?)")
+    return read_user_json(path, shown=display_path(path))
 
 
 def trace_records(out: Path) -> list[Measurement]:

@@ -52,6 +52,7 @@ from tpusim.engine.gpu_stack import (
 from tpusim.schedule.schema import load_schedule
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.program import Op, Program, build_program
+from tpusim.workload.registry.names import KdaOp, Role
 
 SOURCE = ("published: vLLM 0.25.1 on one B200, Qwen3.5-35B-A3B-FP8, CUDA graphs, batch 1, 256 input "
           "tokens (Mirage project comparison notes, via shared/reference/gpu-serving.md)")
@@ -121,17 +122,17 @@ def _kernel_stage(op: Op, kernel: StackKernel, position: int) -> str:
     if kernel.kind == GROUPED_GEMM:
         return W13 if position == 0 else W2
     if kernel.kind == ATTENTION_KIND:
-        return DELTANET if op.name == "kda.core" else ATTENTION
+        return DELTANET if op.name == KdaOp.CORE else ATTENTION
     return QUANTIZE_STAGE if kernel.what == QUANTIZE else NORMS
 
 
 def _remainder_stages(op: Op) -> dict[str, float]:
     """Where an op's copies and compute go, as shares (experts: w13 / w2 by bytes)."""
-    if op.role == "moe.expert" and len(op.tensors) >= 2:
+    if op.role == Role.MOE_EXPERT and len(op.tensors) >= 2:
         up, down = (t.value_bytes + t.scale_bytes for t in op.tensors[:2])
         return {W13: up / (up + down), W2: down / (up + down)}
-    if op.role == "attn.core":
-        return {DELTANET if op.name == "kda.core" else ATTENTION: 1.0}
+    if op.role == Role.ATTN_CORE:
+        return {DELTANET if op.name == KdaOp.CORE else ATTENTION: 1.0}
     if op.tensors and op.unit == "mxu":
         return {_gemm_stage(op): 1.0}
     return {NORMS: 1.0}

@@ -9,7 +9,9 @@ fit time):
    so the joint distribution is taken block-diagonal (the end-to-end stage's dependence on
    the parts' values is not propagated: its values are conditional on them).
 2. :func:`draw_samples` draws :data:`SAMPLES` parameter sets from ``N(θ_s, C_s)`` per stage
-   with a fixed seed, clipped to each parameter's bounds, and the overlay stores them
+   (:func:`calibration.covariance.correlated_draws`, the one sampler; ``C_s`` comes from
+   :func:`calibration.covariance.fit_covariance`, the one covariance rule) with a fixed
+   seed, clipped to each parameter's bounds, and the overlay stores them
    (``CalibrationOverlay.samples``).
 3. A calibrated prediction re-simulates once per set (:mod:`tpusim.report.intervals`, which
    owns the interval arithmetic): the
@@ -29,22 +31,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from calibration.covariance import correlated_draws
+
 SAMPLES = 24
 SEED = 20260930
 METHOD = (f"{SAMPLES} parameter sets drawn from N(fitted values, fit covariance) per calibration stage "
           "(block-diagonal across stages, clipped to bounds, seed {seed}); interval = calibrated "
           "prediction ± 1.645 sd of the re-simulated predictions")
-
-
-def nearest_psd(cov: np.ndarray) -> np.ndarray:
-    """The covariance made symmetric with negative eigenvalues set to 0 (a fit's covariance of
-    a weakly pinned parameter can come out slightly indefinite from round-off; numpy would
-    otherwise draw with the eigenvalues' absolute values)."""
-    sym = (cov + cov.T) / 2
-    eigenvalues, vectors = np.linalg.eigh(sym)
-    if eigenvalues.min(initial=0.0) >= 0:
-        return sym
-    return (vectors * np.clip(eigenvalues, 0.0, None)) @ vectors.T
 
 
 def draw_samples(stages: Sequence[tuple[list[str], np.ndarray, np.ndarray, dict[str, tuple[float, float]]]],
@@ -55,14 +48,7 @@ def draw_samples(stages: Sequence[tuple[list[str], np.ndarray, np.ndarray, dict[
     for paths, values, cov, bounds in stages:
         if not paths:
             continue
-        mean = np.asarray(values, dtype=float)
-        cov = np.asarray(cov, dtype=float)
-        # drawn as mean + sd * z, z ~ N(0, correlation): a covariance of figures near 1e12
-        # (bandwidths) has round-off far above numpy's absolute PSD tolerance, a correlation not
-        sd = np.sqrt(np.clip(np.diag(cov), 0.0, None))
-        scale = np.where(sd > 0, sd, 1.0)
-        correlation = nearest_psd(cov / np.outer(scale, scale))
-        draws = mean + scale * rng.multivariate_normal(np.zeros(mean.size), correlation, size=n, method="eigh")
+        draws = correlated_draws(rng, values, cov, n)
         for k in range(n):
             for j, path in enumerate(paths):
                 low, high = bounds.get(path, (-np.inf, np.inf))

@@ -67,6 +67,7 @@ from pydantic import (
 from hwmodels.atomic import write_text_atomic
 from hwmodels.catalog import display_path
 from hwmodels.errors import InputError
+from hwmodels.textfile import read_user_text
 from hwmodels.validation import describe_validation_error
 
 MS_PER_S = 1e3  # milliseconds per second: records use ms, the simulator seconds
@@ -231,14 +232,7 @@ def read_measurements(path: Path | str) -> list[Measurement]:
     line without its newline that does not parse is reported as a partial write.
     """
     shown = display_path(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{shown}: file not found") from None
-    except UnicodeDecodeError as error:
-        raise InputError(f"{shown}: not UTF-8 text (byte {error.start})") from None
-    except OSError as error:
-        raise InputError(f"{shown}: cannot read: {error.strerror or error}") from None
+    text = read_user_text(path, kind="JSON lines", shown=shown)
     records: list[Measurement] = []
     lines = text.split("\n")
     for number, raw in enumerate(lines, start=1):

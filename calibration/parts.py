@@ -18,9 +18,10 @@ the chip the previous stages produced:
 
 Each stage (:func:`fit_stage`) minimises ``Σ ((predicted - measured) / (σ_rel · measured))²``
 by bounded least squares over its parameters, scaled to their start values; the
-covariance is ``(JᵀJ)⁻¹ · max(1, s²)`` from a central-difference Jacobian (2 % steps) with
+covariance is ``(JᵀJ)⁺ · max(1, s²)`` from a central-difference Jacobian (2 % steps) with
 ``s² = Σ r² / (n - p)`` (the stated measurement σ, inflated when the residuals say the
-model does worse than that). **Identifiability rule**: a parameter whose 1σ is not below
+model does worse than that): the ``stated_sigma`` case of the one rule in
+:mod:`calibration.covariance`. **Identifiability rule**: a parameter whose 1σ is not below
 half its value (or that stops at a bound) is *unidentifiable* on this data: it is held at
 its start value (the published one, or the previous stage's) and the stage is fitted again
 without it, until every fitted parameter is pinned. When several are weak, the one held
@@ -42,12 +43,12 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from calibration.components import ComponentRecord, predict_isolated
-from calibration.params import ParameterSpec, chip_with, figure_value, unseen
+from calibration.covariance import JACOBIAN_STEP, central_jacobian, fit_covariance
+from calibration.params import ParameterSpec, chip_with, figure_value
 from hwmodels.schema import Chip
 
 PARTS_ORDER = ("links", "hbm", "host", "slot_sweep", "breakdown")
 PIN_ELASTICITY = 0.05
-JACOBIAN_STEP = 0.02
 MAX_HOLD_ROUNDS = 6
 
 PART_PARAMETERS: dict[str, tuple[ParameterSpec, ...]] = {
@@ -120,19 +121,6 @@ class StageFit:
         }
 
 
-def _jacobian(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray, lower: np.ndarray,
-              upper: np.ndarray) -> np.ndarray:
-    """Central differences of relative size :data:`JACOBIAN_STEP`, clipped to the bounds."""
-    columns = []
-    for j in range(len(x)):
-        h = JACOBIAN_STEP * max(abs(float(x[j])), 1e-3)
-        plus, minus = x.copy(), x.copy()
-        plus[j], minus[j] = min(x[j] + h, upper[j]), max(x[j] - h, lower[j])
-        width = plus[j] - minus[j]
-        columns.append((fn(plus) - fn(minus)) / width if width > 0 else np.zeros(len(fn(x))))
-    return np.stack(columns, axis=1)
-
-
 def fit_stage(name: str, base: Chip, published: Chip, specs: Sequence[ParameterSpec],
               names: Sequence[str], measured: Sequence[float], sigma_rel: Sequence[float],
               predict: Callable[[Chip], np.ndarray], *, max_nfev: int = 40) -> tuple[Chip, StageFit]:
@@ -173,13 +161,10 @@ def fit_stage(name: str, base: Chip, published: Chip, specs: Sequence[ParameterS
                                  x_scale=1.0, diff_step=1e-3, ftol=1e-10, xtol=1e-8, gtol=1e-10)
         x = solution.x
         theta = x * ref
-        jac = _jacobian(residual, x, lo, hi)
-        r = residual(x)
-        n, p = jac.shape
-        s2 = float(r @ r / (n - p)) if n > p else 1.0
-        cov_x = np.linalg.pinv(jac.T @ jac) * max(1.0, s2)
-        sig = np.sqrt(np.clip(np.diag(cov_x), 0.0, None)) * ref
-        sig[unseen(jac)] = np.inf
+        fit_cov = fit_covariance(central_jacobian(residual, x, lo, hi, JACOBIAN_STEP), residual(x),
+                                 stated_sigma=True)
+        sig = fit_cov.sigma * ref
+        sig[fit_cov.flat] = np.inf
         tol = 1e-6 * (hi - lo) * ref
         at_bound = [(t - bounds[q][0] <= tol[i]) or (bounds[q][1] - t <= tol[i]) for i, (q, t) in
                     enumerate(zip(free, theta, strict=True))]
@@ -195,7 +180,7 @@ def fit_stage(name: str, base: Chip, published: Chip, specs: Sequence[ParameterS
             continue
         values = {**start, **dict(zip(free, theta.tolist(), strict=True))}
         sigma = dict(zip(free, sig.tolist(), strict=True))
-        cov = cov_x * np.outer(ref, ref)
+        cov = fit_cov.scaled(ref)
         break
     fitted = [p for p in paths if p not in held]
     chip = chip_with(base, {p: values[p] for p in fitted}) if fitted else base

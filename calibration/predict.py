@@ -42,6 +42,7 @@ from tpusim.schedule.schema import BUILTIN_SCHEDULES, MODEL_SCHEDULES, Schedule,
 from tpusim.workload.model_catalog import load_model, plan_for_system
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.program import Program, build_program
+from tpusim.workload.registry.names import FormatKey
 from tpusim.workload.routing import parse_routing
 from tpusim.workload.sharding import ShardingPlan, round_up
 
@@ -123,7 +124,7 @@ def resolve_model(spec: str) -> ModelConfig:
     if formats is not None:
         # Every weight family in one CPU-native dtype; norms and biases stay f32.
         data = model.model_dump()
-        data["formats"] = {key: ("f32" if key == "small_params" else formats) for key in data["formats"]}
+        data["formats"] = {key: ("f32" if key == FormatKey.SMALL_PARAMS else formats) for key in data["formats"]}
         data["format_variants"] = {}
         data["variant"] = None
         model = ModelConfig.model_validate(data)

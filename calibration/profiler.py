@@ -30,8 +30,6 @@ per-execution spans (:meth:`ProfileTrace.executions`), step durations
 
 from __future__ import annotations
 
-import gzip
-import json
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -41,6 +39,7 @@ from typing import Any
 from calibration.measurements import MS_PER_S, US_PER_S, Measurement, PhaseTiming, SystemRef
 from hwmodels.catalog import display_path
 from hwmodels.errors import InputError
+from hwmodels.textfile import read_user_json
 
 TRACE_SUFFIXES = (".trace.json.gz", ".trace.json", ".json.gz")
 
@@ -181,18 +180,7 @@ def find_trace_files(root: Path | str) -> list[Path]:
 
 
 def _read_json(path: Path) -> Any:
-    shown = display_path(path)
-    try:
-        raw = path.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-        return json.loads(raw.decode("utf-8"))
-    except OSError as error:  # also gzip.BadGzipFile
-        raise InputError(f"{shown}: cannot read trace: {error}") from None
-    except EOFError:
-        raise InputError(f"{shown}: truncated gzip stream (partial write?)") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise InputError(f"{shown}: not trace-event JSON: {error}") from None
+    return read_user_json(path, kind="trace-event JSON", shown=display_path(path), gzipped=True)
 
 
 def load_trace(path_or_dir: Path | str) -> ProfileTrace:

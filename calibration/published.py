@@ -27,13 +27,13 @@ that breaks one raises an InputError naming the file and the field.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from calibration.measurements import MS_PER_S, US_PER_S, Measurement, PhaseTiming, SystemRef
 from hwmodels.catalog import display_path
 from hwmodels.errors import InputError
+from hwmodels.textfile import read_user_json
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 PUBLISHED_DATASETS = {"tpu7x-musespark": "tpu7x-musespark-measurements.json"}
@@ -57,12 +57,7 @@ def published_path(name: str = "tpu7x-musespark") -> Path:
 def read_published(name: str = "tpu7x-musespark") -> dict[str, Any]:
     """The raw JSON of published dataset ``name`` (for reports quoting its notes)."""
     path = published_path(name)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise InputError(f"{display_path(path)}: cannot read: {error.strerror}") from None
-    except json.JSONDecodeError as error:
-        raise InputError(f"{display_path(path)}: line {error.lineno}: invalid JSON: {error.msg}") from None
+    data = read_user_json(path, shown=display_path(path))  # package data, same one-line errors
     if not isinstance(data, dict):
         raise InputError(f"{display_path(path)}: expected a JSON object at the top level")
     return data

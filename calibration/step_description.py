@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from tpusim.workload.program import Op, Program
+from tpusim.workload.registry.names import KdaOp, MoeOp, Role
 
-EXPERT_ROLE = "moe.expert"
 NATIVE_FORMATS = ("bf16", "f32")
 
 
@@ -39,9 +39,9 @@ def _pairs(op: Op) -> list[list[int]]:
 def describe_op(program: Program, op: Op) -> dict[str, Any]:
     """One op as a replay entry (see the module docstring)."""
     model = program.model
-    if op.name == "moe.topk":
+    if op.name == MoeOp.TOPK:
         return {"kind": "topk", "experts": model.moe.num_experts, "k": model.moe.top_k}
-    if op.name == "kda.core":
+    if op.name == KdaOp.CORE:
         assert model.kda is not None
         return {"kind": "state", "heads": program.plan.attention_heads_per_device, "dim": model.kda.head_dim}
     if op.unit == "mxu" and op.tensors:
@@ -68,7 +68,7 @@ def describe_program(program: Program, *, group_experts: bool = False) -> dict[s
     ops: list[dict[str, Any]] = []
     pending: list[Op] = []
     for op in program.ops:
-        if group_experts and op.role == EXPERT_ROLE:
+        if group_experts and op.role == Role.MOE_EXPERT:
             if pending and pending[-1].layer != op.layer:
                 ops.append(_grouped(pending))
                 pending = []

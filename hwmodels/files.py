@@ -2,8 +2,9 @@
 
 The built-in catalog is ``hwmodels/catalog/*.yaml`` (published figures, read-only); the local
 folder (``$TPUSIM_LOCAL_DIR``, else the user's data directory via ``platformdirs``) holds machine-local entries
-and calibrated overlays. Every problem reading a YAML file or validating it becomes an
-:class:`~hwmodels.errors.InputError` whose one line names the file and the field path. Both
+and calibrated overlays. Every problem reading a YAML file (through :func:`hwmodels.textfile.read_user_yaml`) or
+validating it becomes an :class:`~hwmodels.errors.InputError` whose one line names the file
+and the field path. Both
 :mod:`hwmodels.catalog` and :mod:`hwmodels.overlay` read files through this module.
 """
 
@@ -13,10 +14,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from hwmodels.errors import InputError
+from hwmodels.textfile import read_user_yaml
 from hwmodels.validation import describe_validation_error
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "catalog"
@@ -48,19 +49,7 @@ def display_path(path: Path | str) -> str:
 def read_yaml_mapping(path: Path | str) -> dict[str, Any]:
     """Read a YAML file whose top level must be a mapping; errors are one-line InputErrors."""
     shown = display_path(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{shown}: file not found") from None
-    except OSError as error:
-        raise InputError(f"{shown}: cannot read: {error.strerror or error}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise InputError(f"{shown}: {where}YAML syntax error: {problem}") from None
+    data = read_user_yaml(path, shown=shown)
     if not isinstance(data, dict):
         kind = "empty file" if data is None else f"a {type(data).__name__}"
         raise InputError(f"{shown}: expected a mapping of fields at the top level, got {kind}")

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
+from tolerances import assert_within_rounding
 
 from megakernel.dims import model_dims
 from megakernel.events import planned_event_order, weight_events
@@ -33,6 +33,7 @@ from megakernel.hbm import pack_hbm
 from megakernel.kernel import Megakernel
 from megakernel.layout import random_weights
 from megakernel.reference import decode_step_with_routing, device_params, init_state
+from megakernel.tolerance import REORDERED, SAME_ORDER
 from tpusim.schedule.schema import load_schedule
 from tpusim.workload.model_catalog import load_model, plan_for
 
@@ -40,30 +41,11 @@ pytestmark = pytest.mark.slow
 
 CONTEXT, MAX_CONTEXT = 130, 256  # two KV tiles of 128, the second partial
 
-# One tolerance rule, per dtype of the compared array and summation order: max |kernel -
-# reference| <= TOLERANCE * max |reference|.
-# - batch 1 with every contraction whole: the kernel runs the reference's ops in the same
-#   order; measured: bit-identical (0.0) for every such schedule over 93 layers, so only f32
-#   rounding is allowed.
-# - otherwise ("reordered"): XLA:CPU's batched matmuls may sum in another order than the
-#   kernel's panel matmuls, and a contraction split in row slabs is summed slab by slab; the
-#   difference grows over 93 layers. Measured at batch 4: logits 0.047 of max 3.25 (1.4 %), KDA
-#   state 0.006 of ~1.5, bf16 KV cache 0.05 of ~4 (1-2 bf16 ulps); ring-pool example at batch 1
-#   (kda.qkvgb in 6 slabs, ...): logits 0.043 of max 3.52 (1.2 %).
-TOLERANCE = {
-    (np.dtype(np.float32), 1): 1e-6,
-    (np.dtype(ml_dtypes.bfloat16), 1): 2**-8,
-    (np.dtype(np.float32), "reordered"): 3e-2,
-    (np.dtype(ml_dtypes.bfloat16), "reordered"): 3e-2,
-}
-
 
 def assert_close(got: jax.Array, want: jax.Array, exact_order: bool, what: str) -> None:
-    key = (np.dtype(want.dtype), 1 if exact_order else "reordered")
-    got64, want64 = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    scale = max(np.abs(want64).max(), 1e-6)
-    err = np.abs(got64 - want64).max()
-    assert err <= TOLERANCE[key] * scale, f"{what}: max error {err:.3g} > {TOLERANCE[key]} x {scale:.3g}"
+    """Within the one tolerance table's ``same_order`` row (batch 1, every contraction whole:
+    the reference's ops in the same order) or its ``reordered`` row (:mod:`megakernel.tolerance`)."""
+    assert_within_rounding(got, want, what, comparison=SAME_ORDER if exact_order else REORDERED)
 
 
 class Setup:

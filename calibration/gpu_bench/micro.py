@@ -46,7 +46,10 @@ MATMUL_ROWS = (1, 8, 64, 256)
 GAP_OPS = (1, 4, 16, 64, 256)
 EAGER_INNER = 200
 MAX_ROTATING_COPIES = 4096
-ITEMSIZE = {"fp8": 1, "bf16": 2, "f32": 4}  # bytes per weight value of each matmul dtype
+# Bytes per weight value of each matmul dtype: a mirror of tpusim.workload.formats.DTYPE_BYTES
+# (the one table), kept here because this harness runs where pydantic is not installed;
+# tests/test_dtype_bytes.py checks that the two agree.
+ITEMSIZE = {"fp8": 1, "bf16": 2, "f32": 4}
 NO_KERNEL_OPS = ("parameter", "constant", "tuple", "get-tuple-element", "bitcast", "opt-barrier", "after-all")
 
 

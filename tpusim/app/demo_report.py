@@ -8,9 +8,10 @@ calibrations and the wall time of every step.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from hwmodels.textfile import read_user_jsonl
 
 if TYPE_CHECKING:
     from tpusim.app.demo_run import DemoRun, StepRecord
@@ -164,7 +165,7 @@ def _kernel_section(run: DemoRun) -> list[str]:
     if problem:
         return [*lines, problem, ""]
     path = run.config.out_dir / "measurements.jsonl"
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    records = [record for _line, record in read_user_jsonl(path)] if path.exists() else []
     if not records:
         return [*lines, "No measurement record was written.", ""]
     record = records[-1]

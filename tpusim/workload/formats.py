@@ -23,6 +23,18 @@ Short names accepted on the command line (``--formats experts=nvfp4``) and in
 ``fp8`` is e4m3 with an f32 scale per 128 x 128 block (the DeepSeek-V3 / Kimi K2 / Qwen3-FP8
 checkpoint layout), ``int8`` int8 with a bf16 scale per output channel, ``int4`` int4 with
 a bf16 scale and offset per group of 128 rows (GPTQ/AWQ-style group quantisation).
+
+Bytes per value of a plain element dtype (an activation, a matmul operand, a transfer) are
+:data:`DTYPE_BYTES`, read through :func:`dtype_bytes`; it is the one such table (the
+calibration micro models and component payloads read it; ``calibration/gpu_bench``, which
+cannot import pydantic, keeps a mirror that a test checks against it):
+
+| dtype | bytes per value |
+| ---   | --- |
+| f32   | 4 |
+| bf16  | 2 |
+| fp8   | 1 (e4m3 / e5m2 values, no scale) |
+| int8  | 1 |
 """
 
 from __future__ import annotations
@@ -31,6 +43,19 @@ import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+DtypeName = Literal["bf16", "fp8", "f32", "int8"]
+
+DTYPE_BYTES: dict[str, int] = {"f32": 4, "bf16": 2, "fp8": 1, "int8": 1}
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per value of element dtype ``dtype`` (:data:`DTYPE_BYTES`); KeyError naming the known ones."""
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise KeyError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}") from None
+
 
 FormatName = Literal[
     "bf16", "f32", "fp8_e4m3_b256", "fp8_e4m3_b128x128", "mxfp4", "nvfp4", "int8_channel", "int4_g128"
@@ -54,7 +79,7 @@ class WeightFormat(BaseModel):
     per_column_scale_bits: int = Field(
         default=0, ge=0, description="bits of scale per output column (channel-wise formats)"
     )
-    mxu_dtype: Literal["bf16", "fp8", "f32", "int8"] = "bf16"
+    mxu_dtype: DtypeName = "bf16"
 
 
 FORMATS: dict[str, WeightFormat] = {

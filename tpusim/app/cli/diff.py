@@ -17,11 +17,11 @@ numbers and lists the inputs that differ (no timeline: results do not keep one).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 from hwmodels.errors import InputError
+from hwmodels.textfile import read_user_json
 from tpusim.app.cli.common import positive_int
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
@@ -57,10 +57,7 @@ def _simulate_result(spec: str) -> dict[str, Any] | None:
     path = Path(spec)
     if path.suffix != ".json" or not path.is_file():
         return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise InputError(f"{spec}: cannot read as JSON: {error}") from None
+    data = read_user_json(path, shown=spec)
     return data if isinstance(data, dict) and "step_ms" in data else None
 
 
