@@ -47,17 +47,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from calibration.contrasts import contrasts_json
-from calibration.covariance import central_jacobian, fit_covariance
+from calibration.core import Problem, solve
 from calibration.coverage import fit_coverage
 from calibration.measurements import Measurement
 from calibration.params import (
     SUSTAINED_PATH,
     Identifiability,
     ParameterSpec,
-    chip_with,
     default_parameters,
     figure_value,
     identifiability,
@@ -311,68 +309,35 @@ def fit_chip(
             f"{len(cal)} calibration points cannot determine {len(specs)} parameters; "
             "hold out fewer points or fit fewer parameters"
         )
-    start_chip = start or published
     paths = [spec.path for spec in specs]
     published_values = np.array([figure_value(published, p) for p in paths])
-    bounds = [spec.bounds_for(published) for spec in specs]
-    lower = np.array([b[0] for b in bounds])
-    upper = np.array([b[1] for b in bounds])
-    theta0 = np.clip([figure_value(start_chip, p) for p in paths], lower, upper)
-    ref = np.where(theta0 > 0, theta0, np.maximum(upper * 1e-2, 1e-30))
-    x0 = theta0 / ref
     measured = np.array([r.step_s for r in cal])
     fitted_on = describe_records(cal)
-
-    def chip_at(x: np.ndarray) -> Chip:
-        return chip_with(published, dict(zip(paths, (x * ref).tolist(), strict=True)), fitted_on=fitted_on)
-
-    memo: dict[bytes, np.ndarray] = {}
-
-    def residuals(x: np.ndarray) -> np.ndarray:
-        key = np.asarray(x, dtype=float).tobytes()
-        if key not in memo:
-            chip = chip_at(x)
-            memo[key] = (np.array([run(chip, r) for r in cal]) - measured) / measured
-        return memo[key]
-
     before = {r.key(): run(published, r) for r in split.calibration + split.holdout}
-    solution = least_squares(
-        residuals, x0, bounds=(lower / ref, upper / ref), method="trf", jac="2-point",
-        diff_step=diff_step, x_scale=1.0, max_nfev=max_nfev, xtol=xtol, ftol=1e-10, gtol=1e-10,
-    )
-    x = solution.x
-    res = residuals(x)
-    theta = x * ref
-    tolerance = 1e-6 * (upper - lower)
-    at_bound = (theta - lower <= tolerance) | (upper - theta <= tolerance)
-    free = np.flatnonzero(~at_bound)
-    # The Jacobian over the free parameters only: a parameter stopped at a bound is held
-    # there (its error bar is one-sided, reported as None), and a near-zero column of it
-    # would otherwise blow up every correlated parameter's variance through (JᵀJ)⁻¹.
-    jac_all = central_jacobian(residuals, x, lower / ref, upper / ref, uncertainty_step)
-    jac = jac_all[:, free]
-    sigma_x = np.full(len(x), np.nan)
-    s2: float | None = None
-    hat = np.zeros(len(res))
+    problem = Problem("end to end", published, published, tuple(specs),
+                      lambda chip: np.array([run(chip, r) for r in cal]), measured,
+                      groups=tuple(r.format for r in cal), start=start)
+    solution = solve(problem, max_nfev=max_nfev, diff_step=diff_step, xtol=xtol, uncertainty_step=uncertainty_step)
+    res, theta, free = solution.residuals, solution.values, solution.free
+    jac_all = solution.jacobian
+    sigma = solution.sigma
+    fit_cov = solution.covariance
+    s2 = fit_cov.s2 if fit_cov is not None else None
+    hat = fit_cov.hat if fit_cov is not None else np.zeros(len(res))
     covariance: dict[str, Any] = {}
-    if free.size:
-        fit_cov = fit_covariance(jac, res)
-        s2, hat = fit_cov.s2, fit_cov.hat
-        if s2 is not None:
-            sigma_x[free] = fit_cov.sigma
-            sigma_x[free[fit_cov.flat]] = np.nan  # a flat direction: no uncertainty to report
-            covariance = {"paths": [paths[j] for j in free], "matrix": fit_cov.scaled(ref[free]).tolist()}
+    if fit_cov is not None and s2 is not None:
+        covariance = {"paths": [paths[j] for j in free], "matrix": solution.covariance_theta().tolist()}
     fitted = [
         FittedParameter(
             path=spec.path, value=float(theta[j]),
-            uncertainty=None if not math.isfinite(sigma_x[j]) else float(sigma_x[j] * ref[j]),
-            start=float(theta0[j]), published=float(published_values[j]),
-            lower=float(lower[j]), upper=float(upper[j]), at_bound=bool(at_bound[j]),
+            uncertainty=None if not math.isfinite(sigma[j]) else float(sigma[j]),
+            start=float(solution.start[j]), published=float(published_values[j]),
+            lower=float(solution.lower[j]), upper=float(solution.upper[j]), at_bound=bool(solution.at_bound[j]),
             fitted_on=fitted_on, why=spec.why,
         )
         for j, spec in enumerate(specs)
     ]
-    calibrated = chip_at(x)
+    calibrated = solution.chip(fitted_on=fitted_on)
     after = {r.key(): float(measured[i] * (1.0 + res[i])) for i, r in enumerate(cal)}
     after.update({r.key(): run(calibrated, r) for r in split.holdout})
     leverage = np.clip(1.0 - hat, 1e-6, None)
@@ -382,7 +347,7 @@ def fit_chip(
         loo_errors=(res / leverage).tolist(),
         identifiability=identifiability(jac_all, paths) if jac_all.size else None,
         residual_s2=s2, engine_calls=calls, elapsed_s=time.perf_counter() - began,
-        success=bool(solution.success), message=str(solution.message),
+        success=solution.success, message=solution.message,
         extra={"covariance": covariance} if covariance else {},
     )
 

@@ -40,10 +40,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from calibration.components import ComponentRecord, predict_isolated
-from calibration.covariance import JACOBIAN_STEP, central_jacobian, fit_covariance
+from calibration.core import Problem, solve
+from calibration.covariance import JACOBIAN_STEP
 from calibration.params import ParameterSpec, chip_with, figure_value
 from hwmodels.schema import Chip
 
@@ -130,57 +130,31 @@ def fit_stage(name: str, base: Chip, published: Chip, specs: Sequence[ParameterS
     start = {p: figure_value(base, p) for p in paths}
     bounds = {s.path: s.bounds_for(published) for s in specs}
     meas = np.asarray(measured, dtype=float)
-    scale = meas * np.asarray(sigma_rel, dtype=float)
-    memo: dict[bytes, np.ndarray] = {}
-
-    def weighted(chip: Chip) -> np.ndarray:
-        return (np.asarray(predict(chip), dtype=float) - meas) / scale
-
+    full = Problem(name, base, published, tuple(specs), lambda chip: np.asarray(predict(chip), dtype=float), meas,
+                   sigma_rel=np.asarray(sigma_rel, dtype=float), groups=tuple(names))
     before = list(np.asarray(predict(base), dtype=float))
     held: dict[str, str] = {}
+    rank = {s.path: s.hold_rank for s in specs}
     for _round in range(MAX_HOLD_ROUNDS + len(paths)):
         free = [p for p in paths if p not in held]
-        fixed = {p: start[p] for p in held}
         if not free:
             values, sigma, cov = dict(start), {}, None
             break
-        ref = np.array([start[p] if start[p] > 0 else bounds[p][1] * 1e-2 for p in free])
-        lo = np.array([bounds[p][0] for p in free]) / ref
-        hi = np.array([bounds[p][1] for p in free]) / ref
-        x0 = np.clip(np.array([start[p] for p in free]) / ref, lo, hi)
-
-        def residual(x: np.ndarray, free: list[str] = free, ref: np.ndarray = ref,
-                     fixed: dict[str, float] = fixed) -> np.ndarray:
-            key = np.asarray(x, dtype=float).tobytes() + str(free).encode()
-            if key not in memo:
-                trial = {**fixed, **dict(zip(free, (x * ref).tolist(), strict=True))}
-                memo[key] = weighted(chip_with(base, trial))
-            return memo[key]
-
-        solution = least_squares(residual, x0, bounds=(lo, hi), method="trf", max_nfev=max_nfev,
-                                 x_scale=1.0, diff_step=1e-3, ftol=1e-10, xtol=1e-8, gtol=1e-10)
-        x = solution.x
-        theta = x * ref
-        fit_cov = fit_covariance(central_jacobian(residual, x, lo, hi, JACOBIAN_STEP), residual(x),
-                                 stated_sigma=True)
-        sig = fit_cov.sigma * ref
-        sig[fit_cov.flat] = np.inf
-        tol = 1e-6 * (hi - lo) * ref
-        at_bound = [(t - bounds[q][0] <= tol[i]) or (bounds[q][1] - t <= tol[i]) for i, (q, t) in
-                    enumerate(zip(free, theta, strict=True))]
-        rank = {s.path: s.hold_rank for s in specs}
+        solution = solve(full.without(list(held)), max_nfev=max_nfev, xtol=1e-8, drop_at_bound=False)
+        theta, sig = solution.values, solution.sigma
+        sig = np.where(np.isnan(sig), np.inf, sig)
         weak = [(rank[q], sig[i] / max(theta[i], 1e-300), q) for i, q in enumerate(free)
-                if at_bound[i] or not np.isfinite(sig[i]) or sig[i] >= 0.5 * theta[i]]
+                if solution.at_bound[i] or not np.isfinite(sig[i]) or sig[i] >= 0.5 * theta[i]]
         if weak:
             _rank, _ratio, worst = max(weak)
             i = free.index(worst)
-            held[worst] = ("stopped at a bound" if at_bound[i] else "not seen by the data (a flat direction)"
+            held[worst] = ("stopped at a bound" if solution.at_bound[i] else "not seen by the data (a flat direction)"
                            if not np.isfinite(sig[i]) else
                            f"1σ {sig[i]:.3g} >= half its value {theta[i]:.3g}") + "; held at its start value"
             continue
         values = {**start, **dict(zip(free, theta.tolist(), strict=True))}
         sigma = dict(zip(free, sig.tolist(), strict=True))
-        cov = fit_cov.scaled(ref)
+        cov = solution.covariance_theta()
         break
     fitted = [p for p in paths if p not in held]
     chip = chip_with(base, {p: values[p] for p in fitted}) if fitted else base

@@ -39,7 +39,9 @@ class Figure(BaseModel):
     ``value`` is in the unit the field name states (``_bytes``, ``_s``, ``_bytes_per_s``,
     ``_flops_per_s``). ``source`` is a citation key or a sentence ("[TI] jax tpu_info.py",
     "assumed: 90 % of peak, to be calibrated"). ``label`` is ``published`` for catalog
-    values, ``measured`` for probe results, ``assumed`` for priors without a measurement and
+    values, ``measured`` for probe results, ``assumed`` for priors without a measurement,
+    ``prior`` for a documented prior a calibration fits (a spec sheet, another system's
+    measurement or first principles, never the data it is fitted or judged on) and
     ``calibrated`` for fitted overlays.
     """
 
@@ -47,7 +49,7 @@ class Figure(BaseModel):
 
     value: float = Field(ge=0.0, description="the value, in the unit named by the field")
     source: str = Field(min_length=1, description="where the value comes from")
-    label: Literal["published", "measured", "assumed", "derived", "calibrated"] = Field(
+    label: Literal["published", "measured", "assumed", "prior", "derived", "calibrated"] = Field(
         default="published", description="what kind of figure this is"
     )
     uncertainty: float | None = Field(

@@ -129,7 +129,7 @@ def test_overlays_list_show_remove_and_local_dir(tmp_path, local_dir, capsys, mo
     elsewhere = tmp_path / "elsewhere"
     path = _example(tmp_path)
     assert main(["calibrate", "--hardware", "tpu-v7", "--measurements", str(path), "--parameters", PER_LAYER,
-                 "--max-evals", "1", "--allow-unconverged", "--out", str(tmp_path / "out"), "--json",
+                 "--max-evals", "4", "--allow-unconverged", "--out", str(tmp_path / "out"), "--json",
                  "--local-dir", str(elsewhere)]) == 0
     fit = json.loads(capsys.readouterr().out)
     assert Path(fit["overlay"]) == elsewhere / "calibrated" / "tpu-v7.yaml"

@@ -111,8 +111,8 @@ def _onchip_mib(chip: Chip) -> float:
     return tier.capacity_bytes.value / MIB
 
 
-LABEL_LETTERS = {"published": "P", "measured": "M", "derived": "D", "assumed": "A", "calibrated": "C"}
-LABEL_LEGEND = "labels: P published, M measured, D derived, A assumed, C calibrated (sources: `tpusim hardware show NAME`)"
+LABEL_LETTERS = {"published": "P", "measured": "M", "derived": "D", "assumed": "A", "prior": "R", "calibrated": "C"}
+LABEL_LEGEND = "labels: P published, M measured, D derived, A assumed, R prior, C calibrated (sources: `tpusim hardware show NAME`)"
 
 
 def _labelled(text: str, figure: Figure) -> str:
