@@ -25,7 +25,16 @@ from typing import Any
 import numpy as np
 
 from calibration.components import ComponentRecord
+from calibration.core import CalibrationResult, SetErrors
 from calibration.coverage import fit_coverage
+from calibration.discrepancy import (
+    Coverage,
+    Fold,
+    ModelError,
+    coverage,
+    leave_one_group_out,
+    model_error,
+)
 from calibration.fit import FitResult, fit_chip, mape, relative_errors
 from calibration.intervals import METHOD, SEED, draw_samples
 from calibration.measurements import Measurement
@@ -33,7 +42,7 @@ from calibration.params import ParameterSpec, chip_with, figure_value
 from calibration.parts import PART_PARAMETERS, PARTS_ORDER, StageFit, fit_stage, isolated_stage
 from calibration.predict import Predictor
 from hwmodels.errors import InputError
-from hwmodels.overlay import CalibratedValue, CalibrationOverlay
+from hwmodels.overlay import CalibratedValue, CalibrationOverlay, ModelErrorTerm
 from hwmodels.schema import Chip
 from tpusim.workload.registry.names import Family
 
@@ -101,6 +110,10 @@ class PartsResult:
     e2e: FitResult
     e2e_held: dict[str, str]
     samples: list[dict[str, float]] = field(default_factory=list)
+    folds: list[Fold] = field(default_factory=list)  # leave-one-group-out refits of the end-to-end stage
+    model_error: ModelError | None = None
+    coverage: Coverage | None = None
+    measurements: str = "end-to-end points"
 
     @property
     def chip(self) -> Chip:
@@ -128,7 +141,30 @@ class PartsResult:
         return CalibrationOverlay(chip=self.published.name, fitted_on="part by part: components + "
                                   + self.e2e.fitted_on, parameters=parameters, samples=self.samples,
                                   coverage=fit_coverage(self.e2e.split.calibration),
-                                  interval_method=METHOD.format(seed=SEED))
+                                  interval_method=METHOD.format(seed=SEED),
+                                  model_error=None if self.model_error is None else ModelErrorTerm(
+                                      in_range_rel=self.model_error.in_range_rel,
+                                      extrapolated_rel=self.model_error.extrapolated_rel,
+                                      method=self.model_error.method, points=self.model_error.points,
+                                      exact=self.model_error.exact))
+
+    def result(self) -> CalibrationResult:
+        """The one result type (:class:`calibration.core.CalibrationResult`)."""
+        e2e = self.e2e.to_json()
+        errors = {self.measurements: SetErrors(
+            points=len(self.e2e.records), priors_only=self.e2e.extra.get("mape_published"),
+            parts_only=e2e["mape_before"], fitted=e2e["mape_calibration"],
+            held_out=None if self.model_error is None else self.model_error.logo_mape,
+            priors_only_held_out=self.e2e.extra.get("mape_published_holdout"),
+            parts_only_held_out=e2e["mape_before_holdout"], fitted_held_out=e2e["mape_holdout"])}
+        for stage in self.stages:
+            for name, entry in stage.to_json()["errors_by_measurement_set"].items():
+                errors[name] = SetErrors(points=entry["points"], priors_only=entry["mape_before"], parts_only=None,
+                                         fitted=entry["mape_after"], held_out=None)
+        return CalibrationResult(
+            procedure="part by part", chip=self.published.name, errors=errors,
+            model_error=None if self.model_error is None else self.model_error.to_json(),
+            coverage=None if self.coverage is None else self.coverage.to_json(), details=self.to_json())
 
     def to_json(self) -> dict[str, Any]:
         e2e = self.e2e.to_json()
@@ -152,12 +188,15 @@ class PartsResult:
             "interval_samples": len(self.samples), "interval_method": METHOD.format(seed=SEED),
             "e2e_fit": {k: e2e[k] for k in ("parameters", "identifiability", "points", "engine_calls", "elapsed_s")},
             "contrasts": e2e["contrasts"],
+            "leave_one_group_out": [{"fold": f"{f.dimension}={f.value}", "points": f.keys,
+                                     "errors": [float(e) for e in f.residuals]} for f in self.folds],
         }
 
 
 def calibrate_by_parts(published: Chip, points: Sequence[Measurement], components: Sequence[ComponentRecord], *,
                        holdout: str | None = None, predictor: Predictor | None = None,
-                       max_nfev: int = 12) -> PartsResult:
+                       max_nfev: int = 12, logo: bool = True, with_coverage: bool = False,
+                       measurements: str = "end-to-end points") -> PartsResult:
     """Run the stages of :mod:`calibration.parts` and the end-to-end fit (module docstring)."""
     predictor = predictor or Predictor()
     chip, stages = published, []
@@ -193,9 +232,49 @@ def calibrate_by_parts(published: Chip, points: Sequence[Measurement], component
         start = chip_with(e2e.chip, {worst.path: figure_value(parts_chip, worst.path)})
     records = list(points)
     e2e.extra["mape_published"] = mape(relative_errors([predictor.predict(published, r) for r in records], records))
-    result = PartsResult(published, stages, parts_chip, e2e, held)
+    if e2e.split.holdout:
+        e2e.extra["mape_published_holdout"] = mape(relative_errors(
+            [predictor.predict(published, r) for r in e2e.split.holdout], e2e.split.holdout))
+    result = PartsResult(published, stages, parts_chip, e2e, held, measurements=measurements)
     result.samples = draw_samples(_stage_draws(result))
+    if logo:
+        result.folds = logo_folds(result, predictor, spread=with_coverage, max_nfev=max_nfev)
+        result.model_error = model_error(result.folds)
+        result.coverage = coverage(result.folds) if with_coverage else None
     return result
+
+
+def logo_folds(result: PartsResult, predictor: Predictor, *, spread: bool, max_nfev: int) -> list[Fold]:
+    """Leave-one-group-out refits of the end-to-end stage (:mod:`calibration.discrepancy`):
+    the parts' chip fixed (it is not fitted on the step times), the figures the full fit kept
+    refitted without each group, started at the full fit. ``spread``: also the 1σ of each
+    held prediction from the refit's covariance (a central-difference gradient, 2 % steps)."""
+    specs = [s for s in E2E_PARAMETERS if s.path not in result.e2e_held]
+
+    def refit(kept: list[Measurement]) -> tuple[Any, Any]:
+        if not specs:
+            return (lambda r: predictor.predict(result.parts_chip, r)), (lambda r: 0.0)
+        fit = fit_chip(result.parts_chip, kept, parameters=specs, predictor=predictor, max_nfev=max_nfev,
+                       start=result.e2e.chip)
+        chip = fit.chip
+        cov = fit.extra.get("covariance")
+
+        def sd(record: Measurement) -> float:
+            if not cov:
+                return 0.0
+            gradient = []
+            for path in cov["paths"]:
+                value = figure_value(chip, path)
+                h = 0.02 * value
+                up = predictor.predict(chip_with(chip, {path: value + h}), record)
+                down = predictor.predict(chip_with(chip, {path: max(value - h, 0.0)}), record)
+                gradient.append((up - down) / (value + h - max(value - h, 0.0)))
+            g = np.array(gradient)
+            return float(np.sqrt(max(g @ np.array(cov["matrix"]) @ g, 0.0)))
+
+        return (lambda r: predictor.predict(chip, r)), (sd if spread else None)
+
+    return leave_one_group_out(result.e2e.split.calibration, refit)
 
 
 def _stage_draws(result: PartsResult) -> list[tuple[list[str], np.ndarray, np.ndarray, dict[str, tuple[float, float]]]]:

@@ -195,6 +195,14 @@ def _breakdown_records(muse_data: dict[str, Any], muse: dict[str, Any], where: s
     return records
 
 
+COMPONENT_CHIPS = {"tpu7x-components": "tpu-v7"}  # component data set -> the chip it was measured on
+
+
+def has_components(chip_name: str, spec: str) -> bool:
+    """Whether ``spec`` (``published:<name>``) is component data measured on ``chip_name``."""
+    return spec.startswith("published:") and COMPONENT_CHIPS.get(spec.removeprefix("published:")) == chip_name
+
+
 def load_components(name: str = "tpu7x-components") -> list[ComponentRecord]:
     """The component records of dataset ``name`` (see the module table)."""
     from calibration.published import load_published, read_published

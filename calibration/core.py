@@ -217,6 +217,7 @@ class CalibrationResult:
 
 
 PROCEDURES = ("part by part", "end to end", "cpu loop", "gpu micro", "gpu stack")
+GPU_STACK_SETS = ("published:b200-vllm-qwen3.5",)  # published per-stage splits (calibration.gpu_stack)
 
 
 def choose_procedure(chip: Chip, *, measurements: str, micro_set: bool = False, has_components: bool = False,
@@ -231,7 +232,7 @@ def choose_procedure(chip: Chip, *, measurements: str, micro_set: bool = False, 
     """
     if chip.kind == "cpu" and measurements.startswith("cpu-loop"):
         return "cpu loop"
-    if chip.kind == "gpu" and measurements.startswith("published:") and "vllm" in measurements:
+    if chip.kind == "gpu" and measurements in GPU_STACK_SETS:
         return "gpu stack"
     if micro_set:
         return "gpu micro"

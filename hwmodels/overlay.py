@@ -82,6 +82,22 @@ class CalibratedValue(BaseModel):
     fitted_on: str = Field(default="", description="the data this parameter was fitted on")
 
 
+class ModelErrorTerm(BaseModel):
+    """The model error a fit measured out of sample (:mod:`calibration.discrepancy`): the
+    relative half-width an interval adds for what no fitted figure absorbs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    in_range_rel: float = Field(ge=0.0, description="90 % conformal quantile of |measured - predicted| / "
+                                "predicted over leave-one-group-out refits (a prediction inside the fit)")
+    extrapolated_rel: float = Field(ge=0.0, description="the same for a prediction outside the fit "
+                                    "(another model, format, chip count or batch)")
+    method: str = Field(min_length=1, description="how both were measured")
+    points: int = Field(ge=0, description="out-of-sample residuals behind the quantile")
+    exact: bool = Field(default=True, description="False: too few residuals for a 90 % conformal rank "
+                        "(the largest was used)")
+
+
 class CalibrationOverlay(BaseModel):
     """Fitted values for one chip, keyed by dotted field path (see the module docstring)."""
 
@@ -102,6 +118,9 @@ class CalibrationOverlay(BaseModel):
         "over ``parameters``); re-simulating each gives the prediction interval",
     )
     interval_method: str = Field(default="", description="how ``samples`` were drawn")
+    model_error: ModelErrorTerm | None = Field(
+        default=None, description="model error measured out of sample; intervals add it to the "
+        "samples' spread (tpusim.report.intervals)")
     measurements: str = Field(default="", description="the measurement file or set the fit read "
                               "(as ``tpusim calibrate --measurements`` named it)")
     errors: dict[str, float | None] = Field(

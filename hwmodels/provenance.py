@@ -49,8 +49,9 @@ class FitCoverage(BaseModel):
     batches: list[int] = Field(default_factory=list, description="batch sizes")
     backends: list[str] = Field(default_factory=list, description="where the measurements ran")
 
-    def gaps(self, model_spec: str, chips: int) -> list[str]:
-        """One sentence per dimension where (``model_spec``, ``chips``) lies outside the fit."""
+    def gaps(self, model_spec: str, chips: int, batch: int | None = None) -> list[str]:
+        """One sentence per dimension where (``model_spec``, ``chips``, ``batch``) lies outside
+        the fit (a batch outside the fitted range; none given: not checked)."""
         family, variant = model_family_and_format(model_spec)
         gaps = []
         if self.models and family not in self.models:
@@ -60,6 +61,8 @@ class FitCoverage(BaseModel):
         if self.chip_counts and chips not in self.chip_counts:
             counts = ", ".join(str(count) for count in self.chip_counts)
             gaps.append(f"{chips} chips was not among the fitted chip counts ({counts})")
+        if batch is not None and self.batches and not min(self.batches) <= batch <= max(self.batches):
+            gaps.append(f"batch {batch} lies outside the fitted batches ({min(self.batches)}..{max(self.batches)})")
         return gaps
 
 
@@ -83,9 +86,9 @@ class Calibration(BaseModel):
         return (f"calibrated on {self.fitted_on} ({count} figure{'s' if count != 1 else ''}: {shown}; "
                 f"overlay {self.overlay})")
 
-    def warnings(self, model_spec: str, chips: int) -> list[str]:
-        """Why a prediction for ``model_spec`` on ``chips`` chips extrapolates from the fit."""
+    def warnings(self, model_spec: str, chips: int, batch: int | None = None) -> list[str]:
+        """Why a prediction for ``model_spec`` on ``chips`` chips (at ``batch``) extrapolates from the fit."""
         if self.coverage is None:
             return [f"the overlay {self.overlay} does not record its fitted points; "
                     "recalibrate to check coverage"]
-        return self.coverage.gaps(model_spec, chips)
+        return self.coverage.gaps(model_spec, chips, batch)

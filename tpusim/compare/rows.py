@@ -36,7 +36,7 @@ from hwmodels.schema import Chip, System
 from tpusim.compare.gpu_plans import PlanOutcome, gpu_plan_candidates, pick_plan
 from tpusim.compare.resimulate import MS_PER_S, SimulationCache
 from tpusim.compare.schedule_choice import ScheduleChooser, fitting_schedule, schedule_for
-from tpusim.report.intervals import interval_fields, no_interval, sample_chips
+from tpusim.report.intervals import Terms, interval_fields, interval_terms, no_interval
 from tpusim.schedule.schema import Schedule, load_schedule
 from tpusim.workload.capacity import capacity_report, check_capacity
 from tpusim.workload.format_choice import apply_formats
@@ -138,15 +138,16 @@ def _speculative_step_s(chip: Chip, *, verify: Resimulate, draft: Resimulate, ba
     return SpeculativeStep(batch, draft(chip), verify(chip), config).step_s
 
 
-def _row_interval(chip: Chip, samples: list[Chip], outcome: _Outcome, batch: int) -> dict[str, Any]:
-    """The interval keys of the chosen plan's row, re-simulated on every sampled chip; a
-    speculative row's tokens/s bounds count accepted tokens, not rows."""
+def _row_interval(chip: Chip, terms: Terms, outcome: _Outcome, batch: int, outside: list[str]) -> dict[str, Any]:
+    """The interval keys of the chosen plan's row, re-simulated on every sampled chip, with
+    the model error (extrapolated when ``outside`` says why); a speculative row's tokens/s
+    bounds count accepted tokens, not rows."""
     if outcome.step is None:
-        return interval_fields(chip, outcome.verify, outcome.verify_s, batch, chips=samples)
+        return interval_fields(chip, outcome.verify, outcome.verify_s, batch, terms=terms, outside=outside)
     step = outcome.step
     run = partial(_speculative_step_s, verify=outcome.verify, draft=outcome.draft, batch=step.batch,
                   config=step.config)
-    fields = interval_fields(chip, run, step.step_s, step.batch, chips=samples)
+    fields = interval_fields(chip, run, step.step_s, step.batch, terms=terms, outside=outside)
     if fields.get("step_ms_low") is not None:
         tokens_per_step = step.accepted_tokens_per_s * step.step_s
         fields["tokens_per_s_low"] = tokens_per_step * MS_PER_S / fields["step_ms_high"]
@@ -218,7 +219,8 @@ def compare_rows(
     for spec in systems:
         system, chip, plans = _system_and_plans(model, spec, calibrated, plan_choice)
         label = "calibrated" if chip.is_calibrated else "simulated"
-        samples = [with_execution(sample, spec.execution) for sample in sample_chips(chip)]
+        loaded = interval_terms(chip)
+        terms = Terms([with_execution(sample, spec.execution) for sample in loaded.chips], loaded.model_error)
         calibration = chip.calibration
         source = f"{label} (tpusim engine, {chip.execution.mode} execution on {chip.name})"
         if chip.kind == "gpu":
@@ -234,7 +236,7 @@ def compare_rows(
                 }
                 if calibration is not None:
                     row["calibrated_on"] = calibration.note()
-                    row["calibration_warnings"] = calibration.warnings(model_name, spec.chips)
+                    row["calibration_warnings"] = calibration.warnings(model_name, spec.chips, batch)
                 rows.append(row)
                 job = _RowJob(model, system, chip, batch, acceptance, chosen_drafter, schedule, choose_schedule,
                               context_tokens, routing, seed, cache)
@@ -250,7 +252,7 @@ def compare_rows(
                 choice = best.label if len(outcomes) == 1 else (
                     f"{best.label} (fastest of {fitting} that fit, {len(outcomes)} tried)")
                 row.update(plan=best.plan.name, plan_choice=choice, fits=True, **chosen.fields)
-                row.update(_row_interval(chip, samples, chosen, batch))
+                row.update(_row_interval(chip, terms, chosen, batch, row.get("calibration_warnings", [])))
                 rejected = [f"{o.plan.label}: {o.plan.why_not}" for o in outcomes if o.plan.step_s is None]
                 if rejected:
                     row["plans_rejected"] = rejected

@@ -1,28 +1,45 @@
-"""The 90 % prediction interval of a calibrated result, by re-simulating sampled chips.
+"""The 90 % prediction interval of a calibrated result: parameter spread and model error.
 
-A calibration (:mod:`calibration.intervals`) stores in the chip's overlay a few parameter
-sets drawn from the fit's uncertainty (``CalibrationOverlay.samples``, 24 by default).
-:func:`sample_chips` lays each set over the published chip; the caller re-runs the same
-simulation on each (:func:`interval_fields`) and the interval is::
+The one place the interval arithmetic lives; ``simulate``, ``compare`` and ``sweep`` all
+call it, for TPU and GPU rows alike. A calibration stores in the chip's overlay:
 
-    low, high = center ∓ 1.645 · sd(re-simulated step times)      (two-sided 90 %)
+- ``samples``: parameter sets drawn from the fit's uncertainty (:mod:`calibration.intervals`,
+  24 by default); :func:`sample_chips` lays each over the published chip and the caller
+  re-runs the same simulation on each;
+- ``model_error``: the model's own error measured out of sample by leave-one-group-out
+  refits (:mod:`calibration.discrepancy`): ``q`` inside the fit, ``q_extrapolated`` outside
+  it (another model, format, chip count or batch than the fit saw).
 
-``center`` is the calibrated prediction; ``tokens_per_s`` bounds follow from the step
-bounds (``batch / step``). The cost is one extra simulation per sample (24 for a
-calibrated ``simulate``; per row for ``compare`` and per design point for ``sweep``'s
-top results). A chip without a calibrated overlay, or an overlay without samples, has no
-interval: the fields say so (``interval: "none: ..."``) instead of inventing one.
+The interval around the calibrated prediction ``c``::
+
+    sd_rel = sd(re-simulated step times) / c                      (0 without samples)
+    t      = √((1.645 · sd_rel)² + q²)                            (parameters ⊥ model error)
+    low, high = c · (1 − t), c · (1 + t)                           (two-sided 90 %)
+
+``q`` is the extrapolated term when the row lies outside the fit, and the ``interval`` text
+says so and why. ``tokens_per_s`` bounds follow from the step bounds (``batch / step``). A
+chip without a calibrated overlay, or whose overlay has neither samples nor a model error,
+has no interval: the fields say so (``interval: "none: ..."``) instead of inventing one.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from hwmodels.catalog import load_chip
-from hwmodels.overlay import CalibratedValue, apply_overlay, has_overlay, load_overlay, overlay_path
+from hwmodels.overlay import (
+    CalibratedValue,
+    ModelErrorTerm,
+    apply_overlay,
+    has_overlay,
+    load_overlay,
+    overlay_path,
+)
 from hwmodels.schema import Chip
 
 Z90 = 1.6448536269514722  # two-sided 90 %: the 95th percentile of the standard normal
@@ -31,39 +48,72 @@ MS_PER_S = 1e3
 INTERVAL_KEYS = ("step_ms_low", "step_ms_high", "tokens_per_s_low", "tokens_per_s_high")
 
 
-def interval(center: float, samples: Sequence[float], z: float = Z90) -> tuple[float, float]:
-    """``center ∓ z · sd(samples)`` (sample sd, ``ddof=1``); needs at least 2 samples."""
+def interval(center: float, samples: Sequence[float], z: float = Z90, model_rel: float = 0.0) -> tuple[float, float]:
+    """``center · (1 ∓ t)``, ``t = √((z · sd(samples) / center)² + model_rel²)`` (sample sd,
+    ``ddof=1``); needs at least 2 samples unless ``model_rel`` is given."""
     values = np.asarray(samples, dtype=float)
-    if values.size < 2:
-        raise ValueError("an interval needs at least 2 re-simulated samples")
-    spread = z * float(values.std(ddof=1))
-    return center - spread, center + spread
+    if values.size < 2 and model_rel <= 0:
+        raise ValueError("an interval needs at least 2 re-simulated samples or a model error")
+    sd_rel = float(values.std(ddof=1)) / center if values.size >= 2 else 0.0
+    t = math.hypot(z * sd_rel, model_rel)
+    return center * (1 - t), center * (1 + t)
+
+
+@dataclass(frozen=True)
+class Terms:
+    """What a chip's overlay gives an interval: sampled chips and the model error."""
+
+    chips: list[Chip]
+    model_error: ModelErrorTerm | None
+
+    def __bool__(self) -> bool:
+        return bool(self.chips) or self.model_error is not None
+
+
+def interval_terms(chip: Chip) -> Terms:
+    """The sampled chips (empty: uncalibrated or no samples stored) and the model error."""
+    if not chip.is_calibrated or not has_overlay(chip.name):
+        return Terms([], None)
+    overlay = load_overlay(overlay_path(chip.name))
+    chips = []
+    if len(overlay.samples) >= 2:
+        published = load_chip(chip.name, calibrated=False)
+        for values in overlay.samples:
+            parameters = {**overlay.parameters, **{p: CalibratedValue(value=v) for p, v in values.items()}}
+            chips.append(apply_overlay(published, overlay.model_copy(update={"parameters": parameters}),
+                                       origin="interval sample"))
+    return Terms(chips, overlay.model_error)
 
 
 def sample_chips(chip: Chip) -> list[Chip]:
     """The chip once per stored parameter set (empty: uncalibrated, or no samples stored)."""
-    if not chip.is_calibrated or not has_overlay(chip.name):
-        return []
-    overlay = load_overlay(overlay_path(chip.name))
-    if len(overlay.samples) < 2:
-        return []
-    published = load_chip(chip.name, calibrated=False)
-    chips = []
-    for values in overlay.samples:
-        parameters = {**overlay.parameters, **{p: CalibratedValue(value=v) for p, v in values.items()}}
-        chips.append(apply_overlay(published, overlay.model_copy(update={"parameters": parameters}),
-                                   origin="interval sample"))
-    return chips
+    return interval_terms(chip).chips
 
 
-def step_fields(center_step_s: float, sample_steps_s: Sequence[float], batch: int) -> dict[str, Any]:
-    """The interval keys for a step time and its re-simulated samples."""
-    low_s, high_s = interval(center_step_s, sample_steps_s)
+def step_fields(center_step_s: float, sample_steps_s: Sequence[float], batch: int,
+                model_error: ModelErrorTerm | None = None, outside: Sequence[str] = ()) -> dict[str, Any]:
+    """The interval keys for a step time, its re-simulated samples and the model error;
+    ``outside``: why the row lies outside the fit (the extrapolated model error applies)."""
+    q = 0.0 if model_error is None else (model_error.extrapolated_rel if outside else model_error.in_range_rel)
+    low_s, high_s = interval(center_step_s, sample_steps_s, model_rel=q)
     low_s = max(low_s, 1e-12)
+    parts = []
+    if len(sample_steps_s) >= 2:
+        parts.append(f"{len(sample_steps_s)} re-simulations over the fit's parameter uncertainty")
+    else:
+        parts.append("no parameter uncertainty (the fit states none)")
+    if model_error is None:
+        parts.append("no model error (the overlay measured none)")
+    elif outside:
+        parts.append(f"extrapolated model error ±{q:.1%} ({'; '.join(outside)})")
+    else:
+        parts.append(f"model error ±{q:.1%} (out of sample, {model_error.points} residuals)")
     return {
         "step_ms_low": low_s * MS_PER_S, "step_ms_high": high_s * MS_PER_S,
         "tokens_per_s_low": batch / high_s, "tokens_per_s_high": batch / low_s,
-        "interval": f"{LEVEL:.0%} (calibrated: {len(sample_steps_s)} re-simulations over the fit's uncertainty)",
+        "interval": f"{LEVEL:.0%} (calibrated: " + "; ".join(parts) + ")",
+        "interval_includes": {"parameters": len(sample_steps_s) >= 2, "model_error": model_error is not None,
+                              "extrapolated": bool(outside)},
     }
 
 
@@ -71,14 +121,26 @@ def no_interval(reason: str = "uncalibrated figures") -> dict[str, Any]:
     return {**dict.fromkeys(INTERVAL_KEYS), "interval": f"none: {reason}"}
 
 
+def outside_fit(chip: Chip, model_spec: str | None, chips: int | None, batch: int | None) -> list[str]:
+    """Why a prediction lies outside ``chip``'s fit (empty: inside, or nothing to compare)."""
+    if chip.calibration is None or model_spec is None or chips is None:
+        return []
+    return chip.calibration.warnings(model_spec, chips, batch)
+
+
 def interval_fields(chip: Chip, run: Callable[[Chip], float], center_step_s: float, batch: int,
-                    chips: list[Chip] | None = None) -> dict[str, Any]:
+                    chips: list[Chip] | None = None, *, terms: Terms | None = None,
+                    outside: Sequence[str] = ()) -> dict[str, Any]:
     """Re-run ``run`` (chip -> step seconds) on every sampled chip; the interval keys, or
-    :func:`no_interval` when ``chip`` has none. ``chips`` reuses an already loaded sample."""
-    samples = sample_chips(chip) if chips is None else chips
-    if not samples:
-        return no_interval("uncalibrated figures" if not chip.is_calibrated else "the overlay stores no samples")
-    return step_fields(center_step_s, [run(sample) for sample in samples], batch)
+    :func:`no_interval` when ``chip`` has neither samples nor a model error. ``terms``
+    (or the older ``chips``) reuses already loaded terms; ``outside``: why the row
+    extrapolates (:func:`outside_fit`)."""
+    if terms is None:
+        terms = interval_terms(chip) if chips is None else Terms(chips, interval_terms(chip).model_error)
+    if not terms:
+        return no_interval("uncalibrated figures" if not chip.is_calibrated
+                           else "the overlay stores no samples and no model error")
+    return step_fields(center_step_s, [run(sample) for sample in terms.chips], batch, terms.model_error, outside)
 
 
 def format_interval(fields: dict[str, Any]) -> str:

@@ -23,7 +23,7 @@ import numpy as np
 
 from hwmodels.schema import Chip
 from tpusim.engine import simulate
-from tpusim.report.intervals import no_interval, sample_chips, step_fields
+from tpusim.report.intervals import interval_terms, no_interval, step_fields
 from tpusim.sweep.result import SweepResult
 from tpusim.workload.program import Program
 
@@ -42,22 +42,28 @@ def leading_rows(result: SweepResult, top: int = TOP) -> list[dict[str, Any]]:
 
 
 def row_intervals(result: SweepResult, build_program: Callable[[], Program], chip: Chip,
-                  top: int = TOP) -> list[dict[str, Any]]:
+                  top: int = TOP, outside: list[str] | None = None, batch: int = 1) -> list[dict[str, Any]]:
     """Per leading row: ``hash``, ``name``, ``predicted_ms``, the interval keys and ``p_best``
     (None without an interval). ``build_program`` returns the sweep's full-step program
     (called only when there is something to re-simulate)."""
     rows = leading_rows(result, top)
-    chips = sample_chips(chip)
+    terms = interval_terms(chip)
+    chips = terms.chips
     missing = [r["name"] for r in rows if r["hash"] not in result.schedules]
-    if not chips or missing:
+    if not terms or (chips and missing):
         reason = ("uncalibrated figures" if not chip.is_calibrated else
-                  "the overlay stores no samples" if not chips else f"no schedule kept for {missing[0]}")
+                  "the overlay stores no samples and no model error" if not terms
+                  else f"no schedule kept for {missing[0]}")
         return [_entry(r, no_interval(reason), None) for r in rows]
+    if not chips:  # model error only: no re-simulation, no ranking probability
+        return [_entry(r, step_fields(r["predicted_ms"] / 1e3, [], batch,
+                                      terms.model_error, outside or []), None) for r in rows]
     program = build_program()
     steps = np.array([[simulate(program, result.schedules[r["hash"]], sample).step_s for sample in chips]
                       for r in rows])
     wins = np.bincount(steps.argmin(axis=0), minlength=len(rows))
-    return [_entry(r, step_fields(r["predicted_ms"] / 1e3, steps[i], program.batch), wins[i] / len(chips))
+    return [_entry(r, step_fields(r["predicted_ms"] / 1e3, steps[i], program.batch, terms.model_error, outside or []),
+                   wins[i] / len(chips))
             for i, r in enumerate(rows)]
 
 

@@ -120,6 +120,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                            "(default where component data exists: tpu-v7); end-to-end: one fit on step times")
     calibrate.add_argument("--components", default="published:tpu7x-components",
                            help="component measurements for --procedure parts (default published:tpu7x-components)")
+    calibrate.add_argument("--coverage", action="store_true",
+                           help="also report the empirical coverage of the 90 %% intervals over "
+                           "leave-one-group-out folds, with the mean interval width (calibration.discrepancy)")
     calibrate.add_argument("--quick", action="store_true", help="cpu-loop: the small CI variant")
     calibrate.add_argument("--no-probe", action="store_true",
                            help="cpu-loop: reuse the saved host-cpu entry instead of probing again")
@@ -174,31 +177,62 @@ def _fit(args: argparse.Namespace, console: Console) -> tuple[FitResult, list]:
 
 def _run_gpu_stack(args: argparse.Namespace) -> int:
     """``--measurements published:b200-vllm-qwen3.5``: fit the GPU serving stack's figures on
-    the published per-stage breakdown (:mod:`calibration.gpu_stack`)."""
-    from calibration.gpu_stack import fit_gpu_stack, overlay_of, report_markdown
+    the published per-stage breakdown (:mod:`calibration.gpu_stack`), measure the model error
+    by leave-one-stage-group-out refits (:mod:`calibration.stack_error`) and save the overlay;
+    for a chip of the same GPU (gb200) the fit runs on the chip measured (b200) and the
+    overlay is derived from it, saying so."""
+    from calibration.core import CalibrationResult, SetErrors
+    from calibration.gpu_stack import fit_gpu_stack, report_markdown
+    from calibration.stack_error import SAME_GPU, stack_model_error, stack_overlay
     from hwmodels.overlay import save_overlay
 
+    fitted_chip = SAME_GPU.get(args.hardware, args.hardware)
     try:
-        fit = fit_gpu_stack(load_chip(args.hardware, calibrated=False), max_evals=args.max_evals)
+        measured_on = load_chip(fitted_chip, calibrated=False)
+        fit = fit_gpu_stack(measured_on, max_evals=args.max_evals)
     except ValueError as error:
         raise InputError(str(error)) from None
+    error = stack_model_error(measured_on, max_evals=args.max_evals)
+    step = fit["published_step_us"]
+    calibration = CalibrationResult(
+        procedure="gpu stack", chip=args.hardware,
+        errors={args.measurements: SetErrors(
+            points=1, priors_only=abs(fit["before"]["step_us"] - step) / step, parts_only=None,
+            fitted=abs(fit["after"]["step_us"] - step) / step, held_out=error["logo_mape"])},
+        model_error={k: v for k, v in error.items() if k != "folds"},
+        details={"folds": error["folds"]})
+    fit["calibration"] = calibration.to_json()
+    fit["leave_one_group_out"] = error["folds"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "report.md", report_markdown(fit))
+    write_text_atomic(out / "report.md", report_markdown(fit) + "\n" + "\n".join(
+        f"- {line}" for line in _uncertainty_lines(fit["calibration"])) + "\n")
     write_text_atomic(out / "fit.json", json.dumps(fit, indent=2, default=float) + "\n")
-    saved = None if args.no_save else save_overlay(overlay_of(fit).model_copy(update=_provenance(args, {})))
+    overlay = stack_overlay(fit, error, args.hardware)
+    saved = None if args.no_save else save_overlay(overlay.model_copy(update=_provenance(args, {})))
     fit["overlay"] = str(saved) if saved else None
+    fit["overlay_fitted_on"] = overlay.fitted_on
     if args.json:
         emit_json(fit)
     else:
         Console().print(report_markdown(fit), highlight=False, markup=False)
+        for line in _uncertainty_lines(fit["calibration"]):
+            Console().print(line, highlight=False, markup=False)
     return 0
 
 
-def _use_parts(args: argparse.Namespace) -> bool:
+def _procedure(args: argparse.Namespace) -> str:
+    """The procedure: ``--procedure`` when given, else the one calibration chooses from the
+    chip and the data (:func:`calibration.core.choose_procedure`)."""
+    from calibration.components import has_components
+    from calibration.core import choose_procedure
+
     if args.procedure != "auto":
-        return args.procedure == "parts"
-    return args.hardware == "tpu-v7" and args.measurements not in CPU_LOOP and not args.parameters
+        return "part by part" if args.procedure == "parts" else "end to end"
+    chip = load_chip(args.hardware, calibrated=False)
+    return choose_procedure(chip, measurements=args.measurements,
+                            has_components=has_components(chip.name, args.components),
+                            parameters_given=bool(args.parameters))
 
 
 def _run_parts(args: argparse.Namespace, console: Console) -> int:
@@ -220,9 +254,11 @@ def _run_parts(args: argparse.Namespace, console: Console) -> int:
     records = usable_for(load_measurements(args.measurements), published.name, published.kind)
     components = load_components(args.components.removeprefix("published:"))
     result = calibrate_by_parts(published, records, components, holdout=args.holdout, predictor=Predictor(),
-                                max_nfev=min(args.max_evals, 12))
+                                max_nfev=min(args.max_evals, 12), with_coverage=args.coverage,
+                                measurements=args.measurements)
     out = Path(args.out)
-    summary = result.to_json()
+    calibration = result.result()
+    summary = {**calibration.details, "calibration": calibration.to_json()}
     refusals = check_fit(result.e2e, values={path: value for path, (value, _, _) in result.fitted().items()},
                          parameters=[p for p in result.e2e.parameters if p.path not in result.e2e_held],
                          published=published)
@@ -259,11 +295,37 @@ def _run_parts(args: argparse.Namespace, console: Console) -> int:
         stdout.print(f"{path}: {p['value']:.4g}{sigma} (calibrated; {p['fitted_on']})", highlight=False)
     for path, why in summary["unidentifiable_held"].items():
         stdout.print(f"{path}: unidentifiable on this data, held ({why})", highlight=False)
+    for line in _uncertainty_lines(calibration.to_json()):
+        stdout.print(line, highlight=False)
     stdout.print(f"prediction intervals: {summary['interval_samples']} sampled parameter sets stored", highlight=False)
     _print_refusals(stdout, refusals, blocking)
     stdout.print(f"overlay: {display_path(saved) if saved else _not_saved(args, blocking)}", highlight=False)
     _refuse(blocking, paths["report"])
     return 0
+
+
+def _uncertainty_lines(calibration: dict) -> list[str]:
+    """Per measurement set the three errors, then the model error and the coverage."""
+
+    def pct(value: float | None) -> str:
+        return "—" if value is None else f"{100 * value:.1f} %"
+
+    lines = []
+    for name, e in calibration["errors"].items():
+        lines.append(f"{name} ({e['points']} points): priors only {pct(e['priors_only'])}, parts only "
+                     f"{pct(e['parts_only'])}, fitted {pct(e['fitted'])}, held out (leave-one-group-out "
+                     f"refits) {pct(e['held_out'])}")
+    error = calibration.get("model_error")
+    if error:
+        lines.append(f"model error (out of sample, {error['points']} residuals): ±{pct(error['in_range_rel'])} "
+                     f"inside the fit, ±{pct(error['extrapolated_rel'])} outside it"
+                     + ("" if error["exact"] else " (too few residuals for a 90 % rank: the largest)"))
+    cover = calibration.get("coverage")
+    if cover:
+        lines.append(f"coverage: {cover['inside']}/{cover['points']} held-out points inside their interval = "
+                     f"{pct(cover['empirical'])} (nominal {pct(cover['nominal'])}); mean width "
+                     f"{pct(cover['mean_width_rel'])} of the prediction ({cover['mean_width_ms']:.3f} ms)")
+    return lines
 
 
 # --------------------------------------------------------------------------- refusing
@@ -329,11 +391,12 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from tpusim.app.fit_summary import convergence_problem, summary_lines
     from tpusim.app.interrupts import deferred_interrupts
 
-    if args.measurements == "published:b200-vllm-qwen3.5":
+    procedure = _procedure(args)
+    if procedure == "gpu stack":
         return _run_gpu_stack(args)
     console = Console(stderr=True)
-    console.print(f"calibrating {args.hardware} on {args.measurements} ...", highlight=False)
-    if _use_parts(args):
+    console.print(f"calibrating {args.hardware} on {args.measurements} ({procedure}) ...", highlight=False)
+    if procedure == "part by part":
         return _run_parts(args, console)
     result, records = _fit(args, console)
     out = Path(args.out)

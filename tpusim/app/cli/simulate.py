@@ -121,13 +121,13 @@ def simulate_data(args: argparse.Namespace, workload: tuple[Any, Any, Any, Any],
 
         source += f"; {stack_source(chip)}"
     data = _json_result(result, floors(program, chip), args, system.name, system.devices, plan.name, source)
-    from tpusim.report.intervals import interval_fields
+    from tpusim.report.intervals import interval_fields, outside_fit
 
+    outside = outside_fit(chip, args.model, args.chips, args.batch)
     data.update(interval_fields(chip, lambda sample: simulate(program, schedule, sample).step_s,
-                                result.step_s, args.batch))
+                                result.step_s, args.batch, outside=outside))
     data["calibrated"] = chip.is_calibrated
-    data["calibration_warnings"] = (chip.calibration.warnings(args.model, args.chips)
-                                    if chip.calibration is not None else [])
+    data["calibration_warnings"] = outside
     return data, result.timeline
 
 

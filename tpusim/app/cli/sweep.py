@@ -130,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
 def _row_intervals(result: Any, model: Any, plan: Any, system: Any, args: argparse.Namespace,
                    routing: Any) -> list[dict[str, Any]]:
     """The shown rows' 90 % intervals and ``p_best`` (:mod:`tpusim.sweep.intervals`)."""
+    from tpusim.report.intervals import outside_fit
     from tpusim.sweep.intervals import row_intervals
     from tpusim.workload.program import build_program
 
@@ -137,7 +138,8 @@ def _row_intervals(result: Any, model: Any, plan: Any, system: Any, args: argpar
         return build_program(model, plan, batch=args.batch, context_tokens=args.context, routing=routing,
                              seed=args.seed)
 
-    return row_intervals(result, program, system.chip)
+    outside = outside_fit(system.chip, args.model, args.chips, args.batch)
+    return row_intervals(result, program, system.chip, outside=outside, batch=args.batch)
 
 
 def _estimate_only() -> dict[str, Any]:
