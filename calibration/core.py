@@ -16,7 +16,7 @@ and the GPU micro-benchmark fit (:mod:`calibration.gpu_fit`) — states what it 
 2. **Solver** (:func:`solve`): the residual is ``r_i = (predicted_i - measured_i) /
    (σ_i · measured_i)``, minimised with :func:`scipy.optimize.least_squares` (trust-region
    reflective, every iterate inside the bounds) in variables scaled by the start values
-   (``x = θ / θ_ref``); then a central-difference Jacobian and the one covariance rule of
+   (``x = θ / θ_ref``), a prior sitting on a bound started 5 % of the range inside it; then a central-difference Jacobian and the one covariance rule of
    :mod:`calibration.covariance` (``stated_sigma`` when σ is given). A parameter stopped at a
    bound is held there and leaves the covariance.
 3. **Result** (:class:`CalibrationResult`): the procedure (chosen by
@@ -90,6 +90,8 @@ class Problem:
 
 # --------------------------------------------------------------------------- the solver
 
+START_INSIDE = 0.05  # a prior on a bound starts the search this fraction of the bound range inside
+
 
 @dataclass(frozen=True)
 class Solution:
@@ -160,7 +162,12 @@ def solve(problem: Problem, *, max_nfev: int = 30, diff_step: float = 1e-3, xtol
             memo[key] = problem.residuals(problem.predict(chip))
         return memo[key]
 
-    solution = least_squares(residual, theta0 / ref, bounds=(lower / ref, upper / ref), method="trf",
+    # A prior on a bound starts the search START_INSIDE of the range inside it: the solver's
+    # finite-difference step at a bound is too small for a discrete-event engine to respond to
+    # (tpu-v7's DMA concurrency penalty: prior 0, bounds 0-0.6).
+    inside = START_INSIDE * (upper - lower)
+    begin = np.clip(theta0, np.minimum(lower + inside, upper), np.maximum(upper - inside, lower))
+    solution = least_squares(residual, begin / ref, bounds=(lower / ref, upper / ref), method="trf",
                              jac="2-point", diff_step=diff_step, x_scale=1.0, max_nfev=max_nfev,
                              xtol=xtol, ftol=ftol, gtol=gtol)
     x = solution.x
@@ -217,6 +224,43 @@ class CalibrationResult:
 
 
 PROCEDURES = ("part by part", "end to end", "cpu loop", "gpu micro", "gpu stack")
+
+
+@dataclass(frozen=True)
+class CalibrationInput:
+    """A measurement set a calibration fits or judges on: the chip, the source tags its data
+    carries (``hwmodels/sources.yaml``) and the figure paths calibrations fit on that chip. A
+    catalog figure at one of those paths must not cite one of those tags (tests/test_priors.py):
+    its value would then owe something to the data it is fitted or judged on."""
+
+    name: str
+    chip: str
+    tags: tuple[str, ...]
+    marks: tuple[str, ...] = ()  # phrases that identify the data when it has no tag
+
+
+def calibration_inputs() -> list[CalibrationInput]:
+    """Every built-in calibration input (published sets)."""
+    return [
+        CalibrationInput("published:tpu7x-musespark", "tpu-v7", ("INF",), ("Muse",)),
+        CalibrationInput("published:tpu7x-components", "tpu-v7", ("INF",), ("Muse",)),
+        CalibrationInput("published:b200-vllm-qwen3.5", "b200", (), ("vLLM", "Qwen3.5", "b200 fit")),
+        CalibrationInput("published:b200-vllm-qwen3.5", "gb200", (), ("vLLM", "Qwen3.5", "b200 fit")),
+    ]
+
+
+def fitted_paths(chip: Chip) -> list[str]:
+    """Every figure path some calibration procedure fits on ``chip``."""
+    from calibration.by_parts import E2E_PARAMETERS
+    from calibration.gpu_stack import FITTED
+    from calibration.params import CPU_PARAMETERS, TPU_PARAMETERS
+    from calibration.parts import PART_PARAMETERS
+
+    if chip.kind == "gpu":
+        return list(FITTED)
+    specs = CPU_PARAMETERS if chip.kind == "cpu" else (
+        *TPU_PARAMETERS, *E2E_PARAMETERS, *(s for stage in PART_PARAMETERS.values() for s in stage))
+    return list(dict.fromkeys(s.path for s in specs))
 GPU_STACK_SETS = ("published:b200-vllm-qwen3.5",)  # published per-stage splits (calibration.gpu_stack)
 
 

@@ -105,9 +105,9 @@ def step_fields(center_step_s: float, sample_steps_s: Sequence[float], batch: in
     if model_error is None:
         parts.append("no model error (the overlay measured none)")
     elif outside:
-        parts.append(f"extrapolated model error ±{q:.1%} ({'; '.join(outside)})")
+        parts.append(f"extrapolated model error ±{100 * q:.1f} % ({'; '.join(outside)})")
     else:
-        parts.append(f"model error ±{q:.1%} (out of sample, {model_error.points} residuals)")
+        parts.append(f"model error ±{100 * q:.1f} % (out of sample, {model_error.points} residuals)")
     return {
         "step_ms_low": low_s * MS_PER_S, "step_ms_high": high_s * MS_PER_S,
         "tokens_per_s_low": batch / high_s, "tokens_per_s_high": batch / low_s,
