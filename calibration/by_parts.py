@@ -32,10 +32,9 @@ from calibration.discrepancy import (
     Fold,
     ModelError,
     coverage,
-    leave_one_group_out,
     model_error,
 )
-from calibration.fit import FitResult, fit_chip, mape, relative_errors
+from calibration.fit import FitResult, fit_chip, mape, refit_folds, relative_errors
 from calibration.intervals import METHOD, SEED, draw_samples
 from calibration.measurements import Measurement
 from calibration.params import ParameterSpec, chip_with, figure_value
@@ -245,36 +244,12 @@ def calibrate_by_parts(published: Chip, points: Sequence[Measurement], component
 
 
 def logo_folds(result: PartsResult, predictor: Predictor, *, spread: bool, max_nfev: int) -> list[Fold]:
-    """Leave-one-group-out refits of the end-to-end stage (:mod:`calibration.discrepancy`):
+    """Leave-one-group-out refits of the end-to-end stage (:func:`calibration.fit.refit_folds`):
     the parts' chip fixed (it is not fitted on the step times), the figures the full fit kept
-    refitted without each group, started at the full fit. ``spread``: also the 1σ of each
-    held prediction from the refit's covariance (a central-difference gradient, 2 % steps)."""
+    refitted without each group, started at the full fit."""
     specs = [s for s in E2E_PARAMETERS if s.path not in result.e2e_held]
-
-    def refit(kept: list[Measurement]) -> tuple[Any, Any]:
-        if not specs:
-            return (lambda r: predictor.predict(result.parts_chip, r)), (lambda r: 0.0)
-        fit = fit_chip(result.parts_chip, kept, parameters=specs, predictor=predictor, max_nfev=max_nfev,
-                       start=result.e2e.chip)
-        chip = fit.chip
-        cov = fit.extra.get("covariance")
-
-        def sd(record: Measurement) -> float:
-            if not cov:
-                return 0.0
-            gradient = []
-            for path in cov["paths"]:
-                value = figure_value(chip, path)
-                h = 0.02 * value
-                up = predictor.predict(chip_with(chip, {path: value + h}), record)
-                down = predictor.predict(chip_with(chip, {path: max(value - h, 0.0)}), record)
-                gradient.append((up - down) / (value + h - max(value - h, 0.0)))
-            g = np.array(gradient)
-            return float(np.sqrt(max(g @ np.array(cov["matrix"]) @ g, 0.0)))
-
-        return (lambda r: predictor.predict(chip, r)), (sd if spread else None)
-
-    return leave_one_group_out(result.e2e.split.calibration, refit)
+    return refit_folds(result.parts_chip, result.e2e.split.calibration, specs, result.e2e.chip, predictor,
+                       spread=spread, max_nfev=max_nfev)
 
 
 def _stage_draws(result: PartsResult) -> list[tuple[list[str], np.ndarray, np.ndarray, dict[str, tuple[float, float]]]]:

@@ -304,6 +304,44 @@ def _run_parts(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _end_to_end_result(args: argparse.Namespace, result: FitResult, procedure: str) -> tuple:
+    """The one result type for a single fit (end to end, CPU loop, GPU micro); with
+    ``--coverage`` (end to end and CPU loop) the leave-one-group-out refits, the model error
+    (stored in the overlay) and the coverage."""
+    from calibration.core import CalibrationResult, SetErrors
+    from calibration.discrepancy import coverage, model_error
+    from calibration.fit import refit_folds
+    from calibration.params import ParameterSpec
+    from calibration.predict import Predictor
+    from hwmodels.overlay import ModelErrorTerm
+
+    if procedure == "end to end" and args.measurements in CPU_LOOP:
+        procedure = "cpu loop"
+    from calibration.gpu_fit import is_micro_set
+
+    if procedure == "end to end" and is_micro_set(result.records):
+        procedure = "gpu micro"
+    folds = []
+    if args.coverage and procedure in ("end to end", "cpu loop"):
+        specs = [ParameterSpec(p.path, p.lower, p.upper, p.why) for p in result.parameters if not p.at_bound]
+        folds = refit_folds(result.published_chip, result.split.calibration, specs, result.chip, Predictor(),
+                            spread=True, max_nfev=min(args.max_evals, 12))
+    error, cover = model_error(folds), coverage(folds)
+    summary = result.summary()
+    calibration = CalibrationResult(
+        procedure=procedure, chip=result.published_chip.name,
+        errors={args.measurements: SetErrors(
+            points=len(result.records), priors_only=summary["mape_before"], parts_only=None,
+            fitted=summary["mape_calibration"], held_out=None if error is None else error.logo_mape,
+            priors_only_held_out=summary["mape_before_holdout"], fitted_held_out=summary["mape_holdout"])},
+        model_error=None if error is None else error.to_json(),
+        coverage=None if cover is None else cover.to_json())
+    term = None if error is None else ModelErrorTerm(
+        in_range_rel=error.in_range_rel, extrapolated_rel=error.extrapolated_rel, method=error.method,
+        points=error.points, exact=error.exact)
+    return calibration, term
+
+
 def _uncertainty_lines(calibration: dict) -> list[str]:
     """Per measurement set the three errors, then the model error and the coverage."""
 
@@ -403,6 +441,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
     problem = convergence_problem(result)
     refusals = check_fit(result, convergence=problem)
     summary = result.to_json()
+    calibration, model_error = _end_to_end_result(args, result, procedure)
+    summary["calibration"] = calibration.to_json()
     blocking = _record_refusals(summary, refusals, args)
     with deferred_interrupts():  # the report, fit, points and overlay change together or not at all
         paths = write_fit_report(result, out, predictor=Predictor())
@@ -410,14 +450,15 @@ def run_calibrate(args: argparse.Namespace) -> int:
         write_text_atomic(out / "fit.json", json.dumps(summary, indent=2, default=float) + "\n")
         write_measurements(out / "measurements.jsonl", records)
         saved = None if args.no_save or blocking else save_fit(
-            result, samples=True, provenance=_provenance(args, result.summary()))
+            result, samples=True, provenance={**_provenance(args, result.summary()), "model_error": model_error})
     summary["overlay"] = str(saved) if saved else None
     summary["report"] = str(paths["report"])
     if args.json:
         emit_json(summary)
     else:
         stdout = Console(soft_wrap=True)
-        for line in [*summary_lines(result), *contrast_lines(summary["contrasts"])]:
+        for line in [*summary_lines(result), *contrast_lines(summary["contrasts"]),
+                     *_uncertainty_lines(summary["calibration"])]:
             stdout.print(line, highlight=False, markup=False)
         for row in result.extra.get("holdout_steps", []):  # gpu_bench files: held-out whole steps
             stdout.print(f"held out {row['model']} b{row['batch']}: measured {row['measured_ms']:.3f} ms, "
