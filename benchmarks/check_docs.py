@@ -88,7 +88,7 @@ CHEAP_COMMANDS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
       "--chips", "2", "--batch", "8", "--context", "4096"),
      ("30.53 B parameters", "plan generic-4", "weights 8.04 GB", "needs 8.8 GB of 94.7 GB per device: fits")),
     (("simulate", "--model", "muse-spark@int4+bf16", "--hardware", "tpu-v7", "--chips", "4", "--batch", "1",
-      "--schedule", "muse-published", "--json", "--uncalibrated"), ('"step_ms": 3.763',)),
+      "--schedule", "muse-published", "--json", "--uncalibrated"), ('"step_ms": 3.510',)),
 )
 
 _FENCE = re.compile(r"^\s*(```|~~~)")
