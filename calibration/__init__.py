@@ -11,9 +11,13 @@ The pipeline, module by module:
    (``jax.profiler`` trace-event files → per-kernel durations and step times).
 3. :mod:`calibration.predict` — a measurement → model, plan, program, schedule → the engine's
    step time; programs cached so a fit pays only for simulation.
-4. :mod:`calibration.params` — which figures are fitted, their physical bounds, and an
+4. :mod:`calibration.core` — the one problem type, solver path and result type every
+   procedure uses, and the choice of procedure from the chip and the data;
+   :mod:`calibration.params` — which figures are fitted, their physical bounds, and an
    identifiability check; :mod:`calibration.fit` — bounded least squares on relative error,
-   hold-out and leave-one-out validation, Jacobian uncertainties, the overlay.
+   hold-out and leave-one-group-out refits, Jacobian uncertainties, the overlay;
+   :mod:`calibration.discrepancy` — the model error out of sample and the intervals' coverage;
+   :mod:`calibration.inputs` — which data each calibration reads (priors must not cite it).
 5. :mod:`calibration.report` — predicted vs measured tables, MAPE and max error before and
    after, scatter plots, every number labelled.
 6. :mod:`calibration.cpu_workload` and :mod:`calibration.cpu_loop` — the closed loop on this

@@ -6,7 +6,8 @@ part-by-part fit (:mod:`calibration.parts`) and the GPU micro-benchmark fit
 ``x = θ / θ_ref`` and states its uncertainty with the functions here; the prediction
 intervals (:mod:`calibration.intervals`) draw parameter sets with :func:`correlated_draws`.
 (The GPU serving-stack fit, :mod:`calibration.gpu_stack`, fits three figures on four stage
-shares and states no uncertainty: its overlay has no samples, so no interval.)
+shares and states no parameter uncertainty: its overlay has no samples, and its interval is
+the model error of :mod:`calibration.stack_error` alone.)
 
 The rule, for residuals ``r`` (``n`` of them) and Jacobian ``J = ∂r/∂x`` (``n × p``) at
 the solution:

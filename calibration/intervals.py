@@ -21,8 +21,10 @@ fit time):
    normal quantile is used because 24 draws pin a standard deviation far better than a
    5th/95th percentile.
 
-The interval covers the parameter uncertainty only: model-form error (what the end-to-end
-MAPE measures) is reported beside it, not folded in.
+The samples carry the parameter uncertainty only; the model's own error, measured out of
+sample by leave-one-group-out refits (:mod:`calibration.discrepancy`), is stored beside them
+(``CalibrationOverlay.model_error``) and :mod:`tpusim.report.intervals` adds it to the
+samples' spread (in quadrature; the extrapolated term outside the fit).
 """
 
 from __future__ import annotations
