@@ -46,7 +46,15 @@ published per-stage split instead (:mod:`calibration.gpu_stack`); its ``--json``
 ``before`` / ``after`` (``group_us``, ``errors``, ``stage_us``, ``stage_errors``, ``step_us``),
 ``parameters``, ``within_tolerance`` and ``overlay``.
 
-``--procedure parts`` (the default for tpu-v7) fits each part on its own measurements
+The procedure is chosen by calibration from the chip and the data
+(:func:`calibration.core.choose_procedure`), unless ``--procedure`` says otherwise; every
+procedure's ``--json`` has ``calibration`` (:class:`calibration.core.CalibrationResult`): per
+measurement set the errors with priors only, parts only, fitted and held out
+(leave-one-group-out refits), the model error measured out of sample and, with
+``--coverage``, the empirical coverage of the 90 % intervals over the held-out groups with
+the mean width (:mod:`calibration.discrepancy`).
+
+``--procedure parts`` (the default where component data exists: tpu-v7) fits each part on its own measurements
 first (:mod:`calibration.parts`: links, HBM, host, expert-slot sweep, Muse breakdown; the
 component data is ``--components``), reports the end-to-end MAPE with those values *before*
 fitting on the step times (``mape_e2e_parts_only``), then fits the rest on them
