@@ -83,6 +83,33 @@ def slab_bytes(tensor: TensorSpec, chunk_bytes: int | None) -> int:
     return math.ceil(tensor.bytes * rows / tensor.rows)
 
 
+@dataclass(frozen=True)
+class TensorRing:
+    """The VMEM ring of one tensor kind (rule 1): ``buffers`` buffers (a ring pool's members:
+    its banks) of one ``slab_bytes`` slab each; an instance streams as ``slabs`` slabs."""
+
+    buffers: int
+    slabs: int
+    slab_bytes: int
+
+    @property
+    def footprint_bytes(self) -> int:
+        return self.buffers * self.slab_bytes
+
+
+def tensor_ring(schedule: Schedule, tensor: TensorSpec) -> TensorRing:
+    """The ring ``tensor``'s kind streams through under ``schedule``: the one sizing rule the
+    accounting, the issue plan and the engine read."""
+    chunk_bytes, buffers = family_chunk(schedule, tensor.family)
+    return TensorRing(buffers, math.ceil(tensor.rows / slab_rows(tensor, chunk_bytes)), slab_bytes(tensor, chunk_bytes))
+
+
+def small_row_bytes(model: ModelConfig, plan: ShardingPlan) -> int:
+    """Bytes of one layer's small-parameter row as the kernel packs it: every small kind the
+    model has (each at its largest instance), the same row for every layer."""
+    return sum(t.bytes for t in tensor_kinds(model, plan).get(SMALL_FAMILY, []))
+
+
 _KINDS_RECENT: list[tuple[ModelConfig, ShardingPlan, dict[str, list[TensorSpec]]]] = []
 
 
@@ -297,10 +324,9 @@ def vmem_plan(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch:
         if not tensors:
             continue
         total = 0
-        chunk_bytes, buffers = family_chunk(schedule, family)
         ring = schedule.ring_pool(family)
         for tensor in tensors:
-            size = buffers * slab_bytes(tensor, chunk_bytes)
+            size = tensor_ring(schedule, tensor).footprint_bytes
             if ring is not None and size > (ring.bank_bytes or 0):
                 raise InfeasibleSchedule(
                     f"pools.{fam.pool}: the smallest slab of {tensor.name} ({size} bytes, {row_granule(tensor)} "
