@@ -65,6 +65,9 @@ CHIPS_PER_HOST: dict[str, int] = {"gb200": 4}
 CHIPS_PER_HOST_BY_KIND: dict[str, int] = {"tpu": 4, "gpu": 8, "cpu": 1}
 
 
+
+HOST_CHIP_NAME = "host-cpu"  # the probed host: written by `tpusim hardware probe` (hwmodels.probe)
+
 def catalog_dirs() -> list[Path]:
     """Folders searched for ``<chip>.yaml``, built-in first, then the local folder."""
     return [BUILTIN_DIR, local_dir()]
@@ -110,8 +113,6 @@ def load_chip(name: str, *, calibrated: bool = True) -> Chip:
     """
     paths = _chip_paths()
     if name not in paths:
-        from hwmodels.probe import HOST_CHIP_NAME
-
         if name == HOST_CHIP_NAME:  # written by the probe, into the local folder
             raise InputError(f"{name} has not been measured on this machine yet (no {name}.yaml in "
                              f"{display_path(local_dir())}): run `tpusim hardware probe` first")
