@@ -42,6 +42,7 @@ def test_floor_and_simulate_print_the_same_critical_device_floor(capsys: pytest.
     assert not any(line.strip().startswith("│ floor ") for line in floor_table.splitlines() + sim_table.splitlines())
 
 
+@pytest.mark.slow
 def test_speculation_slower_than_plain_decode_is_flagged(capsys: pytest.CaptureFixture[str]) -> None:
     """TPU batch 8 at acceptance 3 was slower than no speculation, shown as a normal row."""
     argv = ["compare", "--model", "kimi-k3", "--systems", "tpu-v7:16", "--batch", "8", "--spec-acceptance", "3",

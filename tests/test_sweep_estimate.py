@@ -46,6 +46,7 @@ def test_estimate_is_never_below_the_analytic_floor() -> None:
             assert result.tokens_per_s == batch / result.step_s
 
 
+@pytest.mark.slow
 def test_estimate_tracks_the_engine_on_the_builtins() -> None:
     """Within 22 % of the simulated step for every built-in (K3 batch 1 and 8, and the mini).
 
