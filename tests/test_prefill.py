@@ -117,3 +117,30 @@ def test_served_single_request_equals_engine_prefill_plus_steps():
     row = rows[0]
     assert row["ttft_ms"]["mean"] == pytest.approx((prefill.step_s + first.step_s) * 1e3, rel=1e-9)
     assert row["tpot_ms"]["mean"] == pytest.approx(second.step_s * 1e3, rel=1e-9)
+
+
+def test_simulate_cli_prefill_phase(capsys):
+    import json
+
+    from tpusim.app.cli import main
+
+    assert main(["simulate", "--model", MODEL, "--hardware", "tpu-v7", "--chips", "1", "--phase", "prefill",
+                 "--tokens", "256", "--prefix-tokens", "256", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["phase"] == "prefill" and data["batch"] == 256 and data["context"] == 512
+    assert data["tokens_per_s"] == pytest.approx(256 / (data["step_ms"] / 1e3))
+
+
+@pytest.mark.slow
+def test_serving_cli_reports_ttft_and_tpot(capsys, tmp_path):
+    import json
+
+    from tpusim.app.cli import main
+
+    plot = tmp_path / "curve.png"
+    assert main(["serving", "--model", MODEL, "--systems", "tpu-v7:1", "--sweep-concurrency", "1,2",
+                 "--input-tokens", "256", "--output-tokens", "4", "--plot", str(plot), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [row["concurrency"] for row in data] == [1, 2]
+    assert all(row["ttft_ms"]["p99"] > 0 and row["tpot_ms"]["mean"] > 0 for row in data)
+    assert plot.stat().st_size > 0

@@ -54,6 +54,7 @@ class EnginePricer:
     drafter: _Drafter | None = None
     cache: SimulationCache = field(default_factory=SimulationCache)
     _schedules: dict[tuple[int, int], Schedule | InputError] = field(default_factory=dict)
+    _kv_bytes: dict[int, int] = field(default_factory=dict)
 
     def _schedule(self, rows: int, sequences: int, context_tokens: int) -> Schedule:
         """`compare`'s schedule choice at ``rows`` (cached, a failure too: InputError)."""
@@ -122,7 +123,9 @@ class EnginePricer:
 
     def kv_request_bytes(self, context_tokens: int) -> int:
         """KV cache + recurrent state one request of ``context_tokens`` holds per device."""
-        return cache_bytes(self.model, self.plan, batch=1, context_tokens=context_tokens)
+        if context_tokens not in self._kv_bytes:
+            self._kv_bytes[context_tokens] = cache_bytes(self.model, self.plan, batch=1, context_tokens=context_tokens)
+        return self._kv_bytes[context_tokens]
 
     def kv_pool_bytes(self) -> float:
         """HBM left for KV per device after the resident weights (the capacity check's rule),

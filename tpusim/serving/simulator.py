@@ -15,9 +15,10 @@ SimPy runs two kinds of process, like SimPy's bank example runs customers and co
      is admitted first). Invariant: reserved KV bytes <= pool bytes at every instant.
   2. *Prefill* (when a running request has prompt tokens left and ``prefill_first``, or when
      nothing decodes): take prompt pieces in admission order up to ``chunk_tokens`` in all,
-     run one prefill step of that many tokens (priced at the first piece's prefix:
-     packing two prompts into one chunk prices them as one sequence's causal attention, an
-     over-estimate of the attention part only). Decoding requests stall meanwhile.
+     run one prefill step of them, priced as the sum of each piece's prefill (its own
+     sequence's causal attention over its prefix; the weights counted once per piece, an
+     over-estimate of weight traffic that a compute-bound prefill hides). Decoding
+     requests stall meanwhile.
   3. *Decode* otherwise: every request whose prompt is done runs one decode step at the
      batch's mean context (the KV bytes a step reads are linear in context, so the mean is
      exact for them) and emits ``acceptance_length`` tokens (1 without speculation).
@@ -207,8 +208,7 @@ class ServingSim:
             take = min(budget, request.input_tokens - request.prefilled)
             pieces.append((request, take))
             budget -= take
-        tokens = sum(take for _, take in pieces)
-        step_s = self.steps.prefill_s(tokens, pieces[0][0].prefilled)
+        step_s = sum(self.steps.prefill_s(take, request.prefilled) for request, take in pieces)
         yield env.timeout(step_s)
         self._result.prefill_steps += 1
         self._result.busy_s += step_s

@@ -18,6 +18,7 @@ step model's grid (``step_model``) and the assumptions. All simulated.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--context-bucket", type=positive_int, default=1024,
                         help="context grid of the step cache, tokens (exact at multiples, linear between)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the routing draw and Poisson arrivals")
+    parser.add_argument("--jobs", type=positive_int, default=None,
+                        help="processes serving the systems in parallel (default: one per system, up to the CPUs)")
     parser.add_argument("--uncalibrated", action="store_true", help="published catalog figures only")
     parser.add_argument("--plot", type=Path, default=None,
                         help="write the throughput-latency curve (tokens/s per chip vs per user) as PNG")
@@ -112,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
                               "acceptance_length": args.acceptance_length}
     if args.chunk_tokens:
         limits["chunk_tokens"] = args.chunk_tokens
-    rows = serving_rows(args.model, systems, traffics, scheduler=SchedulerConfig(**limits), seed=args.seed,
+    jobs = args.jobs or min(len(systems), os.cpu_count() or 1)
+    rows = serving_rows(args.model, systems, traffics, jobs=jobs, scheduler=SchedulerConfig(**limits), seed=args.seed,
                         calibrated=not args.uncalibrated, formats=args.formats, plan_choice=args.plan,
                         context_bucket_tokens=args.context_bucket, drafter=args.drafter,
                         draft_tokens=args.draft_tokens)
@@ -123,8 +127,9 @@ def run(args: argparse.Namespace) -> int:
             plot_serving_curves(rows, args.plot, title=f"{args.model}: served throughput vs per-user speed (simulated)")
         except OSError as error:
             raise InputError(f"--plot {args.plot}: cannot write ({error.strerror or error})") from None
-    emit(serving_table(rows, title=f"{args.model}: served workload per system (simulated)"), output_format(args),
-         notes=[f"assumption: {a}" for a in rows[0]["assumptions"]] if rows else [])
+    fmt = output_format(args)  # JSON: a list of records, each carrying its assumptions
+    notes = [f"assumption: {a}" for a in rows[0]["assumptions"]] if rows and fmt != "json" else []
+    emit(serving_table(rows, title=f"{args.model}: served workload per system (simulated)"), fmt, notes=notes)
     return 0
 
 
