@@ -16,7 +16,7 @@ floor):
 | key | meaning |
 | --- | --- |
 | ``model``, ``hardware``, ``system``, ``chips``, ``devices``, ``plan``, ``batch``, ``context``, ``routing``, ``seed``, ``execution_mode`` | what was simulated (the inputs, the plan and the chip's execution mode) |
-| ``phase``, ``prefix_tokens`` | ``decode`` or ``prefill`` (``--phase prefill``: ``batch`` = the chunk's tokens, ``context`` = prefix + chunk, ``tokens_per_s`` = prompt tokens/s) |
+| ``phase``, ``prefix_tokens`` | ``decode`` or ``prefill`` (``--phase prefill``: ``batch`` = the chunk's tokens, ``context`` = prefix + chunk, ``prefix_tokens`` the cached prompt tokens before it, ``tokens_per_s`` = prompt tokens/s; ``None`` in decode) |
 | ``step_ms``, ``tokens_per_s`` | simulated step time; aggregate tokens/s = batch / step |
 | ``exposed_dma_ms`` | compute stream waiting on copies |
 | ``overlap_fraction`` | 1 - exposed DMA / time with copies in flight |
@@ -135,7 +135,7 @@ def simulate_data(args: argparse.Namespace, workload: tuple[Any, Any, Any, Any],
 
         source += f"; {stack_source(chip)}"
     data = _json_result(result, floors(program, chip), args, system.name, system.devices, plan.name, source)
-    data["phase"] = str(program.phase)
+    data["phase"], data["prefix_tokens"] = str(program.phase), None
     if data["phase"] == "prefill":
         data.update(batch=program.batch, context=program.context_tokens, prefix_tokens=args.prefix_tokens)
         data["source"] += ("; prefill chunk of one sequence (tokens_per_s = prompt tokens/s; prefill form and "
