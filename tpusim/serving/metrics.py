@@ -16,8 +16,8 @@
 - ``ttft_bound`` / ``tpot_bound``: the largest part, in words; ``kv_bound`` whether
   requests waited because the KV pool was full;
 - Little's law: ``mean_in_system`` (time average of requests arrived and not finished) and
-  ``arrival_rate_per_s x mean_time_in_system_s``: equal by construction on a run that
-  ends empty (a test checks the bookkeeping).
+  ``arrival_rate_per_s x mean_time_in_system_s`` (completed requests over the run): equal by
+  construction on a run that ends empty and refuses none (a test checks the bookkeeping).
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ prefill, other requests' prefill, decode steps, prefill stalls while decoding).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -117,7 +118,7 @@ class ServingSim:
     traffic: Traffic
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     kv_pool_bytes: float = math.inf
-    kv_bytes_of: object = None  # callable(context tokens) -> KV bytes of one request; None: 0
+    kv_bytes_of: Callable[[int], float] | None = None  # context tokens -> KV bytes of one request; None: 0
 
     def run(self) -> ServingRun:
         env = simpy.Environment()
@@ -148,7 +149,7 @@ class ServingSim:
         self._account(self._env.now)
         self._in_system += 1
         request.kv_bytes = float(self.kv_bytes_of(request.input_tokens + request.output_tokens)) \
-            if callable(self.kv_bytes_of) else 0.0
+            if self.kv_bytes_of is not None else 0.0
         request.done = self._env.event()
         self._result.requests.append(request)
         self._waiting.append(request)
