@@ -58,10 +58,11 @@ def simulate(model: str, hardware: str, chips: int, schedule: str, batch: int) -
 
 
 def differences(before: Any, after: Any, rel_tol: float, path: str = "") -> list[str]:
-    """Where two result trees differ (numbers: by more than ``rel_tol`` relative)."""
+    """Where two result trees differ (numbers: by more than ``rel_tol`` relative). A key the
+    new results add is not a difference (new output); a key they lose is."""
     if isinstance(before, dict) and isinstance(after, dict):
-        if set(before) != set(after):
-            return [f"{path}: keys {sorted(set(before) ^ set(after))}"]
+        if set(before) - set(after):
+            return [f"{path}: lost keys {sorted(set(before) - set(after))}"]
         return [line for key in before for line in differences(before[key], after[key], rel_tol, f"{path}/{key}")]
     if isinstance(before, list) and isinstance(after, list):
         if len(before) != len(after):
@@ -80,7 +81,8 @@ def main() -> int:
     parser.add_argument("--check", type=Path, help="compare with results written before")
     parser.add_argument("--rel-tol", type=float, default=1e-9)
     args = parser.parse_args()
-    results = {"|".join(map(str, case)): simulate(*case) for case in cases()}
+    results = {f"{model}|{hardware}:{chips}|{schedule}|b{batch}": simulate(model, hardware, chips, schedule, batch)
+               for model, hardware, chips, schedule, batch in cases()}
     if args.out:
         args.out.write_text(json.dumps(results, indent=1, default=str))
     if args.check:
