@@ -61,7 +61,7 @@ __all__ = ["BUILTIN_DIR", "display_path", "local_dir", "read_yaml_mapping"]
 # chips (a v5e/v6e "-8" slice uses 8 on one host, but 4 per host is the pod building block);
 # an HGX GPU server holds 8 GPUs; a GB200 NVL72 compute tray holds 2 Grace-Blackwell
 # superchips = 4 GPUs; the probed host CPU is its own host.
-CHIPS_PER_HOST: dict[str, int] = {"gb200": 4}
+CHIPS_PER_HOST: dict[str, int] = {"gb200": 4, "gb300": 4}
 CHIPS_PER_HOST_BY_KIND: dict[str, int] = {"tpu": 4, "gpu": 8, "cpu": 1}
 
 

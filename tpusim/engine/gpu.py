@@ -86,7 +86,7 @@ from functools import partial
 from typing import Any
 
 from hwmodels.errors import InputError
-from hwmodels.schema import Chip, GpuExecution, LinkSpec
+from hwmodels.schema import Chip, Figure, GpuExecution, LinkSpec
 from tpusim.engine.execution import (
     ExecutionPolicy,
     KernelPlan,
@@ -106,7 +106,8 @@ STACK_LABELS = {
     "per_op_launch": "eager (one host launch per kernel, NCCL)",
     "megakernel": "GPU megakernel (one persistent kernel)",
 }
-SCALE_OUT_LINK = "pcie"  # the schema's name for the PCIe-attached NIC (GPUDirect RDMA)
+SCALE_OUT_LINK = "pcie"
+DERIVED_PREFIX = "derived from calibrated "  # a stack figure carried from another chip's fit  # the schema's name for the PCIe-attached NIC (GPUDirect RDMA)
 
 # Conventional kernels admit every slab of their weights when they start, up to the
 # schema's 64 buffers per tensor kind; the slab size and the copies in flight are catalog
@@ -343,11 +344,18 @@ def stack_source(chip: Chip) -> str:
     if chip.kind != "gpu" or gpu is None:
         return ""
     by_label: dict[str, list[str]] = {}
+    origins: set[str] = set()
     for name in type(gpu).model_fields:
-        by_label.setdefault(getattr(gpu, name).label, []).append(name)
+        figure = getattr(gpu, name)
+        if isinstance(figure, Figure):
+            by_label.setdefault(figure.label, []).append(name)
+            if figure.label == "derived" and figure.source.startswith(DERIVED_PREFIX):
+                origins.add(figure.source.split(":", 1)[0])
     words = {"assumed": "priors (assumed)"}
     parts = [f"{words.get(label, label)}: {', '.join(names)}" for label, names in sorted(by_label.items())]
-    return f"{STACK_LABELS[chip.execution.mode]}; stack figures " + "; ".join(parts)
+    stack = f" ({gpu.stack} fusion table)" if gpu.stack != "generic" else ""
+    derived = "".join(f"; {origin}" for origin in sorted(origins))
+    return f"{STACK_LABELS[chip.execution.mode]}{stack}{derived}; stack figures " + "; ".join(parts)
 
 
 def gpu_breakdown(result: SimResult) -> dict[str, float]:
