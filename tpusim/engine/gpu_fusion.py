@@ -340,3 +340,22 @@ def stack_kernel_table(program: Program, stack: StackTable, layer: int) -> list[
         rows += [KernelRow(str(op.name), "collective", False, f"{call.spec.kind} kernel")
                  for call in op.collectives]
     return rows
+
+
+def kernel_lists(program: Program, stack: StackTable) -> list[dict[str, object]]:
+    """One layer of each kind in ``program`` (its attention + MLP blocks, e.g. KDA + MoE and
+    MLA + MoE) with its kernels under ``stack`` and their counts: main stream (collectives
+    included) and side stream (``tpusim plan --kernels``)."""
+    out: list[dict[str, object]] = []
+    seen: set[tuple[str, ...]] = set()
+    for layer in sorted({op.layer for op in program.ops}):
+        ops = [op for op in program.ops if op.layer == layer]
+        signature = tuple(sorted({str(op.name).split(".")[0] for op in ops if op.role != EXPERT_ROLE}))
+        if signature in seen:
+            continue
+        seen.add(signature)
+        rows = stack_kernel_table(program, stack, layer)
+        out.append({"layer": layer, "blocks": "+".join(signature), "main": sum(not r.side for r in rows),
+                    "side": sum(r.side for r in rows),
+                    "kernels": [{"op": r.op, "kind": r.kind, "side": r.side, "what": r.what} for r in rows]})
+    return out
