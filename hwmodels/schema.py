@@ -307,6 +307,10 @@ class GpuExecution(BaseModel):
                                                "batch), seconds; stacks that name one need it")
     radix_router_s: Figure | None = Field(default=None, description="fixed time of a multi-CTA fused "
                                           "route + pack + activation-quantize kernel, seconds")
+    stack_figures_from: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9.\-]*$",
+                                           description="another chip (same SM architecture) whose calibrated "
+                                           "execution figures this chip takes, labelled derived, when it has "
+                                           "no overlay of its own (hwmodels.catalog.load_chip)")
 
 
 class ExecutionModel(BaseModel):
