@@ -7,7 +7,9 @@ DSpark. Four :class:`~calibration.measurements.Measurement` records (:func:`load
 
 The model: ``kimi-k3@<format>`` on ``b300 x 8`` under the chip's serving stack
 (``execution.gpu.stack: sglang-k3``, :mod:`tpusim.engine.gpu_fusion`), batch 1, context
-8192 + 512 tokens (the mean over the 1024 output tokens).
+8192 + 512 tokens (the mean over the 1024 output tokens), plan :data:`PLAN`: the published
+deployment is plain TP8 (SGLang's K3 TP path without an all-to-all: every rank reads 1/8 of
+each selected expert, ``k3-on-sglang.md`` 2.2), not expert parallelism.
 
 What each row pins:
 
@@ -65,6 +67,7 @@ BACKEND = "b300 sglang (published)"
 FITTED = ("execution.gpu.kernel_gap_s", "execution.per_op_efficiency")
 BOUNDS = {"execution.gpu.kernel_gap_s": (5e-8, 5e-5), "execution.per_op_efficiency": (0.05, 1.0)}
 PRIOR_WEIGHT = 0.05  # residual per unit log-distance from the prior (a weak pull)
+PLAN = "tp=8,expert_groups=1,expert_tp=8"  # attention TP8, experts TP8 (SGLang's K3 TP8 recipe)
 MAX_ACCEPTANCE = 8  # DSpark verifies 8 rows: at most 7 accepted + 1 bonus token
 
 
@@ -87,14 +90,14 @@ def load_b300_k3() -> list[Measurement]:
             batch=1, context=CONTEXT_TOKENS, routing="uniform", schedule=None, backend=BACKEND,
             ms_per_step_median=float(row["tpot_ms"]), spread_kind="not published",
             provenance=f"{data.get('source', 'published')}; {where}", label="published",
-            extra={"metric": "tpot_ms", "speculative": spec, "acceptance_length": None,
+            extra={"metric": "tpot_ms", "plan": PLAN, "speculative": spec, "acceptance_length": None,
                    "ttft_ms": row.get("ttft_ms"), "format": row["format"]}))
     return records
 
 
 def _program(fmt: str, rows: int = 1, model_name: str | None = None, chip: Chip | None = None):
     model = load_model(model_name or f"kimi-k3@{fmt}")
-    plan = plan_for(model, CHIPS, devices_per_chip=1, intra_link="nvlink")
+    plan = plan_for(model, CHIPS, devices_per_chip=1, intra_link="nvlink", choice=PLAN)
     return build_program(model, plan, batch=rows, context_tokens=CONTEXT_TOKENS, sequences=1)
 
 
@@ -183,7 +186,7 @@ def fit_k3_stack(chip: Chip, *, max_evals: int = 30) -> dict[str, Any]:
     errors = {fmt: after[fmt]["step"] / plain[fmt] - 1.0 for fmt in FORMATS}
     return {
         "chip": chip.name, "measurements": MEASUREMENT, "stack": chip.execution.gpu.stack,
-        "context_tokens": CONTEXT_TOKENS, "fitted": list(FITTED),
+        "context_tokens": CONTEXT_TOKENS, "plan": PLAN, "fitted": list(FITTED),
         "pins": {"plain rows": "one combination of kernel_gap_s and per_op_efficiency per row (a step time); "
                  "the weak prior pull splits it", "dspark rows": "nothing: checks (acceptance not published)",
                  "held at priors": "every other execution.gpu figure, incl. radix_router_s and single_cta_router_s"},

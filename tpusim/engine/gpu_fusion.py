@@ -188,6 +188,7 @@ class StackTable:
     experts: dict[str, FusionRule] = field(default_factory=dict)
     default_experts: FusionRule = ROUTED_EXPERTS
     quantize_kernels: bool = True
+    pdl_weight_prefetch: bool = False  # PDL: a kernel's weight loads run under the previous kernel
     description: str = ""
     source: str = ""
 
@@ -236,7 +237,8 @@ def load_stack(name: str) -> StackTable:
     experts = {str(fmt): _rule(entry, f"{where}: experts.{fmt}") for fmt, entry in (data.get("experts") or {}).items()}
     default = experts.pop("default", ROUTED_EXPERTS)
     return StackTable(name, {**FUSION_TABLE, **ops}, experts, default, bool(data.get("quantize_kernels", True)),
-                      str(data.get("description", "")), str(data.get("source", "")))
+                      bool(data.get("pdl_weight_prefetch", False)), str(data.get("description", "")),
+                      str(data.get("source", "")))
 
 
 def expert_format(op: Op) -> str:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import pairwise
 
 from hwmodels.schema import Chip, GpuExecution
 from tpusim.engine.execution import KernelPlan
@@ -184,7 +185,8 @@ def stack_kernels(chip: Chip, program: Program) -> list[list[StackKernel]]:
 def stack_kernel_plan(chip: Chip, program: Program) -> KernelPlan:
     """The serving stack's :class:`KernelPlan`: one launch (graph gap) per kernel, and each
     op's kernels' fixed time and ramp as ``fixed_s``."""
-    layout = op_kernels(program, chip_stack(chip))
+    stack = chip_stack(chip)
+    layout = op_kernels(program, stack)
     kernels = stack_kernels(chip, program)
     names = tuple(
         f"{len(these)} kernel{'s' if len(these) != 1 else ''} (graph): "
@@ -195,4 +197,15 @@ def stack_kernel_plan(chip: Chip, program: Program) -> KernelPlan:
         kernel_start=layout.kernel_start,
         kernel_names=names,
         fixed_s=tuple(sum(k.fixed_s + k.ramp_s for k in these) for these in kernels),
+        issue_start=pdl_issue_start(layout.kernel_start, tuple(len(these) for these in kernels))
+        if stack.pdl_weight_prefetch else (),
     )
+
+
+def pdl_issue_start(kernel_start: tuple[int, ...], launches: tuple[int, ...]) -> tuple[int, ...]:
+    """Per op, the op whose start issues its weights under PDL: the start of the kernel before
+    the one it runs in (its prologue's weight loads run under that kernel; the first kernel
+    issues at its own start). Ops of a kernel share one issue op."""
+    opened = [index for index, count in enumerate(launches) if count > 0]
+    previous = {index: before for before, index in pairwise(opened)}
+    return tuple(min(previous.get(start, start), start) for start in kernel_start)
