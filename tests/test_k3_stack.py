@@ -87,3 +87,21 @@ def test_fit_runs_and_holds_out_each_format() -> None:
     assert set(fit["holdout"]) == {"mxfp4", "nvfp4"}
     assert fit["format_difference"]["predicted_before"] > 0.05  # the kernel path, not a constant
     assert all(fit["dspark_checks"][fmt]["plausible"] for fmt in ("mxfp4", "nvfp4"))
+
+
+def test_gb200_takes_the_b300_fit_as_derived(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from hwmodels.overlay import CalibratedValue, CalibrationOverlay, save_overlay
+    from tpusim.engine.gpu import derived_origin
+
+    monkeypatch.setenv("TPUSIM_LOCAL_DIR", str(tmp_path))
+    assert derived_origin(load_chip("gb200")) == ""  # no b300 overlay: priors
+    save_overlay(CalibrationOverlay(chip="b300", fitted_on="published:b300-sglang-k3", parameters={
+        "execution.gpu.kernel_gap_s": CalibratedValue(value=0.9e-6, fitted_on="published:b300-sglang-k3"),
+        "execution.per_op_efficiency": CalibratedValue(value=0.95, fitted_on="published:b300-sglang-k3")}))
+    gb200 = load_chip("gb200")
+    assert gb200.execution.gpu.kernel_gap_s.value == 0.9e-6 and gb200.execution.gpu.kernel_gap_s.label == "derived"
+    assert gb200.execution.per_op_efficiency.value == 0.95
+    assert derived_origin(gb200) == "derived from calibrated b300"
+    assert not gb200.is_calibrated
+    assert gb200.hbm.capacity_bytes.value == 186e9  # its own physics
+    assert derived_origin(load_chip("b200")) == ""  # b200 names no source chip

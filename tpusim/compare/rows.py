@@ -218,6 +218,10 @@ def compare_rows(
     for spec in systems:
         system, chip, plans = _system_and_plans(model, spec, calibrated, plan_choice)
         label = "calibrated" if chip.is_calibrated else "simulated"
+        if chip.kind == "gpu" and not chip.is_calibrated:
+            from tpusim.engine.gpu import derived_origin
+
+            label = f"simulated, {derived_origin(chip)}" if derived_origin(chip) else label
         samples = [with_execution(sample, spec.execution) for sample in sample_chips(chip)]
         calibration = chip.calibration
         source = f"{label} (tpusim engine, {chip.execution.mode} execution on {chip.name})"

@@ -337,6 +337,18 @@ def gpu_variant(chip: Chip, execution: str) -> Chip:
 # --------------------------------------------------------------------------- results
 
 
+def derived_origin(chip: Chip) -> str:
+    """``"derived from calibrated <chip>"`` when ``chip``'s execution figures were carried from
+    another chip's fit (``execution.gpu.stack_figures_from``), else ``""``."""
+    figures = [chip.execution.per_op_efficiency]
+    if chip.execution.gpu is not None:
+        figures += [getattr(chip.execution.gpu, name) for name in type(chip.execution.gpu).model_fields]
+    origins = sorted({figure.source.split(":", 1)[0] for figure in figures
+                      if isinstance(figure, Figure) and figure.label == "derived"
+                      and figure.source.startswith(DERIVED_PREFIX)})
+    return ", ".join(origins)
+
+
 def stack_source(chip: Chip) -> str:
     """One line saying which of a GPU's stack figures (``execution.gpu``) are priors, derived
     or calibrated — for the ``source`` of every simulated GPU number ("" for other chips)."""
@@ -344,17 +356,14 @@ def stack_source(chip: Chip) -> str:
     if chip.kind != "gpu" or gpu is None:
         return ""
     by_label: dict[str, list[str]] = {}
-    origins: set[str] = set()
     for name in type(gpu).model_fields:
         figure = getattr(gpu, name)
         if isinstance(figure, Figure):
             by_label.setdefault(figure.label, []).append(name)
-            if figure.label == "derived" and figure.source.startswith(DERIVED_PREFIX):
-                origins.add(figure.source.split(":", 1)[0])
     words = {"assumed": "priors (assumed)"}
     parts = [f"{words.get(label, label)}: {', '.join(names)}" for label, names in sorted(by_label.items())]
     stack = f" ({gpu.stack} fusion table)" if gpu.stack != "generic" else ""
-    derived = "".join(f"; {origin}" for origin in sorted(origins))
+    derived = f"; {derived_origin(chip)}" if derived_origin(chip) else ""
     return f"{STACK_LABELS[chip.execution.mode]}{stack}{derived}; stack figures " + "; ".join(parts)
 
 
