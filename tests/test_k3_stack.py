@@ -105,3 +105,10 @@ def test_gb200_takes_the_b300_fit_as_derived(tmp_path, monkeypatch) -> None:  # 
     assert not gb200.is_calibrated
     assert gb200.hbm.capacity_bytes.value == 186e9  # its own physics
     assert derived_origin(load_chip("b200")) == ""  # b200 names no source chip
+
+
+def test_gpu_rows_serve_k3_in_mxfp4() -> None:
+    k3 = load_model("kimi-k3")
+    assert k3.for_chip_kind("gpu").formats["routed_gate_up"] == "mxfp4"
+    assert k3.for_chip_kind("tpu").formats["routed_gate_up"] == "fp8_e4m3_b256"  # the TPU re-blocks gate/up
+    assert load_model("kimi-k3@nvfp4").for_chip_kind("gpu").variant == "nvfp4"  # a chosen variant wins
