@@ -39,7 +39,12 @@ MIB = 1 << 20
 def k3_gb200(batch: int = 1) -> tuple[Program, Chip]:
     model = load_model("kimi-k3")
     plan = plan_for(model, 16, devices_per_chip=1, intra_link="nvlink")
-    return build_program(model, plan, batch=batch), make_system("gb200", 16, calibrated=False).chip
+    chip = make_system("gb200", 16, calibrated=False).chip
+    # these tests pin the generic fusion table (gpu_fusion); gb200's catalog stack is sglang-k3
+    # (tests/test_k3_stack.py pins that one)
+    gpu = chip.execution.gpu.model_copy(update={"stack": "generic"})
+    chip = chip.model_copy(update={"execution": chip.execution.model_copy(update={"gpu": gpu})})
+    return build_program(model, plan, batch=batch), chip
 
 
 @cache

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from hwmodels.catalog import make_system
+from hwmodels.catalog import load_chip, make_system
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip, System
 from tpusim.compare.gpu_plans import PlanOutcome, gpu_plan_candidates, pick_plan
@@ -216,8 +216,13 @@ def compare_rows(
     chosen_drafter = _drafter(model, model_name, drafter, draft_tokens) if acceptance_lengths else None
     cache = SimulationCache()  # rows and interval samples that repeat a simulation share it
     for spec in systems:
-        system, chip, plans = _system_and_plans(model, spec, calibrated, plan_choice)
+        system_model = model if formats else model.for_chip_kind(load_chip(spec.chip, calibrated=False).kind)
+        system, chip, plans = _system_and_plans(system_model, spec, calibrated, plan_choice)
         label = "calibrated" if chip.is_calibrated else "simulated"
+        if chip.kind == "gpu" and not chip.is_calibrated:
+            from tpusim.engine.gpu import derived_origin
+
+            label = f"simulated, {derived_origin(chip)}" if derived_origin(chip) else label
         samples = [with_execution(sample, spec.execution) for sample in sample_chips(chip)]
         calibration = chip.calibration
         source = f"{label} (tpusim engine, {chip.execution.mode} execution on {chip.name})"
@@ -225,6 +230,8 @@ def compare_rows(
             from tpusim.engine.gpu import stack_source
 
             source += f"; {stack_source(chip)}"
+        if system_model.variant != model.variant:
+            source += f"; weights as a {chip.kind} serves them: {model.name}@{system_model.variant} (deployment_variants)"
         for batch in batches:
             for acceptance in speculation:
                 row: dict[str, Any] = {
@@ -236,7 +243,7 @@ def compare_rows(
                     row["calibrated_on"] = calibration.note()
                     row["calibration_warnings"] = calibration.warnings(model_name, spec.chips)
                 rows.append(row)
-                job = _RowJob(model, system, chip, batch, acceptance, chosen_drafter, schedule, choose_schedule,
+                job = _RowJob(system_model, system, chip, batch, acceptance, chosen_drafter, schedule, choose_schedule,
                               context_tokens, routing, seed, cache)
                 outcomes = [_plan_outcome(job, plan_label, plan) for plan_label, plan in plans]
                 best = pick_plan([outcome.plan for outcome in outcomes])
