@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from hwmodels.validation import describe_validation_error
 from tpusim.schedule.schema import (
     BUILTIN_SCHEDULES,
+    SMALL_FAMILY,
     FamilySchedule,
     Schedule,
     load_schedule,
@@ -183,6 +184,7 @@ def sample_candidate(space: SweepSpace, present: list[str], rng: np.random.Gener
         "kv_buffers": space.kv_buffers[int(rng.integers(len(space.kv_buffers)))],
     }
     owner = {m: pool for pool, members in space.pool_patterns[pattern].items() for m in members}
+    owner.pop(SMALL_FAMILY, None)  # small parameters always keep an arena of their own (vmem rule 3)
     capacity = space.constraints.vmem_capacity_bytes
     guided = guide is not None and capacity is not None and space.sampler == "vmem-guided"
     order = [present[i] for i in rng.permutation(len(present))] if guided else list(present)
@@ -212,7 +214,8 @@ def sample_candidate(space: SweepSpace, present: list[str], rng: np.random.Gener
                 grown = max(0, size - arena.get(pool, 0))
                 if used + grown + reserve <= capacity:
                     fitting.append(triple)
-            triples = fitting or triples
+            # none fits: the smallest footprint (the likeliest to leave room for the rest)
+            triples = fitting or [min(triples, key=lambda t: guide.family_bytes(family, t[2], t[1]))]
         triple = triples[int(rng.integers(len(triples)))]
         chosen[family] = triple
         if guided:
