@@ -212,6 +212,8 @@ class Schedule(BaseModel):
         data = self.model_dump(mode="json", exclude={"name", "description"})
         if not self.pools:  # added later: schedules without ring pools keep their hashes
             del data["pools"]
+        if self.receive_slots == "shared":  # added later (the default): existing schedules keep their hashes
+            del data["receive_slots"]
         data["families"] = {
             name: self.family(name).model_dump(mode="json") for name in SCHEDULE_FAMILIES
         }

@@ -52,6 +52,8 @@ class Candidate:
     hash: str
     rejected: str = ""
 
+SHARED_SLOTS = "shared"  # the receive-slot layout the sweep moves toward (vmem rule 6)
+
 
 def _make(name: str, description: str, families: dict[str, FamilySchedule],
           globals_: dict[str, Any]) -> tuple[Schedule, str]:
@@ -71,6 +73,7 @@ def _globals_of(schedule: Schedule) -> dict[str, Any]:
         "speculation_miss_rate": schedule.speculation_miss_rate,
         "kv_tile_tokens": schedule.kv_tile_tokens,
         "kv_buffers": schedule.kv_buffers,
+        "receive_slots": schedule.receive_slots,
         "pools": dict(schedule.pools),
     }
 
@@ -139,6 +142,9 @@ def _one_knob_changes(base: Schedule, space: SweepSpace, present: list[str]) -> 
     for buffers in space.kv_buffers:
         yield _make(f"{tag}~kv_buffers={buffers}", f"{tag} with kv_buffers={buffers}",
                     dict(base.families), {**glob, "kv_buffers": buffers})
+    if base.receive_slots != SHARED_SLOTS:  # only toward shared: same step time, less VMEM (vmem rule 6)
+        yield _make(f"{tag}~receive_slots={SHARED_SLOTS}", f"{tag} with receive_slots={SHARED_SLOTS}",
+                    dict(base.families), {**glob, "receive_slots": SHARED_SLOTS})
 
 
 class VmemGuide(Protocol):
