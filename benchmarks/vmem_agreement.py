@@ -13,9 +13,9 @@ and the fit verdict each command's library path gives:
 | kernel | :meth:`megakernel.kernel.Megakernel.scratch_bytes` of the K3 TP32 ``CollectiveMegakernel`` (shapes only) |
 | lower | with ``--lower``: ``tpusim lower --schedule FILE --batch ROWS --json`` in a subprocess: exit code, verdict |
 
-The kernel has no shared-cache verify mode: at verify rows it keeps one KV cache per row, so
-its figure (and ``tpusim lower``'s) is the accounting at ``sequences = rows``; the other
-columns use the verify step's 4 sequences. Run::
+The kernel has no shared-cache verify mode: at verify rows it keeps one KV cache per row, and
+the accounting counts those extra caches too (rule 7 of :mod:`tpusim.schedule.vmem`), so every
+column is the same figure at verify rows as well. Run::
 
     .venv/bin/python benchmarks/vmem_agreement.py            # figures and verdicts, no lowering (~5 min)
     .venv/bin/python benchmarks/vmem_agreement.py --lower    # + tpusim lower of every schedule (slow)
@@ -102,9 +102,10 @@ def main(argv: list[str] | None = None) -> int:
             cells = [f"{size / MIB:9.2f} {'fits' if ok else 'NO':>4}" for size, ok in (sim, sweep, compare, kernel)]
             print(f"{rows:>4} {sequences:>4} {name:<34} {cells[0]:>15} {cells[1]:>13} {cells[2]:>13} {cells[3]:>13} "
                   f"{lowered:>18}")
-            verdicts = {sim[1], sweep[1], compare[1]} | ({kernel[1]} if sequences == rows else set())
-            if lower_ok is not None and sequences == rows:
-                verdicts.add(lower_ok)
+            verdicts = {sim[1], sweep[1], compare[1], kernel[1]} | ({lower_ok} if lower_ok is not None else set())
+            if len({sim[0], sweep[0], compare[0], kernel[0]}) > 1:
+                failures += 1
+                print("     ^ VMEM figures differ")
             if len(verdicts) > 1:
                 failures += 1
                 print("     ^ verdicts disagree")

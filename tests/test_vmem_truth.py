@@ -165,3 +165,14 @@ def test_a_sweep_chosen_schedule_lowers_and_fits_at_batch_8(tmp_path) -> None:
 
 def test_a_family_only_schedule_gets_the_shared_layout_by_default() -> None:
     assert Schedule(name="x", families={Family.ROUTER: FamilySchedule()}).receive_slots == "shared"
+
+
+def test_verify_rows_count_one_cache_per_row_like_the_kernel() -> None:
+    """The kernel has no shared-cache verify mode: 16 verify rows of 4 sequences allocate what 16
+    rows do, while the engine's KV pool still models the shared cache."""
+    model, plan, _ = k3()
+    for schedule in sampled_schedules(4):
+        verify = vmem_plan(schedule, model, plan, 16, 4)
+        assert verify.total_bytes == vmem_plan(schedule, model, plan, 16).total_bytes
+        assert verify.kv_bytes == schedule.kv_buffers * schedule.kv_tile_tokens * 1280 * 4
+        assert VmemAccountant(model, plan, 16, 4).plan_for(schedule).total_bytes == verify.total_bytes

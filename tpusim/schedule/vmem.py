@@ -38,8 +38,10 @@ Layout rule (the kernel allocates exactly this):
    routing scratch (``2 top_k`` f32 rows of 128 lanes per activation row), one KV-cache entry
    per row (MLA), the KDA short-convolution state (``conv_kernel - 1`` f32 rows of
    ``3 x`` the device's KDA width per row), and the small parameters' lane padding (the kernel
-   packs each small-parameter kind at a 128-lane boundary). The engine does not model these
-   (they are not streamed), but they occupy VMEM.
+   packs each small-parameter kind at a 128-lane boundary), and, on a speculative verify step
+   (fewer KV sequences than rows), the KV tiles and state of the extra rows: the kernel has no
+   shared-cache verify mode and keeps one cache per row. The engine does not model these
+   (they are not streamed; its KV pool models the shared cache), but they occupy VMEM.
 
 ``total_bytes`` (rules 3–7: everything the kernel allocates) is the one figure the feasibility
 check, ``simulate``, ``sweep``, ``compare``, ``diff`` and ``lower`` use; the kernel's scratch
@@ -310,10 +312,26 @@ F32_BYTES = 4
 BF16_BYTES = 2
 
 
-def kernel_bytes(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch: int) -> int:
-    """The kernel's working scratch of rule 7, in bytes: :func:`working_bytes` plus the small
-    parameters' lane padding (:func:`small_padding_bytes`)."""
-    return working_bytes(model, plan, batch) + small_padding_bytes(model, plan, family_chunk(schedule, SMALL_FAMILY)[1])
+def kernel_bytes(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch: int,
+                 kv_sequences: int | None = None) -> int:
+    """The kernel's working scratch of rule 7, in bytes: :func:`working_bytes`, the small
+    parameters' lane padding (:func:`small_padding_bytes`) and the per-row caches of a verify
+    step (:func:`row_cache_bytes`)."""
+    return (working_bytes(model, plan, batch) + small_padding_bytes(model, plan, family_chunk(schedule, SMALL_FAMILY)[1])
+            + row_cache_bytes(schedule, model, plan, batch, kv_sequences))
+
+
+def row_cache_bytes(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch: int,
+                    kv_sequences: int | None) -> int:
+    """KV tiles and recurrent state of the rows beyond ``kv_sequences`` (rule 7): the kernel has
+    no shared-cache verify mode, so it keeps one cache per row; the engine's pools model the
+    shared cache (rule 4) and leave these out."""
+    extra = batch - (kv_sequences or batch)
+    if extra <= 0:
+        return 0
+    kv_per_token = max((kv_cache_bytes_per_token(model, plan, layer) for layer in range(model.num_layers)), default=0)
+    state = max((recurrent_state_bytes(model, plan, layer) for layer in range(model.num_layers)), default=0)
+    return extra * (schedule.kv_buffers * schedule.kv_tile_tokens * kv_per_token + state)
 
 
 def working_bytes(model: ModelConfig, plan: ShardingPlan, batch: int) -> int:
@@ -403,7 +421,7 @@ def vmem_plan(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch:
     state = max((recurrent_state_bytes(model, plan, layer) for layer in range(model.num_layers)), default=0) * kv_sequences
     return VmemPlan(family_bytes, arena_bytes, arena_members, kv, state, activation_bytes(model, batch), detail,
                     collective_bytes(model, plan, batch, schedule.receive_slots),
-                    kernel_bytes(schedule, model, plan, batch))
+                    kernel_bytes(schedule, model, plan, batch, kv_sequences))
 
 
 def check_fits(vmem: VmemPlan, capacity_bytes: float, *, where: str = "VMEM") -> None:

@@ -29,6 +29,7 @@ from tpusim.schedule.vmem import (
     check_fits,
     family_chunk,
     kernel_bytes,
+    row_cache_bytes,
     small_padding_bytes,
     tensor_kinds,
     vmem_plan,
@@ -84,7 +85,8 @@ class VmemAccountant:
             self._learn(probe)
         assert self._fixed is not None
         return (self._kv[key] + sum(self._fixed) + self._collectives[probe.receive_slots]
-                + working_bytes(self.model, self.plan, self.batch))
+                + working_bytes(self.model, self.plan, self.batch)
+                + row_cache_bytes(probe, self.model, self.plan, self.batch, self.sequences))
 
     def plan_for(self, schedule: Schedule) -> VmemPlan:
         """The schedule's :class:`VmemPlan` (equal to ``vmem_plan(schedule, ...)``)."""
@@ -105,7 +107,7 @@ class VmemAccountant:
         state, activations = self._fixed
         return VmemPlan(family_bytes, arena_bytes, arena_members, self._kv[kv_key], state, activations, detail,
                         self._collectives[schedule.receive_slots],
-                        kernel_bytes(schedule, self.model, self.plan, self.batch))
+                        kernel_bytes(schedule, self.model, self.plan, self.batch, self.sequences))
 
 
 @dataclass(frozen=True)
