@@ -176,3 +176,14 @@ def test_verify_rows_count_one_cache_per_row_like_the_kernel() -> None:
         assert verify.total_bytes == vmem_plan(schedule, model, plan, 16).total_bytes
         assert verify.kv_bytes == schedule.kv_buffers * schedule.kv_tile_tokens * 1280 * 4
         assert VmemAccountant(model, plan, 16, 4).plan_for(schedule).total_bytes == verify.total_bytes
+
+
+@pytest.mark.slow  # lowers K3 TP32 at batch 8 on 32 virtual devices (~15 s, more on a loaded machine)
+def test_lower_exits_1_when_the_kernel_does_not_fit(tmp_path) -> None:
+    path = tmp_path / "per-message.json"
+    path.write_text(load_schedule("published").model_copy(update={"receive_slots": "per_message"}).model_dump_json())
+    done = subprocess.run([sys.executable, "-m", "tpusim.app.cli", "lower", "--schedule", str(path), "--batch", "8",
+                           "--json"], capture_output=True, text=True, timeout=900, check=False)
+    data = json.loads(done.stdout)
+    assert done.returncode == 1 and data["lowered"] and not data["fits"]
+    assert data["scratch_total_bytes"] == data["accounting_total_bytes"] > data["usable_vmem_bytes"]
