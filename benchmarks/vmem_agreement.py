@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.lower:
                 path = folder / f"{role}-{rows}-{sequences}.json"
                 path.write_text(schedule.model_dump_json())
-                done = subprocess.run([sys.executable, "-m", "tpusim.app.cli", "lower", "--schedule", str(path),
+                done = subprocess.run([str(Path(sys.executable).parent / "tpusim"), "lower", "--schedule", str(path),
                                        "--batch", str(rows), "--json"], capture_output=True, text=True, check=False)
                 try:
                     data = json.loads(done.stdout)

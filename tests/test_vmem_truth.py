@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 from functools import cache
+from pathlib import Path
 
 import pytest
 
@@ -156,7 +157,7 @@ def test_a_sweep_chosen_schedule_lowers_and_fits_at_batch_8(tmp_path) -> None:
     chosen = max(feasible, key=lambda s: vmem_plan(s, model, plan, 8).total_bytes)  # the tightest fit
     path = tmp_path / "chosen.json"
     path.write_text(chosen.model_dump_json())
-    done = subprocess.run([sys.executable, "-m", "tpusim.app.cli", "lower", "--schedule", str(path), "--batch", "8",
+    done = subprocess.run([str(Path(sys.executable).parent / "tpusim"), "lower", "--schedule", str(path), "--batch", "8",
                            "--json"], capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     data = json.loads(done.stdout)
@@ -182,7 +183,7 @@ def test_verify_rows_count_one_cache_per_row_like_the_kernel() -> None:
 def test_lower_exits_1_when_the_kernel_does_not_fit(tmp_path) -> None:
     path = tmp_path / "per-message.json"
     path.write_text(load_schedule("published").model_copy(update={"receive_slots": "per_message"}).model_dump_json())
-    done = subprocess.run([sys.executable, "-m", "tpusim.app.cli", "lower", "--schedule", str(path), "--batch", "8",
+    done = subprocess.run([str(Path(sys.executable).parent / "tpusim"), "lower", "--schedule", str(path), "--batch", "8",
                            "--json"], capture_output=True, text=True, timeout=900, check=False)
     data = json.loads(done.stdout)
     assert done.returncode == 1 and data["lowered"] and not data["fits"]
