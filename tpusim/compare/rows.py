@@ -38,6 +38,7 @@ from tpusim.compare.resimulate import MS_PER_S, SimulationCache
 from tpusim.compare.schedule_choice import ScheduleChooser, fitting_schedule, schedule_for
 from tpusim.report.intervals import interval_fields, no_interval, sample_chips
 from tpusim.schedule.schema import Schedule, load_schedule
+from tpusim.schedule.vmem import vmem_plan
 from tpusim.workload.capacity import capacity_report, check_capacity
 from tpusim.workload.format_choice import apply_formats
 from tpusim.workload.model_catalog import load_model, plan_for_system
@@ -55,6 +56,7 @@ from tpusim.workload.speculative import (
     mtp_model,
 )
 
+MIB = 1 << 20
 EXECUTIONS = ("default", "stack", "eager", "megakernel")
 RENAMED = {"graphs": "the default (no suffix)", "per-kernel": "eager"}
 
@@ -336,6 +338,8 @@ def _plan_outcome(job: _RowJob, plan_label: str, plan: ShardingPlan) -> _Outcome
     step_s, breakdown = job.cache.step(model, plan, chip, chosen, rows=verify_rows, context_tokens=job.context_tokens,
                                        routing=job.routing, seed=job.seed, sequences=batch)
     fields: dict[str, Any] = {"schedule": chosen.name, "schedule_hash": chosen.content_hash(), "schedule_choice": how}
+    if chip.kind == "tpu" and chip.execution.mode == "megakernel":  # the one VMEM figure (tpusim.schedule.vmem total_bytes)
+        fields["vmem_static_mib"] = vmem_plan(chosen, model, plan, verify_rows, batch).total_bytes / MIB
     common: dict[str, Any] = {"context_tokens": job.context_tokens, "routing": job.routing, "seed": job.seed,
                               "cache": job.cache}
     verify = partial(_step_s, model=model, plan=plan, schedule=chosen, rows=verify_rows, sequences=batch, **common)

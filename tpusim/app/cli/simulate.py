@@ -259,7 +259,7 @@ def _print_human(data: dict[str, Any], fmt: str) -> None:
     table.add(f"{words['staging']} peak",
                   f"{data['vmem_peak_bytes'] / MIB:.2f} MiB at {data['vmem_peak_time_ms']:.3f} ms ({where})", SIMULATED)
     if data["execution_mode"] == "megakernel":
-        table.add(f"{words['staging']} static scratch / usable",
+        table.add(f"{words['staging']} static / usable",
                       f"{data['vmem_static_bytes'] / MIB:.2f} / {data['vmem_capacity_bytes'] / MIB:.2f} MiB",
                       "schedule plan / chip figure")
     else:  # one kernel per op: no persistent kernel holds the schedule's buffers
