@@ -223,7 +223,8 @@ class CalibrationResult:
 # --------------------------------------------------------------------------- the procedure
 
 
-PROCEDURES = ("part by part", "end to end", "cpu loop", "gpu micro", "gpu stack")
+PROCEDURES = ("part by part", "end to end", "cpu loop", "gpu micro", "gpu stack", "gpu k3 stack")
+GPU_K3_STACK_SETS = ("published:b300-sglang-k3",)  # published K3 rows on B300 (calibration.k3_stack_fit)
 GPU_STACK_SETS = ("published:b200-vllm-qwen3.5",)  # published per-stage splits (calibration.gpu_stack)
 
 
@@ -233,6 +234,8 @@ def choose_procedure(chip: Chip, *, measurements: str, micro_set: bool = False, 
 
     - a CPU chip measured by the closed loop → ``cpu loop``;
     - a GPU serving stack's published per-stage split → ``gpu stack``;
+    - the published K3 rows on B300 → ``gpu k3 stack`` (:mod:`calibration.k3_stack_fit`, which
+      still has its own solver and result);
     - a :mod:`calibration.gpu_bench` file (micro-benchmarks + whole steps) → ``gpu micro``;
     - component measurements for this chip exist and no figure list was given → ``part by part``;
     - otherwise → ``end to end``.
@@ -241,6 +244,8 @@ def choose_procedure(chip: Chip, *, measurements: str, micro_set: bool = False, 
         return "cpu loop"
     if chip.kind == "gpu" and measurements in GPU_STACK_SETS:
         return "gpu stack"
+    if measurements in GPU_K3_STACK_SETS:
+        return "gpu k3 stack"
     if micro_set:
         return "gpu micro"
     if has_components and not parameters_given:

@@ -61,9 +61,12 @@ __all__ = ["BUILTIN_DIR", "display_path", "local_dir", "read_yaml_mapping"]
 # chips (a v5e/v6e "-8" slice uses 8 on one host, but 4 per host is the pod building block);
 # an HGX GPU server holds 8 GPUs; a GB200 NVL72 compute tray holds 2 Grace-Blackwell
 # superchips = 4 GPUs; the probed host CPU is its own host.
-CHIPS_PER_HOST: dict[str, int] = {"gb200": 4}
+CHIPS_PER_HOST: dict[str, int] = {"gb200": 4, "gb300": 4}
 CHIPS_PER_HOST_BY_KIND: dict[str, int] = {"tpu": 4, "gpu": 8, "cpu": 1}
 
+
+
+HOST_CHIP_NAME = "host-cpu"  # the probed host: written by `tpusim hardware probe` (hwmodels.probe)
 
 def catalog_dirs() -> list[Path]:
     """Folders searched for ``<chip>.yaml``, built-in first, then the local folder."""
@@ -110,8 +113,6 @@ def load_chip(name: str, *, calibrated: bool = True) -> Chip:
     """
     paths = _chip_paths()
     if name not in paths:
-        from hwmodels.probe import HOST_CHIP_NAME
-
         if name == HOST_CHIP_NAME:  # written by the probe, into the local folder
             raise InputError(f"{name} has not been measured on this machine yet (no {name}.yaml in "
                              f"{display_path(local_dir())}): run `tpusim hardware probe` first")
@@ -127,8 +128,34 @@ def load_chip(name: str, *, calibrated: bool = True) -> Chip:
         return chip
     path = overlay_path(name)
     if not path.is_file():
-        return chip
+        return _derived_stack_figures(chip)
     return apply_overlay(chip, load_overlay(path), origin=display_path(path))
+
+
+DERIVED_PATHS = ("execution.gpu.", "execution.per_op_efficiency")  # per-kernel figures of the SM architecture
+
+
+def _derived_stack_figures(chip: Chip) -> Chip:
+    """``chip`` with the per-kernel execution figures another chip's overlay calibrated
+    (``execution.gpu.stack_figures_from``), each labelled *derived from calibrated <chip>*;
+    bandwidths, links and counts stay this chip's own. Unchanged when there is no such overlay."""
+    gpu = chip.execution.gpu
+    source = gpu.stack_figures_from if gpu is not None else None
+    if not source or source == chip.name or not overlay_path(source).is_file():
+        return chip
+    overlay = load_overlay(overlay_path(source))
+    data = chip.model_dump(mode="json")
+    for path, value in overlay.parameters.items():
+        if not path.startswith(DERIVED_PATHS):
+            continue
+        node = data
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = {"value": value.value, "label": "derived",
+                      "source": f"derived from calibrated {source}: {value.value:.4g}, fitted on {value.fitted_on or overlay.fitted_on} "
+                                f"(same SM architecture; this chip's own bandwidths, links and GPU count apply)"}
+    return Chip.model_validate(data)
 
 
 def published_chip(name: str) -> Chip:

@@ -44,10 +44,9 @@ from pathlib import Path
 import numpy as np
 
 from hwmodels.atomic import write_text_atomic
-from hwmodels.catalog import chip_to_yaml, local_dir
+from hwmodels.catalog import HOST_CHIP_NAME, chip_to_yaml, local_dir
 from hwmodels.schema import MIB, Chip
 
-HOST_CHIP_NAME = "host-cpu"
 SYS_CPU_DIR = Path("/sys/devices/system/cpu")
 
 

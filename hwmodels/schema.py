@@ -301,6 +301,18 @@ class GpuExecution(BaseModel):
     grid_barrier_s: Figure = Field(description="a GPU megakernel's grid-wide barrier, once per layer, seconds")
     in_kernel_stage_latency_s: Figure = Field(description="one stage of a device-initiated collective "
                                               "inside a GPU megakernel, seconds")
+    stack: str = Field(default="generic", pattern=r"^[a-z0-9][a-z0-9.\-]*$",
+                       description="the serving stack's fusion table: generic (tpusim.engine.gpu_fusion) "
+                       "or a stack file tpusim/stacks/<name>.yaml (e.g. sglang-k3)")
+    single_cta_router_s: Figure | None = Field(default=None, description="fixed time of a routing kernel "
+                                               "that runs on one CTA (a fused MoE's in-op top-k at small "
+                                               "batch), seconds; stacks that name one need it")
+    radix_router_s: Figure | None = Field(default=None, description="fixed time of a multi-CTA fused "
+                                          "route + pack + activation-quantize kernel, seconds")
+    stack_figures_from: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9.\-]*$",
+                                           description="another chip (same SM architecture) whose calibrated "
+                                           "execution figures this chip takes, labelled derived, when it has "
+                                           "no overlay of its own (hwmodels.catalog.load_chip)")
 
 
 class ExecutionModel(BaseModel):

@@ -1,6 +1,9 @@
 """From a :class:`tpusim.schedule.schema.Schedule` to the kernel's static DMA plan.
 
-**The program.** A decode step is a flat sequence of ops (the simulator's vocabulary):
+**The program.** A decode step is a flat sequence of ops: per layer its attention block and its
+MLP block, then the head, each block's ops as :mod:`tpusim.workload.registry` declares them
+(this module turns those :class:`~tpusim.workload.registry.OpSpec` sequences into window ops
+with layer offsets; it holds no op order of its own). For K3:
 
     layer 0:  attn.mix_norm kda.qkvgb kda.decay kda.core kda.o  mlp.mix_norm mlp.gate_up mlp.down
     layer l:  attn.mix_norm <kda.qkvgb kda.decay kda.core kda.o | mla.q_a mla.kv_a mla.q_b mla.kv_b
@@ -22,14 +25,13 @@ the *prologue* is layer 0 plus layer 1 up to ``moe.shared_down``; *window i* (i 
 hold one whole expert slice. Ring slab ``g`` (counted over all instances, ``g = m*K + k``
 for slab ``k`` of instance ``m`` of a K-slab tensor) lives in buffer ``g % buffers``. The
 families of a pool share one uint16 arena of 128-lane rows sized for the largest member
-(exactly :func:`tpusim.schedule.vmem.vmem_plan`'s rule); members start at row 0 except the routed
-experts, whose slots are placed at the arena's top so the shared expert and the first
-slots can coexist. Everything in an arena is 16-bit words: bf16 as is, FP8/MXFP4/E8M0 bytes
+(placed by :func:`tpusim.schedule.vmem.place`, the accounting's own rule, in arena rows);
+members start at row 0 except the routed experts, whose slots are placed at the arena's top
+so the shared expert and the first slots can coexist. Everything in an arena is 16-bit words: bf16 as is, FP8/MXFP4/E8M0 bytes
 paired (:mod:`megakernel.quant`), the f32 small parameters as high and low halves. Small
 parameters are read from ``attn.mix_norm`` to ``moe.topk``, so at fixed addresses they
 cannot time-share a pool whose largest member fills it: they always get an arena of their
-own, even when the schedule names a pool for them (the kernel's one departure from
-:mod:`tpusim.schedule.vmem`, worth 0.3 MiB at K3 TP32).
+own, even when the schedule names a pool for them (:func:`tpusim.schedule.vmem.arena_of`).
 
 **Ring pools.** A pool of mode ``ring`` is one arena of ``banks`` banks; its members' slabs
 (cut at ``bank_bytes``) take the banks in turn across tensors and layers, so a slab's bank is

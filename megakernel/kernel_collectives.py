@@ -36,7 +36,10 @@ of pair member ``a`` (rank order) of the half's panel ``p`` (:func:`pair_matmul`
 Receive buffers: per collective and phase one slot per incoming message, double-buffered by
 layer parity when the collective runs in more than one layer (exactly
 :func:`tpusim.workload.collectives.buffer_bytes`, which :func:`tpusim.schedule.vmem.vmem_plan`
-counts). The kernel's trace-time log (:attr:`CollectiveMegakernel.link_log`) lists every
+counts). With the schedule's ``receive_slots: shared`` (the default), a collective that
+:func:`tpusim.schedule.vmem.buffer_hosts` assigns a host (K3: ``mlp.allreduce`` in
+``moe.shared_reduce``'s) uses the host's send buffer and parity-0 receive slots and keeps
+only its own semaphores. The kernel's trace-time log (:attr:`CollectiveMegakernel.link_log`) lists every
 issue and wait in trace order, for the event-order test against the plan.
 
 A device none of whose experts the batch chose still runs one expert op (local expert 0,
@@ -58,6 +61,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from megakernel.collective_plan import UnsupportedPlan
 from megakernel.dims import LANES, UnsupportedModel, model_dims
 from megakernel.kernel import Megakernel
 from megakernel.kernel_attention import add_to_residual
@@ -68,6 +72,7 @@ from megakernel.multi_device import ISSUE, Bugs, device_mesh
 from megakernel.multi_device_decode import DecodeKernel
 from megakernel.reference import DecodeState
 from tpusim.schedule.schema import Schedule
+from tpusim.schedule.vmem import buffer_hosts
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.registry.names import Collective, MoeOp, MoeTensor
 from tpusim.workload.sharding import ShardingPlan
@@ -98,31 +103,47 @@ class _Fresh:
 
 class _PhaseRecv:
     """Receive buffers of one collective, one ref per phase ``[copies, messages, chunk]``,
-    indexed as DecodeKernel's ``recv[parity, phase, slots]``."""
+    indexed as DecodeKernel's ``recv[parity, phase, slots]``; a collective with one copy
+    always reads slot parity 0 (also when it uses a double-buffered host's refs)."""
 
-    def __init__(self, refs: list[Any]) -> None:
-        self.refs = refs
+    def __init__(self, refs: list[Any], single: bool = False) -> None:
+        self.refs, self.single = refs, single
 
     def __getitem__(self, index: tuple[Any, int, Any]) -> Any:
         parity, phase, slots = index
-        return self.refs[phase][parity, slots]
+        return self.refs[phase][0 if self.single else parity, slots]
 
 
 class KernelLink(DecodeKernel):
     """DecodeKernel's remote copies and combines, with this kernel's buffer layout."""
 
     def __init__(self, model: ModelConfig, plan: ShardingPlan, batch: int, *, bugs: Bugs,
-                 f32_payloads: bool = False) -> None:
+                 f32_payloads: bool = False, receive_slots: str = "shared") -> None:
         super().__init__(model, plan, batch, 1, interpret=None, bugs=bugs, f32_payloads=f32_payloads)
         runs = {name: sum(("issue", name, 0) in events for events in self.layers) for name in self.index}
         self.copies = {c: 1 if bugs.single_buffer or runs[coll.name] <= 1 else 2 for c, coll in enumerate(self.colls)}
+        # collective -> the collective whose buffers it uses (itself unless the layout shares them)
+        self.owner = {c: c for c in range(len(self.colls))}
+        for guest, host in buffer_hosts(model, plan, batch, receive_slots).items():
+            g, h = self.index[guest], self.index[host]
+            if self._buffers(g, 1) != self._buffers(h, 1) or self.copies[g] != 1:
+                raise UnsupportedPlan(f"collective {guest}: its buffers differ from {host}'s; it cannot share them")
+            self.owner[g] = h
+        self.owners = sorted(set(self.owner.values()))
+
+    def _buffers(self, c: int, copies: int) -> tuple[Any, ...]:
+        """(send shape, receive shape per phase, dtype) of collective ``c`` with ``copies`` slot sets."""
+        coll = self.colls[c]
+        return ((coll.phases, self.buffer_width(c)),
+                tuple((copies, coll.counts[p], self.chunk(c)) for p in range(coll.phases)), self.payload[c][1])
 
     def scratch_shapes(self) -> dict[str, Any]:
-        dtypes = [self.payload[c][1] for c in range(len(self.colls))]
+        """Send and receive buffers of the collectives that own theirs (:attr:`owners`, in
+        order; rule 6 of :mod:`tpusim.schedule.vmem`), semaphores of every collective."""
+        shapes = [self._buffers(c, self.copies[c]) for c in self.owners]
         return {
-            "send": [pltpu.VMEM((coll.phases, self.buffer_width(c)), dtypes[c]) for c, coll in enumerate(self.colls)],
-            "recv": [[pltpu.VMEM((self.copies[c], coll.counts[p], self.chunk(c)), dtypes[c]) for p in range(coll.phases)]
-                     for c, coll in enumerate(self.colls)],
+            "send": [pltpu.VMEM(send, dtype) for send, _, dtype in shapes],
+            "recv": [[pltpu.VMEM(phase, dtype) for phase in recv] for _, recv, dtype in shapes],
             "send_sem": [pltpu.SemaphoreType.DMA((coll.phases,)) for coll in self.colls],
             "recv_sem": [pltpu.SemaphoreType.DMA((self.copies[c], coll.phases)) for c, coll in enumerate(self.colls)],
         }
@@ -242,7 +263,8 @@ class CollectiveMegakernel(Megakernel):
             raise UnsupportedModel(f"model {model.name}: the hidden size must be an even number of 128-lane panels")
         super().__init__(dims, schedule, batch, max_context, interpret=interpret)
         self.model, self.plan = model, plan
-        self.link = KernelLink(model, plan, batch, bugs=bugs or Bugs(), f32_payloads=f32_payloads)
+        self.link = KernelLink(model, plan, batch, bugs=bugs or Bugs(), f32_payloads=f32_payloads,
+                               receive_slots=schedule.receive_slots)
         self.link_log: list[tuple[str, str, int | None, int, str | None]] = []
 
     def scratch_shapes(self) -> dict[str, Any]:
@@ -263,8 +285,11 @@ class CollectiveMegakernel(Megakernel):
 
     def enter(self, ctx: Ctx) -> None:
         coll = ctx.scratch["coll"]
-        run = LinkRun(self.link, _Fresh(ctx.ins["smem.routes"]), coll["send"],
-                      [_PhaseRecv(r) for r in coll["recv"]], coll["send_sem"], coll["recv_sem"], ctx=ctx)
+        link = self.link
+        at = {c: link.owners.index(link.owner[c]) for c in range(len(link.colls))}
+        run = LinkRun(link, _Fresh(ctx.ins["smem.routes"]), [coll["send"][at[c]] for c in range(len(link.colls))],
+                      [_PhaseRecv(coll["recv"][at[c]], single=link.copies[c] == 1) for c in range(len(link.colls))],
+                      coll["send_sem"], coll["recv_sem"], ctx=ctx)
         self.link_log = run.log
         ctx.link = run
         self.link._barrier(run)  # type: ignore[arg-type]  # nobody's copy lands before its peer started

@@ -14,9 +14,10 @@ inside it; the process needs ``plan.devices`` JAX devices (on a CPU:
 ``python -m megakernel.lower_check`` does). On one device there are no collectives.
 
 The kernel's VMEM scratch (:meth:`megakernel.kernel.Megakernel.scratch_bytes`: arenas, KV
-tiles, states, activations, collective send/receive buffers) is set beside
-:func:`tpusim.schedule.vmem.vmem_plan`, the static accounting the simulator and the sweep
-use; the two are computed independently.
+tiles, states, activations, working scratch, collective send/receive buffers) is set beside
+:func:`tpusim.schedule.vmem.vmem_plan`'s ``total_bytes``, the one VMEM figure the simulator,
+the sweep and compare check; the two are computed independently and agree byte for byte on
+the K3 kernel (``tests/test_vmem_truth.py``).
 """
 
 from __future__ import annotations
@@ -109,10 +110,7 @@ def lower_schedule(model: ModelConfig, plan: ShardingPlan, schedule: Schedule, *
         text = lower_for_tpu(kernel)
         present = False
     vmem = vmem_plan(schedule, model, plan, batch)
-    accounting = {f"arena.{pool}": size for pool, size in vmem.arena_bytes.items()}
-    accounting.update(kv_tiles=vmem.kv_bytes, states=vmem.state_bytes, activations=vmem.activation_bytes)
-    if vmem.collective_bytes:
-        accounting["collectives"] = vmem.collective_bytes
+    accounting = vmem.parts()
     scratch: dict[str, int] = {}
     for name, size in kernel.scratch_bytes().items():
         key = "collectives" if name.startswith("coll.") else name

@@ -55,6 +55,7 @@ def synthetic(predictor: Predictor) -> list[Measurement]:
     return records
 
 
+@pytest.mark.slow
 def test_fit_recovers_known_parameters(synthetic: list[Measurement], predictor: Predictor) -> None:
     published = load_chip("tpu-v7", calibrated=False)
     specs = [spec for spec in TPU_PARAMETERS if spec.path in TRUTH]
@@ -134,6 +135,7 @@ def test_report_labels_every_number(synthetic: list[Measurement], predictor: Pre
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_cli_calibrate_and_report(synthetic: list[Measurement], tmp_path: Path, local_dir: Path,
                                   capsys: pytest.CaptureFixture[str]) -> None:
     measurements = write_measurements(tmp_path / "synthetic.jsonl", synthetic)

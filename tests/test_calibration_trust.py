@@ -75,6 +75,7 @@ def test_an_h100_fit_at_its_bounds_is_refused_unless_allowed(tmp_path, local_dir
     assert overlay_path("h100").exists()
 
 
+@pytest.mark.slow
 def test_step_times_in_microseconds_given_as_ms_are_a_unit_error(tmp_path, local_dir, capsys) -> None:
     """The example's step times x1000 (µs written into the ms field): refused as a likely
     unit error whatever the override flags, report written, no overlay."""
@@ -123,6 +124,7 @@ def test_a_host_cpu_faster_than_its_probe_allows_is_implausible(tmp_path, local_
     assert not overlay_path("host-cpu").exists()
 
 
+@pytest.mark.slow
 def test_overlays_list_show_remove_and_local_dir(tmp_path, local_dir, capsys, monkeypatch) -> None:
     """A fit saved with ``--local-dir A`` lands in A (not the environment's folder); every
     overlay command and ``hardware show`` read A when given it, or TPUSIM_LOCAL_DIR=A."""

@@ -19,6 +19,7 @@ def rows() -> list[dict]:
     return compare_rows("kimi-k3", systems, [1], acceptance_lengths=[3.0], schedule="published", calibrated=False)
 
 
+@pytest.mark.slow
 def test_rows_have_the_stable_keys(rows: list[dict]) -> None:
     assert len(rows) == 8
     for row in rows:
@@ -28,6 +29,7 @@ def test_rows_have_the_stable_keys(rows: list[dict]) -> None:
     assert all(r["label"] == "simulated" for r in rows)
 
 
+@pytest.mark.slow
 def test_per_kernel_gpu_is_slower_than_gpu_megakernel_at_batch_1(rows: list[dict]) -> None:
     by_system = {r["system"]: r for r in rows if r["acceptance_length"] is None}
     per_kernel, mega = by_system["gb200:16"], by_system["gb200:16:megakernel"]
@@ -40,12 +42,14 @@ def test_per_kernel_gpu_is_slower_than_gpu_megakernel_at_batch_1(rows: list[dict
     assert per_kernel["breakdown"]["launch_count"] > 1000 and mega["breakdown"]["launch_count"] == 1
 
 
+@pytest.mark.slow
 def test_four_gb200_do_not_fit(rows: list[dict]) -> None:
     small = [r for r in rows if r["system"] == "gb200:4"]
     assert all(r["fits"] is False and r["step_ms"] is None for r in small)
     assert "does not fit on 4 x gb200" in small[0]["note"]
 
 
+@pytest.mark.slow
 def test_speculation_rows(rows: list[dict]) -> None:
     tpu = {r["acceptance_length"]: r for r in rows if r["system"] == "tpu-v7:16"}
     spec = tpu[3.0]
@@ -62,6 +66,7 @@ def test_speculative_arithmetic() -> None:
     assert step.accepted_tokens_per_s == pytest.approx(4 * 6 / 0.017)
 
 
+@pytest.mark.slow
 def test_compare_cli_json_and_plot(tmp_path, capsys) -> None:
     plot = tmp_path / "cmp.png"
     code = main(["compare", "--systems", "tpu-v7:16,gb200:16", "--batch", "1,2", "--schedule", "published",

@@ -123,6 +123,7 @@ def test_same_inputs_and_seed_give_identical_results(workload: tuple[int, int, i
     assert first.events == second.events
 
 
+@pytest.mark.slow
 @settings(max_examples=20, deadline=None)
 @given(schedule=schedules(), layers=st.sampled_from((12, 16)), batch=st.sampled_from((1, 4)))
 def test_doubling_layers_doubles_layer_time(schedule: Schedule, layers: int, batch: int) -> None:

@@ -30,7 +30,8 @@ def static_bytes(schedule, model, plan, rows: int, sequences: int) -> int:
     return vmem_plan(schedule, model, plan, rows, sequences).total_bytes
 
 
-@pytest.mark.parametrize(("rows", "sequences"), [(32, 4), pytest.param(64, 8, marks=pytest.mark.slow)])  # 64: ~11 s
+# 32 rows and more no longer fit at all: their collective buffers (vmem rule 6) alone take ~14 MiB
+@pytest.mark.parametrize(("rows", "sequences"), [(16, 4), pytest.param(24, 8, marks=pytest.mark.slow)])
 def test_published_shrinks_to_a_fitting_schedule_faster_than_naive(rows: int, sequences: int) -> None:
     model, plan, system, program = k3(rows, sequences)
     capacity = system.chip.staging_memory.usable_bytes
@@ -54,12 +55,12 @@ def test_a_row_count_whose_activations_alone_overflow_is_refused_in_one_line() -
 
 @pytest.mark.slow  # a whole compare run with a shrink (~15 s, loaded machine)
 def test_a_compare_row_that_does_not_fit_says_it_was_shrunk() -> None:
-    model, plan, system, program = k3(64, 8)
+    model, plan, system, program = k3(24, 8)
     built = []
-    chosen, how = schedule_for(model, plan, system, system.chip, batch=64, schedule="published", choose=None,
+    chosen, how = schedule_for(model, plan, system, system.chip, batch=24, schedule="published", choose=None,
                                program_of=lambda: built.append(1) or program, sequences=8)
-    assert how.startswith("given `published` does not fit on-chip memory at 64 rows; `published` shrunk to fit")
-    assert chosen.name == "published-fitted-64rows" and built == [1]
+    assert how.startswith("given `published` does not fit on-chip memory at 24 rows; `published` shrunk to fit")
+    assert chosen.name == "published-fitted-24rows" and built == [1]
     # a row that fits never builds the program
     chosen, how = schedule_for(model, plan, system, system.chip, batch=8, schedule="published", choose=None,
                                program_of=lambda: built.append(2) or program, sequences=8)

@@ -78,8 +78,8 @@ def test_plan_choice_skips_a_faster_plan_that_does_not_fit() -> None:
     model = load_model("kimi-k3")
     candidates = gpu_plan_candidates(model, 16)
     shapes = [(plan.attention_dp, plan.expert_groups, plan.expert_tp) for _label, plan in candidates]
-    assert shapes == [(1, 16, 1), (2, 16, 1), (1, 4, 4)]
-    assert len({plan.name for _label, plan in candidates}) == 3
+    assert shapes == [(1, 16, 1), (2, 16, 1), (1, 4, 4), (1, 1, 16)]
+    assert len({plan.name for _label, plan in candidates}) == 4
     plan_a, plan_b = candidates[0][1], candidates[-1][1]
     outcomes = [PlanOutcome("fast, too big", plan_a, None, "needs 200 GB"), PlanOutcome("slow", plan_b, 0.02),
                 PlanOutcome("slower", plan_a, 0.03)]

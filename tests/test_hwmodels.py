@@ -25,7 +25,7 @@ from hwmodels.overlay import (
 from tpusim.app.cli import main
 
 BUILTIN_FILES = sorted(BUILTIN_DIR.glob("*.yaml"))
-EXPECTED_CHIPS = {"tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-v7", "h100", "h200", "b200", "gb200"}
+EXPECTED_CHIPS = {"tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-v7", "h100", "h200", "b200", "gb200", "b300", "gb300"}
 
 
 def _v7_data() -> dict[str, Any]:

@@ -173,10 +173,10 @@ def test_planned_steps_never_overwrite_live_buffers_mini(schedule, batch):
         replay(kernel, planned_event_order(kernel, routing_for(dims, batch, seed)))
 
 
-# naive and layer-double-buffer: slow (~1-2 s each); tests/test_issue_plan.py checks their K3 TP32
+# naive, layer-double-buffer and k3-ring: slow (~1-2 s each); tests/test_issue_plan.py checks their K3 TP32
 # issue plans for overwrites in well under a second.
 @pytest.mark.parametrize("schedule", [
-    pytest.param(load_schedule(name), marks=pytest.mark.slow) if name in ("naive", "layer-double-buffer")
+    pytest.param(load_schedule(name), marks=pytest.mark.slow) if name in ("naive", "layer-double-buffer", "k3-ring")
     else load_schedule(name) for name in (*BUILTINS, "k3-ring")], ids=lambda s: s.name)
 def test_planned_steps_never_overwrite_live_buffers_k3_tp32(schedule):
     model = load_model("kimi-k3")

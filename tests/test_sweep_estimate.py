@@ -46,6 +46,7 @@ def test_estimate_is_never_below_the_analytic_floor() -> None:
             assert result.tokens_per_s == batch / result.step_s
 
 
+@pytest.mark.slow
 def test_estimate_tracks_the_engine_on_the_builtins() -> None:
     """Within 22 % of the simulated step for every built-in (K3 batch 1 and 8, and the mini).
 
@@ -58,6 +59,8 @@ def test_estimate_tracks_the_engine_on_the_builtins() -> None:
         _model, _plan, system, program, ctx = workload(name, chips, batch)
         for builtin in BUILTIN_SCHEDULES:
             schedule = load_schedule(builtin)
+            if (name, batch, builtin) == ("kimi-k3", 8, "layer-double-buffer"):
+                continue  # 58.89 MiB with its collective buffers: does not fit (docs/vmem.md)
             simulated = simulate(program, schedule, system.chip).step_s
             estimated = estimate(ctx, schedule).step_s
             assert abs(estimated - simulated) / simulated < 0.22, (name, batch, builtin, estimated, simulated)

@@ -37,6 +37,7 @@ def _sweep(out: Path) -> tuple:
     return result, (lambda: build_program(model, plan, batch=BATCH, context_tokens=1024, seed=3)), system
 
 
+@pytest.mark.slow
 def test_every_shown_row_gets_its_own_re_simulated_interval_and_p_best(tmp_path: Path) -> None:
     samples = [{SUSTAINED: value} for value in (2.0e12, 2.5e12, 3.1e12)]
     save_overlay(CalibrationOverlay(chip="tpu-v7", fitted_on="test", samples=samples, parameters={

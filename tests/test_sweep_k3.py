@@ -49,6 +49,7 @@ def test_k3_sweep_accounts_for_every_candidate(tmp_path: Path, batch: int, jobs:
     assert result.published_rank is not None and result.published_rank <= result.simulated
 
 
+@pytest.mark.slow
 def test_k3_sweep_finds_a_faster_dma_limit_than_published(tmp_path: Path) -> None:
     """The published kernel keeps 4 expert DMAs in flight because 4 beat 8 on TPU7x (the DMA
     engine round-robins among outstanding copies). Offered ``published`` with 4 and 16 DMAs in

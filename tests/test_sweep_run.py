@@ -67,6 +67,7 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
+@pytest.mark.slow
 def test_outputs_are_complete_and_labelled(tmp_path: Path) -> None:
     result = sweep(tmp_path, plots=True, budget=8)  # budget >= 8: a refine round too
     rows = read_csv(tmp_path / "sweep.csv")
@@ -125,6 +126,7 @@ def test_same_seed_gives_an_identical_best_json(tmp_path: Path) -> None:
     assert (tmp_path / "c" / "best.json").read_bytes() == first
 
 
+@pytest.mark.slow
 def test_interrupted_sweep_keeps_rows_and_resume_does_not_repeat_them(tmp_path: Path) -> None:
     reference = sweep(tmp_path / "reference", space=small_space(15))
     out = tmp_path / "interrupted"
@@ -196,6 +198,7 @@ def test_per_op_launch_chips_are_refused(tmp_path: Path) -> None:
         run_sweep(model, plan, system, 1, out_dir=tmp_path, quiet=True)
 
 
+@pytest.mark.slow
 def test_cli_prints_labelled_top_five(tmp_path: Path, mini_yaml: str, capsys: pytest.CaptureFixture[str]) -> None:
     small = ("--budget", "4", "--samples", "10", "--screen-factor", "1")
     assert main(cli_args(mini_yaml, tmp_path, *small, "--quiet")) == 0

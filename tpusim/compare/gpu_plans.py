@@ -8,7 +8,10 @@ GPU serving stacks deploy an MoE model in one NVLink domain as (``gpu-serving.md
   serving half the sequences with every head of a TP{n/2} shard (wide-EP serving);
 - ``attention TP{n} + experts TP4 x EP{n/4}`` — the first plan's attention, each expert's
   width split over 4 GPUs inside ``n / 4`` expert-parallel groups (TensorRT-LLM's
-  minimum-latency DeepSeek-R1 layout splits experts TP4 x EP2).
+  minimum-latency DeepSeek-R1 layout splits experts TP4 x EP2);
+- ``attention TP{n} + experts TP{n}`` — plain tensor parallelism, every GPU reading 1/n of
+  each selected expert (SGLang's K3 TP8 recipe, ``k3-on-sglang.md`` 2.2: no all-to-all, no
+  expert-load imbalance at small batch).
 
 A compare row simulates every candidate that fits HBM and keeps the fastest
 (:func:`pick_plan`), reporting which.
@@ -58,6 +61,11 @@ def gpu_plan_candidates(model: ModelConfig, devices: int, *, devices_per_chip: i
         plan = generic_plan(model, devices, expert_groups=groups, expert_tp=EXPERT_TP,
                             name=f"{base.name}-etp{EXPERT_TP}", **common)
         out.append((f"attention TP{devices} + experts TP{EXPERT_TP} x EP{groups}", plan))
+    if (moe is not None and base.expert_tp == 1 and devices > EXPERT_TP
+            and moe.expert_intermediate_size % devices == 0):
+        plan = generic_plan(model, devices, expert_groups=1, expert_tp=devices, name=f"{base.name}-etp{devices}",
+                            **common)
+        out.append((f"attention TP{devices} + experts TP{devices}", plan))
     return out
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from hwmodels.catalog import make_system
+from hwmodels.catalog import load_chip, make_system
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip, System
 from tpusim.compare.gpu_plans import PlanOutcome, gpu_plan_candidates, pick_plan
@@ -38,6 +38,7 @@ from tpusim.compare.resimulate import MS_PER_S, SimulationCache
 from tpusim.compare.schedule_choice import ScheduleChooser, fitting_schedule, schedule_for
 from tpusim.report.intervals import Terms, interval_fields, interval_terms, no_interval
 from tpusim.schedule.schema import Schedule, load_schedule
+from tpusim.schedule.vmem import vmem_plan
 from tpusim.workload.capacity import capacity_report, check_capacity
 from tpusim.workload.format_choice import apply_formats
 from tpusim.workload.model_catalog import load_model, plan_for_system
@@ -55,6 +56,7 @@ from tpusim.workload.speculative import (
     mtp_model,
 )
 
+MIB = 1 << 20
 EXECUTIONS = ("default", "stack", "eager", "megakernel")
 RENAMED = {"graphs": "the default (no suffix)", "per-kernel": "eager"}
 
@@ -217,8 +219,13 @@ def compare_rows(
     chosen_drafter = _drafter(model, model_name, drafter, draft_tokens) if acceptance_lengths else None
     cache = SimulationCache()  # rows and interval samples that repeat a simulation share it
     for spec in systems:
-        system, chip, plans = _system_and_plans(model, spec, calibrated, plan_choice)
+        system_model = model if formats else model.for_chip_kind(load_chip(spec.chip, calibrated=False).kind)
+        system, chip, plans = _system_and_plans(system_model, spec, calibrated, plan_choice)
         label = "calibrated" if chip.is_calibrated else "simulated"
+        if chip.kind == "gpu" and not chip.is_calibrated:
+            from tpusim.engine.gpu import derived_origin
+
+            label = f"simulated, {derived_origin(chip)}" if derived_origin(chip) else label
         loaded = interval_terms(chip)
         terms = Terms([with_execution(sample, spec.execution) for sample in loaded.chips], loaded.model_error)
         calibration = chip.calibration
@@ -227,6 +234,8 @@ def compare_rows(
             from tpusim.engine.gpu import stack_source
 
             source += f"; {stack_source(chip)}"
+        if system_model.variant != model.variant:
+            source += f"; weights as a {chip.kind} serves them: {model.name}@{system_model.variant} (deployment_variants)"
         for batch in batches:
             for acceptance in speculation:
                 row: dict[str, Any] = {
@@ -238,7 +247,7 @@ def compare_rows(
                     row["calibrated_on"] = calibration.note()
                     row["calibration_warnings"] = calibration.warnings(model_name, spec.chips, batch)
                 rows.append(row)
-                job = _RowJob(model, system, chip, batch, acceptance, chosen_drafter, schedule, choose_schedule,
+                job = _RowJob(system_model, system, chip, batch, acceptance, chosen_drafter, schedule, choose_schedule,
                               context_tokens, routing, seed, cache)
                 outcomes = [_plan_outcome(job, plan_label, plan) for plan_label, plan in plans]
                 best = pick_plan([outcome.plan for outcome in outcomes])
@@ -331,6 +340,8 @@ def _plan_outcome(job: _RowJob, plan_label: str, plan: ShardingPlan) -> _Outcome
     step_s, breakdown = job.cache.step(model, plan, chip, chosen, rows=verify_rows, context_tokens=job.context_tokens,
                                        routing=job.routing, seed=job.seed, sequences=batch)
     fields: dict[str, Any] = {"schedule": chosen.name, "schedule_hash": chosen.content_hash(), "schedule_choice": how}
+    if chip.kind == "tpu" and chip.execution.mode == "megakernel":  # the one VMEM figure (tpusim.schedule.vmem total_bytes)
+        fields["vmem_static_mib"] = vmem_plan(chosen, model, plan, verify_rows, batch).total_bytes / MIB
     common: dict[str, Any] = {"context_tokens": job.context_tokens, "routing": job.routing, "seed": job.seed,
                               "cache": job.cache}
     verify = partial(_step_s, model=model, plan=plan, schedule=chosen, rows=verify_rows, sequences=batch, **common)

@@ -151,7 +151,7 @@ class _Builder:
     def release_plan(self, index: int, tensor: TensorSpec | None = None, layer: int = 0, chunk: int = 0) -> OpPlan:
         """The op whose start issues slab ``chunk`` of ``tensor`` read by op ``index`` (step 3)."""
         if self.issue is None:
-            return self.plans[self.kernels.kernel_start[index]]
+            return self.plans[self.kernels.issue_op(index)]
         if tensor is None:
             return self.plans[index]
         return self.plans[self.issue.weight_issue(tensor.name, tensor.family, layer, chunk)]

@@ -92,7 +92,7 @@ def simulate(program: Program, schedule: Schedule, chip: Chip, *, record_timelin
     """
     policy = execution_policy(chip)
     effective = policy.effective_schedule(schedule)
-    vmem = vmem_plan(effective, program.model, program.plan, program.batch, program.kv_sequences)
+    vmem = vmem_plan(effective, program.model, program.plan, program.resident_rows, program.kv_sequences)
     capacity = chip.staging_memory.usable_bytes
     if policy.enforce_staging_capacity:
         try:

@@ -73,6 +73,10 @@ class KernelPlan:
     # per op (or empty: none): seconds the opened kernels cost beyond their launches and the
     # engine's copies and compute — a serving stack's fixed time and ramp per kernel
     fixed_s: tuple[float, ...] = ()
+    # per op (or empty: kernel_start): the op whose start issues op i's weight copies. A stack
+    # with programmatic dependent launch (PDL) issues a kernel's weight loads in its prologue,
+    # which runs under the previous kernel (issue_start[i] <= kernel_start[i])
+    issue_start: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.launches) != len(self.kernel_start):
@@ -82,6 +86,13 @@ class KernelPlan:
         for index, start in enumerate(self.kernel_start):
             if not 0 <= start <= index:
                 raise ValueError(f"KernelPlan: op {index} opens at op {start}, which is not at or before it")
+        if self.issue_start and (len(self.issue_start) != len(self.kernel_start) or any(
+                not 0 <= issue <= start for issue, start in zip(self.issue_start, self.kernel_start, strict=True))):
+            raise ValueError("KernelPlan: issue_start must be one op per op, at or before its kernel_start")
+
+    def issue_op(self, index: int) -> int:
+        """The op whose start issues op ``index``'s weight copies (no cross-op prefetch)."""
+        return self.issue_start[index] if self.issue_start else self.kernel_start[index]
 
     @property
     def count(self) -> int:

@@ -86,7 +86,7 @@ from functools import partial
 from typing import Any
 
 from hwmodels.errors import InputError
-from hwmodels.schema import Chip, GpuExecution, LinkSpec
+from hwmodels.schema import Chip, Figure, GpuExecution, LinkSpec
 from tpusim.engine.execution import (
     ExecutionPolicy,
     KernelPlan,
@@ -106,7 +106,8 @@ STACK_LABELS = {
     "per_op_launch": "eager (one host launch per kernel, NCCL)",
     "megakernel": "GPU megakernel (one persistent kernel)",
 }
-SCALE_OUT_LINK = "pcie"  # the schema's name for the PCIe-attached NIC (GPUDirect RDMA)
+SCALE_OUT_LINK = "pcie"
+DERIVED_PREFIX = "derived from calibrated "  # a stack figure carried from another chip's fit  # the schema's name for the PCIe-attached NIC (GPUDirect RDMA)
 
 # Conventional kernels admit every slab of their weights when they start, up to the
 # schema's 64 buffers per tensor kind; the slab size and the copies in flight are catalog
@@ -336,6 +337,18 @@ def gpu_variant(chip: Chip, execution: str) -> Chip:
 # --------------------------------------------------------------------------- results
 
 
+def derived_origin(chip: Chip) -> str:
+    """``"derived from calibrated <chip>"`` when ``chip``'s execution figures were carried from
+    another chip's fit (``execution.gpu.stack_figures_from``), else ``""``."""
+    figures = [chip.execution.per_op_efficiency]
+    if chip.execution.gpu is not None:
+        figures += [getattr(chip.execution.gpu, name) for name in type(chip.execution.gpu).model_fields]
+    origins = sorted({figure.source.split(":", 1)[0] for figure in figures
+                      if isinstance(figure, Figure) and figure.label == "derived"
+                      and figure.source.startswith(DERIVED_PREFIX)})
+    return ", ".join(origins)
+
+
 def stack_source(chip: Chip) -> str:
     """One line saying which of a GPU's stack figures (``execution.gpu``) are priors, derived
     or calibrated — for the ``source`` of every simulated GPU number ("" for other chips)."""
@@ -344,10 +357,14 @@ def stack_source(chip: Chip) -> str:
         return ""
     by_label: dict[str, list[str]] = {}
     for name in type(gpu).model_fields:
-        by_label.setdefault(getattr(gpu, name).label, []).append(name)
+        figure = getattr(gpu, name)
+        if isinstance(figure, Figure):
+            by_label.setdefault(figure.label, []).append(name)
     words = {"assumed": "priors (assumed)"}
     parts = [f"{words.get(label, label)}: {', '.join(names)}" for label, names in sorted(by_label.items())]
-    return f"{STACK_LABELS[chip.execution.mode]}; stack figures " + "; ".join(parts)
+    stack = f" ({gpu.stack} fusion table)" if gpu.stack != "generic" else ""
+    derived = f"; {derived_origin(chip)}" if derived_origin(chip) else ""
+    return f"{STACK_LABELS[chip.execution.mode]}{stack}{derived}; stack figures " + "; ".join(parts)
 
 
 def gpu_breakdown(result: SimResult) -> dict[str, float]:

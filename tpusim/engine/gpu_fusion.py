@@ -65,6 +65,15 @@ Norms are **not** fused into the following GEMM: the stacks above run RMSNorm as
 all-reduce instead (TensorRT-LLM's all-reduce fusion); K3's attention-residual mixture is
 not one of the patterns those kernels cover, so the table keeps the norm as a kernel.
 
+**Stack files.** The table above is the ``generic`` stack. A chip names its stack in
+``execution.gpu.stack``; any other name is a data file ``tpusim/stacks/<name>.yaml``
+(:func:`load_stack`), e.g. ``sglang-k3``: SGLang's K3 decode path on Blackwell, read from the
+public code (merged MoE front GEMM, fused KDA decode, trtllm-gen MLA, the routed-expert path
+by weight format, K3's fused all-reduce + norm). A stack file may list *side-stream* kernels
+per op (SGLang's alternate streams during capture): counted and listed, assumed overlapped
+with the main stream and not charged. :func:`stack_kernel_table` lists one layer's kernels
+(``tpusim plan --kernels``).
+
 Steps of :func:`op_kernels`, with the invariant each keeps:
 
 1. Walk the ops in program order; look up each op's rule (routed experts by role).
@@ -79,23 +88,22 @@ Steps of :func:`op_kernels`, with the invariant each keeps:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
 
-from tpusim.workload.program import Program
+import yaml
+
+from hwmodels.errors import InputError
+from tpusim.workload.program import Op, Program
 from tpusim.workload.registry.names import (
     AttnOp,
     GqaOp,
-    GqaTensor,
     HeadOp,
-    HeadTensor,
     KdaOp,
-    KdaTensor,
     MlaOp,
-    MlaTensor,
     MlpOp,
-    MlpTensor,
     MoeOp,
-    MoeTensor,
     Role,
 )
 
@@ -103,7 +111,12 @@ EXPERT_ROLE = Role.MOE_EXPERT
 COMBINE = MoeOp.COMBINE
 # kernel kinds (what sets a kernel's fixed time in the serving stack)
 GEMM, GROUPED_GEMM, ATTENTION, SMALL = "gemm", "grouped_gemm", "attention", "small"
-KERNEL_KINDS = (GEMM, GROUPED_GEMM, ATTENTION, SMALL)
+# routing kernels of a fused MoE (stack files): a multi-CTA fused route + quant kernel, and a
+# fused MoE's in-op routing on one CTA (execution.gpu.radix_router_s / single_cta_router_s)
+RADIX_ROUTER, SINGLE_CTA_ROUTER = "radix_router", "single_cta_router"
+KERNEL_KINDS = (GEMM, GROUPED_GEMM, ATTENTION, SMALL, RADIX_ROUTER, SINGLE_CTA_ROUTER)
+GENERIC_STACK = "generic"
+STACKS_DIR = Path(__file__).resolve().parents[1] / "stacks"
 
 
 @dataclass(frozen=True)
@@ -113,6 +126,7 @@ class FusionRule:
     kinds: tuple[str, ...]  # the kernels launched before the op when it opens them, by kind
     what: str
     fused_into_previous: bool = False  # runs inside the previous op's kernel (same layer)
+    side: tuple[str, ...] = ()  # kernels on a side stream (counted, overlapped: not charged)
 
     @property
     def kernels(self) -> int:
@@ -121,35 +135,35 @@ class FusionRule:
 
 FUSION_TABLE: dict[str, FusionRule] = {
     AttnOp.MIX_NORM: FusionRule((SMALL,), "residual mix + RMSNorm"),
-    KdaTensor.QKVGB: FusionRule((GEMM,), "q/k/v/gate/beta GEMM"),
+    KdaOp.QKVGB: FusionRule((GEMM,), "q/k/v/gate/beta GEMM"),
     KdaOp.DECAY: FusionRule((GEMM, GEMM), "decay-gate GEMMs (low rank)"),
     KdaOp.CORE: FusionRule((SMALL, ATTENTION, SMALL), "conv update, gated delta rule, gated RMSNorm"),
-    KdaTensor.OUT: FusionRule((GEMM,), "o_proj GEMM"),
-    MlaTensor.Q_A: FusionRule((GEMM,), "fused q_a/kv_a GEMM"),
-    MlaTensor.KV_A: FusionRule((), "in the fused q_a/kv_a GEMM", fused_into_previous=True),
-    MlaTensor.Q_B: FusionRule((SMALL, GEMM), "q LoRA RMSNorm, q_b GEMM"),
-    MlaTensor.KV_B: FusionRule((SMALL, GEMM), "kv LoRA RMSNorm + RoPE, W_UK bmm"),
+    KdaOp.OUT: FusionRule((GEMM,), "o_proj GEMM"),
+    MlaOp.Q_A: FusionRule((GEMM,), "fused q_a/kv_a GEMM"),
+    MlaOp.KV_A: FusionRule((), "in the fused q_a/kv_a GEMM", fused_into_previous=True),
+    MlaOp.Q_B: FusionRule((SMALL, GEMM), "q LoRA RMSNorm, q_b GEMM"),
+    MlaOp.KV_B: FusionRule((SMALL, GEMM), "kv LoRA RMSNorm + RoPE, W_UK bmm"),
     MlaOp.CORE: FusionRule((SMALL, ATTENTION), "KV append, MLA decode attention"),
-    MlaTensor.GATE: FusionRule((GEMM,), "gate GEMM"),
-    MlaTensor.OUT: FusionRule((GEMM, GEMM), "W_UV bmm, o_proj GEMM"),
-    GqaTensor.Q: FusionRule((GEMM,), "fused QKV GEMM"),
-    GqaTensor.K: FusionRule((), "in the fused QKV GEMM", fused_into_previous=True),
-    GqaTensor.V: FusionRule((), "in the fused QKV GEMM", fused_into_previous=True),
+    MlaOp.GATE: FusionRule((GEMM,), "gate GEMM"),
+    MlaOp.OUT: FusionRule((GEMM, GEMM), "W_UV bmm, o_proj GEMM"),
+    GqaOp.Q: FusionRule((GEMM,), "fused QKV GEMM"),
+    GqaOp.K: FusionRule((), "in the fused QKV GEMM", fused_into_previous=True),
+    GqaOp.V: FusionRule((), "in the fused QKV GEMM", fused_into_previous=True),
     GqaOp.CORE: FusionRule((SMALL, ATTENTION), "RoPE + KV append, decode attention"),
-    GqaTensor.GATE: FusionRule((GEMM,), "gate GEMM"),
-    GqaTensor.OUT: FusionRule((GEMM,), "o_proj GEMM"),
+    GqaOp.GATE: FusionRule((GEMM,), "gate GEMM"),
+    GqaOp.OUT: FusionRule((GEMM,), "o_proj GEMM"),
     MlpOp.MIX_NORM: FusionRule((SMALL,), "residual mix + RMSNorm"),
-    MoeTensor.ROUTER: FusionRule((GEMM,), "router GEMM"),
+    MoeOp.ROUTER: FusionRule((GEMM,), "router GEMM"),
     MoeOp.TOPK: FusionRule((SMALL,), "fused sigmoid/bias/top-k"),
-    MoeTensor.LATENT_DOWN: FusionRule((GEMM, SMALL), "latent_down GEMM, latent RMSNorm"),
-    MoeTensor.SHARED_GATE_UP: FusionRule((GEMM, SMALL), "shared gate/up GEMM, activation"),
-    MoeTensor.SHARED_DOWN: FusionRule((GEMM,), "shared down GEMM"),
+    MoeOp.LATENT_DOWN: FusionRule((GEMM, SMALL), "latent_down GEMM, latent RMSNorm"),
+    MoeOp.SHARED_GATE_UP: FusionRule((GEMM, SMALL), "shared gate/up GEMM, activation"),
+    MoeOp.SHARED_DOWN: FusionRule((GEMM,), "shared down GEMM"),
     COMBINE: FusionRule((SMALL,), "un-permute + weighted sum"),
-    MoeTensor.LATENT_UP: FusionRule((GEMM,), "latent_up GEMM"),
-    MlpTensor.GATE_UP: FusionRule((GEMM, SMALL), "dense gate/up GEMM, activation"),
-    MlpTensor.DOWN: FusionRule((GEMM,), "dense down GEMM"),
+    MoeOp.LATENT_UP: FusionRule((GEMM,), "latent_up GEMM"),
+    MlpOp.GATE_UP: FusionRule((GEMM, SMALL), "dense gate/up GEMM, activation"),
+    MlpOp.DOWN: FusionRule((GEMM,), "dense down GEMM"),
     HeadOp.NORM: FusionRule((SMALL,), "final RMSNorm"),
-    HeadTensor.LM_HEAD: FusionRule((GEMM,), "lm_head GEMM"),
+    HeadOp.LM_HEAD: FusionRule((GEMM,), "lm_head GEMM"),
 }
 ROUTED_EXPERTS = FusionRule((SMALL, GROUPED_GEMM, SMALL, GROUPED_GEMM),
                             "fused MoE: permute, grouped gate/up GEMM, activation, grouped down GEMM")
@@ -157,11 +171,80 @@ DEFAULT_RULE = FusionRule((SMALL,), "one kernel")
 DEFAULT_GEMM_RULE = FusionRule((GEMM,), "one GEMM")  # an op not in the table that reads weights on the MXU
 
 
-def rule_for(name: str, role: str) -> FusionRule:
-    """The fusion rule of an op (routed experts by role, everything else by name)."""
+@dataclass(frozen=True)
+class StackTable:
+    """One serving stack's fusion table: rules by op name, the routed-expert rule by weight
+    format (``default`` for other formats), and whether the engine adds an activation-quantize
+    kernel before every low-precision GEMM (the generic stack) or the table names them."""
+
+    name: str
+    ops: dict[str, FusionRule]
+    experts: dict[str, FusionRule] = field(default_factory=dict)
+    default_experts: FusionRule = ROUTED_EXPERTS
+    quantize_kernels: bool = True
+    pdl_weight_prefetch: bool = False  # PDL: a kernel's weight loads run under the previous kernel
+    description: str = ""
+    source: str = ""
+
+    def expert_rule(self, fmt: str) -> FusionRule:
+        return self.experts.get(fmt, self.default_experts)
+
+
+GENERIC = StackTable(GENERIC_STACK, FUSION_TABLE, description="generic CUDA-graph stack (vLLM class)",
+                     source="assumed: our reading of vLLM / SGLang / TensorRT-LLM decode paths")
+
+
+def _rule(entry: object, where: str) -> FusionRule:
+    if not isinstance(entry, dict) or not isinstance(entry.get("kernels", []), list):
+        raise InputError(f"{where}: expected a mapping with a kernels list")
+    unknown = set(entry) - {"kernels", "side", "what", "fused_into_previous"}
+    if unknown:
+        raise InputError(f"{where}: unknown keys {', '.join(sorted(unknown))}")
+    kinds = tuple(entry.get("kernels", []))
+    side = tuple(entry.get("side", []))
+    bad = [kind for kind in kinds + side if kind not in KERNEL_KINDS]
+    if bad:
+        raise InputError(f"{where}: unknown kernel kind {bad[0]!r}; known: {', '.join(KERNEL_KINDS)}")
+    return FusionRule(kinds, str(entry.get("what", "")), bool(entry.get("fused_into_previous", False)), side)
+
+
+@cache
+def load_stack(name: str) -> StackTable:
+    """The fusion table of stack ``name``: ``generic`` (this module's table) or the file
+    ``tpusim/stacks/<name>.yaml`` (its keys are program op names of the registry)."""
+    if name == GENERIC_STACK:
+        return GENERIC
+    path = STACKS_DIR / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted([GENERIC_STACK, *(p.stem for p in STACKS_DIR.glob("*.yaml"))])
+        raise InputError(f"unknown serving stack {name!r}; known: {', '.join(known)}")
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    where = f"tpusim/stacks/{path.name}"
+    if not isinstance(data, dict) or data.get("name") != name:
+        raise InputError(f"{where}: expected a mapping whose name is {name!r}")
+    known_ops = set(FUSION_TABLE)
+    ops = {}
+    for key, entry in (data.get("ops") or {}).items():
+        if key not in known_ops:
+            raise InputError(f"{where}: ops.{key}: not a program op with a fusion rule ({', '.join(sorted(known_ops))})")
+        ops[key] = _rule(entry, f"{where}: ops.{key}")
+    experts = {str(fmt): _rule(entry, f"{where}: experts.{fmt}") for fmt, entry in (data.get("experts") or {}).items()}
+    default = experts.pop("default", ROUTED_EXPERTS)
+    return StackTable(name, {**FUSION_TABLE, **ops}, experts, default, bool(data.get("quantize_kernels", True)),
+                      bool(data.get("pdl_weight_prefetch", False)), str(data.get("description", "")),
+                      str(data.get("source", "")))
+
+
+def expert_format(op: Op) -> str:
+    """The weight format that picks a routed expert's kernel path (its first tensor's)."""
+    return op.tensors[0].fmt.name if op.tensors else ""
+
+
+def rule_for(name: str, role: str, stack: StackTable = GENERIC, fmt: str = "") -> FusionRule:
+    """The fusion rule of an op (routed experts by role and format, everything else by name)."""
     if role == EXPERT_ROLE:
-        return ROUTED_EXPERTS
-    return FUSION_TABLE.get(name, DEFAULT_RULE)
+        return stack.expert_rule(fmt)
+    return stack.ops.get(name, DEFAULT_RULE)
 
 
 @dataclass(frozen=True)
@@ -173,15 +256,20 @@ class OpKernels:
     names: tuple[str, ...]
 
 
-def op_kernels(program: Program) -> OpKernels:
+def _layer_expert_format(ops: list[Op]) -> dict[int, str]:
+    return {op.layer: expert_format(op) for op in ops if op.role == EXPERT_ROLE}
+
+
+def op_kernels(program: Program, stack: StackTable = GENERIC) -> OpKernels:
     """The kernels a conventional GPU stack launches for ``program`` (steps in the docstring)."""
     ops = program.ops
+    formats = _layer_expert_format(ops)
     kinds: list[tuple[str, ...]] = []
     starts: list[int] = []
     names: list[str] = []
     experts_in_layer: dict[int, bool] = {}
     for index, op in enumerate(ops):
-        rule = rule_for(op.name, op.role)
+        rule = rule_for(op.name, op.role, stack, expert_format(op))
         if rule is DEFAULT_RULE and op.tensors and op.unit == "mxu":
             rule = DEFAULT_GEMM_RULE
         previous = ops[index - 1] if index else None
@@ -198,10 +286,72 @@ def op_kernels(program: Program) -> OpKernels:
             continue
         these, what = rule.kinds, rule.what
         if op.name == COMBINE and not experts_in_layer.get(op.layer, False):
-            these = ROUTED_EXPERTS.kinds + these
-            what = f"{ROUTED_EXPERTS.what} (no local expert); {what}"
+            experts = stack.expert_rule(formats.get(op.layer, ""))
+            these = experts.kinds + these
+            what = f"{experts.what} (no local expert); {what}"
         kinds.append(these)
         starts.append(index)
         count = len(these)
         names.append(f"{count} kernel{'s' if count != 1 else ''}: {what}" if count else "")
     return OpKernels(tuple(kinds), tuple(starts), tuple(names))
+
+
+@dataclass(frozen=True)
+class KernelRow:
+    """One kernel of a layer in :func:`stack_kernel_table`: the op that opens it, its kind,
+    whether it runs on a side stream, and what the stack's table says it is."""
+
+    op: str
+    kind: str
+    side: bool
+    what: str
+
+
+def stack_kernel_table(program: Program, stack: StackTable, layer: int) -> list[KernelRow]:
+    """The kernels of one layer of ``program`` under ``stack``, in order: main-stream kernels
+    by op, each op's side-stream kernels after them, and one row per collective the program
+    issues after an op (a collective kernel of the stack). Routed experts appear once."""
+    ops = [op for op in program.ops if op.layer == layer]
+    rows: list[KernelRow] = []
+    seen_expert = False
+    has_expert = any(op.role == EXPERT_ROLE for op in ops)
+    fmt = next((expert_format(op) for op in ops if op.role == EXPERT_ROLE), "")
+    for index, op in enumerate(ops):
+        if op.role == EXPERT_ROLE:
+            if seen_expert:
+                continue
+            seen_expert = True
+        rule = rule_for(op.name, op.role, stack, expert_format(op))
+        if rule is DEFAULT_RULE and op.tensors and op.unit == "mxu":
+            rule = DEFAULT_GEMM_RULE
+        if rule.fused_into_previous and index > 0:
+            kinds: tuple[str, ...] = ()
+        else:
+            kinds = rule.kinds
+        if op.name == COMBINE and not has_expert:
+            experts = stack.expert_rule(fmt)
+            rows += [KernelRow(str(op.name), kind, False, experts.what) for kind in experts.kinds]
+        rows += [KernelRow(str(op.name), kind, False, rule.what) for kind in kinds]
+        rows += [KernelRow(str(op.name), kind, True, rule.what) for kind in rule.side]
+        rows += [KernelRow(str(op.name), "collective", False, f"{call.spec.kind} kernel")
+                 for call in op.collectives]
+    return rows
+
+
+def kernel_lists(program: Program, stack: StackTable) -> list[dict[str, object]]:
+    """One layer of each kind in ``program`` (its attention + MLP blocks, e.g. KDA + MoE and
+    MLA + MoE) with its kernels under ``stack`` and their counts: main stream (collectives
+    included) and side stream (``tpusim plan --kernels``)."""
+    out: list[dict[str, object]] = []
+    seen: set[tuple[str, ...]] = set()
+    for layer in sorted({op.layer for op in program.ops}):
+        ops = [op for op in program.ops if op.layer == layer]
+        signature = tuple(sorted({str(op.name).split(".")[0] for op in ops if op.role != EXPERT_ROLE}))
+        if signature in seen:
+            continue
+        seen.add(signature)
+        rows = stack_kernel_table(program, stack, layer)
+        out.append({"layer": layer, "blocks": "+".join(signature), "main": sum(not r.side for r in rows),
+                    "side": sum(r.side for r in rows),
+                    "kernels": [{"op": r.op, "kind": r.kind, "side": r.side, "what": r.what} for r in rows]})
+    return out

@@ -35,10 +35,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import pairwise
 
 from hwmodels.schema import Chip, GpuExecution
 from tpusim.engine.execution import KernelPlan
-from tpusim.engine.gpu_fusion import ATTENTION, EXPERT_ROLE, GEMM, GROUPED_GEMM, SMALL, op_kernels
+from tpusim.engine.gpu_fusion import (
+    ATTENTION,
+    EXPERT_ROLE,
+    GEMM,
+    GROUPED_GEMM,
+    RADIX_ROUTER,
+    SINGLE_CTA_ROUTER,
+    SMALL,
+    StackTable,
+    load_stack,
+    op_kernels,
+)
 from tpusim.workload.program import Op, Program
 
 # weight formats a stack multiplies natively in low precision (FP8 / FP4 tensor cores): their
@@ -47,7 +59,8 @@ LOW_PRECISION_FORMATS = ("fp8_e4m3_b256", "fp8_e4m3_b128x128", "mxfp4", "nvfp4")
 QUANTIZE = "activation quantize"
 # stage groups of a profiled decode step, by kernel kind
 STAGE_GROUPS = ("gemm", "moe", "attention", "small")
-GROUP_OF_KIND = {GEMM: "gemm", GROUPED_GEMM: "moe", ATTENTION: "attention", SMALL: "small"}
+GROUP_OF_KIND = {GEMM: "gemm", GROUPED_GEMM: "moe", ATTENTION: "attention", SMALL: "small",
+                 RADIX_ROUTER: "small", SINGLE_CTA_ROUTER: "small"}
 
 
 @dataclass(frozen=True)
@@ -77,9 +90,15 @@ class StackKernel:
 
 def kernel_fixed_s(gpu: GpuExecution, kind: str) -> float:
     """``fixed(kind) - pdl_overlap_s`` of one kernel, seconds (never below 0)."""
-    fixed = {GEMM: gpu.gemm_fixed_s, GROUPED_GEMM: gpu.gemm_fixed_s,
-             ATTENTION: gpu.attention_fixed_s, SMALL: gpu.small_kernel_s}[kind].value
-    return max(0.0, fixed - gpu.pdl_overlap_s.value)
+    routers = {RADIX_ROUTER: gpu.radix_router_s, SINGLE_CTA_ROUTER: gpu.single_cta_router_s}
+    figure = routers.get(kind) or {GEMM: gpu.gemm_fixed_s, GROUPED_GEMM: gpu.gemm_fixed_s,
+                                   ATTENTION: gpu.attention_fixed_s}.get(kind, gpu.small_kernel_s)
+    return max(0.0, figure.value - gpu.pdl_overlap_s.value)
+
+
+def chip_stack(chip: Chip) -> StackTable:
+    """The fusion table ``chip``'s serving stack runs (``execution.gpu.stack``)."""
+    return load_stack(_figures(chip).stack)
 
 
 def stream_bandwidth(chip: Chip) -> float:
@@ -143,7 +162,8 @@ def stack_kernels(chip: Chip, program: Program) -> list[list[StackKernel]]:
     docstring); an op fused into an earlier kernel gets none."""
     gpu = _figures(chip)
     ops = program.ops
-    layout = op_kernels(program)
+    stack = chip_stack(chip)
+    layout = op_kernels(program, stack)
     out: list[list[StackKernel]] = []
     for index, (op, kinds) in enumerate(zip(ops, layout.kinds, strict=True)):
         kernels: list[StackKernel] = []
@@ -152,7 +172,7 @@ def stack_kernels(chip: Chip, program: Program) -> list[list[StackKernel]]:
             operands = iter(_gemm_operands(op, len(gemms), gpu) if gemms else [])
             grouped = iter(_grouped_operands(ops, index, gpu) if op.role == EXPERT_ROLE else [(0, 0), (0, 0)])
             low_precision = any(tensor.fmt.name in LOW_PRECISION_FORMATS for tensor in op.tensors)
-            if (GEMM in kinds or op.role == EXPERT_ROLE) and low_precision:
+            if stack.quantize_kernels and (GEMM in kinds or op.role == EXPERT_ROLE) and low_precision:
                 kernels.append(StackKernel(index, SMALL, QUANTIZE, op.role, 0, 0, kernel_fixed_s(gpu, SMALL), 0.0))
             for kind in kinds:
                 nbytes, ctas = next(operands) if kind == GEMM else next(grouped) if kind == GROUPED_GEMM else (0, 0)
@@ -165,7 +185,8 @@ def stack_kernels(chip: Chip, program: Program) -> list[list[StackKernel]]:
 def stack_kernel_plan(chip: Chip, program: Program) -> KernelPlan:
     """The serving stack's :class:`KernelPlan`: one launch (graph gap) per kernel, and each
     op's kernels' fixed time and ramp as ``fixed_s``."""
-    layout = op_kernels(program)
+    stack = chip_stack(chip)
+    layout = op_kernels(program, stack)
     kernels = stack_kernels(chip, program)
     names = tuple(
         f"{len(these)} kernel{'s' if len(these) != 1 else ''} (graph): "
@@ -176,4 +197,15 @@ def stack_kernel_plan(chip: Chip, program: Program) -> KernelPlan:
         kernel_start=layout.kernel_start,
         kernel_names=names,
         fixed_s=tuple(sum(k.fixed_s + k.ramp_s for k in these) for these in kernels),
+        issue_start=pdl_issue_start(layout.kernel_start, tuple(len(these) for these in kernels))
+        if stack.pdl_weight_prefetch else (),
     )
+
+
+def pdl_issue_start(kernel_start: tuple[int, ...], launches: tuple[int, ...]) -> tuple[int, ...]:
+    """Per op, the op whose start issues its weights under PDL: the start of the kernel before
+    the one it runs in (its prologue's weight loads run under that kernel; the first kernel
+    issues at its own start). Ops of a kernel share one issue op."""
+    opened = [index for index, count in enumerate(launches) if count > 0]
+    previous = {index: before for before, index in pairwise(opened)}
+    return tuple(min(previous.get(start, start), start) for start in kernel_start)

@@ -32,8 +32,10 @@ from tpusim.schedule.vmem import (
     place,
     slab_bytes,
     slab_rows,
+    small_row_bytes,
     tensor_kinds,
 )
+from tpusim.schedule.vmem import tensor_ring as tensor_ring_of
 from tpusim.workload import registry
 from tpusim.workload.program import Op, Program
 from tpusim.workload.registry.names import Family, MoeOp
@@ -100,7 +102,7 @@ class ProgramFacts:
     kinds: dict[str, TensorSpec]  # tensor name -> its largest instance
     reads: list[list[tuple[str, str, object, int]]]  # per op: (tensor name, family, key, slabs-of: bytes)
     instances: dict[str, int]  # tensor name (small: "small", experts: "expert") -> instances
-    small_bytes: int
+    small_bytes: int  # one layer's packed small-parameter row (tpusim.schedule.vmem.small_row_bytes)
     expert_bytes: int
     horizons: list[int]
     topk: dict[int, int]
@@ -113,7 +115,6 @@ def program_facts(program: Program) -> ProgramFacts:
     kinds = {t.name: t for tensors in tensor_kinds(model, plan).values() for t in tensors}
     small_layers = {op.layer for op in program.ops for t in op.tensors if t.family == SMALL_FAMILY}
     instances: dict[str, set[object]] = {}
-    small_bytes: dict[int, int] = {}
     reads: list[list[tuple[str, str, object, int]]] = []
     topk: dict[int, int] = {}
     router: dict[int, int] = {}
@@ -126,7 +127,6 @@ def program_facts(program: Program) -> ProgramFacts:
         op_reads: list[tuple[str, str, object, int]] = []
         for tensor in op.tensors:
             if tensor.family == SMALL_FAMILY:
-                small_bytes[op.layer] = small_bytes.get(op.layer, 0) + tensor.bytes
                 entry = (SMALL_RING, SMALL_FAMILY, op.layer, 0)
             elif tensor.family == ROUTED:
                 entry = (EXPERT_RING, ROUTED, (op.layer, op.expert_index or 0), 0)
@@ -145,7 +145,7 @@ def program_facts(program: Program) -> ProgramFacts:
             reads_of.setdefault(name, []).append((index, position))
         reads.append(op_reads)
     return ProgramFacts(kinds, reads, {name: len(keys) for name, keys in instances.items()},
-                        max(small_bytes.values(), default=0), expert_slice_bytes(model, plan),
+                        small_row_bytes(model, plan), expert_slice_bytes(model, plan),
                         horizon_ops(program.ops), topk, router, reads_of)
 
 
@@ -271,15 +271,14 @@ def program_rings(facts: ProgramFacts, schedule: Schedule) -> tuple[dict[str, Ri
             continue
         kind = facts.kinds[name]
         fam = schedule.family(kind.family)
-        chunk_bytes, buffers = family_chunk(schedule, kind.family)
-        slabs = math.ceil(kind.rows / slab_rows(kind, chunk_bytes))
+        sized = tensor_ring_of(schedule, kind)
         pool = schedule.ring_pool(kind.family)
         ring = tensor_ring[name] = ring_name(name, kind.family, schedule)
         if pool is not None and pool.banks and pool.bank_bytes:
-            rings[ring] = RingSpec(ring, ring, ring, pool.banks, slabs, pool.bank_bytes, 0, count)
+            rings[ring] = RingSpec(ring, ring, ring, pool.banks, sized.slabs, pool.bank_bytes, 0, count)
         else:
-            rings[ring] = RingSpec(ring, kind.family, arena_of(schedule, kind.family), buffers, slabs,
-                                   slab_bytes(kind, chunk_bytes), fam.prefetch_distance_ops, count)
+            rings[ring] = RingSpec(ring, kind.family, arena_of(schedule, kind.family), sized.buffers, sized.slabs,
+                                   sized.slab_bytes, fam.prefetch_distance_ops, count)
     return rings, tensor_ring
 
 

@@ -116,6 +116,10 @@ class PoolSpec(BaseModel):
         return self
 
 
+ReceiveSlots = Literal["per_message", "shared"]
+RECEIVE_SLOTS: tuple[str, ...] = ("per_message", "shared")
+
+
 class Schedule(BaseModel):
     """A complete prefetch schedule for one decode step."""
 
@@ -139,6 +143,13 @@ class Schedule(BaseModel):
     )
     kv_tile_tokens: Count = Field(default=128, ge=8, description="KV cache tile, tokens")
     kv_buffers: Count = Field(default=2, ge=1, le=16, description="KV tiles in flight")
+    receive_slots: ReceiveSlots = Field(
+        default="shared",
+        description="collective receive-slot layout (multi-device kernels): per_message = every collective "
+        "its own send buffer and one receive slot per incoming message; shared = as per_message, but a "
+        "collective that runs once in the dense layers reuses the buffers of the MoE collective of the same "
+        "algorithm, group and payload (their lifetimes never overlap; tpusim.schedule.vmem rule 6)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Schedule:
@@ -201,6 +212,8 @@ class Schedule(BaseModel):
         data = self.model_dump(mode="json", exclude={"name", "description"})
         if not self.pools:  # added later: schedules without ring pools keep their hashes
             del data["pools"]
+        if self.receive_slots == "shared":  # added later (the default): existing schedules keep their hashes
+            del data["receive_slots"]
         data["families"] = {
             name: self.family(name).model_dump(mode="json") for name in SCHEDULE_FAMILIES
         }

@@ -24,12 +24,29 @@ Layout rule (the kernel allocates exactly this):
 6. Collective buffers (multi-device plans): every in-kernel collective of the plan at this
    batch keeps send and receive buffers in VMEM (remote copies land there), sized by
    :func:`tpusim.workload.collectives.buffer_bytes` from the plan's message list; receive
-   slots are double-buffered when the collective runs in more than one layer. They are
-   ``collective_bytes``, counted in ``with_collectives_bytes`` (what the multi-device kernel
-   allocates) but **not** in ``total_bytes``, the figure the feasibility check uses: with one
-   receive slot per incoming message the published Muse TP8 deployment at batch 32 would
-   need 68.3 MiB (12.7 MiB of them collective buffers) of its 58 MiB, so the published
-   kernels must keep fewer; until that layout is known the check leaves them out.
+   slots are double-buffered when the collective runs in more than one layer. The schedule's
+   ``receive_slots`` knob picks the layout (:func:`buffer_hosts`): ``per_message`` gives every
+   collective its own buffers; ``shared`` (the default) lets a collective that runs once, in
+   the dense layers (K3: ``mlp.allreduce`` in layer 0), use the buffers of the MoE collective
+   of the same algorithm, group and payload (``moe.shared_reduce``): a peer writes the host's
+   parity-0 slots first in the second MoE layer, after this rank issued that collective in
+   the first MoE layer, which it does only after reading the guest's result. At batch 8 on K3
+   TP32 that saves 1.31 MiB, what the published schedule needs to fit. They are
+   ``collective_bytes``; :class:`megakernel.kernel_collectives.KernelLink` allocates exactly
+   this for the same knob.
+7. Kernel working scratch (``kernel_bytes``): what the kernel keeps besides the above: the
+   routing scratch (``2 top_k`` f32 rows of 128 lanes per activation row), one KV-cache entry
+   per row (MLA), the KDA short-convolution state (``conv_kernel - 1`` f32 rows of
+   ``3 x`` the device's KDA width per row), and the small parameters' lane padding (the kernel
+   packs each small-parameter kind at a 128-lane boundary), and, on a speculative verify step
+   (fewer KV sequences than rows), the KV tiles and state of the extra rows: the kernel has no
+   shared-cache verify mode and keeps one cache per row. The engine does not model these
+   (they are not streamed; its KV pool models the shared cache), but they occupy VMEM.
+
+``total_bytes`` (rules 3–7: everything the kernel allocates) is the one figure the feasibility
+check, ``simulate``, ``sweep``, ``compare``, ``diff`` and ``lower`` use; the kernel's scratch
+(:meth:`megakernel.kernel.Megakernel.scratch_bytes`) equals it byte for byte on the K3 kernel
+(``tests/test_vmem_truth.py``).
 
 The total must fit the chip's usable on-chip memory (TPU v7: ≤ 58 MiB of explicit buffers);
 :func:`check_fits` raises :class:`InfeasibleSchedule` naming the arenas otherwise.
@@ -48,6 +65,7 @@ from tpusim.workload.registry.names import Family
 from tpusim.workload.shapes import (
     TensorSpec,
     dense_mlp_tensors,
+    device_widths,
     expert_slice_bytes,
     kv_cache_bytes_per_token,
     layer_tensors,
@@ -81,6 +99,33 @@ def slab_rows(tensor: TensorSpec, chunk_bytes: int | None) -> int:
 def slab_bytes(tensor: TensorSpec, chunk_bytes: int | None) -> int:
     rows = slab_rows(tensor, chunk_bytes)
     return math.ceil(tensor.bytes * rows / tensor.rows)
+
+
+@dataclass(frozen=True)
+class TensorRing:
+    """The VMEM ring of one tensor kind (rule 1): ``buffers`` buffers (a ring pool's members:
+    its banks) of one ``slab_bytes`` slab each; an instance streams as ``slabs`` slabs."""
+
+    buffers: int
+    slabs: int
+    slab_bytes: int
+
+    @property
+    def footprint_bytes(self) -> int:
+        return self.buffers * self.slab_bytes
+
+
+def tensor_ring(schedule: Schedule, tensor: TensorSpec) -> TensorRing:
+    """The ring ``tensor``'s kind streams through under ``schedule``: the one sizing rule the
+    accounting, the issue plan and the engine read."""
+    chunk_bytes, buffers = family_chunk(schedule, tensor.family)
+    return TensorRing(buffers, math.ceil(tensor.rows / slab_rows(tensor, chunk_bytes)), slab_bytes(tensor, chunk_bytes))
+
+
+def small_row_bytes(model: ModelConfig, plan: ShardingPlan) -> int:
+    """Bytes of one layer's small-parameter row as the kernel packs it: every small kind the
+    model has (each at its largest instance), the same row for every layer."""
+    return sum(t.bytes for t in tensor_kinds(model, plan).get(SMALL_FAMILY, []))
 
 
 _KINDS_RECENT: list[tuple[ModelConfig, ShardingPlan, dict[str, list[TensorSpec]]]] = []
@@ -199,7 +244,8 @@ class VmemPlan:
     state_bytes: int
     activation_bytes: int
     detail: dict[str, int] = field(default_factory=dict)
-    collective_bytes: int = 0  # send/receive buffers of the in-kernel collectives (0 on one device)
+    collective_bytes: int = 0  # send/receive buffers of the in-kernel collectives (rule 6; 0 on one device)
+    kernel_bytes: int = 0  # the kernel's working scratch the engine does not model (rule 7)
 
     @property
     def weight_bytes(self) -> int:
@@ -207,14 +253,25 @@ class VmemPlan:
 
     @property
     def total_bytes(self) -> int:
-        """The static scratch the feasibility check holds against VMEM (rule 6: without the
-        collective buffers)."""
-        return self.weight_bytes + self.kv_bytes + self.state_bytes + self.activation_bytes
+        """Everything the kernel allocates (rules 3–7, collective buffers included): the one
+        figure the feasibility check and every command use."""
+        return (self.weight_bytes + self.kv_bytes + self.state_bytes + self.activation_bytes + self.kernel_bytes
+                + self.collective_bytes)
 
     @property
     def with_collectives_bytes(self) -> int:
-        """Everything the multi-device kernel allocates: ``total_bytes`` + collective buffers."""
-        return self.total_bytes + self.collective_bytes
+        """Kept for callers of the old split: equal to ``total_bytes``."""
+        return self.total_bytes
+
+    def parts(self) -> dict[str, int]:
+        """``total_bytes`` by part (arenas by name), the groups ``tpusim lower`` sets beside the
+        kernel's scratch."""
+        out = {f"arena.{pool}": size for pool, size in self.arena_bytes.items()}
+        out.update(kv_tiles=self.kv_bytes, states=self.state_bytes, activations=self.activation_bytes,
+                   kernel_working=self.kernel_bytes)
+        if self.collective_bytes:
+            out["collectives"] = self.collective_bytes
+        return out
 
 
 def activation_bytes(model: ModelConfig, batch: int) -> int:
@@ -233,18 +290,95 @@ def collective_layers(model: ModelConfig, phase: str) -> int:
     return {"attention": model.num_layers, "moe": model.num_layers - dense, "mlp": dense}.get(phase, 1)
 
 
-def collective_bytes(model: ModelConfig, plan: ShardingPlan, batch: int) -> int:
+def buffer_hosts(model: ModelConfig, plan: ShardingPlan, batch: int, receive_slots: str) -> dict[str, str]:
+    """Collective name -> the collective whose send and receive buffers it uses (rule 6).
+
+    ``per_message``: none (every collective owns its buffers). ``shared``: a collective of the
+    dense MLP (phase ``mlp``) that runs in one layer, all dense layers before every MoE layer,
+    uses the first MoE-phase collective of the same algorithm, group and payload per token
+    that runs in more than one layer (so it has the parity-0 slots the guest takes)."""
+    if receive_slots == "per_message":
+        return {}
+    if receive_slots != "shared":
+        raise ValueError(f"receive_slots {receive_slots!r}: one of per_message, shared")
+    moe_layers = [layer for layer in range(model.num_layers) if model.is_moe_layer(layer)]
+    dense = [layer for layer in range(model.num_layers) if not model.is_moe_layer(layer)]
+    if not model.moe or not dense or not moe_layers or max(dense) > min(moe_layers):
+        return {}
+    specs = [spec for spec in plan.collectives_at(batch) if spec.algorithm is not None]
+    hosts: dict[str, str] = {}
+    for guest in specs:
+        if guest.phase != "mlp" or collective_layers(model, guest.phase) != 1:
+            continue
+        host = next((spec for spec in specs if spec.phase == "moe" and collective_layers(model, spec.phase) > 1
+                     and (spec.algorithm, spec.group, spec.bytes_per_token)
+                     == (guest.algorithm, guest.group, guest.bytes_per_token)), None)
+        if host is not None:
+            hosts[guest.name] = host.name
+    return hosts
+
+
+def collective_bytes(model: ModelConfig, plan: ShardingPlan, batch: int, receive_slots: str = "shared") -> int:
     """VMEM of the plan's in-kernel collectives at ``batch`` on rank 0 (every rank of these
-    symmetric algorithms keeps the same); see rule 6 of the module docstring. Collectives
-    without a remote-copy algorithm (generic plans, priced per stage) keep none."""
+    symmetric algorithms keeps the same) with the ``receive_slots`` layout; see rule 6 of the
+    module docstring. Collectives without a remote-copy algorithm (generic plans, priced per
+    stage) keep none; a collective using another's buffers (:func:`buffer_hosts`) adds none."""
+    hosted = buffer_hosts(model, plan, batch, receive_slots)
     total = 0
     for spec in plan.collectives_at(batch):
-        if spec.algorithm is None:  # priced per stage (generic plans), not run as remote copies
+        if spec.algorithm is None or spec.name in hosted:  # priced per stage, or in its host's buffers
             continue
         copies = 2 if collective_layers(model, spec.phase) > 1 else 1
         total += buffer_bytes(spec.algorithm, spec.group, spec.bytes_per_token * batch, 0, plan.topology,
                               copies=copies)
     return total
+
+
+LANES = 128  # VMEM lanes: the kernel packs small-parameter kinds and routing rows at this width
+F32_BYTES = 4
+BF16_BYTES = 2
+
+
+def kernel_bytes(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch: int,
+                 kv_sequences: int | None = None) -> int:
+    """The kernel's working scratch of rule 7, in bytes: :func:`working_bytes`, the small
+    parameters' lane padding (:func:`small_padding_bytes`) and the per-row caches of a verify
+    step (:func:`row_cache_bytes`)."""
+    return (working_bytes(model, plan, batch) + small_padding_bytes(model, plan, family_chunk(schedule, SMALL_FAMILY)[1])
+            + row_cache_bytes(schedule, model, plan, batch, kv_sequences))
+
+
+def row_cache_bytes(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch: int,
+                    kv_sequences: int | None) -> int:
+    """KV tiles and recurrent state of the rows beyond ``kv_sequences`` (rule 7): the kernel has
+    no shared-cache verify mode, so it keeps one cache per row; the engine's pools model the
+    shared cache (rule 4) and leave these out."""
+    extra = batch - (kv_sequences or batch)
+    if extra <= 0:
+        return 0
+    kv_per_token = max((kv_cache_bytes_per_token(model, plan, layer) for layer in range(model.num_layers)), default=0)
+    state = max((recurrent_state_bytes(model, plan, layer) for layer in range(model.num_layers)), default=0)
+    return extra * (schedule.kv_buffers * schedule.kv_tile_tokens * kv_per_token + state)
+
+
+def working_bytes(model: ModelConfig, plan: ShardingPlan, batch: int) -> int:
+    """Routing rows, the KV entry and the KDA conv state (rule 7), in bytes."""
+    widths = device_widths(model, plan)
+    rows = max(batch, 8)
+    total = 0
+    if model.moe:
+        total += 2 * model.moe.top_k * rows * LANES * F32_BYTES
+    if model.mla:
+        total += batch * (model.mla.kv_lora_rank + widths.mla_rope_pad) * BF16_BYTES
+    if model.kda:
+        total += batch * (model.kda.conv_kernel - 1) * 3 * widths.kda_width * F32_BYTES
+    return total
+
+
+def small_padding_bytes(model: ModelConfig, plan: ShardingPlan, buffers: int) -> int:
+    """The small parameters' padding to whole 128-lane kinds, for ``buffers`` buffers (rule 7)."""
+    small = tensor_kinds(model, plan).get(SMALL_FAMILY, [])
+    return buffers * sum(math.ceil(t.cols / LANES) * LANES * t.bytes // t.cols - t.bytes for t in small)
 
 
 def arena_of(schedule: Schedule, family: str) -> str:
@@ -297,10 +431,9 @@ def vmem_plan(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch:
         if not tensors:
             continue
         total = 0
-        chunk_bytes, buffers = family_chunk(schedule, family)
         ring = schedule.ring_pool(family)
         for tensor in tensors:
-            size = buffers * slab_bytes(tensor, chunk_bytes)
+            size = tensor_ring(schedule, tensor).footprint_bytes
             if ring is not None and size > (ring.bank_bytes or 0):
                 raise InfeasibleSchedule(
                     f"pools.{fam.pool}: the smallest slab of {tensor.name} ({size} bytes, {row_granule(tensor)} "
@@ -313,7 +446,8 @@ def vmem_plan(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch:
     kv = schedule.kv_buffers * schedule.kv_tile_tokens * kv_per_token * kv_sequences
     state = max((recurrent_state_bytes(model, plan, layer) for layer in range(model.num_layers)), default=0) * kv_sequences
     return VmemPlan(family_bytes, arena_bytes, arena_members, kv, state, activation_bytes(model, batch), detail,
-                    collective_bytes(model, plan, batch))
+                    collective_bytes(model, plan, batch, schedule.receive_slots),
+                    kernel_bytes(schedule, model, plan, batch, kv_sequences))
 
 
 def check_fits(vmem: VmemPlan, capacity_bytes: float, *, where: str = "VMEM") -> None:
@@ -330,5 +464,6 @@ def check_fits(vmem: VmemPlan, capacity_bytes: float, *, where: str = "VMEM") ->
         f"schedule needs {vmem.total_bytes / mib:.2f} MiB of {where} but {capacity_bytes / mib:.2f} MiB is usable "
         f"(over by {(vmem.total_bytes - capacity_bytes) / mib:.2f} MiB) at allocation, before layer 0: "
         f"arenas {listing}; KV tiles {vmem.kv_bytes / mib:.2f} MiB, state {vmem.state_bytes / mib:.2f} MiB, "
-        f"activations {vmem.activation_bytes / mib:.2f} MiB"
+        f"activations {vmem.activation_bytes / mib:.2f} MiB, kernel working scratch {vmem.kernel_bytes / mib:.2f} MiB, "
+        f"collective buffers {vmem.collective_bytes / mib:.2f} MiB"
     )

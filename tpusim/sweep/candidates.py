@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from hwmodels.validation import describe_validation_error
 from tpusim.schedule.schema import (
     BUILTIN_SCHEDULES,
+    SMALL_FAMILY,
     FamilySchedule,
     Schedule,
     load_schedule,
@@ -51,6 +52,8 @@ class Candidate:
     hash: str
     rejected: str = ""
 
+SHARED_SLOTS = "shared"  # the receive-slot layout the sweep moves toward (vmem rule 6)
+
 
 def _make(name: str, description: str, families: dict[str, FamilySchedule],
           globals_: dict[str, Any]) -> tuple[Schedule, str]:
@@ -70,6 +73,7 @@ def _globals_of(schedule: Schedule) -> dict[str, Any]:
         "speculation_miss_rate": schedule.speculation_miss_rate,
         "kv_tile_tokens": schedule.kv_tile_tokens,
         "kv_buffers": schedule.kv_buffers,
+        "receive_slots": schedule.receive_slots,
         "pools": dict(schedule.pools),
     }
 
@@ -138,6 +142,9 @@ def _one_knob_changes(base: Schedule, space: SweepSpace, present: list[str]) -> 
     for buffers in space.kv_buffers:
         yield _make(f"{tag}~kv_buffers={buffers}", f"{tag} with kv_buffers={buffers}",
                     dict(base.families), {**glob, "kv_buffers": buffers})
+    if base.receive_slots != SHARED_SLOTS:  # only toward shared: same step time, less VMEM (vmem rule 6)
+        yield _make(f"{tag}~receive_slots={SHARED_SLOTS}", f"{tag} with receive_slots={SHARED_SLOTS}",
+                    dict(base.families), {**glob, "receive_slots": SHARED_SLOTS})
 
 
 class VmemGuide(Protocol):
@@ -183,6 +190,7 @@ def sample_candidate(space: SweepSpace, present: list[str], rng: np.random.Gener
         "kv_buffers": space.kv_buffers[int(rng.integers(len(space.kv_buffers)))],
     }
     owner = {m: pool for pool, members in space.pool_patterns[pattern].items() for m in members}
+    owner.pop(SMALL_FAMILY, None)  # small parameters always keep an arena of their own (vmem rule 3)
     capacity = space.constraints.vmem_capacity_bytes
     guided = guide is not None and capacity is not None and space.sampler == "vmem-guided"
     order = [present[i] for i in rng.permutation(len(present))] if guided else list(present)
@@ -212,7 +220,8 @@ def sample_candidate(space: SweepSpace, present: list[str], rng: np.random.Gener
                 grown = max(0, size - arena.get(pool, 0))
                 if used + grown + reserve <= capacity:
                     fitting.append(triple)
-            triples = fitting or triples
+            # none fits: the smallest footprint (the likeliest to leave room for the rest)
+            triples = fitting or [min(triples, key=lambda t: guide.family_bytes(family, t[2], t[1]))]
         triple = triples[int(rng.integers(len(triples)))]
         chosen[family] = triple
         if guided:

@@ -21,15 +21,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpusim.schedule.schema import SCHEDULE_FAMILIES, FamilySchedule, Schedule
+from tpusim.schedule.schema import SCHEDULE_FAMILIES, SMALL_FAMILY, FamilySchedule, Schedule
 from tpusim.schedule.vmem import (
     InfeasibleSchedule,
     VmemPlan,
     arenas,
     check_fits,
     family_chunk,
+    kernel_bytes,
+    row_cache_bytes,
+    small_padding_bytes,
     tensor_kinds,
     vmem_plan,
+    working_bytes,
 )
 from tpusim.sweep.space import SweepSpace
 from tpusim.workload.modelconfig import ModelConfig
@@ -43,7 +47,8 @@ class VmemAccountant:
         self.model, self.plan, self.batch, self.sequences = model, plan, batch, sequences
         self._family: dict[tuple[str, int, int | None], tuple[int, dict[str, int]] | None] = {}
         self._kv: dict[int, int] = {}
-        self._fixed: tuple[int, int, int] | None = None  # (state, activations, collective buffers)
+        self._fixed: tuple[int, int] | None = None  # (state, activations)
+        self._collectives: dict[str, int] = {}  # receive_slots -> collective buffers (rule 6)
         self._family_of = {t.name: family for family, ts in tensor_kinds(model, plan).items() for t in ts}
         self.calls = 0
 
@@ -59,7 +64,8 @@ class VmemAccountant:
             else:
                 self._family[key] = None
         self._kv[schedule.kv_buffers * schedule.kv_tile_tokens] = full.kv_bytes
-        self._fixed = (full.state_bytes, full.activation_bytes, full.collective_bytes)
+        self._fixed = (full.state_bytes, full.activation_bytes)
+        self._collectives[schedule.receive_slots] = full.collective_bytes
 
     def family_bytes(self, family: str, buffers: int, chunk_bytes: int | None) -> int:
         """Footprint of ``family`` with ``buffers`` slabs of ``chunk_bytes`` (0 if absent)."""
@@ -67,21 +73,27 @@ class VmemAccountant:
         if key not in self._family:
             self._learn(Schedule(name="probe", families={family: FamilySchedule(buffers=buffers, chunk_bytes=chunk_bytes)}))
         known = self._family[key]
-        return known[0] if known else 0
+        padding = small_padding_bytes(self.model, self.plan, buffers) if family == SMALL_FAMILY and known else 0
+        return known[0] + padding if known else 0
 
     def fixed_bytes(self, kv_buffers: int, kv_tile_tokens: int) -> int:
-        """KV tiles + recurrent state + activations for these KV knobs."""
+        """KV tiles + recurrent state + activations + collective buffers (default layout) for
+        these KV knobs."""
         key = kv_buffers * kv_tile_tokens
-        if key not in self._kv or self._fixed is None:
-            self._learn(Schedule(name="probe", kv_buffers=kv_buffers, kv_tile_tokens=kv_tile_tokens))
+        probe = Schedule(name="probe", kv_buffers=kv_buffers, kv_tile_tokens=kv_tile_tokens)
+        if key not in self._kv or self._fixed is None or probe.receive_slots not in self._collectives:
+            self._learn(probe)
         assert self._fixed is not None
-        return self._kv[key] + sum(self._fixed)
+        return (self._kv[key] + sum(self._fixed) + self._collectives[probe.receive_slots]
+                + working_bytes(self.model, self.plan, self.batch)
+                + row_cache_bytes(probe, self.model, self.plan, self.batch, self.sequences))
 
     def plan_for(self, schedule: Schedule) -> VmemPlan:
         """The schedule's :class:`VmemPlan` (equal to ``vmem_plan(schedule, ...)``)."""
         keys = {f: (f, *reversed(family_chunk(schedule, f))) for f in SCHEDULE_FAMILIES}
         kv_key = schedule.kv_buffers * schedule.kv_tile_tokens
-        if self._fixed is None or kv_key not in self._kv or any(k not in self._family for k in keys.values()):
+        if (self._fixed is None or kv_key not in self._kv or schedule.receive_slots not in self._collectives
+                or any(k not in self._family for k in keys.values())):
             self._learn(schedule)
         assert self._fixed is not None
         family_bytes: dict[str, int] = {}
@@ -92,9 +104,10 @@ class VmemAccountant:
                 family_bytes[family], part = known
                 detail.update(part)
         arena_bytes, arena_members = arenas(schedule, family_bytes)
-        state, activations, collectives = self._fixed
+        state, activations = self._fixed
         return VmemPlan(family_bytes, arena_bytes, arena_members, self._kv[kv_key], state, activations, detail,
-                        collectives)
+                        self._collectives[schedule.receive_slots],
+                        kernel_bytes(schedule, self.model, self.plan, self.batch, self.sequences))
 
 
 @dataclass(frozen=True)

@@ -39,10 +39,9 @@ from tpusim.schedule.schema import (
     PoolSpec,
     Schedule,
 )
-from tpusim.workload.registry.names import Family
+from tpusim.workload.registry.names import ATTENTION_FAMILIES, Family
 
 MIB = 1 << 20
-ATTENTION_FAMILIES = (Family.KDA_PROJ, Family.MLA_PROJ, Family.GQA_PROJ)
 ExpertIssue = Literal["after_routing", "during_selection", "speculative"]
 
 

@@ -229,6 +229,9 @@ class ModelConfig(_Frozen):
         default_factory=dict, description="named alternatives overriding ``formats``"
     )
     variant: str | None = Field(default=None, description="selected format variant, if any")
+    deployment_variants: dict[str, str] = Field(
+        default_factory=dict, description="the format variant a chip kind serves the model in by default "
+        "(``gpu: mxfp4``: Blackwell takes FP4 experts natively, the TPU re-blocks them); see for_chip_kind")
     logit_softcap: float | None = Field(default=None, gt=0.0)
     max_context_tokens: int | None = Field(
         default=None, ge=1, description="longest context the model supports, tokens (config.json "
@@ -249,6 +252,9 @@ class ModelConfig(_Frozen):
             for key, fmt in overrides.items():
                 if key not in known_keys or fmt not in FORMATS:
                     raise ValueError(f"format_variants.{variant}.{key}: unknown key or format {fmt!r}")
+        for kind, variant in self.deployment_variants.items():
+            if variant not in self.format_variants:
+                raise ValueError(f"deployment_variants.{kind}: no format variant {variant!r}")
         for layer in self.dense_layers:
             if not 0 <= layer < self.num_layers:
                 raise ValueError(f"dense_layers: layer {layer} outside 0..{self.num_layers - 1}")
@@ -296,6 +302,12 @@ class ModelConfig(_Frozen):
             raise KeyError(f"model {self.name} has no format variant {variant!r}; known: {known}")
         formats = {**self.formats, **self.format_variants[variant]}
         return self.model_copy(update={"formats": formats, "variant": variant})
+
+    def for_chip_kind(self, kind: str) -> ModelConfig:
+        """The model as a ``kind`` chip serves it: its deployment variant for that kind when no
+        variant was chosen (a named ``@variant`` or explicit formats win), else unchanged."""
+        variant = self.deployment_variants.get(kind)
+        return self.with_variant(variant) if variant and self.variant is None else self
 
     def with_layers(self, num_layers: int) -> ModelConfig:
         """The same architecture with ``num_layers`` layers (patterns keep their rules)."""

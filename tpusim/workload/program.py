@@ -23,8 +23,9 @@ device's ``ceil(batch / attention_dp)`` rows and sequences; the MoE / MLP over a
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import cached_property
 
 import numpy as np
@@ -80,6 +81,15 @@ DELTA_RULE_FLOPS_PER_STATE_ELEMENT = 8.0
 
 
 DEFAULT_MATMUL_DTYPE = "bf16"
+
+
+class StepPhase(StrEnum):
+    """What a program's step does: generate one token per sequence, or fill a prompt's cache
+    (:mod:`tpusim.workload.prefill`)."""
+
+    DECODE = "decode"
+    PREFILL = "prefill"
+
 
 @dataclass(frozen=True)
 class CollectiveCall:
@@ -150,6 +160,15 @@ class Program:
     head_ops: list[Op]
     meta: dict[str, object] = field(default_factory=dict)
     sequences: int = 0  # sequences whose KV cache / state the rows read (0: one per row)
+    phase: StepPhase = StepPhase.DECODE
+    # Rows whose activations sit in on-chip memory at once (0: all ``batch`` rows). A prefill
+    # chunk streams its rows through in tiles of this many (:mod:`tpusim.workload.prefill`).
+    resident_row_tile: int = 0
+
+    @property
+    def resident_rows(self) -> int:
+        """Rows the static on-chip scratch holds activations for (the engine's VMEM check)."""
+        return min(self.batch, self.resident_row_tile) if self.resident_row_tile else self.batch
 
     @property
     def kv_sequences(self) -> int:
@@ -193,6 +212,11 @@ def _collectives_after(plan: ShardingPlan, role: str, batch: int) -> tuple[Colle
     return tuple(CollectiveCall(s, s.bytes_per_token * batch) for s in issued)
 
 
+# (op name, block context, rows) -> the op's non-weight costs: Op fields (``vector_flops``,
+# ``kv_read_bytes``, ``kv_write_bytes``), ``matmuls`` and optionally ``unit``.
+OpCost = Callable[[str, "_BlockContext", int], dict[str, object]]
+
+
 @dataclass(frozen=True)
 class _BlockContext:
     """What a block's ops are priced with: the layer, its rows and sequences, its tensors."""
@@ -206,6 +230,7 @@ class _BlockContext:
     tensors: dict[str, TensorSpec]  # this block's weight tensors on one device, by name
     small: tuple[TensorSpec, ...] = ()  # the layer's small parameters (attention blocks carry them)
     routed_experts: int = 0  # expert ops this device runs in this layer (MoE blocks)
+    cost: OpCost | None = None  # prices each op (default :func:`_op_cost`, the decode step)
 
     @property
     def norm_passes(self) -> int:
@@ -229,11 +254,12 @@ def _block_ops(block: Block, ctx: _BlockContext, expert_rows: Sequence[int] = ()
 def _op(block: Block, spec: OpSpec, ctx: _BlockContext, name: str, rows: int,
         expert_index: int | None = None) -> Op:
     tensors = tuple(ctx.tensors[t] for t in spec.tensors)
-    cost = _op_cost(spec.name, ctx, rows)
+    cost = (ctx.cost or _op_cost)(spec.name, ctx, rows)
+    unit = cost.pop("unit", spec.unit)
     if spec.name == AttnOp.MIX_NORM:
         tensors = ctx.small  # the small-parameter row streams with the layer's first op
-    matmuls = cost.pop("matmuls", tuple((rows, t.rows, t.cols) for t in tensors) if spec.unit == "mxu" else ())
-    return Op(name=name, role=spec.anchor, layer=ctx.layer, phase=block.phase, unit=spec.unit, tensors=tensors,
+    matmuls = cost.pop("matmuls", tuple((rows, t.rows, t.cols) for t in tensors) if unit == "mxu" else ())
+    return Op(name=name, role=spec.anchor, layer=ctx.layer, phase=block.phase, unit=unit, tensors=tensors,  # type: ignore[arg-type]
               matmuls=matmuls, expert_index=expert_index,  # type: ignore[arg-type]
               collectives=_collectives_after(ctx.plan, spec.anchor, ctx.rows), **cost)  # type: ignore[arg-type]
 
@@ -302,12 +328,14 @@ def build_program(
     seed: int = 0,
     device_view: str | int = "critical",
     sequences: int | None = None,
+    op_cost: OpCost | None = None,
 ) -> Program:
     """The per-device op list of one decode step (see the module docstring).
 
     ``batch`` is the number of rows through the model; ``sequences`` (default: ``batch``) the
     number of sequences whose KV cache and recurrent state those rows read. A speculative
     verify step runs ``draft_tokens + 1`` rows per sequence over one shared cache.
+    ``op_cost`` replaces :func:`_op_cost` (the prefill program's pricing).
     """
     sequences = sequences or batch
     if batch % sequences:
@@ -337,7 +365,7 @@ def build_program(
     # Data-parallel attention: this device's attention serves its share of the rows only.
     attention_rows, attention_sequences = plan.attention_rows(batch), plan.attention_rows(sequences)
     for layer in range(model.num_layers):
-        common = {"model": model, "plan": plan, "layer": layer, "context_tokens": context_tokens}
+        common = {"model": model, "plan": plan, "layer": layer, "context_tokens": context_tokens, "cost": op_cost}
         attention = _BlockContext(rows=attention_rows, sequences=attention_sequences,
                                   tensors={t.name: t for t in attention_tensors(model, plan, layer)},
                                   small=tuple(small_param_tensors(model, plan, layer)), **common)  # type: ignore[arg-type]
@@ -360,7 +388,8 @@ def build_program(
         layers.append(LayerProgram(layer, model.attention_kind(layer), model.is_moe_layer(layer), ops, routed))
 
     head = _BlockContext(model=model, plan=plan, layer=-1, rows=batch, sequences=sequences,
-                         context_tokens=context_tokens, tensors={t.name: t for t in lm_head_tensors(model, plan)})
+                         context_tokens=context_tokens, tensors={t.name: t for t in lm_head_tensors(model, plan)},
+                         cost=op_cost)
     head_ops = _block_ops(head_block(), head)
     return Program(
         model=model, plan=plan, batch=batch, context_tokens=context_tokens,

@@ -27,6 +27,7 @@ SUBCOMMAND_MODULES = (
     "lower",
     "calibrate",
     "compare",
+    "serving",
     "plan",
     "diff",
     "overlays",

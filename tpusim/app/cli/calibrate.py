@@ -6,6 +6,7 @@ Usage::
         --holdout format=int4+bf16 --out calib/tpu-v7 [--json] [--uncalibrated-start]
     tpusim calibrate --hardware host-cpu --measurements cpu-loop [--quick] --out calib/host
     tpusim calibrate --hardware b200 --measurements published:b200-vllm-qwen3.5 --out calib/b200
+    tpusim calibrate --hardware b300 --measurements published:b300-sglang-k3 --out calib/b300
     tpusim report --hardware tpu-v7 --measurements published:tpu7x-musespark [--out DIR]
 
 ``calibrate`` predicts every measurement with the published figures (*simulated,
@@ -53,6 +54,10 @@ measurement set the errors with priors only, parts only, fitted and held out
 (leave-one-group-out refits), the model error measured out of sample and, with
 ``--coverage``, the empirical coverage of the 90 % intervals over the held-out groups with
 the mean width (:mod:`calibration.discrepancy`).
+
+``--measurements published:b300-sglang-k3`` fits the SGLang K3 stack on the published K3
+rows on 8 x B300 (:mod:`calibration.k3_stack_fit`): ``errors``, ``holdout`` (each format held
+out in turn), ``format_difference``, ``dspark_checks``, ``parameters``, ``pins``.
 
 ``--procedure parts`` (the default where component data exists: tpu-v7) fits each part on its own measurements
 first (:mod:`calibration.parts`: links, HBM, host, expert-slot sweep, Muse breakdown; the
@@ -102,7 +107,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     calibrate.add_argument("--hardware", required=True, help="catalog chip (tpu-v7, host-cpu, ...)")
     calibrate.add_argument(
         "--measurements", required=True,
-        help="a .jsonl file, published:tpu7x-musespark, published:b200-vllm-qwen3.5 (a GPU serving "
+        help="a .jsonl file, published:tpu7x-musespark, published:b300-sglang-k3 (K3 on 8 B300, SGLang), published:b200-vllm-qwen3.5 (a GPU serving "
         "stack's per-stage split), or cpu-loop (measure this host)",
     )
     calibrate.add_argument("--holdout", default=None,
@@ -226,6 +231,29 @@ def _run_gpu_stack(args: argparse.Namespace) -> int:
         Console().print(report_markdown(fit), highlight=False, markup=False)
         for line in _uncertainty_lines(fit["calibration"]):
             Console().print(line, highlight=False, markup=False)
+    return 0
+
+
+def _run_k3_stack(args: argparse.Namespace) -> int:
+    """``--measurements published:b300-sglang-k3``: fit the SGLang K3 stack on the published
+    B300 K3 rows, each format held out in turn (:mod:`calibration.k3_stack_fit`)."""
+    from calibration.k3_stack_fit import fit_k3_stack, overlay_of, report_markdown
+    from hwmodels.overlay import save_overlay
+
+    try:
+        fit = fit_k3_stack(load_chip(args.hardware, calibrated=False), max_evals=min(args.max_evals, 30))
+    except ValueError as error:
+        raise InputError(str(error)) from None
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "report.md", report_markdown(fit))
+    write_text_atomic(out / "fit.json", json.dumps(fit, indent=2, default=float) + "\n")
+    saved = None if args.no_save else save_overlay(overlay_of(fit).model_copy(update=_provenance(args, {})))
+    fit["overlay"] = str(saved) if saved else None
+    if args.json:
+        emit_json(fit)
+    else:
+        Console().print(report_markdown(fit), highlight=False, markup=False)
     return 0
 
 
@@ -440,6 +468,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
     procedure = _procedure(args)
     if procedure == "gpu stack":
         return _run_gpu_stack(args)
+    if procedure == "gpu k3 stack":
+        return _run_k3_stack(args)
     console = Console(stderr=True)
     console.print(f"calibrating {args.hardware} on {args.measurements} ({procedure}) ...", highlight=False)
     if procedure == "part by part":

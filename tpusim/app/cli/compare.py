@@ -125,7 +125,9 @@ def comparison_table(rows: list[dict], *, title: str) -> TableData:
             *[f"{parts[part]:.3f}" if parts else "—" for part in PARTS],
             row["label"], ((f"warning: {row['warning']}; " if row.get("warning") else "")
                            + (row.get("plan_choice") or "") + " "
-                           + (row.get("schedule_choice") or row.get("short_note", ""))).strip(),
+                           + (row.get("schedule_choice") or row.get("short_note", ""))
+                           + (f"; VMEM static {row['vmem_static_mib']:.2f} MiB" if row.get("vmem_static_mib") is not None
+                              else "")).strip(),
         )
     return table
 

@@ -8,7 +8,7 @@ Usage::
 Traces the Pallas megakernel with shapes only (nothing is allocated) and lowers it for TPU
 (Pallas → Mosaic); on several devices with the plan's collectives inside it, over a mesh of
 virtual devices in a fresh process (:mod:`megakernel.lower_check`). It then prints its VMEM scratch beside the simulator's static accounting
-(:mod:`tpusim.schedule.vmem`) and the chip's usable VMEM. Lowering proves every op has a
+(:mod:`tpusim.schedule.vmem`) and the chip's usable VMEM; it exits 1 when the kernel's scratch does not fit (or it does not lower). Lowering proves every op has a
 Mosaic lowering rule; Mosaic's own compiler runs only on a TPU (see
 :mod:`megakernel.tpu_lowering`). A model or schedule the kernel cannot implement is reported
 in words, exit 2.
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         emit_json(data)
     else:
         _print(data)
-    return 0 if report["lowered"] else 1
+    return 0 if report["lowered"] and data["fits"] else 1
 
 
 def _lower_here(args: argparse.Namespace, model: Any, plan: Any, schedule: Any) -> dict[str, Any]:
@@ -127,7 +127,7 @@ def _print(data: dict[str, Any]) -> None:
     print(f"{data['model']} ({data['plan']}, {data['devices']} devices), schedule {data['schedule']}, "
           f"batch {data['batch']}: {state}")
     print(f"  VMEM scratch of the kernel:         {data['scratch_total_bytes'] / MIB:9.2f} MiB")
-    print(f"  simulator's accounting (vmem.py):   {data['accounting_total_bytes'] / MIB:9.2f} MiB "
+    print(f"  VMEM static (simulator accounting): {data['accounting_total_bytes'] / MIB:9.2f} MiB "
           f"({100 * data['relative_difference']:+.2f} %)")
     if data["collectives"]:
         print(f"  collectives in the kernel: yes, {data['remote_copies_per_layer']} remote copies per MoE layer "

@@ -36,6 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--devices", type=positive_int, default=None, help="devices, when no --hardware is given")
     parser.add_argument("--batch", type=positive_int, default=1, help="sequences (for KV-cache bytes)")
     parser.add_argument("--context", type=positive_int, default=1024, help="tokens per sequence")
+    parser.add_argument("--kernels", action="store_true",
+                        help="with a GPU --hardware: list the serving stack's kernels per layer kind "
+                        "(the chip's fusion table, e.g. sglang-k3 on b300), main and side stream")
     add_format_option(parser)
     parser.set_defaults(func=run)
 
@@ -58,12 +61,27 @@ def run(args: argparse.Namespace) -> int:
             raise InputError("say how many devices: --hardware H --chips N, --devices N, or tp=N in --plan")
         plan = plan_for(model, devices, choice=args.plan)
     report = plan_report(model, plan, chip, batch=args.batch, context_tokens=args.context)
+    if args.kernels:
+        report["kernels"] = _kernels(model, plan, chip, args)
     fmt = output_format(args)
     if fmt == "json":
         emit_json(report)
         return 0
     _print(report, fmt)
     return 0
+
+
+def _kernels(model, plan, chip, args: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def]
+    """The stack's kernels per layer kind (:func:`tpusim.engine.gpu_fusion.kernel_lists`)."""
+    from tpusim.engine.gpu_fusion import kernel_lists, load_stack
+    from tpusim.workload.program import build_program
+
+    if chip is None or chip.execution.gpu is None:
+        raise InputError("--kernels lists a GPU serving stack's kernels: give a GPU --hardware and --chips")
+    stack = load_stack(chip.execution.gpu.stack)
+    program = build_program(model, plan, batch=args.batch, context_tokens=args.context)
+    return {"stack": stack.name, "description": stack.description, "source": stack.source,
+            "layers": kernel_lists(program, stack)}
 
 
 def _print(report: dict, fmt: str) -> None:
@@ -97,4 +115,15 @@ def _print(report: dict, fmt: str) -> None:
         verdict = "fits" if capacity["fits"] else f"does NOT fit: {capacity.get('reason', '')}"
         notes.append(f"capacity on {capacity['chip']}: needs {capacity['needed_bytes_per_device'] / 1e9:.1f} GB of "
                      f"{capacity['hbm_bytes_per_device'] / 1e9:.1f} GB per device: {verdict}")
-    emit([split, table], fmt, notes=notes)
+    tables = [split, table]
+    kernels = report.get("kernels")
+    if kernels:
+        for entry in kernels["layers"]:
+            rows = TableData(title=f"{kernels['stack']} kernels, layer {entry['layer']} ({entry['blocks']}): "
+                             f"{entry['main']} main + {entry['side']} side stream",
+                             columns=["#", "op", "kind", "stream", "what"], right_aligned=("#",))
+            for index, k in enumerate(entry["kernels"], 1):
+                rows.add(index, k["op"], k["kind"], "side" if k["side"] else "main", k["what"])
+            tables.append(rows)
+        notes.append(f"kernels: {kernels['description']} (source: {kernels['source']})")
+    emit(tables, fmt, notes=notes)

@@ -4,6 +4,7 @@ Usage::
 
     tpusim simulate --model kimi-k3 --hardware tpu-v7 --chips 16 --batch 1 --schedule published
     tpusim simulate ... --schedule my-schedule.json --trace step.json --plot step.png --json
+    tpusim simulate --model kimi-k3 --hardware gb200 --chips 16 --phase prefill --tokens 8192 --schedule naive
 
 ``--schedule`` is a built-in (``naive``, ``published``, ``layer-double-buffer``) or a JSON
 file written by ``tpusim sweep``. ``--trace`` writes Chrome/Perfetto trace-event JSON (open
@@ -15,6 +16,7 @@ floor):
 | key | meaning |
 | --- | --- |
 | ``model``, ``hardware``, ``system``, ``chips``, ``devices``, ``plan``, ``batch``, ``context``, ``routing``, ``seed``, ``execution_mode`` | what was simulated (the inputs, the plan and the chip's execution mode) |
+| ``phase``, ``prefix_tokens`` | ``decode`` or ``prefill`` (``--phase prefill``: ``batch`` = the chunk's tokens, ``context`` = prefix + chunk, ``prefix_tokens`` the cached prompt tokens before it, ``tokens_per_s`` = prompt tokens/s; ``None`` in decode) |
 | ``step_ms``, ``tokens_per_s`` | simulated step time; aggregate tokens/s = batch / step |
 | ``exposed_dma_ms`` | compute stream waiting on copies |
 | ``overlap_fraction`` | 1 - exposed DMA / time with copies in flight |
@@ -43,7 +45,7 @@ from typing import Any
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
 from tpusim.app.cli.capacity_gate import check_fit
-from tpusim.app.cli.common import add_workload_options, emit_json, resolve_workload
+from tpusim.app.cli.common import add_workload_options, emit_json, positive_int, resolve_workload
 from tpusim.app.cli.floor import CRITICAL_DEVICE
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
@@ -65,6 +67,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--trace and --plot write a Perfetto trace and a timeline image.",
     )
     add_workload_options(parser)
+    parser.add_argument("--phase", choices=("decode", "prefill"), default="decode",
+                        help="decode: one step of --batch sequences; prefill: one chunk of --tokens prompt tokens "
+                        "of one sequence after --prefix-tokens cached ones (tpusim.workload.prefill)")
+    parser.add_argument("--tokens", type=positive_int, default=8192, help="prefill chunk tokens (--phase prefill)")
+    parser.add_argument("--prefix-tokens", type=int, default=0,
+                        help="prompt tokens already cached before the chunk (--phase prefill)")
     parser.add_argument("--schedule", default="published",
                         help="naive | published | layer-double-buffer | a schedule JSON file (default: published)")
     parser.add_argument("--trace", type=Path, default=None, help="write a Chrome/Perfetto trace-event JSON here")
@@ -106,8 +114,14 @@ def simulate_data(args: argparse.Namespace, workload: tuple[Any, Any, Any, Any],
     model, plan, system, routing = workload
     chip = system.chip
     try:
-        program = build_program(model, plan, batch=args.batch, context_tokens=args.context,
-                                routing=routing, seed=args.seed)
+        if getattr(args, "phase", "decode") == "prefill":
+            from tpusim.workload.prefill import build_prefill_program
+
+            program = build_prefill_program(model, plan, tokens=args.tokens, prefix_tokens=args.prefix_tokens,
+                                            routing=routing, seed=args.seed)
+        else:
+            program = build_program(model, plan, batch=args.batch, context_tokens=args.context,
+                                    routing=routing, seed=args.seed)
     except ValueError as error:
         raise InputError(str(error)) from None
     try:
@@ -121,11 +135,16 @@ def simulate_data(args: argparse.Namespace, workload: tuple[Any, Any, Any, Any],
 
         source += f"; {stack_source(chip)}"
     data = _json_result(result, floors(program, chip), args, system.name, system.devices, plan.name, source)
+    data["phase"], data["prefix_tokens"] = str(program.phase), None
+    if data["phase"] == "prefill":
+        data.update(batch=program.batch, context=program.context_tokens, prefix_tokens=args.prefix_tokens)
+        data["source"] += ("; prefill chunk of one sequence (tokens_per_s = prompt tokens/s; prefill form and "
+                           "assumptions: tpusim.workload.prefill)")
     from tpusim.report.intervals import interval_fields, outside_fit
 
-    outside = outside_fit(chip, args.model, args.chips, args.batch)
+    outside = outside_fit(chip, args.model, args.chips, program.batch)
     data.update(interval_fields(chip, lambda sample: simulate(program, schedule, sample).step_s,
-                                result.step_s, args.batch, outside=outside))
+                                result.step_s, program.batch, outside=outside))
     data["calibrated"] = chip.is_calibrated
     data["calibration_warnings"] = outside
     return data, result.timeline
@@ -137,7 +156,13 @@ def run(args: argparse.Namespace) -> int:
     layers = plot_layers(args.plot_layers)
     workload = resolve_workload(args)
     model, plan, system, _ = workload
-    fit = check_fit(args, model, plan, system)  # capacity first: before any draw or schedule
+    if args.phase == "prefill":  # one sequence holding the prefix and the chunk
+        if args.prefix_tokens < 0:
+            raise InputError(f"--prefix-tokens {args.prefix_tokens}: must be >= 0")
+        fit = check_fit(argparse.Namespace(**{**vars(args), "batch": 1,
+                                              "context": args.prefix_tokens + args.tokens}), model, plan, system)
+    else:
+        fit = check_fit(args, model, plan, system)  # capacity first: before any draw or schedule
     schedule = load_schedule(args.schedule)
     record = args.trace is not None or args.plot is not None
     data, timeline = simulate_data(args, workload, schedule, record_timeline=record)
@@ -203,8 +228,10 @@ def _json_result(result: Any, floor: Any, args: argparse.Namespace, system: str,
 
 
 def _print_human(data: dict[str, Any], fmt: str) -> None:
+    what = (f"prefill of {data['batch']} tokens after {data['prefix_tokens']} cached" if data.get("phase") == "prefill"
+            else f"batch {data['batch']}")
     title = (f"{data['model']} on {data['system']} ({data['devices']} devices, plan {data['plan']}), "
-             f"batch {data['batch']}, schedule {data['schedule']} [{data['schedule_hash']}]")
+             f"{what}, schedule {data['schedule']} [{data['schedule_hash']}]")
     table = TableData(title=title, columns=["quantity", "value", "label"], right_aligned=("value",), records=data)
     if "capacity" in data:
         table.add("HBM needed / available", data["capacity"]["summary"], data["capacity"]["label"])
@@ -232,7 +259,7 @@ def _print_human(data: dict[str, Any], fmt: str) -> None:
     table.add(f"{words['staging']} peak",
                   f"{data['vmem_peak_bytes'] / MIB:.2f} MiB at {data['vmem_peak_time_ms']:.3f} ms ({where})", SIMULATED)
     if data["execution_mode"] == "megakernel":
-        table.add(f"{words['staging']} static scratch / usable",
+        table.add(f"{words['staging']} static / usable",
                       f"{data['vmem_static_bytes'] / MIB:.2f} / {data['vmem_capacity_bytes'] / MIB:.2f} MiB",
                       "schedule plan / chip figure")
     else:  # one kernel per op: no persistent kernel holds the schedule's buffers

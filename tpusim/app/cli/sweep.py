@@ -177,16 +177,18 @@ def _print_human(result: Any, model: str, chip: str, chips: int, batch: int, fmt
              f"{result.estimated} estimate only ({result.wall_s:.1f} s)"]
     with_interval = any(r.get("step_ms_low") is not None for r in intervals.values())
     columns = ["#", "name", "ms/step", *(["90 % interval ms", "P(best)"] if with_interval else []),
-               "tokens/s", "exposed DMA ms", "VMEM peak MiB", "label"]
+               "tokens/s", "exposed DMA ms", "VMEM static MiB", "VMEM peak MiB", "label"]
     table = TableData(title="top 5", columns=columns, right_aligned=("#", "ms/step", "P(best)", "tokens/s",
-                                                                      "exposed DMA ms", "VMEM peak MiB"))
+                                                                      "exposed DMA ms", "VMEM static MiB",
+                                                                      "VMEM peak MiB"))
     shown = simulated[:5] or sorted((r for r in result.rows if r["status"] == "estimated"),
                                     key=lambda r: (r["predicted_ms"], r["hash"]))[:5]
     for i, r in enumerate(shown, 1):
-        vmem = r.get("vmem_peak_mib")
+        vmem, static = r.get("vmem_peak_mib"), r.get("vmem_static_mib")
         table.add(i, r["name"], f"{r['predicted_ms']:.4f}", *_interval_cells(intervals.get(r["hash"]), with_interval),
                   f"{r['tokens_per_s']:.1f}",
                   f"{r['exposed_dma_ms']:.3f}" if r.get("exposed_dma_ms") is not None else "–",
+                  f"{static:.2f}" if static is not None else "–",
                   f"{vmem:.2f}" if vmem is not None else "–", r["predicted_by"])
     pub = result.published_row
     if pub and pub.get("predicted_ms"):
