@@ -116,6 +116,22 @@ class PoolSpec(BaseModel):
         return self
 
 
+class Deployment(BaseModel):
+    """The plan and collective algorithms a schedule was chosen for (a joint sweep's winner).
+
+    ``tpusim simulate --schedule best.json`` reads it: ``plan`` is a ``--plan`` choice
+    (``auto``: the published plan for the model and device count, else a SPEC such as
+    ``expert_groups=8,expert_tp=4,attention=dp``), ``collectives`` the algorithm per
+    collective name (:meth:`tpusim.workload.sharding.ShardingPlan.with_algorithms`).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    plan: str = Field(min_length=1, description="a --plan choice: auto, generic, a SPEC or a plan name")
+    collectives: dict[str, str] = Field(
+        default_factory=dict, description="collective name -> algorithm (tpusim.workload.collectives)")
+
+
 class Schedule(BaseModel):
     """A complete prefetch schedule for one decode step."""
 
@@ -139,6 +155,9 @@ class Schedule(BaseModel):
     )
     kv_tile_tokens: Count = Field(default=128, ge=8, description="KV cache tile, tokens")
     kv_buffers: Count = Field(default=2, ge=1, le=16, description="KV tiles in flight")
+    deployment: Deployment | None = Field(
+        default=None, description="plan + collective algorithms this schedule was chosen with "
+        "(a joint sweep's best.json); None: the schedule alone, on whatever plan is asked for")
 
     @model_validator(mode="after")
     def _check(self) -> Schedule:
@@ -201,6 +220,8 @@ class Schedule(BaseModel):
         data = self.model_dump(mode="json", exclude={"name", "description"})
         if not self.pools:  # added later: schedules without ring pools keep their hashes
             del data["pools"]
+        if self.deployment is None:  # added later: schedules without a deployment keep their hashes
+            del data["deployment"]
         data["families"] = {
             name: self.family(name).model_dump(mode="json") for name in SCHEDULE_FAMILIES
         }
@@ -232,4 +253,7 @@ def save_schedule(schedule: Schedule, path: Path) -> None:
     """Write ``schedule`` as JSON atomically (temp file in the same folder, then rename)."""
     from hwmodels.atomic import write_text_atomic
 
-    write_text_atomic(path, json.dumps(schedule.model_dump(mode="json"), indent=2) + "\n")
+    data = schedule.model_dump(mode="json")
+    if schedule.deployment is None:  # files of schedules without a deployment stay as they were
+        del data["deployment"]
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
