@@ -41,7 +41,8 @@ def joint_summary(result: JointResult, workload: JointWorkload, space: JointSpac
         f"{space.screen_percentile:g}th percentile. {result.trials} trials, {len(result.rows)} rows "
         f"({', '.join(f'{v} {k}' for k, v in sorted(statuses.items()))}; {screened} screened out), "
         f"{result.simulated} full-step simulations; {result.wall_s:.1f} s wall, {result.cpu_s:.1f} s CPU "
-        f"(client process), executor {result.executor}.",
+        f"(client process), executor {result.executor}. Chip figures: "
+        + ("calibrated overlay" if workload.system.chip.is_calibrated else "published (uncalibrated)") + ".",
         "",
         "| | plan | collectives | ms/step (simulated) | tokens/s (simulated) | static VMEM MiB |",
         "| --- | --- | --- | ---: | ---: | ---: |",
