@@ -440,8 +440,9 @@ def run_joint_sweep(
         return sum(r["status"] == "simulated" for r in rows.values())
 
     def emit(proposal: Proposal, row: dict[str, Any]) -> None:
-        full = {"trial": proposal.trial, "hash": proposal.hash, "name": proposal.schedule.name
-                if proposal.schedule else f"trial-{proposal.trial:05d}", "source": proposal.source,
+        name = (proposal.schedule.name if proposal.schedule else
+                "plan" if proposal.source == "plan" else f"trial-{proposal.trial:05d}")
+        full = {"trial": proposal.trial, "hash": proposal.hash, "name": name, "source": proposal.source,
                 "plan": proposal.plan_choice,
                 "collectives": ";".join(f"{k}={v}" for k, v in sorted(proposal.algorithms.items())),
                 "vmem_static_mib": proposal.static_mib, **proposal.knobs, **row}

@@ -40,8 +40,9 @@ def joint_summary(result: JointResult, workload: JointWorkload, space: JointSpac
         f"by Optuna TPE (seed {w['seed']}); screen: analytic estimate, pruned above the "
         f"{space.screen_percentile:g}th percentile. {result.trials} trials, {len(result.rows)} rows "
         f"({', '.join(f'{v} {k}' for k, v in sorted(statuses.items()))}; {screened} screened out), "
-        f"{result.simulated} full-step simulations; {result.wall_s:.1f} s wall, {result.cpu_s:.1f} s CPU "
-        f"(client process), executor {result.executor}. Chip figures: "
+        f"{result.simulated} full-step simulations; this run (since the start or the last --resume): "
+        f"{result.wall_s:.1f} s wall, {result.cpu_s:.1f} s CPU in the client process (workers not counted), "
+        f"executor {result.executor}. Chip figures: "
         + ("calibrated overlay" if workload.system.chip.is_calibrated else "published (uncalibrated)") + ".",
         "",
         "| | plan | collectives | ms/step (simulated) | tokens/s (simulated) | static VMEM MiB |",
