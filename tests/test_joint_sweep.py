@@ -17,7 +17,7 @@ from tpusim.app.cli import main
 from tpusim.schedule.schema import Deployment, Schedule, load_schedule, save_schedule
 from tpusim.sweep.joint import run_joint_sweep
 from tpusim.sweep.search import SweepInterrupted
-from tpusim.workload.collectives import Topology, cannot_run
+from tpusim.workload.collectives import Topology, cannot_run, same_messages
 from tpusim.workload.model_catalog import load_model, plan_for
 
 NANO = dict(model="kimi-k3-nano", hardware="tpu-v7", chips=4)
@@ -40,6 +40,8 @@ def test_cannot_run_rules() -> None:
     assert "needs a group of 2" in cannot_run("pair_exchange", "exchange", "host", top)
     assert "cannot run a all_gather" in cannot_run("one_shot_two_level", "all_gather", "all", top)
     assert "unknown" in cannot_run("ring", "all_reduce", "all", top)
+    assert same_messages("direct_all_gather", "pair_exchange", "sibling", top)  # one candidate, not two
+    assert not same_messages("direct_all_gather", "one_shot_two_level", "all", top)
 
 
 def test_with_algorithms_changes_only_the_named_collectives() -> None:

@@ -77,7 +77,7 @@ from tpusim.sweep.progress import SweepProgress
 from tpusim.sweep.prune import VmemAccountant, check_candidate
 from tpusim.sweep.space import SweepSpace, default_space, knob_names, schedule_knobs
 from tpusim.workload.capacity import capacity_report
-from tpusim.workload.collectives import KIND_ALGORITHMS
+from tpusim.workload.collectives import KIND_ALGORITHMS, cannot_run, same_messages
 from tpusim.workload.model_catalog import deployment_plan, plan_for_system
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.program import Program, build_program
@@ -299,10 +299,14 @@ def _suggest(trial: Any, space: JointSpace, validator: _Validator, families: lis
     base = validator.base_plan(choice)
     for name, kind in validator.collectives(choice):
         picked = trial.suggest_categorical(f"alg.{name}", [KEEP_PLAN, *KIND_ALGORITHMS[kind]])
-        current = next((s.algorithm for s in base.all_collectives if s.name == name), None) \
-            if not isinstance(base, str) else None
-        if picked != KEEP_PLAN and picked != current:
-            algorithms[name] = picked
+        spec = next((s for s in base.all_collectives if s.name == name), None) if not isinstance(base, str) else None
+        current = spec.algorithm if spec is not None else None
+        if picked in (KEEP_PLAN, current):
+            continue
+        if spec is not None and current is not None and cannot_run(picked, spec.kind, spec.group, base.topology) == "" \
+                and same_messages(picked, current, spec.group, base.topology):
+            continue  # the same copies as the plan's algorithm (direct_all_gather over a pair): one candidate
+        algorithms[name] = picked
     sched = space.schedule
     families_out: dict[str, FamilySchedule] = {}
     pattern = trial.suggest_categorical("pools", list(sched.pool_patterns))

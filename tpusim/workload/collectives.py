@@ -57,7 +57,7 @@ of exactly 2) or ``direct_all_gather``.
 API (stable: add, do not rename): :class:`Topology`, :class:`Message`, :data:`ALGORITHMS`,
 :data:`GROUPS`, :data:`KIND_ALGORITHMS`, :func:`group_ranks`, :func:`messages`,
 :func:`incoming`, :func:`phase_count`, :func:`consumer_waits`, :func:`link_stages`,
-:func:`buffer_bytes`, :func:`cannot_run`.
+:func:`buffer_bytes`, :func:`cannot_run`, :func:`same_messages`.
 """
 
 from __future__ import annotations
@@ -271,3 +271,13 @@ def cannot_run(algorithm: str, kind: str, group: str, topology: Topology) -> str
         if algorithm == "pair_exchange" and size not in (1, 2):
             return f"pair_exchange needs a group of 2 ranks, group {group} has {size}"
     return ""
+
+
+def same_messages(first: str, second: str, group: str, topology: Topology) -> bool:
+    """Whether two algorithms send the same copies over ``group`` (every rank, two payload
+    sizes): ``direct_all_gather`` and ``pair_exchange`` over a pair, say. A search treats
+    such choices as one."""
+    if first == second:
+        return True
+    return all(messages(first, group, payload, rank, topology) == messages(second, group, payload, rank, topology)
+               for payload in (4096, 4099) for rank in range(topology.devices))
