@@ -53,6 +53,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from concurrent.futures import BrokenExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -535,6 +536,9 @@ def run_joint_sweep(
         raise SweepInterrupted(
             f"interrupted: {len(rows)} finished rows kept in {table.path} and the study in {journal}; rerun the "
             "same command with --resume to continue without repeating them") from None
+    except BrokenExecutor as error:  # a worker died (killed, out of memory): say so in one line
+        raise InputError(f"a worker process died ({error}); {len(rows)} finished rows are kept in {table.path}: "
+                         "rerun the same command with --resume") from None
     finally:
         label = pool.label if pool is not None else executor
         if pool is not None:
