@@ -71,7 +71,7 @@ from tpusim.schedule.schema import (
     load_schedule,
     save_schedule,
 )
-from tpusim.schedule.vmem import InfeasibleSchedule
+from tpusim.schedule.vmem import InfeasibleSchedule, collective_bytes
 from tpusim.sweep.executors import Executor, ExecutorKind
 from tpusim.sweep.outputs import SweepCsv, write_text_atomic
 from tpusim.sweep.progress import SweepProgress
@@ -225,6 +225,7 @@ class _Validator:
         self._plans: dict[str, ShardingPlan | str] = {}
         self._accountants: dict[str, VmemAccountant] = {}
         self._capacity: dict[str, str] = {}
+        self._collective_bytes: dict[str, int] = {}
 
     def base_plan(self, choice: str) -> ShardingPlan | str:
         """The plan a choice builds, or why it does not (divisibility, a plan for other devices)."""
@@ -263,7 +264,19 @@ class _Validator:
                                                                      self.workload.sequences)
         verdict = check_candidate(proposal.schedule, self.space.schedule, self._accountants[proposal.plan_choice])
         proposal.static_mib = verdict.vmem_static_bytes / MIB
-        return verdict.reason
+        if verdict.reason:
+            return verdict.reason
+        # the algorithms are searched here, so their send/receive buffers count too (the kernel
+        # allocates them: VmemPlan.with_collectives_bytes), unlike the schedule sweep's check
+        key = f"{proposal.plan_choice}|{sorted(proposal.algorithms.items())}"
+        if key not in self._collective_bytes:
+            self._collective_bytes[key] = collective_bytes(self.workload.model, plan, self.workload.batch)
+        total = verdict.vmem_static_bytes + self._collective_bytes[key]
+        capacity = self.space.schedule.constraints.vmem_capacity_bytes
+        if capacity is not None and total > capacity:
+            return (f"vmem: {total / MIB:.2f} MiB with the collectives' send/receive buffers "
+                    f"({self._collective_bytes[key] / MIB:.2f} MiB) but {capacity / MIB:.2f} MiB is usable")
+        return ""
 
     def plan_reason(self, choice: str) -> str:
         """Why every candidate of this plan is invalid ('' when it builds and fits HBM)."""
