@@ -118,6 +118,20 @@ class PoolSpec(BaseModel):
 
 ReceiveSlots = Literal["per_message", "shared"]
 RECEIVE_SLOTS: tuple[str, ...] = ("per_message", "shared")
+class Deployment(BaseModel):
+    """The plan and collective algorithms a schedule was chosen for (a joint sweep's winner).
+
+    ``tpusim simulate --schedule best.json`` reads it: ``plan`` is a ``--plan`` choice
+    (``auto``: the published plan for the model and device count, else a SPEC such as
+    ``expert_groups=8,expert_tp=4,attention=dp``), ``collectives`` the algorithm per
+    collective name (:meth:`tpusim.workload.sharding.ShardingPlan.with_algorithms`).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    plan: str = Field(min_length=1, description="a --plan choice: auto, generic, a SPEC or a plan name")
+    collectives: dict[str, str] = Field(
+        default_factory=dict, description="collective name -> algorithm (tpusim.workload.collectives)")
 
 
 class Schedule(BaseModel):
@@ -150,6 +164,9 @@ class Schedule(BaseModel):
         "collective that runs once in the dense layers reuses the buffers of the MoE collective of the same "
         "algorithm, group and payload (their lifetimes never overlap; tpusim.schedule.vmem rule 6)",
     )
+    deployment: Deployment | None = Field(
+        default=None, description="plan + collective algorithms this schedule was chosen with "
+        "(a joint sweep's best.json); None: the schedule alone, on whatever plan is asked for")
 
     @model_validator(mode="after")
     def _check(self) -> Schedule:
@@ -214,6 +231,8 @@ class Schedule(BaseModel):
             del data["pools"]
         if self.receive_slots == "shared":  # added later (the default): existing schedules keep their hashes
             del data["receive_slots"]
+        if self.deployment is None:  # added later: schedules without a deployment keep their hashes
+            del data["deployment"]
         data["families"] = {
             name: self.family(name).model_dump(mode="json") for name in SCHEDULE_FAMILIES
         }
@@ -245,4 +264,7 @@ def save_schedule(schedule: Schedule, path: Path) -> None:
     """Write ``schedule`` as JSON atomically (temp file in the same folder, then rename)."""
     from hwmodels.atomic import write_text_atomic
 
-    write_text_atomic(path, json.dumps(schedule.model_dump(mode="json"), indent=2) + "\n")
+    data = schedule.model_dump(mode="json")
+    if schedule.deployment is None:  # files of schedules without a deployment stay as they were
+        del data["deployment"]
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n")

@@ -45,9 +45,19 @@ op role whose end issues it, or the name of another collective whose completion 
 there) and ``min_batch`` / ``max_batch`` (batch-dependent variants: several entries of one
 name with disjoint batch ranges, the plan picks the one matching the batch).
 
+Which algorithm may run which collective (:data:`KIND_ALGORITHMS`, :func:`cannot_run`; the
+joint sweep's vocabulary, one rule): a reduction (``all_reduce``, ``reduce_scatter``) by
+``one_shot_two_level``, ``reduce_scatter_all_gather`` or ``direct_all_gather`` (every rank
+sends its whole partial to every peer and sums locally: a flat one-shot all-reduce; a
+reduce-scatter is its result's own share); an ``all_gather`` only by ``direct_all_gather``
+(a two-level gather would forward a host's concatenation, ``M`` times the payload, which
+the phase-1 message size here does not price); an ``exchange`` by ``pair_exchange`` (a group
+of exactly 2) or ``direct_all_gather``.
+
 API (stable: add, do not rename): :class:`Topology`, :class:`Message`, :data:`ALGORITHMS`,
-:data:`GROUPS`, :func:`group_ranks`, :func:`messages`, :func:`incoming`,
-:func:`phase_count`, :func:`consumer_waits`, :func:`link_stages`, :func:`buffer_bytes`.
+:data:`GROUPS`, :data:`KIND_ALGORITHMS`, :func:`group_ranks`, :func:`messages`,
+:func:`incoming`, :func:`phase_count`, :func:`consumer_waits`, :func:`link_stages`,
+:func:`buffer_bytes`, :func:`cannot_run`, :func:`same_messages`.
 """
 
 from __future__ import annotations
@@ -63,6 +73,11 @@ ALGORITHMS: tuple[str, ...] = ("one_shot_two_level", "direct_all_gather", "pair_
                                "reduce_scatter_all_gather")
 GROUPS: tuple[str, ...] = ("all", "sibling", "same_parity", "host")
 LINK_KINDS: tuple[str, ...] = ("sibling", "same_host", "cross_host")
+_REDUCTION = ("one_shot_two_level", "reduce_scatter_all_gather", "direct_all_gather")
+KIND_ALGORITHMS: dict[str, tuple[str, ...]] = {
+    "all_reduce": _REDUCTION, "reduce_scatter": _REDUCTION,
+    "all_gather": ("direct_all_gather",), "exchange": ("pair_exchange", "direct_all_gather"),
+}
 
 
 @dataclass(frozen=True)
@@ -241,3 +256,28 @@ def buffer_bytes(algorithm: str, group: str, payload_bytes: int, rank: int, topo
         per_phase = payload_bytes
     send = phase_count(algorithm, group, rank, topology) * per_phase
     return send + copies * len(incoming(algorithm, group, payload_bytes, rank, topology)) * size
+
+
+def cannot_run(algorithm: str, kind: str, group: str, topology: Topology) -> str:
+    """Why ``algorithm`` cannot run a ``kind`` collective over ``group`` on ``topology``
+    ("" when it can): see the module docstring's vocabulary. Checked for every rank."""
+    if algorithm not in ALGORITHMS:
+        return f"unknown algorithm {algorithm!r} (one of {', '.join(ALGORITHMS)})"
+    allowed = KIND_ALGORITHMS.get(kind, ())
+    if algorithm not in allowed:
+        return f"{algorithm} cannot run a {kind} (one of {', '.join(allowed) or 'none'})"
+    for rank in range(topology.devices):
+        size = len(group_ranks(group, rank, topology))
+        if algorithm == "pair_exchange" and size not in (1, 2):
+            return f"pair_exchange needs a group of 2 ranks, group {group} has {size}"
+    return ""
+
+
+def same_messages(first: str, second: str, group: str, topology: Topology) -> bool:
+    """Whether two algorithms send the same copies over ``group`` (every rank, two payload
+    sizes): ``direct_all_gather`` and ``pair_exchange`` over a pair, say. A search treats
+    such choices as one."""
+    if first == second:
+        return True
+    return all(messages(first, group, payload, rank, topology) == messages(second, group, payload, rank, topology)
+               for payload in (4096, 4099) for rank in range(topology.devices))

@@ -138,6 +138,18 @@ def plan_for(model: ModelConfig, devices: int, *, devices_per_chip: int = 1, int
     return plan
 
 
+def deployment_plan(model: ModelConfig, chip: Chip, chips: int, plan_choice: str,
+                    collectives: dict[str, str]) -> ShardingPlan:
+    """The plan of a deployment (a joint sweep's ``best.json``): :func:`plan_for_system` with
+    ``plan_choice``, its collectives run by the chosen algorithms
+    (:meth:`ShardingPlan.with_algorithms`); InputError saying which collective cannot."""
+    plan = plan_for_system(model, chip, chips, plan_choice)
+    try:
+        return plan.with_algorithms(collectives)
+    except ValueError as error:
+        raise InputError(f"model {model.name} on {chips} x {chip.name}, plan {plan_choice}: {error}") from None
+
+
 def plan_devices(choice: str | None) -> int | None:
     """Devices a ``--plan`` choice names by itself (a SPEC's ``tp``, a plan file's
     ``devices``), or None when it leaves them to the system."""

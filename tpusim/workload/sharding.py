@@ -30,7 +30,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tpusim.workload.collectives import ALGORITHMS, Algorithm, Group, Topology, link_stages
+from tpusim.workload.collectives import (
+    ALGORITHMS,
+    Algorithm,
+    Group,
+    Topology,
+    cannot_run,
+    link_stages,
+)
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.registry.names import Collective, MlpOp, MoeOp, Role
 
@@ -226,6 +233,45 @@ class ShardingPlan(_Frozen):
                 f"plan {self.name}: expert width {moe.expert_intermediate_size} does not split "
                 f"{self.expert_tp} ways"
             )
+
+    def with_algorithms(self, choices: dict[str, str]) -> ShardingPlan:
+        """This plan with each named collective run by the given algorithm (every batch
+        variant of that name); ValueError naming the collective when the algorithm cannot run
+        it (:func:`tpusim.workload.collectives.cannot_run`) or the plan has no such collective.
+
+        A collective priced per stage (a generic plan's) gets the group its ranks form: all
+        devices, or the attention TP group when that is ``all`` or ``host``; any other group
+        has no name in the message vocabulary and cannot take an algorithm."""
+        if not choices:
+            return self
+        names = {spec.name for spec in self.all_collectives}
+        unknown = sorted(set(choices) - names)
+        if unknown:
+            raise ValueError(f"plan {self.name} has no collective {unknown[0]!r} (it has {', '.join(sorted(names))})")
+        data = self.model_dump()
+        for key in COLLECTIVE_LISTS:
+            specs = []
+            for spec in getattr(self, key):
+                algorithm = choices.get(spec.name)
+                if algorithm is None or algorithm == spec.algorithm:
+                    specs.append(spec.model_dump())
+                    continue
+                group = spec.group if spec.algorithm is not None else self._stage_group(spec)
+                reason = cannot_run(algorithm, spec.kind, group, self.topology)
+                if reason:
+                    raise ValueError(f"collective {spec.name}: {reason}")
+                specs.append({**spec.model_dump(), "algorithm": algorithm, "group": group, "stages": []})
+            data[key] = specs
+        return ShardingPlan.model_validate(data)
+
+    def _stage_group(self, spec: CollectiveSpec) -> str:
+        """The message group of a stage-priced collective (see :meth:`with_algorithms`)."""
+        if spec.name != Collective.ATTN_ALLREDUCE or self.attention_tp == self.devices:
+            return "all"
+        if self.attention_tp == self.devices_per_host:
+            return "host"
+        raise ValueError(f"collective {spec.name}: its group (attention TP {self.attention_tp} of {self.devices} "
+                         "devices) has no name in the message vocabulary (all, sibling, same_parity, host)")
 
     def experts_per_group(self, model: ModelConfig) -> int:
         """Routed experts one expert group owns (0 for a dense model)."""

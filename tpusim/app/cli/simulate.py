@@ -154,7 +154,16 @@ def run(args: argparse.Namespace) -> int:
     from tpusim.schedule.schema import load_schedule
 
     layers = plot_layers(args.plot_layers)
+    schedule = load_schedule(args.schedule)
     workload = resolve_workload(args)
+    if schedule.deployment is not None and getattr(args, "plan", None) in (None, "auto"):
+        # a joint sweep's best.json: its plan and collective algorithms, unless --plan says otherwise
+        from tpusim.workload.model_catalog import deployment_plan
+
+        model, _, system, routing = workload
+        plan = deployment_plan(model, system.chip, system.chips, schedule.deployment.plan,
+                               schedule.deployment.collectives)
+        workload = (model, plan, system, routing)
     model, plan, system, _ = workload
     if args.phase == "prefill":  # one sequence holding the prefix and the chunk
         if args.prefix_tokens < 0:
@@ -163,7 +172,6 @@ def run(args: argparse.Namespace) -> int:
                                               "context": args.prefix_tokens + args.tokens}), model, plan, system)
     else:
         fit = check_fit(args, model, plan, system)  # capacity first: before any draw or schedule
-    schedule = load_schedule(args.schedule)
     record = args.trace is not None or args.plot is not None
     data, timeline = simulate_data(args, workload, schedule, record_timeline=record)
     data["capacity"] = fit.as_json()

@@ -49,7 +49,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--jobs", type=positive_int, default=1, help="worker processes (default 1)")
     parser.add_argument("--resume", action="store_true", help="continue a sweep in --out, skipping finished rows")
     parser.add_argument("--samples", type=int, default=None, help="random draws from the space (default: the space's)")
-    parser.add_argument("--space", type=Path, default=None, help="a SweepSpace JSON (or a previous space.json)")
+    parser.add_argument("--space", default=None,
+                        help="joint (plan x collective algorithms x schedule, searched by Optuna), or a "
+                        "SweepSpace JSON (or a previous space.json); default: the schedule space")
+    parser.add_argument("--executor", choices=("local", "dask"), default="local",
+                        help="--space joint: where candidates run (local: --jobs processes; dask: Dask workers)")
+    parser.add_argument("--workers", type=positive_int, default=2, help="--executor dask: local cluster workers")
+    parser.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                        help="--executor dask: an existing scheduler (tcp://host:8786) instead of a local cluster")
     parser.add_argument("--screen-factor", type=int, default=DEFAULT_SCREEN_FACTOR,
                         help=f"screen factor x budget candidates on reduced layers (0: off; default {DEFAULT_SCREEN_FACTOR})")
     parser.add_argument("--screen-layers", type=positive_int, default=DEFAULT_SCREEN_LAYERS,
@@ -81,7 +88,11 @@ def run(args: argparse.Namespace) -> int:
 
     model, plan, system, routing = resolve_workload(args)
     fit = check_fit(args, model, plan, system)  # capacity first
-    space = load_space(args.space) if args.space else default_space()
+    if args.space == "joint":
+        return _run_joint(args, model, system, routing)
+    if args.executor != "local":
+        raise InputError("--executor dask: only with --space joint")
+    space = load_space(Path(args.space)) if args.space else default_space()
     if args.samples is not None:
         if args.samples < 0:
             raise InputError("--samples must be >= 0")
@@ -124,6 +135,43 @@ def run(args: argparse.Namespace) -> int:
         hardware.append(f"HBM: {fit.summary()}: every time above is for a deployment that does not fit")
     _print_human(result, model.name, system.chip.name, system.chips, args.batch, fmt, hardware,
                  {r["hash"]: r for r in intervals})
+    return 0
+
+
+def _run_joint(args: argparse.Namespace, model: Any, system: Any, routing: Any) -> int:
+    """``--space joint``: :func:`tpusim.sweep.joint.run_joint_sweep`, then its best and the published row."""
+    from tpusim.sweep import SweepInterrupted
+    from tpusim.sweep.joint import run_joint_sweep
+
+    try:
+        result = run_joint_sweep(
+            model, system, args.batch, out_dir=args.out, budget=args.budget, seed=args.seed, resume=args.resume,
+            context_tokens=args.context, routing=routing, jobs=args.jobs, executor=args.executor,
+            workers=args.workers, scheduler=args.scheduler, quiet=args.quiet or output_format(args) != "table",
+            plots=not args.no_plots)
+    except SweepInterrupted as interrupted:
+        command = " ".join(shlex.quote(a) for a in ["tpusim", *sys.argv[1:]] if a != "--resume")
+        print(f"tpusim sweep: {interrupted}\n  resume with: {command} --resume", file=sys.stderr)
+        from tpusim.app.cli.run_guard import EXIT_INTERRUPTED, EXIT_TERMINATED
+        from tpusim.app.interrupts import Terminated
+
+        return EXIT_TERMINATED if isinstance(interrupted.__context__, Terminated) else EXIT_INTERRUPTED
+    data = {"best": result.best_row, "published": result.published_row, "speedup": result.speedup,
+            "trials": result.trials, "simulated": result.simulated, "wall_s": result.wall_s, "cpu_s": result.cpu_s,
+            "executor": result.executor, "paths": {k: str(v) for k, v in result.paths.items()}}
+    if output_format(args) == "json":
+        emit_json(data)
+        return 0
+    best, pub = result.best_row, result.published_row
+    print(f"joint sweep: {result.trials} trials, {result.simulated} simulated (full step) in {result.wall_s:.1f} s "
+          f"wall, {result.cpu_s:.1f} s CPU in this process ({result.executor})")
+    print(f"best: plan {best['plan']}, collectives {best['collectives'] or 'as the plan'}, "
+          f"{best['predicted_ms']:.4f} ms/step, {best['tokens_per_s']:.1f} tokens/s (simulated)")
+    if pub is not None and result.speedup is not None:
+        print(f"published: {pub['predicted_ms']:.4f} ms/step, {pub['tokens_per_s']:.1f} tokens/s (simulated); "
+              f"speedup {result.speedup:.3f}x")
+    for key, path in result.paths.items():
+        print(f"  {key}: {path}")
     return 0
 
 

@@ -1,0 +1,674 @@
+"""The joint sweep (``tpusim sweep --space joint``): schedule x collective algorithms x plan, by Optuna.
+
+A candidate *deployment* is three choices, searched together:
+
+- the **plan** (:attr:`JointSpace.plans`): ``auto`` (the published plan for the model and
+  device count, else the generic one) or a ``--plan`` SPEC (expert groups x expert TP,
+  attention TP or DP; :func:`plan_choices` lists every split the chip count divides);
+- per collective of that plan, its **algorithm** from the plan's vocabulary
+  (:data:`tpusim.workload.collectives.KIND_ALGORITHMS`; ``plan``: as the plan says);
+- the **prefetch schedule**, knob by knob from :attr:`JointSpace.schedule` (the default
+  :class:`~tpusim.sweep.space.SweepSpace`: distances, slabs, buffers, pool patterns with
+  their ring modes, DMAs in flight, expert issue, KV tiles).
+
+Steps of :func:`run_joint_sweep` (invariants after each):
+
+1. **Baselines.** The built-in schedules on the ``auto`` plan as written (``published``
+   first) are simulated in full. *The published design always has a row.*
+2. **Ask.** Optuna's TPE sampler (seeded; categorical parameters; define-by-run, so each
+   plan has its own collective parameters) proposes ``ASK_BATCH`` trials at a time. The
+   batch size is fixed, never the worker count, *so the study's history, and its best, do
+   not depend on how many workers evaluate it.*
+3. **Validate** each trial before anything runs (:func:`validate`): the plan builds and
+   divides the model; every chosen algorithm can run its collective over its group
+   (:func:`tpusim.workload.collectives.cannot_run`); weights + KV fit HBM
+   (:func:`tpusim.workload.capacity.capacity_report`); the schedule schema accepts the
+   knobs; the static VMEM (:func:`tpusim.schedule.vmem.vmem_plan`, the one accounting) fits
+   the chip's usable on-chip memory; DMAs in flight within the copy engine's limit. An
+   invalid trial gets a ``pruned`` row with the reason and is told *pruned* without a value
+   (TPE ranks it below every measured trial). *No invalid candidate is estimated or simulated.*
+4. **Screen** (the pruner): the analytic estimate of the full step
+   (:mod:`tpusim.sweep.estimate`) is reported as the trial's step-0 value; Optuna's
+   ``PercentilePruner`` stops a trial whose estimate is worse than the ``screen_percentile``
+   of the completed trials'. Its row says ``screened out`` with the estimate.
+5. **Simulate** the survivors in full (the engine, every layer) on the executor
+   (:mod:`tpusim.sweep.executors`: in-process, processes or Dask workers); each result is
+   written to ``sweep.csv`` and told to the study in trial order.
+6. Repeat 2-5 until ``budget`` full simulations are done (the last batch may add up to
+   ``ASK_BATCH - 1`` more). **Choose** the simulated row with the smallest
+   ``(step_ms, hash)``; write ``best.json`` (the schedule with its :class:`Deployment`:
+   ``tpusim simulate --schedule best.json`` runs the same plan and algorithms),
+   ``summary.md`` and ``pareto.png`` (tokens/s against static VMEM, coloured by plan).
+
+Record and resume. The study lives in an Optuna ``JournalStorage`` file (``study.journal``)
+and every evaluated candidate in ``sweep.csv``, keyed by the hash of its schedule *with* its
+deployment. A proposal whose hash already has a row is told that row's value and never
+evaluated again. Ctrl-C (or SIGTERM) leaves the trials of the batch in flight *running* in
+the journal; ``--resume`` marks them failed and re-enqueues their parameters, so they are
+evaluated once, on the resume — *nothing finished is lost and nothing is repeated.*
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from concurrent.futures import BrokenExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from hwmodels.errors import InputError
+from hwmodels.schema import System
+from hwmodels.validation import describe_validation_error
+from tpusim.schedule.schema import (
+    BUILTIN_SCHEDULES,
+    Deployment,
+    FamilySchedule,
+    Schedule,
+    load_schedule,
+    save_schedule,
+)
+from tpusim.schedule.vmem import InfeasibleSchedule, collective_bytes
+from tpusim.sweep.executors import Executor, ExecutorKind
+from tpusim.sweep.outputs import SweepCsv, write_text_atomic
+from tpusim.sweep.progress import SweepProgress
+from tpusim.sweep.prune import VmemAccountant, check_candidate
+from tpusim.sweep.space import SweepSpace, default_space, knob_names, schedule_knobs
+from tpusim.workload.capacity import capacity_report
+from tpusim.workload.collectives import KIND_ALGORITHMS, cannot_run, same_messages
+from tpusim.workload.model_catalog import deployment_plan, plan_for_system
+from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.program import Program, build_program
+from tpusim.workload.registry.names import Family
+from tpusim.workload.routing import RoutingModel
+from tpusim.workload.sharding import ShardingPlan
+
+ASK_BATCH = 16  # trials proposed per round (fixed: the study must not depend on the worker count)
+MS_PER_S = 1000.0
+MIB = float(1 << 20)
+KEEP_PLAN = "plan"  # an algorithm choice: the collective as the plan writes it
+AUTO_PLAN = "auto"
+COLUMNS = ("trial", "hash", "name", "source", "status", "reason", "plan", "collectives", "predicted_ms",
+           "predicted_by", "tokens_per_s", "exposed_dma_ms", "vmem_static_mib", "vmem_peak_mib", "est_ms")
+FLOATS = ("predicted_ms", "tokens_per_s", "exposed_dma_ms", "vmem_static_mib", "vmem_peak_mib", "est_ms")
+
+
+class JointSpace(BaseModel):
+    """What a joint sweep searches (saved in ``space.json``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    plans: list[str] = Field(min_length=1, description="--plan choices: auto or SPECs")
+    schedule: SweepSpace = Field(description="the schedule knobs' choices and the VMEM/DMA constraints")
+    screen_percentile: float = Field(default=50.0, gt=0.0, lt=100.0, description="a trial whose estimate is "
+                                     "worse than this percentile of the completed trials' is not simulated")
+    startup_trials: int = Field(default=16, ge=0, description="trials simulated before the pruner prunes")
+
+
+def plan_choices(model: ModelConfig, devices: int) -> list[str]:
+    """``auto`` and every SPEC splitting ``model`` over ``devices``: expert groups x expert TP
+    (both dividing), attention TP or DP. Whether each builds and fits is checked per trial."""
+    out = [AUTO_PLAN]
+    if model.moe is None:
+        return [*out, "attention=tp", "attention=dp"]
+    for groups in (g for g in range(1, devices + 1) if devices % g == 0):
+        if model.moe.num_experts % groups or model.moe.expert_intermediate_size % (devices // groups):
+            continue
+        for attention in ("tp", "dp"):
+            out.append(f"expert_groups={groups},expert_tp={devices // groups},attention={attention}")
+    return out
+
+
+def default_joint_space(model: ModelConfig, devices: int) -> JointSpace:
+    return JointSpace(plans=plan_choices(model, devices), schedule=default_space())
+
+
+@dataclass(frozen=True)
+class JointWorkload:
+    """Everything but the deployment that fixes a candidate's program (picklable)."""
+
+    model: ModelConfig
+    system: System
+    batch: int
+    context_tokens: int = 1024
+    routing: RoutingModel = field(default_factory=lambda: RoutingModel("uniform"))
+    seed: int = 0
+    sequences: int | None = None
+
+    def plan(self, deployment: Deployment) -> ShardingPlan:
+        return deployment_plan(self.model, self.system.chip, self.system.chips, deployment.plan,
+                               deployment.collectives)
+
+    def program(self, plan: ShardingPlan) -> Program:
+        return build_program(self.model, plan, batch=self.batch, context_tokens=self.context_tokens,
+                             routing=self.routing, seed=self.seed, sequences=self.sequences)
+
+    def describe(self) -> dict[str, Any]:
+        return {"model": self.model.name, "formats": self.model.formats, "hardware": self.system.chip.name,
+                "chips": self.system.chips, "devices": self.system.devices, "batch": self.batch,
+                "context_tokens": self.context_tokens, "routing": self.routing.label, "seed": self.seed,
+                **({"sequences": self.sequences} if self.sequences else {})}
+
+
+# ------------------------------------------------------------------------------------------
+# Worker side: pure functions of (workload, deployment, schedule); caches per process
+# ------------------------------------------------------------------------------------------
+
+_CACHE: dict[tuple[int, str], Any] = {}
+
+
+def _cached(workload: JointWorkload, deployment: Deployment, what: str) -> Any:
+    key = (hash(json.dumps(workload.describe(), sort_keys=True)),
+           f"{what}|{deployment.plan}|{sorted(deployment.collectives.items())}")
+    if key not in _CACHE:
+        if len(_CACHE) > 256:
+            _CACHE.clear()
+        if what == "program":
+            _CACHE[key] = workload.program(workload.plan(deployment))
+        elif what == "vmem":
+            _CACHE[key] = VmemAccountant(workload.model, workload.plan(deployment), workload.batch,
+                                         workload.sequences)
+        else:
+            from tpusim.sweep.estimate import EstimateContext
+
+            _CACHE[key] = EstimateContext(_cached(workload, deployment, "program"), workload.system.chip)
+    return _CACHE[key]
+
+
+def evaluate_task(workload: JointWorkload, stage: str, schedule_data: dict[str, Any]) -> dict[str, Any]:
+    """One candidate at ``stage`` (``estimate`` | ``simulate``) as a flat row (times in ms)."""
+    from tpusim.engine import simulate
+    from tpusim.schedule.issue_plan import UnsupportedIssuePlan
+    from tpusim.sweep.estimate import estimate
+
+    schedule = Schedule.model_validate(schedule_data)
+    assert schedule.deployment is not None
+    try:
+        if stage == "estimate":
+            vmem = _cached(workload, schedule.deployment, "vmem").plan_for(schedule)
+            est = estimate(_cached(workload, schedule.deployment, "estimate"), schedule, vmem)
+            return {"feasible": True, "est_ms": est.step_s * MS_PER_S}
+        result = simulate(_cached(workload, schedule.deployment, "program"), schedule, workload.system.chip)
+    except (InfeasibleSchedule, UnsupportedIssuePlan) as error:
+        return {"feasible": False, "reason": f"{stage}: {error}"}
+    return {"feasible": True, "predicted_ms": result.step_s * MS_PER_S, "tokens_per_s": result.tokens_per_s,
+            "exposed_dma_ms": result.exposed_dma_s * MS_PER_S, "vmem_peak_mib": result.vmem_peak_bytes / MIB}
+
+
+# ------------------------------------------------------------------------------------------
+# Client side: proposals, validation, the study
+# ------------------------------------------------------------------------------------------
+
+@dataclass
+class Proposal:
+    """A trial's choices: the deployment, the schedule (or its unvalidated knobs and why not)."""
+
+    trial: int
+    source: str
+    plan_choice: str
+    algorithms: dict[str, str]
+    schedule: Schedule | None
+    reason: str = ""
+    hash: str = ""
+    static_mib: float | None = None
+    knobs: dict[str, Any] = field(default_factory=dict)
+
+
+class _Validator:
+    """Step 3 of the module docstring, memoised per plan."""
+
+    def __init__(self, workload: JointWorkload, space: JointSpace) -> None:
+        self.workload, self.space = workload, space
+        self._plans: dict[str, ShardingPlan | str] = {}
+        self._accountants: dict[str, VmemAccountant] = {}
+        self._capacity: dict[str, str] = {}
+        self._collective_bytes: dict[str, int] = {}
+
+    def base_plan(self, choice: str) -> ShardingPlan | str:
+        """The plan a choice builds, or why it does not (divisibility, a plan for other devices)."""
+        if choice not in self._plans:
+            try:
+                self._plans[choice] = plan_for_system(self.workload.model, self.workload.system.chip,
+                                                      self.workload.system.chips, choice)
+            except (InputError, ValueError) as error:
+                self._plans[choice] = f"plan: {error}"
+        return self._plans[choice]
+
+    def check(self, proposal: Proposal) -> str:
+        """'' when the proposal may run, else the reason (first failing rule)."""
+        base = self.base_plan(proposal.plan_choice)
+        if isinstance(base, str):
+            return base
+        try:
+            plan = base.with_algorithms(proposal.algorithms)
+        except ValueError as error:
+            return f"collective: {error}"
+        if proposal.plan_choice not in self._capacity:
+            w = self.workload
+            report = capacity_report(w.model, base, w.system.chip, batch=w.batch, context_tokens=w.context_tokens)
+            self._capacity[proposal.plan_choice] = "" if report.fits else (
+                f"capacity: weights + KV {report.total_bytes / 1e9:.1f} GB per device exceed HBM "
+                f"{report.capacity_bytes / 1e9:.1f} GB")
+        if self._capacity[proposal.plan_choice]:
+            return self._capacity[proposal.plan_choice]
+        if proposal.reason:
+            return proposal.reason
+        assert proposal.schedule is not None
+        # one accountant per plan: the algorithms change only the collective buffers, which the fit
+        # check (VmemPlan.total_bytes) does not count yet (tpusim.schedule.vmem)
+        if proposal.plan_choice not in self._accountants:
+            self._accountants[proposal.plan_choice] = VmemAccountant(self.workload.model, plan, self.workload.batch,
+                                                                     self.workload.sequences)
+        verdict = check_candidate(proposal.schedule, self.space.schedule, self._accountants[proposal.plan_choice])
+        proposal.static_mib = verdict.vmem_static_bytes / MIB
+        if verdict.reason:
+            return verdict.reason
+        # the algorithms are searched here, so their send/receive buffers count too (the kernel
+        # allocates them: VmemPlan.with_collectives_bytes), unlike the schedule sweep's check
+        key = f"{proposal.plan_choice}|{sorted(proposal.algorithms.items())}"
+        if key not in self._collective_bytes:
+            self._collective_bytes[key] = collective_bytes(self.workload.model, plan, self.workload.batch)
+        total = verdict.vmem_static_bytes + self._collective_bytes[key]
+        capacity = self.space.schedule.constraints.vmem_capacity_bytes
+        if capacity is not None and total > capacity:
+            return (f"vmem: {total / MIB:.2f} MiB with the collectives' send/receive buffers "
+                    f"({self._collective_bytes[key] / MIB:.2f} MiB) but {capacity / MIB:.2f} MiB is usable")
+        return ""
+
+    def plan_reason(self, choice: str) -> str:
+        """Why every candidate of this plan is invalid ('' when it builds and fits HBM)."""
+        return self.check(Proposal(-1, "plan", choice, {}, None, reason="-")).removeprefix("-")
+
+    def runnable_plans(self) -> list[str]:
+        """The space's plans that build, divide the model and fit HBM (the study's plan choices)."""
+        return [choice for choice in self.space.plans if not self.plan_reason(choice)]
+
+    def collectives(self, choice: str) -> list[tuple[str, str]]:
+        """(name, kind) of the collectives the plan runs at this batch (one per name)."""
+        plan = self.base_plan(choice)
+        if isinstance(plan, str):
+            return []
+        seen: dict[str, str] = {}
+        for spec in plan.collectives_at(self.workload.batch):
+            seen.setdefault(spec.name, spec.kind)
+        return list(seen.items())
+
+
+def present_families(model: ModelConfig, program: Program) -> list[str]:
+    from tpusim.schedule.schema import SCHEDULE_FAMILIES
+
+    seen = {tensor.family for op in program.ops for tensor in op.tensors}
+    if model.num_experts:
+        seen.add(Family.ROUTED_EXPERT)
+    return [family for family in SCHEDULE_FAMILIES if family in seen]
+
+
+def _suggest(trial: Any, space: JointSpace, validator: _Validator, families: list[str]) -> Proposal:
+    """Draw a trial's parameters (define-by-run: the plan first, then its collectives)."""
+    choice = trial.suggest_categorical("plan", validator.runnable_plans())
+    algorithms: dict[str, str] = {}
+    base = validator.base_plan(choice)
+    for name, kind in validator.collectives(choice):
+        picked = trial.suggest_categorical(f"alg.{name}", [KEEP_PLAN, *KIND_ALGORITHMS[kind]])
+        spec = next((s for s in base.all_collectives if s.name == name), None) if not isinstance(base, str) else None
+        current = spec.algorithm if spec is not None else None
+        if picked in (KEEP_PLAN, current):
+            continue
+        if spec is not None and current is not None and cannot_run(picked, spec.kind, spec.group, base.topology) == "" \
+                and same_messages(picked, current, spec.group, base.topology):
+            continue  # the same copies as the plan's algorithm (direct_all_gather over a pair): one candidate
+        algorithms[name] = picked
+    sched = space.schedule
+    families_out: dict[str, FamilySchedule] = {}
+    pattern = trial.suggest_categorical("pools", list(sched.pool_patterns))
+    owner = {m: pool for pool, members in sched.pool_patterns[pattern].items() for m in members}
+    for family in families:
+        spec = sched.families.get(family)
+        if spec is None:
+            continue
+        # one categorical per family over the (distance, chunk, buffers) triples the schema accepts
+        distance, chunk, buffers = _triple(trial.suggest_categorical(
+            f"{family}.triple", [_triple_text(t) for t in spec.triples()]))
+        families_out[family] = FamilySchedule.model_construct(
+            prefetch_distance_ops=distance, chunk_bytes=chunk, buffers=buffers, pool=owner.get(family))
+    issue = trial.suggest_categorical("expert_issue", sched.expert_issue)
+    glob: dict[str, Any] = {
+        "max_dmas_in_flight": trial.suggest_categorical("max_dmas_in_flight", sched.max_dmas_in_flight),
+        "expert_issue": issue,
+        "expert_speculation_ops": sched.expert_speculation_ops if issue == "speculative" else 0,
+        "speculation_miss_rate": sched.speculation_miss_rate if issue == "speculative" else 0.0,
+        "kv_tile_tokens": trial.suggest_categorical("kv_tile_tokens", sched.kv_tile_tokens),
+        "kv_buffers": trial.suggest_categorical("kv_buffers", sched.kv_buffers),
+        "pools": dict(sched.pool_modes.get(pattern, {})),
+    }
+    deployment = Deployment(plan=choice, collectives=algorithms)
+    name = f"trial-{trial.number:05d}"
+    try:
+        families_valid = {f: FamilySchedule(**fs.model_dump()) for f, fs in families_out.items()}
+        schedule = Schedule(name=name, description=f"joint sweep trial {trial.number}", families=families_valid,
+                            deployment=deployment, **glob)
+        reason = ""
+    except ValidationError as error:
+        schedule, reason = None, describe_validation_error("schema", error)
+    proposal = Proposal(trial.number, "tpe", choice, algorithms, schedule, reason)
+    proposal.hash = (schedule.content_hash() if schedule is not None
+                     else _params_hash(trial.params))
+    return proposal
+
+
+def _triple_text(triple: tuple[int, int | None, int]) -> str:
+    """``distance/chunk_bytes/buffers`` (chunk ``whole`` for whole tensors): an Optuna choice."""
+    return f"{triple[0]}/{'whole' if triple[1] is None else triple[1]}/{triple[2]}"
+
+
+def _triple(text: str) -> tuple[int, int | None, int]:
+    distance, chunk, buffers = text.split("/")
+    return int(distance), None if chunk == "whole" else int(chunk), int(buffers)
+
+
+def _params_hash(params: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass
+class JointResult:
+    """The outcome of a joint sweep (rows as written; best and published rows; paths; counts)."""
+
+    best: Schedule
+    best_row: dict[str, Any]
+    published_row: dict[str, Any] | None
+    rows: list[dict[str, Any]]
+    trials: int
+    simulated: int
+    wall_s: float
+    cpu_s: float
+    executor: str
+    paths: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def speedup(self) -> float | None:
+        pub = self.published_row
+        if not pub or not pub.get("predicted_ms"):
+            return None
+        return pub["predicted_ms"] / self.best_row["predicted_ms"]
+
+
+def run_joint_sweep(
+    model: ModelConfig, system: System, batch: int, *, out_dir: Path | str, budget: int = 2000, seed: int = 0,
+    resume: bool = False, context_tokens: int = 1024, routing: RoutingModel | None = None,
+    space: JointSpace | None = None, jobs: int = 1, executor: ExecutorKind = "local", workers: int = 2,
+    scheduler: str | None = None, quiet: bool = False, plots: bool = True, on_row: Any = None,
+    sequences: int | None = None,
+) -> JointResult:
+    """Search deployments for one workload and write the outputs (see the module docstring).
+
+    ``budget``: full-step engine simulations (the baselines included). ``on_row`` is called
+    after every row is written (tests use it to interrupt a sweep).
+    """
+    import optuna
+
+    from tpusim.sweep.search import SweepInterrupted
+
+    started, started_cpu = time.perf_counter(), time.process_time()
+    if system.chip.execution.mode != "megakernel":
+        raise InputError(f"{system.chip.name} dispatches one kernel per op: prefetch schedules do not apply "
+                         "(sweep a megakernel chip such as tpu-v7)")
+    if budget < 1:
+        raise InputError("budget must be >= 1")
+    out = Path(out_dir)
+    workload = JointWorkload(model, system, batch, context_tokens, routing or RoutingModel("uniform"), seed, sequences)
+    space = space or default_joint_space(model, system.devices)
+    staging = system.chip.staging_memory
+    space = space.model_copy(update={"schedule": space.schedule.with_capacity(
+        staging.usable_bytes, f"{system.chip.name} {staging.name} usable bytes")})
+    _space_file(out, workload, space, resume)
+    validator = _Validator(workload, space)
+    auto = validator.base_plan(AUTO_PLAN)
+    if isinstance(auto, str):
+        raise InputError(auto)
+    families = present_families(model, workload.program(auto))
+    knobs = knob_names(families)
+    table = SweepCsv(out / "sweep.csv", [*COLUMNS, *knobs])
+    rows: dict[str, dict[str, Any]] = {}
+    for row in table.read() if resume else []:
+        rows[row["hash"]] = {**row, **{k: (float(row[k]) if row.get(k) not in ("", None) else None)
+                                      for k in FLOATS}}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from optuna.storages import JournalStorage
+
+    journal = out / "study.journal"
+    if not resume and journal.exists():
+        journal.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    storage = JournalStorage(_FlushedJournal(str(journal)))
+    study = optuna.create_study(
+        study_name="joint", storage=storage, direction="minimize", load_if_exists=True,
+        sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(32, max(4, budget // 8))),
+        pruner=optuna.pruners.PercentilePruner(space.screen_percentile, n_startup_trials=space.startup_trials))
+    for stale in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        study.enqueue_trial(stale.params, skip_if_exists=False)  # asked, never finished: run it once now
+        study.tell(stale.number, state=optuna.trial.TrialState.FAIL)
+    progress = SweepProgress(enabled=not quiet)
+    pool: Executor | None = None
+
+    def simulated() -> int:
+        return sum(r["status"] == "simulated" for r in rows.values())
+
+    def emit(proposal: Proposal, row: dict[str, Any]) -> None:
+        name = (proposal.schedule.name if proposal.schedule else
+                "plan" if proposal.source == "plan" else f"trial-{proposal.trial:05d}")
+        full = {"trial": proposal.trial, "hash": proposal.hash, "name": name, "source": proposal.source,
+                "plan": proposal.plan_choice,
+                "collectives": ";".join(f"{k}={v}" for k, v in sorted(proposal.algorithms.items())),
+                "vmem_static_mib": proposal.static_mib, **proposal.knobs, **row}
+        table.append(full)
+        rows[proposal.hash] = full
+        if full["status"] == "simulated":
+            progress.offer_best(full["predicted_ms"], f"{full['plan']} {full['name']}")
+        if on_row is not None:
+            on_row(full)
+
+    table.open(resume=resume)
+    try:
+        with progress:
+            pool = Executor(executor, jobs=jobs, workers=workers, scheduler=scheduler)
+            task = progress.phase(f"joint: simulate ({pool.label})", budget, completed=min(budget, simulated()))
+            baselines = [_baseline(name, space, families) for name in BUILTIN_SCHEDULES]
+            todo = [p for p in baselines if p.hash not in rows]
+            for proposal in todo:
+                reason = validator.check(proposal)
+                if reason:
+                    emit(proposal, {"status": "pruned", "reason": reason})
+            todo = [p for p in todo if p.hash not in rows]
+            for proposal, result in zip(todo, pool.map(evaluate_task, [
+                    (workload, "simulate", p.schedule.model_dump(mode="json")) for p in todo]), strict=True):
+                emit(proposal, _sim_row(result))
+                progress.advance(task)
+            for choice in space.plans:  # a plan no candidate can run: one row, never proposed
+                reason = validator.plan_reason(choice)
+                key = _params_hash({"plan": choice})
+                if reason and key not in rows:
+                    emit(Proposal(-1, "plan", choice, {}, None, hash=key), {"status": "pruned", "reason": reason})
+            if not validator.runnable_plans():
+                raise InputError("no plan in the space builds and fits HBM (see sweep.csv reasons)")
+            asked = 0
+            limit = budget * 50 + 200
+            while simulated() < budget and asked < limit:
+                trials = [study.ask() for _ in range(ASK_BATCH)]
+                asked += len(trials)
+                proposals = [_suggest(t, space, validator, families) for t in trials]
+                for proposal in proposals:
+                    if proposal.schedule is not None:
+                        proposal.knobs = schedule_knobs(proposal.schedule, space.schedule, families)
+                fresh: list[tuple[Any, Proposal]] = []
+                for trial, proposal in zip(trials, proposals, strict=True):
+                    known = rows.get(proposal.hash)
+                    if known is not None:  # evaluated before (this run or before a resume): reuse
+                        _tell_known(study, trial, known)
+                        continue
+                    reason = validator.check(proposal)
+                    if reason:
+                        emit(proposal, {"status": "pruned", "reason": reason})
+                        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                        continue
+                    fresh.append((trial, proposal))
+                estimates = pool.map(evaluate_task, [(workload, "estimate", p.schedule.model_dump(mode="json"))
+                                                     for _, p in fresh])
+                survivors = []
+                for (trial, proposal), est in zip(fresh, estimates, strict=True):
+                    if not est["feasible"]:
+                        emit(proposal, {"status": "pruned", "reason": est["reason"]})
+                        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                        continue
+                    trial.report(est["est_ms"], 0)
+                    if trial.should_prune():
+                        emit(proposal, {"status": "pruned", "est_ms": est["est_ms"], "predicted_by": "estimate",
+                                        "reason": f"screened out: estimate {est['est_ms']:.4f} ms above the "
+                                        f"{space.screen_percentile:g}th percentile"})
+                        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                        continue
+                    survivors.append((trial, proposal, est["est_ms"]))
+                results = pool.map(evaluate_task, [(workload, "simulate", p.schedule.model_dump(mode="json"))
+                                                   for _, p, _ in survivors])
+                for (trial, proposal, est_ms), result in zip(survivors, results, strict=True):
+                    row = {**_sim_row(result), "est_ms": est_ms}
+                    emit(proposal, row)
+                    if row["status"] == "simulated":
+                        study.tell(trial, row["predicted_ms"])
+                    else:
+                        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                    progress.advance(task)
+    except KeyboardInterrupt:
+        if pool is not None:
+            pool.close(cancel=True)
+            pool = None
+        table.close()
+        raise SweepInterrupted(
+            f"interrupted: {len(rows)} finished rows kept in {table.path} and the study in {journal}; rerun the "
+            "same command with --resume to continue without repeating them") from None
+    except BrokenExecutor as error:  # a worker died (killed, out of memory): say so in one line
+        raise InputError(f"a worker process died ({error}); {len(rows)} finished rows are kept in {table.path}: "
+                         "rerun the same command with --resume") from None
+    finally:
+        label = pool.label if pool is not None else executor
+        if pool is not None:
+            pool.close()
+        table.close()
+    result = _result(list(rows.values()), workload, study, (space, validator, families), started, started_cpu,
+                     label)
+    _write_outputs(result, out, workload, space, plots=plots)
+    return result
+
+
+def _flushed_journal_class() -> type:
+    from optuna.storages.journal import JournalFileBackend
+
+    class FlushedJournal(JournalFileBackend):
+        """Optuna's journal file, appended and flushed to the OS per write (a record that survives
+        the process being killed, as ``sweep.csv`` does) without the per-write ``fsync`` and
+        lock file: only this client writes the study (measured: fsync took 68 of 500 s of a
+        60-simulation K3 sweep on the shared machine)."""
+
+        def append_logs(self, logs: list[dict[str, Any]]) -> None:
+            text = "".join(json.dumps(log, separators=(",", ":")) + "\n" for log in logs)
+            with open(self._file_path, "ab") as handle:
+                handle.write(text.encode("utf-8"))
+                handle.flush()
+
+    return FlushedJournal
+
+
+def _FlushedJournal(path: str) -> Any:  # a class made lazily: optuna is imported on use
+    return _flushed_journal_class()(path)
+
+
+def _tell_known(study: Any, trial: Any, row: dict[str, Any]) -> None:
+    import optuna
+
+    if row["status"] == "simulated":
+        study.tell(trial, row["predicted_ms"])
+    else:
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+
+
+def _sim_row(result: dict[str, Any]) -> dict[str, Any]:
+    if not result["feasible"]:
+        return {"status": "pruned", "reason": result["reason"]}
+    return {"status": "simulated", "predicted_by": "simulated", **{k: v for k, v in result.items() if k != "feasible"}}
+
+
+def _baseline(name: str, space: JointSpace, families: list[str]) -> Proposal:
+    schedule = load_schedule(name).model_copy(update={"deployment": Deployment(plan=AUTO_PLAN)})
+    proposal = Proposal(-1, "builtin", AUTO_PLAN, {}, schedule, hash=schedule.content_hash())
+    proposal.knobs = schedule_knobs(schedule, space.schedule, families)
+    return proposal
+
+
+def _space_file(out: Path, workload: JointWorkload, space: JointSpace, resume: bool) -> None:
+    config = {"workload": workload.describe(), "joint_space": space.model_dump(mode="json")}
+    path = out / "space.json"
+    if resume and path.exists():
+        old = json.loads(path.read_text())
+        for key in config:
+            if old.get(key) != config[key]:
+                raise InputError(f"{path}: this folder holds a sweep of a different {key.replace('_', ' ')}; "
+                                 "--resume needs the same model, hardware, batch, seed and space (or a new --out)")
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(config, indent=2) + "\n")
+
+
+def _result(rows: list[dict[str, Any]], workload: JointWorkload, study: Any, rebuild: tuple[Any, ...],
+            started: float, started_cpu: float, executor: str) -> JointResult:
+    simulated = sorted((r for r in rows if r["status"] == "simulated"), key=lambda r: (r["predicted_ms"], r["hash"]))
+    if not simulated:
+        raise InputError("no feasible deployment: every candidate was pruned (see sweep.csv reasons)")
+    best_row = simulated[0]
+    published = next((r for r in rows if r["source"] == "builtin" and r["name"] == "published"
+                      and r["status"] == "simulated"), None)
+    if best_row["source"] == "builtin":
+        schedule = load_schedule(best_row["name"])
+    else:  # a trial's schedule, drawn again from its parameters in the study (the one record)
+        import optuna
+
+        params = study.trials[int(best_row["trial"])].params
+        proposal = _suggest(optuna.trial.FixedTrial(params, int(best_row["trial"])), *rebuild)
+        assert proposal.schedule is not None
+        schedule = proposal.schedule
+    return JointResult(best=_best_schedule(schedule, best_row, published, workload),
+                       best_row=best_row, published_row=published, rows=rows, trials=len(study.trials),
+                       simulated=len(simulated), wall_s=time.perf_counter() - started,
+                       cpu_s=time.process_time() - started_cpu, executor=executor)
+
+
+def _best_schedule(schedule: Schedule, best: dict[str, Any], published: dict[str, Any] | None,
+                   workload: JointWorkload) -> Schedule:
+    """The winner as a schedule file, with its deployment (plan and algorithms from its row)."""
+    collectives = dict(item.split("=", 1) for item in (best["collectives"] or "").split(";") if item)
+    deployment = Deployment(plan=best["plan"], collectives=collectives)
+    w = workload.describe()
+    text = (f"chosen by tpusim sweep --space joint from trial {best['trial']} ({best['source']}): {w['model']} on "
+            f"{w['hardware']} x{w['chips']}, batch {w['batch']}, context {w['context_tokens']}, routing "
+            f"{w['routing']}, seed {w['seed']}; plan {best['plan']}, {best['predicted_ms']:.4f} ms/step (simulated)")
+    if published:
+        text += f" vs published {published['predicted_ms']:.4f} ms (simulated)"
+    chosen = schedule.model_copy(update={"name": f"best-{best['hash']}", "description": text,
+                                         "deployment": deployment})
+    if chosen.content_hash() != best["hash"]:
+        raise AssertionError(f"best.json does not reproduce row {best['hash']} ({chosen.content_hash()})")
+    return chosen
+
+
+def _write_outputs(result: JointResult, out: Path, workload: JointWorkload, space: JointSpace, *,
+                   plots: bool) -> None:
+    from tpusim.sweep.joint_report import joint_summary, pareto_by_plan
+
+    best_path = out / "best.json"
+    save_schedule(result.best, best_path)
+    result.paths = {"csv": out / "sweep.csv", "space": out / "space.json", "best": best_path,
+                    "summary": out / "summary.md", "journal": out / "study.journal"}
+    if plots:
+        result.paths["pareto"] = pareto_by_plan(result, out / "pareto.png", workload)
+    write_text_atomic(out / "summary.md", joint_summary(result, workload, space))
