@@ -234,3 +234,16 @@ def test_the_demo_report_says_what_it_kept_despite_the_checks_and_how_to_reuse_i
     assert ("Kept despite failed checks (the demo passes --allow-at-bounds): execution.launch_overhead_s "
             "stopped at its lower bound.") in text
     assert "To reuse this calibration: tpusim simulate --local-dir /x." in text
+
+
+def test_the_cpu_loop_needs_no_probe_beforehand(tmp_path, monkeypatch) -> None:
+    """The CPU loop probes the host itself: choosing its procedure reads no host entry (the
+    demo's first run on a new machine calibrates host-cpu with an empty local folder)."""
+    import argparse
+
+    from tpusim.app.cli.calibrate import _procedure
+
+    monkeypatch.setenv("TPUSIM_LOCAL_DIR", str(tmp_path / "empty"))
+    args = argparse.Namespace(procedure="auto", measurements="cpu-loop", hardware="host-cpu", components=None,
+                              parameters=None)
+    assert _procedure(args) == "cpu loop"

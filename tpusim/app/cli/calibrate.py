@@ -265,6 +265,8 @@ def _procedure(args: argparse.Namespace) -> str:
 
     if args.procedure != "auto":
         return "part by part" if args.procedure == "parts" else "end to end"
+    if args.measurements in CPU_LOOP:  # the loop probes this host first: no host entry to read yet
+        return "cpu loop"
     chip = load_chip(args.hardware, calibrated=False)
     return choose_procedure(chip, measurements=args.measurements,
                             has_components=has_components(chip.name, args.components),
