@@ -126,6 +126,7 @@ def resolve_model(spec: str) -> ModelConfig:
         data = model.model_dump()
         data["formats"] = {key: ("f32" if key == FormatKey.SMALL_PARAMS else formats) for key in data["formats"]}
         data["format_variants"] = {}
+        data["deployment_variants"] = {}  # they name format variants, gone with them
         data["variant"] = None
         model = ModelConfig.model_validate(data)
     return model

@@ -55,3 +55,18 @@ def speculated_misses():  # type: ignore[no-untyped-def]
         return misses
 
     return count
+
+
+@pytest.fixture(autouse=True)
+def _default_signal_handlers():
+    """Each test starts with Python's default SIGINT/SIGTERM handlers: a command run in-process
+    by an earlier test (or a Dask cluster it started) must not decide how a later test's
+    interrupt is delivered."""
+    import signal
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)

@@ -78,6 +78,10 @@ def test_contention_by_copy_worked_by_hand() -> None:
 
 
 def test_eight_expert_slots_slow_the_muse_step(tmp_path: Path) -> None:
+    """The published Muse slot sweep: 8 expert slots are 15-35 % slower than 4. The catalog's
+    concurrency penalty is a prior (0, issue 24: it no longer owes anything to this ratio);
+    the mechanism must still produce the measured slowdown at the penalty the calibration
+    fits on the slot sweep (0.127, docs/uncertainty.md), and more contention is never faster."""
     from tpusim.engine import simulate
     from tpusim.schedule.schema import load_schedule
     from tpusim.workload.model_catalog import load_model, plan_for_system
@@ -89,11 +93,17 @@ def test_eight_expert_slots_slow_the_muse_step(tmp_path: Path) -> None:
     # as ``tpusim simulate --model muse-spark@int4+bf16 --hardware tpu-v7 --chips 4 --batch 1``
     program = build_program(model, plan_for_system(model, system.chip, 4), batch=1, context_tokens=1024,
                             routing=parse_routing("uniform"), seed=0)
-    steps = {}
+    schedules = {}
     for slots in (4, 8):
         data = json.loads(load_schedule("muse-published").model_dump_json())
         data["families"]["routed_expert"]["buffers"] = slots
         path = tmp_path / f"muse-{slots}.json"
         path.write_text(json.dumps(data), encoding="utf-8")
-        steps[slots] = simulate(program, load_schedule(str(path)), system.chip).step_s
+        schedules[slots] = load_schedule(str(path))
+    dma = system.chip.dma
+    fitted = system.chip.model_copy(update={"dma": dma.model_copy(update={
+        "concurrency_penalty_per_dma": dma.concurrency_penalty_per_dma.model_copy(update={"value": 0.127})})})
+    prior = {slots: simulate(program, schedules[slots], system.chip).step_s for slots in (4, 8)}
+    steps = {slots: simulate(program, schedules[slots], fitted).step_s for slots in (4, 8)}
+    assert prior[8] / prior[4] >= 1.0
     assert 1.15 <= steps[8] / steps[4] <= 1.35

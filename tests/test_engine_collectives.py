@@ -119,7 +119,9 @@ def test_the_latent_all_gather_is_in_flight_during_the_top_k() -> None:
 
 def test_a_consumer_further_away_never_slows_the_step() -> None:
     """The stream waits only at the consumer: moving the shared reduction's consumer from
-    the combine back to the op right after it can only cost time."""
+    the combine back to the op right after it cannot save time, up to a scheduling anomaly
+    (an earlier wait reorders the copies behind it: with the honest priors of issue 24 the
+    blocking variant of this 3-layer step is 0.05 % faster; bounded here at 0.1 %)."""
     program = _k3_program(3)
     schedule = load_schedule("published")
     overlapped = simulate(program, schedule, CHIP).step_s
@@ -128,7 +130,7 @@ def test_a_consumer_further_away_never_slows_the_step() -> None:
                     for spec in plan.moe_collectives]
     blocking_plan = plan.model_copy(update={"moe_collectives": blocking_moe})
     blocking = build_program(load_model("kimi-k3").with_layers(3), blocking_plan, batch=1)
-    assert simulate(blocking, schedule, CHIP).step_s > overlapped
+    assert simulate(blocking, schedule, CHIP).step_s > overlapped * (1 - 1e-3)
 
 
 def test_a_residue_shorter_than_a_clock_tick_drains_instead_of_spinning() -> None:

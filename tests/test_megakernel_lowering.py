@@ -55,5 +55,6 @@ def test_lowers_for_tpu_at_full_k3_tp32_sizes_and_scratch_matches_vmem_accountin
     scratch = sum(kernel.scratch_bytes().values())
     vmem = vmem_plan(schedule, model, plan, batch)
     assert vmem.collective_bytes > 0  # what this build leaves out
-    assert scratch == pytest.approx(vmem.total_bytes, rel=0.01)
+    # the one-device build allocates everything the accounting counts but the collective buffers
+    assert scratch == pytest.approx(vmem.total_bytes - vmem.collective_bytes, rel=0.01)
     assert scratch <= TPU_V7_EXPLICIT_VMEM_BYTES

@@ -43,7 +43,7 @@ def test_printed_measurement_example_calibrates(tmp_path, monkeypatch, capsys) -
     records = read_measurements(path)
     assert {r.system.execution for r in records} == {"megakernel"}
     code = main(["calibrate", "--hardware", "tpu-v7", "--measurements", str(path),
-                 "--parameters", "execution.per_layer_overhead_s", "--max-evals", "1",
+                 "--parameters", "execution.per_layer_overhead_s", "--max-evals", "20",
                  "--allow-unconverged", "--out", str(tmp_path / "cal")])
     out = capsys.readouterr().out
     assert code == 0
