@@ -113,13 +113,20 @@ class EnginePricer:
     def prefill_s(self, tokens: int, prefix_tokens: int) -> float:
         from tpusim.engine import simulate
 
-        program = build_prefill_program(self.model, self.plan, tokens=tokens, prefix_tokens=prefix_tokens,
-                                        routing=self.routing, seed=self.seed)
-        try:  # the decode schedule of a row tile of sequences fits one sequence's tile a fortiori
-            schedule = self._schedule(PREFILL_ROW_TILE, PREFILL_ROW_TILE, prefix_tokens + tokens)
-        except InputError:
-            schedule = self._schedule(PREFILL_ROW_TILE, 1, prefix_tokens + tokens)
-        return simulate(program, schedule, self.chip).step_s
+        context = prefix_tokens + tokens
+        tile = PREFILL_ROW_TILE
+        while True:  # the widest row tile (32, 16, ... rows) whose schedule fits on chip
+            for sequences in (tile, 1):  # a tile of sequences' schedule fits one sequence's a fortiori
+                try:
+                    schedule = self._schedule(tile, sequences, context)
+                except InputError:
+                    if tile == 1 and sequences == 1:
+                        raise
+                    continue
+                program = build_prefill_program(self.model, self.plan, tokens=tokens, prefix_tokens=prefix_tokens,
+                                                routing=self.routing, seed=self.seed, row_tile=tile)
+                return simulate(program, schedule, self.chip).step_s
+            tile //= 2
 
     def kv_request_bytes(self, context_tokens: int) -> int:
         """KV cache + recurrent state one request of ``context_tokens`` holds per device."""

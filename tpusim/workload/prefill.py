@@ -118,9 +118,11 @@ def build_prefill_program(
     routing: RoutingModel | None = None,
     seed: int = 0,
     device_view: str | int = "critical",
+    row_tile: int = PREFILL_ROW_TILE,
 ) -> Program:
     """The per-device program of one prefill chunk (see the module docstring): ``tokens``
-    new prompt tokens of one sequence after ``prefix_tokens`` cached ones."""
+    new prompt tokens of one sequence after ``prefix_tokens`` cached ones, ``row_tile`` rows
+    of activations on chip at a time."""
     if tokens < 1:
         raise ValueError("prefill tokens must be >= 1")
     if prefix_tokens < 0:
@@ -128,4 +130,4 @@ def build_prefill_program(
     program = build_program(model, plan, batch=tokens, context_tokens=prefix_tokens + tokens, routing=routing,
                             seed=seed, device_view=device_view, sequences=1, op_cost=prefill_op_cost)
     meta = {**program.meta, "prefix_tokens": prefix_tokens}
-    return dataclasses.replace(program, phase=StepPhase.PREFILL, resident_row_tile=PREFILL_ROW_TILE, meta=meta)
+    return dataclasses.replace(program, phase=StepPhase.PREFILL, resident_row_tile=row_tile, meta=meta)
