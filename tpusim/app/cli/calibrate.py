@@ -85,11 +85,20 @@ from hwmodels.atomic import write_text_atomic
 from hwmodels.catalog import display_path, load_chip
 from hwmodels.errors import InputError
 from hwmodels.overlay import overlay_path
+from tpusim.app.cli.calibrate_outputs import (
+    append_refusals,
+    not_saved,
+    print_refusals,
+    provenance,
+    record_refusals,
+    refuse,
+    uncertainty_lines,
+)
+from tpusim.app.cli.calibrate_stacks import run_gpu_stack, run_k3_stack
 from tpusim.app.cli.common import emit_json
 
 if TYPE_CHECKING:
     from calibration.fit import FitResult
-    from calibration.trust import Refusal
 
 # The calibration package (scipy, the engine) is imported inside the commands that use it,
 # so ``tpusim --help`` and every other command stay light.
@@ -188,75 +197,6 @@ def _fit(args: argparse.Namespace, console: Console) -> tuple[FitResult, list]:
     return result, records
 
 
-def _run_gpu_stack(args: argparse.Namespace) -> int:
-    """``--measurements published:b200-vllm-qwen3.5``: fit the GPU serving stack's figures on
-    the published per-stage breakdown (:mod:`calibration.gpu_stack`), measure the model error
-    by leave-one-stage-group-out refits (:mod:`calibration.stack_error`) and save the overlay;
-    for a chip of the same GPU (gb200) the fit runs on the chip measured (b200) and the
-    overlay is derived from it, saying so."""
-    from calibration.core import CalibrationResult, SetErrors
-    from calibration.gpu_stack import fit_gpu_stack, report_markdown
-    from calibration.stack_error import SAME_GPU, stack_model_error, stack_overlay
-    from hwmodels.overlay import save_overlay
-
-    fitted_chip = SAME_GPU.get(args.hardware, args.hardware)
-    try:
-        measured_on = load_chip(fitted_chip, calibrated=False)
-        fit = fit_gpu_stack(measured_on, max_evals=args.max_evals)
-    except ValueError as error:
-        raise InputError(str(error)) from None
-    error = stack_model_error(measured_on, max_evals=args.max_evals)
-    step = fit["published_step_us"]
-    calibration = CalibrationResult(
-        procedure="gpu stack", chip=args.hardware,
-        errors={args.measurements: SetErrors(
-            points=1, priors_only=abs(fit["before"]["step_us"] - step) / step, parts_only=None,
-            fitted=abs(fit["after"]["step_us"] - step) / step, held_out=error["logo_mape"])},
-        model_error={k: v for k, v in error.items() if k != "folds"},
-        details={"folds": error["folds"]})
-    fit["calibration"] = calibration.to_json()
-    fit["leave_one_group_out"] = error["folds"]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "report.md", report_markdown(fit) + "\n" + "\n".join(
-        f"- {line}" for line in _uncertainty_lines(fit["calibration"])) + "\n")
-    write_text_atomic(out / "fit.json", json.dumps(fit, indent=2, default=float) + "\n")
-    overlay = stack_overlay(fit, error, args.hardware)
-    saved = None if args.no_save else save_overlay(overlay.model_copy(update=_provenance(args, {})))
-    fit["overlay"] = str(saved) if saved else None
-    fit["overlay_fitted_on"] = overlay.fitted_on
-    if args.json:
-        emit_json(fit)
-    else:
-        Console().print(report_markdown(fit), highlight=False, markup=False)
-        for line in _uncertainty_lines(fit["calibration"]):
-            Console().print(line, highlight=False, markup=False)
-    return 0
-
-
-def _run_k3_stack(args: argparse.Namespace) -> int:
-    """``--measurements published:b300-sglang-k3``: fit the SGLang K3 stack on the published
-    B300 K3 rows, each format held out in turn (:mod:`calibration.k3_stack_fit`)."""
-    from calibration.k3_stack_fit import fit_k3_stack, overlay_of, report_markdown
-    from hwmodels.overlay import save_overlay
-
-    try:
-        fit = fit_k3_stack(load_chip(args.hardware, calibrated=False), max_evals=min(args.max_evals, 30))
-    except ValueError as error:
-        raise InputError(str(error)) from None
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "report.md", report_markdown(fit))
-    write_text_atomic(out / "fit.json", json.dumps(fit, indent=2, default=float) + "\n")
-    saved = None if args.no_save else save_overlay(overlay_of(fit).model_copy(update=_provenance(args, {})))
-    fit["overlay"] = str(saved) if saved else None
-    if args.json:
-        emit_json(fit)
-    else:
-        Console().print(report_markdown(fit), highlight=False, markup=False)
-    return 0
-
-
 def _procedure(args: argparse.Namespace) -> str:
     """The procedure: ``--procedure`` when given, else the one calibration chooses from the
     chip and the data (:func:`calibration.core.choose_procedure`)."""
@@ -300,13 +240,13 @@ def _run_parts(args: argparse.Namespace, console: Console) -> int:
     refusals = check_fit(result.e2e, values={path: value for path, (value, _, _) in result.fitted().items()},
                          parameters=[p for p in result.e2e.parameters if p.path not in result.e2e_held],
                          published=published)
-    blocking = _record_refusals(summary, refusals, args)
+    blocking = record_refusals(summary, refusals, args)
     with deferred_interrupts():  # the report, fit, points and overlay change together or not at all
         paths = write_fit_report(result.e2e, out, predictor=Predictor())
-        _append_refusals(paths["report"], refusals, blocking)
+        append_refusals(paths["report"], refusals, blocking)
         write_text_atomic(out / "fit.json", json.dumps(summary, indent=2, default=float) + "\n")
         write_measurements(out / "measurements.jsonl", records)
-        overlay = result.overlay().model_copy(update=_provenance(args, {
+        overlay = result.overlay().model_copy(update=provenance(args, {
             key: summary[key] for key in ("mape_e2e_published", "mape_e2e_parts_only", "mape_calibration",
                                           "mape_holdout")}))
         saved = None if args.no_save or blocking else save_overlay(overlay)
@@ -314,7 +254,7 @@ def _run_parts(args: argparse.Namespace, console: Console) -> int:
     summary["report"] = str(paths["report"])
     if args.json:
         emit_json(summary)
-        _refuse(blocking, paths["report"])
+        refuse(blocking, paths["report"])
         return 0
     stdout = Console()
     for name, part in summary["parts"].items():
@@ -333,12 +273,12 @@ def _run_parts(args: argparse.Namespace, console: Console) -> int:
         stdout.print(f"{path}: {p['value']:.4g}{sigma} (calibrated; {p['fitted_on']})", highlight=False)
     for path, why in summary["unidentifiable_held"].items():
         stdout.print(f"{path}: unidentifiable on this data, held ({why})", highlight=False)
-    for line in _uncertainty_lines(calibration.to_json()):
+    for line in uncertainty_lines(calibration.to_json()):
         stdout.print(line, highlight=False)
     stdout.print(f"prediction intervals: {summary['interval_samples']} sampled parameter sets stored", highlight=False)
-    _print_refusals(stdout, refusals, blocking)
-    stdout.print(f"overlay: {display_path(saved) if saved else _not_saved(args, blocking)}", highlight=False)
-    _refuse(blocking, paths["report"])
+    print_refusals(stdout, refusals, blocking)
+    stdout.print(f"overlay: {display_path(saved) if saved else not_saved(args, blocking)}", highlight=False)
+    refuse(blocking, paths["report"])
     return 0
 
 
@@ -380,83 +320,6 @@ def _end_to_end_result(args: argparse.Namespace, result: FitResult, procedure: s
     return calibration, term
 
 
-def _uncertainty_lines(calibration: dict) -> list[str]:
-    """Per measurement set the three errors, then the model error and the coverage."""
-
-    def pct(value: float | None) -> str:
-        return "—" if value is None else f"{100 * value:.1f} %"
-
-    lines = []
-    for name, e in calibration["errors"].items():
-        lines.append(f"{name} ({e['points']} points): priors only {pct(e['priors_only'])}, parts only "
-                     f"{pct(e['parts_only'])}, fitted {pct(e['fitted'])}, held out (leave-one-group-out "
-                     f"refits) {pct(e['held_out'])}")
-    error = calibration.get("model_error")
-    if error:
-        lines.append(f"model error (out of sample, {error['points']} residuals): ±{pct(error['in_range_rel'])} "
-                     f"inside the fit, ±{pct(error['extrapolated_rel'])} outside it"
-                     + ("" if error["exact"] else " (too few residuals for a 90 % rank: the largest)"))
-    cover = calibration.get("coverage")
-    if cover:
-        lines.append(f"coverage: {cover['inside']}/{cover['points']} held-out points inside their interval = "
-                     f"{pct(cover['empirical'])} (nominal {pct(cover['nominal'])}); mean width "
-                     f"{pct(cover['mean_width_rel'])} of the prediction ({cover['mean_width_ms']:.3f} ms)")
-    return lines
-
-
-# --------------------------------------------------------------------------- refusing
-
-
-def _allowed(args: argparse.Namespace) -> set[str]:
-    """The refusal overrides given (:class:`calibration.trust.Refusal.override`)."""
-    flags = {"--allow-unconverged": args.allow_unconverged, "--allow-at-bounds": args.allow_at_bounds}
-    return {flag for flag, given in flags.items() if given}
-
-
-def _record_refusals(summary: dict, refusals: list[Refusal], args: argparse.Namespace) -> list[Refusal]:
-    """Put the refusals into the fit's JSON; return those no given flag overrides."""
-    from calibration.trust import unresolved
-
-    blocking = unresolved(refusals, _allowed(args))
-    summary["refusals"] = [{"reason": r.reason, "override": r.override, "overridden": r not in blocking}
-                           for r in refusals]
-    summary["refused"] = bool(blocking)
-    return blocking
-
-
-def _append_refusals(report: Path, refusals: list[Refusal], blocking: list[Refusal]) -> None:
-    """Add the checks' verdict to ``report.md`` (a refused fit still writes its report)."""
-    if not refusals:
-        return
-    heading = "## Refused: overlay not saved" if blocking else "## Kept despite failed checks"
-    lines = [f"- {r.reason}" + (" (overridden)" if r not in blocking else "") for r in refusals]
-    write_text_atomic(report, report.read_text() + "\n" + heading + "\n\n" + "\n".join(lines) + "\n")
-
-
-def _print_refusals(stdout: Console, refusals: list[Refusal], blocking: list[Refusal]) -> None:
-    for refusal in refusals:
-        word = "REFUSED" if refusal in blocking else f"warning (kept: {refusal.override})"
-        stdout.print(f"{word}: {refusal.reason}", highlight=False, markup=False)
-
-
-def _not_saved(args: argparse.Namespace, blocking: list[Refusal]) -> str:
-    return "not saved (" + ("refused, see above" if blocking else "--no-save") + ")"
-
-
-def _refuse(blocking: list[Refusal], report: Path) -> None:
-    """Exit 2 (one line on stderr) when the checks refused the fit."""
-    from calibration.trust import refusal_message
-
-    if blocking:
-        raise InputError(refusal_message(blocking, display_path(report)))
-
-
-def _provenance(args: argparse.Namespace, errors: dict) -> dict:
-    """What ``tpusim overlays`` shows beside the fit: the measurement set and the errors."""
-    return {"measurements": args.measurements,
-            "errors": {key: value for key, value in errors.items() if value is not None}}
-
-
 def run_calibrate(args: argparse.Namespace) -> int:
     from calibration.contrasts import contrast_lines
     from calibration.fit import save_fit
@@ -469,9 +332,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
     procedure = _procedure(args)
     if procedure == "gpu stack":
-        return _run_gpu_stack(args)
+        return run_gpu_stack(args)
     if procedure == "gpu k3 stack":
-        return _run_k3_stack(args)
+        return run_k3_stack(args)
     console = Console(stderr=True)
     console.print(f"calibrating {args.hardware} on {args.measurements} ({procedure}) ...", highlight=False)
     if procedure == "part by part":
@@ -483,14 +346,14 @@ def run_calibrate(args: argparse.Namespace) -> int:
     summary = result.to_json()
     calibration, model_error = _end_to_end_result(args, result, procedure)
     summary["calibration"] = calibration.to_json()
-    blocking = _record_refusals(summary, refusals, args)
+    blocking = record_refusals(summary, refusals, args)
     with deferred_interrupts():  # the report, fit, points and overlay change together or not at all
         paths = write_fit_report(result, out, predictor=Predictor())
-        _append_refusals(paths["report"], refusals, blocking)
+        append_refusals(paths["report"], refusals, blocking)
         write_text_atomic(out / "fit.json", json.dumps(summary, indent=2, default=float) + "\n")
         write_measurements(out / "measurements.jsonl", records)
         saved = None if args.no_save or blocking else save_fit(
-            result, samples=True, provenance={**_provenance(args, result.summary()), "model_error": model_error})
+            result, samples=True, provenance={**provenance(args, result.summary()), "model_error": model_error})
     summary["overlay"] = str(saved) if saved else None
     summary["report"] = str(paths["report"])
     if args.json:
@@ -498,20 +361,20 @@ def run_calibrate(args: argparse.Namespace) -> int:
     else:
         stdout = Console(soft_wrap=True)
         for line in [*summary_lines(result), *contrast_lines(summary["contrasts"]),
-                     *_uncertainty_lines(summary["calibration"])]:
+                     *uncertainty_lines(summary["calibration"])]:
             stdout.print(line, highlight=False, markup=False)
         for row in result.extra.get("holdout_steps", []):  # gpu_bench files: held-out whole steps
             stdout.print(f"held out {row['model']} b{row['batch']}: measured {row['measured_ms']:.3f} ms, "
                          f"predicted {row['predicted_ms']:.3f} ms (calibrated), error {row['error']:+.1%}",
                          highlight=False, markup=False)
         stdout.print(f"report: {display_path(paths['report'])}", highlight=False, markup=False)
-        _print_refusals(stdout, refusals, blocking)
-        stdout.print(f"overlay: {display_path(saved) if saved else _not_saved(args, blocking)}",
+        print_refusals(stdout, refusals, blocking)
+        stdout.print(f"overlay: {display_path(saved) if saved else not_saved(args, blocking)}",
                      highlight=False, markup=False)
     if problem and blocking and all(r.override == "--allow-unconverged" for r in blocking):
         raise InputError(f"{problem}; the overlay was not saved. Raise --max-evals (now "
                          f"{args.max_evals}) or pass --allow-unconverged to keep it anyway")
-    _refuse(blocking, paths["report"])
+    refuse(blocking, paths["report"])
     return 0
 
 
