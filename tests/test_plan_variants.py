@@ -104,10 +104,11 @@ def test_the_deferred_shared_wait_moves_to_the_next_layers_first_op() -> None:
 
 
 def test_kernel_limits_and_plan_choices_name_the_variants() -> None:
-    assert kernel_cannot_run(_k3("auto")) == ""
-    assert kernel_cannot_run(_k3("base=published,expert_groups=4,expert_tp=8")) == ""
-    assert "fused" in kernel_cannot_run(_k3("base=published,expert_reduce=fused"))
-    assert "defer" in kernel_cannot_run(_k3("base=published,shared_wait=deferred"))
+    for choice in ("auto", "base=published,expert_groups=4,expert_tp=8", "base=published,expert_reduce=fused",
+                   "base=published,shared_wait=deferred"):
+        assert kernel_cannot_run(_k3(choice)) == ""
+    flat = _k3("base=published,expert_reduce=fused").with_algorithms({Collective.MOE_FUSED_REDUCE: "direct_all_gather"})
+    assert "direct_all_gather" in kernel_cannot_run(flat)
     choices = plan_choices(load_model(K3), 32)
     assert "base=published,expert_groups=4,expert_tp=8" in choices
     assert "base=published,expert_groups=8,expert_tp=4,expert_reduce=fused" in choices
