@@ -64,3 +64,11 @@ def test_decode_kernel_runs_the_deferred_shared_wait() -> None:
 def test_collective_kernel_runs_the_fused_expert_reduction() -> None:
     result = _collective(FUSED)
     assert result["matches_reference"] and not result["races"], result
+
+
+@pytest.mark.heavy
+def test_decode_kernel_runs_the_published_structure_with_another_expert_split() -> None:
+    """4 expert groups x expert TP 2 on the nano TP8 structure (the schedule-driven kernel
+    refuses it at nano widths: a 32-wide expert slice's parts do not fill 128-lane rows)."""
+    result = _decode("base=published,expert_groups=4,expert_tp=2")
+    assert result["matches_reference"] and result["log_matches_plan"] and not result["races"], result
