@@ -40,6 +40,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--schedule", default="published")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plan", default="", help="--plan choice (a SPEC, e.g. base=published,expert_reduce=fused); default: the model's plan")
     parser.add_argument("--context", type=int, default=5)
     parser.add_argument("--races", action="store_true", help="race detector on (slower)")
     parser.add_argument("--mode", default="on_wait", choices=("on_wait", "eager"), help="interpreter DMA mode")
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     read_callback_args_in_place()
     np.random.seed(args.seed)  # the race detector's interleavings draw from numpy's global RNG
     model = load_model(args.model)
-    plan = plan_for(model, args.devices)
+    plan = plan_for(model, args.devices, choice=args.plan or None)
     if args.layers:
         model = model.with_layers(args.layers)
     params = pltpu.InterpretParams(detect_races=args.races, dma_execution_mode=args.mode, random_seed=args.seed)

@@ -1,6 +1,6 @@
 """Run the multi-device K3 decode against the single-device reference; print one JSON line.
 
-``python -m megakernel.decode_check --devices 8 [--layers N] [--steps 4] [--seed S]
+``python -m megakernel.decode_check --devices 8 [--layers N] [--steps 4] [--seed S] [--plan SPEC]
 [--mode eager|on_wait] [--bug skip_wait:NAME|single_buffer] [--no-races]``
 
 The process sets ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before JAX starts,
@@ -46,6 +46,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--batch", type=int, default=1, help="sequences (batch >= 6: the reduce-scatter variant)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plan", default="", help="--plan choice (a SPEC, e.g. base=published,expert_reduce=fused); default: the model's plan")
     parser.add_argument("--context", type=int, default=5, help="tokens already in the KV cache")
     parser.add_argument("--mode", default="on_wait", choices=("on_wait", "eager"))
     parser.add_argument("--no-races", action="store_true", help="race detector off (faster)")
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     from tpusim.workload.model_catalog import load_model, plan_for
 
     model = load_model(args.model)
-    plan = plan_for(model, args.devices)
+    plan = plan_for(model, args.devices, choice=args.plan or None)
     if args.layers:
         model = model.with_layers(args.layers)
     bugs = Bugs.parse(args.bug)

@@ -80,8 +80,9 @@ class DecodeOps:
         end, snapshot the block."""
         if layer == 0:
             self.add_to_residual(self.values.pop(Collective.MLP_ALLREDUCE))
-        else:
-            self.add_to_residual(self.values.pop(Collective.MOE_OUTPUT_ALLGATHER) + self.values.pop("shared"))
+        else:  # the shared output: waited at moe.combine / latent_up, or here (a deferred wait)
+            shared = self.values.pop("shared") if "shared" in self.values else self.values.pop(Collective.MOE_SHARED_REDUCE)
+            self.add_to_residual(self.values.pop(Collective.MOE_OUTPUT_ALLGATHER) + shared)
         if residual.block_ends_after(layer, self.d.block_layers):
             self.blocks[1 + layer // self.d.block_layers] = self.partial
             self.partial = jnp.zeros_like(self.partial)
@@ -229,12 +230,25 @@ class DecodeOps:
         self.values["routed"] = acc
 
     def moe_combine(self, layer: int) -> None:
-        self.values["shared"] = self.values.pop(Collective.MOE_SHARED_REDUCE)
-        self.values[Collective.MOE_ROUTED_REDUCE] = self.values.pop("routed")
+        """The routed partial sum is ready. Fused expert reduction: the payload is the shared
+        partial (hidden) then the routed partial (latent), one row per token. Otherwise the
+        shared result, unless its wait is deferred to the next layer's first op."""
+        routed = self.values.pop("routed")
+        if Collective.MOE_FUSED_REDUCE in self.k.index:
+            self.values[Collective.MOE_FUSED_REDUCE] = jnp.concatenate(
+                [self.values.pop(Collective.MOE_SHARED_REDUCE), routed], axis=1)
+            return
+        if Collective.MOE_SHARED_REDUCE in self.values:  # waited here (not deferred)
+            self.values["shared"] = self.values.pop(Collective.MOE_SHARED_REDUCE)
+        self.values[Collective.MOE_ROUTED_REDUCE] = routed
 
     def moe_latent_up(self, layer: int) -> None:
-        self.values[Collective.MOE_OUTPUT_ALLGATHER] = mm(self.values.pop(Collective.MOE_ROUTED_REDUCE),
-                                                 self.weight(layer, MoeTensor.LATENT_UP))
+        if Collective.MOE_FUSED_REDUCE in self.values:  # the summed [shared | routed]
+            both = self.values.pop(Collective.MOE_FUSED_REDUCE)
+            self.values["shared"], routed = both[:, : self.d.hidden], both[:, self.d.hidden:]
+        else:
+            routed = self.values.pop(Collective.MOE_ROUTED_REDUCE)
+        self.values[Collective.MOE_OUTPUT_ALLGATHER] = mm(routed, self.weight(layer, MoeTensor.LATENT_UP))
 
     # ------------------------------------------------------------------ head
 

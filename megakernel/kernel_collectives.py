@@ -21,6 +21,7 @@ combine logic is :class:`megakernel.multi_device_decode.DecodeKernel`'s (one own
 | ``moe.shared_reduce`` | its shared-expert channels' output | the shared experts' output (``moe.combine``) |
 | ``moe.routed_reduce`` | its experts' weighted outputs (latent) | the routed sum (``moe.latent_up``) |
 | ``moe.output_allgather`` | its ``latent_up`` columns | the MoE output (next ``attn.mix_norm``) |
+| ``moe.fused_reduce`` | its shared-expert output then its experts' outputs (``moe.combine``) | both sums (``moe.latent_up``) |
 | ``mlp.allreduce`` | layer 0's dense MLP over its channels | the dense output (layer 1's ``attn.mix_norm``) |
 
 With collectives, the stand-ins of :mod:`megakernel.dims` are gone: routing runs over all
@@ -74,6 +75,7 @@ from megakernel.reference import DecodeState
 from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import buffer_hosts
 from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.plan_variants import is_deferred
 from tpusim.workload.registry.names import Collective, MoeOp, MoeTensor
 from tpusim.workload.sharding import ShardingPlan
 
@@ -185,6 +187,16 @@ class LinkRun:
     def rank(self) -> Any:
         return jax.lax.axis_index("x")
 
+    @property
+    def fused_experts(self) -> bool:
+        """The plan reduces the shared and routed expert outputs in one ``moe.fused_reduce``."""
+        return Collective.MOE_FUSED_REDUCE in self.link.index
+
+    @property
+    def deferred_shared(self) -> bool:
+        """The plan waits ``moe.shared_reduce`` at the next layer's first op."""
+        return any(is_deferred(spec) for spec in self.link.plan.collectives_at(self.link.batch))
+
     def record(self, kind: int, c: int, phase: int, peer: Any, layer: Any) -> None:
         if kind == ISSUE:
             self._log("copy", self.link.colls[c].name, layer)
@@ -223,8 +235,11 @@ class LinkRun:
         if isinstance(layer, int) and layer == 1:
             out = self.wait(ctx, Collective.MLP_ALLREDUCE, 0)
         else:
+            # a deferred shared wait is here, before the output gather's (the plan's order)
+            shared = (self.wait(ctx, Collective.MOE_SHARED_REDUCE, layer - 1, back=1) if self.deferred_shared
+                      else ctx.scratch["work"][WORK_SHARED, :b, : d.hidden])
             gathered = self.wait(ctx, Collective.MOE_OUTPUT_ALLGATHER, layer - 1, back=1)
-            out = gathered[:, : d.hidden] + ctx.scratch["work"][WORK_SHARED, :b, : d.hidden]
+            out = gathered[:, : d.hidden] + shared
         add_to_residual(ctx, out)
         end_of_layer(ctx, layer - 1)
 
@@ -243,8 +258,19 @@ class LinkRun:
         """``moe.combine`` and ``moe.latent_up`` with the shared and routed reductions; the
         output all-gather is consumed at the next layer's first op."""
         d, b = ctx.dims, ctx.batch
-        ctx.scratch["work"][WORK_SHARED, :b, : d.hidden] = self.wait(ctx, Collective.MOE_SHARED_REDUCE, layer)
-        self.issue(ctx, Collective.MOE_ROUTED_REDUCE, layer, ctx.scratch["work"][WORK_ACC, :b, : d.moe.latent])
+        work = ctx.scratch["work"]
+        if self.fused_experts:  # one payload [shared partial | routed partial], summed once
+            self.issue(ctx, Collective.MOE_FUSED_REDUCE, layer, jnp.concatenate(
+                [work[WORK_SHARED, :b, : d.hidden], work[WORK_ACC, :b, : d.moe.latent]], axis=1))
+            begin(MoeOp.LATENT_UP)
+            both = self.wait(ctx, Collective.MOE_FUSED_REDUCE, layer)
+            work[WORK_SHARED, :b, : d.hidden] = both[:, : d.hidden]
+            routed = both[:, d.hidden: d.hidden + d.moe.latent]
+            self.issue(ctx, Collective.MOE_OUTPUT_ALLGATHER, layer, ctx.matmul(MoeTensor.LATENT_UP, layer, routed))
+            return
+        if not self.deferred_shared:  # else waited at the next layer's first op (finish_mlp)
+            work[WORK_SHARED, :b, : d.hidden] = self.wait(ctx, Collective.MOE_SHARED_REDUCE, layer)
+        self.issue(ctx, Collective.MOE_ROUTED_REDUCE, layer, work[WORK_ACC, :b, : d.moe.latent])
         begin(MoeOp.LATENT_UP)
         routed = self.wait(ctx, Collective.MOE_ROUTED_REDUCE, layer)
         self.issue(ctx, Collective.MOE_OUTPUT_ALLGATHER, layer, ctx.matmul(MoeTensor.LATENT_UP, layer, routed))

@@ -70,9 +70,9 @@ def moe_pre_experts(ctx: Ctx, layer: Any, begin: Begin, issue_at_topk: Callable[
     act = situ(gu[:, : e.shared_width], gu[:, e.shared_width:])
     begin(MoeOp.SHARED_DOWN)
     shared = ctx.matmul(MoeTensor.SHARED_DOWN, layer, act)
-    if link is not None:
+    if link is not None and not link.fused_experts:
         link.issue(ctx, Collective.MOE_SHARED_REDUCE, layer, shared)
-    else:
+    else:  # one device, or the shared partial waits for the fused reduction at moe.combine
         ctx.scratch["work"][WORK_SHARED, :b, : d.hidden] = shared
 
 

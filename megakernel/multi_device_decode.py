@@ -18,7 +18,11 @@ issue and wait points between them) and runs, per op, the single-device kernel's
 | ``moe.shared_reduce`` | its shared-expert channels' output (whole hidden) | the shared experts' output |
 | ``moe.routed_reduce`` | routing-weighted outputs of its group's experts, or of its part of each when expert TP splits them (latent) | the routed sum |
 | ``moe.output_allgather`` | its lane's ``latent_up`` columns | the routed MoE output (whole hidden) |
+| ``moe.fused_reduce`` (``expert_reduce=fused``) | its shared-expert output then its routed partial, one row per token | both sums (``moe.latent_up`` splits them) |
 | ``mlp.allreduce`` | layer 0's dense MLP over its channels | the dense MLP output |
+
+A deferred shared wait (``shared_wait=deferred``) is waited where the plan says (the next
+layer's ``attn.mix_norm``); the shared output is added to the residual there.
 
 Payloads travel in the dtype the plan's bytes imply (``bytes_per_token / width``: bf16,
 f32 for the router scores, as in K3). Reductions and gathers place every contribution by
@@ -95,7 +99,7 @@ class DecodeKernel(CollectiveKernel):
                   Collective.ATTN_HALF_GATHER: d.hidden // 2, Collective.MOE_ROUTER_EXCHANGE: d.moe.router_cols,
                   Collective.MOE_LATENT_ALLGATHER: d.moe.latent_down_cols, Collective.MOE_SHARED_REDUCE: d.hidden,
                   Collective.MOE_ROUTED_REDUCE: d.moe.latent, Collective.MOE_OUTPUT_ALLGATHER: d.moe.latent_up_cols,
-                  Collective.MLP_ALLREDUCE: d.hidden}
+                  Collective.MLP_ALLREDUCE: d.hidden, Collective.MOE_FUSED_REDUCE: d.hidden + d.moe.latent}
         self.after = {spec.name: spec.after for spec in plan.collectives_at(batch)}
         self.payload: dict[int, tuple[int, Any]] = {}  # collective -> (width per row, dtype)
         for c, coll in enumerate(self.colls):
@@ -116,7 +120,8 @@ class DecodeKernel(CollectiveKernel):
         reduce sums each (pair, replica) part of its parity once, and the routed reduce spans
         every expert-TP part of every expert group (its partial expert outputs)."""
         for coll in self.colls:
-            if coll.name not in (Collective.ATTN_PARTIAL_REDUCE, Collective.MOE_ROUTED_REDUCE):
+            if coll.name not in (Collective.ATTN_PARTIAL_REDUCE, Collective.MOE_ROUTED_REDUCE,
+                                 Collective.MOE_FUSED_REDUCE):
                 continue
             for r, cut in enumerate(cuts):
                 members = [cuts[int(m)] for m in coll.members[r]]

@@ -29,12 +29,13 @@ from tpusim.workload.program import build_program
 from tpusim.workload.routing import RoutingModel
 
 
-def engine_events(model_name: str, devices: int, batch: int, folder: Path) -> tuple[list[list[tuple]], list[tuple], object]:
+def engine_events(model_name: str, devices: int, batch: int, folder: Path,
+                  choice: str | None = None) -> tuple[list[list[tuple]], list[tuple], object]:
     """The engine's collective events as ``layer_events`` shapes them: per layer where they
     happen, ``(kind, name, layer - issuing layer)``; the head's with ``num_layers - issuing``."""
     model = load_model(model_name)
     system = make_system("tpu-v7", devices // 2)
-    plan = plan_for(model, devices, devices_per_chip=2)
+    plan = plan_for(model, devices, devices_per_chip=2, choice=choice)
     trace = folder / "routing.json"
     assert model.moe is not None
     trace.write_text(json.dumps({"layers": [[list(range(0, 2 * model.moe.top_k, 2))]]}))
@@ -61,6 +62,20 @@ def test_engine_order_equals_the_kernel_order(model_name: str, devices: int, bat
     assert sum(map(len, layers)) > 8 * model.num_layers  # every layer's collectives were seen
     assert layers == kernel_layers
     assert head == kernel_head
+
+
+@pytest.mark.parametrize(("model_name", "devices", "batch", "choice"), [
+    ("kimi-k3-nano", 8, 1, "base=published,expert_reduce=fused"),
+    ("kimi-k3-nano", 8, 1, "base=published,shared_wait=deferred"),
+    ("kimi-k3", 32, 8, "base=published,expert_groups=4,expert_tp=8,expert_reduce=fused")])
+def test_plan_variants_keep_the_engine_and_kernel_order(model_name: str, devices: int, batch: int, choice: str,
+                                                        tmp_path: Path) -> None:
+    """The fused expert reduction and the deferred shared wait (tpusim.workload.plan_variants)."""
+    layers, head, (model, plan) = engine_events(model_name, devices, batch, tmp_path, choice)
+    kernel_layers, kernel_head = layer_events(model, plan, batch)  # type: ignore[arg-type]
+    assert (layers, head) == (kernel_layers, kernel_head)
+    if "deferred" in choice:  # the shared reduce of layer 1 is waited at layer 2's start
+        assert ("wait", "moe.shared_reduce", 1) in layers[2]
 
 
 def test_a_chain_issues_after_the_wait_on_its_parent(tmp_path: Path) -> None:

@@ -56,8 +56,8 @@ def test_with_algorithms_changes_only_the_named_collectives() -> None:
     with pytest.raises(ValueError, match="no collective"):
         plan.with_algorithms({"nope": "direct_all_gather"})
     generic = plan_for(model, 32, devices_per_chip=2, choice="expert_groups=8,expert_tp=4")
-    moe = generic.with_algorithms({"moe.allreduce": "one_shot_two_level"}).moe_collectives
-    assert [s.algorithm for s in moe if s.name == "moe.allreduce"] == ["one_shot_two_level"]
+    moe = generic.with_algorithms({"moe.routed_reduce": "one_shot_two_level"}).moe_collectives
+    assert [s.algorithm for s in moe if s.name == "moe.routed_reduce"] == ["one_shot_two_level"]
 
 
 def test_a_schedule_without_deployment_keeps_its_hash_and_file(tmp_path: Path) -> None:

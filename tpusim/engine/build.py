@@ -490,6 +490,9 @@ def _lower_collectives(b: _Builder, ops: list[Op], index: int, plan_: OpPlan) ->
                     stages.append((link.name, collective_stage_s(link, stage, call.payload_bytes_per_peer)))
         if stages:
             overlapped = call.spec.overlapped and not policy.collectives_block
-            join = _overlap_join_index(ops, index) if overlapped else index + 1
+            join = index + 1
+            if overlapped:  # waited at its consumer when the plan names one (a generic plan's shared reduce)
+                join = (consumer_index(ops, index, call.spec.consumed_by) if call.spec.consumed_by
+                        else _overlap_join_index(ops, index))
             launch = policy.launch_overhead_s if policy.collective_launches else 0.0
             plan_.collectives.append(CollectivePlan(call.spec.name, overlapped, tuple(stages), join, launch))

@@ -92,7 +92,7 @@ from tpusim.engine.execution import (
     KernelPlan,
     base_policy,
 )
-from tpusim.engine.gpu_stack import stack_kernel_plan
+from tpusim.engine.gpu_stack import chip_stack, stack_kernel_plan
 from tpusim.engine.result import SimResult
 from tpusim.schedule.schema import SCHEDULE_FAMILIES, FamilySchedule, Schedule
 from tpusim.workload.floors import link_for
@@ -243,8 +243,12 @@ def stack_collective(chip: Chip, call: CollectiveCall, devices: int) -> tuple[tu
     """A serving stack's collective: a small all-reduce inside the NVLink domain is one
     one-shot kernel (every GPU reads each peer's buffer over NVLink: ``oneshot_allreduce_
     latency_s + payload x peers / bandwidth``, all stages flattened into one); anything else
-    (large payloads, other kinds, a system beyond the domain) goes to NCCL."""
+    (large payloads, other kinds, a system beyond the domain) goes to NCCL. A collective the
+    stack file runs itself (``collectives:``, :data:`tpusim.engine.gpu_fusion.STACK_COLLECTIVE_MODES`)
+    is not priced here."""
     gpu = _gpu(chip)
+    if chip_stack(chip).runs_inside(call.spec.name):
+        return ()  # the stack runs it on a side stream or inside an op's kernel (its stack file)
     nvlink = link_for(chip, call.spec.stages[0].link)
     small = call.payload_bytes_per_peer <= gpu.oneshot_allreduce_max_bytes.value
     if call.spec.kind != "all_reduce" or not small or nvlink is None or devices > nvlink.domain_devices:

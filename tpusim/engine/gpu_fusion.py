@@ -98,6 +98,7 @@ from hwmodels.errors import InputError
 from tpusim.workload.program import Op, Program
 from tpusim.workload.registry.names import (
     AttnOp,
+    Collective,
     GqaOp,
     HeadOp,
     KdaOp,
@@ -116,6 +117,11 @@ GEMM, GROUPED_GEMM, ATTENTION, SMALL = "gemm", "grouped_gemm", "attention", "sma
 RADIX_ROUTER, SINGLE_CTA_ROUTER = "radix_router", "single_cta_router"
 KERNEL_KINDS = (GEMM, GROUPED_GEMM, ATTENTION, SMALL, RADIX_ROUTER, SINGLE_CTA_ROUTER)
 GENERIC_STACK = "generic"
+# How a stack file may say it runs one of the plan's collectives itself (``collectives:``):
+# ``side``: on a side stream (its kernel is among an op's ``side`` kernels), ``fused``: inside
+# an op's kernel (SGLang's ``gemm_ag``: latent_up GEMV + multicast). Neither is launched nor
+# charged as a collective of its own; any other collective keeps its kernel.
+STACK_COLLECTIVE_MODES = ("side", "fused")
 STACKS_DIR = Path(__file__).resolve().parents[1] / "stacks"
 
 
@@ -185,6 +191,12 @@ class StackTable:
     pdl_weight_prefetch: bool = False  # PDL: a kernel's weight loads run under the previous kernel
     description: str = ""
     source: str = ""
+    collectives: dict[str, str] = field(default_factory=dict)  # name -> side | fused (see STACK_COLLECTIVE_MODES)
+
+    def runs_inside(self, collective: str) -> bool:
+        """Whether the stack runs the plan's ``collective`` on a side stream or inside an op's
+        kernel (listed with that op's kernels, not launched or charged on its own)."""
+        return collective in self.collectives
 
     def expert_rule(self, fmt: str) -> FusionRule:
         return self.experts.get(fmt, self.default_experts)
@@ -230,9 +242,15 @@ def load_stack(name: str) -> StackTable:
         ops[key] = _rule(entry, f"{where}: ops.{key}")
     experts = {str(fmt): _rule(entry, f"{where}: experts.{fmt}") for fmt, entry in (data.get("experts") or {}).items()}
     default = experts.pop("default", ROUTED_EXPERTS)
+    collectives = {}
+    for key, mode in (data.get("collectives") or {}).items():
+        if key not in set(Collective) or mode not in STACK_COLLECTIVE_MODES:
+            raise InputError(f"{where}: collectives.{key}: expected a plan collective "
+                             f"({', '.join(Collective)}) run {' or '.join(STACK_COLLECTIVE_MODES)}")
+        collectives[str(key)] = str(mode)
     return StackTable(name, {**FUSION_TABLE, **ops}, experts, default, bool(data.get("quantize_kernels", True)),
                       bool(data.get("pdl_weight_prefetch", False)), str(data.get("description", "")),
-                      str(data.get("source", "")))
+                      str(data.get("source", "")), collectives)
 
 
 def expert_format(op: Op) -> str:
@@ -334,7 +352,7 @@ def stack_kernel_table(program: Program, stack: StackTable, layer: int) -> list[
         rows += [KernelRow(str(op.name), kind, False, rule.what) for kind in kinds]
         rows += [KernelRow(str(op.name), kind, True, rule.what) for kind in rule.side]
         rows += [KernelRow(str(op.name), "collective", False, f"{call.spec.kind} kernel")
-                 for call in op.collectives]
+                 for call in op.collectives if not stack.runs_inside(call.spec.name)]
     return rows
 
 

@@ -4,7 +4,9 @@ A candidate *deployment* is three choices, searched together:
 
 - the **plan** (:attr:`JointSpace.plans`): ``auto`` (the published plan for the model and
   device count, else the generic one) or a ``--plan`` SPEC (expert groups x expert TP,
-  attention TP or DP; :func:`plan_choices` lists every split the chip count divides);
+  attention TP or DP on the generic structure; the published structure with another expert
+  split, a fused shared+routed expert reduction or a deferred shared wait;
+  :func:`plan_choices` lists them);
 - per collective of that plan, its **algorithm** from the plan's vocabulary
   (:data:`tpusim.workload.collectives.KIND_ALGORITHMS`; ``plan``: as the plan says);
 - the **prefetch schedule**, knob by knob from :attr:`JointSpace.schedule` (the default
@@ -79,7 +81,12 @@ from tpusim.sweep.prune import VmemAccountant, check_candidate
 from tpusim.sweep.space import SweepSpace, default_space, knob_names, schedule_knobs
 from tpusim.workload.capacity import capacity_report
 from tpusim.workload.collectives import KIND_ALGORITHMS, cannot_run, same_messages
-from tpusim.workload.model_catalog import deployment_plan, plan_for_system
+from tpusim.workload.model_catalog import (
+    PUBLISHED_PLANS,
+    deployment_plan,
+    load_plan,
+    plan_for_system,
+)
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.program import Program, build_program
 from tpusim.workload.registry.names import Family
@@ -110,15 +117,31 @@ class JointSpace(BaseModel):
 
 def plan_choices(model: ModelConfig, devices: int) -> list[str]:
     """``auto`` and every SPEC splitting ``model`` over ``devices``: expert groups x expert TP
-    (both dividing), attention TP or DP. Whether each builds and fits is checked per trial."""
+    (both dividing), attention TP or DP, on the generic structure; and when the model has a
+    published plan for ``devices``, that structure with each expert split (``base=published``:
+    the collectives the multi-device kernel runs) and, for a latent MoE with shared experts,
+    with the fused expert reduction or the deferred shared wait
+    (:mod:`tpusim.workload.plan_variants`). Whether each builds and fits is checked per trial."""
     out = [AUTO_PLAN]
     if model.moe is None:
         return [*out, "attention=tp", "attention=dp"]
-    for groups in (g for g in range(1, devices + 1) if devices % g == 0):
-        if model.moe.num_experts % groups or model.moe.expert_intermediate_size % (devices // groups):
-            continue
+    splits = [(groups, devices // groups) for groups in range(1, devices + 1) if devices % groups == 0
+              and not model.moe.num_experts % groups and not model.moe.expert_intermediate_size % (devices // groups)]
+    for groups, tp in splits:
         for attention in ("tp", "dp"):
-            out.append(f"expert_groups={groups},expert_tp={devices // groups},attention={attention}")
+            out.append(f"expert_groups={groups},expert_tp={tp},attention={attention}")
+    stem = PUBLISHED_PLANS.get((model.name.partition("@")[0], devices))
+    if stem is None:
+        return out
+    published = load_plan(stem)
+    options = [""]
+    if model.moe.latent_size and model.moe.shared_intermediate_size:
+        options += [",expert_reduce=fused", ",shared_wait=deferred"]
+    for groups, tp in splits:
+        for option in options:
+            if (groups, tp) == (published.expert_groups, published.expert_tp) and not option:
+                continue  # that is auto
+            out.append(f"base=published,expert_groups={groups},expert_tp={tp}{option}")
     return out
 
 

@@ -119,8 +119,11 @@ def plan_for(model: ModelConfig, devices: int, *, devices_per_chip: int = 1, int
     where = f"model {model.name} on {devices} devices"
     try:
         if choice and is_plan_spec(choice):
-            plan = plan_from_spec(model, parse_plan_spec(choice), devices, devices_per_chip=devices_per_chip,
-                                  intra_link=intra_link, devices_per_host=devices_per_host)
+            spec = parse_plan_spec(choice)
+            stem = PUBLISHED_PLANS.get((base, devices)) if spec.base == "published" else None
+            plan = plan_from_spec(model, spec, devices, devices_per_chip=devices_per_chip,
+                                  intra_link=intra_link, devices_per_host=devices_per_host,
+                                  published=load_plan(stem) if stem else None)
         elif choice and choice not in ("auto", "generic"):
             plan = load_plan(choice)
             if plan.devices != devices:

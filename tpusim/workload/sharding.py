@@ -26,6 +26,7 @@ the engine prices each stage as ``stage latency + bytes / link bandwidth``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -39,7 +40,7 @@ from tpusim.workload.collectives import (
     link_stages,
 )
 from tpusim.workload.modelconfig import ModelConfig
-from tpusim.workload.registry.names import Collective, MlpOp, MoeOp, Role
+from tpusim.workload.registry.names import AttnOp, Collective, MlpOp, MoeOp, Role
 
 
 class _Frozen(BaseModel):
@@ -400,17 +401,60 @@ def _generic_collectives(model: ModelConfig, devices: int, attention_tp: int, de
     if data_parallel:
         attention += collective(Collective.ATTN_DP_ALLGATHER, "attention", "all_gather", Role.ATTN_OUT, devices)
     out_kind = "reduce_scatter" if data_parallel else "all_reduce"
-    latent_gather: list[CollectiveSpec] = []
-    if latent and devices > 1:
-        latent_cols = round_up(math.ceil(latent / devices), lane_multiple)
-        latent_gather = [CollectiveSpec(
-            name=Collective.MOE_LATENT_ALLGATHER, phase="moe", kind="all_gather",
-            bytes_per_token=latent_cols * 2, stages=[CollectiveStage(link=intra_link, peers=devices - 1)],  # type: ignore[arg-type]
-            after=MoeOp.LATENT_DOWN, overlapped=True)]
+    moe: list[CollectiveSpec] = []
+    if model.moe is not None and latent and devices > 1:
+        moe = _latent_moe_collectives(model, devices, intra_link, lane_multiple, out_kind, stages)
+    elif model.moe is not None:
+        moe = collective(Collective.MOE_ALLREDUCE, "moe", out_kind, MoeOp.COMBINE, devices)
     return {  # only the phases the model has: a dense model has no MoE, an all-MoE model no MLP
         "attention_collectives": attention,
-        "moe_collectives": latent_gather + collective(Collective.MOE_ALLREDUCE, "moe", out_kind, MoeOp.COMBINE, devices)
-        if model.moe else [],
+        "moe_collectives": moe,
         "mlp_collectives": collective(Collective.MLP_ALLREDUCE, "mlp", out_kind, MlpOp.DOWN, devices)
         if model.dense_layers else [],
     }
+
+
+def _latent_moe_collectives(model: ModelConfig, devices: int, intra_link: str, lane_multiple: int, out_kind: str,
+                            stages: Callable[[int], list[CollectiveStage]]) -> list[CollectiveSpec]:
+    """A latent MoE's collectives in the generic plan, from what each device holds after each op:
+
+    1. ``moe.latent_down`` column-split: each device holds ``latent / devices`` latent columns
+       → ``moe.latent_allgather`` (direct, every device's columns to every other) before the
+       experts, overlapped with the selection;
+    2. the shared experts (intermediate channels split): each device holds a *partial over the
+       whole hidden width* → ``moe.shared_reduce`` (hidden x 2 B per token), issued when
+       ``moe.shared_down`` ends, consumed by ``moe.combine`` (the published plan's placement);
+    3. the routed experts of the device's group (its part of each one's width): a *partial of
+       the latent-width routed sum* after ``moe.combine`` → ``moe.routed_reduce`` (latent x 2 B
+       per token), consumed by ``moe.latent_up``;
+    4. ``moe.latent_up`` column-split: each device holds ``hidden / devices`` columns of the
+       routed output → ``moe.output_allgather`` (its columns to every other device), consumed
+       by the next layer's first op.
+
+    Before this, the generic plan reduced the whole hidden output once after ``moe.combine``
+    and had no gather after ``latent_up`` (one reduction of hidden x 2 B instead of hidden +
+    latent, and no gather at all). With attention DP the shared reduction is a
+    reduce-scatter (each device keeps its rows); the routed sum is all-reduced (``latent_up``
+    runs every row) and the output gather sends every row's columns (an upper bound on the
+    all-to-all that would send each device only its rows)."""
+    moe = model.moe
+    assert moe is not None and moe.latent_size
+    latent_cols = round_up(math.ceil(moe.latent_size / devices), lane_multiple)
+    up_cols = round_up(math.ceil(model.hidden_size / devices), lane_multiple)
+    every = [CollectiveStage(link=intra_link, peers=devices - 1)]  # type: ignore[arg-type]
+    out = [CollectiveSpec(
+        name=Collective.MOE_LATENT_ALLGATHER, phase="moe", kind="all_gather", bytes_per_token=latent_cols * 2,
+        stages=every, after=MoeOp.LATENT_DOWN, consumed_by=Role.MOE_EXPERT, overlapped=True)]
+    if moe.shared_intermediate_size:
+        out.append(CollectiveSpec(
+            name=Collective.MOE_SHARED_REDUCE, phase="moe", kind=out_kind, bytes_per_token=model.hidden_size * 2,
+            stages=stages(devices), after=Role.MOE_SHARED, consumed_by=MoeOp.COMBINE, overlapped=True))
+    out += [
+        CollectiveSpec(name=Collective.MOE_ROUTED_REDUCE, phase="moe", kind="all_reduce",
+                       bytes_per_token=moe.latent_size * 2, stages=stages(devices), after=MoeOp.COMBINE,
+                       consumed_by=MoeOp.LATENT_UP),
+        CollectiveSpec(name=Collective.MOE_OUTPUT_ALLGATHER, phase="moe", kind="all_gather",
+                       bytes_per_token=up_cols * 2, stages=every, after=MoeOp.LATENT_UP,
+                       consumed_by=AttnOp.MIX_NORM),
+    ]
+    return out

@@ -91,8 +91,9 @@ def add_model_options(parser: argparse.ArgumentParser, *, plan: bool = True) -> 
     if plan:
         parser.add_argument("--plan", default=None, metavar="NAME|FILE|SPEC",
                             help="sharding plan: a published name (k3-tp32, muse-tp8), generic, a plan YAML, or "
-                            "a SPEC like tp=8,expert_groups=2,expert_tp=4[,attention=dp] (default: published if one "
-                            "matches, else generic)")
+                            "a SPEC like tp=8,expert_groups=2,expert_tp=4[,attention=dp] or "
+                            "base=published,expert_groups=4,expert_tp=8[,expert_reduce=fused|,shared_wait=deferred] "
+                            "(docs/plan-variants.md; default: published if one matches, else generic)")
 
 
 def load_model_with_formats(args: argparse.Namespace) -> Any:

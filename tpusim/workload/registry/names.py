@@ -226,6 +226,7 @@ class Collective(StrEnum):
     MOE_SHARED_REDUCE = "moe.shared_reduce"
     MOE_OUTPUT_ALLGATHER = "moe.output_allgather"
     MOE_ALLREDUCE = "moe.allreduce"
+    MOE_FUSED_REDUCE = "moe.fused_reduce"  # shared + routed expert reductions in one (plan_variants)
     MLP_ALLREDUCE = "mlp.allreduce"
 
 
