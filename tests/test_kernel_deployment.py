@@ -125,3 +125,21 @@ def test_lower_lowers_the_k3_winner_on_32_devices(tmp_path: Path, capsys: pytest
     assert data["plan_collectives"][Collective.MOE_ROUTED_REDUCE] == "reduce_scatter_all_gather"
     assert data["scratch_total_bytes"] == data["accounting_total_bytes"]  # the one accounting, collectives included
     assert data["deployment"]["rule"].endswith("map_deployment")
+
+
+def test_the_joint_sweep_gives_a_plan_the_kernel_cannot_run_a_row_not_a_win() -> None:
+    from hwmodels.catalog import make_system
+    from tpusim.sweep.joint import AUTO_PLAN, JointWorkload, _Validator, default_joint_space
+
+    nano = load_model("kimi-k3-nano")
+    space = default_joint_space(nano, 8)
+    validator = _Validator(JointWorkload(nano, make_system("tpu-v7", 4, calibrated=False), 1), space)
+    spec = next(choice for choice in space.plans if choice != AUTO_PLAN and "attention=tp" in choice)
+    assert validator.plan_reason(spec).startswith("kernel: ")
+    assert validator.runnable_plans() == [AUTO_PLAN]
+    off = _Validator(validator.workload, space.model_copy(update={"kernel_runs_winner": False}))
+    assert not off.plan_reason(spec).startswith("kernel: ")
+    muse = load_model("muse-spark")  # the kernel runs no plan of this model: no gate
+    muse_space = default_joint_space(muse, 8)
+    gate = _Validator(JointWorkload(muse, make_system("tpu-v7", 4, calibrated=False), 1), muse_space)
+    assert not any(gate.plan_reason(choice).startswith("kernel: ") for choice in muse_space.plans)
