@@ -143,3 +143,29 @@ def test_the_joint_sweep_gives_a_plan_the_kernel_cannot_run_a_row_not_a_win() ->
     muse_space = default_joint_space(muse, 8)
     gate = _Validator(JointWorkload(muse, make_system("tpu-v7", 4, calibrated=False), 1), muse_space)
     assert not any(gate.plan_reason(choice).startswith("kernel: ") for choice in muse_space.plans)
+
+
+@pytest.mark.parametrize("algorithms", [{}, REDUCE_ALGORITHMS], ids=["as-written", "changed"])
+def test_the_joint_sweeps_vmem_is_the_one_accounting_of_the_candidates_plan(algorithms: dict[str, str]) -> None:
+    """The row's static VMEM is vmem_plan(...).total_bytes on the candidate's plan (its own
+    collective buffers counted once), the figure tpusim lower sets beside the kernel's scratch."""
+    from hwmodels.catalog import make_system
+    from tpusim.schedule.vmem import vmem_plan
+    from tpusim.sweep.joint import (
+        AUTO_PLAN,
+        JointWorkload,
+        Proposal,
+        _Validator,
+        default_joint_space,
+    )
+
+    nano = load_model("kimi-k3-nano")
+    validator = _Validator(JointWorkload(nano, make_system("tpu-v7", 4, calibrated=False), 1),
+                           default_joint_space(nano, 8))
+    schedule = load_schedule("published")
+    validator.check(Proposal(0, "test", AUTO_PLAN, dict(ATTENTION_ALGORITHMS), schedule))  # another plan first
+    proposal = Proposal(1, "test", AUTO_PLAN, dict(algorithms), schedule)
+    assert validator.check(proposal) == ""
+    plan = plan_for(nano, 8).with_algorithms(algorithms)
+    assert proposal.static_mib is not None
+    assert round(proposal.static_mib * (1 << 20)) == vmem_plan(schedule, nano, plan, 1).total_bytes

@@ -269,26 +269,32 @@ class _Validator:
         if proposal.reason:
             return proposal.reason
         assert proposal.schedule is not None
-        # one accountant per plan: the algorithms change only the collective buffers, which the fit
-        # check (VmemPlan.total_bytes) does not count yet (tpusim.schedule.vmem)
+        # one accountant per plan choice, on the plan as written: the algorithms change only the
+        # collective send/receive buffers, which VmemPlan.total_bytes counts (tpusim.schedule.vmem
+        # rule 6), so the candidate's total is the accountant's with the plan's buffers swapped for
+        # the candidate's (the kernel allocates exactly these: tpusim lower shows the same total)
         if proposal.plan_choice not in self._accountants:
-            self._accountants[proposal.plan_choice] = VmemAccountant(self.workload.model, plan, self.workload.batch,
+            self._accountants[proposal.plan_choice] = VmemAccountant(self.workload.model, base, self.workload.batch,
                                                                      self.workload.sequences)
         verdict = check_candidate(proposal.schedule, self.space.schedule, self._accountants[proposal.plan_choice])
-        proposal.static_mib = verdict.vmem_static_bytes / MIB
+        slots = proposal.schedule.receive_slots
+        own = self._buffers(proposal.plan_choice, proposal.algorithms, plan, slots)
+        total = verdict.vmem_static_bytes - self._buffers(proposal.plan_choice, {}, base, slots) + own
+        proposal.static_mib = total / MIB
         if verdict.reason:
             return verdict.reason
-        # the algorithms are searched here, so their send/receive buffers count too (the kernel
-        # allocates them: VmemPlan.with_collectives_bytes), unlike the schedule sweep's check
-        key = f"{proposal.plan_choice}|{sorted(proposal.algorithms.items())}"
-        if key not in self._collective_bytes:
-            self._collective_bytes[key] = collective_bytes(self.workload.model, plan, self.workload.batch)
-        total = verdict.vmem_static_bytes + self._collective_bytes[key]
         capacity = self.space.schedule.constraints.vmem_capacity_bytes
         if capacity is not None and total > capacity:
             return (f"vmem: {total / MIB:.2f} MiB with the collectives' send/receive buffers "
-                    f"({self._collective_bytes[key] / MIB:.2f} MiB) but {capacity / MIB:.2f} MiB is usable")
+                    f"({own / MIB:.2f} MiB) but {capacity / MIB:.2f} MiB is usable")
         return ""
+
+    def _buffers(self, choice: str, algorithms: dict[str, str], plan: ShardingPlan, slots: str) -> int:
+        """Collective send/receive bytes of ``plan`` (``choice`` with ``algorithms``), memoised."""
+        key = f"{choice}|{sorted(algorithms.items())}|{slots}"
+        if key not in self._collective_bytes:
+            self._collective_bytes[key] = collective_bytes(self.workload.model, plan, self.workload.batch, slots)
+        return self._collective_bytes[key]
 
     def kernel_reason(self, plan: ShardingPlan) -> str:
         """Why the megakernel cannot run ``plan`` ('' when it can, or when the gate is off: the
