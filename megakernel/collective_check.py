@@ -2,7 +2,7 @@
 reference; print one JSON line.
 
 ``python -m megakernel.collective_check --devices 8 [--model kimi-k3-nano] [--layers 4]
-[--steps 1] [--schedule published] [--seed 0] [--races] [--mode on_wait|eager] [--f32-payloads] [--bug skip_wait:NAME|single_buffer]``
+[--steps 1] [--schedule published|FILE] [--deployment-model kimi-k3] [--deployment-devices 32] [--seed 0] [--races] [--mode on_wait|eager] [--f32-payloads] [--bug skip_wait:NAME|single_buffer]``
 
 The process sets ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before JAX starts,
 draws the one-device weights (:func:`megakernel.layout.random_weights`) and a decode state,
@@ -16,6 +16,14 @@ one-device :mod:`megakernel.reference_jnp` fed its own greedy tokens. ``matches_
 the same greedy tokens every step and the gathered logits within the bf16 tolerance of
 :mod:`megakernel.tolerance` (the plan's payloads are bf16). Not a TPU timing. Run it under
 ``timeout``: a wrong semaphore hangs it.
+
+A schedule file with a ``deployment`` (a joint sweep's ``best.json``: plan choice + per-collective
+algorithms, searched for ``--deployment-model`` on ``--deployment-devices``) runs that
+deployment: :func:`tpusim.workload.kernel_support.map_deployment` maps it onto ``--model`` and
+``--devices`` (algorithms and attention TP kept, expert TP scaled by the device ratio, expert
+groups the rest), and the JSON's ``deployment`` records the mapping (``null`` without one).
+What cannot map or run (a generic plan's collectives, an algorithm the kernel does not run, a
+split the nano model does not divide) is one line on stderr, exit 2.
 """
 
 from __future__ import annotations
@@ -38,7 +46,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=4, help="0: all of the model's layers")
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--schedule", default="published")
+    parser.add_argument("--schedule", default="published",
+                        help="built-in schedule or schedule JSON; a joint sweep's best.json carries a deployment "
+                        "(plan + collective algorithms), mapped onto --model and --devices (map_deployment)")
+    parser.add_argument("--deployment-model", default="kimi-k3",
+                        help="the model the schedule's deployment was searched for (default kimi-k3)")
+    parser.add_argument("--deployment-devices", type=int, default=32,
+                        help="devices it was searched on, when its plan does not name them (default 32: "
+                        "16 two-core TPU v7 chips)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plan", default="", help="--plan choice (a SPEC, e.g. base=published,expert_reduce=fused); default: the model's plan")
     parser.add_argument("--context", type=int, default=5)
@@ -63,13 +78,62 @@ def stored_projection(pair: object) -> object:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit 0 with the JSON line; 2 with one line on stderr for a schedule, deployment or plan
+    the kernel cannot run."""
     args = parse(argv)
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={args.devices}"
-    sys.stdout.write(json.dumps(run(args)) + "\n")
+    from hwmodels.errors import InputError
+    from megakernel.collective_plan import UnsupportedPlan
+    from megakernel.dims import UnsupportedModel
+    from megakernel.dma_plan import UnsupportedSchedule
+
+    try:
+        result = run(args)
+    except (InputError, UnsupportedPlan, UnsupportedModel, UnsupportedSchedule) as error:
+        sys.stderr.write(f"error: {str(error).splitlines()[0]}\n")
+        return 2
+    sys.stdout.write(json.dumps(result) + "\n")
     return 0
 
 
+def kernel_plan(args: argparse.Namespace, model: object, schedule: object) -> tuple[object, dict[str, object] | None]:
+    """(plan, mapping or None): the schedule's deployment mapped onto ``--model`` and
+    ``--devices`` (:func:`tpusim.workload.kernel_support.kernel_deployment`), else the
+    model's plan on ``--devices``; InputError (one line) for what cannot map or run."""
+    from hwmodels.errors import InputError
+    from tpusim.workload.kernel_support import (
+        KernelDeploymentError,
+        kernel_cannot_run,
+        kernel_deployment,
+    )
+    from tpusim.workload.model_catalog import load_model, plan_for
+
+    deployment = schedule.deployment  # type: ignore[attr-defined]
+    if deployment is None:
+        plan = plan_for(model, args.devices, choice=args.plan or None)  # type: ignore[arg-type]
+        why = kernel_cannot_run(model, plan, args.batch)  # type: ignore[arg-type]
+        if why:
+            raise InputError(why)
+        return plan, None
+    if args.plan:
+        raise InputError(f"--plan {args.plan}: --schedule {args.schedule} carries its own deployment (plan "
+                         f"{deployment.plan}); give one or the other")
+    try:
+        mapped = kernel_deployment(deployment.plan, dict(deployment.collectives), load_model(args.deployment_model),
+                                   args.deployment_devices, model, args.devices, args.batch)  # type: ignore[arg-type]
+    except KernelDeploymentError as error:
+        raise InputError(f"--schedule {args.schedule}: {error}") from None
+    return mapped.plan, mapped.describe()
+
+
 def run(args: argparse.Namespace) -> dict[str, object]:
+    from tpusim.schedule.schema import load_schedule
+    from tpusim.workload.model_catalog import load_model, plan_for
+
+    model = load_model(args.model)
+    schedule = load_schedule(args.schedule)
+    plan, mapping = kernel_plan(args, model, schedule)  # refuses before JAX starts
+
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -86,18 +150,14 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     from megakernel.multi_device import Bugs
     from megakernel.reference import DecodeState, first_tokens, init_state
     from megakernel.tolerance import TOLERANCE, relative_error
-    from tpusim.schedule.schema import load_schedule
-    from tpusim.workload.model_catalog import load_model, plan_for
 
     read_callback_args_in_place()
     np.random.seed(args.seed)  # the race detector's interleavings draw from numpy's global RNG
-    model = load_model(args.model)
-    plan = plan_for(model, args.devices, choice=args.plan or None)
     if args.layers:
         model = model.with_layers(args.layers)
     params = pltpu.InterpretParams(detect_races=args.races, dma_execution_mode=args.mode, random_seed=args.seed)
     max_context = args.context + args.steps + 3
-    kernel = CollectiveMegakernel(model, plan, load_schedule(args.schedule), args.batch, max_context,
+    kernel = CollectiveMegakernel(model, plan, schedule, args.batch, max_context,
                                   interpret=params, bugs=Bugs.parse(args.bug), f32_payloads=args.f32_payloads)
     one, dev = model_dims(model, plan_for(model, 1)), kernel.dims
     weights = random_weights(one, seed=args.seed)
@@ -135,7 +195,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     tol = TOLERANCE[np.dtype(np.float32 if args.f32_payloads else jnp.bfloat16)]
     ok = all(s["tokens"] == s["reference_tokens"] and s["logits_relative_error"] <= tol for s in out)
     return {"model": args.model, "plan": plan.name, "devices": plan.devices, "layers": model.num_layers,
-            "schedule": args.schedule, "batch": args.batch, "seed": args.seed, "bug": args.bug,
+            "expert_groups": plan.expert_groups, "expert_tp": plan.expert_tp,
+            "collectives": {spec.name: spec.algorithm for spec in plan.collectives_at(args.batch)},
+            "deployment": mapping, "schedule": args.schedule, "batch": args.batch, "seed": args.seed, "bug": args.bug,
             "payloads": "f32" if args.f32_payloads else "plan (bf16; router scores f32)", "races": races,
             "race_detector": args.races, "matches_reference": ok, "steps": out, "backend": "cpu-interpret",
             "timing_note": "wall time of the Pallas TPU interpreter on virtual CPU devices (first step "

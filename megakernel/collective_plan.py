@@ -29,13 +29,16 @@ import numpy as np
 
 from tpusim.engine.collectives import consumer_index
 from tpusim.workload.collectives import group_ranks, incoming, messages, phase_count
+from tpusim.workload.kernel_support import KERNEL_ALGORITHMS
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.program import build_program
 from tpusim.workload.routing import RoutingModel
 from tpusim.workload.sharding import ShardingPlan
 
-SUPPORTED = ("pair_exchange", "direct_all_gather", "one_shot_two_level")
-DECODE_SUPPORTED = (*SUPPORTED, "reduce_scatter_all_gather")  # the decode kernel also runs this one
+# the algorithms the decode and collective megakernels run: one owner, tpusim.workload.kernel_support
+DECODE_SUPPORTED = KERNEL_ALGORITHMS
+# the transport-only CollectiveKernel (megakernel.multi_device) runs all but the reduce-scatter
+SUPPORTED = tuple(a for a in KERNEL_ALGORITHMS if a != "reduce_scatter_all_gather")
 Event = tuple[str, str, int]  # (issue | wait, collective name, layers back to the issuing layer)
 
 
@@ -50,12 +53,18 @@ class KernelCollective:
     name: str
     algorithm: str
     group: str
+    kind: str  # all_reduce | reduce_scatter | all_gather | exchange (tpusim.workload.collectives)
     elems: int  # bf16 payload elements each rank contributes (bytes per token x batch / 2)
     phases: int
     counts: tuple[int, ...]  # messages each rank sends (and receives) per phase, the same for every rank
     dst: np.ndarray  # int32[ranks, phases, max count]: destination rank of each message
     slot: np.ndarray  # int32[ranks, phases, max count]: receive slot of the message at its destination
     members: np.ndarray  # int32[ranks, group size]: each rank's group, ascending
+
+    @property
+    def reduces(self) -> bool:
+        """A reduction: its result is the members' payloads summed (by any algorithm)."""
+        return self.kind in ("all_reduce", "reduce_scatter")
 
     @property
     def max_count(self) -> int:
@@ -92,7 +101,7 @@ def kernel_collectives(plan: ShardingPlan, batch: int,
                     sources = [a.src for a in arrivals[m.dst] if a.phase == p]
                     dst[r, p, i], slot[r, p, i] = m.dst, sources.index(r)
         members = np.array([group_ranks(group, r, topo) for r in ranks], np.int32)
-        out.append(KernelCollective(spec.name, algorithm, group, payload // 2, n_phases, counts,
+        out.append(KernelCollective(spec.name, algorithm, group, spec.kind, payload // 2, n_phases, counts,
                                     dst, slot, members))
     return out
 

@@ -9,7 +9,12 @@ The process sets ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before J
 ``log``, the kernel's collective issues and waits in step order,
 :meth:`megakernel.kernel_collectives.CollectiveMegakernel.unrolled_log`). A model,
 schedule or plan the kernel cannot implement prints ``{"error": KIND, "message": ...}`` and
-exits 2 (KIND: ``model`` | ``schedule`` | ``plan``).
+exits 2 (KIND: ``model`` | ``schedule`` | ``plan`` | ``deployment``).
+
+A schedule with a ``deployment`` (a joint sweep's ``best.json``) is lowered on that plan with
+its collective algorithms (and their send/receive buffers in the VMEM accounting), mapped
+onto ``--model`` / ``--devices`` by :func:`tpusim.workload.kernel_support.map_deployment`
+(the identity for K3's winner on 32 devices); the JSON's ``deployment`` records the mapping.
 """
 
 from __future__ import annotations
@@ -29,6 +34,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--log", action="store_true", help="add the kernel's collective event order")
+    parser.add_argument("--deployment-model", default=None,
+                        help="the model a schedule's deployment was searched for (default: --model)")
+    parser.add_argument("--deployment-devices", type=int, default=None,
+                        help="the devices it was searched on, when its plan does not name them (default: --devices)")
     return parser.parse_args(argv)
 
 
@@ -41,20 +50,29 @@ def main(argv: list[str] | None = None) -> int:
     from megakernel.kernel_collectives import CollectiveMegakernel
     from megakernel.tpu_lowering import lower_schedule
     from tpusim.schedule.schema import load_schedule
+    from tpusim.workload.kernel_support import KernelDeploymentError, kernel_deployment
     from tpusim.workload.model_catalog import load_model, plan_for
 
     model = load_model(args.model)
     plan = plan_for(model, args.devices)
     schedule = load_schedule(args.schedule)
-    kinds = ((UnsupportedModel, "model"), (UnsupportedSchedule, "schedule"), (UnsupportedPlan, "plan"))
+    kinds = ((UnsupportedModel, "model"), (UnsupportedSchedule, "schedule"), (UnsupportedPlan, "plan"),
+             (KernelDeploymentError, "deployment"))
+    mapping = None
     try:
+        if schedule.deployment is not None:
+            source = load_model(args.deployment_model) if args.deployment_model else model
+            mapped = kernel_deployment(schedule.deployment.plan, dict(schedule.deployment.collectives), source,
+                                       args.deployment_devices or args.devices, model, args.devices, args.batch)
+            plan, mapping = mapped.plan, mapped.describe()
         kernel = CollectiveMegakernel(model, plan, schedule, args.batch, args.context)
         report = lower_schedule(model, plan, schedule, batch=args.batch, max_context=args.context, kernel=kernel)
     except tuple(kind for kind, _ in kinds) as error:
         kind = next(name for cls, name in kinds if isinstance(error, cls))
         sys.stdout.write(json.dumps({"error": kind, "message": str(error)}) + "\n")
         return 2
-    result = dataclasses.asdict(report)
+    result = {**dataclasses.asdict(report), "deployment": mapping,
+              "plan_collectives": {spec.name: spec.algorithm for spec in plan.collectives_at(args.batch)}}
     if args.log:
         result["log"] = kernel.unrolled_log()
     sys.stdout.write(json.dumps(result) + "\n")

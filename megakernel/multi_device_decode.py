@@ -412,10 +412,10 @@ class DecodeKernel(CollectiveKernel):
             if scatter:
                 out = jnp.concatenate([rows[k: k + 1] for k in range(count + 1)], axis=1)
                 out = out[:, : b * width].reshape(b, width)
-            elif coll.algorithm != "one_shot_two_level":
+            elif coll.algorithm != "one_shot_two_level" and not coll.reduces:  # a gather or exchange
                 out = jnp.concatenate([rows[k].reshape(b, width) for k in range(count + 1)], axis=1)
                 break
-            else:
+            else:  # a reduction (direct_all_gather: every member's whole partial, summed here)
                 out = jnp.sum(rows, axis=0).reshape(b, width)
                 if phase + 1 < coll.phases:  # the host sum goes to the cross-host peers
                     for i in range(count):

@@ -103,12 +103,13 @@ def test_planted_race_skipped_wait_is_caught():
 
 @pytest.mark.slow
 def test_run_kernel_devices_refuses_a_plan_without_message_algorithms(tmp_path):
-    """The generic 4-device plan names no algorithms: one error line, exit 2."""
+    """The generic 4-device plan's collectives are not the kernel's (kernel_cannot_run): one
+    error line, exit 2."""
     done = subprocess.run([sys.executable, "-m", "tpusim", "run-kernel", "--model", "kimi-k3-nano",
                            "--devices", "4", "--json"], capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
                           cwd=tmp_path)
     assert done.returncode == 2
-    assert "algorithm None is not run in the kernel" in done.stderr
+    assert "collective attn.allreduce is not run in the kernel" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
 
 

@@ -23,7 +23,10 @@ Steps of :func:`run_joint_sweep` (invariants after each):
    not depend on how many workers evaluate it.*
 3. **Validate** each trial before anything runs (:func:`validate`): the plan builds and
    divides the model; every chosen algorithm can run its collective over its group
-   (:func:`tpusim.workload.collectives.cannot_run`); weights + KV fit HBM
+   (:func:`tpusim.workload.collectives.cannot_run`); the multi-device megakernel runs the
+   plan and its algorithms (:func:`tpusim.workload.kernel_support.kernel_cannot_run`, when
+   it runs the model's auto plan at all and ``kernel_runs_winner`` is on), *so the winner is
+   a deployment the kernel can run*; weights + KV fit HBM
    (:func:`tpusim.workload.capacity.capacity_report`); the schedule schema accepts the
    knobs; the static VMEM (:func:`tpusim.schedule.vmem.vmem_plan`, the one accounting) fits
    the chip's usable on-chip memory; DMAs in flight within the copy engine's limit. An
@@ -81,6 +84,7 @@ from tpusim.sweep.prune import VmemAccountant, check_candidate
 from tpusim.sweep.space import SweepSpace, default_space, knob_names, schedule_knobs
 from tpusim.workload.capacity import capacity_report
 from tpusim.workload.collectives import KIND_ALGORITHMS, cannot_run, same_messages
+from tpusim.workload.kernel_support import kernel_cannot_run
 from tpusim.workload.model_catalog import (
     PUBLISHED_PLANS,
     deployment_plan,
@@ -113,6 +117,10 @@ class JointSpace(BaseModel):
     screen_percentile: float = Field(default=50.0, gt=0.0, lt=100.0, description="a trial whose estimate is "
                                      "worse than this percentile of the completed trials' is not simulated")
     startup_trials: int = Field(default=16, ge=0, description="trials simulated before the pruner prunes")
+    kernel_runs_winner: bool = Field(default=True, description="when the multi-device megakernel runs the "
+                                     "model's auto plan, a candidate it cannot run (tpusim.workload."
+                                     "kernel_support.kernel_cannot_run) gets a row with the reason, not a "
+                                     "simulation; off: the simulator alone decides")
 
 
 def plan_choices(model: ModelConfig, devices: int) -> list[str]:
@@ -249,6 +257,7 @@ class _Validator:
         self._accountants: dict[str, VmemAccountant] = {}
         self._capacity: dict[str, str] = {}
         self._collective_bytes: dict[str, int] = {}
+        self._kernel_gate: bool | None = None  # does the kernel run the model's auto plan (kernel_reason)
 
     def base_plan(self, choice: str) -> ShardingPlan | str:
         """The plan a choice builds, or why it does not (divisibility, a plan for other devices)."""
@@ -269,6 +278,9 @@ class _Validator:
             plan = base.with_algorithms(proposal.algorithms)
         except ValueError as error:
             return f"collective: {error}"
+        why = self.kernel_reason(plan)
+        if why:
+            return f"kernel: {why}"
         if proposal.plan_choice not in self._capacity:
             w = self.workload
             report = capacity_report(w.model, base, w.system.chip, batch=w.batch, context_tokens=w.context_tokens)
@@ -280,26 +292,43 @@ class _Validator:
         if proposal.reason:
             return proposal.reason
         assert proposal.schedule is not None
-        # one accountant per plan: the algorithms change only the collective buffers, which the fit
-        # check (VmemPlan.total_bytes) does not count yet (tpusim.schedule.vmem)
+        # one accountant per plan choice, on the plan as written: the algorithms change only the
+        # collective send/receive buffers, which VmemPlan.total_bytes counts (tpusim.schedule.vmem
+        # rule 6), so the candidate's total is the accountant's with the plan's buffers swapped for
+        # the candidate's (the kernel allocates exactly these: tpusim lower shows the same total)
         if proposal.plan_choice not in self._accountants:
-            self._accountants[proposal.plan_choice] = VmemAccountant(self.workload.model, plan, self.workload.batch,
+            self._accountants[proposal.plan_choice] = VmemAccountant(self.workload.model, base, self.workload.batch,
                                                                      self.workload.sequences)
         verdict = check_candidate(proposal.schedule, self.space.schedule, self._accountants[proposal.plan_choice])
-        proposal.static_mib = verdict.vmem_static_bytes / MIB
+        slots = proposal.schedule.receive_slots
+        own = self._buffers(proposal.plan_choice, proposal.algorithms, plan, slots)
+        total = verdict.vmem_static_bytes - self._buffers(proposal.plan_choice, {}, base, slots) + own
+        proposal.static_mib = total / MIB
         if verdict.reason:
             return verdict.reason
-        # the algorithms are searched here, so their send/receive buffers count too (the kernel
-        # allocates them: VmemPlan.with_collectives_bytes), unlike the schedule sweep's check
-        key = f"{proposal.plan_choice}|{sorted(proposal.algorithms.items())}"
-        if key not in self._collective_bytes:
-            self._collective_bytes[key] = collective_bytes(self.workload.model, plan, self.workload.batch)
-        total = verdict.vmem_static_bytes + self._collective_bytes[key]
         capacity = self.space.schedule.constraints.vmem_capacity_bytes
         if capacity is not None and total > capacity:
             return (f"vmem: {total / MIB:.2f} MiB with the collectives' send/receive buffers "
-                    f"({self._collective_bytes[key] / MIB:.2f} MiB) but {capacity / MIB:.2f} MiB is usable")
+                    f"({own / MIB:.2f} MiB) but {capacity / MIB:.2f} MiB is usable")
         return ""
+
+    def _buffers(self, choice: str, algorithms: dict[str, str], plan: ShardingPlan, slots: str) -> int:
+        """Collective send/receive bytes of ``plan`` (``choice`` with ``algorithms``), memoised."""
+        key = f"{choice}|{sorted(algorithms.items())}|{slots}"
+        if key not in self._collective_bytes:
+            self._collective_bytes[key] = collective_bytes(self.workload.model, plan, self.workload.batch, slots)
+        return self._collective_bytes[key]
+
+    def kernel_reason(self, plan: ShardingPlan) -> str:
+        """Why the megakernel cannot run ``plan`` ('' when it can, or when the gate is off: the
+        space says so, or the kernel does not run the model's auto plan either)."""
+        if not self.space.kernel_runs_winner:
+            return ""
+        if self._kernel_gate is None:
+            auto = self.base_plan(AUTO_PLAN)
+            self._kernel_gate = not isinstance(auto, str) and not kernel_cannot_run(
+                self.workload.model, auto, self.workload.batch)
+        return kernel_cannot_run(self.workload.model, plan, self.workload.batch) if self._kernel_gate else ""
 
     def plan_reason(self, choice: str) -> str:
         """Why every candidate of this plan is invalid ('' when it builds and fits HBM)."""

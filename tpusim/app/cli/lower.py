@@ -4,6 +4,7 @@ Usage::
 
     tpusim lower --model kimi-k3 --schedule published            # TP32 per-device sizes
     tpusim lower --model kimi-k3 --schedule best.json --batch 8 --json
+    tpusim lower --schedule joint-sweep/best.json   # the joint sweep's winner: its plan + algorithms
 
 Traces the Pallas megakernel with shapes only (nothing is allocated) and lowers it for TPU
 (Pallas → Mosaic); on several devices with the plan's collectives inside it, over a mesh of
@@ -11,7 +12,9 @@ virtual devices in a fresh process (:mod:`megakernel.lower_check`). It then prin
 (:mod:`tpusim.schedule.vmem`) and the chip's usable VMEM; it exits 1 when the kernel's scratch does not fit (or it does not lower). Lowering proves every op has a
 Mosaic lowering rule; Mosaic's own compiler runs only on a TPU (see
 :mod:`megakernel.tpu_lowering`). A model or schedule the kernel cannot implement is reported
-in words, exit 2.
+in words, exit 2. A schedule with a deployment (a joint sweep's ``best.json``) is lowered on
+its plan with its collective algorithms, whose send/receive buffers the VMEM accounting
+(``vmem_plan(...).total_bytes``) counts (:mod:`megakernel.lower_check`).
 """
 
 from __future__ import annotations
@@ -64,11 +67,16 @@ def run(args: argparse.Namespace) -> int:
     devices = args.devices or default_devices(args.model)
     plan = plan_for(model, devices)
     schedule = load_schedule(args.schedule)
+    if devices == 1 and schedule.deployment is not None:
+        raise InputError(f"--schedule {args.schedule}: it carries a deployment (plan + collectives); lower it "
+                         "on the devices it was chosen for (--devices N, default the published plan's)")
     report = _lower_on_mesh(args, devices) if devices > 1 else _lower_here(args, model, plan, schedule)
     if "error" in report:
         what = {"model": "the megakernel cannot implement this model",
                 "schedule": f"the megakernel cannot follow schedule {schedule.name!r} at {devices} device(s)",
-                "plan": f"the megakernel cannot run the collectives of plan {plan.name}"}[report["error"]]
+                "plan": f"the megakernel cannot run the collectives of plan {report.get('plan', plan.name)}",
+                "deployment": f"the megakernel cannot run the deployment of schedule {schedule.name!r}",
+                }[report["error"]]
         raise InputError(f"{what}: {report['message']}")
     usable = chip.staging_memory.usable_bytes
     scratch, accounting = sum(report["scratch_bytes"].values()), sum(report["accounting_bytes"].values())
@@ -76,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         **{key: report[key] for key in ("model", "plan", "devices", "schedule", "batch", "lowered",
                                         "scratch_bytes", "accounting_bytes", "collectives",
                                         "remote_copies_per_layer")},
+        "deployment": report.get("deployment"), "plan_collectives": report.get("plan_collectives", {}),
         "scratch_total_bytes": scratch, "accounting_total_bytes": accounting,
         "relative_difference": (scratch - accounting) / accounting, "usable_vmem_bytes": usable,
         "fits": scratch <= usable, "hardware": chip.name,
@@ -129,6 +138,9 @@ def _print(data: dict[str, Any]) -> None:
     print(f"  VMEM scratch of the kernel:         {data['scratch_total_bytes'] / MIB:9.2f} MiB")
     print(f"  VMEM static (simulator accounting): {data['accounting_total_bytes'] / MIB:9.2f} MiB "
           f"({100 * data['relative_difference']:+.2f} %)")
+    if data["deployment"]:
+        print("  deployment (by " + data["deployment"]["rule"] + "): " + ", ".join(
+            f"{name} {algorithm}" for name, algorithm in data["plan_collectives"].items()))
     if data["collectives"]:
         print(f"  collectives in the kernel: yes, {data['remote_copies_per_layer']} remote copies per MoE layer "
               f"(send/receive buffers {data['scratch_bytes'].get('collectives', 0) / MIB:.2f} MiB)")

@@ -5,12 +5,23 @@ Usage::
     tpusim run-kernel --model kimi-k3-mini --schedule published --batch 1 --steps 2 \\
         --out measurements.jsonl
     tpusim run-kernel --schedule my-sweep-best.json --backend interpret --steps 1
+    tpusim run-kernel --devices 8 --layers 4 --steps 1 --schedule joint-sweep/best.json
 
 On a TPU (``--backend auto`` finds it) the steps are timed natively after a warm-up. On a
 CPU the kernel runs in Pallas TPU interpret mode, is checked against the pure-JAX
 reference, and the record says ``backend: cpu-interpret`` with a note that the time is the
 interpreter's, not a TPU's. Records are appended, never rewritten (see
 :mod:`megakernel.runner`).
+
+With ``--devices N`` it runs the schedule-driven collective megakernel
+(:mod:`megakernel.collective_check`: ``kimi-k3-nano`` by default, N virtual devices, TPU
+interpret mode, race detector on) against the one-device reference and prints its tokens,
+logits error and races (exit 1 when it does not match or races). A schedule with a
+deployment runs that plan and those collective algorithms, mapped from the size it was
+searched on (``--deployment-model``, ``--deployment-devices``) by
+:func:`tpusim.workload.kernel_support.map_deployment`; what cannot map is one line, exit 2.
+The older per-op multi-device decode (``python -m megakernel.decode_check``) is no longer
+behind this command; its module and tests remain (it is the collective kernel's copy logic).
 """
 
 from __future__ import annotations
@@ -20,6 +31,9 @@ from pathlib import Path
 
 from hwmodels.errors import InputError
 
+SINGLE_DEVICE_MODEL = "kimi-k3-mini"
+MULTI_DEVICE_MODEL = "kimi-k3-nano"
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser = subparsers.add_parser(
@@ -28,7 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         description="Run the Pallas megakernel (TPU natively, or TPU interpret mode on a CPU), check it "
         "against the reference and append a measurement record.",
     )
-    parser.add_argument("--model", default="kimi-k3-mini", help="model name (single device; default kimi-k3-mini)")
+    parser.add_argument("--model", default=None,
+                        help=f"model name (default {SINGLE_DEVICE_MODEL}; with --devices N: {MULTI_DEVICE_MODEL})")
     parser.add_argument("--schedule", help="built-in schedule name or schedule JSON file (required with one device)")
     parser.add_argument("--batch", type=int, default=1, help="sequences per step (default 1)")
     parser.add_argument("--steps", type=int, default=2, help="timed decode steps (default 2)")
@@ -41,11 +56,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--label", default="measured", help="record label (default measured)")
     parser.add_argument("--out", type=Path, default=Path("measurements.jsonl"), help="JSON-lines file to append to")
     parser.add_argument("--devices", type=int, default=1,
-                        help="N > 1: run the K3 decode on N virtual devices with the plan's in-kernel collectives "
-                        "(interpret mode, race detector on, a fresh process), --steps greedy steps against the "
-                        "single-device reference, and report per-device records (default 1: the single-device kernel)")
-    parser.add_argument("--layers", type=int, default=0,
-                        help="with --devices: run only the first N layers (default 0: all)")
+                        help="N > 1: run the schedule-driven collective megakernel on N virtual devices (interpret "
+                        "mode, race detector on, a fresh process), --steps greedy steps against the one-device "
+                        "reference; a --schedule with a deployment (a joint sweep's best.json) runs its plan and "
+                        "collective algorithms, mapped onto --model and N (default 1: the single-device kernel)")
+    parser.add_argument("--layers", type=int, default=4,
+                        help="with --devices: run the first N layers (default 4: the dense layer, KDA and MLA MoE "
+                        "layers; 0: all, which with the race detector did not finish in 10 minutes on a 2-core host)")
+    parser.add_argument("--deployment-model", default="kimi-k3",
+                        help="with --devices: the model the schedule's deployment was searched for (default kimi-k3)")
+    parser.add_argument("--deployment-devices", type=int, default=32,
+                        help="with --devices: the devices it was searched on when its plan does not name them "
+                        "(default 32: 16 two-core TPU v7 chips)")
     parser.add_argument("--json", action="store_true", help="with --devices: print the result as JSON")
     parser.set_defaults(func=run, output_lock="file")
 
@@ -54,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.devices > 1:
         return run_devices(args)
+    args.model = args.model or SINGLE_DEVICE_MODEL
     if not args.schedule:
         raise InputError("--schedule is required with one device")
     from megakernel.runner import RunConfig, resolve_backend
@@ -84,29 +107,36 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_devices(args: argparse.Namespace) -> int:
-    """The multi-device run: a fresh process (virtual devices need XLA_FLAGS before JAX)."""
+    """The multi-device run: the schedule-driven collective megakernel
+    (:mod:`megakernel.collective_check`) in a fresh process (virtual devices need XLA_FLAGS
+    before JAX), race detector on; a schedule's deployment is mapped onto the model and
+    device count by :func:`tpusim.workload.kernel_support.map_deployment`."""
     import json
     import subprocess
     import sys
 
-
-    command = [sys.executable, "-m", "megakernel.decode_check", "--devices", str(args.devices),
-               "--model", args.model, "--seed", str(args.seed), "--layers", str(args.layers),
-               "--steps", str(args.steps), "--context", str(args.context)]
+    command = [sys.executable, "-m", "megakernel.collective_check", "--devices", str(args.devices),
+               "--model", args.model or MULTI_DEVICE_MODEL, "--schedule", args.schedule or "published",
+               "--deployment-model", args.deployment_model, "--deployment-devices", str(args.deployment_devices),
+               "--seed", str(args.seed), "--layers", str(args.layers), "--steps", str(args.steps),
+               "--context", str(args.context), "--batch", str(args.batch), "--races"]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1].removeprefix("error: ")
         raise InputError(f"--devices {args.devices}: {last}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
     if args.json:
         print(json.dumps(result, indent=2))
-        return 0
-    for record in result["records"]:
-        print(f"device {record['rank']}: matches_reference={record['matches_reference']} "
-              f"logits_relative_error={record['logits_relative_error']:.3g} "
-              f"log_matches_plan={record['log_matches_plan']}")
-    seconds = ", ".join(f"{step['seconds']:.1f}" for step in result["steps"])
-    print(f"{result['model']} on {result['devices']} devices, {result['layers']} layers, {len(result['steps'])} "
-          f"greedy steps against {result['reference']}: {seconds} s per step, races={result['races']}\n"
-          f"note: {result['timing_note']}")
-    return 0
+        return 0 if result["matches_reference"] and not result["races"] else 1
+    mapping = result["deployment"]
+    if mapping:
+        print(f"deployment: {mapping['source_plan']} on {mapping['source_devices']} devices -> {mapping['plan']} "
+              f"(expert groups {mapping['expert_groups']} x expert TP {mapping['expert_tp']}, by {mapping['rule']})")
+    print("collectives: " + ", ".join(f"{name} {algorithm}" for name, algorithm in result["collectives"].items()))
+    for i, step in enumerate(result["steps"]):
+        print(f"step {i}: tokens {step['tokens']} (reference {step['reference_tokens']}), logits relative error "
+              f"{step['logits_relative_error']:.3g}, {step['seconds']:.1f} s")
+    print(f"{result['model']} on {result['devices']} devices ({result['plan']}), {result['layers']} layers, "
+          f"schedule {result['schedule']}: matches_reference={result['matches_reference']} races={result['races']}"
+          f"\nnote: {result['timing_note']}")
+    return 0 if result["matches_reference"] and not result["races"] else 1

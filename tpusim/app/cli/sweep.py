@@ -62,6 +62,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--screen-layers", type=positive_int, default=DEFAULT_SCREEN_LAYERS,
                         help=f"layers in the screening program (default {DEFAULT_SCREEN_LAYERS})")
     parser.add_argument("--no-plots", action="store_true", help="skip pareto.png and sensitivity.png")
+    parser.add_argument("--no-kernel-gate", action="store_true",
+                        help="--space joint: let plans the multi-device megakernel cannot run win too (judged by "
+                        "the simulator alone; default: such a candidate gets a pruned row 'kernel: ...')")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_format_option(parser)
     parser.set_defaults(func=run, output_lock="folder")
@@ -141,11 +144,15 @@ def run(args: argparse.Namespace) -> int:
 def _run_joint(args: argparse.Namespace, model: Any, system: Any, routing: Any) -> int:
     """``--space joint``: :func:`tpusim.sweep.joint.run_joint_sweep`, then its best and the published row."""
     from tpusim.sweep import SweepInterrupted
-    from tpusim.sweep.joint import run_joint_sweep
+    from tpusim.sweep.joint import default_joint_space, run_joint_sweep
 
+    space = None
+    if args.no_kernel_gate:
+        space = default_joint_space(model, system.devices).model_copy(update={"kernel_runs_winner": False})
     try:
         result = run_joint_sweep(
             model, system, args.batch, out_dir=args.out, budget=args.budget, seed=args.seed, resume=args.resume,
+            space=space,
             context_tokens=args.context, routing=routing, jobs=args.jobs, executor=args.executor,
             workers=args.workers, scheduler=args.scheduler, quiet=args.quiet or output_format(args) != "table",
             plots=not args.no_plots)
