@@ -158,7 +158,8 @@ def _run_joint(args: argparse.Namespace, model: Any, system: Any, routing: Any) 
         return EXIT_TERMINATED if isinstance(interrupted.__context__, Terminated) else EXIT_INTERRUPTED
     data = {"best": result.best_row, "published": result.published_row, "speedup": result.speedup,
             "trials": result.trials, "simulated": result.simulated, "wall_s": result.wall_s, "cpu_s": result.cpu_s,
-            "executor": result.executor, "paths": {k: str(v) for k, v in result.paths.items()}}
+            "executor": result.executor, "paths": {k: str(v) for k, v in result.paths.items()},
+            "robust": result.robust}
     if output_format(args) == "json":
         emit_json(data)
         return 0
@@ -170,6 +171,10 @@ def _run_joint(args: argparse.Namespace, model: Any, system: Any, routing: Any) 
     if pub is not None and result.speedup is not None:
         print(f"published: {pub['predicted_ms']:.4f} ms/step, {pub['tokens_per_s']:.1f} tokens/s (simulated); "
               f"speedup {result.speedup:.3f}x")
+    if result.robust is not None:
+        from tpusim.sweep.joint_robust import robust_lines
+
+        print("\n".join(robust_lines(result.robust)))
     for key, path in result.paths.items():
         print(f"  {key}: {path}")
     return 0
