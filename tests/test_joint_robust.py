@@ -91,3 +91,31 @@ def test_model_error_only_gives_intervals_but_no_p_best(tmp_path: Path) -> None:
     assert robust["p_beats_published"] is None and all(e["p_best"] is None for e in robust["leaders"])
     assert any("no parameter samples" in n for n in robust["notes"])
     json.dumps(robust)  # JSON-ready
+
+
+@pytest.mark.slow
+def test_batches_report_and_plot_over_every_batch(tmp_path: Path) -> None:
+    from tpusim.app.cli import main
+
+    out = tmp_path / "b"
+    code = main(["sweep", "--model", "kimi-k3-nano", "--hardware", "tpu-v7", "--chips", "4", "--space", "joint",
+                 "--batches", "1,2", "--budget", "3", "--out", str(out), "--quiet", "--uncalibrated"])
+    assert code == 0
+    report = (out / "report.md").read_text()
+    assert (out / "pareto.png").stat().st_size > 0
+    for batch in (1, 2):
+        assert (out / f"batch-{batch}" / "best.json").is_file() and f"## Batch {batch}" in report
+    assert "| ms per step (simulated) | published | best |" in report and "What limits the best:" in report
+    assert "no interval and no P(best)" in report
+
+
+def test_batches_flag_is_checked(tmp_path: Path) -> None:
+    from tpusim.app.cli import main
+    from tpusim.sweep.joint_batches import parse_batches
+
+    assert parse_batches("1,2,4,8") == [1, 2, 4, 8]
+    for bad in ("1,x", "0,2", "2,2", ""):
+        with pytest.raises(Exception, match="--batches"):
+            parse_batches(bad)
+    assert main(["sweep", "--model", "kimi-k3-nano", "--hardware", "tpu-v7", "--chips", "4", "--batches", "1,2",
+                 "--out", str(tmp_path / "x")]) == 2
