@@ -35,7 +35,7 @@ from typing import Any
 from hwmodels.errors import InputError
 from tpusim.sweep.joint import JointResult, run_joint_sweep
 from tpusim.sweep.joint_report import _changes
-from tpusim.sweep.joint_robust import interval_text
+from tpusim.sweep.joint_robust import interval_text, terms_text
 from tpusim.sweep.outputs import write_text_atomic
 
 COMPUTE = ("attention", "moe", "mlp", "head")
@@ -104,7 +104,7 @@ def batches_report(results: list[JointResult], batches: list[int], header: dict[
     calibrated = bool(robust and robust[0].get("calibrated"))
     lines += [f"Chip figures: {source}. Every time is simulated (the engine, full step, every layer); "
               + ("intervals are 90 % (parameter spread over the calibration's samples and its model error: "
-                 f"{robust[0]['winner']['interval']}); P(best) is paired over the same samples." if calibrated else
+                 f"{terms_text(robust[0])}); P(best) is paired over the same samples." if calibrated else
                  "no interval and no P(best): prior figures state no spread (calibrate the chip first)."), "",
               "| batch | best plan | collectives | best tokens/s (simulated) | published tokens/s (simulated) "
               "| speedup | P(best faster than published) | winner limited by | full simulations |",

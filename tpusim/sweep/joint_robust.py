@@ -149,6 +149,17 @@ def interval_text(entry: dict[str, Any]) -> str:
             f"{entry['tokens_per_s_high']:.1f})")
 
 
+def terms_text(robust: dict[str, Any]) -> str:
+    """What the intervals include, in one short clause (the full text is each row's ``interval``)."""
+    parts = [f"{robust['samples']} re-simulations over the fit's parameter uncertainty" if robust["samples"] >= 2
+             else "no parameter spread"]
+    error = robust["model_error"]
+    if error is not None:
+        q = error["extrapolated_rel"] if robust["outside_fit"] else error["in_range_rel"]
+        parts.append(f"{'extrapolated ' if robust['outside_fit'] else ''}model error ±{100 * q:.1f} %")
+    return " and ".join(parts)
+
+
 def robust_markdown(robust: dict[str, Any]) -> list[str]:
     """The ``summary.md`` section: where the samples come from, the winner's and the published
     design's intervals, P(winner beats published), the leaders' P(best)."""
@@ -157,7 +168,8 @@ def robust_markdown(robust: dict[str, Any]) -> list[str]:
     if robust["outside_fit"]:
         lines.append("Outside the fit (extrapolated model error): " + "; ".join(robust["outside_fit"]) + ".")
     win, pub = robust["winner"], robust["published"]
-    lines += ["", f"- winner: {interval_text(win)} tokens/s (simulated; {win['interval']})"]
+    lines += ["", f"- winner: {interval_text(win)} tokens/s (simulated; 90 % interval: {terms_text(robust)})"
+             if win.get("tokens_per_s_low") is not None else f"- winner: {interval_text(win)} tokens/s (simulated)"]
     if pub is not None:
         lines.append(f"- published: {interval_text(pub)} tokens/s (simulated)")
     if robust["p_beats_published"] is not None:
