@@ -107,6 +107,7 @@ def test_batches_report_and_plot_over_every_batch(tmp_path: Path) -> None:
         assert (out / f"batch-{batch}" / "best.json").is_file() and f"## Batch {batch}" in report
     assert "| ms per step (simulated) | published | best |" in report and "What limits the best:" in report
     assert "no interval and no P(best)" in report
+    assert "| at batch | published | winner of batch 1 | winner of batch 2 |" in report
 
 
 def test_batches_flag_is_checked(tmp_path: Path) -> None:
