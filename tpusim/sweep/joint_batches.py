@@ -127,6 +127,14 @@ def gains(winner: dict[str, float], published: dict[str, float]) -> str:
     return text + (f"; longer: {', '.join(lost)}" if lost else "")
 
 
+def published_reason(result: JointResult) -> str:
+    """Why the published design has no simulated row (its ``sweep.csv`` reason), or ''."""
+    if result.published_row is not None:
+        return ""
+    row = next((r for r in result.rows if r["source"] == "builtin" and r["name"] == "published"), None)
+    return str(row.get("reason") or row["status"]) if row else "not in the sweep"
+
+
 def batches_report(results: list[JointResult], batches: list[int], header: dict[str, Any], command: str,
                    cross: dict[tuple[int, int], float | str] | None = None) -> str:
     """``report.md``: the table over batches, then per batch what changed and the breakdowns."""
@@ -148,7 +156,7 @@ def batches_report(results: list[JointResult], batches: list[int], header: dict[
         best, pub = result.best_row, result.published_row
         win_text = interval_text(rob["winner"]) if rob else f"{best['tokens_per_s']:.1f}"
         pub_text = (interval_text(rob["published"]) if rob and rob.get("published") else
-                    f"{pub['tokens_per_s']:.1f}" if pub else "–")
+                    f"{pub['tokens_per_s']:.1f}" if pub else "does not run (below)")
         p = rob.get("p_beats_published")
         p_text = f"{p:.2f}" if p is not None else ("– (winner = published)" if pub and pub["hash"] == best["hash"]
                                                    else "– (no samples)")
@@ -176,9 +184,13 @@ def batches_report(results: list[JointResult], batches: list[int], header: dict[
                   f"Best: plan `{best['plan']}`, collectives {best['collectives'] or 'as the plan'}, "
                   f"schedule `batch-{batch}/best.json` ({best['predicted_ms']:.4f} ms/step simulated"
                   + (f" vs published {pub['predicted_ms']:.4f} ms: {result.speedup:.3f}x)." if pub else ").")]
+        if pub is None:
+            lines += ["", f"The published design does not run at batch {batch}: {published_reason(result)}. "
+                      "There is no speedup to state; the best is compared with nothing."]
         changed = _changes(best, pub)
         lines += ["", "What changed (published → best):", ""]
-        lines += [f"- {c}" for c in changed] if changed else ["- nothing: the published design is the best found"]
+        lines += ([f"- {c}" for c in changed] if changed else
+                  ["- nothing: the published design is the best found"] if pub else ["- (no published row)"])
         breakdown = rob.get("breakdown_ms", {})
         if "winner" in breakdown and "published" in breakdown:
             w, p_ = breakdown["winner"], breakdown["published"]
