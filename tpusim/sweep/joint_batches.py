@@ -173,7 +173,8 @@ def batches_report(results: list[JointResult], batches: list[int], header: dict[
             numbers = {other: v for other, v in zip(batches, cells, strict=True) if isinstance(v, float)}
             fastest = min(numbers, key=lambda b, own=batch: (numbers[b], b != own))  # a tie: the batch's own
             pub_ms = result.published_row["predicted_ms"] if result.published_row else None
-            note = (f"winner of batch {fastest}: {pub_ms / numbers[fastest]:.3f}x" if pub_ms else "–")
+            note = f"winner of batch {fastest}" + (f": {pub_ms / numbers[fastest]:.3f}x" if pub_ms else
+                                                   " (no published row)")
             if fastest != batch:
                 note += f" (the batch-{batch} search missed it)"
             lines.append(f"| {batch} | {pub_ms:.4f} | " if pub_ms else f"| {batch} | – | ")
@@ -231,7 +232,8 @@ def pareto_over_batches(results: list[JointResult], batches: list[int], path: Pa
             ax.scatter([pub["vmem_static_mib"] or 0], [pub["tokens_per_s"]], marker="*", s=160, color="red",
                        edgecolor="k", zorder=5)
         best = result.best_row
-        ax.annotate(f"b{batch} best {result.speedup or 1:.2f}x", (best["vmem_static_mib"] or 0, best["tokens_per_s"]),
+        gain = f"{result.speedup:.2f}x" if result.speedup is not None else "(no published row)"
+        ax.annotate(f"b{batch} best {gain}", (best["vmem_static_mib"] or 0, best["tokens_per_s"]),
                     fontsize=7, xytext=(4, 4), textcoords="offset points")
     from matplotlib.lines import Line2D
 
