@@ -439,6 +439,7 @@ class JointResult:
     cpu_s: float
     executor: str
     paths: dict[str, Path] = field(default_factory=dict)
+    robust: dict[str, Any] | None = None  # the winner's interval and P(best): tpusim.sweep.joint_robust
 
     @property
     def speedup(self) -> float | None:
@@ -611,6 +612,9 @@ def run_joint_sweep(
         table.close()
     result = _result(list(rows.values()), workload, study, (space, validator, families), started, started_cpu,
                      label)
+    from tpusim.sweep.joint_robust import robust_choice
+
+    result.robust = robust_choice(result, workload, study, (space, validator, families), _suggest)
     _write_outputs(result, out, workload, space, plots=plots)
     return result
 

@@ -58,6 +58,10 @@ def joint_summary(result: JointResult, workload: JointWorkload, space: JointSpac
     changed = _changes(best, pub)
     if changed:
         lines += ["", "What changed (published → best):", "", *[f"- {c}" for c in changed]]
+    if result.robust is not None:
+        from tpusim.sweep.joint_robust import robust_markdown
+
+        lines += ["", *robust_markdown(result.robust)]
     lines += ["", "## Leaders (simulated)", "", "| rank | trial | plan | collectives | ms/step | tokens/s |",
               "| ---: | ---: | --- | --- | ---: | ---: |"]
     ranked = sorted((r for r in result.rows if r["status"] == "simulated"),

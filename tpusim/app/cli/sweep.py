@@ -52,6 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--space", default=None,
                         help="joint (plan x collective algorithms x schedule, searched by Optuna), or a "
                         "SweepSpace JSON (or a previous space.json); default: the schedule space")
+    parser.add_argument("--batches", default=None, metavar="LIST",
+                        help="--space joint: one sweep per batch (e.g. 1,2,4,8; --budget each) into OUT/batch-N, "
+                        "then OUT/report.md and OUT/pareto.png over all of them (instead of --batch)")
     parser.add_argument("--executor", choices=("local", "dask"), default="local",
                         help="--space joint: where candidates run (local: --jobs processes; dask: Dask workers)")
     parser.add_argument("--workers", type=positive_int, default=2, help="--executor dask: local cluster workers")
@@ -93,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
     fit = check_fit(args, model, plan, system)  # capacity first
     if args.space == "joint":
         return _run_joint(args, model, system, routing)
+    if args.batches is not None:
+        raise InputError("--batches: only with --space joint")
     if args.executor != "local":
         raise InputError("--executor dask: only with --space joint")
     space = load_space(Path(args.space)) if args.space else default_space()
@@ -145,17 +150,22 @@ def _run_joint(args: argparse.Namespace, model: Any, system: Any, routing: Any) 
     """``--space joint``: :func:`tpusim.sweep.joint.run_joint_sweep`, then its best and the published row."""
     from tpusim.sweep import SweepInterrupted
     from tpusim.sweep.joint import default_joint_space, run_joint_sweep
+    from tpusim.sweep.joint_batches import parse_batches, run_joint_batches
 
     space = None
     if args.no_kernel_gate:
         space = default_joint_space(model, system.devices).model_copy(update={"kernel_runs_winner": False})
+    options = dict(budget=args.budget, seed=args.seed, resume=args.resume, context_tokens=args.context,
+                   routing=routing, jobs=args.jobs, executor=args.executor, workers=args.workers,
+                   scheduler=args.scheduler, quiet=args.quiet or output_format(args) != "table",
+                   plots=not args.no_plots, space=space)
     try:
-        result = run_joint_sweep(
-            model, system, args.batch, out_dir=args.out, budget=args.budget, seed=args.seed, resume=args.resume,
-            space=space,
-            context_tokens=args.context, routing=routing, jobs=args.jobs, executor=args.executor,
-            workers=args.workers, scheduler=args.scheduler, quiet=args.quiet or output_format(args) != "table",
-            plots=not args.no_plots)
+        if args.batches is not None:
+            command = " ".join(shlex.quote(a) for a in ["tpusim", *sys.argv[1:]] if a != "--resume")
+            batches = parse_batches(args.batches)
+            results = run_joint_batches(model, system, batches, out_dir=args.out, command=command, **options)
+            return _print_batches(args, batches, results)
+        result = run_joint_sweep(model, system, args.batch, out_dir=args.out, **options)
     except SweepInterrupted as interrupted:
         command = " ".join(shlex.quote(a) for a in ["tpusim", *sys.argv[1:]] if a != "--resume")
         print(f"tpusim sweep: {interrupted}\n  resume with: {command} --resume", file=sys.stderr)
@@ -165,7 +175,8 @@ def _run_joint(args: argparse.Namespace, model: Any, system: Any, routing: Any) 
         return EXIT_TERMINATED if isinstance(interrupted.__context__, Terminated) else EXIT_INTERRUPTED
     data = {"best": result.best_row, "published": result.published_row, "speedup": result.speedup,
             "trials": result.trials, "simulated": result.simulated, "wall_s": result.wall_s, "cpu_s": result.cpu_s,
-            "executor": result.executor, "paths": {k: str(v) for k, v in result.paths.items()}}
+            "executor": result.executor, "paths": {k: str(v) for k, v in result.paths.items()},
+            "robust": result.robust}
     if output_format(args) == "json":
         emit_json(data)
         return 0
@@ -177,8 +188,30 @@ def _run_joint(args: argparse.Namespace, model: Any, system: Any, routing: Any) 
     if pub is not None and result.speedup is not None:
         print(f"published: {pub['predicted_ms']:.4f} ms/step, {pub['tokens_per_s']:.1f} tokens/s (simulated); "
               f"speedup {result.speedup:.3f}x")
+    if result.robust is not None:
+        from tpusim.sweep.joint_robust import robust_lines
+
+        print("\n".join(robust_lines(result.robust)))
     for key, path in result.paths.items():
         print(f"  {key}: {path}")
+    return 0
+
+
+def _print_batches(args: argparse.Namespace, batches: list[int], results: list[Any]) -> int:
+    """``--batches``: one line per batch (best, published, speedup, P(best)), then the report's path."""
+    data = [{"batch": batch, "best": r.best_row, "published": r.published_row, "speedup": r.speedup,
+             "simulated": r.simulated, "robust": r.robust, "paths": {k: str(v) for k, v in r.paths.items()}}
+            for batch, r in zip(batches, results, strict=True)]
+    if output_format(args) == "json":
+        emit_json({"batches": data, "report": str(args.out / "report.md")})
+        return 0
+    for row in data:
+        p = (row["robust"] or {}).get("p_beats_published")
+        versus = (f"vs published {row['published']['tokens_per_s']:.1f} (simulated); speedup {row['speedup']:.3f}x"
+                  if row["published"] else "(simulated); the published design does not run here (see report.md)")
+        print(f"batch {row['batch']}: best plan {row['best']['plan']}, {row['best']['tokens_per_s']:.1f} tokens/s "
+              + versus + (f", P(faster than published) {p:.2f}" if p is not None else ""))
+    print(f"report: {args.out / 'report.md'}")
     return 0
 
 
