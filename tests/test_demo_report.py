@@ -101,3 +101,24 @@ def test_a_part_by_part_calibration_is_written_up(tmp_path) -> None:
     assert "| `links.ici.latency_s` | 1e-06 | 2.5e-06 | 2.3e-07 | links |" in text
     assert "- `links.ici.message_issue_s`: 1σ above half its value; held" in text
     assert "| muse b1 | holdout | 3.590 (tpu7x) | 3.906 | 3.876 |" in text
+
+
+def test_the_deployment_search_reports_the_winner_with_its_interval_and_p_best(tmp_path) -> None:
+    run = DemoRun(DemoConfig(out_dir=tmp_path))
+    best = {"plan": "base=published,expert_groups=4,expert_tp=8", "collectives": "", "predicted_ms": 3.7,
+            "tokens_per_s": 270.3}
+    published = {"plan": "auto", "collectives": "", "predicted_ms": 4.1, "tokens_per_s": 243.9}
+    run.step("joint b1").data = {
+        "best": best, "published": published, "speedup": 4.1 / 3.7, "simulated": 60, "trials": 300,
+        "robust": {"calibrated": True, "source": "calibrated on 12 points", "p_beats_published": 0.96,
+                   "winner": {**best, "tokens_per_s_low": 200.0, "tokens_per_s_high": 330.0},
+                   "published": {**published, "tokens_per_s_low": None}}}
+    text = render_report(run)
+    assert ("| best found | `base=published,expert_groups=4,expert_tp=8` | as the plan | 3.700 | 270.3 "
+            "(200.0–330.0) | simulated, calibrated |") in text
+    assert "| published | `auto` | as the plan | 4.100 | 243.9 (no interval) | simulated, calibrated |" in text
+    assert "**1.108x**" in text and "**0.96**" in text and "calibrated on 12 points" in text
+    failed = DemoRun(DemoConfig(out_dir=tmp_path))
+    step = failed.step("joint b1")
+    step.ok, step.error = False, "RuntimeError: no plan"
+    assert "**FAILED**: `RuntimeError: no plan`" in render_report(failed)

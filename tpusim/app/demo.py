@@ -12,9 +12,12 @@ the report):
    interpret mode on a CPU: checked against the reference; its time is *not* a TPU time);
 5. **calibrate** — ``tpu-v7`` on the published TPU7x measurements (one weight format held
    out), and the host CPU model on the CPU closed loop;
-6. **compare** — K3 on TPU v7 x 16 against GB200 x 16 (serving stack and megakernel) at
+6. **joint b1** — the deployment search (plan x collective algorithms x schedule, Optuna) for K3
+   at batch 1 on the calibrated ``tpu-v7``: the winner against the published design with its
+   interval and P(faster than published) over the calibration's samples;
+7. **compare** — K3 on TPU v7 x 16 against GB200 x 16 (serving stack and megakernel) at
    batch 1/2/4/8, each batch with its own sweep's schedule, without speculation and at acceptance lengths 3 and 6;
-7. **report** — ``report.md`` opening with the TPU-v7-against-GB200 table, every number
+8. **report** — ``report.md`` opening with the TPU-v7-against-GB200 table, every number
    labelled, plus the plots and the trace.
 
 Calibrated overlays and the probed host entry go to ``<out>/local`` (``TPUSIM_LOCAL_DIR``)
@@ -199,6 +202,10 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda _: Non
         "calibrate", "--hardware", "host-cpu", "--measurements", "cpu-loop",
         *(["--quick"] if config.quick else []), "--allow-unconverged", "--allow-at-bounds", "--out", str(out / "calibration-host-cpu")]),
         progress)
+    joint = 8 if config.quick else config.joint_budget  # after calibrate: chosen on the calibrated chip
+    _timed(run, "joint b1", lambda: run_cli_json([
+        "sweep", *K3_TPU, "--batch", "1", "--space", "joint", "--budget", str(joint), "--jobs", str(config.jobs),
+        "--out", str(out / "joint-b1"), "--quiet"]), progress)
     # Megakernel rows at each batch run the schedule that batch's sweep above chose (a row it
     # does not fit falls back to a built-in that fits, and says so): a sweep per row, plan and
     # verify size would take the demo from minutes to an hour. `tpusim compare` alone sweeps per row.
