@@ -182,6 +182,7 @@ def evaluate_task(workload: JointWorkload, stage: str, schedule_data: dict[str, 
     """One candidate at ``stage`` (``estimate`` | ``simulate``) as a flat row (times in ms)."""
     from tpusim.engine import simulate
     from tpusim.schedule.issue_plan import UnsupportedIssuePlan
+    from tpusim.schedule.program_issue import remember_issue_plan
     from tpusim.sweep.estimate import estimate
 
     schedule = Schedule.model_validate(schedule_data)
@@ -191,7 +192,11 @@ def evaluate_task(workload: JointWorkload, stage: str, schedule_data: dict[str, 
             vmem = _cached(workload, schedule.deployment, "vmem").plan_for(schedule)
             est = estimate(_cached(workload, schedule.deployment, "estimate"), schedule, vmem)
             return {"feasible": True, "est_ms": est.step_s * MS_PER_S}
-        result = simulate(_cached(workload, schedule.deployment, "program"), schedule, workload.system.chip)
+        context = _cached(workload, schedule.deployment, "estimate")
+        # the context's issue plan (memoised per pool: cheap for a sweep's many schedules) is the
+        # one the engine would compute; hand it over instead of planning again
+        remember_issue_plan(context.program, schedule, context.issue_plan(schedule))
+        result = simulate(context.program, schedule, workload.system.chip)
     except (InfeasibleSchedule, UnsupportedIssuePlan) as error:
         return {"feasible": False, "reason": f"{stage}: {error}"}
     return {"feasible": True, "predicted_ms": result.step_s * MS_PER_S, "tokens_per_s": result.tokens_per_s,
@@ -410,6 +415,7 @@ def run_joint_sweep(
     """
     import optuna
 
+    from tpusim.sweep.joint_sampler import bounded_tpe
     from tpusim.sweep.search import SweepInterrupted
 
     started, started_cpu = time.perf_counter(), time.process_time()
@@ -446,7 +452,7 @@ def run_joint_sweep(
     storage = JournalStorage(_FlushedJournal(str(journal)))
     study = optuna.create_study(
         study_name="joint", storage=storage, direction="minimize", load_if_exists=True,
-        sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(32, max(4, budget // 8))),
+        sampler=bounded_tpe(seed=seed, n_startup_trials=min(32, max(4, budget // 8))),
         pruner=optuna.pruners.PercentilePruner(space.screen_percentile, n_startup_trials=space.startup_trials))
     for stale in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         study.enqueue_trial(stale.params, skip_if_exists=False)  # asked, never finished: run it once now
