@@ -35,7 +35,11 @@ Steps of :func:`run_joint_sweep` (invariants after each):
    (:mod:`tpusim.sweep.executors`: in-process, processes or Dask workers); each result is
    written to ``sweep.csv`` and told to the study in trial order.
 6. Repeat 2-5 until ``budget`` full simulations are done (the last batch may add up to
-   ``ASK_BATCH - 1`` more). **Choose** the simulated row with the smallest
+   ``ASK_BATCH - 1`` more). The rounds overlap by one: round *k + 1* is asked, validated and
+   sent for its estimates while round *k* simulates, and round *k* is told before round *k + 1*
+   is screened. The lag is the same for every executor (in-process, the tasks run when their
+   results are read), *so the study still does not depend on the workers;* a proposal whose
+   hash is in flight waits for that row's value instead of being evaluated twice. **Choose** the simulated row with the smallest
    ``(step_ms, hash)``; write ``best.json`` (the schedule with its :class:`Deployment`:
    ``tpusim simulate --schedule best.json`` runs the same plan and algorithms),
    ``summary.md`` and ``pareto.png`` (tokens/s against static VMEM, coloured by plan).
@@ -509,51 +513,69 @@ def run_joint_sweep(
                 raise InputError("no plan in the space builds and fits HBM (see sweep.csv reasons)")
             asked = 0
             limit = budget * 50 + 200
-            while simulated() < budget and asked < limit:
-                trials = [study.ask() for _ in range(ASK_BATCH)]
-                asked += len(trials)
-                proposals = [_suggest(t, space, validator, families) for t in trials]
-                for proposal in proposals:
-                    if proposal.schedule is not None:
-                        proposal.knobs = schedule_knobs(proposal.schedule, space.schedule, families)
-                fresh: list[tuple[Any, Proposal]] = []
-                for trial, proposal in zip(trials, proposals, strict=True):
-                    known = rows.get(proposal.hash)
-                    if known is not None:  # evaluated before (this run or before a resume): reuse
-                        _tell_known(study, trial, known)
-                        continue
-                    reason = validator.check(proposal)
-                    if reason:
-                        emit(proposal, {"status": "pruned", "reason": reason})
-                        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                        continue
-                    fresh.append((trial, proposal))
-                estimates = pool.map(evaluate_task, [(workload, "estimate", p.schedule.model_dump(mode="json"))
-                                                     for _, p in fresh])
-                survivors = []
-                for (trial, proposal), est in zip(fresh, estimates, strict=True):
+            waiting: dict[str, list[Any]] = {}  # hash in flight -> later trials proposing it again
+            in_flight: list[tuple[Any, Proposal, float]] = []
+            simulations: Any = None  # the results of the round in flight (Executor.submit)
+
+            def finish(trial: Any, proposal: Proposal, row: dict[str, Any]) -> None:
+                """Write the row of a proposal that was in flight, then tell it and the trials waiting
+                on its hash (a row first: a trial interrupted before its tell is proposed again on
+                --resume and told the row's value)."""
+                emit(proposal, row)
+                for told in [trial, *waiting.pop(proposal.hash, [])]:
+                    _tell_known(study, told, row)
+
+            while True:
+                # 1. ask and validate round k + 1 while round k simulates (see the module docstring)
+                estimates: Any = None
+                if simulated() + len(in_flight) < budget and asked < limit:
+                    trials = [study.ask() for _ in range(ASK_BATCH)]
+                    asked += len(trials)
+                    proposals = [_suggest(t, space, validator, families) for t in trials]
+                    fresh: list[tuple[Any, Proposal]] = []
+                    for trial, proposal in zip(trials, proposals, strict=True):
+                        if proposal.schedule is not None:
+                            proposal.knobs = schedule_knobs(proposal.schedule, space.schedule, families)
+                        known = rows.get(proposal.hash)
+                        if known is not None:  # evaluated before (this run or before a resume): reuse
+                            _tell_known(study, trial, known)
+                            continue
+                        if proposal.hash in waiting:  # in flight: told its value when it lands
+                            waiting[proposal.hash].append(trial)
+                            continue
+                        reason = validator.check(proposal)
+                        if reason:
+                            emit(proposal, {"status": "pruned", "reason": reason})
+                            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                            continue
+                        waiting[proposal.hash] = []
+                        fresh.append((trial, proposal))
+                    estimates = pool.submit(evaluate_task, [(workload, "estimate", p.schedule.model_dump(mode="json"))
+                                                            for _, p in fresh])
+                # 2. round k's results, in trial order
+                if simulations is not None:
+                    for (trial, proposal, est_ms), result in zip(in_flight, simulations(), strict=True):
+                        finish(trial, proposal, {**_sim_row(result), "est_ms": est_ms})
+                        progress.advance(task)
+                    in_flight, simulations = [], None
+                if estimates is None:
+                    if simulated() < budget and asked < limit:
+                        continue  # round k fell short of the budget (infeasible simulations): ask again
+                    break
+                # 3. screen round k + 1 and start its simulations
+                for (trial, proposal), est in zip(fresh, estimates(), strict=True):
                     if not est["feasible"]:
-                        emit(proposal, {"status": "pruned", "reason": est["reason"]})
-                        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                        finish(trial, proposal, {"status": "pruned", "reason": est["reason"]})
                         continue
                     trial.report(est["est_ms"], 0)
                     if trial.should_prune():
-                        emit(proposal, {"status": "pruned", "est_ms": est["est_ms"], "predicted_by": "estimate",
-                                        "reason": f"screened out: estimate {est['est_ms']:.4f} ms above the "
-                                        f"{space.screen_percentile:g}th percentile"})
-                        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                        finish(trial, proposal, {"status": "pruned", "est_ms": est["est_ms"], "predicted_by": "estimate",
+                                          "reason": f"screened out: estimate {est['est_ms']:.4f} ms above the "
+                                          f"{space.screen_percentile:g}th percentile"})
                         continue
-                    survivors.append((trial, proposal, est["est_ms"]))
-                results = pool.map(evaluate_task, [(workload, "simulate", p.schedule.model_dump(mode="json"))
-                                                   for _, p, _ in survivors])
-                for (trial, proposal, est_ms), result in zip(survivors, results, strict=True):
-                    row = {**_sim_row(result), "est_ms": est_ms}
-                    emit(proposal, row)
-                    if row["status"] == "simulated":
-                        study.tell(trial, row["predicted_ms"])
-                    else:
-                        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                    progress.advance(task)
+                    in_flight.append((trial, proposal, est["est_ms"]))
+                simulations = pool.submit(evaluate_task, [(workload, "simulate", p.schedule.model_dump(mode="json"))
+                                                          for _, p, _ in in_flight])
     except KeyboardInterrupt:
         if pool is not None:
             pool.close(cancel=True)
