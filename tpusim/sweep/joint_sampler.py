@@ -54,9 +54,36 @@ class _BoundedStudy:
 def bounded_tpe(*, seed: int, n_startup_trials: int, history: int = HISTORY, keep_best: int = KEEP_BEST) -> Any:
     """An Optuna ``TPESampler`` (seeded, Optuna's defaults otherwise) over the bounded view above."""
     import optuna
+    from optuna.distributions import distribution_to_json
+    from optuna.trial import TrialState
 
     class BoundedTPESampler(optuna.samplers.TPESampler):
+        _space: dict[str, tuple[str, Any]] | None = None  # name -> (JSON, distribution)
+        _seen: set[int] | None = None  # trial numbers already intersected
+
         def _sample(self, study: Any, trial: Any, search_space: dict[str, Any]) -> dict[str, Any]:
             return super()._sample(_BoundedStudy(study, history, keep_best), trial, search_space)
+
+        def infer_relative_search_space(self, study: Any, trial: Any) -> dict[str, Any]:
+            """Optuna's (multivariate, ungrouped): the parameters every finished (complete or
+            pruned) trial has with one distribution, leaving out single-valued ones. Each trial
+            is read once and distributions compare by their JSON: Optuna's own rescans every
+            trial after the oldest running one at each ask, comparing categorical choices one
+            by one (measured: a quarter of the client's CPU with two rounds in flight)."""
+            if self._group or not self._is_multivariate(study):
+                return super().infer_relative_search_space(study, trial)
+            seen = self._seen = self._seen if self._seen is not None else set()
+            for done in study._get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED),
+                                          use_cache=True):
+                if done.number in seen:
+                    continue
+                seen.add(done.number)
+                mine = {name: (distribution_to_json(d), d) for name, d in done.distributions.items()}
+                if self._space is None:
+                    self._space = mine
+                else:
+                    self._space = {name: known for name, known in self._space.items()
+                                   if name in mine and mine[name][0] == known[0]}
+            return {name: d for name, (_json, d) in sorted((self._space or {}).items()) if not d.single()}
 
     return BoundedTPESampler(seed=seed, n_startup_trials=n_startup_trials)
