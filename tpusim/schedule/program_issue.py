@@ -249,9 +249,16 @@ def cached_issue_plan(program: Program, schedule: Schedule) -> ProgramIssuePlan:
             _RECENT.append(_RECENT.pop(index))
             return plan
     plan = program_issue_plan(program, schedule)
-    _RECENT.append((program, digest, plan))
-    del _RECENT[:-8]
+    remember_issue_plan(program, schedule, plan, digest)
     return plan
+
+
+def remember_issue_plan(program: Program, schedule: Schedule, plan: ProgramIssuePlan, digest: str = "") -> None:
+    """Let :func:`cached_issue_plan` return ``plan`` for this (program, schedule): a caller that
+    planned it already (a sweep's estimate context, memoised per pool) spares the engine a second
+    planning. ``plan`` must be :func:`program_issue_plan` of the pair."""
+    _RECENT.append((program, digest or schedule.content_hash(), plan))
+    del _RECENT[:-8]
 
 
 def program_rings(facts: ProgramFacts, schedule: Schedule) -> tuple[dict[str, RingSpec], dict[str, str]]:

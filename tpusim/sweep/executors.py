@@ -63,15 +63,23 @@ class Executor:
 
     def map(self, fn: Callable[..., Any], tasks: Sequence[tuple[Any, ...]]) -> list[Any]:
         """``[fn(*task) for task in tasks]``, evaluated by this executor, in task order."""
+        return self.submit(fn, tasks)()
+
+    def submit(self, fn: Callable[..., Any], tasks: Sequence[tuple[Any, ...]]) -> Callable[[], list[Any]]:
+        """Start ``map(fn, tasks)`` and return a call that waits for its results (in task order).
+
+        Workers start at once and the caller may work meanwhile; in-process (``local``) the
+        tasks run when the results are asked for. Tasks are pure, so the results do not depend
+        on when they ran."""
         if not tasks:
-            return []
+            return list
         if self._client is not None:
             futures = [self._client.submit(fn, *task, pure=False) for task in tasks]
-            return self._client.gather(futures)
+            return lambda: self._client.gather(futures)
         if self._pool is not None:
-            futures = [self._pool.submit(fn, *task) for task in tasks]
-            return [future.result() for future in futures]
-        return [fn(*task) for task in tasks]
+            pending = [self._pool.submit(fn, *task) for task in tasks]
+            return lambda: [future.result() for future in pending]
+        return lambda: [fn(*task) for task in tasks]
 
     def close(self, *, cancel: bool = False) -> None:
         if self._pool is not None:
