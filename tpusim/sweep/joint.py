@@ -724,12 +724,12 @@ def _result(rows: list[dict[str, Any]], workload: JointWorkload, study: Any, reb
     else:  # a trial's schedule, drawn again from its parameters in the study (the one record)
         import optuna
 
-        params = study.trials[int(best_row["trial"])].params
+        params = study.get_trials(deepcopy=False)[int(best_row["trial"])].params
         proposal = _suggest(optuna.trial.FixedTrial(params, int(best_row["trial"])), *rebuild)
         assert proposal.schedule is not None
         schedule = proposal.schedule
     return JointResult(best=_best_schedule(schedule, best_row, published, workload),
-                       best_row=best_row, published_row=published, rows=rows, trials=len(study.trials),
+                       best_row=best_row, published_row=published, rows=rows, trials=len(study.get_trials(deepcopy=False)),
                        simulated=len(simulated), wall_s=time.perf_counter() - started,
                        cpu_s=time.process_time() - started_cpu, executor=executor)
 

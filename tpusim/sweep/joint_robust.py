@@ -59,7 +59,7 @@ def row_schedule(row: dict[str, Any], study: Any, rebuild: tuple[Any, ...], sugg
         import optuna
 
         trial = int(row["trial"])
-        proposal = suggest(optuna.trial.FixedTrial(study.trials[trial].params, trial), *rebuild)
+        proposal = suggest(optuna.trial.FixedTrial(study.get_trials(deepcopy=False)[trial].params, trial), *rebuild)
         if proposal.schedule is None:
             raise AssertionError(f"trial {trial} no longer draws a valid schedule")
         schedule = proposal.schedule

@@ -62,6 +62,7 @@ API (stable: add, do not rename): :class:`Topology`, :class:`Message`, :data:`AL
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -181,7 +182,8 @@ def _message_bytes(algorithm: str, payload_bytes: int, group_size: int) -> int:
     return payload_bytes
 
 
-def messages(algorithm: str, group: str, payload_bytes: int, rank: int,
+@functools.lru_cache(maxsize=8192)  # pure, hashable arguments, immutable result: the engine and the VMEM
+def messages(algorithm: str, group: str, payload_bytes: int, rank: int,  # check ask for the same ones often
              topology: Topology) -> tuple[Message, ...]:
     """The copies ``rank`` sends, in phase order (see the module table).
 
@@ -196,6 +198,7 @@ def messages(algorithm: str, group: str, payload_bytes: int, rank: int,
                  for phase, dsts in enumerate(phases) for dst in dsts)
 
 
+@functools.lru_cache(maxsize=8192)
 def incoming(algorithm: str, group: str, payload_bytes: int, rank: int,
              topology: Topology) -> tuple[Message, ...]:
     """The copies addressed to ``rank`` (every other rank's :func:`messages` with ``dst == rank``)."""
