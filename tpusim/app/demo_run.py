@@ -16,7 +16,7 @@ class DemoConfig:
     out_dir: Path
     jobs: int = 2
     sweep_budget: int = 32
-    joint_budget: int = 60  # full-step simulations of the deployment search (plan x collectives x schedule)
+    joint_budget: int = 40  # full-step simulations of the deployment search (plan x collectives x schedule)
     compare_batches: str = "1,4,8"  # each swept at its own batch: four sweeps would pass the 10-minute budget
     compare_acceptance: str = "3,6"
     compare_systems: str = "tpu-v7:16,gb200:16,gb200:16:megakernel"
