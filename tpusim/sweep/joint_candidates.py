@@ -1,0 +1,386 @@
+"""The joint sweep's candidates: the space, the workload, validation, proposals and the worker task.
+
+:mod:`tpusim.sweep.joint` runs the search (the study, rounds, outputs); this module holds what
+one candidate is and how it is checked and evaluated, step by step as that module's docstring
+numbers them: :class:`JointSpace` and :func:`plan_choices` (what is searched),
+:class:`JointWorkload` (what fixes a candidate's program), :func:`evaluate_task` (step 4-5 on a
+worker: estimate or full simulation, with per-process caches), :class:`Proposal`,
+:class:`_Validator` (step 3: every rule before anything runs) and :func:`_suggest` (step 2:
+a trial's parameters, define-by-run).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from hwmodels.errors import InputError
+from hwmodels.schema import System
+from hwmodels.validation import describe_validation_error
+from tpusim.schedule.schema import (
+    Deployment,
+    FamilySchedule,
+    Schedule,
+)
+from tpusim.schedule.vmem import InfeasibleSchedule, collective_bytes
+from tpusim.sweep.prune import VmemAccountant, check_candidate
+from tpusim.sweep.space import SweepSpace, default_space
+from tpusim.workload.capacity import capacity_report
+from tpusim.workload.collectives import KIND_ALGORITHMS, cannot_run, same_messages
+from tpusim.workload.kernel_support import kernel_cannot_run
+from tpusim.workload.model_catalog import (
+    PUBLISHED_PLANS,
+    deployment_plan,
+    load_plan,
+    plan_for_system,
+)
+from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.program import Program, build_program
+from tpusim.workload.registry.names import Family
+from tpusim.workload.routing import RoutingModel
+from tpusim.workload.sharding import ShardingPlan
+
+ASK_BATCH = 16  # trials proposed per round (fixed: the study must not depend on the worker count)
+MS_PER_S = 1000.0
+MIB = float(1 << 20)
+KEEP_PLAN = "plan"  # an algorithm choice: the collective as the plan writes it
+AUTO_PLAN = "auto"
+COLUMNS = ("trial", "hash", "name", "source", "status", "reason", "plan", "collectives", "predicted_ms",
+           "predicted_by", "tokens_per_s", "exposed_dma_ms", "vmem_static_mib", "vmem_peak_mib", "est_ms")
+FLOATS = ("predicted_ms", "tokens_per_s", "exposed_dma_ms", "vmem_static_mib", "vmem_peak_mib", "est_ms")
+
+
+class JointSpace(BaseModel):
+    """What a joint sweep searches (saved in ``space.json``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    plans: list[str] = Field(min_length=1, description="--plan choices: auto or SPECs")
+    schedule: SweepSpace = Field(description="the schedule knobs' choices and the VMEM/DMA constraints")
+    screen_percentile: float = Field(default=50.0, gt=0.0, lt=100.0, description="a trial whose estimate is "
+                                     "worse than this percentile of the completed trials' is not simulated")
+    startup_trials: int = Field(default=16, ge=0, description="trials simulated before the pruner prunes")
+    kernel_runs_winner: bool = Field(default=True, description="when the multi-device megakernel runs the "
+                                     "model's auto plan, a candidate it cannot run (tpusim.workload."
+                                     "kernel_support.kernel_cannot_run) gets a row with the reason, not a "
+                                     "simulation; off: the simulator alone decides")
+
+
+def plan_choices(model: ModelConfig, devices: int) -> list[str]:
+    """``auto`` and every SPEC splitting ``model`` over ``devices``: expert groups x expert TP
+    (both dividing), attention TP or DP, on the generic structure; and when the model has a
+    published plan for ``devices``, that structure with each expert split (``base=published``:
+    the collectives the multi-device kernel runs) and, for a latent MoE with shared experts,
+    with the fused expert reduction or the deferred shared wait
+    (:mod:`tpusim.workload.plan_variants`). Whether each builds and fits is checked per trial."""
+    out = [AUTO_PLAN]
+    if model.moe is None:
+        return [*out, "attention=tp", "attention=dp"]
+    splits = [(groups, devices // groups) for groups in range(1, devices + 1) if devices % groups == 0
+              and not model.moe.num_experts % groups and not model.moe.expert_intermediate_size % (devices // groups)]
+    for groups, tp in splits:
+        for attention in ("tp", "dp"):
+            out.append(f"expert_groups={groups},expert_tp={tp},attention={attention}")
+    stem = PUBLISHED_PLANS.get((model.name.partition("@")[0], devices))
+    if stem is None:
+        return out
+    published = load_plan(stem)
+    options = [""]
+    if model.moe.latent_size and model.moe.shared_intermediate_size:
+        options += [",expert_reduce=fused", ",shared_wait=deferred"]
+    for groups, tp in splits:
+        for option in options:
+            if (groups, tp) == (published.expert_groups, published.expert_tp) and not option:
+                continue  # that is auto
+            out.append(f"base=published,expert_groups={groups},expert_tp={tp}{option}")
+    return out
+
+
+def default_joint_space(model: ModelConfig, devices: int) -> JointSpace:
+    return JointSpace(plans=plan_choices(model, devices), schedule=default_space())
+
+
+@dataclass(frozen=True)
+class JointWorkload:
+    """Everything but the deployment that fixes a candidate's program (picklable)."""
+
+    model: ModelConfig
+    system: System
+    batch: int
+    context_tokens: int = 1024
+    routing: RoutingModel = field(default_factory=lambda: RoutingModel("uniform"))
+    seed: int = 0
+    sequences: int | None = None
+
+    def plan(self, deployment: Deployment) -> ShardingPlan:
+        return deployment_plan(self.model, self.system.chip, self.system.chips, deployment.plan,
+                               deployment.collectives)
+
+    def program(self, plan: ShardingPlan) -> Program:
+        return build_program(self.model, plan, batch=self.batch, context_tokens=self.context_tokens,
+                             routing=self.routing, seed=self.seed, sequences=self.sequences)
+
+    def describe(self) -> dict[str, Any]:
+        return {"model": self.model.name, "formats": self.model.formats, "hardware": self.system.chip.name,
+                "chips": self.system.chips, "devices": self.system.devices, "batch": self.batch,
+                "context_tokens": self.context_tokens, "routing": self.routing.label, "seed": self.seed,
+                **({"sequences": self.sequences} if self.sequences else {})}
+
+
+# ------------------------------------------------------------------------------------------
+# Worker side: pure functions of (workload, deployment, schedule); caches per process
+# ------------------------------------------------------------------------------------------
+
+_CACHE: OrderedDict[tuple[int, str], Any] = OrderedDict()
+CACHE_ENTRIES = 256  # per worker: a deployment's program, estimate context and VMEM accountant (~3 each)
+
+
+def _cached(workload: JointWorkload, deployment: Deployment, what: str) -> Any:
+    """The deployment's ``program`` | ``vmem`` accountant | ``estimate`` context, least recently
+    used out first (a sweep meets a new plan x algorithms about every third estimate, and TPE
+    keeps coming back to the good ones: measured on budget-200 K3 sweeps)."""
+    key = (hash(json.dumps(workload.describe(), sort_keys=True)),
+           f"{what}|{deployment.plan}|{sorted(deployment.collectives.items())}")
+    if key in _CACHE:
+        _CACHE.move_to_end(key)
+    else:
+        while len(_CACHE) >= CACHE_ENTRIES:
+            _CACHE.popitem(last=False)
+        if what == "program":
+            _CACHE[key] = workload.program(workload.plan(deployment))
+        elif what == "vmem":
+            _CACHE[key] = VmemAccountant(workload.model, workload.plan(deployment), workload.batch,
+                                         workload.sequences)
+        else:
+            from tpusim.sweep.estimate import EstimateContext
+
+            _CACHE[key] = EstimateContext(_cached(workload, deployment, "program"), workload.system.chip)
+    return _CACHE[key]
+
+
+def evaluate_task(workload: JointWorkload, stage: str, schedule_data: dict[str, Any]) -> dict[str, Any]:
+    """One candidate at ``stage`` (``estimate`` | ``simulate``) as a flat row (times in ms)."""
+    from tpusim.engine import simulate
+    from tpusim.schedule.issue_plan import UnsupportedIssuePlan
+    from tpusim.schedule.program_issue import remember_issue_plan
+    from tpusim.sweep.estimate import estimate
+
+    schedule = Schedule.model_validate(schedule_data)
+    assert schedule.deployment is not None
+    try:
+        if stage == "estimate":
+            vmem = _cached(workload, schedule.deployment, "vmem").plan_for(schedule)
+            est = estimate(_cached(workload, schedule.deployment, "estimate"), schedule, vmem)
+            return {"feasible": True, "est_ms": est.step_s * MS_PER_S}
+        context = _cached(workload, schedule.deployment, "estimate")
+        # the context's issue plan (memoised per pool: cheap for a sweep's many schedules) is the
+        # one the engine would compute; hand it over instead of planning again
+        remember_issue_plan(context.program, schedule, context.issue_plan(schedule))
+        result = simulate(context.program, schedule, workload.system.chip)
+    except (InfeasibleSchedule, UnsupportedIssuePlan) as error:
+        return {"feasible": False, "reason": f"{stage}: {error}"}
+    return {"feasible": True, "predicted_ms": result.step_s * MS_PER_S, "tokens_per_s": result.tokens_per_s,
+            "exposed_dma_ms": result.exposed_dma_s * MS_PER_S, "vmem_peak_mib": result.vmem_peak_bytes / MIB}
+
+
+# ------------------------------------------------------------------------------------------
+# Client side: proposals, validation, the study
+# ------------------------------------------------------------------------------------------
+
+@dataclass
+class Proposal:
+    """A trial's choices: the deployment, the schedule (or its unvalidated knobs and why not)."""
+
+    trial: int
+    source: str
+    plan_choice: str
+    algorithms: dict[str, str]
+    schedule: Schedule | None
+    reason: str = ""
+    hash: str = ""
+    static_mib: float | None = None
+    knobs: dict[str, Any] = field(default_factory=dict)
+
+
+class _Validator:
+    """Step 3 of the module docstring, memoised per plan."""
+
+    def __init__(self, workload: JointWorkload, space: JointSpace) -> None:
+        self.workload, self.space = workload, space
+        self._plans: dict[str, ShardingPlan | str] = {}
+        self._accountants: dict[str, VmemAccountant] = {}
+        self._capacity: dict[str, str] = {}
+        self._collective_bytes: dict[str, int] = {}
+        self._kernel_gate: bool | None = None  # does the kernel run the model's auto plan (kernel_reason)
+
+    def base_plan(self, choice: str) -> ShardingPlan | str:
+        """The plan a choice builds, or why it does not (divisibility, a plan for other devices)."""
+        if choice not in self._plans:
+            try:
+                self._plans[choice] = plan_for_system(self.workload.model, self.workload.system.chip,
+                                                      self.workload.system.chips, choice)
+            except (InputError, ValueError) as error:
+                self._plans[choice] = f"plan: {error}"
+        return self._plans[choice]
+
+    def check(self, proposal: Proposal) -> str:
+        """'' when the proposal may run, else the reason (first failing rule)."""
+        base = self.base_plan(proposal.plan_choice)
+        if isinstance(base, str):
+            return base
+        try:
+            plan = base.with_algorithms(proposal.algorithms)
+        except ValueError as error:
+            return f"collective: {error}"
+        why = self.kernel_reason(plan)
+        if why:
+            return f"kernel: {why}"
+        if proposal.plan_choice not in self._capacity:
+            w = self.workload
+            report = capacity_report(w.model, base, w.system.chip, batch=w.batch, context_tokens=w.context_tokens)
+            self._capacity[proposal.plan_choice] = "" if report.fits else (
+                f"capacity: weights + KV {report.total_bytes / 1e9:.1f} GB per device exceed HBM "
+                f"{report.capacity_bytes / 1e9:.1f} GB")
+        if self._capacity[proposal.plan_choice]:
+            return self._capacity[proposal.plan_choice]
+        if proposal.reason:
+            return proposal.reason
+        assert proposal.schedule is not None
+        # one accountant per plan choice, on the plan as written: the algorithms change only the
+        # collective send/receive buffers, which VmemPlan.total_bytes counts (tpusim.schedule.vmem
+        # rule 6), so the candidate's total is the accountant's with the plan's buffers swapped for
+        # the candidate's (the kernel allocates exactly these: tpusim lower shows the same total)
+        if proposal.plan_choice not in self._accountants:
+            self._accountants[proposal.plan_choice] = VmemAccountant(self.workload.model, base, self.workload.batch,
+                                                                     self.workload.sequences)
+        verdict = check_candidate(proposal.schedule, self.space.schedule, self._accountants[proposal.plan_choice])
+        slots = proposal.schedule.receive_slots
+        own = self._buffers(proposal.plan_choice, proposal.algorithms, plan, slots)
+        total = verdict.vmem_static_bytes - self._buffers(proposal.plan_choice, {}, base, slots) + own
+        proposal.static_mib = total / MIB
+        if verdict.reason:
+            return verdict.reason
+        capacity = self.space.schedule.constraints.vmem_capacity_bytes
+        if capacity is not None and total > capacity:
+            return (f"vmem: {total / MIB:.2f} MiB with the collectives' send/receive buffers "
+                    f"({own / MIB:.2f} MiB) but {capacity / MIB:.2f} MiB is usable")
+        return ""
+
+    def _buffers(self, choice: str, algorithms: dict[str, str], plan: ShardingPlan, slots: str) -> int:
+        """Collective send/receive bytes of ``plan`` (``choice`` with ``algorithms``), memoised."""
+        key = f"{choice}|{sorted(algorithms.items())}|{slots}"
+        if key not in self._collective_bytes:
+            self._collective_bytes[key] = collective_bytes(self.workload.model, plan, self.workload.batch, slots)
+        return self._collective_bytes[key]
+
+    def kernel_reason(self, plan: ShardingPlan) -> str:
+        """Why the megakernel cannot run ``plan`` ('' when it can, or when the gate is off: the
+        space says so, or the kernel does not run the model's auto plan either)."""
+        if not self.space.kernel_runs_winner:
+            return ""
+        if self._kernel_gate is None:
+            auto = self.base_plan(AUTO_PLAN)
+            self._kernel_gate = not isinstance(auto, str) and not kernel_cannot_run(
+                self.workload.model, auto, self.workload.batch)
+        return kernel_cannot_run(self.workload.model, plan, self.workload.batch) if self._kernel_gate else ""
+
+    def plan_reason(self, choice: str) -> str:
+        """Why every candidate of this plan is invalid ('' when it builds and fits HBM)."""
+        return self.check(Proposal(-1, "plan", choice, {}, None, reason="-")).removeprefix("-")
+
+    def runnable_plans(self) -> list[str]:
+        """The space's plans that build, divide the model and fit HBM (the study's plan choices)."""
+        return [choice for choice in self.space.plans if not self.plan_reason(choice)]
+
+    def collectives(self, choice: str) -> list[tuple[str, str]]:
+        """(name, kind) of the collectives the plan runs at this batch (one per name)."""
+        plan = self.base_plan(choice)
+        if isinstance(plan, str):
+            return []
+        seen: dict[str, str] = {}
+        for spec in plan.collectives_at(self.workload.batch):
+            seen.setdefault(spec.name, spec.kind)
+        return list(seen.items())
+
+
+def present_families(model: ModelConfig, program: Program) -> list[str]:
+    from tpusim.schedule.schema import SCHEDULE_FAMILIES
+
+    seen = {tensor.family for op in program.ops for tensor in op.tensors}
+    if model.num_experts:
+        seen.add(Family.ROUTED_EXPERT)
+    return [family for family in SCHEDULE_FAMILIES if family in seen]
+
+
+def _suggest(trial: Any, space: JointSpace, validator: _Validator, families: list[str]) -> Proposal:
+    """Draw a trial's parameters (define-by-run: the plan first, then its collectives)."""
+    choice = trial.suggest_categorical("plan", validator.runnable_plans())
+    algorithms: dict[str, str] = {}
+    base = validator.base_plan(choice)
+    for name, kind in validator.collectives(choice):
+        picked = trial.suggest_categorical(f"alg.{name}", [KEEP_PLAN, *KIND_ALGORITHMS[kind]])
+        spec = next((s for s in base.all_collectives if s.name == name), None) if not isinstance(base, str) else None
+        current = spec.algorithm if spec is not None else None
+        if picked in (KEEP_PLAN, current):
+            continue
+        if spec is not None and current is not None and cannot_run(picked, spec.kind, spec.group, base.topology) == "" \
+                and same_messages(picked, current, spec.group, base.topology):
+            continue  # the same copies as the plan's algorithm (direct_all_gather over a pair): one candidate
+        algorithms[name] = picked
+    sched = space.schedule
+    families_out: dict[str, FamilySchedule] = {}
+    pattern = trial.suggest_categorical("pools", list(sched.pool_patterns))
+    owner = {m: pool for pool, members in sched.pool_patterns[pattern].items() for m in members}
+    for family in families:
+        spec = sched.families.get(family)
+        if spec is None:
+            continue
+        # one categorical per family over the (distance, chunk, buffers) triples the schema accepts
+        distance, chunk, buffers = _triple(trial.suggest_categorical(
+            f"{family}.triple", [_triple_text(t) for t in spec.triples()]))
+        families_out[family] = FamilySchedule.model_construct(
+            prefetch_distance_ops=distance, chunk_bytes=chunk, buffers=buffers, pool=owner.get(family))
+    issue = trial.suggest_categorical("expert_issue", sched.expert_issue)
+    glob: dict[str, Any] = {
+        "max_dmas_in_flight": trial.suggest_categorical("max_dmas_in_flight", sched.max_dmas_in_flight),
+        "expert_issue": issue,
+        "expert_speculation_ops": sched.expert_speculation_ops if issue == "speculative" else 0,
+        "speculation_miss_rate": sched.speculation_miss_rate if issue == "speculative" else 0.0,
+        "kv_tile_tokens": trial.suggest_categorical("kv_tile_tokens", sched.kv_tile_tokens),
+        "kv_buffers": trial.suggest_categorical("kv_buffers", sched.kv_buffers),
+        "pools": dict(sched.pool_modes.get(pattern, {})),
+    }
+    deployment = Deployment(plan=choice, collectives=algorithms)
+    name = f"trial-{trial.number:05d}"
+    try:
+        families_valid = {f: FamilySchedule(**fs.model_dump()) for f, fs in families_out.items()}
+        schedule = Schedule(name=name, description=f"joint sweep trial {trial.number}", families=families_valid,
+                            deployment=deployment, **glob)
+        reason = ""
+    except ValidationError as error:
+        schedule, reason = None, describe_validation_error("schema", error)
+    proposal = Proposal(trial.number, "tpe", choice, algorithms, schedule, reason)
+    proposal.hash = (schedule.content_hash() if schedule is not None
+                     else _params_hash(trial.params))
+    return proposal
+
+
+def _triple_text(triple: tuple[int, int | None, int]) -> str:
+    """``distance/chunk_bytes/buffers`` (chunk ``whole`` for whole tensors): an Optuna choice."""
+    return f"{triple[0]}/{'whole' if triple[1] is None else triple[1]}/{triple[2]}"
+
+
+def _triple(text: str) -> tuple[int, int | None, int]:
+    distance, chunk, buffers = text.split("/")
+    return int(distance), None if chunk == "whole" else int(chunk), int(buffers)
+
+
+def _params_hash(params: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
