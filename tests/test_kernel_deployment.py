@@ -72,9 +72,10 @@ def test_map_deployment_keeps_algorithms_and_scales_the_expert_split(tmp_path: P
     assert algorithms[Collective.MOE_ROUTED_REDUCE] == "reduce_scatter_all_gather"
     described = mapped.describe()
     assert described["rule"].endswith("map_deployment") and described["source_expert_tp"] == 4
-    # K3 4 x 8 on 32 devices -> nano 4 x 2 on 8 (expert TP scales with the device count)
-    split = kernel_deployment(str(_k3_plan_file(tmp_path / "p.yaml", 4, 8)), {}, k3, None, nano, 8)
-    assert (split.plan.expert_groups, split.plan.expert_tp) == (4, 2) and split.source_devices == 32
+    # K3 4 x 8 on 32 devices -> nano 4 x 2 on 8 (expert TP scales with the device count), whose
+    # 32-column expert slices the kernel's expert math cannot cut (kernel_cannot_run)
+    with pytest.raises(KernelDeploymentError, match="expert slice width 32"):
+        kernel_deployment(str(_k3_plan_file(tmp_path / "p.yaml", 4, 8)), {}, k3, None, nano, 8)
     # identity at the deployment's own size
     same = kernel_deployment("auto", REDUCE_ALGORITHMS, k3, 32, k3, 32)
     assert same.plan.name == "k3-tp32" and (same.plan.expert_groups, same.plan.expert_tp) == (8, 4)
@@ -172,3 +173,15 @@ def test_the_joint_sweeps_vmem_is_the_one_accounting_of_the_candidates_plan(algo
     plan = plan_for(nano, 8).with_algorithms(algorithms)
     assert proposal.static_mib is not None
     assert round(proposal.static_mib * (1 << 20)) == vmem_plan(schedule, nano, plan, 1).total_bytes
+
+
+def test_an_expert_slice_the_kernel_math_cannot_cut_is_a_kernel_row() -> None:
+    """K3 at expert TP 32 leaves 96-column slices: the expert math needs multiples of 64 (found
+    when `tpusim lower` of a joint sweep's winner failed); TP 16 (192 columns) lowers."""
+    from tpusim.workload.kernel_support import kernel_cannot_run
+    from tpusim.workload.model_catalog import plan_for
+
+    k3 = load_model("kimi-k3")
+    tp32 = plan_for(k3, 32, devices_per_chip=2, choice="base=published,expert_groups=1,expert_tp=32")
+    assert "expert slice width 96" in kernel_cannot_run(k3, tp32)
+    assert kernel_cannot_run(k3, plan_for(k3, 32, devices_per_chip=2, choice="base=published,expert_groups=2,expert_tp=16")) == ""

@@ -11,7 +11,8 @@ each collective of K3's TP pattern (:data:`KERNEL_COLLECTIVES`: the published pl
 and the dense layer's all-reduce) and runs each by one of :data:`KERNEL_ALGORITHMS`. A plan
 naming any other collective (a generic plan's ``attn.allreduce`` / ``moe.allreduce``, an
 attention-DP gather) or algorithm, or splitting attention other than TP over every device,
-is refused with the reason. Finer rules (payload widths, message counts per rank) are
+or cutting an expert into slices that are not a multiple of :data:`KERNEL_SLICE_MULTIPLE`
+columns, is refused with the reason. Finer rules (payload widths, message counts per rank) are
 checked by the kernel when it is built and reported the same way.
 
 **Mapping a deployment to the kernel's size** (:func:`map_deployment`): a joint sweep's
@@ -60,6 +61,11 @@ KERNEL_COLLECTIVES: tuple[str, ...] = (
 KERNEL_ALGORITHMS: tuple[str, ...] = ("pair_exchange", "direct_all_gather", "one_shot_two_level",
                                       "reduce_scatter_all_gather")
 MAPPING_RULE = "tpusim.workload.kernel_support.map_deployment"
+# The kernel's expert math (megakernel.kernel_moe.expert_loop) takes gate/up's output (2 x slice
+# width) in whole 128-lane panels and down's MXFP4 scales in 64-column groups (two E8M0 bytes per
+# 16-bit word), so a device's expert slice must be a multiple of 64 columns: K3 (width 3072) runs
+# expert TP 1-16 (slice 192 at TP16) but not TP32 (slice 96: found lowering a joint sweep's winner).
+KERNEL_SLICE_MULTIPLE = 64
 
 
 class KernelDeploymentError(ValueError):
@@ -73,6 +79,11 @@ def kernel_cannot_run(model: ModelConfig, plan: ShardingPlan, batch: int = 1) ->
         return f"model {model.name}: the collective megakernel runs K3-structured MoE models only"
     if plan.attention_dp != 1:
         return f"plan {plan.name}: attention data-parallel ({plan.attention_dp} groups) is not run in the kernel"
+    width = plan.expert_slice_width(model)
+    if width % KERNEL_SLICE_MULTIPLE:
+        return (f"plan {plan.name}: expert slice width {width} (expert width {model.moe.expert_intermediate_size} / "
+                f"expert TP {plan.expert_tp}) is not a multiple of {KERNEL_SLICE_MULTIPLE}: the kernel's expert math "
+                "needs whole 128-lane rows (gate/up's 2 x slice in 128-lane panels, down's scales in 64-column groups)")
     for spec in plan.collectives_at(batch):
         if spec.name not in KERNEL_COLLECTIVES:
             return (f"plan {plan.name}: collective {spec.name} is not run in the kernel (it runs "
