@@ -174,9 +174,11 @@ def _joint_section(run: DemoRun) -> list[str]:
               + (f" P(faster than published) over the calibration's parameter samples (paired): "
                  f"**{p_pub:.2f}**." if p_pub is not None else ""),
               f"Figures from: {robust.get('source', 'the chip as given')}.", "",
-              "The kernel runs the winner: `tpusim run-kernel --devices 8 --layers 4 --schedule "
-              "joint-b1/best.json` (kimi-k3-nano, 8 virtual devices, interpret mode; not run by the demo: "
-              "45–90 s) and `tpusim lower --schedule joint-b1/best.json` (full K3 on 32 devices).",
+              "The search keeps only deployments the multi-device kernel runs. `tpusim lower --schedule "
+              "joint-b1/best.json` lowers the winner at full K3 size on 32 virtual devices; `tpusim run-kernel "
+              "--devices 8 --layers 4 --schedule joint-b1/best.json` runs it in interpret mode on kimi-k3-nano "
+              "when its expert split maps onto nano's narrower experts (K3 expert TP up to 4; otherwise it says "
+              "why and exits 2). The demo runs neither (6 s and 45–90 s).",
               "Outputs: `joint-b1/` (`sweep.csv`, `best.json`, `summary.md`, `pareto.png`).", "",
               "![joint search, batch 1](joint-b1/pareto.png)", ""]
     return lines
