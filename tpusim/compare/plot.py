@@ -4,14 +4,13 @@ step's time goes (:mod:`tpusim.compare.breakdown`) as stacked bars."""
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
 import matplotlib
 
-from hwmodels.atomic import write_bytes_atomic
 from tpusim.compare.breakdown import PARTS, where_ms
+from tpusim.report.figures import save_png
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -86,9 +85,4 @@ def plot_comparison(rows: list[dict[str, Any]], path: Path, *, title: str) -> Pa
         panel.legend(fontsize=7, loc="upper left")
     fig.suptitle(title)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    try:
-        fig.savefig(buffer, format="png", dpi=110)
-    finally:
-        plt.close(fig)
-    return write_bytes_atomic(path, buffer.getvalue())
+    return save_png(fig, path)

@@ -6,13 +6,12 @@ better. The plot serving teams read to find "users per chip at my latency target
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
 import matplotlib
 
-from hwmodels.atomic import write_bytes_atomic
+from tpusim.report.figures import save_png
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -37,9 +36,4 @@ def plot_serving_curves(rows: list[dict[str, Any]], path: Path, *, title: str) -
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    try:
-        fig.savefig(buffer, format="png", dpi=110)
-    finally:
-        plt.close(fig)
-    return write_bytes_atomic(path, buffer.getvalue())
+    return save_png(fig, path)

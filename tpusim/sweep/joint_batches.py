@@ -34,11 +34,11 @@ absent on prior figures, and the report says which.
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
 from hwmodels.errors import InputError
+from tpusim.report.figures import save_png
 from tpusim.sweep.joint import JointResult, run_joint_sweep
 from tpusim.sweep.joint_report import _changes
 from tpusim.sweep.joint_robust import interval_text, terms_text
@@ -214,7 +214,6 @@ def pareto_over_batches(results: list[JointResult], batches: list[int], path: Pa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hwmodels.atomic import write_bytes_atomic
 
     markers = "os^Dvp<>h*"
     plans = sorted({r["plan"] for result in results for r in result.rows if r["status"] == "simulated"})
@@ -247,8 +246,5 @@ def pareto_over_batches(results: list[JointResult], batches: list[int], path: Pa
     ax.set_title(f"{header['model']} on {header['hardware']} x{header['chips']}: joint search, colour = plan, "
                  "marker = batch", fontsize=9)
     ax.legend(handles=handles, fontsize=6, loc="best")
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    plt.close(fig)
-    write_bytes_atomic(path, buffer.getvalue())
+    save_png(fig, path)
     return path

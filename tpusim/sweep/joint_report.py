@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tpusim.report.figures import save_png
+
 # Arguments are tpusim.sweep.joint's JointResult, JointWorkload and JointSpace (typed Any here:
 # that module imports this one, and imports point one way).
 JointResult = JointWorkload = JointSpace = Any
@@ -88,7 +90,6 @@ def pareto_by_plan(result: JointResult, path: Path, workload: JointWorkload) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hwmodels.atomic import write_bytes_atomic
 
     rows = [r for r in result.rows if r["status"] == "simulated" and r.get("vmem_static_mib") is not None]
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -112,10 +113,5 @@ def pareto_by_plan(result: JointResult, path: Path, workload: JointWorkload) -> 
     ax.set_ylabel("tokens/s (simulated)")
     ax.set_title(f"{w['model']} on {w['hardware']} x{w['chips']}, batch {w['batch']}: joint sweep", fontsize=9)
     ax.legend(fontsize=6, loc="lower right")
-    import io
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    plt.close(fig)
-    write_bytes_atomic(path, buffer.getvalue())
+    save_png(fig, path)
     return path
