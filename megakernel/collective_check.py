@@ -96,10 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def kernel_plan(args: argparse.Namespace, model: object, schedule: object) -> tuple[object, dict[str, object] | None]:
-    """(plan, mapping or None): the schedule's deployment mapped onto ``--model`` and
-    ``--devices`` (:func:`tpusim.workload.kernel_support.kernel_deployment`), else the
-    model's plan on ``--devices``; InputError (one line) for what cannot map or run."""
+def kernel_plan(args: argparse.Namespace, model: object,
+                schedule: object) -> tuple[object, object, dict[str, object] | None]:
+    """(model, plan, mapping or None): the schedule's deployment mapped onto ``--model`` and
+    ``--devices`` (:func:`tpusim.workload.kernel_support.kernel_deployment`: the model with its
+    experts widened when the deployment's split needs it), else ``--model`` and its plan on
+    ``--devices``; InputError (one line) for what cannot map or run."""
     from hwmodels.errors import InputError
     from tpusim.workload.kernel_support import (
         KernelDeploymentError,
@@ -114,7 +116,7 @@ def kernel_plan(args: argparse.Namespace, model: object, schedule: object) -> tu
         why = kernel_cannot_run(model, plan, args.batch)  # type: ignore[arg-type]
         if why:
             raise InputError(why)
-        return plan, None
+        return model, plan, None
     if args.plan:
         raise InputError(f"--plan {args.plan}: --schedule {args.schedule} carries its own deployment (plan "
                          f"{deployment.plan}); give one or the other")
@@ -123,7 +125,7 @@ def kernel_plan(args: argparse.Namespace, model: object, schedule: object) -> tu
                                    args.deployment_devices, model, args.devices, args.batch)  # type: ignore[arg-type]
     except KernelDeploymentError as error:
         raise InputError(f"--schedule {args.schedule}: {error}") from None
-    return mapped.plan, mapped.describe()
+    return mapped.model, mapped.plan, mapped.describe()
 
 
 def run(args: argparse.Namespace) -> dict[str, object]:
@@ -132,7 +134,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
 
     model = load_model(args.model)
     schedule = load_schedule(args.schedule)
-    plan, mapping = kernel_plan(args, model, schedule)  # refuses before JAX starts
+    model, plan, mapping = kernel_plan(args, model, schedule)  # refuses before JAX starts
 
     import jax
     import jax.numpy as jnp

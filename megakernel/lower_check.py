@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             source = load_model(args.deployment_model) if args.deployment_model else model
             mapped = kernel_deployment(schedule.deployment.plan, dict(schedule.deployment.collectives), source,
                                        args.deployment_devices or args.devices, model, args.devices, args.batch)
-            plan, mapping = mapped.plan, mapped.describe()
+            model, plan, mapping = mapped.model, mapped.plan, mapped.describe()
         kernel = CollectiveMegakernel(model, plan, schedule, args.batch, args.context)
         report = lower_schedule(model, plan, schedule, batch=args.batch, max_context=args.context, kernel=kernel)
     except tuple(kind for kind, _ in kinds) as error:

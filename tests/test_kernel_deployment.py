@@ -20,6 +20,7 @@ from tpusim.workload.kernel_support import (
     KernelDeploymentError,
     kernel_cannot_run,
     kernel_deployment,
+    kernel_expert_width,
 )
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.registry.names import Collective
@@ -72,10 +73,21 @@ def test_map_deployment_keeps_algorithms_and_scales_the_expert_split(tmp_path: P
     assert algorithms[Collective.MOE_ROUTED_REDUCE] == "reduce_scatter_all_gather"
     described = mapped.describe()
     assert described["rule"].endswith("map_deployment") and described["source_expert_tp"] == 4
-    # K3 4 x 8 on 32 devices -> nano 4 x 2 on 8 (expert TP scales with the device count), whose
-    # 32-column expert slices the kernel's expert math cannot cut (kernel_cannot_run)
-    with pytest.raises(KernelDeploymentError, match="expert slice width 32"):
-        kernel_deployment(str(_k3_plan_file(tmp_path / "p.yaml", 4, 8)), {}, k3, None, nano, 8)
+    assert (described["expert_width"], described["model_expert_width"]) == (64, 64)  # 8 x 1: nano as it is
+    # K3 4 x 8 on 32 devices -> nano 4 x 2 on 8 (expert TP scales with the device count): nano's 64-wide
+    # experts would leave 32-column slices, so the mapping widens them to 128 (64-column slices);
+    # K3 2 x 16 -> nano 2 x 4: 256
+    for groups, tp, width in ((4, 8, 128), (2, 16, 256)):
+        wide = kernel_deployment(str(_k3_plan_file(tmp_path / f"p{tp}.yaml", groups, tp)), {}, k3, None, nano, 8)
+        assert (wide.plan.expert_groups, wide.plan.expert_tp) == (groups, tp // 4)
+        assert wide.model.moe is not None and wide.model.moe.expert_intermediate_size == width
+        assert wide.describe()["expert_width"] == width and wide.describe()["model_expert_width"] == 64
+        assert kernel_cannot_run(wide.model, wide.plan) == ""
+        assert nano.moe is not None and nano.moe.expert_intermediate_size == 64  # the catalog model is untouched
+    assert kernel_expert_width(64, 1) == 64 and kernel_expert_width(64, 2) == 128 and kernel_expert_width(3072, 16) == 3072
+    # K3 1 x 32: 96-column slices at K3's own width, refused at the source (nothing to widen there)
+    with pytest.raises(KernelDeploymentError, match="expert slice width 96"):
+        kernel_deployment(str(_k3_plan_file(tmp_path / "p32.yaml", 1, 32)), {}, k3, None, nano, 8)
     # identity at the deployment's own size
     same = kernel_deployment("auto", REDUCE_ALGORITHMS, k3, 32, k3, 32)
     assert same.plan.name == "k3-tp32" and (same.plan.expert_groups, same.plan.expert_tp) == (8, 4)
@@ -90,21 +102,29 @@ def _check(*args: str) -> subprocess.CompletedProcess[str]:
                            "--races", *args], capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
 
 
-@pytest.mark.slow  # an interpret-mode run of 4 nano layers on 8 devices, race detector on: ~45-70 s
-@pytest.mark.parametrize("algorithms", [REDUCE_ALGORITHMS, ATTENTION_ALGORITHMS], ids=["reductions", "attention"])
-def test_the_kernel_runs_a_k3_deployment_at_nano_size(tmp_path: Path, algorithms: dict[str, str]) -> None:
-    done = _check("--schedule", str(_deployed(tmp_path / "best.json", "auto", algorithms)))
+@pytest.mark.slow  # an interpret-mode run of 4 nano layers on 8 devices, race detector on: ~45-85 s
+@pytest.mark.parametrize(("split", "algorithms"), [(None, REDUCE_ALGORITHMS), ((4, 8), ATTENTION_ALGORITHMS)],
+                         ids=["published-split-reductions", "4x8-widened-attention"])
+def test_the_kernel_runs_a_k3_deployment_at_nano_size(tmp_path: Path, split: tuple[int, int] | None,
+                                                      algorithms: dict[str, str]) -> None:
+    """The published split with other reductions, and K3 4 x 8 (the batch-1 winner's split: nano
+    4 x 2, experts widened 64 -> 128) with other attention/router/MLP algorithms."""
+    plan = "auto" if split is None else str(_k3_plan_file(tmp_path / "p.yaml", *split))
+    done = _check("--schedule", str(_deployed(tmp_path / "best.json", plan, algorithms)))
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["matches_reference"] and not result["races"] and result["race_detector"], result
     assert all(result["collectives"][name] == algorithm for name, algorithm in algorithms.items())
-    assert result["deployment"]["source_plan"] == "k3-tp32" and result["deployment"]["devices"] == 8
+    mapping = result["deployment"]
+    assert mapping["source_plan"].startswith("k3-tp32") and mapping["devices"] == 8
+    if split is not None:
+        assert (mapping["expert_groups"], mapping["expert_tp"], mapping["expert_width"]) == (4, 2, 128), mapping
 
 
 @pytest.mark.slow  # builds the kernel's plan and refuses before any interpret-mode run: ~5-10 s
-def test_a_split_the_nano_kernel_cannot_lay_out_is_one_line_exit_2(tmp_path: Path) -> None:
-    """K3 4 x 8 maps to nano 4 x 2: 32-wide expert parts do not fill whole 128-lane rows."""
-    plan = _k3_plan_file(tmp_path / "p.yaml", 4, 8)
+def test_a_split_the_kernel_cannot_cut_is_one_line_exit_2(tmp_path: Path) -> None:
+    """K3 1 x 32 leaves 96-column expert slices (not a multiple of 64): refused at the source."""
+    plan = _k3_plan_file(tmp_path / "p.yaml", 1, 32)
     done = _check("--schedule", str(_deployed(tmp_path / "best.json", str(plan), {})))
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and "128-lane rows" in done.stderr, done.stderr

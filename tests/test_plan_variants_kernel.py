@@ -68,7 +68,8 @@ def test_collective_kernel_runs_the_fused_expert_reduction() -> None:
 
 @pytest.mark.heavy
 def test_decode_kernel_runs_the_published_structure_with_another_expert_split() -> None:
-    """4 expert groups x expert TP 2 on the nano TP8 structure (the schedule-driven kernel
-    refuses it at nano widths: a 32-wide expert slice's parts do not fill 128-lane rows)."""
+    """4 expert groups x expert TP 2 on the nano TP8 structure at nano's own widths (32-wide
+    expert slices: the per-op decode kernel runs them; the schedule-driven kernel runs this split
+    with nano's experts widened, tests/test_kernel_deployment.py)."""
     result = _decode("base=published,expert_groups=4,expert_tp=2")
     assert result["matches_reference"] and result["log_matches_plan"] and not result["races"], result

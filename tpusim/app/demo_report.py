@@ -177,8 +177,8 @@ def _joint_section(run: DemoRun) -> list[str]:
               "The search keeps only deployments the multi-device kernel runs. `tpusim lower --schedule "
               "joint-b1/best.json` lowers the winner at full K3 size on 32 virtual devices; `tpusim run-kernel "
               "--devices 8 --layers 4 --schedule joint-b1/best.json` runs it in interpret mode on kimi-k3-nano "
-              "when its expert split maps onto nano's narrower experts (K3 expert TP up to 4; otherwise it says "
-              "why and exits 2). The demo runs neither (6 s and 45–90 s).",
+              "(its expert split scaled to 8 devices; nano's experts widened when that split needs wider slices) "
+              "against the one-device reference. The demo runs neither (6 s and 45–90 s).",
               "Outputs: `joint-b1/` (`sweep.csv`, `best.json`, `summary.md`, `pareto.png`).", "",
               "![joint search, batch 1](joint-b1/pareto.png)", ""]
     return lines

@@ -31,6 +31,13 @@ by step:
    expert_tp'`` (K3 8 x 4 on 32 -> nano 8 x 1 on 8; K3 4 x 8 -> nano 4 x 2); refused when
    ``expert_tp'`` does not divide ``devices`` or the target model's experts and expert width
    do not split that way;
+   *widening*: when ``expert_tp'`` would cut the target model's experts into slices the kernel
+   cannot run (not a multiple of :data:`KERNEL_SLICE_MULTIPLE` columns: nano's 64-wide experts
+   over 2 or 4 devices), the target's experts are widened to the narrowest width it can cut,
+   :func:`kernel_expert_width` (nano 4 x 2: 64 -> 128; nano 2 x 4: 64 -> 256), and the mapping
+   says so (``expert_width`` / ``model_expert_width``): the kernel then runs the deployment's
+   split at nano size instead of refusing it (the widths of a nano model are synthetic anyway;
+   the check is that the kernel runs that split and those collectives and matches the reference);
 5. the deployment's structure variants are kept (a fused expert reduction, a deferred shared
    wait: :mod:`tpusim.workload.plan_variants`);
 6. the deployment's algorithm choices are kept by collective name
@@ -66,6 +73,13 @@ MAPPING_RULE = "tpusim.workload.kernel_support.map_deployment"
 # 16-bit word), so a device's expert slice must be a multiple of 64 columns: K3 (width 3072) runs
 # expert TP 1-16 (slice 192 at TP16) but not TP32 (slice 96: found lowering a joint sweep's winner).
 KERNEL_SLICE_MULTIPLE = 64
+
+
+def kernel_expert_width(width: int, expert_tp: int) -> int:
+    """The narrowest expert width >= ``width`` that ``expert_tp`` devices cut into slices of a
+    multiple of :data:`KERNEL_SLICE_MULTIPLE` columns (``width`` itself when it already cuts)."""
+    unit = expert_tp * KERNEL_SLICE_MULTIPLE
+    return -(-width // unit) * unit
 
 
 class KernelDeploymentError(ValueError):
@@ -112,10 +126,17 @@ class KernelDeployment:
     """A deployment mapped onto the kernel's model and device count (:func:`map_deployment`)."""
 
     plan: ShardingPlan
+    model: ModelConfig  # the model the kernel runs: the target, its experts widened if step 4 says so
     source_plan: str
     source_devices: int
     source_expert_split: tuple[int, int]  # (expert_groups, expert_tp) of the source
     collectives: dict[str, str] = field(default_factory=dict)
+    model_expert_width: int = 0  # the target model's own expert width (before any widening)
+
+    @property
+    def expert_width(self) -> int:
+        """The expert width the kernel runs (``model_expert_width`` unless widened)."""
+        return self.model.moe.expert_intermediate_size if self.model.moe else 0
 
     def describe(self) -> dict[str, Any]:
         """The mapping as the output JSON records it."""
@@ -124,7 +145,8 @@ class KernelDeployment:
                 "source_expert_tp": self.source_expert_split[1], "plan": self.plan.name,
                 "devices": self.plan.devices, "expert_groups": self.plan.expert_groups,
                 "expert_tp": self.plan.expert_tp, "attention_tp": self.plan.attention_tp,
-                "collectives": dict(self.collectives)}
+                "collectives": dict(self.collectives), "expert_width": self.expert_width,
+                "model_expert_width": self.model_expert_width}
 
 
 def map_deployment(source: ShardingPlan, source_model: ModelConfig, collectives: dict[str, str],
@@ -148,6 +170,9 @@ def map_deployment(source: ShardingPlan, source_model: ModelConfig, collectives:
         raise KernelDeploymentError(f"expert TP {source.expert_tp} of {source.devices} devices scales to "
                                     f"{expert_tp}, which does not divide {devices} devices")
     data = {**base.model_dump(), "expert_groups": devices // expert_tp, "expert_tp": expert_tp}
+    own_width = model.moe.expert_intermediate_size if model.moe else 0
+    if model.moe is not None and kernel_expert_width(own_width, expert_tp) != own_width:
+        model = model.with_expert_width(kernel_expert_width(own_width, expert_tp))
     try:
         plan = ShardingPlan.model_validate(data)
         plan.check_against(model)
@@ -162,8 +187,8 @@ def map_deployment(source: ShardingPlan, source_model: ModelConfig, collectives:
     why = kernel_cannot_run(model, plan, batch)
     if why:
         raise KernelDeploymentError(why)
-    return KernelDeployment(plan, source.name, source.devices, (source.expert_groups, source.expert_tp),
-                            dict(collectives))
+    return KernelDeployment(plan, model, source.name, source.devices, (source.expert_groups, source.expert_tp),
+                            dict(collectives), own_width)
 
 
 def kernel_deployment(plan_choice: str, collectives: dict[str, str], source_model: ModelConfig,

@@ -309,6 +309,16 @@ class ModelConfig(_Frozen):
         variant = self.deployment_variants.get(kind)
         return self.with_variant(variant) if variant and self.variant is None else self
 
+    def with_expert_width(self, width: int) -> ModelConfig:
+        """The same architecture with routed experts ``width`` columns wide (a MoE model only):
+        :func:`tpusim.workload.kernel_support.map_deployment` widens the nano kernel model's
+        experts so that a deployment's expert TP cuts them into slices the kernel runs."""
+        if self.moe is None:
+            raise ValueError(f"model {self.name} has no routed experts to widen")
+        data = self.model_dump()
+        data["moe"]["expert_intermediate_size"] = width
+        return ModelConfig.model_validate(data)
+
     def with_layers(self, num_layers: int) -> ModelConfig:
         """The same architecture with ``num_layers`` layers (patterns keep their rules)."""
         dense = [layer for layer in self.dense_layers if layer < num_layers]

@@ -132,6 +132,10 @@ def run_devices(args: argparse.Namespace) -> int:
     if mapping:
         print(f"deployment: {mapping['source_plan']} on {mapping['source_devices']} devices -> {mapping['plan']} "
               f"(expert groups {mapping['expert_groups']} x expert TP {mapping['expert_tp']}, by {mapping['rule']})")
+        if mapping.get("expert_width") != mapping.get("model_expert_width"):
+            print(f"expert width {mapping['model_expert_width']} -> {mapping['expert_width']}: the narrowest that "
+                  f"expert TP {mapping['expert_tp']} cuts into slices the kernel runs "
+                  "(tpusim.workload.kernel_support.kernel_expert_width)")
     print("collectives: " + ", ".join(f"{name} {algorithm}" for name, algorithm in result["collectives"].items()))
     for i, step in enumerate(result["steps"]):
         print(f"step {i}: tokens {step['tokens']} (reference {step['reference_tokens']}), logits relative error "
