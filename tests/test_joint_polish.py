@@ -37,8 +37,9 @@ def test_neighbours_of_the_best_trial_differ_in_one_parameter_and_come_a_round_a
     assert polish.enqueue(study, rows, 5, count=16) == 0  # exhausted: TPE asks again
     asked = [study.ask() for _ in range(5)]
     params = [{name: t.suggest_categorical(name, choices) for name, choices in CHOICES.items()} for t in asked]
-    assert params == [{"a": "x", "b": 3}, {"a": "z", "b": 3}, {"a": "y", "b": 1}, {"a": "y", "b": 2},
-                      {"a": "y", "b": 4}]
+    # nearest first, round-robin across parameters: a=x, b=2, a=z, b=4, b=1 (b's list: 1 2 [3] 4)
+    assert params == [{"a": "x", "b": 3}, {"a": "y", "b": 2}, {"a": "z", "b": 3}, {"a": "y", "b": 4},
+                      {"a": "y", "b": 1}]
     assert all(t.user_attrs["source"] == POLISH for t in asked)
 
 
