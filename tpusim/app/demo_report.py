@@ -169,8 +169,9 @@ def _joint_section(run: DemoRun) -> list[str]:
                      f"{interval(pub, published)} | {label} |")
     p_pub = robust.get("p_beats_published")
     lines += ["", f"Speed-up of the best over the published design: **{_fmt(data.get('speedup'))}x** ({label}); "
-              f"{data['simulated']} full-step simulations, {data['trials']} trials (Optuna TPE, pruned by the "
-              "one VMEM accounting, the kernel rule and an analytic screen)."
+              f"{data['simulated']} full-step simulations, {data['trials']} trials (Optuna TPE for half the budget, "
+              "then coordinate descent around the best; pruned by the one VMEM accounting, the kernel rule and "
+              "an analytic screen)."
               + (f" P(faster than published) over the calibration's parameter samples (paired): "
                  f"**{p_pub:.2f}**." if p_pub is not None else ""),
               f"Figures from: {robust.get('source', 'the chip as given')}.", "",

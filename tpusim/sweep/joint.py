@@ -39,6 +39,10 @@ Steps of :func:`run_joint_sweep` (invariants after each):
 5. **Simulate** the survivors in full (the engine, every layer) on the executor
    (:mod:`tpusim.sweep.executors`: in-process, processes or Dask workers); each result is
    written to ``sweep.csv`` and told to the study in trial order.
+   **Polish**: once ``1 - polish_share`` of the budget is simulated or in flight, each round
+   is the one-parameter neighbours of the best trial instead of TPE's proposals (coordinate
+   descent, :mod:`tpusim.sweep.joint_polish`; TPE again when a neighbourhood is exhausted),
+   validated, screened and simulated like any trial (``source: polish`` in ``sweep.csv``).
 6. Repeat 2-5 until ``budget`` full simulations are done (the last batch may add up to
    ``ASK_BATCH - 1`` more). The rounds overlap by one: round *k + 1* is asked, validated and
    sent for its estimates while round *k* simulates, and round *k* is told before round *k + 1*
@@ -98,6 +102,7 @@ from tpusim.sweep.joint_candidates import (  # noqa: F401  (public names kept im
     plan_choices,
     present_families,
 )
+from tpusim.sweep.joint_polish import POLISH, Polish
 from tpusim.sweep.outputs import SweepCsv, write_text_atomic
 from tpusim.sweep.progress import SweepProgress
 from tpusim.sweep.space import knob_names, schedule_knobs
@@ -230,6 +235,7 @@ def run_joint_sweep(
                 raise InputError("no plan in the space builds and fits HBM (see sweep.csv reasons)")
             asked = 0
             limit = budget * 50 + 200
+            polish = Polish(space.polish_share, budget)  # coordinate descent once TPE has explored
             waiting: dict[str, list[Any]] = {}  # hash in flight -> later trials proposing it again
             in_flight: list[tuple[Any, Proposal, float]] = []
             simulations: Any = None  # the results of the round in flight (Executor.submit)
@@ -246,9 +252,13 @@ def run_joint_sweep(
                 # 1. ask and validate round k + 1 while round k simulates (see the module docstring)
                 estimates: Any = None
                 if simulated() + len(in_flight) < budget and asked < limit:
+                    polish.enqueue(study, rows, simulated() + len(in_flight), ASK_BATCH)
                     trials = [study.ask() for _ in range(ASK_BATCH)]
                     asked += len(trials)
                     proposals = [_suggest(t, space, validator, families) for t in trials]
+                    for trial, proposal in zip(trials, proposals, strict=True):
+                        if trial.user_attrs.get("source") == POLISH:
+                            proposal.source = POLISH
                     fresh: list[tuple[Any, Proposal]] = []
                     for trial, proposal in zip(trials, proposals, strict=True):
                         if proposal.schedule is not None:

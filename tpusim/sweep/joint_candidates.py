@@ -65,6 +65,9 @@ class JointSpace(BaseModel):
     screen_percentile: float = Field(default=50.0, gt=0.0, lt=100.0, description="a trial whose estimate is "
                                      "worse than this percentile of the completed trials' is not simulated")
     startup_trials: int = Field(default=16, ge=0, description="trials simulated before the pruner prunes")
+    polish_share: float = Field(default=0.5, ge=0.0, lt=1.0, description="share of the budget spent on "
+                                "coordinate descent around the best trial (tpusim.sweep.joint_polish) after "
+                                "TPE has explored the rest; 0: TPE only")
     kernel_runs_winner: bool = Field(default=True, description="when the multi-device megakernel runs the "
                                      "model's auto plan, a candidate it cannot run (tpusim.workload."
                                      "kernel_support.kernel_cannot_run) gets a row with the reason, not a "
