@@ -261,6 +261,11 @@ def remember_issue_plan(program: Program, schedule: Schedule, plan: ProgramIssue
     del _RECENT[:-8]
 
 
+def forget_issue_plans() -> None:
+    """Empty :func:`cached_issue_plan`'s memory (a benchmark timing a new candidate's planning)."""
+    _RECENT.clear()
+
+
 def program_rings(facts: ProgramFacts, schedule: Schedule) -> tuple[dict[str, RingSpec], dict[str, str]]:
     """One ring per tensor kind the program streams (one per ring-mode pool), sized in bytes as
     VMEM accounting sizes it; and tensor name -> ring."""
