@@ -30,14 +30,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import simpy
-from simpy.events import NORMAL, Event, EventPriority
-
 from hwmodels.schema import Chip
 from tpusim.engine.build import lower
 from tpusim.engine.execution import ExecutionPolicy
 from tpusim.engine.hbm import HbmServer
 from tpusim.engine.items import MXU, VPU, Descriptor
+from tpusim.engine.loop import Driver, EventLoop
 from tpusim.engine.policy import execution_policy
 from tpusim.engine.result import PHASES, SimResult
 from tpusim.engine.staging import StagingMemory
@@ -66,18 +64,6 @@ class VmemOverflow(InfeasibleSchedule):
         self.layer = layer
         self.op = op
         self.buffers = buffers
-
-
-class CountingEnvironment(simpy.Environment):
-    """A SimPy environment that counts the events it schedules (for events/s figures)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.scheduled = 0
-
-    def schedule(self, event: Event, priority: EventPriority = NORMAL, delay: float = 0) -> None:
-        self.scheduled += 1
-        super().schedule(event, priority, delay)
 
 
 def simulate(program: Program, schedule: Schedule, chip: Chip, *, record_timeline: bool = False,
@@ -131,7 +117,7 @@ def _collector_paused() -> Iterator[None]:
 class _Run:
     """The resources of one finished simulation, before they are summarised."""
 
-    env: CountingEnvironment
+    env: EventLoop
     hbm: HbmServer
     staging: StagingMemory
     account: StreamAccount
@@ -143,7 +129,7 @@ def _execute(program: Program, effective: Schedule, chip: Chip, policy: Executio
              record_timeline: bool, record_events: bool, watch_bytes: float | None = None) -> _Run:
     """Steps 3-4 of :func:`simulate`: lower, wire the resources, run SimPy to the end."""
     lowered = lower(program, effective, chip, policy, vmem)
-    env = CountingEnvironment()
+    env = EventLoop()
     recorder = Recorder() if record_timeline else None
     events: list[tuple[Any, ...]] | None = [] if record_events else None
     landed: list[Callable[[Descriptor], None]] = []  # the staging memory's callback, set below
@@ -152,13 +138,14 @@ def _execute(program: Program, effective: Schedule, chip: Chip, policy: Executio
     staging = StagingMemory(env, lowered.base_bytes, hbm, recorder, watch_bytes)
     landed.append(staging.landed)
     account = StreamAccount()
-    process = env.process(compute_stream(
-        env, lowered, hbm, staging, Links(recorder), account,
+    stream = Driver(env)
+    stream.start(compute_stream(
+        env, stream, lowered, hbm, staging, Links(recorder), account,
         per_step_s=policy.per_step_overhead_s, per_layer_s=policy.per_layer_overhead_s,
         recorder=recorder, events=events,
     ))
     env.run()
-    if process.is_alive:  # cannot happen with in-order pools; kept as a loud guard
+    if stream.alive:  # cannot happen with in-order pools; kept as a loud guard
         raise RuntimeError(
             f"engine stalled at t={env.now:.9f} s in op {staging.current_op} (layer "
             f"{staging.current_layer}): {staging.used_bytes} B resident, {hbm.in_flight} copies in flight"

@@ -37,10 +37,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import simpy
-
 from hwmodels.schema import DmaSpec
 from tpusim.engine.items import Descriptor
+from tpusim.engine.loop import EventLoop
 from tpusim.engine.timeline import Recorder
 from tpusim.schedule.program_issue import ROUTED
 
@@ -69,7 +68,7 @@ def stream_of(desc: Descriptor) -> object:
 class HbmServer:
     """Processor-sharing HBM bandwidth with an issue queue (see the module docstring)."""
 
-    def __init__(self, env: simpy.Environment, bandwidth_bytes_per_s: float, dma: DmaSpec,
+    def __init__(self, env: EventLoop, bandwidth_bytes_per_s: float, dma: DmaSpec,
                  max_in_flight: int, on_land: Callable[[Descriptor], None],
                  recorder: Recorder | None, events: list[tuple[Any, ...]] | None) -> None:
         self.env = env
@@ -124,7 +123,7 @@ class HbmServer:
         if next_s < self.wake_at:
             self.wake_token += 1
             self.wake_at = next_s
-            self.env.timeout(next_s - now if next_s > now else 0.0, self.wake_token).callbacks.append(self._wake)
+            self.env.call_later(next_s - now if next_s > now else 0.0, self._wake, self.wake_token)
 
     # ----------------------------------------------------------------- issue
 
@@ -185,8 +184,8 @@ class HbmServer:
 
     # ----------------------------------------------------------------- wake-ups
 
-    def _wake(self, event: simpy.Event) -> None:
-        if event.value != self.wake_token:
+    def _wake(self, token: int) -> None:
+        if token != self.wake_token:
             return  # superseded by an earlier wake-up
         self.wake_at = INF
         now = self.env.now
@@ -220,6 +219,6 @@ class HbmServer:
         if self.recorder is not None:
             self.recorder.dma(desc)
             heapq.heappush(self.free_lanes, desc.lane)
-        if desc.waiter is not None:
-            desc.waiter.succeed()
+        if desc.waiter is not None:  # the compute stream waits on this copy
+            desc.waiter.wake()
         self.on_land(desc)

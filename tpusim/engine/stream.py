@@ -45,12 +45,11 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
-import simpy
-
 from tpusim.engine.build import Lowered
 from tpusim.engine.collectives import Handle, MessageFabric
 from tpusim.engine.hbm import HbmServer
 from tpusim.engine.items import UNIT_NAMES, CollectivePlan, OpPlan
+from tpusim.engine.loop import Driver, EventLoop
 from tpusim.engine.staging import StagingMemory
 from tpusim.engine.timeline import Recorder
 
@@ -97,15 +96,16 @@ class Links:
         return time_s
 
 
-def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, staging: StagingMemory,
+def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmServer, staging: StagingMemory,
                    links: Links, account: StreamAccount, *, per_step_s: float, per_layer_s: float,
                    recorder: Recorder | None,
-                   events: list[tuple[Any, ...]] | None) -> Generator[simpy.Event, Any, None]:
-    """The SimPy process of the compute stream (see the module docstring)."""
+                   events: list[tuple[Any, ...]] | None) -> Generator[float | None, None, None]:
+    """The compute stream, run by ``driver`` (see the module docstring): yields a delay to
+    sleep, or None while a copy it waits on (``desc.waiter = driver``) has not landed."""
     joins: dict[int, float] = {}
     consumed: dict[int, list[Handle]] = {}  # op index -> message collectives it waits for
     if per_step_s > 0.0:
-        yield env.timeout(per_step_s)
+        yield per_step_s
         account.fixed_s += per_step_s
     for op in lowered.ops:
         if op.first_of_layer:
@@ -113,7 +113,7 @@ def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, sta
             if recorder is not None:
                 recorder.layer_start(op.layer, env.now)
             if per_layer_s > 0.0 and op.layer >= 0:
-                yield env.timeout(per_layer_s)
+                yield per_layer_s
                 account.fixed_s += per_layer_s
         op_start = env.now
         if op.launch_s > 0.0 or op.kernel_fixed_s > 0.0 or op.index in joins or op.index in consumed:
@@ -124,7 +124,7 @@ def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, sta
             staging.release_many(op.start_releases)
         if events is not None:
             events.append(("compute", op.name, op.layer))
-        yield from _run_pieces(env, op, hbm, staging, account, recorder, events)
+        yield from _run_pieces(env, driver, op, hbm, staging, account, recorder, events)
         if op.end_releases:
             staging.release_many(op.end_releases)
         for slab in op.resolves:
@@ -136,13 +136,13 @@ def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, sta
     _finish_links(links, account)
 
 
-def _launch_and_join(env: simpy.Environment, op: OpPlan, links: Links, account: StreamAccount,
+def _launch_and_join(env: EventLoop, op: OpPlan, links: Links, account: StreamAccount,
                      recorder: Recorder | None, joins: dict[int, float], consumed: dict[int, list[Handle]],
-                     events: list[tuple[Any, ...]] | None) -> Generator[simpy.Event, Any, None]:
+                     events: list[tuple[Any, ...]] | None) -> Generator[float | None, None, None]:
     """Before an op computes: its kernel launches and fixed time, then the collectives it consumes."""
     if op.launch_s > 0.0:
         start = env.now
-        yield env.timeout(op.launch_s)
+        yield op.launch_s
         account.fixed_s += op.launch_s
         account.launch_s += op.launch_s
         account.launch_count += op.launches
@@ -150,7 +150,7 @@ def _launch_and_join(env: simpy.Environment, op: OpPlan, links: Links, account: 
             recorder.interval("launch", start, env.now, op.kernel or f"launch {op.name}")
     if op.kernel_fixed_s > 0.0:
         start = env.now
-        yield env.timeout(op.kernel_fixed_s)
+        yield op.kernel_fixed_s
         account.fixed_s += op.kernel_fixed_s
         account.kernel_fixed_s += op.kernel_fixed_s
         if recorder is not None:
@@ -167,15 +167,15 @@ def _launch_and_join(env: simpy.Environment, op: OpPlan, links: Links, account: 
     join_s = max(join_s, wait_s)
     if join_s > env.now:
         start = env.now
-        yield env.timeout(join_s - start)
+        yield join_s - start
         account.collective_s += join_s - start
         if recorder is not None:
             recorder.interval("wait", start, join_s, "collective join")
 
 
-def _run_pieces(env: simpy.Environment, op: OpPlan, hbm: HbmServer, staging: StagingMemory,
+def _run_pieces(env: EventLoop, driver: Driver, op: OpPlan, hbm: HbmServer, staging: StagingMemory,
                 account: StreamAccount, recorder: Recorder | None,
-                events: list[tuple[Any, ...]] | None) -> Generator[simpy.Event, Any, None]:
+                events: list[tuple[Any, ...]] | None) -> Generator[float | None, None, None]:
     """An op's pieces in order: wait for each piece's copies (exposed DMA), compute, free."""
     exposed_by_family = account.exposed_by_family
     phase = op.phase
@@ -186,8 +186,8 @@ def _run_pieces(env: simpy.Environment, op: OpPlan, hbm: HbmServer, staging: Sta
                 events.append(("dma_wait", desc.family, desc.tensor, desc.layer, desc.chunk))
             if not desc.landed:
                 start = env.now
-                desc.waiter = env.event()
-                yield desc.waiter
+                desc.waiter = driver
+                yield None
                 stalled = env.now - start
                 account.exposed_dma_s += stalled
                 exposed_by_family[desc.family] = exposed_by_family.get(desc.family, 0.0) + stalled
@@ -195,7 +195,7 @@ def _run_pieces(env: simpy.Environment, op: OpPlan, hbm: HbmServer, staging: Sta
                     recorder.interval("wait", start, env.now, f"wait {desc.tensor} L{desc.layer}")
         if duration > 0.0:
             start = env.now
-            yield env.timeout(duration)
+            yield duration
             account.unit_busy[unit] += duration
             account.compute_by_phase[phase] = account.compute_by_phase.get(phase, 0.0) + duration
             if recorder is not None:
@@ -210,9 +210,9 @@ def _run_pieces(env: simpy.Environment, op: OpPlan, hbm: HbmServer, staging: Sta
             hbm.pump()
 
 
-def _run_collectives(env: simpy.Environment, op: OpPlan, links: Links, account: StreamAccount,
+def _run_collectives(env: EventLoop, op: OpPlan, links: Links, account: StreamAccount,
                      recorder: Recorder | None, joins: dict[int, float], consumed: dict[int, list[Handle]],
-                     events: list[tuple[Any, ...]] | None) -> Generator[simpy.Event, Any, None]:
+                     events: list[tuple[Any, ...]] | None) -> Generator[float | None, None, None]:
     """After an op: message collectives are issued (their consumer waits); staged ones run on
     their links, overlapped (joined later) or blocking the stream now."""
     issued: dict[str, Handle] = {}
@@ -222,7 +222,7 @@ def _run_collectives(env: simpy.Environment, op: OpPlan, links: Links, account: 
             continue
         if call.launch_s > 0.0:
             start = env.now
-            yield env.timeout(call.launch_s)
+            yield call.launch_s
             account.fixed_s += call.launch_s
             account.launch_s += call.launch_s
             account.launch_count += 1
@@ -234,7 +234,7 @@ def _run_collectives(env: simpy.Environment, op: OpPlan, links: Links, account: 
             account.overlapped_end_s = max(account.overlapped_end_s, end)
         elif end > env.now:
             start = env.now
-            yield env.timeout(end - start)
+            yield end - start
             account.collective_s += end - start
             if recorder is not None:
                 recorder.interval("wait", start, end, call.name)
