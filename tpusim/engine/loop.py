@@ -36,23 +36,36 @@ __all__ = ["Driver", "EventLoop"]
 
 
 class EventLoop(simpy.Environment):
-    """SimPy's environment with :meth:`call_later` and a direct :meth:`run` (module docstring)."""
+    """SimPy's environment with :meth:`call_later` and a direct :meth:`run` (module docstring).
+
+    ``now`` is a plain attribute here (SimPy's is a property over ``_now``, which becomes the
+    alias): the engine reads the clock at every event."""
+
+    now: float = 0.0  # type: ignore[assignment]  # shadows SimPy's read-only property
 
     def __init__(self) -> None:
         super().__init__()
         self.scheduled = 0  # queue entries made; also each entry's insertion number
 
+    @property  # type: ignore[override]
+    def _now(self) -> float:
+        return self.now
+
+    @_now.setter
+    def _now(self, value: float) -> None:
+        self.now = value
+
     def schedule(self, event: Event, priority: EventPriority = NORMAL, delay: float = 0) -> None:
         count = self.scheduled
         self.scheduled = count + 1
-        heappush(self._queue, (self._now + delay, priority, count, event))
+        heappush(self._queue, (self.now + delay, priority, count, event))
 
     def call_later(self, delay: float, fn: Callable[[Any], None], arg: Any = None,
                    priority: int = NORMAL) -> None:
         """Call ``fn(arg)`` at ``now + delay``, in SimPy's order among events at that time."""
         count = self.scheduled
         self.scheduled = count + 1
-        heappush(self._queue, (self._now + delay, priority, count, fn, arg))  # type: ignore[arg-type]
+        heappush(self._queue, (self.now + delay, priority, count, fn, arg))  # type: ignore[arg-type]
 
     def run(self, until: Any = None) -> Any:
         """Run until no entry is left (with ``until``: SimPy's own loop)."""
@@ -61,7 +74,7 @@ class EventLoop(simpy.Environment):
         queue: list[Any] = self._queue
         while queue:
             entry = heappop(queue)
-            self._now = entry[0]
+            self.now = entry[0]
             if len(entry) == 5:
                 entry[3](entry[4])
                 continue
@@ -80,7 +93,7 @@ class EventLoop(simpy.Environment):
         queue: list[Any] = self._queue
         if queue and len(queue[0]) == 5:
             entry = heappop(queue)
-            self._now = entry[0]
+            self.now = entry[0]
             entry[3](entry[4])
             return
         super().step()
