@@ -147,6 +147,8 @@ class _Builder:
         self.peaks: dict[str, tuple[float, str]] = {}
         self.state_bytes: dict[int, int] = {}
         self.splits: dict[tuple[str, int, int], tuple[int, int]] = {}
+        self.expert_layouts: dict[tuple[object, ...], tuple[tuple[tuple[str, int], ...],
+                                                            tuple[tuple[int, ...], ...]]] = {}
 
     def release_plan(self, index: int, tensor: TensorSpec | None = None, layer: int = 0, chunk: int = 0) -> OpPlan:
         """The op whose start issues slab ``chunk`` of ``tensor`` read by op ``index`` (step 3)."""
@@ -279,15 +281,33 @@ class _Builder:
         ring = self.ring_of(ROUTED, self.families[ROUTED].buffers)
         slab = self.new_slab(ROUTED, f"{op.name}{label_suffix}", op.layer, op_index, self.pool_of(ROUTED, ring), ring)
         # chunk = the expert's entry in the layer's expert list (the kernel's vocabulary)
-        entry = op.expert_index or 0
-        for tensor in op.tensors:
-            name = f"{tensor.name}{label_suffix}"
-            values, scales = self.split_bytes(tensor)
-            if values:
-                self.add_desc(slab, ROUTED, name, op.layer, entry, values)
-            if scales:
-                self.add_desc(slab, ROUTED, f"{name}.scales", op.layer, entry, scales)
+        entry, layer = op.expert_index or 0, op.layer
+        for name, nbytes in self.expert_layout(op, label_suffix)[0]:
+            self.add_desc(slab, ROUTED, name, layer, entry, nbytes)
         return slab
+
+    def expert_layout(self, op: Op, label_suffix: str = "") -> tuple[tuple[tuple[str, int], ...],
+                                                                      tuple[tuple[int, ...], ...]]:
+        """An expert op's copies as (label, bytes), values then scales per tensor, and per
+        tensor the positions of the copies a piece reading it waits for (the copies named
+        after it). Every expert of every layer has the same few tensor shapes: memoised."""
+        key = (label_suffix, *[(t.name, t.format_name, t.rows, t.cols) for t in op.tensors])
+        layout = self.expert_layouts.get(key)
+        if layout is None:
+            copies: list[tuple[str, int]] = []
+            for tensor in op.tensors:
+                name = f"{tensor.name}{label_suffix}"
+                values, scales = self.split_bytes(tensor)
+                if values:
+                    copies.append((name, values))
+                if scales:
+                    copies.append((f"{name}.scales", scales))
+            by_tensor: dict[str, list[int]] = {}
+            for position, (name, _bytes) in enumerate(copies):
+                by_tensor.setdefault(name.removesuffix(".scales"), []).append(position)
+            layout = self.expert_layouts[key] = (
+                tuple(copies), tuple(tuple(by_tensor.get(tensor.name, ())) for tensor in op.tensors))
+        return layout
 
     def split_bytes(self, tensor: TensorSpec) -> tuple[int, int]:
         """(value bytes, scale bytes) of a whole tensor (an expert's tensors repeat in every slot)."""
@@ -386,15 +406,16 @@ def _lower_expert(b: _Builder, op: Op, plan_: OpPlan,
         layer_experts.setdefault(op.layer, []).append((slab, wasted))
     else:
         b.release_plan(plan_.index).start_releases.append(slab)
-    by_tensor: dict[str, list[Descriptor]] = {}
-    for desc in slab.descs:
-        by_tensor.setdefault(desc.tensor.removesuffix(".scales"), []).append(desc)
+    waits = b.expert_layout(op)[1]
+    descs = slab.descs
     peak = b.peak(op)
-    pairs = list(zip(op.tensors, op.matmuls, strict=False))
-    for position, (tensor, (rows, contraction, cols)) in enumerate(pairs):
-        last = position == len(pairs) - 1
-        plan_.pieces.append(Piece(b.matmul_s(rows, contraction, cols, peak), MXU,
-                                  tuple(by_tensor.get(tensor.name, ())), (slab,) if last else ()))
+    matmuls = op.matmuls
+    pairs = min(len(op.tensors), len(matmuls))
+    pieces = plan_.pieces
+    for position in range(pairs):
+        rows, contraction, cols = matmuls[position]
+        pieces.append(Piece(b.matmul_s(rows, contraction, cols, peak), MXU,
+                            tuple([descs[i] for i in waits[position]]), (slab,) if position == pairs - 1 else ()))
     if not pairs:
         plan_.pieces.append(Piece(0.0, MXU, tuple(slab.descs), (slab,)))
 

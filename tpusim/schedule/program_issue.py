@@ -248,9 +248,25 @@ def cached_issue_plan(program: Program, schedule: Schedule) -> ProgramIssuePlan:
         if known is program and known_digest == digest:
             _RECENT.append(_RECENT.pop(index))
             return plan
-    plan = program_issue_plan(program, schedule)
+    plan = program_issue_plan(program, schedule, cached_program_facts(program))
     remember_issue_plan(program, schedule, plan, digest)
     return plan
+
+
+_FACTS: list[tuple[Program, ProgramFacts]] = []  # small LRU: a sweep plans many schedules of one program
+
+
+def cached_program_facts(program: Program) -> ProgramFacts:
+    """:func:`program_facts`, remembered for the last few programs (they depend on the program
+    only: every schedule :func:`cached_issue_plan` plans for one program reads the same facts)."""
+    for index, (known, facts) in enumerate(_FACTS):
+        if known is program:
+            _FACTS.append(_FACTS.pop(index))
+            return facts
+    facts = program_facts(program)
+    _FACTS.append((program, facts))
+    del _FACTS[:-8]
+    return facts
 
 
 def remember_issue_plan(program: Program, schedule: Schedule, plan: ProgramIssuePlan, digest: str = "") -> None:
@@ -262,7 +278,9 @@ def remember_issue_plan(program: Program, schedule: Schedule, plan: ProgramIssue
 
 
 def forget_issue_plans() -> None:
-    """Empty :func:`cached_issue_plan`'s memory (a benchmark timing a new candidate's planning)."""
+    """Empty :func:`cached_issue_plan`'s memory of plans (a benchmark timing a new candidate's
+    planning); the program's facts (:func:`cached_program_facts`) are kept, as a sweep keeps
+    them across its candidates."""
     _RECENT.clear()
 
 
