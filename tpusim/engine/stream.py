@@ -104,6 +104,7 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
     sleep, or None while a copy it waits on (``desc.waiter = driver``) has not landed."""
     joins: dict[int, float] = {}
     consumed: dict[int, list[Handle]] = {}  # op index -> message collectives it waits for
+    exposed_by_family, unit_busy, by_phase = account.exposed_by_family, account.unit_busy, account.compute_by_phase
     if per_step_s > 0.0:
         yield per_step_s
         account.fixed_s += per_step_s
@@ -124,7 +125,36 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
             staging.release_many(op.start_releases)
         if events is not None:
             events.append(("compute", op.name, op.layer))
-        yield from _run_pieces(env, driver, op, hbm, staging, account, recorder, events)
+        # the op's pieces (inlined here: one generator frame per resumption, none per op)
+        phase = op.phase
+        for duration, unit, waits, frees, releases, writes in op.pieces:
+            for desc in waits:
+                if events is not None:
+                    events.append(("dma_wait", desc.family, desc.tensor, desc.layer, desc.chunk))
+                if not desc.landed:  # exposed DMA: sleep until it lands
+                    start = env.now
+                    desc.waiter = driver
+                    yield None
+                    stalled = env.now - start
+                    account.exposed_dma_s += stalled
+                    exposed_by_family[desc.family] = exposed_by_family.get(desc.family, 0.0) + stalled
+                    if recorder is not None:
+                        recorder.interval("wait", start, env.now, f"wait {desc.tensor} L{desc.layer}")
+            if duration > 0.0:
+                start = env.now
+                yield duration
+                unit_busy[unit] += duration
+                by_phase[phase] = by_phase.get(phase, 0.0) + duration
+                if recorder is not None:
+                    recorder.interval(UNIT_NAMES[unit], start, env.now, f"{op.name} L{op.layer}")
+            for slab in frees:
+                staging.free(slab)
+            if releases:
+                staging.release_many(releases)
+            if writes:
+                for desc in writes:
+                    hbm.enqueue(desc)
+                hbm.pump()
         if op.end_releases:
             staging.release_many(op.end_releases)
         for slab in op.resolves:
@@ -171,43 +201,6 @@ def _launch_and_join(env: EventLoop, op: OpPlan, links: Links, account: StreamAc
         account.collective_s += join_s - start
         if recorder is not None:
             recorder.interval("wait", start, join_s, "collective join")
-
-
-def _run_pieces(env: EventLoop, driver: Driver, op: OpPlan, hbm: HbmServer, staging: StagingMemory,
-                account: StreamAccount, recorder: Recorder | None,
-                events: list[tuple[Any, ...]] | None) -> Generator[float | None, None, None]:
-    """An op's pieces in order: wait for each piece's copies (exposed DMA), compute, free."""
-    exposed_by_family = account.exposed_by_family
-    phase = op.phase
-    for piece in op.pieces:
-        duration, unit, waits, frees, releases, writes = piece
-        for desc in waits:
-            if events is not None:
-                events.append(("dma_wait", desc.family, desc.tensor, desc.layer, desc.chunk))
-            if not desc.landed:
-                start = env.now
-                desc.waiter = driver
-                yield None
-                stalled = env.now - start
-                account.exposed_dma_s += stalled
-                exposed_by_family[desc.family] = exposed_by_family.get(desc.family, 0.0) + stalled
-                if recorder is not None:
-                    recorder.interval("wait", start, env.now, f"wait {desc.tensor} L{desc.layer}")
-        if duration > 0.0:
-            start = env.now
-            yield duration
-            account.unit_busy[unit] += duration
-            account.compute_by_phase[phase] = account.compute_by_phase.get(phase, 0.0) + duration
-            if recorder is not None:
-                recorder.interval(UNIT_NAMES[unit], start, env.now, f"{op.name} L{op.layer}")
-        for slab in frees:
-            staging.free(slab)
-        if releases:
-            staging.release_many(releases)
-        if writes:
-            for desc in writes:
-                hbm.enqueue(desc)
-            hbm.pump()
 
 
 def _run_collectives(env: EventLoop, op: OpPlan, links: Links, account: StreamAccount,
