@@ -133,6 +133,7 @@ class _Builder:
         self.kv_ring = Ring("kv_tiles", schedule.kv_buffers)
         self.state_ring = Ring(StateFamily.KDA_STATE, 1)
         self.matmul_cache: dict[tuple[int, int, int, float], float] = {}
+        self.vector_cache: dict[float, float] = {}
         self.families: dict[str, FamilySchedule] = {name: schedule.family(name) for name in SCHEDULE_FAMILIES}
         speculative = schedule.expert_issue == "speculative" and policy.cross_op_prefetch
         self.miss_rate = schedule.speculation_miss_rate if speculative else 0.0
@@ -203,6 +204,13 @@ class _Builder:
             cached = self.matmul_cache[key] = (
                 matmul_time_s(rows, contraction, cols, self.matrix, peak[0], peak[1]) * self.compute_scale
             )
+        return cached
+
+    def vector_s(self, vector_flops: float) -> float:
+        """VPU time of ``vector_flops`` (ops of a kind repeat in every layer: memoised)."""
+        cached = self.vector_cache.get(vector_flops)
+        if cached is None:
+            cached = self.vector_cache[vector_flops] = vector_time_s(vector_flops, self.chip) * self.compute_scale
         return cached
 
     def peak(self, op: Op) -> tuple[float, str]:
@@ -355,7 +363,7 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
         if b.kernels.kernel_names:
             plan_.kernel = b.kernels.kernel_names[index]
         plans.append(plan_)
-        vector_s = vector_time_s(op.vector_flops, chip) * b.compute_scale
+        vector_s = b.vector_s(op.vector_flops)
         if _is_expert_op(op):
             _lower_expert(b, op, plan_, layer_experts)
         elif op.tensors:
