@@ -332,6 +332,7 @@ def program_reads(facts: ProgramFacts, schedule: Schedule, rings: dict[str, Ring
     for op, at in where:
         name, family, key, nbytes = facts.reads[op][at]
         ring = rings[tensor_ring.get(name, name)]
+        pooled = ring.name.startswith("pool:")
         slabs = None
         if name == EXPERT_RING:
             first = key[1]  # type: ignore[index]
@@ -343,15 +344,15 @@ def program_reads(facts: ProgramFacts, schedule: Schedule, rings: dict[str, Ring
             if slabs is None:
                 slabs = slab_count[name, nbytes] = _slabs(facts.kinds[name], nbytes, schedule, family)
             if (name, key) not in first_slot:
-                if ring.name.startswith("pool:"):
+                if pooled:
                     first_slot[name, key] = banks_used.get(ring.name, 0)
                     banks_used[ring.name] = first_slot[name, key] + slabs
                 else:
                     seen = ordinals.setdefault(name, {})
                     first_slot[name, key] = seen.setdefault(key, len(seen)) * ring.num_slabs
             first = first_slot[name, key]
-            key = (name, key) if ring.name.startswith("pool:") else key
-        distance = ring_distance.get(family) if ring.name.startswith("pool:") else None
+            key = (name, key) if pooled else key
+        distance = ring_distance.get(family) if pooled else None
         out[op].append(Read(ring.name, key, first, slabs if slabs != ring.num_slabs else None, distance))
     return out
 
