@@ -188,9 +188,10 @@ class _Builder:
 
     def add_desc(self, slab: Slab | None, family: str, tensor: str, layer: int, chunk: int, nbytes: int,
                  *, write: bool = False, frees_slab: Slab | None = None) -> Descriptor:
-        desc = Descriptor(self.desc_seq, family, tensor, layer, chunk, nbytes, slab,
-                          write=write, frees_slab=frees_slab)
-        self.desc_seq += 1
+        seq = self.desc_seq
+        desc = (Descriptor(seq, family, tensor, layer, chunk, nbytes, slab, write=write, frees_slab=frees_slab)
+                if write or frees_slab is not None else Descriptor(seq, family, tensor, layer, chunk, nbytes, slab))
+        self.desc_seq = seq + 1
         if slab is not None:
             slab.descs.append(desc)
             slab.nbytes += nbytes
@@ -239,12 +240,15 @@ class _Builder:
         """Row slabs of a (non-expert) weight tensor: [(slab, rows in it)]."""
         ring, pool, chunk_bytes = self.tensor_queue(tensor)
         out: list[tuple[Slab, int]] = []
+        family, name = tensor.family, tensor.name
+        scales_name = None
         for chunk, (rows, values, scales) in enumerate(self.slab_cut(tensor, chunk_bytes)):
-            slab = self.new_slab(tensor.family, tensor.name, layer, op_index, pool, ring)
+            slab = self.new_slab(family, name, layer, op_index, pool, ring)
             if values:
-                self.add_desc(slab, tensor.family, tensor.name, layer, chunk, values)
+                self.add_desc(slab, family, name, layer, chunk, values)
             if scales:
-                self.add_desc(slab, tensor.family, f"{tensor.name}.scales", layer, chunk, scales)
+                scales_name = scales_name or f"{name}.scales"
+                self.add_desc(slab, family, scales_name, layer, chunk, scales)
             out.append((slab, rows))
         return out
 
