@@ -11,12 +11,15 @@ Steps of :func:`simulate`:
    :class:`~tpusim.schedule.vmem.InfeasibleSchedule`) naming the moment, the layer and the buffers.
 3. Lower program + schedule into copies, buffers and compute pieces
    (:mod:`tpusim.engine.build`).
-4. Build the SimPy environment: the HBM server (:mod:`tpusim.engine.hbm`), the staging
-   memory (:mod:`tpusim.engine.staging`), the links and the compute-stream process
-   (:mod:`tpusim.engine.stream`), and run until no event is left.
+4. Build the event loop (:mod:`tpusim.engine.loop`: SimPy's environment and queue, with
+   lean callbacks), the HBM server (:mod:`tpusim.engine.hbm`), the staging memory
+   (:mod:`tpusim.engine.staging`), the links and the compute stream
+   (:mod:`tpusim.engine.stream`, a generator the loop drives as SimPy would a process), and
+   run until no event is left; then break the lowered program's reference cycles.
 5. Turn the accounts into a :class:`~tpusim.engine.result.SimResult`.
 
-Determinism: SimPy orders simultaneous events by (time, priority, insertion); every other
+Determinism: the loop orders simultaneous events by (time, priority, insertion), as SimPy
+does, and queues each at the moment SimPy would (:mod:`tpusim.engine.loop`); every other
 order in the engine is explicit (copies by consumption sequence, pools by admission order,
 dicts by insertion), so equal inputs give identical results and event lists.
 """

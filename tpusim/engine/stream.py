@@ -14,7 +14,9 @@ stream *does* wait for is other resources:
   runs on the link while the stream goes on, and the op that consumes its result waits for
   it (:mod:`tpusim.engine.build` names that op).
 
-Per op ``i`` the process does (pseudocode of :func:`compute_stream`)::
+The stream is a generator driven by :class:`tpusim.engine.loop.Driver` (as a SimPy process
+would be: it yields a delay, or waits for a copy's landing). Per op ``i`` it does
+(pseudocode of :func:`compute_stream`)::
 
     if op starts a layer: wait per_layer_overhead
     wait op.launch_s                            # the kernel launches the policy charges here
