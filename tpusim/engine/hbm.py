@@ -196,9 +196,10 @@ class HbmServer:
             self.last_s = now
         streaming = self.streaming
         landed: list[Descriptor] = []
-        limit = self.virtual_bytes * (1.0 + RELATIVE_TOLERANCE) + BYTE_TOLERANCE
-        while streaming and streaming[0][0] <= limit:
-            landed.append(heapq.heappop(streaming)[2])
+        if streaming:
+            limit = self.virtual_bytes * (1.0 + RELATIVE_TOLERANCE) + BYTE_TOLERANCE
+            while streaming and streaming[0][0] <= limit:
+                landed.append(heapq.heappop(streaming)[2])
         by_stream, streams = self.by_stream, self.streams
         if by_stream:
             for desc in landed:
@@ -236,5 +237,6 @@ class HbmServer:
                 if desc.waiter is not None:  # the compute stream waits on this copy
                     desc.waiter.wake()
                 on_land(desc)
-        self._issue()
+        if self.queue and self.in_flight < self.max_in_flight:
+            self._issue()
         self._reschedule(now)
