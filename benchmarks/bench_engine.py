@@ -13,13 +13,17 @@ schedule with a ``deployment``) runs on its deployment's plan and collective alg
 ``--cold`` times the case a sweep pays for: every run simulates a fresh copy of the
 schedule with the issue-plan cache emptied first
 (:func:`tpusim.schedule.program_issue.forget_issue_plans`), so planning, lowering and the
-event loop are all timed; without it, runs after the warm-up reuse the cached issue plan.
+event loop are all timed (the program's schedule-independent facts stay memoised, as they
+do across a sweep's candidates); without it, runs after the warm-up reuse the cached plan.
+Uncalibrated chip figures, as for the built-ins (a ``best.json``'s description quotes its
+sweep's step time, which may have used other figures).
 
-For each case it builds the program once (K3 on tpu-v7 x16, the published TP32 plan, per
-device), simulates it ``--runs`` times on the fast path (no timeline, no events) and prints
-the median wall time per step, the median CPU time of this process per step (what to
-compare on a machine shared with other jobs: wall time there counts waiting for a core),
-SimPy events per second, copies per step and the simulated step time. Target (issue 11):
+For each case it builds the program once (K3 on tpu-v7 x16, the published TP32 plan or the
+file's deployment, per device), simulates it ``--runs`` times on the fast path (no
+timeline, no events) and prints the median wall time per step, the median CPU time of this
+process per step (what to compare on a machine shared with other jobs: wall time there
+counts waiting for a core), engine events per second, copies per step and the simulated
+step time. Target (issue 11):
 <= 0.1 s per full K3 step at batch 1 with the message-level collectives, on the project's
 2-core machine (a sweep, a calibration and every interval re-simulation depend on it).
 ``--profile`` prints the top of a cProfile of one run.
