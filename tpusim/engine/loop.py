@@ -129,5 +129,8 @@ class Driver:
         except StopIteration:
             self.alive = False
             return
-        if delay is not None:
-            self.loop.call_later(delay, self.resume, None)
+        if delay is not None:  # call_later, inlined (once per compute piece)
+            loop = self.loop
+            count = loop.scheduled
+            loop.scheduled = count + 1
+            heappush(loop._queue, (loop.now + delay, NORMAL, count, self.resume, None))  # type: ignore[arg-type]

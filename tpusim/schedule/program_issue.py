@@ -12,7 +12,7 @@ a layer's small-parameter row is read by every op in
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tpusim.schedule.issue_plan import (
     EXPERT_RING,
@@ -53,6 +53,8 @@ class ProgramIssuePlan:
     arena_bytes: dict[str, int]
     routing_op: dict[int, int]  # layer -> op whose routing decision issues its experts
     tensor_ring: dict[str, str]  # tensor name -> ring (weights other than small and experts)
+    _rings_seen: dict[tuple[str, str], tuple[str, bool, bool]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)  # weight_issue's memo
 
     def max_lead_ops(self) -> int:
         """The most ops any copy is issued before its consumer."""
@@ -69,10 +71,14 @@ class ProgramIssuePlan:
 
     def weight_issue(self, tensor: str, family: str, layer: int, chunk: int) -> int:
         """Op at whose start slab ``chunk`` of ``tensor`` (of ``layer``) is issued."""
-        ring = self.ring_of(tensor, family)
-        if ring == SMALL_RING:
+        where = self._rings_seen.get((tensor, family))
+        if where is None:  # the ring and its kind, once per tensor kind
+            ring = self.ring_of(tensor, family)
+            where = self._rings_seen[tensor, family] = (ring, ring == SMALL_RING, ring.startswith("pool:"))
+        ring, small, pooled = where
+        if small:
             return self.plan.issue[Unit(ring, layer, 0)]
-        key: object = (tensor, layer) if ring.startswith("pool:") else layer
+        key: object = (tensor, layer) if pooled else layer
         return self.plan.issue[Unit(ring, key, chunk)]
 
     def expert_issue(self, layer: int, entry: int) -> tuple[int, bool]:
