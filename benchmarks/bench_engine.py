@@ -5,12 +5,25 @@ Run::
     .venv/bin/python benchmarks/bench_engine.py                      # published, batch 1, 7 runs
     .venv/bin/python benchmarks/bench_engine.py --schedule naive --batch 8 --runs 11
     .venv/bin/python benchmarks/bench_engine.py --all                # every built-in, batch 1 and 8
+    .venv/bin/python benchmarks/bench_engine.py --schedule best.json --batch 8 --cold --runs 5
 
-For each case it builds the program once (K3 on tpu-v7 x16, the published TP32 plan, per
-device), simulates it ``--runs`` times on the fast path (no timeline, no events) and prints
-the median wall time per step, the median CPU time of this process per step (what to
-compare on a machine shared with other jobs: wall time there counts waiting for a core),
-SimPy events per second, copies per step and the simulated step time. Target (issue 11):
+``--schedule`` takes a built-in name or a schedule JSON; a joint sweep's ``best.json`` (a
+schedule with a ``deployment``) runs on its deployment's plan and collective algorithms, as
+``tpusim simulate`` does (the batch is ``--batch``: the file's description says which).
+``--cold`` times the case a sweep pays for: every run simulates a fresh copy of the
+schedule with the issue-plan cache emptied first
+(:func:`tpusim.schedule.program_issue.forget_issue_plans`), so planning, lowering and the
+event loop are all timed (the program's schedule-independent facts stay memoised, as they
+do across a sweep's candidates); without it, runs after the warm-up reuse the cached plan.
+Uncalibrated chip figures, as for the built-ins (a ``best.json``'s description quotes its
+sweep's step time, which may have used other figures).
+
+For each case it builds the program once (K3 on tpu-v7 x16, the published TP32 plan or the
+file's deployment, per device), simulates it ``--runs`` times on the fast path (no
+timeline, no events) and prints the median wall time per step, the median CPU time of this
+process per step (what to compare on a machine shared with other jobs: wall time there
+counts waiting for a core), engine events per second, copies per step and the simulated
+step time. Target (issue 11):
 <= 0.1 s per full K3 step at batch 1 with the message-level collectives, on the project's
 2-core machine (a sweep, a calibration and every interval re-simulation depend on it).
 ``--profile`` prints the top of a cProfile of one run.
@@ -39,30 +52,39 @@ from typing import Any
 
 from hwmodels.catalog import make_system
 from tpusim.engine import InfeasibleSchedule, simulate
+from tpusim.schedule.program_issue import forget_issue_plans
 from tpusim.schedule.schema import BUILTIN_SCHEDULES, load_schedule
 from tpusim.workload.floors import floors
-from tpusim.workload.model_catalog import load_model, plan_for
+from tpusim.workload.model_catalog import deployment_plan, load_model, plan_for
 from tpusim.workload.program import build_program
 
 RELATIVE_TOLERANCE = 1e-12
 
 
-def bench(schedule_name: str, batch: int, runs: int, *, profile: bool = False) -> dict[str, Any]:
+def bench(schedule_name: str, batch: int, runs: int, *, profile: bool = False, cold: bool = False) -> dict[str, Any]:
     system = make_system("tpu-v7", 16, calibrated=False)
     model = load_model("kimi-k3")
-    plan = plan_for(model, system.devices, devices_per_chip=system.chip.devices_per_chip)
-    program = build_program(model, plan, batch=batch)
     schedule = load_schedule(schedule_name)
+    if schedule.deployment is not None:  # a joint sweep's best.json: its plan and algorithms
+        plan = deployment_plan(model, system.chip, system.chips, schedule.deployment.plan,
+                               schedule.deployment.collectives)
+    else:
+        plan = plan_for(model, system.devices, devices_per_chip=system.chip.devices_per_chip)
+    program = build_program(model, plan, batch=batch)
     result = simulate(program, schedule, system.chip)  # warm-up (imports, caches)
     walls, cpus = [], []
-    for _ in range(runs):
+    for run in range(runs):
+        if cold:  # a new candidate: nothing planned for it yet
+            forget_issue_plans()
+            fresh = schedule.model_copy(update={"name": f"{schedule.name}-cold{run}"})
         began, began_cpu = time.perf_counter(), time.process_time()
-        result = simulate(program, schedule, system.chip)
+        result = simulate(program, fresh if cold else schedule, system.chip)
         walls.append(time.perf_counter() - began)
         cpus.append(time.process_time() - began_cpu)
     median = statistics.median(walls)
     floor = floors(program, system.chip).floor_s
-    print(f"{schedule_name:20s} batch {batch}: median {median * 1e3:7.1f} ms wall/step "
+    label = Path(schedule_name).name if schedule_name.endswith(".json") else schedule_name
+    print(f"{label:20s} batch {batch}{' cold' if cold else ''}: median {median * 1e3:7.1f} ms wall/step "
           f"(min {min(walls) * 1e3:.1f}; CPU median {statistics.median(cpus) * 1e3:.1f}), "
           f"{result.event_count / median:9.0f} events/s, "
           f"{result.event_count} events, {result.dma_count} copies, {len(program.ops)} ops; "
@@ -70,6 +92,8 @@ def bench(schedule_name: str, batch: int, runs: int, *, profile: bool = False) -
     if profile:
         profiler = cProfile.Profile()
         profiler.enable()
+        if cold:
+            forget_issue_plans()
         simulate(program, schedule, system.chip)
         profiler.disable()
         pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
@@ -102,6 +126,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--all", action="store_true", help="every built-in schedule at batch 1 and 8")
     parser.add_argument("--profile", action="store_true", help="cProfile one run")
+    parser.add_argument("--cold", action="store_true",
+                        help="each run a fresh copy of the schedule, issue-plan cache emptied (a sweep's case)")
     parser.add_argument("--results-out", type=Path, help="write the simulated results (JSON)")
     parser.add_argument("--results-check", type=Path, help="compare the simulated results with this file")
     args = parser.parse_args()
@@ -110,7 +136,7 @@ def main() -> None:
     results = {}
     for name, batch in cases:
         try:
-            results[f"{name} b{batch}"] = bench(name, batch, args.runs, profile=args.profile)
+            results[f"{name} b{batch}"] = bench(name, batch, args.runs, profile=args.profile, cold=args.cold)
         except InfeasibleSchedule as error:  # e.g. layer-double-buffer at batch 8 (docs/vmem.md)
             print(f"{name:20s} batch {batch}: does not fit on-chip memory ({str(error)[:90]}...)")
     if args.results_out:

@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import simpy
 
 from hwmodels.catalog import make_system
 from hwmodels.schema import DmaSpec
 from tpusim.engine.hbm import HbmServer, stream_of
 from tpusim.engine.items import Descriptor, Pool, Ring, Slab
+from tpusim.engine.loop import EventLoop
 
 US = 1e-6
 
@@ -52,7 +52,7 @@ def _copies() -> list[Descriptor]:
 
 
 def _land_times(unit: str) -> list[float]:
-    env = simpy.Environment()
+    env = EventLoop()
     copies = _copies()
     server = HbmServer(env, 1e9, _dma(unit), 8, lambda desc: None, None, None)
     for desc in copies:

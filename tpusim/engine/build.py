@@ -133,6 +133,7 @@ class _Builder:
         self.kv_ring = Ring("kv_tiles", schedule.kv_buffers)
         self.state_ring = Ring(StateFamily.KDA_STATE, 1)
         self.matmul_cache: dict[tuple[int, int, int, float], float] = {}
+        self.vector_cache: dict[float, float] = {}
         self.families: dict[str, FamilySchedule] = {name: schedule.family(name) for name in SCHEDULE_FAMILIES}
         speculative = schedule.expert_issue == "speculative" and policy.cross_op_prefetch
         self.miss_rate = schedule.speculation_miss_rate if speculative else 0.0
@@ -147,6 +148,8 @@ class _Builder:
         self.peaks: dict[str, tuple[float, str]] = {}
         self.state_bytes: dict[int, int] = {}
         self.splits: dict[tuple[str, int, int], tuple[int, int]] = {}
+        self.expert_layouts: dict[tuple[object, ...], tuple[tuple[tuple[str, int], ...],
+                                                            tuple[tuple[int, ...], ...]]] = {}
 
     def release_plan(self, index: int, tensor: TensorSpec | None = None, layer: int = 0, chunk: int = 0) -> OpPlan:
         """The op whose start issues slab ``chunk`` of ``tensor`` read by op ``index`` (step 3)."""
@@ -185,9 +188,10 @@ class _Builder:
 
     def add_desc(self, slab: Slab | None, family: str, tensor: str, layer: int, chunk: int, nbytes: int,
                  *, write: bool = False, frees_slab: Slab | None = None) -> Descriptor:
-        desc = Descriptor(self.desc_seq, family, tensor, layer, chunk, nbytes, slab,
-                          write=write, frees_slab=frees_slab)
-        self.desc_seq += 1
+        seq = self.desc_seq
+        desc = (Descriptor(seq, family, tensor, layer, chunk, nbytes, slab, write=write, frees_slab=frees_slab)
+                if write or frees_slab is not None else Descriptor(seq, family, tensor, layer, chunk, nbytes, slab))
+        self.desc_seq = seq + 1
         if slab is not None:
             slab.descs.append(desc)
             slab.nbytes += nbytes
@@ -201,6 +205,13 @@ class _Builder:
             cached = self.matmul_cache[key] = (
                 matmul_time_s(rows, contraction, cols, self.matrix, peak[0], peak[1]) * self.compute_scale
             )
+        return cached
+
+    def vector_s(self, vector_flops: float) -> float:
+        """VPU time of ``vector_flops`` (ops of a kind repeat in every layer: memoised)."""
+        cached = self.vector_cache.get(vector_flops)
+        if cached is None:
+            cached = self.vector_cache[vector_flops] = vector_time_s(vector_flops, self.chip) * self.compute_scale
         return cached
 
     def peak(self, op: Op) -> tuple[float, str]:
@@ -229,12 +240,15 @@ class _Builder:
         """Row slabs of a (non-expert) weight tensor: [(slab, rows in it)]."""
         ring, pool, chunk_bytes = self.tensor_queue(tensor)
         out: list[tuple[Slab, int]] = []
+        family, name = tensor.family, tensor.name
+        scales_name = None
         for chunk, (rows, values, scales) in enumerate(self.slab_cut(tensor, chunk_bytes)):
-            slab = self.new_slab(tensor.family, tensor.name, layer, op_index, pool, ring)
+            slab = self.new_slab(family, name, layer, op_index, pool, ring)
             if values:
-                self.add_desc(slab, tensor.family, tensor.name, layer, chunk, values)
+                self.add_desc(slab, family, name, layer, chunk, values)
             if scales:
-                self.add_desc(slab, tensor.family, f"{tensor.name}.scales", layer, chunk, scales)
+                scales_name = scales_name or f"{name}.scales"
+                self.add_desc(slab, family, scales_name, layer, chunk, scales)
             out.append((slab, rows))
         return out
 
@@ -279,15 +293,33 @@ class _Builder:
         ring = self.ring_of(ROUTED, self.families[ROUTED].buffers)
         slab = self.new_slab(ROUTED, f"{op.name}{label_suffix}", op.layer, op_index, self.pool_of(ROUTED, ring), ring)
         # chunk = the expert's entry in the layer's expert list (the kernel's vocabulary)
-        entry = op.expert_index or 0
-        for tensor in op.tensors:
-            name = f"{tensor.name}{label_suffix}"
-            values, scales = self.split_bytes(tensor)
-            if values:
-                self.add_desc(slab, ROUTED, name, op.layer, entry, values)
-            if scales:
-                self.add_desc(slab, ROUTED, f"{name}.scales", op.layer, entry, scales)
+        entry, layer = op.expert_index or 0, op.layer
+        for name, nbytes in self.expert_layout(op, label_suffix)[0]:
+            self.add_desc(slab, ROUTED, name, layer, entry, nbytes)
         return slab
+
+    def expert_layout(self, op: Op, label_suffix: str = "") -> tuple[tuple[tuple[str, int], ...],
+                                                                      tuple[tuple[int, ...], ...]]:
+        """An expert op's copies as (label, bytes), values then scales per tensor, and per
+        tensor the positions of the copies a piece reading it waits for (the copies named
+        after it). Every expert of every layer has the same few tensor shapes: memoised."""
+        key = (label_suffix, *[(t.name, t.format_name, t.rows, t.cols) for t in op.tensors])
+        layout = self.expert_layouts.get(key)
+        if layout is None:
+            copies: list[tuple[str, int]] = []
+            for tensor in op.tensors:
+                name = f"{tensor.name}{label_suffix}"
+                values, scales = self.split_bytes(tensor)
+                if values:
+                    copies.append((name, values))
+                if scales:
+                    copies.append((f"{name}.scales", scales))
+            by_tensor: dict[str, list[int]] = {}
+            for position, (name, _bytes) in enumerate(copies):
+                by_tensor.setdefault(name.removesuffix(".scales"), []).append(position)
+            layout = self.expert_layouts[key] = (
+                tuple(copies), tuple(tuple(by_tensor.get(tensor.name, ())) for tensor in op.tensors))
+        return layout
 
     def split_bytes(self, tensor: TensorSpec) -> tuple[int, int]:
         """(value bytes, scale bytes) of a whole tensor (an expert's tensors repeat in every slot)."""
@@ -335,7 +367,7 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
         if b.kernels.kernel_names:
             plan_.kernel = b.kernels.kernel_names[index]
         plans.append(plan_)
-        vector_s = vector_time_s(op.vector_flops, chip) * b.compute_scale
+        vector_s = b.vector_s(op.vector_flops)
         if _is_expert_op(op):
             _lower_expert(b, op, plan_, layer_experts)
         elif op.tensors:
@@ -386,15 +418,16 @@ def _lower_expert(b: _Builder, op: Op, plan_: OpPlan,
         layer_experts.setdefault(op.layer, []).append((slab, wasted))
     else:
         b.release_plan(plan_.index).start_releases.append(slab)
-    by_tensor: dict[str, list[Descriptor]] = {}
-    for desc in slab.descs:
-        by_tensor.setdefault(desc.tensor.removesuffix(".scales"), []).append(desc)
+    waits = b.expert_layout(op)[1]
+    descs = slab.descs
     peak = b.peak(op)
-    pairs = list(zip(op.tensors, op.matmuls, strict=False))
-    for position, (tensor, (rows, contraction, cols)) in enumerate(pairs):
-        last = position == len(pairs) - 1
-        plan_.pieces.append(Piece(b.matmul_s(rows, contraction, cols, peak), MXU,
-                                  tuple(by_tensor.get(tensor.name, ())), (slab,) if last else ()))
+    matmuls = op.matmuls
+    pairs = min(len(op.tensors), len(matmuls))
+    pieces = plan_.pieces
+    for position in range(pairs):
+        rows, contraction, cols = matmuls[position]
+        pieces.append(Piece(b.matmul_s(rows, contraction, cols, peak), MXU,
+                            tuple([descs[i] for i in waits[position]]), (slab,) if position == pairs - 1 else ()))
     if not pairs:
         plan_.pieces.append(Piece(0.0, MXU, tuple(slab.descs), (slab,)))
 

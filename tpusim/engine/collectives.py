@@ -242,38 +242,40 @@ class MessageFabric:
             heapq.heappush(self.starts, (issued_s, self.sequence, _Flow(group, handle, phase, time_s)))
 
     # ----------------------------------------------------------------- the fluid
-    def _rates(self) -> dict[str, float]:
-        rates = {}
-        for link, flows in self.active.items():
-            if flows:
-                copies = sum(flow.group.count for flow in flows)
-                group = flows[0].group
-                rates[link] = min(group.per_copy_bytes_per_s, group.aggregate_bytes_per_s / copies)
-        return rates
-
     def _step(self, limit_s: float) -> bool:
         """Advance to the next event or ``limit_s``, whichever is first; False when idle."""
-        rates = self._rates()
+        now_s = self.now_s
         next_s = self.starts[0][0] if self.starts else INF
-        for link, rate in rates.items():
-            smallest = min(flow.left_bytes for flow in self.active[link])
-            next_s = min(next_s, self.now_s + smallest / rate)
+        moving: list[tuple[str, list[_Flow], float]] = []  # (link, its flows, per-copy rate)
+        for link, flows in self.active.items():
+            if not flows:
+                continue
+            group = flows[0].group
+            if len(flows) == 1:
+                rate = min(group.per_copy_bytes_per_s, group.aggregate_bytes_per_s / group.count)
+                smallest = flows[0].left_bytes
+            else:
+                copies = sum(flow.group.count for flow in flows)
+                rate = min(group.per_copy_bytes_per_s, group.aggregate_bytes_per_s / copies)
+                smallest = min(flow.left_bytes for flow in flows)
+            moving.append((link, flows, rate))
+            next_s = min(next_s, now_s + smallest / rate)
         if next_s == INF:
-            self.now_s = max(self.now_s, limit_s) if limit_s < INF else self.now_s
+            self.now_s = max(now_s, limit_s) if limit_s < INF else now_s
             return False
         target = min(next_s, limit_s)
-        elapsed = target - self.now_s
+        elapsed = target - now_s
         if elapsed > 0.0:
-            for link, rate in rates.items():
+            busy = self.busy_s
+            for link, flows, rate in moving:
                 moved = rate * elapsed
-                for flow in self.active[link]:
+                for flow in flows:
                     flow.left_bytes -= moved
-                self.busy_s[link] = self.busy_s.get(link, 0.0) + elapsed
+                busy[link] = busy.get(link, 0.0) + elapsed
         self.now_s = target
         if target < next_s:
             return True
-        for link, rate in rates.items():
-            flows = self.active[link]
+        for link, flows, rate in moving:
             # Drained: a residue of float rounding, or one the link would move in less than one
             # tick of the clock (the float spacing at now). Such a flow cannot advance the clock:
             # left waiting, it would be stepped forever (a few µB at 663 GB/s at t = 16 ms).

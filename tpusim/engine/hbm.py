@@ -37,10 +37,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import simpy
-
 from hwmodels.schema import DmaSpec
 from tpusim.engine.items import Descriptor
+from tpusim.engine.loop import EventLoop
 from tpusim.engine.timeline import Recorder
 from tpusim.schedule.program_issue import ROUTED
 
@@ -69,10 +68,11 @@ def stream_of(desc: Descriptor) -> object:
 class HbmServer:
     """Processor-sharing HBM bandwidth with an issue queue (see the module docstring)."""
 
-    def __init__(self, env: simpy.Environment, bandwidth_bytes_per_s: float, dma: DmaSpec,
+    def __init__(self, env: EventLoop, bandwidth_bytes_per_s: float, dma: DmaSpec,
                  max_in_flight: int, on_land: Callable[[Descriptor], None],
                  recorder: Recorder | None, events: list[tuple[Any, ...]] | None) -> None:
         self.env = env
+        self.call_later = env.call_later
         self.bandwidth = bandwidth_bytes_per_s
         self.latency_s = dma.issue_latency_s.value
         self.max_in_flight = max_in_flight
@@ -124,7 +124,7 @@ class HbmServer:
         if next_s < self.wake_at:
             self.wake_token += 1
             self.wake_at = next_s
-            self.env.timeout(next_s - now if next_s > now else 0.0, self.wake_token).callbacks.append(self._wake)
+            self.call_later(next_s - now if next_s > now else 0.0, self._wake, self.wake_token)
 
     # ----------------------------------------------------------------- issue
 
@@ -148,7 +148,13 @@ class HbmServer:
         if not self.queue or self.in_flight >= self.max_in_flight:
             return False
         now = self.env.now
-        self._advance(now)
+        elapsed = now - self.last_s  # _advance, inlined
+        if elapsed > 0.0:
+            if self.streaming:
+                self.virtual_bytes += self.rate * elapsed
+            if self.in_flight:
+                self.busy_s += elapsed
+            self.last_s = now
         queue = self.queue
         while queue and self.in_flight < self.max_in_flight:
             desc = heapq.heappop(queue)[1]
@@ -167,59 +173,70 @@ class HbmServer:
         heapq.heappush(self.streaming, (self.virtual_bytes + desc.nbytes, desc.seq, desc))
         if self.by_stream:
             streams = self.streams
-            key = stream_of(desc)
+            key = desc.stream = stream_of(desc)
             streams[key] = streams.get(key, 0) + 1
             self.rate = self.aggregate_by_k[len(streams)] / len(self.streaming)
         else:
             self.rate = self.rate_by_n[len(self.streaming)]
 
-    def _stop_streaming(self, desc: Descriptor) -> None:
-        """A copy landed: one fewer streaming in its stream (contention by stream)."""
-        streams = self.streams
-        key = stream_of(desc)
-        left = streams[key] - 1
-        if left:
-            streams[key] = left
-        else:
-            del streams[key]
-
     # ----------------------------------------------------------------- wake-ups
 
-    def _wake(self, event: simpy.Event) -> None:
-        if event.value != self.wake_token:
+    def _wake(self, token: int) -> None:
+        if token != self.wake_token:
             return  # superseded by an earlier wake-up
         self.wake_at = INF
         now = self.env.now
-        self._advance(now)
+        # _advance, inlined (this runs once per copy start and landing)
+        elapsed = now - self.last_s
+        if elapsed > 0.0:
+            if self.streaming:
+                self.virtual_bytes += self.rate * elapsed
+            if self.in_flight:
+                self.busy_s += elapsed
+            self.last_s = now
         streaming = self.streaming
         landed: list[Descriptor] = []
-        limit = self.virtual_bytes * (1.0 + RELATIVE_TOLERANCE) + BYTE_TOLERANCE
-        while streaming and streaming[0][0] <= limit:
-            landed.append(heapq.heappop(streaming)[2])
-        if self.by_stream:
+        if streaming:
+            limit = self.virtual_bytes * (1.0 + RELATIVE_TOLERANCE) + BYTE_TOLERANCE
+            while streaming and streaming[0][0] <= limit:
+                landed.append(heapq.heappop(streaming)[2])
+        by_stream, streams = self.by_stream, self.streams
+        if by_stream:
             for desc in landed:
-                self._stop_streaming(desc)
+                key = desc.stream
+                left = streams[key] - 1
+                if left:
+                    streams[key] = left
+                else:
+                    del streams[key]
         starting = self.starting
-        while starting and starting[0][0] <= now:
-            self._start_streaming(starting.popleft()[1])
-        if self.by_stream and streaming:
-            self.rate = self.aggregate_by_k[len(self.streams)] / len(streaming)
+        if starting and starting[0][0] <= now:
+            # _start_streaming without its rate (set once below)
+            virtual_bytes = self.virtual_bytes
+            while starting and starting[0][0] <= now:
+                desc = starting.popleft()[1]
+                heapq.heappush(streaming, (virtual_bytes + desc.nbytes, desc.seq, desc))
+                if by_stream:
+                    key = desc.stream = stream_of(desc)
+                    streams[key] = streams.get(key, 0) + 1
+        if by_stream and streaming:
+            self.rate = self.aggregate_by_k[len(streams)] / len(streaming)
         else:
             self.rate = self.rate_by_n[len(streaming)]
-        for desc in landed:
-            self._land(desc, now)
-        self._issue()
+        if landed:
+            self.last_land_s = now
+            recorder, on_land = self.recorder, self.on_land
+            for desc in landed:  # _land
+                self.in_flight -= 1
+                self.bytes_moved += desc.nbytes
+                desc.landed = True
+                desc.land_s = now
+                if recorder is not None:
+                    recorder.dma(desc)
+                    heapq.heappush(self.free_lanes, desc.lane)
+                if desc.waiter is not None:  # the compute stream waits on this copy
+                    desc.waiter.wake()
+                on_land(desc)
+        if self.queue and self.in_flight < self.max_in_flight:
+            self._issue()
         self._reschedule(now)
-
-    def _land(self, desc: Descriptor, now: float) -> None:
-        self.in_flight -= 1
-        self.bytes_moved += desc.nbytes
-        self.last_land_s = now
-        desc.landed = True
-        desc.land_s = now
-        if self.recorder is not None:
-            self.recorder.dma(desc)
-            heapq.heappush(self.free_lanes, desc.lane)
-        if desc.waiter is not None:
-            desc.waiter.succeed()
-        self.on_land(desc)

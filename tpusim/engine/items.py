@@ -114,6 +114,7 @@ class Descriptor:
         "nbytes",
         "seq",
         "slab",
+        "stream",
         "tensor",
         "waiter",
         "write",
@@ -131,7 +132,8 @@ class Descriptor:
         self.write = write
         self.frees_slab = frees_slab  # a state write-back frees the state buffer when it lands
         self.landed = False
-        self.waiter: Any = None  # a simpy Event while the compute stream waits on this copy
+        self.waiter: Any = None  # the compute stream's Driver while it waits on this copy
+        self.stream: object = None  # its address stream while streaming (dma.contention_unit: stream)
         self.lane = -1
         self.issue_s = 0.0
         self.land_s = 0.0

@@ -36,6 +36,10 @@ Definitions:
 - ``words`` — the chip's names for the generic resources: ``staging`` (what the ``vmem_*``
   fields measure: VMEM on a TPU, L2 or shared memory on a GPU), ``mxu`` and ``vpu`` (the
   ``busy_fraction`` keys: MXU/VPU on a TPU, tensor cores / CUDA cores on a GPU).
+- ``event_count`` — entries the engine queued on its event loop (:mod:`tpusim.engine.loop`):
+  a diagnostic of the engine's own cost, not a simulated result. It drops when the engine
+  stops queueing events that change no time (since issue 26 the compute stream is no SimPy
+  process, so its end is not an event); compare results without it.
 - ``events`` — with ``record_events``: the ordered kernel-vocabulary event list
   ``("dma_start", family, tensor, layer, chunk)``, ``("dma_wait", family, tensor, layer,
   chunk)``, ``("compute", op_name, layer)``.

@@ -14,7 +14,9 @@ stream *does* wait for is other resources:
   runs on the link while the stream goes on, and the op that consumes its result waits for
   it (:mod:`tpusim.engine.build` names that op).
 
-Per op ``i`` the process does (pseudocode of :func:`compute_stream`)::
+The stream is a generator driven by :class:`tpusim.engine.loop.Driver` (as a SimPy process
+would be: it yields a delay, or waits for a copy's landing). Per op ``i`` it does
+(pseudocode of :func:`compute_stream`)::
 
     if op starts a layer: wait per_layer_overhead
     wait op.launch_s                            # the kernel launches the policy charges here
@@ -45,12 +47,11 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
-import simpy
-
 from tpusim.engine.build import Lowered
 from tpusim.engine.collectives import Handle, MessageFabric
 from tpusim.engine.hbm import HbmServer
 from tpusim.engine.items import UNIT_NAMES, CollectivePlan, OpPlan
+from tpusim.engine.loop import Driver, EventLoop
 from tpusim.engine.staging import StagingMemory
 from tpusim.engine.timeline import Recorder
 
@@ -97,15 +98,17 @@ class Links:
         return time_s
 
 
-def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, staging: StagingMemory,
+def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmServer, staging: StagingMemory,
                    links: Links, account: StreamAccount, *, per_step_s: float, per_layer_s: float,
                    recorder: Recorder | None,
-                   events: list[tuple[Any, ...]] | None) -> Generator[simpy.Event, Any, None]:
-    """The SimPy process of the compute stream (see the module docstring)."""
+                   events: list[tuple[Any, ...]] | None) -> Generator[float | None, None, None]:
+    """The compute stream, run by ``driver`` (see the module docstring): yields a delay to
+    sleep, or None while a copy it waits on (``desc.waiter = driver``) has not landed."""
     joins: dict[int, float] = {}
     consumed: dict[int, list[Handle]] = {}  # op index -> message collectives it waits for
+    exposed_by_family, unit_busy, by_phase = account.exposed_by_family, account.unit_busy, account.compute_by_phase
     if per_step_s > 0.0:
-        yield env.timeout(per_step_s)
+        yield per_step_s
         account.fixed_s += per_step_s
     for op in lowered.ops:
         if op.first_of_layer:
@@ -113,7 +116,7 @@ def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, sta
             if recorder is not None:
                 recorder.layer_start(op.layer, env.now)
             if per_layer_s > 0.0 and op.layer >= 0:
-                yield env.timeout(per_layer_s)
+                yield per_layer_s
                 account.fixed_s += per_layer_s
         op_start = env.now
         if op.launch_s > 0.0 or op.kernel_fixed_s > 0.0 or op.index in joins or op.index in consumed:
@@ -124,7 +127,36 @@ def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, sta
             staging.release_many(op.start_releases)
         if events is not None:
             events.append(("compute", op.name, op.layer))
-        yield from _run_pieces(env, op, hbm, staging, account, recorder, events)
+        # the op's pieces (inlined here: one generator frame per resumption, none per op)
+        phase = op.phase
+        for duration, unit, waits, frees, releases, writes in op.pieces:
+            for desc in waits:
+                if events is not None:
+                    events.append(("dma_wait", desc.family, desc.tensor, desc.layer, desc.chunk))
+                if not desc.landed:  # exposed DMA: sleep until it lands
+                    start = env.now
+                    desc.waiter = driver
+                    yield None
+                    stalled = env.now - start
+                    account.exposed_dma_s += stalled
+                    exposed_by_family[desc.family] = exposed_by_family.get(desc.family, 0.0) + stalled
+                    if recorder is not None:
+                        recorder.interval("wait", start, env.now, f"wait {desc.tensor} L{desc.layer}")
+            if duration > 0.0:
+                start = env.now
+                yield duration
+                unit_busy[unit] += duration
+                by_phase[phase] = by_phase.get(phase, 0.0) + duration
+                if recorder is not None:
+                    recorder.interval(UNIT_NAMES[unit], start, env.now, f"{op.name} L{op.layer}")
+            for slab in frees:
+                staging.free(slab)
+            if releases:
+                staging.release_many(releases)
+            if writes:
+                for desc in writes:
+                    hbm.enqueue(desc)
+                hbm.pump()
         if op.end_releases:
             staging.release_many(op.end_releases)
         for slab in op.resolves:
@@ -136,13 +168,13 @@ def compute_stream(env: simpy.Environment, lowered: Lowered, hbm: HbmServer, sta
     _finish_links(links, account)
 
 
-def _launch_and_join(env: simpy.Environment, op: OpPlan, links: Links, account: StreamAccount,
+def _launch_and_join(env: EventLoop, op: OpPlan, links: Links, account: StreamAccount,
                      recorder: Recorder | None, joins: dict[int, float], consumed: dict[int, list[Handle]],
-                     events: list[tuple[Any, ...]] | None) -> Generator[simpy.Event, Any, None]:
+                     events: list[tuple[Any, ...]] | None) -> Generator[float | None, None, None]:
     """Before an op computes: its kernel launches and fixed time, then the collectives it consumes."""
     if op.launch_s > 0.0:
         start = env.now
-        yield env.timeout(op.launch_s)
+        yield op.launch_s
         account.fixed_s += op.launch_s
         account.launch_s += op.launch_s
         account.launch_count += op.launches
@@ -150,7 +182,7 @@ def _launch_and_join(env: simpy.Environment, op: OpPlan, links: Links, account: 
             recorder.interval("launch", start, env.now, op.kernel or f"launch {op.name}")
     if op.kernel_fixed_s > 0.0:
         start = env.now
-        yield env.timeout(op.kernel_fixed_s)
+        yield op.kernel_fixed_s
         account.fixed_s += op.kernel_fixed_s
         account.kernel_fixed_s += op.kernel_fixed_s
         if recorder is not None:
@@ -167,52 +199,15 @@ def _launch_and_join(env: simpy.Environment, op: OpPlan, links: Links, account: 
     join_s = max(join_s, wait_s)
     if join_s > env.now:
         start = env.now
-        yield env.timeout(join_s - start)
+        yield join_s - start
         account.collective_s += join_s - start
         if recorder is not None:
             recorder.interval("wait", start, join_s, "collective join")
 
 
-def _run_pieces(env: simpy.Environment, op: OpPlan, hbm: HbmServer, staging: StagingMemory,
-                account: StreamAccount, recorder: Recorder | None,
-                events: list[tuple[Any, ...]] | None) -> Generator[simpy.Event, Any, None]:
-    """An op's pieces in order: wait for each piece's copies (exposed DMA), compute, free."""
-    exposed_by_family = account.exposed_by_family
-    phase = op.phase
-    for piece in op.pieces:
-        duration, unit, waits, frees, releases, writes = piece
-        for desc in waits:
-            if events is not None:
-                events.append(("dma_wait", desc.family, desc.tensor, desc.layer, desc.chunk))
-            if not desc.landed:
-                start = env.now
-                desc.waiter = env.event()
-                yield desc.waiter
-                stalled = env.now - start
-                account.exposed_dma_s += stalled
-                exposed_by_family[desc.family] = exposed_by_family.get(desc.family, 0.0) + stalled
-                if recorder is not None:
-                    recorder.interval("wait", start, env.now, f"wait {desc.tensor} L{desc.layer}")
-        if duration > 0.0:
-            start = env.now
-            yield env.timeout(duration)
-            account.unit_busy[unit] += duration
-            account.compute_by_phase[phase] = account.compute_by_phase.get(phase, 0.0) + duration
-            if recorder is not None:
-                recorder.interval(UNIT_NAMES[unit], start, env.now, f"{op.name} L{op.layer}")
-        for slab in frees:
-            staging.free(slab)
-        if releases:
-            staging.release_many(releases)
-        if writes:
-            for desc in writes:
-                hbm.enqueue(desc)
-            hbm.pump()
-
-
-def _run_collectives(env: simpy.Environment, op: OpPlan, links: Links, account: StreamAccount,
+def _run_collectives(env: EventLoop, op: OpPlan, links: Links, account: StreamAccount,
                      recorder: Recorder | None, joins: dict[int, float], consumed: dict[int, list[Handle]],
-                     events: list[tuple[Any, ...]] | None) -> Generator[simpy.Event, Any, None]:
+                     events: list[tuple[Any, ...]] | None) -> Generator[float | None, None, None]:
     """After an op: message collectives are issued (their consumer waits); staged ones run on
     their links, overlapped (joined later) or blocking the stream now."""
     issued: dict[str, Handle] = {}
@@ -222,7 +217,7 @@ def _run_collectives(env: simpy.Environment, op: OpPlan, links: Links, account: 
             continue
         if call.launch_s > 0.0:
             start = env.now
-            yield env.timeout(call.launch_s)
+            yield call.launch_s
             account.fixed_s += call.launch_s
             account.launch_s += call.launch_s
             account.launch_count += 1
@@ -234,7 +229,7 @@ def _run_collectives(env: simpy.Environment, op: OpPlan, links: Links, account: 
             account.overlapped_end_s = max(account.overlapped_end_s, end)
         elif end > env.now:
             start = env.now
-            yield env.timeout(end - start)
+            yield end - start
             account.collective_s += end - start
             if recorder is not None:
                 recorder.interval("wait", start, end, call.name)

@@ -154,34 +154,40 @@ def plan_issues(rings: dict[str, RingSpec], op_reads: Sequence[Sequence[Read]], 
             buffer = (inst.read.first_slot + k) % ring.buffers
             span = ring.buffer_range(buffer) if static else ring.region
             slots.append(_Slot(ring, inst, k, buffer, span, inst.last))
-    by_first, current = 0, None
+    by_first, current, horizon_c, total = 0, None, 0, len(slots)
+    make_unit = Unit._make  # (a named tuple's __new__ is a Python call; thousands per plan)
     for slot in slots:
-        ring, inst, k, buffer = slot.ring, slot.inst, slot.slab, slot.buffer
-        c = inst.first
-        unit = Unit(ring.name, inst.read.key, k)
+        ring, inst, k = slot.ring, slot.inst, slot.slab
+        c, read, name = inst.first, inst.read, ring.name
+        unit = make_unit((name, read.key, k))
         consumer[unit] = c
-        buffers[unit] = buffer
+        buffers[unit] = slot.buffer
         if c != current:
             current = c
             horizon_c = horizon(c)
             oldest = horizon_c - lookback
-            del live[:bisect.bisect_left(live, oldest, key=_last_reader)]
-            while by_first < len(slots) and slots[by_first].inst.first < c:
+            if live and live[0].last < oldest:
+                del live[:bisect.bisect_left(live, oldest, key=_last_reader)]
+            while by_first < total and slots[by_first].inst.first < c:
                 if slots[by_first].last >= oldest:
                     bisect.insort(live, slots[by_first], key=_last_reader)
                 by_first += 1
         if c < min_consumer:
             continue
-        expert = ring.name == EXPERT_RING
+        expert = name == EXPERT_RING
         if k >= ring.buffers and not expert:
             issue[unit] = c
             refills.add(unit)
             continue
-        distance = ring.distance if inst.read.distance is None else inst.read.distance
-        floor = routing(inst.read) if expert else max(c - distance, horizon_c)
+        if expert:
+            floor = routing(read)
+        else:
+            floor = c - (ring.distance if read.distance is None else read.distance)
+            if horizon_c > floor:
+                floor = horizon_c
         free = _free(slot, live, floor) if respect_buffers or expert else -FAR
         when = floor if floor > free else free
-        if when == c + 1 and ring.name.startswith("pool:"):  # the bank's occupant is read by op c too:
+        if when == c + 1 and name.startswith("pool:"):  # the bank's occupant is read by op c too:
             issue[unit] = c  # refilled inside c as that occupant is consumed
             refills.add(unit)
             continue

@@ -12,7 +12,7 @@ a layer's small-parameter row is read by every op in
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tpusim.schedule.issue_plan import (
     EXPERT_RING,
@@ -53,6 +53,8 @@ class ProgramIssuePlan:
     arena_bytes: dict[str, int]
     routing_op: dict[int, int]  # layer -> op whose routing decision issues its experts
     tensor_ring: dict[str, str]  # tensor name -> ring (weights other than small and experts)
+    _rings_seen: dict[tuple[str, str], tuple[str, bool, bool]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)  # weight_issue's memo
 
     def max_lead_ops(self) -> int:
         """The most ops any copy is issued before its consumer."""
@@ -69,10 +71,14 @@ class ProgramIssuePlan:
 
     def weight_issue(self, tensor: str, family: str, layer: int, chunk: int) -> int:
         """Op at whose start slab ``chunk`` of ``tensor`` (of ``layer``) is issued."""
-        ring = self.ring_of(tensor, family)
-        if ring == SMALL_RING:
+        where = self._rings_seen.get((tensor, family))
+        if where is None:  # the ring and its kind, once per tensor kind
+            ring = self.ring_of(tensor, family)
+            where = self._rings_seen[tensor, family] = (ring, ring == SMALL_RING, ring.startswith("pool:"))
+        ring, small, pooled = where
+        if small:
             return self.plan.issue[Unit(ring, layer, 0)]
-        key: object = (tensor, layer) if ring.startswith("pool:") else layer
+        key: object = (tensor, layer) if pooled else layer
         return self.plan.issue[Unit(ring, key, chunk)]
 
     def expert_issue(self, layer: int, entry: int) -> tuple[int, bool]:
@@ -248,9 +254,25 @@ def cached_issue_plan(program: Program, schedule: Schedule) -> ProgramIssuePlan:
         if known is program and known_digest == digest:
             _RECENT.append(_RECENT.pop(index))
             return plan
-    plan = program_issue_plan(program, schedule)
+    plan = program_issue_plan(program, schedule, cached_program_facts(program))
     remember_issue_plan(program, schedule, plan, digest)
     return plan
+
+
+_FACTS: list[tuple[Program, ProgramFacts]] = []  # small LRU: a sweep plans many schedules of one program
+
+
+def cached_program_facts(program: Program) -> ProgramFacts:
+    """:func:`program_facts`, remembered for the last few programs (they depend on the program
+    only: every schedule :func:`cached_issue_plan` plans for one program reads the same facts)."""
+    for index, (known, facts) in enumerate(_FACTS):
+        if known is program:
+            _FACTS.append(_FACTS.pop(index))
+            return facts
+    facts = program_facts(program)
+    _FACTS.append((program, facts))
+    del _FACTS[:-8]
+    return facts
 
 
 def remember_issue_plan(program: Program, schedule: Schedule, plan: ProgramIssuePlan, digest: str = "") -> None:
@@ -259,6 +281,13 @@ def remember_issue_plan(program: Program, schedule: Schedule, plan: ProgramIssue
     planning. ``plan`` must be :func:`program_issue_plan` of the pair."""
     _RECENT.append((program, digest or schedule.content_hash(), plan))
     del _RECENT[:-8]
+
+
+def forget_issue_plans() -> None:
+    """Empty :func:`cached_issue_plan`'s memory of plans (a benchmark timing a new candidate's
+    planning); the program's facts (:func:`cached_program_facts`) are kept, as a sweep keeps
+    them across its candidates."""
+    _RECENT.clear()
 
 
 def program_rings(facts: ProgramFacts, schedule: Schedule) -> tuple[dict[str, RingSpec], dict[str, str]]:
@@ -309,6 +338,7 @@ def program_reads(facts: ProgramFacts, schedule: Schedule, rings: dict[str, Ring
     for op, at in where:
         name, family, key, nbytes = facts.reads[op][at]
         ring = rings[tensor_ring.get(name, name)]
+        pooled = ring.name.startswith("pool:")
         slabs = None
         if name == EXPERT_RING:
             first = key[1]  # type: ignore[index]
@@ -320,15 +350,15 @@ def program_reads(facts: ProgramFacts, schedule: Schedule, rings: dict[str, Ring
             if slabs is None:
                 slabs = slab_count[name, nbytes] = _slabs(facts.kinds[name], nbytes, schedule, family)
             if (name, key) not in first_slot:
-                if ring.name.startswith("pool:"):
+                if pooled:
                     first_slot[name, key] = banks_used.get(ring.name, 0)
                     banks_used[ring.name] = first_slot[name, key] + slabs
                 else:
                     seen = ordinals.setdefault(name, {})
                     first_slot[name, key] = seen.setdefault(key, len(seen)) * ring.num_slabs
             first = first_slot[name, key]
-            key = (name, key) if ring.name.startswith("pool:") else key
-        distance = ring_distance.get(family) if ring.name.startswith("pool:") else None
+            key = (name, key) if pooled else key
+        distance = ring_distance.get(family) if pooled else None
         out[op].append(Read(ring.name, key, first, slabs if slabs != ring.num_slabs else None, distance))
     return out
 

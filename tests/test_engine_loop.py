@@ -1,0 +1,42 @@
+"""The engine's event loop (tpusim.engine.loop): SimPy's order, without SimPy's objects."""
+
+from __future__ import annotations
+
+from tpusim.engine.loop import Driver, EventLoop
+
+
+def test_callbacks_and_events_share_simpys_order() -> None:
+    """Equal times go by priority, then insertion, whether queued as a callback or an event."""
+    loop = EventLoop()
+    seen: list[str] = []
+    loop.timeout(2.0).callbacks.append(lambda _event: seen.append("timeout 2"))
+    loop.call_later(1.0, seen.append, "call 1")
+    loop.call_later(2.0, seen.append, "call 2")
+    loop.call_later(2.0, seen.append, "urgent 2", priority=0)
+    loop.timeout(1.0).callbacks.append(lambda _event: seen.append("timeout 1"))
+    loop.run()
+    assert seen == ["call 1", "timeout 1", "urgent 2", "timeout 2", "call 2"]
+    assert loop.now == 2.0
+    assert loop.scheduled == 5
+
+
+def test_driver_sleeps_and_waits_like_a_process() -> None:
+    """A yielded delay sleeps; None waits for wake(), queued behind what is already due."""
+    loop = EventLoop()
+    trace: list[tuple[str, float]] = []
+    driver = Driver(loop)
+
+    def body():  # type: ignore[no-untyped-def]
+        trace.append(("start", loop.now))
+        yield 0.5
+        trace.append(("slept", loop.now))
+        loop.call_later(0.25, lambda _arg: driver.wake())
+        loop.call_later(0.25, lambda _arg: trace.append(("other", loop.now)))
+        yield None
+        trace.append(("woken", loop.now))
+
+    driver.start(body())
+    assert driver.alive
+    loop.run()
+    assert trace == [("start", 0.0), ("slept", 0.5), ("other", 0.75), ("woken", 0.75)]
+    assert not driver.alive

@@ -1,0 +1,136 @@
+"""The engine's event loop: a SimPy environment with lean callbacks and a tight ``run``.
+
+A K3 step is ~15,000-45,000 events, nearly all of them of two kinds: the HBM server's
+wake-ups and the compute stream's resumptions (a piece's compute time elapsed, a copy it
+waits on landed). SimPy spends more on each of those (an :class:`~simpy.events.Timeout` or
+:class:`~simpy.events.Event` object, a :class:`~simpy.events.Process` resume, a ``step``
+call with its exception handling) than the engine spends on the event itself. This loop
+keeps SimPy's queue and its order and drops that overhead:
+
+- :meth:`EventLoop.call_later` queues a plain callback ``fn(arg)`` at ``now + delay`` —
+  the entry ``(time, priority, sequence, fn, arg)`` sits in SimPy's own heap next to
+  ordinary events (``(time, priority, sequence, event)``), so both are served in one order;
+- :meth:`EventLoop.run` (no ``until``) pops entries and calls them directly, and processes
+  ordinary SimPy events exactly as :meth:`simpy.core.Environment.step` does;
+- :class:`Driver` runs a generator as the compute stream: it ``yield``\\ s a delay (seconds,
+  a float) to sleep, or ``None`` after handing :meth:`Driver.resume` to something that calls
+  it later (a copy's landing). This replaces a SimPy process: a resumption is queued at the
+  same moment (a timeout when the generator yields it, a landing when the copy lands) with
+  the same priority, so events at equal times keep SimPy's order (time, priority, insertion).
+
+Times are computed as SimPy computes them (``now + delay``), so every simulated time is the
+same float it was with SimPy timeouts. ``scheduled`` counts the queue entries made (a
+diagnostic: the SimPy process's own start and end events are gone).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from heapq import heappop, heappush
+from typing import Any
+
+import simpy
+from simpy.events import NORMAL, URGENT, Event, EventPriority
+
+__all__ = ["Driver", "EventLoop"]
+
+
+class EventLoop(simpy.Environment):
+    """SimPy's environment with :meth:`call_later` and a direct :meth:`run` (module docstring).
+
+    ``now`` is a plain attribute here (SimPy's is a property over ``_now``, which becomes the
+    alias): the engine reads the clock at every event."""
+
+    now: float = 0.0  # type: ignore[assignment]  # shadows SimPy's read-only property
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scheduled = 0  # queue entries made; also each entry's insertion number
+
+    @property  # type: ignore[override]
+    def _now(self) -> float:
+        return self.now
+
+    @_now.setter
+    def _now(self, value: float) -> None:
+        self.now = value
+
+    def schedule(self, event: Event, priority: EventPriority = NORMAL, delay: float = 0) -> None:
+        count = self.scheduled
+        self.scheduled = count + 1
+        heappush(self._queue, (self.now + delay, priority, count, event))
+
+    def call_later(self, delay: float, fn: Callable[[Any], None], arg: Any = None,
+                   priority: int = NORMAL) -> None:
+        """Call ``fn(arg)`` at ``now + delay``, in SimPy's order among events at that time."""
+        count = self.scheduled
+        self.scheduled = count + 1
+        heappush(self._queue, (self.now + delay, priority, count, fn, arg))  # type: ignore[arg-type]
+
+    def run(self, until: Any = None) -> Any:
+        """Run until no entry is left (with ``until``: SimPy's own loop)."""
+        if until is not None:
+            return super().run(until)
+        queue: list[Any] = self._queue
+        while queue:
+            entry = heappop(queue)
+            self.now = entry[0]
+            if len(entry) == 5:
+                entry[3](entry[4])
+                continue
+            event = entry[3]
+            callbacks, event.callbacks = event.callbacks, None
+            for callback in callbacks:
+                callback(event)
+            if not event._ok and not hasattr(event, "_defused"):
+                exc = type(event._value)(*event._value.args)
+                exc.__cause__ = event._value
+                raise exc
+        return None
+
+    def step(self) -> None:
+        """One entry (SimPy's ``step`` for events, a direct call for callbacks)."""
+        queue: list[Any] = self._queue
+        if queue and len(queue[0]) == 5:
+            entry = heappop(queue)
+            self.now = entry[0]
+            entry[3](entry[4])
+            return
+        super().step()
+
+
+class Driver:
+    """Runs a generator on an :class:`EventLoop` as a SimPy process would (module docstring).
+
+    The generator yields a float (sleep that long; queued at once, as a SimPy timeout is
+    when created) or ``None`` (asleep until something calls :meth:`wake`, which queues the
+    resumption at the current time, as a succeeded SimPy event is)."""
+
+    __slots__ = ("alive", "loop", "send")
+
+    def __init__(self, loop: EventLoop) -> None:
+        self.loop = loop
+        self.send: Callable[[None], float | None] | None = None
+        self.alive = False
+
+    def start(self, generator: Generator[float | None, None, None]) -> None:
+        """Run ``generator`` from the current time (queued as a SimPy process's start is)."""
+        self.send = generator.send
+        self.alive = True
+        self.loop.call_later(0.0, self.resume, None, URGENT)
+
+    def wake(self) -> None:
+        """Resume the generator at the current time (after what is queued for it already)."""
+        self.loop.call_later(0.0, self.resume, None)
+
+    def resume(self, _arg: Any = None) -> None:
+        try:
+            delay = self.send(None)  # type: ignore[misc]
+        except StopIteration:
+            self.alive = False
+            return
+        if delay is not None:  # call_later, inlined (once per compute piece)
+            loop = self.loop
+            count = loop.scheduled
+            loop.scheduled = count + 1
+            heappush(loop._queue, (loop.now + delay, NORMAL, count, self.resume, None))  # type: ignore[arg-type]
