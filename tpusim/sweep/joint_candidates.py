@@ -40,7 +40,7 @@ from tpusim.workload.model_catalog import (
     plan_for_system,
 )
 from tpusim.workload.modelconfig import ModelConfig
-from tpusim.workload.program import Program, build_program
+from tpusim.workload.program import Program, build_program, with_collectives
 from tpusim.workload.registry.names import Family
 from tpusim.workload.routing import RoutingModel
 from tpusim.workload.sharding import ShardingPlan
@@ -137,30 +137,46 @@ class JointWorkload:
 # ------------------------------------------------------------------------------------------
 
 _CACHE: OrderedDict[tuple[int, str], Any] = OrderedDict()
-CACHE_ENTRIES = 256  # per worker: a deployment's program, estimate context and VMEM accountant (~3 each)
+CACHE_ENTRIES = 256  # per worker: a deployment's plan, program, estimate context and VMEM accountant
 
 
 def _cached(workload: JointWorkload, deployment: Deployment, what: str) -> Any:
-    """The deployment's ``program`` | ``vmem`` accountant | ``estimate`` context, least recently
-    used out first (a sweep meets a new plan x algorithms about every third estimate, and TPE
-    keeps coming back to the good ones: measured on budget-200 K3 sweeps)."""
+    """The deployment's ``plan`` | ``program`` | ``vmem`` accountant | ``estimate`` context,
+    least recently used out first (a sweep meets a new plan x algorithms about every third
+    estimate, and TPE keeps coming back to the good ones: measured on budget-200 K3 sweeps).
+
+    A deployment with collective algorithms of its own shares the program-independent work of
+    its plan as written (the deployment without them): its program is that program with the
+    collectives swapped (:func:`tpusim.workload.program.with_collectives`) and its estimate
+    context that context with only the collectives priced again
+    (:meth:`~tpusim.sweep.estimate.EstimateContext.for_program`); both equal a fresh build
+    (``tests/test_program_variants.py``)."""
     key = (hash(json.dumps(workload.describe(), sort_keys=True)),
            f"{what}|{deployment.plan}|{sorted(deployment.collectives.items())}")
     if key in _CACHE:
         _CACHE.move_to_end(key)
+        return _CACHE[key]
+    base = Deployment(plan=deployment.plan) if deployment.collectives else None
+    if what == "plan":
+        value: Any = (workload.plan(deployment) if base is None else
+                      _cached(workload, base, "plan").with_algorithms(deployment.collectives))
+    elif what == "program":
+        plan = _cached(workload, deployment, "plan")
+        value = (workload.program(plan) if base is None else
+                 with_collectives(_cached(workload, base, "program"), plan))
+    elif what == "vmem":
+        value = VmemAccountant(workload.model, _cached(workload, deployment, "plan"), workload.batch,
+                               workload.sequences)
     else:
-        while len(_CACHE) >= CACHE_ENTRIES:
-            _CACHE.popitem(last=False)
-        if what == "program":
-            _CACHE[key] = workload.program(workload.plan(deployment))
-        elif what == "vmem":
-            _CACHE[key] = VmemAccountant(workload.model, workload.plan(deployment), workload.batch,
-                                         workload.sequences)
-        else:
-            from tpusim.sweep.estimate import EstimateContext
+        from tpusim.sweep.estimate import EstimateContext
 
-            _CACHE[key] = EstimateContext(_cached(workload, deployment, "program"), workload.system.chip)
-    return _CACHE[key]
+        program = _cached(workload, deployment, "program")
+        value = (EstimateContext(program, workload.system.chip) if base is None else
+                 _cached(workload, base, "estimate").for_program(program))
+    while len(_CACHE) >= CACHE_ENTRIES:
+        _CACHE.popitem(last=False)
+    _CACHE[key] = value
+    return value
 
 
 def evaluate_task(workload: JointWorkload, stage: str, schedule_data: dict[str, Any]) -> dict[str, Any]:
@@ -384,3 +400,49 @@ def _params_hash(params: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+
+
+class _Undrawn(Exception):
+    """A parameter TPE did not draw jointly (the candidate cannot be judged yet)."""
+
+
+class _PartialTrial:
+    """The parameters of a candidate TPE is weighing, as a trial ``_suggest`` can read: a
+    collective's algorithm not among them is the plan's (``plan``), any other is unknown."""
+
+    number = -1
+
+    def __init__(self, params: dict[str, Any]) -> None:
+        self.params = params
+
+    def suggest_categorical(self, name: str, choices: list[Any]) -> Any:
+        if name in self.params:
+            return self.params[name]
+        if name.startswith("alg."):
+            return KEEP_PLAN
+        raise _Undrawn(name)
+
+
+def relative_feasibility(space: JointSpace, validator: _Validator, families: list[str]) -> Any:
+    """params -> whether the candidate passes step 3 (:meth:`_Validator.check`: static VMEM,
+    DMAs, schema, kernel, capacity) with the collectives the plan writes where the candidate
+    names none; True when a knob is not among ``params`` (it is drawn later, on its own).
+    The sampler's filter (:func:`tpusim.sweep.joint_sampler.bounded_tpe`): a pure function
+    of the parameters, memoised per distinct candidate (TPE's 24 candidates per ask repeat
+    the good trials' choices)."""
+    known: dict[str, bool] = {}
+
+    def feasible(params: dict[str, Any]) -> bool:
+        key = json.dumps(params, sort_keys=True, default=str)
+        if key not in known:
+            try:
+                proposal = _suggest(_PartialTrial(params), space, validator, families)
+            except _Undrawn:
+                known[key] = True
+            else:
+                known[key] = not validator.check(proposal)
+            if len(known) > 100_000:
+                known.clear()
+        return known[key]
+
+    return feasible
