@@ -97,6 +97,7 @@ from tpusim.sweep.joint_candidates import (  # noqa: F401  (public names kept im
     evaluate_task,
     plan_choices,
     present_families,
+    relative_feasibility,
 )
 from tpusim.sweep.outputs import SweepCsv, write_text_atomic
 from tpusim.sweep.progress import SweepProgress
@@ -180,7 +181,8 @@ def run_joint_sweep(
     storage = JournalStorage(_FlushedJournal(str(journal)))
     study = optuna.create_study(
         study_name="joint", storage=storage, direction="minimize", load_if_exists=True,
-        sampler=bounded_tpe(seed=seed, n_startup_trials=min(32, max(4, budget // 8))),
+        sampler=bounded_tpe(seed=seed, n_startup_trials=min(32, max(4, budget // 8)),
+                            feasible=relative_feasibility(space, validator, families)),
         pruner=optuna.pruners.PercentilePruner(space.screen_percentile, n_startup_trials=space.startup_trials))
     for stale in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         study.enqueue_trial(stale.params, skip_if_exists=False)  # asked, never finished: run it once now
