@@ -60,6 +60,7 @@ import json
 import math
 from collections import deque
 from dataclasses import dataclass, replace
+from typing import Any
 
 from hwmodels.schema import Chip
 from tpusim.engine.collectives import collective_time_s, consumer_index
@@ -130,6 +131,7 @@ class EstimateContext:
         self.per_step_s = chip.execution.per_step_overhead_s.value
         self.matrix = chip.matrix_unit
         ops = program.ops
+        self._timings: dict[Any, float] = {}  # collective seconds on this chip (shared by variants)
         roles: dict[tuple[int, str], int] = {}
         experts: dict[int, int] = {}
         for index, op in enumerate(ops):
@@ -152,7 +154,7 @@ class EstimateContext:
                 kind = STATE if recurrent_state_bytes(model, plan, op.layer) else KV
             else:
                 kind = PLAIN
-            blocking, overlapped, join = _collective_costs(chip, ops, index, plan.topology)
+            blocking, overlapped, join = _collective_costs(chip, ops, index, plan.topology, self._timings)
             position = seen_experts.get(op.layer, 0)
             if kind == EXPERT:
                 seen_experts[op.layer] = position + 1
@@ -195,7 +197,8 @@ class EstimateContext:
         variant.ops = []
         for cost, op, old in zip(self.ops, ops, self.program.ops, strict=True):
             if op.collectives or old.collectives:
-                blocking, overlapped, join = _collective_costs(self.chip, ops, cost.index, program.plan.topology)
+                blocking, overlapped, join = _collective_costs(self.chip, ops, cost.index, program.plan.topology,
+                                                               self._timings)
                 cost = replace(cost, blocking=blocking, overlapped=overlapped, join_index=join if overlapped else -1)
             variant.ops.append(cost)
         return variant
@@ -236,12 +239,14 @@ class EstimateContext:
         return known
 
 
-def _collective_costs(chip: Chip, ops: list[Op], index: int, topology: Topology) -> tuple[
+def _collective_costs(chip: Chip, ops: list[Op], index: int, topology: Topology, timings: dict[Any, float]) -> tuple[
         tuple[tuple[str, float], ...], tuple[tuple[tuple[str, float], ...], ...], int]:
     """The collectives issued after op ``index``: the stages the stream waits for right there
     (blocking), the chains it waits for at their consumer (overlapped), and the first such
     consumer (``len(ops)`` when none). The only part of an op's costs that the plan's
-    collective algorithms change (:meth:`EstimateContext.for_program`)."""
+    collective algorithms change (:meth:`EstimateContext.for_program`). ``timings`` remembers
+    :func:`~tpusim.engine.collectives.collective_time_s` (a pure function of its key on one
+    chip) per (algorithm, group, payload, topology): every layer issues the same collectives."""
     blocking: list[tuple[str, float]] = []
     overlapped: list[tuple[tuple[str, float], ...]] = []
     join = len(ops)
@@ -251,8 +256,11 @@ def _collective_costs(chip: Chip, ops: list[Op], index: int, topology: Topology)
             # remote copies (the engine's MessageFabric), timed on idle links; a chain
             # (``after`` naming a collective) runs behind its parent; the stream waits
             # at the consumer
-            stage = (f"copies {call.spec.name}", collective_time_s(
-                chip, call.spec.algorithm, call.spec.group, call.payload_bytes_per_peer, topology))
+            key = (call.spec.algorithm, call.spec.group, call.payload_bytes_per_peer, topology)
+            seconds = timings.get(key)
+            if seconds is None:
+                seconds = timings[key] = collective_time_s(chip, *key)
+            stage = (f"copies {call.spec.name}", seconds)
             parent = chains.get(call.spec.after)
             if parent is None:
                 chains[call.spec.name] = len(overlapped)

@@ -233,6 +233,9 @@ class _Validator:
         self._capacity: dict[str, str] = {}
         self._collective_bytes: dict[str, int] = {}
         self._kernel_gate: bool | None = None  # does the kernel run the model's auto plan (kernel_reason)
+        self._runnable: list[str] | None = None
+        self._same_copies: dict[tuple[str, str, str], bool] = {}
+        self._triples: dict[str, list[str]] = {}
 
     def base_plan(self, choice: str) -> ShardingPlan | str:
         """The plan a choice builds, or why it does not (divisibility, a plan for other devices)."""
@@ -305,13 +308,40 @@ class _Validator:
                 self.workload.model, auto, self.workload.batch)
         return kernel_cannot_run(self.workload.model, plan, self.workload.batch) if self._kernel_gate else ""
 
+    def plan_copies(self, choice: str, name: str, picked: str) -> bool:
+        """Whether ``picked`` runs collective ``name`` of plan ``choice`` with the plan's own
+        copies: it is the plan's algorithm, or it sends the same messages (direct_all_gather over
+        a pair): one candidate, not two. Memoised (a pure function of the plan and the names;
+        every proposal and every candidate TPE weighs asks)."""
+        key = (choice, name, picked)
+        known = self._same_copies.get(key)
+        if known is None:
+            base = self.base_plan(choice)
+            spec = next((s for s in base.all_collectives if s.name == name), None) if not isinstance(base, str) else None
+            current = spec.algorithm if spec is not None else None
+            known = picked == current or (
+                spec is not None and current is not None and not isinstance(base, str)
+                and cannot_run(picked, spec.kind, spec.group, base.topology) == ""
+                and same_messages(picked, current, spec.group, base.topology))
+            self._same_copies[key] = known
+        return known
+
+    def triple_choices(self, family: str) -> list[str]:
+        """The family's ``distance/chunk/buffers`` choices (:func:`_triple_text`), listed once."""
+        if family not in self._triples:
+            self._triples[family] = [_triple_text(t) for t in self.space.schedule.families[family].triples()]
+        return list(self._triples[family])
+
     def plan_reason(self, choice: str) -> str:
         """Why every candidate of this plan is invalid ('' when it builds and fits HBM)."""
         return self.check(Proposal(-1, "plan", choice, {}, None, reason="-")).removeprefix("-")
 
     def runnable_plans(self) -> list[str]:
-        """The space's plans that build, divide the model and fit HBM (the study's plan choices)."""
-        return [choice for choice in self.space.plans if not self.plan_reason(choice)]
+        """The space's plans that build, divide the model and fit HBM (the study's plan choices;
+        worked out once: every proposal asks, and each plan's reason is fixed)."""
+        if self._runnable is None:
+            self._runnable = [choice for choice in self.space.plans if not self.plan_reason(choice)]
+        return list(self._runnable)
 
     def collectives(self, choice: str) -> list[tuple[str, str]]:
         """(name, kind) of the collectives the plan runs at this batch (one per name)."""
@@ -337,17 +367,10 @@ def _suggest(trial: Any, space: JointSpace, validator: _Validator, families: lis
     """Draw a trial's parameters (define-by-run: the plan first, then its collectives)."""
     choice = trial.suggest_categorical("plan", validator.runnable_plans())
     algorithms: dict[str, str] = {}
-    base = validator.base_plan(choice)
     for name, kind in validator.collectives(choice):
         picked = trial.suggest_categorical(f"alg.{name}", [KEEP_PLAN, *KIND_ALGORITHMS[kind]])
-        spec = next((s for s in base.all_collectives if s.name == name), None) if not isinstance(base, str) else None
-        current = spec.algorithm if spec is not None else None
-        if picked in (KEEP_PLAN, current):
-            continue
-        if spec is not None and current is not None and cannot_run(picked, spec.kind, spec.group, base.topology) == "" \
-                and same_messages(picked, current, spec.group, base.topology):
-            continue  # the same copies as the plan's algorithm (direct_all_gather over a pair): one candidate
-        algorithms[name] = picked
+        if picked != KEEP_PLAN and not validator.plan_copies(choice, name, picked):
+            algorithms[name] = picked
     sched = space.schedule
     families_out: dict[str, FamilySchedule] = {}
     pattern = trial.suggest_categorical("pools", list(sched.pool_patterns))
@@ -357,8 +380,8 @@ def _suggest(trial: Any, space: JointSpace, validator: _Validator, families: lis
         if spec is None:
             continue
         # one categorical per family over the (distance, chunk, buffers) triples the schema accepts
-        distance, chunk, buffers = _triple(trial.suggest_categorical(
-            f"{family}.triple", [_triple_text(t) for t in spec.triples()]))
+        distance, chunk, buffers = _triple(trial.suggest_categorical(f"{family}.triple",
+                                                                     validator.triple_choices(family)))
         families_out[family] = FamilySchedule.model_construct(
             prefetch_distance_ops=distance, chunk_bytes=chunk, buffers=buffers, pool=owner.get(family))
     issue = trial.suggest_categorical("expert_issue", sched.expert_issue)
@@ -433,6 +456,8 @@ def relative_feasibility(space: JointSpace, validator: _Validator, families: lis
     known: dict[str, bool] = {}
 
     def feasible(params: dict[str, Any]) -> bool:
+        if "plan" not in params or "pools" not in params:
+            return True  # a knob drawn on its own (TPE's independent sampling): nothing to judge
         key = json.dumps(params, sort_keys=True, default=str)
         if key not in known:
             try:
