@@ -11,8 +11,10 @@ import pytest
 
 from hwmodels.catalog import make_system
 from tpusim.schedule.schema import Deployment, load_schedule
+from tpusim.schedule.vmem import vmem_plan
 from tpusim.sweep.estimate import EstimateContext, estimate
 from tpusim.sweep.joint_candidates import JointWorkload, _cached
+from tpusim.sweep.prune import VmemAccountant
 from tpusim.workload.model_catalog import load_model, load_plan
 from tpusim.workload.program import build_program, with_collectives
 
@@ -73,3 +75,19 @@ def test_the_sweep_cache_derives_variants_from_the_plan_as_written() -> None:
     program = _cached(workload, variant, "program")
     assert program.plan == workload.plan(variant)
     assert program.layers[0].ops[0] is _cached(workload, base, "program").layers[0].ops[0]  # shared, not rebuilt
+
+
+def test_a_variants_vmem_accountant_equals_vmem_plan(k3) -> None:  # type: ignore[no-untyped-def]
+    model, plan, _base = k3
+    shared = VmemAccountant(model, plan, 1)
+    published = load_schedule("published")
+    assert any(vmem_plan(published, model, plan.with_algorithms(choices), 1).collective_bytes
+               != vmem_plan(published, model, plan, 1).collective_bytes for choices in VARIANTS)
+    for choices in VARIANTS:
+        variant = plan.with_algorithms(choices)
+        twin = shared.for_plan(variant)
+        for schedule in (load_schedule("published"), load_schedule("naive")):
+            for slots in ("shared", "per_message"):
+                probe = schedule.model_copy(update={"receive_slots": slots})
+                assert twin.plan_for(probe) == vmem_plan(probe, model, variant, 1)
+                assert shared.plan_for(probe) == vmem_plan(probe, model, plan, 1)

@@ -20,7 +20,10 @@ Steps of :func:`run_joint_sweep` (invariants after each):
 2. **Ask.** Optuna's TPE sampler (seeded; categorical parameters; define-by-run, so each
    plan has its own collective parameters) proposes ``ASK_BATCH`` trials at a time. The
    batch size is fixed, never the worker count, *so the study's history, and its best, do
-   not depend on how many workers evaluate it.*
+   not depend on how many workers evaluate it.* Of the candidates TPE weighs for a trial it
+   takes the best that step 3 would keep (:func:`relative_feasibility`, with the plan's own
+   collectives; a pure function of the parameters, so still deterministic), so few trials
+   are spent on schedules that overflow VMEM.
 3. **Validate** each trial before anything runs (:func:`validate`): the plan builds and
    divides the model; every chosen algorithm can run its collective over its group
    (:func:`tpusim.workload.collectives.cannot_run`); the multi-device megakernel runs the

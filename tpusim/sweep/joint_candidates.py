@@ -149,8 +149,9 @@ def _cached(workload: JointWorkload, deployment: Deployment, what: str) -> Any:
     its plan as written (the deployment without them): its program is that program with the
     collectives swapped (:func:`tpusim.workload.program.with_collectives`) and its estimate
     context that context with only the collectives priced again
-    (:meth:`~tpusim.sweep.estimate.EstimateContext.for_program`); both equal a fresh build
-    (``tests/test_program_variants.py``)."""
+    (:meth:`~tpusim.sweep.estimate.EstimateContext.for_program`), its VMEM accountant that
+    accountant with its own collective buffers (:meth:`VmemAccountant.for_plan`); each equals
+    a fresh build (``tests/test_program_variants.py``)."""
     key = (hash(json.dumps(workload.describe(), sort_keys=True)),
            f"{what}|{deployment.plan}|{sorted(deployment.collectives.items())}")
     if key in _CACHE:
@@ -165,8 +166,9 @@ def _cached(workload: JointWorkload, deployment: Deployment, what: str) -> Any:
         value = (workload.program(plan) if base is None else
                  with_collectives(_cached(workload, base, "program"), plan))
     elif what == "vmem":
-        value = VmemAccountant(workload.model, _cached(workload, deployment, "plan"), workload.batch,
-                               workload.sequences)
+        plan = _cached(workload, deployment, "plan")
+        value = (VmemAccountant(workload.model, plan, workload.batch, workload.sequences) if base is None else
+                 _cached(workload, base, "vmem").for_plan(plan))
     else:
         from tpusim.sweep.estimate import EstimateContext
 
