@@ -8,6 +8,7 @@ from typing import Any
 import optuna
 
 from hwmodels.catalog import make_system
+from tpusim.sweep import joint_candidates
 from tpusim.sweep.joint_candidates import (
     JointWorkload,
     _suggest,
@@ -45,7 +46,8 @@ def test_the_filter_steers_tpe_away_from_infeasible_candidates() -> None:
     assert filtered < unfiltered / 2, (filtered, unfiltered)
 
 
-def test_relative_feasibility_is_step_3_and_waits_for_undrawn_knobs() -> None:
+def test_relative_feasibility_is_step_3_and_waits_for_undrawn_knobs(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(joint_candidates, "FEASIBLE_MEMO", 1)  # the memo is forgotten at every new candidate
     model = load_model("kimi-k3")
     system = make_system("tpu-v7", 16, calibrated=False)
     workload = JointWorkload(model, system, 1)
@@ -72,3 +74,4 @@ def test_relative_feasibility_is_step_3_and_waits_for_undrawn_knobs() -> None:
     assert reason.startswith("vmem:")  # the most buffers overflow
     assert not feasible(drawn)
     assert feasible({name: value for name, value in drawn.items() if name != "kv_buffers"})  # not judged yet
+    assert not feasible(drawn)  # judged again after the memo was forgotten

@@ -448,6 +448,9 @@ class _PartialTrial:
         raise _Undrawn(name)
 
 
+FEASIBLE_MEMO = 20_000  # candidates remembered by relative_feasibility (~0.5 kB each), then forgotten at once
+
+
 def relative_feasibility(space: JointSpace, validator: _Validator, families: list[str]) -> Any:
     """params -> whether the candidate passes step 3 (:meth:`_Validator.check`: static VMEM,
     DMAs, schema, kernel, capacity) with the collectives the plan writes where the candidate
@@ -461,15 +464,17 @@ def relative_feasibility(space: JointSpace, validator: _Validator, families: lis
         if "plan" not in params or "pools" not in params:
             return True  # a knob drawn on its own (TPE's independent sampling): nothing to judge
         key = json.dumps(params, sort_keys=True, default=str)
-        if key not in known:
+        answer = known.get(key)
+        if answer is None:
             try:
                 proposal = _suggest(_PartialTrial(params), space, validator, families)
             except _Undrawn:
-                known[key] = True
+                answer = True
             else:
-                known[key] = not validator.check(proposal)
-            if len(known) > 100_000:
+                answer = not validator.check(proposal)
+            if len(known) >= FEASIBLE_MEMO:
                 known.clear()
-        return known[key]
+            known[key] = answer
+        return answer
 
     return feasible
