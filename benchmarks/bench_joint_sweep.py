@@ -4,6 +4,7 @@ Run::
 
     .venv/bin/python benchmarks/bench_joint_sweep.py                       # budget 2000, --jobs 2
     .venv/bin/python benchmarks/bench_joint_sweep.py --budget 200 --jobs 1 --out /tmp/j200
+    .venv/bin/python benchmarks/bench_joint_sweep.py --budget 60 --jobs 1 --profile /tmp/j60.pstats
 
 It runs the same library call as ``tpusim sweep --model kimi-k3 --hardware tpu-v7 --chips 16
 --batch 1 --space joint --budget 2000 --jobs 2 --out DIR`` (published chip figures, seed 0,
@@ -19,6 +20,7 @@ per simulation; and the best speedup over the published design (simulated), whic
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
 import tempfile
 import time
@@ -35,12 +37,20 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="output folder (default: a temporary one)")
+    parser.add_argument("--profile", type=Path, help="also write a cProfile of the client (CPU timer) to this "
+                        "file; with --jobs 1 it covers the whole sweep (read it with python -m pstats)")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-joint-"))
     load_before = os.getloadavg()
     began, times_before = time.perf_counter(), os.times()
+    profile = cProfile.Profile(time.process_time) if args.profile else None
+    if profile is not None:
+        profile.enable()
     result = run_joint_sweep(load_model("kimi-k3"), make_system("tpu-v7", 16, calibrated=False), 1, out_dir=out,
                              budget=args.budget, seed=args.seed, jobs=args.jobs, quiet=False, plots=False)
+    if profile is not None:
+        profile.disable()
+        profile.dump_stats(args.profile)
     wall_s = time.perf_counter() - began
     times_after = os.times()
     cpu_s = sum(getattr(times_after, f) - getattr(times_before, f)

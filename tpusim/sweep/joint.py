@@ -20,7 +20,10 @@ Steps of :func:`run_joint_sweep` (invariants after each):
 2. **Ask.** Optuna's TPE sampler (seeded; categorical parameters; define-by-run, so each
    plan has its own collective parameters) proposes ``ASK_BATCH`` trials at a time. The
    batch size is fixed, never the worker count, *so the study's history, and its best, do
-   not depend on how many workers evaluate it.*
+   not depend on how many workers evaluate it.* Of the candidates TPE weighs for a trial it
+   takes the best that step 3 would keep (:func:`relative_feasibility`, with the plan's own
+   collectives; a pure function of the parameters, so still deterministic), so few trials
+   are spent on schedules that overflow VMEM.
 3. **Validate** each trial before anything runs (:func:`validate`): the plan builds and
    divides the model; every chosen algorithm can run its collective over its group
    (:func:`tpusim.workload.collectives.cannot_run`); the multi-device megakernel runs the
@@ -101,6 +104,7 @@ from tpusim.sweep.joint_candidates import (  # noqa: F401  (public names kept im
     evaluate_task,
     plan_choices,
     present_families,
+    relative_feasibility,
 )
 from tpusim.sweep.joint_polish import POLISH, Polish
 from tpusim.sweep.outputs import SweepCsv, write_text_atomic
@@ -185,7 +189,8 @@ def run_joint_sweep(
     storage = JournalStorage(_FlushedJournal(str(journal)))
     study = optuna.create_study(
         study_name="joint", storage=storage, direction="minimize", load_if_exists=True,
-        sampler=bounded_tpe(seed=seed, n_startup_trials=min(32, max(4, budget // 8))),
+        sampler=bounded_tpe(seed=seed, n_startup_trials=min(32, max(4, budget // 8)),
+                            feasible=relative_feasibility(space, validator, families)),
         pruner=optuna.pruners.PercentilePruner(space.screen_percentile, n_startup_trials=space.startup_trials))
     for stale in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         study.enqueue_trial(stale.params, skip_if_exists=False)  # asked, never finished: run it once now

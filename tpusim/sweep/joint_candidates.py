@@ -40,7 +40,7 @@ from tpusim.workload.model_catalog import (
     plan_for_system,
 )
 from tpusim.workload.modelconfig import ModelConfig
-from tpusim.workload.program import Program, build_program
+from tpusim.workload.program import Program, build_program, with_collectives
 from tpusim.workload.registry.names import Family
 from tpusim.workload.routing import RoutingModel
 from tpusim.workload.sharding import ShardingPlan
@@ -140,30 +140,48 @@ class JointWorkload:
 # ------------------------------------------------------------------------------------------
 
 _CACHE: OrderedDict[tuple[int, str], Any] = OrderedDict()
-CACHE_ENTRIES = 256  # per worker: a deployment's program, estimate context and VMEM accountant (~3 each)
+CACHE_ENTRIES = 256  # per worker: a deployment's plan, program, estimate context and VMEM accountant
 
 
 def _cached(workload: JointWorkload, deployment: Deployment, what: str) -> Any:
-    """The deployment's ``program`` | ``vmem`` accountant | ``estimate`` context, least recently
-    used out first (a sweep meets a new plan x algorithms about every third estimate, and TPE
-    keeps coming back to the good ones: measured on budget-200 K3 sweeps)."""
+    """The deployment's ``plan`` | ``program`` | ``vmem`` accountant | ``estimate`` context,
+    least recently used out first (a sweep meets a new plan x algorithms about every third
+    estimate, and TPE keeps coming back to the good ones: measured on budget-200 K3 sweeps).
+
+    A deployment with collective algorithms of its own shares the program-independent work of
+    its plan as written (the deployment without them): its program is that program with the
+    collectives swapped (:func:`tpusim.workload.program.with_collectives`) and its estimate
+    context that context with only the collectives priced again
+    (:meth:`~tpusim.sweep.estimate.EstimateContext.for_program`), its VMEM accountant that
+    accountant with its own collective buffers (:meth:`VmemAccountant.for_plan`); each equals
+    a fresh build (``tests/test_program_variants.py``)."""
     key = (hash(json.dumps(workload.describe(), sort_keys=True)),
            f"{what}|{deployment.plan}|{sorted(deployment.collectives.items())}")
     if key in _CACHE:
         _CACHE.move_to_end(key)
+        return _CACHE[key]
+    base = Deployment(plan=deployment.plan) if deployment.collectives else None
+    if what == "plan":
+        value: Any = (workload.plan(deployment) if base is None else
+                      _cached(workload, base, "plan").with_algorithms(deployment.collectives))
+    elif what == "program":
+        plan = _cached(workload, deployment, "plan")
+        value = (workload.program(plan) if base is None else
+                 with_collectives(_cached(workload, base, "program"), plan))
+    elif what == "vmem":
+        plan = _cached(workload, deployment, "plan")
+        value = (VmemAccountant(workload.model, plan, workload.batch, workload.sequences) if base is None else
+                 _cached(workload, base, "vmem").for_plan(plan))
     else:
-        while len(_CACHE) >= CACHE_ENTRIES:
-            _CACHE.popitem(last=False)
-        if what == "program":
-            _CACHE[key] = workload.program(workload.plan(deployment))
-        elif what == "vmem":
-            _CACHE[key] = VmemAccountant(workload.model, workload.plan(deployment), workload.batch,
-                                         workload.sequences)
-        else:
-            from tpusim.sweep.estimate import EstimateContext
+        from tpusim.sweep.estimate import EstimateContext
 
-            _CACHE[key] = EstimateContext(_cached(workload, deployment, "program"), workload.system.chip)
-    return _CACHE[key]
+        program = _cached(workload, deployment, "program")
+        value = (EstimateContext(program, workload.system.chip) if base is None else
+                 _cached(workload, base, "estimate").for_program(program))
+    while len(_CACHE) >= CACHE_ENTRIES:
+        _CACHE.popitem(last=False)
+    _CACHE[key] = value
+    return value
 
 
 def evaluate_task(workload: JointWorkload, stage: str, schedule_data: dict[str, Any]) -> dict[str, Any]:
@@ -220,6 +238,9 @@ class _Validator:
         self._capacity: dict[str, str] = {}
         self._collective_bytes: dict[str, int] = {}
         self._kernel_gate: bool | None = None  # does the kernel run the model's auto plan (kernel_reason)
+        self._runnable: list[str] | None = None
+        self._same_copies: dict[tuple[str, str, str], bool] = {}
+        self._triples: dict[str, list[str]] = {}
 
     def base_plan(self, choice: str) -> ShardingPlan | str:
         """The plan a choice builds, or why it does not (divisibility, a plan for other devices)."""
@@ -292,13 +313,40 @@ class _Validator:
                 self.workload.model, auto, self.workload.batch)
         return kernel_cannot_run(self.workload.model, plan, self.workload.batch) if self._kernel_gate else ""
 
+    def plan_copies(self, choice: str, name: str, picked: str) -> bool:
+        """Whether ``picked`` runs collective ``name`` of plan ``choice`` with the plan's own
+        copies: it is the plan's algorithm, or it sends the same messages (direct_all_gather over
+        a pair): one candidate, not two. Memoised (a pure function of the plan and the names;
+        every proposal and every candidate TPE weighs asks)."""
+        key = (choice, name, picked)
+        known = self._same_copies.get(key)
+        if known is None:
+            base = self.base_plan(choice)
+            spec = next((s for s in base.all_collectives if s.name == name), None) if not isinstance(base, str) else None
+            current = spec.algorithm if spec is not None else None
+            known = picked == current or (
+                spec is not None and current is not None and not isinstance(base, str)
+                and cannot_run(picked, spec.kind, spec.group, base.topology) == ""
+                and same_messages(picked, current, spec.group, base.topology))
+            self._same_copies[key] = known
+        return known
+
+    def triple_choices(self, family: str) -> list[str]:
+        """The family's ``distance/chunk/buffers`` choices (:func:`_triple_text`), listed once."""
+        if family not in self._triples:
+            self._triples[family] = [_triple_text(t) for t in self.space.schedule.families[family].triples()]
+        return list(self._triples[family])
+
     def plan_reason(self, choice: str) -> str:
         """Why every candidate of this plan is invalid ('' when it builds and fits HBM)."""
         return self.check(Proposal(-1, "plan", choice, {}, None, reason="-")).removeprefix("-")
 
     def runnable_plans(self) -> list[str]:
-        """The space's plans that build, divide the model and fit HBM (the study's plan choices)."""
-        return [choice for choice in self.space.plans if not self.plan_reason(choice)]
+        """The space's plans that build, divide the model and fit HBM (the study's plan choices;
+        worked out once: every proposal asks, and each plan's reason is fixed)."""
+        if self._runnable is None:
+            self._runnable = [choice for choice in self.space.plans if not self.plan_reason(choice)]
+        return list(self._runnable)
 
     def collectives(self, choice: str) -> list[tuple[str, str]]:
         """(name, kind) of the collectives the plan runs at this batch (one per name)."""
@@ -324,17 +372,10 @@ def _suggest(trial: Any, space: JointSpace, validator: _Validator, families: lis
     """Draw a trial's parameters (define-by-run: the plan first, then its collectives)."""
     choice = trial.suggest_categorical("plan", validator.runnable_plans())
     algorithms: dict[str, str] = {}
-    base = validator.base_plan(choice)
     for name, kind in validator.collectives(choice):
         picked = trial.suggest_categorical(f"alg.{name}", [KEEP_PLAN, *KIND_ALGORITHMS[kind]])
-        spec = next((s for s in base.all_collectives if s.name == name), None) if not isinstance(base, str) else None
-        current = spec.algorithm if spec is not None else None
-        if picked in (KEEP_PLAN, current):
-            continue
-        if spec is not None and current is not None and cannot_run(picked, spec.kind, spec.group, base.topology) == "" \
-                and same_messages(picked, current, spec.group, base.topology):
-            continue  # the same copies as the plan's algorithm (direct_all_gather over a pair): one candidate
-        algorithms[name] = picked
+        if picked != KEEP_PLAN and not validator.plan_copies(choice, name, picked):
+            algorithms[name] = picked
     sched = space.schedule
     families_out: dict[str, FamilySchedule] = {}
     pattern = trial.suggest_categorical("pools", list(sched.pool_patterns))
@@ -344,8 +385,8 @@ def _suggest(trial: Any, space: JointSpace, validator: _Validator, families: lis
         if spec is None:
             continue
         # one categorical per family over the (distance, chunk, buffers) triples the schema accepts
-        distance, chunk, buffers = _triple(trial.suggest_categorical(
-            f"{family}.triple", [_triple_text(t) for t in spec.triples()]))
+        distance, chunk, buffers = _triple(trial.suggest_categorical(f"{family}.triple",
+                                                                     validator.triple_choices(family)))
         families_out[family] = FamilySchedule.model_construct(
             prefetch_distance_ops=distance, chunk_bytes=chunk, buffers=buffers, pool=owner.get(family))
     issue = trial.suggest_categorical("expert_issue", sched.expert_issue)
@@ -387,3 +428,56 @@ def _params_hash(params: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+
+
+class _Undrawn(Exception):
+    """A parameter TPE did not draw jointly (the candidate cannot be judged yet)."""
+
+
+class _PartialTrial:
+    """The parameters of a candidate TPE is weighing, as a trial ``_suggest`` can read: a
+    collective's algorithm not among them is the plan's (``plan``), any other is unknown."""
+
+    number = -1
+
+    def __init__(self, params: dict[str, Any]) -> None:
+        self.params = params
+
+    def suggest_categorical(self, name: str, choices: list[Any]) -> Any:
+        if name in self.params:
+            return self.params[name]
+        if name.startswith("alg."):
+            return KEEP_PLAN
+        raise _Undrawn(name)
+
+
+FEASIBLE_MEMO = 20_000  # candidates remembered by relative_feasibility (~0.5 kB each), then forgotten at once
+
+
+def relative_feasibility(space: JointSpace, validator: _Validator, families: list[str]) -> Any:
+    """params -> whether the candidate passes step 3 (:meth:`_Validator.check`: static VMEM,
+    DMAs, schema, kernel, capacity) with the collectives the plan writes where the candidate
+    names none; True when a knob is not among ``params`` (it is drawn later, on its own).
+    The sampler's filter (:func:`tpusim.sweep.joint_sampler.bounded_tpe`): a pure function
+    of the parameters, memoised per distinct candidate (TPE's 24 candidates per ask repeat
+    the good trials' choices)."""
+    known: dict[str, bool] = {}
+
+    def feasible(params: dict[str, Any]) -> bool:
+        if "plan" not in params or "pools" not in params:
+            return True  # a knob drawn on its own (TPE's independent sampling): nothing to judge
+        key = json.dumps(params, sort_keys=True, default=str)
+        answer = known.get(key)
+        if answer is None:
+            try:
+                proposal = _suggest(_PartialTrial(params), space, validator, families)
+            except _Undrawn:
+                answer = True
+            else:
+                answer = not validator.check(proposal)
+            if len(known) >= FEASIBLE_MEMO:
+                known.clear()
+            known[key] = answer
+        return answer
+
+    return feasible

@@ -19,6 +19,7 @@ real :class:`~tpusim.schedule.vmem.VmemPlan`; ``tests/test_sweep_space.py`` chec
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 from tpusim.schedule.schema import SCHEDULE_FAMILIES, SMALL_FAMILY, FamilySchedule, Schedule
@@ -51,6 +52,16 @@ class VmemAccountant:
         self._collectives: dict[str, int] = {}  # receive_slots -> collective buffers (rule 6)
         self._family_of = {t.name: family for family, ts in tensor_kinds(model, plan).items() for t in ts}
         self.calls = 0
+
+    def for_plan(self, plan: ShardingPlan) -> VmemAccountant:
+        """The accountant of ``plan``, which is this one's plan with other collective
+        algorithms: everything learnt is shared (weights, KV, state, activations and kernel
+        scratch do not depend on the algorithms) except the collective buffers (rule 6 of
+        :mod:`tpusim.schedule.vmem`), learnt again per ``receive_slots``. A joint sweep's
+        workers size many algorithm variants of few plans."""
+        twin = copy.copy(self)
+        twin.plan, twin._collectives, twin.calls = plan, {}, 0
+        return twin
 
     def _learn(self, schedule: Schedule) -> None:
         self.calls += 1

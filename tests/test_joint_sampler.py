@@ -1,0 +1,77 @@
+"""The joint sweep's sampler (:mod:`tpusim.sweep.joint_sampler`): TPE told which candidates
+step 3 would prune (issue 26: three trials in four overflowed VMEM before)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+
+from hwmodels.catalog import make_system
+from tpusim.sweep import joint_candidates
+from tpusim.sweep.joint_candidates import (
+    JointWorkload,
+    _suggest,
+    _Validator,
+    default_joint_space,
+    present_families,
+    relative_feasibility,
+)
+from tpusim.sweep.joint_sampler import bounded_tpe
+from tpusim.workload.model_catalog import load_model
+
+CHOICES = list(range(10))
+
+
+def _infeasible_after_startup(feasible: Any, trials: int = 60, startup: int = 10) -> int:
+    """A toy study whose best lies on a constraint's edge (maximise x + y with x + y <= 9, an
+    infeasible trial told pruned as the joint sweep tells it): infeasible trials TPE proposed."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=bounded_tpe(seed=0, n_startup_trials=startup, feasible=feasible))
+    bad = 0
+    for number in range(trials):
+        trial = study.ask()
+        x, y = trial.suggest_categorical("x", CHOICES), trial.suggest_categorical("y", CHOICES)
+        if x + y > 9:
+            bad += number >= startup
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        else:
+            study.tell(trial, -(x + y))
+    return bad
+
+
+def test_the_filter_steers_tpe_away_from_infeasible_candidates() -> None:
+    unfiltered = _infeasible_after_startup(None)
+    filtered = _infeasible_after_startup(lambda params: params.get("x", 0) + params.get("y", 0) <= 9)
+    assert filtered < unfiltered / 2, (filtered, unfiltered)
+
+
+def test_relative_feasibility_is_step_3_and_waits_for_undrawn_knobs(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(joint_candidates, "FEASIBLE_MEMO", 1)  # the memo is forgotten at every new candidate
+    model = load_model("kimi-k3")
+    system = make_system("tpu-v7", 16, calibrated=False)
+    workload = JointWorkload(model, system, 1)
+    space = default_joint_space(model, system.devices)
+    staging = system.chip.staging_memory
+    space = space.model_copy(update={"schedule": space.schedule.with_capacity(staging.usable_bytes, "usable")})
+    validator = _Validator(workload, space)
+    families = present_families(model, workload.program(validator.base_plan("auto")))
+    feasible = relative_feasibility(space, validator, families)
+
+    class Last:  # every knob at its last choice (the deepest prefetch, the most buffers)
+        number = 0
+
+        def __init__(self) -> None:
+            self.params: dict[str, Any] = {}
+
+        def suggest_categorical(self, name: str, choices: list[Any]) -> Any:
+            self.params[name] = choices[-1]
+            return choices[-1]
+
+    trial = Last()
+    reason = validator.check(_suggest(trial, space, validator, families))
+    drawn = {name: value for name, value in trial.params.items() if not name.startswith("alg.")}
+    assert reason.startswith("vmem:")  # the most buffers overflow
+    assert not feasible(drawn)
+    assert feasible({name: value for name, value in drawn.items() if name != "kv_buffers"})  # not judged yet
+    assert not feasible(drawn)  # judged again after the memo was forgotten
