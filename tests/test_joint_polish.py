@@ -52,3 +52,5 @@ def test_a_better_trial_restarts_the_walk_around_it_and_share_zero_turns_it_off(
     study2, rows2 = _study_with([({"a": "x", "b": 1}, 3.0), ({"a": "z", "b": 4}, 1.0)])
     assert polish.enqueue(study2, rows2, 1, count=16) == 5  # a new best: all of its 5 neighbours
     assert Polish(share=0.0, budget=2).enqueue(study, rows, 2, count=16) == 0
+    capped = Polish(share=0.5, budget=2000, explore_max=500)  # TPE's share capped: polish from 500 on
+    assert capped.enqueue(study, rows, 499, count=1) == 0 and capped.enqueue(study, rows, 500, count=1) == 1

@@ -170,8 +170,8 @@ def _joint_section(run: DemoRun) -> list[str]:
     p_pub = robust.get("p_beats_published")
     lines += ["", f"Speed-up of the best over the published design: **{_fmt(data.get('speedup'))}x** ({label}); "
               f"{data['simulated']} full-step simulations, {data['trials']} trials (Optuna TPE for half the budget, "
-              "then coordinate descent around the best; pruned by the one VMEM accounting, the kernel rule and "
-              "an analytic screen)."
+              "then coordinate descent around the best; invalid ones pruned by the one VMEM accounting and the "
+              "kernel rule before anything runs)."
               + (f" P(faster than published) over the calibration's parameter samples (paired): "
                  f"**{p_pub:.2f}**." if p_pub is not None else ""),
               f"Figures from: {robust.get('source', 'the chip as given')}.", "",

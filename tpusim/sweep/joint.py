@@ -35,14 +35,19 @@ Steps of :func:`run_joint_sweep` (invariants after each):
    the chip's usable on-chip memory; DMAs in flight within the copy engine's limit. An
    invalid trial gets a ``pruned`` row with the reason and is told *pruned* without a value
    (TPE ranks it below every measured trial). *No invalid candidate is estimated or simulated.*
-4. **Screen** (the pruner): the analytic estimate of the full step
-   (:mod:`tpusim.sweep.estimate`) is reported as the trial's step-0 value; Optuna's
-   ``PercentilePruner`` stops a trial whose estimate is worse than the ``screen_percentile``
-   of the completed trials'. Its row says ``screened out`` with the estimate.
+4. **Screen** (off by default; ``JointSpace.screen_percentile``): the analytic estimate of
+   the full step (:mod:`tpusim.sweep.estimate`) is reported as the trial's step-0 value;
+   Optuna's ``PercentilePruner`` stops a trial whose estimate is worse than that percentile
+   of the completed trials'. Its row says ``screened out`` with the estimate. Off by default
+   because an estimate now costs about as much CPU as the engine step it would save, and the
+   pruner's bar keeps falling (it compares with the simulated trials, which all passed it):
+   K3 at batch 1, budget 200, ``--jobs 2``: 36.5 s and 1.188x with the screen at the 50th
+   percentile, 28.2 s and 1.243x without (simulated, published chip figures).
 5. **Simulate** the survivors in full (the engine, every layer) on the executor
    (:mod:`tpusim.sweep.executors`: in-process, processes or Dask workers); each result is
    written to ``sweep.csv`` and told to the study in trial order.
-   **Polish**: once ``1 - polish_share`` of the budget is simulated or in flight, each round
+   **Polish**: once ``1 - polish_share`` of the budget (at most ``explore_max_simulations``)
+   is simulated or in flight, each round
    is the one-parameter neighbours of the best trial instead of TPE's proposals (coordinate
    descent, :mod:`tpusim.sweep.joint_polish`; TPE again when a neighbourhood is exhausted),
    validated, screened and simulated like any trial (``source: polish`` in ``sweep.csv``).
@@ -182,6 +187,7 @@ def run_joint_sweep(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     from optuna.storages import JournalStorage
 
+    screened = space.screen_percentile is not None  # None: every valid candidate is simulated, no estimate
     journal = out / "study.journal"
     if not resume and journal.exists():
         journal.unlink()
@@ -191,7 +197,8 @@ def run_joint_sweep(
         study_name="joint", storage=storage, direction="minimize", load_if_exists=True,
         sampler=bounded_tpe(seed=seed, n_startup_trials=min(32, max(4, budget // 8)),
                             feasible=relative_feasibility(space, validator, families)),
-        pruner=optuna.pruners.PercentilePruner(space.screen_percentile, n_startup_trials=space.startup_trials))
+        pruner=(optuna.pruners.PercentilePruner(space.screen_percentile, n_startup_trials=space.startup_trials)
+                if screened else optuna.pruners.NopPruner()))
     for stale in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         study.enqueue_trial(stale.params, skip_if_exists=False)  # asked, never finished: run it once now
         study.tell(stale.number, state=optuna.trial.TrialState.FAIL)
@@ -240,7 +247,7 @@ def run_joint_sweep(
                 raise InputError("no plan in the space builds and fits HBM (see sweep.csv reasons)")
             asked = 0
             limit = budget * 50 + 200
-            polish = Polish(space.polish_share, budget)  # coordinate descent once TPE has explored
+            polish = Polish(space.polish_share, budget, space.explore_max_simulations)  # once TPE has explored
             waiting: dict[str, list[Any]] = {}  # hash in flight -> later trials proposing it again
             in_flight: list[tuple[Any, Proposal, float]] = []
             simulations: Any = None  # the results of the round in flight (Executor.submit)
@@ -282,8 +289,9 @@ def run_joint_sweep(
                             continue
                         waiting[proposal.hash] = []
                         fresh.append((trial, proposal))
-                    estimates = pool.submit(evaluate_task, [(workload, "estimate", p.schedule.model_dump(mode="json"))
-                                                            for _, p in fresh])
+                    estimates = (pool.submit(evaluate_task, [(workload, "estimate", p.schedule.model_dump(mode="json"))
+                                                             for _, p in fresh]) if screened
+                                 else _unscreened(len(fresh)))
                 # 2. round k's results, in trial order
                 if simulations is not None:
                     for (trial, proposal, est_ms), result in zip(in_flight, simulations(), strict=True):
@@ -299,8 +307,9 @@ def run_joint_sweep(
                     if not est["feasible"]:
                         finish(trial, proposal, {"status": "pruned", "reason": est["reason"]})
                         continue
-                    trial.report(est["est_ms"], 0)
-                    if trial.should_prune():
+                    if est["est_ms"] is not None:
+                        trial.report(est["est_ms"], 0)
+                    if est["est_ms"] is not None and trial.should_prune():
                         finish(trial, proposal, {"status": "pruned", "est_ms": est["est_ms"], "predicted_by": "estimate",
                                           "reason": f"screened out: estimate {est['est_ms']:.4f} ms above the "
                                           f"{space.screen_percentile:g}th percentile"})
@@ -331,6 +340,11 @@ def run_joint_sweep(
     result.robust = robust_choice(result, workload, study, (space, validator, families), _suggest)
     _write_outputs(result, out, workload, space, plots=plots)
     return result
+
+
+def _unscreened(count: int) -> Any:
+    """The screen's answer when there is none: every candidate feasible, no estimate."""
+    return lambda: [{"feasible": True, "est_ms": None}] * count
 
 
 def _flushed_journal_class() -> type:

@@ -62,12 +62,15 @@ class JointSpace(BaseModel):
 
     plans: list[str] = Field(min_length=1, description="--plan choices: auto or SPECs")
     schedule: SweepSpace = Field(description="the schedule knobs' choices and the VMEM/DMA constraints")
-    screen_percentile: float = Field(default=50.0, gt=0.0, lt=100.0, description="a trial whose estimate is "
-                                     "worse than this percentile of the completed trials' is not simulated")
+    screen_percentile: float | None = Field(default=None, gt=0.0, lt=100.0, description="a trial whose "
+                                            "estimate is worse than this percentile of the completed trials' is "
+                                            "not simulated; None: no estimate, every valid trial is simulated")
     startup_trials: int = Field(default=16, ge=0, description="trials simulated before the pruner prunes")
     polish_share: float = Field(default=0.5, ge=0.0, lt=1.0, description="share of the budget spent on "
                                 "coordinate descent around the best trial (tpusim.sweep.joint_polish) after "
                                 "TPE has explored the rest; 0: TPE only")
+    explore_max_simulations: int | None = Field(default=500, ge=0, description="TPE's simulations before the "
+                                                "polish starts, at most (None: (1 - polish_share) of the budget)")
     kernel_runs_winner: bool = Field(default=True, description="when the multi-device megakernel runs the "
                                      "model's auto plan, a candidate it cannot run (tpusim.workload."
                                      "kernel_support.kernel_cannot_run) gets a row with the reason, not a "

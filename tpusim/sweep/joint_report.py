@@ -39,8 +39,11 @@ def joint_summary(result: JointResult, workload: JointWorkload, space: JointSpac
         f"# Joint sweep: {w['model']} on {w['hardware']} x{w['chips']} ({w['devices']} devices), batch {w['batch']}",
         "",
         f"Searched: plan ({len(space.plans)} choices) x collective algorithm per collective x prefetch schedule, "
-        f"by Optuna TPE (seed {w['seed']}); screen: analytic estimate, pruned above the "
-        f"{space.screen_percentile:g}th percentile. {result.trials} trials, {len(result.rows)} rows "
+        f"by Optuna TPE (seed {w['seed']}) then coordinate descent around the best "
+        f"({space.polish_share:.0%} of the budget); screen: "
+        + (f"analytic estimate, pruned above the {space.screen_percentile:g}th percentile"
+           if space.screen_percentile is not None else "none (every valid trial simulated)")
+        + f". {result.trials} trials, {len(result.rows)} rows "
         f"({', '.join(f'{v} {k}' for k, v in sorted(statuses.items()))}; {screened} screened out), "
         f"{result.simulated} full-step simulations; this run (since the start or the last --resume): "
         f"{result.wall_s:.1f} s wall, {result.cpu_s:.1f} s CPU in the client process (workers not counted), "
