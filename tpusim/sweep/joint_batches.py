@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from hwmodels.errors import InputError
-from tpusim.report.figures import save_png
+from tpusim.report.figures import distinct_colours, save_png
 from tpusim.sweep.joint import JointResult, run_joint_sweep
 from tpusim.sweep.joint_report import _changes
 from tpusim.sweep.joint_robust import interval_text, terms_text
@@ -217,7 +217,7 @@ def pareto_over_batches(results: list[JointResult], batches: list[int], path: Pa
 
     markers = "os^Dvp<>h*"
     plans = sorted({r["plan"] for result in results for r in result.rows if r["status"] == "simulated"})
-    colours = {plan: plt.get_cmap("tab10")(i % 10) for i, plan in enumerate(plans)}
+    colours = distinct_colours(plans)
     fig, ax = plt.subplots(figsize=(9, 5.5))
     for k, (batch, result) in enumerate(zip(batches, results, strict=True)):
         rows = [r for r in result.rows if r["status"] == "simulated" and r.get("vmem_static_mib") is not None]

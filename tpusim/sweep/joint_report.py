@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tpusim.report.figures import save_png
+from tpusim.report.figures import distinct_colours, save_png
 
 # Arguments are tpusim.sweep.joint's JointResult, JointWorkload and JointSpace (typed Any here:
 # that module imports this one, and imports point one way).
@@ -96,10 +96,12 @@ def pareto_by_plan(result: JointResult, path: Path, workload: JointWorkload) -> 
 
     rows = [r for r in result.rows if r["status"] == "simulated" and r.get("vmem_static_mib") is not None]
     fig, ax = plt.subplots(figsize=(8, 5))
-    for plan in sorted({r["plan"] for r in rows}):
+    plans = sorted({r["plan"] for r in rows})
+    colours = distinct_colours(plans)
+    for plan in plans:
         mine = [r for r in rows if r["plan"] == plan]
         ax.scatter([r["vmem_static_mib"] for r in mine], [r["tokens_per_s"] for r in mine], s=10, label=plan,
-                   alpha=0.7)
+                   alpha=0.7, color=colours[plan])
     front, best = [], -1.0
     for row in sorted(rows, key=lambda r: (r["vmem_static_mib"], -r["tokens_per_s"])):
         if row["tokens_per_s"] > best:
