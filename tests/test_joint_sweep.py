@@ -119,3 +119,14 @@ def test_resume_after_a_real_sigint_loses_and_repeats_nothing(tmp_path: Path) ->
     hashes = [r["hash"] for r in after]
     assert len(hashes) == len(set(hashes))  # nothing evaluated twice
     assert result.simulated >= 24
+
+
+def test_what_changed_reads_zero_as_a_value_and_a_resumed_row_the_same() -> None:
+    """A knob at 0 (a distance) is a value, not '-'; a row read back from sweep.csv on --resume
+    (strings) compares equal to the same row made in the run (found: a resumed report said 0 where
+    the first run said '-')."""
+    from tpusim.sweep.joint_report import _changes
+
+    assert _changes({"lm_head.distance": 0, "plan": "auto"}, {"lm_head.distance": 4, "plan": "auto"}) == [
+        "lm_head.distance: 4 → 0"]
+    assert _changes({"lm_head.distance": "0", "x": ""}, {"lm_head.distance": 0, "x": None}) == []

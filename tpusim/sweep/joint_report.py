@@ -21,11 +21,17 @@ SKIP = {"trial", "hash", "name", "source", "status", "reason", "predicted_ms", "
         "exposed_dma_ms", "vmem_static_mib", "vmem_peak_mib", "est_ms"}
 
 
+def _cell(value: Any) -> str:
+    """A row's value as ``sweep.csv`` holds it ('-' for none), so that a row read back on
+    ``--resume`` (strings) and one made in this run (0, None) read the same: 0 is a value."""
+    return "-" if value is None or value == "" else str(value)
+
+
 def _changes(best: dict[str, Any], published: dict[str, Any] | None) -> list[str]:
     if published is None:
         return []
-    return [f"{key}: {published.get(key) or '-'} → {best.get(key) or '-'}" for key in best
-            if key not in SKIP and str(best.get(key) or "") != str(published.get(key) or "")]
+    return [f"{key}: {_cell(published.get(key))} → {_cell(best.get(key))}" for key in best
+            if key not in SKIP and _cell(best.get(key)) != _cell(published.get(key))]
 
 
 def joint_summary(result: JointResult, workload: JointWorkload, space: JointSpace) -> str:
