@@ -344,7 +344,7 @@ def run_joint_sweep(
 
 def _unscreened(count: int) -> Any:
     """The screen's answer when there is none: every candidate feasible, no estimate."""
-    return lambda: [{"feasible": True, "est_ms": None}] * count
+    return lambda: [{"feasible": True, "est_ms": None} for _ in range(count)]
 
 
 def _flushed_journal_class() -> type:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tpusim.report.figures import distinct_colours, save_png
+from tpusim.sweep.outputs import csv_cell
 
 # Arguments are tpusim.sweep.joint's JointResult, JointWorkload and JointSpace (typed Any here:
 # that module imports this one, and imports point one way).
@@ -24,7 +25,7 @@ SKIP = {"trial", "hash", "name", "source", "status", "reason", "predicted_ms", "
 def _cell(value: Any) -> str:
     """A row's value as ``sweep.csv`` holds it ('-' for none), so that a row read back on
     ``--resume`` (strings) and one made in this run (0, None) read the same: 0 is a value."""
-    return "-" if value is None or value == "" else str(value)
+    return csv_cell(value) or "-"
 
 
 def _changes(best: dict[str, Any], published: dict[str, Any] | None) -> list[str]:

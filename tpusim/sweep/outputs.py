@@ -51,7 +51,8 @@ FLOAT_COLUMNS = ("predicted_ms", "tokens_per_s", "exposed_dma_ms", "vmem_peak_mi
 STATUSES = ("simulated", "estimated", "pruned")
 
 
-def _cell(value: Any) -> str:
+def csv_cell(value: Any) -> str:
+    """A value as ``sweep.csv`` holds it ('' for none; floats by ``repr``, so they read back exactly)."""
     if value is None:
         return ""
     if isinstance(value, float):
@@ -115,7 +116,7 @@ class SweepCsv:
     def append(self, row: dict[str, Any]) -> None:
         """Write one row and flush it to the OS (it survives the process being killed)."""
         assert self._writer is not None and self._handle is not None, "call open() first"
-        self._writer.writerow({column: _cell(row.get(column)) for column in self.columns})
+        self._writer.writerow({column: csv_cell(row.get(column)) for column in self.columns})
         self._handle.flush()
 
     def close(self) -> None:
