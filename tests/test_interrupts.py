@@ -3,6 +3,7 @@ leave the previous report and overlay byte for byte, and no temporary file behin
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tpusim.app.cli.run_guard import EXIT_INTERRUPTED, EXIT_TERMINATED, run_command
 from tpusim.app.interrupts import deferred_interrupts, terminate_as_interrupt
 
 PREVIOUS = {"report.md": "# previous report\n", "fit.json": '{"previous": true}\n',
@@ -36,6 +38,37 @@ def test_sigterm_unwinds_like_ctrl_c() -> None:
         finally:
             cleaned = True
     assert cleaned and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+class _WrappedInterrupt(RuntimeError):
+    """What a library may make of an interrupt it was running when the signal landed."""
+
+
+@pytest.mark.parametrize(("sig", "code", "word"), [(signal.SIGINT, EXIT_INTERRUPTED, "interrupted"),
+                                                   (signal.SIGTERM, EXIT_TERMINATED, "terminated")])
+def test_an_interrupt_a_library_wraps_still_exits_as_interrupted(
+        sig: signal.Signals, code: int, word: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Seen in CI: a sweep killed while it imported its modules exited 1 with a traceback, because
+    pydantic, building a model's schema when SIGTERM landed, raised ``SchemaError: ... Terminated:
+    signal SIGTERM``. Whatever the interrupt becomes, the command exits as interrupted."""
+    def command(args: argparse.Namespace) -> int:
+        try:
+            os.kill(os.getpid(), sig)
+            time.sleep(1)
+        except KeyboardInterrupt as error:
+            raise _WrappedInterrupt(f"while building: {error!r}") from None
+        return 0
+
+    assert run_command(argparse.Namespace(command="probe", func=command)) == code
+    assert capsys.readouterr().err == f"tpusim probe: {word}\n"
+
+
+def test_a_bug_without_a_signal_keeps_its_traceback() -> None:
+    def command(args: argparse.Namespace) -> int:
+        raise _WrappedInterrupt("a bug")
+
+    with pytest.raises(_WrappedInterrupt, match="a bug"):
+        run_command(argparse.Namespace(command="probe", func=command))
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:

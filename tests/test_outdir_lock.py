@@ -86,4 +86,5 @@ def test_two_concurrent_sweeps_into_one_folder(tmp_path: Path, capsys: pytest.Ca
     finally:
         first.send_signal(signal.SIGTERM)
         first.wait(timeout=120)
-    assert first.returncode in (130, 143)  # the first sweep stops cleanly; its rows are kept
+    # the first sweep stops cleanly, its rows kept (SIGTERM may land while it still imports its modules)
+    assert first.returncode in (130, 143), first.stderr.read() if first.stderr else ""

@@ -4,7 +4,8 @@
 subcommand's ``func`` it
 
 1. turns SIGTERM into an interrupt (:mod:`tpusim.app.interrupts`), so ``kill`` unwinds
-   like Ctrl-C and atomic writers clean up;
+   like Ctrl-C and atomic writers clean up; a command that received SIGINT or SIGTERM exits
+   130 or 143 whatever exception the interrupt became on its way up (a library may wrap it);
 2. holds the output lock (:mod:`tpusim.app.outdir_lock`) when the subcommand declared one
    with ``set_defaults(output_lock="folder" | "file")`` on its ``--out``;
 3. prints every input problem as one line, ``tpusim CMD: error: ...``, exit 2: our own
@@ -20,13 +21,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import signal
 import sys
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from hwmodels.errors import InputError
-from tpusim.app.interrupts import Terminated, terminate_as_interrupt
+from tpusim.app.interrupts import Received, Terminated, terminate_as_interrupt
 from tpusim.app.outdir_lock import output_lock
 from tpusim.app.tables import output_format
 
@@ -56,25 +58,49 @@ def _lock(args: argparse.Namespace) -> contextlib.AbstractContextManager[object]
                        on_stale=lambda line: print(f"tpusim {args.command}: {line}", file=sys.stderr))
 
 
+def input_error_message(error: BaseException) -> str | None:
+    """The one line for an input problem (see the module docstring); ``None``: a bug."""
+    if isinstance(error, InputError):
+        return str(error)
+    if isinstance(error, ValidationError):
+        return validation_message(error)
+    if isinstance(error, OSError):
+        return os_error_message(error)
+    if isinstance(error, MemoryError):
+        return "ran out of memory: this host cannot hold the request; lower --batch or --context"
+    return None
+
+
+def _interrupted(command: str, error: BaseException, received: Received) -> int | None:
+    """The exit code of a command stopped by a signal, or ``None`` when it was not.
+
+    Asked first for every exception: once SIGINT or SIGTERM arrived, what it turned into
+    (an ``OSError`` from a cut write, a library's own error) is the interrupt, not a problem
+    to report."""
+    if received.first == signal.SIGTERM or isinstance(error, Terminated):
+        print(f"tpusim {command}: terminated", file=sys.stderr)
+        return EXIT_TERMINATED
+    if received.first == signal.SIGINT or isinstance(error, KeyboardInterrupt):
+        print(f"tpusim {command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return None
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Run ``args.func(args)`` as described in the module docstring; return the exit code."""
+    received = Received()
     try:
         output_format(args)  # --json against a different --format: refused before any work
-        with terminate_as_interrupt(), _lock(args):
+        with terminate_as_interrupt() as received, _lock(args):
             return int(args.func(args) or 0)
-    except InputError as error:
-        message = str(error)
-    except ValidationError as error:
-        message = validation_message(error)
-    except OSError as error:
-        message = os_error_message(error)
-    except MemoryError:
-        message = "ran out of memory: this host cannot hold the request; lower --batch or --context"
-    except Terminated:
-        print(f"tpusim {args.command}: terminated", file=sys.stderr)
-        return EXIT_TERMINATED
-    except KeyboardInterrupt:
-        print(f"tpusim {args.command}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except SystemExit:
+        raise
+    except BaseException as error:
+        code = _interrupted(args.command, error, received)
+        if code is not None:
+            return code
+        message = input_error_message(error)
+        if message is None:
+            raise
     print(f"tpusim {args.command}: error: {' '.join(message.split())}", file=sys.stderr)
     return EXIT_INPUT_ERROR
