@@ -54,3 +54,22 @@ def test_a_better_trial_restarts_the_walk_around_it_and_share_zero_turns_it_off(
     assert Polish(share=0.0, budget=2).enqueue(study, rows, 2, count=16) == 0
     capped = Polish(share=0.5, budget=2000, explore_max=500)  # TPE's share capped: polish from 500 on
     assert capped.enqueue(study, rows, 499, count=1) == 0 and capped.enqueue(study, rows, 500, count=1) == 1
+
+
+def test_neighbours_the_sweep_can_answer_are_skipped_and_the_round_is_filled_with_others() -> None:
+    study, rows = _study_with([({"a": "y", "b": 3}, 2.0)])
+    polish = Polish(share=0.5, budget=2)
+    asked_about: list[dict[str, Any]] = []
+
+    def wanted(params: dict[str, Any]) -> bool:
+        asked_about.append(params)
+        return params["b"] != 2 and params["a"] != "x"  # as if b=2 were known and a=x invalid
+
+    assert polish.enqueue(study, rows, 1, count=2, wanted=wanted) == 2
+    # the order is the walk's (a=x, b=2, a=z, b=4, b=1): the first two are skipped, not counted
+    assert asked_about == [{"a": "x", "b": 3}, {"a": "y", "b": 2}, {"a": "z", "b": 3}, {"a": "y", "b": 4}]
+    asked = [study.ask() for _ in range(2)]
+    assert [{n: t.suggest_categorical(n, c) for n, c in CHOICES.items()} for t in asked] == \
+        [{"a": "z", "b": 3}, {"a": "y", "b": 4}]
+    assert polish.enqueue(study, rows, 1, count=16, wanted=wanted) == 1  # b=1 left; then exhausted
+    assert polish.enqueue(study, rows, 1, count=16, wanted=wanted) == 0

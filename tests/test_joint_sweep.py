@@ -130,3 +130,21 @@ def test_what_changed_reads_zero_as_a_value_and_a_resumed_row_the_same() -> None
     assert _changes({"lm_head.distance": 0, "plan": "auto"}, {"lm_head.distance": 4, "plan": "auto"}) == [
         "lm_head.distance: 4 → 0"]
     assert _changes({"lm_head.distance": "0", "x": ""}, {"lm_head.distance": 0, "x": None}) == []
+
+
+@pytest.mark.slow  # a K3 sweep of 40 simulations, ~12 s
+def test_polish_neighbours_refused_by_validation_get_rows_but_no_trial(tmp_path: Path) -> None:
+    """K3 at batch 1 is where neighbours overflow VMEM (nano's never do): they are answered with
+    a pruned row before Optuna is asked, so no asked polish trial is a VMEM refusal."""
+    result = run_joint_sweep(load_model("kimi-k3"), make_system("tpu-v7", 16, calibrated=False), 1,
+                             out_dir=tmp_path, budget=40, quiet=True, plots=False)
+    rows = _csv(tmp_path / "sweep.csv")
+    refused = [r for r in rows if r["source"] == "polish" and int(r["trial"]) < 0]
+    assert refused and all(r["status"] == "pruned" and r["name"] == "neighbour" for r in refused)
+    usable_mib = make_system("tpu-v7", 16, calibrated=False).chip.staging_memory.usable_bytes / 2**20
+    for row in refused:
+        if row["reason"].startswith("vmem:"):
+            assert float(row["vmem_static_mib"]) > usable_mib
+    asked = [r for r in rows if r["source"] == "polish" and int(r["trial"]) >= 0]
+    assert asked and not any(r["reason"].startswith("vmem:") for r in asked)
+    assert result.simulated >= 40

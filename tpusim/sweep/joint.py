@@ -50,7 +50,9 @@ Steps of :func:`run_joint_sweep` (invariants after each):
    is simulated or in flight, each round
    is the one-parameter neighbours of the best trial instead of TPE's proposals (coordinate
    descent, :mod:`tpusim.sweep.joint_polish`; TPE again when a neighbourhood is exhausted),
-   validated, screened and simulated like any trial (``source: polish`` in ``sweep.csv``).
+   validated, screened and simulated like any trial (``source: polish`` in ``sweep.csv``); a
+   neighbour known already is skipped, and one validation refuses gets its pruned row before
+   Optuna is asked (trial ``-1``, name ``neighbour``).
 6. Repeat 2-5 until ``budget`` full simulations are done (the last batch may add up to
    ``ASK_BATCH - 1`` more). The rounds overlap by one: round *k + 1* is asked, validated and
    sent for its estimates while round *k* simulates, and round *k* is told before round *k + 1*
@@ -209,7 +211,8 @@ def run_joint_sweep(
         return sum(r["status"] == "simulated" for r in rows.values())
 
     def emit(proposal: Proposal, row: dict[str, Any]) -> None:
-        name = (proposal.schedule.name if proposal.schedule else
+        name = ("neighbour" if proposal.trial < 0 and proposal.source == POLISH else  # refused before it was asked
+                proposal.schedule.name if proposal.schedule else
                 "plan" if proposal.source == "plan" else f"trial-{proposal.trial:05d}")
         full = {"trial": proposal.trial, "hash": proposal.hash, "name": name, "source": proposal.source,
                 "plan": proposal.plan_choice,
@@ -260,11 +263,29 @@ def run_joint_sweep(
                 for told in [trial, *waiting.pop(proposal.hash, [])]:
                     _tell_known(study, told, row)
 
+            def neighbour_wanted(params: dict[str, Any]) -> bool:
+                """A polish neighbour needs a trial unless it is known, in flight, or invalid (its
+                pruned row is written here: :mod:`tpusim.sweep.joint_polish`, step 4)."""
+                try:
+                    proposal = _suggest(optuna.trial.FixedTrial(params, -1), space, validator, families)
+                except ValueError:  # its plan adds parameters the base trial has not drawn
+                    return True
+                if proposal.hash in rows or proposal.hash in waiting:
+                    return False
+                if proposal.schedule is not None:
+                    proposal.knobs = schedule_knobs(proposal.schedule, space.schedule, families)
+                reason = validator.check(proposal)
+                if reason:
+                    proposal.source = POLISH
+                    emit(proposal, {"status": "pruned", "reason": reason})
+                    return False
+                return True
+
             while True:
                 # 1. ask and validate round k + 1 while round k simulates (see the module docstring)
                 estimates: Any = None
                 if simulated() + len(in_flight) < budget and asked < limit:
-                    polish.enqueue(study, rows, simulated() + len(in_flight), ASK_BATCH)
+                    polish.enqueue(study, rows, simulated() + len(in_flight), ASK_BATCH, wanted=neighbour_wanted)
                     trials = [study.ask() for _ in range(ASK_BATCH)]
                     asked += len(trials)
                     proposals = [_suggest(t, space, validator, families) for t in trials]

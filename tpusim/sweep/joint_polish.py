@@ -27,10 +27,14 @@ round is asked):
    Generic over the define-by-run space: nothing here names a parameter. A neighbour whose
    plan lacks one of the base's algorithm parameters ignores it; one whose plan adds some draws
    them from the sampler.
-4. **How**: up to one round (``count``) of neighbours is enqueued (Optuna's ``enqueue_trial``,
-   marked ``source: polish``); the sweep asks, validates, screens and simulates them like any
-   trial, so a neighbour that overflows VMEM or the kernel rule is a pruned row that costs no
-   simulation, and a neighbour already evaluated is told its row's value.
+4. **How**: the sweep first answers each neighbour it can without Optuna (``wanted``): one
+   evaluated before or in flight is skipped, one that validation refuses (VMEM, the kernel
+   rule, ...) gets its ``pruned`` row (trial ``-1``: never asked) and is skipped. Up to one
+   round (``count``) of the rest is enqueued (Optuna's ``enqueue_trial``, marked
+   ``source: polish``) and asked, screened and simulated like any trial. Why: on K3 at
+   batch 1 (budget 2000) 1,295 of 3,376 trials were such neighbours, each a full ask, two
+   dozen journal writes and a tell in the client for no simulation. A neighbour whose plan
+   adds parameters is always enqueued (the sampler draws them).
 5. **Move**: when a round makes another trial the best, the walk restarts around it (first
    improvement, at the granularity of a round); when every neighbour of the best has been
    enqueued, the best is a local optimum of this neighbourhood and TPE asks again until it
@@ -44,6 +48,7 @@ evaluated before are told their rows' values and never simulated again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 POLISH = "polish"  # the source column of a polish trial's row (and its user attribute)
@@ -61,9 +66,15 @@ class Polish:
         self.neighbours: list[dict[str, Any]] = []
         self.next = 0
 
-    def enqueue(self, study: Any, rows: dict[str, dict[str, Any]], done_or_in_flight: int, count: int) -> int:
+    def enqueue(self, study: Any, rows: dict[str, dict[str, Any]], done_or_in_flight: int, count: int,
+                wanted: Callable[[dict[str, Any]], bool] | None = None) -> int:
         """Enqueue up to ``count`` neighbours of the best trial (see the module docstring);
-        returns how many (0: not due yet, no trial simulated, or this neighbourhood is done)."""
+        returns how many (0: not due yet, no trial simulated, or this neighbourhood is done).
+
+        ``wanted(params)`` (optional) is asked first for each neighbour: ``False`` skips it
+        without a trial (the sweep answers it from what it knows: evaluated or in flight
+        already, or refused by validation, which it records); the round is filled with
+        neighbours it wants."""
         if self.start is None or done_or_in_flight < self.start:
             return 0
         best = _best_trial_row(rows)
@@ -73,11 +84,14 @@ class Polish:
             self.base = int(best["trial"])
             self.neighbours = _neighbours(study, self.base)
             self.next = 0
-        batch = self.neighbours[self.next:self.next + count]
-        self.next += len(batch)
-        for params in batch:
-            study.enqueue_trial(params, user_attrs={"source": POLISH})
-        return len(batch)
+        enqueued = 0
+        while enqueued < count and self.next < len(self.neighbours):
+            params = self.neighbours[self.next]
+            self.next += 1
+            if wanted is None or wanted(params):
+                study.enqueue_trial(params, user_attrs={"source": POLISH})
+                enqueued += 1
+        return enqueued
 
 
 def _best_trial_row(rows: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
