@@ -120,3 +120,26 @@ def test_batches_flag_is_checked(tmp_path: Path) -> None:
             parse_batches(bad)
     assert main(["sweep", "--model", "kimi-k3-nano", "--hardware", "tpu-v7", "--chips", "4", "--batches", "1,2",
                  "--out", str(tmp_path / "x")]) == 2
+
+
+@pytest.mark.slow  # two small nano sweeps, then both resumed, ~15 s
+def test_each_batch_asks_the_winners_found_before_it_first(tmp_path: Path) -> None:
+    import csv
+
+    from tpusim.sweep.joint_batches import run_joint_batches
+
+    def rows(batch: int) -> list[dict[str, str]]:
+        with (tmp_path / f"batch-{batch}" / "sweep.csv").open() as handle:
+            return list(csv.DictReader(handle))
+
+    system = make_system("tpu-v7", 4, calibrated=False)
+    first = run_joint_batches(load_model("kimi-k3-nano"), system, [1, 2], out_dir=tmp_path, budget=20, quiet=True,
+                              plots=False)
+    assert first[0].best_row["source"] != "builtin"  # a trial won at batch 1: its parameters seed batch 2
+    seeded = [r for r in rows(2) if r["source"] == "seeded"]
+    assert [r["hash"] for r in seeded] == [first[0].best_row["hash"]]  # the same deployment and schedule
+    assert not any(r["source"] == "seeded" for r in rows(1))
+    before = rows(2)
+    again = run_joint_batches(load_model("kimi-k3-nano"), system, [1, 2], out_dir=tmp_path, budget=20, quiet=True,
+                              plots=False, resume=True)
+    assert rows(2) == before and again[1].best_row["hash"] == first[1].best_row["hash"]  # asked once, not again

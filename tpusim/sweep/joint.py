@@ -17,7 +17,8 @@ Steps of :func:`run_joint_sweep` (invariants after each):
 
 1. **Baselines.** The built-in schedules on the ``auto`` plan as written (``published``
    first) are simulated in full. *The published design always has a row.*
-2. **Ask.** Optuna's TPE sampler (seeded; categorical parameters; define-by-run, so each
+2. **Ask.** Parameter sets given in ``seed_trials`` (the winners of the batches a
+   ``--batches`` run searched before this one) are asked first (``source: seeded``). Optuna's TPE sampler (seeded; categorical parameters; define-by-run, so each
    plan has its own collective parameters) proposes ``ASK_BATCH`` trials at a time. The
    batch size is fixed, never the worker count, *so the study's history, and its best, do
    not depend on how many workers evaluate it.* Of the candidates TPE weighs for a trial it
@@ -120,6 +121,8 @@ from tpusim.sweep.space import knob_names, schedule_knobs
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.routing import RoutingModel
 
+SEEDED = "seeded"  # the source of a trial asked from another sweep's winner (``seed_trials``)
+
 
 @dataclass
 class JointResult:
@@ -136,6 +139,7 @@ class JointResult:
     executor: str
     paths: dict[str, Path] = field(default_factory=dict)
     robust: dict[str, Any] | None = None  # the winner's interval and P(best): tpusim.sweep.joint_robust
+    study_params: dict[str, Any] | None = None  # the winning trial's parameters (None: a built-in won)
 
     @property
     def speedup(self) -> float | None:
@@ -150,12 +154,14 @@ def run_joint_sweep(
     resume: bool = False, context_tokens: int = 1024, routing: RoutingModel | None = None,
     space: JointSpace | None = None, jobs: int = 1, executor: ExecutorKind = "local", workers: int = 2,
     scheduler: str | None = None, quiet: bool = False, plots: bool = True, on_row: Any = None,
-    sequences: int | None = None,
+    sequences: int | None = None, seed_trials: list[dict[str, Any]] | None = None,
 ) -> JointResult:
     """Search deployments for one workload and write the outputs (see the module docstring).
 
     ``budget``: full-step engine simulations (the baselines included). ``on_row`` is called
-    after every row is written (tests use it to interrupt a sweep).
+    after every row is written (tests use it to interrupt a sweep). ``seed_trials``: parameter
+    sets (another sweep's winners, :func:`winner_params`) asked before TPE's first proposal,
+    ``source: seeded``; enqueued once (a resumed sweep finds them in its study already).
     """
     import optuna
 
@@ -201,6 +207,8 @@ def run_joint_sweep(
                             feasible=relative_feasibility(space, validator, families)),
         pruner=(optuna.pruners.PercentilePruner(space.screen_percentile, n_startup_trials=space.startup_trials)
                 if screened else optuna.pruners.NopPruner()))
+    for params in seed_trials or []:
+        study.enqueue_trial(params, user_attrs={"source": SEEDED}, skip_if_exists=True)
     for stale in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         study.enqueue_trial(stale.params, skip_if_exists=False)  # asked, never finished: run it once now
         study.tell(stale.number, state=optuna.trial.TrialState.FAIL)
@@ -290,8 +298,8 @@ def run_joint_sweep(
                     asked += len(trials)
                     proposals = [_suggest(t, space, validator, families) for t in trials]
                     for trial, proposal in zip(trials, proposals, strict=True):
-                        if trial.user_attrs.get("source") == POLISH:
-                            proposal.source = POLISH
+                        if trial.user_attrs.get("source") in (POLISH, SEEDED):
+                            proposal.source = trial.user_attrs["source"]
                     fresh: list[tuple[Any, Proposal]] = []
                     for trial, proposal in zip(trials, proposals, strict=True):
                         if proposal.schedule is not None:
@@ -361,6 +369,13 @@ def run_joint_sweep(
     result.robust = robust_choice(result, workload, study, (space, validator, families), _suggest)
     _write_outputs(result, out, workload, space, plots=plots)
     return result
+
+
+def winner_params(result: JointResult) -> dict[str, Any] | None:
+    """The winning trial's parameters (``None``: a built-in schedule won), to seed another sweep."""
+    if int(result.best_row["trial"]) < 0 or result.study_params is None:
+        return None
+    return dict(result.study_params)
 
 
 def _unscreened(count: int) -> Any:
@@ -433,6 +448,7 @@ def _result(rows: list[dict[str, Any]], workload: JointWorkload, study: Any, reb
     best_row = simulated[0]
     published = next((r for r in rows if r["source"] == "builtin" and r["name"] == "published"
                       and r["status"] == "simulated"), None)
+    params: dict[str, Any] | None = None
     if best_row["source"] == "builtin":
         schedule = load_schedule(best_row["name"])
     else:  # a trial's schedule, drawn again from its parameters in the study (the one record)
@@ -442,7 +458,7 @@ def _result(rows: list[dict[str, Any]], workload: JointWorkload, study: Any, reb
         proposal = _suggest(optuna.trial.FixedTrial(params, int(best_row["trial"])), *rebuild)
         assert proposal.schedule is not None
         schedule = proposal.schedule
-    return JointResult(best=_best_schedule(schedule, best_row, published, workload),
+    return JointResult(study_params=params, best=_best_schedule(schedule, best_row, published, workload),
                        best_row=best_row, published_row=published, rows=rows, trials=len(study.get_trials(deepcopy=False)),
                        simulated=len(simulated), wall_s=time.perf_counter() - started,
                        cpu_s=time.process_time() - started_cpu, executor=executor)
