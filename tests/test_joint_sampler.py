@@ -75,3 +75,54 @@ def test_relative_feasibility_is_step_3_and_waits_for_undrawn_knobs(monkeypatch)
     assert not feasible(drawn)
     assert feasible({name: value for name, value in drawn.items() if name != "kv_buffers"})  # not judged yet
     assert not feasible(drawn)  # judged again after the memo was forgotten
+
+
+def test_a_candidate_fits_or_not_by_its_own_vmem_total() -> None:
+    """Step 3 judges the candidate's static VMEM with *its* collectives' send/receive buffers
+    (the plan's own were checked before, so a candidate whose algorithms need smaller buffers
+    could be refused, and a refusal quoted another total than its row's): the total equals
+    ``vmem_plan`` on the plan with those algorithms, and ``vmem:`` refusals are exactly the
+    candidates past the usable bytes."""
+    import random
+
+    from tpusim.schedule.vmem import vmem_plan
+
+    model = load_model("kimi-k3")
+    system = make_system("tpu-v7", 16, calibrated=False)
+    workload = JointWorkload(model, system, 1)
+    usable = system.chip.staging_memory.usable_bytes
+    space = default_joint_space(model, system.devices)
+    space = space.model_copy(update={"schedule": space.schedule.with_capacity(usable, "usable")})
+    validator = _Validator(workload, space)
+    families = present_families(model, workload.program(validator.base_plan("auto")))
+    draw = random.Random(7)
+
+    class Random:  # knobs drawn at random (a family's triple from its shallower quarter: most others overflow)
+        number = 0
+
+        def __init__(self) -> None:
+            self.params: dict[str, Any] = {}
+
+        def suggest_categorical(self, name: str, choices: list[Any]) -> Any:
+            pool = choices[: max(1, len(choices) // 4)] if name.endswith(".triple") else choices
+            self.params[name] = draw.choice(pool)
+            return self.params[name]
+
+    checked = refused = with_algorithms = 0
+    while checked < 24:
+        proposal = _suggest(Random(), space, validator, families)
+        reason = validator.check(proposal)
+        if proposal.static_mib is None or proposal.schedule is None:
+            continue  # refused before VMEM (the plan, the kernel rule, the schema)
+        base = validator.base_plan(proposal.plan_choice)
+        assert not isinstance(base, str)
+        total = vmem_plan(proposal.schedule, model, base.with_algorithms(proposal.algorithms), 1).total_bytes
+        assert proposal.static_mib * 2**20 == total
+        if not reason.startswith("dmas:"):
+            assert reason.startswith("vmem:") == (total > usable), (reason, total / 2**20)
+        if reason.startswith("vmem:") and "schedule needs" in reason:
+            assert f"needs {total / 2**20:.2f} MiB" in reason
+        checked += 1
+        refused += reason.startswith("vmem:")
+        with_algorithms += bool(proposal.algorithms)
+    assert 0 < refused < checked and with_algorithms > 0  # both verdicts, and other algorithms, were seen

@@ -27,7 +27,7 @@ from tpusim.schedule.schema import (
     FamilySchedule,
     Schedule,
 )
-from tpusim.schedule.vmem import InfeasibleSchedule, collective_bytes
+from tpusim.schedule.vmem import InfeasibleSchedule
 from tpusim.sweep.prune import VmemAccountant, check_candidate
 from tpusim.sweep.space import SweepSpace, default_space
 from tpusim.workload.capacity import capacity_report
@@ -239,7 +239,6 @@ class _Validator:
         self._plans: dict[str, ShardingPlan | str] = {}
         self._accountants: dict[str, VmemAccountant] = {}
         self._capacity: dict[str, str] = {}
-        self._collective_bytes: dict[str, int] = {}
         self._kernel_gate: bool | None = None  # does the kernel run the model's auto plan (kernel_reason)
         self._runnable: list[str] | None = None
         self._same_copies: dict[tuple[str, str, str], bool] = {}
@@ -278,32 +277,26 @@ class _Validator:
         if proposal.reason:
             return proposal.reason
         assert proposal.schedule is not None
-        # one accountant per plan choice, on the plan as written: the algorithms change only the
-        # collective send/receive buffers, which VmemPlan.total_bytes counts (tpusim.schedule.vmem
-        # rule 6), so the candidate's total is the accountant's with the plan's buffers swapped for
-        # the candidate's (the kernel allocates exactly these: tpusim lower shows the same total)
-        if proposal.plan_choice not in self._accountants:
-            self._accountants[proposal.plan_choice] = VmemAccountant(self.workload.model, base, self.workload.batch,
-                                                                     self.workload.sequences)
-        verdict = check_candidate(proposal.schedule, self.space.schedule, self._accountants[proposal.plan_choice])
-        slots = proposal.schedule.receive_slots
-        own = self._buffers(proposal.plan_choice, proposal.algorithms, plan, slots)
-        total = verdict.vmem_static_bytes - self._buffers(proposal.plan_choice, {}, base, slots) + own
-        proposal.static_mib = total / MIB
-        if verdict.reason:
-            return verdict.reason
-        capacity = self.space.schedule.constraints.vmem_capacity_bytes
-        if capacity is not None and total > capacity:
-            return (f"vmem: {total / MIB:.2f} MiB with the collectives' send/receive buffers "
-                    f"({own / MIB:.2f} MiB) but {capacity / MIB:.2f} MiB is usable")
-        return ""
+        # the candidate's own total (its algorithms' send/receive buffers included, rule 6 of
+        # tpusim.schedule.vmem) is what fits or not, and what the reason quotes: one accountant
+        # per plan and algorithms, sharing all it learnt but the collective buffers (for_plan);
+        # the kernel allocates exactly these (tpusim lower shows the same total)
+        verdict = check_candidate(proposal.schedule, self.space.schedule,
+                                  self._accountant(proposal.plan_choice, proposal.algorithms, base, plan))
+        proposal.static_mib = verdict.vmem_static_bytes / MIB
+        return verdict.reason
 
-    def _buffers(self, choice: str, algorithms: dict[str, str], plan: ShardingPlan, slots: str) -> int:
-        """Collective send/receive bytes of ``plan`` (``choice`` with ``algorithms``), memoised."""
-        key = f"{choice}|{sorted(algorithms.items())}|{slots}"
-        if key not in self._collective_bytes:
-            self._collective_bytes[key] = collective_bytes(self.workload.model, plan, self.workload.batch, slots)
-        return self._collective_bytes[key]
+    def _accountant(self, choice: str, algorithms: dict[str, str], base: ShardingPlan,
+                    plan: ShardingPlan) -> VmemAccountant:
+        """The VMEM accountant of plan ``choice`` run with ``algorithms`` (``plan``), memoised."""
+        key = f"{choice}|{sorted(algorithms.items())}"
+        if key not in self._accountants:
+            if choice not in self._accountants:
+                self._accountants[choice] = VmemAccountant(self.workload.model, base, self.workload.batch,
+                                                           self.workload.sequences)
+            self._accountants[key] = self._accountants[choice].for_plan(plan) if algorithms \
+                else self._accountants[choice]
+        return self._accountants[key]
 
     def kernel_reason(self, plan: ShardingPlan) -> str:
         """Why the megakernel cannot run ``plan`` ('' when it can, or when the gate is off: the
