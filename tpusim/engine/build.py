@@ -237,19 +237,26 @@ class _Builder:
     # ----------------------------------------------------------------- tensors → slabs
 
     def tensor_slabs(self, tensor: TensorSpec, layer: int, op_index: int) -> list[tuple[Slab, int]]:
-        """Row slabs of a (non-expert) weight tensor: [(slab, rows in it)]."""
+        """Row slabs of a (non-expert) weight tensor: [(slab, rows in it)] (new_slab and
+        add_desc inlined: a step lowers thousands)."""
         ring, pool, chunk_bytes = self.tensor_queue(tensor)
         out: list[tuple[Slab, int]] = []
         family, name = tensor.family, tensor.name
-        scales_name = None
+        order, slab_seq, seq = pool.order, self.slab_seq, self.desc_seq
         for chunk, (rows, values, scales) in enumerate(self.slab_cut(tensor, chunk_bytes)):
-            slab = self.new_slab(family, name, layer, op_index, pool, ring)
+            slab = Slab(slab_seq, family, name, layer, op_index, pool, ring)
+            slab_seq += 1
+            order.append(slab)
+            descs = slab.descs
             if values:
-                self.add_desc(slab, family, name, layer, chunk, values)
+                descs.append(Descriptor(seq, family, name, layer, chunk, values, slab))
+                seq += 1
             if scales:
-                scales_name = scales_name or f"{name}.scales"
-                self.add_desc(slab, family, scales_name, layer, chunk, scales)
+                descs.append(Descriptor(seq, family, f"{name}.scales", layer, chunk, scales, slab))
+                seq += 1
+            slab.nbytes, slab.pending = values + scales, len(descs)
             out.append((slab, rows))
+        self.slab_seq, self.desc_seq = slab_seq, seq
         return out
 
     def tensor_queue(self, tensor: TensorSpec) -> tuple[Ring, Pool, int | None]:
@@ -293,9 +300,12 @@ class _Builder:
         ring = self.ring_of(ROUTED, self.families[ROUTED].buffers)
         slab = self.new_slab(ROUTED, f"{op.name}{label_suffix}", op.layer, op_index, self.pool_of(ROUTED, ring), ring)
         # chunk = the expert's entry in the layer's expert list (the kernel's vocabulary)
-        entry, layer = op.expert_index or 0, op.layer
-        for name, nbytes in self.expert_layout(op, label_suffix)[0]:
-            self.add_desc(slab, ROUTED, name, layer, entry, nbytes)
+        entry, layer, seq, descs = op.expert_index or 0, op.layer, self.desc_seq, slab.descs
+        for name, nbytes in self.expert_layout(op, label_suffix)[0]:  # add_desc, inlined
+            descs.append(Descriptor(seq, ROUTED, name, layer, entry, nbytes, slab))
+            seq += 1
+            slab.nbytes += nbytes
+        self.desc_seq, slab.pending = seq, len(descs)
         return slab
 
     def expert_layout(self, op: Op, label_suffix: str = "") -> tuple[tuple[tuple[str, int], ...],

@@ -76,10 +76,11 @@ class ProgramIssuePlan:
             ring = self.ring_of(tensor, family)
             where = self._rings_seen[tensor, family] = (ring, ring == SMALL_RING, ring.startswith("pool:"))
         ring, small, pooled = where
+        # plain tuples: equal to (and hashed as) the Unit named tuples, without their constructor call
         if small:
-            return self.plan.issue[Unit(ring, layer, 0)]
+            return self.plan.issue[(ring, layer, 0)]  # type: ignore[index]
         key: object = (tensor, layer) if pooled else layer
-        return self.plan.issue[Unit(ring, key, chunk)]
+        return self.plan.issue[(ring, key, chunk)]  # type: ignore[index]
 
     def expert_issue(self, layer: int, entry: int) -> tuple[int, bool]:
         """(op, by routing): expert ``entry`` of ``layer`` is issued by that op's routing
