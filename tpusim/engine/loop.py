@@ -32,7 +32,7 @@ from typing import Any
 import simpy
 from simpy.events import NORMAL, URGENT, Event, EventPriority
 
-__all__ = ["Driver", "EventLoop"]
+__all__ = ["NORMAL", "Driver", "EventLoop"]
 
 
 class EventLoop(simpy.Environment):

@@ -160,11 +160,11 @@ def plan_issues(rings: dict[str, RingSpec], op_reads: Sequence[Sequence[Read]], 
             slots.append(new_tuple(_Slot, (ring, inst, k, buffer, span, inst.last)))
     by_first, current, horizon_c, total = 0, None, 0, len(slots)
     for slot in slots:
-        ring, inst, k = slot.ring, slot.inst, slot.slab
+        ring, inst, k, buffer, _span, _last = slot
         c, read, name = inst.first, inst.read, ring.name
         unit = new_tuple(Unit, (name, read.key, k))
         consumer[unit] = c
-        buffers[unit] = slot.buffer
+        buffers[unit] = buffer
         if c != current:
             current = c
             horizon_c = horizon(c)
@@ -239,16 +239,17 @@ def _free(mine: _Slot, live: list[_Slot], floor: int) -> int:
     """The op after the last reader of every buffer ``mine`` overwrites, if after ``floor``
     (else ``-FAR``). ``live`` is sorted by last reader, so the latest overlapping occupant,
     the first met from the end, decides."""
-    ring, inst, buffer, pool, (a, b) = mine.ring, mine.inst, mine.buffer, mine.ring.pool, mine.span
-    for other in reversed(live):
-        after = other.last + 1
+    ring, inst, _slab, buffer, (a, b), _last = mine
+    pool = ring.pool
+    for other_ring, other_inst, _other_slab, other_buffer, other_span, other_last in reversed(live):
+        after = other_last + 1
         if after <= floor:
             return -FAR
-        if other.inst is inst:
+        if other_inst is inst:
             continue
-        if other.ring is ring:
-            if other.buffer == buffer:
+        if other_ring is ring:
+            if other_buffer == buffer:
                 return after
-        elif other.ring.pool == pool and a < other.span[1] and other.span[0] < b:
+        elif other_ring.pool == pool and a < other_span[1] and other_span[0] < b:
             return after
     return -FAR

@@ -82,6 +82,19 @@ class ProgramIssuePlan:
         key: object = (tensor, layer) if pooled else layer
         return self.plan.issue[(ring, key, chunk)]  # type: ignore[index]
 
+    def weight_issues(self, tensor: str, family: str, layer: int, count: int) -> list[int]:
+        """:meth:`weight_issue` of slabs ``0 .. count - 1`` (the lowering asks per tensor)."""
+        where = self._rings_seen.get((tensor, family))
+        if where is None:
+            self.weight_issue(tensor, family, layer, 0)  # fills the memo
+            where = self._rings_seen[tensor, family]
+        ring, small, pooled = where
+        issue = self.plan.issue
+        if small:
+            return [issue[(ring, layer, 0)]] * count  # type: ignore[index]
+        key: object = (tensor, layer) if pooled else layer
+        return [issue[(ring, key, chunk)] for chunk in range(count)]  # type: ignore[index]
+
     def expert_issue(self, layer: int, entry: int) -> tuple[int, bool]:
         """(op, by routing): expert ``entry`` of ``layer`` is issued by that op's routing
         decision, or (False) at that op's start because its slot frees only then."""
