@@ -117,16 +117,17 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
     # per layer: [(real slab, mispredicted slab or None)] in expert order
     layer_experts: dict[int, list[tuple[Slab, Slab | None]]] = {}
 
+    launches, fixed_s, kernel_names = b.kernels.launches, b.kernels.fixed_s, b.kernels.kernel_names
     for index, op in enumerate(ops):
         first = op.layer != previous_layer
         previous_layer = op.layer
         plan_ = OpPlan(index, op.name, op.layer, op.phase, first)
-        plan_.launches = b.kernels.launches[index]
+        plan_.launches = launches[index]
         plan_.launch_s = plan_.launches * launch_s
-        if b.kernels.fixed_s:
-            plan_.kernel_fixed_s = b.kernels.fixed_s[index]
-        if b.kernels.kernel_names:
-            plan_.kernel = b.kernels.kernel_names[index]
+        if fixed_s:
+            plan_.kernel_fixed_s = fixed_s[index]
+        if kernel_names:
+            plan_.kernel = kernel_names[index]
         plans.append(plan_)
         vector_s = b.vector_s(op.vector_flops)
         if _is_expert_op(op):
@@ -142,7 +143,7 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
             if matmul_s:
                 plan_.pieces.append(Piece(matmul_s, MXU))
         if vector_s or not plan_.pieces:
-            plan_.pieces.append(Piece(vector_s, VPU))
+            plan_.pieces.append(new_piece(Piece, (vector_s, VPU, (), (), (), ())))
         if op.kv_write_bytes and not b.recurrent_state_bytes(op.layer):
             write = b.add_desc(None, KV_FAMILY, "kv.append", op.layer, 0, op.kv_write_bytes, write=True)
             last = plan_.pieces[-1]

@@ -373,7 +373,9 @@ def program_reads(facts: ProgramFacts, schedule: Schedule, rings: dict[str, Ring
             first = first_slot[name, key]
             key = (name, key) if pooled else key
         distance = ring_distance.get(family) if pooled else None
-        out[op].append(Read(ring.name, key, first, slabs if slabs != ring.num_slabs else None, distance))
+        # Read(...) by tuple.__new__ (all five fields): a named tuple's own __new__ is a Python call
+        out[op].append(tuple.__new__(Read, (ring.name, key, first, slabs if slabs != ring.num_slabs else None,
+                                            distance)))
     return out
 
 
