@@ -180,12 +180,13 @@ def _lower_expert(b: Builder, op: Op, plan_: OpPlan,
             and is_mispredicted(b.expert_count, rate):
         wasted = b.expert_slab(op, plan_.index, ".mispredicted")
     b.expert_count += 1
-    slab = b.expert_slab(op, plan_.index)
+    layout = b.expert_layout(op)
+    slab = b.expert_slab(op, plan_.index, "", layout)
     if b.issue is not None:
         layer_experts.setdefault(op.layer, []).append((slab, wasted))
     else:
         b.release_plan(plan_.index).start_releases.append(slab)
-    waits = b.expert_layout(op)[1]
+    waits = layout[1]
     descs = slab.descs
     peak = b.peak(op)
     matmuls = op.matmuls

@@ -70,6 +70,7 @@ class Builder:
         self.peaks: dict[str, tuple[float, str]] = {}
         self.state_bytes: dict[int, int] = {}
         self.splits: dict[tuple[str, int, int], tuple[int, int]] = {}
+        self.expert_queue: tuple[Ring, Pool] | None = None  # the expert slots' (ring, pool)
         self.expert_layouts: dict[tuple[object, ...], tuple[tuple[tuple[str, int], ...],
                                                             tuple[tuple[int, ...], ...]]] = {}
 
@@ -224,13 +225,18 @@ class Builder:
             cut = self.slab_cuts[key] = tuple(slabs)
         return cut
 
-    def expert_slab(self, op: Op, op_index: int, label_suffix: str = "") -> Slab:
-        """One expert slot: every tensor of the expert op, values then scales."""
-        ring = self.ring_of(ROUTED, self.families[ROUTED].buffers)
-        slab = self.new_slab(ROUTED, f"{op.name}{label_suffix}", op.layer, op_index, self.pool_of(ROUTED, ring), ring)
+    def expert_slab(self, op: Op, op_index: int, label_suffix: str = "",
+                    layout: tuple[tuple[tuple[str, int], ...], tuple[tuple[int, ...], ...]] | None = None) -> Slab:
+        """One expert slot: every tensor of the expert op, values then scales (``layout``: its
+        :meth:`expert_layout`, when the caller has it)."""
+        if self.expert_queue is None:
+            ring = self.ring_of(ROUTED, self.families[ROUTED].buffers)
+            self.expert_queue = (ring, self.pool_of(ROUTED, ring))
+        ring, pool = self.expert_queue
+        slab = self.new_slab(ROUTED, f"{op.name}{label_suffix}", op.layer, op_index, pool, ring)
         # chunk = the expert's entry in the layer's expert list (the kernel's vocabulary)
         entry, layer, seq, descs = op.expert_index or 0, op.layer, self.desc_seq, slab.descs
-        for name, nbytes in self.expert_layout(op, label_suffix)[0]:  # add_desc, inlined
+        for name, nbytes in (layout or self.expert_layout(op, label_suffix))[0]:  # add_desc, inlined
             descs.append(Descriptor(seq, ROUTED, name, layer, entry, nbytes, slab))
             seq += 1
             slab.nbytes += nbytes
