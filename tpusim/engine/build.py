@@ -95,6 +95,12 @@ def _is_expert_op(op: Op) -> bool:
     return bool(tensors) and tensors[0].family == ROUTED and all(t.family == ROUTED for t in tensors)
 
 
+def _is_aligned(op: Op) -> bool:
+    """Whether a weight op's matmuls pair with its tensors (each contracts over one tensor's rows)."""
+    return op.unit == "mxu" and len(op.matmuls) == len(op.tensors) and all(
+        contraction == tensor.rows for tensor, (_m, contraction, _n) in zip(op.tensors, op.matmuls, strict=True))
+
+
 def _overlap_join_index(ops: list[Op], index: int) -> int:
     layer = ops[index].layer
     for later in range(index + 1, len(ops)):
@@ -109,7 +115,8 @@ def _overlap_join_index(ops: list[Op], index: int) -> int:
 def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPolicy, vmem: VmemPlan) -> Lowered:
     """Lower ``program`` under ``schedule`` (see the module docstring for the steps)."""
     b = Builder(program, schedule, chip, policy, vmem)
-    known = _known_collectives(program, chip, policy)
+    known = _known_op_facts(program, chip, policy)
+    fresh: list[_OpFacts] = []
     ops = program.ops
     plans = b.plans
     launch_s = policy.launch_overhead_s
@@ -129,11 +136,14 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
         if kernel_names:
             plan_.kernel = kernel_names[index]
         plans.append(plan_)
-        vector_s = b.vector_s(op.vector_flops)
-        if _is_expert_op(op):
+        if known is None:
+            expert, aligned, vector_s = _is_expert_op(op), _is_aligned(op), b.vector_s(op.vector_flops)
+        else:
+            expert, aligned, vector_s, _calls = known[index]
+        if expert:
             _lower_expert(b, op, plan_, layer_experts)
         elif op.tensors:
-            vector_s = _lower_weights(b, op, plan_, vector_s)
+            vector_s = _lower_weights(b, op, plan_, vector_s, aligned)
         elif op.kv_read_bytes and b.recurrent_state_bytes(op.layer):
             vector_s = _lower_state(b, op, plan_, vector_s)
         elif op.kv_read_bytes:
@@ -152,10 +162,12 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
             if known is None:
                 _lower_collectives(b, ops, index, plan_)
             else:
-                plan_.collectives.extend(known[index])
+                plan_.collectives.extend(known[index][3])
+        if known is None:
+            fresh.append((expert, aligned, b.vector_s(op.vector_flops), tuple(plan_.collectives)))
 
     if known is None:
-        _remember_collectives(program, chip, policy, [tuple(plan_.collectives) for plan_ in plans])
+        _remember_op_facts(program, chip, policy, fresh)
     if b.issue is not None:
         place_expert_releases(plans, ops, b.issue, layer_experts, schedule)
     pools = [*b.pools.values(), b.kv_pool, b.state_pool]
@@ -200,8 +212,9 @@ def _lower_expert(b: Builder, op: Op, plan_: OpPlan,
         plan_.pieces.append(Piece(0.0, MXU, tuple(slab.descs), (slab,)))
 
 
-def _lower_weights(b: Builder, op: Op, plan_: OpPlan, vector_s: float) -> float:
-    """Weight slabs released ``d`` ops ahead; slab-by-slab matmuls, or wait-all for other ops.
+def _lower_weights(b: Builder, op: Op, plan_: OpPlan, vector_s: float, aligned: bool) -> float:
+    """Weight slabs released ``d`` ops ahead; slab-by-slab matmuls (``aligned``: :func:`_is_aligned`),
+    or wait-all for other ops.
 
     Returns the vector time still to be added as a trailing VPU piece.
     """
@@ -211,8 +224,6 @@ def _lower_weights(b: Builder, op: Op, plan_: OpPlan, vector_s: float) -> float:
                                            strict=True):
             releaser.start_releases.append(slab)
     peak = b.peak(op)
-    aligned = op.unit == "mxu" and len(op.matmuls) == len(op.tensors) and all(
-        contraction == tensor.rows for tensor, (_m, contraction, _n) in zip(op.tensors, op.matmuls, strict=True))
     if aligned:
         for (tensor, slabs), (rows, contraction, cols) in zip(tensor_slabs, op.matmuls, strict=True):
             # A slab's share of the whole matmul, in proportion to its rows: cutting the
@@ -268,24 +279,27 @@ def _lower_kv_tiles(b: Builder, op: Op, plan_: OpPlan) -> None:
         plan_.pieces.append(Piece(matmul_s * size / op.kv_read_bytes, MXU, tuple(slab.descs), (slab,)))
 
 
-# Step 5's result, per op, for the last few (program, chip, policy): the collectives after an
-# op depend on those three only, never on the schedule, so a sweep's candidates share them
-# (their messages and stages are immutable). Keyed by the objects themselves (kept alive
-# here, compared by identity; the policy, rebuilt per simulation, by value).
-_COLLECTIVES: list[tuple[Program, Chip, ExecutionPolicy, list[tuple[CollectivePlan, ...]]]] = []
+# Per op, what depends only on the program, the chip and the policy, never on the schedule
+# (whether it is a routed expert, whether its matmuls pair with its tensors, its VPU seconds,
+# step 5's collectives after it, whose messages and stages are immutable), remembered for the
+# last few (program, chip, policy): a sweep's candidates share them. Keyed by the objects
+# themselves (kept alive here, compared by identity; the policy, rebuilt per simulation, by value).
+_OpFacts = tuple[bool, bool, float, tuple[CollectivePlan, ...]]
+OP_FACTS_KEPT = 32  # programs: a joint sweep keeps one per deployment (tpusim.sweep.joint_candidates)
+_OP_FACTS: list[tuple[Program, Chip, ExecutionPolicy, list[_OpFacts]]] = []
 
 
-def _known_collectives(program: Program, chip: Chip, policy: ExecutionPolicy) -> list[tuple[CollectivePlan, ...]] | None:
-    for known_program, known_chip, known_policy, per_op in _COLLECTIVES:
-        if known_program is program and known_chip is chip and known_policy == policy:
-            return per_op
+def _known_op_facts(program: Program, chip: Chip, policy: ExecutionPolicy) -> list[_OpFacts] | None:
+    for index, entry in enumerate(_OP_FACTS):
+        if entry[0] is program and entry[1] is chip and entry[2] == policy:
+            _OP_FACTS.append(_OP_FACTS.pop(index))  # least recently used goes first
+            return entry[3]
     return None
 
 
-def _remember_collectives(program: Program, chip: Chip, policy: ExecutionPolicy,
-                          per_op: list[tuple[CollectivePlan, ...]]) -> None:
-    _COLLECTIVES.append((program, chip, policy, per_op))
-    del _COLLECTIVES[:-4]
+def _remember_op_facts(program: Program, chip: Chip, policy: ExecutionPolicy, per_op: list[_OpFacts]) -> None:
+    _OP_FACTS.append((program, chip, policy, per_op))
+    del _OP_FACTS[:-OP_FACTS_KEPT]
 
 
 def _lower_collectives(b: Builder, ops: list[Op], index: int, plan_: OpPlan) -> None:

@@ -1,5 +1,6 @@
-"""The lowering's memo of step 5 (the collectives after each op, per program, chip and policy)
-gives what lowering them afresh gives, whatever schedule the memo was filled under."""
+"""The lowering's memo of per-op facts (step 5's collectives after each op, the op's kind and
+VPU time, per program, chip and policy) gives what lowering them afresh gives, whatever
+schedule the memo was filled under."""
 
 from __future__ import annotations
 
@@ -30,16 +31,16 @@ def test_remembered_collectives_match_fresh_ones() -> None:
     program = build_program(model, plan, batch=1)
     published, naive = load_schedule("published"), load_schedule("naive")
 
-    build._COLLECTIVES.clear()
+    build._OP_FACTS.clear()
     fresh = _collectives(program, naive, system.chip)  # lowered afresh
     assert any(call.messages is not None for calls in fresh for call in calls)  # messages are covered
-    build._COLLECTIVES.clear()
+    build._OP_FACTS.clear()
     first = simulate(program, published, system.chip)  # lowered afresh: fills the memo
-    assert len(build._COLLECTIVES) == 1
+    assert len(build._OP_FACTS) == 1
     assert _collectives(program, naive, system.chip) == fresh  # from the memo, filled under another schedule
     again = simulate(program, published, system.chip)  # from the memo
     assert dataclasses.replace(again, timeline=None) == dataclasses.replace(first, timeline=None)
 
     other_chip = system.chip.model_copy()  # an equal chip, another object: lowered afresh
     assert _collectives(program, naive, other_chip) == fresh
-    assert len(build._COLLECTIVES) == 2
+    assert len(build._OP_FACTS) == 2
