@@ -48,6 +48,7 @@ from tpusim.schedule.program_issue import ROUTED
 # TPU v7 rates, so the slack never moves a completion by a visible amount.
 BYTE_TOLERANCE = 0.5
 RELATIVE_TOLERANCE = 1e-9
+RELATIVE_SLACK = 1.0 + RELATIVE_TOLERANCE  # (the same float as computed in place)
 INF = float("inf")
 
 
@@ -206,7 +207,7 @@ class HbmServer:
         landed: list[Descriptor] | None = None
         by_stream, streams = self.by_stream, self.streams
         if streaming:
-            limit = self.virtual_bytes * (1.0 + RELATIVE_TOLERANCE) + BYTE_TOLERANCE
+            limit = self.virtual_bytes * RELATIVE_SLACK + BYTE_TOLERANCE
             if streaming[0][0] <= limit:
                 landed = []
                 while streaming and streaming[0][0] <= limit:

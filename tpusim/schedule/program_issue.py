@@ -342,15 +342,15 @@ def program_reads(facts: ProgramFacts, schedule: Schedule, rings: dict[str, Ring
     banks_used: dict[str, int] = {}
     slab_count: dict[tuple[str, int], int] = {}  # (tensor, bytes) -> slabs
     ring_distance = {name: schedule.family(name).prefetch_distance_ops for name in schedule.families}
-    if only is None:
-        where: list[tuple[int, int]] = [(op, at) for op, op_reads in enumerate(facts.reads)
-                                        for at in range(len(op_reads))]
+    if only is None:  # every read, in program order
+        where: list[tuple[int, tuple[str, str, object, int]]] = [
+            (op, entry) for op, op_reads in enumerate(facts.reads) for entry in op_reads]
     else:  # only the reads of those rings, in program order
-        where = sorted(entry for name, entries in facts.reads_of.items()
-                       if rings[tensor_ring.get(name, name)].name in only for entry in entries)
+        where = [(op, facts.reads[op][at]) for op, at in sorted(
+            entry for name, entries in facts.reads_of.items()
+            if rings[tensor_ring.get(name, name)].name in only for entry in entries)]
     out: list[list[Read]] = [[] for _ in facts.reads]
-    for op, at in where:
-        name, family, key, nbytes = facts.reads[op][at]
+    for op, (name, family, key, nbytes) in where:
         ring = rings[tensor_ring.get(name, name)]
         pooled = ring.name.startswith("pool:")
         slabs = None
