@@ -58,44 +58,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from operator import attrgetter
 
 from hwmodels.schema import Chip
 from tpusim.engine.collectives import consumer_index, lower_messages
-from tpusim.engine.costs import (
-    collective_stage_s,
-    matmul_time_s,
-    op_matmul_dtype,
-    resolve_link,
-    vector_time_s,
-)
+from tpusim.engine.costs import collective_stage_s, resolve_link
 from tpusim.engine.execution import ExecutionPolicy
 from tpusim.engine.expert_release import place_expert_releases
-from tpusim.engine.items import (
-    MXU,
-    VPU,
-    CollectivePlan,
-    Descriptor,
-    OpPlan,
-    Piece,
-    Pool,
-    Ring,
-    Slab,
-)
-from tpusim.schedule.program_issue import cached_issue_plan
+from tpusim.engine.items import MXU, VPU, CollectivePlan, Descriptor, OpPlan, Piece, Pool, Slab
+from tpusim.engine.lowering import KV_FAMILY, ROUTED, STATE_FAMILY, Builder
 from tpusim.schedule.release import is_mispredicted
-from tpusim.schedule.schema import SCHEDULE_FAMILIES, SMALL_FAMILY, FamilySchedule, Schedule
-from tpusim.schedule.vmem import VmemPlan, arena_of, family_chunk, slab_rows
-from tpusim.workload.formats import scale_bytes, value_bytes
+from tpusim.schedule.schema import Schedule
+from tpusim.schedule.vmem import VmemPlan
 from tpusim.workload.program import Op, Program
-from tpusim.workload.registry.names import Family, MoeOp, Role, StateBuffer, StateFamily
-from tpusim.workload.shapes import TensorSpec, kv_cache_bytes_per_token, recurrent_state_bytes
+from tpusim.workload.registry.names import MoeOp, Role, StateBuffer
+from tpusim.workload.shapes import kv_cache_bytes_per_token
 
-ROUTED = Family.ROUTED_EXPERT
-KV_FAMILY = "kv_cache"
-STATE_FAMILY = StateFamily.KDA_STATE
-KV_POOL = "<kv tiles>"
-STATE_POOL = "<kda state>"
 OVERLAP_JOIN_ROLES = (Role.MOE_EXPERT, MoeOp.COMBINE)
+_SEQ = attrgetter("seq")  # a C key function: every slab of every pool is keyed
+new_piece = tuple.__new__  # Piece without its Python-level __new__ (all six fields given): thousands per step
 
 
 @dataclass
@@ -109,230 +90,15 @@ class Lowered:
     base_bytes: int  # always-resident scratch (activations)
 
 
-class _Builder:
-    """Counters and lookups shared by the lowering steps."""
-
-    def __init__(self, program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPolicy,
-                 vmem: VmemPlan) -> None:
-        self.program = program
-        self.schedule = schedule
-        self.chip = chip
-        self.policy = policy
-        self.matrix = chip.matrix_unit
-        self.compute_scale = 1.0 / policy.compute_efficiency
-        self.slab_seq = 0
-        self.desc_seq = 0
-        self.pools: dict[str, Pool] = {
-            name: Pool(name, size, tuple(vmem.arena_members.get(name, ())))
-            for name, size in vmem.arena_bytes.items()
-        }
-        self.message_cache: dict[object, object] = {}  # priced collectives, reused across layers
-        self.kv_pool = Pool(KV_POOL, vmem.kv_bytes, (KV_FAMILY,))
-        self.state_pool = Pool(STATE_POOL, vmem.state_bytes, (STATE_FAMILY,))
-        self.rings: dict[str, Ring] = {}
-        self.kv_ring = Ring("kv_tiles", schedule.kv_buffers)
-        self.state_ring = Ring(StateFamily.KDA_STATE, 1)
-        self.matmul_cache: dict[tuple[int, int, int, float], float] = {}
-        self.vector_cache: dict[float, float] = {}
-        self.families: dict[str, FamilySchedule] = {name: schedule.family(name) for name in SCHEDULE_FAMILIES}
-        speculative = schedule.expert_issue == "speculative" and policy.cross_op_prefetch
-        self.miss_rate = schedule.speculation_miss_rate if speculative else 0.0
-        self.expert_count = 0  # routed experts lowered so far over the whole step (misses)
-        self.kernels = policy.kernel_plan(program)
-        self.issue = cached_issue_plan(program, schedule) if policy.cross_op_prefetch else None
-        self.plans: list[OpPlan] = []
-        self.topology = program.plan.topology  # one Topology per lowering (a key of the message cache)
-        # memos of facts that repeat in every layer (the lowering's cost is per op, not per fact)
-        self.tensor_queues: dict[tuple[str, str], tuple[Ring, Pool, int | None]] = {}
-        self.slab_cuts: dict[tuple[str, str, int, int, int | None], tuple[tuple[int, int, int], ...]] = {}
-        self.peaks: dict[str, tuple[float, str]] = {}
-        self.state_bytes: dict[int, int] = {}
-        self.splits: dict[tuple[str, int, int], tuple[int, int]] = {}
-        self.expert_layouts: dict[tuple[object, ...], tuple[tuple[tuple[str, int], ...],
-                                                            tuple[tuple[int, ...], ...]]] = {}
-
-    def release_plan(self, index: int, tensor: TensorSpec | None = None, layer: int = 0, chunk: int = 0) -> OpPlan:
-        """The op whose start issues slab ``chunk`` of ``tensor`` read by op ``index`` (step 3)."""
-        if self.issue is None:
-            return self.plans[self.kernels.issue_op(index)]
-        if tensor is None:
-            return self.plans[index]
-        return self.plans[self.issue.weight_issue(tensor.name, tensor.family, layer, chunk)]
-
-    # ----------------------------------------------------------------- small factories
-
-    def pool_of(self, family: str, ring: Ring) -> Pool:
-        """The arena's pool; with an issue plan, the ring's own queue (step 3)."""
-        if self.issue is not None:  # named after its arena, so diagnoses group by arena
-            pool = self.pools.get(ring.name)
-            if pool is None:
-                pool = self.pools[ring.name] = Pool(arena_of(self.schedule, family), float("inf"), (family,))
-            return pool
-        name = self.families[family].pool or family
-        pool = self.pools.get(name)
-        if pool is None:  # a family vmem_plan did not size (no tensor kinds): unbounded
-            pool = self.pools[name] = Pool(name, 1 << 62, (family,))
-        return pool
-
-    def ring_of(self, key: str, depth: int) -> Ring:
-        ring = self.rings.get(key)
-        if ring is None:
-            ring = self.rings[key] = Ring(key, depth)
-        return ring
-
-    def new_slab(self, family: str, label: str, layer: int, op_index: int, pool: Pool, ring: Ring) -> Slab:
-        slab = Slab(self.slab_seq, family, label, layer, op_index, pool, ring)
-        self.slab_seq += 1
-        pool.order.append(slab)
-        return slab
-
-    def add_desc(self, slab: Slab | None, family: str, tensor: str, layer: int, chunk: int, nbytes: int,
-                 *, write: bool = False, frees_slab: Slab | None = None) -> Descriptor:
-        seq = self.desc_seq
-        desc = (Descriptor(seq, family, tensor, layer, chunk, nbytes, slab, write=write, frees_slab=frees_slab)
-                if write or frees_slab is not None else Descriptor(seq, family, tensor, layer, chunk, nbytes, slab))
-        self.desc_seq = seq + 1
-        if slab is not None:
-            slab.descs.append(desc)
-            slab.nbytes += nbytes
-            slab.pending += 1
-        return desc
-
-    def matmul_s(self, rows: int, contraction: int, cols: int, peak: tuple[float, str]) -> float:
-        key = (rows, contraction, cols, peak)
-        cached = self.matmul_cache.get(key)
-        if cached is None:
-            cached = self.matmul_cache[key] = (
-                matmul_time_s(rows, contraction, cols, self.matrix, peak[0], peak[1]) * self.compute_scale
-            )
-        return cached
-
-    def vector_s(self, vector_flops: float) -> float:
-        """VPU time of ``vector_flops`` (ops of a kind repeat in every layer: memoised)."""
-        cached = self.vector_cache.get(vector_flops)
-        if cached is None:
-            cached = self.vector_cache[vector_flops] = vector_time_s(vector_flops, self.chip) * self.compute_scale
-        return cached
-
-    def peak(self, op: Op) -> tuple[float, str]:
-        """(peak FLOP/s, dtype) the matrix unit runs ``op`` at."""
-        dtype = op_matmul_dtype(op)
-        peak = self.peaks.get(dtype)
-        if peak is None:
-            peak = self.peaks[dtype] = (self.matrix.peak_for(dtype), dtype)
-        return peak
-
-    def recurrent_state_bytes(self, layer: int) -> int:
-        """One sequence's KDA recurrent-state bytes in ``layer`` (0: not a KDA layer)."""
-        nbytes = self.state_bytes.get(layer)
-        if nbytes is None:
-            nbytes = self.state_bytes[layer] = recurrent_state_bytes(self.program.model, self.program.plan, layer)
-        return nbytes
-
-    def op_matmul_s(self, op: Op) -> float:
-        """MXU time of all of ``op``'s matmuls, unsplit."""
-        peak = self.peak(op)
-        return sum(self.matmul_s(rows, contraction, cols, peak) for rows, contraction, cols in op.matmuls)
-
-    # ----------------------------------------------------------------- tensors → slabs
-
-    def tensor_slabs(self, tensor: TensorSpec, layer: int, op_index: int) -> list[tuple[Slab, int]]:
-        """Row slabs of a (non-expert) weight tensor: [(slab, rows in it)]."""
-        ring, pool, chunk_bytes = self.tensor_queue(tensor)
-        out: list[tuple[Slab, int]] = []
-        family, name = tensor.family, tensor.name
-        scales_name = None
-        for chunk, (rows, values, scales) in enumerate(self.slab_cut(tensor, chunk_bytes)):
-            slab = self.new_slab(family, name, layer, op_index, pool, ring)
-            if values:
-                self.add_desc(slab, family, name, layer, chunk, values)
-            if scales:
-                scales_name = scales_name or f"{name}.scales"
-                self.add_desc(slab, family, scales_name, layer, chunk, scales)
-            out.append((slab, rows))
-        return out
-
-    def tensor_queue(self, tensor: TensorSpec) -> tuple[Ring, Pool, int | None]:
-        """(ring, pool, chunk bytes) a (non-expert) weight tensor streams through."""
-        key = (tensor.name, tensor.family)
-        queue = self.tensor_queues.get(key)
-        if queue is None:
-            chunk_bytes, buffers = family_chunk(self.schedule, tensor.family)
-            ring_key = tensor.name
-            if self.issue is not None and tensor.family != SMALL_FAMILY:
-                ring_key = self.issue.ring_of(tensor.name, tensor.family)
-                buffers = self.issue.rings[ring_key].buffers
-            ring = self.ring_of(ring_key, buffers)
-            queue = self.tensor_queues[key] = (ring, self.pool_of(tensor.family, ring), chunk_bytes)
-        return queue
-
-    def slab_cut(self, tensor: TensorSpec, chunk_bytes: int | None) -> tuple[tuple[int, int, int], ...]:
-        """(rows, value bytes, scale bytes) of each row slab of ``tensor`` (the last slab takes
-        what is left, so the slabs add up to the tensor's bytes exactly)."""
-        key = (tensor.name, tensor.format_name, tensor.rows, tensor.cols, chunk_bytes)  # cheaper to hash than the spec
-        cut = self.slab_cuts.get(key)
-        if cut is None:
-            per_slab = slab_rows(tensor, chunk_bytes)
-            count = math.ceil(tensor.rows / per_slab)
-            fmt, cols = tensor.fmt, tensor.cols
-            values_left, scales_left = tensor.value_bytes, tensor.scale_bytes
-            slabs = []
-            for chunk in range(count):
-                rows = min(per_slab, tensor.rows - chunk * per_slab)
-                last = chunk == count - 1
-                values = values_left if last else value_bytes(fmt, rows, cols)
-                scales = scales_left if last else scale_bytes(fmt, rows, cols)
-                values_left -= values
-                scales_left -= scales
-                slabs.append((rows, values, scales))
-            cut = self.slab_cuts[key] = tuple(slabs)
-        return cut
-
-    def expert_slab(self, op: Op, op_index: int, label_suffix: str = "") -> Slab:
-        """One expert slot: every tensor of the expert op, values then scales."""
-        ring = self.ring_of(ROUTED, self.families[ROUTED].buffers)
-        slab = self.new_slab(ROUTED, f"{op.name}{label_suffix}", op.layer, op_index, self.pool_of(ROUTED, ring), ring)
-        # chunk = the expert's entry in the layer's expert list (the kernel's vocabulary)
-        entry, layer = op.expert_index or 0, op.layer
-        for name, nbytes in self.expert_layout(op, label_suffix)[0]:
-            self.add_desc(slab, ROUTED, name, layer, entry, nbytes)
-        return slab
-
-    def expert_layout(self, op: Op, label_suffix: str = "") -> tuple[tuple[tuple[str, int], ...],
-                                                                      tuple[tuple[int, ...], ...]]:
-        """An expert op's copies as (label, bytes), values then scales per tensor, and per
-        tensor the positions of the copies a piece reading it waits for (the copies named
-        after it). Every expert of every layer has the same few tensor shapes: memoised."""
-        key = (label_suffix, *[(t.name, t.format_name, t.rows, t.cols) for t in op.tensors])
-        layout = self.expert_layouts.get(key)
-        if layout is None:
-            copies: list[tuple[str, int]] = []
-            for tensor in op.tensors:
-                name = f"{tensor.name}{label_suffix}"
-                values, scales = self.split_bytes(tensor)
-                if values:
-                    copies.append((name, values))
-                if scales:
-                    copies.append((f"{name}.scales", scales))
-            by_tensor: dict[str, list[int]] = {}
-            for position, (name, _bytes) in enumerate(copies):
-                by_tensor.setdefault(name.removesuffix(".scales"), []).append(position)
-            layout = self.expert_layouts[key] = (
-                tuple(copies), tuple(tuple(by_tensor.get(tensor.name, ())) for tensor in op.tensors))
-        return layout
-
-    def split_bytes(self, tensor: TensorSpec) -> tuple[int, int]:
-        """(value bytes, scale bytes) of a whole tensor (an expert's tensors repeat in every slot)."""
-        key = (tensor.format_name, tensor.rows, tensor.cols)
-        split = self.splits.get(key)
-        if split is None:
-            split = self.splits[key] = (tensor.value_bytes, tensor.scale_bytes)
-        return split
-
-
 def _is_expert_op(op: Op) -> bool:
     tensors = op.tensors
     return bool(tensors) and tensors[0].family == ROUTED and all(t.family == ROUTED for t in tensors)
+
+
+def _is_aligned(op: Op) -> bool:
+    """Whether a weight op's matmuls pair with its tensors (each contracts over one tensor's rows)."""
+    return op.unit == "mxu" and len(op.matmuls) == len(op.tensors) and all(
+        contraction == tensor.rows for tensor, (_m, contraction, _n) in zip(op.tensors, op.matmuls, strict=True))
 
 
 def _overlap_join_index(ops: list[Op], index: int) -> int:
@@ -348,7 +114,9 @@ def _overlap_join_index(ops: list[Op], index: int) -> int:
 
 def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPolicy, vmem: VmemPlan) -> Lowered:
     """Lower ``program`` under ``schedule`` (see the module docstring for the steps)."""
-    b = _Builder(program, schedule, chip, policy, vmem)
+    b = Builder(program, schedule, chip, policy, vmem)
+    known = _known_op_facts(program, chip, policy)
+    fresh: list[_OpFacts] = []
     ops = program.ops
     plans = b.plans
     launch_s = policy.launch_overhead_s
@@ -356,22 +124,26 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
     # per layer: [(real slab, mispredicted slab or None)] in expert order
     layer_experts: dict[int, list[tuple[Slab, Slab | None]]] = {}
 
+    launches, fixed_s, kernel_names = b.kernels.launches, b.kernels.fixed_s, b.kernels.kernel_names
     for index, op in enumerate(ops):
         first = op.layer != previous_layer
         previous_layer = op.layer
         plan_ = OpPlan(index, op.name, op.layer, op.phase, first)
-        plan_.launches = b.kernels.launches[index]
+        plan_.launches = launches[index]
         plan_.launch_s = plan_.launches * launch_s
-        if b.kernels.fixed_s:
-            plan_.kernel_fixed_s = b.kernels.fixed_s[index]
-        if b.kernels.kernel_names:
-            plan_.kernel = b.kernels.kernel_names[index]
+        if fixed_s:
+            plan_.kernel_fixed_s = fixed_s[index]
+        if kernel_names:
+            plan_.kernel = kernel_names[index]
         plans.append(plan_)
-        vector_s = b.vector_s(op.vector_flops)
-        if _is_expert_op(op):
+        if known is None:
+            expert, aligned, vector_s = _is_expert_op(op), _is_aligned(op), b.vector_s(op.vector_flops)
+        else:
+            expert, aligned, vector_s, _calls = known[index]
+        if expert:
             _lower_expert(b, op, plan_, layer_experts)
         elif op.tensors:
-            vector_s = _lower_weights(b, op, plan_, vector_s)
+            vector_s = _lower_weights(b, op, plan_, vector_s, aligned)
         elif op.kv_read_bytes and b.recurrent_state_bytes(op.layer):
             vector_s = _lower_state(b, op, plan_, vector_s)
         elif op.kv_read_bytes:
@@ -381,19 +153,26 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
             if matmul_s:
                 plan_.pieces.append(Piece(matmul_s, MXU))
         if vector_s or not plan_.pieces:
-            plan_.pieces.append(Piece(vector_s, VPU))
+            plan_.pieces.append(new_piece(Piece, (vector_s, VPU, (), (), (), ())))
         if op.kv_write_bytes and not b.recurrent_state_bytes(op.layer):
             write = b.add_desc(None, KV_FAMILY, "kv.append", op.layer, 0, op.kv_write_bytes, write=True)
             last = plan_.pieces[-1]
             plan_.pieces[-1] = last._replace(writes=(*last.writes, write))
         if op.collectives:
-            _lower_collectives(b, ops, index, plan_)
+            if known is None:
+                _lower_collectives(b, ops, index, plan_)
+            else:
+                plan_.collectives.extend(known[index][3])
+        if known is None:
+            fresh.append((expert, aligned, b.vector_s(op.vector_flops), tuple(plan_.collectives)))
 
+    if known is None:
+        _remember_op_facts(program, chip, policy, fresh)
     if b.issue is not None:
         place_expert_releases(plans, ops, b.issue, layer_experts, schedule)
     pools = [*b.pools.values(), b.kv_pool, b.state_pool]
     for pool in pools:
-        pool.order.sort(key=lambda slab: slab.seq)
+        pool.order.sort(key=_SEQ)
     return Lowered(
         ops=plans,
         pools=pools,
@@ -403,7 +182,7 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
     )
 
 
-def _lower_expert(b: _Builder, op: Op, plan_: OpPlan,
+def _lower_expert(b: Builder, op: Op, plan_: OpPlan,
                   layer_experts: dict[int, list[tuple[Slab, Slab | None]]]) -> None:
     """A routed expert: one slot, a piece per matmul, the slot freed after the last."""
     wasted = None
@@ -413,12 +192,13 @@ def _lower_expert(b: _Builder, op: Op, plan_: OpPlan,
             and is_mispredicted(b.expert_count, rate):
         wasted = b.expert_slab(op, plan_.index, ".mispredicted")
     b.expert_count += 1
-    slab = b.expert_slab(op, plan_.index)
+    layout = b.expert_layout(op)
+    slab = b.expert_slab(op, plan_.index, "", layout)
     if b.issue is not None:
         layer_experts.setdefault(op.layer, []).append((slab, wasted))
     else:
         b.release_plan(plan_.index).start_releases.append(slab)
-    waits = b.expert_layout(op)[1]
+    waits = layout[1]
     descs = slab.descs
     peak = b.peak(op)
     matmuls = op.matmuls
@@ -426,32 +206,33 @@ def _lower_expert(b: _Builder, op: Op, plan_: OpPlan,
     pieces = plan_.pieces
     for position in range(pairs):
         rows, contraction, cols = matmuls[position]
-        pieces.append(Piece(b.matmul_s(rows, contraction, cols, peak), MXU,
-                            tuple([descs[i] for i in waits[position]]), (slab,) if position == pairs - 1 else ()))
+        pieces.append(new_piece(Piece, (b.matmul_s(rows, contraction, cols, peak), MXU, tuple(
+            [descs[i] for i in waits[position]]), (slab,) if position == pairs - 1 else (), (), ())))
     if not pairs:
         plan_.pieces.append(Piece(0.0, MXU, tuple(slab.descs), (slab,)))
 
 
-def _lower_weights(b: _Builder, op: Op, plan_: OpPlan, vector_s: float) -> float:
-    """Weight slabs released ``d`` ops ahead; slab-by-slab matmuls, or wait-all for other ops.
+def _lower_weights(b: Builder, op: Op, plan_: OpPlan, vector_s: float, aligned: bool) -> float:
+    """Weight slabs released ``d`` ops ahead; slab-by-slab matmuls (``aligned``: :func:`_is_aligned`),
+    or wait-all for other ops.
 
     Returns the vector time still to be added as a trailing VPU piece.
     """
     tensor_slabs = [(tensor, b.tensor_slabs(tensor, op.layer, plan_.index)) for tensor in op.tensors]
     for tensor, slabs in tensor_slabs:
-        for chunk, (slab, _rows) in enumerate(slabs):
-            b.release_plan(plan_.index, tensor, op.layer, chunk).start_releases.append(slab)
+        for releaser, (slab, _rows) in zip(b.release_plans(plan_.index, tensor, op.layer, len(slabs)), slabs,
+                                           strict=True):
+            releaser.start_releases.append(slab)
     peak = b.peak(op)
-    aligned = op.unit == "mxu" and len(op.matmuls) == len(op.tensors) and all(
-        contraction == tensor.rows for tensor, (_m, contraction, _n) in zip(op.tensors, op.matmuls, strict=True))
     if aligned:
         for (tensor, slabs), (rows, contraction, cols) in zip(tensor_slabs, op.matmuls, strict=True):
             # A slab's share of the whole matmul, in proportion to its rows: cutting the
             # contraction into slabs does not add weight-tile pushes (a 32-row slab is not a
             # full 256-row tile, it fills an eighth of one).
-            whole_s = b.matmul_s(rows, contraction, cols, peak)
-            for slab, slab_rows_ in slabs:
-                plan_.pieces.append(Piece(whole_s * slab_rows_ / tensor.rows, MXU, tuple(slab.descs), (slab,)))
+            whole_s, pieces = b.matmul_s(rows, contraction, cols, peak), plan_.pieces
+            for slab, slab_rows_ in slabs:  # Piece(...) by tuple.__new__: no Python call per slab
+                pieces.append(new_piece(Piece, (whole_s * slab_rows_ / tensor.rows, MXU, tuple(slab.descs), (slab,),
+                                                (), ())))
         return vector_s
     all_slabs = tuple(slab for _tensor, slabs in tensor_slabs for slab, _rows in slabs)
     waits = tuple(desc for slab in all_slabs for desc in slab.descs)
@@ -463,7 +244,7 @@ def _lower_weights(b: _Builder, op: Op, plan_: OpPlan, vector_s: float) -> float
     return 0.0
 
 
-def _lower_state(b: _Builder, op: Op, plan_: OpPlan, vector_s: float) -> float:
+def _lower_state(b: Builder, op: Op, plan_: OpPlan, vector_s: float) -> float:
     """KDA core: read the recurrent state, update it, write it back (the write frees it)."""
     slab = b.new_slab(STATE_FAMILY, StateBuffer.KDA_STATE, op.layer, plan_.index, b.state_pool, b.state_ring)
     b.add_desc(slab, STATE_FAMILY, StateBuffer.KDA_STATE, op.layer, 0, op.kv_read_bytes)
@@ -481,7 +262,7 @@ def _lower_state(b: _Builder, op: Op, plan_: OpPlan, vector_s: float) -> float:
     return 0.0
 
 
-def _lower_kv_tiles(b: _Builder, op: Op, plan_: OpPlan) -> None:
+def _lower_kv_tiles(b: Builder, op: Op, plan_: OpPlan) -> None:
     """MLA / GQA core: the cache streams in ``kv_tile_tokens`` tiles through ``kv_buffers``."""
     program = b.program
     per_token = kv_cache_bytes_per_token(program.model, program.plan, op.layer) * program.kv_sequences
@@ -498,7 +279,30 @@ def _lower_kv_tiles(b: _Builder, op: Op, plan_: OpPlan) -> None:
         plan_.pieces.append(Piece(matmul_s * size / op.kv_read_bytes, MXU, tuple(slab.descs), (slab,)))
 
 
-def _lower_collectives(b: _Builder, ops: list[Op], index: int, plan_: OpPlan) -> None:
+# Per op, what depends only on the program, the chip and the policy, never on the schedule
+# (whether it is a routed expert, whether its matmuls pair with its tensors, its VPU seconds,
+# step 5's collectives after it, whose messages and stages are immutable), remembered for the
+# last few (program, chip, policy): a sweep's candidates share them. Keyed by the objects
+# themselves (kept alive here, compared by identity; the policy, rebuilt per simulation, by value).
+_OpFacts = tuple[bool, bool, float, tuple[CollectivePlan, ...]]
+OP_FACTS_KEPT = 32  # programs: a joint sweep keeps one per deployment (tpusim.sweep.joint_candidates)
+_OP_FACTS: list[tuple[Program, Chip, ExecutionPolicy, list[_OpFacts]]] = []
+
+
+def _known_op_facts(program: Program, chip: Chip, policy: ExecutionPolicy) -> list[_OpFacts] | None:
+    for index, entry in enumerate(_OP_FACTS):
+        if entry[0] is program and entry[1] is chip and entry[2] == policy:
+            _OP_FACTS.append(_OP_FACTS.pop(index))  # least recently used goes first
+            return entry[3]
+    return None
+
+
+def _remember_op_facts(program: Program, chip: Chip, policy: ExecutionPolicy, per_op: list[_OpFacts]) -> None:
+    _OP_FACTS.append((program, chip, policy, per_op))
+    del _OP_FACTS[:-OP_FACTS_KEPT]
+
+
+def _lower_collectives(b: Builder, ops: list[Op], index: int, plan_: OpPlan) -> None:
     """Step 5: each collective after op ``index`` as messages, or priced stage by stage."""
     op = ops[index]
     policy = b.policy

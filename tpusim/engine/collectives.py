@@ -247,23 +247,28 @@ class MessageFabric:
         now_s = self.now_s
         next_s = self.starts[0][0] if self.starts else INF
         moving: list[tuple[str, list[_Flow], float]] = []  # (link, its flows, per-copy rate)
+        # min(a, b) written as ``b if b < a else a`` (the same value, ties and signed zeros
+        # included) in this loop: it runs thousands of times per step
         for link, flows in self.active.items():
             if not flows:
                 continue
             group = flows[0].group
+            per_copy = group.per_copy_bytes_per_s
             if len(flows) == 1:
-                rate = min(group.per_copy_bytes_per_s, group.aggregate_bytes_per_s / group.count)
+                shared = group.aggregate_bytes_per_s / group.count
                 smallest = flows[0].left_bytes
             else:
-                copies = sum(flow.group.count for flow in flows)
-                rate = min(group.per_copy_bytes_per_s, group.aggregate_bytes_per_s / copies)
+                shared = group.aggregate_bytes_per_s / sum(flow.group.count for flow in flows)
                 smallest = min(flow.left_bytes for flow in flows)
+            rate = shared if shared < per_copy else per_copy
             moving.append((link, flows, rate))
-            next_s = min(next_s, now_s + smallest / rate)
+            finish_s = now_s + smallest / rate
+            if finish_s < next_s:
+                next_s = finish_s
         if next_s == INF:
             self.now_s = max(now_s, limit_s) if limit_s < INF else now_s
             return False
-        target = min(next_s, limit_s)
+        target = limit_s if limit_s < next_s else next_s
         elapsed = target - now_s
         if elapsed > 0.0:
             busy = self.busy_s
@@ -279,7 +284,9 @@ class MessageFabric:
             # Drained: a residue of float rounding, or one the link would move in less than one
             # tick of the clock (the float spacing at now). Such a flow cannot advance the clock:
             # left waiting, it would be stepped forever (a few µB at 663 GB/s at t = 16 ms).
-            drained_bytes = max(DRAINED_BYTES, rate * math.ulp(self.now_s))
+            drained_bytes = rate * math.ulp(self.now_s)
+            if not drained_bytes > DRAINED_BYTES:  # max(DRAINED_BYTES, ...)
+                drained_bytes = DRAINED_BYTES
             done = [flow for flow in flows if flow.left_bytes <= drained_bytes]
             if done:
                 self.active[link] = [flow for flow in flows if flow.left_bytes > drained_bytes]
@@ -296,11 +303,13 @@ class MessageFabric:
     def _drained(self, flow: _Flow) -> None:
         handle, group = flow.handle, flow.group
         land_s = self.now_s + group.latency_s
-        self.last_land_s = max(self.last_land_s, land_s)
+        if land_s > self.last_land_s:  # max(), as in _step
+            self.last_land_s = land_s
         if self.recorder is not None:
             for dst in group.destinations or (-1,) * group.count:
                 self.spans.append((group.link, flow.start_s, land_s, f"{handle.plan.name} p{flow.phase} →r{dst}"))
-        handle.phase_land_s = max(handle.phase_land_s, land_s)
+        if land_s > handle.phase_land_s:
+            handle.phase_land_s = land_s
         handle.groups_left -= 1
         if handle.groups_left:
             return

@@ -39,7 +39,7 @@ from typing import Any
 
 from hwmodels.schema import DmaSpec
 from tpusim.engine.items import Descriptor
-from tpusim.engine.loop import EventLoop
+from tpusim.engine.loop import NORMAL, EventLoop
 from tpusim.engine.timeline import Recorder
 from tpusim.schedule.program_issue import ROUTED
 
@@ -48,6 +48,7 @@ from tpusim.schedule.program_issue import ROUTED
 # TPU v7 rates, so the slack never moves a completion by a visible amount.
 BYTE_TOLERANCE = 0.5
 RELATIVE_TOLERANCE = 1e-9
+RELATIVE_SLACK = 1.0 + RELATIVE_TOLERANCE  # (the same float as computed in place)
 INF = float("inf")
 
 
@@ -138,6 +139,14 @@ class HbmServer:
         if self.events is not None:
             self.events.append(("dma_start", desc.family, desc.tensor, desc.layer, desc.chunk))
 
+    def enqueue_many(self, descs: list[Descriptor]) -> None:
+        """:meth:`enqueue` each of ``descs`` in turn (a slab's copies: one call per slab)."""
+        queue, events = self.queue, self.events
+        for desc in descs:
+            heapq.heappush(queue, (desc.seq, desc))
+            if events is not None:
+                events.append(("dma_start", desc.family, desc.tensor, desc.layer, desc.chunk))
+
     def pump(self) -> None:
         """Issue queued copies, most urgent first, while slots are free."""
         if self._issue():
@@ -155,16 +164,16 @@ class HbmServer:
             if self.in_flight:
                 self.busy_s += elapsed
             self.last_s = now
-        queue = self.queue
-        while queue and self.in_flight < self.max_in_flight:
+        queue, recorder, latency_s, max_in_flight = self.queue, self.recorder, self.latency_s, self.max_in_flight
+        while queue and self.in_flight < max_in_flight:
             desc = heapq.heappop(queue)[1]
             self.in_flight += 1
             self.issued += 1
             desc.issue_s = now
-            if self.recorder is not None:
+            if recorder is not None:
                 desc.lane = heapq.heappop(self.free_lanes)
-            if self.latency_s > 0.0:
-                self.starting.append((now + self.latency_s, desc))
+            if latency_s > 0.0:
+                self.starting.append((now + latency_s, desc))
             else:
                 self._start_streaming(desc)
         return True
@@ -186,29 +195,31 @@ class HbmServer:
             return  # superseded by an earlier wake-up
         self.wake_at = INF
         now = self.env.now
+        streaming = self.streaming
         # _advance, inlined (this runs once per copy start and landing)
         elapsed = now - self.last_s
         if elapsed > 0.0:
-            if self.streaming:
+            if streaming:
                 self.virtual_bytes += self.rate * elapsed
             if self.in_flight:
                 self.busy_s += elapsed
             self.last_s = now
-        streaming = self.streaming
-        landed: list[Descriptor] = []
-        if streaming:
-            limit = self.virtual_bytes * (1.0 + RELATIVE_TOLERANCE) + BYTE_TOLERANCE
-            while streaming and streaming[0][0] <= limit:
-                landed.append(heapq.heappop(streaming)[2])
+        landed: list[Descriptor] | None = None
         by_stream, streams = self.by_stream, self.streams
-        if by_stream:
-            for desc in landed:
-                key = desc.stream
-                left = streams[key] - 1
-                if left:
-                    streams[key] = left
-                else:
-                    del streams[key]
+        if streaming:
+            limit = self.virtual_bytes * RELATIVE_SLACK + BYTE_TOLERANCE
+            if streaming[0][0] <= limit:
+                landed = []
+                while streaming and streaming[0][0] <= limit:
+                    desc = heapq.heappop(streaming)[2]
+                    landed.append(desc)
+                    if by_stream:
+                        key = desc.stream
+                        left = streams[key] - 1
+                        if left:
+                            streams[key] = left
+                        else:
+                            del streams[key]
         starting = self.starting
         if starting and starting[0][0] <= now:
             # _start_streaming without its rate (set once below)
@@ -216,18 +227,20 @@ class HbmServer:
             while starting and starting[0][0] <= now:
                 desc = starting.popleft()[1]
                 heapq.heappush(streaming, (virtual_bytes + desc.nbytes, desc.seq, desc))
-                if by_stream:
-                    key = desc.stream = stream_of(desc)
+                if by_stream:  # stream_of, inlined
+                    slab = desc.slab
+                    key = desc.stream = desc.family if slab is None else (
+                        slab if slab.family == ROUTED else slab.ring)
                     streams[key] = streams.get(key, 0) + 1
         if by_stream and streaming:
             self.rate = self.aggregate_by_k[len(streams)] / len(streaming)
         else:
             self.rate = self.rate_by_n[len(streaming)]
-        if landed:
+        if landed is not None:
             self.last_land_s = now
             recorder, on_land = self.recorder, self.on_land
             for desc in landed:  # _land
-                self.in_flight -= 1
+                self.in_flight -= 1  # per copy: its on_land may issue into the freed slot
                 self.bytes_moved += desc.nbytes
                 desc.landed = True
                 desc.land_s = now
@@ -239,4 +252,19 @@ class HbmServer:
                 on_land(desc)
         if self.queue and self.in_flight < self.max_in_flight:
             self._issue()
-        self._reschedule(now)
+        # _reschedule, inlined
+        next_s = starting[0][0] if starting else INF
+        if streaming:
+            left_bytes = streaming[0][0] - self.virtual_bytes
+            finish = now + left_bytes / self.rate if left_bytes > 0.0 else now
+            if finish < next_s:
+                next_s = finish
+        if next_s < self.wake_at:
+            token = self.wake_token = self.wake_token + 1
+            self.wake_at = next_s
+            # EventLoop.call_later, inlined (an entry as it makes one; once per copy start and landing)
+            env = self.env
+            count = env.scheduled
+            env.scheduled = count + 1
+            heapq.heappush(env._queue, (now + (next_s - now if next_s > now else 0.0), NORMAL, count,  # type: ignore[arg-type]
+                                        self._wake, token))

@@ -9,9 +9,10 @@ keeps SimPy's queue and its order and drops that overhead:
 
 - :meth:`EventLoop.call_later` queues a plain callback ``fn(arg)`` at ``now + delay`` —
   the entry ``(time, priority, sequence, fn, arg)`` sits in SimPy's own heap next to
-  ordinary events (``(time, priority, sequence, event)``), so both are served in one order;
-- :meth:`EventLoop.run` (no ``until``) pops entries and calls them directly, and processes
-  ordinary SimPy events exactly as :meth:`simpy.core.Environment.step` does;
+  ordinary events, queued as ``(time, priority, sequence, process, event)``, so both are
+  served in one order and every entry is called the same way;
+- :meth:`EventLoop.run` (no ``until``) pops entries and calls them directly; an ordinary
+  SimPy event is processed exactly as :meth:`simpy.core.Environment.step` does;
 - :class:`Driver` runs a generator as the compute stream: it ``yield``\\ s a delay (seconds,
   a float) to sleep, or ``None`` after handing :meth:`Driver.resume` to something that calls
   it later (a copy's landing). This replaces a SimPy process: a resumption is queued at the
@@ -30,9 +31,10 @@ from heapq import heappop, heappush
 from typing import Any
 
 import simpy
+from simpy.core import EmptySchedule
 from simpy.events import NORMAL, URGENT, Event, EventPriority
 
-__all__ = ["Driver", "EventLoop"]
+__all__ = ["NORMAL", "Driver", "EventLoop"]
 
 
 class EventLoop(simpy.Environment):
@@ -58,7 +60,7 @@ class EventLoop(simpy.Environment):
     def schedule(self, event: Event, priority: EventPriority = NORMAL, delay: float = 0) -> None:
         count = self.scheduled
         self.scheduled = count + 1
-        heappush(self._queue, (self.now + delay, priority, count, event))
+        heappush(self._queue, (self.now + delay, priority, count, self._process, event))  # type: ignore[arg-type]
 
     def call_later(self, delay: float, fn: Callable[[Any], None], arg: Any = None,
                    priority: int = NORMAL) -> None:
@@ -75,28 +77,29 @@ class EventLoop(simpy.Environment):
         while queue:
             entry = heappop(queue)
             self.now = entry[0]
-            if len(entry) == 5:
-                entry[3](entry[4])
-                continue
-            event = entry[3]
-            callbacks, event.callbacks = event.callbacks, None
-            for callback in callbacks:
-                callback(event)
-            if not event._ok and not hasattr(event, "_defused"):
-                exc = type(event._value)(*event._value.args)
-                exc.__cause__ = event._value
-                raise exc
+            entry[3](entry[4])
         return None
 
     def step(self) -> None:
-        """One entry (SimPy's ``step`` for events, a direct call for callbacks)."""
+        """One entry (SimPy's ``step``; raises :class:`~simpy.core.EmptySchedule` when none is left)."""
         queue: list[Any] = self._queue
-        if queue and len(queue[0]) == 5:
-            entry = heappop(queue)
-            self.now = entry[0]
-            entry[3](entry[4])
-            return
-        super().step()
+        if not queue:
+            raise EmptySchedule()
+        entry = heappop(queue)
+        self.now = entry[0]
+        entry[3](entry[4])
+
+    @staticmethod
+    def _process(event: Event) -> None:
+        """An ordinary SimPy event's turn: its callbacks, then its failure raised, as
+        :meth:`simpy.core.Environment.step` does."""
+        callbacks, event.callbacks = event.callbacks, None
+        for callback in callbacks:  # type: ignore[union-attr]
+            callback(event)
+        if not event._ok and not hasattr(event, "_defused"):
+            exc = type(event._value)(*event._value.args)
+            exc.__cause__ = event._value
+            raise exc
 
 
 class Driver:

@@ -50,6 +50,8 @@ class StagingMemory:
         self.peak_op = ""
         self.peak_holdings: dict[str, list[str]] = {}
         self.resident: dict[int, Slab] | None = {} if watch_bytes is not None else None
+        # nothing recorded or watched (a sweep's run): _fill and free keep the occupancy inline
+        self.plain = recorder is None and self.resident is None
         if recorder is not None:
             recorder.vmem(0.0, base_bytes)
 
@@ -67,7 +69,7 @@ class StagingMemory:
 
     def _fill(self, pool: Pool) -> None:
         order, ptr, admitted = pool.order, pool.ptr, False
-        hbm = self.hbm
+        hbm, plain = self.hbm, self.plain
         while ptr < len(order):
             slab = order[ptr]
             if not slab.released:
@@ -78,9 +80,13 @@ class StagingMemory:
             ring.used += 1
             pool.used_bytes += slab.nbytes
             slab.reserved = True
-            self._occupy(slab, slab.nbytes)
-            for desc in slab.descs:
-                hbm.enqueue(desc)
+            if plain:  # _occupy, inlined
+                used = self.used_bytes = self.used_bytes + slab.nbytes
+                if used > self.peak_bytes:
+                    self.peak_bytes, self.peak_s, self.peak_layer = used, self.env.now, self.current_layer
+            else:
+                self._occupy(slab, slab.nbytes)
+            hbm.enqueue_many(slab.descs)
             ptr += 1
             admitted = True
         pool.ptr = ptr
@@ -94,7 +100,10 @@ class StagingMemory:
         slab.freed = True
         slab.ring.used -= 1
         slab.pool.used_bytes -= slab.nbytes
-        self._occupy(slab, -slab.nbytes)
+        if self.plain:  # _occupy, inlined: a release never raises the peak
+            self.used_bytes -= slab.nbytes
+        else:
+            self._occupy(slab, -slab.nbytes)
         self._fill(slab.pool)
 
     def resolve(self, slab: Slab) -> None:

@@ -119,8 +119,16 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
                 yield per_layer_s
                 account.fixed_s += per_layer_s
         op_start = env.now
-        if op.launch_s > 0.0 or op.kernel_fixed_s > 0.0 or op.index in joins or op.index in consumed:
-            yield from _launch_and_join(env, op, links, account, recorder, joins, consumed, events)
+        if op.launch_s > 0.0 or op.kernel_fixed_s > 0.0:
+            yield from _launch(env, op, account, recorder)
+        if op.index in joins or op.index in consumed:  # (a plain call: most joins do not wait)
+            join_s = _join_s(env, op, links, joins, consumed, events)
+            if join_s > env.now:
+                start = env.now
+                yield join_s - start
+                account.collective_s += join_s - start
+                if recorder is not None:
+                    recorder.interval("wait", start, join_s, "collective join")
         staging.current_layer = op.layer
         staging.current_op = op.name
         if op.start_releases:
@@ -162,16 +170,22 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
         for slab in op.resolves:
             staging.resolve(slab)
         if op.collectives:
-            yield from _run_collectives(env, op, links, account, recorder, joins, consumed, events)
+            # message collectives issue without waiting: a generator only from the first staged one
+            issued: dict[str, Handle] = {}
+            for position, call in enumerate(op.collectives):
+                if call.messages is None:
+                    yield from _run_collectives(env, op, position, issued, links, account, recorder, joins,
+                                                consumed, events)
+                    break
+                _issue_messages(links.fabric, call, env.now, issued, consumed, op.layer, events)
         account.op_time_s.append(env.now - op_start)
     account.stream_end_s = env.now
     _finish_links(links, account)
 
 
-def _launch_and_join(env: EventLoop, op: OpPlan, links: Links, account: StreamAccount,
-                     recorder: Recorder | None, joins: dict[int, float], consumed: dict[int, list[Handle]],
-                     events: list[tuple[Any, ...]] | None) -> Generator[float | None, None, None]:
-    """Before an op computes: its kernel launches and fixed time, then the collectives it consumes."""
+def _launch(env: EventLoop, op: OpPlan, account: StreamAccount,
+            recorder: Recorder | None) -> Generator[float | None, None, None]:
+    """Before an op computes: its kernel launches and fixed time."""
     if op.launch_s > 0.0:
         start = env.now
         yield op.launch_s
@@ -187,6 +201,11 @@ def _launch_and_join(env: EventLoop, op: OpPlan, links: Links, account: StreamAc
         account.kernel_fixed_s += op.kernel_fixed_s
         if recorder is not None:
             recorder.interval("launch", start, env.now, f"kernel fixed time {op.name}")
+
+
+def _join_s(env: EventLoop, op: OpPlan, links: Links, joins: dict[int, float], consumed: dict[int, list[Handle]],
+            events: list[tuple[Any, ...]] | None) -> float:
+    """Then (after :func:`_launch`): when the collectives the op consumes are done (seconds)."""
     join_s = joins.pop(op.index, 0.0)
     wait_s = env.now  # message collectives are waited one after another, in plan order
     for handle in consumed.pop(op.index, ()):
@@ -196,22 +215,17 @@ def _launch_and_join(env: EventLoop, op: OpPlan, links: Links, account: StreamAc
         wait_s = max(wait_s, done_s)
         if events is not None:
             events.extend(("collective_issue", child.plan.name, child.layer, op.layer) for child in chained)
-    join_s = max(join_s, wait_s)
-    if join_s > env.now:
-        start = env.now
-        yield join_s - start
-        account.collective_s += join_s - start
-        if recorder is not None:
-            recorder.interval("wait", start, join_s, "collective join")
+    return max(join_s, wait_s)
 
 
-def _run_collectives(env: EventLoop, op: OpPlan, links: Links, account: StreamAccount,
-                     recorder: Recorder | None, joins: dict[int, float], consumed: dict[int, list[Handle]],
+def _run_collectives(env: EventLoop, op: OpPlan, first: int, issued: dict[str, Handle], links: Links,
+                     account: StreamAccount, recorder: Recorder | None, joins: dict[int, float],
+                     consumed: dict[int, list[Handle]],
                      events: list[tuple[Any, ...]] | None) -> Generator[float | None, None, None]:
-    """After an op: message collectives are issued (their consumer waits); staged ones run on
-    their links, overlapped (joined later) or blocking the stream now."""
-    issued: dict[str, Handle] = {}
-    for call in op.collectives:
+    """After an op, from its collective ``first`` on (``issued``: the messages issued before it):
+    message collectives are issued (their consumer waits); staged ones run on their links,
+    overlapped (joined later) or blocking the stream now."""
+    for call in op.collectives[first:]:
         if call.messages is not None:
             _issue_messages(links.fabric, call, env.now, issued, consumed, op.layer, events)
             continue
@@ -239,7 +253,7 @@ def _issue_messages(fabric: MessageFabric, call: CollectivePlan, now_s: float, i
                     consumed: dict[int, list[Handle]], layer: int, events: list[tuple[Any, ...]] | None) -> None:
     """Issue a message collective (a chained one once its parent is waited for); its
     consumer will wait on it. Events: ``("collective_issue", name, issuing layer, layer)``
-    when the copies start (a chain's at the wait that starts it, :func:`_launch_and_join`)."""
+    when the copies start (a chain's at the wait that starts it, :func:`_join_s`)."""
     assert call.messages is not None
     parent = issued.get(call.messages.parent or "")
     handle = fabric.issue(call.messages, now_s, parent, layer)

@@ -52,6 +52,7 @@ once (the engine's HBM queue), not when they are issued.
 from __future__ import annotations
 
 import bisect
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -146,6 +147,9 @@ def plan_issues(rings: dict[str, RingSpec], op_reads: Sequence[Sequence[Read]], 
     issue, consumer, buffers, refills = plan.issue, plan.consumer, plan.buffer, plan.refills
     live: list[_Slot] = []  # occupants first read before c whose last reader may still matter, by last reader
     slots: list[_Slot] = []
+    # named tuples built by tuple.__new__ (their own __new__ and _make are Python calls; a
+    # plan builds thousands)
+    new_tuple = tuple.__new__
     for inst in instances:
         ring = rings[inst.read.ring]
         count = inst.read.slabs if inst.read.slabs is not None else ring.num_slabs
@@ -153,15 +157,14 @@ def plan_issues(rings: dict[str, RingSpec], op_reads: Sequence[Sequence[Read]], 
         for k in range(count):
             buffer = (inst.read.first_slot + k) % ring.buffers
             span = ring.buffer_range(buffer) if static else ring.region
-            slots.append(_Slot(ring, inst, k, buffer, span, inst.last))
+            slots.append(new_tuple(_Slot, (ring, inst, k, buffer, span, inst.last)))
     by_first, current, horizon_c, total = 0, None, 0, len(slots)
-    make_unit = Unit._make  # (a named tuple's __new__ is a Python call; thousands per plan)
     for slot in slots:
-        ring, inst, k = slot.ring, slot.inst, slot.slab
+        ring, inst, k, buffer, _span, _last = slot
         c, read, name = inst.first, inst.read, ring.name
-        unit = make_unit((name, read.key, k))
+        unit = new_tuple(Unit, (name, read.key, k))
         consumer[unit] = c
-        buffers[unit] = slot.buffer
+        buffers[unit] = buffer
         if c != current:
             current = c
             horizon_c = horizon(c)
@@ -229,24 +232,24 @@ class _Slot(NamedTuple):
     last: int
 
 
-def _last_reader(slot: _Slot) -> int:
-    return slot.last
+_last_reader = operator.itemgetter(5)  # _Slot.last, as a C key function (sorting ``live``)
 
 
 def _free(mine: _Slot, live: list[_Slot], floor: int) -> int:
     """The op after the last reader of every buffer ``mine`` overwrites, if after ``floor``
     (else ``-FAR``). ``live`` is sorted by last reader, so the latest overlapping occupant,
     the first met from the end, decides."""
-    ring, inst, buffer, pool, (a, b) = mine.ring, mine.inst, mine.buffer, mine.ring.pool, mine.span
-    for other in reversed(live):
-        after = other.last + 1
+    ring, inst, _slab, buffer, (a, b), _last = mine
+    pool = ring.pool
+    for other_ring, other_inst, _other_slab, other_buffer, other_span, other_last in reversed(live):
+        after = other_last + 1
         if after <= floor:
             return -FAR
-        if other.inst is inst:
+        if other_inst is inst:
             continue
-        if other.ring is ring:
-            if other.buffer == buffer:
+        if other_ring is ring:
+            if other_buffer == buffer:
                 return after
-        elif other.ring.pool == pool and a < other.span[1] and other.span[0] < b:
+        elif other_ring.pool == pool and a < other_span[1] and other_span[0] < b:
             return after
     return -FAR

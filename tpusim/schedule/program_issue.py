@@ -76,10 +76,24 @@ class ProgramIssuePlan:
             ring = self.ring_of(tensor, family)
             where = self._rings_seen[tensor, family] = (ring, ring == SMALL_RING, ring.startswith("pool:"))
         ring, small, pooled = where
+        # plain tuples: equal to (and hashed as) the Unit named tuples, without their constructor call
         if small:
-            return self.plan.issue[Unit(ring, layer, 0)]
+            return self.plan.issue[(ring, layer, 0)]  # type: ignore[index]
         key: object = (tensor, layer) if pooled else layer
-        return self.plan.issue[Unit(ring, key, chunk)]
+        return self.plan.issue[(ring, key, chunk)]  # type: ignore[index]
+
+    def weight_issues(self, tensor: str, family: str, layer: int, count: int) -> list[int]:
+        """:meth:`weight_issue` of slabs ``0 .. count - 1`` (the lowering asks per tensor)."""
+        where = self._rings_seen.get((tensor, family))
+        if where is None:
+            self.weight_issue(tensor, family, layer, 0)  # fills the memo
+            where = self._rings_seen[tensor, family]
+        ring, small, pooled = where
+        issue = self.plan.issue
+        if small:
+            return [issue[(ring, layer, 0)]] * count  # type: ignore[index]
+        key: object = (tensor, layer) if pooled else layer
+        return [issue[(ring, key, chunk)] for chunk in range(count)]  # type: ignore[index]
 
     def expert_issue(self, layer: int, entry: int) -> tuple[int, bool]:
         """(op, by routing): expert ``entry`` of ``layer`` is issued by that op's routing
@@ -328,15 +342,15 @@ def program_reads(facts: ProgramFacts, schedule: Schedule, rings: dict[str, Ring
     banks_used: dict[str, int] = {}
     slab_count: dict[tuple[str, int], int] = {}  # (tensor, bytes) -> slabs
     ring_distance = {name: schedule.family(name).prefetch_distance_ops for name in schedule.families}
-    if only is None:
-        where: list[tuple[int, int]] = [(op, at) for op, op_reads in enumerate(facts.reads)
-                                        for at in range(len(op_reads))]
+    if only is None:  # every read, in program order
+        where: list[tuple[int, tuple[str, str, object, int]]] = [
+            (op, entry) for op, op_reads in enumerate(facts.reads) for entry in op_reads]
     else:  # only the reads of those rings, in program order
-        where = sorted(entry for name, entries in facts.reads_of.items()
-                       if rings[tensor_ring.get(name, name)].name in only for entry in entries)
+        where = [(op, facts.reads[op][at]) for op, at in sorted(
+            entry for name, entries in facts.reads_of.items()
+            if rings[tensor_ring.get(name, name)].name in only for entry in entries)]
     out: list[list[Read]] = [[] for _ in facts.reads]
-    for op, at in where:
-        name, family, key, nbytes = facts.reads[op][at]
+    for op, (name, family, key, nbytes) in where:
         ring = rings[tensor_ring.get(name, name)]
         pooled = ring.name.startswith("pool:")
         slabs = None
@@ -359,7 +373,9 @@ def program_reads(facts: ProgramFacts, schedule: Schedule, rings: dict[str, Ring
             first = first_slot[name, key]
             key = (name, key) if pooled else key
         distance = ring_distance.get(family) if pooled else None
-        out[op].append(Read(ring.name, key, first, slabs if slabs != ring.num_slabs else None, distance))
+        # Read(...) by tuple.__new__ (all five fields): a named tuple's own __new__ is a Python call
+        out[op].append(tuple.__new__(Read, (ring.name, key, first, slabs if slabs != ring.num_slabs else None,
+                                            distance)))
     return out
 
 

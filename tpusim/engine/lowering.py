@@ -1,0 +1,275 @@
+"""The lowering's working state: counters, memos, and the factories of slabs and copies.
+
+:func:`tpusim.engine.build.lower` walks the program op by op; a :class:`Builder` holds what
+those steps share: the pools and rings (step 1 of :mod:`tpusim.engine.build`), the running
+sequence numbers of slabs and copies (consumption order), the issue plan it reads release
+points from (step 3), and memos of facts that repeat in every layer (a weight tensor's row
+slabs, an expert's copies, matmul and vector times in seconds), so the lowering's cost is per
+op, not per fact. Bytes are bytes; times are seconds.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hwmodels.schema import Chip
+from tpusim.engine.costs import matmul_time_s, op_matmul_dtype, vector_time_s
+from tpusim.engine.execution import ExecutionPolicy
+from tpusim.engine.items import Descriptor, OpPlan, Pool, Ring, Slab
+from tpusim.schedule.program_issue import cached_issue_plan
+from tpusim.schedule.schema import SCHEDULE_FAMILIES, SMALL_FAMILY, FamilySchedule, Schedule
+from tpusim.schedule.vmem import VmemPlan, arena_of, family_chunk, slab_rows
+from tpusim.workload.formats import scale_bytes, value_bytes
+from tpusim.workload.program import Op, Program
+from tpusim.workload.registry.names import Family, StateFamily
+from tpusim.workload.shapes import TensorSpec, recurrent_state_bytes
+
+ROUTED = Family.ROUTED_EXPERT
+KV_FAMILY = "kv_cache"
+STATE_FAMILY = StateFamily.KDA_STATE
+KV_POOL = "<kv tiles>"
+STATE_POOL = "<kda state>"
+
+
+class Builder:
+    """Counters and lookups shared by the lowering steps."""
+
+    def __init__(self, program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPolicy,
+                 vmem: VmemPlan) -> None:
+        self.program = program
+        self.schedule = schedule
+        self.chip = chip
+        self.policy = policy
+        self.matrix = chip.matrix_unit
+        self.compute_scale = 1.0 / policy.compute_efficiency
+        self.slab_seq = 0
+        self.desc_seq = 0
+        self.pools: dict[str, Pool] = {
+            name: Pool(name, size, tuple(vmem.arena_members.get(name, ())))
+            for name, size in vmem.arena_bytes.items()
+        }
+        self.message_cache: dict[object, object] = {}  # priced collectives, reused across layers
+        self.kv_pool = Pool(KV_POOL, vmem.kv_bytes, (KV_FAMILY,))
+        self.state_pool = Pool(STATE_POOL, vmem.state_bytes, (STATE_FAMILY,))
+        self.rings: dict[str, Ring] = {}
+        self.kv_ring = Ring("kv_tiles", schedule.kv_buffers)
+        self.state_ring = Ring(StateFamily.KDA_STATE, 1)
+        self.matmul_cache: dict[tuple[int, int, int, float], float] = {}
+        self.vector_cache: dict[float, float] = {}
+        self.families: dict[str, FamilySchedule] = {name: schedule.family(name) for name in SCHEDULE_FAMILIES}
+        speculative = schedule.expert_issue == "speculative" and policy.cross_op_prefetch
+        self.miss_rate = schedule.speculation_miss_rate if speculative else 0.0
+        self.expert_count = 0  # routed experts lowered so far over the whole step (misses)
+        self.kernels = policy.kernel_plan(program)
+        self.issue = cached_issue_plan(program, schedule) if policy.cross_op_prefetch else None
+        self.plans: list[OpPlan] = []
+        self.topology = program.plan.topology  # one Topology per lowering (a key of the message cache)
+        # memos of facts that repeat in every layer (the lowering's cost is per op, not per fact)
+        self.tensor_queues: dict[tuple[str, str], tuple[Ring, Pool, int | None]] = {}
+        self.slab_cuts: dict[tuple[str, str, int, int, int | None], tuple[tuple[int, int, int], ...]] = {}
+        self.peaks: dict[str, tuple[float, str]] = {}
+        self.state_bytes: dict[int, int] = {}
+        self.splits: dict[tuple[str, int, int], tuple[int, int]] = {}
+        self.expert_queue: tuple[Ring, Pool] | None = None  # the expert slots' (ring, pool)
+        self.expert_layouts: dict[tuple[object, ...], tuple[tuple[tuple[str, int], ...],
+                                                            tuple[tuple[int, ...], ...]]] = {}
+
+    def release_plan(self, index: int, tensor: TensorSpec | None = None, layer: int = 0, chunk: int = 0) -> OpPlan:
+        """The op whose start issues slab ``chunk`` of ``tensor`` read by op ``index`` (step 3)."""
+        if self.issue is None:
+            return self.plans[self.kernels.issue_op(index)]
+        if tensor is None:
+            return self.plans[index]
+        return self.plans[self.issue.weight_issue(tensor.name, tensor.family, layer, chunk)]
+
+    def release_plans(self, index: int, tensor: TensorSpec, layer: int, count: int) -> list[OpPlan]:
+        """:meth:`release_plan` of slabs ``0 .. count - 1`` of ``tensor`` (one call per tensor)."""
+        if self.issue is None:
+            return [self.plans[self.kernels.issue_op(index)]] * count
+        plans = self.plans
+        return [plans[op] for op in self.issue.weight_issues(tensor.name, tensor.family, layer, count)]
+
+    # ----------------------------------------------------------------- small factories
+
+    def pool_of(self, family: str, ring: Ring) -> Pool:
+        """The arena's pool; with an issue plan, the ring's own queue (step 3)."""
+        if self.issue is not None:  # named after its arena, so diagnoses group by arena
+            pool = self.pools.get(ring.name)
+            if pool is None:
+                pool = self.pools[ring.name] = Pool(arena_of(self.schedule, family), float("inf"), (family,))
+            return pool
+        name = self.families[family].pool or family
+        pool = self.pools.get(name)
+        if pool is None:  # a family vmem_plan did not size (no tensor kinds): unbounded
+            pool = self.pools[name] = Pool(name, 1 << 62, (family,))
+        return pool
+
+    def ring_of(self, key: str, depth: int) -> Ring:
+        ring = self.rings.get(key)
+        if ring is None:
+            ring = self.rings[key] = Ring(key, depth)
+        return ring
+
+    def new_slab(self, family: str, label: str, layer: int, op_index: int, pool: Pool, ring: Ring) -> Slab:
+        slab = Slab(self.slab_seq, family, label, layer, op_index, pool, ring)
+        self.slab_seq += 1
+        pool.order.append(slab)
+        return slab
+
+    def add_desc(self, slab: Slab | None, family: str, tensor: str, layer: int, chunk: int, nbytes: int,
+                 *, write: bool = False, frees_slab: Slab | None = None) -> Descriptor:
+        seq = self.desc_seq
+        desc = (Descriptor(seq, family, tensor, layer, chunk, nbytes, slab, write=write, frees_slab=frees_slab)
+                if write or frees_slab is not None else Descriptor(seq, family, tensor, layer, chunk, nbytes, slab))
+        self.desc_seq = seq + 1
+        if slab is not None:
+            slab.descs.append(desc)
+            slab.nbytes += nbytes
+            slab.pending += 1
+        return desc
+
+    def matmul_s(self, rows: int, contraction: int, cols: int, peak: tuple[float, str]) -> float:
+        key = (rows, contraction, cols, peak)
+        cached = self.matmul_cache.get(key)
+        if cached is None:
+            cached = self.matmul_cache[key] = (
+                matmul_time_s(rows, contraction, cols, self.matrix, peak[0], peak[1]) * self.compute_scale
+            )
+        return cached
+
+    def vector_s(self, vector_flops: float) -> float:
+        """VPU time of ``vector_flops`` (ops of a kind repeat in every layer: memoised)."""
+        cached = self.vector_cache.get(vector_flops)
+        if cached is None:
+            cached = self.vector_cache[vector_flops] = vector_time_s(vector_flops, self.chip) * self.compute_scale
+        return cached
+
+    def peak(self, op: Op) -> tuple[float, str]:
+        """(peak FLOP/s, dtype) the matrix unit runs ``op`` at."""
+        dtype = op_matmul_dtype(op)
+        peak = self.peaks.get(dtype)
+        if peak is None:
+            peak = self.peaks[dtype] = (self.matrix.peak_for(dtype), dtype)
+        return peak
+
+    def recurrent_state_bytes(self, layer: int) -> int:
+        """One sequence's KDA recurrent-state bytes in ``layer`` (0: not a KDA layer)."""
+        nbytes = self.state_bytes.get(layer)
+        if nbytes is None:
+            nbytes = self.state_bytes[layer] = recurrent_state_bytes(self.program.model, self.program.plan, layer)
+        return nbytes
+
+    def op_matmul_s(self, op: Op) -> float:
+        """MXU time of all of ``op``'s matmuls, unsplit."""
+        peak = self.peak(op)
+        return sum(self.matmul_s(rows, contraction, cols, peak) for rows, contraction, cols in op.matmuls)
+
+    # ----------------------------------------------------------------- tensors → slabs
+
+    def tensor_slabs(self, tensor: TensorSpec, layer: int, op_index: int) -> list[tuple[Slab, int]]:
+        """Row slabs of a (non-expert) weight tensor: [(slab, rows in it)] (new_slab and
+        add_desc inlined: a step lowers thousands)."""
+        ring, pool, chunk_bytes = self.tensor_queue(tensor)
+        out: list[tuple[Slab, int]] = []
+        family, name = tensor.family, tensor.name
+        order, slab_seq, seq = pool.order, self.slab_seq, self.desc_seq
+        for chunk, (rows, values, scales) in enumerate(self.slab_cut(tensor, chunk_bytes)):
+            slab = Slab(slab_seq, family, name, layer, op_index, pool, ring)
+            slab_seq += 1
+            order.append(slab)
+            descs = slab.descs
+            if values:
+                descs.append(Descriptor(seq, family, name, layer, chunk, values, slab))
+                seq += 1
+            if scales:
+                descs.append(Descriptor(seq, family, f"{name}.scales", layer, chunk, scales, slab))
+                seq += 1
+            slab.nbytes, slab.pending = values + scales, len(descs)
+            out.append((slab, rows))
+        self.slab_seq, self.desc_seq = slab_seq, seq
+        return out
+
+    def tensor_queue(self, tensor: TensorSpec) -> tuple[Ring, Pool, int | None]:
+        """(ring, pool, chunk bytes) a (non-expert) weight tensor streams through."""
+        key = (tensor.name, tensor.family)
+        queue = self.tensor_queues.get(key)
+        if queue is None:
+            chunk_bytes, buffers = family_chunk(self.schedule, tensor.family)
+            ring_key = tensor.name
+            if self.issue is not None and tensor.family != SMALL_FAMILY:
+                ring_key = self.issue.ring_of(tensor.name, tensor.family)
+                buffers = self.issue.rings[ring_key].buffers
+            ring = self.ring_of(ring_key, buffers)
+            queue = self.tensor_queues[key] = (ring, self.pool_of(tensor.family, ring), chunk_bytes)
+        return queue
+
+    def slab_cut(self, tensor: TensorSpec, chunk_bytes: int | None) -> tuple[tuple[int, int, int], ...]:
+        """(rows, value bytes, scale bytes) of each row slab of ``tensor`` (the last slab takes
+        what is left, so the slabs add up to the tensor's bytes exactly)."""
+        key = (tensor.name, tensor.format_name, tensor.rows, tensor.cols, chunk_bytes)  # cheaper to hash than the spec
+        cut = self.slab_cuts.get(key)
+        if cut is None:
+            per_slab = slab_rows(tensor, chunk_bytes)
+            count = math.ceil(tensor.rows / per_slab)
+            fmt, cols = tensor.fmt, tensor.cols
+            values_left, scales_left = tensor.value_bytes, tensor.scale_bytes
+            slabs = []
+            for chunk in range(count):
+                rows = min(per_slab, tensor.rows - chunk * per_slab)
+                last = chunk == count - 1
+                values = values_left if last else value_bytes(fmt, rows, cols)
+                scales = scales_left if last else scale_bytes(fmt, rows, cols)
+                values_left -= values
+                scales_left -= scales
+                slabs.append((rows, values, scales))
+            cut = self.slab_cuts[key] = tuple(slabs)
+        return cut
+
+    def expert_slab(self, op: Op, op_index: int, label_suffix: str = "",
+                    layout: tuple[tuple[tuple[str, int], ...], tuple[tuple[int, ...], ...]] | None = None) -> Slab:
+        """One expert slot: every tensor of the expert op, values then scales (``layout``: its
+        :meth:`expert_layout`, when the caller has it)."""
+        if self.expert_queue is None:
+            ring = self.ring_of(ROUTED, self.families[ROUTED].buffers)
+            self.expert_queue = (ring, self.pool_of(ROUTED, ring))
+        ring, pool = self.expert_queue
+        slab = self.new_slab(ROUTED, f"{op.name}{label_suffix}", op.layer, op_index, pool, ring)
+        # chunk = the expert's entry in the layer's expert list (the kernel's vocabulary)
+        entry, layer, seq, descs = op.expert_index or 0, op.layer, self.desc_seq, slab.descs
+        for name, nbytes in (layout or self.expert_layout(op, label_suffix))[0]:  # add_desc, inlined
+            descs.append(Descriptor(seq, ROUTED, name, layer, entry, nbytes, slab))
+            seq += 1
+            slab.nbytes += nbytes
+        self.desc_seq, slab.pending = seq, len(descs)
+        return slab
+
+    def expert_layout(self, op: Op, label_suffix: str = "") -> tuple[tuple[tuple[str, int], ...],
+                                                                      tuple[tuple[int, ...], ...]]:
+        """An expert op's copies as (label, bytes), values then scales per tensor, and per
+        tensor the positions of the copies a piece reading it waits for (the copies named
+        after it). Every expert of every layer has the same few tensor shapes: memoised."""
+        key = (label_suffix, *[(t.name, t.format_name, t.rows, t.cols) for t in op.tensors])
+        layout = self.expert_layouts.get(key)
+        if layout is None:
+            copies: list[tuple[str, int]] = []
+            for tensor in op.tensors:
+                name = f"{tensor.name}{label_suffix}"
+                values, scales = self.split_bytes(tensor)
+                if values:
+                    copies.append((name, values))
+                if scales:
+                    copies.append((f"{name}.scales", scales))
+            by_tensor: dict[str, list[int]] = {}
+            for position, (name, _bytes) in enumerate(copies):
+                by_tensor.setdefault(name.removesuffix(".scales"), []).append(position)
+            layout = self.expert_layouts[key] = (
+                tuple(copies), tuple(tuple(by_tensor.get(tensor.name, ())) for tensor in op.tensors))
+        return layout
+
+    def split_bytes(self, tensor: TensorSpec) -> tuple[int, int]:
+        """(value bytes, scale bytes) of a whole tensor (an expert's tensors repeat in every slot)."""
+        key = (tensor.format_name, tensor.rows, tensor.cols)
+        split = self.splits.get(key)
+        if split is None:
+            split = self.splits[key] = (tensor.value_bytes, tensor.scale_bytes)
+        return split
