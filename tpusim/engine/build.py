@@ -115,8 +115,6 @@ def _overlap_join_index(ops: list[Op], index: int) -> int:
 def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPolicy, vmem: VmemPlan) -> Lowered:
     """Lower ``program`` under ``schedule`` (see the module docstring for the steps)."""
     b = Builder(program, schedule, chip, policy, vmem)
-    known = _known_op_facts(program, chip, policy)
-    fresh: list[_OpFacts] = []
     ops = program.ops
     plans = b.plans
     launch_s = policy.launch_overhead_s
@@ -136,14 +134,11 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
         if kernel_names:
             plan_.kernel = kernel_names[index]
         plans.append(plan_)
-        if known is None:
-            expert, aligned, vector_s = _is_expert_op(op), _is_aligned(op), b.vector_s(op.vector_flops)
-        else:
-            expert, aligned, vector_s, _calls = known[index]
-        if expert:
+        vector_s = b.vector_s(op.vector_flops)
+        if _is_expert_op(op):
             _lower_expert(b, op, plan_, layer_experts)
         elif op.tensors:
-            vector_s = _lower_weights(b, op, plan_, vector_s, aligned)
+            vector_s = _lower_weights(b, op, plan_, vector_s, _is_aligned(op))
         elif op.kv_read_bytes and b.recurrent_state_bytes(op.layer):
             vector_s = _lower_state(b, op, plan_, vector_s)
         elif op.kv_read_bytes:
@@ -159,15 +154,8 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
             last = plan_.pieces[-1]
             plan_.pieces[-1] = last._replace(writes=(*last.writes, write))
         if op.collectives:
-            if known is None:
-                _lower_collectives(b, ops, index, plan_)
-            else:
-                plan_.collectives.extend(known[index][3])
-        if known is None:
-            fresh.append((expert, aligned, b.vector_s(op.vector_flops), tuple(plan_.collectives)))
+            _lower_collectives(b, ops, index, plan_)
 
-    if known is None:
-        _remember_op_facts(program, chip, policy, fresh)
     if b.issue is not None:
         place_expert_releases(plans, ops, b.issue, layer_experts, schedule)
     pools = [*b.pools.values(), b.kv_pool, b.state_pool]
@@ -277,29 +265,6 @@ def _lower_kv_tiles(b: Builder, op: Op, plan_: OpPlan) -> None:
         b.add_desc(slab, KV_FAMILY, "kv.tile", op.layer, tile, size)
         plan_.start_releases.append(slab)
         plan_.pieces.append(Piece(matmul_s * size / op.kv_read_bytes, MXU, tuple(slab.descs), (slab,)))
-
-
-# Per op, what depends only on the program, the chip and the policy, never on the schedule
-# (whether it is a routed expert, whether its matmuls pair with its tensors, its VPU seconds,
-# step 5's collectives after it, whose messages and stages are immutable), remembered for the
-# last few (program, chip, policy): a sweep's candidates share them. Keyed by the objects
-# themselves (kept alive here, compared by identity; the policy, rebuilt per simulation, by value).
-_OpFacts = tuple[bool, bool, float, tuple[CollectivePlan, ...]]
-OP_FACTS_KEPT = 32  # programs: a joint sweep keeps one per deployment (tpusim.sweep.joint_candidates)
-_OP_FACTS: list[tuple[Program, Chip, ExecutionPolicy, list[_OpFacts]]] = []
-
-
-def _known_op_facts(program: Program, chip: Chip, policy: ExecutionPolicy) -> list[_OpFacts] | None:
-    for index, entry in enumerate(_OP_FACTS):
-        if entry[0] is program and entry[1] is chip and entry[2] == policy:
-            _OP_FACTS.append(_OP_FACTS.pop(index))  # least recently used goes first
-            return entry[3]
-    return None
-
-
-def _remember_op_facts(program: Program, chip: Chip, policy: ExecutionPolicy, per_op: list[_OpFacts]) -> None:
-    _OP_FACTS.append((program, chip, policy, per_op))
-    del _OP_FACTS[:-OP_FACTS_KEPT]
 
 
 def _lower_collectives(b: Builder, ops: list[Op], index: int, plan_: OpPlan) -> None:
