@@ -39,7 +39,7 @@ from typing import Any
 
 from hwmodels.schema import DmaSpec
 from tpusim.engine.items import Descriptor
-from tpusim.engine.loop import NORMAL, EventLoop
+from tpusim.engine.loop import EventLoop
 from tpusim.engine.timeline import Recorder
 from tpusim.schedule.program_issue import ROUTED
 
@@ -252,19 +252,4 @@ class HbmServer:
                 on_land(desc)
         if self.queue and self.in_flight < self.max_in_flight:
             self._issue()
-        # _reschedule, inlined
-        next_s = starting[0][0] if starting else INF
-        if streaming:
-            left_bytes = streaming[0][0] - self.virtual_bytes
-            finish = now + left_bytes / self.rate if left_bytes > 0.0 else now
-            if finish < next_s:
-                next_s = finish
-        if next_s < self.wake_at:
-            token = self.wake_token = self.wake_token + 1
-            self.wake_at = next_s
-            # EventLoop.call_later, inlined (an entry as it makes one; once per copy start and landing)
-            env = self.env
-            count = env.scheduled
-            env.scheduled = count + 1
-            heapq.heappush(env._queue, (now + (next_s - now if next_s > now else 0.0), NORMAL, count,  # type: ignore[arg-type]
-                                        self._wake, token))
+        self._reschedule(now)
