@@ -23,6 +23,10 @@ not compose without a collective it uses these stand-ins, all named in docs/mega
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
 
 from megakernel.math_kda import KdaDims
 from megakernel.math_mla import MlaDims
@@ -107,6 +111,25 @@ class ModelDims:
     # (tpusim.schedule.program_issue) where a ring pool's slabs land, on this model's program.
     model: ModelConfig | None = field(default=None, hash=False, compare=False, repr=False)
     plan: ShardingPlan | None = field(default=None, hash=False, compare=False, repr=False)
+    # Weight banks (0: off). With N > 0 every stacked weight (small parameters, each attention
+    # kind's projections, the MoE dense tensors, the routed experts) holds N distinct entries
+    # and the tensor of stack index i is entry i % N. One chip then runs a program whose own
+    # weights would not fit its HBM (K3's TP32 per-device program: 112 experts x 92 layers);
+    # every copy still reads its full bytes from HBM (no cache), so DMA bytes and time are the
+    # program's. Only the weight *values* repeat, which the reference follows (stack_entry).
+    weight_banks: int = 0
+
+    def stack_entry(self, index: Any) -> Any:
+        """HBM stack entry of stack index ``index`` (an int or a traced i32)."""
+        if not self.weight_banks:
+            return index
+        if isinstance(index, int):
+            return index % self.weight_banks
+        return jax.lax.rem(index, jnp.int32(self.weight_banks))
+
+    def stack_size(self, instances: int) -> int:
+        """Entries of a stack of ``instances`` tensors in HBM."""
+        return min(instances, self.weight_banks) if self.weight_banks else instances
 
     @property
     def kda_layers(self) -> list[int]:

@@ -68,7 +68,7 @@ from tpusim.schedule.issue_plan import (
     plan_issues,
 )
 from tpusim.schedule.schema import Schedule
-from tpusim.schedule.vmem import RingSpec, arena_of, family_chunk, place, slab_rows
+from tpusim.schedule.vmem import RingSpec, arena_of, family_chunk, place, slab_rows, tile_rows
 from tpusim.workload import registry
 from tpusim.workload.formats import tensor_bytes, weight_format
 from tpusim.workload.registry.names import Family, FormatKey, MlaTensor
@@ -153,7 +153,12 @@ class Ring:
 
 @dataclass(frozen=True)
 class ExpertSlot:
-    """Rows of one routed-expert slot (uint16 words, 128 lanes), in slot order."""
+    """Rows of one routed-expert slot (uint16 words, 128 lanes), in slot order.
+
+    Each of the two copies (gate/up values + scales, down values + scales) lands at a
+    whole (16, 128) tile: its region is padded to :data:`TILE_ROWS` rows (Mosaic slices a
+    tiled VMEM dimension only at tile multiples), and the HBM stack has the same padding, so
+    the DMA moves exactly the region's bytes."""
 
     gate_up_rows: int  # fp8 value word rows, all panels
     gate_up_scale_rows: int
@@ -162,11 +167,11 @@ class ExpertSlot:
 
     @property
     def gate_up_total(self) -> int:
-        return self.gate_up_rows + self.gate_up_scale_rows
+        return tile_rows(self.gate_up_rows + self.gate_up_scale_rows)
 
     @property
     def down_total(self) -> int:
-        return self.down_rows + self.down_scale_rows
+        return tile_rows(self.down_rows + self.down_scale_rows)
 
     @property
     def total(self) -> int:
@@ -237,7 +242,7 @@ def geometry(dims: ModelDims, schedule: Schedule) -> Geometry:
         count = instance_count(dims, name)
         if name == SMALL_RING:  # f32 row stored as hi/lo 16-bit halves: 2 * S / 128 arena rows
             rings[name] = Ring(name, family, pool, fam.buffers, 1, dims.small_cols, 1, 1,
-                               2 * dims.small_cols // LANES, distance=fam.prefetch_distance_ops, instances=count)
+                               tile_rows(2 * dims.small_cols // LANES), distance=fam.prefetch_distance_ops, instances=count)
             continue
         if name == EXPERT_RING:
             rings[name] = Ring(name, family, pool, fam.buffers, 1, LANES, 1, 1, slot.total,

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from megakernel.dims import LANES
+from megakernel.dims import LANES, ModelDims
 from megakernel.dma_plan import Geometry, Ring
 from megakernel.layout import STACKED_DENSE, Weights
 from megakernel.quant import bf16_to_words, pack_bytes_to_words
+from tpusim.schedule.vmem import tile_rows
 from tpusim.workload.registry.names import ExpertTensor
 
 
@@ -50,11 +51,20 @@ def slabs(words: np.ndarray, ring: Ring) -> np.ndarray:
 
 
 def small_words(small: np.ndarray) -> np.ndarray:
-    """f32[layers, S] -> u16[layers, 2S/128, 128] (high halves, then low halves)."""
+    """f32[layers, S] -> u16[layers, 2S/128 padded to tiles, 128] (high halves, then low halves)."""
     bits = np.ascontiguousarray(small, np.float32).view(np.uint32)
     hi, lo = (bits >> 16).astype(np.uint16), (bits & 0xFFFF).astype(np.uint16)
     layers, cols = small.shape
-    return np.concatenate([hi.reshape(layers, cols // LANES, LANES), lo.reshape(layers, cols // LANES, LANES)], axis=1)
+    words = np.concatenate([hi.reshape(layers, cols // LANES, LANES), lo.reshape(layers, cols // LANES, LANES)], axis=1)
+    return tile_pad(words, axis=1)
+
+
+def tile_pad(words: np.ndarray, axis: int) -> np.ndarray:
+    """Zero rows after ``words`` along ``axis`` up to whole (16, 128) tiles (the VMEM region
+    a DMA fills is tile-aligned: :func:`tpusim.schedule.vmem.tile_rows`)."""
+    pad = [(0, 0)] * words.ndim
+    pad[axis] = (0, tile_rows(words.shape[axis]) - words.shape[axis])
+    return np.pad(words, pad)
 
 
 def expert_words(weights: Weights) -> tuple[np.ndarray, np.ndarray]:
@@ -63,7 +73,8 @@ def expert_words(weights: Weights) -> tuple[np.ndarray, np.ndarray]:
     gu_scales = panels(bf16_to_words(weights["expert.gate_up.scales"]))
     dn_values = panels(pack_bytes_to_words(weights["expert.down.values"]))
     dn_scales = panels(pack_bytes_to_words(weights["expert.down.scales"]))
-    return (np.concatenate([gu_values, gu_scales], axis=2), np.concatenate([dn_values, dn_scales], axis=2))
+    return (tile_pad(np.concatenate([gu_values, gu_scales], axis=2), axis=2),
+            tile_pad(np.concatenate([dn_values, dn_scales], axis=2), axis=2))
 
 
 def pack_hbm(weights: Weights, geo: Geometry) -> dict[str, np.ndarray]:
@@ -81,15 +92,17 @@ def pack_hbm(weights: Weights, geo: Geometry) -> dict[str, np.ndarray]:
     return out
 
 
-def hbm_shapes(geo: Geometry, dims_layers: int, moe_layers: int, local_experts: int) -> dict[str, tuple[int, ...]]:
-    """Shapes of :func:`pack_hbm`'s arrays without packing anything (for ShapeDtypeStructs)."""
+def hbm_shapes(geo: Geometry, dims: ModelDims, local_experts: int) -> dict[str, tuple[int, ...]]:
+    """Shapes of :func:`pack_hbm`'s arrays without packing anything (for ShapeDtypeStructs);
+    stacks hold ``dims.stack_size`` entries (fewer when weights are banked)."""
     shapes: dict[str, tuple[int, ...]] = {}
     for name, ring in geo.rings.items():
         if name == "small":
-            shapes[name] = (dims_layers, ring.slab_arena_rows, LANES)
+            shapes[name] = (dims.stack_size(dims.num_layers), ring.slab_arena_rows, LANES)
         elif name != "expert":
-            shapes[name] = (ring.instances, ring.num_slabs, ring.slab_arena_rows, LANES)
+            shapes[name] = (dims.stack_size(ring.instances), ring.num_slabs, ring.slab_arena_rows, LANES)
     slot = geo.expert_slot
+    moe_layers = dims.stack_size(len(dims.moe_layers))
     shapes[ExpertTensor.GATE_UP] = (moe_layers, local_experts, slot.gate_up_total, LANES)
     shapes[ExpertTensor.DOWN] = (moe_layers, local_experts, slot.down_total, LANES)
     return shapes

@@ -59,9 +59,31 @@ from megakernel.reference import DecodeState
 from megakernel.residual import num_block_slots
 from megakernel.ring_pool import bank_table
 from tpusim.schedule.schema import Schedule
+from tpusim.schedule.vmem import (
+    KV_WRITE_TOKENS,
+    MATMUL_CHUNK_ROWS,
+    matmul_loops,
+    matmul_stage_chunks,
+)
 from tpusim.workload.registry.names import KdaTensor, MoeOp, StateFamily
 
 EXPERT_CODES = 1000  # codes below are expert[j]; op identities start here
+
+
+DEFAULT_VMEM_LIMIT_BYTES = 64 * 1024 * 1024  # TPU v7's VMEM, the published kernel's limit
+
+
+def vmem_limit_for(chip_name: str) -> int:
+    """The VMEM limit the kernel gives Mosaic on ``chip_name``: the catalog's VMEM capacity
+    (v5e and v6e 128 MiB, TPU v7 64 MiB); the scratch the accounting admits is its own check."""
+    from hwmodels.catalog import load_chip
+
+    chip = load_chip(chip_name)
+    try:
+        vmem = chip.memory("vmem")
+    except (KeyError, ValueError) as error:
+        raise ValueError(f"{chip_name} has no VMEM in the catalog: not a TPU the kernel runs on") from error
+    return int(vmem.capacity_bytes.value)
 
 
 def op_codes() -> dict[tuple[str, int], int]:
@@ -139,15 +161,19 @@ class Megakernel:
     """The decode-step kernel for one (model dims, schedule, batch, KV capacity)."""
 
     def __init__(self, dims: ModelDims, schedule: Schedule, batch: int, max_context: int, *,
-                 trace: bool = False, interpret: Any = None, unsafe_ignore_buffer_reuse: bool = False) -> None:
+                 trace: bool = False, interpret: Any = None, unsafe_ignore_buffer_reuse: bool = False,
+                 vmem_limit_bytes: int = DEFAULT_VMEM_LIMIT_BYTES) -> None:
         """``trace`` records ordered events (interpret mode only: ``io_callback`` does not lower
         for TPU); ``interpret`` is ``pltpu.InterpretParams`` or None (compile for TPU);
-        ``unsafe_ignore_buffer_reuse`` breaks the plan on purpose (race-detector test)."""
+        ``unsafe_ignore_buffer_reuse`` breaks the plan on purpose (race-detector test);
+        ``vmem_limit_bytes``: the VMEM Mosaic may use, scratch and its own temporaries (the
+        target chip's catalog capacity: :func:`vmem_limit_for`)."""
         if trace and interpret is None:
             raise ValueError("trace=True needs interpret mode: io_callback does not lower for TPU")
         if dims.kinds[0] != "kda" or dims.num_layers < 3:
             raise dma_plan.UnsupportedSchedule("the kernel expects layer 0 to be KDA and at least 3 layers")
         self.dims, self.schedule, self.batch = dims, schedule, batch
+        self.vmem_limit_bytes = vmem_limit_bytes
         self.geo = dma_plan.geometry(dims, schedule)
         tile = schedule.kv_tile_tokens
         self.max_context = -(-max_context // tile) * tile
@@ -177,13 +203,22 @@ class Megakernel:
             "route": pltpu.VMEM((2 * d.moe.top_k, self.rows, LANES), jnp.float32),
             "kv_tiles": pltpu.VMEM((g.kv_buffers, b, g.kv_tile_tokens, d.mla.kv_cols), jnp.bfloat16),
             "kv_sem": pltpu.SemaphoreType.DMA((g.kv_buffers,)),
-            "kv_entry": pltpu.VMEM((b, 1, d.mla.kv_cols), jnp.bfloat16),
-            "kv_write_sem": pltpu.SemaphoreType.DMA((1,)),
+            "kv_entry": pltpu.VMEM((b, KV_WRITE_TOKENS, d.mla.kv_cols), jnp.bfloat16),
+            "kv_write_sem": pltpu.SemaphoreType.DMA((2,)),
             StateFamily.KDA_STATE: pltpu.VMEM((b, d.kda.heads, d.kda.head_dim, d.kda.head_dim), jnp.float32),
             "conv": pltpu.VMEM((b, d.kda.conv_kernel - 1, 3 * d.kda.width), jnp.float32),
             "state_sem": pltpu.SemaphoreType.DMA((4,)),
             "smem": pltpu.SMEM((smem_words(d, self.n_max),), jnp.int32),
+            **({"xstage": pltpu.VMEM((self.stage_chunks, self.rows, MATMUL_CHUNK_ROWS), jnp.float32)}
+               if self.stage_chunks else {}),
         }
+
+    @cached_property
+    def stage_chunks(self) -> int:
+        """Input chunks the largest looped matmul stages (0: none loops)."""
+        rings = [r for n, r in self.geo.rings.items() if n not in ("small", "expert")]
+        return max((matmul_stage_chunks(r.num_slabs, r.slab_rows) for r in rings
+                    if matmul_loops(r.num_slabs, r.slab_rows)), default=0)
 
     def scratch_bytes(self) -> dict[str, int]:
         """VMEM bytes of every scratch group (semaphores and SMEM excluded)."""
@@ -197,7 +232,7 @@ class Megakernel:
 
     def hbm_shapes(self) -> dict[str, tuple[int, ...]]:
         d = self.dims
-        return hbm_shapes(self.geo, d.num_layers, len(d.moe_layers), d.moe.local_experts)
+        return hbm_shapes(self.geo, d, d.moe.local_experts)
 
     def state_shapes(self) -> dict[str, jax.ShapeDtypeStruct]:
         d, b = self.dims, self.batch
@@ -227,7 +262,7 @@ class Megakernel:
         )
 
     def compiler_params(self) -> Any:
-        return pltpu.CompilerParams(vmem_limit_bytes=64 * 1024 * 1024)
+        return pltpu.CompilerParams(vmem_limit_bytes=self.vmem_limit_bytes)
 
     def input_specs(self) -> dict[str, Any]:
         specs: dict[str, Any] = {name: pl.BlockSpec(memory_space=pl.ANY) for name in self.hbm_shapes()}

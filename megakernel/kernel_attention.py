@@ -31,6 +31,7 @@ from megakernel.dims import LANES
 from megakernel.kernel_dma import Ctx, idiv, imod
 from megakernel.math_common import mm_t, rmsnorm
 from megakernel.quant import words_to_bf16
+from tpusim.schedule.vmem import KV_WRITE_TOKENS
 from tpusim.workload.registry.names import (
     AttnOp,
     Collective,
@@ -199,12 +200,19 @@ def mla_layer(ctx: Ctx, layer: Any, begin: Begin) -> None:
 
     begin(MlaOp.CORE)
     m = ctx.instance(ctx.geo.rings[MlaTensor.Q_A], layer)
+    # The cache row of ``position`` is written as its whole (16, 128) tile of tokens (a DMA
+    # may not start mid-tile): the tile's earlier rows are read back first (overlapping the
+    # attention below), the new entry is merged in VMEM, and the tile is written back.
+    block = KV_WRITE_TOKENS
+    start = pl.multiple_of(idiv(position, block) * block, block)
+    read, write = _kv_block_copies(ctx, m, start)
+    read.start()
     carry = _attend_cache(ctx, layer, m, position, q_lat, q_rope_all)
     carry = math_mla.attend_tile(carry, q_lat, q_rope_all, entry[:, None, :], jnp.ones((1, 1, 1), bool), md)
     o = math_mla.attend_output(carry, w_kv_b, md)
-    ctx.scratch["kv_entry"][...] = entry[:, None, :]
-    write = pltpu.make_async_copy(ctx.scratch["kv_entry"],
-                                  ctx.outs["state.kv"].at[m, :, pl.ds(position, 1), :], ctx.scratch["kv_write_sem"].at[0])
+    read.wait()
+    row = lax.broadcasted_iota(jnp.int32, (1, block, 1), 1)
+    ctx.scratch["kv_entry"][...] = jnp.where(row == position - start, entry[:, None, :], ctx.scratch["kv_entry"][...])
     write.start()
     ctx.event("dma_start", "kv", StateBuffer.MLA_KV_WRITE, dynamic=(layer, 0))
     write.wait()
@@ -219,6 +227,15 @@ def mla_layer(ctx: Ctx, layer: Any, begin: Begin) -> None:
         ctx.link.attention_output(ctx, MlaTensor.OUT, layer)
         return
     add_to_residual(ctx, ctx.matmul(MlaTensor.OUT, layer, o)[:b])
+
+
+def _kv_block_copies(ctx: Ctx, m: Any, start: Any) -> tuple[Any, Any]:
+    """(read, write) of the KV tile of tokens ``[start, start + KV_WRITE_TOKENS)`` of stack
+    entry ``m``, through the ``kv_entry`` staging buffer."""
+    rows = ctx.outs["state.kv"].at[m, :, pl.ds(start, KV_WRITE_TOKENS), :]
+    sems = ctx.scratch["kv_write_sem"]
+    return (pltpu.make_async_copy(rows, ctx.scratch["kv_entry"], sems.at[1]),
+            pltpu.make_async_copy(ctx.scratch["kv_entry"], rows, sems.at[0]))
 
 
 def _attend_cache(ctx: Ctx, layer: Any, m: Any, position: jax.Array, q_lat: jax.Array,

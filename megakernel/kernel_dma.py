@@ -38,6 +38,7 @@ from megakernel.dims import LANES, ModelDims
 from megakernel.dma_plan import Geometry, Ring, Unit
 from megakernel.quant import words_to_bf16
 from megakernel.ring_pool import bank_word, part_of
+from tpusim.schedule.vmem import MATMUL_CHUNK_ROWS, matmul_loops, matmul_stage_chunks
 from tpusim.workload.registry.names import ExpertTensor, Family
 
 # Layer table columns (SMEM, flattened [num_layers, LAYER_COLS]).
@@ -171,7 +172,7 @@ class Ctx:
             if part is None:  # layer 0's MLP, the head: one layer (traced only in an untaken branch)
                 layer = banks.only_layer(ring.name)
             if isinstance(layer, int):
-                return (banks.first_bank(ring.name, layer) + k) % ring.buffers
+                return imod(banks.first_bank(ring.name, layer) + k, ring.buffers)
             assert part is not None
             word = bank_word(layer, len(self.geo.pools), banks.index, part)
             base = self.memo(f"bank/{ring.pool}/{part}", layer, lambda: self.ins["smem.banks"][word])
@@ -186,7 +187,8 @@ class Ctx:
         m = 0 if for_wait and (ring.buffers == 1 or ring.bank_rows) else self.instance(ring, layer)
         buffer = self.buffer(ring, layer, k)
         arena = self.scratch["arena"][ring.pool]
-        src = self.ins[f"hbm.{ring.name}"].at[m] if ring.name == "small" else self.ins[f"hbm.{ring.name}"].at[m, k]
+        entry = self.dims.stack_entry(m)  # the HBM entry (m itself unless weights are banked)
+        src = self.ins[f"hbm.{ring.name}"].at[entry] if ring.name == "small" else self.ins[f"hbm.{ring.name}"].at[entry, k]
         dst = arena.at[pl.ds(ring.buffer_row(buffer), ring.slab_arena_rows), :]
         return pltpu.make_async_copy(src, dst, self.scratch["sem"][ring.sem_key].at[buffer])
 
@@ -210,6 +212,8 @@ class Ctx:
         """``x`` f32[B, R] @ the ring's bf16[R, C] tensor of ``layer`` -> f32[B, C], streamed."""
         ring = self.geo.rings[ring_name]
         rows, s = ring.rows, ring.slab_rows
+        if matmul_loops(ring.num_slabs, s):
+            return self._looped_matmul(ring, layer, x)
         acc = None
         for k in range(ring.num_slabs):
             self.wait(ring_name, layer, k)
@@ -225,12 +229,66 @@ class Ctx:
         out = acc.reshape(x.shape[0], ring.padded_cols)
         return out if ring.padded_cols == ring.cols else out[:, : ring.cols]
 
+    def _looped_matmul(self, ring: Ring, layer: Any, x: jax.Array) -> jax.Array:
+        """:meth:`matmul` as runtime loops (:func:`tpusim.schedule.vmem.matmul_loops`): over
+        slabs (wait slab k, refill its buffer with slab k + buffers) and, inside a slab, over
+        ``MATMUL_CHUNK_ROWS``-row chunks read panel by panel at tile-aligned offsets, then a
+        static tail chunk. ``x`` is staged in VMEM as [chunk, rows, MATMUL_CHUNK_ROWS] so a
+        chunk is a load at a traced leading index."""
+        s, big_r = ring.slab_rows, MATMUL_CHUNK_ROWS
+        full, tail = divmod(s, big_r)
+        per_slab = matmul_stage_chunks(1, s)
+        stage = self.scratch["xstage"]
+        rows8 = stage.shape[1]
+        xp = x.astype(jnp.float32)  # padded with zero rows and columns (no scatter in Mosaic)
+        if xp.shape[0] < rows8:
+            xp = jnp.concatenate([xp, jnp.zeros((rows8 - xp.shape[0], xp.shape[1]), jnp.float32)], axis=0)
+        if xp.shape[1] < ring.num_slabs * s:
+            xp = jnp.concatenate([xp, jnp.zeros((rows8, ring.num_slabs * s - xp.shape[1]), jnp.float32)], axis=1)
+        for k in range(ring.num_slabs):
+            for c in range(per_slab):
+                lo = k * s + c * big_r
+                width = min(big_r, s - c * big_r)
+                chunk = xp[:, lo: lo + width]
+                if width < big_r:
+                    chunk = jnp.concatenate([chunk, jnp.zeros((rows8, big_r - width), jnp.float32)], axis=1)
+                stage[k * per_slab + c] = chunk
+        arena = self.scratch["arena"][ring.pool]
+
+        def panel_rows(base: Any, start: Any, count: int) -> jax.Array:
+            """bf16[P, count, 128]: rows [start, start + count) of every panel of the slab."""
+            words = [arena[pl.ds(pl.multiple_of(base + p * s + start, 16), count), :] for p in range(ring.panels)]
+            return words_to_bf16(jnp.stack(words))
+
+        def chunk_product(xk: jax.Array, w: jax.Array) -> jax.Array:
+            return jnp.einsum("bs,psn->bpn", xk.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)
+
+        def slab(k: Any, acc: jax.Array) -> jax.Array:
+            self.wait(ring.name, layer, k)
+            base = ring.buffer_row(self.buffer(ring, layer, k))
+
+            def chunk(c: Any, acc: jax.Array) -> jax.Array:
+                start = pl.multiple_of(c * big_r, big_r)
+                return acc + chunk_product(stage[k * per_slab + c], panel_rows(base, start, big_r))
+
+            acc = jax.lax.fori_loop(0, full, chunk, acc) if full else acc
+            if tail:
+                xk = stage[k * per_slab + full][:, :tail]
+                acc = acc + chunk_product(xk, panel_rows(base, full * big_r, tail))
+            self.when(k + ring.buffers < ring.num_slabs, lambda: self.start(ring.name, layer, k + ring.buffers))
+            return acc
+
+        acc0 = jnp.zeros((rows8, ring.panels, LANES), jnp.float32)
+        acc = self.fori(0, ring.num_slabs, slab, acc0)[: x.shape[0]]
+        out = acc.reshape(x.shape[0], ring.padded_cols)
+        return out if ring.padded_cols == ring.cols else out[:, : ring.cols]
+
     def small_row(self, layer: Any) -> jax.Array:
         """This layer's small parameters (waited): f32[S/128, 128]."""
         words = self.view("small", layer, 0)
-        half = words.shape[0] // 2
+        half = self.dims.small_cols // LANES  # the region is padded to whole tiles past 2 * half
         hi = words[:half].astype(jnp.uint32)
-        lo = words[half:].astype(jnp.uint32)
+        lo = words[half: 2 * half].astype(jnp.uint32)
         return jax.lax.bitcast_convert_type((hi << 16) | lo, jnp.float32)
 
     def small(self, layer: Any, kind: str) -> jax.Array:
@@ -250,9 +308,10 @@ class Ctx:
         eid = self.scratch["smem"][self.expert_list + j] if not for_wait else 0
         arena, sem = self.scratch["arena"][ring.pool], self.scratch["sem"]["expert"].at[slot]
         es = self.geo.expert_slot
-        gu = pltpu.make_async_copy(self.ins["hbm.expert.gate_up"].at[layer - 1, eid],
+        entry = self.dims.stack_entry(layer - 1)
+        gu = pltpu.make_async_copy(self.ins["hbm.expert.gate_up"].at[entry, eid],
                                    arena.at[pl.ds(row, es.gate_up_total), :], sem)
-        dn = pltpu.make_async_copy(self.ins["hbm.expert.down"].at[layer - 1, eid],
+        dn = pltpu.make_async_copy(self.ins["hbm.expert.down"].at[entry, eid],
                                    arena.at[pl.ds(row + es.gate_up_total, es.down_total), :], sem)
         return gu, dn
 

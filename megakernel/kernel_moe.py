@@ -153,13 +153,13 @@ def expert_loop(ctx: Ctx, layer: Any, n: Any, begin_expert: Callable[[Any], None
         gu_words, dn_words = ctx.expert_view(j)  # one load of the slot
         w_gu = dequant_fp8_words(
             gu_words[: es.gate_up_rows].reshape(gu_panels, e.latent // 2, LANES),
-            words_to_bf16(gu_words[es.gate_up_rows:]).reshape(gu_panels, e.latent // 256, LANES))
+            words_to_bf16(gu_words[es.gate_up_rows: es.gate_up_rows + es.gate_up_scale_rows]).reshape(gu_panels, e.latent // 256, LANES))
         h = jnp.einsum("bl,pln->bpn", lat, w_gu, preferred_element_type=jnp.float32)
         h = h.reshape(b, 2 * e.slice_width)
         act = situ(h[:, : e.slice_width], h[:, e.slice_width:])
         w_dn = dequant_mxfp4_words(
             dn_words[: es.down_rows].reshape(dn_panels, e.slice_width // 4, LANES),
-            dn_words[es.down_rows:].reshape(dn_panels, e.slice_width // 64, LANES))
+            dn_words[es.down_rows: es.down_rows + es.down_scale_rows].reshape(dn_panels, e.slice_width // 64, LANES))
         y = jnp.einsum("bw,pwn->bpn", act.astype(jnp.bfloat16), w_dn, preferred_element_type=jnp.float32)
         eid = ctx.scratch["smem"][ctx.expert_list + j]
         return acc + math_moe.row_weight(ids, weights, eid) * y.reshape(b, e.latent)

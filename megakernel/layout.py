@@ -91,11 +91,11 @@ def array_specs(dims: ModelDims) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     shapes = dict(weight_shapes(dims))
     specs: dict[str, tuple[tuple[int, ...], np.dtype]] = {
         "embedding": ((dims.vocab_rows, dims.hidden), np.dtype(BF16)),
-        "small": ((dims.num_layers, dims.small_cols), np.dtype(np.float32)),
+        "small": ((dims.stack_size(dims.num_layers), dims.small_cols), np.dtype(np.float32)),
     }
     for name, stack in STACKED_DENSE.items():
-        specs[name] = ((len(stack_layers(dims, stack)), *shapes[name]), np.dtype(BF16))
-    n_moe, e, big_l, w = len(dims.moe_layers), dims.moe.local_experts, dims.moe.latent, dims.moe.slice_width
+        specs[name] = ((dims.stack_size(len(stack_layers(dims, stack))), *shapes[name]), np.dtype(BF16))
+    n_moe, e, big_l, w = dims.stack_size(len(dims.moe_layers)), dims.moe.local_experts, dims.moe.latent, dims.moe.slice_width
     specs["expert.gate_up.values"] = ((n_moe, e, big_l, 2 * w), np.dtype(np.uint8))
     specs["expert.gate_up.scales"] = ((n_moe, e, big_l // 256, 2 * w), np.dtype(BF16))
     specs["expert.down.values"] = ((n_moe, e, w // 2, big_l), np.dtype(np.uint8))
@@ -151,7 +151,7 @@ def random_weights(dims: ModelDims, seed: int = 0) -> Weights:
     specs = array_specs(dims)
     arrays: dict[str, np.ndarray] = {
         "embedding": _normal(rng, specs["embedding"][0], 1.0).astype(BF16),
-        "small": _random_small(dims, rng),
+        "small": _random_small(dims, rng)[: dims.stack_size(dims.num_layers)],
     }
     output_projections = {KdaTensor.OUT, MlaTensor.OUT, MoeTensor.LATENT_UP, MoeTensor.SHARED_DOWN}
     for name in STACKED_DENSE:
@@ -160,7 +160,7 @@ def random_weights(dims: ModelDims, seed: int = 0) -> Weights:
         arrays[name] = _normal(rng, shape, std).astype(BF16)
     router = arrays[MoeTensor.ROUTER]
     router[..., dims.moe.num_experts:] = 0  # padding columns
-    n_moe, e = len(dims.moe_layers), dims.moe.local_experts
+    n_moe, e = dims.stack_size(len(dims.moe_layers)), dims.moe.local_experts
     big_l, w = dims.moe.latent, dims.moe.slice_width
     for layer in range(n_moe):  # one layer at a time keeps the f32 temporaries small
         gate_up = _normal(rng, (e, big_l, 2 * w), 1.0 / np.sqrt(big_l))

@@ -120,14 +120,22 @@ def attend_tile(
     kv = jnp.where(jnp.swapaxes(valid, 1, 2), kv.astype(jnp.float32), 0.0)  # [1, T, 1] mask
     latent = kv[:, :, : d.kv_lora]
     k_rope = kv[:, :, d.kv_lora: d.kv_lora + d.rope]
-    scores = jnp.einsum("bhc,btc->bht", q_lat, latent, preferred_element_type=jnp.float32)
-    scores = scores + jnp.einsum("bhr,btr->bht", q_rope, k_rope, preferred_element_type=jnp.float32)
+    if kv.shape[1] == 1:  # one token (this step's own entry): a broadcast product, no matmul
+        # (Mosaic has no batched dot with a one-row operand: "Lane broadcast" at batch > 1)
+        scores = (jnp.sum(q_lat * latent, axis=-1, keepdims=True)
+                  + jnp.sum(q_rope * k_rope, axis=-1, keepdims=True))
+    else:
+        scores = jnp.einsum("bhc,btc->bht", q_lat, latent, preferred_element_type=jnp.float32)
+        scores = scores + jnp.einsum("bhr,btr->bht", q_rope, k_rope, preferred_element_type=jnp.float32)
     scores = jnp.where(valid, scores * d.scale, NEG_INF)
     m_new = jnp.maximum(m, jnp.max(scores, axis=-1, keepdims=True))
     p = jnp.where(valid, jnp.exp(scores - m_new), 0.0)
     correction = jnp.exp(m - m_new)
     denom_new = denom * correction + jnp.sum(p, axis=-1, keepdims=True)
-    acc_new = acc * correction + jnp.einsum("bht,btc->bhc", p, latent, preferred_element_type=jnp.float32)
+    if kv.shape[1] == 1:
+        acc_new = acc * correction + p * latent
+    else:
+        acc_new = acc * correction + jnp.einsum("bht,btc->bhc", p, latent, preferred_element_type=jnp.float32)
     return m_new, denom_new, acc_new
 
 

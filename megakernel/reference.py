@@ -201,22 +201,23 @@ def decode_step_with_routing(dims: ModelDims, p: Params, state: DecodeState,
 
     def run_layer(layer, carry, dense: bool):
         blocks, partial_sum, kda_state, conv_state, kv_cache, routing = carry
-        small = p["small"][layer]
+        small = p["small"][dims.stack_entry(layer)]
         num_blocks = 1 + layer // dims.block_layers
         has_partial = layer % dims.block_layers > 0
         q_attn = dims.small(small, SmallParam.RESIDUAL_MIX)[None, :hidden]
         x = rmsnorm(residual.mix(blocks, partial_sum, num_blocks, has_partial, q_attn, dims.eps),
                     dims.small(small, SmallParam.ATTN_NORM)[None], dims.eps)
         index = tables["kind_index"][layer]
+        entry = dims.stack_entry(index)  # weight bank entry (index itself unless banked)
 
         def kda_branch(operands):
             kda_state, conv_state, kv_cache = operands
-            out, s, w = kda_attention(dims, _take(p, KDA_NAMES, index), small, x, kda_state[index], conv_state[index])
+            out, s, w = kda_attention(dims, _take(p, KDA_NAMES, entry), small, x, kda_state[index], conv_state[index])
             return out, kda_state.at[index].set(s), conv_state.at[index].set(w), kv_cache
 
         def mla_branch(operands):
             kda_state, conv_state, kv_cache = operands
-            out, cache = mla_attention(dims, _take(p, MLA_NAMES, index), small, x, kv_cache[index], state.position)
+            out, cache = mla_attention(dims, _take(p, MLA_NAMES, entry), small, x, kv_cache[index], state.position)
             return out, kda_state, conv_state, kv_cache.at[index].set(cache)
 
         if dense:
@@ -232,7 +233,8 @@ def decode_step_with_routing(dims: ModelDims, p: Params, state: DecodeState,
             out = math_moe.gated_mlp(x, p[MlpTensor.GATE_UP], p[MlpTensor.DOWN])
         else:
             moe_index = layer - 1
-            out, ids = latent_moe(dims, _take(p, MOE_NAMES, moe_index), _take(p, EXPERT_NAMES, moe_index), small, x)
+            bank = dims.stack_entry(moe_index)
+            out, ids = latent_moe(dims, _take(p, MOE_NAMES, bank), _take(p, EXPERT_NAMES, bank), small, x)
             routing = lax.dynamic_update_index_in_dim(routing, ids, moe_index, 0)
         partial_sum = partial_sum + out
         ends = residual.block_ends_after(layer, dims.block_layers)

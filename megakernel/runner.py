@@ -19,6 +19,7 @@ to the records, and the record's ``routing`` is ``trace:<that file>``.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -40,7 +41,14 @@ from megakernel.events import save_routing_trace
 from megakernel.hbm import pack_hbm
 from megakernel.kernel import Megakernel
 from megakernel.layout import load_safetensors, random_weights
-from megakernel.reference import decode_step, decode_step_with_routing, device_params, init_state
+from megakernel.reference import (
+    DecodeState,
+    decode_step,
+    decode_step_with_routing,
+    device_params,
+    init_state,
+)
+from megakernel.step_bytes import step_hbm_bytes
 from tpusim.schedule.schema import load_schedule
 from tpusim.workload.model_catalog import load_model, plan_for
 
@@ -52,12 +60,28 @@ class RunConfig:
     model: str = "kimi-k3-mini"
     schedule: str = "published"
     batch: int = 1
-    steps: int = 2
+    steps: int = 2  # timed steps (a TPU); checked steps in interpret mode
     context: int = 16
     backend: str = "auto"  # auto | tpu | interpret
     seed: int = 0
     weights: Path | None = None  # a safetensors folder; None = seeded random weights
     label: str = "measured"
+    shard_of: str | None = None  # a plan name: run one device's program of it on this chip
+    weight_banks: int = 0  # >0: stacked weights hold this many distinct entries (dims.weight_banks)
+    check_steps: int = 8  # greedy steps checked against the reference before timing (a TPU)
+
+
+@dataclass
+class Prepared:
+    """What a run needs besides the schedule: dims, weights and their device copies. Built
+    once per (model, shard, banks, seed, weights) and shared by every schedule and batch."""
+
+    dims: Any
+    weights: Any
+    params: Any
+
+
+_PREPARED: dict[tuple[Any, ...], Prepared] = {}
 
 
 def resolve_backend(backend: str) -> str:
@@ -77,45 +101,77 @@ def half_iqr(values: list[float]) -> float:
     return (q3 - q1) / 2
 
 
+def run_plan(config: RunConfig) -> Any:
+    """The plan the run's program is one device of (a shard of ``shard_of``, else one device)."""
+    from tpusim.workload.model_catalog import shard_plan
+
+    model = load_model(config.model)
+    return model, (shard_plan(model, config.shard_of) if config.shard_of else plan_for(model, 1))
+
+
+def prepare(config: RunConfig) -> Prepared:
+    key = (config.model, config.shard_of, config.weight_banks, config.seed, config.weights)
+    if key not in _PREPARED:
+        _PREPARED.clear()  # one model's weights on the chip at a time
+        model, plan = run_plan(config)
+        dims = dataclasses.replace(model_dims(model, plan), weight_banks=config.weight_banks)
+        weights = load_safetensors(dims, config.weights) if config.weights else random_weights(dims, config.seed)
+        _PREPARED[key] = Prepared(dims, weights, device_params(weights))
+    return _PREPARED[key]
+
+
 def run(config: RunConfig, out: Path | None = None) -> dict[str, Any]:
-    """Run ``config``; append the record to ``out`` (when given) and return it."""
+    """Run ``config``; append the record to ``out`` (when given) and return it.
+
+    On a TPU: compile (timed, not part of the step time), ``check_steps`` greedy steps where
+    the kernel and the reference (``megakernel.reference``, computed on the same chip) each
+    feed their own argmax back (tokens must be identical; logits within tolerance while they
+    are), one warm-up step, then ``steps`` timed steps. In interpret mode: ``steps`` checked
+    steps (the time is the interpreter's)."""
     if config.batch < 1 or config.steps < 1 or config.context < 1:
         raise InputError("--batch, --steps and --context must be >= 1")
+    if config.weight_banks < 0:
+        raise InputError(f"--weight-banks {config.weight_banks}: must be >= 0")
     backend = resolve_backend(config.backend)
-    model = load_model(config.model)
-    plan = plan_for(model, 1)
+    check_steps = config.steps if backend == "interpret" else max(config.check_steps, 0)
+    max_context = config.context + check_steps + config.steps + 1
     try:
-        dims = model_dims(model, plan)
+        prepared = prepare(config)
         schedule = load_schedule(config.schedule)
         interpret = None
         if backend == "interpret":
             from jax.experimental.pallas import tpu as pltpu
 
             interpret = pltpu.InterpretParams()
-        kernel = Megakernel(dims, schedule, config.batch, config.context + config.steps, interpret=interpret)
+        kernel = Megakernel(prepared.dims, schedule, config.batch, max_context, interpret=interpret)
     except (UnsupportedSchedule, ValueError) as error:
         if isinstance(error, InputError):
             raise
         raise InputError(str(error)) from None
-    weights = load_safetensors(dims, config.weights) if config.weights else random_weights(dims, config.seed)
-    params = device_params(weights)
-    hbm = {name: jnp.asarray(value) for name, value in pack_hbm(weights, kernel.geo).items()}
+    dims, params = prepared.dims, prepared.params
+    hbm = {name: jnp.asarray(value) for name, value in pack_hbm(prepared.weights, kernel.geo).items()}
     state = init_state(dims, config.batch, kernel.max_context, context=config.context, seed=config.seed)
     tokens = jnp.asarray(np.random.default_rng(config.seed).integers(0, dims.vocab_rows, config.batch), jnp.int32)
-    step = jax.jit(kernel.step).lower(hbm, params["embedding"], state, tokens).compile()  # not timed
-    ref_state = state
+    started = time.perf_counter()
+    step = jax.jit(kernel.step).lower(hbm, params["embedding"], state, tokens).compile()
+    compile_s = time.perf_counter() - started
     _, _, routing = decode_step_with_routing(dims, params, state, tokens)
-    times_ms, errors = [], []
+    experts_per_layer = distinct_experts(np.asarray(routing), dims.moe.local_experts)
+    check = greedy_check(step, dims, params, hbm, state, tokens, check_steps)
+    times_ms: list[float] = []
     if backend == "tpu":
         jax.block_until_ready(step(hbm, params["embedding"], state, tokens))  # warm-up
-    for _ in range(config.steps):
-        start = time.perf_counter()
-        logits, state = step(hbm, params["embedding"], state, tokens)
-        jax.block_until_ready(logits)
-        times_ms.append((time.perf_counter() - start) * 1e3)
-        ref_logits, ref_state = decode_step(dims, params, ref_state, tokens)
-        errors.append(float(jnp.max(jnp.abs(logits - ref_logits))))
-        tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        timed_state, timed_tokens = state, tokens
+        for _ in range(config.steps):
+            start = time.perf_counter()
+            logits, timed_state = step(hbm, params["embedding"], timed_state, timed_tokens)
+            jax.block_until_ready(logits)
+            times_ms.append((time.perf_counter() - start) * 1e3)
+            timed_tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    else:
+        times_ms = check["times_ms"]
+    hbm_bytes = step_hbm_bytes(kernel, experts_per_layer, config.context)
+    median_ms = statistics.median(times_ms)
     record = {
         "model": config.model,
         "system": {"chip": device_chip(backend), "chips": 1},
@@ -125,22 +181,77 @@ def run(config: RunConfig, out: Path | None = None) -> dict[str, Any]:
         "schedule": schedule.name,
         "schedule_hash": schedule.content_hash(),
         "backend": "cpu-interpret" if backend == "interpret" else jax.devices()[0].device_kind,
-        "ms_per_step_median": statistics.median(times_ms),
+        "ms_per_step_median": median_ms,
         "ms_per_step_spread": half_iqr(times_ms),
         "spread_kind": "iqr/2",
         "steps": config.steps,
         "provenance": provenance(),
         "label": config.label,
-        "max_abs_error": max(errors),
-        "timing_note": NOT_TPU_NOTE if backend == "interpret" else "native TPU, block_until_ready per step",
+        "max_abs_error": check["max_abs_error"],
+        "tokens_identical": check["tokens_identical"],
+        "checked_steps": check_steps,
+        "compile_s": compile_s,
+        "shard_of": config.shard_of,
+        "weight_banks": config.weight_banks,
+        "hbm_bytes_per_step": sum(hbm_bytes.values()),
+        "hbm_bytes_by_kind": hbm_bytes,
+        "effective_bandwidth_bytes_per_s": sum(hbm_bytes.values()) / (median_ms / 1e3),
+        "experts_per_layer": experts_per_layer,
+        "versions": versions(),
+        "timing_note": NOT_TPU_NOTE if backend == "interpret" else "native TPU, block_until_ready per step, "
+                       "warm-up excluded, compile timed separately",
     }
     if out is not None:
-        routing_file = Path(f"{out}.routing") / f"{schedule.content_hash()}-b{config.batch}-s{config.seed}.json"
+        routing_file = Path(f"{out}.routing") / f"{routing_key(config, schedule)}.json"
         routing_file.parent.mkdir(parents=True, exist_ok=True)
         save_routing_trace(np.asarray(routing), routing_file)
         record["routing"] = f"trace:{routing_file}"
         append_record(out, record)
     return record
+
+
+def routing_key(config: RunConfig, schedule: Any) -> str:
+    shard = f"-{config.shard_of}" if config.shard_of else ""
+    return f"{config.model}{shard}-{schedule.content_hash()}-b{config.batch}-s{config.seed}"
+
+
+def distinct_experts(routing: np.ndarray, local_experts: int) -> list[int]:
+    """Distinct local experts per MoE layer of a routing ``[layers, B, k]`` (what the kernel loads)."""
+    return [len({int(e) for e in layer.reshape(-1) if 0 <= int(e) < local_experts}) for layer in routing]
+
+
+def greedy_check(step: Any, dims: Any, params: Any, hbm: Any, state: DecodeState, tokens: jax.Array,
+                 steps: int) -> dict[str, Any]:
+    """``steps`` greedy steps of the kernel and of the reference, each fed its own argmax:
+    whether the tokens stay identical, and the largest logits difference while they do."""
+    kernel_state, ref_state, kernel_tokens, ref_tokens = state, state, tokens, tokens
+    errors, times_ms, identical = [], [], True
+    for _ in range(steps):
+        start = time.perf_counter()
+        logits, kernel_state = step(hbm, params["embedding"], kernel_state, kernel_tokens)
+        jax.block_until_ready(logits)
+        times_ms.append((time.perf_counter() - start) * 1e3)
+        ref_logits, ref_state = decode_step(dims, params, ref_state, ref_tokens)
+        if identical:
+            errors.append(float(jnp.max(jnp.abs(logits - ref_logits))))
+        kernel_tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        ref_tokens = jnp.argmax(ref_logits, axis=-1).astype(jnp.int32)
+        identical = identical and bool(jnp.all(kernel_tokens == ref_tokens))
+    return {"max_abs_error": max(errors) if errors else None, "tokens_identical": identical if steps else None,
+            "times_ms": times_ms}
+
+
+def versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {"jax": jax.__version__, "jaxlib": version("jaxlib"), "libtpu": version("libtpu"),
+            "python": platform.python_version()}
 
 
 def device_chip(backend: str) -> str:

@@ -76,6 +76,46 @@ from tpusim.workload.shapes import (
 from tpusim.workload.sharding import COLLECTIVE_LISTS, ShardingPlan
 
 ROW_GRANULE = 16  # bf16 packs 16 rows per (16, 128) VMEM tile
+# Every DMA region a TPU kernel lays out in VMEM (a ring slab, an expert slot's copy, a small-
+# parameter row) starts and ends on a whole (16, 128) tile of 16-bit words: Mosaic slices a
+# tiled dimension only at tile multiples. The kernel's layout and this accounting both pad so.
+TILE_ROWS = ROW_GRANULE
+TILE_BYTES = TILE_ROWS * 128 * 2
+
+
+# A new KV-cache row is written back as the whole 16-token tile that holds it (read, merged in
+# VMEM, written): the kernel's staging buffer and the KV write's bytes are this many tokens.
+KV_WRITE_TOKENS = TILE_ROWS
+
+
+# A streamed matmul whose tensor has more than MATMUL_STATIC_SLABS slabs, or slabs taller than
+# MATMUL_STATIC_ROWS rows, runs as a runtime loop over slabs and over MATMUL_CHUNK_ROWS-row
+# chunks of each slab (Mosaic unrolls every vector op: an unrolled 7168 x 1664 multiply is
+# ~100k instructions, slow to compile and instruction-fetch bound on the chip). Its input rows
+# are staged in VMEM as [chunks, rows, MATMUL_CHUNK_ROWS] f32 (matmul_stage_bytes).
+MATMUL_STATIC_SLABS = 4
+MATMUL_STATIC_ROWS = 1024
+MATMUL_CHUNK_ROWS = 256
+
+
+def matmul_loops(slabs: int, slab_rows: int) -> bool:
+    """Whether a tensor of ``slabs`` slabs of ``slab_rows`` rows is multiplied in a runtime loop."""
+    return slabs > MATMUL_STATIC_SLABS or slab_rows > MATMUL_STATIC_ROWS
+
+
+def matmul_stage_chunks(slabs: int, slab_rows: int) -> int:
+    """Staged input chunks of a looped matmul (each slab's rows in whole or tail chunks)."""
+    return slabs * -(-slab_rows // MATMUL_CHUNK_ROWS)
+
+
+def tile_rows(rows: int) -> int:
+    """``rows`` 128-lane rows of 16-bit words rounded up to whole tiles."""
+    return -(-rows // TILE_ROWS) * TILE_ROWS
+
+
+def tile_padded_bytes(size: int) -> int:
+    """``size`` bytes rounded up to whole (16, 128) tiles of 16-bit words."""
+    return -(-size // TILE_BYTES) * TILE_BYTES
 
 
 class InfeasibleSchedule(ValueError):
@@ -359,7 +399,8 @@ def kernel_bytes(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, bat
     parameters' lane padding (:func:`small_padding_bytes`) and the per-row caches of a verify
     step (:func:`row_cache_bytes`)."""
     return (working_bytes(model, plan, batch) + small_padding_bytes(model, plan, family_chunk(schedule, SMALL_FAMILY)[1])
-            + row_cache_bytes(schedule, model, plan, batch, kv_sequences))
+            + row_cache_bytes(schedule, model, plan, batch, kv_sequences)
+            + matmul_stage_bytes(schedule, model, plan, batch))
 
 
 def row_cache_bytes(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch: int,
@@ -375,15 +416,31 @@ def row_cache_bytes(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, 
     return extra * (schedule.kv_buffers * schedule.kv_tile_tokens * kv_per_token + state)
 
 
+def matmul_stage_bytes(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch: int) -> int:
+    """The looped matmuls' input staging (one buffer sized for the largest), in bytes."""
+    chunks = 0
+    for family, tensors in tensor_kinds(model, plan).items():
+        if family in (SMALL_FAMILY, Family.ROUTED_EXPERT):
+            continue
+        chunk_bytes, _ = family_chunk(schedule, family)
+        for tensor in tensors:
+            rows = slab_rows(tensor, chunk_bytes)
+            slabs = math.ceil(tensor.rows / rows)
+            if matmul_loops(slabs, rows):
+                chunks = max(chunks, matmul_stage_chunks(slabs, rows))
+    return chunks * max(batch, 8) * MATMUL_CHUNK_ROWS * F32_BYTES
+
+
 def working_bytes(model: ModelConfig, plan: ShardingPlan, batch: int) -> int:
-    """Routing rows, the KV entry and the KDA conv state (rule 7), in bytes."""
+    """Routing rows, the KV write tile (:data:`KV_WRITE_TOKENS` entries) and the KDA conv
+    state (rule 7), in bytes."""
     widths = device_widths(model, plan)
     rows = max(batch, 8)
     total = 0
     if model.moe:
         total += 2 * model.moe.top_k * rows * LANES * F32_BYTES
     if model.mla:
-        total += batch * (model.mla.kv_lora_rank + widths.mla_rope_pad) * BF16_BYTES
+        total += batch * KV_WRITE_TOKENS * (model.mla.kv_lora_rank + widths.mla_rope_pad) * BF16_BYTES
     if model.kda:
         total += batch * (model.kda.conv_kernel - 1) * 3 * widths.kda_width * F32_BYTES
     return total

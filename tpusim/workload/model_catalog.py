@@ -179,3 +179,25 @@ def plan_for_system(model: ModelConfig, chip: Chip, chips: int, choice: str | No
     """:func:`plan_for` on ``chips`` x ``chip`` (devices and collective link from the chip)."""
     return plan_for(model, chips * chip.devices_per_chip, devices_per_chip=chip.devices_per_chip,
                     intra_link=intra_link_for(chip), choice=choice)
+
+
+COLLECTIVE_LIST_FIELDS = ("attention_collectives", "moe_collectives", "mlp_collectives", "head_collectives")
+
+
+def shard_plan(model: ModelConfig, plan_name: str) -> ShardingPlan:
+    """One device's program of plan ``plan_name`` (a published plan's name or a plan file),
+    run alone on one chip: the plan's per-device widths, weight formats, local experts and
+    routing, with **no collectives** (nothing to exchange with). ``simulate``/``sweep``
+    ``--shard-of k3-tp32`` and the kernel's chip runs (``run-kernel --shard-of``) both take
+    this plan, so the simulator models exactly the program that ran. The name says so:
+    ``shard-of:<plan>``."""
+    plan = load_plan(plan_name)
+    if plan.model is not None and plan.model != model.name.partition("@")[0]:
+        raise InputError(f"--shard-of {plan_name}: that plan is for {plan.model}, not {model.name}")
+    shard = plan.model_copy(update={**{name: [] for name in COLLECTIVE_LIST_FIELDS},
+                                    "name": f"shard-of:{plan.name}",
+                                    "description": f"one device of {plan.name}, alone on one chip (no collectives)"})
+    try:
+        return ShardingPlan.model_validate(shard.model_dump())
+    except ValidationError as error:
+        raise InputError(format_validation_error(f"--shard-of {plan_name}", error)) from None

@@ -11,6 +11,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from hwmodels.errors import InputError
+
 LOCAL_DIR_HELP = ("folder of machine-local catalog entries (host-cpu) and calibrated overlays; the same as "
                   "setting TPUSIM_LOCAL_DIR (default: $TPUSIM_LOCAL_DIR, else the user data folder)")
 
@@ -94,6 +96,9 @@ def add_model_options(parser: argparse.ArgumentParser, *, plan: bool = True) -> 
                             "a SPEC like tp=8,expert_groups=2,expert_tp=4[,attention=dp] or "
                             "base=published,expert_groups=4,expert_tp=8[,expert_reduce=fused|,shared_wait=deferred] "
                             "(docs/plan-variants.md; default: published if one matches, else generic)")
+        parser.add_argument("--shard-of", default=None, metavar="PLAN",
+                            help="one device's program of PLAN (e.g. k3-tp32) alone on one chip, no collectives: "
+                            "the program `run-kernel --shard-of` runs on a TPU (needs --chips 1)")
 
 
 def load_model_with_formats(args: argparse.Namespace) -> Any:
@@ -107,15 +112,28 @@ def load_model_with_formats(args: argparse.Namespace) -> Any:
 def resolve_workload(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     """(model, plan, system, routing) from the parsed options."""
     from hwmodels.catalog import make_system
-    from tpusim.workload.model_catalog import plan_for_system
     from tpusim.workload.routing import parse_routing
 
     model = load_model_with_formats(args)
     system = make_system(args.hardware, args.chips, calibrated=not args.uncalibrated)
     warn_outside_fit(system.chip, args.model, args.chips)
-    plan = plan_for_system(model, system.chip, system.chips, getattr(args, "plan", None))
+    plan = shard_or_plan(args, model, system)
     routing = parse_routing(args.routing)
     return model, plan, system, routing
+
+
+def shard_or_plan(args: argparse.Namespace, model: Any, system: Any) -> Any:
+    """The plan: ``--shard-of``'s one-device program, else :func:`plan_for_system`'s choice."""
+    from tpusim.workload.model_catalog import plan_for_system, shard_plan
+
+    shard = getattr(args, "shard_of", None)
+    if shard is None:
+        return plan_for_system(model, system.chip, system.chips, getattr(args, "plan", None))
+    if getattr(args, "plan", None) not in (None, "auto"):
+        raise InputError(f"--shard-of {shard} and --plan {args.plan}: give one (--shard-of names the plan)")
+    if system.chips != 1:
+        raise InputError(f"--shard-of {shard}: one device's program runs on one chip; use --chips 1")
+    return shard_plan(model, shard)
 
 
 def emit_json(data: Any) -> None:

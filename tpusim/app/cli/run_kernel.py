@@ -68,6 +68,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--deployment-devices", type=int, default=32,
                         help="with --devices: the devices it was searched on when its plan does not name them "
                         "(default 32: 16 two-core TPU v7 chips)")
+    parser.add_argument("--shard-of", default=None, metavar="PLAN",
+                        help="run one device's program of PLAN (e.g. k3-tp32: K3 at its TP32 per-device widths, "
+                        "all 93 layers) alone on this chip, without collectives (tpusim simulate --shard-of "
+                        "models the same program)")
+    parser.add_argument("--weight-banks", type=int, default=0, metavar="N",
+                        help="stacked weights hold N distinct entries, layer i reading entry i %% N from HBM "
+                        "(DMA bytes unchanged; lets a program larger than the chip's HBM run; default 0: off)")
+    parser.add_argument("--check-steps", type=int, default=8,
+                        help="on a TPU: greedy steps checked against the reference on the same chip before "
+                        "timing (default 8)")
     parser.add_argument("--json", action="store_true", help="with --devices: print the result as JSON")
     parser.set_defaults(func=run, output_lock="file")
 
@@ -83,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     from megakernel.runner import run as run_kernel
     from tpusim.app.cli.capacity_gate import check_kernel_fits
 
-    if args.batch >= 1 and args.steps >= 1 and args.context >= 1:  # capacity first (the runner checks >= 1)
+    if args.batch >= 1 and args.steps >= 1 and args.context >= 1 and not args.shard_of:
+        # capacity first (the runner checks >= 1); a shard's program is sized by its plan
         try:
             check_kernel_fits(args.model, batch=args.batch, context_tokens=args.context + args.steps,
                               backend=resolve_backend(args.backend))
@@ -93,12 +104,15 @@ def run(args: argparse.Namespace) -> int:
 
     config = RunConfig(model=args.model, schedule=args.schedule, batch=args.batch, steps=args.steps,
                        context=args.context, backend=args.backend, seed=args.seed, weights=args.weights,
-                       label=args.label)
+                       label=args.label, shard_of=args.shard_of, weight_banks=args.weight_banks,
+                       check_steps=args.check_steps)
     record = run_kernel(config, args.out)
     print(
         f"{record['model']} {record['schedule']} b{record['batch']} on {record['backend']}: "
         f"{record['ms_per_step_median']:.1f} ms/step (spread {record['ms_per_step_spread']:.1f} ms, "
-        f"{record['steps']} steps), max |kernel - reference| = {record['max_abs_error']:.3g}"
+        f"{record['steps']} steps), max |kernel - reference| = {record['max_abs_error']:.3g}, greedy tokens "
+        f"{'identical' if record['tokens_identical'] else 'DIFFER'} over {record['checked_steps']} steps; "
+        f"compile {record['compile_s']:.1f} s; HBM {record['hbm_bytes_per_step'] / 1e6:.1f} MB/step"
     )
     if record["backend"] == "cpu-interpret":
         print(f"note: {record['timing_note']}")

@@ -1,0 +1,175 @@
+"""One device call on a TPU host: correctness set, K3-shard timing set and chip probes.
+
+``python -m calibration.tpu_bench.device_run --out DIR --set NAME [--budget-s S]``
+
+Runs in one process (one program may hold the chip at a time), appending as it goes, so a
+budget cut loses nothing already measured:
+
+- ``DIR/records.jsonl``: one :mod:`megakernel.runner` record per kernel run (the routing
+  the run's router chose is embedded as ``routing_layers``; :mod:`calibration.tpu_bench.ingest`
+  splits it into trace files when the records are committed);
+- ``DIR/probes.jsonl``: chip probes (:mod:`calibration.tpu_bench.probes`), when the set asks;
+- ``DIR/env.json``: device kind, versions, the set and its cases.
+
+Kernels are compiled ahead in a thread pool (Mosaic compiles on the host's cores while the
+chip runs the previous case); JAX's persistent compilation cache hands each compiled
+executable to the run, whose own compile then only loads it (``compile_s`` says how long
+that took; ``ahead_compile_s`` the real compile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+SETS_FILE = Path(__file__).with_name("sets.json")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    model: str
+    schedule: str
+    batch: int
+    shard_of: str | None = None
+    weight_banks: int = 0
+    steps: int = 10
+    check_steps: int = 8
+    context: int = 1024
+    purpose: str = "timing"  # correctness | timing
+
+    def schedule_path(self, root: Path) -> str:
+        path = root / self.schedule
+        return str(path) if self.schedule.endswith(".json") and path.exists() else self.schedule
+
+
+def load_cases(name: str) -> list[Case]:
+    """The cases of set ``name`` in ``sets.json``: each entry expands models x schedules x batches."""
+    sets = json.loads(SETS_FILE.read_text())
+    if name not in sets:
+        raise SystemExit(f"--set {name}: not in {SETS_FILE.name} (have: {', '.join(sorted(sets))})")
+    cases = []
+    for group in sets[name]["groups"]:
+        fixed = {k: v for k, v in group.items() if k not in ("schedules", "batches")}
+        for schedule in group["schedules"]:
+            for batch in group["batches"]:
+                cases.append(Case(schedule=schedule, batch=batch, **fixed))
+    return cases
+
+
+def ahead_compile(case: Case, root: Path) -> float:
+    """Compile ``case``'s kernel from shapes (fills the persistent cache); seconds."""
+    import jax
+    import jax.numpy as jnp
+
+    from megakernel.kernel import Megakernel
+    from megakernel.reference import DecodeState
+    from megakernel.runner import RunConfig, run_plan
+    from megakernel.dims import model_dims
+    from tpusim.schedule.schema import load_schedule
+
+    config = RunConfig(model=case.model, schedule=case.schedule_path(root), batch=case.batch, steps=case.steps,
+                       context=case.context, shard_of=case.shard_of, weight_banks=case.weight_banks,
+                       check_steps=case.check_steps)
+    model, plan = run_plan(config)
+    dims = dataclasses.replace(model_dims(model, plan), weight_banks=case.weight_banks)
+    kernel = Megakernel(dims, load_schedule(config.schedule), case.batch,
+                        case.context + case.check_steps + case.steps + 1)
+    sds = jax.ShapeDtypeStruct
+    hbm = {name: sds(shape, jnp.uint16) for name, shape in kernel.hbm_shapes().items()}
+    states = kernel.state_shapes()
+    state = DecodeState(states["state.kda"], states["state.conv"], states["state.kv"], sds((), jnp.int32))
+    started = time.perf_counter()
+    jax.jit(kernel.step).lower(hbm, sds((dims.vocab_rows, dims.hidden), jnp.bfloat16), state,
+                               sds((case.batch,), jnp.int32)).compile()
+    return time.perf_counter() - started
+
+
+def run_case(case: Case, root: Path, out: Path) -> dict[str, Any]:
+    from megakernel.runner import RunConfig, append_record, run
+
+    config = RunConfig(model=case.model, schedule=case.schedule_path(root), batch=case.batch, steps=case.steps,
+                       context=case.context, backend="tpu", shard_of=case.shard_of,
+                       weight_banks=case.weight_banks, check_steps=case.check_steps,
+                       label=f"measured ({case.purpose} set)")
+    record = run(config, out.parent / "scratch.jsonl")
+    trace = record["routing"].removeprefix("trace:")
+    record["routing_layers"] = json.loads(Path(trace).read_text())["layers"]
+    record["routing"] = f"trace:{Path(trace).name}"
+    append_record(out, record)
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--set", default="v5e-first")
+    parser.add_argument("--budget-s", type=float, default=480.0)
+    parser.add_argument("--compile-workers", type=int, default=6)
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    args.out.mkdir(parents=True, exist_ok=True)
+    cache = args.out.parent / "jax-cache"
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", str(cache))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    root = Path.cwd()
+    cases = load_cases(args.set)
+    sets = json.loads(SETS_FILE.read_text())[args.set]
+    env = {"device_kind": jax.devices()[0].device_kind, "devices": len(jax.devices()), "set": args.set,
+           "cases": [dataclasses.asdict(c) for c in cases], "jax": jax.__version__}
+    (args.out / "env.json").write_text(json.dumps(env, indent=1))
+    records = args.out / "records.jsonl"
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.compile_workers)
+    ahead = {i: pool.submit(ahead_compile, case, root) for i, case in enumerate(cases)}
+    if sets.get("probes"):
+        from calibration.tpu_bench.probes import run_probes
+
+        probe_records: list[dict[str, Any]] = []
+        try:
+            run_probes(float(sets["probes_budget_s"]), probe_records)
+        except Exception:  # a probe that breaks must not cost the kernel runs
+            traceback.print_exc()
+        with open(args.out / "probes.jsonl", "w") as handle:
+            for rec in probe_records:
+                handle.write(json.dumps(rec) + "\n")
+        print(f"probes: {len(probe_records)} records at {time.monotonic() - started:.0f} s", flush=True)
+    done = 0
+    for i, case in enumerate(cases):
+        if time.monotonic() - started > args.budget_s:
+            print(f"budget spent: {len(cases) - i} cases not run", flush=True)
+            break
+        try:
+            ahead_s = ahead[i].result()
+        except Exception as error:  # noqa: BLE001 - a case that does not compile is reported, the rest run
+            print(f"COMPILE FAIL {case}: {type(error).__name__}: {str(error)[:600]}", flush=True)
+            continue
+        try:
+            record = run_case(case, root, records)
+        except Exception as error:  # noqa: BLE001
+            print(f"RUN FAIL {case}: {type(error).__name__}: {str(error)[:600]}", flush=True)
+            traceback.print_exc()
+            continue
+        done += 1
+        print(f"{case.model} {case.shard_of or ''} {record['schedule']} b{case.batch}: "
+              f"{record['ms_per_step_median']:.3f} ms (±{record['ms_per_step_spread']:.3f}), "
+              f"err {record['max_abs_error']:.3g}, tokens {'same' if record['tokens_identical'] else 'DIFFER'}, "
+              f"compile {ahead_s:.1f}+{record['compile_s']:.1f} s, "
+              f"{record['effective_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s  [{time.monotonic() - started:.0f} s]",
+              flush=True)
+    pool.shutdown(wait=False, cancel_futures=True)
+    print(f"{done}/{len(cases)} cases in {time.monotonic() - started:.0f} s", flush=True)
+    os._exit(0)  # compile threads still running must not hold the call open
+
+
+if __name__ == "__main__":
+    sys.exit(main())
