@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--quick", action="store_true", help="tiny sizes (CPU interpret-mode dry run)")
     run.add_argument("--workers", type=int, default=4, help="compiles in flight ahead of the timing")
     run.add_argument("--probe", action="append", default=None, help="only probes of this name (repeatable)")
+    run.add_argument("--no-slow", action="store_true",
+                     help="leave out the slow-compiling variants (single-dot matmuls, whole-slice dequant)")
     comp = sub.add_parser("compile", help="compile every probe for a TPU topology (no TPU needed)")
     comp.add_argument("topology", nargs="?", default="v5e:2x2")
     comp.add_argument("--subset", choices=("all", "representative"), default="all")
@@ -53,12 +55,15 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(json.dumps(compile_all_for(args.topology, only=only)) + "\n")
         return 0
 
-    from calibration.tpu_bench.probes import run_probes
+    from calibration.tpu_bench.probes import run_probes, slow_compile
 
     names = set(args.probe) if args.probe else None
+
+    def only(p: Any) -> bool:
+        return (names is None or p.name in names) and not (args.no_slow and slow_compile(p))
+
     records = _JsonlList(args.out)
-    run_probes(args.budget, records, quick=args.quick, compile_workers=args.workers,
-               only=(lambda p: p.name in names) if names else None)
+    run_probes(args.budget, records, quick=args.quick, compile_workers=args.workers, only=only)
     errors = sum(1 for r in records if r["kind"] != "probe")
     sys.stderr.write(f"{len(records)} records, {errors} errors\n")
     return 0

@@ -61,6 +61,7 @@ class Probe:
     n_scalars: int
     check: Callable[[Point, list[jax.Array], Any], str | None] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    repeats: int | None = None  # timed calls per point on a TPU (None: the run's default)
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,10 @@ def make_record(probe: Probe, point: Point, timing: Timing, *, interpret: bool,
         "check": "ok" if check is None else check,
         **probe.extra,
     }
+    if point.bytes:  # rates over the whole call (launch included), as labelled
+        record["bytes_per_s_whole_call"] = point.bytes / timing.median_s
+    if point.flops:
+        record["flop_per_s_whole_call"] = point.flops / timing.median_s
     if interpret:
         record["note"] = INTERPRET_NOTE
     return record

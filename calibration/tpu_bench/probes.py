@@ -7,7 +7,8 @@ every probe at full size for a named TPU topology from any machine (libtpu insta
 The probes (details, units and assumptions in :mod:`calibration.tpu_bench.probes_dma` and
 :mod:`calibration.tpu_bench.probes_compute`), in run order:
 
-1. ``empty_call``: launch + dispatch + sync of a ``pallas_call`` that does nothing (s).
+1. ``empty_call``: launch + dispatch + sync of a ``pallas_call`` that does nothing (s);
+   timed again after everything else (``params.position``: first, last).
 2. ``dma_stream`` / ``dma_issue`` / ``dma_latency``: HBM→VMEM async copies, 4 KiB … 16 MiB
    per copy, 1/2/4/8 (16 at 4 KiB) in flight: whole-call seconds and bytes moved.
 3. ``layer_loop``: L ∈ {0, 1, 8, 32, 93} empty layers (SMEM read, 4 KiB DMA, tile op).
@@ -60,7 +61,7 @@ def all_probes(interpret: Any, quick: bool) -> list[Probe]:
     per_panel = [p for p in dequant if p.params["form"] == "per_panel_loop"]
     whole = [p for p in dequant if p.params["form"] != "per_panel_loop"]
     return [
-        probes_dma.empty_probe(interpret),
+        probes_dma.empty_probe(interpret, "first"),
         *probes_dma.dma_probes(interpret, quick),
         probes_dma.layer_probe(interpret, quick),
         *probes_compute.matmul_probes(interpret, quick, "panel_loop"),
@@ -68,6 +69,7 @@ def all_probes(interpret: Any, quick: bool) -> list[Probe]:
         *per_panel,
         *probes_compute.matmul_probes(interpret, quick, "dot"),
         *whole,
+        probes_dma.empty_probe(interpret, "last"),  # the launch cost again: drift over the run
     ]
 
 
@@ -87,7 +89,7 @@ def _error_record(probe: Probe, stage: str, exc: BaseException) -> dict[str, Any
 def _measure(probe: Probe, compiled: Any, compile_s: float, interpret: bool, quick: bool,
              out_records: list[dict[str, Any]], time_left: Callable[[], float]) -> None:
     inputs = jax.block_until_ready(probe.make_inputs())
-    warmup, repeats = (QUICK_WARMUP, QUICK_REPEATS) if quick or interpret else (WARMUP, REPEATS)
+    warmup, repeats = (QUICK_WARMUP, QUICK_REPEATS) if quick or interpret else (WARMUP, probe.repeats or REPEATS)
     for point in probe.points:
         if time_left() <= 0:
             return
@@ -151,6 +153,12 @@ def compile_all_for(topology_name: str = "v5e:2x2", *, only: Callable[[Probe], b
         if only is None or only(probe):
             out[probe_label(probe)] = compile_for(probe, device)
     return out
+
+
+def slow_compile(probe: Probe) -> bool:
+    """The single-dot matmuls and whole-slice dequantisations: 4-70 s of compile each on a
+    2-core machine (the other probes take under 2.5 s)."""
+    return probe.params.get("form") in ("dot", "whole_slice")
 
 
 def representative(probe: Probe) -> bool:

@@ -41,7 +41,7 @@ ROW_BYTES = LANES * 2  # one 128-lane row of 16-bit words
 TILE_ROWS = 16  # a 16-bit (16, 128) tile
 SOURCE_BYTES = 64 * MIB  # HBM the copy source cycles over
 STREAM_BYTES = 512 * MIB  # target bytes per call at large sizes
-MAX_COPIES = 8192
+MAX_COPIES = 32768  # small sizes: enough copies for a call of a few ms
 MIN_COPIES = 16
 SLOT_VMEM_BYTES = 32 * MIB  # at most this much VMEM of destination slots
 LAYER_COUNTS = (0, 1, 8, 32, 93)
@@ -180,13 +180,13 @@ def empty_call(interpret: Interpret) -> Callable[..., Any]:
     return jax.jit(call)
 
 
-def empty_probe(interpret: Interpret) -> Probe:
+def empty_probe(interpret: Interpret, position: str = "first") -> Probe:
     def check(point: Point, inputs: list[jax.Array], out: Any) -> str | None:
         ok = np.all(np.asarray(out) == point.scalars[0])
         return None if ok else "empty call wrote the wrong value"
 
     return Probe(
-        name="empty_call", params={}, fn=empty_call(interpret),
+        name="empty_call", params={"position": position}, fn=empty_call(interpret), repeats=100,
         input_shapes=[jax.ShapeDtypeStruct((1, TILE_ROWS, LANES), jnp.uint16)],
         make_inputs=_source(1, TILE_ROWS, seed=0), points=[Point({}, (7,))], n_scalars=1,
         check=check, extra={"what": "launch + dispatch + sync of one pallas_call that does nothing"})
@@ -244,6 +244,6 @@ def layer_probe(interpret: Interpret, quick: bool) -> Probe:
     return Probe(
         name="layer_loop", params={"dma_bytes_per_layer": TILE_ROWS * LANES * 2}, fn=layer_loop_call(n_src, interpret),
         input_shapes=[jax.ShapeDtypeStruct((n_src, TILE_ROWS, LANES), jnp.bfloat16)],
-        make_inputs=make, points=points, n_scalars=1 + LAYER_SCALARS, check=check,
+        make_inputs=make, points=points, n_scalars=1 + LAYER_SCALARS, check=check, repeats=30,
         extra={"what": "whole-call seconds of L empty layers (SMEM read, 4 KiB DMA start+wait, one tile FMA); "
                        "fit a + b*L"})
