@@ -53,7 +53,7 @@ def test_every_probe_compiles_for_v5e() -> None:
 @pytest.fixture(scope="module")
 def quick_records() -> list[dict]:
     records: list[dict] = []
-    run_probes(300.0, records, quick=True)
+    run_probes(300.0, records, quick=True, interpret=True)
     return records
 
 
@@ -82,7 +82,7 @@ def test_quick_run_gives_well_formed_checked_records(quick_records: list[dict]) 
 @pytest.mark.slow
 def test_budget_stops_new_probes() -> None:
     records: list[dict] = []
-    run_probes(0.0, records, quick=True)
+    run_probes(0.0, records, quick=True, interpret=True)
     assert records == []
 
 

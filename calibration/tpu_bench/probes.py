@@ -100,12 +100,14 @@ def _measure(probe: Probe, compiled: Any, compile_s: float, interpret: bool, qui
 
 
 def run_probes(budget_s: float, out_records: list[dict[str, Any]], *, quick: bool = False,
-               compile_workers: int = 4, only: Callable[[Probe], bool] | None = None) -> None:
+               compile_workers: int = 4, only: Callable[[Probe], bool] | None = None,
+               interpret: bool | None = None) -> None:
     """Compile and time every probe on the default device, appending records as they come.
 
     No new probe or point starts once ``budget_s`` seconds have passed since the call (a
     point under way finishes). Off a TPU the kernels run in Pallas TPU interpret mode
-    (``backend: cpu-interpret``); ``quick`` picks tiny sizes for that. Compiles run up to
+    (``backend: cpu-interpret``; ``interpret=True`` forces it anywhere); ``quick`` picks
+    tiny sizes for that. Compiles run up to
     ``compile_workers`` probes ahead of the timing, in threads (XLA's compile releases the
     GIL); timing itself is one probe at a time. ``only`` selects probes (e.g. by name).
     Compiles still running when the budget ends are abandoned, but the interpreter waits for
@@ -115,7 +117,8 @@ def run_probes(budget_s: float, out_records: list[dict[str, Any]], *, quick: boo
     def time_left() -> float:
         return budget_s - (time.perf_counter() - t_start)
 
-    interpret = jax.default_backend() != "tpu"
+    if interpret is None:
+        interpret = jax.default_backend() != "tpu"
     params = pltpu.InterpretParams() if interpret else None
     probes = [p for p in all_probes(params, quick) if only is None or only(p)]
     pool = ThreadPoolExecutor(max_workers=max(1, compile_workers))
