@@ -83,12 +83,20 @@ def summarise(samples: list[float]) -> Timing:
     return Timing(statistics.median(samples), spread, min(samples), len(samples))
 
 
-def time_compiled(call: Callable[[], Any], *, warmup: int, repeats: int) -> tuple[Timing, Any]:
+def time_compiled(call: Callable[[], Any], *, warmup: int, repeats: int, max_s: float = 4.0,
+                  min_repeats: int = 3) -> tuple[Timing, Any]:
     """Time ``call()`` (an already compiled executable on fixed inputs): ``warmup`` untimed
-    calls, then ``repeats`` samples of one call each, dispatch to ready."""
+    calls, then ``repeats`` samples of one call each, dispatch to ready. When the last
+    warm-up says the samples would take over ``max_s``, fewer are taken (not below
+    ``min_repeats``); the record's ``repeats`` says how many."""
     out = None
+    last = 0.0
     for _ in range(warmup):
+        t0 = time.perf_counter()
         out = jax.block_until_ready(call())
+        last = time.perf_counter() - t0
+    if last * repeats > max_s:
+        repeats = max(min(repeats, min_repeats), int(max_s / last))
     samples = []
     for _ in range(repeats):
         t0 = time.perf_counter()
