@@ -95,7 +95,10 @@ def _measure(probe: Probe, compiled: Any, compile_s: float, interpret: bool, qui
             return
         scalars = jax.device_put(scalars_array(point.scalars, probe.n_scalars))
         timing, out = time_compiled(lambda s=scalars: compiled(s, *inputs), warmup=warmup, repeats=repeats)
-        check = probe.check(point, inputs, out) if probe.check is not None else None
+        try:
+            check = probe.check(point, inputs, out) if probe.check is not None else None
+        except Exception as exc:  # keep the timing; say the check itself failed
+            check = f"check raised {type(exc).__name__}: {exc}"[:2000]
         out_records.append(make_record(probe, point, timing, interpret=interpret, compile_s=compile_s, check=check))
 
 
