@@ -62,6 +62,7 @@ from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import (
     KV_WRITE_TOKENS,
     MATMUL_CHUNK_ROWS,
+    expert_scale_tile_rows,
     matmul_loops,
     matmul_stage_chunks,
 )
@@ -211,14 +212,28 @@ class Megakernel:
             "smem": pltpu.SMEM((smem_words(d, self.n_max),), jnp.int32),
             **({"xstage": pltpu.VMEM((self.stage_chunks, self.rows, MATMUL_CHUNK_ROWS), jnp.float32)}
                if self.stage_chunks else {}),
+            "panel_out": pltpu.VMEM((self.max_panels, self.rows, LANES), jnp.float32),
+            "panel_scales": pltpu.VMEM((self.expert_panels, expert_scale_tile_rows(d.model, d.plan), LANES),
+                                       jnp.uint16),
         }
+
+    @cached_property
+    def max_panels(self) -> int:
+        """128-column panels of the widest tensor (streamed or a routed expert's part)."""
+        rings = [r.panels for n, r in self.geo.rings.items() if n not in ("small", "expert")]
+        return max([*rings, self.expert_panels])
+
+    @cached_property
+    def expert_panels(self) -> int:
+        e = self.dims.moe
+        return max(2 * e.slice_width // LANES, e.latent // LANES)
 
     @cached_property
     def stage_chunks(self) -> int:
         """Input chunks the largest looped matmul stages (0: none loops)."""
         rings = [r for n, r in self.geo.rings.items() if n not in ("small", "expert")]
         return max((matmul_stage_chunks(r.num_slabs, r.slab_rows) for r in rings
-                    if matmul_loops(r.num_slabs, r.slab_rows)), default=0)
+                    if matmul_loops(r.num_slabs, r.slab_rows, r.panels)), default=0)
 
     def scratch_bytes(self) -> dict[str, int]:
         """VMEM bytes of every scratch group (semaphores and SMEM excluded)."""

@@ -38,7 +38,7 @@ from megakernel.dims import LANES, ModelDims
 from megakernel.dma_plan import Geometry, Ring, Unit
 from megakernel.quant import words_to_bf16
 from megakernel.ring_pool import bank_word, part_of
-from tpusim.schedule.vmem import MATMUL_CHUNK_ROWS, matmul_loops, matmul_stage_chunks
+from tpusim.schedule.vmem import MATMUL_CHUNK_ROWS, TILE_ROWS, matmul_loops, matmul_stage_chunks
 from tpusim.workload.registry.names import ExpertTensor, Family
 
 # Layer table columns (SMEM, flattened [num_layers, LAYER_COLS]).
@@ -212,7 +212,7 @@ class Ctx:
         """``x`` f32[B, R] @ the ring's bf16[R, C] tensor of ``layer`` -> f32[B, C], streamed."""
         ring = self.geo.rings[ring_name]
         rows, s = ring.rows, ring.slab_rows
-        if matmul_loops(ring.num_slabs, s):
+        if matmul_loops(ring.num_slabs, s, ring.panels):
             return self._looped_matmul(ring, layer, x)
         acc = None
         for k in range(ring.num_slabs):
@@ -232,9 +232,9 @@ class Ctx:
     def _looped_matmul(self, ring: Ring, layer: Any, x: jax.Array) -> jax.Array:
         """:meth:`matmul` as runtime loops (:func:`tpusim.schedule.vmem.matmul_loops`): over
         slabs (wait slab k, refill its buffer with slab k + buffers) and, inside a slab, over
-        ``MATMUL_CHUNK_ROWS``-row chunks read panel by panel at tile-aligned offsets, then a
-        static tail chunk. ``x`` is staged in VMEM as [chunk, rows, MATMUL_CHUNK_ROWS] so a
-        chunk is a load at a traced leading index."""
+        ``MATMUL_CHUNK_ROWS``-row chunks (then a static tail chunk), and over the 128-column
+        panels, each product added into the ``panel_out`` scratch. ``x`` is staged in VMEM as
+        [chunk, rows, MATMUL_CHUNK_ROWS] so a chunk is a load at a traced leading index."""
         s, big_r = ring.slab_rows, MATMUL_CHUNK_ROWS
         full, tail = divmod(s, big_r)
         per_slab = matmul_stage_chunks(1, s)
@@ -253,35 +253,39 @@ class Ctx:
                 if width < big_r:
                     chunk = jnp.concatenate([chunk, jnp.zeros((rows8, big_r - width), jnp.float32)], axis=1)
                 stage[k * per_slab + c] = chunk
-        arena = self.scratch["arena"][ring.pool]
+        arena, out = self.scratch["arena"][ring.pool], self.scratch["panel_out"]
+        out[: ring.panels] = jnp.zeros((ring.panels, *out.shape[1:]), jnp.float32)
 
-        def panel_rows(base: Any, start: Any, count: int) -> jax.Array:
-            """bf16[P, count, 128]: rows [start, start + count) of every panel of the slab."""
-            words = [arena[pl.ds(pl.multiple_of(base + p * s + start, 16), count), :] for p in range(ring.panels)]
-            return words_to_bf16(jnp.stack(words))
+        def products(base: Any, start: Any, xk: jax.Array, rows: int) -> None:
+            """out[p] += xk @ rows [start, start + rows) of panel p, for every panel."""
+            xk = xk.astype(jnp.bfloat16)
 
-        def chunk_product(xk: jax.Array, w: jax.Array) -> jax.Array:
-            return jnp.einsum("bs,psn->bpn", xk.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)
+            def panel(p: Any, carry: Any) -> Any:
+                w = words_to_bf16(arena[pl.ds(pl.multiple_of(base + p * s + start, TILE_ROWS), rows), :])
+                out[p] = out[p] + jnp.dot(xk, w, preferred_element_type=jnp.float32)
+                return carry
 
-        def slab(k: Any, acc: jax.Array) -> jax.Array:
+            jax.lax.fori_loop(0, ring.panels, panel, 0)
+
+        def slab(k: Any, carry: Any) -> Any:
             self.wait(ring.name, layer, k)
             base = ring.buffer_row(self.buffer(ring, layer, k))
 
-            def chunk(c: Any, acc: jax.Array) -> jax.Array:
-                start = pl.multiple_of(c * big_r, big_r)
-                return acc + chunk_product(stage[k * per_slab + c], panel_rows(base, start, big_r))
+            def chunk(c: Any, carry: Any) -> Any:
+                products(base, pl.multiple_of(c * big_r, big_r), stage[k * per_slab + c], big_r)
+                return carry
 
-            acc = jax.lax.fori_loop(0, full, chunk, acc) if full else acc
+            if full:
+                jax.lax.fori_loop(0, full, chunk, 0)
             if tail:
-                xk = stage[k * per_slab + full][:, :tail]
-                acc = acc + chunk_product(xk, panel_rows(base, full * big_r, tail))
+                products(base, full * big_r, stage[k * per_slab + full][:, :tail], tail)
             self.when(k + ring.buffers < ring.num_slabs, lambda: self.start(ring.name, layer, k + ring.buffers))
-            return acc
+            return carry
 
-        acc0 = jnp.zeros((rows8, ring.panels, LANES), jnp.float32)
-        acc = self.fori(0, ring.num_slabs, slab, acc0)[: x.shape[0]]
-        out = acc.reshape(x.shape[0], ring.padded_cols)
-        return out if ring.padded_cols == ring.cols else out[:, : ring.cols]
+        self.fori(0, ring.num_slabs, slab, 0)
+        acc = jnp.swapaxes(out[: ring.panels, : x.shape[0], :], 0, 1)
+        out_cols = acc.reshape(x.shape[0], ring.padded_cols)
+        return out_cols if ring.padded_cols == ring.cols else out_cols[:, : ring.cols]
 
     def small_row(self, layer: Any) -> jax.Array:
         """This layer's small parameters (waited): f32[S/128, 128]."""
@@ -328,6 +332,39 @@ class Ctx:
         self.event("dma_wait", Family.ROUTED_EXPERT, ExpertTensor.GATE_UP, dynamic=(layer, j))
         dn.wait()
         self.event("dma_wait", Family.ROUTED_EXPERT, ExpertTensor.DOWN, dynamic=(layer, j))
+
+    def expert_row(self, j: Any) -> Any:
+        """First arena row of entry ``j``'s slot (a tile multiple)."""
+        ring = self.geo.rings["expert"]
+        return pl.multiple_of(ring.offset + (ring.buffers - 1 - imod(j, ring.buffers)) * ring.slab_arena_rows,
+                              TILE_ROWS)
+
+    def panel_products(self, row: Any, value_rows: int, panels: int, panel_rows: int, scale_rows: int,
+                       x: jax.Array, dequant: Callable[[jax.Array, jax.Array], jax.Array]) -> jax.Array:
+        """``x`` [B, R] @ a quantized expert part at arena ``row`` -> f32[B, panels * 128].
+
+        The part is ``panels`` 128-column panels of ``panel_rows`` value-word rows each, then
+        its scale words (``scale_rows`` in all). Its scales are copied once into the
+        ``panel_scales`` scratch, one tile per panel (a panel's scale rows do not start at a
+        tile multiple in the slot); then a runtime loop dequantizes one panel (``dequant(value
+        words [1, r, 128], scale words [1, s, 128])`` -> bf16[1, R, 128]), multiplies it and
+        stores the product in ``panel_out``."""
+        arena = self.scratch["arena"][self.geo.rings["expert"].pool]
+        per_panel = scale_rows // panels
+        scales = arena[pl.ds(pl.multiple_of(row + value_rows, TILE_ROWS), scale_rows), :]
+        stage, out = self.scratch["panel_scales"], self.scratch["panel_out"]
+        for p in range(panels):
+            stage[p, :per_panel, :] = scales[p * per_panel: (p + 1) * per_panel]
+        b = x.shape[0]
+
+        def panel(p: Any, carry: Any) -> Any:
+            words = arena[pl.ds(pl.multiple_of(row + p * panel_rows, TILE_ROWS), panel_rows), :]
+            w = dequant(words[None], stage[p, :per_panel, :][None])[0]
+            out[p, :b, :] = jnp.dot(x, w, preferred_element_type=jnp.float32)
+            return carry
+
+        jax.lax.fori_loop(0, panels, panel, 0)
+        return jnp.swapaxes(out[:panels, :b, :], 0, 1).reshape(b, panels * LANES)
 
     def expert_view(self, j: Any) -> tuple[jax.Array, jax.Array]:
         """(gate_up words u16[gu_total, 128], down words u16[dn_total, 128]) of entry j."""

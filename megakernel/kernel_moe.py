@@ -150,19 +150,16 @@ def expert_loop(ctx: Ctx, layer: Any, n: Any, begin_expert: Callable[[Any], None
     def body(j: Any, acc: jax.Array) -> jax.Array:
         begin_expert(j)
         ctx.wait_expert(layer, j)
-        gu_words, dn_words = ctx.expert_view(j)  # one load of the slot
-        w_gu = dequant_fp8_words(
-            gu_words[: es.gate_up_rows].reshape(gu_panels, e.latent // 2, LANES),
-            words_to_bf16(gu_words[es.gate_up_rows: es.gate_up_rows + es.gate_up_scale_rows]).reshape(gu_panels, e.latent // 256, LANES))
-        h = jnp.einsum("bl,pln->bpn", lat, w_gu, preferred_element_type=jnp.float32)
-        h = h.reshape(b, 2 * e.slice_width)
+        row = ctx.expert_row(j)
+        # Panel by panel in runtime loops (a 128-column panel of the slice dequantized, then one
+        # matmul): Mosaic unrolls vector code, and the whole K3 slice at once is ~10^5 vector ops.
+        h = ctx.panel_products(row, es.gate_up_rows, gu_panels, e.latent // 2, es.gate_up_scale_rows, lat,
+                               lambda v, s: dequant_fp8_words(v, words_to_bf16(s)))
         act = situ(h[:, : e.slice_width], h[:, e.slice_width:])
-        w_dn = dequant_mxfp4_words(
-            dn_words[: es.down_rows].reshape(dn_panels, e.slice_width // 4, LANES),
-            dn_words[es.down_rows: es.down_rows + es.down_scale_rows].reshape(dn_panels, e.slice_width // 64, LANES))
-        y = jnp.einsum("bw,pwn->bpn", act.astype(jnp.bfloat16), w_dn, preferred_element_type=jnp.float32)
+        y = ctx.panel_products(row + es.gate_up_total, es.down_rows, dn_panels, e.slice_width // 4,
+                               es.down_scale_rows, act.astype(jnp.bfloat16), dequant_mxfp4_words)
         eid = ctx.scratch["smem"][ctx.expert_list + j]
-        return acc + math_moe.row_weight(ids, weights, eid) * y.reshape(b, e.latent)
+        return acc + math_moe.row_weight(ids, weights, eid) * y
 
     acc = ctx.fori(0, n, body, jnp.zeros((b, e.latent), jnp.float32))
     ctx.scratch["work"][WORK_ACC, :b, : e.latent] = acc

@@ -1,4 +1,4 @@
-"""One device call on a TPU host: correctness set, K3-shard timing set and chip probes.
+"""The kernel sets of one device call on a TPU host: correctness set and K3-shard timing set.
 
 ``python -m calibration.tpu_bench.device_run --out DIR --set NAME [--budget-s S]``
 
@@ -8,7 +8,6 @@ budget cut loses nothing already measured:
 - ``DIR/records.jsonl``: one :mod:`megakernel.runner` record per kernel run (the routing
   the run's router chose is embedded as ``routing_layers``; :mod:`calibration.tpu_bench.ingest`
   splits it into trace files when the records are committed);
-- ``DIR/probes.jsonl``: chip probes (:mod:`calibration.tpu_bench.probes`), when the set asks;
 - ``DIR/env.json``: device kind, versions, the set and its cases.
 
 Kernels are compiled ahead in a thread pool (Mosaic compiles on the host's cores while the
@@ -50,6 +49,12 @@ class Case:
         return str(path) if self.schedule.endswith(".json") and path.exists() else self.schedule
 
 
+def say(text: str) -> None:
+    """One progress line, flushed (the device tool returns the output's tail)."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
 def load_cases(name: str) -> list[Case]:
     """The cases of set ``name`` in ``sets.json``: each entry expands models x schedules x batches."""
     sets = json.loads(SETS_FILE.read_text())
@@ -69,10 +74,10 @@ def ahead_compile(case: Case, root: Path) -> float:
     import jax
     import jax.numpy as jnp
 
+    from megakernel.dims import model_dims
     from megakernel.kernel import Megakernel
     from megakernel.reference import DecodeState
     from megakernel.runner import RunConfig, run_plan
-    from megakernel.dims import model_dims
     from tpusim.schedule.schema import load_schedule
 
     config = RunConfig(model=case.model, schedule=case.schedule_path(root), batch=case.batch, steps=case.steps,
@@ -92,7 +97,7 @@ def ahead_compile(case: Case, root: Path) -> float:
     return time.perf_counter() - started
 
 
-def run_case(case: Case, root: Path, out: Path) -> dict[str, Any]:
+def run_case(case: Case, root: Path, out: Path, ahead_s: float) -> dict[str, Any]:
     from megakernel.runner import RunConfig, append_record, run
 
     config = RunConfig(model=case.model, schedule=case.schedule_path(root), batch=case.batch, steps=case.steps,
@@ -103,6 +108,7 @@ def run_case(case: Case, root: Path, out: Path) -> dict[str, Any]:
     trace = record["routing"].removeprefix("trace:")
     record["routing_layers"] = json.loads(Path(trace).read_text())["layers"]
     record["routing"] = f"trace:{Path(trace).name}"
+    record["ahead_compile_s"] = ahead_s
     append_record(out, record)
     return record
 
@@ -124,50 +130,36 @@ def main(argv: list[str] | None = None) -> int:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     root = Path.cwd()
     cases = load_cases(args.set)
-    sets = json.loads(SETS_FILE.read_text())[args.set]
     env = {"device_kind": jax.devices()[0].device_kind, "devices": len(jax.devices()), "set": args.set,
            "cases": [dataclasses.asdict(c) for c in cases], "jax": jax.__version__}
     (args.out / "env.json").write_text(json.dumps(env, indent=1))
     records = args.out / "records.jsonl"
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.compile_workers)
     ahead = {i: pool.submit(ahead_compile, case, root) for i, case in enumerate(cases)}
-    if sets.get("probes"):
-        from calibration.tpu_bench.probes import run_probes
-
-        probe_records: list[dict[str, Any]] = []
-        try:
-            run_probes(float(sets["probes_budget_s"]), probe_records)
-        except Exception:  # a probe that breaks must not cost the kernel runs
-            traceback.print_exc()
-        with open(args.out / "probes.jsonl", "w") as handle:
-            for rec in probe_records:
-                handle.write(json.dumps(rec) + "\n")
-        print(f"probes: {len(probe_records)} records at {time.monotonic() - started:.0f} s", flush=True)
     done = 0
     for i, case in enumerate(cases):
         if time.monotonic() - started > args.budget_s:
-            print(f"budget spent: {len(cases) - i} cases not run", flush=True)
+            say(f"budget spent: {len(cases) - i} cases not run")
             break
         try:
             ahead_s = ahead[i].result()
-        except Exception as error:  # noqa: BLE001 - a case that does not compile is reported, the rest run
-            print(f"COMPILE FAIL {case}: {type(error).__name__}: {str(error)[:600]}", flush=True)
+        except Exception as error:
+            say(f"COMPILE FAIL {case}: {type(error).__name__}: {str(error)[:600]}")
             continue
         try:
-            record = run_case(case, root, records)
-        except Exception as error:  # noqa: BLE001
-            print(f"RUN FAIL {case}: {type(error).__name__}: {str(error)[:600]}", flush=True)
+            record = run_case(case, root, records, ahead_s)
+        except Exception as error:
+            say(f"RUN FAIL {case}: {type(error).__name__}: {str(error)[:600]}")
             traceback.print_exc()
             continue
         done += 1
-        print(f"{case.model} {case.shard_of or ''} {record['schedule']} b{case.batch}: "
+        say(f"{case.model} {case.shard_of or ''} {record['schedule']} b{case.batch}: "
               f"{record['ms_per_step_median']:.3f} ms (±{record['ms_per_step_spread']:.3f}), "
               f"err {record['max_abs_error']:.3g}, tokens {'same' if record['tokens_identical'] else 'DIFFER'}, "
               f"compile {ahead_s:.1f}+{record['compile_s']:.1f} s, "
-              f"{record['effective_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s  [{time.monotonic() - started:.0f} s]",
-              flush=True)
+              f"{record['effective_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s  [{time.monotonic() - started:.0f} s]")
     pool.shutdown(wait=False, cancel_futures=True)
-    print(f"{done}/{len(cases)} cases in {time.monotonic() - started:.0f} s", flush=True)
+    say(f"{done}/{len(cases)} cases in {time.monotonic() - started:.0f} s")
     os._exit(0)  # compile threads still running must not hold the call open
 
 

@@ -68,6 +68,7 @@ from tpusim.workload.shapes import (
     dense_mlp_tensors,
     device_widths,
     expert_slice_bytes,
+    expert_slice_tensors,
     kv_cache_bytes_per_token,
     layer_tensors,
     lm_head_tensors,
@@ -95,12 +96,15 @@ KV_WRITE_TOKENS = TILE_ROWS
 # are staged in VMEM as [chunks, rows, MATMUL_CHUNK_ROWS] f32 (matmul_stage_bytes).
 MATMUL_STATIC_SLABS = 4
 MATMUL_STATIC_ROWS = 1024
+MATMUL_STATIC_ARENA_ROWS = 4096  # a slab of more 128-lane rows (1 MiB) than this loops too
 MATMUL_CHUNK_ROWS = 256
 
 
-def matmul_loops(slabs: int, slab_rows: int) -> bool:
-    """Whether a tensor of ``slabs`` slabs of ``slab_rows`` rows is multiplied in a runtime loop."""
-    return slabs > MATMUL_STATIC_SLABS or slab_rows > MATMUL_STATIC_ROWS
+def matmul_loops(slabs: int, slab_rows: int, panels: int) -> bool:
+    """Whether a tensor of ``slabs`` slabs of ``slab_rows`` rows and ``panels`` 128-column
+    panels is multiplied in runtime loops (slabs, row chunks, panels)."""
+    return (slabs > MATMUL_STATIC_SLABS or slab_rows > MATMUL_STATIC_ROWS
+            or slab_rows * panels > MATMUL_STATIC_ARENA_ROWS)
 
 
 def matmul_stage_chunks(slabs: int, slab_rows: int) -> int:
@@ -400,7 +404,7 @@ def kernel_bytes(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, bat
     step (:func:`row_cache_bytes`)."""
     return (working_bytes(model, plan, batch) + small_padding_bytes(model, plan, family_chunk(schedule, SMALL_FAMILY)[1])
             + row_cache_bytes(schedule, model, plan, batch, kv_sequences)
-            + matmul_stage_bytes(schedule, model, plan, batch))
+            + matmul_stage_bytes(schedule, model, plan, batch) + panel_loop_bytes(model, plan, batch))
 
 
 def row_cache_bytes(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch: int,
@@ -426,9 +430,32 @@ def matmul_stage_bytes(schedule: Schedule, model: ModelConfig, plan: ShardingPla
         for tensor in tensors:
             rows = slab_rows(tensor, chunk_bytes)
             slabs = math.ceil(tensor.rows / rows)
-            if matmul_loops(slabs, rows):
+            if matmul_loops(slabs, rows, math.ceil(tensor.cols / LANES)):
                 chunks = max(chunks, matmul_stage_chunks(slabs, rows))
     return chunks * max(batch, 8) * MATMUL_CHUNK_ROWS * F32_BYTES
+
+
+def panel_loop_bytes(model: ModelConfig, plan: ShardingPlan, batch: int) -> int:
+    """The panel loops' scratch, in bytes: products of one 128-column panel per panel of the
+    widest tensor (``panel_out``, f32 [panels, rows, 128]), and the routed expert's scale words
+    re-laid one tile per panel (``panel_scales``, u16 [panels, tile rows, 128])."""
+    rows = max(batch, 8)
+    panels = max((math.ceil(t.cols / LANES) for family, tensors in tensor_kinds(model, plan).items()
+                  if family != SMALL_FAMILY for t in tensors), default=0)
+    total = panels * rows * LANES * F32_BYTES
+    if model.moe:
+        gate_up, down = expert_slice_tensors(model, plan)
+        scale_panels = max(math.ceil(gate_up.cols / LANES), math.ceil(down.cols / LANES))
+        total += scale_panels * expert_scale_tile_rows(model, plan) * LANES * BF16_BYTES
+    return total
+
+
+def expert_scale_tile_rows(model: ModelConfig, plan: ShardingPlan) -> int:
+    """Rows of one panel's scale words in ``panel_scales`` (tile-padded): the larger of the
+    gate/up (FP8, one bf16 scale per 256 rows) and down (MXFP4, one byte per 32 rows) parts."""
+    gate_up, down = expert_slice_tensors(model, plan)
+    per_panel = [math.ceil(t.scale_bytes / math.ceil(t.cols / LANES) / (LANES * BF16_BYTES)) for t in (gate_up, down)]
+    return tile_rows(max(per_panel))
 
 
 def working_bytes(model: ModelConfig, plan: ShardingPlan, batch: int) -> int:
@@ -447,9 +474,12 @@ def working_bytes(model: ModelConfig, plan: ShardingPlan, batch: int) -> int:
 
 
 def small_padding_bytes(model: ModelConfig, plan: ShardingPlan, buffers: int) -> int:
-    """The small parameters' padding to whole 128-lane kinds, for ``buffers`` buffers (rule 7)."""
+    """The small parameters' padding to whole 128-lane kinds and the row to whole tiles, for
+    ``buffers`` buffers (rule 7)."""
     small = tensor_kinds(model, plan).get(SMALL_FAMILY, [])
-    return buffers * sum(math.ceil(t.cols / LANES) * LANES * t.bytes // t.cols - t.bytes for t in small)
+    lane_padded = sum(math.ceil(t.cols / LANES) * LANES * t.bytes // t.cols for t in small)
+    # and the row to whole (16, 128) tiles of 16-bit words (the kernel's DMA region)
+    return buffers * (tile_padded_bytes(lane_padded) - sum(t.bytes for t in small))
 
 
 def arena_of(schedule: Schedule, family: str) -> str:

@@ -1,0 +1,77 @@
+"""Commit what a TPU device call brought back: kernel records, their routing traces, probes.
+
+``python -m calibration.tpu_bench.ingest FILES_AT [--data calibration/data]``
+
+- ``FILES_AT/records.jsonl`` -> ``DATA/tpu-v5e-kernel.jsonl`` (appended; a record already
+  there, same schedule hash, model, shard, batch and provenance, is not added twice). Each
+  record's embedded ``routing_layers`` becomes ``DATA/tpu-v5e-routing/<name>.json`` (a
+  :mod:`tpusim.workload.routing` trace) and the record's ``routing`` names it relative to the
+  records file, so ``tpusim simulate --routing`` can replay the routing the run used;
+- ``FILES_AT/probes.jsonl`` -> ``DATA/tpu-v5e-probes.jsonl`` (appended likewise).
+
+Every file is written through a temporary file and renamed (nothing half-written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from hwmodels.atomic import write_text_atomic
+
+KERNEL_FILE, PROBE_FILE, ROUTING_DIR = "tpu-v5e-kernel.jsonl", "tpu-v5e-probes.jsonl", "tpu-v5e-routing"
+
+
+def _key(record: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(json.dumps(record.get(k), sort_keys=True) for k in
+                 ("kind", "probe", "params", "model", "shard_of", "schedule_hash", "batch", "provenance", "date"))
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _append(path: Path, new: list[dict[str, Any]]) -> int:
+    old = _read(path)
+    seen = {_key(r) for r in old}
+    fresh = [r for r in new if _key(r) not in seen]
+    if fresh:
+        text = "".join(json.dumps(r, separators=(", ", ": ")) + "\n" for r in old + fresh)
+        write_text_atomic(path, text)
+    return len(fresh)
+
+
+def ingest(files_at: Path, data: Path) -> dict[str, int]:
+    records = _read(files_at / "records.jsonl")
+    routing_dir = data / ROUTING_DIR
+    routing_dir.mkdir(parents=True, exist_ok=True)
+    for record in records:
+        layers = record.pop("routing_layers", None)
+        name = record["routing"].removeprefix("trace:")
+        if layers is not None:
+            write_text_atomic(routing_dir / name, json.dumps({"layers": layers}))
+            record["routing"] = f"trace:{ROUTING_DIR}/{name}"
+    return {"kernel": _append(data / KERNEL_FILE, records),
+            "probes": _append(data / PROBE_FILE, _read(files_at / "probes.jsonl"))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("files_at", type=Path)
+    parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[1] / "data")
+    args = parser.parse_args(argv)
+    if not args.files_at.is_dir():
+        sys.stderr.write(f"error: {args.files_at}: not a folder\n")
+        return 2
+    counts = ingest(args.files_at, args.data)
+    sys.stdout.write(f"added {counts['kernel']} kernel records and {counts['probes']} probe records to {args.data}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
