@@ -26,10 +26,10 @@ MIN_COVERAGE = 0.8  # of held-out points inside their 90 % interval
 
 
 def _calibrate(*, logo: bool):  # type: ignore[no-untyped-def]
-    from calibration.by_parts import calibrate_by_parts
-    from calibration.components import load_components
-    from calibration.loaders import load_measurements, usable_for
-    from calibration.predict import Predictor
+    from calibration.sources.loaders import load_measurements, usable_for
+    from calibration.sources.predict import Predictor
+    from calibration.sources.tpu_calibration import calibrate_by_parts
+    from calibration.sources.tpu_components import load_components
     from hwmodels.catalog import load_chip
 
     published = load_chip("tpu-v7", calibrated=False)

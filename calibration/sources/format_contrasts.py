@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
 
-from calibration.measurements import MS_PER_S, Measurement, measured_label
+from calibration.sources.measurements import MS_PER_S, Measurement, measured_label
 
 TOLERANCE = 0.05  # of the mean measured step
 

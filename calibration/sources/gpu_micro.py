@@ -56,16 +56,16 @@ import math
 import time
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
-from scipy.optimize import least_squares
 
-from calibration.covariance import fit_covariance
-from calibration.fit import FitResult, FittedParameter, Split, mape, relative_errors, split_records
-from calibration.measurements import Measurement
-from calibration.params import chip_with, figure_value, identifiability
-from calibration.predict import Predictor
+from calibration.core import Problem, SolverOptions, fit, parameters
+from calibration.core.covariance import identifiability
+from calibration.core.parameters import chip_with, figure_value
+from calibration.sources.measurements import Measurement
+from calibration.sources.predict import Predictor
+from calibration.sources.splits import split_records
+from calibration.sources.step_times import FitResult, FittedParameter, Split, mape, relative_errors
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
 from tpusim.workload.formats import dtype_bytes
@@ -77,7 +77,10 @@ FITTED_KINDS = ("copy", "gap_compiled", "matmul")
 STEP_KIND = "decode_step"
 JAX_STEP_EXECUTION = "stack"
 NAMES = ("dispatch", "gap", "sustained", "eff")
-BOUNDS = {"dispatch": (1e-7, 1e-2), "gap": (1e-9, 1e-3), "sustained": (1e9, 1e14), "eff": (0.05, 1.0)}
+# bounds: calibration.core.parameters; the micro model is analytic and cheap, so the solver runs long with
+# its own Jacobian scaling and states the uncertainty from its own Jacobian
+OPTIONS = SolverOptions(max_nfev=400, diff_step=None, xtol=1e-8, ftol=1e-8, gtol=1e-8, x_scale="jac",
+                        start_inside=0.0, uncertainty="solver")
 
 
 def record_kind(record: Measurement) -> str:
@@ -191,7 +194,7 @@ class StepPredictor(Predictor):
         key = (m.model, devices, chip.devices_per_chip, chip.kind)
         if key not in self._plans:
             intra = "nvlink" if chip.kind == "gpu" else "ici"
-            from calibration.predict import resolve_model
+            from calibration.sources.predict import resolve_model
 
             self._plans[key] = plan_for(resolve_model(m.model), devices,
                                         devices_per_chip=chip.devices_per_chip, intra_link=intra)
@@ -226,46 +229,38 @@ def describe_micro(records: Sequence[Measurement]) -> str:
     return f"{len(records)} micro-benchmarks on {','.join(chips)} ({parts}; {', '.join(labels)})"
 
 
-def _solve(published: Chip, micro: list[Measurement], start: dict[str, float]) -> tuple[Any, np.ndarray, np.ndarray]:
-    """Bounded least squares on relative residuals, each figure scaled by its start value."""
-    upper_bw = BOUNDS["sustained"][1]
-    if published.kind != "cpu":
-        upper_bw = published.hbm.peak_bandwidth_bytes_per_s.value
-    lower = np.array([BOUNDS[n][0] for n in NAMES])
-    upper = np.array([upper_bw if n == "sustained" else BOUNDS[n][1] for n in NAMES])
-    theta0 = np.clip([start[n] for n in NAMES], lower, upper)
-    ref = theta0.copy()
-    measured = np.array([r.step_s for r in micro])
-
-    def residuals(x: np.ndarray) -> np.ndarray:
-        theta = dict(zip(NAMES, (x * ref).tolist(), strict=True))
-        return np.array([micro_time_s(theta, published, r) for r in micro]) / measured - 1.0
-
-    solution = least_squares(residuals, theta0 / ref, bounds=(lower / ref, upper / ref), method="trf",
-                             x_scale="jac", max_nfev=400)
-    return solution, ref, np.stack([lower, upper])
-
-
-def _parameters(published: Chip, solution: Any, ref: np.ndarray, bounds: np.ndarray, start: dict[str, float],
-                fitted_on: str) -> tuple[list[FittedParameter], float | None, np.ndarray]:
+def micro_problem(published: Chip, micro: list[Measurement], start: Chip | None) -> Problem:
+    """The four figures of the module table on the micro-benchmarks (relative residuals)."""
     paths = parameter_paths(published)
-    residual = solution.fun
-    fit_cov = fit_covariance(solution.jac, residual)  # the solver's Jacobian: the micro model is analytic
-    s2 = fit_cov.s2
+
+    def predict(chip: Chip, points: Sequence[int]) -> np.ndarray:
+        theta = {name: figure_value(chip, path) for name, path in paths.items()}
+        return np.array([micro_time_s(theta, published, micro[i]) for i in points])
+
+    return Problem("gpu micro", published, published, parameters(*(paths[n] for n in NAMES)), predict,
+                   np.array([r.step_s for r in micro]), groups={"kind": tuple(record_kind(r) for r in micro)},
+                   start=start)
+
+
+def _parameters(published: Chip, problem: Problem, fitted_on: str) -> tuple[list[FittedParameter], float | None,
+                                                                             np.ndarray, object]:
+    solution = fit(problem, OPTIONS)
+    fit_cov = solution.covariance
+    s2 = fit_cov.s2 if fit_cov is not None else None
+    sigma = solution.sigma
     out = []
     for j, name in enumerate(NAMES):
-        value = float(solution.x[j] * ref[j])
-        lo, hi = float(bounds[0, j]), float(bounds[1, j])
-        at_bound = math.isclose(value, lo, rel_tol=1e-3) or math.isclose(value, hi, rel_tol=1e-3)
-        unknown = at_bound or s2 is None or bool(fit_cov.flat[j])  # a flat direction: no σ to report
-        sigma = None if unknown else float(ref[j] * fit_cov.sigma[j])
+        path = problem.paths[j]
+        unknown = bool(solution.at_bound[j]) or s2 is None or not math.isfinite(sigma[j])
         out.append(FittedParameter(
-            path=paths[name], value=value, uncertainty=sigma, start=start[name],
-            published=figure_value(published, paths[name]), lower=lo, upper=hi, at_bound=at_bound,
-            fitted_on=fitted_on, why=f"micro model '{name}' (calibration.gpu_fit)",
+            path=path, value=float(solution.values[j]), uncertainty=None if unknown else float(sigma[j]),
+            start=float(solution.start[j]), published=figure_value(published, path),
+            lower=float(solution.lower[j]), upper=float(solution.upper[j]), at_bound=bool(solution.at_bound[j]),
+            fitted_on=fitted_on, why=f"micro model '{name}' (calibration.sources.gpu_micro)",
         ))
-    loo = residual / np.clip(1.0 - fit_cov.hat, 1e-6, None)
-    return out, s2, loo
+    hat = fit_cov.hat if fit_cov is not None else np.zeros(len(solution.residuals))
+    loo = solution.residuals / np.clip(1.0 - hat, 1e-6, None)
+    return out, s2, loo, solution
 
 
 def _eager(published: Chip, records: Sequence[Measurement], fitted_on: str) -> list[FittedParameter]:
@@ -313,10 +308,8 @@ def fit_micro(published: Chip, records: Sequence[Measurement], *, holdout: str |
     split: Split = split_records(usable, holdout)
     micro = [r for r in split.calibration if is_fitted(r)]
     _check_data(micro)
-    start_theta = chip_theta(start or published)
     fitted_on = describe_micro(micro)
-    solution, ref, bounds = _solve(published, micro, start_theta)
-    parameters, s2, loo = _parameters(published, solution, ref, bounds, start_theta, fitted_on)
+    parameters, s2, loo, solution = _parameters(published, micro_problem(published, micro, start), fitted_on)
     parameters += _eager(published, split.calibration, fitted_on)
     chip = chip_with(published, {p.path: p.value for p in parameters}, fitted_on=fitted_on)
     steps = StepPredictor()
@@ -333,10 +326,10 @@ def fit_micro(published: Chip, records: Sequence[Measurement], *, holdout: str |
     return FitResult(
         chip=chip, published_chip=published, parameters=parameters, split=split, fitted_on=fitted_on,
         before_s=before, after_s=after, loo_errors=[float(v) for v in loo],
-        identifiability=identifiability(solution.jac, [p.path for p in parameters[: len(NAMES)]]),
+        identifiability=identifiability(solution.jacobian, [p.path for p in parameters[: len(NAMES)]]),
         residual_s2=s2, engine_calls=steps.calls, elapsed_s=time.perf_counter() - began,
         success=bool(solution.success), message=str(solution.message),
-        extra={"fit": "micro-benchmarks only (calibration.gpu_fit)",
+        extra={"fit": "micro-benchmarks only (calibration.sources.gpu_micro)",
                "step_execution": (f"{JAX_STEP_EXECUTION} variant (serving_stack: graph gap per kernel): one XLA executable per step"
                                   if published.kind == "gpu" else "per_op_launch: one XLA executable per step"),
                "mape_by_kind": by_kind, "holdout_steps": rows,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from calibration.measurements import Measurement
+from calibration.sources.measurements import Measurement
 from hwmodels.provenance import FitCoverage, model_family_and_format
 
 

@@ -16,8 +16,8 @@ Checks, in the order they are reported
 2. **Convergence** (the caller's verdict, :func:`tpusim.app.fit_summary.convergence_problem`;
    ``--allow-unconverged`` keeps it).
 3. **Bounds** (:func:`bound_problems`): a parameter within :data:`BOUND_TOLERANCE` (10⁻⁶ of
-   its bound range, the tolerance :func:`calibration.fit.fit_chip` flags ``at_bound`` with)
-   of a bound. The bounds are physical (:mod:`calibration.params`): a fit that pushes against
+   its bound range, the tolerance :func:`calibration.sources.step_times.fit_chip` flags ``at_bound`` with)
+   of a bound. The bounds are physical (:mod:`calibration.core.parameters`): a fit that pushes against
    one says the model lacks something, not that the chip sits at the limit.
    ``--allow-at-bounds`` keeps it.
 4. **Plausibility** (:func:`implausible_figures`): a fitted rate (a path naming
@@ -44,8 +44,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from calibration.fit import FitResult, FittedParameter
-from calibration.params import HOST_PEAK_PATH, SUSTAINED_PATH
+from calibration.core.parameters import HOST_PEAK_PATH, SUSTAINED_PATH
+from calibration.sources.step_times import FitResult, FittedParameter
 from hwmodels.schema import Chip
 
 UNIT_ERROR_DECADES = 2.5  # |median log10(measured / predicted)| above which units are suspect

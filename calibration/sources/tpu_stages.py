@@ -14,17 +14,17 @@ the chip the previous stages produced:
 5. **breakdown** — the per-layer overhead on the Muse per-layer total (one engine run);
 6. **end to end** — the step times predicted with the parts' chip (*without* fitting on
    them: the honest test of the parts), then the remaining figures (MXU weight push per
-   dtype, per-layer overhead) fitted on them (:func:`calibration.fit.fit_chip`).
+   dtype, per-layer overhead) fitted on them (:func:`calibration.sources.step_times.fit_chip`).
 
 Each stage (:func:`fit_stage`) minimises ``Σ ((predicted - measured) / (σ_rel · measured))²``
 by bounded least squares over its parameters, scaled to their start values; the
 covariance is ``(JᵀJ)⁺ · max(1, s²)`` from a central-difference Jacobian (2 % steps) with
 ``s² = Σ r² / (n - p)`` (the stated measurement σ, inflated when the residuals say the
 model does worse than that): the ``stated_sigma`` case of the one rule in
-:mod:`calibration.covariance`. **Identifiability rule**: a parameter whose 1σ is not below
+:mod:`calibration.core.covariance`. **Identifiability rule**: a parameter whose 1σ is not below
 half its value (or that stops at a bound) is *unidentifiable* on this data: it is held at
 its start value (the published one, or the previous stage's) and the stage is fitted again
-without it, until every fitted parameter is pinned. When several are weak, the one held
+without it (:func:`calibration.core.fit`, ``hold_weak``), until every fitted parameter is pinned. When several are weak, the one held
 first is the one the data says least about, except that a per-copy issue cost is held
 before a latency (``hold_rank``): the microbenchmarks always issue 7 ICI copies per phase,
 so only ``7 × issue + latency`` is seen, and the latency is the figure the engine's
@@ -41,37 +41,23 @@ from typing import Any
 
 import numpy as np
 
-from calibration.components import ComponentRecord, predict_isolated
-from calibration.core import Problem, solve
-from calibration.covariance import JACOBIAN_STEP
-from calibration.params import ParameterSpec, chip_with, figure_value
+from calibration.core import Parameter, Problem, SolverOptions, fit, parameters
+from calibration.core.covariance import JACOBIAN_STEP
+from calibration.core.parameters import chip_with, figure_value
+from calibration.sources.tpu_components import ComponentRecord, predict_isolated
 from hwmodels.schema import Chip
 
 PARTS_ORDER = ("links", "hbm", "host", "slot_sweep", "breakdown")
 PIN_ELASTICITY = 0.05
-MAX_HOLD_ROUNDS = 6
 
-PART_PARAMETERS: dict[str, tuple[ParameterSpec, ...]] = {
-    "links": (
-        ParameterSpec("links.ici.latency_s", 0.05, 20.0, "issue-to-landing latency of one ICI copy", relative=True),
-        ParameterSpec("links.ici.message_issue_s", 0.05, 20.0, "sender cost per remote copy on ICI", relative=True,
-                      hold_rank=1),
-        ParameterSpec("links.ici.bandwidth_bytes_per_s_per_direction", 0.15, 3.0,
-                      "aggregate ICI egress per core (three links)", relative=True),
-        ParameterSpec("links.sibling.latency_s", 0.05, 20.0, "issue-to-landing latency of a sibling copy",
-                      relative=True),
-        ParameterSpec("links.sibling.message_issue_s", 0.05, 20.0, "sender cost per sibling copy", relative=True,
-                      hold_rank=1),
-        ParameterSpec("links.sibling.bandwidth_bytes_per_s_per_direction", 0.2, 10.0,
-                      "sibling-core copy rate (published 101 GB/s at 256 KiB, 610 GB/s at 16 MiB)", relative=True),
-    ),
-    "hbm": (ParameterSpec("hbm.sustained_bandwidth_bytes_per_s", 0.45, 1.25,
-                          "achieved rate of the dense DMA ring; never above the peak", relative=True),),
-    "host": (ParameterSpec("execution.per_step_overhead_s", 0.1, 10.0, "fixed cost per step call", relative=True),),
-    "slot_sweep": (ParameterSpec("dma.concurrency_penalty_per_dma", 0.0, 0.6,
-                                 "8 expert slots in flight finish later than 4 (round-robin DMA engine)"),),
-    "breakdown": (ParameterSpec("execution.per_layer_overhead_s", 0.0, 20e-6,
-                                "what remains of the published 55 µs Muse layer"),),
+PART_PARAMETERS: dict[str, tuple[Parameter, ...]] = {  # bounds and why: calibration.core.parameters
+    "links": parameters("links.ici.latency_s", "links.ici.message_issue_s", "links.ici.bandwidth_bytes_per_s_per_direction",
+                        "links.sibling.latency_s", "links.sibling.message_issue_s",
+                        "links.sibling.bandwidth_bytes_per_s_per_direction"),
+    "hbm": parameters("hbm.sustained_bandwidth_bytes_per_s"),
+    "host": parameters("execution.per_step_overhead_s"),
+    "slot_sweep": parameters("dma.concurrency_penalty_per_dma"),
+    "breakdown": parameters("execution.per_layer_overhead_s"),
 }
 
 
@@ -121,7 +107,7 @@ class StageFit:
         }
 
 
-def fit_stage(name: str, base: Chip, published: Chip, specs: Sequence[ParameterSpec],
+def fit_stage(name: str, base: Chip, published: Chip, specs: Sequence[Parameter],
               names: Sequence[str], measured: Sequence[float], sigma_rel: Sequence[float],
               predict: Callable[[Chip], np.ndarray], *, max_nfev: int = 40) -> tuple[Chip, StageFit]:
     """Fit ``specs`` on ``base`` so that ``predict(chip)`` matches ``measured`` (see the
@@ -130,33 +116,16 @@ def fit_stage(name: str, base: Chip, published: Chip, specs: Sequence[ParameterS
     start = {p: figure_value(base, p) for p in paths}
     bounds = {s.path: s.bounds_for(published) for s in specs}
     meas = np.asarray(measured, dtype=float)
-    full = Problem(name, base, published, tuple(specs), lambda chip: np.asarray(predict(chip), dtype=float), meas,
-                   sigma_rel=np.asarray(sigma_rel, dtype=float), groups=tuple(names))
+    problem = Problem(name, base, published, tuple(specs),
+                      lambda chip, points: np.asarray(predict(chip), dtype=float)[list(points)], meas,
+                      sigma_rel=np.asarray(sigma_rel, dtype=float), groups={"record": tuple(names)})
     before = list(np.asarray(predict(base), dtype=float))
-    held: dict[str, str] = {}
-    rank = {s.path: s.hold_rank for s in specs}
-    for _round in range(MAX_HOLD_ROUNDS + len(paths)):
-        free = [p for p in paths if p not in held]
-        if not free:
-            values, sigma, cov = dict(start), {}, None
-            break
-        solution = solve(full.without(list(held)), max_nfev=max_nfev, xtol=1e-8, drop_at_bound=False)
-        theta, sig = solution.values, solution.sigma
-        sig = np.where(np.isnan(sig), np.inf, sig)
-        weak = [(rank[q], sig[i] / max(theta[i], 1e-300), q) for i, q in enumerate(free)
-                if solution.at_bound[i] or not np.isfinite(sig[i]) or sig[i] >= 0.5 * theta[i]]
-        if weak:
-            _rank, _ratio, worst = max(weak)
-            i = free.index(worst)
-            held[worst] = ("stopped at a bound" if solution.at_bound[i] else "not seen by the data (a flat direction)"
-                           if not np.isfinite(sig[i]) else
-                           f"1σ {sig[i]:.3g} >= half its value {theta[i]:.3g}") + "; held at its start value"
-            continue
-        values = {**start, **dict(zip(free, theta.tolist(), strict=True))}
-        sigma = dict(zip(free, sig.tolist(), strict=True))
-        cov = solution.covariance_theta()
-        break
+    solution = fit(problem, SolverOptions(max_nfev=max_nfev, xtol=1e-8, drop_at_bound=False, hold_weak=True))
+    held = solution.held
     fitted = [p for p in paths if p not in held]
+    values = {**start, **solution.value_map()}
+    sigma = dict(zip(solution.problem.paths, solution.sigma.tolist(), strict=True))
+    cov = solution.covariance_theta() if fitted else None
     chip = chip_with(base, {p: values[p] for p in fitted}) if fitted else base
     after = list(np.asarray(predict(chip), dtype=float))
     pins = _pins(base, chip, specs, names, predict, after, published)
@@ -164,7 +133,7 @@ def fit_stage(name: str, base: Chip, published: Chip, specs: Sequence[ParameterS
                           before, after, pins, bounds)
 
 
-def _pins(base: Chip, chip: Chip, specs: Sequence[ParameterSpec], names: Sequence[str],
+def _pins(base: Chip, chip: Chip, specs: Sequence[Parameter], names: Sequence[str],
           predict: Callable[[Chip], np.ndarray], after: list[float], published: Chip) -> dict[str, list[str]]:
     """Per record, the parameters whose ±2 % change moves its prediction by ≥ 0.05 × 2 %."""
     center = np.asarray(after, dtype=float)

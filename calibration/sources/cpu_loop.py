@@ -10,8 +10,8 @@ The same pipeline as the TPU calibration, on the one machine we can always measu
 2. **Workload.** For each (width, batch) point, a small model of one architecture
    (``kimi-k3-mini`` at ``width`` hidden, ``layers`` layers, f32 weights:
    ``kimi-k3-mini[width=512,layers=4,formats=f32]``) becomes a per-device program
-   (:class:`calibration.predict.Predictor`, the same program the simulator prices), and
-   :func:`calibration.cpu_workload.build_cpu_step` replays it as one ``jax.jit`` executable
+   (:class:`calibration.sources.predict.Predictor`, the same program the simulator prices), and
+   :func:`calibration.sources.cpu_workload.build_cpu_step` replays it as one ``jax.jit`` executable
    on the CPU, one XLA kernel (or a few) per program op. Why our own replay rather than
    ``megakernel.reference``: the replay has exactly the program's bytes, FLOPs and op count,
    so a prediction error is the simulator's, not a workload mismatch.
@@ -20,10 +20,10 @@ The same pipeline as the TPU calibration, on the one machine we can always measu
    simulator does not model.
 3. **Measure** (:func:`measure_points`): compile, ``warmup`` untimed steps, then the median
    (and half the IQR) over ``repeats`` interleaved rounds of the fastest of ``burst`` steps →
-   one :class:`~calibration.measurements.Measurement` with ``backend: cpu-xla`` per point.
+   one :class:`~calibration.sources.measurements.Measurement` with ``backend: cpu-xla`` per point.
 4. **Predict and fit**: the simulator with the probed chip predicts every point
-   (uncalibrated), :func:`calibration.fit.fit_chip` fits the host's effective memory rate,
-   per-op launch cost, matmul rate and per-step cost (:data:`calibration.params.CPU_PARAMETERS`),
+   (uncalibrated), :func:`calibration.sources.step_times.fit_chip` fits the host's effective memory rate,
+   per-op launch cost, matmul rate and per-step cost (:func:`calibration.sources.step_times.default_parameters`),
    and the report compares before and after.
 
 :meth:`CpuLoopConfig.quick` is the CI variant (2 layers, 3 widths x 3 batches, few repeats:
@@ -37,11 +37,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from calibration.cpu_workload import build_cpu_step, median_and_spread
-from calibration.fit import FitResult, fit_chip
-from calibration.measurements import MS_PER_S, Measurement, SystemRef
-from calibration.params import CPU_PARAMETERS
-from calibration.predict import Predictor
+from calibration.sources.cpu_workload import build_cpu_step, median_and_spread
+from calibration.sources.measurements import MS_PER_S, Measurement, SystemRef
+from calibration.sources.predict import Predictor
+from calibration.sources.step_times import FitResult, default_parameters, fit_chip
 from hwmodels.catalog import list_chips, load_chip
 from hwmodels.probe import HOST_CHIP_NAME, probe_host, write_host_entry
 from hwmodels.schema import Chip
@@ -131,7 +130,7 @@ def measure_points(
             "steps": config.repeats * config.burst,
             "provenance": (
                 f"measured on {host} {when}: jax.jit per-op replay of the program "
-                f"(calibration.cpu_workload), {len(program.ops)} ops, "
+                f"(calibration.sources.cpu_workload), {len(program.ops)} ops, "
                 f"{step.weight_bytes / 1e6:.1f} MB weights, compile {step.compile_s:.2f} s, "
                 f"{config.warmup} warm-up steps, median over {config.repeats} interleaved rounds "
                 f"of the fastest of {config.burst} steps"
@@ -163,7 +162,7 @@ def run_cpu_loop(
     measured = list(records) if records is not None else measure_points(
         config, chip, predictor=predictor, progress=progress)
     result = fit_chip(
-        chip, measured, parameters=CPU_PARAMETERS,
+        chip, measured, parameters=default_parameters(chip),
         holdout=holdout if holdout is not None else config.holdout, predictor=predictor,
         diff_step=1e-3, max_nfev=40,
     )

@@ -3,7 +3,7 @@
 The data (``calibration/data/b300-sglang-k3.json``, *published*: the SGLang Kimi-K3 cookbook's
 B300 1x8 cells, via ``shared/reference/gpu-serving.md``): K3 on 8 x B300, TP8, CUDA graphs,
 concurrency 1, 8k prompt: TPOT 8.51 ms (MXFP4 experts), 10.12 ms (NVFP4), 2.84 / 3.24 ms with
-DSpark. Four :class:`~calibration.measurements.Measurement` records (:func:`load_b300_k3`).
+DSpark. Four :class:`~calibration.sources.measurements.Measurement` records (:func:`load_b300_k3`).
 
 The model: ``kimi-k3@<format>`` on ``b300 x 8`` under the chip's serving stack
 (``execution.gpu.stack: sglang-k3``, :mod:`tpusim.engine.gpu_fusion`), batch 1, context
@@ -36,14 +36,16 @@ predicted (:func:`fit_k3_stack`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.optimize import least_squares
 
-from calibration.measurements import Measurement, SystemRef
-from calibration.params import chip_with
+from calibration.core import Problem, SolverOptions, fit, leave_one_group_out, parameters
+from calibration.core.parameters import chip_with, figure_value
+from calibration.sources.measurements import Measurement, SystemRef
 from hwmodels.catalog import display_path
 from hwmodels.errors import InputError
 from hwmodels.overlay import CalibratedValue, CalibrationOverlay
@@ -58,15 +60,17 @@ from tpusim.workload.speculative import load_drafter
 
 NAME = "b300-sglang-k3"
 MEASUREMENT = f"published:{NAME}"
-DATA_FILE = Path(__file__).resolve().parent / "data" / f"{NAME}.json"
+DATA_FILE = Path(__file__).resolve().parents[1] / "data" / f"{NAME}.json"
 MEASURED_ON = "b300"
 CHIPS = 8
 FORMATS = ("mxfp4", "nvfp4")
 CONTEXT_TOKENS = 8192 + 1024 // 2
 BACKEND = "b300 sglang (published)"
-FITTED = ("execution.gpu.kernel_gap_s", "execution.per_op_efficiency")
-BOUNDS = {"execution.gpu.kernel_gap_s": (5e-8, 5e-5), "execution.per_op_efficiency": (0.05, 1.0)}
+FITTED = ("execution.gpu.kernel_gap_s", "execution.per_op_efficiency")  # bounds: calibration.core.parameters
 PRIOR_WEIGHT = 0.05  # residual per unit log-distance from the prior (a weak pull)
+# log-space variables from the priors; no parameter uncertainty (two figures on one or two step times)
+OPTIONS = SolverOptions(max_nfev=30, diff_step=1e-2, xtol=1e-8, ftol=1e-8, gtol=1e-8, start_inside=0.0,
+                        uncertainty="none")
 PLAN = "tp=8,expert_groups=1,expert_tp=8"  # attention TP8, experts TP8 (SGLang's K3 TP8 recipe)
 MAX_ACCEPTANCE = 8  # DSpark verifies 8 rows: at most 7 accepted + 1 bonus token
 
@@ -127,25 +131,24 @@ def _chip(base: Chip, values: dict[str, float]) -> Chip:
 
 
 def _prior(chip: Chip, path: str) -> float:
-    if path == "execution.per_op_efficiency":
-        return chip.execution.per_op_efficiency.value  # type: ignore[union-attr]
-    return getattr(chip.execution.gpu, path.rsplit(".", 1)[1]).value
+    return figure_value(chip, path)
+
+
+def k3_problem(chip: Chip, targets_ms: dict[str, float]) -> Problem:
+    """:data:`FITTED` on the plain rows ``targets_ms`` (format -> measured ms), one format per
+    point, in log space with the weak pull toward the priors (module docstring)."""
+    formats = tuple(targets_ms)
+
+    def predict(trial: Chip, points: Sequence[int]) -> np.ndarray:
+        return np.array([step_s(trial, formats[i]) * 1e3 for i in points])
+
+    return Problem("gpu k3 stack", chip, chip, parameters(*FITTED), predict, np.array([targets_ms[f] for f in formats]),
+                   groups={"format": formats}, transform="log", prior_weight=PRIOR_WEIGHT)
 
 
 def fit_on(chip: Chip, targets_ms: dict[str, float], *, max_evals: int = 30) -> dict[str, float]:
     """:data:`FITTED` on the plain rows ``targets_ms`` (format -> measured ms)."""
-    prior = np.log([_prior(chip, path) for path in FITTED])
-    lower = np.log([BOUNDS[path][0] for path in FITTED])
-    upper = np.log([BOUNDS[path][1] for path in FITTED])
-
-    def residuals(x: np.ndarray) -> np.ndarray:
-        trial = _chip(chip, dict(zip(FITTED, np.exp(x), strict=True)))
-        errors = [step_s(trial, fmt) * 1e3 / ms - 1.0 for fmt, ms in targets_ms.items()]
-        return np.array(errors + list(PRIOR_WEIGHT * (x - prior)))
-
-    solution = least_squares(residuals, np.clip(prior, lower, upper), bounds=(lower, upper),
-                             max_nfev=max_evals, diff_step=1e-2)
-    return dict(zip(FITTED, (float(v) for v in np.exp(solution.x)), strict=True))
+    return fit(k3_problem(chip, targets_ms), replace(OPTIONS, max_nfev=max_evals)).value_map()
 
 
 def dspark_checks(chip: Chip, measured: dict[str, float]) -> dict[str, Any]:
@@ -176,13 +179,14 @@ def fit_k3_stack(chip: Chip, *, max_evals: int = 30) -> dict[str, Any]:
     values = fit_on(chip, plain, max_evals=max_evals)
     fitted = _chip(chip, values)
     after = {fmt: breakdown_ms(fitted, fmt) for fmt in FORMATS}
+    # each format held out in turn: the shipped problem refitted on the other row
+    folds = leave_one_group_out(k3_problem(chip, plain), replace(OPTIONS, max_nfev=max_evals))
     holdout = {}
-    for held in FORMATS:
-        kept = {fmt: ms for fmt, ms in plain.items() if fmt != held}
-        held_values = fit_on(chip, kept, max_evals=max_evals)
-        predicted = step_s(_chip(chip, held_values), held) * 1e3
-        holdout[held] = {"fitted_on": sorted(kept), "parameters": held_values, "predicted_ms": predicted,
-                         "measured_ms": plain[held], "error": predicted / plain[held] - 1.0}
+    for fold in folds:
+        held = fold.value
+        holdout[held] = {"fitted_on": sorted(f for f in plain if f != held), "parameters": fold.values,
+                         "predicted_ms": fold.predicted[0], "measured_ms": plain[held],
+                         "error": fold.predicted[0] / plain[held] - 1.0}
     errors = {fmt: after[fmt]["step"] / plain[fmt] - 1.0 for fmt in FORMATS}
     return {
         "chip": chip.name, "measurements": MEASUREMENT, "stack": chip.execution.gpu.stack,

@@ -1,4 +1,4 @@
-"""The published TPU7x Muse Spark measurements as :class:`~calibration.measurements.Measurement`\\ s.
+"""The published TPU7x Muse Spark measurements as :class:`~calibration.sources.measurements.Measurement`\\ s.
 
 The public TPU megakernel release measured one grid-less ``pallas_call`` per decode step of
 Muse Spark 1.2 (62 MoE layers) on one host of 4 TPU7x chips = 8 TensorCores, TP8, in three
@@ -30,12 +30,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from calibration.measurements import MS_PER_S, US_PER_S, Measurement, PhaseTiming, SystemRef
+from calibration.sources.measurements import MS_PER_S, US_PER_S, Measurement, PhaseTiming, SystemRef
 from hwmodels.catalog import display_path
 from hwmodels.errors import InputError
 from hwmodels.textfile import read_user_json
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 PUBLISHED_DATASETS = {"tpu7x-musespark": "tpu7x-musespark-measurements.json"}
 PUBLISHED_SCHEDULE = "muse-published"
 PUBLISHED_BACKEND = "tpu7x (published)"

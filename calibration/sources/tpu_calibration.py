@@ -1,9 +1,9 @@
-"""The part-by-part TPU calibration (:mod:`calibration.parts` describes the stages).
+"""The part-by-part TPU calibration (:mod:`calibration.sources.tpu_stages` describes the stages).
 
 :func:`calibrate_by_parts` runs the component stages, predicts the end-to-end points with
 the parts' chip (the MAPE *before fitting on them*), fits the remaining figures on the
 end-to-end points (holding any the data cannot pin), and draws the parameter sets for
-prediction intervals (:mod:`calibration.intervals`). :class:`PartsResult` carries it all;
+prediction intervals (:mod:`calibration.core.samples`). :class:`PartsResult` carries it all;
 its :meth:`PartsResult.overlay` is the calibrated overlay with those sets.
 
 Simulated parts (engine runs on the Muse points, ``schedule`` as each record names it —
@@ -24,34 +24,43 @@ from typing import Any
 
 import numpy as np
 
-from calibration.components import ComponentRecord
-from calibration.core import CalibrationResult, SetErrors
-from calibration.coverage import fit_coverage
-from calibration.discrepancy import (
+from calibration.core import (
+    CalibrationResult,
     Coverage,
     Fold,
     ModelError,
+    SetErrors,
     coverage,
     model_error,
+    parameters,
 )
-from calibration.fit import FitResult, fit_chip, mape, refit_folds, relative_errors
-from calibration.intervals import METHOD, SEED, draw_samples
-from calibration.measurements import Measurement
-from calibration.params import ParameterSpec, chip_with, figure_value
-from calibration.parts import PART_PARAMETERS, PARTS_ORDER, StageFit, fit_stage, isolated_stage
-from calibration.predict import Predictor
+from calibration.core.parameters import figure_value
+from calibration.core.samples import METHOD, SEED, draw_samples
+from calibration.sources.fit_range import fit_coverage
+from calibration.sources.measurements import Measurement
+from calibration.sources.predict import Predictor
+from calibration.sources.step_times import (
+    FitResult,
+    fit_chip,
+    held_out_folds,
+    mape,
+    relative_errors,
+)
+from calibration.sources.tpu_components import ComponentRecord
+from calibration.sources.tpu_stages import (
+    PART_PARAMETERS,
+    PARTS_ORDER,
+    StageFit,
+    fit_stage,
+    isolated_stage,
+)
 from hwmodels.errors import InputError
 from hwmodels.overlay import CalibratedValue, CalibrationOverlay, ModelErrorTerm
 from hwmodels.schema import Chip
 from tpusim.workload.registry.names import Family
 
-E2E_PARAMETERS: tuple[ParameterSpec, ...] = (
-    ParameterSpec("compute.mxu.weight_push_s_per_tile", 0.25, 5.0,
-                  "decode matmuls are push-bound; bf16 rows pin it", relative=True),
-    ParameterSpec("compute.mxu.weight_push_s_per_tile_by_dtype.int8", 0.25, 4.0,
-                  "nvfp4+int8 vs nvfp4+bf16 differ only in the dense format", relative=True),
-    ParameterSpec("execution.per_layer_overhead_s", 0.0, 20e-6, "the per-layer remainder"),
-)
+E2E_PARAMETERS = parameters("compute.mxu.weight_push_s_per_tile", "compute.mxu.weight_push_s_per_tile_by_dtype.int8",
+                            "execution.per_layer_overhead_s")
 
 
 def _point(records: Sequence[Measurement], wanted: dict[str, Any]) -> Measurement:
@@ -148,7 +157,7 @@ class PartsResult:
                                       exact=self.model_error.exact))
 
     def result(self) -> CalibrationResult:
-        """The one result type (:class:`calibration.core.CalibrationResult`)."""
+        """The one result type (:class:`calibration.core.result.CalibrationResult`)."""
         e2e = self.e2e.to_json()
         errors = {self.measurements: SetErrors(
             points=len(self.e2e.records), priors_only=self.e2e.extra.get("mape_published"),
@@ -187,7 +196,7 @@ class PartsResult:
             "interval_samples": len(self.samples), "interval_method": METHOD.format(seed=SEED),
             "e2e_fit": {k: e2e[k] for k in ("parameters", "identifiability", "points", "engine_calls", "elapsed_s")},
             "contrasts": e2e["contrasts"],
-            "leave_one_group_out": [{"fold": f"{f.dimension}={f.value}", "points": f.keys,
+            "leave_one_group_out": [{"fold": f.name, "points": [self.e2e.split.calibration[i].key() for i in f.points],
                                      "errors": [float(e) for e in f.residuals]} for f in self.folds],
         }
 
@@ -196,7 +205,7 @@ def calibrate_by_parts(published: Chip, points: Sequence[Measurement], component
                        holdout: str | None = None, predictor: Predictor | None = None,
                        max_nfev: int = 12, logo: bool = True, with_coverage: bool = False,
                        measurements: str = "end-to-end points") -> PartsResult:
-    """Run the stages of :mod:`calibration.parts` and the end-to-end fit (module docstring)."""
+    """Run the stages of :mod:`calibration.sources.tpu_stages` and the end-to-end fit (module docstring)."""
     predictor = predictor or Predictor()
     chip, stages = published, []
     for name in PARTS_ORDER:
@@ -210,25 +219,10 @@ def calibrate_by_parts(published: Chip, points: Sequence[Measurement], component
             chip, stage = done
             stages.append(stage)
     parts_chip = chip
-    specs = list(E2E_PARAMETERS)
-    held: dict[str, str] = {}
-    start = parts_chip
-    while True:
-        e2e = fit_chip(parts_chip, points, parameters=specs, holdout=holdout, predictor=predictor,
-                       max_nfev=max_nfev, start=start)
-        weak = [p for p in e2e.parameters if p.uncertainty is None or p.uncertainty >= 0.5 * max(p.value, 1e-300)]
-        if not weak:
-            break
-        worst = max(weak, key=lambda p: float("inf") if p.uncertainty is None else p.uncertainty / max(p.value, 1e-300))
-        why = ("stopped at a bound" if worst.at_bound else "not seen by the data (a flat direction)"
-               if worst.uncertainty is None else f"1σ {worst.uncertainty:.3g} >= half its value {worst.value:.3g}")
-        held[worst.path] = f"end-to-end: {why}; held"
-        if len(specs) == 1:  # nothing left to fit: the parts' chip stands
-            break
-        specs = [s for s in specs if s.path != worst.path]
-        # the next round starts where this one ended, the held figure back at the parts' value
-        # (same optimum, fewer solver steps)
-        start = chip_with(e2e.chip, {worst.path: figure_value(parts_chip, worst.path)})
+    # the end-to-end stage starts on the parts' chip and holds what the step times cannot pin
+    e2e = fit_chip(parts_chip, points, parameters=E2E_PARAMETERS, holdout=holdout, predictor=predictor,
+                   max_nfev=max_nfev, hold_weak=True)
+    held = {path: f"end-to-end: {why}" for path, why in e2e.held.items()}
     records = list(points)
     e2e.extra["mape_published"] = mape(relative_errors([predictor.predict(published, r) for r in records], records))
     if e2e.split.holdout:
@@ -237,19 +231,12 @@ def calibrate_by_parts(published: Chip, points: Sequence[Measurement], component
     result = PartsResult(published, stages, parts_chip, e2e, held, measurements=measurements)
     result.samples = draw_samples(_stage_draws(result))
     if logo:
-        result.folds = logo_folds(result, predictor, spread=with_coverage, max_nfev=max_nfev)
+        # the end-to-end stage refitted exactly as it was fitted: on the parts' chip (not fitted
+        # on the step times), from the same start, holding what each refit cannot pin
+        result.folds = held_out_folds(e2e, spread=with_coverage)
         result.model_error = model_error(result.folds)
         result.coverage = coverage(result.folds) if with_coverage else None
     return result
-
-
-def logo_folds(result: PartsResult, predictor: Predictor, *, spread: bool, max_nfev: int) -> list[Fold]:
-    """Leave-one-group-out refits of the end-to-end stage (:func:`calibration.fit.refit_folds`):
-    the parts' chip fixed (it is not fitted on the step times), the figures the full fit kept
-    refitted without each group, started at the full fit."""
-    specs = [s for s in E2E_PARAMETERS if s.path not in result.e2e_held]
-    return refit_folds(result.parts_chip, result.e2e.split.calibration, specs, result.e2e.chip, predictor,
-                       spread=spread, max_nfev=max_nfev)
 
 
 def _stage_draws(result: PartsResult) -> list[tuple[list[str], np.ndarray, np.ndarray, dict[str, tuple[float, float]]]]:

@@ -29,14 +29,24 @@ MoE's routing, permute and activation kernels count as small kernels.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from scipy.optimize import least_squares
 
-from hwmodels.overlay import CalibratedValue, CalibrationOverlay
+from calibration.core import (
+    Problem,
+    Solution,
+    SolverOptions,
+    fit,
+    leave_one_group_out,
+    model_error,
+    parameters,
+)
+from calibration.core.model_error import EXTRAPOLATION_FACTOR
+from hwmodels.overlay import CalibratedValue, CalibrationOverlay, ModelErrorTerm
+from hwmodels.provenance import FitCoverage
 from hwmodels.schema import Chip
 from tpusim.engine import simulate
 from tpusim.engine.gpu import gpu_variant
@@ -78,7 +88,10 @@ STAGE_GROUP = {
     "norms / RoPE": "small", "FP8 activation quantize": "small",
 }
 FITTED = ("execution.gpu.kernel_gap_s", "execution.gpu.gemm_fixed_s", "execution.gpu.attention_fixed_s")
-BOUNDS_S = (5e-8, 5e-5)
+# log-space variables (the figures span decades), starting at the priors, no parameter uncertainty
+# (three figures on four shares): the shipped fit and its leave-one-group-out refits alike
+OPTIONS = SolverOptions(max_nfev=40, diff_step=1e-3, xtol=1e-8, ftol=1e-8, gtol=1e-8, start_inside=0.0,
+                        uncertainty="none")
 TOLERANCE = 0.15  # the acceptance bar: every group within 15 %
 
 
@@ -180,20 +193,24 @@ def qwen_program(chip: Chip) -> Program:
     return build_program(model, plan, batch=1, context_tokens=CONTEXT_TOKENS)
 
 
-def _with_figures(chip: Chip, values: dict[str, float]) -> Chip:
-    gpu = chip.execution.gpu
-    assert gpu is not None
-    updates = {path.rsplit(".", 1)[1]: getattr(gpu, path.rsplit(".", 1)[1]).model_copy(
-        update={"value": value, "label": "calibrated", "source": f"calibrated on {SOURCE}"})
-        for path, value in values.items()}
-    return chip.model_copy(update={"execution": chip.execution.model_copy(
-        update={"gpu": gpu.model_copy(update=updates)})})
-
-
 def group_errors(split: StackSplit) -> dict[str, float]:
     """Per group: simulated / published - 1 (published scaled to the step)."""
     target = published_group_us()
     return {group: split.group_us[group] / target[group] - 1.0 for group in STAGE_GROUPS}
+
+
+def stack_problem(chip: Chip, program: Program | None = None) -> Problem:
+    """The stack fit: :data:`FITTED` on the four stage groups' times (µs), one group per point."""
+    program = program or qwen_program(chip)
+    target = published_group_us()
+    groups = tuple(STAGE_GROUPS)
+
+    def predict(trial: Chip, points: Sequence[int]) -> np.ndarray:
+        split = split_step(trial, program)
+        return np.array([split.group_us[groups[i]] for i in points])
+
+    return Problem("gpu stack", chip, chip, parameters(*FITTED), predict, np.array([target[g] for g in groups]),
+                   groups={"stage group": groups}, transform="log")
 
 
 def fit_gpu_stack(chip: Chip, *, max_evals: int = 40) -> dict[str, Any]:
@@ -205,17 +222,9 @@ def fit_gpu_stack(chip: Chip, *, max_evals: int = 40) -> dict[str, Any]:
         raise ValueError(f"{chip.name}: the GPU stack calibration needs execution.gpu figures")
     program = qwen_program(chip)
     before = split_step(chip, program)
-    start = np.log([_figure(chip, path) for path in FITTED])
-
-    def residuals(x: np.ndarray) -> np.ndarray:
-        fitted = _with_figures(chip, dict(zip(FITTED, np.exp(x), strict=True)))
-        return np.array(list(group_errors(split_step(fitted, program)).values()))
-
-    lower, upper = math.log(BOUNDS_S[0]), math.log(BOUNDS_S[1])
-    solution = least_squares(residuals, np.clip(start, lower, upper), bounds=(lower, upper),
-                             max_nfev=max_evals, diff_step=1e-3)
-    values = dict(zip(FITTED, (float(v) for v in np.exp(solution.x)), strict=True))
-    after = split_step(_with_figures(chip, values), program)
+    solution = fit(stack_problem(chip, program), replace(OPTIONS, max_nfev=max_evals))
+    values = solution.value_map()
+    after = split_step(solution.chip(fitted_on=MEASUREMENT), program)
     return {
         "chip": chip.name, "measurements": MEASUREMENT, "source": SOURCE, "model": MODEL,
         "published_step_us": STEP_US, "published_stages_us": PUBLISHED_STAGES_US,
@@ -269,3 +278,50 @@ def report_markdown(fit: dict[str, Any]) -> str:
     for path, entry in fit["parameters"].items():
         lines.append(f"- `{path}`: {entry['published'] * 1e6:.2f} µs (prior) -> {entry['value'] * 1e6:.2f} µs (calibrated)")
     return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- model error and overlays
+
+SAME_GPU = {"gb200": MEASURED_ON}  # chip -> the chip whose stack fit it takes (same Blackwell GPU)
+ERROR_METHOD = ("leave-one-stage-group-out refits of the shipped serving-stack fit (calibration.sources.gpu_stack); "
+                "model error = the largest out-of-sample step error of the 4 folds (too few for a 90 % conformal "
+                "rank); outside the fit (another model, chip count or batch): x " f"{EXTRAPOLATION_FACTOR:g} (assumed)")
+
+
+def stack_model_error(chip: Chip, *, max_evals: int = 40) -> dict[str, Any]:
+    """Leave-one-stage-group-out refits of the shipped fit (:func:`stack_problem`, the same
+    options); the out-of-sample residual of a fold is the whole step's, ``(published step −
+    simulated step) / simulated step``, the quantity a compare row predicts. Four folds are too
+    few for a 90 % conformal rank: the model error is the largest (``exact: False``). The fit
+    states no parameter uncertainty, so an interval from this overlay is model error alone."""
+    program = qwen_program(chip)
+
+    def whole_step(solution: Solution, _held: list[int]) -> tuple[list[float], list[float]]:
+        return [STEP_US], [split_step(solution.chip(), program).step_us]
+
+    folds = leave_one_group_out(stack_problem(chip, program), replace(OPTIONS, max_nfev=max_evals), score=whole_step)
+    error = model_error(folds, ERROR_METHOD)
+    assert error is not None
+    return {**error.to_json(), "folds": [{"fold": f.name, "step_us": f.predicted[0], "error": float(f.residuals[0]),
+                                          "values": f.values} for f in folds]}
+
+
+def stack_overlay(fit: dict[str, Any], error: dict[str, Any] | None, chip_name: str) -> CalibrationOverlay:
+    """The overlay of ``chip_name`` from the stack fit ``fit`` (made on ``fit['chip']``): the
+    chip the split was measured on (b200), or for another chip of the same GPU
+    (:data:`SAME_GPU`) a **derived** overlay naming the fit it came from (the catalog keeps
+    its priors: fitted values reach a chip only through overlays)."""
+    derived = chip_name != fit["chip"]
+    fitted_on = f"{MEASUREMENT}: {SOURCE}"
+    if derived:
+        fitted_on = (f"derived: the {fit['chip']} serving-stack fit on {MEASUREMENT} "
+                     f"(tpusim calibrate --hardware {fit['chip']}), {chip_name} being the same GPU; {SOURCE}")
+    return CalibrationOverlay(
+        chip=chip_name, fitted_on=fitted_on,
+        parameters={path: CalibratedValue(value=entry["value"], fitted_on=(
+            f"derived from the {fit['chip']} fit on {MEASUREMENT}" if derived else MEASUREMENT))
+            for path, entry in fit["parameters"].items()},
+        coverage=FitCoverage(models=[MODEL], formats=[], chip_counts=[1], batches=[1], backends=["published"]),
+        model_error=None if error is None else ModelErrorTerm(
+            in_range_rel=error["in_range_rel"], extrapolated_rel=error["extrapolated_rel"], method=error["method"],
+            points=error["points"], exact=error["exact"]))

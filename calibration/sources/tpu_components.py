@@ -44,7 +44,7 @@ from hwmodels.schema import Chip
 from hwmodels.textfile import read_user_json
 from tpusim.workload.formats import dtype_bytes
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 COMPONENT_DATASETS = {"tpu7x-components": "tpu7x-components.json"}
 PARTS = ("links", "hbm", "host", "slot_sweep", "breakdown")
 ASSUMED_SIGMA = 0.05  # relative 1σ of a single published number without a range
@@ -205,7 +205,7 @@ def has_components(chip_name: str, spec: str) -> bool:
 
 def load_components(name: str = "tpu7x-components") -> list[ComponentRecord]:
     """The component records of dataset ``name`` (see the module table)."""
-    from calibration.published import load_published, read_published
+    from calibration.sources.tpu7x_published import load_published, read_published
 
     path = components_path(name)
     where = display_path(path)
@@ -241,7 +241,7 @@ def topology_of(record: ComponentRecord) -> Any:
 
 def predict_isolated(chip: Chip, record: ComponentRecord) -> float:
     """Prediction of a ``links``, ``hbm`` or ``host`` record (no engine run needed)."""
-    from calibration.params import figure_value
+    from calibration.core.parameters import figure_value
     from tpusim.engine.collectives import collective_time_s, isolated_time_s
 
     if record.quantity == "figure":

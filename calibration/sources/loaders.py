@@ -2,13 +2,13 @@
 
 Sources (:func:`load_measurements`):
 
-- ``published:tpu7x-musespark`` — the published TPU7x set (:mod:`calibration.published`);
-- a ``.jsonl`` file — measurement records (:mod:`calibration.measurements`), including the
+- ``published:tpu7x-musespark`` — the published TPU7x set (:mod:`calibration.sources.tpu7x_published`);
+- a ``.jsonl`` file — measurement records (:mod:`calibration.sources.measurements`), including the
   kernel runner's records (:func:`read_kernel_records`), which use the same schema
   (``schedule_name`` is accepted for ``schedule``; extra keys are kept in ``extra``).
 
 ``jax.profiler`` traces carry timings but not the workload, so they enter through
-:func:`calibration.profiler.trace_measurement` (which takes the model, system and batch) and
+:func:`calibration.sources.profiler.trace_measurement` (which takes the model, system and batch) and
 are appended to a ``.jsonl`` file like any other record.
 
 Honest labels: a record timed on the Pallas interpreter (``backend: cpu-interpret``) measures
@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from calibration.measurements import Measurement, read_measurements
-from calibration.published import PUBLISHED_DATASETS, load_published
+from calibration.sources.measurements import Measurement, read_measurements
+from calibration.sources.tpu7x_published import PUBLISHED_DATASETS, load_published
 from hwmodels.catalog import display_path
 from hwmodels.errors import InputError
 
@@ -38,7 +38,7 @@ def load_measurements(spec: str) -> list[Measurement]:
     if path.is_dir() or spec.endswith((".trace.json.gz", ".trace.json")):
         raise InputError(
             f"{display_path(path)}: a profiler trace has no workload description; convert it "
-            "with calibration.profiler.trace_measurement and append it to a .jsonl file"
+            "with calibration.sources.profiler.trace_measurement and append it to a .jsonl file"
         )
     if not path.exists():
         known = ", ".join(PUBLISHED_PREFIX + name for name in PUBLISHED_DATASETS)

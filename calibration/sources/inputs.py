@@ -9,10 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from calibration.by_parts import E2E_PARAMETERS
-from calibration.gpu_stack import FITTED
-from calibration.params import CPU_PARAMETERS, TPU_PARAMETERS
-from calibration.parts import PART_PARAMETERS
+from calibration.core.parameters import PARAMETERS
 from hwmodels.schema import Chip
 
 
@@ -40,9 +37,6 @@ def calibration_inputs() -> list[CalibrationInput]:
 
 
 def fitted_paths(chip: Chip) -> list[str]:
-    """Every figure path some calibration procedure fits on ``chip``."""
-    if chip.kind == "gpu":
-        return list(FITTED)
-    specs = CPU_PARAMETERS if chip.kind == "cpu" else (
-        *TPU_PARAMETERS, *E2E_PARAMETERS, *(s for stage in PART_PARAMETERS.values() for s in stage))
-    return list(dict.fromkeys(s.path for s in specs))
+    """Every figure path some calibration may fit on ``chip``: the table's figures with bounds
+    for its kind (:mod:`calibration.core.parameters`)."""
+    return [p.path for p in PARAMETERS if chip.kind in p.bounds]

@@ -1,13 +1,10 @@
-"""The one rule for a least-squares fit's uncertainty, and correlated draws from it.
+"""The one rule for a least-squares fit's uncertainty, identifiability, and correlated draws.
 
-Every calibration procedure — the end-to-end fit (:mod:`calibration.fit`), each stage of the
-part-by-part fit (:mod:`calibration.parts`) and the GPU micro-benchmark fit
-(:mod:`calibration.gpu_fit`) — solves a bounded least-squares problem in scaled variables
-``x = θ / θ_ref`` and states its uncertainty with the functions here; the prediction
-intervals (:mod:`calibration.intervals`) draw parameter sets with :func:`correlated_draws`.
-(The GPU serving-stack fit, :mod:`calibration.gpu_stack`, fits three figures on four stage
-shares and states no parameter uncertainty: its overlay has no samples, and its interval is
-the model error of :mod:`calibration.stack_error` alone.)
+The solver (:func:`calibration.core.solver.solve`) states every fit's uncertainty with the
+functions here, in its scaled variables ``x``; the prediction intervals
+(:mod:`calibration.core.samples`) draw parameter sets with :func:`correlated_draws`. A source
+that asks for no uncertainty (the GPU stack fits: three figures on four stage shares, two on
+two step times) gets none, and its interval is the model error alone.
 
 The rule, for residuals ``r`` (``n`` of them) and Jacobian ``J = ∂r/∂x`` (``n × p``) at
 the solution:
@@ -15,12 +12,12 @@ the solution:
 1. **Jacobian** (:func:`central_jacobian`): central differences of relative size ``step``
    (2 % by default: a discrete-event simulator is piecewise smooth, and a wider step
    averages over event-order kinks), each side clipped to the bounds; a parameter pinned
-   between equal bounds gets a zero column. (The GPU micro fit's model is analytic and
-   cheap: it uses the solver's own Jacobian instead.)
+   between equal bounds gets a zero column. (A source whose model is analytic and cheap,
+   the GPU micro fit, asks for the solver's own Jacobian instead.)
 2. **Inverse**: ``(JᵀJ)⁺``, the Moore–Penrose pseudo-inverse (numpy's ``pinv``, singular
    values below ``1e-15 ×`` the largest dropped). A rank-deficient or ill-conditioned ``J``
    therefore gives its flat directions a small, finite, *meaningless* variance, never an
-   infinite one; such parameters are flagged (``flat``: :func:`calibration.params.unseen`,
+   infinite one; such parameters are flagged (``flat``: :func:`unseen`,
    singular values below ``1e-8 ×`` the largest) and every procedure reports them as having
    no uncertainty.
 3. **Residual variance** ``s² = rᵀr / (n − p)``, undefined when ``n ≤ p``.
@@ -47,17 +44,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from calibration.params import unseen
-
 JACOBIAN_STEP = 0.02  # relative central-difference step of the uncertainty Jacobian
 
 
 def central_jacobian(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray, lower: np.ndarray,
-                     upper: np.ndarray, step: float = JACOBIAN_STEP) -> np.ndarray:
-    """``∂fn/∂x`` (``n × p``) by central differences of relative size ``step``, clipped to the bounds."""
+                     upper: np.ndarray, step: float = JACOBIAN_STEP, *, absolute: bool = False) -> np.ndarray:
+    """``∂fn/∂x`` (``n × p``) by central differences of relative size ``step`` (``absolute``: of
+    size ``step``, for ``x = ln θ``, where it is the same relative change of θ), clipped to the bounds."""
     columns = []
     for j in range(len(x)):
-        h = step * max(abs(float(x[j])), 1e-3)
+        h = step if absolute else step * max(abs(float(x[j])), 1e-3)
         plus, minus = x.copy(), x.copy()
         plus[j], minus[j] = min(x[j] + h, upper[j]), max(x[j] - h, lower[j])
         width = plus[j] - minus[j]
@@ -119,3 +115,48 @@ def correlated_draws(rng: np.random.Generator, mean: np.ndarray, cov: np.ndarray
     scale = np.where(sd > 0, sd, 1.0)
     correlation = nearest_psd(cov / np.outer(scale, scale))
     return mean + scale * rng.multivariate_normal(np.zeros(mean.size), correlation, size=n, method="eigh")
+
+
+@dataclass(frozen=True)
+class Identifiability:
+    """How well the data pins each parameter: singular values and the weakest direction."""
+
+    singular_values: tuple[float, ...]
+    condition: float
+    weakest: dict[str, float]  # parameter -> component of the weakest singular vector
+
+    def summary(self) -> str:
+        worst = max(self.weakest, key=lambda key: abs(self.weakest[key]))
+        return f"condition number {self.condition:.3g}; weakest direction mostly {worst}"
+
+
+def identifiability(jacobian: np.ndarray, paths: list[str]) -> Identifiability:
+    """Singular values of the (scaled) Jacobian: a tiny one means a combination of
+    parameters the data cannot see; its singular vector names the parameters involved."""
+    _, singular, vt = np.linalg.svd(jacobian, full_matrices=False)
+    condition = float(singular[0] / singular[-1]) if singular[-1] > 0 else float("inf")
+    return Identifiability(
+        singular_values=tuple(float(s) for s in singular),
+        condition=condition,
+        weakest={path: float(c) for path, c in zip(paths, vt[-1], strict=True)},
+    )
+
+
+RANK_TOLERANCE = 1e-8  # singular values below this fraction of the largest count as zero
+
+
+def unseen(jacobian: np.ndarray) -> np.ndarray:
+    """Boolean per parameter: part of a combination the data cannot see at all (a singular
+    value below :data:`RANK_TOLERANCE` of the largest, and a component above 0.1 in its
+    singular vector). A pseudo-inverse would give such parameters a small, meaningless
+    variance; they are reported unidentifiable instead."""
+    flagged = np.zeros(jacobian.shape[1], dtype=bool)
+    if not jacobian.size:
+        return flagged
+    _, singular, vt = np.linalg.svd(jacobian, full_matrices=True)
+    largest = singular[0] if singular.size and singular[0] > 0 else 1.0
+    padded = np.zeros(vt.shape[0])
+    padded[:singular.size] = singular
+    for k in np.flatnonzero(padded < RANK_TOLERANCE * largest):
+        flagged |= np.abs(vt[k]) > 0.1
+    return flagged

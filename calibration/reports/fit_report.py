@@ -9,7 +9,7 @@ Every number carries its label (the project's honest-labels rule):
 - **simulated, calibrated** — the engine with the fitted overlay applied, and which
   parameters it replaced, fitted on what.
 
-Two entry points: :func:`fit_report` (after :func:`calibration.fit.fit_chip`: before/after,
+Two entry points: :func:`fit_report` (after :func:`calibration.sources.step_times.fit_chip`: before/after,
 calibration vs held-out, fitted parameters) and :func:`comparison_report` (``tpusim report``:
 no fit, the current overlay against the published figures on a measurement file). Both
 build :class:`Row` lists; :func:`scatter_plot` draws either with matplotlib's Agg backend.
@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from calibration.fit import FitResult, mape, max_error
-from calibration.measurements import MS_PER_S, US_PER_S, Measurement, measured_label
-from calibration.predict import Predictor
+from calibration.sources.measurements import MS_PER_S, US_PER_S, Measurement, measured_label
+from calibration.sources.predict import Predictor
+from calibration.sources.step_times import FitResult, mape, max_error
 from hwmodels.atomic import write_bytes_atomic, write_text_atomic
 from hwmodels.schema import Chip
 

@@ -5,8 +5,8 @@ computed here, from :func:`tpusim.workload.program.build_program` (whose tensors
 :mod:`tpusim.workload.shapes`, the one owner of shapes), and shipped as
 ``calibration/gpu_bench/workloads.json``::
 
-    python -m calibration.gpu_workloads            # rewrite workloads.json
-    python -m calibration.gpu_workloads --check    # exit 1 if the shipped file is stale
+    python -m calibration.sources.gpu_workloads            # rewrite workloads.json
+    python -m calibration.sources.gpu_workloads --check    # exit 1 if the shipped file is stale
 
 Two sets:
 
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from calibration.gpu_bench import WORKLOADS_PATH
-from calibration.predict import resolve_model
-from calibration.step_description import describe_program
+from calibration.sources.predict import resolve_model
+from calibration.sources.step_description import describe_program
 from hwmodels.atomic import write_text_atomic
 from tpusim.workload.model_catalog import plan_for
 from tpusim.workload.program import build_program
@@ -119,7 +119,7 @@ def bench_set(name: str) -> dict[str, Any]:
 
 def bench_workloads() -> dict[str, Any]:
     """The whole workloads file as a dict."""
-    return {"generated_by": "python -m calibration.gpu_workloads",
+    return {"generated_by": "python -m calibration.sources.gpu_workloads",
             "sets": {name: bench_set(name) for name in SETS}}
 
 
@@ -140,14 +140,14 @@ def render(workloads: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m calibration.gpu_workloads", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m calibration.sources.gpu_workloads", description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if the shipped workloads.json is stale")
     args = parser.parse_args(argv)
     text = render(bench_workloads())
     if args.check:
         current = WORKLOADS_PATH.read_text(encoding="utf-8") if WORKLOADS_PATH.exists() else ""
         if current != text:
-            sys.stderr.write(f"{WORKLOADS_PATH}: stale; run python -m calibration.gpu_workloads\n")
+            sys.stderr.write(f"{WORKLOADS_PATH}: stale; run python -m calibration.sources.gpu_workloads\n")
             return 1
         return 0
     write_text_atomic(WORKLOADS_PATH, text)

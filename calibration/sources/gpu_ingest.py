@@ -2,11 +2,11 @@
 
 ::
 
-    python -m calibration.gpu_ingest OUT [--into calibration/data] [--force]
+    python -m calibration.sources.gpu_ingest OUT [--into calibration/data] [--force]
 
 reads ``OUT/records.jsonl`` (every line validated as a
-:class:`~calibration.measurements.Measurement`), turns each trace listed in
-``OUT/traces.json`` into one more record with :func:`calibration.profiler.trace_measurement`
+:class:`~calibration.sources.measurements.Measurement`), turns each trace listed in
+``OUT/traces.json`` into one more record with :func:`calibration.sources.profiler.trace_measurement`
 (the traced step's median, and its top kernels as per-step phases; ``extra.kind:
 profile``), and writes them all to ``<into>/<chip>-<YYYY-MM-DD>.jsonl`` (atomically;
 refuses to replace an existing file without ``--force``). The date and chip come from
@@ -21,13 +21,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from calibration.measurements import Measurement, read_measurements, write_measurements
-from calibration.profiler import load_trace, trace_measurement
+from calibration.sources.measurements import Measurement, read_measurements, write_measurements
+from calibration.sources.profiler import load_trace, trace_measurement
 from hwmodels.catalog import display_path
 from hwmodels.errors import InputError
 from hwmodels.textfile import read_user_json
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 PROFILE_KIND = "profile"
 
 
@@ -76,7 +76,7 @@ def data_file_name(run: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m calibration.gpu_ingest", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m calibration.sources.gpu_ingest", description=__doc__.split("\n")[0])
     parser.add_argument("out", type=Path, help="a gpu_bench --out folder")
     parser.add_argument("--into", type=Path, default=DATA_DIR, help="folder for the data file")
     parser.add_argument("--force", action="store_true", help="replace an existing data file")

@@ -1,6 +1,6 @@
 """Predict a measurement with the simulator: ``predict(chip, measurement) -> seconds``.
 
-A :class:`~calibration.measurements.Measurement` names everything the simulator needs:
+A :class:`~calibration.sources.measurements.Measurement` names everything the simulator needs:
 
 1. the **model** (:func:`resolve_model`: a catalog name such as ``muse-spark@int4+bf16``,
    optionally with width/layer overrides in brackets, ``kimi-k3-mini[width=512,layers=4]``,
@@ -35,7 +35,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from calibration.measurements import Measurement
+from calibration.sources.measurements import Measurement
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
 from tpusim.schedule.schema import BUILTIN_SCHEDULES, MODEL_SCHEDULES, Schedule, load_schedule

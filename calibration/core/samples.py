@@ -4,13 +4,13 @@ Method (covariance sampling, chosen over a bootstrap because a bootstrap refits 
 calibration per resample — minutes of engine time each — while sampling costs nothing at
 fit time):
 
-1. Every stage of a calibration (:mod:`calibration.parts`; the end-to-end fit) leaves its
+1. Every stage of a calibration (:mod:`calibration.sources.tpu_stages`; the end-to-end fit) leaves its
    fitted values ``θ_s`` and their covariance ``C_s``. Stages are fitted on disjoint data,
    so the joint distribution is taken block-diagonal (the end-to-end stage's dependence on
    the parts' values is not propagated: its values are conditional on them).
 2. :func:`draw_samples` draws :data:`SAMPLES` parameter sets from ``N(θ_s, C_s)`` per stage
-   (:func:`calibration.covariance.correlated_draws`, the one sampler; ``C_s`` comes from
-   :func:`calibration.covariance.fit_covariance`, the one covariance rule) with a fixed
+   (:func:`calibration.core.covariance.correlated_draws`, the one sampler; ``C_s`` comes from
+   :func:`calibration.core.covariance.fit_covariance`, the one covariance rule) with a fixed
    seed, clipped to each parameter's bounds, and the overlay stores them
    (``CalibrationOverlay.samples``).
 3. A calibrated prediction re-simulates once per set (:mod:`tpusim.report.intervals`, which
@@ -22,7 +22,7 @@ fit time):
    5th/95th percentile.
 
 The samples carry the parameter uncertainty only; the model's own error, measured out of
-sample by leave-one-group-out refits (:mod:`calibration.discrepancy`), is stored beside them
+sample by leave-one-group-out refits (:mod:`calibration.core.model_error`), is stored beside them
 (``CalibrationOverlay.model_error``) and :mod:`tpusim.report.intervals` adds it to the
 samples' spread (in quadrature; the extrapolated term outside the fit).
 """
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from calibration.covariance import correlated_draws
+from calibration.core.covariance import correlated_draws
 
 SAMPLES = 24
 SEED = 20260930

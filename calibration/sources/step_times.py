@@ -3,7 +3,7 @@
 The problem
 -----------
 For measurements ``m_i`` (step time ``t_i``) and a chip whose chosen figures are
-``θ = (θ_1 .. θ_p)`` (see :mod:`calibration.params`), the simulator predicts ``T_i(θ)``.
+``θ = (θ_1 .. θ_p)`` (see :mod:`calibration.core.parameters`), the simulator predicts ``T_i(θ)``.
 We minimise the **relative** residuals (a 3 ms point and a 30 ms point count alike)::
 
     r_i(θ) = (T_i(θ) - t_i) / t_i,        minimise  ½ Σ r_i²   subject to  lo ≤ θ ≤ hi
@@ -22,12 +22,12 @@ Steps (:func:`fit_chip`):
    point once; a forward-difference Jacobian costs ``p`` more simulations per point, so an
    iteration costs ``n (p + 1)`` engine calls. Evaluations are memoised by ``x``.
 5. **Uncertainty** from a central-difference Jacobian ``J`` at the solution (2 % steps, see
-   :func:`fit_chip`) by the one rule of :mod:`calibration.covariance`: ``cov(x) = s² (JᵀJ)⁺``
+   :func:`fit_chip`) by the one rule of :mod:`calibration.core.covariance`: ``cov(x) = s² (JᵀJ)⁺``
    with ``s² = Σ r² / (n - p)``, the residual variance; ``σ(θ_j) = θ_ref_j √cov_jj``. A
    parameter stopped at a bound is flagged and held there: it gets no σ (the statement is
    one-sided) and leaves the covariance, so a near-flat column cannot inflate the others.
    The covariance of the free parameters (in their own units) is kept in
-   ``FitResult.extra["covariance"]`` for prediction intervals (:mod:`calibration.intervals`).
+   ``FitResult.extra["covariance"]`` for prediction intervals (:mod:`calibration.core.samples`).
 6. **Validate**: predict the held-out points with the fitted chip (the honest test), and
    estimate leave-one-out errors on the calibration points from the hat matrix
    ``H = J (JᵀJ)⁻¹ Jᵀ``: ``r_(i) ≈ r_i / (1 - h_ii)`` (exact for a linear model, no refits).
@@ -39,7 +39,6 @@ Steps (:func:`fit_chip`):
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -48,79 +47,25 @@ from typing import Any
 
 import numpy as np
 
-from calibration.contrasts import contrasts_json
-from calibration.core import Problem, solve
-from calibration.coverage import fit_coverage
-from calibration.discrepancy import Fold
-from calibration.measurements import Measurement
-from calibration.params import (
-    SUSTAINED_PATH,
-    Identifiability,
-    ParameterSpec,
-    chip_with,
-    default_parameters,
-    figure_value,
-    identifiability,
-    implied_values,
+from calibration.core import (
+    Fold,
+    Parameter,
+    Problem,
+    SolverOptions,
+    fit,
+    leave_one_group_out,
+    parameters,
 )
-from calibration.predict import PredictFn, Predictor
+from calibration.core.covariance import Identifiability, identifiability
+from calibration.core.parameters import SUSTAINED_PATH, figure_value, implied_values
+from calibration.sources.fit_range import fit_coverage
+from calibration.sources.format_contrasts import contrasts_json
+from calibration.sources.measurements import Measurement
+from calibration.sources.predict import PredictFn, Predictor
+from calibration.sources.splits import Split, describe_records, groups_of, split_records
 from hwmodels.errors import InputError
-from hwmodels.overlay import CalibratedValue, CalibrationOverlay, save_overlay
+from hwmodels.overlay import CalibratedValue, CalibrationOverlay, iter_figures, save_overlay
 from hwmodels.schema import Chip
-
-HOLDOUT_KEYS = ("format", "batch", "width", "model", "context", "backend", "index", "kind")
-_WIDTH = re.compile(r"[\[,]width=(\d+)")
-
-
-# --------------------------------------------------------------------------- splits
-
-
-@dataclass(frozen=True)
-class Split:
-    """Calibration and held-out records, and the spec that chose them."""
-
-    calibration: list[Measurement]
-    holdout: list[Measurement]
-    spec: str = ""
-
-
-def _matches(record: Measurement, index: int, key: str, values: set[str]) -> bool:
-    width = _WIDTH.search(record.model)
-    actual = {
-        "format": record.format, "batch": str(record.batch), "model": record.model,
-        "width": width.group(1) if width else "",
-        "context": str(record.context), "backend": record.backend, "index": str(index),
-        "kind": str(record.extra.get("kind", "decode_step")),  # what a gpu_bench record measures
-    }[key]
-    return actual in values
-
-
-def split_records(records: Sequence[Measurement], spec: str | None) -> Split:
-    """Hold out the records matching ``spec``: ``key=v1|v2`` clauses joined by ``;`` (all
-    must match). Keys: format, batch, width (the ``width=`` model override), model, context,
-    backend, index (0-based position), kind (``extra.kind`` of a :mod:`calibration.gpu_bench`
-    record: copy, gap_compiled, matmul, decode_step, ...; ``decode_step`` when absent).
-    An empty spec holds nothing out."""
-    if not spec:
-        return Split(list(records), [], "")
-    clauses: list[tuple[str, set[str]]] = []
-    for clause in filter(None, (part.strip() for part in spec.split(";"))):
-        key, sep, value = clause.partition("=")
-        if not sep or key.strip() not in HOLDOUT_KEYS or not value.strip():
-            raise InputError(
-                f"--holdout {spec!r}: expected key=value with key one of {', '.join(HOLDOUT_KEYS)}"
-            )
-        clauses.append((key.strip(), {v.strip() for v in value.split("|")}))
-    held, kept = [], []
-    for index, record in enumerate(records):
-        hit = all(_matches(record, index, key, values) for key, values in clauses)
-        (held if hit else kept).append(record)
-    if not held:
-        raise InputError(f"--holdout {spec!r}: matches no measurement")
-    if not kept:
-        raise InputError(f"--holdout {spec!r}: holds out every measurement; nothing left to fit")
-    return Split(kept, held, spec)
-
 
 # --------------------------------------------------------------------------- errors
 
@@ -187,6 +132,9 @@ class FitResult:
     success: bool
     message: str
     extra: dict[str, Any] = field(default_factory=dict)
+    problem: Problem | None = None  # what was fitted (leave-one-group-out refits it: held_out_folds)
+    solver: SolverOptions | None = None
+    held: dict[str, str] = field(default_factory=dict)  # parameters held by the identifiability rule
 
     @property
     def records(self) -> list[Measurement]:
@@ -215,7 +163,7 @@ class FitResult:
 
     def overlay(self) -> CalibrationOverlay:
         """The fitted values as a calibration overlay (each with its uncertainty and data),
-        plus any figure implied by them (:func:`calibration.params.implied_values`)."""
+        plus any figure implied by them (:func:`calibration.core.parameters.implied_values`)."""
         parameters = {
             p.path: CalibratedValue(value=p.value, uncertainty=p.uncertainty, fitted_on=p.fitted_on)
             for p in self.parameters
@@ -259,23 +207,34 @@ class FitResult:
 # --------------------------------------------------------------------------- fitting
 
 
-def describe_records(records: Sequence[Measurement]) -> str:
-    """``12 points: muse-spark@{nvfp4+int8,int4+bf16} b1..8 on tpu-v7x4 (tpu7x (published))``."""
-    models = sorted({r.model.partition("[")[0].partition("@")[0] for r in records})
-    formats = sorted({r.format for r in records if r.format})
-    batches = sorted({r.batch for r in records})
-    systems = sorted({r.system.name for r in records})
-    backends = sorted({r.backend for r in records})
-    model = ",".join(models) + (f"@{{{','.join(formats)}}}" if formats else "")
-    batch = f"b{batches[0]}..{batches[-1]}" if len(batches) > 1 else f"b{batches[0]}"
-    return f"{len(records)} points: {model} {batch} on {','.join(systems)} ({', '.join(backends)})"
+DEFAULT_PARAMETERS = {  # the justified sets per chip kind (the module docstring of calibration.core.parameters)
+    "tpu": ("hbm.sustained_bandwidth_bytes_per_s", "compute.mxu.weight_push_s_per_tile",
+            "compute.mxu.weight_push_s_per_tile_by_dtype.int8", "execution.per_layer_overhead_s"),
+    "gpu": ("hbm.sustained_bandwidth_bytes_per_s", "execution.per_layer_overhead_s"),
+    "cpu": ("hbm.sustained_bandwidth_bytes_per_s", "execution.launch_overhead_s", "compute.cpu.peak_flops_per_s.f32"),
+}
+
+
+def default_parameters(chip: Chip) -> tuple[Parameter, ...]:
+    """The default set for ``chip``'s kind, those figures the chip has.
+
+    On step times alone (one model, fixed layer counts) a per-step cost, a collective stage
+    latency or a DMA issue cost cannot be told apart from the per-layer cost or the
+    bandwidth; the part-by-part procedure pins those on their own measurements
+    (:mod:`calibration.sources.tpu_stages`). On the CPU loop, the per-step cost stays at the
+    probe's measured dispatch for the same reason."""
+    available = {path for path, _ in iter_figures(chip)}
+    usable = tuple(p for p in parameters(*DEFAULT_PARAMETERS[chip.kind]) if p.path in available)
+    if not usable:
+        raise InputError(f"chip {chip.name}: none of the default calibration parameters exist")
+    return usable
 
 
 def fit_chip(
     published: Chip,
     records: Sequence[Measurement],
     *,
-    parameters: Sequence[ParameterSpec] | None = None,
+    parameters: Sequence[Parameter] | None = None,
     holdout: str | None = None,
     start: Chip | None = None,
     predictor: PredictFn | None = None,
@@ -283,6 +242,7 @@ def fit_chip(
     max_nfev: int = 30,
     xtol: float = 1e-6,
     uncertainty_step: float = 0.02,
+    hold_weak: bool = False,
 ) -> FitResult:
     """Fit ``parameters`` of ``published`` to ``records`` (see the module docstring).
 
@@ -292,7 +252,8 @@ def fit_chip(
     solver's relative finite-difference step; the uncertainty and leave-one-out estimates use
     a separate central-difference Jacobian with the larger relative step
     ``uncertainty_step`` (a discrete-event simulator is piecewise smooth: a 2 % step averages
-    over event-order kinks that a 0.1 % step can land on).
+    over event-order kinks that a 0.1 % step can land on). ``hold_weak``: hold the parameters
+    the data does not pin (:func:`calibration.core.fit`).
     """
     began = time.perf_counter()
     predict = predictor or Predictor()
@@ -303,7 +264,7 @@ def fit_chip(
         calls += 1
         return predict(chip, record)
 
-    specs = list(parameters or default_parameters(published))
+    specs = tuple(parameters or default_parameters(published))
     split = split_records(records, holdout)
     cal = split.calibration
     if len(cal) < len(specs):
@@ -311,17 +272,16 @@ def fit_chip(
             f"{len(cal)} calibration points cannot determine {len(specs)} parameters; "
             "hold out fewer points or fit fewer parameters"
         )
-    paths = [spec.path for spec in specs]
-    published_values = np.array([figure_value(published, p) for p in paths])
-    measured = np.array([r.step_s for r in cal])
     fitted_on = describe_records(cal)
     before = {r.key(): run(published, r) for r in split.calibration + split.holdout}
-    problem = Problem("end to end", published, published, tuple(specs),
-                      lambda chip: np.array([run(chip, r) for r in cal]), measured,
-                      groups=tuple(r.format for r in cal), start=start)
-    solution = solve(problem, max_nfev=max_nfev, diff_step=diff_step, xtol=xtol, uncertainty_step=uncertainty_step)
+    problem = Problem("step times", published, published, specs,
+                      lambda chip, points: np.array([run(chip, cal[i]) for i in points]),
+                      np.array([r.step_s for r in cal]), groups=groups_of(cal), start=start)
+    options = SolverOptions(max_nfev=max_nfev, diff_step=diff_step, xtol=xtol, uncertainty_step=uncertainty_step,
+                            hold_weak=hold_weak)
+    solution = fit(problem, options)
     res, theta, free = solution.residuals, solution.values, solution.free
-    jac_all = solution.jacobian
+    paths = solution.problem.paths
     sigma = solution.sigma
     fit_cov = solution.covariance
     s2 = fit_cov.s2 if fit_cov is not None else None
@@ -333,16 +293,18 @@ def fit_chip(
         FittedParameter(
             path=spec.path, value=float(theta[j]),
             uncertainty=None if not math.isfinite(sigma[j]) else float(sigma[j]),
-            start=float(solution.start[j]), published=float(published_values[j]),
+            start=float(solution.start[j]), published=figure_value(published, spec.path),
             lower=float(solution.lower[j]), upper=float(solution.upper[j]), at_bound=bool(solution.at_bound[j]),
             fitted_on=fitted_on, why=spec.why,
         )
-        for j, spec in enumerate(specs)
+        for j, spec in enumerate(solution.problem.parameters)
     ]
     calibrated = solution.chip(fitted_on=fitted_on)
+    measured = problem.measured
     after = {r.key(): float(measured[i] * (1.0 + res[i])) for i, r in enumerate(cal)}
     after.update({r.key(): run(calibrated, r) for r in split.holdout})
     leverage = np.clip(1.0 - hat, 1e-6, None)
+    jac_all = solution.jacobian
     return FitResult(
         chip=calibrated, published_chip=published, parameters=fitted, split=split,
         fitted_on=fitted_on, before_s=before, after_s=after,
@@ -351,6 +313,7 @@ def fit_chip(
         residual_s2=s2, engine_calls=calls, elapsed_s=time.perf_counter() - began,
         success=solution.success, message=solution.message,
         extra={"covariance": covariance} if covariance else {},
+        problem=problem, solver=options, held=dict(solution.held),
     )
 
 
@@ -365,7 +328,7 @@ def save_fit(result: FitResult, path: Path | str | None = None, *, samples: bool
     overlay = result.overlay()
     covariance = result.extra.get("covariance")
     if samples and covariance:
-        from calibration.intervals import METHOD, SEED, draw_samples
+        from calibration.core.samples import METHOD, SEED, draw_samples
 
         bounds = {p.path: (p.lower, p.upper) for p in result.parameters}
         values = np.array([next(p.value for p in result.parameters if p.path == path) for path in covariance["paths"]])
@@ -377,33 +340,11 @@ def save_fit(result: FitResult, path: Path | str | None = None, *, samples: bool
     return save_overlay(overlay, path)
 
 
-def refit_folds(base: Chip, records: Sequence[Measurement], specs: Sequence[ParameterSpec], start: Chip,
-                predictor: PredictFn, *, spread: bool, max_nfev: int = 12) -> list[Fold]:
-    """Leave-one-group-out refits (:mod:`calibration.discrepancy`): ``specs`` refitted on
-    ``base`` without each group of ``records``, started at ``start`` (the full fit), the
-    group predicted with the refit. ``spread``: also each held prediction's 1σ from the
-    refit's covariance (a central-difference gradient, 2 % steps)."""
-    from calibration.discrepancy import leave_one_group_out
-
-    def refit(kept: list[Measurement]) -> tuple[Any, Any]:
-        if not specs:
-            return (lambda r: predictor(base, r)), (lambda r: 0.0)
-        fit = fit_chip(base, kept, parameters=specs, predictor=predictor, max_nfev=max_nfev, start=start)
-        chip = fit.chip
-        cov = fit.extra.get("covariance")
-
-        def sd(record: Measurement) -> float:
-            if not cov:
-                return 0.0
-            gradient = []
-            for path in cov["paths"]:
-                value = figure_value(chip, path)
-                up, down = value * 1.02, value * 0.98
-                gradient.append((predictor(chip_with(chip, {path: up}), record)
-                                 - predictor(chip_with(chip, {path: down}), record)) / (up - down))
-            g = np.array(gradient)
-            return float(np.sqrt(max(g @ np.array(cov["matrix"]) @ g, 0.0)))
-
-        return (lambda r: predictor(chip, r)), (sd if spread else None)
-
-    return leave_one_group_out(records, refit)
+def held_out_folds(result: FitResult, *, spread: bool) -> list[Fold]:
+    """Leave-one-group-out refits of exactly the fit that produced ``result`` (same problem,
+    same options, same start: :func:`calibration.core.leave_one_group_out`), over every
+    dimension the calibration points vary in (format, batch, model, chip count); ``spread``:
+    also each held prediction's 1σ from the refit's covariance."""
+    if result.problem is None or result.solver is None:
+        raise ValueError("this result was not fitted through calibration.core (no problem to refit)")
+    return leave_one_group_out(result.problem, result.solver, spread=spread)

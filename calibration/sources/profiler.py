@@ -25,7 +25,7 @@ kinds of complete event matter here:
 From these :class:`ProfileTrace` gives per-kernel statistics (:meth:`ProfileTrace.kernel_stats`),
 per-execution spans (:meth:`ProfileTrace.executions`), step durations
 (:meth:`ProfileTrace.step_durations_us`), and :func:`trace_measurement` folds them into a
-:class:`~calibration.measurements.Measurement` (median step, spread, per-kernel phases).
+:class:`~calibration.sources.measurements.Measurement` (median step, spread, per-kernel phases).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from calibration.measurements import MS_PER_S, US_PER_S, Measurement, PhaseTiming, SystemRef
+from calibration.sources.measurements import MS_PER_S, US_PER_S, Measurement, PhaseTiming, SystemRef
 from hwmodels.catalog import display_path
 from hwmodels.errors import InputError
 from hwmodels.textfile import read_user_json

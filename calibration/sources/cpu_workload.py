@@ -2,7 +2,7 @@
 
 The replay itself lives in :mod:`calibration.gpu_bench.replay` (jax + numpy only, shared with
 the GPU harness); this module describes the program for it
-(:func:`calibration.step_description.describe_program`, one matmul per expert) and keeps the
+(:func:`calibration.sources.step_description.describe_program`, one matmul per expert) and keeps the
 CPU loop's names.
 
 The CPU closed loop needs a real decode step whose bytes, FLOPs and op count are exactly
@@ -19,7 +19,7 @@ import statistics
 from dataclasses import dataclass
 
 from calibration.gpu_bench.replay import ReplayStep, build_step
-from calibration.step_description import describe_program
+from calibration.sources.step_description import describe_program
 from tpusim.workload.program import Program
 
 
