@@ -29,7 +29,7 @@ Modules, bottom to top (each imports only those before it):
 8. :mod:`~calibration.core.result` — :class:`CalibrationResult`, :class:`SetErrors`.
 """
 
-from calibration.core.holdout import Fold, fold_groups, leave_one_group_out
+from calibration.core.holdout import Fold, fold_groups, leave_one_group_out, linearised_folds
 from calibration.core.model_error import Coverage, ModelError, coverage, model_error
 from calibration.core.parameters import PARAMETERS, Parameter, parameter, parameters
 from calibration.core.problem import Problem
@@ -38,4 +38,4 @@ from calibration.core.solver import Solution, SolverOptions, fit, solve
 
 __all__ = ["PARAMETERS", "CalibrationResult", "Coverage", "Fold", "ModelError", "Parameter", "Problem",
            "SetErrors", "Solution", "SolverOptions", "coverage", "fit", "fold_groups", "leave_one_group_out",
-           "model_error", "parameter", "parameters", "solve"]
+           "linearised_folds", "model_error", "parameter", "parameters", "solve"]

@@ -1,7 +1,7 @@
 """The one solver: bounded least squares on a :class:`~calibration.core.problem.Problem`.
 
-Library: :func:`scipy.optimize.least_squares` (trust-region reflective, every iterate
-inside the bounds). Chosen over ``lmfit`` on merit: lmfit wraps the same MINPACK/TRF
+Library: SciPy's bounded least-squares solver (``scipy.optimize``, trust-region reflective,
+every iterate inside the bounds). Chosen over ``lmfit`` on merit: lmfit wraps the same MINPACK/TRF
 solvers and adds named parameters and reports, which the parameter table and
 :class:`Solution` already give; scipy is already a dependency, and its ``x_scale``,
 ``diff_step`` and bounds are all a discrete-event simulator needs. This module holds the

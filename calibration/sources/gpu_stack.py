@@ -18,13 +18,19 @@ time and ramp go to its own group, the rest of the op (copies and compute) to th
 the op's main kernel.
 
 The fit: three figures of ``execution.gpu`` — ``kernel_gap_s``, ``gemm_fixed_s``,
-``attention_fixed_s`` — by bounded least squares (``scipy.optimize.least_squares``, in log
-space) on the four groups' relative errors. ``small_kernel_s`` stays at its prior: every
+``attention_fixed_s`` — by the one solver (:func:`calibration.core.fit`, bounds from the
+parameter table, in log space) on the four groups' relative errors (:func:`stack_problem`). ``small_kernel_s`` stays at its prior: every
 kernel pays the gap, so the small-kernel group alone cannot tell a small kernel's own time
 from the gap. The MoE group has no figure of its own (its grouped GEMMs share
 ``gemm_fixed_s`` with the dense GEMMs), so it is a check, as is the split *within* each
 group (w13 vs w2, DeltaNet vs attention, norms vs quantize), reported but not fitted. The
 MoE's routing, permute and activation kernels count as small kernels.
+
+The model error (:func:`stack_model_error`): each stage group held out in turn and *the same
+problem, with the same options*, refitted on the other three (before, the refits solved a
+linear-space variant of the problem, so the quoted held-out error was not that of the
+shipped fit); the overlay of b200, or a derived one for a chip of the same GPU
+(:func:`stack_overlay`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ What each row pins:
 - a plain row (no speculation) is one step time: it pins one combination of the per-kernel
   time and the per-kernel stream rate. The fit moves :data:`FITTED` — ``kernel_gap_s`` (the
   graph gap every one of ~1,500 kernels pays) and ``per_op_efficiency`` (the fraction of the
-  sustained HBM rate one kernel reaches) — by bounded least squares in log space with a weak
+  sustained HBM rate one kernel reaches) — by the one solver (:func:`calibration.core.fit`,
+  :func:`k3_problem`) in log space with a weak
   pull toward the priors (:data:`PRIOR_WEIGHT`), which splits the one pinned combination
   between the two and makes a one-row fit (a format held out) well posed. Every other figure
   stays at its prior, including the two routing-kernel figures read in SGLang's code
@@ -30,7 +31,8 @@ What each row pins:
   (predicted draft + verify step / measured TPOT; it must lie in 1..8) and that both formats
   imply the same acceptance (the benchmark forced one): :func:`dspark_checks`.
 
-Held out in turn: each format's plain row is fitted alone and the other format's plain row
+Held out in turn (:func:`calibration.core.leave_one_group_out` on the same problem and
+options): each format's plain row is fitted alone and the other format's plain row
 predicted (:func:`fit_k3_stack`).
 """
 

@@ -1,4 +1,4 @@
-"""Fit a chip's identifiable figures to measured step times by bounded least squares.
+"""The step-time source: a chip's identifiable figures fitted to measured step times.
 
 The problem
 -----------
@@ -10,15 +10,18 @@ We minimise the **relative** residuals (a 3 ms point and a 30 ms point count ali
 
 Steps (:func:`fit_chip`):
 
-1. **Split** the records into calibration and held-out points (:func:`split_records`;
-   ``format=int4+bf16`` holds out one weight format, ``batch=8`` one batch size).
+1. **Split** the records into calibration and held-out points
+   (:func:`calibration.sources.splits.split_records`; ``format=int4+bf16`` holds out one
+   weight format, ``batch=8`` one batch size); each point is labelled by format, batch,
+   model and chip count (the groups leave-one-group-out holds out, :func:`held_out_folds`).
 2. **Before**: predict every point with the *published* chip (no overlay): the error the
    user would see uncalibrated.
 3. **Start** from the published values (or a previous calibration) and normalise each
    parameter by its start value, ``x_j = θ_j / θ_ref_j``, so every variable is O(1) and one
    relative finite-difference step fits all.
-4. **Solve** with :func:`scipy.optimize.least_squares` (trust-region reflective, which keeps
-   every iterate inside the bounds). Each residual evaluation simulates every calibration
+4. **Solve** with the one solver (:func:`calibration.core.fit`: trust-region reflective,
+   every iterate inside the bounds; with ``hold_weak`` the parameters the data cannot pin
+   are held). Each residual evaluation simulates every calibration
    point once; a forward-difference Jacobian costs ``p`` more simulations per point, so an
    iteration costs ``n (p + 1)`` engine calls. Evaluations are memoised by ``x``.
 5. **Uncertainty** from a central-difference Jacobian ``J`` at the solution (2 % steps, see
@@ -51,6 +54,7 @@ from calibration.core import (
     Fold,
     Parameter,
     Problem,
+    Solution,
     SolverOptions,
     fit,
     leave_one_group_out,
@@ -134,6 +138,7 @@ class FitResult:
     extra: dict[str, Any] = field(default_factory=dict)
     problem: Problem | None = None  # what was fitted (leave-one-group-out refits it: held_out_folds)
     solver: SolverOptions | None = None
+    solution: Solution | None = None  # what the solver returned (its Jacobian: linearised_folds)
     held: dict[str, str] = field(default_factory=dict)  # parameters held by the identifiability rule
 
     @property
@@ -313,7 +318,7 @@ def fit_chip(
         residual_s2=s2, engine_calls=calls, elapsed_s=time.perf_counter() - began,
         success=solution.success, message=solution.message,
         extra={"covariance": covariance} if covariance else {},
-        problem=problem, solver=options, held=dict(solution.held),
+        problem=problem, solver=options, solution=solution, held=dict(solution.held),
     )
 
 

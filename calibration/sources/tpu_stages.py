@@ -17,7 +17,8 @@ the chip the previous stages produced:
    dtype, per-layer overhead) fitted on them (:func:`calibration.sources.step_times.fit_chip`).
 
 Each stage (:func:`fit_stage`) minimises ``Σ ((predicted - measured) / (σ_rel · measured))²``
-by bounded least squares over its parameters, scaled to their start values; the
+with the one solver (:func:`calibration.core.fit`) over its parameters (bounds from
+:mod:`calibration.core.parameters`), scaled to their start values; the
 covariance is ``(JᵀJ)⁺ · max(1, s²)`` from a central-difference Jacobian (2 % steps) with
 ``s² = Σ r² / (n - p)`` (the stated measurement σ, inflated when the residuals say the
 model does worse than that): the ``stated_sigma`` case of the one rule in
