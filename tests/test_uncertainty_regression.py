@@ -27,12 +27,14 @@ import pytest
 MARGIN = 0.01  # one percentage point of MAPE
 MIN_COVERAGE = 0.8  # of held-out points inside their 90 % interval
 TPU7X = "published:tpu7x-musespark"
-PINNED = {  # MAPE (fractions) as measured when pinned
+PINNED = {  # MAPE (fractions) as measured when pinned (docs/calibration-refactor.md)
     "priors_only": 0.1544,  # catalog priors, nothing fitted
     "parts_only": 0.0921,  # the parts' fit, not fitted on the step times
-    "fitted": 0.0633,  # in sample
-    "held_out": 0.0768,  # leave-one-group-out refits of the shipped end-to-end stage (heavy)
-    "held_out_linearised": 0.0768,  # the same, one Gauss–Newton step per fold (CI)
+    "fitted": 0.0563,  # in sample (6.3 % before issue 33: the hold rule's second round started where a
+    # truncated first round stopped)
+    "held_out_linearised": 0.0736,  # leave-one-group-out, one Gauss–Newton step per fold (CI)
+    "held_out": 0.0768,  # real refits (heavy): as pinned before issue 33, when the refits started at the
+    # full fit; not re-measured with the refits of the shipped procedure (hours on the shared machine)
 }
 PINNED_K3_HELD_OUT = 0.010  # mean |error| of the two formats, each held out (MXFP4 +2.0 %, NVFP4 +0.0 %)
 

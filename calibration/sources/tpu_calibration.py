@@ -2,8 +2,11 @@
 
 :func:`calibrate_by_parts` runs the component stages, predicts the end-to-end points with
 the parts' chip (the MAPE *before fitting on them*), fits the remaining figures on the
-end-to-end points (holding any the data cannot pin), and draws the parameter sets for
-prediction intervals (:mod:`calibration.core.samples`). :class:`PartsResult` carries it all;
+end-to-end points (holding any the data cannot pin), draws the parameter sets for
+prediction intervals (:mod:`calibration.core.samples`), and measures the held-out error by
+refitting that end-to-end stage exactly as it was fitted without each format and each batch
+(:func:`calibration.sources.step_times.held_out_folds`: same problem on the parts' chip,
+same options, same start, the hold rule run again). :class:`PartsResult` carries it all;
 its :meth:`PartsResult.overlay` is the calibrated overlay with those sets.
 
 Simulated parts (engine runs on the Muse points, ``schedule`` as each record names it —

@@ -1,6 +1,6 @@
 """Calibration part by part: each part of the chip fitted on measurements of that part.
 
-The default TPU procedure (:func:`calibrate_by_parts`), in order, each stage starting from
+The default TPU procedure (:func:`calibration.sources.tpu_calibration.calibrate_by_parts`), in order, each stage starting from
 the chip the previous stages produced:
 
 1. **links** — link latencies, per-copy issue costs and bandwidths on the collective

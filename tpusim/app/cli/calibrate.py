@@ -48,7 +48,7 @@ published per-stage split instead (:mod:`calibration.sources.gpu_stack`); its ``
 ``parameters``, ``within_tolerance`` and ``overlay``.
 
 The procedure is chosen by calibration from the chip and the data
-(:func:`calibration.core.result.choose_procedure`), unless ``--procedure`` says otherwise; every
+(:func:`calibration.sources.procedures.choose_procedure`), unless ``--procedure`` says otherwise; every
 procedure's ``--json`` has ``calibration`` (:class:`calibration.core.result.CalibrationResult`): per
 measurement set the errors with priors only, parts only, fitted and held out
 (leave-one-group-out refits), the model error measured out of sample and, with
@@ -203,7 +203,7 @@ def _fit(args: argparse.Namespace, console: Console) -> tuple[FitResult, list]:
 
 def _procedure(args: argparse.Namespace) -> str:
     """The procedure: ``--procedure`` when given, else the one calibration chooses from the
-    chip and the data (:func:`calibration.core.result.choose_procedure`)."""
+    chip and the data (:func:`calibration.sources.procedures.choose_procedure`)."""
     from calibration.sources.procedures import choose_procedure
     from calibration.sources.tpu_components import has_components
 

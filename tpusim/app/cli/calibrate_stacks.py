@@ -1,7 +1,7 @@
 """``tpusim calibrate`` on a GPU serving stack: the published per-stage split
 (``published:b200-vllm-qwen3.5``) and the SGLang K3 rows (``published:b300-sglang-k3``).
 
-The procedure is chosen in :mod:`tpusim.app.cli.calibrate` (:func:`calibration.core.result.choose_procedure`);
+The procedure is chosen in :mod:`tpusim.app.cli.calibrate` (:func:`calibration.sources.procedures.choose_procedure`);
 these paths fit, write ``report.md`` and ``fit.json`` to ``--out`` and save the overlay.
 """
 
