@@ -7,6 +7,7 @@ Usage::
     tpusim calibrate --hardware host-cpu --measurements cpu-loop [--quick] --out calib/host
     tpusim calibrate --hardware b200 --measurements published:b200-vllm-qwen3.5 --out calib/b200
     tpusim calibrate --hardware b300 --measurements published:b300-sglang-k3 --out calib/b300
+    tpusim calibrate --explain --hardware tpu-v7     # the table of calibratable figures; fits nothing
     tpusim report --hardware tpu-v7 --measurements published:tpu7x-musespark [--out DIR]
 
 ``calibrate`` predicts every measurement with the published figures (*simulated,
