@@ -22,10 +22,10 @@ from pathlib import Path
 
 
 def tpu(out: Path, max_evals: int) -> None:
-    from calibration.fit import fit_chip
-    from calibration.predict import Predictor
-    from calibration.published import load_published
-    from calibration.report import write_fit_report
+    from calibration.reports.fit_report import write_fit_report
+    from calibration.sources.predict import Predictor
+    from calibration.sources.step_times import fit_chip
+    from calibration.sources.tpu7x_published import load_published
     from hwmodels.atomic import write_text_atomic
     from hwmodels.catalog import load_chip
 
@@ -58,9 +58,9 @@ def tpu(out: Path, max_evals: int) -> None:
 
 
 def cpu(out: Path, quick: bool) -> None:
-    from calibration.cpu_loop import CpuLoopConfig, run_cpu_loop
-    from calibration.measurements import write_measurements
-    from calibration.report import write_fit_report
+    from calibration.reports.fit_report import write_fit_report
+    from calibration.sources.cpu_loop import CpuLoopConfig, run_cpu_loop
+    from calibration.sources.measurements import write_measurements
     from hwmodels.atomic import write_text_atomic
 
     config = CpuLoopConfig.quick() if quick else CpuLoopConfig()

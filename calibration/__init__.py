@@ -1,32 +1,38 @@
-"""Calibration: measurements in, fitted hardware overlays and error reports out.
+"""Calibration: measurements in, fitted hardware overlays, intervals and error reports out.
 
-The pipeline, module by module:
+Three folders by role, imports pointing down only (``tests/test_layers.py`` checks it):
 
-1. :mod:`calibration.measurements` — the :class:`~calibration.measurements.Measurement`
-   record (one JSON line per measured configuration), validated reading with file:line
-   errors, safe appends and atomic rewrites.
-2. Sources: :mod:`calibration.published` (the TPU7x Muse Spark set shipped in ``data/``),
-   :mod:`calibration.loaders` (``published:<name>`` or a ``.jsonl`` file, the kernel runner's
-   records, which sources may calibrate which chip), :mod:`calibration.profiler`
-   (``jax.profiler`` trace-event files → per-kernel durations and step times).
-3. :mod:`calibration.predict` — a measurement → model, plan, program, schedule → the engine's
-   step time; programs cached so a fit pays only for simulation.
-4. :mod:`calibration.core` — the one problem type, solver path and result type every
-   procedure uses, and the choice of procedure from the chip and the data;
-   :mod:`calibration.params` — which figures are fitted, their physical bounds, and an
-   identifiability check; :mod:`calibration.fit` — bounded least squares on relative error,
-   hold-out and leave-one-group-out refits, Jacobian uncertainties, the overlay;
-   :mod:`calibration.discrepancy` — the model error out of sample and the intervals' coverage;
-   :mod:`calibration.inputs` — which data each calibration reads (priors must not cite it).
-5. :mod:`calibration.report` — predicted vs measured tables, MAPE and max error before and
-   after, scatter plots, every number labelled.
-6. :mod:`calibration.cpu_workload` and :mod:`calibration.cpu_loop` — the closed loop on this
-   host: probe, replay programs as jitted XLA steps, measure, fit ``host-cpu``.
-7. The GPU loop: :mod:`calibration.gpu_bench` (a harness with jax and numpy only, run on the
-   lent machine), :mod:`calibration.gpu_workloads` and :mod:`calibration.step_description`
-   (what it runs, from the simulator's programs), :mod:`calibration.gpu_ingest` (its output
-   home), :mod:`calibration.gpu_fit` (fit on micro-benchmarks, predict whole steps) and
-   :mod:`calibration.gpu_transfer` (an H200 figure to another GPU by published ratios).
+``reports/``
+    what a fit looks like to a reader: predicted-vs-measured tables and scatter plots
+    (:mod:`~calibration.reports.fit_report`), the checks that refuse a fit
+    (:mod:`~calibration.reports.trust`), the table of calibratable figures
+    (:mod:`~calibration.reports.explain`, ``tpusim calibrate --explain``).
+``sources/``
+    one module per kind of measurement, each turning its data into a
+    :class:`calibration.core.Problem` and reading back the solution:
+    published TPU7x step times (:mod:`~calibration.sources.tpu7x_published`,
+    :mod:`~calibration.sources.step_times`), TPU component measurements and the
+    stage-by-stage TPU calibration (:mod:`~calibration.sources.tpu_components`,
+    :mod:`~calibration.sources.tpu_stages`, :mod:`~calibration.sources.tpu_calibration`),
+    the GPU serving stack's published split (:mod:`~calibration.sources.gpu_stack`), the
+    published K3 rows on B300 (:mod:`~calibration.sources.k3_b300`), GPU micro-benchmarks
+    (:mod:`~calibration.sources.gpu_micro`, with :mod:`~calibration.sources.gpu_ingest`,
+    :mod:`~calibration.sources.gpu_workloads`, :mod:`~calibration.sources.step_description`,
+    :mod:`~calibration.sources.profiler`, :mod:`~calibration.sources.gpu_transfer`), the host
+    CPU loop (:mod:`~calibration.sources.cpu_loop`, :mod:`~calibration.sources.cpu_workload`);
+    shared by them: the measurement record (:mod:`~calibration.sources.measurements`,
+    :mod:`~calibration.sources.loaders`), the engine's prediction of a record
+    (:mod:`~calibration.sources.predict`), hold-out splits and groups
+    (:mod:`~calibration.sources.splits`), format contrasts, the fitted range, which
+    procedure a chip gets (:mod:`~calibration.sources.procedures`) and which data each
+    calibration reads (:mod:`~calibration.sources.inputs`).
+``core/``
+    the fit and its statistics, knowing nothing of any source: the parameter table, the one
+    solver, covariance, leave-one-group-out, model error and coverage, interval samples,
+    the result type (:mod:`calibration.core`).
+
+Beside them: ``data/`` (the committed published sets) and ``gpu_bench/`` (a device
+harness that ships with the package and needs only JAX and numpy).
 
 This file imports nothing on purpose: ``calibration.gpu_bench`` must import on a machine
 that has JAX but not pydantic, simpy or scipy.

@@ -40,7 +40,7 @@ Saving
 :func:`save_overlay` writes atomically (temporary file in the same folder, fsync,
 ``os.replace``): an interrupted save leaves the previous overlay intact. It refuses to write
 into the built-in catalog folder. ``tpusim calibrate`` saves only a fit that passed its
-checks (:mod:`calibration.trust`) and records the measurement set and the fit's errors
+checks (:mod:`calibration.reports.trust`) and records the measurement set and the fit's errors
 (``measurements``, ``errors``).
 
 Listing and removing
@@ -83,7 +83,7 @@ class CalibratedValue(BaseModel):
 
 
 class ModelErrorTerm(BaseModel):
-    """The model error a fit measured out of sample (:mod:`calibration.discrepancy`): the
+    """The model error a fit measured out of sample (:mod:`calibration.core.model_error`): the
     relative half-width an interval adds for what no fitted figure absorbs."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -10,7 +10,7 @@ Backends:
 - ``auto``: ``tpu`` when JAX sees a TPU, else ``interpret``.
 
 Tokens are fed greedily (each step's argmax is the next input). The record is one JSON line
-in the format of :mod:`calibration.measurements` (``ms_per_step_spread`` = half the
+in the format of :mod:`calibration.sources.measurements` (``ms_per_step_spread`` = half the
 inter-quartile range), appended with a single ``O_APPEND`` write and ``fsync``: the file is
 never truncated and concurrent runners never interleave within a line. The routing the
 model's own router chose in the first step is saved as a ``tpusim.workload.routing`` trace file next

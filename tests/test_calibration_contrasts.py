@@ -1,12 +1,12 @@
-"""Format contrasts (calibration.contrasts): measured vs simulated differences between two
+"""Format contrasts (calibration.sources.format_contrasts): measured vs simulated differences between two
 formats of one configuration, and the flag for a miss that varies with batch."""
 
 from __future__ import annotations
 
 import pytest
 
-from calibration.contrasts import contrast_lines, contrasts_json, format_contrasts
-from calibration.measurements import Measurement
+from calibration.sources.format_contrasts import contrast_lines, contrasts_json, format_contrasts
+from calibration.sources.measurements import Measurement
 
 BATCHES = (1, 2, 4, 8)
 

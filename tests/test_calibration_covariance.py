@@ -1,4 +1,4 @@
-"""The one covariance rule (calibration.covariance) against the formulas it replaced."""
+"""The one covariance rule (calibration.core.covariance) against the formulas it replaced."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from calibration.covariance import central_jacobian, correlated_draws, fit_covariance
+from calibration.core.covariance import central_jacobian, correlated_draws, fit_covariance
 
 
 def _problem(n: int = 7, p: int = 3) -> tuple[np.ndarray, np.ndarray]:

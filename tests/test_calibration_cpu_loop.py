@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from calibration.cpu_loop import CpuLoopConfig, run_cpu_loop
-from calibration.cpu_workload import build_cpu_step
-from calibration.fit import FitResult
-from calibration.measurements import Measurement
-from calibration.predict import Predictor, resolve_model
+from calibration.sources.cpu_loop import CpuLoopConfig, run_cpu_loop
+from calibration.sources.cpu_workload import build_cpu_step
+from calibration.sources.measurements import Measurement
+from calibration.sources.predict import Predictor, resolve_model
+from calibration.sources.step_times import FitResult
 from hwmodels.catalog import load_chip
 from hwmodels.schema import Chip
 from tpusim.app.cli import main
@@ -82,7 +82,7 @@ def test_cli_cpu_loop_reuses_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert main(["calibrate", "--hardware", "host-cpu", "--measurements", str(path),
                  "--holdout", "width=512", "--out", str(tmp_path / "out"), "--json", "--max-evals", "15",
                  "--allow-unconverged", "--allow-at-bounds"]) == 0  # a 15-evaluation fit may stop early
-    # (or on a bound, calibration.trust); this tests the reuse
+    # (or on a bound, calibration.reports.trust); this tests the reuse
     data = json.loads(capsys.readouterr().out)
     assert data["mape_holdout"] is not None and data["overlay"]
     assert load_chip("host-cpu").execution.launch_overhead_s.label == "calibrated"

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from calibration.fit import fit_chip, save_fit, split_records
-from calibration.measurements import Measurement, write_measurements
-from calibration.params import TPU_PARAMETERS, chip_with
-from calibration.predict import Predictor
-from calibration.published import load_published
-from calibration.report import fit_report, rows_from_fit, scatter_plot
+from calibration.core.parameters import chip_with, parameters
+from calibration.reports.fit_report import fit_report, rows_from_fit, scatter_plot
+from calibration.sources.measurements import Measurement, write_measurements
+from calibration.sources.predict import Predictor
+from calibration.sources.step_times import fit_chip, save_fit, split_records
+from calibration.sources.tpu7x_published import load_published
 from hwmodels.catalog import BUILTIN_DIR, load_chip
 from hwmodels.errors import InputError
 from hwmodels.overlay import load_overlay, overlay_path
@@ -58,7 +58,7 @@ def synthetic(predictor: Predictor) -> list[Measurement]:
 @pytest.mark.slow
 def test_fit_recovers_known_parameters(synthetic: list[Measurement], predictor: Predictor) -> None:
     published = load_chip("tpu-v7", calibrated=False)
-    specs = [spec for spec in TPU_PARAMETERS if spec.path in TRUTH]
+    specs = list(parameters(*TRUTH))
     result = fit_chip(published, synthetic, parameters=specs, predictor=predictor, max_nfev=30)
     for parameter in result.parameters:
         assert parameter.value == pytest.approx(TRUTH[parameter.path], rel=0.02), parameter.path
@@ -94,7 +94,7 @@ def test_overlay_never_touches_published_yaml_and_writes_atomically(
     published_yaml = BUILTIN_DIR / "tpu-v7.yaml"
     before_bytes = published_yaml.read_bytes()
     published = load_chip("tpu-v7", calibrated=False)
-    specs = [spec for spec in TPU_PARAMETERS if spec.path in TRUTH]
+    specs = list(parameters(*TRUTH))
     result = fit_chip(published, synthetic[:6], parameters=specs[:2], predictor=predictor, max_nfev=4)
     path = save_fit(result)
     assert path == overlay_path("tpu-v7") and path.is_relative_to(local_dir)
@@ -125,7 +125,7 @@ def test_overlay_never_touches_published_yaml_and_writes_atomically(
 
 def test_report_labels_every_number(synthetic: list[Measurement], predictor: Predictor, tmp_path: Path) -> None:
     published = load_chip("tpu-v7", calibrated=False)
-    specs = [spec for spec in TPU_PARAMETERS if spec.path in TRUTH][:2]
+    specs = list(parameters(*TRUTH))[:2]
     result = fit_chip(published, synthetic, parameters=specs, holdout="batch=32", predictor=predictor, max_nfev=6)
     text = fit_report(result)
     for label in ("measured ms (measured tpusim (synthetic))", "simulated uncalibrated ms",
@@ -144,7 +144,7 @@ def test_cli_calibrate_and_report(synthetic: list[Measurement], tmp_path: Path, 
                  "--holdout", "batch=32;format=int4+bf16", "--out", str(out), "--json",
                  "--parameters", ",".join(list(TRUTH)[:3]), "--max-evals", "12",
                  "--allow-unconverged", "--allow-at-bounds"])  # 12 evaluations may stop early (and on a
-    # bound, calibration.trust): this tests the CLI, not the solver
+    # bound, calibration.reports.trust): this tests the CLI, not the solver
     assert code == 0
     data = json.loads(capsys.readouterr().out)
     for key in ("mape_before", "mape_calibration", "mape_holdout", "parameters"):

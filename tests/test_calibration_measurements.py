@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from calibration.loaders import load_measurements, read_kernel_records, usable_for
-from calibration.measurements import (
+from calibration.sources.loaders import load_measurements, read_kernel_records, usable_for
+from calibration.sources.measurements import (
     Measurement,
     SystemRef,
     append_measurement,
     read_measurements,
     write_measurements,
 )
-from calibration.profiler import load_trace, trace_measurement
-from calibration.published import load_published
+from calibration.sources.profiler import load_trace, trace_measurement
+from calibration.sources.tpu7x_published import load_published
 from hwmodels.errors import InputError
 
 

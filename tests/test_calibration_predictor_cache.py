@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from calibration.params import chip_with
-from calibration.predict import Predictor, figures_key
-from calibration.published import load_published
+from calibration.core.parameters import chip_with
+from calibration.sources.predict import Predictor, figures_key
+from calibration.sources.tpu7x_published import load_published
 from hwmodels.catalog import load_chip
 
 

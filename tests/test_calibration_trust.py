@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from calibration.measurements import Measurement, write_measurements
-from calibration.params import chip_with
-from calibration.predict import Predictor
-from calibration.trust import MEASURED_CEILING_HEADROOM, unit_problem
+from calibration.core.parameters import chip_with
+from calibration.reports.trust import MEASURED_CEILING_HEADROOM, unit_problem
+from calibration.sources.measurements import Measurement, write_measurements
+from calibration.sources.predict import Predictor
 from hwmodels.catalog import load_chip
 from hwmodels.overlay import CalibratedValue, CalibrationOverlay, overlay_path, save_overlay
 from hwmodels.provenance import FitCoverage

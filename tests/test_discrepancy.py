@@ -1,4 +1,4 @@
-"""Model error out of sample and the one interval rule (calibration.discrepancy,
+"""Model error out of sample and the one interval rule (calibration.core.model_error,
 tpusim.report.intervals): conformal ranks, coverage folds, extrapolated rows."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from calibration.discrepancy import (
+from calibration.core.model_error import (
     EXTRAPOLATION_FACTOR,
     Fold,
     conformal_quantile,

@@ -14,9 +14,9 @@ import pytest
 from calibration.gpu_bench import WORKLOADS_PATH
 from calibration.gpu_bench.__main__ import main as bench_main
 from calibration.gpu_bench.micro import copy_sizes, hlo_kernel_count, rotation
-from calibration.gpu_ingest import ingest, trace_records
-from calibration.gpu_workloads import bench_workloads, render
-from calibration.measurements import read_measurements
+from calibration.sources.gpu_ingest import ingest, trace_records
+from calibration.sources.gpu_workloads import bench_workloads, render
+from calibration.sources.measurements import read_measurements
 
 DATA = Path(__file__).parent / "data" / "gpu_bench"
 ROOT = Path(__file__).resolve().parents[1]

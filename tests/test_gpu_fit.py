@@ -1,4 +1,4 @@
-"""The GPU micro-benchmark fit (calibration.gpu_fit) on synthetic data with known figures,
+"""The GPU micro-benchmark fit (calibration.sources.gpu_micro) on synthetic data with known figures,
 whole-step prediction of held-out steps, the CLI path, and the h200 -> b200 transfer."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calibration.gpu_fit import StepPredictor, fit_micro, micro_time_s
-from calibration.gpu_transfer import derive_from_h200, derived_figures
-from calibration.measurements import Measurement, write_measurements
-from calibration.params import chip_with
+from calibration.core.parameters import chip_with
+from calibration.sources.gpu_micro import StepPredictor, fit_micro, micro_time_s
+from calibration.sources.gpu_transfer import derive_from_h200, derived_figures
+from calibration.sources.measurements import Measurement, write_measurements
 from hwmodels.catalog import load_chip
 from hwmodels.errors import InputError
 from tpusim.app.cli import main as cli_main

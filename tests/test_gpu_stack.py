@@ -115,9 +115,14 @@ def test_mtp_drafter_is_the_targets_moe_layer() -> None:
 def test_b200_stack_fit_reaches_gb200_only_through_a_derived_overlay() -> None:
     """The b200 fit reproduces the published Qwen3.5 split within 15 % per stage group (the
     priors did not); the catalog's gb200 keeps its priors, and the gb200 overlay made from
-    the fit is derived and names the fit it came from (calibration.stack_error)."""
-    from calibration.gpu_stack import fit_gpu_stack, group_errors, qwen_program, split_step
-    from calibration.stack_error import stack_overlay
+    the fit is derived and names the fit it came from (calibration.sources.gpu_stack)."""
+    from calibration.sources.gpu_stack import (
+        fit_gpu_stack,
+        group_errors,
+        qwen_program,
+        split_step,
+        stack_overlay,
+    )
 
     b200, gb200 = load_chip("b200", calibrated=False), load_chip("gb200", calibrated=False)
     fit = fit_gpu_stack(b200)
@@ -156,7 +161,7 @@ def test_mtp_drafter_from_a_deepseek_v3_config(tmp_path) -> None:
 def test_the_b200_fit_reproduces_the_published_split() -> None:
     """``tpusim calibrate --hardware b200 --measurements published:b200-vllm-qwen3.5``: from
     the priors, the four fitted figures bring every stage group within 15 %."""
-    from calibration.gpu_stack import fit_gpu_stack
+    from calibration.sources.gpu_stack import fit_gpu_stack
 
     fit = fit_gpu_stack(load_chip("b200", calibrated=False))
     assert fit["within_tolerance"], fit["after"]["errors"]

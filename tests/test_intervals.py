@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calibration.covariance import nearest_psd
+from calibration.core.covariance import nearest_psd
 from hwmodels.overlay import CalibratedValue, CalibrationOverlay, save_overlay
 from tpusim.app.cli import main
 from tpusim.compare.rows import SystemSpec, compare_rows

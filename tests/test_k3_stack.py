@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from calibration.k3_stack_fit import load_b300_k3
+from calibration.sources.k3_b300 import load_b300_k3
 from hwmodels.catalog import load_chip, make_system
 from tpusim.engine.gpu_fusion import (
     GENERIC,
@@ -81,7 +81,7 @@ def test_b300_records() -> None:
 
 @pytest.mark.slow
 def test_fit_runs_and_holds_out_each_format() -> None:
-    from calibration.k3_stack_fit import fit_k3_stack
+    from calibration.sources.k3_b300 import fit_k3_stack
 
     fit = fit_k3_stack(load_chip("b300", calibrated=False), max_evals=6)
     assert set(fit["holdout"]) == {"mxfp4", "nvfp4"}

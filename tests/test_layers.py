@@ -2,6 +2,9 @@
 
 Layers, bottom to top: ``hwmodels`` → ``tpusim`` core (everything under ``tpusim/`` but
 ``tpusim/app``) → ``megakernel`` → ``calibration`` → the application layer ``tpusim/app``.
+Inside ``tpusim/`` (docs/architecture.md): workload → schedule → engine → report → sweep →
+compare → serving → app. Inside ``calibration/``: ``core`` and ``gpu_bench`` (the device
+harness) → ``sources`` → ``reports``.
 Every import counts, including those under ``if TYPE_CHECKING:`` and those inside functions
 (they run, or they tie the modules together for a reader). The application layer may import
 ``megakernel`` and ``calibration`` only inside functions, so ``tpusim --help`` stays light.
@@ -87,6 +90,52 @@ def test_no_import_runs_up_the_layers() -> None:
     upward = [f"{m} -> {t}" for m, targets in graph.items() for t, _ in targets
               if _layer(t) > _layer(m) and not _is_package_of(m, t)]
     assert upward == []
+
+
+# Inside a package: the order of its sub-packages, bottom (0) to top. A module directly in the
+# package (tpusim/__init__.py, calibration/__init__.py) is not ranked.
+INNER = {
+    "tpusim": {"workload": 0, "schedule": 1, "engine": 2, "report": 3, "sweep": 4, "compare": 5, "serving": 6,
+               "app": 7, "__main__": 8},
+    "calibration": {"core": 0, "gpu_bench": 0, "sources": 1, "reports": 2},
+}
+
+
+def _inner(module: str) -> tuple[str, int] | None:
+    parts = module.split(".")
+    if len(parts) < 2 or parts[0] not in INNER:
+        return None
+    rank = INNER[parts[0]].get(parts[1])
+    return None if rank is None else (parts[0], rank)
+
+
+def inner_upward(graph: dict[str, list[tuple[str, bool]]]) -> list[str]:
+    """Imports from a lower sub-package of a package to a higher one, or across two of the same
+    rank (``calibration.core`` and ``calibration.gpu_bench`` know nothing of each other)."""
+    found = []
+    for module, targets in graph.items():
+        here = _inner(module)
+        for target, _ in targets:
+            there = _inner(target)
+            if here is None or there is None or here[0] != there[0] or module.split(".")[1] == target.split(".")[1]:
+                continue
+            if there[1] >= here[1]:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_packages_keep_their_inner_order() -> None:
+    _, graph = _graph()
+    assert inner_upward(graph) == []
+
+
+def test_inner_order_check_fails_on_a_planted_upward_import() -> None:
+    _, graph = _graph()
+    planted = {**graph, "calibration.core.solver": [*graph["calibration.core.solver"],
+                                                     ("calibration.sources.step_times", True)],
+               "tpusim.engine.core": [*graph["tpusim.engine.core"], ("tpusim.serving.simulator", False)]}
+    assert sorted(inner_upward(planted)) == ["calibration.core.solver -> calibration.sources.step_times",
+                                     "tpusim.engine.core -> tpusim.serving.simulator"]
 
 
 def test_app_imports_kernel_and_calibration_only_inside_functions() -> None:

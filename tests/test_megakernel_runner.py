@@ -9,7 +9,7 @@ import json
 import pytest
 import yaml
 
-from calibration.measurements import read_measurements
+from calibration.sources.measurements import read_measurements
 from hwmodels.errors import InputError
 from megakernel.examples import ring_schedule
 from megakernel.runner import append_record

@@ -1,15 +1,15 @@
 """No catalog figure's source cites the data it is fitted or judged on (issue 24).
 
 Every built-in calibration input names its chip and the source tags (and phrases) its data
-carries (:func:`calibration.inputs.calibration_inputs`); every figure a calibration fits on
-that chip (:func:`calibration.inputs.fitted_paths`) must cite none of them. Such a figure is a
+carries (:func:`calibration.sources.inputs.calibration_inputs`); every figure a calibration fits on
+that chip (:func:`calibration.sources.inputs.fitted_paths`) must cite none of them. Such a figure is a
 documented prior (``label: prior``: a spec sheet, another system's measurement, first
 principles) or a published spec figure.
 """
 
 from __future__ import annotations
 
-from calibration.inputs import calibration_inputs, fitted_paths
+from calibration.sources.inputs import calibration_inputs, fitted_paths
 from hwmodels.catalog import load_chip
 from hwmodels.overlay import iter_figures
 from hwmodels.sources import tags_in

@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from calibration.measurements import read_measurements
+from calibration.sources.measurements import read_measurements
 from hwmodels.errors import InputError
 from tpusim.app.cli import main
 from tpusim.app.schemas import TOPICS, example_text, json_schema, topic

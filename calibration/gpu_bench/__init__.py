@@ -16,8 +16,8 @@ Modules: :mod:`~calibration.gpu_bench.records` (timing recipe, record dicts),
 (a step description as one jitted step), :mod:`~calibration.gpu_bench.steps` (decode steps
 and traces), ``__main__`` (the command). Nothing here imports pydantic, simpy, scipy or
 tpusim: the lent machine's Python has only JAX. Bringing results home, fitting and
-predicting happen on the simulator's side (:mod:`calibration.gpu_ingest`,
-:mod:`calibration.gpu_fit`); ``run_on_device.sh`` is the one prepared device command.
+predicting happen on the simulator's side (:mod:`calibration.sources.gpu_ingest`,
+:mod:`calibration.sources.gpu_micro`); ``run_on_device.sh`` is the one prepared device command.
 """
 
 from pathlib import Path

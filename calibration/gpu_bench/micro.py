@@ -2,7 +2,7 @@
 
 Each one is a single ``jax.jit`` executable timed by :func:`calibration.gpu_bench.records.time_call`
 (warm-ups, repeats, median and spread), so every sample pays one executable dispatch, as a
-decode step does. What each measures and the model the fit (:mod:`calibration.gpu_fit`)
+decode step does. What each measures and the model the fit (:mod:`calibration.sources.gpu_micro`)
 puts on it:
 
 - **copy** of ``B`` bytes (``y = x * 2`` over ``uint32``: one elementwise kernel that reads

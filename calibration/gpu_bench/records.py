@@ -6,7 +6,7 @@ back-to-back calls divided by ``inner``, ending with ``block_until_ready``. The 
 the median and half the inter-quartile range (``spread_kind: iqr/2``), and the fastest
 sample in ``extra.min_ms``.
 
-:func:`measurement` writes the dict of one :class:`calibration.measurements.Measurement`
+:func:`measurement` writes the dict of one :class:`calibration.sources.measurements.Measurement`
 line by hand (the harness runs where pydantic is absent); ``tests/test_gpu_bench.py``
 validates the harness's output with the pydantic model, so the two cannot drift apart.
 Micro-benchmarks use the same record with a ``bench:`` model name

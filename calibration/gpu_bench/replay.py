@@ -1,7 +1,7 @@
 """Replay a decode step's *description* as one ``jax.jit`` executable (jax + numpy only).
 
 A step description is plain JSON written on the simulator's side
-(:func:`calibration.step_description.describe_program` walks a
+(:func:`calibration.sources.step_description.describe_program` walks a
 :class:`~tpusim.workload.program.Program`), so this module needs neither pydantic nor
 tpusim: it runs on the lent GPU machine's bare Python, and the CPU loop uses it too. The
 description is::

@@ -10,7 +10,7 @@
 #
 # Then, on the developer's machine, with the folder the tool reports as files_at:
 #
-#     python -m calibration.gpu_ingest FILES_AT/bench          # -> calibration/data/h200-<date>.jsonl
+#     python -m calibration.sources.gpu_ingest FILES_AT/bench          # -> calibration/data/h200-<date>.jsonl
 #     tpusim calibrate --hardware h200 --measurements calibration/data/h200-<date>.jsonl \
 #         --holdout kind=decode_step --json --out calib/h200
 #     git add calibration/data/h200-<date>.jsonl               # the measured records, nothing else

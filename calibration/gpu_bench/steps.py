@@ -1,7 +1,7 @@
 """Whole decode steps at random weights, and one ``jax.profiler`` trace per model.
 
 The steps are the shipped step descriptions (``workloads.json``, written by
-:mod:`calibration.gpu_workloads` from the simulator's own programs) replayed by
+:mod:`calibration.sources.gpu_workloads` from the simulator's own programs) replayed by
 :mod:`calibration.gpu_bench.replay`: one ``jax.jit`` executable per step, one process,
 weights allocated once per (model, batch) and freed before the next. Each record names the
 model exactly as the simulator loads it (``kimi-k3[layers=4,formats=bf16]``), the batch and
@@ -11,8 +11,8 @@ slice at its TP8 per-device widths, run on one GPU with no collectives).
 For the first batch of every model, :func:`trace_step` records ``trace_steps`` steps under
 ``jax.profiler.trace`` with a ``StepTraceAnnotation("decode")`` each, into
 ``OUT/traces/<name>-b<batch>/``; ``OUT/traces.json`` lists them with their workload, so
-:mod:`calibration.gpu_ingest` can turn them into per-kernel records with
-:func:`calibration.profiler.trace_measurement`.
+:mod:`calibration.sources.gpu_ingest` can turn them into per-kernel records with
+:func:`calibration.sources.profiler.trace_measurement`.
 """
 
 from __future__ import annotations

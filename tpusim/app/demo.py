@@ -28,7 +28,7 @@ a previous demo left there are removed first (a second run into the same folder 
 published figures too). Calibrations keep an overlay even when the solver stops early
 (``--allow-unconverged``; the host CPU's too when a noisy loop on a shared machine pushes a
 figure to a bound, ``--allow-at-bounds``), and the report says so; the other checks of
-:mod:`calibration.trust` (units, plausibility, error on the fitted points) still refuse.
+:mod:`calibration.reports.trust` (units, plausibility, error on the fitted points) still refuse.
 A step that fails is reported in ``report.md`` and makes the demo exit non-zero, after the
 remaining steps have run.
 """

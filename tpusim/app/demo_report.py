@@ -280,7 +280,7 @@ def _points_lines(data: dict[str, Any], points: list[dict[str, Any]], out_dir: P
 
 
 def _parts_lines(data: dict[str, Any]) -> list[str]:
-    """A part-by-part calibration (:mod:`calibration.by_parts`): each part's error on its own
+    """A part-by-part calibration (:mod:`calibration.sources.tpu_calibration`): each part's error on its own
     measurements, the end-to-end error before and after fitting on the step times, the
     parameters with the data that pinned them, and those held as unidentifiable."""
     lines = ["Procedure: part by part (each part fitted on its own measurements, then the step times).", "",

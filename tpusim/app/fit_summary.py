@@ -7,7 +7,7 @@ solver had stopped at its evaluation limit or that a parameter's error bar dwarf
 1. **solver**: converged, or stopped early (and why: scipy's message);
 2. **errors**: MAPE before (published figures), after on the calibration points,
    leave-one-out on the calibration points (each point predicted by a fit that did not see
-   it; linearised, see :mod:`calibration.fit`), and on held-out points;
+   it; linearised, see :mod:`calibration.sources.step_times`), and on held-out points;
 3. **parameters**: published → fitted value, the 95 % interval (value ± 1.96 σ, normal
    approximation) and how well the data pins it (:func:`identifiability_word`);
 4. **fitted on**: the points behind the overlay, by dimension, so that every later

@@ -6,7 +6,7 @@ tools accept:
 
 | topic | model | example |
 | --- | --- | --- |
-| ``measurement`` | :class:`calibration.measurements.Measurement` (one JSON line each) | the published TPU7x Muse Spark points of one format |
+| ``measurement`` | :class:`calibration.sources.measurements.Measurement` (one JSON line each) | the published TPU7x Muse Spark points of one format |
 | ``model`` | :class:`tpusim.workload.modelconfig.ModelConfig` (YAML) | ``tpusim/models/kimi-k3-mini.yaml`` |
 | ``plan`` | :class:`tpusim.workload.sharding.ShardingPlan` (YAML) | ``tpusim/models/plan-muse-tp8.yaml`` |
 | ``schedule`` | :class:`tpusim.schedule.schema.Schedule` (JSON) | ``tpusim/schedules/published.json`` |
@@ -40,14 +40,14 @@ class Topic:
 
 
 def _measurement_model() -> type[BaseModel]:
-    from calibration.measurements import Measurement
+    from calibration.sources.measurements import Measurement
 
     return Measurement
 
 
 def _measurement_example() -> str:
     """The published TPU7x points of one weight format, each stating its execution mode."""
-    from calibration.published import load_published
+    from calibration.sources.tpu7x_published import load_published
 
     records = [record for record in load_published() if record.format == EXAMPLE_FORMAT]
     lines = []

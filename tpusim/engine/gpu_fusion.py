@@ -12,7 +12,7 @@ holds that mapping as a table and lists, per op of a program, the kernels launch
 (:func:`op_kernels`); :mod:`tpusim.engine.gpu_stack` prices them.
 
 The table (assumed: our reading of those stacks' decode paths, not a measurement; the
-serving stack's per-kernel figures are calibrated against it — calibration.gpu_stack):
+serving stack's per-kernel figures are calibrated against it — calibration.sources.gpu_stack):
 
 ====================  =======  ====================================================================
 program op            kernels  what the stack launches (kinds in FUSION_TABLE)

@@ -3,11 +3,11 @@
 The one place the interval arithmetic lives; ``simulate``, ``compare`` and ``sweep`` all
 call it, for TPU and GPU rows alike. A calibration stores in the chip's overlay:
 
-- ``samples``: parameter sets drawn from the fit's uncertainty (:mod:`calibration.intervals`,
+- ``samples``: parameter sets drawn from the fit's uncertainty (:mod:`calibration.core.samples`,
   24 by default); :func:`sample_chips` lays each over the published chip and the caller
   re-runs the same simulation on each;
 - ``model_error``: the model's own error measured out of sample by leave-one-group-out
-  refits (:mod:`calibration.discrepancy`): ``q`` inside the fit, ``q_extrapolated`` outside
+  refits (:mod:`calibration.core.model_error`): ``q`` inside the fit, ``q_extrapolated`` outside
   it (another model, format, chip count or batch than the fit saw).
 
 The interval around the calibrated prediction ``c``::
@@ -48,6 +48,12 @@ MS_PER_S = 1e3
 INTERVAL_KEYS = ("step_ms_low", "step_ms_high", "tokens_per_s_low", "tokens_per_s_high")
 
 
+def half_width_rel(param_sd_rel: float, model_rel: float, z: float = Z90) -> float:
+    """The interval rule: ``t = √((z · sd / c)² + q²)`` (parameters ⊥ model error); the
+    calibration's coverage check (:mod:`calibration.core.model_error`) reads it from here."""
+    return math.hypot(z * param_sd_rel, model_rel)
+
+
 def interval(center: float, samples: Sequence[float], z: float = Z90, model_rel: float = 0.0) -> tuple[float, float]:
     """``center · (1 ∓ t)``, ``t = √((z · sd(samples) / center)² + model_rel²)`` (sample sd,
     ``ddof=1``); needs at least 2 samples unless ``model_rel`` is given."""
@@ -55,7 +61,7 @@ def interval(center: float, samples: Sequence[float], z: float = Z90, model_rel:
     if values.size < 2 and model_rel <= 0:
         raise ValueError("an interval needs at least 2 re-simulated samples or a model error")
     sd_rel = float(values.std(ddof=1)) / center if values.size >= 2 else 0.0
-    t = math.hypot(z * sd_rel, model_rel)
+    t = half_width_rel(sd_rel, model_rel, z)
     return center * (1 - t), center * (1 + t)
 
 

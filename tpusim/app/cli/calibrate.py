@@ -7,18 +7,19 @@ Usage::
     tpusim calibrate --hardware host-cpu --measurements cpu-loop [--quick] --out calib/host
     tpusim calibrate --hardware b200 --measurements published:b200-vllm-qwen3.5 --out calib/b200
     tpusim calibrate --hardware b300 --measurements published:b300-sglang-k3 --out calib/b300
+    tpusim calibrate --explain --hardware tpu-v7     # the table of calibratable figures; fits nothing
     tpusim report --hardware tpu-v7 --measurements published:tpu7x-musespark [--out DIR]
 
 ``calibrate`` predicts every measurement with the published figures (*simulated,
 uncalibrated*), fits the chip's identifiable figures by bounded least squares
-(:mod:`calibration.fit`), writes the overlay to ``<local dir>/calibrated/<chip>.yaml``
+(:mod:`calibration.sources.step_times`), writes the overlay to ``<local dir>/calibrated/<chip>.yaml``
 (atomically; the published catalog YAML is never written) and a report to ``--out``:
 ``report.md`` (tables), ``scatter.png``, ``fit.json``, ``measurements.jsonl`` (the points
 used). Every command taking ``--hardware`` then uses the overlay unless ``--uncalibrated``.
 A file written by :mod:`calibration.gpu_bench` (micro-benchmarks and whole steps) is fitted
-on its micro-benchmarks only and predicts the held-out steps (:mod:`calibration.gpu_fit`;
+on its micro-benchmarks only and predicts the held-out steps (:mod:`calibration.sources.gpu_micro`;
 ``--holdout kind=decode_step``, the default for such a file).
-``--measurements cpu-loop`` runs the CPU closed loop (:mod:`calibration.cpu_loop`): probe
+``--measurements cpu-loop`` runs the CPU closed loop (:mod:`calibration.sources.cpu_loop`): probe
 this host, time jitted decode steps, fit ``host-cpu``.
 
 The terminal summary (:mod:`tpusim.app.fit_summary`) gives the solver's convergence, the
@@ -28,7 +29,7 @@ converging exits 2 without saving the overlay unless ``--allow-unconverged``.
 
 Refused fits
 ------------
-Before saving, the fit is checked (:mod:`calibration.trust`, thresholds and why there):
+Before saving, the fit is checked (:mod:`calibration.reports.trust`, thresholds and why there):
 units sane (step times ≈ 1000× their prediction are reported as a likely unit error),
 solver converged, no parameter at a bound, fitted rates physically plausible against the
 chip's published (or probed) peaks, median error on the fitted points ≤ 25 %. A fit that
@@ -43,30 +44,30 @@ others have no override. A saved overlay records the measurement set and the fit
 when nothing is held out) and ``parameters`` (``value``, ``uncertainty``, ``fitted_on``, …).
 
 ``--measurements published:b200-vllm-qwen3.5`` fits the GPU serving stack's figures on a
-published per-stage split instead (:mod:`calibration.gpu_stack`); its ``--json`` gives
+published per-stage split instead (:mod:`calibration.sources.gpu_stack`); its ``--json`` gives
 ``before`` / ``after`` (``group_us``, ``errors``, ``stage_us``, ``stage_errors``, ``step_us``),
 ``parameters``, ``within_tolerance`` and ``overlay``.
 
 The procedure is chosen by calibration from the chip and the data
-(:func:`calibration.core.choose_procedure`), unless ``--procedure`` says otherwise; every
-procedure's ``--json`` has ``calibration`` (:class:`calibration.core.CalibrationResult`): per
+(:func:`calibration.sources.procedures.choose_procedure`), unless ``--procedure`` says otherwise; every
+procedure's ``--json`` has ``calibration`` (:class:`calibration.core.result.CalibrationResult`): per
 measurement set the errors with priors only, parts only, fitted and held out
 (leave-one-group-out refits), the model error measured out of sample and, with
 ``--coverage``, the empirical coverage of the 90 % intervals over the held-out groups with
-the mean width (:mod:`calibration.discrepancy`).
+the mean width (:mod:`calibration.core.model_error`).
 
 ``--measurements published:b300-sglang-k3`` fits the SGLang K3 stack on the published K3
-rows on 8 x B300 (:mod:`calibration.k3_stack_fit`): ``errors``, ``holdout`` (each format held
+rows on 8 x B300 (:mod:`calibration.sources.k3_b300`): ``errors``, ``holdout`` (each format held
 out in turn), ``format_difference``, ``dspark_checks``, ``parameters``, ``pins``.
 
 ``--procedure parts`` (the default where component data exists: tpu-v7) fits each part on its own measurements
-first (:mod:`calibration.parts`: links, HBM, host, expert-slot sweep, Muse breakdown; the
+first (:mod:`calibration.sources.tpu_stages`: links, HBM, host, expert-slot sweep, Muse breakdown; the
 component data is ``--components``), reports the end-to-end MAPE with those values *before*
 fitting on the step times (``mape_e2e_parts_only``), then fits the rest on them
 (``mape_calibration``, ``mape_holdout``); ``parts`` holds per-part errors, ``pins`` which
 parameters each measurement constrains, ``unidentifiable_held`` what the data cannot pin.
 Either procedure stores sampled parameter sets in the overlay for 90 % prediction
-intervals (:mod:`calibration.intervals`).
+intervals (:mod:`calibration.core.samples`).
 
 ``report`` fits nothing: it compares a measurement file with the simulator, uncalibrated and
 (if an overlay exists) calibrated.
@@ -98,7 +99,7 @@ from tpusim.app.cli.calibrate_stacks import run_gpu_stack, run_k3_stack
 from tpusim.app.cli.common import emit_json
 
 if TYPE_CHECKING:
-    from calibration.fit import FitResult
+    from calibration.sources.step_times import FitResult
 
 # The calibration package (scipy, the engine) is imported inside the commands that use it,
 # so ``tpusim --help`` and every other command stay light.
@@ -115,7 +116,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     calibrate.add_argument("--hardware", required=True, help="catalog chip (tpu-v7, host-cpu, ...)")
     calibrate.add_argument(
-        "--measurements", required=True,
+        "--measurements", default=None,
         help="a .jsonl file, published:tpu7x-musespark, published:b300-sglang-k3 (K3 on 8 B300, SGLang), published:b200-vllm-qwen3.5 (a GPU serving "
         "stack's per-stage split), or cpu-loop (measure this host)",
     )
@@ -124,7 +125,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                            "width, model, context, backend, index, kind (e.g. format=int4+bf16, kind=decode_step)")
     calibrate.add_argument("--parameters", default=None,
                            help="comma-separated figure paths to fit (default: the chip's justified set)")
-    calibrate.add_argument("--out", type=Path, required=True, help="folder for report.md, scatter.png, fit.json")
+    calibrate.add_argument("--out", type=Path, default=None, help="folder for report.md, scatter.png, fit.json "
+                           "(required unless --explain)")
+    calibrate.add_argument("--explain", action="store_true",
+                           help="print the table of calibratable figures for --hardware (name, unit, catalog path, "
+                           "bounds, prior and its source) and exit; nothing is fitted")
     calibrate.add_argument("--json", action="store_true", help="print the fit as JSON")
     calibrate.add_argument("--uncalibrated-start", action="store_true",
                            help="start from the published figures even if an overlay exists")
@@ -144,7 +149,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                            help="component measurements for --procedure parts (default published:tpu7x-components)")
     calibrate.add_argument("--coverage", action="store_true",
                            help="also report the empirical coverage of the 90 %% intervals over "
-                           "leave-one-group-out folds, with the mean interval width (calibration.discrepancy)")
+                           "leave-one-group-out folds, with the mean interval width (calibration.core.model_error)")
     calibrate.add_argument("--quick", action="store_true", help="cpu-loop: the small CI variant")
     calibrate.add_argument("--no-probe", action="store_true",
                            help="cpu-loop: reuse the saved host-cpu entry instead of probing again")
@@ -168,13 +173,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _fit(args: argparse.Namespace, console: Console) -> tuple[FitResult, list]:
-    from calibration.fit import fit_chip
-    from calibration.loaders import load_measurements, usable_for
-    from calibration.params import parse_parameters
-    from calibration.predict import Predictor
+    from calibration.core.parameters import parse_parameters
+    from calibration.sources.loaders import load_measurements, usable_for
+    from calibration.sources.predict import Predictor
+    from calibration.sources.step_times import fit_chip
 
     if args.measurements in CPU_LOOP:
-        from calibration.cpu_loop import CpuLoopConfig, run_cpu_loop
+        from calibration.sources.cpu_loop import CpuLoopConfig, run_cpu_loop
 
         if args.hardware != "host-cpu":
             raise InputError("--measurements cpu-loop calibrates host-cpu; use --hardware host-cpu")
@@ -184,12 +189,12 @@ def _fit(args: argparse.Namespace, console: Console) -> tuple[FitResult, list]:
     published = load_chip(args.hardware, calibrated=False)
     records = usable_for(load_measurements(args.measurements), published.name, published.kind)
     start = None if args.uncalibrated_start else load_chip(args.hardware, calibrated=True)
-    from calibration.gpu_fit import fit_micro, is_micro_set
+    from calibration.sources.gpu_micro import fit_micro, is_micro_set
 
     if is_micro_set(records):  # calibration.gpu_bench output: fit micro-benchmarks, predict steps
         if args.parameters:
             raise InputError("--parameters: a gpu_bench file fits its fixed micro-model figures "
-                             "(calibration.gpu_fit); drop --parameters")
+                             "(calibration.sources.gpu_micro); drop --parameters")
         return fit_micro(published, records, holdout=args.holdout, start=start), records
     parameters = parse_parameters(args.parameters, published) if args.parameters else None
     result = fit_chip(published, records, parameters=parameters, holdout=args.holdout, start=start,
@@ -199,9 +204,9 @@ def _fit(args: argparse.Namespace, console: Console) -> tuple[FitResult, list]:
 
 def _procedure(args: argparse.Namespace) -> str:
     """The procedure: ``--procedure`` when given, else the one calibration chooses from the
-    chip and the data (:func:`calibration.core.choose_procedure`)."""
-    from calibration.components import has_components
-    from calibration.core import choose_procedure
+    chip and the data (:func:`calibration.sources.procedures.choose_procedure`)."""
+    from calibration.sources.procedures import choose_procedure
+    from calibration.sources.tpu_components import has_components
 
     if args.procedure != "auto":
         return "part by part" if args.procedure == "parts" else "end to end"
@@ -214,15 +219,15 @@ def _procedure(args: argparse.Namespace) -> str:
 
 
 def _run_parts(args: argparse.Namespace, console: Console) -> int:
-    """``--procedure parts``: components first, then the end-to-end points (calibration.by_parts)."""
-    from calibration.by_parts import calibrate_by_parts
-    from calibration.components import load_components
-    from calibration.contrasts import contrast_lines
-    from calibration.loaders import load_measurements, usable_for
-    from calibration.measurements import write_measurements
-    from calibration.predict import Predictor
-    from calibration.report import write_fit_report
-    from calibration.trust import check_fit
+    """``--procedure parts``: components first, then the end-to-end points (calibration.sources.tpu_calibration)."""
+    from calibration.reports.fit_report import write_fit_report
+    from calibration.reports.trust import check_fit
+    from calibration.sources.format_contrasts import contrast_lines
+    from calibration.sources.loaders import load_measurements, usable_for
+    from calibration.sources.measurements import write_measurements
+    from calibration.sources.predict import Predictor
+    from calibration.sources.tpu_calibration import calibrate_by_parts
+    from calibration.sources.tpu_components import load_components
     from hwmodels.overlay import save_overlay
     from tpusim.app.interrupts import deferred_interrupts
 
@@ -286,24 +291,20 @@ def _end_to_end_result(args: argparse.Namespace, result: FitResult, procedure: s
     """The one result type for a single fit (end to end, CPU loop, GPU micro); with
     ``--coverage`` (end to end and CPU loop) the leave-one-group-out refits, the model error
     (stored in the overlay) and the coverage."""
-    from calibration.core import CalibrationResult, SetErrors
-    from calibration.discrepancy import coverage, model_error
-    from calibration.fit import refit_folds
-    from calibration.params import ParameterSpec
-    from calibration.predict import Predictor
+    from calibration.core.model_error import coverage, model_error
+    from calibration.core.result import CalibrationResult, SetErrors
+    from calibration.sources.step_times import held_out_folds
     from hwmodels.overlay import ModelErrorTerm
 
     if procedure == "end to end" and args.measurements in CPU_LOOP:
         procedure = "cpu loop"
-    from calibration.gpu_fit import is_micro_set
+    from calibration.sources.gpu_micro import is_micro_set
 
     if procedure == "end to end" and is_micro_set(result.records):
         procedure = "gpu micro"
     folds = []
     if args.coverage and procedure in ("end to end", "cpu loop"):
-        specs = [ParameterSpec(p.path, p.lower, p.upper, p.why) for p in result.parameters if not p.at_bound]
-        folds = refit_folds(result.published_chip, result.split.calibration, specs, result.chip, Predictor(),
-                            spread=True, max_nfev=min(args.max_evals, 12))
+        folds = held_out_folds(result, spread=True)  # the shipped fit, refitted without each group
     error, cover = model_error(folds), coverage(folds)
     summary = result.summary()
     calibration = CalibrationResult(
@@ -321,15 +322,23 @@ def _end_to_end_result(args: argparse.Namespace, result: FitResult, procedure: s
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
-    from calibration.contrasts import contrast_lines
-    from calibration.fit import save_fit
-    from calibration.measurements import write_measurements
-    from calibration.predict import Predictor
-    from calibration.report import write_fit_report
-    from calibration.trust import check_fit
+    from calibration.reports.fit_report import write_fit_report
+    from calibration.reports.trust import check_fit
+    from calibration.sources.format_contrasts import contrast_lines
+    from calibration.sources.measurements import write_measurements
+    from calibration.sources.predict import Predictor
+    from calibration.sources.step_times import save_fit
     from tpusim.app.fit_summary import convergence_problem, summary_lines
     from tpusim.app.interrupts import deferred_interrupts
 
+    if args.explain:
+        from calibration.reports.explain import explain_lines
+
+        for line in explain_lines(load_chip(args.hardware, calibrated=False)):
+            print(line)
+        return 0
+    if args.measurements is None or args.out is None:
+        raise InputError("calibrate needs --measurements and --out (or --explain)")
     procedure = _procedure(args)
     if procedure == "gpu stack":
         return run_gpu_stack(args)
@@ -382,9 +391,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from calibration.loaders import load_measurements
-    from calibration.predict import Predictor
-    from calibration.report import comparison_report, comparison_rows, scatter_plot
+    from calibration.reports.fit_report import comparison_report, comparison_rows, scatter_plot
+    from calibration.sources.loaders import load_measurements
+    from calibration.sources.predict import Predictor
 
     published = load_chip(args.hardware, calibrated=False)
     records = [r for r in load_measurements(args.measurements) if r.system.chip == published.name]

@@ -1,5 +1,5 @@
 """What ``tpusim calibrate`` prints and saves beside a fit: the uncertainty lines, the
-refusals (:mod:`calibration.trust`) and the provenance an overlay records.
+refusals (:mod:`calibration.reports.trust`) and the provenance an overlay records.
 
 Shared by the end-to-end, part-by-part and serving-stack paths of
 :mod:`tpusim.app.cli.calibrate` and :mod:`tpusim.app.cli.calibrate_stacks`.
@@ -18,7 +18,7 @@ from hwmodels.catalog import display_path
 from hwmodels.errors import InputError
 
 if TYPE_CHECKING:
-    from calibration.trust import Refusal
+    from calibration.reports.trust import Refusal
 
 
 def uncertainty_lines(calibration: dict) -> list[str]:
@@ -46,14 +46,14 @@ def uncertainty_lines(calibration: dict) -> list[str]:
 
 
 def allowed_overrides(args: argparse.Namespace) -> set[str]:
-    """The refusal overrides given (:class:`calibration.trust.Refusal.override`)."""
+    """The refusal overrides given (:class:`calibration.reports.trust.Refusal.override`)."""
     flags = {"--allow-unconverged": args.allow_unconverged, "--allow-at-bounds": args.allow_at_bounds}
     return {flag for flag, given in flags.items() if given}
 
 
 def record_refusals(summary: dict, refusals: list[Refusal], args: argparse.Namespace) -> list[Refusal]:
     """Put the refusals into the fit's JSON; return those no given flag overrides."""
-    from calibration.trust import unresolved
+    from calibration.reports.trust import unresolved
 
     blocking = unresolved(refusals, allowed_overrides(args))
     summary["refusals"] = [{"reason": r.reason, "override": r.override, "overridden": r not in blocking}
@@ -83,7 +83,7 @@ def not_saved(args: argparse.Namespace, blocking: list[Refusal]) -> str:
 
 def refuse(blocking: list[Refusal], report: Path) -> None:
     """Exit 2 (one line on stderr) when the checks refused the fit."""
-    from calibration.trust import refusal_message
+    from calibration.reports.trust import refusal_message
 
     if blocking:
         raise InputError(refusal_message(blocking, display_path(report)))

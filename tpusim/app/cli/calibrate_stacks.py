@@ -1,7 +1,7 @@
 """``tpusim calibrate`` on a GPU serving stack: the published per-stage split
 (``published:b200-vllm-qwen3.5``) and the SGLang K3 rows (``published:b300-sglang-k3``).
 
-The procedure is chosen in :mod:`tpusim.app.cli.calibrate` (:func:`calibration.core.choose_procedure`);
+The procedure is chosen in :mod:`tpusim.app.cli.calibrate` (:func:`calibration.sources.procedures.choose_procedure`);
 these paths fit, write ``report.md`` and ``fit.json`` to ``--out`` and save the overlay.
 """
 
@@ -22,13 +22,18 @@ from tpusim.app.cli.common import emit_json
 
 def run_gpu_stack(args: argparse.Namespace) -> int:
     """``--measurements published:b200-vllm-qwen3.5``: fit the GPU serving stack's figures on
-    the published per-stage breakdown (:mod:`calibration.gpu_stack`), measure the model error
-    by leave-one-stage-group-out refits (:mod:`calibration.stack_error`) and save the overlay;
+    the published per-stage breakdown (:mod:`calibration.sources.gpu_stack`), measure the model error
+    by leave-one-stage-group-out refits (:mod:`calibration.sources.gpu_stack`) and save the overlay;
     for a chip of the same GPU (gb200) the fit runs on the chip measured (b200) and the
     overlay is derived from it, saying so."""
-    from calibration.core import CalibrationResult, SetErrors
-    from calibration.gpu_stack import fit_gpu_stack, report_markdown
-    from calibration.stack_error import SAME_GPU, stack_model_error, stack_overlay
+    from calibration.core.result import CalibrationResult, SetErrors
+    from calibration.sources.gpu_stack import (
+        SAME_GPU,
+        fit_gpu_stack,
+        report_markdown,
+        stack_model_error,
+        stack_overlay,
+    )
     from hwmodels.overlay import save_overlay
 
     fitted_chip = SAME_GPU.get(args.hardware, args.hardware)
@@ -68,8 +73,8 @@ def run_gpu_stack(args: argparse.Namespace) -> int:
 
 def run_k3_stack(args: argparse.Namespace) -> int:
     """``--measurements published:b300-sglang-k3``: fit the SGLang K3 stack on the published
-    B300 K3 rows, each format held out in turn (:mod:`calibration.k3_stack_fit`)."""
-    from calibration.k3_stack_fit import fit_k3_stack, overlay_of, report_markdown
+    B300 K3 rows, each format held out in turn (:mod:`calibration.sources.k3_b300`)."""
+    from calibration.sources.k3_b300 import fit_k3_stack, overlay_of, report_markdown
     from hwmodels.overlay import save_overlay
 
     try:

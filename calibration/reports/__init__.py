@@ -1,0 +1,1 @@
+"""What a calibration shows a reader: tables, plots, refusals and the parameter table."""
