@@ -117,3 +117,8 @@ def test_prefill_stall_matches_the_serving_simulator_in_steady_state():
     assert sum(steady) / len(steady) == pytest.approx(tpot, rel=0.10)
     assert summarize(run, chips=1)["tpot_ms"]["mean"] > a * 1e3  # the stall is there
     assert prefill_stall_s(concurrency, p, osl, disaggregated=True) == 0.0
+
+
+def test_a_mixed_prefill_chunk_costs_only_its_time_beyond_the_decode_step():
+    assert prefill_stall_s(9, 0.2, 100, mixed_step_s=0.05) == pytest.approx(8 * 0.15 / 100)
+    assert prefill_stall_s(9, 0.02, 100, mixed_step_s=0.05) == 0.0
