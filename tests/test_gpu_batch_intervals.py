@@ -8,7 +8,13 @@ from types import SimpleNamespace
 import pytest
 
 from hwmodels.catalog import load_chip
-from hwmodels.overlay import CalibratedValue, CalibrationOverlay, ModelErrorTerm, overlay_path, save_overlay
+from hwmodels.overlay import (
+    CalibratedValue,
+    CalibrationOverlay,
+    ModelErrorTerm,
+    overlay_path,
+    save_overlay,
+)
 from tpusim.engine.gpu import gpu_variant
 from tpusim.report.intervals import derived_overlay_chip, interval_terms
 from tpusim.serving.config import Traffic
