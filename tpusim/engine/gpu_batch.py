@@ -11,7 +11,7 @@ fit cannot see, are four mechanisms, each a named term of the step
     attention_seqs   = attention_sequence_s x attention layers x (S - 1)
     sampling_sched   = sampling_sequence_s x (S - 1)
     graph_padding    = grouped_gemm_expert_s x 2 x MoE layers x (d(B_graph) - d(B))
-                       + sampling_sequence_s x 0   (padded rows are not sampled)
+                       (padded rows are routed, not sampled)
 
 - **Grouped expert GEMM per expert.** The fused-MoE kernels (TRT-LLM / FlashInfer
   ``trtllm-gen`` MoE, vLLM's ``fused_moe`` / CUTLASS grouped GEMM, SGLang's ``moe_runner``)
@@ -51,10 +51,10 @@ from hwmodels.schema import Chip, GpuExecution
 from tpusim.workload.program import Program, StepPhase
 
 # CUDA-graph capture sizes by stack family (the batch a decode step is padded up to):
-# - vLLM: [1, 2, 4] + range(8, 513, 8) (vllm/config/compilation.py, cudagraph_capture_sizes default
-#   for max_num_seqs >= 512 in V1);
-# - SGLang: [1, 2, 4, 8, 12] + range(16, 257, 8) + range(272, 513, 16) (sglang server_args
-#   _generate_cuda_graph_batch_sizes default, cuda_graph_max_bs 512 on Blackwell).
+# - SGLang, non-speculative, >= 160 GB GPUs: [1,2,4,8,12] + 16..256 step 8 + 272..<512 step 16
+#   + 512 (max bs 512), read in server_args.py ([SGLK3] shared/reference/k3-on-sglang.md section 5);
+# - vLLM: [1, 2, 4] + 8..512 step 8 (assumed: vLLM's documented default capture list for a
+#   512 max capture size; not in the reference set).
 GRAPH_BATCH_SIZES: dict[str, tuple[int, ...]] = {
     "vllm": (1, 2, 4, *range(8, 513, 8)),
     "sglang": (1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 513, 16)),
