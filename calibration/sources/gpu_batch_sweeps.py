@@ -7,26 +7,20 @@ from ``shared/reference/gpu-batch-scaling.json``; its caveats in that folder's `
 its metric is decode TPOT as the client measured it, no speculative decoding changes the
 tokens per step, and its model is one the simulator has (``data/gpu-batch-models/``):
 
-======  ==================================================  ============================================
-sweep   rows (JSON row_id)                                  deployment
-======  ==================================================  ============================================
-k25-b200-tp4ep4   S1b 21-25: Kimi-K2.5 NVFP4, 8k/1k, c 4-64  vLLM, one TP4/EP4 instance, aggregated
-k25-b200-tp4      S1c 41-45: Kimi-K2.5 NVFP4, 8k/1k, c 4-64  vLLM v0.21, TP4 (experts TP4), aggregated
-k25-b200-int4     S1c 35-39: Kimi-K2.5 INT4, 8k/1k, c 4-64   vLLM v0.21, TP8, aggregated
-k25-gb200-disagg  S1b 26-29: Kimi-K2.5 NVFP4, 8k/1k, c 4-32  Dynamo + vLLM, decode TP4/EP4 (disaggregated:
-                                                             decode TPOT has no prefill stall)
-dsr1-*            S4 115-123: DeepSeek-R1 FP8, 3 ISL/OSL      SGLang, TP8, aggregated; per-row mean lengths
-qwen-*            S4 128-136: Qwen3-235B BF16, 3 ISL/OSL      SGLang, TP8, aggregated; per-row mean lengths
-======  ==================================================  ============================================
+=================  ============================================  ====================================
+sweep              rows (JSON row_id)                            deployment
+=================  ============================================  ====================================
+k25-b200-tp4ep4    S1b 21-25: Kimi-K2.5 NVFP4, 8k/1k, c 4-64      vLLM, one TP4/EP4 instance
+k25-b200-tp4       S1c 41-45: Kimi-K2.5 NVFP4, 8k/1k, c 4-64      vLLM v0.21, TP4 (experts TP4)
+k25-b200-int4-tp8  S1c 35-39: Kimi-K2.5 INT4, 8k/1k, c 4-64       vLLM v0.21, TP8
+dsr1-b200-*        S4 115-123: DeepSeek-R1 FP8, 3 ISL/OSL         SGLang, TP8; per-row mean lengths
+qwen3-b200-*       S4 128-136: Qwen3-235B BF16, 3 ISL/OSL         SGLang, TP8; per-row mean lengths
+=================  ============================================  ====================================
 
-Left out (:data:`EXCLUDED`): S1a (MTP on: TPOT per accepted token with an unpublished
-acceptance; the decode EP changes at 180), S1b GB200 c >= 128 (decode deployment changes to
-TP16/TP8 at 512; at 128 the TPOT implies more than one decode worker, whose count is not
-published), S1c row 40 (a single TP8 NVFP4 point), S1d (disaggregated, deployment changes at
-every point, DeepSeek-V4 not modelled), S1e-g (one peak point per GPU), S2 (no TPOT), S3
-(DeepSeek-V4 not modelled; speculative decoding and the server config change by band), S4
-Kimi-K2 (DP-attention at 1, EP4 at 100) and gpt-oss (not modelled), S5 (MLPerf: latency-bound
-scenarios, no concurrency), S6 (offline saturation), S7 (headline points only).
+All aggregated (prefill and decode on the same GPUs). Left out, each with its reason in
+:data:`EXCLUDED`: S1a (MTP), S1b GB200 (decode worker count unpublished; its TPOT growth is
+below the growth of the bytes one TP4/EP4 worker must read), S1c row 40, S1d, S1e-g, S2, S3,
+S4 Kimi-K2 / gpt-oss, S5, S6, S7.
 
 **The prediction of one point** (concurrency ``C``, mean lengths ``ISL``/``OSL`` of the row)::
 
@@ -44,12 +38,13 @@ architecture) and the generic (vLLM-class) fusion table; the step and the prefil
 point are cached in ``data/gpu-batch-baseline.json`` (:func:`refresh_baseline`;
 tests/test_gpu_batch_fit.py re-simulates two points against it).
 
-**Fit and judge.** Fitted (:data:`PARAMETERS`) on the second-lowest point of each Kimi-K2.5
-sweep (one model family; the lowest is the anchor); judged on every other point: the rest of
-the K2.5 sweeps (higher concurrency, GB200) and every DeepSeek-R1 and Qwen3 point above
-concurrency 1 (other models, another stack). ``attention_sequence_s`` is held at its prior:
-on the fit set it is collinear with ``sampling_sequence_s`` (every K2.5 point has 61 layers).
-The fit goes through the calibration core in one call (:func:`fit`).
+**Fit and judge.** Fitted (:data:`PARAMETERS`) on three points, one per stack and model
+family: Kimi-K2.5 TP4/EP4 at concurrency 8 (vLLM) and the 1k/1k concurrency-16 points of
+DeepSeek-R1 and Qwen3 (SGLang); judged on the 21 other non-anchor points (higher
+concurrency, the other K2.5 deployments, the other ISL/OSL). ``attention_sequence_s`` is held
+at its prior: on the fit set it moves with ``sampling_sequence_s``. The fit goes through the
+calibration core in one call (:func:`fit`: :func:`calibration.core.solve` on a
+:class:`calibration.core.Problem`).
 """
 
 from __future__ import annotations
