@@ -109,10 +109,11 @@ PARAMETERS: tuple[FittedFigure, ...] = (
                  "prior (assumed, not fitted: collinear with sampling_sequence_s on the fit set): a split-KV "
                  "decode kernel's per-sequence split metadata and merge, ~0.1 us per layer", fitted=False),
 )
-# The per-kernel figures of the K3-on-B300 fit (docs/k3-stack.md, calibration.k3_stack_fit on
-# published:b300-sglang-k3; same SM architecture as B200/GB200): the batch-1 calibration the
-# batch figures are fitted on top of.
-BATCH1_FIGURES = {"execution.gpu.kernel_gap_s": 0.98e-6, "execution.per_op_efficiency": 1.0}
+# The per-kernel figures of the K3-on-B300 fit (`tpusim calibrate --hardware b300 --measurements
+# published:b300-sglang-k3`, calibration.k3_stack_fit, run on this branch: kernel_gap_s 1.8 -> 0.9228 us,
+# per_op_efficiency 0.8889 -> 0.9659; same SM architecture as B200/GB200): the batch-1 calibration
+# the batch figures are fitted on top of. Changing them needs refresh_baseline().
+BATCH1_FIGURES = {"execution.gpu.kernel_gap_s": 0.9228e-6, "execution.per_op_efficiency": 0.9659}
 FIT_STACK = "generic"  # the vLLM-class fusion table (tpusim.engine.gpu_fusion)
 
 
@@ -172,7 +173,7 @@ EXCLUDED = {
 }
 # The held-out error this module documents (docs/gpu-batch.md; python -m calibration.reports.gpu_batch) and
 # the margin tests/test_gpu_batch_fit.py allows before it fails.
-DOCUMENTED_HELD_OUT = {"mape": 0.105, "max_abs_error": 0.283, "points": 21, "sweeps": 9}
+DOCUMENTED_HELD_OUT = {"mape": 0.109, "max_abs_error": 0.297, "points": 21, "sweeps": 9}
 GUARD_MARGIN = 0.015
 INFERENCEX_LENGTH = 0.9  # InferenceX samples ISL and OSL at 80-100 % of nominal: mean 0.9
 
