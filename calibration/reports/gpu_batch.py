@@ -48,8 +48,9 @@ K3_BATCHES = (1, 4, 16, 64)
 # K3's nearest public relative at the same 8k/1k: Kimi-K2.5 NVFP4 on B200 (S1b rows 21-25, S1c 41-45)
 K25_SWEEPS = ("k25-b200-tp4ep4", "k25-b200-tp4")
 OVERLAY_CHIPS = ("b200", "b300")
-METHOD = ("held-out public sweep points (calibration.sources.gpu_batch_sweeps: fitted on the second-lowest point "
-          "of each Kimi-K2.5 sweep, anchored on each sweep's lowest): 90th percentile of |measured / predicted - 1|")
+METHOD = ("held-out public sweep points (calibration.sources.gpu_batch_sweeps: fitted on Kimi-K2.5 TP4/EP4 at "
+          "concurrency 8 and the 1k/1k concurrency-16 points of DeepSeek-R1 and Qwen3, each sweep anchored on its "
+          "lowest concurrency): 90th percentile of |measured / predicted - 1|")
 
 def k3_chip(name: str, values: dict[str, float] | None) -> Any:
     """``name`` as published, its K3 stack, the K3-on-B300 batch-1 figures and ``values``."""
