@@ -378,15 +378,15 @@ def gpu_breakdown(result: SimResult) -> dict[str, float]:
 
     ``compute`` (all phases), ``launches`` (kernel and NCCL launches, a megakernel's one; in a
     graph, the per-kernel gap), ``kernel_fixed`` (a serving stack's fixed time and ramp),
-    the batch-growth terms of :mod:`tpusim.engine.gpu_batch` when the chip has their figures
-    (``expert_groups``, ``attention_seqs``, ``sampling_sched``, ``graph_padding``),
+    the batch-growth terms of :mod:`tpusim.engine.gpu_batch` (``expert_groups``,
+    ``attention_seqs``, ``sampling_sched``, ``graph_padding``; 0 without their figures),
     ``collectives`` (on the stream: NCCL calls, in-kernel stages, waits for overlapped
     ones), ``exposed_dma`` (waiting for weight/KV copies), ``other_overheads`` (per step,
     per layer: host work, grid barriers) and ``drain``.
     """
     breakdown = result.breakdown_s
     compute = sum(value for key, value in breakdown.items() if key not in NOT_COMPUTE)
-    grows = {key: result.batch_terms_s.get(key, 0.0) for key in BATCH_TERMS} if result.batch_terms_s else {}
+    grows = {key: result.batch_terms_s.get(key, 0.0) for key in BATCH_TERMS}  # 0 without the figures
     return {
         "compute": compute,
         "launches": result.launch_s,
