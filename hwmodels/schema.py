@@ -309,6 +309,15 @@ class GpuExecution(BaseModel):
                                                "batch), seconds; stacks that name one need it")
     radix_router_s: Figure | None = Field(default=None, description="fixed time of a multi-CTA fused "
                                           "route + pack + activation-quantize kernel, seconds")
+    # What grows with the decode batch beyond bytes and FLOPs (tpusim.engine.gpu_batch); None: no term
+    grouped_gemm_expert_s: Figure | None = Field(default=None, description="fixed time of one more distinct "
+                                                 "expert in a fused-MoE grouped GEMM (its tiles' prologue and "
+                                                 "epilogue), per grouped GEMM, seconds")
+    attention_sequence_s: Figure | None = Field(default=None, description="fixed time of one more sequence "
+                                                "in a decode-attention kernel (split, metadata, merge), per "
+                                                "attention layer, seconds")
+    sampling_sequence_s: Figure | None = Field(default=None, description="sampler, scheduler and output "
+                                               "processing time of one more running request, per step, seconds")
     stack_figures_from: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9.\-]*$",
                                            description="another chip (same SM architecture) whose calibrated "
                                            "execution figures this chip takes, labelled derived, when it has "

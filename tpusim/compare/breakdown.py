@@ -4,6 +4,9 @@ other overheads and (with speculation) drafting, in simulated milliseconds.
 The parts come from the engine's own breakdown (:func:`tpusim.engine.gpu.gpu_breakdown`,
 stored per row as ``breakdown.where_ms``) and sum to the row's ``step_ms``:
 
+- ``batch growth`` joins a GPU serving stack's batch-growth terms (per-expert grouped-GEMM
+  cost, attention per sequence, sampling and scheduling per request, CUDA-graph padding:
+  :mod:`tpusim.engine.gpu_batch`; each is named in ``where_ms``);
 - ``other`` joins fixed per-step/per-layer overheads that are not launches with the drain
   at the end of the step;
 - a speculative row's step is the drafter's steps plus one verify step: ``drafting`` is
@@ -14,9 +17,12 @@ from __future__ import annotations
 
 from typing import Any
 
-PARTS = ("compute", "launches", "collectives", "exposed copies", "other", "drafting")
+from tpusim.engine.gpu_batch import BATCH_TERMS
+
+PARTS = ("compute", "launches", "batch growth", "collectives", "exposed copies", "other", "drafting")
 _ENGINE_PART = {"compute": "compute", "launches": "launches", "collectives": "collectives",
-                "exposed_dma": "exposed copies", "other_overheads": "other", "drain": "other"}
+                "exposed_dma": "exposed copies", "other_overheads": "other", "drain": "other",
+                **dict.fromkeys(BATCH_TERMS, "batch growth")}
 
 
 def where_ms(row: dict[str, Any]) -> dict[str, float] | None:

@@ -15,7 +15,7 @@ from tpusim.report.figures import save_png
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-PART_COLORS = {"compute": "#4C72B0", "launches": "#DD8452", "collectives": "#64B5CD",
+PART_COLORS = {"compute": "#4C72B0", "launches": "#DD8452", "batch growth": "#C44E52", "collectives": "#64B5CD",
                "exposed copies": "#CCB974", "other": "#8C8C8C", "drafting": "#8172B2"}
 
 

@@ -84,6 +84,9 @@ def simulate(program: Program, schedule: Schedule, chip: Chip, *, record_timelin
     (``result.vmem_static_bytes`` against ``result.vmem_capacity_bytes``).
     """
     policy = execution_policy(chip)
+    terms = policy.step_terms(program) if policy.step_terms is not None else {}
+    if terms:  # serial per-step time: the stream pays it with the per-step cost
+        policy = dataclasses.replace(policy, per_step_overhead_s=policy.per_step_overhead_s + sum(terms.values()))
     effective = policy.effective_schedule(schedule)
     vmem = vmem_plan(effective, program.model, program.plan, program.resident_rows, program.kv_sequences)
     capacity = chip.staging_memory.usable_bytes
@@ -95,7 +98,8 @@ def simulate(program: Program, schedule: Schedule, chip: Chip, *, record_timelin
     with _collector_paused():
         run = _execute(program, effective, chip, policy, vmem, record_timeline=record_timeline,
                        record_events=record_events or record_timeline)
-    return dataclasses.replace(_collect(run, program, schedule, policy, vmem, capacity), words=chip.words)
+    return dataclasses.replace(_collect(run, program, schedule, policy, vmem, capacity), words=chip.words,
+                               batch_terms_s=terms)
 
 
 @contextlib.contextmanager

@@ -139,6 +139,9 @@ class ExecutionPolicy:
     collective_pricer: CollectivePricer | None = None
     conventional: Callable[[Schedule], Schedule] | None = None
     description: str = ""
+    # program -> named per-step seconds that grow with the batch (a GPU serving stack's
+    # tpusim.engine.gpu_batch terms), paid on the stream with the per-step cost
+    step_terms: Callable[[Program], dict[str, float]] | None = None
 
     def effective_schedule(self, schedule: Schedule) -> Schedule:
         """The schedule the engine actually runs under this execution mode."""

@@ -92,6 +92,7 @@ from tpusim.engine.execution import (
     KernelPlan,
     base_policy,
 )
+from tpusim.engine.gpu_batch import BATCH_TERMS, batch_terms
 from tpusim.engine.gpu_stack import chip_stack, stack_kernel_plan
 from tpusim.engine.result import SimResult
 from tpusim.schedule.schema import SCHEDULE_FAMILIES, FamilySchedule, Schedule
@@ -123,8 +124,8 @@ KV_TILES_IN_FLIGHT = 16
 L2_POOL = "main"
 L2_EXPERT_SLOTS = 2
 
-GPU_BREAKDOWN_KEYS = ("compute", "launches", "kernel_fixed", "collectives", "exposed_dma", "other_overheads",
-                      "drain")
+GPU_BREAKDOWN_KEYS = ("compute", "launches", "kernel_fixed", *BATCH_TERMS, "collectives", "exposed_dma",
+                      "other_overheads", "drain")
 NOT_COMPUTE = ("collectives", "fixed_overheads", "exposed_dma", "drain")  # the rest are compute phases
 
 
@@ -286,6 +287,7 @@ def gpu_policy(chip: Chip) -> ExecutionPolicy:
             collective_pricer=stack_collective,
             conventional=partial(gpu_conventional_schedule, gpu),
             description=STACK_LABELS["serving_stack"],
+            step_terms=partial(batch_terms, chip),
         )
     if chip.execution.mode == "megakernel":
         return replace(
@@ -376,18 +378,23 @@ def gpu_breakdown(result: SimResult) -> dict[str, float]:
 
     ``compute`` (all phases), ``launches`` (kernel and NCCL launches, a megakernel's one; in a
     graph, the per-kernel gap), ``kernel_fixed`` (a serving stack's fixed time and ramp),
+    the batch-growth terms of :mod:`tpusim.engine.gpu_batch` (``expert_groups``,
+    ``attention_seqs``, ``sampling_sched``, ``graph_padding``; 0 without their figures),
     ``collectives`` (on the stream: NCCL calls, in-kernel stages, waits for overlapped
     ones), ``exposed_dma`` (waiting for weight/KV copies), ``other_overheads`` (per step,
     per layer: host work, grid barriers) and ``drain``.
     """
     breakdown = result.breakdown_s
     compute = sum(value for key, value in breakdown.items() if key not in NOT_COMPUTE)
+    grows = {key: result.batch_terms_s.get(key, 0.0) for key in BATCH_TERMS}  # 0 without the figures
     return {
         "compute": compute,
         "launches": result.launch_s,
         "kernel_fixed": result.kernel_fixed_s,
+        **grows,
         "collectives": breakdown.get("collectives", 0.0),
         "exposed_dma": breakdown.get("exposed_dma", 0.0),
-        "other_overheads": breakdown.get("fixed_overheads", 0.0) - result.launch_s - result.kernel_fixed_s,
+        "other_overheads": (breakdown.get("fixed_overheads", 0.0) - result.launch_s - result.kernel_fixed_s
+                            - sum(grows.values())),
         "drain": breakdown.get("drain", 0.0),
     }

@@ -91,6 +91,9 @@ class SimResult:
     # what the vmem_* fields measure (VMEM on a TPU, L2 / shared memory on a GPU), "mxu" and
     # "vpu" the busy_fraction keys (MXU/VPU on a TPU, tensor/CUDA cores on a GPU).
     words: dict[str, str] = field(default_factory=lambda: {"staging": "VMEM", "mxu": "MXU", "vpu": "VPU"})
+    # the part of fixed_overheads that grows with the batch on a GPU serving stack, by
+    # mechanism (tpusim.engine.gpu_batch.batch_terms; empty elsewhere)
+    batch_terms_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def step_ms(self) -> float:
@@ -128,5 +131,6 @@ class SimResult:
             "launch_s": self.launch_s,
             "launch_count": self.launch_count,
             "kernel_fixed_s": self.kernel_fixed_s,
+            "batch_terms_s": dict(self.batch_terms_s),
             "words": dict(self.words),
         }

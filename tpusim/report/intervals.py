@@ -76,8 +76,26 @@ class Terms:
         return bool(self.chips) or self.model_error is not None
 
 
+def derived_overlay_chip(chip: Chip) -> str | None:
+    """The chip whose calibrated overlay ``chip``'s execution figures were derived from
+    (``execution.gpu.stack_figures_from``, applied by :func:`hwmodels.catalog.load_chip` when
+    ``chip`` has no overlay of its own), or None."""
+    gpu = chip.execution.gpu
+    source = gpu.stack_figures_from if gpu is not None else None
+    if chip.is_calibrated or not source or source == chip.name or not has_overlay(source):
+        return None
+    from tpusim.engine.gpu import derived_origin
+
+    return source if derived_origin(chip) else None
+
+
 def interval_terms(chip: Chip) -> Terms:
-    """The sampled chips (empty: uncalibrated or no samples stored) and the model error."""
+    """The sampled chips (empty: uncalibrated or no samples stored) and the model error. A GPU
+    whose execution figures are derived from another chip's fit takes that fit's model error
+    (no samples: the other chip's parameters are not this chip's)."""
+    source = derived_overlay_chip(chip)
+    if source is not None:
+        return Terms([], load_overlay(overlay_path(source)).model_error)
     if not chip.is_calibrated or not has_overlay(chip.name):
         return Terms([], None)
     overlay = load_overlay(overlay_path(chip.name))
@@ -144,7 +162,7 @@ def interval_fields(chip: Chip, run: Callable[[Chip], float], center_step_s: flo
     if terms is None:
         terms = interval_terms(chip) if chips is None else Terms(chips, interval_terms(chip).model_error)
     if not terms:
-        return no_interval("uncalibrated figures" if not chip.is_calibrated
+        return no_interval("uncalibrated figures" if not chip.is_calibrated and derived_overlay_chip(chip) is None
                            else "the overlay stores no samples and no model error")
     return step_fields(center_step_s, [run(sample) for sample in terms.chips], batch, terms.model_error, outside)
 

@@ -94,6 +94,14 @@ class EnginePricer:
         return self.cache.step(self.model, self.plan, self.chip, schedule, rows=rows, context_tokens=context_tokens,
                                routing=self.routing, seed=self.seed, sequences=batch)[0]
 
+    def decode_breakdown_ms(self, batch: int, context_tokens: int) -> dict[str, float]:
+        """Where a plain decode step of ``batch`` sequences goes, ms (``gpu_breakdown``'s keys:
+        on a GPU serving stack the batch-growth terms are named)."""
+        schedule = self._schedule(batch, batch, context_tokens)
+        return dict(self.cache.step(self.model, self.plan, self.chip, schedule, rows=batch,
+                                    context_tokens=context_tokens, routing=self.routing, seed=self.seed,
+                                    sequences=batch)[1]["where_ms"])
+
     def decode_s(self, batch: int, context_tokens: int) -> float:
         verify = self.verify_s(batch, context_tokens)
         if self.speculative is None or self.drafter is None:

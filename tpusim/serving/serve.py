@@ -16,8 +16,9 @@ from functools import partial
 from typing import Any
 
 from tpusim.compare.rows import SystemSpec, _drafter, execution_label
+from tpusim.report.intervals import interval_terms
 from tpusim.serving.config import SchedulerConfig, Traffic
-from tpusim.serving.engine_steps import engine_pricer
+from tpusim.serving.engine_steps import EnginePricer, engine_pricer
 from tpusim.serving.metrics import summarize
 from tpusim.serving.simulator import ServingSim
 from tpusim.serving.steps import DEFAULT_CONTEXT_BUCKET_TOKENS, StepTable
@@ -115,8 +116,30 @@ def _system_rows(model_name: str, spec: SystemSpec, *, traffics: list[Traffic], 
                                      f"(requests beyond it queue)")
         record["step_model"] = {"engine_points": table.priced, "interpolation": table.interpolation,
                                 "label": label}
-        record["interval"] = ("none: served workloads carry no interval yet (per-step intervals: "
-                              "tpusim compare / simulate on a calibrated chip)")
+        record.update(_gpu_fields(pricer, traffic, record, cap))
         record["assumptions"] = list(ASSUMPTIONS)
         rows.append(record)
     return rows
+
+
+def _gpu_fields(pricer: EnginePricer, traffic: Traffic, record: dict[str, Any], cap: int) -> dict[str, Any]:
+    """A GPU row's decode-step breakdown at its concurrency (the batch-growth mechanisms
+    named) and the 90 % TPOT interval from the model error its calibration measured on
+    held-out public sweeps (the chip's own overlay or the one its figures derive from); other
+    rows say why they have none."""
+    none = {"interval": "none: served workloads carry no interval yet (per-step intervals: "
+                        "tpusim compare / simulate on a calibrated chip)"}
+    if pricer.chip.kind != "gpu" or traffic.mode != "concurrency" or not record.get("tpot_ms"):
+        return none
+    batch = max(1, min(traffic.concurrency or 1, cap))
+    out: dict[str, Any] = {"decode_breakdown_ms": {
+        "batch": batch, **pricer.decode_breakdown_ms(batch, traffic.input_tokens + traffic.output_tokens // 2)}}
+    error = interval_terms(pricer.chip).model_error
+    mean = record["tpot_ms"].get("mean")
+    if error is None or mean is None:
+        return out | none
+    q = error.extrapolated_rel
+    out |= {"tpot_ms_low": mean * (1 - q), "tpot_ms_high": mean * (1 + q),
+            "interval": f"90 % (TPOT, calibrated model error ±{100 * q:.1f} % from {error.points} held-out "
+                        f"public-sweep points: {error.method})"}
+    return out

@@ -146,6 +146,7 @@ def calibration_notes(rows: list[dict]) -> list[str]:
 def interval_notes(rows: list[dict]) -> list[str]:
     """What the bracketed intervals in the table are, or that there are none."""
     if any(row.get("step_ms_low") is not None for row in rows):
-        return ["[low–high]: 90 % prediction interval of calibrated rows (re-simulated over the fit's "
-                "sampled parameter sets); rows labelled simulated have none."]
+        return ["[low–high]: 90 % prediction interval (re-simulated over the fit's sampled parameter sets "
+                "and/or the fit's out-of-sample model error; a GPU whose figures derive from another chip's "
+                "fit takes that fit's model error); other rows have none."]
     return ["no prediction intervals: no row uses calibrated figures."]

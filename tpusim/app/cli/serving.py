@@ -151,7 +151,9 @@ def serving_table(rows: list[dict[str, Any]], *, title: str) -> TableData:
             limits.append(f"on-chip memory: batch <= {row['max_batch_on_chip']}")
         if row["refused"]:
             limits.append(f"{row['refused']} refused (KV)")
-        table.add(row["system"], row["traffic"], _ms(row["ttft_ms"]), _ms(row["tpot_ms"]),
+        tpot = _ms(row["tpot_ms"]) + (f" [{row['tpot_ms_low']:.1f}–{row['tpot_ms_high']:.1f}]"
+                                      if row.get("tpot_ms_low") is not None else "")
+        table.add(row["system"], row["traffic"], _ms(row["ttft_ms"]), tpot,
                   f"{row['output_tokens_per_s_per_chip']:.1f}", f"{row['tokens_per_s_per_user']:.1f}",
                   row["ttft_bound"], row["tpot_bound"], "; ".join(limits) or "—", row["plan"])
     return table

@@ -1,0 +1,164 @@
+"""The GPU batch-growth fit as tables, its transfer to Kimi K3, and the overlays it feeds.
+
+``python -m calibration.reports.gpu_batch`` prints (Markdown) what docs/gpu-batch.md records:
+
+1. the fitted figures (:mod:`calibration.sources.gpu_batch_sweeps`, through the core);
+2. per sweep, predicted vs measured TPOT by concurrency, before (the engine as it was: no
+   batch terms) and after, and the held-out summary (MAPE, max error, points, sweeps, GPUs);
+3. with ``--k3``: Kimi K3 (MXFP4, the GPU format) on 8 B300 (TP8, SGLang's K3 recipe) and on
+   16 GB200 (attention TP16 + experts TP4 x EP4, the plan ``tpusim compare`` picks) at batch
+   1-64, context 8192 + 512: the step before and after, the serving TPOT with the prefill
+   stall of 8k prompts (SGLang: prefill steps between decode steps), and the time breakdown.
+
+``--write-overlays`` lays the fitted figures and the model error into the calibrated overlays
+of ``b200`` (where most sweeps ran) and ``b300`` (GB200 / GB300 take b300's figures as
+*derived*, ``execution.gpu.stack_figures_from``); an existing overlay keeps its parameters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from calibration.params import chip_with
+from calibration.sources import gpu_batch_sweeps as sweeps
+from hwmodels.catalog import load_chip
+from hwmodels.overlay import (
+    CalibratedValue,
+    CalibrationOverlay,
+    ModelErrorTerm,
+    load_overlay,
+    overlay_path,
+    save_overlay,
+)
+from tpusim.engine import simulate
+from tpusim.engine.gpu import gpu_breakdown, gpu_variant
+from tpusim.schedule.schema import load_schedule
+from tpusim.serving.interference import prefill_stall_s
+from tpusim.workload.model_catalog import load_model, plan_for
+from tpusim.workload.prefill import build_prefill_program
+from tpusim.workload.program import build_program
+
+K3_MODEL = "kimi-k3@mxfp4"
+K3_CONTEXT = 8192 + 1024 // 2
+K3_INPUT, K3_OUTPUT = 8192, 1024
+K3_SYSTEMS = (("b300", 8, "tp=8,expert_groups=1,expert_tp=8"), ("gb200", 16, "tp=16,expert_groups=4,expert_tp=4"))
+K3_BATCHES = (1, 4, 16, 64)
+# K3's nearest public relative at the same 8k/1k: Kimi-K2.5 NVFP4 on B200 (S1b rows 21-25, S1c 41-45)
+K25_SWEEPS = ("k25-b200-tp4ep4", "k25-b200-tp4")
+OVERLAY_CHIPS = ("b200", "b300")
+METHOD = ("held-out public sweep points (calibration.sources.gpu_batch_sweeps: fitted on Kimi-K2.5 TP4/EP4 at "
+          "concurrency 8 and the 1k/1k concurrency-16 points of DeepSeek-R1 and Qwen3, each sweep anchored on its "
+          "lowest concurrency): 90th percentile of |measured / predicted - 1|")
+
+def k3_chip(name: str, values: dict[str, float] | None) -> Any:
+    """``name`` as published, its K3 stack, the K3-on-B300 batch-1 figures and ``values``."""
+    figures = {**sweeps.BATCH1_FIGURES}
+    if values:
+        figures |= {f.path: values[f.name] for f in sweeps.PARAMETERS}
+    return gpu_variant(chip_with(load_chip(name, calibrated=False), figures, fitted_on=sweeps.MEASUREMENT), "stack")
+
+def k3_transfer(values: dict[str, float]) -> list[dict[str, Any]]:
+    """K3 step and serving TPOT by batch on each system, before (no batch terms) and after."""
+    model = load_model(K3_MODEL)
+    out = []
+    for name, chips, spec in K3_SYSTEMS:
+        plan = plan_for(model, chips, devices_per_chip=1, intra_link="nvlink", choice=spec)
+        chip = k3_chip(name, values)
+        prefill = build_prefill_program(model, plan, tokens=K3_INPUT, prefix_tokens=0)
+        prefill_s = simulate(prefill, load_schedule("naive"), chip).step_s
+        for batch in K3_BATCHES:
+            program = build_program(model, plan, batch=batch, context_tokens=K3_CONTEXT, sequences=batch)
+            result = simulate(program, load_schedule("naive"), chip)
+            terms = sum(result.batch_terms_s.values())
+            stall = prefill_stall_s(batch, prefill_s, K3_OUTPUT)
+            out.append({"system": f"{name}:{chips}", "plan": spec, "batch": batch,
+                        "step_before_ms": (result.step_s - terms) * 1e3, "step_after_ms": result.step_s * 1e3,
+                        "prefill_ms": prefill_s * 1e3, "tpot_before_ms": (result.step_s - terms + stall) * 1e3,
+                        "tpot_after_ms": (result.step_s + stall) * 1e3,
+                        "breakdown_ms": {k: v * 1e3 for k, v in gpu_breakdown(result).items()}})
+    return out
+
+def write_overlays(values: dict[str, float], model_error: float, points: int) -> list[str]:
+    """The fitted figures + model error into the overlays of :data:`OVERLAY_CHIPS` (kept
+    parameters of an existing overlay stay)."""
+    written = []
+    fitted_on = f"{sweeps.MEASUREMENT}: Kimi-K2.5 sweeps on B200/GB200 (calibration.sources.gpu_batch_sweeps)"
+    error = ModelErrorTerm(in_range_rel=model_error, extrapolated_rel=model_error, method=METHOD, points=points,
+                           exact=points >= 10)
+    for name in OVERLAY_CHIPS:
+        path = overlay_path(name)
+        parameters = dict(load_overlay(path).parameters) if path.is_file() else {}
+        parameters |= {f.path: CalibratedValue(value=values[f.name], fitted_on=sweeps.MEASUREMENT)
+                       for f in sweeps.PARAMETERS}
+        previous = load_overlay(path) if path.is_file() else None
+        overlay = CalibrationOverlay(chip=name, fitted_on=(f"{previous.fitted_on}; {fitted_on}" if previous
+                                                           else fitted_on), parameters=parameters,
+                                     coverage=previous.coverage if previous else None, model_error=error)
+        written.append(str(save_overlay(overlay, path)))
+    return written
+
+def sweep_markdown(rows: list[dict[str, Any]]) -> str:
+    lines = []
+    for key in dict.fromkeys(r["sweep"] for r in rows):
+        these = [r for r in rows if r["sweep"] == key]
+        lines += [f"**{key}** ({these[0]['gpu']})", "",
+                  "| conc | role | measured ms | before ms | error | after ms | error |",
+                  "| ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [f"| {r['concurrency']} | {r['role']} | {r['measured_ms']:.2f} | {r['before_ms']:.2f} | "
+                  f"{r['before_error']:+.1%} | {r['after_ms']:.2f} | {r['after_error']:+.1%} |" for r in these]
+        lines.append("")
+    before, after = (sweeps.held_out_summary(rows, c) for c in ("before_error", "after_error"))
+    lines += ["| held out | MAPE | max abs error | points | sweeps | GPU types |", "| --- | ---: | ---: | ---: | ---: | --- |"]
+    lines += [f"| {name} | {s['mape']:.1%} | {s['max_abs_error']:.1%} | {s['points']} | {s['sweeps']} | "
+              f"{', '.join(s['gpu_types'])} |" for name, s in (("before", before), ("after", after))]
+    return "\n".join(lines) + "\n"
+
+def k3_markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["| system | batch | step before ms | step after ms | TPOT before ms | TPOT after ms |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {r['system']} | {r['batch']} | {r['step_before_ms']:.2f} | {r['step_after_ms']:.2f} | "
+              f"{r['tpot_before_ms']:.2f} | {r['tpot_after_ms']:.2f} |" for r in rows]
+    lines.append("")
+    measured = sweeps.load_rows()
+    for system in dict.fromkeys(r["system"] for r in rows):
+        tpot = {r["batch"]: r["tpot_after_ms"] for r in rows if r["system"] == system}
+        before = {r["batch"]: r["tpot_before_ms"] for r in rows if r["system"] == system}
+        lines.append(f"- {system}: TPOT 16/1 {tpot[16] / tpot[1]:.2f} (before {before[16] / before[1]:.2f}), "
+                     f"64/1 {tpot[64] / tpot[1]:.2f} (before {before[64] / before[1]:.2f}); 16/4 "
+                     f"{tpot[16] / tpot[4]:.2f}, 64/4 {tpot[64] / tpot[4]:.2f}")
+    for key in K25_SWEEPS:
+        sweep = next(s for s in sweeps.SWEEPS if s.key == key)
+        tpot = {measured[i]["concurrency"]: measured[i]["tpot_ms"] for i in sweep.rows}
+        lines.append(f"- Kimi-K2.5 on B200 ({key}, measured): 16/4 {tpot[16] / tpot[4]:.2f}, 64/4 {tpot[64] / tpot[4]:.2f}")
+    lines += ["", "Breakdown after (ms):", "", "| system | batch | " + " | ".join(rows[0]["breakdown_ms"]) + " |",
+              "| --- | ---: |" + " ---: |" * len(rows[0]["breakdown_ms"])]
+    lines += [f"| {r['system']} | {r['batch']} | " + " | ".join(f"{v:.2f}" for v in r["breakdown_ms"].values()) + " |"
+              for r in rows if r["batch"] in (1, 16, 64)]
+    return "\n".join(lines) + "\n"
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m calibration.reports.gpu_batch", description=__doc__.split("\n")[0])
+    parser.add_argument("--k3", action="store_true", help="also the K3 transfer (minutes)")
+    parser.add_argument("--write-overlays", action="store_true", help="write the b200 / b300 overlays")
+    args = parser.parse_args(argv)
+    values = sweeps.fit()
+    rows = sweeps.table(values)
+    q = sweeps.model_error_rel(rows)
+    out = ["Fitted (calibration core, " + sweeps.MEASUREMENT + "):", ""]
+    out += [f"- `{f.path}`: {values[f.name] * 1e6:.3f} us ({'fitted' if f.fitted else 'prior, held'}; prior "
+            f"{f.prior * 1e6:.3f} us)" for f in sweeps.PARAMETERS]
+    out += ["", f"Model error (90 %, held-out): {q:.1%} over "
+            f"{sum(r['role'] == 'held-out' for r in rows)} points", "", sweep_markdown(rows)]
+    if args.k3:
+        out.append(k3_markdown(k3_transfer(values)))
+    if args.write_overlays:
+        out += ["Overlays written: " + ", ".join(write_overlays(values, q, sum(r['role'] == 'held-out' for r in rows)))]
+    sys.stdout.write("\n".join(out) + "\n")
+    return 0
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+__all__ = ["k3_transfer", "main", "write_overlays"]
