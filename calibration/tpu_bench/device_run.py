@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
-    cache = args.out.parent / "jax-cache"
+    cache = Path(os.environ.get("TMPDIR", "/tmp")) / "tpusim-jax-cache"
     import jax
 
     jax.config.update("jax_compilation_cache_dir", str(cache))
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         done += 1
         say(f"{case.model} {case.shard_of or ''} {record['schedule']} b{case.batch}: "
               f"{record['ms_per_step_median']:.3f} ms (±{record['ms_per_step_spread']:.3f}), "
-              f"err {record['max_abs_error']:.3g}, tokens {'same' if record['tokens_identical'] else 'DIFFER'}, "
+              f"err {record['max_abs_error']:.3g} (rel {record['relative_error'] or 0:.2%}), tokens {'same' if record['tokens_identical'] else 'DIFFER'}, "
               f"compile {ahead_s:.1f}+{record['compile_s']:.1f} s, "
               f"{record['effective_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s  [{time.monotonic() - started:.0f} s]")
     pool.shutdown(wait=False, cancel_futures=True)
