@@ -1,11 +1,15 @@
 """The GPU batch-growth fit on public Blackwell sweeps (calibration.sources.gpu_batch_sweeps):
-which rows it uses, that its engine cache is the engine's, and the held-out error guard."""
+which rows it uses, that its engine cache is the engine's, that its figures live in the one
+parameter table and its held-out figures are the core's procedure, and the held-out guard."""
 
 from __future__ import annotations
 
 import pytest
 
+from calibration.core import PARAMETERS, fit, leave_one_group_out
 from calibration.sources import gpu_batch_sweeps as sweeps
+from hwmodels.catalog import load_chip
+from tpusim.app.cli import main
 from tpusim.engine import simulate
 from tpusim.engine.gpu_batch import batch_terms
 from tpusim.schedule.schema import load_schedule
@@ -51,16 +55,54 @@ def test_the_cache_is_the_engine():
                 cached["terms_per_unit_s"][figure.name], rel=1e-9)
 
 
+def test_the_figures_are_declared_in_the_one_table_and_explained_for_b200(capsys: pytest.CaptureFixture[str]):
+    assert all(figure in PARAMETERS for figure in sweeps.PARAMETERS)  # the table's own declarations
+    for figure in sweeps.PARAMETERS:
+        assert figure.name == figure.path.rsplit(".", 1)[1] and figure.unit == "s"
+        assert figure.prior is not None and figure.prior_source.startswith("prior (assumed")
+        lower, upper = figure.bounds_for(load_chip("b200", calibrated=False))
+        assert lower <= figure.prior <= upper
+    assert main(["calibrate", "--explain", "--hardware", "b200"]) == 0
+    out = capsys.readouterr().out
+    for figure in sweeps.PARAMETERS:
+        assert f"| {figure.name} | s | {figure.path} | " in out
+    assert "| 5e-07 (declared in the table; not in the catalog) | prior (assumed): one grouped-GEMM" in out
+
+
+def test_held_out_figures_are_the_core_leave_one_group_out_of_the_shipped_fit():
+    """The held-out fold refits the shipped problem with the shipped options without the held-out
+    points: its figures are the shipped fit's, and its predictions are the table's."""
+    result = sweeps.calibrate()
+    problem = sweeps.batch_problem()
+    fit_points = [i for i in problem.indices if problem.groups["role"][i] == "fit"]
+    assert result.solution.value_map() == fit(problem.only(fit_points), sweeps.OPTIONS).value_map()
+    (fold,) = leave_one_group_out(problem, sweeps.OPTIONS, folds=[sweeps.HELD_OUT_FOLD])
+    assert fold.values == result.held_out.values == result.solution.value_map()
+    after = {(r["sweep"], r["concurrency"]): r["after_ms"] for r in sweeps.table(result.values)}
+    judged = sweeps.judged_points()
+    assert [judged[i].role for i in fold.points] == ["held-out"] * len(fold.points)
+    assert fold.predicted == pytest.approx([after[(judged[i].sweep.key, judged[i].concurrency)] for i in fold.points],
+                                           rel=1e-12)
+    from_fold, from_table = sweeps.fold_summary(fold), sweeps.held_out_summary(sweeps.table(result.values))
+    assert from_fold.pop("gpu_types") == from_table.pop("gpu_types") and from_fold == pytest.approx(from_table)
+    assert set(result.values) == {f.name for f in sweeps.PARAMETERS}
+    assert result.values["attention_sequence_s"] == sweeps.PARAMETERS[2].prior  # held at its declared prior
+
+
 def test_held_out_error_stays_within_the_documented_figure():
     """The guard: the fit through the calibration core, judged on the points it did not see."""
-    values = sweeps.fit()
+    result = sweeps.calibrate()
+    chip = load_chip("b200", calibrated=False)
     for figure in sweeps.PARAMETERS:
-        assert figure.lower <= values[figure.name] <= figure.upper
-    summary = sweeps.held_out_summary(sweeps.table(values))
+        lower, upper = figure.bounds_for(chip)
+        assert lower <= result.values[figure.name] <= upper
+    summary = sweeps.fold_summary(result.held_out)
     documented = sweeps.DOCUMENTED_HELD_OUT
     assert summary["points"] >= documented["points"] and summary["sweeps"] >= documented["sweeps"]
     assert summary["mape"] <= documented["mape"] + sweeps.GUARD_MARGIN, summary
     assert summary["max_abs_error"] <= documented["max_abs_error"] + 2 * sweeps.GUARD_MARGIN, summary
+    assert result.model_error.points == summary["points"] and result.model_error.exact
+    assert result.model_error.in_range_rel <= documented["model_error"] + 2 * sweeps.GUARD_MARGIN, result.model_error
 
 
 def test_the_batch_terms_improve_the_held_out_error():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from calibration.params import chip_with
+from calibration.core.parameters import chip_with
 from hwmodels.catalog import load_chip
 from tpusim.engine import simulate
 from tpusim.engine.gpu import gpu_breakdown, gpu_variant

@@ -12,7 +12,9 @@ where a calibration fits it, with its source: a spec sheet, another system's mea
 first principles, never the data it is fitted on; ``tests/test_priors.py`` checks that). A
 part of a staged fit starts from the previous stage's chip instead. A source may also pull
 the fit toward the priors (:attr:`calibration.core.problem.Problem.prior_weight`, the K3
-stack's weak pull).
+stack's weak pull). A figure no catalog chip carries (the GPU batch-growth figures: without
+them the engine adds no term) declares its prior and the prior's source in the table
+(:attr:`Parameter.prior`); such a fit starts from :func:`with_declared_priors`.
 
 **Bounds** are physical, not convenient, and per chip kind: relative ones are factors of the
 chip's own *published* value (so tpu-v5e's 0.8 TB/s and gb200's 8 TB/s each get bounds
@@ -59,6 +61,10 @@ class Parameter:
     bounds: dict[str, Bound]  # chip kind -> bounds (a kind absent: not calibrated on such chips)
     why: str  # what in the data pins it
     hold_rank: int = 0  # among unidentifiable parameters of one fit, higher ranks are held first
+    # A figure no catalog chip carries (None in the schema: the engine adds no term without it)
+    # has no catalog value to start from: its prior is declared here, with its source.
+    prior: float | None = None
+    prior_source: str = ""
 
     def bound(self, kind: str) -> Bound:
         if kind not in self.bounds:
@@ -127,6 +133,27 @@ PARAMETERS: tuple[Parameter, ...] = (
               "a decode GEMM's fixed time (the published split's GEMM group)"),
     Parameter("attention_fixed", "execution.gpu.attention_fixed_s", "s", {"gpu": Bound(5e-8, 5e-5)},
               "a decode attention kernel's fixed time (the published split's attention group)"),
+    # What grows with the decode batch (tpusim.engine.gpu_batch): no catalog chip carries these
+    # figures, so each declares its prior; fitted by calibration.sources.gpu_batch_sweeps.
+    Parameter("grouped_gemm_expert_s", "execution.gpu.grouped_gemm_expert_s", "s", {"gpu": Bound(0.0, 20e-6)},
+              "TPOT growth with concurrency beyond the bytes: each more distinct expert a batch routes to "
+              "(public Blackwell sweeps, Kimi-K2.5 TP4/EP4 at concurrency 8 and DeepSeek-R1 / Qwen3 1k/1k at 16)",
+              prior=0.5e-6,
+              prior_source="prior (assumed): one grouped-GEMM tile's prologue and epilogue per expert that received "
+                           "a token (TMA descriptors, block-scale load, pipeline fill, store), ~0.5 us; FlashInfer "
+                           "trtllm-gen and CUTLASS grouped GEMMs schedule tiles per expert"),
+    Parameter("sampling_sequence_s", "execution.gpu.sampling_sequence_s", "s", {"gpu": Bound(0.0, 200e-6)},
+              "TPOT growth with concurrency at a fixed expert count: each more running request per step "
+              "(the same public sweep points)",
+              prior=5e-6,
+              prior_source="prior (assumed): sampler + scheduler + output processing per running request and step "
+                           "not hidden by vLLM V1's / SGLang's overlap, ~5 us"),
+    Parameter("attention_sequence_s", "execution.gpu.attention_sequence_s", "s", {"gpu": Bound(0.0, 5e-6)},
+              "each more sequence per attention layer; on the public sweeps' fit points it moves with "
+              "sampling_sequence_s, so that source holds it at its prior",
+              prior=0.1e-6,
+              prior_source="prior (assumed, not fitted: collinear with sampling_sequence_s on the fit set): a "
+                           "split-KV decode kernel's per-sequence split metadata and merge, ~0.1 us per layer"),
 )
 BY_PATH = {p.path: p for p in PARAMETERS}
 
@@ -164,6 +191,14 @@ def implied_values(base: Chip, values: dict[str, float]) -> dict[str, float]:
     if base.kind == "cpu" and sustained is not None and sustained > peak:
         return {HOST_PEAK_PATH: sustained}
     return {}
+
+
+def with_declared_priors(chip: Chip, specs: tuple[Parameter, ...]) -> Chip:
+    """``chip`` with the declared prior of every parameter in ``specs`` that the chip does not
+    carry laid over it (where such a fit starts); a figure the chip has keeps its value."""
+    have = {path for path, _figure in iter_figures(chip)}
+    missing = {p.path: p.prior for p in specs if p.path not in have and p.prior is not None}
+    return chip_with(chip, missing, fitted_on="declared priors") if missing else chip
 
 
 def chip_with(base: Chip, values: dict[str, float], *, fitted_on: str = "trial") -> Chip:

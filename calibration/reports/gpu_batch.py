@@ -2,9 +2,11 @@
 
 ``python -m calibration.reports.gpu_batch`` prints (Markdown) what docs/gpu-batch.md records:
 
-1. the fitted figures (:mod:`calibration.sources.gpu_batch_sweeps`, through the core);
+1. the fitted figures (:mod:`calibration.sources.gpu_batch_sweeps`, through the core's one
+   solver entry) and the model error (the core's split-conformal rule on the held-out fold);
 2. per sweep, predicted vs measured TPOT by concurrency, before (the engine as it was: no
-   batch terms) and after, and the held-out summary (MAPE, max error, points, sweeps, GPUs);
+   batch terms) and after, and the held-out summary (MAPE, max error, points, sweeps, GPUs)
+   of the core's leave-one-group-out fold ``role=held-out``;
 3. with ``--k3``: Kimi K3 (MXFP4, the GPU format) on 8 B300 (TP8, SGLang's K3 recipe) and on
    16 GB200 (attention TP16 + experts TP4 x EP4, the plan ``tpusim compare`` picks) at batch
    1-64, context 8192 + 512: the step before and after, the serving TPOT with the prefill
@@ -13,6 +15,8 @@
 ``--write-overlays`` lays the fitted figures and the model error into the calibrated overlays
 of ``b200`` (where most sweeps ran) and ``b300`` (GB200 / GB300 take b300's figures as
 *derived*, ``execution.gpu.stack_figures_from``); an existing overlay keeps its parameters.
+The model error is written for predictions in and out of the fit's range alike
+(:data:`OVERLAY_NOTE`), not the core's default doubling outside it.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ import argparse
 import sys
 from typing import Any
 
-from calibration.params import chip_with
+from calibration.core import ModelError
+from calibration.core.parameters import chip_with
 from calibration.sources import gpu_batch_sweeps as sweeps
 from hwmodels.catalog import load_chip
 from hwmodels.overlay import (
@@ -48,9 +53,9 @@ K3_BATCHES = (1, 4, 16, 64)
 # K3's nearest public relative at the same 8k/1k: Kimi-K2.5 NVFP4 on B200 (S1b rows 21-25, S1c 41-45)
 K25_SWEEPS = ("k25-b200-tp4ep4", "k25-b200-tp4")
 OVERLAY_CHIPS = ("b200", "b300")
-METHOD = ("held-out public sweep points (calibration.sources.gpu_batch_sweeps: fitted on Kimi-K2.5 TP4/EP4 at "
-          "concurrency 8 and the 1k/1k concurrency-16 points of DeepSeek-R1 and Qwen3, each sweep anchored on its "
-          "lowest concurrency): 90th percentile of |measured / predicted - 1|")
+OVERLAY_NOTE = ("; used in and out of the fit's range alike: the held-out points are already other models, "
+                "deployments, lengths and concurrencies than the fit's")
+
 
 def k3_chip(name: str, values: dict[str, float] | None) -> Any:
     """``name`` as published, its K3 stack, the K3-on-B300 batch-1 figures and ``values``."""
@@ -58,6 +63,7 @@ def k3_chip(name: str, values: dict[str, float] | None) -> Any:
     if values:
         figures |= {f.path: values[f.name] for f in sweeps.PARAMETERS}
     return gpu_variant(chip_with(load_chip(name, calibrated=False), figures, fitted_on=sweeps.MEASUREMENT), "stack")
+
 
 def k3_transfer(values: dict[str, float]) -> list[dict[str, Any]]:
     """K3 step and serving TPOT by batch on each system, before (no batch terms) and after."""
@@ -80,13 +86,15 @@ def k3_transfer(values: dict[str, float]) -> list[dict[str, Any]]:
                         "breakdown_ms": {k: v * 1e3 for k, v in gpu_breakdown(result).items()}})
     return out
 
-def write_overlays(values: dict[str, float], model_error: float, points: int) -> list[str]:
+
+def write_overlays(values: dict[str, float], model_error: ModelError) -> list[str]:
     """The fitted figures + model error into the overlays of :data:`OVERLAY_CHIPS` (kept
     parameters of an existing overlay stay)."""
     written = []
-    fitted_on = f"{sweeps.MEASUREMENT}: Kimi-K2.5 sweeps on B200/GB200 (calibration.sources.gpu_batch_sweeps)"
-    error = ModelErrorTerm(in_range_rel=model_error, extrapolated_rel=model_error, method=METHOD, points=points,
-                           exact=points >= 10)
+    fitted_on = f"{sweeps.MEASUREMENT}: public B200 sweeps (calibration.sources.gpu_batch_sweeps)"
+    q = model_error.in_range_rel
+    error = ModelErrorTerm(in_range_rel=q, extrapolated_rel=q, method=model_error.method + OVERLAY_NOTE,
+                           points=model_error.points, exact=model_error.exact)
     for name in OVERLAY_CHIPS:
         path = overlay_path(name)
         parameters = dict(load_overlay(path).parameters) if path.is_file() else {}
@@ -99,7 +107,10 @@ def write_overlays(values: dict[str, float], model_error: float, points: int) ->
         written.append(str(save_overlay(overlay, path)))
     return written
 
-def sweep_markdown(rows: list[dict[str, Any]]) -> str:
+
+def sweep_markdown(rows: list[dict[str, Any]], held_out: dict[str, Any]) -> str:
+    """Per sweep, the table's rows; then the held-out summary before (no batch terms) and after
+    (``held_out``: the core's held-out fold)."""
     lines = []
     for key in dict.fromkeys(r["sweep"] for r in rows):
         these = [r for r in rows if r["sweep"] == key]
@@ -109,11 +120,12 @@ def sweep_markdown(rows: list[dict[str, Any]]) -> str:
         lines += [f"| {r['concurrency']} | {r['role']} | {r['measured_ms']:.2f} | {r['before_ms']:.2f} | "
                   f"{r['before_error']:+.1%} | {r['after_ms']:.2f} | {r['after_error']:+.1%} |" for r in these]
         lines.append("")
-    before, after = (sweeps.held_out_summary(rows, c) for c in ("before_error", "after_error"))
+    before, after = sweeps.held_out_summary(rows, "before_error"), held_out
     lines += ["| held out | MAPE | max abs error | points | sweeps | GPU types |", "| --- | ---: | ---: | ---: | ---: | --- |"]
     lines += [f"| {name} | {s['mape']:.1%} | {s['max_abs_error']:.1%} | {s['points']} | {s['sweeps']} | "
               f"{', '.join(s['gpu_types'])} |" for name, s in (("before", before), ("after", after))]
     return "\n".join(lines) + "\n"
+
 
 def k3_markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| system | batch | step before ms | step after ms | TPOT before ms | TPOT after ms |",
@@ -138,23 +150,37 @@ def k3_markdown(rows: list[dict[str, Any]]) -> str:
               for r in rows if r["batch"] in (1, 16, 64)]
     return "\n".join(lines) + "\n"
 
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m calibration.reports.gpu_batch", description=__doc__.split("\n")[0])
     parser.add_argument("--k3", action="store_true", help="also the K3 transfer (minutes)")
     parser.add_argument("--write-overlays", action="store_true", help="write the b200 / b300 overlays")
     args = parser.parse_args(argv)
-    values = sweeps.fit()
+    result = sweeps.calibrate()
+    values = result.values
     rows = sweeps.table(values)
-    q = sweeps.model_error_rel(rows)
+    error = result.model_error
+    paths = result.solution.problem.paths
+    at_bound = dict(zip(paths, result.solution.at_bound.tolist(), strict=True))
+    sigma = dict(zip(paths, result.solution.sigma.tolist(), strict=True))
+
+    def how(path: str) -> str:
+        if path in sweeps.HELD:
+            return "prior, held"
+        if at_bound[path]:
+            return "fitted, at a bound"
+        return f"fitted, 1σ {sigma[path] * 1e6:.3f} us"
+
     out = ["Fitted (calibration core, " + sweeps.MEASUREMENT + "):", ""]
-    out += [f"- `{f.path}`: {values[f.name] * 1e6:.3f} us ({'fitted' if f.fitted else 'prior, held'}; prior "
-            f"{f.prior * 1e6:.3f} us)" for f in sweeps.PARAMETERS]
-    out += ["", f"Model error (90 %, held-out): {q:.1%} over "
-            f"{sum(r['role'] == 'held-out' for r in rows)} points", "", sweep_markdown(rows)]
+    out += [f"- `{f.path}`: {values[f.name] * 1e6:.3f} us ({how(f.path)}; prior {float(f.prior or 0.0) * 1e6:.3f} us)"
+            for f in sweeps.PARAMETERS]
+    out += ["", f"Model error (split-conformal 90 %, held-out fold {result.held_out.name}): {error.in_range_rel:.1%} "
+            f"over {error.points} points{'' if error.exact else ' (not exact: too few points)'}", "",
+            sweep_markdown(rows, sweeps.fold_summary(result.held_out))]
     if args.k3:
         out.append(k3_markdown(k3_transfer(values)))
     if args.write_overlays:
-        out += ["Overlays written: " + ", ".join(write_overlays(values, q, sum(r['role'] == 'held-out' for r in rows)))]
+        out += ["Overlays written: " + ", ".join(write_overlays(values, error))]
     sys.stdout.write("\n".join(out) + "\n")
     return 0
 

@@ -38,18 +38,25 @@ architecture) and the generic (vLLM-class) fusion table; the step and the prefil
 point are cached in ``data/gpu-batch-baseline.json`` (:func:`refresh_baseline`;
 tests/test_gpu_batch_fit.py re-simulates two points against it).
 
-**Fit and judge.** Fitted (:data:`PARAMETERS`) on three points, one per stack and model
-family: Kimi-K2.5 TP4/EP4 at concurrency 8 (vLLM) and the 1k/1k concurrency-16 points of
-DeepSeek-R1 and Qwen3 (SGLang); judged on the 21 other non-anchor points (higher
-concurrency, the other K2.5 deployments, the other ISL/OSL). ``attention_sequence_s`` is held
-at its prior: on the fit set it moves with ``sampling_sequence_s``. The fit goes through the
-calibration core in one call (:func:`fit`: :func:`calibration.core.solve` on a
-:class:`calibration.core.Problem`).
+**Fit and judge.** The figures (:data:`PARAMETERS`) are declared in the one table,
+:mod:`calibration.core.parameters` (bounds, the declared prior and its source: no catalog
+chip carries them). :func:`batch_problem` is one :class:`calibration.core.Problem` over the
+24 non-anchor points, labelled by ``role`` (fit | held-out) and ``sweep``. The shipped fit is
+that problem on the three fit points, one per stack and model family (Kimi-K2.5 TP4/EP4 at
+concurrency 8, vLLM; the 1k/1k concurrency-16 points of DeepSeek-R1 and Qwen3, SGLang),
+through the core's one entry (:func:`calibration.core.fit`, :data:`OPTIONS`). The held-out
+figures are the core's leave-one-group-out with the one fold ``role=held-out``
+(:func:`calibration.core.leave_one_group_out`): the same problem, options and start, refitted
+without the 21 held-out points (higher concurrency, the other K2.5 deployments, the other
+ISL/OSL) and predicting them; the model error is the core's split-conformal rule on that
+fold (:func:`calibration.core.model_error`). ``attention_sequence_s`` is held at its prior
+(:data:`HELD`): on the fit points it moves with ``sampling_sequence_s``.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -57,8 +64,19 @@ from typing import Any
 
 import numpy as np
 
-from calibration.core import Problem, solve
-from calibration.params import ParameterSpec, chip_with
+from calibration.core import (
+    Fold,
+    ModelError,
+    Parameter,
+    Problem,
+    Solution,
+    SolverOptions,
+    leave_one_group_out,
+    model_error,
+    parameters,
+)
+from calibration.core import fit as core_fit
+from calibration.core.parameters import chip_with, figure_value, with_declared_priors
 from hwmodels.catalog import load_chip
 from hwmodels.schema import Chip
 from tpusim.engine import simulate
@@ -68,7 +86,7 @@ from tpusim.schedule.schema import load_schedule
 from tpusim.serving.interference import prefill_stall_s
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.prefill import build_prefill_program
-from tpusim.workload.program import build_program
+from tpusim.workload.program import Program, build_program
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 DATA_FILE = DATA_DIR / "gpu-batch-scaling.json"
@@ -78,39 +96,20 @@ MEASUREMENT = "published:gpu-batch-sweeps"
 MS = 1e3
 
 
-@dataclass(frozen=True)
-class FittedFigure:
-    """One fitted figure, declared once (for the single parameter table): name, unit, catalog
-    path, bounds, prior and the prior's source."""
-
-    name: str
-    unit: str
-    path: str
-    lower: float
-    upper: float
-    prior: float
-    source: str
-    fitted: bool = True
-
-    @property
-    def spec(self) -> ParameterSpec:
-        return ParameterSpec(self.path, self.lower, self.upper, self.source)
-
-
-PARAMETERS: tuple[FittedFigure, ...] = (
-    FittedFigure("grouped_gemm_expert_s", "s", "execution.gpu.grouped_gemm_expert_s", 0.0, 20e-6, 0.5e-6,
-                 "prior (assumed): one grouped-GEMM tile's prologue and epilogue per expert that received a "
-                 "token (TMA descriptors, block-scale load, pipeline fill, store), ~0.5 us; FlashInfer trtllm-gen "
-                 "and CUTLASS grouped GEMMs schedule tiles per expert"),
-    FittedFigure("sampling_sequence_s", "s", "execution.gpu.sampling_sequence_s", 0.0, 200e-6, 5e-6,
-                 "prior (assumed): sampler + scheduler + output processing per running request and step not "
-                 "hidden by vLLM V1's / SGLang's overlap, ~5 us"),
-    FittedFigure("attention_sequence_s", "s", "execution.gpu.attention_sequence_s", 0.0, 5e-6, 0.1e-6,
-                 "prior (assumed, not fitted: collinear with sampling_sequence_s on the fit set): a split-KV "
-                 "decode kernel's per-sequence split metadata and merge, ~0.1 us per layer", fitted=False),
-)
+# The batch figures, declared (bounds, prior, the prior's source) in calibration.core.parameters;
+# a figure's name is its field in execution.gpu and its key in the baseline cache.
+PARAMETERS: tuple[Parameter, ...] = parameters(
+    "execution.gpu.grouped_gemm_expert_s", "execution.gpu.sampling_sequence_s", "execution.gpu.attention_sequence_s")
+HELD = ("execution.gpu.attention_sequence_s",)  # held at its prior: on the fit points it moves with sampling
+OPTIONS = SolverOptions(max_nfev=60)  # the shipped fit and its held-out refit alike
+HELD_OUT_FOLD = ("role", "held-out")  # the one leave-one-group-out fold: the points the fit does not see
+METHOD = ("calibration.sources.gpu_batch_sweeps: leave-one-group-out (calibration.core.holdout) with the fold "
+          "role=held-out, i.e. fitted on Kimi-K2.5 TP4/EP4 at concurrency 8 and the 1k/1k concurrency-16 points "
+          "of DeepSeek-R1 and Qwen3, each sweep anchored on its lowest concurrency, and judged on the 21 other "
+          "points; model error = split-conformal 90 % quantile of |measured - predicted| / predicted "
+          "(calibration.core.model_error)")
 # The per-kernel figures of the K3-on-B300 fit (`tpusim calibrate --hardware b300 --measurements
-# published:b300-sglang-k3`, calibration.k3_stack_fit, run on this branch: kernel_gap_s 1.8 -> 0.9228 us,
+# published:b300-sglang-k3`, calibration.sources.k3_b300: kernel_gap_s 1.8 -> 0.9228 us,
 # per_op_efficiency 0.8889 -> 0.9659; same SM architecture as B200/GB200): the batch-1 calibration
 # the batch figures are fitted on top of. Changing them needs refresh_baseline().
 BATCH1_FIGURES = {"execution.gpu.kernel_gap_s": 0.9228e-6, "execution.per_op_efficiency": 0.9659}
@@ -173,7 +172,7 @@ EXCLUDED = {
 }
 # The held-out error this module documents (docs/gpu-batch.md; python -m calibration.reports.gpu_batch) and
 # the margin tests/test_gpu_batch_fit.py allows before it fails.
-DOCUMENTED_HELD_OUT = {"mape": 0.109, "max_abs_error": 0.297, "points": 21, "sweeps": 9}
+DOCUMENTED_HELD_OUT = {"mape": 0.109, "max_abs_error": 0.297, "points": 21, "sweeps": 9, "model_error": 0.254}
 GUARD_MARGIN = 0.015
 INFERENCEX_LENGTH = 0.9  # InferenceX samples ISL and OSL at 80-100 % of nominal: mean 0.9
 
@@ -247,7 +246,7 @@ def sweep_chip(sweep: Sweep, values: dict[str, float] | None = None) -> Chip:
     return gpu_variant(chip_with(published, {**BATCH1_FIGURES, **(values or {})}, fitted_on=MEASUREMENT), "stack")
 
 
-def _program(point: Point):
+def _program(point: Point) -> Program:
     model = load_model(str(MODELS_DIR / point.sweep.model))
     plan = plan_for(model, point.sweep.devices, devices_per_chip=1, intra_link="nvlink", choice=point.sweep.plan)
     return build_program(model, plan, batch=point.concurrency, context_tokens=point.context_tokens,
@@ -315,39 +314,67 @@ def predict_ms(values: dict[str, float], *, by_stack: bool = True) -> dict[str, 
 
 
 def prior_values() -> dict[str, float]:
-    return {figure.name: figure.prior for figure in PARAMETERS}
+    """Each figure's declared prior (name -> seconds)."""
+    return {figure.name: float(figure.prior or 0.0) for figure in PARAMETERS}
 
 
 # --------------------------------------------------------------------------- fit and judge
 
 
-def _problem(fit_points: list[Point]) -> Problem:
-    """The fit as a core problem: the batch figures of :data:`PARAMETERS` that are fitted, on the
-    fit points (their own sweep's anchor subtracted)."""
-    fitted = [f for f in PARAMETERS if f.fitted]
-    held = {f.name: f.prior for f in PARAMETERS if not f.fitted}
+def judged_points() -> list[Point]:
+    """The points of the problem: every non-anchor point (an anchor is measured by construction)."""
+    return [p for p in points() if p.role != "anchor"]
+
+
+def batch_problem() -> Problem:
+    """Every non-anchor point as one core problem (its own sweep's anchor subtracted), grouped by
+    ``role`` and ``sweep``; the fitted figures are :data:`PARAMETERS` less :data:`HELD`, which
+    stays at its declared prior. The search starts on the declared priors."""
+    judged = judged_points()
     base = sweep_chip(SWEEPS[0])
-    start = chip_with(base, {f.path: f.prior for f in PARAMETERS}, fitted_on="priors")
-    names = {f.path: f.name for f in PARAMETERS}
 
-    def predict(trial: Chip) -> np.ndarray:
-        gpu = trial.execution.gpu
-        values = {names[f.path]: getattr(gpu, f.name).value for f in fitted} | held
-        predicted = predict_ms(values)
-        return np.array([predicted[p.key] for p in fit_points])
+    def predict(trial: Chip, indices: Sequence[int]) -> np.ndarray:
+        predicted = predict_ms({f.name: figure_value(trial, f.path) for f in PARAMETERS})
+        return np.array([predicted[judged[i].key] for i in indices])
 
-    return Problem("gpu batch sweeps", base, base, tuple(f.spec for f in fitted), predict,
-                   np.array([p.tpot_ms for p in fit_points]), groups=tuple(p.sweep.key for p in fit_points),
-                   start=start)
+    problem = Problem("gpu batch sweeps", base, base, PARAMETERS, predict, np.array([p.tpot_ms for p in judged]),
+                      groups={"role": tuple(p.role for p in judged), "sweep": tuple(p.sweep.key for p in judged)},
+                      start=with_declared_priors(base, PARAMETERS))
+    return problem.without(HELD)
+
+
+@dataclass(frozen=True)
+class BatchFit:
+    """The shipped fit, its held-out fold (the same procedure without the held-out points) and
+    the model error the core's rule reads from that fold."""
+
+    solution: Solution  # the fit on the fit points (what the overlays get)
+    held_out: Fold  # the held-out points, predicted by the refit that never saw them
+    values: dict[str, float]  # name -> seconds, the held figure included
+    model_error: ModelError
+
+
+def _values(fitted: dict[str, float], problem: Problem) -> dict[str, float]:
+    by_path = {**problem.fixed, **fitted}
+    return {f.name: by_path[f.path] for f in PARAMETERS}
+
+
+@cache
+def calibrate() -> BatchFit:
+    """The fit and its held-out judgement, through the calibration core (module docstring)."""
+    problem = batch_problem()
+    label, value = HELD_OUT_FOLD
+    fit_points = [i for i in problem.indices if problem.groups[label][i] != value]
+    solution = core_fit(problem.only(fit_points), OPTIONS)
+    (fold,) = leave_one_group_out(problem, OPTIONS, folds=[HELD_OUT_FOLD])
+    error = model_error([fold], METHOD)
+    assert error is not None  # one fold with 21 points
+    return BatchFit(solution, fold, _values(solution.value_map(), problem), error)
 
 
 def fit() -> dict[str, float]:
-    """The fitted figures (name -> seconds), through the calibration core in one call."""
-    fit_points = [p for p in points() if p.role == "fit"]
-    solution = solve(_problem(fit_points), max_nfev=60)
-    names = {f.path: f.name for f in PARAMETERS}
-    return {names[path]: value for path, value in solution.value_map().items()} | {
-        f.name: f.prior for f in PARAMETERS if not f.fitted}
+    """The fitted figures (name -> seconds; the held one at its prior), through the core."""
+    return dict(calibrate().values)
 
 
 def table(values: dict[str, float]) -> list[dict[str, Any]]:
@@ -360,16 +387,18 @@ def table(values: dict[str, float]) -> list[dict[str, Any]]:
             for p in points()]
 
 
+def fold_summary(fold: Fold) -> dict[str, Any]:
+    """MAPE (of the measured value), max |error|, points, sweeps and GPU types of a held-out fold."""
+    judged = judged_points()
+    errors = np.abs(np.array(fold.predicted) / np.array(fold.measured) - 1.0)
+    held = [judged[i] for i in fold.points]
+    return {"mape": float(errors.mean()), "max_abs_error": float(errors.max()), "points": len(held),
+            "sweeps": len({p.sweep.key for p in held}), "gpu_types": sorted({p.sweep.chip for p in held})}
+
+
 def held_out_summary(rows: list[dict[str, Any]], column: str = "after_error") -> dict[str, Any]:
     """MAPE, max |error|, points, sweeps and GPU types of the held-out rows."""
     held = [r for r in rows if r["role"] == "held-out"]
     errors = np.array([abs(r[column]) for r in held])
     return {"mape": float(errors.mean()), "max_abs_error": float(errors.max()), "points": len(held),
             "sweeps": len({r["sweep"] for r in held}), "gpu_types": sorted({r["gpu"] for r in held})}
-
-
-def model_error_rel(rows: list[dict[str, Any]]) -> float:
-    """The 90 % model error of a prediction: the 90th percentile of |held-out residual| (relative
-    to the prediction), the calibration core's out-of-sample rule."""
-    residuals = [abs(r["measured_ms"] / r["after_ms"] - 1.0) for r in rows if r["role"] == "held-out"]
-    return float(np.quantile(residuals, 0.9, method="higher"))
