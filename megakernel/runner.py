@@ -56,6 +56,11 @@ from tpusim.workload.model_catalog import load_model, plan_for
 NOT_TPU_NOTE = "Pallas TPU interpret mode on a CPU: wall time of the interpreter, NOT a TPU timing"
 
 
+# f32 x f32 products inside the kernel (attention scores, the KDA recurrence) at full precision:
+# XLA/Mosaic's TPU default is one bf16 pass. Weight products are bf16 x bf16 either way.
+KERNEL_PRECISION = "default"  # "highest" made Mosaic refuse bf16 x bf16 products (fp32 contract precision)
+
+
 @dataclass(frozen=True)
 class RunConfig:
     model: str = "kimi-k3-mini"
@@ -154,7 +159,8 @@ def run(config: RunConfig, out: Path | None = None) -> dict[str, Any]:
     state = init_state(dims, config.batch, kernel.max_context, context=config.context, seed=config.seed)
     tokens = jnp.asarray(np.random.default_rng(config.seed).integers(0, dims.vocab_rows, config.batch), jnp.int32)
     started = time.perf_counter()
-    step = jax.jit(kernel.step).lower(hbm, params["embedding"], state, tokens).compile()
+    with jax.default_matmul_precision(KERNEL_PRECISION):  # the kernel's own f32 products (scores, ...)
+        step = jax.jit(kernel.step).lower(hbm, params["embedding"], state, tokens).compile()
     compile_s = time.perf_counter() - started
     with jax.default_matmul_precision("highest"):
         _, _, routing = decode_step_with_routing(dims, params, state, tokens)

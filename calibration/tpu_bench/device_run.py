@@ -91,9 +91,12 @@ def ahead_compile(case: Case, root: Path) -> float:
     hbm = {name: sds(shape, jnp.uint16) for name, shape in kernel.hbm_shapes().items()}
     states = kernel.state_shapes()
     state = DecodeState(states["state.kda"], states["state.conv"], states["state.kv"], sds((), jnp.int32))
+    from megakernel.runner import KERNEL_PRECISION
+
     started = time.perf_counter()
-    jax.jit(kernel.step).lower(hbm, sds((dims.vocab_rows, dims.hidden), jnp.bfloat16), state,
-                               sds((case.batch,), jnp.int32)).compile()
+    with jax.default_matmul_precision(KERNEL_PRECISION):
+        jax.jit(kernel.step).lower(hbm, sds((dims.vocab_rows, dims.hidden), jnp.bfloat16), state,
+                                   sds((case.batch,), jnp.int32)).compile()
     return time.perf_counter() - started
 
 
