@@ -9,7 +9,11 @@ import json
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+from hwmodels.atomic import check_output_file, check_output_folder
+from hwmodels.errors import InputError
 
 LOCAL_DIR_HELP = ("folder of machine-local catalog entries (host-cpu) and calibrated overlays; the same as "
                   "setting TPUSIM_LOCAL_DIR (default: $TPUSIM_LOCAL_DIR, else the user data folder)")
@@ -65,6 +69,26 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def output_file(text: str) -> Path:
+    """An ``argparse`` type for a file the command writes: refused at parse time when it is
+    (or links to) a directory, FIFO or device (:func:`hwmodels.atomic.check_output_file`
+    owns the rule; the writer checks again)."""
+    try:
+        check_output_file(text)
+    except InputError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return Path(text)
+
+
+def output_folder(text: str) -> Path:
+    """An ``argparse`` type for a folder the command writes into: absent or a directory."""
+    try:
+        check_output_folder(text)
+    except InputError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return Path(text)
 
 
 def add_workload_options(parser: argparse.ArgumentParser, *, batch: bool = True) -> None:

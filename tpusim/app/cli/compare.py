@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from hwmodels.errors import InputError
-from tpusim.app.cli.common import add_model_options, positive_int
+from tpusim.app.cli.common import add_model_options, output_file, output_folder, positive_int
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
 
@@ -65,9 +64,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--uncalibrated", action="store_true",
                         help="use the published catalog figures, ignoring calibrated overlays (default: off)")
     add_format_option(parser)
-    parser.add_argument("--plot", type=Path, default=None, help="write a grouped bar chart (PNG) to this file "
+    parser.add_argument("--plot", type=output_file, default=None, help="write a grouped bar chart (PNG) to this file "
                         "(default: none)")
-    parser.add_argument("--out", type=Path, default=None,
+    parser.add_argument("--out", type=output_folder, default=None,
                         help="folder for sweep outputs when choosing schedules (default: a temporary folder)")
     parser.set_defaults(func=run, output_lock="folder")  # --out: the sweeps that choose schedules
 

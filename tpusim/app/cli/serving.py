@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hwmodels.errors import InputError
-from tpusim.app.cli.common import add_model_options, positive_int
+from tpusim.app.cli.common import add_model_options, output_file, positive_int
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
 
@@ -78,7 +78,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--jobs", type=positive_int, default=None,
                         help="processes serving the systems in parallel (default: one per system, up to the CPUs)")
     parser.add_argument("--uncalibrated", action="store_true", help="published catalog figures only")
-    parser.add_argument("--plot", type=Path, default=None,
+    parser.add_argument("--plot", type=output_file, default=None,
                         help="write the throughput-latency curve (tokens/s per chip vs per user) as PNG")
     add_format_option(parser)
     parser.set_defaults(func=run)

@@ -39,13 +39,18 @@ floor):
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
 from tpusim.app.cli.capacity_gate import check_fit
-from tpusim.app.cli.common import add_workload_options, emit_json, positive_int, resolve_workload
+from tpusim.app.cli.common import (
+    add_workload_options,
+    emit_json,
+    output_file,
+    positive_int,
+    resolve_workload,
+)
 from tpusim.app.cli.floor import CRITICAL_DEVICE
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
@@ -75,8 +80,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         help="prompt tokens already cached before the chunk (--phase prefill)")
     parser.add_argument("--schedule", default="published",
                         help="naive | published | layer-double-buffer | a schedule JSON file (default: published)")
-    parser.add_argument("--trace", type=Path, default=None, help="write a Chrome/Perfetto trace-event JSON here")
-    parser.add_argument("--plot", type=Path, default=None, help="write a timeline PNG here")
+    parser.add_argument("--trace", type=output_file, default=None, help="write a Chrome/Perfetto trace-event JSON here")
+    parser.add_argument("--plot", type=output_file, default=None, help="write a timeline PNG here")
     parser.add_argument("--plot-layers", default="1:3", metavar="FIRST:COUNT",
                         help="layers drawn in --plot (default 1:3)")
     add_format_option(parser)

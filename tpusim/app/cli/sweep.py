@@ -24,7 +24,13 @@ from typing import Any
 from hwmodels.errors import InputError
 from hwmodels.textfile import read_user_json
 from tpusim.app.cli.capacity_gate import check_fit
-from tpusim.app.cli.common import add_workload_options, emit_json, positive_int, resolve_workload
+from tpusim.app.cli.common import (
+    add_workload_options,
+    emit_json,
+    output_folder,
+    positive_int,
+    resolve_workload,
+)
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
 
@@ -43,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     for action in parser._actions:
         if action.dest == "seed":  # one seed fixes both the routing draw and the sampled candidates
             action.help = "seed of the routing draw and of the sampled candidates"
-    parser.add_argument("--out", required=True, type=Path, help="output folder (sweep.csv, best.json, summary.md, plots)")
+    parser.add_argument("--out", required=True, type=output_folder, help="output folder (sweep.csv, best.json, summary.md, plots)")
     parser.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET,
                         help=f"full-step engine simulations, built-ins included (default {DEFAULT_BUDGET})")
     parser.add_argument("--jobs", type=positive_int, default=1, help="worker processes (default 1)")
