@@ -95,7 +95,7 @@ def test_every_violation_is_named_at_once() -> None:
 def test_attention_pattern_layers_must_exist() -> None:
     data = _k3()
     data["attention_pattern"]["rules"].append({"kind": "mla", "layers": [data["num_layers"] + 5]})
-    with pytest.raises(ValueError, match="outside 0.."):
+    with pytest.raises(ValueError, match=r"outside 0\.\."):
         ModelConfig.model_validate(data)
 
 

@@ -322,5 +322,7 @@ class ModelConfig(_Frozen):
         if self.moe is None:
             dense = list(range(num_layers))
         data = self.model_dump()
+        for rule in data["attention_pattern"]["rules"]:  # explicit layers past the cut do not exist any more
+            rule["layers"] = [layer for layer in rule["layers"] if layer < num_layers]
         data.update(num_layers=num_layers, dense_layers=dense)
         return ModelConfig.model_validate(data)

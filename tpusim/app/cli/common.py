@@ -131,11 +131,13 @@ def load_model_with_formats(args: argparse.Namespace) -> Any:
 def resolve_workload(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     """(model, plan, system, routing) from the parsed options."""
     from hwmodels.catalog import make_system
-    from tpusim.workload.model_catalog import plan_for_system
+    from tpusim.workload.format_choice import formats_for_chip
+    from tpusim.workload.model_catalog import load_model, plan_for_system
     from tpusim.workload.routing import parse_routing
 
-    model = load_model_with_formats(args)
     system = make_system(args.hardware, args.chips, calibrated=not args.uncalibrated)
+    model, args.formats_choice = formats_for_chip(load_model(args.model), getattr(args, "formats", None),
+                                                  system.chip.kind)  # one rule for every command
     warn_outside_fit(system.chip, args.model, args.chips)
     plan = plan_for_system(model, system.chip, system.chips, getattr(args, "plan", None))
     routing = parse_routing(args.routing)

@@ -7,6 +7,7 @@ import sys
 
 from hwmodels.errors import InputError
 from tpusim.app.cli.common import add_model_options, output_file, output_folder, positive_int
+from tpusim.app.cli.flag_rules import refuse_unused
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
 
@@ -71,12 +72,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run, output_lock="folder")  # --out: the sweeps that choose schedules
 
 
+def _chips(systems: list, *, calibrated: bool) -> list:
+    """Each system's chip in its execution (what the flag rules ask of a row)."""
+    from hwmodels.catalog import load_chip
+    from tpusim.compare.rows import with_execution
+
+    return [with_execution(load_chip(spec.chip, calibrated=calibrated), spec.execution) for spec in systems]
+
+
 def run(args: argparse.Namespace) -> int:
     from tpusim.compare.rows import compare_rows, parse_systems
     from tpusim.compare.schedule_choice import sweep_chooser
     from tpusim.workload.routing import parse_routing
 
     systems = parse_systems(args.systems)
+    refuse_unused(args, chips=_chips(systems, calibrated=not args.uncalibrated))
     batches = _numbers(args.batch, int, "--batch")
     acceptances = _numbers(args.spec_acceptance, float, "--spec-acceptance") if args.spec_acceptance else []
     chooser = None
