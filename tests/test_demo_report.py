@@ -26,9 +26,11 @@ def test_report_opens_with_the_comparison_and_reports_failures(tmp_path) -> None
     failed.ok, failed.error = False, "RuntimeError: boom"
     text = render_report(run)
     assert text.startswith("# Kimi K3 decode: TPU v7 x 16 against GB200 x 16")
-    assert "| tpu-v7:16 | megakernel | 1 | — | 5.400 | — | 185.2 | simulated |" in text
+    assert "| tpu-v7:16 | megakernel | 1 | — | 5.400 | — | 185.2 | simulated, published figures |" in text
     assert "| tpu-v7:16 | megakernel | 2 | — | 4.800 | 4.580–5.089 | 208.3 | calibrated |" in text
-    assert "does not fit" in text and "needs 608 GB/device" in text
+    # a row that does not fit ran nothing: its label is the capacity check, not "calibrated" or "simulated"
+    assert ("| gb200:4 | serving stack | 1 | — | does not fit | — | — | capacity check (weights + KV vs HBM) | "
+            "needs 608 GB/device") in text
     assert "**FAILED**: `RuntimeError: boom`" in text
     assert "| floor | 0.0 | 0.0 | FAILED: RuntimeError: boom |" in text
     assert not run.ok
