@@ -71,24 +71,38 @@ def positive_int(text: str) -> int:
     return value
 
 
+class OutputFile(type(Path())):  # type: ignore[misc]
+    """A file the command writes (``--trace``, ``--plot``, run-kernel's ``--out``): checked by
+    :func:`check_outputs` before the command runs."""
+
+
+class OutputFolder(type(Path())):  # type: ignore[misc]
+    """A folder the command writes into (``--out``): checked by :func:`check_outputs`."""
+
+
 def output_file(text: str) -> Path:
-    """An ``argparse`` type for a file the command writes: refused at parse time when it is
-    (or links to) a directory, FIFO or device (:func:`hwmodels.atomic.check_output_file`
-    owns the rule; the writer checks again)."""
-    try:
-        check_output_file(text)
-    except InputError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return Path(text)
+    """The ``argparse`` type of a file the command writes (checked before it runs, in one line)."""
+    return OutputFile(text)
 
 
 def output_folder(text: str) -> Path:
-    """An ``argparse`` type for a folder the command writes into: absent or a directory."""
-    try:
-        check_output_folder(text)
-    except InputError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return Path(text)
+    """The ``argparse`` type of a folder the command writes into."""
+    return OutputFolder(text)
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse, before anything runs, an output path that is (or links to) a directory, FIFO or
+    device where a file goes, or anything but a folder where a folder goes
+    (:mod:`hwmodels.atomic` owns the rule; every writer checks again as it writes). An
+    InputError, so the user reads one line and exit 2, not argparse's usage block."""
+    for dest, value in vars(args).items():
+        try:
+            if isinstance(value, OutputFile):
+                check_output_file(value)
+            elif isinstance(value, OutputFolder):
+                check_output_folder(value)
+        except InputError as error:
+            raise InputError(f"--{dest.replace('_', '-')}: {error}") from None
 
 
 def add_workload_options(parser: argparse.ArgumentParser, *, batch: bool = True) -> None:
