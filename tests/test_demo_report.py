@@ -29,7 +29,7 @@ def test_report_opens_with_the_comparison_and_reports_failures(tmp_path) -> None
     assert "| tpu-v7:16 | megakernel | 1 | — | 5.400 | — | 185.2 | simulated, published figures |" in text
     assert "| tpu-v7:16 | megakernel | 2 | — | 4.800 | 4.580–5.089 | 208.3 | calibrated |" in text
     # a row that does not fit ran nothing: its label is the capacity check, not "calibrated" or "simulated"
-    assert ("| gb200:4 | serving stack | 1 | — | does not fit | — | — | capacity check (weights + KV vs HBM) | "
+    assert ("| gb200:4 | serving stack | 1 | — | does not fit | — | — | not simulated (no chip figures used) | "
             "needs 608 GB/device") in text
     assert "**FAILED**: `RuntimeError: boom`" in text
     assert "| floor | 0.0 | 0.0 | FAILED: RuntimeError: boom |" in text

@@ -72,7 +72,7 @@ def _compare_section(run: DemoRun) -> list[str]:
                          f"{row.get('schedule_choice', '')} |")
         else:  # nothing was simulated, so no chip figures were used: no "calibrated" label
             lines.append(f"| {row['system']} | {row['execution']} | {row['batch']} | {accept} | does not fit | — | — | "
-                         f"capacity check (weights + KV vs HBM) | {row.get('short_note', '')} |")
+                         f"not simulated (no chip figures used) | {row.get('short_note', '')} |")
     from tpusim.app.cli.compare import calibration_notes
 
     notes = calibration_notes(step.data)
