@@ -26,6 +26,23 @@ in-process through :func:`tpusim.app.cli.main` and must
    the output. A ``config.json`` whose numbers are written as text that parses exactly
    (``"48"``) and a checkpoint folder as ``--model`` are valid and must run.
 
+6. the classes of issue 36 (:func:`_issue36_cases`), each with its own oracle here:
+
+   - **output paths**: ``--trace`` / ``--plot`` / ``--out`` naming a FIFO, a folder, a
+     symlink to a file, a dangling symlink or a symlink to a FIFO: exit 0 or 2, and after
+     the run the FIFO is still a FIFO, every link still a link, the folder a folder;
+   - **ignored flags**: a flag the chosen path does not use (prefill flags on decode, decode
+     flags on prefill, a schedule on a GPU serving stack, an execution a TPU does not have,
+     drafter flags without speculation): :func:`ignored_flag` says so independently, and
+     the case must exit 2 naming the flag; exit 0 is *silently accepted*;
+   - **config self-consistency**: a ``config.json`` with drawn head counts, hidden size,
+     experts and top-k: :func:`inconsistent_config` decides (hidden not a multiple of the
+     heads without ``head_dim``, KV heads not dividing the heads, top-k over the experts);
+     exit 0 for one is a *confident wrong answer*;
+   - **same question**: ``simulate`` and ``compare --schedule S`` of the same model, system,
+     batch and schedule must give the same step time (one answer per question); a
+     difference is a *confident wrong answer*.
+
 Every run prints the number of cases tried and of failures. Coverage: ``hardware``, ``plan``,
 ``floor``, ``simulate``, ``sweep`` (tiny budgets), ``compare`` (given schedules; no nested
 sweeps), ``report``, ``calibrate`` (its input validation and corrupt measurement files; a
@@ -118,6 +135,20 @@ def write_corpus(folder: Path) -> dict[str, str]:
         paths[name] = str(path)
     paths["missing"] = str(folder / "does-not-exist.yaml")
     paths["a-folder"] = str(folder)
+    special = folder / "special"  # output paths that must never be destroyed (class "output paths")
+    special.mkdir(exist_ok=True)
+    fifo = special / "fifo"
+    if not fifo.exists():
+        os.mkfifo(fifo)
+    (special / "target.json").write_text("{}")
+    for name, points_at in (("link.json", "target.json"), ("dangling.json", "nowhere.json"), ("link-fifo", "fifo")):
+        if not (special / name).is_symlink():
+            (special / name).symlink_to(points_at)
+    paths.update({f"special:{name}": str(special / name) for name in ("fifo", "link.json", "dangling.json",
+                                                                      "link-fifo")})
+    paths["special:folder"] = str(special)
+    qwen_dense = json.loads((repo / "tests" / "data" / "qwen3-8b" / "config.json").read_text())
+    paths["config-base"] = json.dumps(qwen_dense)  # the drawn configs start from this (not a path)
     return paths
 
 
@@ -218,8 +249,122 @@ def cases(corpus: dict[str, str], out_root: Path, *, heavy: bool) -> st.SearchSt
                   _opt("--plan", plans), st.sampled_from([[], ["--json"]]))
     misapplied = _misapplied_cases(corpus)
     junk = st.lists(st.sampled_from(["--nope", "simulate", "-x", "", "--json", "--model"]), max_size=4)
+    issue36 = _issue36_cases(corpus, out_root)
     return st.one_of(simulate, refused, floor, sweep, compare, hardware_cmd, report, calibrate, run_kernel, demo,
-                     plan, junk, misapplied, misapplied)
+                     plan, junk, misapplied, misapplied, issue36, issue36)
+
+
+NANO_TPU = ["--model", "kimi-k3-nano", "--hardware", "tpu-v7", "--chips", "4"]
+NANO_GPU = ["--model", "kimi-k3-nano", "--hardware", "gb200", "--chips", "2"]
+
+
+def _issue36_cases(corpus: dict[str, str], out_root: Path) -> st.SearchStrategy[list[str]]:
+    """The classes of issue 36 (module docstring, 6)."""
+    special = [corpus[k] for k in corpus if k.startswith("special:")]
+    paths = st.one_of(
+        st.tuples(st.sampled_from(["--trace", "--plot"]), st.sampled_from(special)).map(
+            lambda p: ["simulate", *NANO_TPU, p[0], p[1], "--json"]),
+        st.sampled_from(special).map(lambda p: ["sweep", *NANO_TPU, "--out", p, "--budget", "1", "--samples", "0",
+                                                "--quiet", "--no-plots"]),
+        st.sampled_from(special).map(lambda p: ["run-kernel", "--out", p, "--batch", "0"]),
+        st.sampled_from(special).map(lambda p: ["compare", "--systems", "tpu-v7:4", "--model", "kimi-k3-nano",
+                                                "--batch", "1", "--schedule", "published", "--plot", p, "--json"]),
+    )
+    ignored = st.sampled_from([
+        ["simulate", *NANO_TPU, "--tokens", "64"], ["simulate", *NANO_TPU, "--prefix-tokens", "8"],
+        ["simulate", *NANO_TPU, "--phase", "prefill", "--tokens", "64", "--batch", "4"],
+        ["simulate", *NANO_TPU, "--phase", "prefill", "--tokens", "64", "--context", "64"],
+        ["simulate", *NANO_GPU, "--schedule", "naive"], ["simulate", *NANO_TPU, "--plot-layers", "1:2"],
+        ["compare", "--model", "kimi-k3-nano", "--systems", "tpu-v7:4:eager", "--batch", "1", "--schedule", "naive"],
+        ["compare", "--model", "kimi-k3-nano", "--systems", "gb200:2", "--batch", "1", "--schedule", "naive"],
+        ["compare", "--model", "kimi-k3-nano", "--systems", "gb200:2", "--batch", "1", "--drafter", "mtp"],
+        ["compare", "--model", "kimi-k3-nano", "--systems", "tpu-v7:4", "--batch", "1", "--schedule", "naive",
+         "--sweep-budget", "3"],
+        ["serving", "--systems", "tpu-v7:16", "--draft-tokens", "3"],
+        # controls: the same flags where they are used (must not be refused as ignored)
+        ["simulate", *NANO_TPU, "--phase", "prefill", "--tokens", "64"], ["simulate", *NANO_TPU, "--batch", "2"],
+    ]).map(lambda argv: [*argv, "--json"])
+    base = json.loads(corpus["config-base"])
+    config = st.fixed_dictionaries({
+        "hidden_size": st.sampled_from([1000, 1024, 4096]), "num_attention_heads": st.sampled_from([7, 8, 32]),
+        "num_key_value_heads": st.sampled_from([3, 8, 64]), "head_dim": st.sampled_from([None, 128]),
+    }).map(lambda fields: _write_config(out_root, {**base, **fields}))
+    configs = st.tuples(config, st.sampled_from([["floor"], ["plan", "--devices", "1"]])).map(
+        lambda c: [*c[1], "--model", c[0], *([] if c[1][0] == "plan" else ["--hardware", "tpu-v7", "--chips", "8"])])
+    same = st.tuples(st.sampled_from(["1", "2", "4"]), st.sampled_from(["published", "naive"])).map(
+        lambda c: ["same-question", c[0], c[1]])
+    return st.one_of(paths, ignored, configs, same)
+
+
+def _write_config(out_root: Path, data: dict) -> str:
+    """A drawn config.json in a folder of its own; returns its path."""
+    fields = {k: v for k, v in data.items() if v is not None}
+    if data.get("head_dim") is None:
+        fields.pop("head_dim", None)
+    key = "-".join(str(fields.get(k)) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads",
+                                                 "head_dim"))
+    folder = out_root.parent / "configs" / key
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(fields))
+    return str(folder / "config.json")
+
+
+def ignored_flag(argv: list[str]) -> str | None:
+    """The flag in ``argv`` its path does not use, decided here from the argument list alone."""
+    if argv[:1] == ["simulate"]:
+        prefill = _value(argv, "--phase", "decode") == "prefill"
+        for flag in ("--tokens", "--prefix-tokens") if not prefill else ("--batch", "--context"):
+            if flag in argv:
+                return flag
+        if "--schedule" in argv and _value(argv, "--hardware", "") in ("gb200", "h200", "b200", "b300"):
+            return "--schedule"
+        if "--plot-layers" in argv and "--plot" not in argv:
+            return "--plot-layers"
+    if argv[:1] == ["compare"]:
+        systems = _value(argv, "--systems", "")
+        if "tpu" in systems and any(s.split(":")[2:] not in ([], ["megakernel"]) for s in systems.split(",")
+                                    if s.startswith("tpu")):
+            return "--systems"
+        if "--schedule" in argv and all(not s.startswith("tpu") and ":megakernel" not in s for s in systems.split(",")):
+            return "--schedule"
+        if "--drafter" in argv and "--spec-acceptance" not in argv:
+            return "--drafter"
+        if "--sweep-budget" in argv and _value(argv, "--schedule", "best") != "best":
+            return "--sweep-budget"
+    if argv[:1] == ["serving"] and "--draft-tokens" in argv and "--acceptance-length" not in argv:
+        return "--draft-tokens"
+    return None
+
+
+def inconsistent_config(argv: list[str]) -> str | None:
+    """What a drawn ``config.json`` contradicts in itself (None: consistent), from its raw keys."""
+    path = _value(argv, "--model", "")
+    if not path.endswith("config.json") or "/configs/" not in path:
+        return None
+    data = json.loads(Path(path).read_text())
+    hidden, heads, kv = data["hidden_size"], data["num_attention_heads"], data["num_key_value_heads"]
+    if "head_dim" not in data and hidden % heads:
+        return f"hidden {hidden} not a multiple of {heads} heads (no head_dim)"
+    if kv > heads or heads % kv:
+        return f"{kv} KV heads for {heads} heads"
+    return None
+
+
+def same_question(argv: list[str]) -> Outcome:
+    """``simulate`` and ``compare --schedule S`` of one question; the outcome carries a problem
+    when their step times differ (one answer per question)."""
+    batch, schedule = argv[1], argv[2]
+    workload = ["--model", "kimi-k3-nano", "--batch", batch, "--uncalibrated"]
+    one = run_case(["simulate", *workload, "--hardware", "tpu-v7", "--chips", "4", "--schedule", schedule, "--json"])
+    two = run_case(["compare", *workload, "--systems", "tpu-v7:4", "--schedule", schedule, "--json"])
+    outcome = Outcome(argv, max(one.code, two.code), one.stdout, one.stderr + two.stderr, one.problems + two.problems)
+    if one.code == 0 and two.code == 0:
+        simulated = json.loads(one.stdout)["step_ms"]
+        row = next(r for r in json.loads(two.stdout) if r["acceptance_length"] is None)
+        if row.get("fits") and row.get("schedule") in (None, schedule) and abs(row["step_ms"] - simulated) > 1e-9 * simulated:
+            outcome.problems.append(f"confident wrong answer: simulate {simulated:.6f} ms vs compare "
+                                    f"{row['step_ms']:.6f} ms for the same question")
+    return outcome
 
 
 def _misapplied_cases(corpus: dict[str, str]) -> st.SearchStrategy[list[str]]:
@@ -300,6 +445,8 @@ def run_case(argv: list[str]) -> Outcome:
     """Run one argument list through ``main`` in-process and capture everything."""
     from tpusim.app.cli import main
 
+    if argv[:1] == ["same-question"]:
+        return same_question(argv)
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         try:
@@ -367,6 +514,13 @@ def check_outcome(outcome: Outcome, out_root: Path) -> list[str]:
             problems.append("exit 0 for a deployment that does not fit, without the label 'does not fit'")
         if fits is False and "--force" not in outcome.argv:
             problems.append("exit 0 for a deployment that does not fit, without --force")
+    ignored = ignored_flag(outcome.argv)
+    if ignored and outcome.code == 0:
+        problems.append(f"silently accepted: {ignored} is not used on this path but the run exited 0")
+    broken = inconsistent_config(outcome.argv)
+    if broken and outcome.code == 0:
+        problems.append(f"confident wrong answer: a config that contradicts itself ({broken}) ran")
+    problems += _special_paths_intact(outcome.argv)
     wrong = misapplication(outcome.argv) if outcome.argv[:1] in (["floor"], ["simulate"], ["plan"]) else None
     if wrong and outcome.code == 0 and "warning" not in outcome.stdout + outcome.stderr:
         problems.append(f"silent misapplication: {wrong} ran without an error or a warning")
@@ -374,6 +528,22 @@ def check_outcome(outcome: Outcome, out_root: Path) -> list[str]:
         for row in json.loads(outcome.stdout):
             if not row.get("fits", True) and row.get("step_ms") is not None:
                 problems.append(f"compare row {row['system']} does not fit but has a step time")
+    return problems
+
+
+def _special_paths_intact(argv: list[str]) -> list[str]:
+    """The output-path class: what the special paths were, they still are."""
+    import stat
+
+    problems = []
+    for arg in argv:
+        path = Path(arg)
+        if path.parent.name != "special" or path.parent.parent.name != "corpus":
+            continue
+        if path.name in ("fifo",) and not stat.S_ISFIFO(os.lstat(path).st_mode):
+            problems.append(f"destroyed: {path} is no longer a FIFO")
+        if path.name in ("link.json", "dangling.json", "link-fifo") and not path.is_symlink():
+            problems.append(f"destroyed: {path} is no longer a symlink")
     return problems
 
 
@@ -385,6 +555,8 @@ class Tally:
     misapplied: int = 0  # cases misapplying an input (module docstring, 5)
     silent: int = 0  # of those, exit 0 without an error or a warning
     tracebacks: int = 0
+    silently_accepted: int = 0  # an ignored flag with exit 0
+    wrong_answers: int = 0  # a self-contradicting config that ran, or two answers to one question
 
 
 def fuzz(tally: Tally, work: Path, *, examples: int, heavy: bool, seed: int | None = None) -> None:
@@ -406,6 +578,8 @@ def fuzz(tally: Tally, work: Path, *, examples: int, heavy: bool, seed: int | No
             tally.misapplied += 1
         tally.silent += any(p.startswith("silent misapplication") for p in problems)
         tally.tracebacks += any(p == "traceback printed" or p.startswith("Traceback") for p in problems)
+        tally.silently_accepted += any(p.startswith("silently accepted") for p in problems)
+        tally.wrong_answers += any(p.startswith("confident wrong answer") for p in problems)
         if problems:
             tally.failures.append((argv, problems))
 
@@ -428,7 +602,8 @@ def main() -> int:
             print(f"[fuzz] {tally.cases} cases, {len(tally.failures)} failures", file=sys.stderr, flush=True)
     print(f"cases tried: {tally.cases}; by command: {json.dumps(tally.by_command, sort_keys=True)}")
     print(f"failures: {len(tally.failures)}; tracebacks: {tally.tracebacks}; misapplied cases: {tally.misapplied}, "
-          f"silent misapplications: {tally.silent}")
+          f"silent misapplications: {tally.silent}; silently accepted flags: {tally.silently_accepted}; "
+          f"confident wrong answers: {tally.wrong_answers}")
     for argv, problems in tally.failures[:20]:
         print(f"- tpusim {' '.join(argv)}\n  " + "\n  ".join(p.strip().splitlines()[-1] for p in problems))
     return 1 if tally.failures else 0

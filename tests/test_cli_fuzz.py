@@ -54,3 +54,27 @@ def test_the_checker_catches_what_it_claims(tmp_path: Path) -> None:
     assert any("without --force" in p for p in harness.check_outcome(unforced, tmp_path / "empty"))
     fits = harness.Outcome(["simulate", "--model", "kimi-k3", "--hardware", "tpu-v7", "--chips", "16"], 0, "ok", "")
     assert harness.check_outcome(fits, tmp_path / "empty") == []
+
+
+def test_the_issue36_checks_catch_what_they_claim(tmp_path: Path) -> None:
+    """Ignored flags, self-contradicting configs and destroyed output paths are caught."""
+
+    harness = load_harness()
+    nano = ["--model", "kimi-k3-nano", "--hardware", "tpu-v7", "--chips", "4"]
+    accepted = harness.Outcome(["simulate", *nano, "--tokens", "64", "--json"], 0, "{}", "")
+    assert any(p.startswith("silently accepted: --tokens") for p in harness.check_outcome(accepted, tmp_path / "o"))
+    used = harness.Outcome(["simulate", *nano, "--phase", "prefill", "--tokens", "64"], 0, "{}", "")
+    assert not any("silently" in p for p in harness.check_outcome(used, tmp_path / "o"))
+    configs = tmp_path / "configs" / "x"
+    configs.mkdir(parents=True)
+    (configs / "config.json").write_text('{"hidden_size": 1000, "num_attention_heads": 7, "num_key_value_heads": 7}')
+    ran = harness.Outcome(["floor", "--model", str(configs / "config.json")], 0, "{}", "")
+    assert any(p.startswith("confident wrong answer") for p in harness.check_outcome(ran, tmp_path / "o"))
+    special = tmp_path / "corpus" / "special"
+    special.mkdir(parents=True)
+    (special / "fifo").write_text("a regular file where a FIFO was")
+    (special / "link.json").write_text("a file where a link was")
+    destroyed = harness.Outcome(["simulate", *nano, "--trace", str(special / "fifo"), "--plot",
+                                 str(special / "link.json")], 0, "{}", "")
+    problems = harness.check_outcome(destroyed, tmp_path / "o")
+    assert sum(p.startswith("destroyed") for p in problems) == 2, problems

@@ -26,9 +26,11 @@ def test_report_opens_with_the_comparison_and_reports_failures(tmp_path) -> None
     failed.ok, failed.error = False, "RuntimeError: boom"
     text = render_report(run)
     assert text.startswith("# Kimi K3 decode: TPU v7 x 16 against GB200 x 16")
-    assert "| tpu-v7:16 | megakernel | 1 | — | 5.400 | — | 185.2 | simulated |" in text
+    assert "| tpu-v7:16 | megakernel | 1 | — | 5.400 | — | 185.2 | simulated, published figures |" in text
     assert "| tpu-v7:16 | megakernel | 2 | — | 4.800 | 4.580–5.089 | 208.3 | calibrated |" in text
-    assert "does not fit" in text and "needs 608 GB/device" in text
+    # a row that does not fit ran nothing: its label is the capacity check, not "calibrated" or "simulated"
+    assert ("| gb200:4 | serving stack | 1 | — | does not fit | — | — | not simulated (no chip figures used) | "
+            "needs 608 GB/device") in text
     assert "**FAILED**: `RuntimeError: boom`" in text
     assert "| floor | 0.0 | 0.0 | FAILED: RuntimeError: boom |" in text
     assert not run.ok
@@ -122,3 +124,17 @@ def test_the_deployment_search_reports_the_winner_with_its_interval_and_p_best(t
     step = failed.step("joint b1")
     step.ok, step.error = False, "RuntimeError: no plan"
     assert "**FAILED**: `RuntimeError: no plan`" in render_report(failed)
+
+
+def test_host_cpu_figures_are_labelled_probed_not_published(tmp_path) -> None:
+    """The issue's case: host-CPU figures probed on this machine sat under a 'published' header."""
+    run = DemoRun(DemoConfig(out_dir=tmp_path))
+    run.step("calibrate host-cpu").data = {
+        "chip": "host-cpu", "success": True, "message": "ok", "points": [],
+        "parameters": {"compute.peak_flops_per_s": {"published": 1e11, "value": 2e11, "uncertainty": 1e10}}}
+    text = render_report(run)
+    assert "| parameter | probed on this host | calibrated | ± (1σ) |" in text
+    assert "| point | set | measured ms | simulated (probed on this host figures) ms |" in text
+    run.step("calibrate tpu-v7").data = {"chip": "tpu-v7", "success": True, "message": "ok", "points": [],
+                                         "parameters": {}}
+    assert "| parameter | published | calibrated | ± (1σ) |" in render_report(run)

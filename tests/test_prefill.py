@@ -103,7 +103,7 @@ def test_served_single_request_equals_engine_prefill_plus_steps():
     from tpusim.workload.prefill import PREFILL_ROW_TILE
 
     inputs = 1024
-    rows = serving_rows(MODEL, parse_systems("tpu-v7:1"), [Traffic(mode="concurrency", concurrency=1, requests=1,
+    rows = serving_rows(MODEL, parse_systems("tpu-v7:1"), [Traffic(mode="concurrency", range_ratio=1.0, concurrency=1, requests=1,
                                                                     input_tokens=inputs, output_tokens=2)],
                         context_bucket_tokens=1)
     model = load_model(MODEL)

@@ -43,7 +43,7 @@ def test_single_request_is_prefill_plus_decode_steps():
     pricer = Linear()
     table = StepTable(pricer, context_bucket_tokens=256)
     inputs, outputs = 1000, 50
-    run, summary = _run(table, Traffic(mode="concurrency", concurrency=1, requests=1, input_tokens=inputs,
+    run, summary = _run(table, Traffic(mode="concurrency", range_ratio=1.0, concurrency=1, requests=1, input_tokens=inputs,
                                        output_tokens=outputs))
     request = run.requests[0]
     steps = [pricer.decode_s(1, inputs + k) for k in range(outputs)]  # context before the k-th token
@@ -61,7 +61,7 @@ def test_concurrency_one_tpot_is_the_batch_one_step_at_that_context():
     pricer = Linear()
     table = StepTable(pricer)
     inputs, outputs = 8192, 1024
-    _, summary = _run(table, Traffic(mode="concurrency", concurrency=1, requests=3, input_tokens=inputs,
+    _, summary = _run(table, Traffic(mode="concurrency", range_ratio=1.0, concurrency=1, requests=3, input_tokens=inputs,
                                        output_tokens=outputs))
     mean_context = inputs + (outputs) / 2  # the tokens after the first: contexts inputs+1 .. inputs+outputs-1
     assert summary["tpot_ms"]["mean"] == pytest.approx(table.decode_s(1, mean_context) * 1e3, rel=1e-9)
@@ -72,7 +72,7 @@ def test_concurrency_one_tpot_is_the_batch_one_step_at_that_context():
 
 def test_first_token_from_prefill_makes_ttft_the_prefill():
     pricer = Linear()
-    run, _ = _run(StepTable(pricer), Traffic(mode="concurrency", concurrency=1, requests=1, input_tokens=300,
+    run, _ = _run(StepTable(pricer), Traffic(mode="concurrency", range_ratio=1.0, concurrency=1, requests=1, input_tokens=300,
                                              output_tokens=5), SchedulerConfig(first_token_from_prefill=True))
     assert run.requests[0].ttft_s == pytest.approx(pricer.prefill_s(300, 0))
 
@@ -80,7 +80,7 @@ def test_first_token_from_prefill_makes_ttft_the_prefill():
 def test_saturated_throughput_is_batch_over_step():
     step_s, batch = 0.02, 8
     steps = Linear(a=step_s, b=0.0, c=0.0, p=1e-9, q=0.0)
-    _, summary = _run(StepTable(steps), Traffic(mode="concurrency", concurrency=batch, requests=4 * batch,
+    _, summary = _run(StepTable(steps), Traffic(mode="concurrency", range_ratio=1.0, concurrency=batch, requests=4 * batch,
                                                 input_tokens=64, output_tokens=2000))
     assert summary["output_tokens_per_s"] == pytest.approx(batch / step_s, rel=1e-4)
     assert summary["output_tokens_per_s_per_chip"] == pytest.approx(batch / step_s / 4, rel=1e-4)
@@ -89,7 +89,7 @@ def test_saturated_throughput_is_batch_over_step():
 
 
 def test_littles_law_holds_on_poisson_arrivals():
-    _, summary = _run(StepTable(Linear()), Traffic(mode="rate", rate_per_s=4.0, requests=200, input_tokens=500,
+    _, summary = _run(StepTable(Linear()), Traffic(mode="rate", range_ratio=1.0, rate_per_s=4.0, requests=200, input_tokens=500,
                                                    output_tokens=40, seed=3))
     assert summary["completed"] == 200
     assert summary["mean_in_system"] == pytest.approx(
@@ -99,7 +99,7 @@ def test_littles_law_holds_on_poisson_arrivals():
 
 def test_kv_exhaustion_queues_instead_of_over_committing():
     per_request = 1000.0  # bytes of KV per request (any context)
-    run, summary = _run(StepTable(Linear()), Traffic(mode="concurrency", concurrency=8, requests=16,
+    run, summary = _run(StepTable(Linear()), Traffic(mode="concurrency", range_ratio=1.0, concurrency=8, requests=16,
                                                      input_tokens=200, output_tokens=30),
                         kv_pool_bytes=2.5 * per_request, kv_bytes_of=lambda tokens: per_request)
     assert summary["completed"] == 16 and summary["refused"] == 0
@@ -119,7 +119,7 @@ def test_a_request_larger_than_the_pool_is_refused():
 
 
 def test_max_running_requests_caps_the_batch():
-    run, _ = _run(StepTable(Linear()), Traffic(mode="concurrency", concurrency=10, requests=10, input_tokens=50,
+    run, _ = _run(StepTable(Linear()), Traffic(mode="concurrency", range_ratio=1.0, concurrency=10, requests=10, input_tokens=50,
                                                output_tokens=5), SchedulerConfig(max_running_requests=3))
     assert run.peak_running == 3
 
@@ -127,7 +127,7 @@ def test_max_running_requests_caps_the_batch():
 def test_chunked_prefill_splits_a_long_prompt():
     pricer = Linear()
     run, _ = _run(StepTable(pricer, context_bucket_tokens=1000), Traffic(
-        mode="concurrency", concurrency=1, requests=1, input_tokens=2500, output_tokens=2),
+        mode="concurrency", range_ratio=1.0, concurrency=1, requests=1, input_tokens=2500, output_tokens=2),
         SchedulerConfig(chunk_tokens=1000))
     assert run.prefill_steps == 3
     assert run.requests[0].own_prefill_s == pytest.approx(

@@ -76,7 +76,8 @@ def unit_problem(measured_s: Sequence[float], predicted_s: Sequence[float]) -> R
         return None
     factor = 10.0 ** round(decades)
     shown = f"×{factor:.0f}" if factor >= 1 else f"×1/{1 / factor:.0f}"
-    hint = " (µs given as ms?)" if round(decades) == 3 else " (ms given as µs?)" if round(decades) == -3 else ""
+    # records hold milliseconds: 1000x too large is microseconds written as ms, 1000x too small seconds
+    hint = " (µs given as ms?)" if round(decades) == 3 else " (seconds given as ms?)" if round(decades) == -3 else ""
     return Refusal(f"the measured step times are {10 ** decades:.3g} times what the published figures "
                    f"predict: likely unit error ({shown}){hint}; fix the file's units")
 

@@ -64,7 +64,7 @@ from pydantic import (
     model_validator,
 )
 
-from hwmodels.atomic import write_text_atomic
+from hwmodels.atomic import append_bytes, check_output_file, write_text_atomic
 from hwmodels.catalog import display_path
 from hwmodels.errors import InputError
 from hwmodels.textfile import read_user_text
@@ -271,18 +271,9 @@ def append_measurement(path: Path | str, record: Measurement) -> Path:
     append after a partial last line.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    check_output_file(target)  # a FIFO or device is refused before the last-line check reads it
     _check_complete_last_line(target)
-    payload = (record.to_json_line() + "\n").encode("utf-8")
-    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        written = os.write(fd, payload)
-        if written != len(payload):  # pragma: no cover - short writes on local files are rare
-            raise OSError(f"short write to {target} ({written} of {len(payload)} bytes)")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return target
+    return append_bytes(target, (record.to_json_line() + "\n").encode("utf-8"))
 
 
 def write_measurements(path: Path | str, records: Iterable[Measurement]) -> Path:

@@ -138,25 +138,45 @@ def batch_schedule(out: Path, batch: int) -> str:
     return str(best) if best.exists() else "published"
 
 
-def compare_per_batch(config: DemoConfig, batches: list[int]) -> list[dict[str, Any]]:
+def simulate_all(out: Path, schedule: str, *, plots: bool = True) -> dict[str, Any]:
+    """The simulate step: the batch-1 sweep's choice beside ``published`` and ``naive`` (its
+    trace and timeline written when ``plots``)."""
+    results = {}
+    for name in (schedule, "published", "naive"):
+        extra = (["--trace", str(out / "trace.json"), "--plot", str(out / "timeline.png")]
+                 if name == schedule and plots else [])
+        results["best" if name == schedule else name] = run_cli_json(
+            ["simulate", *K3_TPU, "--batch", "1", "--schedule", name, *extra])
+    return results
+
+
+def joint_step(config: DemoConfig, schedule: str, *, budget: int) -> list[str]:
+    """The deployment search's command: K3 at batch 1, with the schedule sweep's winner as a
+    baseline, so the search's best is never slower than the compare row that runs it on the
+    same chip figures (one answer per question: :mod:`tpusim.app.demo_consistency`)."""
+    return ["sweep", *K3_TPU, "--batch", "1", "--space", "joint", "--budget", str(budget), "--jobs",
+            str(config.jobs), "--out", str(config.out_dir / "joint-b1"), "--quiet",
+            *(["--baseline", schedule] if schedule != "published" else [])]
+
+
+def compare_per_batch(config: DemoConfig, batches: list[int], *, plot: bool = True) -> list[dict[str, Any]]:
     """The compare step: one ``tpusim compare`` per batch with that batch's sweep choice
     (:func:`batch_schedule`), the rows joined and plotted together."""
     out = config.out_dir
     rows: list[dict[str, Any]] = []
     for batch in batches:
+        # a given --schedule runs no sweep, so the sweep flags would be refused (flag_rules)
         argv = ["compare", "--model", "kimi-k3", "--systems", config.compare_systems, "--batch", str(batch),
-                "--jobs", str(config.jobs), "--schedule", batch_schedule(out, batch),
-                "--out", str(out / "compare-sweeps")]
+                "--schedule", batch_schedule(out, batch)]
         if config.compare_acceptance:
             argv += ["--spec-acceptance", config.compare_acceptance]
-        if config.quick:
-            argv += ["--sweep-budget", "4", "--sweep-samples", "20"]
         rows += run_cli_json(argv)
     order = {system: index for index, system in enumerate(dict.fromkeys(row["system"] for row in rows))}
     rows.sort(key=lambda row: order[row["system"]])  # grouped by system, batches in order, as one compare prints
-    from tpusim.compare.plot import plot_comparison
+    if plot:
+        from tpusim.compare.plot import plot_comparison
 
-    plot_comparison(rows, out / "compare.png", title="kimi-k3: simulated decode throughput")
+        plot_comparison(rows, out / "compare.png", title="kimi-k3: simulated decode throughput")
     return rows
 
 
@@ -181,15 +201,7 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda _: Non
             "--out", str(out / f"sweep-b{b}"), "--quiet", *samples]), progress)
     schedule = batch_schedule(out, 1)
 
-    def simulate_all() -> dict[str, Any]:
-        results = {}
-        for name in (schedule, "published", "naive"):
-            extra = ["--trace", str(out / "trace.json"), "--plot", str(out / "timeline.png")] if name == schedule else []
-            results["best" if name == schedule else name] = run_cli_json(
-                ["simulate", *K3_TPU, "--batch", "1", "--schedule", name, *extra])
-        return results
-
-    _timed(run, "simulate", simulate_all, progress)
+    _timed(run, "simulate", lambda: simulate_all(out, schedule), progress)
     measurements = out / "measurements.jsonl"
     _timed(run, "run-kernel", lambda: run_cli([
         "run-kernel", "--model", "kimi-k3-mini", "--schedule", schedule, "--batch", "1",
@@ -203,9 +215,7 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda _: Non
         *(["--quick"] if config.quick else []), "--allow-unconverged", "--allow-at-bounds", "--out", str(out / "calibration-host-cpu")]),
         progress)
     joint = 8 if config.quick else config.joint_budget  # after calibrate: chosen on the calibrated chip
-    _timed(run, "joint b1", lambda: run_cli_json([
-        "sweep", *K3_TPU, "--batch", "1", "--space", "joint", "--budget", str(joint), "--jobs", str(config.jobs),
-        "--out", str(out / "joint-b1"), "--quiet"]), progress)
+    _timed(run, "joint b1", lambda: run_cli_json(joint_step(config, schedule, budget=joint)), progress)
     # Megakernel rows at each batch run the schedule that batch's sweep above chose (a row it
     # does not fit falls back to a built-in that fits, and says so): a sweep per row, plan and
     # verify size would take the demo from minutes to an hour. `tpusim compare` alone sweeps per row.

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hwmodels.textfile import read_user_jsonl
+from tpusim.app.demo_consistency import refused, short_figures
 
 if TYPE_CHECKING:
     from tpusim.app.demo_run import DemoRun, StepRecord
@@ -67,11 +68,11 @@ def _compare_section(run: DemoRun) -> list[str]:
             low, high = row.get("step_ms_low"), row.get("step_ms_high")
             interval = "—" if low is None or high is None else f"{low:.3f}–{high:.3f}"
             lines.append(f"| {row['system']} | {row['execution']} | {row['batch']} | {accept} | "
-                         f"{row['step_ms']:.3f} | {interval} | {row['tokens_per_s']:.1f} | {row['label']} | "
+                         f"{row['step_ms']:.3f} | {interval} | {row['tokens_per_s']:.1f} | {_row_label(row)} | "
                          f"{row.get('schedule_choice', '')} |")
-        else:
+        else:  # nothing was simulated, so no chip figures were used: no "calibrated" label
             lines.append(f"| {row['system']} | {row['execution']} | {row['batch']} | {accept} | does not fit | — | — | "
-                         f"{row['label']} | {row.get('short_note', '')} |")
+                         f"not simulated (no chip figures used) | {row.get('short_note', '')} |")
     from tpusim.app.cli.compare import calibration_notes
 
     notes = calibration_notes(step.data)
@@ -91,6 +92,22 @@ def _compare_section(run: DemoRun) -> list[str]:
                          f"{_fmt(where.get('exposed_dma'))} | {_fmt(where.get('other_overheads'))} |")
         lines.append("")
     return lines
+
+
+def _row_label(row: dict[str, Any]) -> str:
+    """A compare row's label with the chip figures it used (published, or calibrated on what)."""
+    if row.get("calibrated_on"):
+        return short_figures(row["calibrated_on"])
+    return f"{row['label']}, published figures" if row["label"] == "simulated" else row["label"]
+
+
+def _refusal(run: DemoRun, what: str) -> str | None:
+    """The report's refusal to print a best-of figure beaten elsewhere in it (one answer per question)."""
+    problems = refused(run, what)
+    if not problems:
+        return None
+    run.refusals.extend(problems)
+    return "**refused** (a bug: the search missed a candidate): " + "; ".join(problems)
 
 
 def _floor_section(run: DemoRun) -> list[str]:
@@ -120,7 +137,8 @@ def _sweep_section(run: DemoRun) -> list[str]:
              "| batch | considered | pruned | simulated | best ms | published ms (rank) | speed-up | label |",
              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     notes = []
-    for batch in (1, 8):
+    batches = sorted(int(step.name.removeprefix("sweep b")) for step in run.steps if step.name.startswith("sweep b"))
+    for batch in batches:  # every batch the demo swept (the README's list), not a fixed pair
         step = _step(run, f"sweep b{batch}")
         problem = _failed(step)
         if problem:
@@ -130,12 +148,18 @@ def _sweep_section(run: DemoRun) -> list[str]:
         data = step.data
         counts = data["counts"]
         published = data.get("published") or {}
+        refusal = _refusal(run, f"schedule sweep at batch {batch}: best")
+        if refusal:
+            notes.append(f"- batch {batch}: {refusal}")
+            continue
         lines.append(
             f"| {batch} | {counts['considered']} | {counts['pruned']} | {counts['simulated']} | "
             f"{_fmt(data['best'].get('predicted_ms'))} | {_fmt(published.get('predicted_ms'))} "
-            f"({_fmt(data.get('published_rank'))}) | {_fmt(data.get('speedup_vs_published'))}x | simulated |")
+            f"({_fmt(data.get('published_rank'))}) | {_fmt(data.get('speedup_vs_published'))}x | "
+            f"simulated, {short_figures(data.get('figures'))} |")
+    folders = ", ".join(f"`sweep-b{batch}/`" for batch in batches)
     lines += ["", *notes, "",
-              "Outputs: `sweep-b1/` and `sweep-b8/` (`sweep.csv`, `best.json`, `summary.md`, `pareto.png`, "
+              f"Outputs: {folders} (`sweep.csv`, `best.json`, `summary.md`, `pareto.png`, "
               "`sensitivity.png`).", "", "![pareto, batch 1](sweep-b1/pareto.png)", ""]
     return lines
 
@@ -159,7 +183,11 @@ def _joint_section(run: DemoRun) -> list[str]:
         return (f"{_fmt(entry.get('tokens_per_s'), 1)} ({_fmt(entry['tokens_per_s_low'], 1)}–"
                 f"{_fmt(entry['tokens_per_s_high'], 1)})")
 
-    label = "simulated, calibrated" if robust.get("calibrated") else "simulated"
+    label = f"simulated, {short_figures(data.get('figures'))}" if data.get("figures") else (
+        "simulated, calibrated" if robust.get("calibrated") else "simulated")
+    refusal = _refusal(run, "deployment search: best found")
+    if refusal:
+        return [*lines, refusal, ""]
     lines += ["| design | plan | collectives | ms/step | tokens/s (90 % interval) | label |",
               "| --- | --- | --- | ---: | ---: | --- |",
               f"| best found | `{best['plan']}` | {best.get('collectives') or 'as the plan'} | "
@@ -196,6 +224,8 @@ def _simulate_section(run: DemoRun) -> list[str]:
               "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for name, data in step.data.items():
         label = "calibrated" if data.get("calibrated") else "simulated"
+        if data.get("figures"):
+            label = f"simulated, {short_figures(data['figures'])}"
         lines.append(f"| {name} (`{data.get('schedule', '')}`) | {data['step_ms']:.3f} | {data['tokens_per_s']:.1f} | "
                      f"{data['exposed_dma_ms']:.3f} | {data['vmem_peak_bytes'] / (1 << 20):.1f} | "
                      f"{100 * data['busy_fraction'].get('hbm', 0.0):.0f} % | {label} |")
@@ -257,7 +287,7 @@ def _calibration_section(run: DemoRun, name: str, title: str) -> list[str]:
         f"{_pct(data.get('mape_holdout'))} |",
         f"| leave-one-out, points fitted | — | {_pct(data.get('mape_loo'))} |",
         "",
-        "| parameter | published | calibrated | ± (1σ) |", "| --- | ---: | ---: | ---: |",
+        f"| parameter | {_catalog_word(data)} | calibrated | ± (1σ) |", "| --- | ---: | ---: | ---: |",
     ]
     for path, parameter in data.get("parameters", {}).items():
         sigma = parameter.get("uncertainty")
@@ -266,8 +296,15 @@ def _calibration_section(run: DemoRun, name: str, title: str) -> list[str]:
     return lines + _points_lines(data, data.get("points", []), run.config.out_dir)
 
 
+def _catalog_word(data: dict[str, Any]) -> str:
+    """What the catalog's figures are for the calibrated chip: the host CPU's were probed on this
+    machine (measured), every other chip's are published."""
+    return "probed on this host" if str(data.get("chip", data.get("hardware", ""))).startswith("host") else "published"
+
+
 def _points_lines(data: dict[str, Any], points: list[dict[str, Any]], out_dir: Path) -> list[str]:
-    lines = ["", "| point | set | measured ms | simulated (published figures) ms | simulated (calibrated) ms |",
+    lines = ["", f"| point | set | measured ms | simulated ({_catalog_word(data)} figures) ms | "
+             "simulated (calibrated) ms |",
              "| --- | --- | ---: | ---: | ---: |"]
     for point in points:
         lines.append(f"| {point['key']} | {point['set']} | {point['measured_ms']:.3f} ({point['measured_label']}) | "
@@ -290,11 +327,11 @@ def _parts_lines(data: dict[str, Any]) -> list[str]:
                      f"{_pct(errors.get('mape_after'))} |")
     lines += [
         "", "| end-to-end error (MAPE) | value |", "| --- | ---: |",
-        f"| published figures | {_pct(data.get('mape_e2e_published'))} |",
+        f"| {_catalog_word(data)} figures | {_pct(data.get('mape_e2e_published'))} |",
         f"| the parts' values, not fitted on the step times | {_pct(data.get('mape_e2e_parts_only'))} |",
         f"| after fitting on the step times, points fitted | {_pct(data.get('mape_calibration'))} |",
         f"| after fitting, points held out ({data.get('holdout') or 'none'}) | {_pct(data.get('mape_holdout'))} |",
-        "", "| parameter | catalog figure (published or assumed) | calibrated | ± (1σ) | fitted on |",
+        "", f"| parameter | catalog figure ({_catalog_word(data)}, or assumed) | calibrated | ± (1σ) | fitted on |",
         "| --- | ---: | ---: | ---: | --- |",
     ]
     published = _published_figures(str(data.get("chip", "")))

@@ -38,6 +38,8 @@ class StepRecord:
 class DemoRun:
     config: DemoConfig
     steps: list[StepRecord] = field(default_factory=list)
+    # best-of figures the report refused to print (tpusim.app.demo_consistency): the demo fails
+    refusals: list[str] = field(default_factory=list)
 
     def step(self, name: str) -> StepRecord:
         record = StepRecord(name)
@@ -46,4 +48,4 @@ class DemoRun:
 
     @property
     def ok(self) -> bool:
-        return all(step.ok for step in self.steps)
+        return all(step.ok for step in self.steps) and not self.refusals

@@ -40,7 +40,7 @@ from tpusim.report.intervals import Terms, interval_fields, interval_terms, no_i
 from tpusim.schedule.schema import Schedule, load_schedule
 from tpusim.schedule.vmem import vmem_plan
 from tpusim.workload.capacity import capacity_report, check_capacity
-from tpusim.workload.format_choice import apply_formats
+from tpusim.workload.format_choice import apply_formats, formats_for_chip
 from tpusim.workload.model_catalog import load_model, plan_for_system
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.routing import RoutingModel
@@ -98,13 +98,17 @@ def parse_systems(text: str) -> list[SystemSpec]:
 def with_execution(chip: Chip, execution: str) -> Chip:
     """The chip with its execution model switched (GPU ``stack`` / ``eager`` / ``megakernel``).
 
-    ``default`` and TPU chips are returned unchanged (a TPU always runs the megakernel; a
-    GPU's catalog default is its serving stack). A GPU variant is a chip whose switched
+    ``default`` (and ``megakernel`` on a TPU) return the chip unchanged (a TPU always runs
+    the megakernel, so any other execution on a TPU is refused; a GPU's catalog default is
+    its serving stack). A GPU variant is a chip whose switched
     figures carry their own sources (:func:`tpusim.engine.gpu.gpu_variant`). A CPU host only
     switches mode (``eager``: per-op launch).
     """
-    if execution == "default" or chip.kind == "tpu":
+    if execution == "default" or (chip.kind == "tpu" and execution == "megakernel"):
         return chip
+    if chip.kind == "tpu":  # accepted and ignored before: the row ran the megakernel under an eager label
+        raise InputError(f"{chip.name}:{execution}: a TPU runs only the megakernel here; "
+                         f"`:{execution}` applies to GPUs and CPU hosts")
     if chip.kind == "gpu":
         from tpusim.engine.gpu import gpu_variant
 
@@ -211,7 +215,9 @@ def compare_rows(
     """Rows of the comparison (see the module docstring for keys). ``formats`` and
     ``plan_choice`` are the ``--formats`` and ``--plan`` texts (applied to every system)."""
     routing = routing or RoutingModel("uniform")
-    model = apply_formats(load_model(model_name), formats)
+    model = load_model(model_name)
+    if formats:
+        model = apply_formats(model, formats)  # refused before any row when a family is wrong
     if schedule not in (None, "best"):
         load_schedule(schedule)  # a missing or invalid file is an input error, not a row that "does not fit"
     rows: list[dict[str, Any]] = []
@@ -219,7 +225,8 @@ def compare_rows(
     chosen_drafter = _drafter(model, model_name, drafter, draft_tokens) if acceptance_lengths else None
     cache = SimulationCache()  # rows and interval samples that repeat a simulation share it
     for spec in systems:
-        system_model = model if formats else model.for_chip_kind(load_chip(spec.chip, calibrated=False).kind)
+        system_model, formats_how = formats_for_chip(load_model(model_name), formats,
+                                                     load_chip(spec.chip, calibrated=False).kind)
         system, chip, plans = _system_and_plans(system_model, spec, calibrated, plan_choice)
         label = "calibrated" if chip.is_calibrated else "simulated"
         if chip.kind == "gpu" and not chip.is_calibrated:
@@ -234,8 +241,7 @@ def compare_rows(
             from tpusim.engine.gpu import stack_source
 
             source += f"; {stack_source(chip)}"
-        if system_model.variant != model.variant:
-            source += f"; weights as a {chip.kind} serves them: {model.name}@{system_model.variant} (deployment_variants)"
+        source += f"; weight formats: {formats_how}"
         for batch in batches:
             for acceptance in speculation:
                 row: dict[str, Any] = {

@@ -9,7 +9,7 @@ the start of ``first_layer`` to the start of ``first_layer + layers`` on the com
 - bottom: VMEM occupancy (MiB) as a step curve, with the usable capacity as a dashed line.
 
 Rendered with matplotlib's non-interactive Agg backend (no display needed) and written
-atomically (temporary file in the same folder, then ``os.replace``). Times on the axis are
+atomically (:func:`hwmodels.atomic.write_bytes_atomic`). Times on the axis are
 milliseconds from the start of the step; every number drawn is *simulated*.
 :func:`plot_timelines` stacks several timelines (two schedules, ``tpusim diff``) on one time
 axis.
@@ -17,9 +17,7 @@ axis.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
+import io
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,7 @@ matplotlib.use("Agg")  # before pyplot is imported: no display needed
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
+from hwmodels.atomic import write_bytes_atomic
 from tpusim.engine.timeline import Timeline
 
 MS_PER_S = 1e3
@@ -158,14 +157,6 @@ def plot_timelines(timelines: list[tuple[str, Timeline]], path: Path | str, *, f
 
 
 def _save_atomic(figure: plt.Figure, target: Path) -> Path:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".png")
-    os.close(fd)
-    try:
-        figure.savefig(temp_name, dpi=120, format="png")
-        os.replace(temp_name, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp_name)
-        raise
-    return target
+    buffer = io.BytesIO()
+    figure.savefig(buffer, dpi=120, format="png")
+    return write_bytes_atomic(target, buffer.getvalue())  # the one output-path owner

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hwmodels.errors import InputError
@@ -19,6 +20,13 @@ from hwmodels.errors import InputError
 # SGLang's chunked_prefill_size on >= 160 GB GPUs ("B200, MI300") and the K3 prefill recipes
 # (k3-on-sglang.md section 5); 8192 on 90-160 GB parts.
 DEFAULT_CHUNK_TOKENS = 16384
+# Request lengths as the usual benchmark client draws them: SGLang's bench_serving random
+# dataset takes each length uniformly in [floor(L x ratio), L] with --random-range-ratio 0 by
+# default (shared/reference/gpu-batch-scaling.md S4: its default-ratio runs average ~0.6x /
+# ~0.4x the nominal input / output lengths). Closed-loop clients with fixed lengths all move
+# in lockstep (mean = p50 = p99); drawn lengths desynchronise them as real runs are.
+DEFAULT_RANGE_RATIO = 0.0
+LENGTH_STREAM = 1  # the length draw's seed stream, apart from the Poisson arrivals'
 
 
 class _Frozen(BaseModel):
@@ -44,7 +52,12 @@ class Traffic(_Frozen):
     input_tokens: int = Field(default=8192, ge=1, description="prompt tokens (concurrency / rate)")
     output_tokens: int = Field(default=1024, ge=1, description="tokens generated (concurrency / rate)")
     requests: int = Field(default=64, ge=1, description="requests sent in all (concurrency / rate)")
-    seed: int = Field(default=0, description="seed of the Poisson draw")
+    seed: int = Field(default=0, description="seed of the Poisson and length draws")
+    range_ratio: float = Field(
+        default=DEFAULT_RANGE_RATIO, ge=0.0, le=1.0,
+        description="lengths as SGLang bench_serving's random dataset draws them: each request's input and "
+        "output lengths uniform integers in [max(1, floor(L x ratio)), L] for L = input_tokens, output_tokens "
+        "(1: fixed lengths; default 0, bench_serving's --random-range-ratio default)")
 
     @model_validator(mode="after")
     def _check(self) -> Traffic:
@@ -60,6 +73,40 @@ class Traffic(_Frozen):
         if self.mode == "rate":
             return f"Poisson {self.rate_per_s:g} req/s"
         return f"trace of {len(self.trace)} requests"
+
+    @property
+    def lengths_label(self) -> str:
+        """How request lengths are drawn, in words (printed with every result)."""
+        if self.mode == "trace":
+            return "from the trace"
+        if self.range_ratio >= 1.0:
+            return f"fixed: {self.input_tokens} in, {self.output_tokens} out (--random-range-ratio 1)"
+        low_in, low_out = self._low(self.input_tokens), self._low(self.output_tokens)
+        return (f"uniform in [{low_in}, {self.input_tokens}] in, [{low_out}, {self.output_tokens}] out, seed "
+                f"{self.seed} (SGLang bench_serving random dataset, --random-range-ratio {self.range_ratio:g})")
+
+    @property
+    def arrivals_label(self) -> str:
+        """How requests arrive, in words, as the benchmark clients name it."""
+        if self.mode == "concurrency":
+            return (f"closed loop: {self.concurrency} clients, each sending its next request when the last "
+                    "finishes (bench_serving --max-concurrency, --request-rate inf)")
+        if self.mode == "rate":
+            return f"Poisson at {self.rate_per_s:g} req/s, seed {self.seed} (bench_serving --request-rate)"
+        return "from the trace"
+
+    def _low(self, length: int) -> int:
+        return max(1, int(length * self.range_ratio))
+
+    def request_lengths(self) -> list[tuple[int, int]]:
+        """``(input, output)`` tokens of request 0, 1, ... (concurrency and rate traffic): drawn
+        as :attr:`range_ratio` says, from a stream of its own (the Poisson draw is unchanged)."""
+        if self.range_ratio >= 1.0:
+            return [(self.input_tokens, self.output_tokens)] * self.requests
+        rng = np.random.default_rng([self.seed, LENGTH_STREAM])
+        inputs = rng.integers(self._low(self.input_tokens), self.input_tokens + 1, size=self.requests)
+        outputs = rng.integers(self._low(self.output_tokens), self.output_tokens + 1, size=self.requests)
+        return [(int(i), int(o)) for i, o in zip(inputs, outputs, strict=True)]
 
     @property
     def max_context_tokens(self) -> int:

@@ -15,6 +15,7 @@ from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from typing import Any
 
+from hwmodels.catalog import load_chip
 from tpusim.compare.rows import SystemSpec, _drafter, execution_label
 from tpusim.report.intervals import interval_terms
 from tpusim.serving.config import SchedulerConfig, Traffic
@@ -22,7 +23,7 @@ from tpusim.serving.engine_steps import EnginePricer, engine_pricer
 from tpusim.serving.metrics import summarize
 from tpusim.serving.simulator import ServingSim
 from tpusim.serving.steps import DEFAULT_CONTEXT_BUCKET_TOKENS, StepTable
-from tpusim.workload.format_choice import apply_formats
+from tpusim.workload.format_choice import formats_for_chip
 from tpusim.workload.model_catalog import load_model
 from tpusim.workload.prefill import PREFILL_ROW_TILE
 from tpusim.workload.routing import RoutingModel
@@ -78,7 +79,8 @@ def _system_rows(model_name: str, spec: SystemSpec, *, traffics: list[Traffic], 
                  routing: RoutingModel, seed: int, calibrated: bool, formats: str | None, plan_choice: str | None,
                  context_bucket_tokens: int, drafter: str | None, draft_tokens: int | None) -> list[dict[str, Any]]:
     """The records of one system (:func:`serving_rows`)."""
-    model = apply_formats(load_model(model_name), formats)
+    # the formats every command chooses (K3 on GPUs: the model file's GPU variant), said in each record
+    model, formats_how = formats_for_chip(load_model(model_name), formats, load_chip(spec.chip, calibrated=False).kind)
     speculative, chosen_drafter = None, None
     if scheduler.acceptance_length > 1.0:
         chosen_drafter = _drafter(model, model_name, drafter, draft_tokens)
@@ -105,6 +107,7 @@ def _system_rows(model_name: str, spec: SystemSpec, *, traffics: list[Traffic], 
             "concurrency": traffic.concurrency, "rate_per_s": traffic.rate_per_s,
             "input_tokens": traffic.input_tokens if traffic.mode != "trace" else None,
             "output_tokens": traffic.output_tokens if traffic.mode != "trace" else None,
+            "lengths": traffic.lengths_label, "arrivals": traffic.arrivals_label, "formats": formats_how,
             "acceptance_length": scheduler.acceptance_length,
             "label": f"simulated (request-level SimPy over {label} engine step times)",
         }

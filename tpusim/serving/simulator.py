@@ -266,16 +266,18 @@ def _clients(sim: ServingSim, env: simpy.Environment):  # type: ignore[no-untype
     elif traffic.mode == "rate":
         rng = np.random.default_rng(traffic.seed)
         assert traffic.rate_per_s is not None
+        lengths = traffic.request_lengths()
         for rid in range(traffic.requests):
             yield env.timeout(float(rng.exponential(1.0 / traffic.rate_per_s)))
-            sim.submit(Request(rid, env.now, traffic.input_tokens, traffic.output_tokens))
+            sim.submit(Request(rid, env.now, *lengths[rid]))
     else:
         assert traffic.concurrency is not None
         sent = [0]
+        lengths = traffic.request_lengths()
 
         def client(env: simpy.Environment):  # type: ignore[no-untyped-def]
             while sent[0] < traffic.requests:
-                request = Request(sent[0], env.now, traffic.input_tokens, traffic.output_tokens)
+                request = Request(sent[0], env.now, *lengths[sent[0]])
                 sent[0] += 1
                 sim.submit(request)
                 assert request.done is not None

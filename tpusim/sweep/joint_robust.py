@@ -53,7 +53,7 @@ def row_schedule(row: dict[str, Any], study: Any, rebuild: tuple[Any, ...], sugg
     """The schedule (with its deployment) a joint-sweep row ran, checked against its hash:
     a built-in on the row's plan, or the trial's parameters drawn again by ``suggest``
     (:func:`tpusim.sweep.joint._suggest`, passed in: that module imports this one)."""
-    if row["source"] == "builtin":
+    if row["source"] in ("builtin", "given"):  # a built-in or a --baseline file, named in the row
         schedule = load_schedule(row["name"]).model_copy(update={"deployment": Deployment(plan=row["plan"])})
     else:
         import optuna

@@ -38,7 +38,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
-from hwmodels.atomic import write_bytes_atomic, write_text_atomic  # noqa: F401 - re-exported for sweep modules
+from hwmodels.atomic import (  # noqa: F401 - the writers re-exported for sweep modules
+    check_output_file,
+    write_bytes_atomic,
+    write_text_atomic,
+)
 from hwmodels.errors import InputError
 
 BASE_COLUMNS = (
@@ -96,6 +100,7 @@ class SweepCsv:
     def open(self, *, resume: bool) -> None:
         """Open for appending (``resume``) or start a fresh file with the header."""
         fresh = True
+        check_output_file(self.path)  # a FIFO, device or folder named sweep.csv is refused
         if resume and self.path.exists():
             data = self.path.read_bytes()
             keep = data[: data.rfind(b"\n") + 1]

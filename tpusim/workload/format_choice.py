@@ -102,3 +102,24 @@ def apply_formats(model: ModelConfig, text: str | None) -> ModelConfig:
     keys = parse_formats(text)
     check_families(model, text)
     return model.with_formats(keys)
+
+
+def formats_for_chip(model: ModelConfig, text: str | None, chip_kind: str) -> tuple[ModelConfig, str]:
+    """The model's weight formats on a ``chip_kind`` chip, chosen one way for every command
+    (simulate, floor, sweep, plan, compare, serving), and how they were chosen, in words:
+
+    1. ``--formats`` given: those, over the model file's (a ``@variant`` in the name first);
+    2. else a ``@variant`` named in ``--model``: that variant;
+    3. else the model file's ``deployment_variants`` for this chip kind (K3 on GPUs: its
+       ``mxfp4`` variant, as Blackwell serves it), when it names one;
+    4. else the model file's formats.
+    """
+    if text:
+        return apply_formats(model, text), f"--formats {text}"
+    served = model.for_chip_kind(chip_kind)
+    if served is not model and served.variant != model.variant:
+        return served, (f"{model.name}@{served.variant}, the format the model file names for {chip_kind}s "
+                        "(deployment_variants; --formats overrides)")
+    if model.variant is not None:
+        return model, f"variant @{model.variant}"
+    return model, "the model file's formats"

@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from hwmodels.errors import InputError
 from hwmodels.textfile import read_user_json
 from tpusim.workload.hf_architectures import READERS, MissingKey
+from tpusim.workload.model_checks import hf_violations
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.registry.names import Family, FormatKey
 
@@ -112,6 +113,9 @@ def model_from_hf_dict(data: dict[str, Any], *, source: str, name: str) -> Model
     written as text are read when they parse exactly (:func:`read_numbers`)."""
     data = read_numbers(data, source)
     arch = architecture_of(data, source)
+    problems = hf_violations(data)  # raw-key rules (derived head_dim, layer lists), before deriving
+    if problems:
+        raise InputError(f"{source}: " + "; ".join(problems))
     try:
         fields = READERS[arch](data)
     except MissingKey as missing:

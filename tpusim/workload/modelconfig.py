@@ -82,8 +82,6 @@ class KdaConfig(_Frozen):
     def _check(self) -> KdaConfig:
         if self.variant == "kda" and not self.decay_rank:
             raise ValueError("decay_rank is required for variant kda")
-        if self.value_heads % self.num_heads:
-            raise ValueError(f"num_value_heads ({self.value_heads}) must be a multiple of num_heads ({self.num_heads})")
         return self
 
     @property
@@ -133,11 +131,6 @@ class GqaConfig(_Frozen):
     output_gate: bool = Field(default=False, description="hidden -> heads*head_dim sigmoid gate")
     qk_norm: bool = Field(default=False, description="RMSNorm over each q and k head (Qwen3): 2 x head_dim")
 
-    @model_validator(mode="after")
-    def _check(self) -> GqaConfig:
-        if self.num_query_heads % self.num_kv_heads:
-            raise ValueError("num_query_heads must be a multiple of num_kv_heads")
-        return self
 
 
 class AttentionRule(_Frozen):
@@ -186,10 +179,9 @@ class MoeConfig(_Frozen):
         if self.num_experts % self.routing_groups or self.routing_groups_per_token > self.routing_groups:
             raise ValueError(f"routing_groups ({self.routing_groups}) must divide num_experts and be >= "
                              f"routing_groups_per_token ({self.routing_groups_per_token})")
-        if self.top_k > self.routing_groups_per_token * (self.num_experts // self.routing_groups):
+        if self.routing_groups > 1 and self.top_k > self.routing_groups_per_token * (
+                self.num_experts // self.routing_groups):  # top_k vs all experts: model_checks
             raise ValueError(f"top_k ({self.top_k}) exceeds the experts of {self.routing_groups_per_token} groups")
-        if self.top_k > self.num_experts:
-            raise ValueError(f"top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
         if self.num_shared_experts and not self.shared_intermediate_size:
             raise ValueError("shared_intermediate_size is required with shared experts")
         return self
@@ -266,6 +258,11 @@ class ModelConfig(_Frozen):
             kind = self.attention_pattern.kind_of(layer)
             if getattr(self, kind) is None:
                 raise ValueError(f"layer {layer} uses {kind} attention but `{kind}` is not configured")
+        from tpusim.workload.model_checks import config_violations
+
+        problems = config_violations(self)  # the cross-field rules, all at once (one owner)
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     def attention_kind(self, layer: int) -> AttentionKind:
@@ -325,5 +322,7 @@ class ModelConfig(_Frozen):
         if self.moe is None:
             dense = list(range(num_layers))
         data = self.model_dump()
+        for rule in data["attention_pattern"]["rules"]:  # explicit layers past the cut do not exist any more
+            rule["layers"] = [layer for layer in rule["layers"] if layer < num_layers]
         data.update(num_layers=num_layers, dense_layers=dense)
         return ModelConfig.model_validate(data)

@@ -85,9 +85,48 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _chosen_parsers(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[argparse.ArgumentParser]:
+    """The parser and the (nested) subparsers the parsed ``args`` went through."""
+    chain = [parser]
+    while True:
+        actions = [a for a in chain[-1]._actions if isinstance(a, argparse._SubParsersAction)]
+        if not actions:
+            return chain
+        name = getattr(args, actions[0].dest or "", None)
+        if name not in actions[0].choices:
+            return chain
+        chain.append(actions[0].choices[name])
+
+
+def given_options(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str]) -> frozenset[str]:
+    """The ``dest`` of every option the user typed (not defaulted), so a command can refuse a
+    flag its chosen path does not use (:func:`tpusim.app.cli.flag_rules.refuse_unused`)."""
+    by_string: dict[str, str] = {}
+    for each in _chosen_parsers(parser, args):
+        for action in each._actions:
+            for option in action.option_strings:
+                by_string[option] = action.dest
+    given = set()
+    for token in argv:
+        if token == "--":
+            break
+        name = token.split("=", 1)[0]
+        if not name.startswith("-") or name == "-":
+            continue
+        if name in by_string:
+            given.add(by_string[name])
+            continue
+        matches = {dest for option, dest in by_string.items() if option.startswith(name) and name.startswith("--")}
+        if len(matches) == 1:  # an abbreviation argparse accepted
+            given |= matches
+    return frozenset(given)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.given = given_options(parser, args, argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

@@ -96,7 +96,7 @@ from tpusim.app.cli.calibrate_outputs import (
     uncertainty_lines,
 )
 from tpusim.app.cli.calibrate_stacks import run_gpu_stack, run_k3_stack
-from tpusim.app.cli.common import emit_json
+from tpusim.app.cli.common import emit_json, output_folder
 
 if TYPE_CHECKING:
     from calibration.sources.step_times import FitResult
@@ -125,8 +125,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                            "width, model, context, backend, index, kind (e.g. format=int4+bf16, kind=decode_step)")
     calibrate.add_argument("--parameters", default=None,
                            help="comma-separated figure paths to fit (default: the chip's justified set)")
-    calibrate.add_argument("--out", type=Path, default=None, help="folder for report.md, scatter.png, fit.json "
-                           "(required unless --explain)")
+    calibrate.add_argument("--out", type=output_folder, default=None, help="folder for report.md, scatter.png, "
+                           "fit.json (required unless --explain)")
     calibrate.add_argument("--explain", action="store_true",
                            help="print the table of calibratable figures for --hardware (name, unit, catalog path, "
                            "bounds, prior and its source) and exit; nothing is fitted")
@@ -163,7 +163,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     report.add_argument("--hardware", required=True, help="catalog chip the measurements ran on")
     report.add_argument("--measurements", required=True, help="a .jsonl file or published:<name>")
-    report.add_argument("--out", type=Path, default=None, help="write report.md and scatter.png here")
+    report.add_argument("--out", type=output_folder, default=None, help="write report.md and scatter.png here")
     report.add_argument("--json", action="store_true", help="print rows and errors as JSON")
     report.add_argument("--uncalibrated", action="store_true", help="ignore any calibrated overlay")
     report.set_defaults(func=run_report, output_lock="folder")

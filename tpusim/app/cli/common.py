@@ -9,8 +9,10 @@ import json
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+from hwmodels.atomic import check_output_file, check_output_folder
 from hwmodels.errors import InputError
 
 LOCAL_DIR_HELP = ("folder of machine-local catalog entries (host-cpu) and calibrated overlays; the same as "
@@ -69,6 +71,40 @@ def positive_int(text: str) -> int:
     return value
 
 
+class OutputFile(type(Path())):  # type: ignore[misc]
+    """A file the command writes (``--trace``, ``--plot``, run-kernel's ``--out``): checked by
+    :func:`check_outputs` before the command runs."""
+
+
+class OutputFolder(type(Path())):  # type: ignore[misc]
+    """A folder the command writes into (``--out``): checked by :func:`check_outputs`."""
+
+
+def output_file(text: str) -> Path:
+    """The ``argparse`` type of a file the command writes (checked before it runs, in one line)."""
+    return OutputFile(text)
+
+
+def output_folder(text: str) -> Path:
+    """The ``argparse`` type of a folder the command writes into."""
+    return OutputFolder(text)
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse, before anything runs, an output path that is (or links to) a directory, FIFO or
+    device where a file goes, or anything but a folder where a folder goes
+    (:mod:`hwmodels.atomic` owns the rule; every writer checks again as it writes). An
+    InputError, so the user reads one line and exit 2, not argparse's usage block."""
+    for dest, value in vars(args).items():
+        try:
+            if isinstance(value, OutputFile):
+                check_output_file(value)
+            elif isinstance(value, OutputFolder):
+                check_output_folder(value)
+        except InputError as error:
+            raise InputError(f"--{dest.replace('_', '-')}: {error}") from None
+
+
 def add_workload_options(parser: argparse.ArgumentParser, *, batch: bool = True) -> None:
     parser.add_argument("--model", required=True, help="model name (kimi-k3, muse-spark@int4+bf16, ...) or a YAML/config.json path")
     parser.add_argument("--hardware", required=True, help="chip name from the catalog (tpu-v7, gb200, ...)")
@@ -112,10 +148,13 @@ def load_model_with_formats(args: argparse.Namespace) -> Any:
 def resolve_workload(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     """(model, plan, system, routing) from the parsed options."""
     from hwmodels.catalog import make_system
+    from tpusim.workload.format_choice import formats_for_chip
+    from tpusim.workload.model_catalog import load_model
     from tpusim.workload.routing import parse_routing
 
-    model = load_model_with_formats(args)
     system = make_system(args.hardware, args.chips, calibrated=not args.uncalibrated)
+    model, args.formats_choice = formats_for_chip(load_model(args.model), getattr(args, "formats", None),
+                                                  system.chip.kind)  # one rule for every command
     warn_outside_fit(system.chip, args.model, args.chips)
     plan = shard_or_plan(args, model, system)
     routing = parse_routing(args.routing)

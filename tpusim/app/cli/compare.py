@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from hwmodels.errors import InputError
-from tpusim.app.cli.common import add_model_options, positive_int
+from tpusim.app.cli.common import add_model_options, output_file, output_folder, positive_int
+from tpusim.app.cli.flag_rules import refuse_unused
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
 
@@ -65,11 +65,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--uncalibrated", action="store_true",
                         help="use the published catalog figures, ignoring calibrated overlays (default: off)")
     add_format_option(parser)
-    parser.add_argument("--plot", type=Path, default=None, help="write a grouped bar chart (PNG) to this file "
+    parser.add_argument("--plot", type=output_file, default=None, help="write a grouped bar chart (PNG) to this file "
                         "(default: none)")
-    parser.add_argument("--out", type=Path, default=None,
+    parser.add_argument("--out", type=output_folder, default=None,
                         help="folder for sweep outputs when choosing schedules (default: a temporary folder)")
     parser.set_defaults(func=run, output_lock="folder")  # --out: the sweeps that choose schedules
+
+
+def _chips(systems: list, *, calibrated: bool) -> list:
+    """Each system's chip in its execution (what the flag rules ask of a row)."""
+    from hwmodels.catalog import load_chip
+    from tpusim.compare.rows import with_execution
+
+    return [with_execution(load_chip(spec.chip, calibrated=calibrated), spec.execution) for spec in systems]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     from tpusim.workload.routing import parse_routing
 
     systems = parse_systems(args.systems)
+    refuse_unused(args, chips=_chips(systems, calibrated=not args.uncalibrated))
     batches = _numbers(args.batch, int, "--batch")
     acceptances = _numbers(args.spec_acceptance, float, "--spec-acceptance") if args.spec_acceptance else []
     chooser = None

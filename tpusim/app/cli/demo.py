@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tpusim.app.cli.common import positive_int
+from tpusim.app.cli.common import output_folder, positive_int
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -18,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "host, and TPU v7 against GB200; writes OUT/report.md with every figure labelled. Overlays "
         "go to OUT/local (or --local-dir), and a previous run's overlays there are removed first; the "
         "demo prints the command that reuses them.")
-    parser.add_argument("--out", type=Path, default=Path("report"), help="report folder (default ./report)")
+    parser.add_argument("--out", type=output_folder, default=Path("report"), help="report folder (default ./report)")
     parser.add_argument("--jobs", type=positive_int, default=2, help="worker processes for sweeps")
     parser.add_argument("--sweep-budget", type=positive_int, default=32, help="full simulations per sweep")
     parser.add_argument("--quick", action="store_true", help="small budgets (smoke test)")

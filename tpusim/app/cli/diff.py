@@ -22,7 +22,7 @@ from typing import Any
 
 from hwmodels.errors import InputError
 from hwmodels.textfile import read_user_json
-from tpusim.app.cli.common import positive_int
+from tpusim.app.cli.common import output_file, positive_int
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
 MIB = 1 << 20
@@ -46,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--routing", default="uniform", help="uniform | identical | zipf[:s] | trace:PATH")
     parser.add_argument("--seed", type=int, default=0, help="routing draw seed")
     parser.add_argument("--uncalibrated", action="store_true", help="published figures only, ignoring overlays")
-    parser.add_argument("--plot", type=Path, default=None, help="write both timelines into one PNG here")
+    parser.add_argument("--plot", type=output_file, default=None, help="write both timelines into one PNG here")
     parser.add_argument("--plot-layers", default="1:3", metavar="FIRST:COUNT", help="layers drawn in --plot")
     add_format_option(parser)
     parser.set_defaults(func=run)

@@ -53,7 +53,11 @@ def run(args: argparse.Namespace) -> int:
     if args.hardware:
         if not args.chips:
             raise InputError("--hardware needs --chips")
+        from tpusim.workload.format_choice import formats_for_chip
+        from tpusim.workload.model_catalog import load_model
+
         chip = make_system(args.hardware, args.chips).chip
+        model, _ = formats_for_chip(load_model(args.model), args.formats, chip.kind)  # as every command
         plan = plan_for_system(model, chip, args.chips, args.plan)
     else:
         devices = args.devices or plan_devices(args.plan)

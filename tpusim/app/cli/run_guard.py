@@ -6,7 +6,8 @@ subcommand's ``func`` it
 1. turns SIGTERM into an interrupt (:mod:`tpusim.app.interrupts`), so ``kill`` unwinds
    like Ctrl-C and atomic writers clean up; a command that received SIGINT or SIGTERM exits
    130 or 143 whatever exception the interrupt became on its way up (a library may wrap it);
-2. holds the output lock (:mod:`tpusim.app.outdir_lock`) when the subcommand declared one
+2. refuses an output path that would be destroyed (a FIFO, device or folder where a file
+   goes: :func:`tpusim.app.cli.common.check_outputs`), then holds the output lock (:mod:`tpusim.app.outdir_lock`) when the subcommand declared one
    with ``set_defaults(output_lock="folder" | "file")`` on its ``--out``;
 3. prints every input problem as one line, ``tpusim CMD: error: ...``, exit 2: our own
    :class:`~hwmodels.errors.InputError`, pydantic ``ValidationError`` raised by models
@@ -28,6 +29,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from hwmodels.errors import InputError
+from tpusim.app.cli.common import check_outputs
 from tpusim.app.interrupts import Received, Terminated, terminate_as_interrupt
 from tpusim.app.outdir_lock import output_lock
 from tpusim.app.tables import output_format
@@ -91,6 +93,7 @@ def run_command(args: argparse.Namespace) -> int:
     received = Received()
     try:
         output_format(args)  # --json against a different --format: refused before any work
+        check_outputs(args)  # an output path that is a FIFO, device or folder: refused before any work
         with terminate_as_interrupt() as received, _lock(args):
             return int(args.func(args) or 0)
     except SystemExit:

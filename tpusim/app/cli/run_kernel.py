@@ -30,6 +30,7 @@ import argparse
 from pathlib import Path
 
 from hwmodels.errors import InputError
+from tpusim.app.cli.common import output_file
 
 SINGLE_DEVICE_MODEL = "kimi-k3-mini"
 MULTI_DEVICE_MODEL = "kimi-k3-nano"
@@ -54,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--weights", type=Path, help="folder of safetensors weights (default: seeded random)")
     parser.add_argument("--seed", type=int, default=0, help="weights, state and first tokens (default 0)")
     parser.add_argument("--label", default="measured", help="record label (default measured)")
-    parser.add_argument("--out", type=Path, default=Path("measurements.jsonl"), help="JSON-lines file to append to")
+    parser.add_argument("--out", type=output_file, default=Path("measurements.jsonl"), help="JSON-lines file to append to")
     parser.add_argument("--devices", type=int, default=1,
                         help="N > 1: run the schedule-driven collective megakernel on N virtual devices (interpret "
                         "mode, race detector on, a fresh process), --steps greedy steps against the one-device "

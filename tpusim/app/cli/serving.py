@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from hwmodels.errors import InputError
-from tpusim.app.cli.common import add_model_options, positive_int
+from tpusim.app.cli.common import add_model_options, output_file, positive_int
+from tpusim.app.cli.flag_rules import refuse_unused
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
 
@@ -56,8 +57,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     traffic.add_argument("--rate", default=None, help="comma-separated Poisson arrival rates, requests/s")
     traffic.add_argument("--trace", type=Path, default=None,
                          help="JSON lines (or a JSON list) of {arrival_s, input_tokens, output_tokens}")
-    parser.add_argument("--input-tokens", type=positive_int, default=8192, help="prompt tokens per request")
-    parser.add_argument("--output-tokens", type=positive_int, default=1024, help="output tokens per request")
+    parser.add_argument("--input-tokens", type=positive_int, default=8192, help="prompt tokens per request (the longest, with lengths drawn: --random-range-ratio)")
+    parser.add_argument("--output-tokens", type=positive_int, default=1024, help="output tokens per request (the longest, with lengths drawn: --random-range-ratio)")
+    parser.add_argument("--random-range-ratio", type=float, default=None, metavar="R",
+                        help="request lengths uniform in [L x R, L] for L = --input-tokens / --output-tokens, "
+                        "as SGLang bench_serving's random dataset draws them; 1 = fixed lengths "
+                        "(default: 0, bench_serving's default)")
     parser.add_argument("--requests", type=positive_int, default=None,
                         help="requests per traffic level (default: 4 x concurrency, at least 8; 64 with --rate)")
     parser.add_argument("--max-running-requests", type=positive_int, default=None,
@@ -78,7 +83,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--jobs", type=positive_int, default=None,
                         help="processes serving the systems in parallel (default: one per system, up to the CPUs)")
     parser.add_argument("--uncalibrated", action="store_true", help="published catalog figures only")
-    parser.add_argument("--plot", type=Path, default=None,
+    parser.add_argument("--plot", type=output_file, default=None,
                         help="write the throughput-latency curve (tokens/s per chip vs per user) as PNG")
     add_format_option(parser)
     parser.set_defaults(func=run)
@@ -88,7 +93,12 @@ def traffics_from(args: argparse.Namespace) -> list[Any]:
     """The traffic levels the arguments ask for."""
     from tpusim.serving.config import Traffic, load_trace
 
-    common = {"input_tokens": args.input_tokens, "output_tokens": args.output_tokens, "seed": args.seed}
+    common: dict[str, Any] = {"input_tokens": args.input_tokens, "output_tokens": args.output_tokens,
+                              "seed": args.seed}
+    if args.random_range_ratio is not None:
+        if not 0.0 <= args.random_range_ratio <= 1.0:
+            raise InputError(f"--random-range-ratio {args.random_range_ratio}: must be in [0, 1]")
+        common["range_ratio"] = args.random_range_ratio
     if args.trace is not None:
         return [Traffic(mode="trace", trace=load_trace(args.trace), **common)]
     if args.rate is not None:
@@ -108,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
     if args.acceptance_length < 1.0:
         raise InputError(f"--acceptance-length {args.acceptance_length}: must be >= 1")
     systems = parse_systems(args.systems)
+    refuse_unused(args)  # a typed flag this traffic ignores is an error, not dropped
     traffics = traffics_from(args)
     limits: dict[str, Any] = {"max_running_requests": args.max_running_requests,
                               "prefill_first": not args.decode_first,
@@ -129,6 +140,10 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"--plot {args.plot}: cannot write ({error.strerror or error})") from None
     fmt = output_format(args)  # JSON: a list of records, each carrying its assumptions
     notes = [f"assumption: {a}" for a in rows[0]["assumptions"]] if rows and fmt != "json" else []
+    if rows and fmt != "json":  # the choices the numbers depend on, named once per distinct value
+        for key in ("lengths", "arrivals"):
+            notes += [f"{key}: {value}" for value in dict.fromkeys(str(row[key]) for row in rows)]
+        notes += list(dict.fromkeys(f"weight formats on {row['system']}: {row['formats']}" for row in rows))
     emit(serving_table(rows, title=f"{args.model}: served workload per system (simulated)"), fmt, notes=notes)
     return 0
 

@@ -16,6 +16,7 @@ floor):
 | key | meaning |
 | --- | --- |
 | ``model``, ``hardware``, ``system``, ``chips``, ``devices``, ``plan``, ``batch``, ``context``, ``routing``, ``seed``, ``execution_mode`` | what was simulated (the inputs, the plan and the chip's execution mode) |
+| ``prefill_row_tile`` | prefill only: rows of activations on chip at a time (32, stepped down until the schedule's buffers fit, as ``tpusim serving`` does; the ``source`` says when it was) |
 | ``phase``, ``prefix_tokens`` | ``decode`` or ``prefill`` (``--phase prefill``: ``batch`` = the chunk's tokens, ``context`` = prefix + chunk, ``prefix_tokens`` the cached prompt tokens before it, ``tokens_per_s`` = prompt tokens/s; ``None`` in decode) |
 | ``step_ms``, ``tokens_per_s`` | simulated step time; aggregate tokens/s = batch / step |
 | ``exposed_dma_ms`` | compute stream waiting on copies |
@@ -30,8 +31,11 @@ floor):
 | ``layer_ms`` | stream ms per layer ("-1": the head) |
 | ``exposed_dma_by_family_ms`` | exposed DMA per weight family |
 | ``floor_ms``, ``floors`` | analytic floors (:mod:`tpusim.workload.floors`) of the simulated (critical) device: ``tpusim floor``'s ``floor_ms_critical_device``; its ``floor_ms`` is the expected device's |
-| ``schedule``, ``schedule_hash`` | schedule name and content hash |
+| ``schedule``, ``schedule_hash`` | schedule name and content hash (``None`` on a chip without a megakernel: nothing was scheduled) |
+| ``schedule_default_families`` | weight families the program reads that the schedule leaves out, so they take the schema's defaults (no prefetch, whole tensors, one buffer) |
 | ``source`` | how the numbers were made, and whether the chip had calibrated figures |
+| ``formats`` | how the weight formats were chosen (``--formats``, a ``@variant``, the model file's ``deployment_variants`` for this chip kind, or the model file's formats: :func:`tpusim.workload.format_choice.formats_for_chip`) |
+| ``figures`` | the chip figures used: ``<chip>: published figures`` or ``<chip>: calibrated on ...`` |
 | ``calibrated``, ``calibration_warnings`` | whether an overlay was applied; where this run lies outside its fitted points |
 | ``capacity`` | HBM check: ``fits``, ``label`` (``does not fit`` only with ``--force``), bytes needed / per device |
 """
@@ -39,13 +43,19 @@ floor):
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
 from tpusim.app.cli.capacity_gate import check_fit
-from tpusim.app.cli.common import add_workload_options, emit_json, positive_int, resolve_workload
+from tpusim.app.cli.common import (
+    add_workload_options,
+    emit_json,
+    output_file,
+    positive_int,
+    resolve_workload,
+)
+from tpusim.app.cli.flag_rules import refuse_unused
 from tpusim.app.cli.floor import CRITICAL_DEVICE
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
@@ -75,8 +85,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         help="prompt tokens already cached before the chunk (--phase prefill)")
     parser.add_argument("--schedule", default="published",
                         help="naive | published | layer-double-buffer | a schedule JSON file (default: published)")
-    parser.add_argument("--trace", type=Path, default=None, help="write a Chrome/Perfetto trace-event JSON here")
-    parser.add_argument("--plot", type=Path, default=None, help="write a timeline PNG here")
+    parser.add_argument("--trace", type=output_file, default=None, help="write a Chrome/Perfetto trace-event JSON here")
+    parser.add_argument("--plot", type=output_file, default=None, help="write a timeline PNG here")
     parser.add_argument("--plot-layers", default="1:3", metavar="FIRST:COUNT",
                         help="layers drawn in --plot (default 1:3)")
     add_format_option(parser)
@@ -113,21 +123,18 @@ def simulate_data(args: argparse.Namespace, workload: tuple[Any, Any, Any, Any],
 
     model, plan, system, routing = workload
     chip = system.chip
+    prefill_tile = None
     try:
         if getattr(args, "phase", "decode") == "prefill":
-            from tpusim.workload.prefill import build_prefill_program
-
-            program = build_prefill_program(model, plan, tokens=args.tokens, prefix_tokens=args.prefix_tokens,
-                                            routing=routing, seed=args.seed)
+            program, result, prefill_tile = _prefill_fitting(args, workload, schedule, record_timeline)
         else:
             program = build_program(model, plan, batch=args.batch, context_tokens=args.context,
                                     routing=routing, seed=args.seed)
+            result = simulate(program, schedule, chip, record_timeline=record_timeline)
+    except InfeasibleSchedule as error:  # a ValueError too: caught first
+        raise InputError(f"infeasible schedule {schedule.name!r}: {error}") from None
     except ValueError as error:
         raise InputError(str(error)) from None
-    try:
-        result = simulate(program, schedule, chip, record_timeline=record_timeline)
-    except InfeasibleSchedule as error:
-        raise InputError(f"infeasible schedule {schedule.name!r}: {error}") from None
     source = (f"simulated (tpusim engine, {result.execution_mode} execution; hardware {chip.name}: "
               f"{calibration_note(chip)})")
     if chip.kind == "gpu":
@@ -135,19 +142,70 @@ def simulate_data(args: argparse.Namespace, workload: tuple[Any, Any, Any, Any],
 
         source += f"; {stack_source(chip)}"
     data = _json_result(result, floors(program, chip), args, system.name, system.devices, plan.name, source)
+    data["formats"] = getattr(args, "formats_choice", "the model file's formats")
+    data["prefill_row_tile"] = None
+    data["schedule_default_families"] = []
+    if result.execution_mode != "megakernel":  # no schedule ran: the output names none
+        data["schedule"], data["schedule_hash"] = None, None
+    else:  # the schema gives a family the schedule leaves out the defaults; the output says which
+        from tpusim.schedule.schema import SCHEDULE_FAMILIES
+
+        used = dict.fromkeys(tensor.family for _, tensor in program.iter_tensors())
+        data["schedule_default_families"] = [str(family) for family in used
+                                             if family in SCHEDULE_FAMILIES and family not in schedule.families]
     data["phase"], data["prefix_tokens"] = str(program.phase), None
     if data["phase"] == "prefill":
         data.update(batch=program.batch, context=program.context_tokens, prefix_tokens=args.prefix_tokens)
         data["source"] += ("; prefill chunk of one sequence (tokens_per_s = prompt tokens/s; prefill form and "
                            "assumptions: tpusim.workload.prefill)")
+        from tpusim.workload.prefill import PREFILL_ROW_TILE
+
+        data["prefill_row_tile"] = prefill_tile
+        if prefill_tile != PREFILL_ROW_TILE:
+            data["source"] += (f"; row tile stepped down from {PREFILL_ROW_TILE} to {prefill_tile} rows so the "
+                               "schedule's buffers fit on chip (as tpusim serving does)")
     from tpusim.report.intervals import interval_fields, outside_fit
 
     outside = outside_fit(chip, args.model, args.chips, program.batch)
     data.update(interval_fields(chip, lambda sample: simulate(program, schedule, sample).step_s,
                                 result.step_s, program.batch, outside=outside))
     data["calibrated"] = chip.is_calibrated
+    data["figures"] = f"{chip.name}: {calibration_note(chip)}"
     data["calibration_warnings"] = outside
     return data, result.timeline
+
+
+def _prefill_fitting(args: argparse.Namespace, workload: tuple[Any, Any, Any, Any], schedule: Any,
+                     record_timeline: bool) -> tuple[Any, Any, int]:
+    """The prefill chunk under ``schedule`` at the widest row tile (32, 16, ... 1 rows) whose
+    buffers fit on chip, as the serving simulation steps its tile down; when none does, an
+    InputError that names what would fit (a built-in schedule, or more chips)."""
+    from tpusim.compare.schedule_choice import fitting_schedule
+    from tpusim.engine import InfeasibleSchedule, simulate
+    from tpusim.schedule.vmem import check_fits, vmem_plan
+    from tpusim.workload.prefill import PREFILL_ROW_TILE, build_prefill_program
+
+    model, plan, system, routing = workload
+    chip = system.chip
+    first: InfeasibleSchedule | None = None
+    tile = PREFILL_ROW_TILE
+    while tile >= 1:
+        try:  # the static scratch first (cheap); the engine has the last word
+            if chip.execution.mode == "megakernel":
+                check_fits(vmem_plan(schedule, model, plan, tile, 1), chip.staging_memory.usable_bytes)
+            program = build_prefill_program(model, plan, tokens=args.tokens, prefix_tokens=args.prefix_tokens,
+                                            routing=routing, seed=args.seed, row_tile=tile)
+            return program, simulate(program, schedule, chip, record_timeline=record_timeline), tile
+        except InfeasibleSchedule as error:
+            first = first or error
+        tile //= 2
+    try:
+        fits = fitting_schedule(model, plan, chip, 1, sequences=1)[0].name
+        way = f"built-in schedule `{fits}` fits at a 1-row tile (--schedule {fits})"
+    except InputError:
+        way = "no built-in schedule fits either; more chips (--chips) shrink each device's weights"
+    raise InputError(f"infeasible schedule {schedule.name!r} for a {args.tokens}-token prefill at every row tile "
+                     f"from {PREFILL_ROW_TILE} down to 1: {first}; {way}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -165,6 +223,7 @@ def run(args: argparse.Namespace) -> int:
                                schedule.deployment.collectives)
         workload = (model, plan, system, routing)
     model, plan, system, _ = workload
+    refuse_unused(args, chip=system.chip)  # a typed flag this path ignores is an error, not dropped
     if args.phase == "prefill":  # one sequence holding the prefix and the chunk
         if args.prefix_tokens < 0:
             raise InputError(f"--prefix-tokens {args.prefix_tokens}: must be >= 0")
@@ -236,14 +295,18 @@ def _json_result(result: Any, floor: Any, args: argparse.Namespace, system: str,
 
 
 def _print_human(data: dict[str, Any], fmt: str) -> None:
+    schedule = (f"schedule {data['schedule']} [{data['schedule_hash']}]" if data["execution_mode"] == "megakernel"
+                else f"no prefetch schedule ({data['execution_mode']} execution)")
     what = (f"prefill of {data['batch']} tokens after {data['prefix_tokens']} cached" if data.get("phase") == "prefill"
             else f"batch {data['batch']}")
     title = (f"{data['model']} on {data['system']} ({data['devices']} devices, plan {data['plan']}), "
-             f"{what}, schedule {data['schedule']} [{data['schedule_hash']}]")
+             f"{what}, {schedule}")
     table = TableData(title=title, columns=["quantity", "value", "label"], right_aligned=("value",), records=data)
     if "capacity" in data:
         table.add("HBM needed / available", data["capacity"]["summary"], data["capacity"]["label"])
     fits = data.get("capacity", {}).get("fits", True)
+    if data.get("formats"):
+        table.add("weight formats", data["formats"], "input")
     table.add("step time", f"{data['step_ms']:.3f} ms", SIMULATED if fits else f"{SIMULATED}, does not fit")
     table.add("tokens/s (aggregate)", f"{data['tokens_per_s']:.1f}", SIMULATED)
     from tpusim.report.intervals import format_interval
@@ -276,6 +339,13 @@ def _print_human(data: dict[str, Any], fmt: str) -> None:
         table.add(f"busy: {words.get(key, key)}", f"{100 * value:.1f} %", SIMULATED)
     for key, value in data["breakdown"].items():
         table.add(f"step share: {key}", f"{value:.3f} ms", SIMULATED)
+    if data.get("prefill_row_tile") is not None:
+        stepped = "stepped down" in data["source"]
+        table.add("prefill row tile", f"{data['prefill_row_tile']} rows",
+                  "stepped down until the schedule fits on chip" if stepped else "default tile")
+    if data.get("schedule_default_families"):
+        table.add("families on schedule defaults", ", ".join(data["schedule_default_families"]),
+                  "schedule (left out: no prefetch, whole tensors, 1 buffer)")
     table.add("copies issued / events", f"{data['dma_count']} / {data['event_count']}", SIMULATED)
     notes = [f"{key}: {data[key]}" for key in ("trace", "plot") if key in data]
     notes.append(f"source: {data['source']}")

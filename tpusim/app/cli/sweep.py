@@ -24,7 +24,13 @@ from typing import Any
 from hwmodels.errors import InputError
 from hwmodels.textfile import read_user_json
 from tpusim.app.cli.capacity_gate import check_fit
-from tpusim.app.cli.common import add_workload_options, emit_json, positive_int, resolve_workload
+from tpusim.app.cli.common import (
+    add_workload_options,
+    emit_json,
+    output_folder,
+    positive_int,
+    resolve_workload,
+)
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
 
@@ -43,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     for action in parser._actions:
         if action.dest == "seed":  # one seed fixes both the routing draw and the sampled candidates
             action.help = "seed of the routing draw and of the sampled candidates"
-    parser.add_argument("--out", required=True, type=Path, help="output folder (sweep.csv, best.json, summary.md, plots)")
+    parser.add_argument("--out", required=True, type=output_folder, help="output folder (sweep.csv, best.json, summary.md, plots)")
     parser.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET,
                         help=f"full-step engine simulations, built-ins included (default {DEFAULT_BUDGET})")
     parser.add_argument("--jobs", type=positive_int, default=1, help="worker processes (default 1)")
@@ -64,6 +70,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help=f"screen factor x budget candidates on reduced layers (0: off; default {DEFAULT_SCREEN_FACTOR})")
     parser.add_argument("--screen-layers", type=positive_int, default=DEFAULT_SCREEN_LAYERS,
                         help=f"layers in the screening program (default {DEFAULT_SCREEN_LAYERS})")
+    parser.add_argument("--baseline", action="append", default=[], metavar="FILE",
+                        help="--space joint: also simulate this schedule on the auto plan beside the built-ins "
+                        "(repeatable; e.g. a schedule sweep's best.json, so the search's best is never slower)")
     parser.add_argument("--no-plots", action="store_true", help="skip pareto.png and sensitivity.png")
     parser.add_argument("--no-kernel-gate", action="store_true",
                         help="--space joint: let plans the multi-device megakernel cannot run win too (judged by "
@@ -100,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--batches: only with --space joint")
     if args.executor != "local":
         raise InputError("--executor dask: only with --space joint")
+    if args.baseline:
+        raise InputError("--baseline: only with --space joint (a schedule sweep simulates the built-ins already)")
     space = load_space(Path(args.space)) if args.space else default_space()
     if args.samples is not None:
         if args.samples < 0:
@@ -124,8 +135,9 @@ def run(args: argparse.Namespace) -> int:
     interval = next((r for r in intervals if r["hash"] == result.best_row["hash"]), None) or _estimate_only()
     fmt = output_format(args)
     if fmt == "json":
+        figures = "published figures" if system.chip.calibration is None else system.chip.calibration.note()
         emit_json({**_as_json(result), "best_interval": interval, "row_intervals": intervals,
-                   "capacity": fit.as_json()})
+                   "capacity": fit.as_json(), "figures": f"{system.chip.name}: {figures}"})
         return 0
     from tpusim.report.intervals import format_interval
 
@@ -158,7 +170,7 @@ def _run_joint(args: argparse.Namespace, model: Any, system: Any, routing: Any) 
     options = dict(budget=args.budget, seed=args.seed, resume=args.resume, context_tokens=args.context,
                    routing=routing, jobs=args.jobs, executor=args.executor, workers=args.workers,
                    scheduler=args.scheduler, quiet=args.quiet or output_format(args) != "table",
-                   plots=not args.no_plots, space=space)
+                   plots=not args.no_plots, space=space, baselines=tuple(args.baseline))
     try:
         if args.batches is not None:
             command = " ".join(shlex.quote(a) for a in ["tpusim", *sys.argv[1:]] if a != "--resume")
@@ -173,7 +185,9 @@ def _run_joint(args: argparse.Namespace, model: Any, system: Any, routing: Any) 
         from tpusim.app.interrupts import Terminated
 
         return EXIT_TERMINATED if isinstance(interrupted.__context__, Terminated) else EXIT_INTERRUPTED
+    figures = "published figures" if system.chip.calibration is None else system.chip.calibration.note()
     data = {"best": result.best_row, "published": result.published_row, "speedup": result.speedup,
+            "figures": f"{system.chip.name}: {figures}",
             "trials": result.trials, "simulated": result.simulated, "wall_s": result.wall_s, "cpu_s": result.cpu_s,
             "executor": result.executor, "paths": {k: str(v) for k, v in result.paths.items()},
             "robust": result.robust}

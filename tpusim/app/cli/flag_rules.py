@@ -1,0 +1,135 @@
+"""Every flag changes the answer or is refused: the per-command table of flags a path ignores.
+
+A command's chosen path (decode or prefill, a megakernel chip or a GPU serving stack, plain
+or speculative decoding, a sweep or a fixed schedule) uses some flags and not others. A
+flag the user *typed* (``args.given``, filled by :func:`tpusim.app.cli.given_options`) that
+the chosen path does not use is an input error, one line naming the flag and why, exit 2;
+it is never silently dropped while the output carries its name.
+
+Each rule is ``(dest, why)``: ``why(args, context)`` returns the reason the flag is unused
+on this path, or ``None`` when it is used. ``context`` holds what the command resolved
+before checking (the chip, the systems). :data:`RULES` is the table, one entry per command;
+``tests/test_flag_rules.py`` walks it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from hwmodels.errors import InputError
+
+Why = Callable[[argparse.Namespace, Mapping[str, Any]], str | None]
+
+
+def _decode(args: argparse.Namespace, _: Mapping[str, Any]) -> str | None:
+    if getattr(args, "phase", "decode") == "decode":
+        return "used only with --phase prefill (a decode step takes --batch and --context)"
+    return None
+
+
+def _prefill(args: argparse.Namespace, _: Mapping[str, Any]) -> str | None:
+    if getattr(args, "phase", "decode") == "prefill":
+        return ("not used with --phase prefill (one sequence's chunk: --tokens prompt tokens after "
+                "--prefix-tokens cached ones)")
+    return None
+
+
+def _no_schedule(args: argparse.Namespace, context: Mapping[str, Any]) -> str | None:
+    chip = context.get("chip")
+    if chip is not None and chip.execution.mode != "megakernel":
+        return (f"{chip.name} runs {_mode_words(chip)}, which has no prefetch schedule; drop --schedule "
+                f"(tpusim compare --systems {chip.name}:N:megakernel simulates a GPU megakernel)")
+    return None
+
+
+def _mode_words(chip: Any) -> str:
+    from tpusim.compare.rows import execution_label
+
+    return execution_label(chip)
+
+
+def _needs(flag: str, dest: str) -> Why:
+    def why(args: argparse.Namespace, _: Mapping[str, Any]) -> str | None:
+        if dest not in args.given:
+            return f"used only with {flag}"
+        return None
+    return why
+
+
+def _compare_schedule(args: argparse.Namespace, context: Mapping[str, Any]) -> str | None:
+    chips = context.get("chips", ())
+    if chips and not any(chip.execution.mode == "megakernel" for chip in chips):
+        return ("no system in --systems runs a megakernel (GPU serving stacks and eager launches have no "
+                "prefetch schedule); add a TPU or a :megakernel system, or drop --schedule")
+    return None
+
+
+def _no_sweep(args: argparse.Namespace, context: Mapping[str, Any]) -> str | None:
+    schedule = getattr(args, "schedule", None)
+    if schedule not in (None, "best"):
+        return f"used only by the sweep that picks each row's schedule; --schedule {schedule} runs no sweep"
+    if _compare_schedule(args, context):
+        return "no row runs a sweep (no megakernel system in --systems)"
+    return None
+
+
+def _no_speculation_compare(args: argparse.Namespace, _: Mapping[str, Any]) -> str | None:
+    if not getattr(args, "spec_acceptance", ""):
+        return "used only for speculative rows (--spec-acceptance)"
+    return None
+
+
+def _no_speculation_serving(args: argparse.Namespace, _: Mapping[str, Any]) -> str | None:
+    if getattr(args, "acceptance_length", 1.0) <= 1.0:
+        return "used only with speculative decoding (--acceptance-length > 1)"
+    return None
+
+
+def _serving_lengths(args: argparse.Namespace, _: Mapping[str, Any]) -> str | None:
+    if getattr(args, "trace", None) is not None:
+        return "a --trace file gives every request's lengths and arrival; drop this flag"
+    return None
+
+
+def _serving_requests(args: argparse.Namespace, _: Mapping[str, Any]) -> str | None:
+    if getattr(args, "trace", None) is not None:
+        return "a --trace file fixes the requests; drop --requests"
+    return None
+
+
+RULES: dict[str, tuple[tuple[str, Why], ...]] = {
+    "simulate": (
+        ("tokens", _decode), ("prefix_tokens", _decode),
+        ("batch", _prefill), ("context", _prefill),
+        ("schedule", _no_schedule),
+        ("plot_layers", _needs("--plot", "plot")),
+    ),
+    "compare": (
+        ("schedule", _compare_schedule),
+        ("sweep_budget", _no_sweep), ("sweep_samples", _no_sweep), ("jobs", _no_sweep), ("out", _no_sweep),
+        ("drafter", _no_speculation_compare), ("draft_tokens", _no_speculation_compare),
+    ),
+    "serving": (
+        ("drafter", _no_speculation_serving), ("draft_tokens", _no_speculation_serving),
+        ("input_tokens", _serving_lengths), ("output_tokens", _serving_lengths),
+        ("random_range_ratio", _serving_lengths),
+        ("requests", _serving_requests),
+    ),
+}
+
+
+def flag_name(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def refuse_unused(args: argparse.Namespace, **context: Any) -> None:
+    """Raise InputError for the first typed flag of ``args.command`` that its path ignores."""
+    given = getattr(args, "given", frozenset())
+    for dest, why in RULES.get(args.command, ()):
+        if dest not in given:
+            continue
+        reason = why(args, context)
+        if reason:
+            raise InputError(f"{flag_name(dest)}: {reason}")
