@@ -5,7 +5,8 @@ Lowering traces the kernel with ``jax.ShapeDtypeStruct`` inputs (nothing is allo
 the full Kimi K3 per-device sizes of the TP32 plan lower on a laptop) and asks JAX for the
 TPU lowering: Pallas → Mosaic, ending in one ``tpu_custom_call``. It proves that every op
 of the kernel has a Mosaic lowering rule for this schedule and these shapes; it does not run
-libtpu's Mosaic compiler, so tiling or layout limits surface only on a real TPU.
+libtpu's Mosaic compiler. :mod:`megakernel.mosaic_compile` does (with libtpu installed, on
+compile-only devices, no TPU needed), so tiling, alignment and VMEM limits surface there.
 
 On a multi-device plan the kernel is :class:`megakernel.kernel_collectives.CollectiveMegakernel`
 under ``jax.shard_map`` over the plan's mesh, with the plan's collectives as remote copies
@@ -109,12 +110,19 @@ def lower_schedule(model: ModelConfig, plan: ShardingPlan, schedule: Schedule, *
         kernel = kernel or Megakernel(model_dims(model, plan), schedule, batch, max_context)
         text = lower_for_tpu(kernel)
         present = False
-    vmem = vmem_plan(schedule, model, plan, batch)
-    accounting = vmem.parts()
+    return lowering_report(model, plan, schedule, batch, kernel, lowered="tpu_custom_call" in text,
+                           collectives=present, remote_copies_per_layer=copies)
+
+
+def lowering_report(model: ModelConfig, plan: ShardingPlan, schedule: Schedule, batch: int, kernel: Megakernel,
+                    *, lowered: bool, collectives: bool = False, remote_copies_per_layer: int = 0) -> LoweringReport:
+    """The report for ``kernel``: its VMEM scratch by group beside the simulator's accounting
+    (also for :mod:`megakernel.mosaic_compile`, which lowers and compiles in one go)."""
+    accounting = vmem_plan(schedule, model, plan, batch).parts()
     scratch: dict[str, int] = {}
     for name, size in kernel.scratch_bytes().items():
         key = "collectives" if name.startswith("coll.") else name
         scratch[key] = scratch.get(key, 0) + size
     return LoweringReport(model=model.name, plan=plan.name, devices=plan.devices, schedule=schedule.name,
-                          batch=batch, lowered="tpu_custom_call" in text, scratch_bytes=scratch,
-                          accounting_bytes=accounting, collectives=present, remote_copies_per_layer=copies)
+                          batch=batch, lowered=lowered, scratch_bytes=scratch, accounting_bytes=accounting,
+                          collectives=collectives, remote_copies_per_layer=remote_copies_per_layer)

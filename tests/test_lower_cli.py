@@ -25,7 +25,7 @@ def test_lower_full_k3_published(capsys) -> None:
 def test_lower_mini_prints_the_vmem_comparison(capsys) -> None:
     assert main(["lower", "--model", "kimi-k3-mini", "--schedule", "published"]) == 0
     out = capsys.readouterr().out
-    assert "lowered (Pallas -> Mosaic tpu_custom_call)" in out
+    assert "traced to MLIR only: not compiled (Pallas -> Mosaic tpu_custom_call)" in out
     assert "(simulator accounting)" in out and "usable VMEM on tpu-v7" in out
 
 

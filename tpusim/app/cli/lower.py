@@ -10,8 +10,11 @@ Traces the Pallas megakernel with shapes only (nothing is allocated) and lowers 
 (Pallas → Mosaic); on several devices with the plan's collectives inside it, over a mesh of
 virtual devices in a fresh process (:mod:`megakernel.lower_check`). It then prints its VMEM scratch beside the simulator's static accounting
 (:mod:`tpusim.schedule.vmem`) and the chip's usable VMEM; it exits 1 when the kernel's scratch does not fit (or it does not lower). Lowering proves every op has a
-Mosaic lowering rule; Mosaic's own compiler runs only on a TPU (see
-:mod:`megakernel.tpu_lowering`). A model or schedule the kernel cannot implement is reported
+Mosaic lowering rule ("traced to MLIR only: not compiled"). ``--hardware tpu-v5e|tpu-v6e|tpu-v7``
+on one device (``--devices 1`` or ``--shard-of PLAN``: one device's program of a plan) with libtpu
+installed also compiles it with libtpu's Mosaic compiler for that chip's topology, in a fresh
+process (:mod:`megakernel.mosaic_compile`; no TPU needed), and prints the compile seconds or the
+compiler's error in one paragraph (exit 1). A model or schedule the kernel cannot implement is reported
 in words, exit 2. A schedule with a deployment (a joint sweep's ``best.json``) is lowered on
 its plan with its collective algorithms, whose send/receive buffers the VMEM accounting
 (``vmem_plan(...).total_bytes``) counts (:mod:`megakernel.lower_check`).
@@ -42,7 +45,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         "kimi-k3; 1 when it has none)")
     parser.add_argument("--batch", type=positive_int, default=1, help="sequences per step")
     parser.add_argument("--context", type=positive_int, default=1024, help="KV cache length the kernel is built for")
-    parser.add_argument("--hardware", default="tpu-v7", help="TPU chip whose usable VMEM is the limit")
+    parser.add_argument("--hardware", default=None,
+                        help="TPU chip (tpu-v5e | tpu-v6e | tpu-v7): compile the kernel with libtpu's Mosaic "
+                        "compiler for its topology (one device) and check its usable VMEM (default: trace "
+                        "only, VMEM checked against tpu-v7)")
+    parser.add_argument("--shard-of", default=None, metavar="PLAN",
+                        help="one device's program of this plan (e.g. k3-tp32) alone on one chip, no collectives")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
 
@@ -57,20 +65,32 @@ def default_devices(model_name: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from hwmodels.catalog import load_chip
+    from megakernel.mosaic_compile import TOPOLOGIES, libtpu_available
     from tpusim.schedule.schema import load_schedule
-    from tpusim.workload.model_catalog import load_model, plan_for
+    from tpusim.workload.model_catalog import load_model, plan_for, shard_plan
 
-    chip = load_chip(args.hardware, calibrated=False)
+    chip = load_chip(args.hardware or "tpu-v7", calibrated=False)
     if chip.kind != "tpu":
         raise InputError(f"--hardware {args.hardware}: the megakernel lowers for TPU; name a TPU chip")
     model = load_model(args.model)
-    devices = args.devices or default_devices(args.model)
-    plan = plan_for(model, devices)
+    if args.shard_of and args.devices not in (None, 1):
+        raise InputError("--shard-of PLAN lowers one device's program: leave out --devices")
+    devices = 1 if args.shard_of else args.devices or default_devices(args.model)
+    plan = shard_plan(model, args.shard_of) if args.shard_of else plan_for(model, devices)
     schedule = load_schedule(args.schedule)
     if devices == 1 and schedule.deployment is not None:
         raise InputError(f"--schedule {args.schedule}: it carries a deployment (plan + collectives); lower it "
                          "on the devices it was chosen for (--devices N, default the published plan's)")
-    report = _lower_on_mesh(args, devices) if devices > 1 else _lower_here(args, model, plan, schedule)
+    compiling = args.hardware is not None and devices == 1
+    if compiling and chip.name.partition("@")[0] not in TOPOLOGIES:
+        raise InputError(f"--hardware {args.hardware}: no Mosaic compile topology for it; name one of "
+                         + ", ".join(TOPOLOGIES))
+    if compiling and libtpu_available():
+        report = _compile_fresh(args, chip.name)
+    elif devices > 1:
+        report = _lower_on_mesh(args, devices)
+    else:
+        report = _lower_here(args, model, plan, schedule)
     if "error" in report:
         what = {"model": "the megakernel cannot implement this model",
                 "schedule": f"the megakernel cannot follow schedule {schedule.name!r} at {devices} device(s)",
@@ -87,13 +107,39 @@ def run(args: argparse.Namespace) -> int:
         "deployment": report.get("deployment"), "plan_collectives": report.get("plan_collectives", {}),
         "scratch_total_bytes": scratch, "accounting_total_bytes": accounting,
         "relative_difference": (scratch - accounting) / accounting, "usable_vmem_bytes": usable,
-        "fits": scratch <= usable, "hardware": chip.name,
+        "fits": scratch <= usable, "hardware": chip.name, "compile": report.get("compile"),
+        "compiled": "compile" in report,
     }
     if args.json:
         emit_json(data)
     else:
         _print(data)
-    return 0 if report["lowered"] and data["fits"] else 1
+    ok = report["lowered"] and data["fits"] and (data["compile"] is None or data["compile"]["ok"])
+    return 0 if ok else 1
+
+
+def _compile_fresh(args: argparse.Namespace, chip_name: str) -> dict[str, Any]:
+    """One device with libtpu: lower and compile with Mosaic for ``chip_name``'s topology in a
+    fresh process (``python -m megakernel.mosaic_compile``): libtpu reads its environment when
+    it is first loaded, before this process's JAX may have started."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from megakernel.mosaic_compile import ENVIRONMENT
+
+    command = [sys.executable, "-m", "megakernel.mosaic_compile", "--model", args.model, "--schedule",
+               args.schedule, "--hardware", chip_name, "--batch", str(args.batch), "--context", str(args.context)]
+    command += ["--shard-of", args.shard_of] if args.shard_of else ["--devices", "1"]
+    env = {**os.environ, **ENVIRONMENT}
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    lines = done.stdout.strip().splitlines()
+    if not lines:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise InputError(f"compiling with Mosaic for {chip_name} failed: {last}")
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
 
 
 def _lower_here(args: argparse.Namespace, model: Any, plan: Any, schedule: Any) -> dict[str, Any]:
@@ -132,9 +178,21 @@ def _lower_on_mesh(args: argparse.Namespace, devices: int) -> dict[str, Any]:
 
 
 def _print(data: dict[str, Any]) -> None:
-    state = "lowered (Pallas -> Mosaic tpu_custom_call)" if data["lowered"] else "NOT lowered to a Mosaic call"
+    compiled = data.get("compile")
+    if not data["lowered"]:
+        state = "NOT lowered to a Mosaic call"
+    elif compiled is None:
+        state = "traced to MLIR only: not compiled (Pallas -> Mosaic tpu_custom_call)"
+    else:
+        state = "compiled by Mosaic" if compiled["ok"] else "Mosaic compile FAILED"
     print(f"{data['model']} ({data['plan']}, {data['devices']} devices), schedule {data['schedule']}, "
           f"batch {data['batch']}: {state}")
+    if compiled is not None:
+        verdict = "ok" if compiled["ok"] else f"FAILED ({compiled['kind']})"
+        print(f"  Mosaic compile for {data['hardware']} ({compiled['topology']}): {verdict} "
+              f"in {compiled['seconds']:.1f} s")
+        if not compiled["ok"]:
+            print(f"  compiler error: {compiled['error']}")
     print(f"  VMEM scratch of the kernel:         {data['scratch_total_bytes'] / MIB:9.2f} MiB")
     print(f"  VMEM static (simulator accounting): {data['accounting_total_bytes'] / MIB:9.2f} MiB "
           f"({100 * data['relative_difference']:+.2f} %)")
@@ -150,4 +208,7 @@ def _print(data: dict[str, Any]) -> None:
     print(f"  usable VMEM on {data['hardware']} (published): {data['usable_vmem_bytes'] / MIB:9.2f} MiB: {verdict}")
     print("  kernel scratch by group: " + ", ".join(
         f"{name} {size / MIB:.2f}" for name, size in sorted(data["scratch_bytes"].items())) + " MiB")
-    print("note: lowering proves every op has a Mosaic rule; Mosaic's compiler runs only on a TPU.")
+    if compiled is None:
+        print("note: not compiled: every op has a Mosaic lowering rule, but tiling, "
+              "alignment and VMEM limits are Mosaic's compiler's to find: --hardware tpu-v5e|tpu-v6e|tpu-v7 "
+              "with libtpu installed, one device)")

@@ -1,0 +1,193 @@
+"""Compile the megakernel with libtpu's Mosaic compiler from a machine without a TPU.
+
+Lowering (:mod:`megakernel.tpu_lowering`) proves every op has a Mosaic lowering rule; this
+runs Mosaic itself, so tiling, alignment and VMEM limits fail here exactly as on the chip.
+libtpu builds compile-only devices for a named topology
+(``jax.experimental.topologies.get_topology_desc``); the step is lowered with inputs placed on
+one of them and ``.compile()``d. Nothing is allocated and nothing runs.
+
+libtpu reads its environment when it is first loaded: :data:`ENVIRONMENT` (no metadata-server
+query, several libtpu loads allowed, JAX on the CPU) must be set before that, which
+:func:`prepare_environment` does (``setdefault``: what a caller set wins). In a process whose
+JAX backends may already be up with other settings, run ``python -m megakernel.mosaic_compile``
+(a fresh process, one JSON line, as ``tpusim lower --hardware`` does).
+
+``python -m megakernel.mosaic_compile --model kimi-k3-mini --schedule published --hardware tpu-v5e
+[--devices 1 | --shard-of k3-tp32] [--batch 1] [--context 1024]`` prints the lowering report
+(:class:`megakernel.tpu_lowering.LoweringReport`) with ``compile`` (:class:`CompileReport`);
+a model, schedule or plan the kernel cannot implement prints ``{"error": KIND, "message": ...}``
+and exits 2, a compile failure exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+ENVIRONMENT = {"TPU_SKIP_MDS_QUERY": "1", "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+
+# the catalog's TPU chips and the compile-only topology Mosaic targets for each
+TOPOLOGIES = {"tpu-v5e": "v5e:2x2", "tpu-v6e": "v6e:2x2", "tpu-v7": "tpu7x:2x2x1"}
+TPU7X_32 = "tpu7x:2x2x4"
+
+
+def libtpu_available() -> bool:
+    """libtpu is importable (the ``tpu-compile`` / test extra), so Mosaic can compile here."""
+    return importlib.util.find_spec("libtpu") is not None
+
+
+def prepare_environment() -> None:
+    """Set :data:`ENVIRONMENT` (without overriding) before libtpu is first loaded."""
+    for name, value in ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+
+
+def topology_for(chip_name: str, devices: int = 1) -> str:
+    """The compile-only topology for ``chip_name`` (tpu-v5e → v5e:2x2, tpu-v6e → v6e:2x2,
+    tpu-v7 → tpu7x:2x2x1, or tpu7x:2x2x4 for 32 devices)."""
+    name = chip_name.partition("@")[0]
+    if name not in TOPOLOGIES:
+        raise ValueError(f"no Mosaic compile topology for {chip_name!r}; known: {', '.join(TOPOLOGIES)}")
+    if name == "tpu-v7" and devices == 32:
+        return TPU7X_32
+    return TOPOLOGIES[name]
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    """One Mosaic compile: ok, its seconds, and on failure the compiler's error in one paragraph."""
+
+    topology: str
+    ok: bool
+    seconds: float  # lowering + Mosaic compile
+    error: str | None = None  # first line of the message, the MLIR op line, the kernel's source line
+    kind: str | None = None  # "lowering" | "mosaic" | "vmem" | "hbm" | "other" on failure
+
+
+def describe_error(error: BaseException) -> str:
+    """The compiler's error in one paragraph: the first line of its message (from the
+    ``Mosaic failed`` line when there is one), the MLIR operation involved, and the first
+    ``megakernel/...py:LINE`` frame of the failing op's source location (the innermost; else the
+    first frame outside JAX)."""
+    message = str(error)
+    start = message.find("Mosaic failed")
+    lines = [line.strip() for line in message[max(start, 0):].splitlines() if line.strip()]
+    parts = [lines[0] if lines else type(error).__name__]
+    op = next((line for line in lines if line.startswith("%") or '"tpu.' in line or ("= " in line and "(" in line)), None)
+    if op is not None and op != parts[0]:
+        parts.append(f"MLIR op: {op[:400]}")
+    frames = traceback.extract_tb(error.__traceback__)
+    # the innermost kernel frame: Pallas appends the failing op's source location, call chain last
+    where = next((f for f in reversed(frames) if "megakernel/" in f.filename.replace(os.sep, "/")
+                  and f.filename != __file__), None)
+    if where is None:
+        where = next((f for f in frames if "/jax/" not in f.filename and "site-packages" not in f.filename
+                      and f.filename != __file__), None)
+    if where is not None:
+        path = where.filename.replace(os.sep, "/")
+        cut = path.rfind("megakernel/")
+        parts.append(f"at {path[cut:] if cut >= 0 else path}:{where.lineno}")
+    return "; ".join(parts)
+
+
+def _kind(error: BaseException) -> str:
+    message = str(error)
+    if "RESOURCE_EXHAUSTED" in message:
+        return "hbm" if "on HBM" in message else "vmem"
+    return "mosaic" if "Mosaic" in message or type(error).__name__ == "MosaicError" else "other"
+
+
+def compile_function(function: Callable[..., Any], inputs: Any, topology_name: str) -> CompileReport:
+    """Lower ``jax.jit(function)`` for ``inputs`` (a pytree of ``jax.ShapeDtypeStruct``) placed on
+    one compile-only device of ``topology_name`` and compile it with Mosaic."""
+    prepare_environment()
+    import jax
+    from jax.experimental import topologies
+
+    topology = topologies.get_topology_desc(platform="tpu", topology_name=topology_name)
+    sharding = jax.sharding.SingleDeviceSharding(topology.devices[0])
+    placed = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), inputs)
+    start = time.perf_counter()
+    try:
+        lowered = jax.jit(function).lower(*placed)
+    except Exception as error:
+        return CompileReport(topology_name, False, time.perf_counter() - start, describe_error(error), "lowering")
+    try:
+        lowered.compile()
+    except Exception as error:
+        return CompileReport(topology_name, False, time.perf_counter() - start, describe_error(error), _kind(error))
+    return CompileReport(topology_name, True, time.perf_counter() - start)
+
+
+def step_inputs(kernel: Any) -> tuple[Any, ...]:
+    """The shapes of one decode step's arguments (hbm words, embedding, state, tokens)."""
+    import jax
+    import jax.numpy as jnp
+
+    from megakernel.reference import DecodeState
+
+    sds = jax.ShapeDtypeStruct
+    hbm = {name: sds(shape, jnp.uint16) for name, shape in kernel.hbm_shapes().items()}
+    states = kernel.state_shapes()
+    state = DecodeState(*(sds(states[n].shape, states[n].dtype) for n in ("state.kda", "state.conv", "state.kv")),
+                        sds((), jnp.int32))
+    return hbm, sds((kernel.dims.vocab_rows, kernel.dims.hidden), jnp.bfloat16), state, sds((kernel.batch,), jnp.int32)
+
+
+def compile_for(kernel: Any, topology_name: str) -> CompileReport:
+    """Compile one decode step of ``kernel`` (a :class:`megakernel.kernel.Megakernel`) with Mosaic
+    for ``topology_name`` (:func:`topology_for`)."""
+    return compile_function(kernel.step, step_inputs(kernel), topology_name)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="kimi-k3-mini")
+    parser.add_argument("--schedule", default="published")
+    parser.add_argument("--hardware", default="tpu-v5e")
+    parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--shard-of", default=None, help="one device's program of this plan")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--context", type=int, default=1024)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    prepare_environment()
+    args = parse(argv)
+    from megakernel.dims import UnsupportedModel, model_dims
+    from megakernel.dma_plan import UnsupportedSchedule
+    from megakernel.kernel import Megakernel, vmem_limit_for
+    from megakernel.tpu_lowering import lowering_report
+    from tpusim.schedule.schema import load_schedule
+    from tpusim.workload.model_catalog import load_model, plan_for, shard_plan
+
+    model = load_model(args.model)
+    plan = shard_plan(model, args.shard_of) if args.shard_of else plan_for(model, args.devices)
+    schedule = load_schedule(args.schedule)
+    try:
+        kernel = Megakernel(model_dims(model, plan), schedule, args.batch, args.context,
+                            vmem_limit_bytes=vmem_limit_for(args.hardware))
+        report = lowering_report(model, plan, schedule, args.batch, kernel, lowered=True)
+    except (UnsupportedModel, UnsupportedSchedule) as error:
+        kind = "model" if isinstance(error, UnsupportedModel) else "schedule"
+        sys.stdout.write(json.dumps({"error": kind, "message": str(error)}) + "\n")
+        return 2
+    compiled = compile_for(kernel, topology_for(args.hardware))  # one device's kernel
+    result = {**dataclasses.asdict(report), "lowered": compiled.kind != "lowering",
+              "compile": dataclasses.asdict(compiled)}
+    sys.stdout.write(json.dumps(result) + "\n")
+    return 0 if compiled.ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
