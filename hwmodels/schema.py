@@ -149,6 +149,13 @@ class ComputeUnit(BaseModel):
         description="push cost per tile for weight dtypes that differ from weight_push_s_per_tile "
         "(TPU7x int8 dense weights: converted to bf16 on the way in, ≈ 2x the bf16 cost)",
     )
+    dequant_s_per_element: dict[str, Figure] = Field(
+        default_factory=dict,
+        description="seconds this unit spends per weight element converting a stored format the "
+        "matrix unit cannot take natively to its MXU dtype, by weight format name (tpu-v5e: "
+        "fp8_e4m3_b256 and mxfp4 -> bf16 on the VPU); absent: the format costs no conversion here "
+        "(native, or not modelled)",
+    )
     weight_push_dtypes_as: Dtype | None = Field(
         default=None,
         description="narrow weight dtypes (int8/int4/fp4) run at this dtype's rate "
@@ -162,6 +169,11 @@ class ComputeUnit(BaseModel):
         for dtype, figure in self.peak_flops_per_s.items():
             _positive(figure, f"{self.name}.peak_flops_per_s.{dtype}")
         return self
+
+    def dequant_for(self, format_name: str) -> float:
+        """Seconds per element to dequantise weights stored as ``format_name`` (0: none)."""
+        figure = self.dequant_s_per_element.get(format_name)
+        return figure.value if figure is not None else 0.0
 
     def push_for(self, dtype: str | None) -> float:
         """Seconds to push one weight tile of ``dtype`` into the array (0 if not modelled)."""

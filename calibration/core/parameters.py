@@ -107,6 +107,14 @@ PARAMETERS: tuple[Parameter, ...] = (
               "fixed cost per step call (the published host figure; dispatch of the gap micro-benchmarks)"),
     Parameter("dma_penalty", "dma.concurrency_penalty_per_dma", "1", {"tpu": Bound(0.0, 0.6)},
               "8 expert slots in flight finish later than 4 (round-robin DMA engine)"),
+    Parameter("dequant_fp8", "compute.vpu.dequant_s_per_element.fp8_e4m3_b256", "s/element",
+              {"tpu": Bound(0.25, 20.0, **_REL)},
+              "VPU conversion of FP8 expert weights on a chip whose MXU cannot take FP8 (tpu-v5e): the "
+              "per-panel dequant probe; K3-shard step times, where it runs once per routed expert"),
+    Parameter("dequant_mxfp4", "compute.vpu.dequant_s_per_element.mxfp4", "s/element",
+              {"tpu": Bound(0.25, 20.0, **_REL)},
+              "VPU conversion of MXFP4 expert weights (tpu-v5e); moves with dequant_fp8 in step times "
+              "(every expert has both), so step-time fits hold one of them", hold_rank=1),
     Parameter("ici_latency", "links.ici.latency_s", "s", {"tpu": Bound(0.05, 20.0, **_REL)},
               "issue-to-landing latency of one ICI copy (collective microbenchmarks)"),
     Parameter("ici_issue", "links.ici.message_issue_s", "s", {"tpu": Bound(0.05, 20.0, **_REL)},

@@ -40,7 +40,11 @@ Run once per simulation, before the event loop. The steps, with what each guaran
    for the slab's copies, compute the slab's rows, free the slab); an expert frees its slot
    after its last matmul; KV-tiled attention computes tile by tile (each tile a share of
    the op's matmul time proportional to its bytes); any other op waits for all its slabs,
-   computes, and frees them. Vector work follows as one VPU piece.
+   computes, and frees them. Vector work follows as one VPU piece. Weights stored in a
+   format the matrix unit cannot take (the vector unit's ``dequant_s_per_element`` lists
+   it: FP8 and MXFP4 on tpu-v5e) are converted first, a VPU piece per tensor of an expert
+   (per slab of a streamed tensor) between its copies landing and its matmul: the stream
+   converts one expert while the next expert's copy is in flight, as the kernel does.
 5. **Collectives** after each op. One whose plan entry names an ``algorithm`` runs as remote
    copies on a megakernel chip (:mod:`tpusim.engine.collectives`: messages sharing the
    links, the stream waiting only at the consuming op). Otherwise priced per stage by :mod:`tpusim.engine.costs` (or by the
@@ -192,10 +196,16 @@ def _lower_expert(b: Builder, op: Op, plan_: OpPlan,
     matmuls = op.matmuls
     pairs = min(len(op.tensors), len(matmuls))
     pieces = plan_.pieces
+    tensors = op.tensors
     for position in range(pairs):
         rows, contraction, cols = matmuls[position]
-        pieces.append(new_piece(Piece, (b.matmul_s(rows, contraction, cols, peak), MXU, tuple(
-            [descs[i] for i in waits[position]]), (slab,) if position == pairs - 1 else (), (), ())))
+        landed = tuple([descs[i] for i in waits[position]])
+        dequant_s = b.dequant_s(tensors[position])
+        if dequant_s:  # the VPU converts the landed tensor (FP8/MXFP4 -> bf16), then the MXU reads it
+            pieces.append(new_piece(Piece, (dequant_s, VPU, landed, (), (), ())))
+            landed = ()
+        pieces.append(new_piece(Piece, (b.matmul_s(rows, contraction, cols, peak), MXU, landed,
+                                        (slab,) if position == pairs - 1 else (), (), ())))
     if not pairs:
         plan_.pieces.append(Piece(0.0, MXU, tuple(slab.descs), (slab,)))
 
@@ -218,13 +228,22 @@ def _lower_weights(b: Builder, op: Op, plan_: OpPlan, vector_s: float, aligned: 
             # contraction into slabs does not add weight-tile pushes (a 32-row slab is not a
             # full 256-row tile, it fills an eighth of one).
             whole_s, pieces = b.matmul_s(rows, contraction, cols, peak), plan_.pieces
+            converts = b.dequant_s(tensor) > 0.0
             for slab, slab_rows_ in slabs:  # Piece(...) by tuple.__new__: no Python call per slab
-                pieces.append(new_piece(Piece, (whole_s * slab_rows_ / tensor.rows, MXU, tuple(slab.descs), (slab,),
+                landed = tuple(slab.descs)
+                if converts:  # the slab is converted on the VPU before the MXU reads it
+                    pieces.append(new_piece(Piece, (b.dequant_s(tensor, slab_rows_), VPU, landed, (), (), ())))
+                    landed = ()
+                pieces.append(new_piece(Piece, (whole_s * slab_rows_ / tensor.rows, MXU, landed, (slab,),
                                                 (), ())))
         return vector_s
     all_slabs = tuple(slab for _tensor, slabs in tensor_slabs for slab, _rows in slabs)
     waits = tuple(desc for slab in all_slabs for desc in slab.descs)
     matmul_s = b.op_matmul_s(op)
+    dequant_s = sum(b.dequant_s(tensor) for tensor in op.tensors)
+    if dequant_s:  # weights the MXU cannot read natively are converted on the VPU first
+        plan_.pieces.append(Piece(dequant_s, VPU, waits, ()))
+        waits = ()
     if op.unit == "mxu" or matmul_s:
         plan_.pieces.append(Piece(matmul_s, MXU, waits, ()))
         waits = ()

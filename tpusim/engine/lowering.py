@@ -56,6 +56,7 @@ class Builder:
         self.state_ring = Ring(StateFamily.KDA_STATE, 1)
         self.matmul_cache: dict[tuple[int, int, int, float], float] = {}
         self.vector_cache: dict[float, float] = {}
+        self.dequant_rates: dict[str, float] = {}  # seconds per element by weight format
         self.families: dict[str, FamilySchedule] = {name: schedule.family(name) for name in SCHEDULE_FAMILIES}
         speculative = schedule.expert_issue == "speculative" and policy.cross_op_prefetch
         self.miss_rate = schedule.speculation_miss_rate if speculative else 0.0
@@ -143,6 +144,18 @@ class Builder:
         if cached is None:
             cached = self.vector_cache[vector_flops] = vector_time_s(vector_flops, self.chip) * self.compute_scale
         return cached
+
+    def dequant_s(self, tensor: TensorSpec, rows: int | None = None) -> float:
+        """Vector-unit time to convert ``rows`` (default: all) of ``tensor`` from its stored
+        format to the matrix unit's dtype: the chip's ``dequant_s_per_element`` for the format
+        (0 where the chip lists none: native, or not modelled)."""
+        per_element = self.dequant_rates.get(tensor.format_name)
+        if per_element is None:
+            per_element = self.dequant_rates[tensor.format_name] = (
+                self.chip.vector_unit.dequant_for(tensor.format_name) * self.compute_scale)
+        if not per_element:
+            return 0.0
+        return per_element * (tensor.rows if rows is None else rows) * tensor.cols
 
     def peak(self, op: Op) -> tuple[float, str]:
         """(peak FLOP/s, dtype) the matrix unit runs ``op`` at."""

@@ -1,0 +1,125 @@
+"""K3-shard kernel records measured on a TPU v5e, and the simulator's prediction of each.
+
+``calibration/data/tpu-v5e-kernel.jsonl`` (written by :mod:`megakernel.runner`) holds one
+record per megakernel run. The rows this module reads are those with ``shard_of`` set:
+one device's program of a plan (``k3-tp32``: K3's TP32 plan, real widths, all layers, no
+collectives) run on one chip. Each names the schedule by ``schedule_hash``
+(:meth:`tpusim.schedule.schema.Schedule.content_hash`), mapped back to a schedule file of
+``tpusim/schedules`` or ``calibration/tpu_bench/schedules``, and the routing the kernel's
+router chose (``trace:`` relative to the records file), which the prediction replays.
+Repeated runs of one (schedule, batch) are merged: the median of their medians.
+
+:class:`ChipRecordPredictor` builds each point's program once and caches engine results
+by the chip's figures, so a fit re-simulating the same points pays only for new chips.
+The measured step includes one host launch of the kernel; the engine's
+``execution.per_step_overhead_s`` carries it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hwmodels.overlay import iter_figures
+from hwmodels.schema import Chip
+from tpusim.engine import simulate
+from tpusim.schedule.schema import Schedule, load_schedule
+from tpusim.workload.format_choice import formats_for_chip
+from tpusim.workload.model_catalog import load_model, shard_plan
+from tpusim.workload.program import Program, build_program
+from tpusim.workload.routing import parse_routing
+
+ROOT = Path(__file__).resolve().parents[2]
+KERNEL_PATH = ROOT / "calibration" / "data" / "tpu-v5e-kernel.jsonl"
+SCHEDULE_DIRS = (ROOT / "tpusim" / "schedules", ROOT / "calibration" / "tpu_bench" / "schedules")
+
+
+@dataclass(frozen=True)
+class ChipRecord:
+    """One measured (schedule, batch) point of a shard program."""
+
+    model: str
+    shard_of: str
+    schedule: str  # the record's schedule name
+    schedule_path: str  # the schedule file its hash maps to
+    batch: int
+    context: int
+    routing: str  # trace:<path from the repository root>
+    ms_median: float
+    ms_spread: float
+    runs: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.schedule}@b{self.batch}"
+
+
+def schedules_by_hash() -> dict[str, Path]:
+    """Every schedule file of the repository by its content hash."""
+    out: dict[str, Path] = {}
+    for folder in SCHEDULE_DIRS:
+        for path in sorted(folder.glob("*.json")):
+            try:
+                out.setdefault(load_schedule(str(path)).content_hash(), path)
+            except Exception:  # a file that is not a schedule is skipped
+                continue
+    return out
+
+
+def load_chip_records(path: Path | str = KERNEL_PATH, shard_of: str = "k3-tp32") -> list[ChipRecord]:
+    """The shard rows of ``path``, one per (schedule, batch), repeated runs merged."""
+    path = Path(path)
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r.get("shard_of") == shard_of]
+    files = schedules_by_hash()
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["schedule_hash"], row["batch"]), []).append(row)
+    out = []
+    for (digest, batch), runs in groups.items():
+        if digest not in files:
+            raise KeyError(f"{path.name}: schedule {runs[0]['schedule']} [{digest}] matches no schedule file")
+        trace = runs[0]["routing"].removeprefix("trace:")
+        routing = (path.parent / trace).resolve().relative_to(ROOT)
+        out.append(ChipRecord(
+            model=runs[0]["model"], shard_of=shard_of, schedule=runs[0]["schedule"],
+            schedule_path=str(files[digest].relative_to(ROOT)), batch=batch, context=runs[0]["context"],
+            routing=f"trace:{routing}", ms_median=statistics.median(r["ms_per_step_median"] for r in runs),
+            ms_spread=max(r["ms_per_step_spread"] for r in runs), runs=len(runs)))
+    return sorted(out, key=lambda r: (r.batch, r.schedule))
+
+
+def figures_key(chip: Chip) -> tuple[tuple[str, float], ...]:
+    return tuple((path, figure.value) for path, figure in iter_figures(chip))
+
+
+@dataclass
+class ChipRecordPredictor:
+    """Predicted ms per step of each record on a chip (programs built once, results cached)."""
+
+    records: list[ChipRecord]
+    programs: dict[int, tuple[Program, Schedule]] = field(default_factory=dict)
+    cache: dict[tuple[Any, int], float] = field(default_factory=dict)
+    runs: int = 0  # engine runs so far
+
+    def _program(self, index: int) -> tuple[Program, Schedule]:
+        if index not in self.programs:
+            record = self.records[index]
+            model = formats_for_chip(load_model(record.model), None, "tpu")[0]  # as `tpusim simulate` does
+            program = build_program(model, shard_plan(model, record.shard_of), batch=record.batch,
+                                    context_tokens=record.context, routing=parse_routing(
+                                        record.routing.replace("trace:", f"trace:{ROOT}/", 1)))
+            self.programs[index] = (program, load_schedule(str(ROOT / record.schedule_path)))
+        return self.programs[index]
+
+    def predict_ms(self, chip: Chip, index: int) -> float:
+        key = (figures_key(chip), index)
+        if key not in self.cache:
+            program, schedule = self._program(index)
+            result = simulate(program, schedule, chip, check_capacity=False)
+            self.cache[key] = result.step_s * 1e3
+            self.runs += 1
+        return self.cache[key]

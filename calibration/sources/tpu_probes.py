@@ -1,0 +1,157 @@
+"""TPU v5e probe records -> measured chip figures (way (b) of :mod:`calibration.reports.tpu_v5e`).
+
+``calibration/data/tpu-v5e-probes.jsonl`` holds micro-benchmarks run on one TPU v5e
+(:mod:`calibration.tpu_bench.probes`, ``probes_dma``, ``probes_compute``: each record's
+``what`` says what it measures). This module turns them into figures of the chip and
+nothing else: it never reads a kernel step time (``tests/test_tpu_v5e_records.py`` checks).
+
+| figure | probe | rule |
+| --- | --- | --- |
+| ``hbm.sustained_bandwidth_bytes_per_s`` | ``dma_stream`` | median of the whole-call rate of the copies of >= 4 MiB (any depth), the empty call's time subtracted: the plateau large copies saturate at |
+| ``dma.issue_latency_s`` | ``dma_latency`` | 4 KiB copies one in flight: (call - empty call) / copies, less the copy's transfer (the engine's issue-to-first-byte latency) |
+| ``compute.vpu.dequant_s_per_element.fp8_e4m3_b256`` | ``dequant_fp8_gate_up`` | (t(R=16) - t(R=4)) / (elements(16) - elements(4)): the per-panel loop the kernel runs, call overhead cancelled |
+| ``compute.vpu.dequant_s_per_element.mxfp4`` | ``dequant_mxfp4_down`` | the same |
+| ``execution.per_step_overhead_s`` | ``empty_call`` | median of the empty pallas_call records (launch + dispatch + sync from the host; a measured step pays it once) |
+
+Rates subtract the empty call, as the probes' own notes say (``probes_dma``: "whole-call
+wall time, launch included: subtract empty_call"): the whole-call plateau of 512 MiB of
+large copies is 414–426 GB/s, the copies alone ≈ 0.75–0.78 TB/s. ``dma_issue`` (4 KiB
+copies 8 and 16 in flight: ≈ 24 ns per copy at 16) measures a per-copy issue throughput the
+engine has no figure for (its DMA issue is a latency, not a serial cost): reported by
+:func:`issue_throughput_s`, not applied.
+
+Each figure is labelled ``measured on tpu-v5e (probe <name>, <date>)``. :func:`probe_overlay`
+writes them as the chip's overlay through the one overlay mechanism
+(:mod:`hwmodels.overlay`; loading it labels them ``calibrated``, fitted on the probes),
+:func:`probe_chip` returns the chip with them in place, labelled ``measured``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hwmodels.overlay import CalibratedValue, CalibrationOverlay, _figure_slot
+from hwmodels.schema import Chip
+
+PROBES_PATH = Path(__file__).resolve().parents[1] / "data" / "tpu-v5e-probes.jsonl"
+LARGE_COPY_BYTES = 4 << 20  # copies at least this large sit on the bandwidth plateau
+DEQUANT_PROBES = {"dequant_fp8_gate_up": "fp8_e4m3_b256", "dequant_mxfp4_down": "mxfp4"}
+SUSTAINED = "hbm.sustained_bandwidth_bytes_per_s"
+ISSUE = "dma.issue_latency_s"
+PER_STEP = "execution.per_step_overhead_s"
+
+
+def dequant_path(format_name: str) -> str:
+    return f"compute.vpu.dequant_s_per_element.{format_name}"
+
+
+@dataclass(frozen=True)
+class ProbeFigure:
+    """One figure measured by probes: its value and where it came from."""
+
+    path: str
+    value: float
+    probe: str
+    date: str
+    rule: str
+    points: int
+
+    @property
+    def source(self) -> str:
+        return f"measured on tpu-v5e (probe {self.probe}, {self.date}): {self.rule}"
+
+
+def load_probes(path: Path | str = PROBES_PATH) -> list[dict[str, Any]]:
+    """The probe records that ran and checked out (``check: ok``)."""
+    records = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return [r for r in records if r.get("kind") == "probe" and r.get("check", "ok") == "ok"]
+
+
+def _date(records: list[dict[str, Any]]) -> str:
+    return min(str(r.get("date", ""))[:10] for r in records)
+
+
+def probe_figures(records: list[dict[str, Any]]) -> dict[str, ProbeFigure]:
+    """Every figure the probes measure, by chip path (see the module docstring)."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        by.setdefault(record["probe"], []).append(record)
+    out: dict[str, ProbeFigure] = {}
+    empty = by.get("empty_call", [])
+    empty_s = statistics.median(r["seconds_median"] for r in empty) if empty else 0.0
+    if empty:
+        out[PER_STEP] = ProbeFigure(PER_STEP, empty_s, "empty_call", _date(empty),
+                                    "median of the empty pallas_call records", len(empty))
+    large = [r for r in by.get("dma_stream", []) if r["params"]["size_bytes"] >= LARGE_COPY_BYTES]
+    if large:
+        rates = [_bytes_moved(r) / max(r["seconds_median"] - empty_s, 1e-9) for r in large]
+        out[SUSTAINED] = ProbeFigure(
+            SUSTAINED, statistics.median(rates), "dma_stream", _date(large),
+            f"median HBM->VMEM rate of the {len(large)} stream points with copies >= 4 MiB "
+            "(bytes copied / (call - empty call))", len(large))
+    latency = [r for r in by.get("dma_latency", []) if r["params"]["in_flight"] == 1]
+    if latency:
+        # one copy in flight: (call - empty call) / copies is one round trip (issue, a 4 KiB
+        # transfer, semaphore wait); the engine's issue latency is that less the transfer
+        point = latency[0]
+        rate = out[SUSTAINED].value if SUSTAINED in out else float("inf")
+        round_trip = (point["seconds_median"] - empty_s) / point["params"]["copies"]
+        out[ISSUE] = ProbeFigure(
+            ISSUE, max(round_trip - point["params"]["size_bytes"] / rate, 0.0), "dma_latency", _date([point]),
+            f"(call - empty call) / copies of {point['params']['size_bytes']} B copies one in flight, "
+            "less one copy's transfer at the sustained rate", 1)
+    for probe, format_name in DEQUANT_PROBES.items():
+        points = sorted(by.get(probe, []), key=lambda r: r["params"]["repeats_in_kernel"])
+        if len(points) < 2:
+            continue
+        low = next((r for r in points if r["params"]["repeats_in_kernel"] == 4), points[-2])
+        high = points[-1]
+        per_element = (high["seconds_median"] - low["seconds_median"]) / (high["elements"] - low["elements"])
+        path = dequant_path(format_name)
+        out[path] = ProbeFigure(
+            path, per_element, probe, _date([low, high]),
+            f"(t(R={high['params']['repeats_in_kernel']}) - t(R={low['params']['repeats_in_kernel']})) / "
+            "elements between them, per-panel loop form", 2)
+    return out
+
+
+def issue_throughput_s(records: list[dict[str, Any]]) -> float | None:
+    """Seconds per 4 KiB copy at the deepest ``dma_issue`` point, empty call subtracted."""
+    issue = [r for r in records if r["probe"] == "dma_issue"]
+    empty = [r["seconds_median"] for r in records if r["probe"] == "empty_call"]
+    if not issue:
+        return None
+    deepest = max(issue, key=lambda r: r["params"]["in_flight"])
+    return float((deepest["seconds_median"] - (statistics.median(empty) if empty else 0.0))
+                 / deepest["params"]["copies"])
+
+
+def _bytes_moved(record: dict[str, Any]) -> float:
+    """HBM bytes one stream probe reads (copies x size, the record's ``bytes``)."""
+    return float(record["params"]["copies"] * record["params"]["size_bytes"])
+
+
+def probe_overlay(chip_name: str = "tpu-v5e", path: Path | str = PROBES_PATH) -> CalibrationOverlay:
+    """The probe figures as an overlay of ``chip_name`` (fitted on the probes, no step time)."""
+    figures = probe_figures(load_probes(path))
+    return CalibrationOverlay(
+        chip=chip_name,
+        fitted_on=f"measured on tpu-v5e: {sum(f.points for f in figures.values())} probe records "
+                  f"({', '.join(sorted({f.probe for f in figures.values()}))}); no kernel step time",
+        parameters={p: CalibratedValue(value=f.value, fitted_on=f.source) for p, f in figures.items()},
+        measurements=str(Path(path).name),
+    )
+
+
+def probe_chip(chip: Chip, path: Path | str = PROBES_PATH) -> Chip:
+    """``chip`` with the probe figures in place, each labelled ``measured`` with a source naming
+    its probe and date (the chip's ``calibration`` stays None: nothing here was fitted)."""
+    data = chip.model_dump(mode="python")
+    for key, figure in probe_figures(load_probes(path)).items():
+        parent, name = _figure_slot(data, key)
+        parent[name] = {"value": figure.value, "source": figure.source, "label": "measured", "uncertainty": None}
+    return Chip.model_validate(data)
