@@ -20,7 +20,13 @@ import pytest
 from calibration.core.parameters import chip_with
 from calibration.reports.tpu_v5e import HELDOUT_PATH
 from calibration.sources.tpu_chip_records import KERNEL_PATH, ChipRecordPredictor, load_chip_records
-from calibration.sources.tpu_probes import dequant_path, load_probes, probe_chip, probe_figures
+from calibration.sources.tpu_probes import (
+    dequant_path,
+    load_probes,
+    main,
+    probe_chip,
+    probe_figures,
+)
 from hwmodels.catalog import load_chip
 from hwmodels.overlay import iter_figures
 
@@ -64,3 +70,13 @@ def test_way_b_reads_no_kernel_timing(monkeypatch: pytest.MonkeyPatch) -> None:
         assert figures[path].label == "measured", path
         assert figures[path].source.startswith("measured on tpu-v5e (probe "), figures[path].source
     assert chip.calibration is None  # nothing fitted
+
+
+def test_probe_figures_save_as_the_v5e_overlay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TPUSIM_LOCAL_DIR", str(tmp_path))
+    main(["--save"])
+    chip = load_chip("tpu-v5e")  # calibrated: the overlay applies
+    measured = probe_chip(load_chip("tpu-v5e", calibrated=False))
+    assert chip.is_calibrated
+    for path in probe_figures(load_probes()):
+        assert dict(iter_figures(chip))[path].value == pytest.approx(dict(iter_figures(measured))[path].value)

@@ -142,6 +142,9 @@ NOTES = [
     "`lowering.py`) puts a VPU piece between a tensor's copies landing and its matmul, so the stream "
     "converts one expert while the next expert's slot is being filled. `tpusim simulate` shows it as "
     "VPU busy time (0.1 % before, most of the step now).",
+    "- **Using (b).** `python -m calibration.sources.tpu_probes --save` writes the probe figures as the "
+    "tpu-v5e overlay (`hwmodels.overlay`); `tpusim simulate --hardware tpu-v5e ...` then predicts way (b) "
+    "(no interval: the overlay holds no fit, so no samples and no model error).",
     "- **(a) vs (a0).** The catalog's dequant rates are assumed (≈ 4 and 6 VPU ops per element at the "
     "assumed VPU rate); they are 2.6-3.7x faster than the probes measure, so (a) moves only part of the way.",
     "- **Sustained rate.** The probes' rule (`probes_dma`: whole-call time, subtract `empty_call`) gives "

@@ -155,3 +155,26 @@ def probe_chip(chip: Chip, path: Path | str = PROBES_PATH) -> Chip:
         parent, name = _figure_slot(data, key)
         parent[name] = {"value": figure.value, "source": figure.source, "label": "measured", "uncertainty": None}
     return Chip.model_validate(data)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m calibration.sources.tpu_probes [--save] [--probes PATH]``: print the probe
+    figures; ``--save`` writes them as the tpu-v5e overlay (``hwmodels.overlay.save_overlay``),
+    so ``tpusim simulate --hardware tpu-v5e`` runs on them."""
+    import argparse
+    import sys
+
+    from hwmodels.overlay import save_overlay
+
+    parser = argparse.ArgumentParser(description="TPU v5e probe records -> measured chip figures")
+    parser.add_argument("--probes", type=Path, default=PROBES_PATH, help="the probe records (JSONL)")
+    parser.add_argument("--save", action="store_true", help="write the figures as the tpu-v5e overlay")
+    args = parser.parse_args(argv)
+    for figure in probe_figures(load_probes(args.probes)).values():
+        sys.stdout.write(f"{figure.path} = {figure.value:.6g}  ({figure.source})\n")
+    if args.save:
+        sys.stdout.write(f"saved {save_overlay(probe_overlay('tpu-v5e', args.probes))}\n")
+
+
+if __name__ == "__main__":
+    main()
