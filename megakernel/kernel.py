@@ -63,7 +63,9 @@ from tpusim.schedule.vmem import (
     KV_WRITE_TOKENS,
     MATMUL_CHUNK_ROWS,
     expert_scale_tile_rows,
+    loop_rows,
     matmul_loops,
+    matmul_stage_bytes,
     matmul_stage_chunks,
 )
 from tpusim.workload.registry.names import KdaTensor, MoeOp, StateFamily
@@ -210,9 +212,9 @@ class Megakernel:
             "conv": pltpu.VMEM((b, d.kda.conv_kernel - 1, 3 * d.kda.width), jnp.float32),
             "state_sem": pltpu.SemaphoreType.DMA((4,)),
             "smem": pltpu.SMEM((smem_words(d, self.n_max),), jnp.int32),
-            **({"xstage": pltpu.VMEM((self.stage_chunks, self.rows, MATMUL_CHUNK_ROWS), jnp.float32)}
+            **({"xstage": pltpu.VMEM((self.stage_chunks, loop_rows(b), MATMUL_CHUNK_ROWS), jnp.float32)}
                if self.stage_chunks else {}),
-            "panel_out": pltpu.VMEM((self.max_panels, self.rows, LANES), jnp.float32),
+            "panel_out": pltpu.VMEM((self.max_panels, loop_rows(b), LANES), jnp.float32),
             "panel_scales": pltpu.VMEM((self.expert_panels, expert_scale_tile_rows(d.model, d.plan), LANES),
                                        jnp.uint16),
         }
@@ -232,8 +234,16 @@ class Megakernel:
     def stage_chunks(self) -> int:
         """Input chunks the largest looped matmul stages (0: none loops)."""
         rings = [r for n, r in self.geo.rings.items() if n not in ("small", "expert")]
-        return max((matmul_stage_chunks(r.num_slabs, r.slab_rows) for r in rings
+        need = max((matmul_stage_chunks(r.num_slabs, r.slab_rows) for r in rings
                     if matmul_loops(r.num_slabs, r.slab_rows, r.panels)), default=0)
+        d = self.dims
+        if d.model is None or d.plan is None:
+            return need
+        # allocate what the accounting counts (one owner); it sizes slabs by the model's own
+        # formats, which can give more chunks than the kernel's bf16 slabs need, never fewer
+        counted = matmul_stage_bytes(self.schedule, d.model, d.plan, self.batch) // (
+            loop_rows(self.batch) * MATMUL_CHUNK_ROWS * 4)
+        return max(need, counted)
 
     def scratch_bytes(self) -> dict[str, int]:
         """VMEM bytes of every scratch group (semaphores and SMEM excluded)."""

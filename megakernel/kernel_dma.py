@@ -212,7 +212,7 @@ class Ctx:
         """``x`` f32[B, R] @ the ring's bf16[R, C] tensor of ``layer`` -> f32[B, C], streamed."""
         ring = self.geo.rings[ring_name]
         rows, s = ring.rows, ring.slab_rows
-        if matmul_loops(ring.num_slabs, s, ring.panels):
+        if matmul_loops(ring.num_slabs, s, ring.panels) and x.shape[0] <= self.scratch["panel_out"].shape[1]:
             return self._looped_matmul(ring, layer, x)
         acc = None
         for k in range(ring.num_slabs):

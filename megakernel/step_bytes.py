@@ -28,6 +28,7 @@ import numpy as np
 from megakernel.dims import LANES
 from megakernel.kernel import Megakernel
 from tpusim.schedule.vmem import KV_WRITE_TOKENS
+from tpusim.workload.registry.names import StateFamily
 
 ROW_BYTES = LANES * 2  # one 128-lane row of 16-bit words
 
@@ -56,4 +57,4 @@ def step_hbm_bytes(kernel: Megakernel, experts_per_layer: Sequence[int], positio
     per_kda = sum(int(np.prod(states[n].shape[1:])) * states[n].dtype.itemsize for n in ("state.kda", "state.conv"))
     kda_state = len(d.kda_layers) * 2 * per_kda
     return {"weights": weights, "routed_experts": experts, "kv_read": kv_read, "kv_write": kv_write,
-            "kda_state": kda_state}
+            StateFamily.KDA_STATE: kda_state}

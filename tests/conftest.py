@@ -11,7 +11,14 @@ user's own calibration, and no test sees another test's overlay.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# libtpu is installed (the test extra: Mosaic compiles from this CPU-only machine); JAX must not
+# try to open a TPU here, look up cloud metadata, or refuse a second process on libtpu's lock.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 import pytest
 

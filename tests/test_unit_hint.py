@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from calibration.trust import unit_problem
+from calibration.reports.trust import unit_problem
 
 
 def test_values_in_seconds_are_called_seconds() -> None:

@@ -45,12 +45,13 @@ from jax.experimental.pallas import tpu as pltpu
 from calibration.tpu_bench.common import LANES, MIB, Point, Probe
 from megakernel.math_common import rmsnorm, silu
 from megakernel.quant import dequant_fp8_words, dequant_mxfp4_words, words_to_bf16
+from tpusim.workload.registry.names import Family
 
 Interpret = Any
 SLOTS = 2  # input slots, indexed by repetition parity
 MATMUL_SHAPES: dict[str, tuple[int, int]] = {  # Kimi K3, TP32, one device: (K, N)
-    "kda_proj": (7168, 1664),
-    "router": (7168, 512),
+    Family.KDA_PROJ: (7168, 1664),
+    Family.ROUTER: (7168, 512),
     "expert_gate_up": (3584, 1536),  # latent 3584 x 2*768
     "expert_down": (768, 3584),
     "shared_gate_up": (7168, 384),

@@ -67,7 +67,6 @@ from tpusim.workload.shapes import (
     TensorSpec,
     dense_mlp_tensors,
     device_widths,
-    expert_slice_bytes,
     expert_slice_tensors,
     kv_cache_bytes_per_token,
     layer_tensors,
@@ -98,6 +97,12 @@ MATMUL_STATIC_SLABS = 4
 MATMUL_STATIC_ROWS = 1024
 MATMUL_STATIC_ARENA_ROWS = 4096  # a slab of more 128-lane rows (1 MiB) than this loops too
 MATMUL_CHUNK_ROWS = 256
+
+
+def loop_rows(batch: int) -> int:
+    """Activation rows the loops' scratch holds: the batch, at least one 8-row sublane tile (a
+    product with more rows, the multi-device kernel's pair matmul, runs unlooped)."""
+    return max(batch, 8)
 
 
 def matmul_loops(slabs: int, slab_rows: int, panels: int) -> bool:
@@ -422,24 +427,35 @@ def row_cache_bytes(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, 
 
 def matmul_stage_bytes(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch: int) -> int:
     """The looped matmuls' input staging (one buffer sized for the largest), in bytes."""
+    return max((family_stage_bytes(model, plan, batch, family, family_chunk(schedule, family)[0])
+                for family in tensor_kinds(model, plan)), default=0)
+
+
+def family_stage_bytes(model: ModelConfig, plan: ShardingPlan, batch: int, family: str,
+                       chunk_bytes: int | None) -> int:
+    """The input staging ``family``'s looped matmuls need at ``chunk_bytes`` (0: none loops)."""
+    if family in (SMALL_FAMILY, Family.ROUTED_EXPERT):
+        return 0
     chunks = 0
-    for family, tensors in tensor_kinds(model, plan).items():
-        if family in (SMALL_FAMILY, Family.ROUTED_EXPERT):
-            continue
-        chunk_bytes, _ = family_chunk(schedule, family)
-        for tensor in tensors:
-            rows = slab_rows(tensor, chunk_bytes)
-            slabs = math.ceil(tensor.rows / rows)
-            if matmul_loops(slabs, rows, math.ceil(tensor.cols / LANES)):
-                chunks = max(chunks, matmul_stage_chunks(slabs, rows))
-    return chunks * max(batch, 8) * MATMUL_CHUNK_ROWS * F32_BYTES
+    for tensor in tensor_kinds(model, plan).get(family, []):
+        rows = slab_rows(tensor, chunk_bytes)
+        slabs = math.ceil(tensor.rows / rows)
+        if matmul_loops(slabs, rows, math.ceil(tensor.cols / LANES)):
+            chunks = max(chunks, matmul_stage_chunks(slabs, rows))
+    return chunks * loop_rows(batch) * MATMUL_CHUNK_ROWS * F32_BYTES
+
+
+def expert_slot_bytes(model: ModelConfig, plan: ShardingPlan) -> int:
+    """VMEM bytes of one routed-expert slot: its two copies (gate/up, down; values and scales
+    each) tile-padded, as the kernel lays them out (rule 2)."""
+    return sum(tile_padded_bytes(t.bytes) for t in expert_slice_tensors(model, plan))
 
 
 def panel_loop_bytes(model: ModelConfig, plan: ShardingPlan, batch: int) -> int:
     """The panel loops' scratch, in bytes: products of one 128-column panel per panel of the
     widest tensor (``panel_out``, f32 [panels, rows, 128]), and the routed expert's scale words
     re-laid one tile per panel (``panel_scales``, u16 [panels, tile rows, 128])."""
-    rows = max(batch, 8)
+    rows = loop_rows(batch)
     panels = max((math.ceil(t.cols / LANES) for family, tensors in tensor_kinds(model, plan).items()
                   if family != SMALL_FAMILY for t in tensors), default=0)
     total = panels * rows * LANES * F32_BYTES
@@ -526,7 +542,7 @@ def vmem_plan(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch:
         fam = schedule.family(family)
         if family == Family.ROUTED_EXPERT:
             if model.num_experts:
-                family_bytes[family] = fam.buffers * expert_slice_bytes(model, plan)
+                family_bytes[family] = fam.buffers * expert_slot_bytes(model, plan)
             continue
         tensors = kinds.get(family, [])
         if not tensors:

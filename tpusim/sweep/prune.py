@@ -29,7 +29,9 @@ from tpusim.schedule.vmem import (
     arenas,
     check_fits,
     family_chunk,
+    family_stage_bytes,
     kernel_bytes,
+    panel_loop_bytes,
     row_cache_bytes,
     small_padding_bytes,
     tensor_kinds,
@@ -85,7 +87,10 @@ class VmemAccountant:
             self._learn(Schedule(name="probe", families={family: FamilySchedule(buffers=buffers, chunk_bytes=chunk_bytes)}))
         known = self._family[key]
         padding = small_padding_bytes(self.model, self.plan, buffers) if family == SMALL_FAMILY and known else 0
-        return known[0] + padding if known else 0
+        # the family's looped-matmul staging, as if it were the largest (the kernel keeps one
+        # buffer for the largest): an upper bound, so a guided sample never overflows
+        stage = family_stage_bytes(self.model, self.plan, self.batch, family, chunk_bytes) if known else 0
+        return known[0] + padding + stage if known else 0
 
     def fixed_bytes(self, kv_buffers: int, kv_tile_tokens: int) -> int:
         """KV tiles + recurrent state + activations + collective buffers (default layout) for
@@ -96,7 +101,7 @@ class VmemAccountant:
             self._learn(probe)
         assert self._fixed is not None
         return (self._kv[key] + sum(self._fixed) + self._collectives[probe.receive_slots]
-                + working_bytes(self.model, self.plan, self.batch)
+                + working_bytes(self.model, self.plan, self.batch) + panel_loop_bytes(self.model, self.plan, self.batch)
                 + row_cache_bytes(probe, self.model, self.plan, self.batch, self.sequences))
 
     def plan_for(self, schedule: Schedule) -> VmemPlan:
