@@ -30,8 +30,10 @@ def static_bytes(schedule, model, plan, rows: int, sequences: int) -> int:
     return vmem_plan(schedule, model, plan, rows, sequences).total_bytes
 
 
-# 32 rows and more no longer fit at all: their collective buffers (vmem rule 6) alone take ~14 MiB
-@pytest.mark.parametrize(("rows", "sequences"), [(16, 4), pytest.param(24, 8, marks=pytest.mark.slow)])
+# 32 rows and more no longer fit at all: their collective buffers (vmem rule 6) alone take ~14 MiB;
+# 24 rows stopped fitting with the kernel's loop scratch and 16-token KV write tile (59.2 MiB after
+# every shrink move, 2026-12-05)
+@pytest.mark.parametrize(("rows", "sequences"), [(16, 4), pytest.param(16, 8, marks=pytest.mark.slow)])
 def test_published_shrinks_to_a_fitting_schedule_faster_than_naive(rows: int, sequences: int) -> None:
     model, plan, system, program = k3(rows, sequences)
     capacity = system.chip.staging_memory.usable_bytes
@@ -55,12 +57,12 @@ def test_a_row_count_whose_activations_alone_overflow_is_refused_in_one_line() -
 
 @pytest.mark.slow  # a whole compare run with a shrink (~15 s, loaded machine)
 def test_a_compare_row_that_does_not_fit_says_it_was_shrunk() -> None:
-    model, plan, system, program = k3(24, 8)
+    model, plan, system, program = k3(16, 8)
     built = []
-    chosen, how = schedule_for(model, plan, system, system.chip, batch=24, schedule="published", choose=None,
+    chosen, how = schedule_for(model, plan, system, system.chip, batch=16, schedule="published", choose=None,
                                program_of=lambda: built.append(1) or program, sequences=8)
-    assert how.startswith("given `published` does not fit on-chip memory at 24 rows; `published` shrunk to fit")
-    assert chosen.name == "published-fitted-24rows" and built == [1]
+    assert how.startswith("given `published` does not fit on-chip memory at 16 rows; `published` shrunk to fit")
+    assert chosen.name == "published-fitted-16rows" and built == [1]
     # a row that fits never builds the program
     chosen, how = schedule_for(model, plan, system, system.chip, batch=8, schedule="published", choose=None,
                                program_of=lambda: built.append(2) or program, sequences=8)
