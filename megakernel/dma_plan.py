@@ -67,8 +67,9 @@ from tpusim.schedule.issue_plan import (
     UnsupportedIssuePlan,
     plan_issues,
 )
+from tpusim.schedule.kernel_layout import tile_rows
 from tpusim.schedule.schema import Schedule
-from tpusim.schedule.vmem import RingSpec, arena_of, family_chunk, place, slab_rows, tile_rows
+from tpusim.schedule.vmem import RingSpec, arena_of, family_chunk, place, slab_rows
 from tpusim.workload import registry
 from tpusim.workload.formats import tensor_bytes, weight_format
 from tpusim.workload.registry.names import Family, FormatKey, MlaTensor

@@ -27,7 +27,7 @@ from megakernel.dims import LANES, ModelDims
 from megakernel.dma_plan import Geometry, Ring
 from megakernel.layout import STACKED_DENSE, Weights
 from megakernel.quant import bf16_to_words, pack_bytes_to_words
-from tpusim.schedule.vmem import tile_rows
+from tpusim.schedule.kernel_layout import tile_rows
 from tpusim.workload.registry.names import ExpertTensor
 
 

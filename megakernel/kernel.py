@@ -58,35 +58,22 @@ from megakernel.kernel_moe import dense_mlp, expert_loop, head, moe_post_experts
 from megakernel.reference import DecodeState
 from megakernel.residual import num_block_slots
 from megakernel.ring_pool import bank_table
-from tpusim.schedule.schema import Schedule
-from tpusim.schedule.vmem import (
+from tpusim.schedule.kernel_layout import (
     KV_WRITE_TOKENS,
     MATMUL_CHUNK_ROWS,
     expert_scale_tile_rows,
     loop_rows,
     matmul_loops,
-    matmul_stage_bytes,
     matmul_stage_chunks,
 )
+from tpusim.schedule.schema import Schedule
+from tpusim.schedule.vmem import matmul_stage_bytes
 from tpusim.workload.registry.names import KdaTensor, MoeOp, StateFamily
 
 EXPERT_CODES = 1000  # codes below are expert[j]; op identities start here
 
 
 DEFAULT_VMEM_LIMIT_BYTES = 64 * 1024 * 1024  # TPU v7's VMEM, the published kernel's limit
-
-
-def vmem_limit_for(chip_name: str) -> int:
-    """The VMEM limit the kernel gives Mosaic on ``chip_name``: the catalog's VMEM capacity
-    (v5e and v6e 128 MiB, TPU v7 64 MiB); the scratch the accounting admits is its own check."""
-    from hwmodels.catalog import load_chip
-
-    chip = load_chip(chip_name)
-    try:
-        vmem = chip.memory("vmem")
-    except (KeyError, ValueError) as error:
-        raise ValueError(f"{chip_name} has no VMEM in the catalog: not a TPU the kernel runs on") from error
-    return int(vmem.capacity_bytes.value)
 
 
 def op_codes() -> dict[tuple[str, int], int]:
@@ -170,7 +157,7 @@ class Megakernel:
         for TPU); ``interpret`` is ``pltpu.InterpretParams`` or None (compile for TPU);
         ``unsafe_ignore_buffer_reuse`` breaks the plan on purpose (race-detector test);
         ``vmem_limit_bytes``: the VMEM Mosaic may use, scratch and its own temporaries (the
-        target chip's catalog capacity: :func:`vmem_limit_for`)."""
+        target chip's catalog capacity: :func:`megakernel.mosaic_compile.vmem_limit_for`)."""
         if trace and interpret is None:
             raise ValueError("trace=True needs interpret mode: io_callback does not lower for TPU")
         if dims.kinds[0] != "kda" or dims.num_layers < 3:

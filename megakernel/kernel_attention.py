@@ -31,7 +31,7 @@ from megakernel.dims import LANES
 from megakernel.kernel_dma import Ctx, idiv, imod
 from megakernel.math_common import mm_t, rmsnorm
 from megakernel.quant import words_to_bf16
-from tpusim.schedule.vmem import KV_WRITE_TOKENS
+from tpusim.schedule.kernel_layout import KV_WRITE_TOKENS
 from tpusim.workload.registry.names import (
     AttnOp,
     Collective,

@@ -38,7 +38,12 @@ from megakernel.dims import LANES, ModelDims
 from megakernel.dma_plan import Geometry, Ring, Unit
 from megakernel.quant import words_to_bf16
 from megakernel.ring_pool import bank_word, part_of
-from tpusim.schedule.vmem import MATMUL_CHUNK_ROWS, TILE_ROWS, matmul_loops, matmul_stage_chunks
+from tpusim.schedule.kernel_layout import (
+    MATMUL_CHUNK_ROWS,
+    TILE_ROWS,
+    matmul_loops,
+    matmul_stage_chunks,
+)
 from tpusim.workload.registry.names import ExpertTensor, Family
 
 # Layer table columns (SMEM, flattened [num_layers, LAYER_COLS]).

@@ -33,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hwmodels.catalog import load_chip
+
 ENVIRONMENT = {"TPU_SKIP_MDS_QUERY": "1", "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
 
 # the catalog's TPU chips and the compile-only topology Mosaic targets for each
@@ -49,6 +51,17 @@ def prepare_environment() -> None:
     """Set :data:`ENVIRONMENT` (without overriding) before libtpu is first loaded."""
     for name, value in ENVIRONMENT.items():
         os.environ.setdefault(name, value)
+
+
+def vmem_limit_for(chip_name: str) -> int:
+    """The VMEM limit the kernel gives Mosaic on ``chip_name``: the catalog's VMEM capacity
+    (v5e and v6e 128 MiB, TPU v7 64 MiB); the scratch the accounting admits is its own check."""
+    chip = load_chip(chip_name)
+    try:
+        vmem = chip.memory("vmem")
+    except (KeyError, ValueError) as error:
+        raise ValueError(f"{chip_name} has no VMEM in the catalog: not a TPU the kernel runs on") from error
+    return int(vmem.capacity_bytes.value)
 
 
 def topology_for(chip_name: str, devices: int = 1) -> str:
@@ -166,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     from megakernel.dims import UnsupportedModel, model_dims
     from megakernel.dma_plan import UnsupportedSchedule
-    from megakernel.kernel import Megakernel, vmem_limit_for
+    from megakernel.kernel import Megakernel
     from megakernel.tpu_lowering import lowering_report
     from tpusim.schedule.schema import load_schedule
     from tpusim.workload.model_catalog import load_model, plan_for, shard_plan

@@ -1,0 +1,90 @@
+"""The TPU kernel's layout rules that its VMEM accounting shares (one owner of each).
+
+Mosaic, the TPU compiler behind Pallas, slices a tiled VMEM dimension only at tile multiples
+and unrolls every vector operation; these rules are how the megakernel meets that, and
+:mod:`tpusim.schedule.vmem` sizes the same buffers from them, so the simulator's VMEM total
+and the kernel's scratch stay equal (``tests/test_vmem_truth.py``):
+
+- every DMA region (a ring slab, an expert slot's copy, a small-parameter row) is a whole
+  number of (16, 128) tiles of 16-bit words (:func:`tile_rows`, :func:`tile_padded_bytes`);
+- a new KV-cache row is written as the whole 16-token tile holding it (:data:`KV_WRITE_TOKENS`);
+- large streamed matmuls run as runtime loops (:func:`matmul_loops`) with their input staged
+  in VMEM; the routed expert is dequantized one 128-column panel at a time, its scale words
+  re-laid one tile per panel (:func:`expert_scale_tile_rows`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.shapes import expert_slice_tensors
+from tpusim.workload.sharding import ShardingPlan
+
+LANES = 128  # VMEM lanes: the kernel packs small-parameter kinds and routing rows at this width
+BF16_BYTES = 2
+ROW_GRANULE = 16  # bf16 packs 16 rows per (16, 128) VMEM tile
+
+# Every DMA region a TPU kernel lays out in VMEM (a ring slab, an expert slot's copy, a small-
+# parameter row) starts and ends on a whole (16, 128) tile of 16-bit words: Mosaic slices a
+# tiled dimension only at tile multiples. The kernel's layout and this accounting both pad so.
+TILE_ROWS = ROW_GRANULE
+TILE_BYTES = TILE_ROWS * LANES * BF16_BYTES
+
+
+# A new KV-cache row is written back as the whole 16-token tile that holds it (read, merged in
+# VMEM, written): the kernel's staging buffer and the KV write's bytes are this many tokens.
+KV_WRITE_TOKENS = TILE_ROWS
+
+
+# A streamed matmul whose tensor has more than MATMUL_STATIC_SLABS slabs, or slabs taller than
+# MATMUL_STATIC_ROWS rows, runs as a runtime loop over slabs and over MATMUL_CHUNK_ROWS-row
+# chunks of each slab (Mosaic unrolls every vector op: an unrolled 7168 x 1664 multiply is
+# ~100k instructions, slow to compile and instruction-fetch bound on the chip). Its input rows
+# are staged in VMEM as [chunks, rows, MATMUL_CHUNK_ROWS] f32 (matmul_stage_bytes).
+MATMUL_STATIC_SLABS = 4
+MATMUL_STATIC_ROWS = 1024
+MATMUL_STATIC_ARENA_ROWS = 4096  # a slab of more 128-lane rows (1 MiB) than this loops too
+MATMUL_CHUNK_ROWS = 256
+
+
+def loop_rows(batch: int) -> int:
+    """Activation rows the loops' scratch holds: the batch, at least one 8-row sublane tile (a
+    product with more rows, the multi-device kernel's pair matmul, runs unlooped)."""
+    return max(batch, 8)
+
+
+def matmul_loops(slabs: int, slab_rows: int, panels: int) -> bool:
+    """Whether a tensor of ``slabs`` slabs of ``slab_rows`` rows and ``panels`` 128-column
+    panels is multiplied in runtime loops (slabs, row chunks, panels)."""
+    return (slabs > MATMUL_STATIC_SLABS or slab_rows > MATMUL_STATIC_ROWS
+            or slab_rows * panels > MATMUL_STATIC_ARENA_ROWS)
+
+
+def matmul_stage_chunks(slabs: int, slab_rows: int) -> int:
+    """Staged input chunks of a looped matmul (each slab's rows in whole or tail chunks)."""
+    return slabs * -(-slab_rows // MATMUL_CHUNK_ROWS)
+
+
+def tile_rows(rows: int) -> int:
+    """``rows`` 128-lane rows of 16-bit words rounded up to whole tiles."""
+    return -(-rows // TILE_ROWS) * TILE_ROWS
+
+
+def tile_padded_bytes(size: int) -> int:
+    """``size`` bytes rounded up to whole (16, 128) tiles of 16-bit words."""
+    return -(-size // TILE_BYTES) * TILE_BYTES
+
+
+def expert_slot_bytes(model: ModelConfig, plan: ShardingPlan) -> int:
+    """VMEM bytes of one routed-expert slot: its two copies (gate/up, down; values and scales
+    each) tile-padded, as the kernel lays them out (rule 2)."""
+    return sum(tile_padded_bytes(t.bytes) for t in expert_slice_tensors(model, plan))
+
+
+def expert_scale_tile_rows(model: ModelConfig, plan: ShardingPlan) -> int:
+    """Rows of one panel's scale words in ``panel_scales`` (tile-padded): the larger of the
+    gate/up (FP8, one bf16 scale per 256 rows) and down (MXFP4, one byte per 32 rows) parts."""
+    gate_up, down = expert_slice_tensors(model, plan)
+    per_panel = [math.ceil(t.scale_bytes / math.ceil(t.cols / LANES) / (LANES * BF16_BYTES)) for t in (gate_up, down)]
+    return tile_rows(max(per_panel))
