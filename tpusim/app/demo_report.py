@@ -204,7 +204,7 @@ def _joint_section(run: DemoRun) -> list[str]:
                  f"**{p_pub:.2f}**." if p_pub is not None else ""),
               f"Figures from: {robust.get('source', 'the chip as given')}.", "",
               "The search keeps only deployments the multi-device kernel runs. `tpusim lower --schedule "
-              "joint-b1/best.json` lowers the winner at full K3 size on 32 virtual devices; `tpusim run-kernel "
+              "joint-b1/best.json` traces the winner to Mosaic MLIR (not compiled) at full K3 size on 32 virtual devices; `tpusim run-kernel "
               "--devices 8 --layers 4 --schedule joint-b1/best.json` runs it in interpret mode on kimi-k3-nano "
               "(its expert split scaled to 8 devices; nano's experts widened when that split needs wider slices) "
               "against the one-device reference. The demo runs neither (6 s and 45–90 s).",
