@@ -30,6 +30,7 @@ from megakernel.math_common import mm, mm_t, rmsnorm
 
 ROPE_BASE = 10000.0
 NEG_INF = -1e30
+EXACT = jax.lax.Precision.HIGHEST  # f32 x f32 products: every bit, as the reference computes them
 
 
 @dataclass(frozen=True)
@@ -125,8 +126,11 @@ def attend_tile(
         scores = (jnp.sum(q_lat * latent, axis=-1, keepdims=True)
                   + jnp.sum(q_rope * k_rope, axis=-1, keepdims=True))
     else:
-        scores = jnp.einsum("bhc,btc->bht", q_lat, latent, preferred_element_type=jnp.float32)
-        scores = scores + jnp.einsum("bhr,btr->bht", q_rope, k_rope, preferred_element_type=jnp.float32)
+        # f32 x f32 at full precision: a TPU's default is one bf16 pass, which moves scores by
+        # ~0.4 % and, compounded over the layers, the routers' choices (the reference is exact)
+        scores = jnp.einsum("bhc,btc->bht", q_lat, latent, precision=EXACT, preferred_element_type=jnp.float32)
+        scores = scores + jnp.einsum("bhr,btr->bht", q_rope, k_rope, precision=EXACT,
+                                     preferred_element_type=jnp.float32)
     scores = jnp.where(valid, scores * d.scale, NEG_INF)
     m_new = jnp.maximum(m, jnp.max(scores, axis=-1, keepdims=True))
     p = jnp.where(valid, jnp.exp(scores - m_new), 0.0)
@@ -135,7 +139,8 @@ def attend_tile(
     if kv.shape[1] == 1:
         acc_new = acc * correction + p * latent
     else:
-        acc_new = acc * correction + jnp.einsum("bht,btc->bhc", p, latent, preferred_element_type=jnp.float32)
+        acc_new = acc * correction + jnp.einsum("bht,btc->bhc", p, latent, precision=EXACT,
+                                                preferred_element_type=jnp.float32)
     return m_new, denom_new, acc_new
 
 

@@ -13,7 +13,7 @@ JAX backends may already be up with other settings, run ``python -m megakernel.m
 (a fresh process, one JSON line, as ``tpusim lower --hardware`` does).
 
 ``python -m megakernel.mosaic_compile --model kimi-k3-mini --schedule published --hardware tpu-v5e
-[--devices 1 | --shard-of k3-tp32] [--batch 1] [--context 1024]`` prints the lowering report
+[--devices 1 | --shard-of k3-tp32] [--batch 1] [--context 1024] [--weight-banks 0]`` prints the lowering report
 (:class:`megakernel.tpu_lowering.LoweringReport`) with ``compile`` (:class:`CompileReport`);
 a model, schedule or plan the kernel cannot implement prints ``{"error": KIND, "message": ...}``
 and exits 2, a compile failure exits 1.
@@ -171,6 +171,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--shard-of", default=None, help="one device's program of this plan")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--weight-banks", type=int, default=0,
+                        help="stacked weights hold this many distinct entries (0: one per layer)")
     return parser.parse_args(argv)
 
 
@@ -188,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = shard_plan(model, args.shard_of) if args.shard_of else plan_for(model, args.devices)
     schedule = load_schedule(args.schedule)
     try:
-        kernel = Megakernel(model_dims(model, plan), schedule, args.batch, args.context,
+        dims = dataclasses.replace(model_dims(model, plan), weight_banks=args.weight_banks)
+        kernel = Megakernel(dims, schedule, args.batch, args.context,
                             vmem_limit_bytes=vmem_limit_for(args.hardware))
         report = lowering_report(model, plan, schedule, args.batch, kernel, lowered=True)
     except (UnsupportedModel, UnsupportedSchedule) as error:

@@ -51,6 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         "only, VMEM checked against tpu-v7)")
     parser.add_argument("--shard-of", default=None, metavar="PLAN",
                         help="one device's program of this plan (e.g. k3-tp32) alone on one chip, no collectives")
+    parser.add_argument("--weight-banks", type=int, default=0, metavar="N",
+                        help="stacked weights hold N distinct entries read in turn (the HBM bytes per step are "
+                        "unchanged; fits the K3 shard's weights on one v5e); 0: one entry per layer")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
 
@@ -73,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
     if chip.kind != "tpu":
         raise InputError(f"--hardware {args.hardware}: the megakernel lowers for TPU; name a TPU chip")
     model = load_model(args.model)
+    if args.weight_banks < 0:
+        raise InputError(f"--weight-banks {args.weight_banks}: must be >= 0")
     if args.shard_of and args.devices not in (None, 1):
         raise InputError("--shard-of PLAN lowers one device's program: leave out --devices")
     devices = 1 if args.shard_of else args.devices or default_devices(args.model)
@@ -130,7 +135,8 @@ def _compile_fresh(args: argparse.Namespace, chip_name: str) -> dict[str, Any]:
     from megakernel.mosaic_compile import ENVIRONMENT
 
     command = [sys.executable, "-m", "megakernel.mosaic_compile", "--model", args.model, "--schedule",
-               args.schedule, "--hardware", chip_name, "--batch", str(args.batch), "--context", str(args.context)]
+               args.schedule, "--hardware", chip_name, "--batch", str(args.batch), "--context", str(args.context),
+               "--weight-banks", str(args.weight_banks)]
     command += ["--shard-of", args.shard_of] if args.shard_of else ["--devices", "1"]
     env = {**os.environ, **ENVIRONMENT}
     done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
