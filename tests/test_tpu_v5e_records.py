@@ -118,3 +118,11 @@ def test_the_reference_names_the_command_that_wrote_it() -> None:
     reference = json.loads(HELDOUT_PATH.read_text())
     assert "calibration.reports.tpu_v5e" in reference["command"]
     assert reference["fitted"] and set(reference["splits"]) >= {"schedule"}
+
+
+def test_kernel_records_refuse_a_foreign_chip_or_split(capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(KERNEL_PATH)
+    assert cli(["calibrate", "--hardware", "tpu-v7", "--measurements", path, "--out", "/nonexistent/x"]) == 2
+    assert "kernel records calibrate tpu-v5e" in capsys.readouterr().err
+    assert cli(["calibrate", "--hardware", "tpu-v5e", "--measurements", path, "--holdout-dimensions", "format"]) == 2
+    assert "kernel records split by schedule or batch" in capsys.readouterr().err

@@ -102,7 +102,7 @@ def scatter(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 5.2))
+    fig, ax = plt.subplots(figsize=(7.2, 5.4))
     xs = [r["heldout_ms"] for r in rows]
     ys = [r["measured_ms"] for r in rows]
     ax.errorbar(xs, ys, xerr=[r["half_width"] * r["heldout_ms"] for r in rows], fmt="o", capsize=3,

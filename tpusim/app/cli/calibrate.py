@@ -157,8 +157,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                            "leave-one-group-out folds, with the mean interval width (calibration.core.model_error)")
     calibrate.add_argument("--holdout-dimensions", default=None, metavar="DIM[,DIM]",
                            help="leave-one-group-out refits over these point dimensions only (format, batch, "
-                           "model, chips; default every one the points vary in): fewer refits, fewer "
-                           "out-of-sample residuals behind the model error")
+                           "model, chips; kernel records: schedule, batch; default every one the points vary "
+                           "in): fewer refits, fewer out-of-sample residuals behind the model error")
     calibrate.add_argument("--quick", action="store_true", help="cpu-loop: the small CI variant")
     calibrate.add_argument("--no-probe", action="store_true",
                            help="cpu-loop: reuse the saved host-cpu entry instead of probing again")

@@ -7,7 +7,8 @@ records each refit never saw (:mod:`calibration.sources.tpu_kernel_fit`). No TPU
 Prints the fitted figures labelled ``calibrated on tpu-v5e kernel records``, the errors of
 the three ways (catalog, probes only, fitted and held out), the held-out table with each
 record's 90 % interval, the coverage and width of the intervals, and the ranking (Kendall τ,
-regret). ``--out DIR`` also writes ``report.md``, ``fit.json`` and ``scatter.png``; the fit
+regret). ``--holdout-dimensions schedule`` (or ``batch``) runs one split's refits only (each
+split costs about one full fit: the command's time grows with the records). ``--out DIR`` also writes ``report.md``, ``fit.json`` and ``scatter.png``; the fit
 (probe figures + fitted figures + the model error) is saved as the tpu-v5e overlay unless
 ``--no-save``. A missing or malformed records file is one line on stderr, exit 2.
 """
@@ -61,11 +62,15 @@ def run_kernel_records(args: argparse.Namespace) -> int:
         raise InputError("--parameters: kernel records fit a fixed set (calibration.sources.tpu_kernel_fit.FITTED)")
     from calibration.sources.tpu_chip_records import load_chip_records
 
+    dims = getattr(args, "holdout_dimensions", None)
+    splits = tuple(d.strip() for d in dims.split(",") if d.strip()) if dims else SPLITS
+    if any(split not in SPLITS for split in splits):
+        raise InputError(f"--holdout-dimensions {dims}: kernel records split by {' or '.join(SPLITS)}")
     records = load_chip_records(Path(args.measurements))  # a bad file is one line before anything runs
     console = Console(stderr=True)
     console.print(f"calibrating {args.hardware} on {args.measurements} (tpu kernel records: {len(records)} "
                   "K3-shard points) ...", highlight=False, soft_wrap=True)
-    fit = calibrate_kernel_records(Path(args.measurements),
+    fit = calibrate_kernel_records(Path(args.measurements), holdout=splits,
                                    progress=lambda line: console.print(f"  {line}", highlight=False))
     calibration = fit.result()
     summary = {**fit.to_json(), "calibration": calibration.to_json()}
