@@ -40,8 +40,9 @@ HELDOUT_PATH = Path(__file__).resolve().parents[1] / "data" / "tpu-v5e-heldout.j
 
 
 def replay(split: str = "schedule", records_path: Path | str = KERNEL_PATH, reference_path: Path | str = HELDOUT_PATH,
-           probes_path: Path | str = PROBES_PATH) -> dict[str, Any]:
-    """Ways (b) and (c, held out by ``split``) re-simulated (module docstring); JSON-able."""
+           probes_path: Path | str = PROBES_PATH, *, with_probes: bool = True) -> dict[str, Any]:
+    """Ways (b) and (c, held out by ``split``) re-simulated (module docstring); JSON-able.
+    ``with_probes=False`` skips way (b) (its rows say None): half the engine runs."""
     reference = json.loads(Path(reference_path).read_text())
     if split not in reference.get("splits", {}):
         raise InputError(f"{reference_path}: no held-out split {split!r} (regenerate it: {reference.get('command')})")
@@ -71,12 +72,14 @@ def replay(split: str = "schedule", records_path: Path | str = KERNEL_PATH, refe
         others = [residuals[j] for j, other in rows.items() if other["fold"] != row["fold"] and not other["new"]]
         q = conformal_quantile(others)[0]
         out_rows.append({"schedule": record.schedule, "batch": record.batch, "measured_ms": record.ms_median,
-                         "probes_ms": predictor.predict_ms(probes, i), **row, "half_width": q,
+                         "probes_ms": predictor.predict_ms(probes, i) if with_probes else None, **row, "half_width": q,
                          "inside": abs(record.ms_median - row["heldout_ms"]) <= q * row["heldout_ms"]})
     held = [r for r in out_rows if not r["new"]]
 
     def mape(key: str, rows_: list[dict[str, Any]]) -> float | None:
-        return float(np.mean([abs(r[key] - r["measured_ms"]) / r["measured_ms"] for r in rows_])) if rows_ else None
+        if not rows_ or any(r[key] is None for r in rows_):
+            return None
+        return float(np.mean([abs(r[key] - r["measured_ms"]) / r["measured_ms"] for r in rows_]))
 
     batches = sorted({r.batch for r in records})
     return {
@@ -89,7 +92,7 @@ def replay(split: str = "schedule", records_path: Path | str = KERNEL_PATH, refe
         "coverage": {"inside": sum(r["inside"] for r in held), "points": len(held),
                      "mean_width_rel": float(np.mean([2 * r["half_width"] for r in held])) if held else None},
         "rankings": {way: [found for b in batches if (found := ranking(
-            records, {i: r[key] for i, r in enumerate(out_rows)}, b)) is not None]
+            records, {i: r[key] for i, r in enumerate(out_rows) if r[key] is not None}, b)) is not None]
                      for way, key in (("b", "probes_ms"), ("c", "heldout_ms"))},
     }
 

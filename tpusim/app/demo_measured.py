@@ -77,7 +77,7 @@ def measured_section(run: DemoRun) -> list[str]:
         + (f"; records added since the fit {_pct(data['mape']['c_new'])}" if data["mape"].get("c_new") else "") + ".",
         f"- 90 % intervals (c): {cover['inside']}/{cover['points']} held-out records inside, mean width "
         f"{_pct(cover['mean_width_rel'])} of the prediction (q: the conformal quantile of the other half's "
-        "held-out residuals; with so few records it is their largest).",
+        "held-out residuals: their largest while a half holds fewer than 9 records).",
         f"- Ranking (c): {_ranking_text(data['rankings']['c'], 1)}; {_ranking_text(data['rankings']['c'], 8)}.",
         f"- Ranking (b): {_ranking_text(data['rankings']['b'], 1)}; {_ranking_text(data['rankings']['b'], 8)}.",
         "",
