@@ -17,15 +17,17 @@ Three ways to predict each record:
   other, then swap) and the batch sizes in two halves (the smaller half vs the larger).
 
 **Intervals.** A held-out point's 90 % interval is ``predicted · (1 ± t)`` with
-``t = √((1.645 · sd / predicted)² + q²)`` (:func:`tpusim.report.intervals.half_width_rel`):
-``sd`` is the spread of the prediction from the fold's own refit covariance (parameter
-uncertainty, central-difference Jacobian), ``q`` the model error: the split-conformal 90 %
-quantile of the out-of-sample relative residuals of the *other* fold of the same split
-(:func:`calibration.core.coverage`; never the point's own fold). So the model error term is
-made of what the fitted figures cannot absorb, measured on records outside each refit.
-The coverage is the fraction of held-out records inside their interval, the width the mean
-of ``2 t``. The overlay saved from the full fit stores the model error over every fold
-(:func:`calibration.core.model_error`).
+``t = √((1.645 · sd / predicted)² + q²)`` (:func:`tpusim.report.intervals.half_width_rel`, the
+rule every calibration uses). ``q`` is the model error: the split-conformal 90 % quantile of
+the out-of-sample relative residuals ``(measured − predicted) / predicted`` of the *other*
+fold of the same split (:func:`calibration.core.coverage`; never the point's own fold), so it
+is made of what the fitted figures cannot absorb, measured on records outside each refit.
+``sd`` is the parameter spread from a refit's covariance; :data:`OPTIONS` asks for none
+(``uncertainty="none"``, so ``sd = 0`` and ``t = q``): each residual behind ``q`` already
+comes from a refit on other records and so carries the parameter error once, and a
+covariance would cost two more engine passes per refit. The coverage is the fraction of
+held-out records inside their interval, the width the mean of ``2 t``. The overlay saved
+from the full fit stores the model error over every fold (:func:`calibration.core.model_error`).
 
 Ranking: per batch, the schedules ordered by prediction vs by measurement (Kendall τ) and the
 regret of the simulator's pick (measured ms of the predicted best / measured best - 1).
