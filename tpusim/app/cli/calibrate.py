@@ -364,7 +364,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
             print(line)
         return 0
     if args.measurements is None:
-        raise InputError("calibrate needs --measurements (or --explain)")
+        raise InputError("calibrate needs --measurements and --out (or --explain; kernel records need no --out)")
     procedure = _procedure(args)
     if procedure == "tpu kernel records":  # prints its tables; --out is optional
         from tpusim.app.cli.calibrate_kernel import run_kernel_records
