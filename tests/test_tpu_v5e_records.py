@@ -99,7 +99,7 @@ def test_splits_and_ranking_follow_whatever_records_exist() -> None:
 @pytest.mark.parametrize("content, words", [
     (None, "no such kernel records file"),
     ("{not json\n", "not a JSON record"),
-    (json.dumps({"schedule": "published", "ms_per_step_median": 1.0}) + "\n", "no kernel records with shard_of"),
+    (json.dumps({"shard_of": "k3-tp8", "ms_per_step_median": 1.0}) + "\n", "no kernel records with shard_of"),
     (json.dumps({"shard_of": "k3-tp32", "ms_per_step_median": 1.0}) + "\n", "kernel record lacks"),
 ])
 def test_calibrate_on_bad_kernel_records_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -118,6 +118,15 @@ def test_the_reference_names_the_command_that_wrote_it() -> None:
     reference = json.loads(HELDOUT_PATH.read_text())
     assert "calibration.reports.tpu_v5e" in reference["command"]
     assert reference["fitted"] and set(reference["splits"]) >= {"schedule"}
+
+
+def test_whole_model_runs_are_not_kernel_records(tmp_path: Path) -> None:
+    from calibration.sources.tpu_chip_records import is_kernel_records
+
+    whole = tmp_path / "mini.jsonl"
+    whole.write_text(json.dumps({"model": "kimi-k3-mini", "ms_per_step_median": 1.0}) + "\n")
+    assert not is_kernel_records(whole)  # the end-to-end procedure's measurement file, as before
+    assert is_kernel_records(KERNEL_PATH)
 
 
 def test_kernel_records_refuse_a_foreign_chip_or_split(capsys: pytest.CaptureFixture[str]) -> None:

@@ -71,16 +71,21 @@ def schedules_by_hash() -> dict[str, Path]:
 
 
 def is_kernel_records(path: Path | str) -> bool:
-    """Whether ``path`` names a JSONL file of megakernel run records (``ms_per_step_median`` rows)."""
+    """Whether ``path`` is a JSONL file holding shard runs of the megakernel (rows with
+    ``shard_of``: one device's program of a plan, what :func:`load_chip_records` reads). A
+    file of whole-model runs (``megakernel.runner`` on kimi-k3-mini, say) is an ordinary
+    measurement file for the end-to-end procedure."""
     path = Path(path)
     if path.suffix != ".jsonl" or not path.is_file():
         return False
     for line in path.read_text().splitlines():
         if line.strip():
             try:
-                return "ms_per_step_median" in json.loads(line)
+                row = json.loads(line)
             except json.JSONDecodeError:
                 return False
+            if isinstance(row, dict) and "shard_of" in row:
+                return True
     return False
 
 

@@ -31,7 +31,8 @@ CHIPS = ("tpu-v5e",)  # chips whose kernel records this path fits
 
 
 def is_kernel_records(args: argparse.Namespace) -> bool:
-    """``--measurements`` names a kernel records file (``megakernel.runner`` rows); on a chip of
+    """``--measurements`` names a file of the megakernel's shard runs (rows with ``shard_of``;
+    ``--procedure end-to-end`` fits a file's whole-model rows instead); on a chip of
     :data:`CHIPS` also a ``.jsonl`` path that is missing or not JSON, so that the kernel
     records' loader names what is wrong in one line."""
     from calibration.sources.tpu_chip_records import is_kernel_records as records_file
