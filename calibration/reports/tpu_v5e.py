@@ -36,11 +36,6 @@ NOTES = [
     "`calibration.sources.tpu_kernel_fit.FITTED` on the kernel step times, in log space, through the one "
     "calibration core (`calibration.core.fit`; held out by `calibration.core.leave_one_group_out`, the same "
     "problem and options refitted without each fold).",
-    "- **Why one figure.** Tried on these same records before settling (so the choice itself saw them): the "
-    "FP8 dequant rate with the per-layer cost (held out 3.6 % by schedule half, 6.1 % by batch half, 226 s "
-    "with a covariance), the sustained rate with the FP8 dequant rate (5.1 % and 5.7 %, widths 21 % and 20 %: "
-    "the second figure overfits half the records). The sustained rate alone held out best and keeps the "
-    "command near a minute and a half.",
     "- **The splits.** Schedule halves alternate in name order; batch halves put the smaller half of the "
     "batch sizes against the rest (an extrapolation in batch). Both are computed from whatever records the "
     "file holds.",
@@ -56,9 +51,9 @@ NOTES = [
     "(`compute.vpu.dequant_s_per_element`); at these batches it is most of the step.",
     "- **TPU v7.** Which of these figures are the chip's and which the architecture's, and the K3 TPU v7 "
     "prediction with v5e's architecture figures as priors: [tpu-v5e-to-v7.md](tpu-v5e-to-v7.md).",
-    "- **Ranking.** Schedules that measure within their spread of each other (published, "
-    "published-after-routing and published-slots2 at batch 1) have no true order: a regret of a few "
-    "hundredths of a percent there is noise, and τ counts their swaps in full.",
+    "- **Ranking.** Schedules whose measured steps lie within their spreads of each other have no true "
+    "order: a regret of a few hundredths of a percent between them is noise, and τ counts their swaps in "
+    "full (see each record's `ms_per_step_spread`).",
 ]
 
 
@@ -131,8 +126,9 @@ def fitted_lines(fit: KernelFit) -> list[str]:
     lower, upper = fit.solution.lower, fit.solution.upper
 
     def cell(j: int, value: float) -> str:
-        bound = " (at its lower bound)" if value <= lower[j] * (1 + 1e-6) else (
-            " (at its upper bound)" if value >= upper[j] * (1 - 1e-6) else "")
+        near = 1e-3 * (upper[j] - lower[j])  # within 0.1 % of the range: the fold pressed on the bound
+        bound = " (at its lower bound)" if value <= lower[j] + near else (
+            " (at its upper bound)" if value >= upper[j] - near else "")
         return f"{value:.4g}{bound}"
 
     for fold in fit.folds:
