@@ -129,3 +129,18 @@ def test_explain_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
 def test_calibrate_without_data_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["calibrate", "--hardware", "tpu-v7"]) == 2
     assert "--measurements and --out" in capsys.readouterr().err
+
+
+def test_held_out_folds_over_chosen_dimensions_only() -> None:
+    from types import SimpleNamespace
+
+    from calibration.sources.step_times import held_out_folds
+
+    problem = _problem({LATENCY: 3e-6, STEP: 60e-6})
+    problem = replace(problem, groups={**problem.groups, "y": tuple("ab"[i % 2] for i in range(len(XS)))})
+    result = SimpleNamespace(problem=problem, solver=SolverOptions(max_nfev=20, uncertainty="none"))
+    every = held_out_folds(result, spread=False)  # type: ignore[arg-type]
+    only = held_out_folds(result, spread=False, dimensions=["y"])  # type: ignore[arg-type]
+    assert [f.name for f in every] == ["x=x0", "x=x1", "x=x2", "y=a", "y=b"]
+    assert [f.name for f in only] == ["y=a", "y=b"]
+    assert only[0].predicted == every[3].predicted  # the same refit, only fewer of them

@@ -138,3 +138,27 @@ def test_host_cpu_figures_are_labelled_probed_not_published(tmp_path) -> None:
     run.step("calibrate tpu-v7").data = {"chip": "tpu-v7", "success": True, "message": "ok", "points": [],
                                          "parameters": {}}
     assert "| parameter | published | calibrated | ± (1σ) |" in render_report(run)
+
+
+def test_measured_on_a_real_tpu_section_labels_every_figure(tmp_path) -> None:
+    from tpusim.app.demo_measured import STEP, measured_section
+
+    run = DemoRun(DemoConfig(out_dir=tmp_path))
+    step = run.step(STEP)
+    row = {"schedule": "published", "batch": 1, "measured_ms": 78.0, "probes_ms": 76.0, "heldout_ms": 77.0,
+           "fold": "A", "new": False, "half_width": 0.05, "inside": True}
+    ranking = [{"batch": 1, "schedules": 7, "tau": 0.71, "pick": "published", "best": "published-slots2",
+                "regret": 0.0003}]
+    step.data = {"rows": [row], "documented_mape": 0.036, "mape": {"b": 0.041, "c": 0.036, "c_new": None},
+                 "coverage": {"inside": 10, "points": 11, "mean_width_rel": 0.153}, "fitted": ["hbm.x"],
+                 "rankings": {"b": ranking, "c": ranking}, "plot": "measured-tpu-v5e.png"}
+    text = "\n".join(measured_section(run))
+    assert "## 8. Measured on a real TPU" in text
+    assert "| published | 1 | 78.00 | 76.00 | 77.00 (-1.3 %, fold A) | ±5.0 % | yes |" in text
+    assert "10/11 held-out records inside, mean width 15.3 %" in text
+    assert "Kendall τ +0.71 over 7 schedules" in text and "batch 8: no records" in text
+    assert "![predicted vs measured on tpu-v5e](measured-tpu-v5e.png)" in text
+    failed = DemoRun(DemoConfig(out_dir=tmp_path))
+    bad = failed.step(STEP)
+    bad.ok, bad.error = False, "InputError: gone"
+    assert "**Failed**: InputError: gone" in "\n".join(measured_section(failed))

@@ -57,6 +57,7 @@ from calibration.core import (
     Solution,
     SolverOptions,
     fit,
+    fold_groups,
     leave_one_group_out,
     parameters,
 )
@@ -345,11 +346,13 @@ def save_fit(result: FitResult, path: Path | str | None = None, *, samples: bool
     return save_overlay(overlay, path)
 
 
-def held_out_folds(result: FitResult, *, spread: bool) -> list[Fold]:
+def held_out_folds(result: FitResult, *, spread: bool, dimensions: Sequence[str] | None = None) -> list[Fold]:
     """Leave-one-group-out refits of exactly the fit that produced ``result`` (same problem,
     same options, same start: :func:`calibration.core.leave_one_group_out`), over every
-    dimension the calibration points vary in (format, batch, model, chip count); ``spread``:
+    dimension the calibration points vary in (format, batch, model, chip count), or only
+    ``dimensions`` when given (fewer refits, fewer out-of-sample residuals); ``spread``:
     also each held prediction's 1σ from the refit's covariance."""
     if result.problem is None or result.solver is None:
         raise ValueError("this result was not fitted through calibration.core (no problem to refit)")
-    return leave_one_group_out(result.problem, result.solver, spread=spread)
+    folds = fold_groups(result.problem, dimensions) if dimensions is not None else None
+    return leave_one_group_out(result.problem, result.solver, folds=folds, spread=spread)

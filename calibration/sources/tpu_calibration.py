@@ -207,8 +207,10 @@ class PartsResult:
 def calibrate_by_parts(published: Chip, points: Sequence[Measurement], components: Sequence[ComponentRecord], *,
                        holdout: str | None = None, predictor: Predictor | None = None,
                        max_nfev: int = 12, logo: bool = True, with_coverage: bool = False,
-                       measurements: str = "end-to-end points") -> PartsResult:
-    """Run the stages of :mod:`calibration.sources.tpu_stages` and the end-to-end fit (module docstring)."""
+                       measurements: str = "end-to-end points",
+                       logo_dimensions: Sequence[str] | None = None) -> PartsResult:
+    """Run the stages of :mod:`calibration.sources.tpu_stages` and the end-to-end fit (module docstring);
+    ``logo_dimensions``: refit without each group of only these dimensions (default: every one)."""
     predictor = predictor or Predictor()
     chip, stages = published, []
     for name in PARTS_ORDER:
@@ -236,7 +238,7 @@ def calibrate_by_parts(published: Chip, points: Sequence[Measurement], component
     if logo:
         # the end-to-end stage refitted exactly as it was fitted: on the parts' chip (not fitted
         # on the step times), from the same start, holding what each refit cannot pin
-        result.folds = held_out_folds(e2e, spread=with_coverage)
+        result.folds = held_out_folds(e2e, spread=with_coverage, dimensions=logo_dimensions)
         result.model_error = model_error(result.folds)
         result.coverage = coverage(result.folds) if with_coverage else None
     return result

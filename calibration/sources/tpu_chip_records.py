@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hwmodels.errors import InputError
 from hwmodels.overlay import iter_figures
 from hwmodels.schema import Chip
 from tpusim.engine import simulate
@@ -69,11 +70,54 @@ def schedules_by_hash() -> dict[str, Path]:
     return out
 
 
-def load_chip_records(path: Path | str = KERNEL_PATH, shard_of: str = "k3-tp32") -> list[ChipRecord]:
-    """The shard rows of ``path``, one per (schedule, batch), repeated runs merged."""
+def is_kernel_records(path: Path | str) -> bool:
+    """Whether ``path`` is a JSONL file holding shard runs of the megakernel (rows with
+    ``shard_of``: one device's program of a plan, what :func:`load_chip_records` reads). A
+    file of whole-model runs (``megakernel.runner`` on kimi-k3-mini, say) is an ordinary
+    measurement file for the end-to-end procedure."""
     path = Path(path)
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r.get("shard_of") == shard_of]
+    if path.suffix != ".jsonl" or not path.is_file():
+        return False
+    for line in path.read_text().splitlines():
+        if line.strip():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                return False
+            if isinstance(row, dict) and "shard_of" in row:
+                return True
+    return False
+
+
+REQUIRED = ("schedule", "schedule_hash", "batch", "context", "routing", "model", "ms_per_step_median",
+            "ms_per_step_spread")
+
+
+def load_chip_records(path: Path | str = KERNEL_PATH, shard_of: str = "k3-tp32") -> list[ChipRecord]:
+    """The shard rows of ``path``, one per (schedule, batch), repeated runs merged. Raises
+    :class:`~hwmodels.errors.InputError` (one line) for a missing or unreadable file, a row
+    that is not JSON or lacks a field, a schedule no file matches, or no ``shard_of`` rows."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such kernel records file")
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise InputError(f"{path}:{number}: not a JSON record ({error.msg})") from None
+        if not isinstance(row, dict):
+            raise InputError(f"{path}:{number}: not a JSON object")
+        if row.get("shard_of") == shard_of:
+            missing = [key for key in REQUIRED if key not in row]
+            if missing:
+                raise InputError(f"{path}:{number}: kernel record lacks {', '.join(missing)}")
+            rows.append(row)
+    if not rows:
+        raise InputError(f"{path}: no kernel records with shard_of {shard_of!r} (the K3-shard runs of "
+                         "megakernel.runner)")
     files = schedules_by_hash()
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for row in rows:
@@ -81,13 +125,19 @@ def load_chip_records(path: Path | str = KERNEL_PATH, shard_of: str = "k3-tp32")
     out = []
     for (digest, batch), runs in groups.items():
         if digest not in files:
-            raise KeyError(f"{path.name}: schedule {runs[0]['schedule']} [{digest}] matches no schedule file")
-        trace = runs[0]["routing"].removeprefix("trace:")
-        routing = (path.parent / trace).resolve().relative_to(ROOT)
+            raise InputError(f"{path.name}: schedule {runs[0]['schedule']} [{digest}] matches no schedule file")
+        trace = str(runs[0]["routing"]).removeprefix("trace:")
+        routing = (path.parent / trace).resolve()
+        if not routing.is_file():
+            raise InputError(f"{path.name}: {runs[0]['schedule']} b{batch}: routing trace {trace} not found")
+        try:
+            routing_name = str(routing.relative_to(ROOT))
+        except ValueError:
+            routing_name = str(routing)
         out.append(ChipRecord(
             model=runs[0]["model"], shard_of=shard_of, schedule=runs[0]["schedule"],
             schedule_path=str(files[digest].relative_to(ROOT)), batch=batch, context=runs[0]["context"],
-            routing=f"trace:{routing}", ms_median=statistics.median(r["ms_per_step_median"] for r in runs),
+            routing=f"trace:{routing_name}", ms_median=statistics.median(r["ms_per_step_median"] for r in runs),
             ms_spread=max(r["ms_per_step_spread"] for r in runs), runs=len(runs)))
     return sorted(out, key=lambda r: (r.batch, r.schedule))
 
@@ -111,7 +161,7 @@ class ChipRecordPredictor:
             model = formats_for_chip(load_model(record.model), None, "tpu")[0]  # as `tpusim simulate` does
             program = build_program(model, shard_plan(model, record.shard_of), batch=record.batch,
                                     context_tokens=record.context, routing=parse_routing(
-                                        record.routing.replace("trace:", f"trace:{ROOT}/", 1)))
+                                        _absolute_trace(record.routing)))
             self.programs[index] = (program, load_schedule(str(ROOT / record.schedule_path)))
         return self.programs[index]
 
@@ -123,3 +173,9 @@ class ChipRecordPredictor:
             self.cache[key] = result.step_s * 1e3
             self.runs += 1
         return self.cache[key]
+
+
+def _absolute_trace(routing: str) -> str:
+    """``trace:<path>`` with a repository-relative path made absolute."""
+    trace = Path(routing.removeprefix("trace:"))
+    return f"trace:{trace if trace.is_absolute() else ROOT / trace}"

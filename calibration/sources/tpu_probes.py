@@ -12,6 +12,9 @@ nothing else: it never reads a kernel step time (``tests/test_tpu_v5e_records.py
 | ``compute.vpu.dequant_s_per_element.fp8_e4m3_b256`` | ``dequant_fp8_gate_up`` | (t(R=16) - t(R=4)) / (elements(16) - elements(4)): the per-panel loop the kernel runs, call overhead cancelled |
 | ``compute.vpu.dequant_s_per_element.mxfp4`` | ``dequant_mxfp4_down`` | the same |
 | ``execution.per_step_overhead_s`` | ``empty_call`` | median of the empty pallas_call records (launch + dispatch + sync from the host; a measured step pays it once) |
+| ``execution.per_layer_overhead_s`` | ``layer_loop`` | least-squares slope of whole-call time over L empty layers (0 … 93), clipped at 0: the loop and semaphore bookkeeping of one layer (below the probe's noise, ≈ ±0.6 µs, on v5e) |
+| ``compute.mxu.weight_push_s_per_tile`` | ``matmul`` | at 8 rows (one sublane tile: every decode batch up to 8): per kernel shape (t(R=64) - t(R=8)) / 56 matmuls / (128 x 128 weight tiles), the median over the shapes |
+| ``dma.concurrency_penalty_per_dma`` | ``dma_stream`` | per copy size >= 1 MiB: ((t(8 in flight) - empty) / (t(4 in flight) - empty) - 1) / 4, clipped at 0; the median over sizes (8 copies in flight move as fast as 4 on v5e: 0) |
 
 Rates subtract the empty call, as the probes' own notes say (``probes_dma``: "whole-call
 wall time, launch included: subtract empty_call"): the whole-call plateau of 512 MiB of
@@ -34,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from hwmodels.overlay import CalibratedValue, CalibrationOverlay, _figure_slot
 from hwmodels.schema import Chip
 
@@ -43,6 +48,12 @@ DEQUANT_PROBES = {"dequant_fp8_gate_up": "fp8_e4m3_b256", "dequant_mxfp4_down": 
 SUSTAINED = "hbm.sustained_bandwidth_bytes_per_s"
 ISSUE = "dma.issue_latency_s"
 PER_STEP = "execution.per_step_overhead_s"
+PER_LAYER = "execution.per_layer_overhead_s"
+PUSH = "compute.mxu.weight_push_s_per_tile"
+PENALTY = "dma.concurrency_penalty_per_dma"
+MXU_TILE = 128  # tpu-v5e's MXU tile (the catalog's tile_rows x tile_cols): the push figure is per such tile
+PUSH_ROWS = 8  # the row pad: decode batches 1 … 8 stream 8 rows through each loaded tile
+PENALTY_MIN_BYTES = 1 << 20  # copies this large are bandwidth-bound at 4 in flight
 
 
 def dequant_path(format_name: str) -> str:
@@ -104,6 +115,7 @@ def probe_figures(records: list[dict[str, Any]]) -> dict[str, ProbeFigure]:
             ISSUE, max(round_trip - point["params"]["size_bytes"] / rate, 0.0), "dma_latency", _date([point]),
             f"(call - empty call) / copies of {point['params']['size_bytes']} B copies one in flight, "
             "less one copy's transfer at the sustained rate", 1)
+    out.update(_architecture_figures(by, empty_s))
     for probe, format_name in DEQUANT_PROBES.items():
         points = sorted(by.get(probe, []), key=lambda r: r["params"]["repeats_in_kernel"])
         if len(points) < 2:
@@ -116,6 +128,56 @@ def probe_figures(records: list[dict[str, Any]]) -> dict[str, ProbeFigure]:
             path, per_element, probe, _date([low, high]),
             f"(t(R={high['params']['repeats_in_kernel']}) - t(R={low['params']['repeats_in_kernel']})) / "
             "elements between them, per-panel loop form", 2)
+    return out
+
+
+def _repeat_slope(points: list[dict[str, Any]]) -> float | None:
+    """Seconds per repeat between the two largest ``repeats_in_kernel`` of one probe shape."""
+    by_r = {r["params"]["repeats_in_kernel"]: r["seconds_median"] for r in points}
+    if len(by_r) < 2:
+        return None
+    high, low = sorted(by_r)[-1], sorted(by_r)[-2]
+    return (by_r[high] - by_r[low]) / (high - low)
+
+
+def _architecture_figures(by: dict[str, list[dict[str, Any]]], empty_s: float) -> dict[str, ProbeFigure]:
+    """Per-layer cost, MXU push per tile and the DMA concurrency penalty (module table)."""
+    out: dict[str, ProbeFigure] = {}
+    loop = by.get("layer_loop", [])
+    if len({r["params"]["layers"] for r in loop}) >= 2:
+        slope = float(np.polyfit([r["params"]["layers"] for r in loop], [r["seconds_median"] for r in loop], 1)[0])
+        out[PER_LAYER] = ProbeFigure(
+            PER_LAYER, max(slope, 0.0), "layer_loop", _date(loop),
+            f"least-squares slope of whole-call time over {len(loop)} empty-layer counts "
+            f"({slope * 1e6:+.2f} µs per layer), clipped at 0", len(loop))
+    shapes: dict[str, list[dict[str, Any]]] = {}
+    for r in by.get("matmul", []):
+        if r["params"]["rows"] == PUSH_ROWS and r["params"].get("dtype", "bf16") == "bf16":
+            shapes.setdefault(r["params"]["shape"], []).append(r)
+    per_tile = []
+    for points in shapes.values():
+        slope = _repeat_slope(points)
+        params = points[0]["params"]
+        tiles = -(-params["k"] // MXU_TILE) * -(-params["n"] // MXU_TILE)
+        if slope is not None and slope > 0:
+            per_tile.append(slope / tiles)
+    if per_tile:
+        used = [p for points in shapes.values() for p in points]
+        out[PUSH] = ProbeFigure(
+            PUSH, statistics.median(per_tile), "matmul", _date(used),
+            f"bf16 matmuls at {PUSH_ROWS} rows on VMEM-resident weights: seconds per matmul (difference of "
+            f"the two largest repeat counts) / {MXU_TILE}x{MXU_TILE} weight tiles, median over "
+            f"{len(per_tile)} kernel shapes", len(used))
+    sizes: dict[int, dict[int, float]] = {}
+    for r in by.get("dma_stream", []):
+        if r["params"]["size_bytes"] >= PENALTY_MIN_BYTES:
+            sizes.setdefault(r["params"]["size_bytes"], {})[r["params"]["in_flight"]] = r["seconds_median"]
+    ratios = [max(0.0, ((d[8] - empty_s) / (d[4] - empty_s) - 1.0) / 4) for d in sizes.values() if 4 in d and 8 in d]
+    if ratios:
+        out[PENALTY] = ProbeFigure(
+            PENALTY, statistics.median(ratios), "dma_stream", _date(by["dma_stream"]),
+            f"copies >= 1 MiB, 8 vs 4 in flight, empty call subtracted: loss per copy beyond 4, "
+            f"clipped at 0, median over {len(ratios)} sizes", 2 * len(ratios))
     return out
 
 

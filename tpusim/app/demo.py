@@ -10,7 +10,10 @@ the report):
    trace and a timeline plot of the chosen one;
 4. **run-kernel** — the Pallas megakernel with the chosen schedule on ``kimi-k3-mini`` (TPU
    interpret mode on a CPU: checked against the reference; its time is *not* a TPU time);
-5. **calibrate** — ``tpu-v7`` on the published TPU7x measurements (one weight format held
+5. **measured tpu-v5e** — the committed K3-shard step times of the megakernel on a real
+   TPU v5e against the simulator (probe figures, and the committed held-out fits),
+   re-simulated without a TPU (:mod:`tpusim.app.demo_measured`);
+   **calibrate** — ``tpu-v7`` on the published TPU7x measurements (one weight format held
    out), and the host CPU model on the CPU closed loop;
 6. **joint b1** — the deployment search (plan x collective algorithms x schedule, Optuna) for K3
    at batch 1 on the calibrated ``tpu-v7``: the winner against the published design with its
@@ -206,9 +209,14 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda _: Non
     _timed(run, "run-kernel", lambda: run_cli([
         "run-kernel", "--model", "kimi-k3-mini", "--schedule", schedule, "--batch", "1",
         "--steps", str(config.kernel_steps), "--out", str(measurements)]), progress)
+    from tpusim.app.demo_measured import STEP, measured_step
+
+    _timed(run, STEP, lambda: measured_step(out), progress)  # committed v5e records, re-simulated (seconds)
     _timed(run, "calibrate tpu-v7", lambda: run_cli_json([
         "calibrate", "--hardware", "tpu-v7", "--measurements", "published:tpu7x-musespark",
-        "--holdout", "format=int4+bf16", "--allow-unconverged", "--out", str(out / "calibration-tpu-v7")]),
+        "--holdout", "format=int4+bf16", "--allow-unconverged", "--out", str(out / "calibration-tpu-v7"),
+        # quick: the model error from the format folds only (2 refits, not 6: ~2.5 of ~4.5 minutes saved)
+        *(["--holdout-dimensions", "format"] if config.quick else [])]),
         progress)
     _timed(run, "calibrate host-cpu", lambda: run_cli_json([
         "calibrate", "--hardware", "host-cpu", "--measurements", "cpu-loop",

@@ -7,6 +7,7 @@ Usage::
     tpusim calibrate --hardware host-cpu --measurements cpu-loop [--quick] --out calib/host
     tpusim calibrate --hardware b200 --measurements published:b200-vllm-qwen3.5 --out calib/b200
     tpusim calibrate --hardware b300 --measurements published:b300-sglang-k3 --out calib/b300
+    tpusim calibrate --hardware tpu-v5e --measurements calibration/data/tpu-v5e-kernel.jsonl [--out DIR]
     tpusim calibrate --explain --hardware tpu-v7     # the table of calibratable figures; fits nothing
     tpusim report --hardware tpu-v7 --measurements published:tpu7x-musespark [--out DIR]
 
@@ -68,6 +69,10 @@ fitting on the step times (``mape_e2e_parts_only``), then fits the rest on them
 parameters each measurement constrains, ``unidentifiable_held`` what the data cannot pin.
 Either procedure stores sampled parameter sets in the overlay for 90 % prediction
 intervals (:mod:`calibration.core.samples`).
+
+``--measurements <kernel records .jsonl>`` on ``tpu-v5e`` fits the chip on its own megakernel
+step times, each record also predicted by refits that never saw it
+(:mod:`tpusim.app.cli.calibrate_kernel`, :mod:`calibration.sources.tpu_kernel_fit`).
 
 ``report`` fits nothing: it compares a measurement file with the simulator, uncalibrated and
 (if an overlay exists) calibrated.
@@ -150,6 +155,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     calibrate.add_argument("--coverage", action="store_true",
                            help="also report the empirical coverage of the 90 %% intervals over "
                            "leave-one-group-out folds, with the mean interval width (calibration.core.model_error)")
+    calibrate.add_argument("--holdout-dimensions", default=None, metavar="DIM[,DIM]",
+                           help="leave-one-group-out refits over these point dimensions only (format, batch, "
+                           "model, chips; kernel records: schedule, batch; default every one the points vary "
+                           "in): fewer refits, fewer out-of-sample residuals behind the model error")
     calibrate.add_argument("--quick", action="store_true", help="cpu-loop: the small CI variant")
     calibrate.add_argument("--no-probe", action="store_true",
                            help="cpu-loop: reuse the saved host-cpu entry instead of probing again")
@@ -202,6 +211,20 @@ def _fit(args: argparse.Namespace, console: Console) -> tuple[FitResult, list]:
     return result, records
 
 
+def _dimensions(args: argparse.Namespace) -> list[str] | None:
+    """``--holdout-dimensions`` as a list (None: every dimension)."""
+    value = getattr(args, "holdout_dimensions", None)
+    if not value:
+        return None
+    from calibration.sources.splits import GROUP_DIMENSIONS as known
+
+    dims = [d.strip() for d in value.split(",") if d.strip()]
+    unknown = [d for d in dims if d not in known]
+    if unknown:
+        raise InputError(f"--holdout-dimensions: unknown {', '.join(unknown)} (known: {', '.join(known)})")
+    return dims
+
+
 def _procedure(args: argparse.Namespace) -> str:
     """The procedure: ``--procedure`` when given, else the one calibration chooses from the
     chip and the data (:func:`calibration.sources.procedures.choose_procedure`)."""
@@ -212,10 +235,12 @@ def _procedure(args: argparse.Namespace) -> str:
         return "part by part" if args.procedure == "parts" else "end to end"
     if args.measurements in CPU_LOOP:  # the loop probes this host first: no host entry to read yet
         return "cpu loop"
+    from tpusim.app.cli.calibrate_kernel import is_kernel_records
+
     chip = load_chip(args.hardware, calibrated=False)
     return choose_procedure(chip, measurements=args.measurements,
                             has_components=has_components(chip.name, args.components),
-                            parameters_given=bool(args.parameters))
+                            parameters_given=bool(args.parameters), kernel_records=is_kernel_records(args))
 
 
 def _run_parts(args: argparse.Namespace, console: Console) -> int:
@@ -238,10 +263,11 @@ def _run_parts(args: argparse.Namespace, console: Console) -> int:
     components = load_components(args.components.removeprefix("published:"))
     result = calibrate_by_parts(published, records, components, holdout=args.holdout, predictor=Predictor(),
                                 max_nfev=min(args.max_evals, 12), with_coverage=args.coverage,
-                                measurements=args.measurements)
+                                measurements=args.measurements, logo_dimensions=_dimensions(args))
     out = Path(args.out)
     calibration = result.result()
-    summary = {**calibration.details, "calibration": calibration.to_json()}
+    summary = {**calibration.details, "calibration": calibration.to_json(),
+               "holdout_dimensions": _dimensions(args)}
     refusals = check_fit(result.e2e, values={path: value for path, (value, _, _) in result.fitted().items()},
                          parameters=[p for p in result.e2e.parameters if p.path not in result.e2e_held],
                          published=published)
@@ -304,7 +330,7 @@ def _end_to_end_result(args: argparse.Namespace, result: FitResult, procedure: s
         procedure = "gpu micro"
     folds = []
     if args.coverage and procedure in ("end to end", "cpu loop"):
-        folds = held_out_folds(result, spread=True)  # the shipped fit, refitted without each group
+        folds = held_out_folds(result, spread=True, dimensions=_dimensions(args))  # refitted without each group
     error, cover = model_error(folds), coverage(folds)
     summary = result.summary()
     calibration = CalibrationResult(
@@ -337,9 +363,15 @@ def run_calibrate(args: argparse.Namespace) -> int:
         for line in explain_lines(load_chip(args.hardware, calibrated=False)):
             print(line)
         return 0
-    if args.measurements is None or args.out is None:
-        raise InputError("calibrate needs --measurements and --out (or --explain)")
+    if args.measurements is None:
+        raise InputError("calibrate needs --measurements and --out (or --explain; kernel records need no --out)")
     procedure = _procedure(args)
+    if procedure == "tpu kernel records":  # prints its tables; --out is optional
+        from tpusim.app.cli.calibrate_kernel import run_kernel_records
+
+        return run_kernel_records(args)
+    if args.out is None:
+        raise InputError("calibrate needs --measurements and --out (or --explain)")
     if procedure == "gpu stack":
         return run_gpu_stack(args)
     if procedure == "gpu k3 stack":
