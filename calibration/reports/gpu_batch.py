@@ -180,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     sigma = dict(zip(paths, result.solution.sigma.tolist(), strict=True))
 
     def how(path: str) -> str:
+        if path == sweeps.HOST_FIGURE.path:
+            implied = ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in sweeps.ttft_host_op_s().items())
+            return f"held at what the concurrency-1 TTFTs imply: {implied}"
         if path in sweeps.HELD:
             return "prior, held"
         if at_bound[path]:
