@@ -330,6 +330,9 @@ class GpuExecution(BaseModel):
                                                 "attention layer, seconds")
     sampling_sequence_s: Figure | None = Field(default=None, description="sampler, scheduler and output "
                                                "processing time of one more running request, per step, seconds")
+    eager_host_op_s: Figure | None = Field(default=None, description="host time to issue one kernel of a step "
+                                           "that runs without a CUDA graph (a prefill: Python, framework dispatch "
+                                           "and launch), seconds; the step takes at least its kernels x this")
     stack_figures_from: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9.\-]*$",
                                            description="another chip (same SM architecture) whose calibrated "
                                            "execution figures this chip takes, labelled derived, when it has "

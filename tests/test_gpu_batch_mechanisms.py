@@ -15,7 +15,9 @@ from tpusim.engine.gpu_batch import (
     distinct_by_layer,
     expected_distinct,
     graph_batch_size,
+    host_bound_s,
     local_experts,
+    prefill_step_s,
 )
 from tpusim.schedule.schema import load_schedule
 from tpusim.serving.config import SchedulerConfig, TraceRequest, Traffic
@@ -24,6 +26,7 @@ from tpusim.serving.metrics import summarize
 from tpusim.serving.simulator import ServingSim
 from tpusim.serving.steps import StepTable
 from tpusim.workload.model_catalog import load_model, plan_for
+from tpusim.workload.prefill import build_prefill_program
 from tpusim.workload.program import build_program
 
 FIGURES = {"execution.gpu.grouped_gemm_expert_s": 1e-6, "execution.gpu.attention_sequence_s": 2e-7,
@@ -122,3 +125,25 @@ def test_prefill_stall_matches_the_serving_simulator_in_steady_state():
 def test_a_mixed_prefill_chunk_costs_only_its_time_beyond_the_decode_step():
     assert prefill_stall_s(9, 0.2, 100, mixed_step_s=0.05) == pytest.approx(8 * 0.15 / 100)
     assert prefill_stall_s(9, 0.02, 100, mixed_step_s=0.05) == 0.0
+
+
+def test_a_prefill_without_a_cuda_graph_lasts_at_least_its_host_time():
+    """prefill_step_s: the engine's step, or its launches x eager_host_op_s when longer; no figure
+    or a GPU megakernel (one launch) leaves the step alone."""
+    model = load_model("kimi-k3-nano")
+    plan = plan_for(model, 8, devices_per_chip=1, intra_link="nvlink", choice="tp=8,expert_groups=8,expert_tp=1")
+    short = build_prefill_program(model, plan, tokens=64, prefix_tokens=0)
+    plain = simulate(short, load_schedule("naive"), _chip())
+    assert plain.launch_count > 0 and host_bound_s(_chip(), plain) == 0.0
+    assert prefill_step_s(_chip(), plain) == plain.step_s
+    slow_host = plain.step_s / plain.launch_count * 3  # the host needs 3x the GPU's time
+    chip = _chip({"execution.gpu.eager_host_op_s": slow_host})
+    result = simulate(short, load_schedule("naive"), chip)
+    assert result.step_s == pytest.approx(plain.step_s)  # the engine's step itself is unchanged
+    assert prefill_step_s(chip, result) == pytest.approx(result.launch_count * slow_host)
+    assert prefill_step_s(chip, result) == pytest.approx(3 * plain.step_s, rel=1e-6)
+    fast_host = _chip({"execution.gpu.eager_host_op_s": plain.step_s / plain.launch_count / 3})
+    assert prefill_step_s(fast_host, result) == result.step_s  # GPU-bound: the host keeps ahead
+    megakernel = gpu_variant(chip, "megakernel")
+    assert host_bound_s(megakernel, simulate(short, load_schedule("naive"), megakernel)) == 0.0
+

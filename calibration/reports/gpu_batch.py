@@ -39,6 +39,7 @@ from hwmodels.overlay import (
 )
 from tpusim.engine import simulate
 from tpusim.engine.gpu import gpu_breakdown, gpu_variant
+from tpusim.engine.gpu_batch import batch_terms, prefill_step_s
 from tpusim.schedule.schema import load_schedule
 from tpusim.serving.interference import prefill_stall_s
 from tpusim.workload.model_catalog import load_model, plan_for
@@ -49,7 +50,7 @@ K3_MODEL = "kimi-k3@mxfp4"
 K3_CONTEXT = 8192 + 1024 // 2
 K3_INPUT, K3_OUTPUT = 8192, 1024
 K3_SYSTEMS = (("b300", 8, "tp=8,expert_groups=1,expert_tp=8"), ("gb200", 16, "tp=16,expert_groups=4,expert_tp=4"))
-K3_BATCHES = (1, 4, 16, 64)
+K3_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 # K3's nearest public relative at the same 8k/1k: Kimi-K2.5 NVFP4 on B200 (S1b rows 21-25, S1c 41-45)
 K25_SWEEPS = ("k25-b200-tp4ep4", "k25-b200-tp4")
 OVERLAY_CHIPS = ("b200", "b300")
@@ -66,23 +67,28 @@ def k3_chip(name: str, values: dict[str, float] | None) -> Any:
 
 
 def k3_transfer(values: dict[str, float]) -> list[dict[str, Any]]:
-    """K3 step and serving TPOT by batch on each system, before (no batch terms) and after."""
+    """K3 step and serving TPOT by batch on each system: before (no batch terms, the engine's
+    prefill), main (:data:`sweeps.MAIN_FIGURES`, the engine's prefill) and after (``values``)."""
     model = load_model(K3_MODEL)
     out = []
     for name, chips, spec in K3_SYSTEMS:
         plan = plan_for(model, chips, devices_per_chip=1, intra_link="nvlink", choice=spec)
-        chip = k3_chip(name, values)
+        chip, main_chip = k3_chip(name, values), k3_chip(name, sweeps.MAIN_FIGURES)
         prefill = build_prefill_program(model, plan, tokens=K3_INPUT, prefix_tokens=0)
-        prefill_s = simulate(prefill, load_schedule("naive"), chip).step_s
+        engine_prefill = simulate(prefill, load_schedule("naive"), chip)
+        prefill_s, main_prefill_s = prefill_step_s(chip, engine_prefill), engine_prefill.step_s
         for batch in K3_BATCHES:
             program = build_program(model, plan, batch=batch, context_tokens=K3_CONTEXT, sequences=batch)
             result = simulate(program, load_schedule("naive"), chip)
             terms = sum(result.batch_terms_s.values())
+            main_step = result.step_s - terms + sum(batch_terms(main_chip, program).values())  # the terms are serial
             stall = prefill_stall_s(batch, prefill_s, K3_OUTPUT)
+            stall_before = prefill_stall_s(batch, main_prefill_s, K3_OUTPUT)
             out.append({"system": f"{name}:{chips}", "plan": spec, "batch": batch,
-                        "step_before_ms": (result.step_s - terms) * 1e3, "step_after_ms": result.step_s * 1e3,
-                        "prefill_ms": prefill_s * 1e3, "tpot_before_ms": (result.step_s - terms + stall) * 1e3,
-                        "tpot_after_ms": (result.step_s + stall) * 1e3,
+                        "step_before_ms": (result.step_s - terms) * 1e3, "step_main_ms": main_step * 1e3,
+                        "step_after_ms": result.step_s * 1e3, "prefill_ms": prefill_s * 1e3,
+                        "tpot_before_ms": (result.step_s - terms + stall_before) * 1e3,
+                        "tpot_main_ms": (main_step + stall_before) * 1e3, "tpot_after_ms": (result.step_s + stall) * 1e3,
                         "breakdown_ms": {k: v * 1e3 for k, v in gpu_breakdown(result).items()}})
     return out
 
@@ -91,7 +97,8 @@ def write_overlays(values: dict[str, float], model_error: ModelError) -> list[st
     """The fitted figures + model error into the overlays of :data:`OVERLAY_CHIPS` (kept
     parameters of an existing overlay stay)."""
     written = []
-    fitted_on = f"{sweeps.MEASUREMENT}: public B200 sweeps (calibration.sources.gpu_batch_sweeps)"
+    fitted_on = (f"{sweeps.MEASUREMENT}: public B200 sweeps, judged on B200 and GB200 "
+                 "(calibration.sources.gpu_batch_sweeps)")
     q = model_error.in_range_rel
     error = ModelErrorTerm(in_range_rel=q, extrapolated_rel=q, method=model_error.method + OVERLAY_NOTE,
                            points=model_error.points, exact=model_error.exact)
@@ -115,31 +122,39 @@ def sweep_markdown(rows: list[dict[str, Any]], held_out: dict[str, Any]) -> str:
     for key in dict.fromkeys(r["sweep"] for r in rows):
         these = [r for r in rows if r["sweep"] == key]
         lines += [f"**{key}** ({these[0]['gpu']})", "",
-                  "| conc | role | measured ms | before ms | error | after ms | error |",
-                  "| ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+                  "| conc | role | measured ms | before ms | error | main ms | error | after ms | error |",
+                  "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         lines += [f"| {r['concurrency']} | {r['role']} | {r['measured_ms']:.2f} | {r['before_ms']:.2f} | "
-                  f"{r['before_error']:+.1%} | {r['after_ms']:.2f} | {r['after_error']:+.1%} |" for r in these]
+                  f"{r['before_error']:+.1%} | {r['main_ms']:.2f} | {r['main_error']:+.1%} | {r['after_ms']:.2f} | "
+                  f"{r['after_error']:+.1%} |" for r in these]
         lines.append("")
-    before, after = sweeps.held_out_summary(rows, "before_error"), held_out
-    lines += ["| held out | MAPE | max abs error | points | sweeps | GPU types |", "| --- | ---: | ---: | ---: | ---: | --- |"]
-    lines += [f"| {name} | {s['mape']:.1%} | {s['max_abs_error']:.1%} | {s['points']} | {s['sweeps']} | "
-              f"{', '.join(s['gpu_types'])} |" for name, s in (("before", before), ("after", after))]
+    summaries = (("before", sweeps.held_out_summary(rows, "before_error")),
+                 ("main", sweeps.held_out_summary(rows, "main_error")), ("after", held_out))
+    lines += ["| held out | MAPE | max abs error | worst point | points | sweeps | GPU types |",
+              "| --- | ---: | ---: | --- | ---: | ---: | --- |"]
+    for name, s in summaries:
+        column = f"{name}_error"
+        worst = max((r for r in rows if r["role"] == "held-out"), key=lambda r: abs(r[column]))
+        lines.append(f"| {name} | {s['mape']:.1%} | {s['max_abs_error']:.1%} | {worst['sweep']}@{worst['concurrency']} "
+                     f"{worst[column]:+.1%} | {s['points']} | {s['sweeps']} | {', '.join(s['gpu_types'])} |")
     return "\n".join(lines) + "\n"
 
 
 def k3_markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| system | batch | step before ms | step after ms | TPOT before ms | TPOT after ms |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    lines += [f"| {r['system']} | {r['batch']} | {r['step_before_ms']:.2f} | {r['step_after_ms']:.2f} | "
-              f"{r['tpot_before_ms']:.2f} | {r['tpot_after_ms']:.2f} |" for r in rows]
+    lines = ["| system | batch | step before ms | step main ms | step after ms | TPOT before ms | TPOT main ms | "
+             "TPOT after ms |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {r['system']} | {r['batch']} | {r['step_before_ms']:.2f} | {r['step_main_ms']:.2f} | "
+              f"{r['step_after_ms']:.2f} | {r['tpot_before_ms']:.2f} | {r['tpot_main_ms']:.2f} | "
+              f"{r['tpot_after_ms']:.2f} |" for r in rows]
     lines.append("")
     measured = sweeps.load_rows()
     for system in dict.fromkeys(r["system"] for r in rows):
         tpot = {r["batch"]: r["tpot_after_ms"] for r in rows if r["system"] == system}
-        before = {r["batch"]: r["tpot_before_ms"] for r in rows if r["system"] == system}
-        lines.append(f"- {system}: TPOT 16/1 {tpot[16] / tpot[1]:.2f} (before {before[16] / before[1]:.2f}), "
-                     f"64/1 {tpot[64] / tpot[1]:.2f} (before {before[64] / before[1]:.2f}); 16/4 "
-                     f"{tpot[16] / tpot[4]:.2f}, 64/4 {tpot[64] / tpot[4]:.2f}")
+        main = {r["batch"]: r["tpot_main_ms"] for r in rows if r["system"] == system}
+        lines.append(f"- {system}: TPOT 16/1 {tpot[16] / tpot[1]:.2f} (main {main[16] / main[1]:.2f}), "
+                     f"64/1 {tpot[64] / tpot[1]:.2f} (main {main[64] / main[1]:.2f}); 16/4 "
+                     f"{tpot[16] / tpot[4]:.2f} (main {main[16] / main[4]:.2f}), 64/4 {tpot[64] / tpot[4]:.2f} "
+                     f"(main {main[64] / main[4]:.2f})")
     for key in K25_SWEEPS:
         sweep = next(s for s in sweeps.SWEEPS if s.key == key)
         tpot = {measured[i]["concurrency"]: measured[i]["tpot_ms"] for i in sweep.rows}
@@ -165,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     sigma = dict(zip(paths, result.solution.sigma.tolist(), strict=True))
 
     def how(path: str) -> str:
+        if path == sweeps.HOST_FIGURE.path:
+            implied = ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in sweeps.ttft_host_op_s().items())
+            return f"held at what the concurrency-1 TTFTs imply: {implied}"
         if path in sweeps.HELD:
             return "prior, held"
         if at_bound[path]:

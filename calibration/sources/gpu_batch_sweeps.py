@@ -11,22 +11,28 @@ tokens per step, and its model is one the simulator has (``data/gpu-batch-models
 sweep              rows (JSON row_id)                            deployment
 =================  ============================================  ====================================
 k25-b200-tp4ep4    S1b 21-25: Kimi-K2.5 NVFP4, 8k/1k, c 4-64      vLLM, one TP4/EP4 instance
+k25-gb200-disagg   S1b 26-29: Kimi-K2.5 NVFP4, 8k/1k, c 4-32      Dynamo + vLLM, disaggregated: 4
+                                                                 TP4/EP4 decode workers (derived)
 k25-b200-tp4       S1c 41-45: Kimi-K2.5 NVFP4, 8k/1k, c 4-64      vLLM v0.21, TP4 (experts TP4)
 k25-b200-int4-tp8  S1c 35-39: Kimi-K2.5 INT4, 8k/1k, c 4-64       vLLM v0.21, TP8
 dsr1-b200-*        S4 115-123: DeepSeek-R1 FP8, 3 ISL/OSL         SGLang, TP8; per-row mean lengths
 qwen3-b200-*       S4 128-136: Qwen3-235B BF16, 3 ISL/OSL         SGLang, TP8; per-row mean lengths
 =================  ============================================  ====================================
 
-All aggregated (prefill and decode on the same GPUs). Left out, each with its reason in
-:data:`EXCLUDED`: S1a (MTP), S1b GB200 (decode worker count unpublished; its TPOT growth is
-below the growth of the bytes one TP4/EP4 worker must read), S1c row 40, S1d, S1e-g, S2, S3,
+All aggregated (prefill and decode on the same GPUs) but the GB200 sweep, whose decode
+workers are fixed from concurrency 4 to 32 and whose count is derived (:func:`derived_gpus`,
+:data:`GB200_DECODE_WORKERS`): a point's decode step runs ``concurrency / workers``
+sequences, and no prefill stalls it. Left out, each with its reason in :data:`EXCLUDED`: S1a
+(MTP), S1b GB200 from concurrency 128 (the GPU count changes), S1c row 40, S1d, S1e-g, S2, S3,
 S4 Kimi-K2 / gpt-oss, S5, S6, S7.
 
 **The prediction of one point** (concurrency ``C``, mean lengths ``ISL``/``OSL`` of the row)::
 
-    model(C) = engine step(rows C, context ISL + OSL/2)          the engine, serving stack
+    model(C) = engine step(rows C / workers, context ISL + OSL/2) the engine, serving stack
              + batch terms (tpusim.engine.gpu_batch)             the fitted figures
-             + prefill stall (tpusim.serving.interference)        0 when disaggregated
+             + prefill stall (tpusim.serving.interference)        0 when disaggregated; the
+                                                                  prefill no shorter than its
+                                                                  host time (prefill_step_s)
     TPOT(C)  = measured(C_anchor) + model(C) - model(C_anchor)    anchored on the sweep's lowest
                                                                   concurrency
 
@@ -50,7 +56,9 @@ figures are the core's leave-one-group-out with the one fold ``role=held-out``
 without the 21 held-out points (higher concurrency, the other K2.5 deployments, the other
 ISL/OSL) and predicting them; the model error is the core's split-conformal rule on that
 fold (:func:`calibration.core.model_error`). ``attention_sequence_s`` is held at its prior
-(:data:`HELD`): on the fit points it moves with ``sampling_sequence_s``.
+(:data:`HELD`): on the fit points it moves with ``sampling_sequence_s``. ``eager_host_op_s``
+(the host's time per kernel of a prefill run without a CUDA graph) is fitted with them: the
+prefill of the engine or, when longer, its kernels x that figure.
 """
 
 from __future__ import annotations
@@ -81,7 +89,7 @@ from hwmodels.catalog import load_chip
 from hwmodels.schema import Chip
 from tpusim.engine import simulate
 from tpusim.engine.gpu import gpu_variant
-from tpusim.engine.gpu_batch import batch_terms
+from tpusim.engine.gpu_batch import batch_terms, host_wait_s
 from tpusim.schedule.schema import load_schedule
 from tpusim.serving.interference import prefill_stall_s
 from tpusim.workload.model_catalog import load_model, plan_for
@@ -99,14 +107,18 @@ MS = 1e3
 # The batch figures, declared (bounds, prior, the prior's source) in calibration.core.parameters;
 # a figure's name is its field in execution.gpu and its key in the baseline cache.
 PARAMETERS: tuple[Parameter, ...] = parameters(
-    "execution.gpu.grouped_gemm_expert_s", "execution.gpu.sampling_sequence_s", "execution.gpu.attention_sequence_s")
-HELD = ("execution.gpu.attention_sequence_s",)  # held at its prior: on the fit points it moves with sampling
+    "execution.gpu.grouped_gemm_expert_s", "execution.gpu.sampling_sequence_s", "execution.gpu.attention_sequence_s",
+    "execution.gpu.eager_host_op_s")
+STEP_FIGURES = PARAMETERS[:3]  # the batch terms of a decode step (linear: cached per unit figure)
+HOST_FIGURE = PARAMETERS[3]  # the prefill's host floor (tpusim.engine.gpu_batch.prefill_step_s)
+HELD = ("execution.gpu.attention_sequence_s",  # held at its prior: on the fit points it moves with sampling
+        "execution.gpu.eager_host_op_s")  # held at its TTFT-derived value (ttft_host_op_s): not a TPOT fit
 OPTIONS = SolverOptions(max_nfev=60)  # the shipped fit and its held-out refit alike
 HELD_OUT_FOLD = ("role", "held-out")  # the one leave-one-group-out fold: the points the fit does not see
 METHOD = ("calibration.sources.gpu_batch_sweeps: leave-one-group-out (calibration.core.holdout) with the fold "
           "role=held-out, i.e. fitted on Kimi-K2.5 TP4/EP4 at concurrency 8 and the 1k/1k concurrency-16 points "
-          "of DeepSeek-R1 and Qwen3, each sweep anchored on its lowest concurrency, and judged on the 21 other "
-          "points; model error = split-conformal 90 % quantile of |measured - predicted| / predicted "
+          "of DeepSeek-R1 and Qwen3 (B200), each sweep anchored on its lowest concurrency, and judged on the 24 "
+          "other points (B200 and GB200); model error = split-conformal 90 % quantile of |measured - predicted| / predicted "
           "(calibration.core.model_error)")
 # The per-kernel figures of the K3-on-B300 fit (`tpusim calibrate --hardware b300 --measurements
 # published:b300-sglang-k3`, calibration.sources.k3_b300: kernel_gap_s 1.8 -> 0.9228 us,
@@ -131,11 +143,14 @@ class Sweep:
     fit_concurrency: int | None  # the point of this sweep in the fit set (None: all held out)
     workload: str
     stack: str  # vllm (chunked prefill mixed into decode steps) | sglang (prefill steps first)
+    decode_workers: int = 1  # decode instances sharing the concurrency (disaggregated GB200: derived)
 
 
 SWEEPS: tuple[Sweep, ...] = (
     Sweep("k25-b200-tp4ep4", "S1b", (21, 22, 23, 24, 25), "b200", 4, "kimi-k2.5.yaml@nvfp4",
           "tp=4,expert_groups=4,expert_tp=1", False, 8, "8k/1k", "vllm"),
+    Sweep("k25-gb200-disagg", "S1b", (26, 27, 28, 29), "gb200", 4, "kimi-k2.5.yaml@nvfp4",
+          "tp=4,expert_groups=4,expert_tp=1", True, None, "8k/1k", "vllm", decode_workers=4),
     Sweep("k25-b200-tp4", "S1c", (41, 42, 43, 44, 45), "b200", 4, "kimi-k2.5.yaml@nvfp4",
           "tp=4,expert_groups=1,expert_tp=4", False, None, "8k/1k", "vllm"),
     Sweep("k25-b200-int4-tp8", "S1c", (35, 36, 37, 38, 39), "b200", 8, "kimi-k2.5.yaml@int4",
@@ -155,11 +170,8 @@ SWEEPS: tuple[Sweep, ...] = (
 )
 EXCLUDED = {
     "S1a": "MTP on (TPOT per accepted token, acceptance not published); decode EP changes at 180",
-    "S1b 26-34": "GB200 (Dynamo + vLLM, disaggregated): decode worker count not published and the TPOT is "
-                 "incompatible with one TP4/EP4 worker: from conc 4 to 16 the routed-expert and KV bytes one GPU "
-                 "must read grow by ~4.6 ms at the 8 TB/s peak (27.6 vs 7.8 distinct NVFP4 experts of 24.8 MB in "
-                 "60 layers, plus the latent KV), the measured TPOT by 1.6 ms; the decode deployment changes "
-                 "(TP16/TP8) from 512",
+    "S1b 30-34": "GB200 from concurrency 128: the deployment changes (derived GPU count 41 at 128 against 22 "
+                 "at 4-32, decode TP16/TP8 from 512); rows 26-29 are used with 4 decode workers (derived_gpus)",
     "S1c 40": "a single TP8 NVFP4 point (no sweep)",
     "S1d": "disaggregated with the deployment changing at every point; DeepSeek-V4 not modelled",
     "S1e-S1g": "one peak-throughput point per GPU, not sweeps",
@@ -172,8 +184,20 @@ EXCLUDED = {
 }
 # The held-out error this module documents (docs/gpu-batch.md; python -m calibration.reports.gpu_batch) and
 # the margin tests/test_gpu_batch_fit.py allows before it fails.
-DOCUMENTED_HELD_OUT = {"mape": 0.109, "max_abs_error": 0.297, "points": 21, "sweeps": 9, "model_error": 0.254}
+DOCUMENTED_HELD_OUT = {"mape": 0.085, "max_abs_error": 0.211, "points": 24, "sweeps": 10, "gpu_types": 2,
+                       "model_error": 0.154}
 GUARD_MARGIN = 0.015
+# What main shipped before this module judged GB200 and priced the prefill's host time (the fit
+# of commit 285aab7 on these three fit points): the "main" column of the tables.
+MAIN_FIGURES = {"grouped_gemm_expert_s": 8.865376009166925e-08, "sampling_sequence_s": 0.0,
+                "attention_sequence_s": 1e-07, "eager_host_op_s": 0.0}
+# The GB200 sweep's decode workers, derived (not published): derived_gpus() puts 20-22 GPUs under
+# concurrency 4-32 (Little's law on the published tok/s/GPU and TPOT; the TTFT, unpublished, only
+# lowers it), i.e. at most 5 TP4 workers; with one TP4 prefill worker, 4 decode workers. Three or
+# fewer cannot be: from concurrency 4 to 32 the routed-expert (NVFP4, 24.8 MB, 60 layers) and
+# latent-KV bytes one GPU must then read grow by >= 3.9 ms at the 8 TB/s peak, the measured TPOT by
+# 3.2 ms (four workers: 2.95 ms).
+GB200_DECODE_WORKERS = 4
 INFERENCEX_LENGTH = 0.9  # InferenceX samples ISL and OSL at 80-100 % of nominal: mean 0.9
 
 
@@ -197,11 +221,23 @@ class Point:
     def key(self) -> str:
         return f"{self.sweep.key}@{self.concurrency}"
 
+    @property
+    def rows(self) -> int:
+        """Sequences one decode worker runs: the concurrency shared by the sweep's workers."""
+        return max(1, round(self.concurrency / self.sweep.decode_workers))
+
 
 @cache
 def load_rows() -> dict[int, dict[str, Any]]:
     """The published rows by row_id (the package copy)."""
     return {int(row["row_id"]): row for row in json.loads(DATA_FILE.read_text(encoding="utf-8"))}
+
+
+def derived_gpus(row: dict[str, Any]) -> float:
+    """GPUs behind a point by Little's law, an upper bound: ``concurrency / TPOT`` output tokens/s
+    over the published output tokens/s per GPU (the TTFT, not published for S1b, only lowers the
+    real throughput per client)."""
+    return row["concurrency"] * 1e3 / row["tpot_ms"] / row["output_tok_s_per_gpu"]
 
 
 def _lengths(row: dict[str, Any]) -> tuple[float, float]:
@@ -249,31 +285,32 @@ def sweep_chip(sweep: Sweep, values: dict[str, float] | None = None) -> Chip:
 def _program(point: Point) -> Program:
     model = load_model(str(MODELS_DIR / point.sweep.model))
     plan = plan_for(model, point.sweep.devices, devices_per_chip=1, intra_link="nvlink", choice=point.sweep.plan)
-    return build_program(model, plan, batch=point.concurrency, context_tokens=point.context_tokens,
-                         sequences=point.concurrency)
+    return build_program(model, plan, batch=point.rows, context_tokens=point.context_tokens, sequences=point.rows)
 
 
 @cache
-def _prefill_s(sweep: Sweep, tokens: int) -> float:
-    """The engine's prefill of a ``tokens``-token prompt on the sweep's deployment, seconds."""
+def _prefill(sweep: Sweep, tokens: int) -> tuple[float, int]:
+    """The engine's prefill of a ``tokens``-token prompt on the sweep's deployment: seconds and
+    kernels launched."""
     model = load_model(str(MODELS_DIR / sweep.model))
     plan = plan_for(model, sweep.devices, devices_per_chip=1, intra_link="nvlink", choice=sweep.plan)
     prefill = build_prefill_program(model, plan, tokens=tokens, prefix_tokens=0)
-    return simulate(prefill, load_schedule("naive"), sweep_chip(sweep)).step_s
+    result = simulate(prefill, load_schedule("naive"), sweep_chip(sweep))
+    return result.step_s, result.launch_count
 
 
 def simulate_point(point: Point) -> dict[str, Any]:
-    """The engine's part of a point: the step without batch terms, the prefill of its prompt,
-    and the batch terms per unit figure (they are linear in the figures)."""
+    """The engine's part of a point: the step without batch terms, the prefill of its prompt
+    (seconds, kernels) and the batch terms per unit figure (they are linear in the figures)."""
     chip = sweep_chip(point.sweep)
     program = _program(point)
     step_s = simulate(program, load_schedule("naive"), chip).step_s
-    prefill_s = 0.0 if point.sweep.disaggregated else _prefill_s(point.sweep, round(point.isl))
+    prefill_s, launches = (0.0, 0) if point.sweep.disaggregated else _prefill(point.sweep, round(point.isl))
     unit = {}
-    for figure in PARAMETERS:
+    for figure in STEP_FIGURES:
         ones = sweep_chip(point.sweep, {figure.path: 1.0})
         unit[figure.name] = sum(batch_terms(ones, program).values())
-    return {"step_s": step_s, "prefill_s": prefill_s, "terms_per_unit_s": unit}
+    return {"step_s": step_s, "prefill_s": prefill_s, "prefill_launches": launches, "terms_per_unit_s": unit}
 
 
 def refresh_baseline(path: Path = BASELINE_FILE) -> dict[str, Any]:
@@ -296,8 +333,10 @@ def model_s(point: Point, values: dict[str, float], *, by_stack: bool = True) ->
     ``by_stack`` False: every stack's prefill stalls decode in full (the serving simulator's
     SGLang default, what the code did before the stacks were told apart)."""
     entry = baseline()[point.key]
-    terms = sum(entry["terms_per_unit_s"][name] * value for name, value in values.items())
-    stall = prefill_stall_s(point.concurrency, entry["prefill_s"], point.osl, disaggregated=point.sweep.disaggregated,
+    terms = sum(entry["terms_per_unit_s"][f.name] * values.get(f.name, 0.0) for f in STEP_FIGURES)
+    prefill_s = entry["prefill_s"] + host_wait_s(entry["prefill_launches"], entry["prefill_s"],
+                                                 values.get(HOST_FIGURE.name, 0.0))
+    stall = prefill_stall_s(point.concurrency, prefill_s, point.osl, disaggregated=point.sweep.disaggregated,
                             mixed_step_s=entry["step_s"] if by_stack and point.sweep.stack == "vllm" else None)
     return entry["step_s"] + terms + stall
 
@@ -310,6 +349,22 @@ def predict_ms(values: dict[str, float], *, by_stack: bool = True) -> dict[str, 
         anchor = anchors[point.sweep.key]
         grows = model_s(point, values, by_stack=by_stack) - model_s(anchor, values, by_stack=by_stack)
         out[point.key] = anchor.tpot_ms + grows * MS
+    return out
+
+
+def ttft_host_op_s() -> dict[str, float]:
+    """The host's time per prefill kernel the published concurrency-1 TTFTs imply, per model (the
+    declared prior of ``eager_host_op_s``): the long prompt (8k/1k sweep) is GPU-bound (the engine's
+    prefill), the short one (1k/1k) host-bound, and the rest of a TTFT (HTTP, tokenizing, the first
+    decode step) is alike for both, so ``host(short) = prefill(long) - (TTFT(long) - TTFT(short))``
+    over the short prefill's kernels."""
+    rows, cache = load_rows(), baseline()
+    anchors = {p.sweep.key: p for p in points() if p.role == "anchor"}
+    out = {}
+    for family in ("dsr1", "qwen3"):
+        short, long = anchors[f"{family}-b200-1k1k"], anchors[f"{family}-b200-8k1k"]
+        gap_s = (rows[long.row_id]["ttft_ms"] - rows[short.row_id]["ttft_ms"]) / MS
+        out[family] = (cache[long.key]["prefill_s"] - gap_s) / cache[short.key]["prefill_launches"]
     return out
 
 
@@ -368,7 +423,7 @@ def calibrate() -> BatchFit:
     solution = core_fit(problem.only(fit_points), OPTIONS)
     (fold,) = leave_one_group_out(problem, OPTIONS, folds=[HELD_OUT_FOLD])
     error = model_error([fold], METHOD)
-    assert error is not None  # one fold with 21 points
+    assert error is not None  # one fold with 24 points
     return BatchFit(solution, fold, _values(solution.value_map(), problem), error)
 
 
@@ -378,12 +433,14 @@ def fit() -> dict[str, float]:
 
 
 def table(values: dict[str, float]) -> list[dict[str, Any]]:
-    """Per point: measured, predicted before (no batch terms) and after (``values``), errors."""
+    """Per point: measured, predicted before (the engine without batch terms), by main
+    (:data:`MAIN_FIGURES`) and after (``values``), and their errors."""
     before = predict_ms(dict.fromkeys(values, 0.0), by_stack=False)  # the code before: no batch terms
-    after = predict_ms(values)
+    main, after = predict_ms(MAIN_FIGURES), predict_ms(values)
     return [{"sweep": p.sweep.key, "gpu": p.sweep.chip, "concurrency": p.concurrency, "row_id": p.row_id,
-             "role": p.role, "measured_ms": p.tpot_ms, "before_ms": before[p.key], "after_ms": after[p.key],
-             "before_error": before[p.key] / p.tpot_ms - 1.0, "after_error": after[p.key] / p.tpot_ms - 1.0}
+             "role": p.role, "measured_ms": p.tpot_ms, "before_ms": before[p.key], "main_ms": main[p.key],
+             "after_ms": after[p.key], "before_error": before[p.key] / p.tpot_ms - 1.0,
+             "main_error": main[p.key] / p.tpot_ms - 1.0, "after_error": after[p.key] / p.tpot_ms - 1.0}
             for p in points()]
 
 

@@ -39,8 +39,20 @@ Chunked-prefill interference is a serving mechanism, not a step term: the servin
 runs other requests' prefill chunks between decode steps (:mod:`tpusim.serving.simulator`);
 its closed form for a closed loop is :func:`tpusim.serving.interference.prefill_stall_s`.
 
-The three figures live in ``execution.gpu`` (:class:`hwmodels.schema.GpuExecution`); a chip
-without them (``None``) has no batch terms, which is what the engine did before.
+- **A prefill runs without a CUDA graph** (SGLang captures graphs for decode batches only;
+  vLLM V1's piecewise graphs stop at its largest captured token count, 512 by default): the
+  host issues every kernel of the step from Python through the framework's dispatcher, and
+  the GPU runs them as they come. The step lasts the longer of the two
+  (:func:`prefill_step_s`)::
+
+      prefill = max(engine step, kernels launched x eager_host_op_s)
+
+  A long prompt is GPU-bound (the engine's step stands); a short one (the 500-token prompts
+  of a 1k/1k sweep) is host-bound, and every other client's decode waits for it.
+
+The figures live in ``execution.gpu`` (:class:`hwmodels.schema.GpuExecution`); a chip
+without them (``None``) has no batch terms and no host floor, which is what the engine did
+before.
 """
 
 from __future__ import annotations
@@ -48,6 +60,7 @@ from __future__ import annotations
 import bisect
 
 from hwmodels.schema import Chip, GpuExecution
+from tpusim.engine.result import SimResult
 from tpusim.workload.program import Program, StepPhase
 
 # CUDA-graph capture sizes by stack family (the batch a decode step is padded up to):
@@ -127,3 +140,26 @@ def batch_terms(chip: Chip, program: Program) -> dict[str, float]:
     terms["attention_seqs"] = attention_s * model.num_layers * (sequences - 1)
     terms["sampling_sched"] = sampling_s * (sequences - 1)
     return terms
+
+
+def host_bound_s(chip: Chip, result: SimResult) -> float:
+    """Seconds a step run without a CUDA graph waits beyond ``result`` for the host to issue
+    its kernels: ``max(0, launches x eager_host_op_s - step)``; 0 on a chip without the figure,
+    a non-GPU chip or a GPU megakernel (one launch)."""
+    gpu = chip.execution.gpu
+    if chip.kind != "gpu" or gpu is None or gpu.eager_host_op_s is None or chip.execution.mode == "megakernel":
+        return 0.0
+    return host_wait_s(result.launch_count, result.step_s, gpu.eager_host_op_s.value)
+
+
+def host_wait_s(launches: int, step_s: float, host_op_s: float) -> float:
+    """``max(0, launches x host_op_s - step_s)``: what a step of ``launches`` kernels and
+    ``step_s`` on the GPU waits for a host that needs ``host_op_s`` per kernel."""
+    return max(0.0, launches * host_op_s - step_s)
+
+
+def prefill_step_s(chip: Chip, result: SimResult) -> float:
+    """A prefill step's seconds: the engine's step or, when longer, the host's time to issue its
+    kernels (module docstring)."""
+    return result.step_s + host_bound_s(chip, result)
+

@@ -15,7 +15,9 @@ fastest decode step at a reference batch (:func:`tpusim.compare.gpu_plans.pick_p
   under the schedule chosen for its resident row tile. **Assumption** (how the TPU
   megakernel prefills is not published): a prefill chunk runs as its own step that
   interrupts decoding, under the decode plan and a schedule of the same family; a GPU stack
-  runs its prefill kernels under the same plan.
+  runs its prefill kernels under the same plan, without a CUDA graph: a chip with
+  ``execution.gpu.eager_host_op_s`` takes at least its kernels x that figure
+  (:func:`tpusim.engine.gpu_batch.prefill_step_s`).
 """
 
 from __future__ import annotations
@@ -120,6 +122,7 @@ class EnginePricer:
 
     def prefill_s(self, tokens: int, prefix_tokens: int) -> float:
         from tpusim.engine import simulate
+        from tpusim.engine.gpu_batch import prefill_step_s
 
         context = prefix_tokens + tokens
         tile = PREFILL_ROW_TILE
@@ -133,7 +136,7 @@ class EnginePricer:
                     continue
                 program = build_prefill_program(self.model, self.plan, tokens=tokens, prefix_tokens=prefix_tokens,
                                                 routing=self.routing, seed=self.seed, row_tile=tile)
-                return simulate(program, schedule, self.chip).step_s
+                return prefill_step_s(self.chip, simulate(program, schedule, self.chip))
             tile //= 2
 
     def kv_request_bytes(self, context_tokens: int) -> int:

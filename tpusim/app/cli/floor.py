@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     report = floor_report(model, plan, system, batch=args.batch, context_tokens=args.context,
                           routing=routing, seed=args.seed)
     report["capacity"] = fit.as_json()
+    report["formats"] = args.formats_choice  # how the weight formats were chosen (one rule for every command)
     fmt = output_format(args)
     if fmt == "json":
         emit_json(report)
@@ -59,5 +60,5 @@ def run(args: argparse.Namespace) -> int:
     total = report["bytes_per_device"]
     for family, size in sorted(report["breakdown"]["bytes_by_family"].items(), key=lambda kv: -kv[1]):
         fam.add(family, f"{size / mib:.1f}", f"{100 * size / total:.1f} %")
-    emit([table, fam], fmt, notes=[f"source: {report['source']}"])
+    emit([table, fam], fmt, notes=[f"weight formats: {report['formats']}", f"source: {report['source']}"])
     return 0

@@ -17,6 +17,7 @@ floor):
 | --- | --- |
 | ``model``, ``hardware``, ``system``, ``chips``, ``devices``, ``plan``, ``batch``, ``context``, ``routing``, ``seed``, ``execution_mode`` | what was simulated (the inputs, the plan and the chip's execution mode) |
 | ``prefill_row_tile`` | prefill only: rows of activations on chip at a time (32, stepped down until the schedule's buffers fit, as ``tpusim serving`` does; the ``source`` says when it was) |
+| ``prefill_host_bound_ms`` | prefill only: how much longer the host takes to issue the chunk's kernels without a CUDA graph than the step runs (launches x ``execution.gpu.eager_host_op_s``; 0 without the figure; ``tpusim serving`` prices a prefill as ``step_ms`` + this: :func:`tpusim.engine.gpu_batch.prefill_step_s`); ``None`` in decode |
 | ``phase``, ``prefix_tokens`` | ``decode`` or ``prefill`` (``--phase prefill``: ``batch`` = the chunk's tokens, ``context`` = prefix + chunk, ``prefix_tokens`` the cached prompt tokens before it, ``tokens_per_s`` = prompt tokens/s; ``None`` in decode) |
 | ``step_ms``, ``tokens_per_s`` | simulated step time; aggregate tokens/s = batch / step |
 | ``exposed_dma_ms`` | compute stream waiting on copies |
@@ -143,7 +144,7 @@ def simulate_data(args: argparse.Namespace, workload: tuple[Any, Any, Any, Any],
         source += f"; {stack_source(chip)}"
     data = _json_result(result, floors(program, chip), args, system.name, system.devices, plan.name, source)
     data["formats"] = getattr(args, "formats_choice", "the model file's formats")
-    data["prefill_row_tile"] = None
+    data["prefill_row_tile"], data["prefill_host_bound_ms"] = None, None
     data["schedule_default_families"] = []
     if result.execution_mode != "megakernel":  # no schedule ran: the output names none
         data["schedule"], data["schedule_hash"] = None, None
@@ -158,9 +159,11 @@ def simulate_data(args: argparse.Namespace, workload: tuple[Any, Any, Any, Any],
         data.update(batch=program.batch, context=program.context_tokens, prefix_tokens=args.prefix_tokens)
         data["source"] += ("; prefill chunk of one sequence (tokens_per_s = prompt tokens/s; prefill form and "
                            "assumptions: tpusim.workload.prefill)")
+        from tpusim.engine.gpu_batch import host_bound_s
         from tpusim.workload.prefill import PREFILL_ROW_TILE
 
         data["prefill_row_tile"] = prefill_tile
+        data["prefill_host_bound_ms"] = host_bound_s(chip, result) * 1e3
         if prefill_tile != PREFILL_ROW_TILE:
             data["source"] += (f"; row tile stepped down from {PREFILL_ROW_TILE} to {prefill_tile} rows so the "
                                "schedule's buffers fit on chip (as tpusim serving does)")

@@ -137,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
     if fmt == "json":
         figures = "published figures" if system.chip.calibration is None else system.chip.calibration.note()
         emit_json({**_as_json(result), "best_interval": interval, "row_intervals": intervals,
-                   "capacity": fit.as_json(), "figures": f"{system.chip.name}: {figures}"})
+                   "capacity": fit.as_json(), "figures": f"{system.chip.name}: {figures}",
+                   "formats": args.formats_choice})
         return 0
     from tpusim.report.intervals import format_interval
 
@@ -147,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
         hardware = [f"hardware {system.chip.name}: {calibration.note()}"]
         hardware += [f"warning: {gap}; the calibrated figures are extrapolated here"
                      for gap in calibration.warnings(args.model, args.chips)]
+    hardware.append(f"weight formats: {args.formats_choice}")
     hardware.append(f"best schedule: {format_interval(interval)}")
     if interval.get("step_ms_low") is not None:
         hardware.append("P(best): share of the calibration's sampled parameter sets on which the row is the "
@@ -187,7 +189,7 @@ def _run_joint(args: argparse.Namespace, model: Any, system: Any, routing: Any) 
         return EXIT_TERMINATED if isinstance(interrupted.__context__, Terminated) else EXIT_INTERRUPTED
     figures = "published figures" if system.chip.calibration is None else system.chip.calibration.note()
     data = {"best": result.best_row, "published": result.published_row, "speedup": result.speedup,
-            "figures": f"{system.chip.name}: {figures}",
+            "figures": f"{system.chip.name}: {figures}", "formats": args.formats_choice,
             "trials": result.trials, "simulated": result.simulated, "wall_s": result.wall_s, "cpu_s": result.cpu_s,
             "executor": result.executor, "paths": {k: str(v) for k, v in result.paths.items()},
             "robust": result.robust}
@@ -197,6 +199,7 @@ def _run_joint(args: argparse.Namespace, model: Any, system: Any, routing: Any) 
     best, pub = result.best_row, result.published_row
     print(f"joint sweep: {result.trials} trials, {result.simulated} simulated (full step) in {result.wall_s:.1f} s "
           f"wall, {result.cpu_s:.1f} s CPU in this process ({result.executor})")
+    print(f"weight formats: {args.formats_choice}")
     print(f"best: plan {best['plan']}, collectives {best['collectives'] or 'as the plan'}, "
           f"{best['predicted_ms']:.4f} ms/step, {best['tokens_per_s']:.1f} tokens/s (simulated)")
     if pub is not None and result.speedup is not None:
@@ -217,8 +220,9 @@ def _print_batches(args: argparse.Namespace, batches: list[int], results: list[A
              "simulated": r.simulated, "robust": r.robust, "paths": {k: str(v) for k, v in r.paths.items()}}
             for batch, r in zip(batches, results, strict=True)]
     if output_format(args) == "json":
-        emit_json({"batches": data, "report": str(args.out / "report.md")})
+        emit_json({"batches": data, "report": str(args.out / "report.md"), "formats": args.formats_choice})
         return 0
+    print(f"weight formats: {args.formats_choice}")
     for row in data:
         p = (row["robust"] or {}).get("p_beats_published")
         versus = (f"vs published {row['published']['tokens_per_s']:.1f} (simulated); speedup {row['speedup']:.3f}x"
