@@ -39,7 +39,7 @@ from megakernel.dims import model_dims
 from megakernel.dma_plan import UnsupportedSchedule
 from megakernel.events import save_routing_trace
 from megakernel.hbm import pack_hbm
-from megakernel.kernel import Megakernel
+from megakernel.kernel import DEFAULT_VMEM_LIMIT_BYTES, Megakernel
 from megakernel.layout import load_safetensors, random_weights
 from megakernel.reference import (
     DecodeState,
@@ -75,6 +75,7 @@ class RunConfig:
     shard_of: str | None = None  # a plan name: run one device's program of it on this chip
     weight_banks: int = 0  # >0: stacked weights hold this many distinct entries (dims.weight_banks)
     check_steps: int = 8  # greedy steps checked against the reference before timing (a TPU)
+    layers: int = 0  # >0: only the model's first N layers (numerics by depth); 0: all of them
 
 
 @dataclass
@@ -112,11 +113,43 @@ def run_plan(config: RunConfig) -> Any:
     from tpusim.workload.model_catalog import shard_plan
 
     model = load_model(config.model)
-    return model, (shard_plan(model, config.shard_of) if config.shard_of else plan_for(model, 1))
+    plan = shard_plan(model, config.shard_of) if config.shard_of else plan_for(model, 1)
+    return (model.with_layers(config.layers) if config.layers else model), plan
+
+
+def max_context_for(config: RunConfig, backend: str) -> int:
+    """KV cache length of a run: its context, the checked and timed steps, and the warm-up."""
+    check_steps = config.steps if backend == "interpret" else max(config.check_steps, 0)
+    return config.context + check_steps + config.steps + 1
+
+
+def vmem_limit_on(backend: str) -> int:
+    """The VMEM limit Mosaic gets where the kernel runs: the chip's catalog VMEM on a TPU (a
+    v5e's 128 MiB, not the 64 MiB default that is TPU v7's), the default in interpret mode."""
+    from megakernel.mosaic_compile import vmem_limit_for
+
+    if backend != "tpu":
+        return DEFAULT_VMEM_LIMIT_BYTES
+    try:
+        return vmem_limit_for(device_chip(backend))
+    except (KeyError, ValueError):  # a TPU the catalog does not name: the published kernel's limit
+        return DEFAULT_VMEM_LIMIT_BYTES
+
+
+def build_kernel(config: RunConfig, dims: Any, backend: str) -> Megakernel:
+    """The kernel a run compiles, built in one place for the run and for compiles ahead of it
+    (same shapes and limits, so a compile ahead is the one the run finds in the cache)."""
+    interpret = None
+    if backend == "interpret":
+        from jax.experimental.pallas import tpu as pltpu
+
+        interpret = pltpu.InterpretParams()
+    return Megakernel(dims, load_schedule(config.schedule), config.batch, max_context_for(config, backend),
+                      interpret=interpret, vmem_limit_bytes=vmem_limit_on(backend))
 
 
 def prepare(config: RunConfig) -> Prepared:
-    key = (config.model, config.shard_of, config.weight_banks, config.seed, config.weights)
+    key = (config.model, config.shard_of, config.weight_banks, config.seed, config.weights, config.layers)
     if key not in _PREPARED:
         _PREPARED.clear()  # one model's weights on the chip at a time
         model, plan = run_plan(config)
@@ -140,16 +173,10 @@ def run(config: RunConfig, out: Path | None = None) -> dict[str, Any]:
         raise InputError(f"--weight-banks {config.weight_banks}: must be >= 0")
     backend = resolve_backend(config.backend)
     check_steps = config.steps if backend == "interpret" else max(config.check_steps, 0)
-    max_context = config.context + check_steps + config.steps + 1
     try:
         prepared = prepare(config)
         schedule = load_schedule(config.schedule)
-        interpret = None
-        if backend == "interpret":
-            from jax.experimental.pallas import tpu as pltpu
-
-            interpret = pltpu.InterpretParams()
-        kernel = Megakernel(prepared.dims, schedule, config.batch, max_context, interpret=interpret)
+        kernel = build_kernel(config, prepared.dims, backend)
     except (UnsupportedSchedule, ValueError) as error:
         if isinstance(error, InputError):
             raise
@@ -200,6 +227,7 @@ def run(config: RunConfig, out: Path | None = None) -> dict[str, Any]:
         "within_tolerance": (None if check["relative_error"] is None
                              else check["relative_error"] <= TOLERANCES[REORDERED][F32]),
         "tokens_identical": check["tokens_identical"],
+        "step_relative_errors": check["step_relative_errors"],  # per checked step, while tokens agree
         "checked_steps": check_steps,
         "compile_s": compile_s,
         "shard_of": config.shard_of,
@@ -254,6 +282,7 @@ def greedy_check(step: Any, dims: Any, params: Any, hbm: Any, state: DecodeState
         identical = identical and bool(jnp.all(kernel_tokens == ref_tokens))
     return {"max_abs_error": max(errors) if errors else None, "tokens_identical": identical if steps else None,
             "relative_error": max(errors) / max(scale) if errors and max(scale) > 0 else None,
+            "step_relative_errors": [e / max(s, 1e-6) for e, s in zip(errors, scale, strict=True)],
             "times_ms": times_ms}
 
 

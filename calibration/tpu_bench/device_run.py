@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 SETS_FILE = Path(__file__).with_name("sets.json")
+SCRATCH = Path(os.environ.get("TMPDIR", "/tmp")) / "tpu-bench-scratch.jsonl"  # the runner's own copy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +63,8 @@ def load_cases(name: str) -> list[Case]:
         raise SystemExit(f"--set {name}: not in {SETS_FILE.name} (have: {', '.join(sorted(sets))})")
     cases = []
     for group in sets[name]["groups"]:
+        if group.get("purpose") == "numerics":
+            continue  # numerics_groups
         fixed = {k: v for k, v in group.items() if k not in ("schedules", "batches")}
         for schedule in group["schedules"]:
             for batch in group["batches"]:
@@ -69,45 +72,64 @@ def load_cases(name: str) -> list[Case]:
     return cases
 
 
+def run_config(case: Case, root: Path) -> Any:
+    """The :class:`megakernel.runner.RunConfig` of ``case`` on the chip."""
+    from megakernel.runner import RunConfig
+
+    return RunConfig(model=case.model, schedule=case.schedule_path(root), batch=case.batch, steps=case.steps,
+                     context=case.context, backend="tpu", shard_of=case.shard_of,
+                     weight_banks=case.weight_banks, check_steps=case.check_steps,
+                     label=f"measured ({case.purpose} set)")
+
+
+def numerics_groups(name: str) -> list[dict[str, Any]]:
+    """The set's ``purpose: numerics`` groups (:mod:`megakernel.chip_numerics` runs, by depth)."""
+    return [g for g in json.loads(SETS_FILE.read_text())[name]["groups"] if g.get("purpose") == "numerics"]
+
+
+def run_numerics(group: dict[str, Any], out: Path) -> None:
+    """One numerics group: per schedule and batch, teacher-forced errors at each depth."""
+    from megakernel.chip_numerics import depth_record
+    from megakernel.runner import RunConfig, append_record
+
+    for schedule in group["schedules"]:
+        for batch in group["batches"]:
+            for layers in group["layers"]:
+                config = RunConfig(model=group["model"], schedule=schedule, batch=batch, steps=group["steps"],
+                                   context=group["context"], backend="tpu", layers=layers,
+                                   check_steps=group["steps"])
+                record = depth_record(config, "tpu")
+                append_record(out, record)
+                worst = max(record["steps"], key=lambda s: s["kernel"])
+                say(f"numerics {group['model']} {schedule} b{batch} {record['layers']} layers: "
+                    + " ".join(f"{s['kernel']:.2e}/{s['reference_default']:.2e}/{s['reference_cpu']:.2e}"
+                               for s in record["steps"])
+                    + f" (kernel/ref-default/ref-cpu per step; worst kda state {worst['kernel_kda_state']:.2e})")
+
+
 def ahead_compile(case: Case, root: Path) -> float:
-    """Compile ``case``'s kernel from shapes (fills the persistent cache); seconds."""
+    """Compile ``case``'s kernel from shapes (fills the persistent cache); seconds. The kernel
+    is :func:`megakernel.runner.build_kernel`'s, so the run finds this compile in the cache."""
     import jax
-    import jax.numpy as jnp
 
     from megakernel.dims import model_dims
-    from megakernel.kernel import Megakernel
-    from megakernel.reference import DecodeState
-    from megakernel.runner import RunConfig, run_plan
-    from tpusim.schedule.schema import load_schedule
+    from megakernel.mosaic_compile import step_inputs
+    from megakernel.runner import KERNEL_PRECISION, build_kernel, run_plan
 
-    config = RunConfig(model=case.model, schedule=case.schedule_path(root), batch=case.batch, steps=case.steps,
-                       context=case.context, shard_of=case.shard_of, weight_banks=case.weight_banks,
-                       check_steps=case.check_steps)
+    config = run_config(case, root)
     model, plan = run_plan(config)
     dims = dataclasses.replace(model_dims(model, plan), weight_banks=case.weight_banks)
-    kernel = Megakernel(dims, load_schedule(config.schedule), case.batch,
-                        case.context + case.check_steps + case.steps + 1)
-    sds = jax.ShapeDtypeStruct
-    hbm = {name: sds(shape, jnp.uint16) for name, shape in kernel.hbm_shapes().items()}
-    states = kernel.state_shapes()
-    state = DecodeState(states["state.kda"], states["state.conv"], states["state.kv"], sds((), jnp.int32))
-    from megakernel.runner import KERNEL_PRECISION
-
+    kernel = build_kernel(config, dims, "tpu")
     started = time.perf_counter()
     with jax.default_matmul_precision(KERNEL_PRECISION):
-        jax.jit(kernel.step).lower(hbm, sds((dims.vocab_rows, dims.hidden), jnp.bfloat16), state,
-                                   sds((case.batch,), jnp.int32)).compile()
+        jax.jit(kernel.step).lower(*step_inputs(kernel)).compile()
     return time.perf_counter() - started
 
 
 def run_case(case: Case, root: Path, out: Path, ahead_s: float) -> dict[str, Any]:
-    from megakernel.runner import RunConfig, append_record, run
+    from megakernel.runner import append_record, run
 
-    config = RunConfig(model=case.model, schedule=case.schedule_path(root), batch=case.batch, steps=case.steps,
-                       context=case.context, backend="tpu", shard_of=case.shard_of,
-                       weight_banks=case.weight_banks, check_steps=case.check_steps,
-                       label=f"measured ({case.purpose} set)")
-    record = run(config, out.parent / "scratch.jsonl")
+    record = run(run_config(case, root), SCRATCH)  # not under $OUT: only 8 files come back
     trace = record["routing"].removeprefix("trace:")
     record["routing_layers"] = json.loads(Path(trace).read_text())["layers"]
     record["routing"] = f"trace:{Path(trace).name}"
@@ -139,6 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     records = args.out / "records.jsonl"
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.compile_workers)
     ahead = {i: pool.submit(ahead_compile, case, root) for i, case in enumerate(cases)}
+    for group in numerics_groups(args.set):
+        try:
+            run_numerics(group, args.out / "numerics.jsonl")
+        except Exception as error:
+            say(f"NUMERICS FAIL {group['model']}: {type(error).__name__}: {str(error)[:600]}")
+            traceback.print_exc()
     done = 0
     for i, case in enumerate(cases):
         if time.monotonic() - started > args.budget_s:

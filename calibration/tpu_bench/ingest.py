@@ -7,7 +7,9 @@
   record's embedded ``routing_layers`` becomes ``DATA/tpu-v5e-routing/<name>.json`` (a
   :mod:`tpusim.workload.routing` trace) and the record's ``routing`` names it relative to the
   records file, so ``tpusim simulate --routing`` can replay the routing the run used;
-- ``FILES_AT/probes.jsonl`` -> ``DATA/tpu-v5e-probes.jsonl`` (appended likewise).
+- ``FILES_AT/probes.jsonl`` -> ``DATA/tpu-v5e-probes.jsonl`` (appended likewise);
+- ``FILES_AT/numerics.jsonl`` -> ``DATA/tpu-v5e-numerics.jsonl`` (:mod:`megakernel.chip_numerics`
+  records, appended likewise).
 
 Every file is written through a temporary file and renamed (nothing half-written).
 """
@@ -23,11 +25,12 @@ from typing import Any
 from hwmodels.atomic import write_text_atomic
 
 KERNEL_FILE, PROBE_FILE, ROUTING_DIR = "tpu-v5e-kernel.jsonl", "tpu-v5e-probes.jsonl", "tpu-v5e-routing"
+NUMERICS_FILE = "tpu-v5e-numerics.jsonl"
 
 
 def _key(record: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(json.dumps(record.get(k), sort_keys=True) for k in
-                 ("kind", "probe", "params", "model", "shard_of", "schedule_hash", "batch", "provenance", "date"))
+                 ("kind", "probe", "params", "model", "shard_of", "schedule_hash", "batch", "layers", "provenance", "date"))
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
@@ -57,7 +60,8 @@ def ingest(files_at: Path, data: Path) -> dict[str, int]:
             write_text_atomic(routing_dir / name, json.dumps({"layers": layers}))
             record["routing"] = f"trace:{ROUTING_DIR}/{name}"
     return {"kernel": _append(data / KERNEL_FILE, records),
-            "probes": _append(data / PROBE_FILE, _read(files_at / "probes.jsonl"))}
+            "probes": _append(data / PROBE_FILE, _read(files_at / "probes.jsonl")),
+            "numerics": _append(data / NUMERICS_FILE, _read(files_at / "numerics.jsonl"))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"error: {args.files_at}: not a folder\n")
         return 2
     counts = ingest(args.files_at, args.data)
-    sys.stdout.write(f"added {counts['kernel']} kernel records and {counts['probes']} probe records to {args.data}\n")
+    sys.stdout.write(f"added {counts['kernel']} kernel records, {counts['probes']} probe records "
+                     f"and {counts['numerics']} numerics records to {args.data}\n")
     return 0
 
 
