@@ -21,7 +21,7 @@ import pytest
 
 from calibration.reports.tpu_v5e_replay import HELDOUT_PATH, replay
 from calibration.sources.tpu_chip_records import KERNEL_PATH, ChipRecord
-from calibration.sources.tpu_kernel_fit import ranking, splits
+from calibration.sources.tpu_kernel_fit import ranking, resolved_tau, splits
 from calibration.sources.tpu_probes import (
     dequant_path,
     load_probes,
@@ -78,9 +78,9 @@ def test_probe_figures_save_as_the_v5e_overlay(tmp_path: Path, monkeypatch: pyte
         assert dict(iter_figures(chip))[path].value == pytest.approx(dict(iter_figures(measured))[path].value)
 
 
-def _record(schedule: str, batch: int, ms: float) -> ChipRecord:
+def _record(schedule: str, batch: int, ms: float, spread: float = 0.0) -> ChipRecord:
     return ChipRecord(model="kimi-k3", shard_of="k3-tp32", schedule=schedule, schedule_path="x.json", batch=batch,
-                      context=1024, routing="trace:x", ms_median=ms, ms_spread=0.0, runs=1)
+                      context=1024, routing="trace:x", ms_median=ms, ms_spread=spread, runs=1)
 
 
 def test_splits_and_ranking_follow_whatever_records_exist() -> None:
@@ -94,6 +94,18 @@ def test_splits_and_ranking_follow_whatever_records_exist() -> None:
     worst = ranking(records, {0: 60.0, 1: 70.0, 2: 75.0}, 1)
     assert worst is not None and worst["pick"] == "naive" and worst["regret"] == pytest.approx(97.0 / 78.0 - 1)
     assert ranking(records, {3: 1.0}, 4) is None  # one schedule: no order to judge
+
+
+def test_resolved_tau_counts_only_pairs_the_spreads_separate() -> None:
+    records = [_record("a", 1, 100.0, spread=0.5), _record("b", 1, 100.6, spread=0.5),
+               _record("c", 1, 110.0, spread=0.5), _record("d", 1, 90.0, spread=0.5)]
+    # a-b lie within their spreads: the swapped guess between them is not held against it
+    tau, pairs = resolved_tau(records, [101.0, 100.0, 120.0, 80.0])
+    assert pairs == 5 and tau == pytest.approx(1.0)
+    tau, pairs = resolved_tau(records, [101.0, 100.0, 80.0, 120.0])  # c and d swapped: every resolved pair wrong
+    assert pairs == 5 and tau == pytest.approx(-1.0)
+    found = ranking(records, {0: 101.0, 1: 100.0, 2: 120.0, 3: 80.0}, 1)
+    assert found is not None and found["tau_resolved"] == pytest.approx(1.0) and found["tau"] < 1.0
 
 
 @pytest.mark.parametrize("content, words", [
@@ -135,3 +147,17 @@ def test_kernel_records_refuse_a_foreign_chip_or_split(capsys: pytest.CaptureFix
     assert "kernel records calibrate tpu-v5e" in capsys.readouterr().err
     assert cli(["calibrate", "--hardware", "tpu-v5e", "--measurements", path, "--holdout-dimensions", "format"]) == 2
     assert "kernel records split by schedule or batch" in capsys.readouterr().err
+
+
+def test_engine_runs_in_worker_processes_give_the_serial_predictions() -> None:
+    from calibration.sources.tpu_chip_records import ChipRecordPredictor, load_chip_records
+
+    records = [r for r in load_chip_records(KERNEL_PATH) if r.batch == 1][:3]
+    chip = load_chip("tpu-v5e", calibrated=False)
+    serial = ChipRecordPredictor(records).predict_many(chip, range(3))
+    pooled = ChipRecordPredictor(records, jobs=2)
+    try:
+        assert pooled.predict_many(chip, [2, 0, 1, 0]) == [serial[2], serial[0], serial[1], serial[0]]
+        assert pooled.runs == 3
+    finally:
+        pooled.close()

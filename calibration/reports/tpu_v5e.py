@@ -52,8 +52,10 @@ NOTES = [
     "- **TPU v7.** Which of these figures are the chip's and which the architecture's, and the K3 TPU v7 "
     "prediction with v5e's architecture figures as priors: [tpu-v5e-to-v7.md](tpu-v5e-to-v7.md).",
     "- **Ranking.** Schedules whose measured steps lie within their spreads of each other have no true "
-    "order: a regret of a few hundredths of a percent between them is noise, and τ counts their swaps in "
-    "full (see each record's `ms_per_step_spread`).",
+    "order: a regret of a few hundredths of a percent between them is noise, and plain τ counts their swaps "
+    "in full. The second τ of each cell counts only the *resolved* pairs, whose measured steps differ by "
+    "more than the sum of their half-IQRs (`calibration.sources.tpu_kernel_fit.resolved_tau`; a predicted "
+    "tie counts as neither concordant nor discordant).",
 ]
 
 
@@ -65,7 +67,10 @@ def ranking_cells(fit: KernelFit, way: str, batch: int) -> tuple[str, str]:
     found = next((r for r in fit.rankings(way) if r["batch"] == batch), None)
     if found is None:
         return "—", "—"
-    return (f"{found['tau']:+.2f} ({found['schedules']} schedules)",
+    resolved = found.get("tau_resolved")
+    over = ("; no pair resolved" if resolved is None else
+            f"; {resolved:+.2f} over the {found['pairs_resolved']} of {found['pairs']} pairs the spreads resolve")
+    return (f"{found['tau']:+.2f} ({found['schedules']} schedules){over}",
             f"{found['pick']}: {100 * found['regret']:.2f} %")
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,33 +147,74 @@ def figures_key(chip: Chip) -> tuple[tuple[str, float], ...]:
     return tuple((path, figure.value) for path, figure in iter_figures(chip))
 
 
+def record_program(record: ChipRecord) -> tuple[Program, Schedule]:
+    """The program a record ran (its model as `tpusim simulate` formats it for a TPU, its
+    shard, batch, context and routing trace) and its schedule."""
+    model = formats_for_chip(load_model(record.model), None, "tpu")[0]
+    program = build_program(model, shard_plan(model, record.shard_of), batch=record.batch,
+                            context_tokens=record.context, routing=parse_routing(_absolute_trace(record.routing)))
+    return program, load_schedule(str(ROOT / record.schedule_path))
+
+
+_WORKER_PROGRAMS: dict[str, tuple[Program, Schedule]] = {}  # a pool worker's own programs, by record
+
+
+def simulate_record_ms(record: ChipRecord, chip: Chip) -> float:
+    """Predicted ms per step of ``record`` on ``chip`` (a pool task: builds the program once
+    per worker process)."""
+    key = f"{record.key}:{record.schedule_path}:{record.routing}"
+    if key not in _WORKER_PROGRAMS:
+        _WORKER_PROGRAMS[key] = record_program(record)
+    program, schedule = _WORKER_PROGRAMS[key]
+    return simulate(program, schedule, chip, check_capacity=False).step_s * 1e3
+
+
 @dataclass
 class ChipRecordPredictor:
-    """Predicted ms per step of each record on a chip (programs built once, results cached)."""
+    """Predicted ms per step of each record on a chip (programs built once, results cached).
+
+    ``jobs > 1`` spreads the engine runs of one :meth:`predict_many` over that many worker
+    processes (:class:`tpusim.sweep.executors.Executor`, results in record order, so the fit
+    is the same whatever the count); call :meth:`close` when done."""
 
     records: list[ChipRecord]
+    jobs: int = 1
     programs: dict[int, tuple[Program, Schedule]] = field(default_factory=dict)
     cache: dict[tuple[Any, int], float] = field(default_factory=dict)
     runs: int = 0  # engine runs so far
+    _executor: Any = None
 
     def _program(self, index: int) -> tuple[Program, Schedule]:
         if index not in self.programs:
-            record = self.records[index]
-            model = formats_for_chip(load_model(record.model), None, "tpu")[0]  # as `tpusim simulate` does
-            program = build_program(model, shard_plan(model, record.shard_of), batch=record.batch,
-                                    context_tokens=record.context, routing=parse_routing(
-                                        _absolute_trace(record.routing)))
-            self.programs[index] = (program, load_schedule(str(ROOT / record.schedule_path)))
+            self.programs[index] = record_program(self.records[index])
         return self.programs[index]
 
     def predict_ms(self, chip: Chip, index: int) -> float:
-        key = (figures_key(chip), index)
-        if key not in self.cache:
-            program, schedule = self._program(index)
-            result = simulate(program, schedule, chip, check_capacity=False)
-            self.cache[key] = result.step_s * 1e3
-            self.runs += 1
-        return self.cache[key]
+        return self.predict_many(chip, [index])[0]
+
+    def predict_many(self, chip: Chip, indices: Sequence[int]) -> list[float]:
+        figures = figures_key(chip)
+        missing = [i for i in dict.fromkeys(indices) if (figures, i) not in self.cache]
+        if len(missing) > 1 and self.jobs > 1:
+            if self._executor is None:
+                from tpusim.sweep.executors import Executor
+
+                self._executor = Executor(jobs=self.jobs)
+            found = self._executor.map(simulate_record_ms, [(self.records[i], chip) for i in missing])
+        else:
+            found = []
+            for i in missing:
+                program, schedule = self._program(i)
+                found.append(simulate(program, schedule, chip, check_capacity=False).step_s * 1e3)
+        for i, ms in zip(missing, found, strict=True):
+            self.cache[(figures, i)] = ms
+        self.runs += len(missing)
+        return [self.cache[(figures, i)] for i in indices]
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.close()
+            self._executor = None
 
 
 def _absolute_trace(routing: str) -> str:

@@ -35,6 +35,7 @@ regret of the simulator's pick (measured ms of the predicted best / measured bes
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -97,7 +98,7 @@ def splits(records: Sequence[ChipRecord]) -> dict[str, tuple[str, ...]]:
 def kernel_problem(records: Sequence[ChipRecord], predictor: ChipRecordPredictor, catalog: Chip,
                    probes: Chip, fitted: Sequence[str] = FITTED) -> Problem:
     def predict(chip: Chip, indices: Sequence[int]) -> np.ndarray:
-        return np.array([predictor.predict_ms(chip, i) for i in indices], dtype=float)
+        return np.array(predictor.predict_many(chip, list(indices)), dtype=float)
 
     return Problem(name="tpu-v5e K3-shard kernel step times", base=probes, published=catalog,
                    parameters=parameters(*fitted), predict=predict,
@@ -115,8 +116,29 @@ def ranking(records: Sequence[ChipRecord], predicted: dict[int, float], batch: i
     tau = float(kendalltau(guess, measured).statistic)
     pick = at[int(np.argmin(guess))]
     best = at[int(np.argmin(measured))]
+    resolved = resolved_tau([records[i] for i in at], guess)
     return {"batch": batch, "schedules": len(at), "tau": tau, "pick": records[pick].schedule,
-            "best": records[best].schedule, "regret": records[pick].ms_median / records[best].ms_median - 1.0}
+            "best": records[best].schedule, "regret": records[pick].ms_median / records[best].ms_median - 1.0,
+            "tau_resolved": resolved[0], "pairs_resolved": resolved[1], "pairs": len(at) * (len(at) - 1) // 2}
+
+
+def resolved_tau(records: Sequence[ChipRecord], predicted: Sequence[float]) -> tuple[float | None, int]:
+    """Kendall's τ over the *resolved* pairs only: those whose measured steps differ by more
+    than the sum of their spreads (half-IQRs): (C - D) / resolved pairs (a predicted tie
+    counts as neither), and how many pairs are resolved. Pairs inside the measurement's own
+    spread have no measured order, so plain τ, which counts their swaps in full, understates
+    a simulator that orders everything resolvable."""
+    concordant = discordant = counted = 0
+    for i in range(len(records)):
+        for j in range(i + 1, len(records)):
+            gap = records[i].ms_median - records[j].ms_median
+            if abs(gap) <= records[i].ms_spread + records[j].ms_spread:
+                continue
+            counted += 1
+            guessed = predicted[i] - predicted[j]
+            concordant += gap * guessed > 0
+            discordant += gap * guessed < 0
+    return ((concordant - discordant) / counted if counted else None), counted
 
 
 @dataclass
@@ -198,22 +220,33 @@ class KernelFit:
 
 def calibrate_kernel_records(path: Path | str, *, probes_path: Path | str = PROBES_PATH,
                              fitted: Sequence[str] = FITTED, options: SolverOptions = OPTIONS,
-                             holdout: Sequence[str] = SPLITS, progress: Callable[[str], None] | None = None) -> KernelFit:
+                             holdout: Sequence[str] = SPLITS, progress: Callable[[str], None] | None = None,
+                             jobs: int | None = None) -> KernelFit:
     """Ways (a), (b), the fit on every record and the held-out refits over the splits in
-    ``holdout`` (default both; fewer splits, fewer refits: each split costs about one full fit)."""
+    ``holdout`` (default both; fewer splits, fewer refits: each split costs about one full fit).
+    ``jobs``: engine worker processes (default: one per CPU core, at most 8)."""
     unknown = [split for split in holdout if split not in SPLITS]
     if unknown:
         raise InputError(f"held-out split {', '.join(unknown)}: the kernel records split by {' or '.join(SPLITS)}")
     started = time.perf_counter()
     say = progress or (lambda _line: None)
     records = load_chip_records(path)
-    predictor = ChipRecordPredictor(records)
+    predictor = ChipRecordPredictor(records, jobs=jobs or min(os.cpu_count() or 1, 8))
+    try:
+        return _calibrate(path, records, predictor, probes_path, fitted, options, holdout, say, started)
+    finally:
+        predictor.close()
+
+
+def _calibrate(path: Path | str, records: list[ChipRecord], predictor: ChipRecordPredictor, probes_path: Path | str,
+               fitted: Sequence[str], options: SolverOptions, holdout: Sequence[str], say: Callable[[str], None],
+               started: float) -> KernelFit:
     catalog = load_chip(CHIP, calibrated=False)
     probes = probe_chip(catalog, probes_path)
     ways: dict[str, dict[int, float]] = {}
     for name, chip in (("a", catalog), ("b", probes)):
         say(f"way ({name}): {len(records)} records")
-        ways[name] = {i: predictor.predict_ms(chip, i) for i in range(len(records))}
+        ways[name] = dict(enumerate(predictor.predict_many(chip, range(len(records)))))
     problem = kernel_problem(records, predictor, catalog, probes, fitted)
     say(f"fit on all {len(records)} records: {', '.join(fitted)}")
     solution = fit(problem, options)
