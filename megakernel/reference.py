@@ -23,6 +23,7 @@ round-major), so kernel and reference agree bit for bit at every batch size.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -164,6 +165,9 @@ def latent_moe(dims: ModelDims, p: Params, experts: Params, small: jax.Array, x:
     return out + shared, jnp.concatenate(ids, axis=1)
 
 
+MoeFn = Callable[[ModelDims, Params, Params, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
+
+
 def _bf16_f32(x: jax.Array) -> jax.Array:
     return x.astype(jnp.bfloat16).astype(jnp.float32)
 
@@ -188,11 +192,15 @@ def decode_step(dims: ModelDims, p: Params, state: DecodeState, tokens: jax.Arra
     return logits, next_state
 
 
-@partial(jax.jit, static_argnums=0)
-def decode_step_with_routing(dims: ModelDims, p: Params, state: DecodeState,
-                             tokens: jax.Array) -> tuple[jax.Array, DecodeState, jax.Array]:
+@partial(jax.jit, static_argnums=(0, 4))
+def decode_step_with_routing(dims: ModelDims, p: Params, state: DecodeState, tokens: jax.Array,
+                             moe: MoeFn = latent_moe) -> tuple[jax.Array, DecodeState, jax.Array]:
     """As :func:`decode_step`, plus the routing: i32[MoE layers, B, top_k] expert ids per row
-    in selection order (the format of ``tpusim.workload.routing``'s ``trace:`` files)."""
+    in selection order (the format of ``tpusim.workload.routing``'s ``trace:`` files).
+
+    ``moe`` computes one MoE sublayer (default :func:`latent_moe`, every expert densely); the
+    plain-XLA baseline (:mod:`megakernel.xla_baseline`) passes one that reads only the
+    chosen experts, so the rest of the step is this same code."""
     tables = {name: jnp.asarray(v) for name, v in layer_tables(dims).items()}
     batch, hidden = tokens.shape[0], dims.hidden
     blocks = jnp.zeros((dims.block_slots, batch, hidden), jnp.float32)
@@ -234,7 +242,7 @@ def decode_step_with_routing(dims: ModelDims, p: Params, state: DecodeState,
         else:
             moe_index = layer - 1
             bank = dims.stack_entry(moe_index)
-            out, ids = latent_moe(dims, _take(p, MOE_NAMES, bank), _take(p, EXPERT_NAMES, bank), small, x)
+            out, ids = moe(dims, _take(p, MOE_NAMES, bank), _take(p, EXPERT_NAMES, bank), small, x)
             routing = lax.dynamic_update_index_in_dim(routing, ids, moe_index, 0)
         partial_sum = partial_sum + out
         ends = residual.block_ends_after(layer, dims.block_layers)

@@ -8,6 +8,9 @@ budget cut loses nothing already measured:
 - ``DIR/records.jsonl``: one :mod:`megakernel.runner` record per kernel run (the routing
   the run's router chose is embedded as ``routing_layers``; :mod:`calibration.tpu_bench.ingest`
   splits it into trace files when the records are committed);
+- ``DIR/xla.jsonl``: for cases of a group with ``"xla_baseline": true``, the plain-JAX/XLA
+  step on the same weights, state and tokens, timed right after the kernel
+  (:mod:`megakernel.xla_run`): what a user would run instead, side by side, in one run;
 - ``DIR/env.json``: device kind, versions, the set and its cases.
 
 Kernels are compiled ahead in a thread pool (Mosaic compiles on the host's cores while the
@@ -44,6 +47,7 @@ class Case:
     check_steps: int = 8
     context: int = 1024
     purpose: str = "timing"  # correctness | timing
+    xla_baseline: bool = False  # also time the plain-JAX/XLA step (megakernel.xla_baseline) next to it
 
     def schedule_path(self, root: Path) -> str:
         path = root / self.schedule
@@ -184,14 +188,30 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
             continue
         done += 1
-        say(f"{case.model} {case.shard_of or ''} {record['schedule']} b{case.batch}: "
-              f"{record['ms_per_step_median']:.3f} ms (±{record['ms_per_step_spread']:.3f}), "
-              f"err {record['max_abs_error']:.3g} (rel {record['relative_error'] or 0:.2%}), tokens {'same' if record['tokens_identical'] else 'DIFFER'}, "
-              f"compile {ahead_s:.1f}+{record['compile_s']:.1f} s, "
-              f"{record['effective_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s  [{time.monotonic() - started:.0f} s]")
+        report(case, record, ahead_s, started)
+        if case.xla_baseline and time.monotonic() - started <= args.budget_s:
+            try:
+                from megakernel.xla_run import run_xla
+
+                xla = run_xla(run_config(case, root), record, args.out / "xla.jsonl")
+                say(f"  XLA baseline b{case.batch}: {xla['ms_per_step_median']:.3f} ms (±{xla['ms_per_step_spread']:.3f}), "
+                    f"rel err {xla['relative_error'] or 0:.2%}, tokens {'same' if xla['tokens_identical'] else 'DIFFER'}, "
+                    f"compile {xla['compile_s']:.1f} s; kernel/XLA {record['ms_per_step_median'] / xla['ms_per_step_median']:.3f}"
+                    f"  [{time.monotonic() - started:.0f} s]")
+            except Exception as error:
+                say(f"XLA FAIL {case}: {type(error).__name__}: {str(error)[:600]}")
+                traceback.print_exc()
     pool.shutdown(wait=False, cancel_futures=True)
     say(f"{done}/{len(cases)} cases in {time.monotonic() - started:.0f} s")
     os._exit(0)  # compile threads still running must not hold the call open
+
+
+def report(case: Case, record: dict[str, Any], ahead_s: float, started: float) -> None:
+    say(f"{case.model} {case.shard_of or ''} {record['schedule']} b{case.batch}: "
+        f"{record['ms_per_step_median']:.3f} ms (±{record['ms_per_step_spread']:.3f}), "
+        f"err {record['max_abs_error']:.3g} (rel {record['relative_error'] or 0:.2%}), tokens {'same' if record['tokens_identical'] else 'DIFFER'}, "
+        f"compile {ahead_s:.1f}+{record['compile_s']:.1f} s, "
+        f"{record['effective_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s  [{time.monotonic() - started:.0f} s]")
 
 
 if __name__ == "__main__":

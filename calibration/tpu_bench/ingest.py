@@ -9,7 +9,9 @@
   records file, so ``tpusim simulate --routing`` can replay the routing the run used;
 - ``FILES_AT/probes.jsonl`` -> ``DATA/tpu-v5e-probes.jsonl`` (appended likewise);
 - ``FILES_AT/numerics.jsonl`` -> ``DATA/tpu-v5e-numerics.jsonl`` (:mod:`megakernel.chip_numerics`
-  records, appended likewise).
+  records, appended likewise);
+- ``FILES_AT/xla.jsonl`` -> ``DATA/tpu-v5e-xla.jsonl`` (:mod:`megakernel.xla_run` records, the
+  plain-JAX/XLA baseline timed next to a kernel run; their routing names the kernel run's trace).
 
 Every file is written through a temporary file and renamed (nothing half-written).
 """
@@ -25,7 +27,7 @@ from typing import Any
 from hwmodels.atomic import write_text_atomic
 
 KERNEL_FILE, PROBE_FILE, ROUTING_DIR = "tpu-v5e-kernel.jsonl", "tpu-v5e-probes.jsonl", "tpu-v5e-routing"
-NUMERICS_FILE = "tpu-v5e-numerics.jsonl"
+NUMERICS_FILE, XLA_FILE = "tpu-v5e-numerics.jsonl", "tpu-v5e-xla.jsonl"
 
 
 def _key(record: dict[str, Any]) -> tuple[Any, ...]:
@@ -59,7 +61,12 @@ def ingest(files_at: Path, data: Path) -> dict[str, int]:
         if layers is not None:
             write_text_atomic(routing_dir / name, json.dumps({"layers": layers}))
             record["routing"] = f"trace:{ROUTING_DIR}/{name}"
-    return {"kernel": _append(data / KERNEL_FILE, records),
+    xla = _read(files_at / "xla.jsonl")
+    for record in xla:
+        name = (record.get("routing") or "").removeprefix("trace:")
+        if name and "/" not in name:
+            record["routing"] = f"trace:{ROUTING_DIR}/{name}"
+    return {"kernel": _append(data / KERNEL_FILE, records), "xla": _append(data / XLA_FILE, xla),
             "probes": _append(data / PROBE_FILE, _read(files_at / "probes.jsonl")),
             "numerics": _append(data / NUMERICS_FILE, _read(files_at / "numerics.jsonl"))}
 
@@ -74,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     counts = ingest(args.files_at, args.data)
     sys.stdout.write(f"added {counts['kernel']} kernel records, {counts['probes']} probe records "
-                     f"and {counts['numerics']} numerics records to {args.data}\n")
+                     f", {counts['numerics']} numerics records and {counts['xla']} XLA-baseline records to {args.data}\n")
     return 0
 
 

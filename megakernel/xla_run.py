@@ -1,0 +1,109 @@
+"""Time the plain-JAX/XLA baseline (:mod:`megakernel.xla_baseline`) on the chip, in the same
+process and on the same weights, state and tokens as a kernel run, and record it.
+
+The record has the kernel record's fields (:func:`megakernel.runner.run`), with
+``implementation: "xla"``: compile seconds (XLA's, timed apart), greedy steps checked against
+the reference computed on the same chip (same tolerance rule), one warm-up step, then
+``steps`` timed steps ended by ``block_until_ready``. ``hbm_bytes_per_step`` is the kernel's
+count for the same routing (same dense weights, same distinct chosen experts): the baseline
+reads those bytes too; ``xla_bytes_accessed`` is XLA's own cost analysis of the program where
+it gives one (a static count: a loop body counted once, so it is not the step's traffic).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from megakernel.reference import init_state
+from megakernel.runner import (
+    KERNEL_PRECISION,
+    RunConfig,
+    append_record,
+    device_chip,
+    greedy_check,
+    half_iqr,
+    max_context_for,
+    prepare,
+    provenance,
+    resolve_backend,
+    versions,
+)
+from megakernel.tolerance import F32, REORDERED, TOLERANCES
+from megakernel.xla_baseline import xla_decode_step
+
+LABEL = "measured (plain JAX/XLA baseline: same weights, same chosen experts, one jax.jit)"
+
+
+def run_xla(config: RunConfig, kernel_record: dict[str, Any], out: Path | None = None) -> dict[str, Any]:
+    """The XLA baseline of ``config`` (its kernel's record gives the routing, bytes, schedule
+    it stands next to); appended to ``out`` when given."""
+    backend = resolve_backend(config.backend)
+    prepared = prepare(config)
+    dims, params = prepared.dims, prepared.params
+    state = init_state(dims, config.batch, max_context_for(config, backend), context=config.context,
+                       seed=config.seed)
+    tokens = jnp.asarray(np.random.default_rng(config.seed).integers(0, dims.vocab_rows, config.batch), jnp.int32)
+    started = time.perf_counter()
+    with jax.default_matmul_precision(KERNEL_PRECISION):
+        compiled = xla_decode_step.lower(dims, params, state, tokens).compile()
+    compile_s = time.perf_counter() - started
+
+    def step(_hbm: Any, _embedding: Any, st: Any, tk: jax.Array) -> Any:
+        return compiled(params, st, tk)
+
+    check_steps = max(config.check_steps, 0) if backend == "tpu" else config.steps
+    check = greedy_check(step, dims, params, None, state, tokens, check_steps)
+    times_ms = check["times_ms"]
+    if backend == "tpu":
+        jax.block_until_ready(step(None, None, state, tokens))  # warm-up
+        times_ms, timed_state, timed_tokens = [], state, tokens
+        for _ in range(config.steps):
+            begin = time.perf_counter()
+            logits, timed_state = step(None, None, timed_state, timed_tokens)
+            jax.block_until_ready(logits)
+            times_ms.append((time.perf_counter() - begin) * 1e3)
+            timed_tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    median_ms = statistics.median(times_ms)
+    hbm_bytes = kernel_record["hbm_bytes_per_step"]
+    record = {
+        "model": config.model, "system": {"chip": device_chip(backend), "chips": 1},
+        "batch": config.batch, "context": config.context, "routing": kernel_record.get("routing"),
+        "implementation": "xla", "stands_next_to": {"schedule": kernel_record["schedule"],
+                                                     "schedule_hash": kernel_record["schedule_hash"],
+                                                     "ms_per_step_median": kernel_record["ms_per_step_median"]},
+        "backend": "cpu-interpret" if backend == "interpret" else jax.devices()[0].device_kind,
+        "ms_per_step_median": median_ms, "ms_per_step_spread": half_iqr(times_ms), "spread_kind": "iqr/2",
+        "steps": config.steps, "provenance": provenance(), "label": LABEL,
+        "max_abs_error": check["max_abs_error"], "relative_error": check["relative_error"],
+        "within_tolerance": (None if check["relative_error"] is None
+                             else check["relative_error"] <= TOLERANCES[REORDERED][F32]),
+        "tokens_identical": check["tokens_identical"], "checked_steps": check_steps,
+        "compile_s": compile_s, "shard_of": config.shard_of, "weight_banks": config.weight_banks,
+        "hbm_bytes_per_step": hbm_bytes, "hbm_bytes_by_kind": kernel_record.get("hbm_bytes_by_kind"),
+        "effective_bandwidth_bytes_per_s": hbm_bytes / (median_ms / 1e3),
+        "xla_bytes_accessed": _bytes_accessed(compiled),
+        "versions": versions(),
+        "timing_note": "native TPU, block_until_ready per step, warm-up excluded, compile timed separately"
+                       if backend == "tpu" else "CPU: wall time of XLA:CPU, NOT a TPU timing",
+    }
+    if out is not None:
+        append_record(out, record)
+    return record
+
+
+def _bytes_accessed(compiled: Any) -> float | None:
+    try:
+        analysis = compiled.cost_analysis()
+    except Exception:  # not every backend gives one
+        return None
+    if isinstance(analysis, list):
+        analysis = analysis[0] if analysis else {}
+    value = (analysis or {}).get("bytes accessed")
+    return None if value is None else float(value)
