@@ -22,7 +22,7 @@ def test_distinct_in_order_keeps_first_appearances():
     np.testing.assert_array_equal(np.asarray(chosen)[:4], [5, 2, 7, 0])
 
 
-@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("batch", [3])
 def test_xla_baseline_computes_the_reference_step(batch):
     model = load_model("kimi-k3-nano").with_layers(4)
     dims = model_dims(model, plan_for(model, 1))

@@ -39,8 +39,11 @@ def _ranking_text(rankings: list[dict[str, Any]], batch: int) -> str:
     found = next((r for r in rankings if r["batch"] == batch), None)
     if found is None:
         return f"batch {batch}: no records"
-    return (f"batch {batch}: Kendall τ {found['tau']:+.2f} over {found['schedules']} schedules; the simulator picks "
-            f"{found['pick']}, measured best {found['best']}, regret {100 * found['regret']:.2f} %")
+    resolved = found.get("tau_resolved")
+    over = "" if resolved is None else (f" ({resolved:+.2f} over the {found['pairs_resolved']} of {found['pairs']} "
+                                        "pairs whose measured gap exceeds their spreads)")
+    return (f"batch {batch}: Kendall τ {found['tau']:+.2f} over {found['schedules']} schedules{over}; the simulator "
+            f"picks {found['pick']}, measured best {found['best']}, regret {100 * found['regret']:.2f} %")
 
 
 def measured_section(run: DemoRun) -> list[str]:
@@ -83,5 +86,22 @@ def measured_section(run: DemoRun) -> list[str]:
         "",
         f"![predicted vs measured on tpu-v5e]({data['plot']})",
         "",
+        *xla_lines(),
     ]
     return lines
+
+
+def xla_lines() -> list[str]:
+    """The megakernel next to plain JAX/XLA on the same chip, same weights and bytes (the
+    committed :mod:`megakernel.xla_run` records), or nothing when none are committed."""
+    from calibration.reports.chip_vs_xla import RECORDS, rows, table
+
+    if not RECORDS.is_file():
+        return []
+    found = rows(RECORDS)
+    if not found:
+        return []
+    return ["**Against what a user would run instead** (measured on tpu-v5e, each pair in one process on the same "
+            "weights, state and tokens): `megakernel.xla_baseline`, the step as one `jax.jit` with the MoE reading "
+            "only the chosen experts, so the HBM bytes per step are the kernel's "
+            "(`benchmarks/bench_chip_vs_xla.py`).", "", table(found), ""]
