@@ -65,6 +65,7 @@ from tpusim.schedule.kernel_layout import (
     loop_rows,
     matmul_loops,
     matmul_stage_chunks,
+    vmem_array_bytes,
 )
 from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import matmul_stage_bytes
@@ -240,6 +241,17 @@ class Megakernel:
             if isinstance(spec, pl.MemoryRef) and str(spec.memory_space) == "vmem":
                 key = ".".join(str(getattr(p, "key", p)) for p in name)
                 out[key] = int(np.prod(spec.shape)) * jnp.dtype(spec.dtype).itemsize
+        return out
+
+    def scratch_tiled_bytes(self) -> dict[str, int]:
+        """:meth:`scratch_bytes` as Mosaic tiles each buffer (:func:`tpusim.schedule.kernel_layout.
+        vmem_array_bytes`): what the scratch takes of the compiler's scoped VMEM."""
+        out: dict[str, int] = {}
+        leaves = jax.tree_util.tree_leaves_with_path(self.scratch_shapes(), is_leaf=lambda x: isinstance(x, pl.MemoryRef))
+        for name, spec in leaves:
+            if isinstance(spec, pl.MemoryRef) and str(spec.memory_space) == "vmem":
+                key = ".".join(str(getattr(p, "key", p)) for p in name)
+                out[key] = vmem_array_bytes(tuple(spec.shape), jnp.dtype(spec.dtype).itemsize)
         return out
 
     def hbm_shapes(self) -> dict[str, tuple[int, ...]]:

@@ -119,7 +119,10 @@ def kda_layer(ctx: Ctx, layer: Any, begin: Begin, first_kda: bool) -> None:
     copies["conv_in"].wait()
     _state_event(ctx, "dma_wait", StateBuffer.KDA_CONV_IN, layer)
     qkv, gate, beta_logits = math_kda.split_qkvgb(y, kd)
-    conv_w = ctx.small(layer, SmallParam.KDA_CONV).reshape(kd.conv_kernel, 3 * kd.width)
+    # f32[K, 3w], a tap per row by lane slices: a reshape of the f32[1, K*3w] row is no Mosaic
+    # shape cast unless 3w is a multiple of 128 lanes (nano on 8 devices: 3w = 96)
+    taps, cols = ctx.small(layer, SmallParam.KDA_CONV), 3 * kd.width
+    conv_w = jnp.concatenate([taps[:, t * cols: (t + 1) * cols] for t in range(kd.conv_kernel)], axis=0)
     conv_out, window = math_kda.short_conv(qkv, ctx.scratch["conv"][...], conv_w)
     ctx.scratch["conv"][...] = window
     copies["conv_out"].start()

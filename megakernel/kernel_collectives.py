@@ -104,16 +104,54 @@ class _Fresh:
 
 
 class _PhaseRecv:
-    """Receive buffers of one collective, one ref per phase ``[copies, messages, chunk]``,
-    indexed as DecodeKernel's ``recv[parity, phase, slots]``; a collective with one copy
-    always reads slot parity 0 (also when it uses a double-buffered host's refs)."""
+    """Receive buffers of one collective, one ref per phase ``[copies, messages, 1, chunk]``,
+    indexed as DecodeKernel's ``recv[parity, phase, slots]`` (-> ``[messages, chunk]``); a
+    collective with one copy always reads slot parity 0 (also when it uses a double-buffered
+    host's refs). Each message has a row of its own tile (the unit dimension): a remote copy
+    into slot ``k`` (a traced index) addresses a leading, untiled dimension, where Mosaic
+    needs no alignment (``[copies, messages, chunk]`` packs two bf16 messages per sublane,
+    and a copy to an odd slot is off the tile grid)."""
 
     def __init__(self, refs: list[Any], single: bool = False) -> None:
         self.refs, self.single = refs, single
 
     def __getitem__(self, index: tuple[Any, int, Any]) -> Any:
         parity, phase, slots = index
-        return self.refs[phase][0 if self.single else parity, slots]
+        rows = self.refs[phase][0 if self.single else parity, slots]  # [messages, 1, chunk]
+        return rows.reshape(rows.shape[0], rows.shape[2])
+
+
+class _PhaseSend:
+    """Send buffer of one collective ``[phases, 1, width]``, indexed as DecodeKernel's
+    ``send[pl.ds(phase, 1), cols]`` (-> ``[1, cols]``; ``.at[...]`` for a copy's source). Each
+    phase has a row of its own tile, as each receive slot (:class:`_PhaseRecv`): a one-row
+    copy out of ``[phases, width]`` would cut a packed bf16 tile (two rows per sublane)."""
+
+    def __init__(self, ref: Any) -> None:
+        self.ref = ref
+
+    def _index(self, index: tuple[Any, Any]) -> tuple[Any, ...]:
+        rows, cols = index
+        assert rows.size == 1, "one phase at a time"
+        return rows.start, slice(None), cols
+
+    def __getitem__(self, index: tuple[Any, Any]) -> Any:
+        return self.ref[self._index(index)]
+
+    def __setitem__(self, index: tuple[Any, Any], value: Any) -> None:
+        self.ref[self._index(index)] = value
+
+    @property
+    def at(self) -> Any:
+        return _SendAt(self)
+
+
+class _SendAt:
+    def __init__(self, send: _PhaseSend) -> None:
+        self.send = send
+
+    def __getitem__(self, index: tuple[Any, Any]) -> Any:
+        return self.send.ref.at[self.send._index(index)]
 
 
 class KernelLink(DecodeKernel):
@@ -136,8 +174,8 @@ class KernelLink(DecodeKernel):
     def _buffers(self, c: int, copies: int) -> tuple[Any, ...]:
         """(send shape, receive shape per phase, dtype) of collective ``c`` with ``copies`` slot sets."""
         coll = self.colls[c]
-        return ((coll.phases, self.buffer_width(c)),
-                tuple((copies, coll.counts[p], self.chunk(c)) for p in range(coll.phases)), self.payload[c][1])
+        return ((coll.phases, 1, self.buffer_width(c)),
+                tuple((copies, coll.counts[p], 1, self.chunk(c)) for p in range(coll.phases)), self.payload[c][1])
 
     def scratch_shapes(self) -> dict[str, Any]:
         """Send and receive buffers of the collectives that own theirs (:attr:`owners`, in
@@ -158,7 +196,7 @@ class KernelLink(DecodeKernel):
         first = ctx.routes[self.chunk_word(c, i)] * size if size < self.buffer_width(c) and phase == 0 else 0
         return pltpu.make_async_remote_copy(
             ctx.send[c].at[pl.ds(phase, 1), pl.ds(first, size)],
-            ctx.recv[c].refs[phase].at[par, pl.ds(slot, 1)],
+            ctx.recv[c].refs[phase].at[par, slot],
             ctx.send_sem[c].at[phase], ctx.recv_sem[c].at[par, phase],
             device_id=(dst,), device_id_type=pltpu.DeviceIdType.MESH), dst
 
@@ -313,7 +351,8 @@ class CollectiveMegakernel(Megakernel):
         coll = ctx.scratch["coll"]
         link = self.link
         at = {c: link.owners.index(link.owner[c]) for c in range(len(link.colls))}
-        run = LinkRun(link, _Fresh(ctx.ins["smem.routes"]), [coll["send"][at[c]] for c in range(len(link.colls))],
+        run = LinkRun(link, _Fresh(ctx.ins["smem.routes"]),
+                      [_PhaseSend(coll["send"][at[c]]) for c in range(len(link.colls))],
                       [_PhaseRecv(coll["recv"][at[c]], single=link.copies[c] == 1) for c in range(len(link.colls))],
                       coll["send_sem"], coll["recv_sem"], ctx=ctx)
         self.link_log = run.log

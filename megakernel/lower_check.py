@@ -11,6 +11,15 @@ The process sets ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before J
 schedule or plan the kernel cannot implement prints ``{"error": KIND, "message": ...}`` and
 exits 2 (KIND: ``model`` | ``schedule`` | ``plan`` | ``deployment``).
 
+``--compile``: also compile the step with libtpu's Mosaic compiler on compile-only TPU7x
+devices (:func:`megakernel.mosaic_compile.topology_for` ``("tpu-v7", N)``: ``tpu7x:2x2x1`` for 8
+devices, ``tpu7x:2x2x4`` for 32; no TPU needed): the same sharded program, on a mesh of those
+devices, ``.compile()``d. The JSON gains ``compile``
+(:class:`megakernel.mosaic_compile.CompileReport`: topology, ok, seconds, error, kind); the
+process exits 0 when it compiles, 1 when the compiler refuses (the error in one paragraph,
+:func:`megakernel.mosaic_compile.describe_error`), 2 on bad input (also ``{"error":
+"topology"}`` for a device count no TPU7x topology has, and ``{"error": "libtpu"}`` without libtpu).
+
 A schedule with a ``deployment`` (a joint sweep's ``best.json``) is lowered on that plan with
 its collective algorithms (and their send/receive buffers in the VMEM accounting), mapped
 onto ``--model`` / ``--devices`` by :func:`tpusim.workload.kernel_support.map_deployment`
@@ -34,6 +43,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--log", action="store_true", help="add the kernel's collective event order")
+    parser.add_argument("--compile", action="store_true",
+                        help="also compile with libtpu's Mosaic compiler on compile-only TPU7x devices")
     parser.add_argument("--deployment-model", default=None,
                         help="the model a schedule's deployment was searched for (default: --model)")
     parser.add_argument("--deployment-devices", type=int, default=None,
@@ -43,6 +54,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.compile:
+        from megakernel.mosaic_compile import libtpu_available, prepare_environment
+
+        if not libtpu_available():
+            sys.stdout.write(json.dumps({"error": "libtpu", "message": "libtpu is not installed: "
+                                         "Mosaic cannot compile here"}) + "\n")
+            return 2
+        prepare_environment()  # before JAX and libtpu load
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={args.devices}"
     from megakernel.collective_plan import UnsupportedPlan
     from megakernel.dims import UnsupportedModel
@@ -75,8 +94,19 @@ def main(argv: list[str] | None = None) -> int:
               "plan_collectives": {spec.name: spec.algorithm for spec in plan.collectives_at(args.batch)}}
     if args.log:
         result["log"] = kernel.unrolled_log()
+    if not args.compile:
+        sys.stdout.write(json.dumps(result) + "\n")
+        return 0
+    from megakernel.mosaic_compile import compile_collective, topology_for
+
+    try:
+        compiled = compile_collective(kernel, topology_for("tpu-v7", args.devices))
+    except ValueError as error:  # no TPU7x topology with this many devices
+        sys.stdout.write(json.dumps({"error": "topology", "message": str(error)}) + "\n")
+        return 2
+    result["compile"] = dataclasses.asdict(compiled)
     sys.stdout.write(json.dumps(result) + "\n")
-    return 0
+    return 0 if compiled.ok else 1
 
 
 if __name__ == "__main__":

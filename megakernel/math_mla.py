@@ -78,6 +78,8 @@ def kv_entry(ckv: jax.Array, kv_norm: jax.Array, position: jax.Array, d: MlaDims
     """``ckv`` f32[B, C + Rp] -> this token's cache entry f32[B, C + Rp]."""
     latent = rmsnorm(ckv[:, : d.kv_lora], kv_norm, eps)
     k_rope = rope(ckv[:, d.kv_lora: d.kv_lora + d.rope], position)
+    if d.rope_pad == d.rope:  # no padding columns (a zero-width vector has no Mosaic type)
+        return jnp.concatenate([latent, k_rope], axis=1)
     pad = jnp.zeros((ckv.shape[0], d.rope_pad - d.rope), jnp.float32)
     return jnp.concatenate([latent, k_rope, pad], axis=1)
 

@@ -40,6 +40,8 @@ ENVIRONMENT = {"TPU_SKIP_MDS_QUERY": "1", "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPL
 # the catalog's TPU chips and the compile-only topology Mosaic targets for each
 TOPOLOGIES = {"tpu-v5e": "v5e:2x2", "tpu-v6e": "v6e:2x2", "tpu-v7": "tpu7x:2x2x1"}
 TPU7X_32 = "tpu7x:2x2x4"
+# TPU7x topologies by device count (two devices per chip): 4, 8 and 16 chips
+TPU7X = {8: "tpu7x:2x2x1", 16: "tpu7x:2x2x2", 32: TPU7X_32}
 
 
 def libtpu_available() -> bool:
@@ -66,12 +68,12 @@ def vmem_limit_for(chip_name: str) -> int:
 
 def topology_for(chip_name: str, devices: int = 1) -> str:
     """The compile-only topology for ``chip_name`` (tpu-v5e → v5e:2x2, tpu-v6e → v6e:2x2,
-    tpu-v7 → tpu7x:2x2x1, or tpu7x:2x2x4 for 32 devices)."""
+    tpu-v7 → tpu7x:2x2x1 (8 devices), tpu7x:2x2x2 for 16 devices, tpu7x:2x2x4 for 32)."""
     name = chip_name.partition("@")[0]
     if name not in TOPOLOGIES:
         raise ValueError(f"no Mosaic compile topology for {chip_name!r}; known: {', '.join(TOPOLOGIES)}")
-    if name == "tpu-v7" and devices == 32:
-        return TPU7X_32
+    if name == "tpu-v7" and devices in TPU7X:
+        return TPU7X[devices]
     return TOPOLOGIES[name]
 
 
@@ -139,6 +141,67 @@ def compile_function(function: Callable[..., Any], inputs: Any, topology_name: s
     except Exception as error:
         return CompileReport(topology_name, False, time.perf_counter() - start, describe_error(error), _kind(error))
     return CompileReport(topology_name, True, time.perf_counter() - start)
+
+
+def compile_sharded(build: Callable[[Any], Callable[..., Any]], inputs: Any, specs: Any, topology_name: str,
+                    devices: int, axis_name: str = "x") -> CompileReport:
+    """Lower ``jax.jit(build(mesh))`` over a 1-D mesh ``(axis_name,)`` of the first ``devices``
+    compile-only devices of ``topology_name`` and compile it with Mosaic (every device's kernel,
+    remote copies and semaphores included). ``inputs``: a pytree of ``jax.ShapeDtypeStruct``
+    (global shapes); ``specs``: a matching pytree of ``PartitionSpec`` (the ``shard_map``'s
+    ``in_specs``), each input placed with ``NamedSharding(mesh, spec)``. Raises ``ValueError``
+    when the topology has fewer than ``devices`` devices."""
+    prepare_environment()
+    import jax
+    import numpy as np
+    from jax.experimental import topologies
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    topology = topologies.get_topology_desc(platform="tpu", topology_name=topology_name)
+    if len(topology.devices) < devices:
+        raise ValueError(f"topology {topology_name} has {len(topology.devices)} devices, {devices} needed")
+    mesh = Mesh(np.array(topology.devices[:devices]), (axis_name,))
+    shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs,
+                             is_leaf=lambda x: isinstance(x, PartitionSpec))
+    placed = jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
+                          inputs, shardings)
+    start = time.perf_counter()
+    try:
+        lowered = jax.jit(build(mesh)).lower(*placed)
+    except Exception as error:
+        return CompileReport(topology_name, False, time.perf_counter() - start, describe_error(error), "lowering")
+    try:
+        lowered.compile()
+    except Exception as error:
+        return CompileReport(topology_name, False, time.perf_counter() - start, describe_error(error), _kind(error))
+    return CompileReport(topology_name, True, time.perf_counter() - start)
+
+
+def compile_collective(kernel: Any, topology_name: str) -> CompileReport:
+    """Compile one decode step of ``kernel`` (a
+    :class:`megakernel.kernel_collectives.CollectiveMegakernel`) over ``kernel.plan.devices``
+    compile-only devices of ``topology_name``: :meth:`sharded_step` on that mesh, inputs
+    placed as its ``in_specs`` (per-device operands split on the leading axis, embedding and
+    tokens replicated)."""
+    from jax.sharding import PartitionSpec as P
+
+    from megakernel.reference import DecodeState
+
+    def build(mesh: Any) -> Callable[..., Any]:
+        kernel.__dict__["mesh"] = mesh  # the kernel's mesh (a cached property): the compile-only devices
+        return kernel.sharded_step()
+
+    hbm, embedding, state, tokens, routes = kernel.global_shapes()
+    specs = ({name: P("x") for name in hbm}, P(), DecodeState(P("x"), P("x"), P("x"), P()), P(), P("x"))
+    before = kernel.__dict__.get("mesh")
+    try:
+        return compile_sharded(build, (hbm, embedding, state, tokens, routes), specs, topology_name,
+                               kernel.plan.devices)
+    finally:  # the kernel's own mesh again (or built on next use)
+        if before is None:
+            kernel.__dict__.pop("mesh", None)
+        else:
+            kernel.__dict__["mesh"] = before
 
 
 def step_inputs(kernel: Any) -> tuple[Any, ...]:

@@ -73,6 +73,7 @@ class LoweringReport:
     accounting_bytes: dict[str, int]  # tpusim.schedule.vmem's static accounting by part
     collectives: bool = False  # the plan's collectives are inside the kernel (remote copies)
     remote_copies_per_layer: int = 0  # remote copies one MoE layer of the kernel issues
+    scratch_tiled_bytes: int = 0  # the scratch as Mosaic tiles it (Megakernel.scratch_tiled_bytes)
 
     @property
     def scratch_total_bytes(self) -> int:
@@ -125,4 +126,5 @@ def lowering_report(model: ModelConfig, plan: ShardingPlan, schedule: Schedule, 
         scratch[key] = scratch.get(key, 0) + size
     return LoweringReport(model=model.name, plan=plan.name, devices=plan.devices, schedule=schedule.name,
                           batch=batch, lowered=lowered, scratch_bytes=scratch, accounting_bytes=accounting,
-                          collectives=collectives, remote_copies_per_layer=remote_copies_per_layer)
+                          collectives=collectives, remote_copies_per_layer=remote_copies_per_layer,
+                          scratch_tiled_bytes=sum(kernel.scratch_tiled_bytes().values()))

@@ -32,6 +32,23 @@ TILE_ROWS = ROW_GRANULE
 TILE_BYTES = TILE_ROWS * LANES * BF16_BYTES
 
 
+def vmem_array_bytes(shape: tuple[int, ...], itemsize: int) -> int:
+    """VMEM bytes a ``shape`` array of ``itemsize``-byte elements occupies once Mosaic has
+    tiled it: the minor dimension padded to 128 lanes, the second-minor to the next power of
+    two up to 8 rows (at least the rows one sublane packs: 2 for 16-bit values), beyond 8 to a
+    multiple of 8; a 1-D array is one row. Measured on libtpu 0.0.42's Mosaic from the scoped
+    allocation a scratch buffer gets (``tests/test_vmem_array_bytes.py`` compiles probe
+    kernels: f32 rows 3 -> 4, 5 -> 8, 9 -> 16; bf16 rows 1 -> 2, 17 -> 24; 32 lanes -> 128).
+    The accounting (:mod:`tpusim.schedule.vmem`) counts the kernel's scratch as laid out
+    (``Megakernel.scratch_bytes``, logical bytes); ``Megakernel.scratch_tiled_bytes`` gives
+    what this rule makes of it, the scratch's share of the compiler's scoped VMEM."""
+    dims = (1, *shape) if len(shape) == 1 else tuple(shape)
+    *lead, rows, cols = dims
+    packed = max(1, 4 // itemsize)
+    padded_rows = -(-rows // 8) * 8 if rows > 8 else max(1 << (rows - 1).bit_length(), packed)
+    return math.prod(lead) * padded_rows * -(-cols // LANES) * LANES * itemsize
+
+
 # A new KV-cache row is written back as the whole 16-token tile that holds it (read, merged in
 # VMEM, written): the kernel's staging buffer and the KV write's bytes are this many tokens.
 KV_WRITE_TOKENS = TILE_ROWS

@@ -109,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         **{key: report[key] for key in ("model", "plan", "devices", "schedule", "batch", "lowered",
                                         "scratch_bytes", "accounting_bytes", "collectives",
                                         "remote_copies_per_layer")},
+        "scratch_tiled_total_bytes": report.get("scratch_tiled_bytes"),
         "deployment": report.get("deployment"), "plan_collectives": report.get("plan_collectives", {}),
         "scratch_total_bytes": scratch, "accounting_total_bytes": accounting,
         "relative_difference": (scratch - accounting) / accounting, "usable_vmem_bytes": usable,
@@ -202,6 +203,9 @@ def _print(data: dict[str, Any]) -> None:
     print(f"  VMEM scratch of the kernel:         {data['scratch_total_bytes'] / MIB:9.2f} MiB")
     print(f"  VMEM static (simulator accounting): {data['accounting_total_bytes'] / MIB:9.2f} MiB "
           f"({100 * data['relative_difference']:+.2f} %)")
+    if data.get("scratch_tiled_total_bytes"):
+        print(f"  VMEM scratch as Mosaic tiles it:    {data['scratch_tiled_total_bytes'] / MIB:9.2f} MiB "
+              "(before the compiler's own temporaries)")
     if data["deployment"]:
         print("  deployment (by " + data["deployment"]["rule"] + "): " + ", ".join(
             f"{name} {algorithm}" for name, algorithm in data["plan_collectives"].items()))
