@@ -93,7 +93,9 @@ def run(args: argparse.Namespace) -> int:
     if compiling and libtpu_available():
         report = _compile_fresh(args, chip.name)
     elif devices > 1:
-        report = _lower_on_mesh(args, devices)
+        # the collective kernel compiles on TPU7x's compile-only topologies (8, 16, 32 devices)
+        on_v7 = args.hardware is not None and chip.name.partition("@")[0] == "tpu-v7" and devices in (8, 16, 32)
+        report = _lower_on_mesh(args, devices, compile=on_v7 and libtpu_available())
     else:
         report = _lower_here(args, model, plan, schedule)
     if "error" in report:
@@ -166,15 +168,18 @@ def _lower_here(args: argparse.Namespace, model: Any, plan: Any, schedule: Any) 
     return dataclasses.asdict(report)
 
 
-def _lower_on_mesh(args: argparse.Namespace, devices: int) -> dict[str, Any]:
+def _lower_on_mesh(args: argparse.Namespace, devices: int, *, compile: bool = False) -> dict[str, Any]:
     """Several devices: a fresh process (``python -m megakernel.lower_check``), because the
-    mesh's virtual devices need XLA_FLAGS before JAX starts."""
+    mesh's virtual devices need XLA_FLAGS before JAX starts; ``compile``: also compile with
+    Mosaic on compile-only TPU7x devices (``--compile``)."""
     import json
     import subprocess
     import sys
 
     command = [sys.executable, "-m", "megakernel.lower_check", "--model", args.model, "--devices", str(devices),
                "--schedule", args.schedule, "--batch", str(args.batch), "--context", str(args.context)]
+    if compile:
+        command.append("--compile")
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     lines = done.stdout.strip().splitlines()
     if not lines:
