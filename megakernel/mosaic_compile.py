@@ -22,10 +22,12 @@ and exits 2, a compile failure exits 1.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import importlib.util
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -121,9 +123,11 @@ def _kind(error: BaseException) -> str:
     return "mosaic" if "Mosaic" in message or type(error).__name__ == "MosaicError" else "other"
 
 
-def compile_function(function: Callable[..., Any], inputs: Any, topology_name: str) -> CompileReport:
+def compile_function(function: Callable[..., Any], inputs: Any, topology_name: str, *,
+                     raw_errors: bool = False) -> CompileReport:
     """Lower ``jax.jit(function)`` for ``inputs`` (a pytree of ``jax.ShapeDtypeStruct``) placed on
-    one compile-only device of ``topology_name`` and compile it with Mosaic."""
+    one compile-only device of ``topology_name`` and compile it with Mosaic (``raw_errors``:
+    the compiler's whole message, not :func:`describe_error`'s paragraph)."""
     prepare_environment()
     import jax
     from jax.experimental import topologies
@@ -139,7 +143,8 @@ def compile_function(function: Callable[..., Any], inputs: Any, topology_name: s
     try:
         lowered.compile()
     except Exception as error:
-        return CompileReport(topology_name, False, time.perf_counter() - start, describe_error(error), _kind(error))
+        message = str(error) if raw_errors else describe_error(error)
+        return CompileReport(topology_name, False, time.perf_counter() - start, message, _kind(error))
     return CompileReport(topology_name, True, time.perf_counter() - start)
 
 
@@ -173,7 +178,8 @@ def compile_sharded(build: Callable[[Any], Callable[..., Any]], inputs: Any, spe
     try:
         lowered.compile()
     except Exception as error:
-        return CompileReport(topology_name, False, time.perf_counter() - start, describe_error(error), _kind(error))
+        message = describe_error(error)
+        return CompileReport(topology_name, False, time.perf_counter() - start, message, _kind(error))
     return CompileReport(topology_name, True, time.perf_counter() - start)
 
 
@@ -225,6 +231,22 @@ def compile_for(kernel: Any, topology_name: str) -> CompileReport:
     return compile_function(kernel.step, step_inputs(kernel), topology_name)
 
 
+SCOPED = re.compile(r"Scoped allocation with size ([0-9.]+)M and limit")
+
+
+def scoped_vmem_bytes(kernel: Any, topology_name: str) -> int | None:
+    """The compiler's own scoped-VMEM figure for ``kernel`` (bytes, to its 0.01 MiB): compiled
+    once with a limit half its scratch, Mosaic refuses and names the scoped allocation it
+    needed (scratch as tiled plus its internal scratch). None when the refusal names no
+    allocation: from batch 2 on the K3 shard's refusal reports the whole program's VMEM
+    (``Used X of Y``) instead, which is not the kernel's alone."""
+    probe = copy.copy(kernel)
+    probe.vmem_limit_bytes = max(sum(kernel.scratch_bytes().values()) // 2, 1 << 20)
+    report = compile_function(probe.step, step_inputs(probe), topology_name, raw_errors=True)
+    found = SCOPED.search(report.error or "")
+    return None if found is None else round(float(found.group(1)) * (1 << 20))
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="kimi-k3-mini")
@@ -236,6 +258,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--weight-banks", type=int, default=0,
                         help="stacked weights hold this many distinct entries (0: one per layer)")
+    parser.add_argument("--scoped-vmem", action="store_true",
+                        help="also read the compiler's scoped-VMEM figure for the kernel (one more compile)")
     return parser.parse_args(argv)
 
 
@@ -264,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     compiled = compile_for(kernel, topology_for(args.hardware))  # one device's kernel
     result = {**dataclasses.asdict(report), "lowered": compiled.kind != "lowering",
               "compile": dataclasses.asdict(compiled)}
+    if args.scoped_vmem:
+        result["compiler_scoped_vmem_bytes"] = scoped_vmem_bytes(kernel, topology_for(args.hardware))
     sys.stdout.write(json.dumps(result) + "\n")
     return 0 if compiled.ok else 1
 
