@@ -235,24 +235,18 @@ class Megakernel:
 
     def scratch_bytes(self) -> dict[str, int]:
         """VMEM bytes of every scratch group (semaphores and SMEM excluded)."""
-        out: dict[str, int] = {}
-        leaves = jax.tree_util.tree_leaves_with_path(self.scratch_shapes(), is_leaf=lambda x: isinstance(x, pl.MemoryRef))
-        for name, spec in leaves:
-            if isinstance(spec, pl.MemoryRef) and str(spec.memory_space) == "vmem":
-                key = ".".join(str(getattr(p, "key", p)) for p in name)
-                out[key] = int(np.prod(spec.shape)) * jnp.dtype(spec.dtype).itemsize
-        return out
+        return {key: int(np.prod(shape)) * itemsize for key, shape, itemsize in self._vmem_scratch()}
 
     def scratch_tiled_bytes(self) -> dict[str, int]:
         """:meth:`scratch_bytes` as Mosaic tiles each buffer (:func:`tpusim.schedule.kernel_layout.
         vmem_array_bytes`): what the scratch takes of the compiler's scoped VMEM."""
-        out: dict[str, int] = {}
+        return {key: vmem_array_bytes(shape, itemsize) for key, shape, itemsize in self._vmem_scratch()}
+
+    def _vmem_scratch(self) -> list[tuple[str, tuple[int, ...], int]]:
+        """(group key, shape, element bytes) of every VMEM scratch buffer."""
         leaves = jax.tree_util.tree_leaves_with_path(self.scratch_shapes(), is_leaf=lambda x: isinstance(x, pl.MemoryRef))
-        for name, spec in leaves:
-            if isinstance(spec, pl.MemoryRef) and str(spec.memory_space) == "vmem":
-                key = ".".join(str(getattr(p, "key", p)) for p in name)
-                out[key] = vmem_array_bytes(tuple(spec.shape), jnp.dtype(spec.dtype).itemsize)
-        return out
+        return [(".".join(str(getattr(p, "key", p)) for p in name), tuple(spec.shape), jnp.dtype(spec.dtype).itemsize)
+                for name, spec in leaves if isinstance(spec, pl.MemoryRef) and str(spec.memory_space) == "vmem"]
 
     def hbm_shapes(self) -> dict[str, tuple[int, ...]]:
         d = self.dims
