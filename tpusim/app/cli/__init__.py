@@ -122,7 +122,20 @@ def given_options(parser: argparse.ArgumentParser, args: argparse.Namespace, arg
     return frozenset(given)
 
 
+def cpu_only_without_a_tpu() -> None:
+    """On a host with no TPU, keep JAX on the CPU unless the user chose (``JAX_PLATFORMS``):
+    with libtpu installed (the ``[test]`` and ``[tpu-compile]`` extras) JAX would otherwise try
+    the TPU backend first and libtpu prints a screen of initialisation errors before falling
+    back. A TPU host shows its chips as ``/dev/accel*`` or ``/dev/vfio/<n>`` device nodes."""
+    import glob
+    import os
+
+    if "JAX_PLATFORMS" not in os.environ and not (glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*")):
+        os.environ["JAX_PLATFORMS"] = "cpu"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    cpu_only_without_a_tpu()
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
