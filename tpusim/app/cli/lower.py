@@ -115,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         "deployment": report.get("deployment"), "plan_collectives": report.get("plan_collectives", {}),
         "scratch_total_bytes": scratch, "accounting_total_bytes": accounting,
         "relative_difference": (scratch - accounting) / accounting, "usable_vmem_bytes": usable,
+        "usable_vmem_label": (chip.staging_memory.usable_capacity_bytes or chip.staging_memory.capacity_bytes).label,
         "fits": scratch <= usable, "hardware": chip.name, "compile": report.get("compile"),
         "compiled": "compile" in report,
     }
@@ -220,7 +221,8 @@ def _print(data: dict[str, Any]) -> None:
     else:
         print("  collectives in the kernel: none" + (" (one device)" if data["devices"] == 1 else ""))
     verdict = "fits" if data["fits"] else "DOES NOT FIT"
-    print(f"  usable VMEM on {data['hardware']} (published): {data['usable_vmem_bytes'] / MIB:9.2f} MiB: {verdict}")
+    print(f"  usable VMEM on {data['hardware']} ({data['usable_vmem_label']}): {data['usable_vmem_bytes'] / MIB:9.2f} MiB: "
+          f"{verdict}")
     print("  kernel scratch by group: " + ", ".join(
         f"{name} {size / MIB:.2f}" for name, size in sorted(data["scratch_bytes"].items())) + " MiB")
     if compiled is None:
