@@ -411,12 +411,12 @@ class DecodeKernel(CollectiveKernel):
                 continue
             if scatter:
                 out = jnp.concatenate([rows[k: k + 1] for k in range(count + 1)], axis=1)
-                out = out[:, : b * width].reshape(b, width)
+                out = _unflatten(out[:, : b * width], b, width)
             elif coll.algorithm != "one_shot_two_level" and not coll.reduces:  # a gather or exchange
-                out = jnp.concatenate([rows[k].reshape(b, width) for k in range(count + 1)], axis=1)
+                out = jnp.concatenate([_unflatten(rows[k: k + 1], b, width) for k in range(count + 1)], axis=1)
                 break
             else:  # a reduction (direct_all_gather: every member's whole partial, summed here)
-                out = jnp.sum(rows, axis=0).reshape(b, width)
+                out = _unflatten(jnp.sum(rows, axis=0, keepdims=True), b, width)
                 if phase + 1 < coll.phases:  # the host sum goes to the cross-host peers
                     for i in range(count):
                         self._copy(ctx, c, phase, i, layer)[0].wait_send()  # type: ignore[arg-type]
@@ -424,6 +424,14 @@ class DecodeKernel(CollectiveKernel):
         for i in range(coll.counts[-1]):
             self._copy(ctx, c, coll.phases - 1, i, layer)[0].wait_send()  # type: ignore[arg-type]
         return out
+
+
+def _unflatten(flat: jax.Array, rows: int, width: int) -> jax.Array:
+    """``flat`` [1, rows·width] -> [rows, width] by lane slices: Mosaic has no shape cast from a
+    long vector to [rows, width] (K3 at batch 8: 3072 -> 8 x 384)."""
+    if rows == 1:
+        return flat
+    return jnp.concatenate([flat[:, r * width: (r + 1) * width] for r in range(rows)], axis=0)
 
 
 def _insert(slots: jax.Array, own: jax.Array, at: jax.Array) -> jax.Array:
