@@ -335,7 +335,7 @@ class CollectiveMegakernel(Megakernel):
         return {**super().scratch_shapes(), "coll": self.link.scratch_shapes()}
 
     def compiler_params(self) -> Any:
-        return pltpu.CompilerParams(vmem_limit_bytes=64 * 1024 * 1024, collective_id=0)
+        return pltpu.CompilerParams(vmem_limit_bytes=self.vmem_limit_bytes, collective_id=0)
 
     def input_specs(self) -> dict[str, Any]:
         return {**super().input_specs(), "smem.routes": pl.BlockSpec(memory_space=pltpu.SMEM)}
