@@ -66,6 +66,14 @@ def renormalise(picked: list[jax.Array], routed_scaling: float) -> list[jax.Arra
     return [p / total * routed_scaling for p in picked]
 
 
+def first_appearance(picks: jax.Array) -> jax.Array:
+    """``picks`` i32[n] -> bool[n]: whether each pick is its expert's first (the order the
+    kernel and the references sum distinct experts in)."""
+    n = picks.shape[0]
+    earlier = jnp.arange(n)[None, :] < jnp.arange(n)[:, None]
+    return ~jnp.any((picks[:, None] == picks[None, :]) & earlier, axis=1)
+
+
 def row_weight(ids: list[jax.Array], weights: list[jax.Array], expert: jax.Array) -> jax.Array:
     """Weight every row gives ``expert`` (scalar i32): f32[B, 1] (0 where not chosen)."""
     total = jnp.zeros_like(weights[0])

@@ -135,9 +135,14 @@ def compile_function(function: Callable[..., Any], inputs: Any, topology_name: s
     topology = topologies.get_topology_desc(platform="tpu", topology_name=topology_name)
     sharding = jax.sharding.SingleDeviceSharding(topology.devices[0])
     placed = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), inputs)
+    return _lower_and_compile(jax.jit(function), placed, topology_name, raw_errors=raw_errors)
+
+
+def _lower_and_compile(jitted: Any, placed: Any, topology_name: str, *, raw_errors: bool = False) -> CompileReport:
+    """Lower ``jitted`` for the placed inputs and compile it: the report, seconds for both."""
     start = time.perf_counter()
     try:
-        lowered = jax.jit(function).lower(*placed)
+        lowered = jitted.lower(*placed)
     except Exception as error:
         return CompileReport(topology_name, False, time.perf_counter() - start, describe_error(error), "lowering")
     try:
@@ -170,17 +175,7 @@ def compile_sharded(build: Callable[[Any], Callable[..., Any]], inputs: Any, spe
                              is_leaf=lambda x: isinstance(x, PartitionSpec))
     placed = jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
                           inputs, shardings)
-    start = time.perf_counter()
-    try:
-        lowered = jax.jit(build(mesh)).lower(*placed)
-    except Exception as error:
-        return CompileReport(topology_name, False, time.perf_counter() - start, describe_error(error), "lowering")
-    try:
-        lowered.compile()
-    except Exception as error:
-        message = describe_error(error)
-        return CompileReport(topology_name, False, time.perf_counter() - start, message, _kind(error))
-    return CompileReport(topology_name, True, time.perf_counter() - start)
+    return _lower_and_compile(jax.jit(build(mesh)), placed, topology_name)
 
 
 def compile_collective(kernel: Any, topology_name: str) -> CompileReport:

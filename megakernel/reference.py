@@ -153,8 +153,7 @@ def latent_moe(dims: ModelDims, p: Params, experts: Params, small: jax.Array, x:
     # Sum the chosen experts in the kernel's order (distinct experts by first appearance,
     # round-major), so batch > 1 matches the kernel bit for bit, not just within rounding.
     picks = jnp.concatenate(ids, axis=0)[:, 0]  # [k*B] round-major
-    earlier = jnp.arange(picks.shape[0])[None, :] < jnp.arange(picks.shape[0])[:, None]
-    new = ~jnp.any((picks[:, None] == picks[None, :]) & earlier, axis=1)
+    new = math_moe.first_appearance(picks)
     routed = jnp.zeros((x.shape[0], e.latent), jnp.float32)
     for t in range(picks.shape[0]):
         eid = picks[t]

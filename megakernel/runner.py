@@ -193,18 +193,8 @@ def run(config: RunConfig, out: Path | None = None) -> dict[str, Any]:
         _, _, routing = decode_step_with_routing(dims, params, state, tokens)
     experts_per_layer = distinct_experts(np.asarray(routing), dims.moe.local_experts)
     check = greedy_check(step, dims, params, hbm, state, tokens, check_steps)
-    times_ms: list[float] = []
-    if backend == "tpu":
-        jax.block_until_ready(step(hbm, params["embedding"], state, tokens))  # warm-up
-        timed_state, timed_tokens = state, tokens
-        for _ in range(config.steps):
-            start = time.perf_counter()
-            logits, timed_state = step(hbm, params["embedding"], timed_state, timed_tokens)
-            jax.block_until_ready(logits)
-            times_ms.append((time.perf_counter() - start) * 1e3)
-            timed_tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    else:
-        times_ms = check["times_ms"]
+    times_ms = (timed_steps(step, hbm, params["embedding"], state, tokens, config.steps) if backend == "tpu"
+                else check["times_ms"])
     hbm_bytes = step_hbm_bytes(kernel, experts_per_layer, config.context)
     median_ms = statistics.median(times_ms)
     record = {
@@ -247,6 +237,20 @@ def run(config: RunConfig, out: Path | None = None) -> dict[str, Any]:
         record["routing"] = f"trace:{routing_file}"
         append_record(out, record)
     return record
+
+
+def timed_steps(step: Any, hbm: Any, embedding: Any, state: DecodeState, tokens: jax.Array, steps: int) -> list[float]:
+    """One warm-up step, then ``steps`` greedy steps, each ended by ``block_until_ready``:
+    wall milliseconds per step (the chip's timing, shared by the kernel and the XLA baseline)."""
+    jax.block_until_ready(step(hbm, embedding, state, tokens))  # warm-up
+    times_ms: list[float] = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        logits, state = step(hbm, embedding, state, tokens)
+        jax.block_until_ready(logits)
+        times_ms.append((time.perf_counter() - start) * 1e3)
+        tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return times_ms
 
 
 def routing_key(config: RunConfig, schedule: Any) -> str:

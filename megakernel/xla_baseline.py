@@ -37,9 +37,7 @@ DOWN_VALUES, DOWN_SCALES = "expert.down.values", "expert.down.scales"
 def distinct_in_order(picks: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``picks`` i32[n] -> (the distinct values first, in order of first appearance, then the
     repeats; how many are distinct). Static shapes: the loop below runs ``count`` of them."""
-    n = picks.shape[0]
-    earlier = jnp.arange(n)[None, :] < jnp.arange(n)[:, None]
-    new = ~jnp.any((picks[:, None] == picks[None, :]) & earlier, axis=1)
+    new = math_moe.first_appearance(picks)
     order = jnp.argsort(~new, stable=True)  # first appearances keep their order
     return picks[order], jnp.sum(new.astype(jnp.int32))
 

@@ -33,6 +33,7 @@ from megakernel.runner import (
     prepare,
     provenance,
     resolve_backend,
+    timed_steps,
     versions,
 )
 from megakernel.tolerance import F32, REORDERED, TOLERANCES
@@ -60,16 +61,7 @@ def run_xla(config: RunConfig, kernel_record: dict[str, Any], out: Path | None =
 
     check_steps = max(config.check_steps, 0) if backend == "tpu" else config.steps
     check = greedy_check(step, dims, params, None, state, tokens, check_steps)
-    times_ms = check["times_ms"]
-    if backend == "tpu":
-        jax.block_until_ready(step(None, None, state, tokens))  # warm-up
-        times_ms, timed_state, timed_tokens = [], state, tokens
-        for _ in range(config.steps):
-            begin = time.perf_counter()
-            logits, timed_state = step(None, None, timed_state, timed_tokens)
-            jax.block_until_ready(logits)
-            times_ms.append((time.perf_counter() - begin) * 1e3)
-            timed_tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    times_ms = timed_steps(step, None, None, state, tokens, config.steps) if backend == "tpu" else check["times_ms"]
     median_ms = statistics.median(times_ms)
     hbm_bytes = kernel_record["hbm_bytes_per_step"]
     record = {
