@@ -65,7 +65,6 @@ from tpusim.schedule.kernel_layout import (
     loop_rows,
     matmul_loops,
     matmul_stage_chunks,
-    vmem_array_bytes,
 )
 from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import matmul_stage_bytes
@@ -235,14 +234,9 @@ class Megakernel:
 
     def scratch_bytes(self) -> dict[str, int]:
         """VMEM bytes of every scratch group (semaphores and SMEM excluded)."""
-        return {key: int(np.prod(shape)) * itemsize for key, shape, itemsize in self._vmem_scratch()}
+        return {key: int(np.prod(shape)) * itemsize for key, shape, itemsize in self.vmem_scratch()}
 
-    def scratch_tiled_bytes(self) -> dict[str, int]:
-        """:meth:`scratch_bytes` as Mosaic tiles each buffer (:func:`tpusim.schedule.kernel_layout.
-        vmem_array_bytes`): what the scratch takes of the compiler's scoped VMEM."""
-        return {key: vmem_array_bytes(shape, itemsize) for key, shape, itemsize in self._vmem_scratch()}
-
-    def _vmem_scratch(self) -> list[tuple[str, tuple[int, ...], int]]:
+    def vmem_scratch(self) -> list[tuple[str, tuple[int, ...], int]]:
         """(group key, shape, element bytes) of every VMEM scratch buffer."""
         leaves = jax.tree_util.tree_leaves_with_path(self.scratch_shapes(), is_leaf=lambda x: isinstance(x, pl.MemoryRef))
         return [(".".join(str(getattr(p, "key", p)) for p in name), tuple(spec.shape), jnp.dtype(spec.dtype).itemsize)

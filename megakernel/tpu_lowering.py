@@ -33,6 +33,7 @@ from megakernel.dims import model_dims
 from megakernel.kernel import Megakernel
 from megakernel.kernel_collectives import CollectiveMegakernel
 from megakernel.reference import DecodeState
+from tpusim.schedule.kernel_layout import vmem_array_bytes
 from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import vmem_plan
 from tpusim.workload.modelconfig import ModelConfig
@@ -73,7 +74,7 @@ class LoweringReport:
     accounting_bytes: dict[str, int]  # tpusim.schedule.vmem's static accounting by part
     collectives: bool = False  # the plan's collectives are inside the kernel (remote copies)
     remote_copies_per_layer: int = 0  # remote copies one MoE layer of the kernel issues
-    scratch_tiled_bytes: int = 0  # the scratch as Mosaic tiles it (Megakernel.scratch_tiled_bytes)
+    scratch_tiled_bytes: int = 0  # the scratch as Mosaic tiles it (kernel_layout.vmem_array_bytes)
 
     @property
     def scratch_total_bytes(self) -> int:
@@ -127,4 +128,4 @@ def lowering_report(model: ModelConfig, plan: ShardingPlan, schedule: Schedule, 
     return LoweringReport(model=model.name, plan=plan.name, devices=plan.devices, schedule=schedule.name,
                           batch=batch, lowered=lowered, scratch_bytes=scratch, accounting_bytes=accounting,
                           collectives=collectives, remote_copies_per_layer=remote_copies_per_layer,
-                          scratch_tiled_bytes=sum(kernel.scratch_tiled_bytes().values()))
+                          scratch_tiled_bytes=sum(vmem_array_bytes(shape, size) for _, shape, size in kernel.vmem_scratch()))

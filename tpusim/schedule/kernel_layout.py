@@ -40,7 +40,7 @@ def vmem_array_bytes(shape: tuple[int, ...], itemsize: int) -> int:
     allocation a scratch buffer gets (``tests/test_vmem_array_bytes.py`` compiles probe
     kernels: f32 rows 3 -> 4, 5 -> 8, 9 -> 16; bf16 rows 1 -> 2, 17 -> 24; 32 lanes -> 128).
     The accounting (:mod:`tpusim.schedule.vmem`) counts the kernel's scratch as laid out
-    (``Megakernel.scratch_bytes``, logical bytes); ``Megakernel.scratch_tiled_bytes`` gives
+    (``Megakernel.scratch_bytes``, logical bytes); ``tpusim lower``'s tiled scratch gives
     what this rule makes of it, the scratch's share of the compiler's scoped VMEM."""
     dims = (1, *shape) if len(shape) == 1 else tuple(shape)
     *lead, rows, cols = dims
