@@ -211,7 +211,7 @@ def _print(data: dict[str, Any]) -> None:
           f"({100 * data['relative_difference']:+.2f} %)")
     if data.get("scratch_tiled_total_bytes"):
         print(f"  VMEM scratch as Mosaic tiles it:    {data['scratch_tiled_total_bytes'] / MIB:9.2f} MiB "
-              "(before the compiler's own temporaries)")
+              "(derived: Mosaic's tiling rule, before the compiler's own temporaries)")
     if data["deployment"]:
         print("  deployment (by " + data["deployment"]["rule"] + "): " + ", ".join(
             f"{name} {algorithm}" for name, algorithm in data["plan_collectives"].items()))
