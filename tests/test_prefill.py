@@ -20,7 +20,7 @@ from tpusim.workload.prefill import (
     causal_keys_per_query,
 )
 from tpusim.workload.program import StepPhase, build_program
-from tpusim.workload.registry.names import HeadOp, KdaOp, MlaOp
+from tpusim.workload.registry.names import HeadOp, KdaOp, MlaOp, MoeOp
 from tpusim.workload.shapes import kv_cache_bytes_per_token
 
 MODEL = "kimi-k3-nano"
@@ -57,6 +57,29 @@ def test_prefill_loads_the_experts_its_tokens_pick(nano):
     rows = sum(op.matmuls[0][0] for op in layer.ops if op.expert_index is not None)
     # the critical device's experts see at most every token's top_k picks
     assert rows <= 512 * model.moe.top_k
+
+
+@pytest.mark.parametrize("expert_spec", ["tp=2,expert_groups=1,expert_tp=2", "tp=2,expert_groups=2,expert_tp=1"])
+def test_prefill_combine_sums_the_pairs_the_device_ran(nano, expert_spec):
+    """moe.combine of a prefill sums each token's picks on this device (vLLM moe_sum, the CUTLASS
+    MoE finalize): 2 x width x (token, expert) pairs, under expert TP (every pick, a column slice)
+    and EP (its group's picks) alike; never every expert over every row (the decode megakernel's
+    rule, kept for decode)."""
+    model = nano[0]
+    plan = plan_for(model, 2, choice=expert_spec)
+    prefill = build_prefill_program(model, plan, tokens=512)
+    decode = build_program(model, plan, batch=4, context_tokens=512)
+    width = model.moe.latent_size or model.hidden_size
+    for program, dense in ((prefill, False), (decode, True)):
+        layer = next(layer for layer in program.layers if layer.is_moe)
+        experts = [op for op in layer.ops if op.expert_index is not None]
+        combine = next(op for op in layer.ops if op.name == MoeOp.COMBINE)
+        pairs = sum(op.matmuls[0][0] for op in experts)
+        rows = program.batch * len(experts) if dense else pairs
+        assert combine.vector_flops == 2.0 * width * rows
+    if plan.expert_groups == 1:  # expert TP: every token's top_k picks are on every device
+        layer = next(layer for layer in prefill.layers if layer.is_moe)
+        assert sum(op.matmuls[0][0] for op in layer.ops if op.expert_index is not None) == 512 * model.moe.top_k
 
 
 def test_prefill_attention_forms(nano):

@@ -160,11 +160,11 @@ PARAMETERS: tuple[Parameter, ...] = (
               "TPOT growth with concurrency where prompts are short: other clients' prefills, run without a CUDA "
               "graph, last the host's time to issue their kernels (public B200 sweeps, DeepSeek-R1 / Qwen3 1k/1k "
               "at concurrency 16; the concurrency-1 TTFTs bound it)",
-              prior=43e-6,
+              prior=38e-6,
               prior_source="prior (assumed from the published concurrency-1 TTFTs, not the TPOTs judged): a 4194-token "
                            "prompt's TTFT exceeds a 610-token one's by 14.2 ms (DeepSeek-R1) and 22.7 ms (Qwen3) on "
-                           "8 B200 with SGLang, where the engine's GPU-bound prefills differ by 73 / 53 ms, so the "
-                           "short prompt waits on its host: 49 / 37 us per kernel, mean 43 us "
+                           "8 B200 with SGLang, where the engine's GPU-bound prefills differ by 63 / 49 ms, so the "
+                           "short prompt waits on its host: 42 / 34 us per kernel, mean 38 us "
                            "(calibration.sources.gpu_batch_sweeps.ttft_host_op_s); a few eager PyTorch ops of "
                            "~5-10 us each plus a ~4-6 us launch per kernel of the fusion table"),
     Parameter("attention_sequence_s", "execution.gpu.attention_sequence_s", "s", {"gpu": Bound(0.0, 5e-6)},

@@ -16,6 +16,7 @@ prices each op with :func:`prefill_op_cost` instead of the decode costs:
 | ``gqa.core`` | one query row per sequence over the span | causal, ``min(window, P + (C+1)/2)`` keys per query |
 | ``kda.core`` | delta-rule recurrence, one token (VPU) | **chunked** (chunks of :data:`LINEAR_CHUNK_TOKENS`, the FLA ``chunk_kda`` / ``chunk_gated_delta_rule`` form) on the matrix unit: intra-chunk ``QK^T``, ``AV`` and the WY/UT correction, inter-chunk ``QS``, ``WS`` and the state update ``K^T V``; the state is read and written once per chunk step |
 | ``head.lm_head`` | every row | the last row only (the logits of the next token) |
+| ``moe.combine`` | the megakernel's: every distinct expert's output over all ``B`` rows, weighted | **by pairs**: each token sums the outputs of its top-k picks this device ran, ``2 x width x`` (token, expert) pairs (:func:`prefill_combine_flops`) |
 
 KV bytes: the prefix's cache is read once (``P x kv bytes per token``) and the chunk's
 ``C`` entries are written; the causal mask halves the chunk's own score work.
@@ -39,7 +40,7 @@ from tpusim.workload.program import (
     _op_cost,
     build_program,
 )
-from tpusim.workload.registry.names import GqaOp, HeadOp, HeadTensor, KdaOp, MlaOp, MlaTensor
+from tpusim.workload.registry.names import GqaOp, HeadOp, HeadTensor, KdaOp, MlaOp, MlaTensor, MoeOp
 from tpusim.workload.routing import RoutingModel
 from tpusim.workload.shapes import (
     attention_span_tokens,
@@ -61,6 +62,26 @@ def causal_keys_per_query(prefix_tokens: int, chunk_tokens: int) -> float:
     """Mean keys a chunk's query attends to under the causal mask: the whole prefix plus,
     for query ``i`` of the chunk, ``i + 1`` chunk tokens."""
     return prefix_tokens + (chunk_tokens + 1) / 2
+
+
+def prefill_combine_flops(ctx: _BlockContext) -> float:
+    """``moe.combine`` of a prefill chunk: the routing-weighted sum of each token's top-k expert
+    outputs over the (token, expert) pairs this device ran (``ctx.routed_pairs``), one
+    multiply-add per output element of each pair.
+
+    No prefill kernel runs an expert over rows that did not pick it: vLLM's ``fused_moe``
+    writes each pair's output into ``[tokens, top_k, hidden]`` and ``moe_sum`` reduces it over
+    ``top_k``; FlashInfer's CUTLASS MoE (TensorRT-LLM's ``finalizeMoeRouting``) walks every
+    token's ``top_k`` picks and adds the rows of the experts on this rank. Under expert TP each
+    rank runs a column slice of every pick (all ``tokens x top_k`` pairs, a partial sum the
+    all-reduce after ``moe.combine`` completes); under EP only its experts' picks. The decode
+    megakernel's rule (every distinct expert over every row, :func:`_op_cost`) would charge a
+    7.4k-token prompt 384 experts x 7.4k rows on one of 4 expert-TP GPUs (Kimi-K2.5), 48x the
+    pairs it has.
+    """
+    moe = ctx.model.moe
+    assert moe is not None
+    return 2.0 * (moe.latent_size or ctx.model.hidden_size) * max(1, ctx.routed_pairs)
 
 
 def prefill_op_cost(name: str, ctx: _BlockContext, rows: int) -> dict[str, object]:
@@ -106,6 +127,8 @@ def prefill_op_cost(name: str, ctx: _BlockContext, rows: int) -> dict[str, objec
         vector = DELTA_RULE_FLOPS_PER_STATE_ELEMENT * m * (d_k + d_v + chunk)
         return {"unit": "mxu", "matmuls": core, "vector_flops": vector, "kv_read_bytes": state,
                 "kv_write_bytes": state}
+    if name == MoeOp.COMBINE:
+        return {"vector_flops": prefill_combine_flops(ctx)}
     return _op_cost(name, ctx, rows)
 
 

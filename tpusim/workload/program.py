@@ -230,6 +230,7 @@ class _BlockContext:
     tensors: dict[str, TensorSpec]  # this block's weight tensors on one device, by name
     small: tuple[TensorSpec, ...] = ()  # the layer's small parameters (attention blocks carry them)
     routed_experts: int = 0  # expert ops this device runs in this layer (MoE blocks)
+    routed_pairs: int = 0  # (token, expert) pairs those expert ops run: the sum of their rows
     cost: OpCost | None = None  # prices each op (default :func:`_op_cost`, the decode step)
 
     @property
@@ -311,6 +312,9 @@ def _op_cost(name: str, ctx: _BlockContext, rows: int) -> dict[str, object]:
     if name == EXPERT.name:
         return {"vector_flops": ACTIVATION_FLOPS_PER_ELEMENT * ctx.tensors[ExpertTensor.DOWN].rows * rows}
     if name == MoeOp.COMBINE:
+        # The decode megakernel's combine: every distinct expert's output over all B rows, each
+        # weighted by that row's routing weight (zero where the row did not pick it) and summed
+        # (megakernel/kernel_moe.expert_loop). A prefill prices it by pairs (prefill_op_cost).
         assert moe is not None
         return {"vector_flops": 2.0 * (moe.latent_size or hidden) * rows * max(1, ctx.routed_experts)}
     if name == MlpOp.GATE_UP:
@@ -378,7 +382,7 @@ def build_program(
             routed = len(expert_rows)
             tensors = moe_dense_tensors(model, plan) + expert_slice_tensors(model, plan)
             mlp = _BlockContext(rows=batch, sequences=sequences, tensors={t.name: t for t in tensors},
-                                routed_experts=routed, **common)  # type: ignore[arg-type]
+                                routed_experts=routed, routed_pairs=sum(expert_rows), **common)  # type: ignore[arg-type]
             ops += _block_ops(mlp_block(True), mlp, expert_rows)
             moe_index += 1
         else:
