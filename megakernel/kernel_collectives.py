@@ -34,7 +34,8 @@ projection is stored as :mod:`tpusim.workload.shapes` sizes it (own heads x hidd
 bytes as K3's pair heads x hidden half): panel ``2p + a`` of the stored matrix holds the rows
 of pair member ``a`` (rank order) of the half's panel ``p`` (:func:`pair_matmul`).
 
-Receive buffers: per collective and phase one slot per incoming message, double-buffered by
+Receive buffers: per collective and phase one slot per incoming message (the payload's [B, w],
+:meth:`DecodeKernel.message_shape`), double-buffered by
 layer parity when the collective runs in more than one layer (exactly
 :func:`tpusim.workload.collectives.buffer_bytes`, which :func:`tpusim.schedule.vmem.vmem_plan`
 counts). With the schedule's ``receive_slots: shared`` (the default), a collective that
@@ -103,57 +104,6 @@ class _Fresh:
         return self.ref[i]
 
 
-class _PhaseRecv:
-    """Receive buffers of one collective, one ref per phase ``[copies, messages, 1, chunk]``,
-    indexed as DecodeKernel's ``recv[parity, phase, slots]`` (-> ``[messages, chunk]``); a
-    collective with one copy always reads slot parity 0 (also when it uses a double-buffered
-    host's refs). Each message has a row of its own tile (the unit dimension): a remote copy
-    into slot ``k`` (a traced index) addresses a leading, untiled dimension, where Mosaic
-    needs no alignment (``[copies, messages, chunk]`` packs two bf16 messages per sublane,
-    and a copy to an odd slot is off the tile grid)."""
-
-    def __init__(self, refs: list[Any], single: bool = False) -> None:
-        self.refs, self.single = refs, single
-
-    def __getitem__(self, index: tuple[Any, int, Any]) -> Any:
-        parity, phase, slots = index
-        rows = self.refs[phase][0 if self.single else parity, slots]  # [messages, 1, chunk]
-        return rows.reshape(rows.shape[0], rows.shape[2])
-
-
-class _PhaseSend:
-    """Send buffer of one collective ``[phases, 1, width]``, indexed as DecodeKernel's
-    ``send[pl.ds(phase, 1), cols]`` (-> ``[1, cols]``; ``.at[...]`` for a copy's source). Each
-    phase has a row of its own tile, as each receive slot (:class:`_PhaseRecv`): a one-row
-    copy out of ``[phases, width]`` would cut a packed bf16 tile (two rows per sublane)."""
-
-    def __init__(self, ref: Any) -> None:
-        self.ref = ref
-
-    def _index(self, index: tuple[Any, Any]) -> tuple[Any, ...]:
-        rows, cols = index
-        assert rows.size == 1, "one phase at a time"
-        return rows.start, slice(None), cols
-
-    def __getitem__(self, index: tuple[Any, Any]) -> Any:
-        return self.ref[self._index(index)]
-
-    def __setitem__(self, index: tuple[Any, Any], value: Any) -> None:
-        self.ref[self._index(index)] = value
-
-    @property
-    def at(self) -> Any:
-        return _SendAt(self)
-
-
-class _SendAt:
-    def __init__(self, send: _PhaseSend) -> None:
-        self.send = send
-
-    def __getitem__(self, index: tuple[Any, Any]) -> Any:
-        return self.send.ref.at[self.send._index(index)]
-
-
 class KernelLink(DecodeKernel):
     """DecodeKernel's remote copies and combines, with this kernel's buffer layout."""
 
@@ -173,9 +123,8 @@ class KernelLink(DecodeKernel):
 
     def _buffers(self, c: int, copies: int) -> tuple[Any, ...]:
         """(send shape, receive shape per phase, dtype) of collective ``c`` with ``copies`` slot sets."""
-        coll = self.colls[c]
-        return ((coll.phases, 1, self.buffer_width(c)),
-                tuple((copies, coll.counts[p], 1, self.chunk(c)) for p in range(coll.phases)), self.payload[c][1])
+        return (self.send_shape(c), tuple(self.recv_shape(c, p, copies) for p in range(self.colls[c].phases)),
+                self.payload[c][1])
 
     def scratch_shapes(self) -> dict[str, Any]:
         """Send and receive buffers of the collectives that own theirs (:attr:`owners`, in
@@ -188,17 +137,10 @@ class KernelLink(DecodeKernel):
             "recv_sem": [pltpu.SemaphoreType.DMA((self.copies[c], coll.phases)) for c, coll in enumerate(self.colls)],
         }
 
-    def _copy(self, ctx: Any, c: int, phase: int, i: int, layer: Any) -> Any:
-        """Message ``i`` of ``phase``: its chunk of ``send[c][phase]`` -> the destination's slot."""
-        dst = ctx.routes[self.route(c, phase, i, "dst")]
-        slot = ctx.routes[self.route(c, phase, i, "slot")]
-        par, size = self._parity(layer) if self.copies[c] > 1 else 0, self.chunk(c)
-        first = ctx.routes[self.chunk_word(c, i)] * size if size < self.buffer_width(c) and phase == 0 else 0
-        return pltpu.make_async_remote_copy(
-            ctx.send[c].at[pl.ds(phase, 1), pl.ds(first, size)],
-            ctx.recv[c].refs[phase].at[par, slot],
-            ctx.send_sem[c].at[phase], ctx.recv_sem[c].at[par, phase],
-            device_id=(dst,), device_id_type=pltpu.DeviceIdType.MESH), dst
+    def _slot_parity(self, c: int, layer: Any) -> Any:
+        """A collective with one copy of its slots always uses copy 0 (also when it uses a
+        double-buffered host's buffers)."""
+        return self._parity(layer) if self.copies[c] > 1 else 0
 
     def _parity(self, layer: Any) -> Any:
         if self.bugs.single_buffer:
@@ -351,10 +293,9 @@ class CollectiveMegakernel(Megakernel):
         coll = ctx.scratch["coll"]
         link = self.link
         at = {c: link.owners.index(link.owner[c]) for c in range(len(link.colls))}
-        run = LinkRun(link, _Fresh(ctx.ins["smem.routes"]),
-                      [_PhaseSend(coll["send"][at[c]]) for c in range(len(link.colls))],
-                      [_PhaseRecv(coll["recv"][at[c]], single=link.copies[c] == 1) for c in range(len(link.colls))],
-                      coll["send_sem"], coll["recv_sem"], ctx=ctx)
+        run = LinkRun(link, _Fresh(ctx.ins["smem.routes"]), [coll["send"][at[c]] for c in range(len(link.colls))],
+                      [coll["recv"][at[c]] for c in range(len(link.colls))], coll["send_sem"], coll["recv_sem"],
+                      ctx=ctx)
         self.link_log = run.log
         ctx.link = run
         self.link._barrier(run)  # type: ignore[arg-type]  # nobody's copy lands before its peer started

@@ -49,6 +49,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from megakernel.collective_combine import ranked, sum_blocks, unflatten
 from megakernel.collective_plan import DECODE_SUPPORTED, UnsupportedPlan, layer_steps
 from megakernel.decode_shards import Cut, cut_of, state_shard, weight_shard
 from megakernel.dims import ModelDims, model_dims
@@ -174,15 +175,31 @@ class DecodeKernel(CollectiveKernel):
         base = self._route_words + sum(k.phases for k in self.colls)
         return base + sum(k.max_count for k in self.colls[:c]) + i
 
+    def scatters(self, c: int) -> bool:
+        return self.colls[c].algorithm == "reduce_scatter_all_gather"
+
     def chunk(self, c: int) -> int:
         """Values per message: the payload, or for a reduce-scatter a 1/group share (rounded up)."""
         coll, n = self.colls[c], self.batch * self.payload[c][0]
-        return -(-n // coll.members.shape[1]) if coll.algorithm == "reduce_scatter_all_gather" else n
+        return -(-n // coll.members.shape[1]) if self.scatters(c) else n
 
-    def buffer_width(self, c: int) -> int:
-        """Send/receive buffer width: the payload padded to whole chunks."""
-        return self.chunk(c) * (self.colls[c].members.shape[1] if self.colls[c].algorithm ==
-                                "reduce_scatter_all_gather" else 1)
+    def message_shape(self, c: int) -> tuple[int, int]:
+        """(rows, columns) of one message: the payload's [B, w] (one row per token, so that
+        Mosaic tiles a bf16 message at batch 8 without padding and the combine works on full
+        vector registers), or for a reduce-scatter one row of its flat chunk."""
+        return (1, self.chunk(c)) if self.scatters(c) else (self.batch, self.payload[c][0])
+
+    def send_shape(self, c: int) -> tuple[int, int, int]:
+        """Send buffer ``[phases, rows, columns]``: one message per phase (a reduce-scatter's
+        flat payload padded to whole chunks)."""
+        rows, cols = self.message_shape(c)
+        coll = self.colls[c]
+        return coll.phases, rows, cols * (coll.members.shape[1] if self.scatters(c) else 1)
+
+    def recv_shape(self, c: int, phase: int, copies: int) -> tuple[int, int, int, int]:
+        """Receive buffer of ``phase``: ``[copies, messages, rows, columns]``, a slot per
+        incoming message on an untiled leading dimension (a remote copy to a traced slot)."""
+        return (copies, self.colls[c].counts[phase], *self.message_shape(c))
 
     @cached_property
     def _route_words(self) -> int:
@@ -193,12 +210,11 @@ class DecodeKernel(CollectiveKernel):
 
     def scratch_shapes(self) -> dict[str, Any]:
         parity = 1 if self.bugs.single_buffer else 2
-        widths = [self.buffer_width(c) for c in range(len(self.colls))]
         dtypes = [self.payload[c][1] for c in range(len(self.colls))]
         return {
-            "send": [pltpu.VMEM((c.phases, n), t) for c, n, t in zip(self.colls, widths, dtypes, strict=True)],
-            "recv": [pltpu.VMEM((parity, c.phases, c.max_count, self.chunk(i)), t)  # a message each
-                     for i, (c, t) in enumerate(zip(self.colls, dtypes, strict=True))],
+            "send": [pltpu.VMEM(self.send_shape(c), t) for c, t in enumerate(dtypes)],
+            "recv": [[pltpu.VMEM(self.recv_shape(c, p, parity), t) for p in range(coll.phases)]
+                     for c, (coll, t) in enumerate(zip(self.colls, dtypes, strict=True))],
             "send_sem": [pltpu.SemaphoreType.DMA((c.phases,)) for c in self.colls],
             "recv_sem": [pltpu.SemaphoreType.DMA((parity, c.phases)) for c in self.colls],
         }
@@ -359,27 +375,30 @@ class DecodeKernel(CollectiveKernel):
         log[...] = ctx.log_row(self.max_events)
 
     def issue(self, ctx: DecodeCtx, c: int, layer: int, payload: jax.Array, phase: int = 0) -> None:
-        """Put ``payload`` f32[B, w] (a reduce-scatter's phase 1: its reduced chunk) in
-        ``send[c][phase]`` and start the phase's copies."""
-        dtype, flat = self.payload[c][1], payload.reshape(1, -1)
-        pad = self.buffer_width(c) - flat.shape[1]
-        if pad:
-            flat = jnp.concatenate([flat, jnp.zeros((1, pad), flat.dtype)], axis=1)
-        ctx.send[c][pl.ds(phase, 1), :] = flat.astype(dtype)
+        """Put ``payload`` f32[B, w] (a reduce-scatter's phase 1: its reduced chunk [1, chunk])
+        in ``send[c][phase]`` and start the phase's copies."""
+        _, rows, cols = self.send_shape(c)
+        value = payload.reshape(1, -1) if self.scatters(c) else payload
+        if value.shape[1] < cols:
+            value = jnp.concatenate([value, jnp.zeros((rows, cols - value.shape[1]), value.dtype)], axis=1)
+        ctx.send[c][phase] = value.astype(self.payload[c][1])
         for i in range(self.colls[c].counts[phase]):
             copy, dst = self._copy(ctx, c, phase, i, layer)  # type: ignore[arg-type]
             copy.start()
             ctx.record(ISSUE, c, phase, dst, layer)
 
+    def _slot_parity(self, c: int, layer: Any) -> Any:
+        """The receive slots' copy (of ``recv_shape``'s ``copies``) ``layer`` uses for ``c``."""
+        return self._parity(layer)
+
     def _copy(self, ctx: Any, c: int, phase: int, i: int, layer: Any) -> Any:
         """Message ``i`` of ``phase``: its chunk of ``send[c][phase]`` -> the destination's slot."""
         dst = ctx.routes[self.route(c, phase, i, "dst")]
         slot = ctx.routes[self.route(c, phase, i, "slot")]
-        par, size = self._parity(layer), self.chunk(c)
-        first = ctx.routes[self.chunk_word(c, i)] * size if size < self.buffer_width(c) and phase == 0 else 0
+        par, cols = self._slot_parity(c, layer), self.message_shape(c)[1]
+        first = ctx.routes[self.chunk_word(c, i)] * cols if self.scatters(c) and phase == 0 else 0
         return pltpu.make_async_remote_copy(
-            ctx.send[c].at[pl.ds(phase, 1), pl.ds(first, size)],
-            ctx.recv[c].at[par, pl.ds(phase, 1), slot],
+            ctx.send[c].at[phase, :, pl.ds(first, cols)], ctx.recv[c][phase].at[par, slot],
             ctx.send_sem[c].at[phase], ctx.recv_sem[c].at[par, phase],
             device_id=(dst,), device_id_type=pltpu.DeviceIdType.MESH), dst
 
@@ -388,8 +407,8 @@ class DecodeKernel(CollectiveKernel):
         exchange: contributions in rank order) or f32[B, w] (reductions: summed in rank order,
         so every member computes the same value)."""
         coll, (width, _) = self.colls[c], self.payload[c]
-        par, b, size = self._parity(layer), self.batch, self.chunk(c)
-        scatter = coll.algorithm == "reduce_scatter_all_gather"
+        par, b, cols = self._slot_parity(c, layer), self.batch, self.message_shape(c)[1]
+        scatter = self.scatters(c)
         for phase in range(coll.phases):
             count = coll.counts[phase]
             for i in range(count):
@@ -398,25 +417,22 @@ class DecodeKernel(CollectiveKernel):
                     copy.wait_recv()
                 ctx.record(WAIT, c, phase, i, layer)
             at = ctx.routes[self.own_word(c, phase)]
-            own = ctx.send[c][pl.ds(phase, 1), :].astype(jnp.float32)  # [1, buffer width]
-            if scatter and phase == 0:  # this rank's chunk of its own partial (a ref slice:
-                # a dynamic slice of a value has no Mosaic lowering)
-                own = ctx.send[c][pl.ds(phase, 1), pl.ds(at * size, size)].astype(jnp.float32)
-            slots = ctx.recv[c][par, phase, :count].astype(jnp.float32)  # [count, chunk] by source rank
-            rows = _insert(slots, own[:, :size], at)  # [count + 1, chunk] in rank order
+            # this rank's own contribution: its chunk of its partial (reduce-scatter), else its payload
+            first = at * cols if scatter and phase == 0 else 0
+            terms = ranked(ctx.recv[c][phase], par, count, ctx.send[c], phase, first, at, cols)
             if scatter and phase == 0:  # reduce this rank's chunk, then gather everyone's
                 for i in range(count):
                     self._copy(ctx, c, phase, i, layer)[0].wait_send()  # type: ignore[arg-type]
-                self.issue(ctx, c, layer, jnp.sum(rows, axis=0, keepdims=True), 1)
+                self.issue(ctx, c, layer, sum_blocks(terms), 1)
                 continue
             if scatter:
-                out = jnp.concatenate([rows[k: k + 1] for k in range(count + 1)], axis=1)
-                out = _unflatten(out[:, : b * width], b, width)
+                out = jnp.concatenate([t for blocks in terms for t in blocks], axis=1)
+                out = unflatten(out[:, : b * width], b, width)
             elif coll.algorithm != "one_shot_two_level" and not coll.reduces:  # a gather or exchange
-                out = jnp.concatenate([_unflatten(rows[k: k + 1], b, width) for k in range(count + 1)], axis=1)
+                out = jnp.concatenate([t for blocks in terms for t in blocks], axis=1)
                 break
             else:  # a reduction (direct_all_gather: every member's whole partial, summed here)
-                out = _unflatten(jnp.sum(rows, axis=0, keepdims=True), b, width)
+                out = sum_blocks(terms)
                 if phase + 1 < coll.phases:  # the host sum goes to the cross-host peers
                     for i in range(count):
                         self._copy(ctx, c, phase, i, layer)[0].wait_send()  # type: ignore[arg-type]
@@ -424,24 +440,6 @@ class DecodeKernel(CollectiveKernel):
         for i in range(coll.counts[-1]):
             self._copy(ctx, c, coll.phases - 1, i, layer)[0].wait_send()  # type: ignore[arg-type]
         return out
-
-
-def _unflatten(flat: jax.Array, rows: int, width: int) -> jax.Array:
-    """``flat`` [1, rows·width] -> [rows, width] by lane slices: Mosaic has no shape cast from a
-    long vector to [rows, width] (K3 at batch 8: 3072 -> 8 x 384)."""
-    if rows == 1:
-        return flat
-    return jnp.concatenate([flat[:, r * width: (r + 1) * width] for r in range(rows)], axis=0)
-
-
-def _insert(slots: jax.Array, own: jax.Array, at: jax.Array) -> jax.Array:
-    """Rows ``slots`` [n, m] with ``own`` [1, m] inserted before row ``at`` (traced scalar):
-    vector selects, no stores (each store is an interpreter callback)."""
-    n = slots.shape[0]
-    k = jax.lax.broadcasted_iota(jnp.int32, (n + 1, 1), 0)
-    below = jnp.concatenate([slots, own], axis=0)  # row k = slot k (k < at)
-    above = jnp.concatenate([own, slots], axis=0)  # row k = slot k - 1 (k > at)
-    return jnp.where(k < at, below, jnp.where(k == at, own, above))
 
 
 class _Words:

@@ -19,7 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from megakernel.collective_plan import layer_steps
-from megakernel.kernel_collectives import pair_matmul
+from megakernel.kernel_collectives import KernelLink, pair_matmul
+from megakernel.multi_device import Bugs
+from tpusim.schedule.kernel_layout import vmem_array_bytes
 from tpusim.schedule.vmem import collective_bytes
 from tpusim.workload.collectives import Topology, buffer_bytes
 from tpusim.workload.model_catalog import load_model, plan_for
@@ -74,6 +76,24 @@ def test_collective_buffers_of_k3_tp32_from_the_plan_yaml() -> None:
     # receive_slots shared (the default): the dense all-reduce lives in moe.shared_reduce's buffers
     assert collective_bytes(model, plan_for(model, 32), 1) == expected - (2 * 14336 + 10 * 14336)
     assert collective_bytes(model, plan_for(model, 1), 1) == 0
+
+
+def test_k3_tp32_messages_are_token_rows_that_mosaic_tiles_unpadded_at_batch_8() -> None:
+    """Each message of a gather, exchange or reduction is the payload's [B, w] (a reduce-scatter's
+    one row of its chunk): at batch 8 a bf16 message fills whole (8, 128) tiles, so the buffers
+    take on the chip the bytes the accounting counts (measured: Mosaic lays ``bf16[2,7,8,7168]``
+    out as ``T(8,128)(2,1)``, 1.53 MiB; as ``[2,7,1,57344]`` it took 3.06)."""
+    model = load_model("kimi-k3")
+    link = KernelLink(model, plan_for(model, 32), 8, bugs=Bugs())
+    for c, _ in enumerate(link.colls):
+        send, recv, dtype = link._buffers(c, 2)
+        size = jnp.dtype(dtype).itemsize
+        if link.scatters(c):
+            assert link.message_shape(c) == (1, link.chunk(c))
+            continue
+        assert link.message_shape(c) == (8, link.payload[c][0])
+        for shape in (send, *recv):
+            assert vmem_array_bytes(shape, size) == int(np.prod(shape)) * size
 
 
 def test_reduce_scatter_buffers_pad_to_whole_chunks() -> None:
