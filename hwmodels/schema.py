@@ -234,6 +234,13 @@ class DmaSpec(BaseModel):
     contention_unit: Literal["copy", "stream"] = Field(
         default="copy", description="what the penalty counts: every copy in flight, or every distinct "
         "address stream in flight (one buffer ring, or one occupied expert slot)")
+    service: Literal["shared", "in_order"] = Field(
+        default="shared", description="how issued copies move: 'shared', all at once, each at 1/n of the "
+        "aggregate (the round-robin above); 'in_order', one at a time at the whole rate in the order they "
+        "were issued, each copy's issue latency overlapping the transfers ahead of it (a later, more urgent "
+        "copy waits for every copy issued before it)")
+    service_source: str = Field(default="assumed: copies in flight share the rate round-robin",
+                                description="where ``service`` comes from (measured / published / assumed)")
 
     def efficiency(self, in_flight: int) -> float:
         """Aggregate-throughput factor with ``in_flight`` contenders (1.0 = no loss)."""

@@ -64,7 +64,7 @@ def test_quick_run_gives_well_formed_checked_records(quick_records: list[dict]) 
     assert not errors, errors[0]
     probes = {r["probe"] for r in quick_records}
     assert {"empty_call", "dma_latency", "dma_stream", "layer_loop", "matmul", "rmsnorm_silu",
-            "dequant_fp8_gate_up", "dequant_mxfp4_down"} <= probes
+            "dequant_fp8_gate_up", "dequant_mxfp4_down", "dma_order", "routing"} <= probes
     expected = sum(len(p.points) for p in all_probes(None, quick=True))
     assert len(quick_records) == expected
     for r in quick_records:
@@ -74,8 +74,12 @@ def test_quick_run_gives_well_formed_checked_records(quick_records: list[dict]) 
         assert r["seconds_median"] > 0 and r["seconds_spread"] >= 0
         assert r["check"] == "ok", (r["probe"], r["params"], r["check"])
         json.dumps(r)
-    dma = [r for r in quick_records if r["probe"].startswith("dma_")]
+    dma = [r for r in quick_records if r["probe"] in ("dma_stream", "dma_issue", "dma_latency")]
     assert all(r["bytes"] == r["params"]["copies"] * r["params"]["size_bytes"] for r in dma)
+    order = [r for r in quick_records if r["probe"] == "dma_order"]
+    assert all(r["bytes"] == r["params"]["iterations"] * (r["params"]["large_copies"] * r["params"]["large_bytes"]
+                                                          + r["params"]["small_copy"] * r["params"]["small_bytes"])
+               for r in order)
     assert all(r["flops"] > 0 for r in quick_records if r["probe"] == "matmul")
 
 

@@ -14,6 +14,7 @@ nothing else: it never reads a kernel step time (``tests/test_tpu_v5e_records.py
 | ``execution.per_step_overhead_s`` | ``empty_call`` | median of the empty pallas_call records (launch + dispatch + sync from the host; a measured step pays it once) |
 | ``execution.per_layer_overhead_s`` | ``layer_loop`` | least-squares slope of whole-call time over L empty layers (0 … 93), clipped at 0: the loop and semaphore bookkeeping of one layer (below the probe's noise, ≈ ±0.6 µs, on v5e) |
 | ``compute.mxu.weight_push_s_per_tile`` | ``matmul`` | at 8 rows (one sublane tile: every decode batch up to 8): per kernel shape (t(R=64) - t(R=8)) / 56 matmuls / (128 x 128 weight tiles), the median over the shapes |
+| ``dma.service`` (not a number) | ``dma_order`` | per number of 1 MiB copies ahead (2, 8): the 64 KiB copy's time behind them less its time alone, over the large copies' own time (each over the probe's iterations, at the longest VPU chain); ``in_order`` when the median is over 1/2 (it waited for them), else ``shared``; see :func:`dma_service` |
 | ``dma.concurrency_penalty_per_dma`` | ``dma_stream`` | per copy size >= 1 MiB: ((t(8 in flight) - empty) / (t(4 in flight) - empty) - 1) / 4, clipped at 0; the median over sizes (8 copies in flight move as fast as 4 on v5e: 0) |
 
 Rates subtract the empty call, as the probes' own notes say (``probes_dma``: "whole-call
@@ -211,12 +212,46 @@ def probe_overlay(chip_name: str = "tpu-v5e", path: Path | str = PROBES_PATH) ->
 
 def probe_chip(chip: Chip, path: Path | str = PROBES_PATH) -> Chip:
     """``chip`` with the probe figures in place, each labelled ``measured`` with a source naming
-    its probe and date (the chip's ``calibration`` stays None: nothing here was fitted)."""
+    its probe and date, and the DMA service order the ``dma_order`` probe shows (the chip's
+    ``calibration`` stays None: nothing here was fitted)."""
     data = chip.model_dump(mode="python")
-    for key, figure in probe_figures(load_probes(path)).items():
+    records = load_probes(path)
+    for key, figure in probe_figures(records).items():
         parent, name = _figure_slot(data, key)
         parent[name] = {"value": figure.value, "source": figure.source, "label": "measured", "uncertainty": None}
+    service = dma_service(records)
+    if service is not None:
+        data["dma"]["service"], data["dma"]["service_source"] = service
     return Chip.model_validate(data)
+
+
+def dma_service(records: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """(``dma.service``, its source) from the ``dma_order`` records, or None without them.
+
+    At the longest VPU chain (longer than the large copies, so an iteration lasts the small
+    copy's wait plus the chain), per number ``F`` of large copies ahead: ``behind`` = the
+    64 KiB copy's extra time per iteration with ``F`` large copies issued before it,
+    ``alone`` = the same with none, ``large`` = the ``F`` large copies' own time per iteration
+    (no chain, no small copy, less the empty loop). Served in issue order the small copy
+    waits for them all (``(behind - alone) / large`` ≈ 1); shared, it moves alongside them
+    (≈ (F + 1) x 64 KiB / F MiB, under 0.1)."""
+    order = [r for r in records if r["probe"] == "dma_order"]
+    if not order:
+        return None
+    chain = max(r["params"]["chain_iterations"] for r in order)
+    by = {(r["params"]["large_copies"], r["params"]["small_copy"], r["params"]["chain_iterations"]):
+          r["seconds_median"] / r["params"]["iterations"] for r in order}
+    alone = by[(0, 1, chain)] - by[(0, 0, chain)]
+    ratios = []
+    for copies in sorted({k[0] for k in by if k[0] > 0}):
+        large = by[(copies, 0, 0)] - by[(0, 0, 0)]
+        behind = by[(copies, 1, chain)] - by[(copies, 0, chain)]
+        ratios.append((behind - alone) / large)
+    ratio = statistics.median(ratios)
+    service = "in_order" if ratio > 0.5 else "shared"
+    detail = ", ".join(f"{x:.2f}" for x in ratios)
+    return service, (f"measured on tpu-v5e (probe dma_order, {_date(order)}): a 64 KiB copy issued behind "
+                     f"2 and 8 copies of 1 MiB waits {detail} of their own transfer time ({service})")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,11 +4,15 @@
 JSON-able record per measurement to a list as it goes; :func:`compile_all_for` compiles
 every probe at full size for a named TPU topology from any machine (libtpu installed).
 
-The probes (details, units and assumptions in :mod:`calibration.tpu_bench.probes_dma` and
-:mod:`calibration.tpu_bench.probes_compute`), in run order:
+The probes (details, units and assumptions in :mod:`calibration.tpu_bench.probes_dma`,
+:mod:`calibration.tpu_bench.probes_order` and :mod:`calibration.tpu_bench.probes_compute`),
+in run order:
 
 1. ``empty_call``: launch + dispatch + sync of a ``pallas_call`` that does nothing (s);
    timed again after everything else (``params.position``: first, last).
+1a. ``dma_order``: a 64 KiB copy issued behind 0, 2 or 8 copies of 1 MiB: does it wait for
+   them (issue order) or share the rate; ``routing``: the kernel's own top-k selection at
+   K3's TP32 widths, batch 1 … 16.
 2. ``dma_stream`` / ``dma_issue`` / ``dma_latency``: HBM→VMEM async copies, 4 KiB … 16 MiB
    per copy, 1/2/4/8 (16 at 4 KiB) in flight: whole-call seconds and bytes moved.
 3. ``layer_loop``: L ∈ {0, 1, 8, 32, 93} empty layers (SMEM read, 4 KiB DMA, tile op).
@@ -41,7 +45,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 
-from calibration.tpu_bench import probes_compute, probes_dma
+from calibration.tpu_bench import probes_compute, probes_dma, probes_order
 from calibration.tpu_bench.common import (
     Probe,
     compile_for,
@@ -62,6 +66,8 @@ def all_probes(interpret: Any, quick: bool) -> list[Probe]:
     whole = [p for p in dequant if p.params["form"] != "per_panel_loop"]
     return [
         probes_dma.empty_probe(interpret, "first"),
+        probes_order.dma_order_probe(interpret, quick),
+        *probes_order.routing_probes(interpret, quick),
         *probes_dma.dma_probes(interpret, quick),
         probes_dma.layer_probe(interpret, quick),
         *probes_compute.matmul_probes(interpret, quick, "panel_loop"),

@@ -157,10 +157,15 @@ def _structure_lines(chip: Chip) -> list[str]:
     for unit in chip.compute:
         if unit.tile_rows > 1 or unit.tile_cols > 1:
             lines.append(f"{unit.name} tile: {unit.tile_rows} x {unit.tile_cols}")
-    lines.append(
-        f"dma: {chip.dma.engines} engine(s), {chip.dma.efficient_in_flight} "
-        f"{'streams' if chip.dma.contention_unit == 'stream' else 'copies'} in flight before contention"
-    )
+    if chip.dma.service == "in_order":
+        lines.append(f"dma: {chip.dma.engines} engine(s), copies served one at a time in issue order "
+                     f"({chip.dma.service_source})")
+    else:
+        lines.append(
+            f"dma: {chip.dma.engines} engine(s), {chip.dma.efficient_in_flight} "
+            f"{'streams' if chip.dma.contention_unit == 'stream' else 'copies'} in flight before contention, "
+            f"shared round-robin ({chip.dma.service_source})"
+        )
     for link in chip.links:
         domain = "" if link.domain_devices >= 1 << 30 else f", domain {link.domain_devices} devices"
         lines.append(f"link {link.name}: {link.topology}, {link.links_per_device} link(s){domain}")
