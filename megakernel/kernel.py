@@ -152,12 +152,14 @@ class Megakernel:
 
     def __init__(self, dims: ModelDims, schedule: Schedule, batch: int, max_context: int, *,
                  trace: bool = False, interpret: Any = None, unsafe_ignore_buffer_reuse: bool = False,
-                 vmem_limit_bytes: int = DEFAULT_VMEM_LIMIT_BYTES) -> None:
+                 vmem_limit_bytes: int = DEFAULT_VMEM_LIMIT_BYTES, expert_cap: int | None = None) -> None:
         """``trace`` records ordered events (interpret mode only: ``io_callback`` does not lower
         for TPU); ``interpret`` is ``pltpu.InterpretParams`` or None (compile for TPU);
         ``unsafe_ignore_buffer_reuse`` breaks the plan on purpose (race-detector test);
         ``vmem_limit_bytes``: the VMEM Mosaic may use, scratch and its own temporaries (the
-        target chip's catalog capacity: :func:`megakernel.mosaic_compile.vmem_limit_for`)."""
+        target chip's catalog capacity: :func:`megakernel.mosaic_compile.vmem_limit_for`);
+        ``expert_cap``: run at most this many experts a layer (a probe of the fixed costs, not a
+        decode; at least the expert slots, whose copies start before the count is known)."""
         if trace and interpret is None:
             raise ValueError("trace=True needs interpret mode: io_callback does not lower for TPU")
         if dims.kinds[0] != "kda" or dims.num_layers < 3:
@@ -165,6 +167,10 @@ class Megakernel:
         self.dims, self.schedule, self.batch = dims, schedule, batch
         self.vmem_limit_bytes = vmem_limit_bytes
         self.geo = dma_plan.geometry(dims, schedule)
+        slots = self.geo.rings["expert"].buffers
+        if expert_cap is not None and expert_cap < slots:
+            raise dma_plan.UnsupportedSchedule(f"expert cap {expert_cap}: at least the {slots} expert slots")
+        self.expert_cap = expert_cap
         tile = schedule.kv_tile_tokens
         self.max_context = -(-max_context // tile) * tile
         # distinct experts a window can load: this device's experts the batch can pick
@@ -324,7 +330,8 @@ class Megakernel:
     def _body(self, ins: dict[str, Any], *outs: Any, **scratch: Any) -> None:
         d, b = self.dims, self.batch
         named_outs = dict(zip(("logits", "state.kda", "state.conv", "state.kv"), outs, strict=True))
-        ctx = Ctx(d, self.geo, b, ins, named_outs, scratch, self.tables.units, self.n_max, self.recorder)
+        ctx = Ctx(d, self.geo, b, ins, named_outs, scratch, self.tables.units, self.n_max, self.recorder,
+                  expert_cap=self.expert_cap)
         self.enter(ctx)
         scratch["blocks"][...] = jnp.zeros(scratch["blocks"].shape, jnp.float32)
         scratch["partial"][...] = jnp.zeros(scratch["partial"].shape, jnp.float32)

@@ -97,6 +97,9 @@ class Ctx:
     # on one device: the ops then use the single-device stand-ins of megakernel.dims.
     link: Any = None
     branch: str | None = None  # the lax.cond branch being traced ("true" | "false"), for trace-time logs
+    # A probe of the kernel's fixed costs: run at most this many of each layer's chosen experts
+    # (the first in list order; None: all). Not a decode: its logits are not the model's.
+    expert_cap: int | None = None
     _memo: dict[tuple[str, Any], tuple[Any, Any]] = field(default_factory=dict)
 
     def memo(self, key: str, owner: Any, make: Callable[[], Any]) -> Any:

@@ -129,6 +129,8 @@ def topk(ctx: Ctx, layer: Any, scores: jax.Array, issue_at_topk: Callable[[Any],
 
         ctx.when(n == 0, zero_weight_expert)
         n = jnp.maximum(n, 1)
+    if ctx.expert_cap is not None:  # a fixed-cost probe: the first ``expert_cap`` experts of the list
+        n = jnp.minimum(n, ctx.expert_cap)
     smem[N_NEXT] = n
     if not during:
         for j in range(ctx.geo.rings["expert"].buffers):

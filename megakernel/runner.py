@@ -76,6 +76,9 @@ class RunConfig:
     weight_banks: int = 0  # >0: stacked weights hold this many distinct entries (dims.weight_banks)
     check_steps: int = 8  # greedy steps checked against the reference before timing (a TPU)
     layers: int = 0  # >0: only the model's first N layers (numerics by depth); 0: all of them
+    # a fixed-cost probe: at most this many of each layer's experts (batch 1; not a decode, so
+    # nothing is checked against the reference); None: a decode
+    expert_cap: int | None = None
 
 
 @dataclass
@@ -145,7 +148,7 @@ def build_kernel(config: RunConfig, dims: Any, backend: str) -> Megakernel:
 
         interpret = pltpu.InterpretParams()
     return Megakernel(dims, load_schedule(config.schedule), config.batch, max_context_for(config, backend),
-                      interpret=interpret, vmem_limit_bytes=vmem_limit_on(backend))
+                      interpret=interpret, vmem_limit_bytes=vmem_limit_on(backend), expert_cap=config.expert_cap)
 
 
 def prepare(config: RunConfig) -> Prepared:
@@ -171,8 +174,12 @@ def run(config: RunConfig, out: Path | None = None) -> dict[str, Any]:
         raise InputError("--batch, --steps and --context must be >= 1")
     if config.weight_banks < 0:
         raise InputError(f"--weight-banks {config.weight_banks}: must be >= 0")
+    if config.expert_cap is not None and config.batch != 1:
+        raise InputError(f"--expert-cap {config.expert_cap}: batch 1 only (its routing is the first experts a row chose)")
     backend = resolve_backend(config.backend)
     check_steps = config.steps if backend == "interpret" else max(config.check_steps, 0)
+    if config.expert_cap is not None:
+        check_steps = 0  # not the model's decode: there is no reference to check against
     try:
         prepared = prepare(config)
         schedule = load_schedule(config.schedule)
@@ -191,10 +198,13 @@ def run(config: RunConfig, out: Path | None = None) -> dict[str, Any]:
     compile_s = time.perf_counter() - started
     with jax.default_matmul_precision("highest"):
         _, _, routing = decode_step_with_routing(dims, params, state, tokens)
-    experts_per_layer = distinct_experts(np.asarray(routing), dims.moe.local_experts)
+    routing = np.asarray(routing)
+    if config.expert_cap is not None:  # batch 1: the list is the row's picks in rank order
+        routing = routing[:, :, : config.expert_cap]
+    experts_per_layer = distinct_experts(routing, dims.moe.local_experts)
     check = greedy_check(step, dims, params, hbm, state, tokens, check_steps)
-    times_ms = (timed_steps(step, hbm, params["embedding"], state, tokens, config.steps) if backend == "tpu"
-                else check["times_ms"])
+    times_ms = (timed_steps(step, hbm, params["embedding"], state, tokens, config.steps)
+                if backend == "tpu" or config.expert_cap is not None else check["times_ms"])
     hbm_bytes = step_hbm_bytes(kernel, experts_per_layer, config.context)
     median_ms = statistics.median(times_ms)
     record = {
@@ -227,6 +237,7 @@ def run(config: RunConfig, out: Path | None = None) -> dict[str, Any]:
         "effective_bandwidth_bytes_per_s": sum(hbm_bytes.values()) / (median_ms / 1e3),
         "experts_per_layer": experts_per_layer,
         "versions": versions(),
+        "expert_cap": config.expert_cap,
         "timing_note": NOT_TPU_NOTE if backend == "interpret" else "native TPU, block_until_ready per step, "
                        "warm-up excluded, compile timed separately",
     }
@@ -255,7 +266,8 @@ def timed_steps(step: Any, hbm: Any, embedding: Any, state: DecodeState, tokens:
 
 def routing_key(config: RunConfig, schedule: Any) -> str:
     shard = f"-{config.shard_of}" if config.shard_of else ""
-    return f"{config.model}{shard}-{schedule.content_hash()}-b{config.batch}-s{config.seed}"
+    cap = f"-cap{config.expert_cap}" if config.expert_cap is not None else ""
+    return f"{config.model}{shard}-{schedule.content_hash()}-b{config.batch}{cap}-s{config.seed}"
 
 
 def distinct_experts(routing: np.ndarray, local_experts: int) -> list[int]:

@@ -7,8 +7,9 @@
   covering at least ``COVERAGE_FLOOR``. An engine change that moves these predictions (the
   VPU dequantisation dropped, the expert overlap broken, a probe rule changed) fails it.
   11 engine runs, ~5 s.
-- Way (b) reads the probe records only: building the probe chip with the kernel records'
-  file unreadable works, and every figure it sets names its probe.
+- Way (b) reads the probe records and the kernel's fixed-cost probe runs only: building its
+  chip with the decode records' file unreadable works, every figure it sets names its probe,
+  and the three the fixed-cost probe sets say they are derived through the engine.
 - ``tpusim calibrate --hardware tpu-v5e`` on a missing or malformed records file: one line, exit 2.
 """
 
@@ -21,6 +22,7 @@ import pytest
 
 from calibration.reports.tpu_v5e_replay import HELDOUT_PATH, replay
 from calibration.sources.tpu_chip_records import KERNEL_PATH, ChipRecord
+from calibration.sources.tpu_fixed_cost import kernel_probe_chip
 from calibration.sources.tpu_kernel_fit import ranking, resolved_tau, splits
 from calibration.sources.tpu_probes import (
     dequant_path,
@@ -46,7 +48,7 @@ def test_way_c_held_out_error_stays_at_the_documented_figure() -> None:
     assert data["coverage"]["inside"] / data["coverage"]["points"] >= COVERAGE_FLOOR, data["coverage"]
 
 
-def test_way_b_reads_no_kernel_timing(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_way_b_reads_no_decode_step_time(monkeypatch: pytest.MonkeyPatch) -> None:
     original = Path.read_text
 
     def guarded(self: Path, *args: object, **kwargs: object) -> str:
@@ -55,16 +57,23 @@ def test_way_b_reads_no_kernel_timing(monkeypatch: pytest.MonkeyPatch) -> None:
         return original(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Path, "read_text", guarded)
-    chip = probe_chip(load_chip("tpu-v5e", calibrated=False))
+    chip = kernel_probe_chip(load_chip("tpu-v5e", calibrated=False))
     figures = dict(iter_figures(chip))
     set_paths = probe_figures(load_probes())
     for path in (dequant_path("fp8_e4m3_b256"), "hbm.sustained_bandwidth_bytes_per_s",
                  "compute.mxu.weight_push_s_per_tile", "dma.concurrency_penalty_per_dma",
                  "execution.per_layer_overhead_s"):
         assert path in set_paths, path
+    # the kernel's fixed-cost probe (capped experts, their own file) sets these, read through the engine
+    derived = {dequant_path("fp8_e4m3_b256"), dequant_path("mxfp4"), "execution.per_layer_overhead_s"}
     for path in set_paths:
-        assert figures[path].label == "measured", path
-        assert figures[path].source.startswith("measured on tpu-v5e (probe "), figures[path].source
+        if path in derived:
+            assert figures[path].label == "derived", path
+            assert "fixed-cost probe" in figures[path].source, figures[path].source
+        else:
+            assert figures[path].label == "measured", path
+            assert figures[path].source.startswith("measured on tpu-v5e (probe "), figures[path].source
+    assert chip.dma.service == "in_order" and chip.dma.service_source.startswith("measured on tpu-v5e (probe dma_order")
     assert chip.calibration is None  # nothing fitted
 
 

@@ -26,7 +26,7 @@ from calibration.sources.tpu_kernel_fit import LABEL, SPLITS, KernelFit, calibra
 
 COMMAND = ("JAX_PLATFORMS=cpu .venv/bin/python -m calibration.reports.tpu_v5e --out docs/tpu-v5e-measured.md "
            "--heldout calibration/data/tpu-v5e-heldout.json --plot docs/tpu-v5e-measured.png")
-WAY_TITLES = {"a": "(a) catalog priors only", "b": "(b) probes only (no kernel timing)",
+WAY_TITLES = {"a": "(a) catalog priors only", "b": "(b) probes only (micro-probes and the kernel's fixed-cost probe; no decode step time)",
               "c:schedule": "(c) fitted on kernel step times, held out by schedule half",
               "c:batch": "(c) fitted on kernel step times, held out by batch half",
               "c:fit": "(c) fitted on every record (in sample, not a held-out figure)"}
@@ -49,6 +49,17 @@ NOTES = [
     "- **The mechanism.** v5e's MXU takes bf16/int8, not FP8 or FP4: every routed expert's FP8 gate/up and "
     "MXFP4 down slices are converted to bf16 on the VPU after they land in VMEM "
     "(`compute.vpu.dequant_s_per_element`); at these batches it is most of the step.",
+    "- **The copy engine serves in issue order** (`dma.service: in_order`, the `dma_order` probe: a 64 KiB "
+    "copy issued behind eight 1 MiB copies lands after all eight, 1.02 of their transfer time; behind two, "
+    "0.76): a later, more urgent copy waits for every copy issued before it, where the simulator used to "
+    "share the bandwidth among all copies in flight and serve the most urgent first.",
+    "- **The kernel's fixed-cost probe** (`calibration.sources.tpu_fixed_cost`: the K3-shard kernel at batch "
+    "1 with each layer's experts capped at 4, 8 and 12 of 16, published and naive, kept apart from the decodes "
+    "in `tpu-v5e-fixed-cost.jsonl`): 42.7 µs a routed expert on the chip, where the micro-probes' dequant "
+    "rates give 45.1 (way (b) scales them by the ratio), and about 109 µs a layer that the simulator's ops "
+    "do not price (`execution.per_layer_overhead_s`; an empty layer loop costs 0.07 µs, so this is the "
+    "layer's own work, not the loop's). The `routing` probe (the kernel's top-k selection alone, 4.5-5 µs "
+    "a layer at batch 1-16) rules out the routing as its source; which ops carry it is not yet measured.",
     "- **TPU v7.** Which of these figures are the chip's and which the architecture's, and the K3 TPU v7 "
     "prediction with v5e's architecture figures as priors: [tpu-v5e-to-v7.md](tpu-v5e-to-v7.md).",
     "- **Ranking.** Schedules whose measured steps lie within their spreads of each other have no true "
@@ -159,11 +170,11 @@ def exposure_lines(fit: KernelFit, batches: Sequence[int] = (1, 8)) -> list[str]
     """Where way (b) goes wrong, per record at ``batches``: the simulated step split into its
     compute (the step less the exposed DMA) and its exposed DMA, next to the DMA time the
     measurement leaves exposed if that compute were right (measured - simulated compute)."""
-    from calibration.sources.tpu_probes import probe_chip
+    from calibration.sources.tpu_fixed_cost import kernel_probe_chip
     from hwmodels.catalog import load_chip
     from tpusim.engine import simulate
 
-    chip = probe_chip(load_chip("tpu-v5e", calibrated=False))
+    chip = kernel_probe_chip(load_chip("tpu-v5e", calibrated=False))
     lines = ["| schedule | batch | measured ms | (b) simulated ms | simulated compute ms | simulated exposed DMA ms "
              "| measured - simulated compute ms | DMAs in flight (max) |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]

@@ -5,7 +5,7 @@ guard test cannot afford that. They read ``calibration/data/tpu-v5e-heldout.json
 by ``python -m calibration.reports.tpu_v5e --heldout``: each fold's fitted figures, which
 records it held out, the documented held-out MAPE) and re-simulate now:
 
-- way (b): every record on the probe chip (:func:`calibration.sources.tpu_probes.probe_chip`);
+- way (b): every record on the probe chip (:func:`calibration.sources.tpu_fixed_cost.kernel_probe_chip`);
 - way (c): every record the reference held out, on its fold's fitted figures (laid over the
   probe chip), so each prediction still comes from a fit that never saw the record; a
   record added to the file after the reference was written is predicted with the figures
@@ -31,8 +31,9 @@ import numpy as np
 from calibration.core.model_error import conformal_quantile
 from calibration.core.parameters import chip_with
 from calibration.sources.tpu_chip_records import KERNEL_PATH, ChipRecordPredictor, load_chip_records
+from calibration.sources.tpu_fixed_cost import kernel_probe_chip
 from calibration.sources.tpu_kernel_fit import CHIP, LABEL, ranking
-from calibration.sources.tpu_probes import PROBES_PATH, probe_chip
+from calibration.sources.tpu_probes import PROBES_PATH
 from hwmodels.catalog import load_chip
 from hwmodels.errors import InputError
 
@@ -50,7 +51,7 @@ def replay(split: str = "schedule", records_path: Path | str = KERNEL_PATH, refe
     records = load_chip_records(records_path)
     index = {(r.schedule, r.batch): i for i, r in enumerate(records)}
     predictor = ChipRecordPredictor(records)
-    probes = probe_chip(load_chip(CHIP, calibrated=False), probes_path)
+    probes = kernel_probe_chip(load_chip(CHIP, calibrated=False), probes_path)
     rows: dict[int, dict[str, Any]] = {}
     for fold, data in entry["folds"].items():
         chip = chip_with(probes, data["values"])

@@ -53,10 +53,12 @@ class ChipRecord:
     ms_median: float
     ms_spread: float
     runs: int
+    expert_cap: int | None = None  # a fixed-cost probe run: at most this many experts a layer
 
     @property
     def key(self) -> str:
-        return f"{self.schedule}@b{self.batch}"
+        cap = f"/cap{self.expert_cap}" if self.expert_cap is not None else ""
+        return f"{self.schedule}@b{self.batch}{cap}"
 
 
 def schedules_by_hash() -> dict[str, Path]:
@@ -94,8 +96,10 @@ REQUIRED = ("schedule", "schedule_hash", "batch", "context", "routing", "model",
             "ms_per_step_spread")
 
 
-def load_chip_records(path: Path | str = KERNEL_PATH, shard_of: str = "k3-tp32") -> list[ChipRecord]:
-    """The shard rows of ``path``, one per (schedule, batch), repeated runs merged. Raises
+def load_chip_records(path: Path | str = KERNEL_PATH, shard_of: str = "k3-tp32",
+                      expert_cap: int | None = None) -> list[ChipRecord]:
+    """The shard rows of ``path``, one per (schedule, batch), repeated runs merged: the decodes
+    (``expert_cap`` None), or the fixed-cost probe runs capped at ``expert_cap`` experts. Raises
     :class:`~hwmodels.errors.InputError` (one line) for a missing or unreadable file, a row
     that is not JSON or lacks a field, a schedule no file matches, or no ``shard_of`` rows."""
     path = Path(path)
@@ -111,7 +115,7 @@ def load_chip_records(path: Path | str = KERNEL_PATH, shard_of: str = "k3-tp32")
             raise InputError(f"{path}:{number}: not a JSON record ({error.msg})") from None
         if not isinstance(row, dict):
             raise InputError(f"{path}:{number}: not a JSON object")
-        if row.get("shard_of") == shard_of:
+        if row.get("shard_of") == shard_of and row.get("expert_cap") == expert_cap:
             missing = [key for key in REQUIRED if key not in row]
             if missing:
                 raise InputError(f"{path}:{number}: kernel record lacks {', '.join(missing)}")
@@ -139,7 +143,7 @@ def load_chip_records(path: Path | str = KERNEL_PATH, shard_of: str = "k3-tp32")
             model=runs[0]["model"], shard_of=shard_of, schedule=runs[0]["schedule"],
             schedule_path=str(files[digest].relative_to(ROOT)), batch=batch, context=runs[0]["context"],
             routing=f"trace:{routing_name}", ms_median=statistics.median(r["ms_per_step_median"] for r in runs),
-            ms_spread=max(r["ms_per_step_spread"] for r in runs), runs=len(runs)))
+            ms_spread=max(r["ms_per_step_spread"] for r in runs), runs=len(runs), expert_cap=expert_cap))
     return sorted(out, key=lambda r: (r.batch, r.schedule))
 
 
@@ -151,6 +155,8 @@ def record_program(record: ChipRecord) -> tuple[Program, Schedule]:
     """The program a record ran (its model as `tpusim simulate` formats it for a TPU, its
     shard, batch, context and routing trace) and its schedule."""
     model = formats_for_chip(load_model(record.model), None, "tpu")[0]
+    if record.expert_cap is not None:  # a fixed-cost probe run: each row's first expert_cap picks
+        model = model.model_copy(update={"moe": model.moe.model_copy(update={"top_k": record.expert_cap})})
     program = build_program(model, shard_plan(model, record.shard_of), batch=record.batch,
                             context_tokens=record.context, routing=parse_routing(_absolute_trace(record.routing)))
     return program, load_schedule(str(ROOT / record.schedule_path))

@@ -10,7 +10,9 @@ Three ways to predict each record:
 
 - **(a) catalog**: ``tpu-v5e`` as published (assumed figures included);
 - **(b) probes**: the catalog with every figure the chip probes measured
-  (:func:`calibration.sources.tpu_probes.probe_chip`); no kernel step time is read;
+  (:func:`calibration.sources.tpu_probes.probe_chip`) and the two the kernel's fixed-cost
+  probe gives (:func:`calibration.sources.tpu_fixed_cost.kernel_probe_chip`: the kernel run
+  with its experts capped, kept in their own file); no decode step time is read;
 - **(c) fitted**: :data:`FITTED` fitted on kernel step times, starting from (b), in log space.
   Every point is predicted by a refit that never saw it, in two splits (:func:`splits`):
   the schedules in two halves (alternating in name order: fit on one half, predict the
@@ -61,10 +63,10 @@ from calibration.core import (
     parameters,
 )
 from calibration.sources.tpu_chip_records import ChipRecord, ChipRecordPredictor, load_chip_records
+from calibration.sources.tpu_fixed_cost import kernel_probe_chip
 from calibration.sources.tpu_probes import (
     PROBES_PATH,
     load_probes,
-    probe_chip,
     probe_figures,
 )
 from hwmodels.catalog import load_chip
@@ -242,7 +244,7 @@ def _calibrate(path: Path | str, records: list[ChipRecord], predictor: ChipRecor
                fitted: Sequence[str], options: SolverOptions, holdout: Sequence[str], say: Callable[[str], None],
                started: float) -> KernelFit:
     catalog = load_chip(CHIP, calibrated=False)
-    probes = probe_chip(catalog, probes_path)
+    probes = kernel_probe_chip(catalog, probes_path)
     ways: dict[str, dict[int, float]] = {}
     for name, chip in (("a", catalog), ("b", probes)):
         say(f"way ({name}): {len(records)} records")

@@ -48,6 +48,7 @@ class Case:
     context: int = 1024
     purpose: str = "timing"  # correctness | timing
     xla_baseline: bool = False  # also time the plain-JAX/XLA step (megakernel.xla_baseline) next to it
+    expert_cap: int | None = None  # a fixed-cost probe: at most this many experts a layer (no numerics check)
 
     def schedule_path(self, root: Path) -> str:
         path = root / self.schedule
@@ -69,10 +70,11 @@ def load_cases(name: str) -> list[Case]:
     for group in sets[name]["groups"]:
         if group.get("purpose") == "numerics":
             continue  # numerics_groups
-        fixed = {k: v for k, v in group.items() if k not in ("schedules", "batches")}
+        fixed = {k: v for k, v in group.items() if k not in ("schedules", "batches", "expert_caps")}
         for schedule in group["schedules"]:
             for batch in group["batches"]:
-                cases.append(Case(schedule=schedule, batch=batch, **fixed))
+                for cap in group.get("expert_caps", [None]):
+                    cases.append(Case(schedule=schedule, batch=batch, expert_cap=cap, **fixed))
     return cases
 
 
@@ -82,7 +84,7 @@ def run_config(case: Case, root: Path) -> Any:
 
     return RunConfig(model=case.model, schedule=case.schedule_path(root), batch=case.batch, steps=case.steps,
                      context=case.context, backend="tpu", shard_of=case.shard_of,
-                     weight_banks=case.weight_banks, check_steps=case.check_steps,
+                     weight_banks=case.weight_banks, check_steps=case.check_steps, expert_cap=case.expert_cap,
                      label=f"measured ({case.purpose} set)")
 
 
@@ -209,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
 def report(case: Case, record: dict[str, Any], ahead_s: float, started: float) -> None:
     say(f"{case.model} {case.shard_of or ''} {record['schedule']} b{case.batch}: "
         f"{record['ms_per_step_median']:.3f} ms (±{record['ms_per_step_spread']:.3f}), "
-        f"err {record['max_abs_error']:.3g} (rel {record['relative_error'] or 0:.2%}), tokens {'same' if record['tokens_identical'] else 'DIFFER'}, "
+        + (f"expert cap {record['expert_cap']} (fixed-cost probe, not checked), " if record.get("expert_cap")
+           else f"err {record['max_abs_error']:.3g} (rel {record['relative_error'] or 0:.2%}), "
+                f"tokens {'same' if record['tokens_identical'] else 'DIFFER'}, ") +
         f"compile {ahead_s:.1f}+{record['compile_s']:.1f} s, "
         f"{record['effective_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s  [{time.monotonic() - started:.0f} s]")
 

@@ -7,6 +7,8 @@
   record's embedded ``routing_layers`` becomes ``DATA/tpu-v5e-routing/<name>.json`` (a
   :mod:`tpusim.workload.routing` trace) and the record's ``routing`` names it relative to the
   records file, so ``tpusim simulate --routing`` can replay the routing the run used;
+  A run with ``expert_cap`` set (the kernel's fixed-cost probe, not a decode) goes to
+  ``DATA/tpu-v5e-fixed-cost.jsonl`` instead (:mod:`calibration.sources.tpu_fixed_cost`);
 - ``FILES_AT/probes.jsonl`` -> ``DATA/tpu-v5e-probes.jsonl`` (appended likewise);
 - ``FILES_AT/numerics.jsonl`` -> ``DATA/tpu-v5e-numerics.jsonl`` (:mod:`megakernel.chip_numerics`
   records, appended likewise);
@@ -28,11 +30,13 @@ from hwmodels.atomic import write_text_atomic
 
 KERNEL_FILE, PROBE_FILE, ROUTING_DIR = "tpu-v5e-kernel.jsonl", "tpu-v5e-probes.jsonl", "tpu-v5e-routing"
 NUMERICS_FILE, XLA_FILE = "tpu-v5e-numerics.jsonl", "tpu-v5e-xla.jsonl"
+FIXED_COST_FILE = "tpu-v5e-fixed-cost.jsonl"
 
 
 def _key(record: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(json.dumps(record.get(k), sort_keys=True) for k in
-                 ("kind", "probe", "params", "model", "shard_of", "schedule_hash", "batch", "layers", "provenance", "date"))
+                 ("kind", "probe", "params", "model", "shard_of", "schedule_hash", "batch", "layers", "expert_cap", "provenance",
+                  "date"))
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
@@ -66,7 +70,10 @@ def ingest(files_at: Path, data: Path) -> dict[str, int]:
         name = (record.get("routing") or "").removeprefix("trace:")
         if name and "/" not in name:
             record["routing"] = f"trace:{ROUTING_DIR}/{name}"
-    return {"kernel": _append(data / KERNEL_FILE, records), "xla": _append(data / XLA_FILE, xla),
+    decodes = [r for r in records if r.get("expert_cap") is None]
+    probes = [r for r in records if r.get("expert_cap") is not None]
+    return {"kernel": _append(data / KERNEL_FILE, decodes), "fixed_cost": _append(data / FIXED_COST_FILE, probes),
+            "xla": _append(data / XLA_FILE, xla),
             "probes": _append(data / PROBE_FILE, _read(files_at / "probes.jsonl")),
             "numerics": _append(data / NUMERICS_FILE, _read(files_at / "numerics.jsonl"))}
 
@@ -80,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"error: {args.files_at}: not a folder\n")
         return 2
     counts = ingest(args.files_at, args.data)
-    sys.stdout.write(f"added {counts['kernel']} kernel records, {counts['probes']} probe records "
+    sys.stdout.write(f"added {counts['kernel']} kernel records, {counts['fixed_cost']} fixed-cost probe runs, "
+                     f"{counts['probes']} probe records "
                      f", {counts['numerics']} numerics records and {counts['xla']} XLA-baseline records to {args.data}\n")
     return 0
 

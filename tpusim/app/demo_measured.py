@@ -59,7 +59,7 @@ def measured_section(run: DemoRun) -> list[str]:
         "The megakernel ran one device's program of K3's TP32 plan (real widths, 93 layers, context 1024) on a "
         "TPU v5e; its median step times are committed (`calibration/data/tpu-v5e-kernel.jsonl`). Here they are "
         "re-simulated from those records, no TPU needed: **(b)** with the figures the chip's probes measured "
-        "(no kernel timing read), **(c)** with the figures `tpusim calibrate --hardware tpu-v5e` fitted on the "
+        "and by the kernel's own fixed-cost probe (experts capped; no decode step time read), **(c)** with the figures `tpusim calibrate --hardware tpu-v5e` fitted on the "
         "*other* half of the schedules (each row predicted by a fit that never saw it; the fits themselves are "
         f"committed in `calibration/data/tpu-v5e-heldout.json`, not rerun by the demo). Fitted: "
         f"{', '.join(f'`{p}`' for p in data.get('fitted') or [])}.",

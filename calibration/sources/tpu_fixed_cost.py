@@ -1,0 +1,164 @@
+"""The K3-shard kernel's own fixed-cost probe -> per-expert and per-layer figures of tpu-v5e.
+
+The micro-probes (:mod:`calibration.sources.tpu_probes`) time pieces of work outside the
+kernel. This probe times the kernel itself with its experts capped: the K3-shard megakernel
+at batch 1 running only the first ``c`` of each layer's 16 chosen experts
+(``megakernel.runner.RunConfig.expert_cap``; set ``v5e-k`` of ``calibration/tpu_bench/sets.json``),
+``published`` at c = 4, 8, 12 and ``naive`` at c = 4, kept apart from the decodes in
+``calibration/data/tpu-v5e-fixed-cost.jsonl``. What grows with ``c`` is the experts'
+work; what stays is everything else a layer does. Runs at c = 16 (every expert at batch 1)
+are the decodes the fit judges and are not read here; no decode step time is.
+
+Two figures follow, each by a rule on the simulator's predictions of these runs (the
+programs as they ran: each row's first ``c`` experts, :func:`tpusim` builds them from the
+runs' routing traces):
+
+| figure | rule |
+| --- | --- |
+| ``compute.vpu.dequant_s_per_element.*`` (both formats, one factor) | the published runs' least-squares ms per expert over ``c`` (their expert copies are hidden: the simulator's exposed DMA is the same at every ``c``), against the simulator's at the micro-probe rates and at half of them (the slope is linear in the factor while an expert's compute outlasts its copy): the factor on the micro-probe rates that makes the two slopes equal |
+| ``execution.per_layer_overhead_s`` | with that factor, the per-layer cost at which the simulator's mean error over the four runs is zero (Brent's root on 0 … 1 ms; the error grows with it; 0 if the runs are faster than the simulator without it): the work a layer does that the simulator's ops do not price, paid on the compute stream |
+
+Each figure moves the other a little (a longer layer hides more of the copies), so the two
+rules alternate, three rounds, each slope taken at the last per-layer cost.
+
+On the committed runs: 42.8 µs a routed expert on the chip (the micro-probe rates give 45.1),
+and about 108 µs a layer the ops leave out (an empty layer loop costs 0.07 µs: the
+``layer_loop`` probe, the loop's bookkeeping alone). Both are labelled ``derived``: measured
+runs read through the simulator.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import brentq
+
+from calibration.sources.tpu_chip_records import (
+    KERNEL_PATH,
+    ChipRecord,
+    load_chip_records,
+    record_program,
+)
+from calibration.sources.tpu_probes import (
+    DEQUANT_PROBES,
+    PER_LAYER,
+    PROBES_PATH,
+    dequant_path,
+    probe_chip,
+)
+from hwmodels.overlay import _figure_slot
+from hwmodels.schema import Chip
+from tpusim.engine import simulate
+
+FIXED_COST_PATH = KERNEL_PATH.parent / "tpu-v5e-fixed-cost.jsonl"  # what calibration.tpu_bench.ingest writes
+CAPS = (4, 8, 12)  # below the model's top_k: no capped program is a decode
+SLOPE_SCHEDULE = "published"
+PER_LAYER_BRACKET_S = (0.0, 1e-3)
+ROUNDS = 3
+# the second dequant factor the slope is read at: low enough to tell, high enough that an
+# expert's compute still outlasts its copy (below, the slope is the copy's, not the compute's)
+HALF = 0.5
+
+
+@dataclass(frozen=True)
+class FixedCost:
+    dequant_factor: float  # on the micro-probe dequant rates
+    per_layer_s: float
+    slope_ms_per_expert: float  # measured, published runs
+    runs: tuple[str, ...]
+    source: str
+
+
+def capped_runs(path: Path | str = FIXED_COST_PATH) -> list[ChipRecord]:
+    """The fixed-cost probe runs (expert caps in :data:`CAPS`) of ``path``."""
+    out: list[ChipRecord] = []
+    for cap in CAPS:
+        try:
+            out += load_chip_records(path, expert_cap=cap)
+        except Exception:  # no run at this cap
+            continue
+    return out
+
+
+def _with(chip: Chip, factor: float, per_layer_s: float | None) -> Chip:
+    data = chip.model_dump(mode="python")
+    for format_name in DEQUANT_PROBES.values():
+        parent, name = _figure_slot(data, dequant_path(format_name))
+        parent[name] = {**parent[name], "value": parent[name]["value"] * factor}
+    if per_layer_s is not None:
+        parent, name = _figure_slot(data, PER_LAYER)
+        parent[name] = {**parent[name], "value": per_layer_s}
+    return Chip.model_validate(data)
+
+
+def _ms(runs: list[ChipRecord], chip: Chip) -> np.ndarray:
+    out = []
+    for run in runs:
+        program, schedule = record_program(run)
+        out.append(simulate(program, schedule, chip, check_capacity=False).step_s * 1e3)
+    return np.array(out)
+
+
+def _slope(runs: list[ChipRecord], ms: np.ndarray) -> float:
+    experts = np.array([run.expert_cap for run in runs], dtype=float) * _moe_layers(runs[0])
+    return float(np.polyfit(experts, ms, 1)[0])
+
+
+@functools.cache
+def _moe_layers(run: ChipRecord) -> int:
+    program, _ = record_program(run)
+    return len({op.layer for op in program.ops if op.expert_index is not None})
+
+
+def fixed_cost(probes: Chip, path: Path | str = FIXED_COST_PATH) -> FixedCost | None:
+    """The two figures (module docstring) from the runs in ``path`` on the micro-probe chip
+    ``probes``; None when the file holds fewer than two published caps."""
+    runs = capped_runs(path)
+    slope_runs = [r for r in runs if r.schedule == SLOPE_SCHEDULE]
+    if len({r.expert_cap for r in slope_runs}) < 2:
+        return None
+    measured = _slope(slope_runs, np.array([r.ms_median for r in slope_runs]))
+    target = np.array([r.ms_median for r in runs])
+    per_layer: float | None = None
+    for _ in range(ROUNDS):  # each figure moves the other a little (overlap): alternate
+        at_probes = _slope(slope_runs, _ms(slope_runs, _with(probes, 1.0, per_layer)))
+        at_half = _slope(slope_runs, _ms(slope_runs, _with(probes, HALF, per_layer)))
+        factor = 1.0 + (measured - at_probes) * (1.0 - HALF) / (at_probes - at_half)
+        def error(x: float, factor: float = factor) -> float:
+            return float(np.mean(_ms(runs, _with(probes, factor, x)) - target))
+
+        low, high = PER_LAYER_BRACKET_S
+        per_layer = low if error(low) >= 0.0 else brentq(error, low, high, xtol=1e-7)
+    names = tuple(f"{r.schedule} c={r.expert_cap}" for r in runs)
+    source = (f"derived on tpu-v5e (the K3-shard kernel's fixed-cost probe: {', '.join(names)} at batch 1, "
+              f"read through the simulator): {measured * 1e3:.1f} µs a routed expert")
+    return FixedCost(factor, per_layer, measured, names, source)
+
+
+@functools.cache
+def _cached(probes_path: str, kernel_path: str, mtimes: tuple[float, float]) -> tuple[Chip, FixedCost | None]:
+    from hwmodels.catalog import load_chip
+
+    probes = probe_chip(load_chip("tpu-v5e", calibrated=False), probes_path)
+    return probes, fixed_cost(probes, kernel_path)
+
+
+def kernel_probe_chip(chip: Chip, probes_path: Path | str = PROBES_PATH,
+                      kernel_path: Path | str = FIXED_COST_PATH) -> Chip:
+    """``chip`` with the micro-probe figures (:func:`probe_chip`) and the fixed-cost probe's
+    two (the dequant rates scaled, the per-layer cost set), each labelled ``derived``."""
+    probes = probe_chip(chip, probes_path)
+    found = _cached(str(probes_path), str(kernel_path),
+                    (Path(probes_path).stat().st_mtime, Path(kernel_path).stat().st_mtime))[1]
+    if found is None:
+        return probes
+    data = _with(probes, found.dequant_factor, found.per_layer_s).model_dump(mode="python")
+    for path in [dequant_path(f) for f in DEQUANT_PROBES.values()] + [PER_LAYER]:
+        parent, name = _figure_slot(data, path)
+        what = (f"the micro-probe rate x {found.dequant_factor:.3f}" if path != PER_LAYER
+                else f"{found.per_layer_s * 1e6:.1f} µs a layer the simulator's ops leave out")
+        parent[name] = {**parent[name], "label": "derived", "source": f"{found.source}; {what}"}
+    return Chip.model_validate(data)

@@ -1,0 +1,61 @@
+"""The kernel's fixed-cost probe (:mod:`calibration.sources.tpu_fixed_cost`).
+
+- The rule recovers planted figures: the committed capped runs re-timed as the engine would
+  time them with the dequant rates x 0.8 and 50 µs a layer; the rule, started from the
+  micro-probe chip, must find 0.8 and 50 µs again.
+- The committed runs give what the module says (42-44 µs an expert, 100-130 µs a layer) and
+  the decodes are not among them (caps below top_k only).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from calibration.sources.tpu_fixed_cost import (
+    CAPS,
+    FIXED_COST_PATH,
+    _ms,
+    _with,
+    capped_runs,
+    fixed_cost,
+)
+from calibration.sources.tpu_probes import probe_chip
+from hwmodels.catalog import load_chip
+
+
+@pytest.fixture(scope="module")
+def probes():  # type: ignore[no-untyped-def]
+    return probe_chip(load_chip("tpu-v5e", calibrated=False))
+
+
+def test_the_rule_recovers_planted_figures(tmp_path: Path, probes) -> None:  # type: ignore[no-untyped-def]
+    runs = capped_runs()
+    planted = _ms(runs, _with(probes, 0.8, 50e-6))
+    by_key = {run.key: ms for run, ms in zip(runs, planted, strict=True)}
+    rows = []
+    for line in FIXED_COST_PATH.read_text().splitlines():
+        row = json.loads(line)
+        trace = row["routing"].removeprefix("trace:")
+        row["routing"] = f"trace:{(FIXED_COST_PATH.parent / trace).resolve()}"
+        key = f"{row['schedule']}@b{row['batch']}/cap{row['expert_cap']}"
+        if key in by_key:
+            row["ms_per_step_median"] = by_key[key]
+        rows.append(row)
+    path = tmp_path / "fixed-cost.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    found = fixed_cost(probes, path)
+    assert found is not None
+    assert found.dequant_factor == pytest.approx(0.8, rel=0.01)
+    assert found.per_layer_s == pytest.approx(50e-6, rel=0.05)
+
+
+def test_the_committed_runs(probes) -> None:  # type: ignore[no-untyped-def]
+    runs = capped_runs()
+    assert {run.expert_cap for run in runs} <= set(CAPS) and max(CAPS) < 16  # K3's top_k: no decode read
+    found = fixed_cost(probes)
+    assert found is not None
+    assert 42.0 <= found.slope_ms_per_expert * 1e3 <= 44.0
+    assert 100e-6 <= found.per_layer_s <= 130e-6
