@@ -44,14 +44,13 @@ from megakernel.hbm import hbm_shapes
 from megakernel.kernel_attention import finish_kda_state, kda_layer, mla_layer
 from megakernel.kernel_dma import (
     COL_IS_MLA,
-    COL_KIND_INDEX,
     COL_TEMPLATE,
-    LAYER_COLS,
     N_CURRENT,
     N_NEXT,
     TEMPLATES,
     Ctx,
     Recorder,
+    layer_table,
     smem_words,
 )
 from megakernel.kernel_moe import dense_mlp, expert_loop, head, moe_post_experts, moe_pre_experts
@@ -136,17 +135,6 @@ def prologue_order(plan: WindowPlan, index: dict[Unit, int], unit: Unit) -> tupl
     return plan.consumer[unit], index.get(unit, -1), unit.slab
 
 
-def layer_table(dims: ModelDims) -> np.ndarray:
-    """int32[L * LAYER_COLS]: is_mla, index in its kind's stack, template of its window."""
-    rows = np.zeros((dims.num_layers, LAYER_COLS), np.int32)
-    for layer, kind in enumerate(dims.kinds):
-        rows[layer, COL_IS_MLA] = kind == "mla"
-        rows[layer, COL_KIND_INDEX] = dims.kind_index(layer)
-        nxt = dims.kinds[layer + 1] if layer + 1 < dims.num_layers else "head"
-        rows[layer, COL_TEMPLATE] = TEMPLATES.index(nxt)
-    return rows.reshape(-1)
-
-
 class Megakernel:
     """The decode-step kernel for one (model dims, schedule, batch, KV capacity)."""
 
@@ -158,8 +146,7 @@ class Megakernel:
         ``unsafe_ignore_buffer_reuse`` breaks the plan on purpose (race-detector test);
         ``vmem_limit_bytes``: the VMEM Mosaic may use, scratch and its own temporaries (the
         target chip's catalog capacity: :func:`megakernel.mosaic_compile.vmem_limit_for`);
-        ``expert_cap``: run at most this many experts a layer (a probe of the fixed costs, not a
-        decode; at least the expert slots, whose copies start before the count is known)."""
+        ``expert_cap``: at most this many experts a layer (a fixed-cost probe, not a decode)."""
         if trace and interpret is None:
             raise ValueError("trace=True needs interpret mode: io_callback does not lower for TPU")
         if dims.kinds[0] != "kda" or dims.num_layers < 3:
@@ -167,8 +154,7 @@ class Megakernel:
         self.dims, self.schedule, self.batch = dims, schedule, batch
         self.vmem_limit_bytes = vmem_limit_bytes
         self.geo = dma_plan.geometry(dims, schedule)
-        slots = self.geo.rings["expert"].buffers
-        if expert_cap is not None and expert_cap < slots:
+        if expert_cap is not None and expert_cap < (slots := self.geo.rings["expert"].buffers):
             raise dma_plan.UnsupportedSchedule(f"expert cap {expert_cap}: at least the {slots} expert slots")
         self.expert_cap = expert_cap
         tile = schedule.kv_tile_tokens
@@ -176,8 +162,7 @@ class Megakernel:
         # distinct experts a window can load: this device's experts the batch can pick
         self.n_max = min(dims.moe.scored_experts, dims.moe.local_experts, batch * dims.moe.top_k)
         self.tables = build_tables(dims, self.geo, self.n_max, respect_buffers=not unsafe_ignore_buffer_reuse)
-        self.trace = trace
-        self.interpret = interpret
+        self.trace, self.interpret = trace, interpret
         self.recorder = Recorder() if trace else None
 
     # ------------------------------------------------------------------------ shapes

@@ -422,6 +422,17 @@ class Ctx:
         return EXPERT_LIST
 
 
+def layer_table(dims: ModelDims) -> np.ndarray:
+    """int32[L * LAYER_COLS]: is_mla, index in its kind's stack, template of its window."""
+    rows = np.zeros((dims.num_layers, LAYER_COLS), np.int32)
+    for layer, kind in enumerate(dims.kinds):
+        rows[layer, COL_IS_MLA] = kind == "mla"
+        rows[layer, COL_KIND_INDEX] = dims.kind_index(layer)
+        nxt = dims.kinds[layer + 1] if layer + 1 < dims.num_layers else "head"
+        rows[layer, COL_TEMPLATE] = TEMPLATES.index(nxt)
+    return rows.reshape(-1)
+
+
 # SMEM scratch layout (int32): [n_current, n_next, expert list[n_max]]
 N_CURRENT, N_NEXT, EXPERT_LIST = 0, 1, 2
 
