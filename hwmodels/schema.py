@@ -161,6 +161,13 @@ class ComputeUnit(BaseModel):
         description="narrow weight dtypes (int8/int4/fp4) run at this dtype's rate "
         "(TPU7x pushes int8/int4 weights at the bf16 rate [INF])",
     )
+    dot_overhead_s: Figure | None = Field(
+        default=None,
+        description="fixed seconds of every matmul the unit is handed, besides its pushes and "
+        "FLOPs (the array's fill and drain and the loop step that issues it): a megakernel that "
+        "multiplies a streamed tensor panel by panel and chunk by chunk pays it per product "
+        "(tpusim.schedule.kernel_layout.matmul_dots); None: not modelled (0)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ComputeUnit:

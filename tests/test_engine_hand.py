@@ -149,3 +149,24 @@ def test_event_list_uses_kernel_vocabulary() -> None:
         ("dma_start", "dense_mlp", "mlp.down", 0, 0),
         ("compute", "mlp.down", 0),
     ]
+
+
+def test_a_fixed_cost_per_mxu_product_adds_up_by_hand() -> None:
+    """``dot_overhead_s`` = 1 µs per product, d = 0 (nothing overlaps, so it adds to the step).
+
+    gate_up (256 x 1024, one slab, unlooped: 256 rows <= 1024): one product per 128-column
+    panel = 8; down (512 x 256): 2 panels = 2. Per layer 10 µs, two layers: 122 + 20 = 142 µs.
+    """
+    chip = hand_chip()
+    data = chip.model_dump(mode="python")
+    data["compute"][0]["dot_overhead_s"] = _figure(1 * US)
+    result = simulate(hand_program(), schedule(0, 1), Chip.model_validate(data))
+    assert result.step_s == pytest.approx(142 * US, rel=1e-9)
+
+
+def test_matmul_dots_follow_the_kernels_loops() -> None:
+    from tpusim.schedule.kernel_layout import matmul_dots
+
+    assert matmul_dots(1, 256, 1024) == 8  # static einsum: one product per panel
+    assert matmul_dots(1, 7168, 1664) == 28 * 13  # looped: 256-row input chunks x 13 panels
+    assert matmul_dots(12, 624, 1664) == 12 * 3 * 13  # 12 slabs, each 3 chunks (the last one a tail)

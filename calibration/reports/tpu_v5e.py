@@ -53,13 +53,17 @@ NOTES = [
     "copy issued behind eight 1 MiB copies lands after all eight, 1.02 of their transfer time; behind two, "
     "0.76): a later, more urgent copy waits for every copy issued before it, where the simulator used to "
     "share the bandwidth among all copies in flight and serve the most urgent first.",
+    "- **Every MXU product has a fixed cost** (`compute.mxu.dot_overhead_s`, 71 ns, the intercept of the "
+    "`matmul` probe's time per 128-column panel product against its depth in tiles; the slope, 6.8 ns a tile, "
+    "is the push): the kernel multiplies a streamed tensor panel by panel and 256-row input chunk by chunk "
+    "(`tpusim.schedule.kernel_layout.matmul_dots`), so a K3-shard KDA layer issues about 900 products, "
+    "which the simulator had priced as pushes alone.",
     "- **The kernel's fixed-cost probe** (`calibration.sources.tpu_fixed_cost`: the K3-shard kernel at batch "
     "1 with each layer's experts capped at 4, 8 and 12 of 16, published and naive, kept apart from the decodes "
-    "in `tpu-v5e-fixed-cost.jsonl`): 42.7 µs a routed expert on the chip, where the micro-probes' dequant "
-    "rates give 45.1 (way (b) scales them by the ratio), and about 109 µs a layer that the simulator's ops "
-    "do not price (`execution.per_layer_overhead_s`; an empty layer loop costs 0.07 µs, so this is the "
-    "layer's own work, not the loop's). The `routing` probe (the kernel's top-k selection alone, 4.5-5 µs "
-    "a layer at batch 1-16) rules out the routing as its source; which ops carry it is not yet measured.",
+    "in `tpu-v5e-fixed-cost.jsonl`): 42.7 µs a routed expert on the chip, where the micro-probes give 47.1 "
+    "(way (b) scales the dequant rates by the ratio, 0.89), and about 60 µs a layer that the simulator's ops "
+    "still do not price (`execution.per_layer_overhead_s`; an empty layer loop costs 0.07 µs, the kernel's "
+    "top-k alone 4.5-5 µs, the `routing` probe); which ops carry it is not yet measured.",
     "- **TPU v7.** Which of these figures are the chip's and which the architecture's, and the K3 TPU v7 "
     "prediction with v5e's architecture figures as priors: [tpu-v5e-to-v7.md](tpu-v5e-to-v7.md).",
     "- **Ranking.** Schedules whose measured steps lie within their spreads of each other have no true "

@@ -21,10 +21,11 @@ runs' routing traces):
 Each figure moves the other a little (a longer layer hides more of the copies), so the two
 rules alternate, three rounds, each slope taken at the last per-layer cost.
 
-On the committed runs: 42.8 µs a routed expert on the chip (the micro-probe rates give 45.1),
-and about 108 µs a layer the ops leave out (an empty layer loop costs 0.07 µs: the
-``layer_loop`` probe, the loop's bookkeeping alone). Both are labelled ``derived``: measured
-runs read through the simulator.
+On the committed runs: 42.7 µs a routed expert on the chip (the micro-probe rates, with the
+MXU's fixed cost per product, give 47.1: factor 0.89), and about 60 µs a layer the ops leave
+out (an empty layer loop costs 0.07 µs, the ``layer_loop`` probe; the kernel's top-k 4.5-5 µs,
+the ``routing`` probe). Both are labelled ``derived``: measured runs read through the
+simulator.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ nothing else: it never reads a kernel step time (``tests/test_tpu_v5e_records.py
 | ``compute.vpu.dequant_s_per_element.mxfp4`` | ``dequant_mxfp4_down`` | the same |
 | ``execution.per_step_overhead_s`` | ``empty_call`` | median of the empty pallas_call records (launch + dispatch + sync from the host; a measured step pays it once) |
 | ``execution.per_layer_overhead_s`` | ``layer_loop`` | least-squares slope of whole-call time over L empty layers (0 … 93), clipped at 0: the loop and semaphore bookkeeping of one layer (below the probe's noise, ≈ ±0.6 µs, on v5e) |
-| ``compute.mxu.weight_push_s_per_tile`` | ``matmul`` | at 8 rows (one sublane tile: every decode batch up to 8): per kernel shape (t(R=64) - t(R=8)) / 56 matmuls / (128 x 128 weight tiles), the median over the shapes |
+| ``compute.mxu.weight_push_s_per_tile`` | ``matmul`` | at 8 rows (one sublane tile: every decode batch up to 8), panel-loop form: per kernel shape the seconds of one panel's product ((t(R=64) - t(R=8)) / 56 matmuls / panels); least squares of that over the 128 x 128 tiles down a panel (K / 128), across the shapes: the slope |
+| ``compute.mxu.dot_overhead_s`` | ``matmul`` | the same fit's intercept: what one product costs besides its pushes (fill, drain, the loop step), which a kernel pays per panel and input chunk |
 | ``dma.service`` (not a number) | ``dma_order`` | per number of 1 MiB copies ahead (2, 8): the 64 KiB copy's time behind them less its time alone, over the large copies' own time (each over the probe's iterations, at the longest VPU chain); ``in_order`` when the median is over 1/2 (it waited for them), else ``shared``; see :func:`dma_service` |
 | ``dma.concurrency_penalty_per_dma`` | ``dma_stream`` | per copy size >= 1 MiB: ((t(8 in flight) - empty) / (t(4 in flight) - empty) - 1) / 4, clipped at 0; the median over sizes (8 copies in flight move as fast as 4 on v5e: 0) |
 
@@ -51,6 +52,7 @@ ISSUE = "dma.issue_latency_s"
 PER_STEP = "execution.per_step_overhead_s"
 PER_LAYER = "execution.per_layer_overhead_s"
 PUSH = "compute.mxu.weight_push_s_per_tile"
+DOT = "compute.mxu.dot_overhead_s"
 PENALTY = "dma.concurrency_penalty_per_dma"
 MXU_TILE = 128  # tpu-v5e's MXU tile (the catalog's tile_rows x tile_cols): the push figure is per such tile
 PUSH_ROWS = 8  # the row pad: decode batches 1 … 8 stream 8 rows through each loaded tile
@@ -155,20 +157,21 @@ def _architecture_figures(by: dict[str, list[dict[str, Any]]], empty_s: float) -
     for r in by.get("matmul", []):
         if r["params"]["rows"] == PUSH_ROWS and r["params"].get("dtype", "bf16") == "bf16":
             shapes.setdefault(r["params"]["shape"], []).append(r)
-    per_tile = []
+    depth, per_product = [], []  # per shape: weight tiles down one panel, seconds per panel product
     for points in shapes.values():
         slope = _repeat_slope(points)
         params = points[0]["params"]
-        tiles = -(-params["k"] // MXU_TILE) * -(-params["n"] // MXU_TILE)
         if slope is not None and slope > 0:
-            per_tile.append(slope / tiles)
-    if per_tile:
+            depth.append(-(-params["k"] // MXU_TILE))
+            per_product.append(slope / -(-params["n"] // MXU_TILE))
+    if len(set(depth)) >= 2:
+        push, fixed = (float(v) for v in np.polyfit(depth, per_product, 1))
         used = [p for points in shapes.values() for p in points]
-        out[PUSH] = ProbeFigure(
-            PUSH, statistics.median(per_tile), "matmul", _date(used),
-            f"bf16 matmuls at {PUSH_ROWS} rows on VMEM-resident weights: seconds per matmul (difference of "
-            f"the two largest repeat counts) / {MXU_TILE}x{MXU_TILE} weight tiles, median over "
-            f"{len(per_tile)} kernel shapes", len(used))
+        rule = (f"bf16 matmuls at {PUSH_ROWS} rows on VMEM-resident weights, one product per 128-column panel: "
+                f"seconds per product (difference of the two largest repeat counts / panels) = fixed + push x "
+                f"{MXU_TILE}x{MXU_TILE} tiles down the panel, least squares over {len(depth)} kernel shapes")
+        out[PUSH] = ProbeFigure(PUSH, push, "matmul", _date(used), f"{rule}: the slope", len(used))
+        out[DOT] = ProbeFigure(DOT, max(fixed, 0.0), "matmul", _date(used), f"{rule}: the intercept", len(used))
     sizes: dict[int, dict[int, float]] = {}
     for r in by.get("dma_stream", []):
         if r["params"]["size_bytes"] >= PENALTY_MIN_BYTES:

@@ -204,8 +204,8 @@ def _lower_expert(b: Builder, op: Op, plan_: OpPlan,
         if dequant_s:  # the VPU converts the landed tensor (FP8/MXFP4 -> bf16), then the MXU reads it
             pieces.append(new_piece(Piece, (dequant_s, VPU, landed, (), (), ())))
             landed = ()
-        pieces.append(new_piece(Piece, (b.matmul_s(rows, contraction, cols, peak), MXU, landed,
-                                        (slab,) if position == pairs - 1 else (), (), ())))
+        pieces.append(new_piece(Piece, (b.matmul_s(rows, contraction, cols, peak) + b.panel_dots_s(cols),
+                                        MXU, landed, (slab,) if position == pairs - 1 else (), (), ())))
     if not pairs:
         plan_.pieces.append(Piece(0.0, MXU, tuple(slab.descs), (slab,)))
 
@@ -227,7 +227,8 @@ def _lower_weights(b: Builder, op: Op, plan_: OpPlan, vector_s: float, aligned: 
             # A slab's share of the whole matmul, in proportion to its rows: cutting the
             # contraction into slabs does not add weight-tile pushes (a 32-row slab is not a
             # full 256-row tile, it fills an eighth of one).
-            whole_s, pieces = b.matmul_s(rows, contraction, cols, peak), plan_.pieces
+            whole_s = b.matmul_s(rows, contraction, cols, peak) + b.dots_s(len(slabs), slabs[0][1], cols)
+            pieces = plan_.pieces
             converts = b.dequant_s(tensor) > 0.0
             for slab, slab_rows_ in slabs:  # Piece(...) by tuple.__new__: no Python call per slab
                 landed = tuple(slab.descs)
@@ -239,7 +240,8 @@ def _lower_weights(b: Builder, op: Op, plan_: OpPlan, vector_s: float, aligned: 
         return vector_s
     all_slabs = tuple(slab for _tensor, slabs in tensor_slabs for slab, _rows in slabs)
     waits = tuple(desc for slab in all_slabs for desc in slab.descs)
-    matmul_s = b.op_matmul_s(op)
+    matmul_s = b.op_matmul_s(op) + sum(b.dots_s(len(slabs), slabs[0][1], cols) for (_tensor, slabs), (_r, _k, cols)
+                                       in zip(tensor_slabs, op.matmuls, strict=False))
     dequant_s = sum(b.dequant_s(tensor) for tensor in op.tensors)
     if dequant_s:  # weights the MXU cannot read natively are converted on the VPU first
         plan_.pieces.append(Piece(dequant_s, VPU, waits, ()))

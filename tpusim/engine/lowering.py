@@ -16,6 +16,7 @@ from hwmodels.schema import Chip
 from tpusim.engine.costs import matmul_time_s, op_matmul_dtype, vector_time_s
 from tpusim.engine.execution import ExecutionPolicy
 from tpusim.engine.items import Descriptor, OpPlan, Pool, Ring, Slab
+from tpusim.schedule.kernel_layout import LANES, matmul_dots
 from tpusim.schedule.program_issue import cached_issue_plan
 from tpusim.schedule.schema import SCHEDULE_FAMILIES, SMALL_FAMILY, FamilySchedule, Schedule
 from tpusim.schedule.vmem import VmemPlan, arena_of, family_chunk, slab_rows
@@ -42,6 +43,8 @@ class Builder:
         self.policy = policy
         self.matrix = chip.matrix_unit
         self.compute_scale = 1.0 / policy.compute_efficiency
+        dot = self.matrix.dot_overhead_s
+        self.dot_s = (dot.value if dot is not None else 0.0) * self.compute_scale  # per MXU product
         self.slab_seq = 0
         self.desc_seq = 0
         self.pools: dict[str, Pool] = {
@@ -137,6 +140,16 @@ class Builder:
                 matmul_time_s(rows, contraction, cols, self.matrix, peak[0], peak[1]) * self.compute_scale
             )
         return cached
+
+    def dots_s(self, slabs: int, slab_rows: int, cols: int) -> float:
+        """The fixed cost of the products the kernel issues for one streamed tensor
+        (:func:`tpusim.schedule.kernel_layout.matmul_dots` x the unit's ``dot_overhead_s``)."""
+        return matmul_dots(slabs, slab_rows, cols) * self.dot_s if self.dot_s else 0.0
+
+    def panel_dots_s(self, cols: int) -> float:
+        """The fixed cost of a routed expert part's products: one per 128-column panel, each over
+        the whole contraction (``megakernel.kernel_dma.Ctx.panel_products``)."""
+        return -(-cols // LANES) * self.dot_s
 
     def vector_s(self, vector_flops: float) -> float:
         """VPU time of ``vector_flops`` (ops of a kind repeat in every layer: memoised)."""

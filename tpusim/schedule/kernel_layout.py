@@ -83,6 +83,16 @@ def matmul_stage_chunks(slabs: int, slab_rows: int) -> int:
     return slabs * -(-slab_rows // MATMUL_CHUNK_ROWS)
 
 
+def matmul_dots(slabs: int, slab_rows: int, cols: int) -> int:
+    """MXU products the megakernel issues to multiply by one streamed tensor of ``slabs``
+    slabs of ``slab_rows`` rows and ``cols`` columns: per 128-column panel, one per staged input
+    chunk when it loops (:func:`matmul_loops`), else one per slab (the static einsum). A routed
+    expert's part is one slab (each panel's whole contraction in one product)."""
+    panels = -(-cols // LANES)
+    chunks = matmul_stage_chunks(slabs, slab_rows) if matmul_loops(slabs, slab_rows, panels) else slabs
+    return chunks * panels
+
+
 def tile_rows(rows: int) -> int:
     """``rows`` 128-lane rows of 16-bit words rounded up to whole tiles."""
     return -(-rows // TILE_ROWS) * TILE_ROWS
