@@ -67,3 +67,10 @@ def test_uncalibrated_rows_say_they_have_no_interval(tmp_path: Path) -> None:
     assert entries and all(e["step_ms_low"] is None and e["p_best"] is None for e in entries)
     assert all(e["interval"] == "none: uncalibrated figures" for e in entries)
     assert not built  # nothing to re-simulate: the program is never built
+
+
+def test_a_model_error_interval_without_samples_prints_no_p_best() -> None:
+    from tpusim.app.cli.sweep import _interval_cells
+
+    entry = {"step_ms_low": 9.0, "step_ms_high": 11.0, "p_best": None}
+    assert _interval_cells(entry, True) == ["9.000–11.000", "–"]

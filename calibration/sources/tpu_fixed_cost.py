@@ -48,7 +48,9 @@ from calibration.sources.tpu_probes import (
     PER_LAYER,
     PROBES_PATH,
     dequant_path,
+    load_probes,
     probe_chip,
+    probe_figures,
 )
 from hwmodels.overlay import _figure_slot
 from hwmodels.schema import Chip
@@ -147,19 +149,31 @@ def _cached(probes_path: str, kernel_path: str, mtimes: tuple[float, float]) -> 
     return probes, fixed_cost(probes, kernel_path)
 
 
-def kernel_probe_chip(chip: Chip, probes_path: Path | str = PROBES_PATH,
-                      kernel_path: Path | str = FIXED_COST_PATH) -> Chip:
-    """``chip`` with the micro-probe figures (:func:`probe_chip`) and the fixed-cost probe's
-    two (the dequant rates scaled, the per-layer cost set), each labelled ``derived``."""
-    probes = probe_chip(chip, probes_path)
+def kernel_probe_figures(probes_path: Path | str = PROBES_PATH,
+                         kernel_path: Path | str = FIXED_COST_PATH) -> dict[str, tuple[float, str]]:
+    """Every figure of way (b), ``path -> (value, source)``: the micro-probes'
+    (:func:`calibration.sources.tpu_probes.probe_figures`), then the fixed-cost probe's (the
+    dequant rates scaled, the per-layer cost), which replace theirs."""
+    figures = {path: (f.value, f.source) for path, f in probe_figures(load_probes(probes_path)).items()}
     found = _cached(str(probes_path), str(kernel_path),
                     (Path(probes_path).stat().st_mtime, Path(kernel_path).stat().st_mtime))[1]
-    if found is None:
-        return probes
-    data = _with(probes, found.dequant_factor, found.per_layer_s).model_dump(mode="python")
-    for path in [dequant_path(f) for f in DEQUANT_PROBES.values()] + [PER_LAYER]:
-        parent, name = _figure_slot(data, path)
-        what = (f"the micro-probe rate x {found.dequant_factor:.3f}" if path != PER_LAYER
-                else f"{found.per_layer_s * 1e6:.1f} µs a layer the simulator's ops leave out")
-        parent[name] = {**parent[name], "label": "derived", "source": f"{found.source}; {what}"}
+    if found is not None:
+        for format_name in DEQUANT_PROBES.values():
+            path = dequant_path(format_name)
+            figures[path] = (figures[path][0] * found.dequant_factor,
+                             f"{found.source}; the micro-probe rate x {found.dequant_factor:.3f}")
+        figures[PER_LAYER] = (found.per_layer_s, f"{found.source}; {found.per_layer_s * 1e6:.1f} µs a layer the "
+                                                 "simulator's ops leave out")
+    return figures
+
+
+def kernel_probe_chip(chip: Chip, probes_path: Path | str = PROBES_PATH,
+                      kernel_path: Path | str = FIXED_COST_PATH) -> Chip:
+    """``chip`` with every figure of way (b) (:func:`kernel_probe_figures`): the micro-probes'
+    labelled ``measured``, the fixed-cost probe's labelled ``derived``."""
+    data = probe_chip(chip, probes_path).model_dump(mode="python")
+    for path, (value, source) in kernel_probe_figures(probes_path, kernel_path).items():
+        if "fixed-cost probe" in source:
+            parent, name = _figure_slot(data, path)
+            parent[name] = {**parent[name], "value": value, "label": "derived", "source": source}
     return Chip.model_validate(data)

@@ -63,11 +63,9 @@ from calibration.core import (
     parameters,
 )
 from calibration.sources.tpu_chip_records import ChipRecord, ChipRecordPredictor, load_chip_records
-from calibration.sources.tpu_fixed_cost import kernel_probe_chip
+from calibration.sources.tpu_fixed_cost import kernel_probe_chip, kernel_probe_figures
 from calibration.sources.tpu_probes import (
     PROBES_PATH,
-    load_probes,
-    probe_figures,
 )
 from hwmodels.catalog import load_chip
 from hwmodels.errors import InputError
@@ -269,7 +267,7 @@ def _calibrate(path: Path | str, records: list[ChipRecord], predictor: ChipRecor
         if found is not None:
             covered[split] = found
             intervals[f"c:{split}"] = _half_widths(split_folds)
-    figures = {p: {"value": f.value, "source": f.source} for p, f in probe_figures(load_probes(probes_path)).items()}
+    figures = {p: {"value": v, "source": src} for p, (v, src) in kernel_probe_figures(probes_path).items()}
     return KernelFit(path=str(path), records=records, fitted=list(fitted), ways=ways, solution=solution, folds=folds,
                      coverage=covered, model_error=model_error(folds), probe_figures=figures,
                      engine_runs=predictor.runs, seconds=time.perf_counter() - started, intervals=intervals)

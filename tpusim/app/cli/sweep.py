@@ -316,4 +316,5 @@ def _interval_cells(entry: dict[str, Any] | None, with_interval: bool) -> list[s
         return []
     if entry is None or entry.get("step_ms_low") is None:
         return ["–", "–"]
-    return [f"{entry['step_ms_low']:.3f}–{entry['step_ms_high']:.3f}", f"{entry['p_best']:.2f}"]
+    p_best = entry.get("p_best")  # None: a model-error interval with no parameter samples to rank on
+    return [f"{entry['step_ms_low']:.3f}–{entry['step_ms_high']:.3f}", "–" if p_best is None else f"{p_best:.2f}"]
