@@ -202,9 +202,10 @@ def markdown(fit: KernelFit, command: str = COMMAND) -> str:
              "widths, 93 layers, context 1024, the kernel router's own routing replayed), repeated runs merged by "
              f"median: {len(fit.records)} points. Measured ms is the kernel's median step (host launch included). "
              "Error = (predicted - measured) / measured. Labels: (a) *simulated, published/assumed figures*; (b) "
-             "*simulated with figures measured on tpu-v5e by probes*; (c) *simulated, "
+             "*simulated with figures measured on tpu-v5e by probes* (three of them *derived* from the kernel's "
+             "fixed-cost probe runs, none a decode); (c) *simulated, "
              f"{LABEL}* (each held-out row by a refit that never saw it).", "",
-             "## Probe figures (way b)", "", "| figure | measured on tpu-v5e | rule |", "| --- | ---: | --- |"]
+             "## Probe figures (way b)", "", "| figure | on tpu-v5e | rule |", "| --- | ---: | --- |"]
     for path, figure in fit.probe_figures.items():
         lines.append(f"| `{path}` | {figure['value']:.4g} | {figure['source'].split(': ', 1)[-1]} |")
     lines += ["", "## Summary", "", *summary_lines(fit), "", "## Reading", "", *NOTES, "",
