@@ -164,8 +164,7 @@ class DecodeOps:
         md, b = self.d.mla, self.k.batch
         cache = self.ins[f"L{layer}.kv"][...]  # [B, T, C + P(R)]
         entry, q_lat, q_rope = self.values.pop("entry"), self.values.pop("q_lat"), self.values.pop("q_rope")
-        token = jax.lax.broadcasted_iota(jnp.int32, (1, 1, cache.shape[1]), 2)
-        carry = math_mla.attend_tile(math_mla.attend_init(b, md), q_lat, q_rope, cache, token < self.position, md)
+        carry = math_mla.attend_parts(math_mla.attend_init(b, md), q_lat, q_rope, cache, 0, self.position, md)
         carry = math_mla.attend_tile(carry, q_lat, q_rope, entry[:, None, :], jnp.ones((1, 1, 1), bool), md)
         o = math_mla.attend_output(carry, self.weight(layer, MlaTensor.KV_B), md)
         out = self.states[f"L{layer}.kv"]

@@ -243,7 +243,8 @@ def _kv_block_copies(ctx: Ctx, m: Any, start: Any) -> tuple[Any, Any]:
 
 def _attend_cache(ctx: Ctx, layer: Any, m: Any, position: jax.Array, q_lat: jax.Array,
                   q_rope: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Online softmax over the cached tokens [0, position), streamed in KV tiles."""
+    """Online softmax over the cached tokens [0, position), streamed in KV tiles, each folded
+    in :data:`~megakernel.math_mla.KV_FOLD_TOKENS`-token parts."""
     md, tile, nbuf = ctx.dims.mla, ctx.geo.kv_tile_tokens, ctx.geo.kv_buffers
     tiles = idiv(position + tile - 1, tile)
 
@@ -260,12 +261,23 @@ def _attend_cache(ctx: Ctx, layer: Any, m: Any, position: jax.Array, q_lat: jax.
     for t in range(min(nbuf, capacity_tiles)):
         ctx.when(t < tiles, lambda t=t: start(t))
 
+    # Each tile is folded in math_mla.KV_FOLD_TOKENS-token parts (a runtime loop), the order
+    # the references fold the cache in (math_mla.attend_parts); by whole tiles at once, widened
+    # to f32, Mosaic spilled megabytes of vector values. (A tile of another size is folded
+    # whole: the same values, added in another order than the references'.)
+    fold = math_mla.KV_FOLD_TOKENS if tile % math_mla.KV_FOLD_TOKENS == 0 else tile
+
     def body(t: Any, carry: Any) -> Any:
         copy(t).wait()
         ctx.event("dma_wait", "kv", StateBuffer.MLA_KV_TILE, dynamic=(layer, t))
-        kv = ctx.scratch["kv_tiles"][imod(t, nbuf)]
-        token = t * tile + lax.broadcasted_iota(jnp.int32, (1, 1, tile), 2)
-        carry = math_mla.attend_tile(carry, q_lat, q_rope, kv, token < position, md)
+
+        def part(s: Any, carry: Any) -> Any:
+            lo = pl.multiple_of(s * fold, fold)
+            kv = ctx.scratch["kv_tiles"][imod(t, nbuf), :, pl.ds(lo, fold), :]
+            token = t * tile + lo + lax.broadcasted_iota(jnp.int32, (1, 1, fold), 2)
+            return math_mla.attend_tile(carry, q_lat, q_rope, kv, token < position, md)
+
+        carry = ctx.fori(0, tile // fold, part, carry)
         ctx.when(t + nbuf < tiles, lambda: start(t + nbuf))
         return carry
 

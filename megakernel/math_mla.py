@@ -146,6 +146,39 @@ def attend_tile(
     return m_new, denom_new, acc_new
 
 
+# Every implementation folds the KV cache into the online softmax this many tokens at a time,
+# in token order (the kernel: each streamed tile in such parts; the references: the whole
+# cache), so that they add in one order. One bf16 tile of rows: the kernel folded whole
+# 128-token tiles before, and at batch 8 on 32 TPU7x devices Mosaic held 2.9 MiB more
+# register-allocator spill slots for them (docs/multi-device.md).
+KV_FOLD_TOKENS = 16
+
+
+def attend_parts(
+    carry: tuple[jax.Array, jax.Array, jax.Array],
+    q_lat: jax.Array,  # f32[B, h, C]
+    q_rope: jax.Array,  # f32[B, h, R]
+    kv: jax.Array,  # bf16|f32[B, T, C + Rp]  cache entries of tokens first .. first + T - 1
+    first: jax.Array | int,  # the token index of kv's row 0
+    position: jax.Array,  # tokens [0, position) exist
+    d: MlaDims,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """:func:`attend_tile` over ``kv`` in :data:`KV_FOLD_TOKENS`-token parts, in order (a
+    runtime loop; a last part of fewer tokens when ``T`` is not a multiple)."""
+    part = KV_FOLD_TOKENS
+    full, tail = divmod(kv.shape[1], part)
+
+    def fold(lo: jax.Array | int, size: int, carry: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[
+            jax.Array, jax.Array, jax.Array]:
+        rows = jax.lax.dynamic_slice_in_dim(kv, lo, size, axis=1)
+        token = first + lo + jax.lax.broadcasted_iota(jnp.int32, (1, 1, size), 2)
+        return attend_tile(carry, q_lat, q_rope, rows, token < position, d)
+
+    if full:
+        carry = jax.lax.fori_loop(0, full, lambda i, c: fold(i * part, part, c), carry)
+    return fold(full * part, tail, carry) if tail else carry
+
+
 def attend_output(carry: tuple[jax.Array, jax.Array, jax.Array], w_kv_b: jax.Array, d: MlaDims) -> jax.Array:
     """Finish the softmax and apply ``W_uv`` per head -> f32[B, h*v]."""
     _, denom, acc = carry

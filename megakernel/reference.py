@@ -124,9 +124,7 @@ def mla_attention(dims: ModelDims, p: Params, small: jax.Array, x: jax.Array, ca
     q_lat = math_mla.absorb(q_nope, p[MlaTensor.KV_B], d)
     q_rope_all = jnp.stack(q_rope, axis=1)
     carry = math_mla.attend_init(x.shape[0], d)
-    t_max = cache.shape[1]
-    valid = (lax.broadcasted_iota(jnp.int32, (1, 1, t_max), 2) < position)
-    carry = math_mla.attend_tile(carry, q_lat, q_rope_all, cache, valid, d)
+    carry = math_mla.attend_parts(carry, q_lat, q_rope_all, cache, 0, position, d)
     carry = math_mla.attend_tile(carry, q_lat, q_rope_all, entry[:, None, :], jnp.ones((1, 1, 1), bool), d)
     o = math_mla.attend_output(carry, p[MlaTensor.KV_B], d)
     o = o * jax.nn.sigmoid(mm(x, p[MlaTensor.GATE]))
