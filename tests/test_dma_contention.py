@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hbm_serve import serve
 
 from hwmodels.catalog import make_system
 from hwmodels.schema import DmaSpec
-from tpusim.engine.hbm import HbmServer, stream_of
+from tpusim.engine.hbm import stream_of
 from tpusim.engine.items import Descriptor, Pool, Ring, Slab
-from tpusim.engine.loop import EventLoop
 
 US = 1e-6
 
@@ -52,14 +52,7 @@ def _copies() -> list[Descriptor]:
 
 
 def _land_times(unit: str) -> list[float]:
-    env = EventLoop()
-    copies = _copies()
-    server = HbmServer(env, 1e9, _dma(unit), 8, lambda desc: None, None, None)
-    for desc in copies:
-        server.enqueue(desc)
-    server.pump()
-    env.run()
-    return [desc.land_s for desc in copies]
+    return serve(_dma(unit), _copies())
 
 
 def test_streams_are_rings_and_expert_slots() -> None:

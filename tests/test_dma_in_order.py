@@ -17,11 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hbm_serve import serve
 
 from hwmodels.schema import DmaSpec
-from tpusim.engine.hbm import HbmServer
 from tpusim.engine.items import Descriptor, Pool, Ring, Slab
-from tpusim.engine.loop import EventLoop
 
 US = 1e-6
 
@@ -34,18 +33,12 @@ def _dma(service: str) -> DmaSpec:
 
 
 def _land_times(service: str) -> list[float]:
-    env = EventLoop()
     pool, ring = Pool("arena", 1 << 30), Ring("ring", 4)
     copies = []
     for seq, nbytes in ((1, 4000), (2, 4000), (0, 100)):  # the urgent copy (seq 0) issued last
         slab = Slab(seq, "gqa_proj", f"w[{seq}]", 0, 0, pool, ring)
         copies.append(Descriptor(seq, "gqa_proj", "w", 0, seq, nbytes, slab))
-    server = HbmServer(env, 1e9, _dma(service), 8, lambda desc: None, None, None)
-    for desc in copies:
-        server.enqueue(desc)
-    server.pump()
-    env.run()
-    return [desc.land_s for desc in copies]
+    return serve(_dma(service), copies)
 
 
 def test_in_order_serves_the_order_of_issue_worked_by_hand() -> None:
