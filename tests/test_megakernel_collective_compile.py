@@ -6,7 +6,8 @@ devices from this CPU-only machine: kimi-k3-nano on 8 devices (``tpu7x:2x2x1``),
 Each compile runs in a fresh process (``python -m megakernel.lower_check --compile``: libtpu's
 environment must be set before JAX starts). On the 2-core machine the nano test takes ~5 s
 (~2.5 s of it lowering and Mosaic compile); full K3 on 32 devices (``tpu7x:2x2x4``, ~8 s of
-compile, ~12 s in all) is marked slow.
+compile, ~12 s in all) is marked slow, as is K3 at batch 8 (a sweep pick that compiles, published
+refused on VMEM; ~60 s).
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ import pytest
 pytest.importorskip("libtpu", reason="libtpu is not installed: Mosaic cannot compile here")
 
 
-def compile_check(model: str, devices: int) -> tuple[int, dict]:
+def compile_check(model: str, devices: int, schedule: str = "published", batch: int = 1) -> tuple[int, dict]:
     done = subprocess.run([sys.executable, "-m", "megakernel.lower_check", "--model", model, "--devices",
-                           str(devices), "--schedule", "published", "--batch", "1", "--compile"],
+                           str(devices), "--schedule", schedule, "--batch", str(batch), "--compile"],
                           capture_output=True, text=True, timeout=600, check=False)
     assert done.stdout.strip(), done.stderr[-2000:]
     return done.returncode, json.loads(done.stdout.strip().splitlines()[-1])
@@ -44,6 +45,16 @@ def test_kimi_k3_on_32_devices_compiles_with_mosaic() -> None:
     report = result["compile"]
     assert code == 0 and report["ok"], report["error"]
     assert report["topology"] == "tpu7x:2x2x4" and result["collectives"]
+
+
+@pytest.mark.slow
+def test_kimi_k3_batch_8_the_measured_usable_vmem_pick_compiles_and_published_does_not() -> None:
+    """K3 at batch 8 on 32 devices (~25-40 s each): the sweep's pick under the usable VMEM measured
+    from Mosaic's refusal (docs/multi-device.md) compiles; published, 2.4 MiB over, is refused."""
+    code, result = compile_check("kimi-k3", 32, "calibration/tpu_bench/schedules/sweep-k3-tp32-v7-b8-usable.json", 8)
+    assert code == 0 and result["compile"]["ok"], result["compile"]["error"]
+    code, result = compile_check("kimi-k3", 32, "published", 8)
+    assert code == 1 and not result["compile"]["ok"] and result["compile"]["kind"] == "vmem"
 
 
 def test_tpu7x_topologies_by_devices() -> None:
