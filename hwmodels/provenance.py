@@ -83,8 +83,7 @@ class Calibration(BaseModel):
         """``calibrated on <what> (2 figures: a, b; overlay <file>)``."""
         count = len(self.figures)
         shown = ", ".join(self.figures[:4]) + (f", +{count - 4} more" if count > 4 else "")
-        what = self.fitted_on.removeprefix("calibrated on ")  # some sources already say it
-        return (f"calibrated on {what} ({count} figure{'s' if count != 1 else ''}: {shown}; "
+        return (f"calibrated on {self.fitted_on} ({count} figure{'s' if count != 1 else ''}: {shown}; "
                 f"overlay {self.overlay})")
 
     def warnings(self, model_spec: str, chips: int, batch: int | None = None) -> list[str]:

@@ -199,7 +199,7 @@ class KernelFit:
         term = None if self.model_error is None else ModelErrorTerm(
             in_range_rel=self.model_error.in_range_rel, extrapolated_rel=self.model_error.extrapolated_rel,
             method=self.model_error.method, points=self.model_error.points, exact=self.model_error.exact)
-        return CalibrationOverlay(chip=CHIP, fitted_on=f"{LABEL} ({Path(self.path).name}) on the probe figures",
+        return CalibrationOverlay(chip=CHIP, fitted_on=f"tpu-v5e kernel records ({Path(self.path).name}) on the probe figures",
                                   parameters=params, model_error=term, measurements=Path(self.path).name)
 
     def to_json(self) -> dict[str, Any]:
