@@ -31,6 +31,7 @@ simulator.
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +56,8 @@ from calibration.sources.tpu_probes import (
 from hwmodels.overlay import _figure_slot
 from hwmodels.schema import Chip
 from tpusim.engine import simulate
+from tpusim.schedule.schema import Schedule
+from tpusim.workload.program import Program
 
 FIXED_COST_PATH = KERNEL_PATH.parent / "tpu-v5e-fixed-cost.jsonl"  # what calibration.tpu_bench.ingest writes
 CAPS = (4, 8, 12)  # below the model's top_k: no capped program is a decode
@@ -77,13 +80,11 @@ class FixedCost:
 
 def capped_runs(path: Path | str = FIXED_COST_PATH) -> list[ChipRecord]:
     """The fixed-cost probe runs (expert caps in :data:`CAPS`) of ``path``."""
-    out: list[ChipRecord] = []
-    for cap in CAPS:
-        try:
-            out += load_chip_records(path, expert_cap=cap)
-        except Exception:  # no run at this cap
-            continue
-    return out
+    path = Path(path)
+    if not path.is_file():
+        return []
+    present = {json.loads(line).get("expert_cap") for line in path.read_text().splitlines() if line.strip()}
+    return [run for cap in CAPS if cap in present for run in load_chip_records(path, expert_cap=cap)]
 
 
 def _with(chip: Chip, factor: float, per_layer_s: float | None) -> Chip:
@@ -100,7 +101,7 @@ def _with(chip: Chip, factor: float, per_layer_s: float | None) -> Chip:
 def _ms(runs: list[ChipRecord], chip: Chip) -> np.ndarray:
     out = []
     for run in runs:
-        program, schedule = record_program(run)
+        program, schedule = _program(run)
         out.append(simulate(program, schedule, chip, check_capacity=False).step_s * 1e3)
     return np.array(out)
 
@@ -111,9 +112,13 @@ def _slope(runs: list[ChipRecord], ms: np.ndarray) -> float:
 
 
 @functools.cache
+def _program(run: ChipRecord) -> tuple[Program, Schedule]:
+    """The run's program, built once (the rules re-simulate each run a few dozen times)."""
+    return record_program(run)
+
+
 def _moe_layers(run: ChipRecord) -> int:
-    program, _ = record_program(run)
-    return len({op.layer for op in program.ops if op.expert_index is not None})
+    return len({op.layer for op in _program(run)[0].ops if op.expert_index is not None})
 
 
 def fixed_cost(probes: Chip, path: Path | str = FIXED_COST_PATH) -> FixedCost | None:
@@ -142,38 +147,45 @@ def fixed_cost(probes: Chip, path: Path | str = FIXED_COST_PATH) -> FixedCost | 
 
 
 @functools.cache
-def _cached(probes_path: str, kernel_path: str, mtimes: tuple[float, float]) -> tuple[Chip, FixedCost | None]:
+def _found(probes_path: str, kernel_path: str, mtimes: tuple[float, float]) -> FixedCost | None:
+    """:func:`fixed_cost` on the catalog's tpu-v5e with the micro-probe figures, once per pair
+    of files (``mtimes``: a rewritten file is read again)."""
     from hwmodels.catalog import load_chip
 
-    probes = probe_chip(load_chip("tpu-v5e", calibrated=False), probes_path)
-    return probes, fixed_cost(probes, kernel_path)
+    return fixed_cost(probe_chip(load_chip("tpu-v5e", calibrated=False), probes_path), kernel_path)
+
+
+def fixed_cost_figures(probes_path: Path | str = PROBES_PATH,
+                       kernel_path: Path | str = FIXED_COST_PATH) -> dict[str, tuple[float, str]]:
+    """The fixed-cost probe's figures, ``path -> (value, source)``: the micro-probe dequant rates
+    scaled and the per-layer cost (empty without runs)."""
+    found = _found(str(probes_path), str(kernel_path),
+                   (Path(probes_path).stat().st_mtime, Path(kernel_path).stat().st_mtime))
+    if found is None:
+        return {}
+    micro = probe_figures(load_probes(probes_path))
+    out = {dequant_path(f): (micro[dequant_path(f)].value * found.dequant_factor,
+                             f"{found.source}; the micro-probe rate x {found.dequant_factor:.3f}")
+           for f in DEQUANT_PROBES.values()}
+    out[PER_LAYER] = (found.per_layer_s,
+                      f"{found.source}; {found.per_layer_s * 1e6:.1f} µs a layer the simulator's ops leave out")
+    return out
 
 
 def kernel_probe_figures(probes_path: Path | str = PROBES_PATH,
                          kernel_path: Path | str = FIXED_COST_PATH) -> dict[str, tuple[float, str]]:
     """Every figure of way (b), ``path -> (value, source)``: the micro-probes'
-    (:func:`calibration.sources.tpu_probes.probe_figures`), then the fixed-cost probe's (the
-    dequant rates scaled, the per-layer cost), which replace theirs."""
+    (:func:`calibration.sources.tpu_probes.probe_figures`), the fixed-cost probe's replacing theirs."""
     figures = {path: (f.value, f.source) for path, f in probe_figures(load_probes(probes_path)).items()}
-    found = _cached(str(probes_path), str(kernel_path),
-                    (Path(probes_path).stat().st_mtime, Path(kernel_path).stat().st_mtime))[1]
-    if found is not None:
-        for format_name in DEQUANT_PROBES.values():
-            path = dequant_path(format_name)
-            figures[path] = (figures[path][0] * found.dequant_factor,
-                             f"{found.source}; the micro-probe rate x {found.dequant_factor:.3f}")
-        figures[PER_LAYER] = (found.per_layer_s, f"{found.source}; {found.per_layer_s * 1e6:.1f} µs a layer the "
-                                                 "simulator's ops leave out")
-    return figures
+    return {**figures, **fixed_cost_figures(probes_path, kernel_path)}
 
 
 def kernel_probe_chip(chip: Chip, probes_path: Path | str = PROBES_PATH,
                       kernel_path: Path | str = FIXED_COST_PATH) -> Chip:
-    """``chip`` with every figure of way (b) (:func:`kernel_probe_figures`): the micro-probes'
-    labelled ``measured``, the fixed-cost probe's labelled ``derived``."""
+    """``chip`` with every figure of way (b): the micro-probes' labelled ``measured``
+    (:func:`probe_chip`), the fixed-cost probe's labelled ``derived``."""
     data = probe_chip(chip, probes_path).model_dump(mode="python")
-    for path, (value, source) in kernel_probe_figures(probes_path, kernel_path).items():
-        if "fixed-cost probe" in source:
-            parent, name = _figure_slot(data, path)
-            parent[name] = {**parent[name], "value": value, "label": "derived", "source": source}
+    for path, (value, source) in fixed_cost_figures(probes_path, kernel_path).items():
+        parent, name = _figure_slot(data, path)
+        parent[name] = {**parent[name], "value": value, "label": "derived", "source": source}
     return Chip.model_validate(data)
