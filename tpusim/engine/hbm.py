@@ -158,9 +158,9 @@ class HbmServer:
 
     def enqueue_many(self, descs: list[Descriptor]) -> None:
         """:meth:`enqueue` each of ``descs`` in turn (a slab's copies: one call per slab)."""
-        queue, events = self.queue, self.events
+        queue, events, in_order = self.queue, self.events, self.in_order
         for desc in descs:
-            heapq.heappush(queue, (self._queue_key(desc), desc))
+            heapq.heappush(queue, (self._queue_key(desc) if in_order else desc.seq, desc))
             if events is not None:
                 events.append(("dma_start", desc.family, desc.tensor, desc.layer, desc.chunk))
 

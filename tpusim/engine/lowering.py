@@ -45,6 +45,7 @@ class Builder:
         self.compute_scale = 1.0 / policy.compute_efficiency
         dot = self.matrix.dot_overhead_s
         self.dot_s = (dot.value if dot is not None else 0.0) * self.compute_scale  # per MXU product
+        self.dots_cache: dict[tuple[int, int, int], float] = {}
         self.slab_seq = 0
         self.desc_seq = 0
         self.pools: dict[str, Pool] = {
@@ -144,7 +145,13 @@ class Builder:
     def dots_s(self, slabs: int, slab_rows: int, cols: int) -> float:
         """The fixed cost of the products the kernel issues for one streamed tensor
         (:func:`tpusim.schedule.kernel_layout.matmul_dots` x the unit's ``dot_overhead_s``)."""
-        return matmul_dots(slabs, slab_rows, cols) * self.dot_s if self.dot_s else 0.0
+        if not self.dot_s:
+            return 0.0
+        key = (slabs, slab_rows, cols)  # the same tensor shapes repeat in every layer
+        cached = self.dots_cache.get(key)
+        if cached is None:
+            cached = self.dots_cache[key] = matmul_dots(slabs, slab_rows, cols) * self.dot_s
+        return cached
 
     def panel_dots_s(self, cols: int) -> float:
         """The fixed cost of a routed expert part's products: one per 128-column panel, each over
