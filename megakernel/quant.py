@@ -177,26 +177,121 @@ def split_words(words: jax.Array, axis: int) -> jax.Array:
     return jnp.concatenate([w & 0xFF, w >> 8], axis=axis)
 
 
+# The kernel forms. v5e's VPU has no bf16 arithmetic and no FP8 unit, so each decoder works on
+# 32-bit words: ``pltpu.bitcast`` views two packed 16-bit word rows as one u32 row and a u32
+# row as two bf16 rows (row 2i the low half, 2i+1 the high), both free reinterpretations of
+# the vregs. The host packs the bytes so that every u32 word holds two *adjacent* output rows
+# of each half of the tensor; a field is moved straight from its bit position into an f32's
+# exponent/mantissa (no byte split, no u16<->u32 unpack, no f32->bf16 rounding: the values
+# are exact in bf16, so the top 16 bits are the bf16). About 12 VPU operations an element
+# where the logical decoders take about 25 (measured: ``calibration.tpu_bench`` probes
+# ``dequant_*``, ``form``).
+
+KERNEL_DECODER = "words32"  # recorded with every chip run; records without it ran "bytes"
+_U32 = jnp.uint32
+
+
+def _shift(x: jax.Array, bits: int) -> jax.Array:
+    return x << bits if bits >= 0 else x >> -bits
+
+
+def _as_f32(x: jax.Array) -> jax.Array:
+    return lax.bitcast_convert_type(x, jnp.float32)
+
+
+def _as_u32(x: jax.Array) -> jax.Array:
+    return lax.bitcast_convert_type(x, _U32)
+
+
+def _field_value_bits(t: jax.Array, at: int, width: int, mantissa: int, bias: int, scale: jax.Array) -> jax.Array:
+    """The minifloat (1 sign, ``width - 1 - mantissa`` exponent, ``mantissa`` bits, exponent
+    ``bias``) at bit ``at`` of each u32 of ``t``, times ``scale`` (a power of two), as the u32
+    bits of its f32. The magnitude bits go where an f32's top exponent/mantissa bits are and
+    the exponent is rebiased by an add; a subnormal (exponent 0) comes out as ``2^-bias *
+    (1 + m/2^M)`` and is mapped to its value ``2^(1-bias) * m/2^M`` = ``2 * (f - 2^-bias)``,
+    exact (Sterbenz)."""
+    low = 23 - mantissa  # where the magnitude's lowest bit lands
+    magnitude = _shift(t, low - at) & _U32(((1 << (width - 1)) - 1) << low)
+    sign = _shift(t, 31 - (at + width - 1)) & _U32(0x8000_0000)
+    f = _as_f32(magnitude + _U32((127 - bias) << 23))
+    f = jnp.where(magnitude < _U32(1 << 23), (f - 2.0 ** -bias) * 2.0, f)
+    return _as_u32(f * scale) | sign
+
+
+def _bf16_pairs(low_bits: jax.Array, high_bits: jax.Array) -> jax.Array:
+    """Two f32 bit arrays (bf16-exact values) -> u32 words of (low row, high row) bf16s."""
+    return (low_bits >> 16) | (high_bits & _U32(0xFFFF_0000))
+
+
+def _as_rows(words: jax.Array) -> jax.Array:
+    """u32[..., n, 128] -> bf16[..., 2n, 128] (row 2i = low halves of word row i)."""
+    from jax.experimental.pallas import tpu as pltpu  # Pallas' TPU primitives, any backend
+
+    return pltpu.bitcast(words, jnp.bfloat16)
+
+
+def _as_words32(words: jax.Array) -> jax.Array:
+    from jax.experimental.pallas import tpu as pltpu
+
+    return pltpu.bitcast(words, _U32)
+
+
+def pack_fp8_words(values: np.ndarray) -> np.ndarray:
+    """uint8[..., R, C] e4m3 bytes -> uint16[..., R/2, C] in :func:`dequant_fp8_words`'s order:
+    word ``2j`` = bytes of rows ``2j, 2j+1``, word ``2j+1`` = rows ``R/2+2j, R/2+2j+1`` (low
+    byte first), so u32 word ``j`` holds output rows ``2j, 2j+1`` and ``R/2+2j, R/2+2j+1``."""
+    rows = values.shape[-2]
+    if rows % 4:
+        raise ValueError(f"fp8 kernel words need rows % 4 == 0, got {rows}")
+    v = values.astype(np.uint16)
+    halves = [v[..., : rows // 2, :], v[..., rows // 2:, :]]
+    pairs = [h[..., 0::2, :] | (h[..., 1::2, :] << 8) for h in halves]  # [..., R/4, C] each
+    return np.stack(pairs, axis=-2).reshape(*values.shape[:-2], rows // 2, values.shape[-1])
+
+
+def pack_mxfp4_words(packed: np.ndarray) -> np.ndarray:
+    """uint8[..., R/2, C] (the logical MXFP4 bytes, :func:`quantize_mxfp4`) -> uint16[..., R/4,
+    C] in :func:`dequant_mxfp4_words`'s order: u32 word ``j`` (16-bit words ``2j``, ``2j+1``)
+    holds, nibble ``k`` = 0..7 from the lowest, logical row ``(k // 2) * R/4 + 2j + k % 2``."""
+    nibbles = np.concatenate([packed & 0xF, packed >> 4], axis=-2).astype(np.uint16)  # [..., R, C]
+    rows = nibbles.shape[-2]
+    if rows % 8:
+        raise ValueError(f"mxfp4 kernel words need rows % 8 == 0, got {rows}")
+    quarter = rows // 4
+    q = [nibbles[..., i * quarter: (i + 1) * quarter, :] for i in range(4)]
+    pair = [x[..., 0::2, :] | (x[..., 1::2, :] << 4) for x in q]  # one byte per quarter, [..., R/8, C]
+    words = [pair[0] | (pair[1] << 8), pair[2] | (pair[3] << 8)]
+    return np.stack(words, axis=-2).reshape(*packed.shape[:-2], rows // 4, packed.shape[-1])
+
+
 def dequant_fp8_words(value_words: jax.Array, scales: jax.Array) -> jax.Array:
-    """Kernel form. ``value_words`` u16[P, R/2, 128] (byte pairs), ``scales`` bf16[P, R/256,
-    128] -> bf16[P, R, 128]: one 128-column panel per leading index."""
-    bits = split_words(value_words, axis=1)
-    scale = repeat_rows(scales.astype(jnp.float32), FP8_BLOCK_ROWS, axis=1)
-    return (decode_e4m3(bits) * scale).astype(jnp.bfloat16)
+    """Kernel form. ``value_words`` u16[P, R/2, 128] (:func:`pack_fp8_words`), ``scales``
+    bf16[P, R/256, 128] -> bf16[P, R, 128]: one 128-column panel per leading index."""
+    t = _as_words32(value_words)  # [P, R/4, 128]
+    quarter = t.shape[1]
+    scale = repeat_rows(scales.astype(jnp.float32), FP8_BLOCK_ROWS // 2, axis=1)  # word row j: row 2j's scale
+    halves = []
+    for h, s in enumerate((scale[:, :quarter], scale[:, quarter:])):
+        low, high = (_field_value_bits(t, 16 * h + 8 * k, 8, 3, 7, s) for k in (0, 1))
+        halves.append(_bf16_pairs(low, high))
+    return _as_rows(jnp.concatenate(halves, axis=1))
 
 
 def dequant_mxfp4_words(value_words: jax.Array, scale_words: jax.Array) -> jax.Array:
-    """Kernel form. ``value_words`` u16[P, R/4, 128] (packed bytes paired by halves),
-    ``scale_words`` u16[P, R/64, 128] -> bf16[P, R, 128].
-
-    Nibble q of ``word[r]`` holds logical row: q=0 ``r``, q=1 ``r + R/2``, q=2 ``r + R/4``,
-    q=3 ``r + 3R/4`` (byte halves, then nibble halves)."""
-    w = value_words.astype(jnp.uint32)
-    n0, n1, n2, n3 = (w & 0xF), (w >> 4) & 0xF, (w >> 8) & 0xF, (w >> 12) & 0xF
-    nibbles = jnp.concatenate([n0, n2, n1, n3], axis=1)
-    exponents = split_words(scale_words, axis=1)
-    scale = repeat_rows(decode_e8m0(exponents), MXFP4_BLOCK_ROWS, axis=1)
-    return (decode_e2m1(nibbles) * scale).astype(jnp.bfloat16)
+    """Kernel form. ``value_words`` u16[P, R/4, 128] (:func:`pack_mxfp4_words`),
+    ``scale_words`` u16[P, R/64, 128] (E8M0 bytes by :func:`pack_bytes_to_words`) ->
+    bf16[P, R, 128]. A part of fewer than 32 rows has one scale row (its block's)."""
+    t = _as_words32(value_words)  # [P, R/8, 128]
+    eighth = t.shape[1]
+    exponents = split_words(scale_words, axis=1)  # [P, R/32, 128] (or 1 row for a short part)
+    block = min(8 * eighth, MXFP4_BLOCK_ROWS)
+    scale = repeat_rows(decode_e8m0(exponents), block // 2, axis=1)  # word row j: row 2j's scale
+    quarters = []
+    for q in range(4):
+        s = scale[:, q * eighth: (q + 1) * eighth]
+        low, high = (_field_value_bits(t, 8 * q + 4 * k, 4, 1, 1, s) for k in (0, 1))
+        quarters.append(_bf16_pairs(low, high))
+    return _as_rows(jnp.concatenate(quarters, axis=1))
 
 
 def words_to_bf16(words: jax.Array) -> jax.Array:

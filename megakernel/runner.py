@@ -41,6 +41,7 @@ from megakernel.events import save_routing_trace
 from megakernel.hbm import pack_hbm
 from megakernel.kernel import DEFAULT_VMEM_LIMIT_BYTES, Megakernel
 from megakernel.layout import load_safetensors, random_weights
+from megakernel.quant import KERNEL_DECODER
 from megakernel.reference import (
     DecodeState,
     decode_step,
@@ -238,6 +239,7 @@ def run(config: RunConfig, out: Path | None = None) -> dict[str, Any]:
         "experts_per_layer": experts_per_layer,
         "versions": versions(),
         "expert_cap": config.expert_cap,
+        "decoder": KERNEL_DECODER,  # the expert weights' VPU decoder (megakernel.quant)
         "timing_note": NOT_TPU_NOTE if backend == "interpret" else "native TPU, block_until_ready per step, "
                        "warm-up excluded, compile timed separately",
     }

@@ -20,6 +20,8 @@ from megakernel.quant import (
     dequant_mxfp4,
     dequant_mxfp4_words,
     pack_bytes_to_words,
+    pack_fp8_words,
+    pack_mxfp4_words,
     quantize_fp8_b256,
     quantize_mxfp4,
 )
@@ -56,8 +58,8 @@ def test_mxfp4_decodes_exactly_and_kernel_word_form_matches():
     want = nibbles * np.repeat(np.exp2(exps.astype(np.float32) - 127), 32, 0)
     got = np.asarray(dequant_mxfp4(jnp.asarray(packed), jnp.asarray(exps)), np.float32)
     np.testing.assert_array_equal(got, want)
-    words = dequant_mxfp4_words(jnp.asarray(panels(pack_bytes_to_words(packed)).reshape(3, 64, 128)),
-                                jnp.asarray(panels(pack_bytes_to_words(exps)).reshape(3, 4, 128)))
+    words = jax.jit(dequant_mxfp4_words)(jnp.asarray(panels(pack_mxfp4_words(packed)).reshape(3, 64, 128)),
+                                         jnp.asarray(panels(pack_bytes_to_words(exps)).reshape(3, 4, 128)))
     np.testing.assert_array_equal(np.asarray(words, np.float32).transpose(1, 0, 2).reshape(256, 384), want)
 
 
@@ -65,9 +67,33 @@ def test_fp8_kernel_word_form_matches_logical_form():
     w = np.random.default_rng(2).standard_normal((256, 256)).astype(np.float32)
     values, scales = quantize_fp8_b256(w)
     logical = np.asarray(dequant_fp8_b256(jnp.asarray(values), jnp.asarray(scales)), np.float32)
-    words = panels(pack_bytes_to_words(values)).reshape(2, 128, 128)
-    kernel = dequant_fp8_words(jnp.asarray(words), jnp.asarray(scales).reshape(1, 2, 128).transpose(1, 0, 2))
+    words = panels(pack_fp8_words(values)).reshape(2, 128, 128)
+    kernel = jax.jit(dequant_fp8_words)(jnp.asarray(words), jnp.asarray(scales).reshape(1, 2, 128).transpose(1, 0, 2))
     np.testing.assert_array_equal(np.asarray(kernel, np.float32).transpose(1, 0, 2).reshape(256, 256), logical)
+
+
+def test_kernel_word_decoders_are_exact_for_every_code_at_every_position():
+    """Every e4m3 byte (zeros, subnormals, 0x7F) and e2m1 nibble, in every row of a word, at
+    several scales, against ml_dtypes' own conversion (independent of our decoders)."""
+    rng = np.random.default_rng(4)
+    codes = np.arange(256, dtype=np.uint8)
+    values = np.concatenate([np.repeat(codes[:, None], 128, 1), np.repeat(codes[::-1, None], 128, 1)])
+    values = np.stack([np.roll(values, shift, axis=0) for shift in range(4)])  # each code in each byte of a word
+    scales = np.exp2(rng.integers(-20, 8, (4, 2, 128))).astype(ml_dtypes.bfloat16)
+    e4m3 = values.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    e4m3[np.isnan(e4m3)] = np.where(values[np.isnan(e4m3)] & 0x80, -480.0, 480.0)  # NaN codes (never encoded)
+    want = e4m3 * np.repeat(scales.astype(np.float32), 256, 1)
+    words = panels(pack_fp8_words(values)).reshape(4, 256, 128)
+    got = jax.jit(dequant_fp8_words)(jnp.asarray(words), jnp.asarray(scales))
+    np.testing.assert_array_equal(np.asarray(got, np.float32), want)
+    nibbles = np.stack([np.roll(np.repeat(np.arange(16, dtype=np.uint8)[:, None], 128, 1), s, 0) for s in range(8)])
+    nibbles = np.tile(nibbles, (1, 4, 1))  # [8, 64, 128]: every code in every nibble of a u32
+    packed = (nibbles[:, :32] | (nibbles[:, 32:] << 4)).astype(np.uint8)
+    exps = rng.integers(100, 150, (8, 2, 128)).astype(np.uint8)
+    e2m1 = (nibbles & 7).view(ml_dtypes.float4_e2m1fn).astype(np.float32) * np.where(nibbles & 8, -1.0, 1.0)
+    want = e2m1 * np.repeat(np.exp2(exps.astype(np.float32) - 127), 32, 1)
+    got = jax.jit(dequant_mxfp4_words)(jnp.asarray(pack_mxfp4_words(packed)), jnp.asarray(pack_bytes_to_words(exps)))
+    np.testing.assert_array_equal(np.asarray(got, np.float32), want)
 
 
 def test_residual_mix_is_a_convex_combination_of_valid_sources():

@@ -26,6 +26,10 @@ hoisted out of the loop, and stores its result to the output ref.
 - ``dequant_mxfp4_down``: :func:`megakernel.quant.dequant_mxfp4_words` on the slice's down
   projection, values ``u16[28, 192, 128]``, scales ``u16[28, 12, 128]`` ->
   ``bf16[28, 768, 128]``; same two forms.
+- Both dequant probes run each decoder ``params.decoder``: ``words32`` (the kernel's,
+  :mod:`megakernel.quant`, since 2026-12-06) and ``bytes`` (the one it replaced: split the
+  16-bit words into bytes, decode each to f32 with selects, round to bf16), side by side in
+  one run. Records without ``decoder`` ran the ``bytes`` form.
 - ``rmsnorm_silu``: ``rmsnorm(x, w) * silu(g)`` (:mod:`megakernel.math_common`) over
   ``f32[8, 7168]``; ``elements`` = 8·7168·R.
 """
@@ -44,7 +48,19 @@ from jax.experimental.pallas import tpu as pltpu
 
 from calibration.tpu_bench.common import LANES, MIB, Point, Probe
 from megakernel.math_common import rmsnorm, silu
-from megakernel.quant import dequant_fp8_words, dequant_mxfp4_words, words_to_bf16
+from megakernel.quant import (
+    FP8_BLOCK_ROWS,
+    KERNEL_DECODER,
+    MXFP4_BLOCK_ROWS,
+    decode_e2m1,
+    decode_e4m3,
+    decode_e8m0,
+    dequant_fp8_words,
+    dequant_mxfp4_words,
+    repeat_rows,
+    split_words,
+    words_to_bf16,
+)
 from tpusim.workload.registry.names import Family
 
 Interpret = Any
@@ -185,18 +201,36 @@ def _fp8(v: jax.Array, s: jax.Array) -> jax.Array:
     return dequant_fp8_words(v, words_to_bf16(s))
 
 
-DEQUANT: dict[str, tuple[Callable[[jax.Array, jax.Array], jax.Array], int, int, int]] = {
-    # name: (decoder, panels, value word rows, scale word rows) for one K3 TP32 expert slice
-    "dequant_fp8_gate_up": (_fp8, 2 * SLICE_WIDTH // LANES, LATENT // 2, LATENT // 256),
-    "dequant_mxfp4_down": (dequant_mxfp4_words, LATENT // LANES, SLICE_WIDTH // 4, SLICE_WIDTH // 64),
+def _fp8_bytes(v: jax.Array, s: jax.Array) -> jax.Array:
+    """The decoder the kernel ran until 2026-12-06 (bytes split out, decoded with selects)."""
+    scale = repeat_rows(words_to_bf16(s).astype(jnp.float32), FP8_BLOCK_ROWS, axis=1)
+    return (decode_e4m3(split_words(v, axis=1)) * scale).astype(jnp.bfloat16)
+
+
+def _mxfp4_bytes(v: jax.Array, s: jax.Array) -> jax.Array:
+    """The MXFP4 decoder the kernel ran until 2026-12-06."""
+    w = v.astype(jnp.uint32)
+    nibbles = jnp.concatenate([w & 0xF, (w >> 8) & 0xF, (w >> 4) & 0xF, (w >> 12) & 0xF], axis=1)
+    scale = repeat_rows(decode_e8m0(split_words(s, axis=1)), MXFP4_BLOCK_ROWS, axis=1)
+    return (decode_e2m1(nibbles) * scale).astype(jnp.bfloat16)
+
+
+DECODERS: dict[str, dict[str, Callable[[jax.Array, jax.Array], jax.Array]]] = {
+    KERNEL_DECODER: {"dequant_fp8_gate_up": _fp8, "dequant_mxfp4_down": dequant_mxfp4_words},
+    "bytes": {"dequant_fp8_gate_up": _fp8_bytes, "dequant_mxfp4_down": _mxfp4_bytes},
+}
+DEQUANT: dict[str, tuple[int, int, int]] = {
+    # name: (panels, value word rows, scale word rows) for one K3 TP32 expert slice
+    "dequant_fp8_gate_up": (2 * SLICE_WIDTH // LANES, LATENT // 2, LATENT // 256),
+    "dequant_mxfp4_down": (LATENT // LANES, SLICE_WIDTH // 4, SLICE_WIDTH // 64),
 }
 OUT_ROWS = {"dequant_fp8_gate_up": 2, "dequant_mxfp4_down": 4}  # logical rows per value word row
 
 
-def dequant_call(name: str, panels: int, rv: int, rs: int, per_panel: bool, interpret: Interpret
-                 ) -> Callable[..., Any]:
+def dequant_call(name: str, panels: int, rv: int, rs: int, per_panel: bool, interpret: Interpret,
+                 decoder: str = KERNEL_DECODER) -> Callable[..., Any]:
     """``fn(int32[1] = (R,), values u16[2, P, rv, 128], scales u16[2, P, rs, 128]) -> bf16[P, rows, 128]``."""
-    decode = DEQUANT[name][0]
+    decode = DECODERS[decoder][name]
     out_rows = rv * OUT_ROWS[name]
 
     def kernel(s_ref: Any, v_ref: Any, sc_ref: Any, o_ref: Any) -> None:
@@ -229,8 +263,8 @@ def _dequant_inputs(panels: int, rv: int, rs: int, fp8: bool, seed: int) -> list
     return [values, scales]
 
 
-def _check_dequant(name: str) -> Callable[[Point, list[jax.Array], Any], str | None]:
-    decode = jax.jit(DEQUANT[name][0])
+def _check_dequant(name: str, decoder: str) -> Callable[[Point, list[jax.Array], Any], str | None]:
+    decode = jax.jit(DECODERS[decoder][name])
     want_of = _memo(lambda inputs, slot: np.asarray(decode(inputs[0][slot], inputs[1][slot]).astype(jnp.float32)))
 
     def check(point: Point, inputs: list[jax.Array], out: Any) -> str | None:
@@ -240,27 +274,34 @@ def _check_dequant(name: str) -> Callable[[Point, list[jax.Array], Any], str | N
 
 
 def dequant_probes(interpret: Interpret, quick: bool) -> list[Probe]:
+    """The kernel's decoder first, then the one it replaced (``params.decoder``)."""
     repeats = (1, 2) if quick else DEQUANT_REPEATS
     probes = []
-    for name, (_, panels, rv, rs) in DEQUANT.items():
-        if quick:  # 2 panels, the smallest row counts the decoders accept
-            panels, rv, rs = 2, (128 if name == "dequant_fp8_gate_up" else 16), 1
-        elements = panels * rv * OUT_ROWS[name] * LANES
-        for per_panel in (False, True):
-            def make(panels: int = panels, rv: int = rv, rs: int = rs, fp8: bool = name.startswith("dequant_fp8")
-                     ) -> list[jax.Array]:
-                return _dequant_inputs(panels, rv, rs, fp8, seed=panels + rv)
-            points = [Point({"repeats_in_kernel": r}, (r,), elements=elements * r) for r in repeats]
-            probes.append(Probe(
-                name=name, params={"panels": panels, "value_word_rows": rv, "scale_word_rows": rs,
-                                   "form": "per_panel_loop" if per_panel else "whole_slice",
-                                   "out_bytes": 2 * elements},
-                fn=dequant_call(name, panels, rv, rs, per_panel, interpret),
-                input_shapes=[jax.ShapeDtypeStruct((SLOTS, panels, rv, LANES), jnp.uint16),
-                              jax.ShapeDtypeStruct((SLOTS, panels, rs, LANES), jnp.uint16)],
-                make_inputs=make, points=points, n_scalars=1, check=_check_dequant(name),
-                extra={"what": "whole-call seconds of R dequantisations of one expert slice; difference two R"}))
+    for decoder in DECODERS:
+        for name, (panels, rv, rs) in DEQUANT.items():
+            if quick:  # 2 panels, the smallest row counts the decoders accept
+                panels, rv, rs = 2, (128 if name == "dequant_fp8_gate_up" else 16), 1
+            probes += [_dequant_probe(name, decoder, panels, rv, rs, per_panel, repeats, interpret)
+                       for per_panel in (False, True)]
     return probes
+
+
+def _dequant_probe(name: str, decoder: str, panels: int, rv: int, rs: int, per_panel: bool,
+                   repeats: tuple[int, ...], interpret: Interpret) -> Probe:
+    elements = panels * rv * OUT_ROWS[name] * LANES
+
+    def make() -> list[jax.Array]:
+        return _dequant_inputs(panels, rv, rs, name.startswith("dequant_fp8"), seed=panels + rv)
+    points = [Point({"repeats_in_kernel": r}, (r,), elements=elements * r) for r in repeats]
+    return Probe(
+        name=name, params={"panels": panels, "value_word_rows": rv, "scale_word_rows": rs,
+                           "form": "per_panel_loop" if per_panel else "whole_slice",
+                           "decoder": decoder, "out_bytes": 2 * elements},
+        fn=dequant_call(name, panels, rv, rs, per_panel, interpret, decoder),
+        input_shapes=[jax.ShapeDtypeStruct((SLOTS, panels, rv, LANES), jnp.uint16),
+                      jax.ShapeDtypeStruct((SLOTS, panels, rs, LANES), jnp.uint16)],
+        make_inputs=make, points=points, n_scalars=1, check=_check_dequant(name, decoder),
+        extra={"what": "whole-call seconds of R dequantisations of one expert slice; difference two R"})
 
 
 # ---------------------------------------------------------------- VPU: RMSNorm + SiLU gate
