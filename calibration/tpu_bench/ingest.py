@@ -6,7 +6,9 @@
   there, same schedule hash, model, shard, batch and provenance, is not added twice). Each
   record's embedded ``routing_layers`` becomes ``DATA/tpu-v5e-routing/<name>.json`` (a
   :mod:`tpusim.workload.routing` trace) and the record's ``routing`` names it relative to the
-  records file, so ``tpusim simulate --routing`` can replay the routing the run used;
+  records file, so ``tpusim simulate --routing`` can replay the routing the run used (a
+  trace that differs from one already under its name gets the name plus its digest: an
+  earlier record's trace is never overwritten);
   A run with ``expert_cap`` set (the kernel's fixed-cost probe, not a decode) goes to
   ``DATA/tpu-v5e-fixed-cost.jsonl`` instead (:mod:`calibration.sources.tpu_fixed_cost`);
 - ``FILES_AT/probes.jsonl`` -> ``DATA/tpu-v5e-probes.jsonl`` (appended likewise);
@@ -21,6 +23,7 @@ Every file is written through a temporary file and renamed (nothing half-written
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -55,6 +58,18 @@ def _append(path: Path, new: list[dict[str, Any]]) -> int:
     return len(fresh)
 
 
+def _trace_name(routing_dir: Path, name: str, text: str) -> str:
+    """Write a routing trace as ``name``, unless a different trace already has that name (an
+    earlier run's, which its records replay): then as ``name`` + its content's digest."""
+    path = routing_dir / name
+    if path.exists() and path.read_text() != text:
+        name = f"{path.stem}-{hashlib.sha256(text.encode()).hexdigest()[:12]}{path.suffix}"
+        path = routing_dir / name
+    if not path.exists():
+        write_text_atomic(path, text)
+    return name
+
+
 def ingest(files_at: Path, data: Path) -> dict[str, int]:
     records = _read(files_at / "records.jsonl")
     routing_dir = data / ROUTING_DIR
@@ -63,7 +78,7 @@ def ingest(files_at: Path, data: Path) -> dict[str, int]:
         layers = record.pop("routing_layers", None)
         name = record["routing"].removeprefix("trace:")
         if layers is not None:
-            write_text_atomic(routing_dir / name, json.dumps({"layers": layers}))
+            name = _trace_name(routing_dir, name, json.dumps({"layers": layers}))
             record["routing"] = f"trace:{ROUTING_DIR}/{name}"
     xla = _read(files_at / "xla.jsonl")
     for record in xla:

@@ -9,7 +9,8 @@
 #
 # TPU_BENCH_BUDGET_S (default 420) stops starting kernel cases; the probes get what is left
 # of TPU_BENCH_TOTAL_S (default 540), in their own process (a probe that crashes the core
-# cannot cost the kernel records), and only when TPU_BENCH_PROBES is 1 (default).
+# cannot cost the kernel records), and only when TPU_BENCH_PROBES is 1 (default);
+# TPU_BENCH_PROBE_ARGS narrows them (e.g. "--probe dequant_fp8_gate_up --probe dequant_mxfp4_down").
 set -uo pipefail
 : "${OUT:?OUT must name the folder the device tool brings back}"
 SET="${1:-smoke}"
@@ -27,8 +28,9 @@ echo "kernel set $SET exit $?; $(wc -l < "$OUT/records.jsonl" 2>/dev/null || ech
 tail -n 60 "$OUT/kernels.log"
 LEFT=$(( ${TPU_BENCH_TOTAL_S:-540} - ($(date +%s) - START) ))
 if [ "${TPU_BENCH_PROBES:-1}" = 1 ] && [ "$LEFT" -gt 60 ]; then
+    # shellcheck disable=SC2086  # TPU_BENCH_PROBE_ARGS: e.g. "--probe dequant_fp8_gate_up" (word-split on purpose)
     timeout $(( LEFT - 10 )) python3 -m calibration.tpu_bench run --no-slow --budget $(( LEFT - 40 )) \
-        --out "$OUT/probes.jsonl" > "$OUT/probes.log" 2>&1
+        ${TPU_BENCH_PROBE_ARGS:-} --out "$OUT/probes.jsonl" > "$OUT/probes.log" 2>&1
     echo "probes exit $?; $(wc -l < "$OUT/probes.jsonl" 2>/dev/null || echo 0) records"
     tail -n 5 "$OUT/probes.log"
 fi
