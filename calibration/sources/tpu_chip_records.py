@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from calibration.sources.tpu_probes import CALIBRATION_DECODER, record_decoder
 from hwmodels.errors import InputError
 from hwmodels.overlay import iter_figures
 from hwmodels.schema import Chip
@@ -97,8 +98,10 @@ REQUIRED = ("schedule", "schedule_hash", "batch", "context", "routing", "model",
 
 
 def load_chip_records(path: Path | str = KERNEL_PATH, shard_of: str = "k3-tp32",
-                      expert_cap: int | None = None) -> list[ChipRecord]:
-    """The shard rows of ``path``, one per (schedule, batch), repeated runs merged: the decodes
+                      expert_cap: int | None = None, decoder: str = CALIBRATION_DECODER) -> list[ChipRecord]:
+    """The shard rows of ``path`` that ran ``decoder`` (the expert decoder,
+    :data:`calibration.sources.tpu_probes.CALIBRATION_DECODER` by default), one per (schedule,
+    batch), repeated runs merged: the decodes
     (``expert_cap`` None), or the fixed-cost probe runs capped at ``expert_cap`` experts. Raises
     :class:`~hwmodels.errors.InputError` (one line) for a missing or unreadable file, a row
     that is not JSON or lacks a field, a schedule no file matches, or no ``shard_of`` rows."""
@@ -115,7 +118,8 @@ def load_chip_records(path: Path | str = KERNEL_PATH, shard_of: str = "k3-tp32",
             raise InputError(f"{path}:{number}: not a JSON record ({error.msg})") from None
         if not isinstance(row, dict):
             raise InputError(f"{path}:{number}: not a JSON object")
-        if row.get("shard_of") == shard_of and row.get("expert_cap") == expert_cap:
+        if (row.get("shard_of") == shard_of and row.get("expert_cap") == expert_cap
+                and record_decoder(row) == decoder):
             missing = [key for key in REQUIRED if key not in row]
             if missing:
                 raise InputError(f"{path}:{number}: kernel record lacks {', '.join(missing)}")

@@ -45,6 +45,7 @@ from calibration.sources.tpu_chip_records import (
     record_program,
 )
 from calibration.sources.tpu_probes import (
+    CALIBRATION_DECODER,
     DEQUANT_PROBES,
     PER_LAYER,
     PROBES_PATH,
@@ -155,37 +156,41 @@ def _found(probes_path: str, kernel_path: str, mtimes: tuple[float, float]) -> F
     return fixed_cost(probe_chip(load_chip("tpu-v5e", calibrated=False), probes_path), kernel_path)
 
 
-def fixed_cost_figures(probes_path: Path | str = PROBES_PATH,
-                       kernel_path: Path | str = FIXED_COST_PATH) -> dict[str, tuple[float, str]]:
+def fixed_cost_figures(probes_path: Path | str = PROBES_PATH, kernel_path: Path | str = FIXED_COST_PATH,
+                       decoder: str = CALIBRATION_DECODER) -> dict[str, tuple[float, str]]:
     """The fixed-cost probe's figures, ``path -> (value, source)``: the micro-probe dequant rates
-    scaled and the per-layer cost (empty without runs)."""
+    scaled and the per-layer cost (empty without runs). The capped runs ran
+    :data:`~calibration.sources.tpu_probes.CALIBRATION_DECODER`: for another ``decoder`` only
+    the per-layer cost carries over (its dequant factor was read on that decoder's rates)."""
     found = _found(str(probes_path), str(kernel_path),
                    (Path(probes_path).stat().st_mtime, Path(kernel_path).stat().st_mtime))
     if found is None:
         return {}
-    micro = probe_figures(load_probes(probes_path))
-    out = {dequant_path(f): (micro[dequant_path(f)].value * found.dequant_factor,
-                             f"{found.source}; the micro-probe rate x {found.dequant_factor:.3f}")
-           for f in DEQUANT_PROBES.values()}
+    out: dict[str, tuple[float, str]] = {}
+    if decoder == CALIBRATION_DECODER:
+        micro = probe_figures(load_probes(probes_path))
+        out = {dequant_path(f): (micro[dequant_path(f)].value * found.dequant_factor,
+                                 f"{found.source}; the micro-probe rate x {found.dequant_factor:.3f}")
+               for f in DEQUANT_PROBES.values()}
     out[PER_LAYER] = (found.per_layer_s,
                       f"{found.source}; {found.per_layer_s * 1e6:.1f} µs a layer the simulator's ops leave out")
     return out
 
 
-def kernel_probe_figures(probes_path: Path | str = PROBES_PATH,
-                         kernel_path: Path | str = FIXED_COST_PATH) -> dict[str, tuple[float, str]]:
+def kernel_probe_figures(probes_path: Path | str = PROBES_PATH, kernel_path: Path | str = FIXED_COST_PATH,
+                         decoder: str = CALIBRATION_DECODER) -> dict[str, tuple[float, str]]:
     """Every figure of way (b), ``path -> (value, source)``: the micro-probes'
     (:func:`calibration.sources.tpu_probes.probe_figures`), the fixed-cost probe's replacing theirs."""
-    figures = {path: (f.value, f.source) for path, f in probe_figures(load_probes(probes_path)).items()}
-    return {**figures, **fixed_cost_figures(probes_path, kernel_path)}
+    figures = {path: (f.value, f.source) for path, f in probe_figures(load_probes(probes_path, decoder)).items()}
+    return {**figures, **fixed_cost_figures(probes_path, kernel_path, decoder)}
 
 
 def kernel_probe_chip(chip: Chip, probes_path: Path | str = PROBES_PATH,
-                      kernel_path: Path | str = FIXED_COST_PATH) -> Chip:
+                      kernel_path: Path | str = FIXED_COST_PATH, decoder: str = CALIBRATION_DECODER) -> Chip:
     """``chip`` with every figure of way (b): the micro-probes' labelled ``measured``
     (:func:`probe_chip`), the fixed-cost probe's labelled ``derived``."""
-    data = probe_chip(chip, probes_path).model_dump(mode="python")
-    for path, (value, source) in fixed_cost_figures(probes_path, kernel_path).items():
+    data = probe_chip(chip, probes_path, decoder).model_dump(mode="python")
+    for path, (value, source) in fixed_cost_figures(probes_path, kernel_path, decoder).items():
         parent, name = _figure_slot(data, path)
         parent[name] = {**parent[name], "value": value, "label": "derived", "source": source}
     return Chip.model_validate(data)

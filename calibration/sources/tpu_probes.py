@@ -29,6 +29,14 @@ Each figure is labelled ``measured on tpu-v5e (probe <name>, <date>)``. :func:`p
 writes them as the chip's overlay through the one overlay mechanism
 (:mod:`hwmodels.overlay`; loading it labels them ``calibrated``, fitted on the probes),
 :func:`probe_chip` returns the chip with them in place, labelled ``measured``.
+
+**Which decoder.** The kernel's expert decoders changed on 2026-12-06 (``bytes`` ->
+``words32``, :data:`megakernel.quant.KERNEL_DECODER`; the dequant probes time both, each
+record's ``params.decoder``, none = ``bytes``). Every loader here takes ``decoder``: the
+dequant figures are that decoder's, every other figure is shared. The default,
+:data:`CALIBRATION_DECODER`, is the decoder of the calibration study's 34 decode points
+and its fixed-cost runs (``bytes``); the ``words32`` decode records are predicted from
+their own probes out of sample (:mod:`calibration.reports.tpu_v5e_decoders`).
 """
 
 from __future__ import annotations
@@ -56,6 +64,12 @@ DOT = "compute.mxu.dot_overhead_s"
 PENALTY = "dma.concurrency_penalty_per_dma"
 MXU_TILE = 128  # tpu-v5e's MXU tile (the catalog's tile_rows x tile_cols): the push figure is per such tile
 PUSH_ROWS = 8  # the row pad: decode batches 1 … 8 stream 8 rows through each loaded tile
+CALIBRATION_DECODER = "bytes"  # the decoder the study's decode and fixed-cost records ran (module docstring)
+
+
+def record_decoder(record: dict[str, Any]) -> str:
+    """The expert decoder a probe or kernel record ran (records before 2026-12-06 say none: ``bytes``)."""
+    return str(record.get("params", {}).get("decoder") or record.get("decoder") or "bytes")
 PENALTY_MIN_BYTES = 1 << 20  # copies this large are bandwidth-bound at 4 in flight
 
 
@@ -79,10 +93,12 @@ class ProbeFigure:
         return f"measured on tpu-v5e (probe {self.probe}, {self.date}): {self.rule}"
 
 
-def load_probes(path: Path | str = PROBES_PATH) -> list[dict[str, Any]]:
-    """The probe records that ran and checked out (``check: ok``)."""
+def load_probes(path: Path | str = PROBES_PATH, decoder: str = CALIBRATION_DECODER) -> list[dict[str, Any]]:
+    """The probe records that ran and checked out (``check: ok``); of the dequant probes, only
+    ``decoder``'s."""
     records = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    return [r for r in records if r.get("kind") == "probe" and r.get("check", "ok") == "ok"]
+    return [r for r in records if r.get("kind") == "probe" and r.get("check", "ok") == "ok"
+            and (r.get("probe") not in DEQUANT_PROBES or record_decoder(r) == decoder)]
 
 
 def _date(records: list[dict[str, Any]]) -> str:
@@ -213,12 +229,12 @@ def probe_overlay(chip_name: str = "tpu-v5e", path: Path | str = PROBES_PATH) ->
     )
 
 
-def probe_chip(chip: Chip, path: Path | str = PROBES_PATH) -> Chip:
+def probe_chip(chip: Chip, path: Path | str = PROBES_PATH, decoder: str = CALIBRATION_DECODER) -> Chip:
     """``chip`` with the probe figures in place, each labelled ``measured`` with a source naming
     its probe and date, and the DMA service order the ``dma_order`` probe shows (the chip's
     ``calibration`` stays None: nothing here was fitted)."""
     data = chip.model_dump(mode="python")
-    records = load_probes(path)
+    records = load_probes(path, decoder)
     for key, figure in probe_figures(records).items():
         parent, name = _figure_slot(data, key)
         parent[name] = {"value": figure.value, "source": figure.source, "label": "measured", "uncertainty": None}

@@ -54,6 +54,7 @@ from calibration.tpu_bench.common import (
     time_compiled,
     topology_device,
 )
+from megakernel.quant import KERNEL_DECODER
 
 WARMUP, REPEATS = 3, 15
 QUICK_WARMUP, QUICK_REPEATS = 1, 2
@@ -182,7 +183,8 @@ def representative(probe: Probe) -> bool:
         return p["tile_rows"] in (16, 65536)  # 4 KiB (16 slots) and 16 MiB (2 slots, 32 MiB VMEM)
     if probe.name == "matmul":
         return p["form"] == "panel_loop" and p["shape"] == "expert_down" and p["rows"] == 8
-    return probe.name == "dequant_mxfp4_down" and p["form"] == "per_panel_loop"
+    return (probe.name == "dequant_mxfp4_down" and p["form"] == "per_panel_loop"
+            and p["decoder"] == KERNEL_DECODER)
 
 
 def probe_label(probe: Probe) -> str:

@@ -21,9 +21,11 @@ PLOT = "measured-tpu-v5e.png"
 
 
 def measured_step(out: Path) -> dict[str, Any]:
+    from calibration.reports.tpu_v5e_decoders import decoder_rows, table_lines
     from calibration.reports.tpu_v5e_replay import replay, scatter
 
     data = replay("schedule")
+    data["decoders"] = table_lines(decoder_rows())  # the kernel today, predicted out of sample
     scatter(data["rows"], out / PLOT, "K3 TP32 shard on one TPU v5e: predicted vs measured (committed records)")
     data["plot"] = PLOT
     return data
@@ -85,6 +87,13 @@ def measured_section(run: DemoRun) -> list[str]:
         f"- Ranking (b): {_ranking_text(data['rankings']['b'], 1)}; {_ranking_text(data['rankings']['b'], 8)}.",
         "",
         f"![predicted vs measured on tpu-v5e]({data['plot']})",
+        "",
+        "**The kernel today** (its expert decoders rewritten on 2026-12-06: `words32`, "
+        "`megakernel/quant.py`): the rows above ran the earlier `bytes` decoders. The new kernel's runs, "
+        "measured on tpu-v5e, each predicted from the probes alone (the new decoders' dequant probes; no "
+        "fit on these runs), next to the same schedule and batch before:",
+        "",
+        *data.get("decoders", []),
         "",
         *xla_lines(),
     ]
