@@ -170,3 +170,15 @@ def test_matmul_dots_follow_the_kernels_loops() -> None:
     assert matmul_dots(1, 256, 1024) == 8  # static einsum: one product per panel
     assert matmul_dots(1, 7168, 1664) == 28 * 13  # looped: 256-row input chunks x 13 panels
     assert matmul_dots(12, 624, 1664) == 12 * 3 * 13  # 12 slabs, each 3 chunks (the last one a tail)
+
+
+def test_an_expert_part_multiplies_behind_its_conversion_panel_by_panel() -> None:
+    """The VPU converts panel p + 1 while the MXU takes panel p: the pair lasts the longer
+    stage plus one panel of the shorter. VPU 12 µs, MXU 3 µs, 12 panels: 12 + 3/12 = 12.25 µs
+    (0.25 µs left after the conversion); VPU 4 µs, MXU 10 µs, 4 panels: 10 + 4/4 = 11 µs (7 µs
+    after it); one panel: no overlap, 4 + 10 = 14 µs (10 after)."""
+    from tpusim.engine.build import _behind_conversion_s
+
+    assert _behind_conversion_s(3 * US, 12 * US, 12) == pytest.approx(0.25 * US)
+    assert _behind_conversion_s(10 * US, 4 * US, 4) == pytest.approx(7 * US)
+    assert _behind_conversion_s(10 * US, 4 * US, 1) == pytest.approx(10 * US)

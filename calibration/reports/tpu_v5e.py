@@ -48,7 +48,10 @@ NOTES = [
     "the fit nor its own interval.",
     "- **The mechanism.** v5e's MXU takes bf16/int8, not FP8 or FP4: every routed expert's FP8 gate/up and "
     "MXFP4 down slices are converted to bf16 on the VPU after they land in VMEM "
-    "(`compute.vpu.dequant_s_per_element`); at these batches it is most of the step.",
+    "(`compute.vpu.dequant_s_per_element`); at these batches it is most of the step. The MXU multiplies "
+    "each 128-column panel while the VPU converts the next (`tpusim.engine.build`), so an expert part costs "
+    "its conversion plus one panel's products. These records ran the kernel's earlier `bytes` decoders; "
+    "the `words32` kernel's runs, predicted out of sample: [tpu-v5e-decoders.md](tpu-v5e-decoders.md).",
     "- **The copy engine serves in issue order** (`dma.service: in_order`, the `dma_order` probe: a 64 KiB "
     "copy issued behind eight 1 MiB copies lands after all eight, 1.02 of their transfer time; behind two, "
     "0.76): a later, more urgent copy waits for every copy issued before it, where the simulator used to "
@@ -58,12 +61,6 @@ NOTES = [
     "is the push): the kernel multiplies a streamed tensor panel by panel and 256-row input chunk by chunk "
     "(`tpusim.schedule.kernel_layout.matmul_dots`), so a K3-shard KDA layer issues about 900 products, "
     "which the simulator had priced as pushes alone.",
-    "- **The kernel's fixed-cost probe** (`calibration.sources.tpu_fixed_cost`: the K3-shard kernel at batch "
-    "1 with each layer's experts capped at 4, 8 and 12 of 16, published and naive, kept apart from the decodes "
-    "in `tpu-v5e-fixed-cost.jsonl`): 42.7 µs a routed expert on the chip, where the micro-probes give 47.1 "
-    "(way (b) scales the dequant rates by the ratio, 0.89), and about 60 µs a layer that the simulator's ops "
-    "still do not price (`execution.per_layer_overhead_s`; an empty layer loop costs 0.07 µs, the kernel's "
-    "top-k alone 4.5-5 µs, the `routing` probe); which ops carry it is not yet measured.",
     "- **TPU v7.** Which of these figures are the chip's and which the architecture's, and the K3 TPU v7 "
     "prediction with v5e's architecture figures as priors: [tpu-v5e-to-v7.md](tpu-v5e-to-v7.md).",
     "- **Ranking.** Schedules whose measured steps lie within their spreads of each other have no true "
@@ -72,6 +69,24 @@ NOTES = [
     "more than the sum of their half-IQRs (`calibration.sources.tpu_kernel_fit.resolved_tau`; a predicted "
     "tie counts as neither concordant nor discordant).",
 ]
+
+def fixed_cost_note() -> str:
+    """The fixed-cost probe's reading, from the committed runs (computed, not quoted)."""
+    from calibration.sources.tpu_fixed_cost import committed_fixed_cost
+
+    found = committed_fixed_cost()
+    if found is None:
+        return "- **The kernel's fixed-cost probe**: no capped runs committed."
+    per_expert_us = found.slope_ms_per_expert * 1e3
+    return ("- **The kernel's fixed-cost probe** (`calibration.sources.tpu_fixed_cost`: the K3-shard kernel at "
+            "batch 1 with each layer's experts capped at 4, 8 and 12 of 16, published and naive, kept apart from "
+            f"the decodes in `tpu-v5e-fixed-cost.jsonl`): {per_expert_us:.1f} µs a routed expert on the chip, where "
+            f"the simulator at the micro-probe rates gives {per_expert_us / found.dequant_factor:.1f} (way (b) "
+            f"scales the dequant rates by the ratio, {found.dequant_factor:.2f}), and about "
+            f"{found.per_layer_s * 1e6:.0f} µs a layer that the simulator's ops still do not price "
+            "(`execution.per_layer_overhead_s`; an empty layer loop costs 0.07 µs, the kernel's top-k alone "
+            "4.5-5 µs, the `routing` probe); which ops carry it is not yet measured.")
+
 
 EXPOSURE_NOTES = [
     "Every schedule of a batch has the same simulated compute (the same ops, the same chip), so the last "
@@ -208,7 +223,7 @@ def markdown(fit: KernelFit, command: str = COMMAND) -> str:
              "## Probe figures (way b)", "", "| figure | on tpu-v5e | rule |", "| --- | ---: | --- |"]
     for path, figure in fit.probe_figures.items():
         lines.append(f"| `{path}` | {figure['value']:.4g} | {figure['source'].split(': ', 1)[-1]} |")
-    lines += ["", "## Summary", "", *summary_lines(fit), "", "## Reading", "", *NOTES, "",
+    lines += ["", "## Summary", "", *summary_lines(fit), "", "## Reading", "", *NOTES, fixed_cost_note(), "",
               "## Intervals (way c, held out)", "",
               *coverage_lines(fit), "", "## Fitted figures (way c)", "", *fitted_lines(fit), "",
               "## Where the probe model goes wrong (way b, batch 1 and 8)", "", *EXPOSURE_NOTES, "",

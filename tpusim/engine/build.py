@@ -44,7 +44,9 @@ Run once per simulation, before the event loop. The steps, with what each guaran
    format the matrix unit cannot take (the vector unit's ``dequant_s_per_element`` lists
    it: FP8 and MXFP4 on tpu-v5e) are converted first, a VPU piece per tensor of an expert
    (per slab of a streamed tensor) between its copies landing and its matmul: the stream
-   converts one expert while the next expert's copy is in flight, as the kernel does.
+   converts one expert while the next expert's copy is in flight, as the kernel does. An
+   expert part's products follow its conversion panel by panel, so only what the MXU needs
+   beyond the VPU, plus one panel (the pipeline's fill), comes after it.
 5. **Collectives** after each op. One whose plan entry names an ``algorithm`` runs as remote
    copies on a megakernel chip (:mod:`tpusim.engine.collectives`: messages sharing the
    links, the stream waiting only at the consuming op). Otherwise priced per stage by :mod:`tpusim.engine.costs` (or by the
@@ -71,6 +73,7 @@ from tpusim.engine.execution import ExecutionPolicy
 from tpusim.engine.expert_release import place_expert_releases
 from tpusim.engine.items import MXU, VPU, CollectivePlan, Descriptor, OpPlan, Piece, Pool, Slab
 from tpusim.engine.lowering import KV_FAMILY, ROUTED, STATE_FAMILY, Builder
+from tpusim.schedule.kernel_layout import LANES
 from tpusim.schedule.release import is_mispredicted
 from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import VmemPlan
@@ -201,13 +204,22 @@ def _lower_expert(b: Builder, op: Op, plan_: OpPlan,
         rows, contraction, cols = matmuls[position]
         landed = tuple([descs[i] for i in waits[position]])
         dequant_s = b.dequant_s(tensors[position])
-        if dequant_s:  # the VPU converts the landed tensor (FP8/MXFP4 -> bf16), then the MXU reads it
+        mxu_s = b.matmul_s(rows, contraction, cols, peak) + b.panel_dots_s(cols)
+        if dequant_s:  # the VPU converts the landed tensor (FP8/MXFP4 -> bf16), the MXU reads it
             pieces.append(new_piece(Piece, (dequant_s, VPU, landed, (), (), ())))
             landed = ()
-        pieces.append(new_piece(Piece, (b.matmul_s(rows, contraction, cols, peak) + b.panel_dots_s(cols),
-                                        MXU, landed, (slab,) if position == pairs - 1 else (), (), ())))
+            mxu_s = _behind_conversion_s(mxu_s, dequant_s, -(-cols // LANES))
+        pieces.append(new_piece(Piece, (mxu_s, MXU, landed, (slab,) if position == pairs - 1 else (), (), ())))
     if not pairs:
         plan_.pieces.append(Piece(0.0, MXU, tuple(slab.descs), (slab,)))
+
+
+def _behind_conversion_s(mxu_s: float, dequant_s: float, panels: int) -> float:
+    """MXU time left after a part's conversion: the kernel converts and multiplies it panel by
+    panel (``megakernel.kernel_dma.Ctx.panel_products``), and the MXU takes panel ``p``'s
+    weights while the VPU converts panel ``p + 1``, so the pair lasts the longer of the two plus
+    one panel of the shorter (the pipeline's fill)."""
+    return max(mxu_s - dequant_s, 0.0) + min(mxu_s, dequant_s) / panels
 
 
 def _lower_weights(b: Builder, op: Op, plan_: OpPlan, vector_s: float, aligned: bool) -> float:

@@ -115,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
         "deployment": report.get("deployment"), "plan_collectives": report.get("plan_collectives", {}),
         "scratch_total_bytes": scratch, "accounting_total_bytes": accounting,
         "relative_difference": (scratch - accounting) / accounting, "usable_vmem_bytes": usable,
+        "tiled_relative_difference": (None if not report.get("scratch_tiled_bytes")
+                                      else (accounting - report["scratch_tiled_bytes"]) / report["scratch_tiled_bytes"]),
         "usable_vmem_label": (chip.staging_memory.usable_capacity_bytes or chip.staging_memory.capacity_bytes).label,
         "fits": scratch <= usable, "hardware": chip.name, "compile": report.get("compile"),
         "compiled": "compile" in report,
@@ -211,7 +213,8 @@ def _print(data: dict[str, Any]) -> None:
           f"({100 * data['relative_difference']:+.2f} %)")
     if data.get("scratch_tiled_total_bytes"):
         print(f"  VMEM scratch as Mosaic tiles it:    {data['scratch_tiled_total_bytes'] / MIB:9.2f} MiB "
-              "(derived: Mosaic's tiling rule, before the compiler's own temporaries)")
+              "(derived: Mosaic's tiling rule, before the compiler's own temporaries; the accounting "
+              f"{100 * data['tiled_relative_difference']:+.2f} % of it)")
     if data["deployment"]:
         print("  deployment (by " + data["deployment"]["rule"] + "): " + ", ".join(
             f"{name} {algorithm}" for name, algorithm in data["plan_collectives"].items()))
