@@ -59,3 +59,25 @@ def test_the_committed_runs(probes) -> None:  # type: ignore[no-untyped-def]
     assert found is not None
     assert 42.0 <= found.slope_ms_per_expert * 1e3 <= 44.0
     assert 45e-6 <= found.per_layer_s <= 75e-6
+
+
+def test_a_decoders_own_runs_give_its_figures_and_no_others(tmp_path: Path) -> None:
+    """The committed capped runs relabelled as the words32 kernel's, their times planted on its
+    own micro-probe chip: its figures come back, and the bytes decoder finds no runs there."""
+    words32 = probe_chip(load_chip("tpu-v5e", calibrated=False), decoder="words32")
+    runs = capped_runs()
+    by_key = {run.key: ms for run, ms in zip(runs, _ms(runs, _with(words32, 1.1, 40e-6)), strict=True)}
+    rows = []
+    for line in FIXED_COST_PATH.read_text().splitlines():
+        row = json.loads(line)
+        row["routing"] = f"trace:{(FIXED_COST_PATH.parent / row['routing'].removeprefix('trace:')).resolve()}"
+        key = f"{row['schedule']}@b{row['batch']}/cap{row['expert_cap']}"
+        if key in by_key:
+            rows.append({**row, "ms_per_step_median": by_key[key], "decoder": "words32"})
+    path = tmp_path / "fixed-cost.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert capped_runs(path) == []
+    found = fixed_cost(words32, path, "words32")
+    assert found is not None
+    assert found.dequant_factor == pytest.approx(1.1, rel=0.01)
+    assert found.per_layer_s == pytest.approx(40e-6, rel=0.05)

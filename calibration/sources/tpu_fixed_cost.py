@@ -53,6 +53,7 @@ from calibration.sources.tpu_probes import (
     load_probes,
     probe_chip,
     probe_figures,
+    record_decoder,
 )
 from hwmodels.overlay import _figure_slot
 from hwmodels.schema import Chip
@@ -79,13 +80,15 @@ class FixedCost:
     source: str
 
 
-def capped_runs(path: Path | str = FIXED_COST_PATH) -> list[ChipRecord]:
-    """The fixed-cost probe runs (expert caps in :data:`CAPS`) of ``path``."""
+def capped_runs(path: Path | str = FIXED_COST_PATH, decoder: str = CALIBRATION_DECODER) -> list[ChipRecord]:
+    """The fixed-cost probe runs (expert caps in :data:`CAPS`) of ``path`` that ran ``decoder``."""
     path = Path(path)
     if not path.is_file():
         return []
-    present = {json.loads(line).get("expert_cap") for line in path.read_text().splitlines() if line.strip()}
-    return [run for cap in CAPS if cap in present for run in load_chip_records(path, expert_cap=cap)]
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    present = {row.get("expert_cap") for row in rows if record_decoder(row) == decoder}
+    return [run for cap in CAPS if cap in present
+            for run in load_chip_records(path, expert_cap=cap, decoder=decoder)]
 
 
 def _with(chip: Chip, factor: float, per_layer_s: float | None) -> Chip:
@@ -122,10 +125,12 @@ def _moe_layers(run: ChipRecord) -> int:
     return len({op.layer for op in _program(run)[0].ops if op.expert_index is not None})
 
 
-def fixed_cost(probes: Chip, path: Path | str = FIXED_COST_PATH) -> FixedCost | None:
-    """The two figures (module docstring) from the runs in ``path`` on the micro-probe chip
-    ``probes``; None when the file holds fewer than two published caps."""
-    runs = capped_runs(path)
+def fixed_cost(probes: Chip, path: Path | str = FIXED_COST_PATH,
+               decoder: str = CALIBRATION_DECODER) -> FixedCost | None:
+    """The two figures (module docstring) from the runs in ``path`` that ran ``decoder``, on the
+    micro-probe chip ``probes`` (that decoder's dequant rates); None when the file holds fewer
+    than two published caps of it."""
+    runs = capped_runs(path, decoder)
     slope_runs = [r for r in runs if r.schedule == SLOPE_SCHEDULE]
     if len({r.expert_cap for r in slope_runs}) < 2:
         return None
@@ -148,12 +153,13 @@ def fixed_cost(probes: Chip, path: Path | str = FIXED_COST_PATH) -> FixedCost | 
 
 
 @functools.cache
-def _found(probes_path: str, kernel_path: str, mtimes: tuple[float, float]) -> FixedCost | None:
-    """:func:`fixed_cost` on the catalog's tpu-v5e with the micro-probe figures, once per pair
-    of files (``mtimes``: a rewritten file is read again)."""
+def _found(probes_path: str, kernel_path: str, mtimes: tuple[float, float],
+           decoder: str = CALIBRATION_DECODER) -> FixedCost | None:
+    """:func:`fixed_cost` on the catalog's tpu-v5e with ``decoder``'s micro-probe figures, once
+    per pair of files (``mtimes``: a rewritten file is read again)."""
     from hwmodels.catalog import load_chip
 
-    return fixed_cost(probe_chip(load_chip("tpu-v5e", calibrated=False), probes_path), kernel_path)
+    return fixed_cost(probe_chip(load_chip("tpu-v5e", calibrated=False), probes_path, decoder), kernel_path, decoder)
 
 
 def committed_fixed_cost() -> FixedCost | None:
@@ -164,22 +170,26 @@ def committed_fixed_cost() -> FixedCost | None:
 
 def fixed_cost_figures(probes_path: Path | str = PROBES_PATH, kernel_path: Path | str = FIXED_COST_PATH,
                        decoder: str = CALIBRATION_DECODER) -> dict[str, tuple[float, str]]:
-    """The fixed-cost probe's figures, ``path -> (value, source)``: the micro-probe dequant rates
-    scaled and the per-layer cost (empty without runs). The capped runs ran
-    :data:`~calibration.sources.tpu_probes.CALIBRATION_DECODER`: for another ``decoder`` only
-    the per-layer cost carries over (its dequant factor was read on that decoder's rates)."""
-    found = _found(str(probes_path), str(kernel_path),
-                   (Path(probes_path).stat().st_mtime, Path(kernel_path).stat().st_mtime))
+    """The fixed-cost probe's figures for the kernel with ``decoder``, ``path -> (value,
+    source)``: its micro-probe dequant rates scaled and the per-layer cost, from its own capped
+    runs; without them, the per-layer cost of :data:`CALIBRATION_DECODER`'s runs alone (the
+    dequant factor was read on that decoder's rates); empty without any runs."""
+    mtimes = (Path(probes_path).stat().st_mtime, Path(kernel_path).stat().st_mtime)
+    found = _found(str(probes_path), str(kernel_path), mtimes, decoder)
+    own = found is not None
+    if not own:
+        found = _found(str(probes_path), str(kernel_path), mtimes)
     if found is None:
         return {}
     out: dict[str, tuple[float, str]] = {}
-    if decoder == CALIBRATION_DECODER:
-        micro = probe_figures(load_probes(probes_path))
+    if own:
+        micro = probe_figures(load_probes(probes_path, decoder))
         out = {dequant_path(f): (micro[dequant_path(f)].value * found.dequant_factor,
                                  f"{found.source}; the micro-probe rate x {found.dequant_factor:.3f}")
                for f in DEQUANT_PROBES.values()}
-    out[PER_LAYER] = (found.per_layer_s,
-                      f"{found.source}; {found.per_layer_s * 1e6:.1f} µs a layer the simulator's ops leave out")
+    carried = "" if own else f" (the {CALIBRATION_DECODER} kernel's runs; none with {decoder})"
+    out[PER_LAYER] = (found.per_layer_s, f"{found.source}{carried}; {found.per_layer_s * 1e6:.1f} µs a layer "
+                      "the simulator's ops leave out")
     return out
 
 
