@@ -146,7 +146,7 @@ def probe_figures(records: list[dict[str, Any]]) -> dict[str, ProbeFigure]:
         out[path] = ProbeFigure(
             path, per_element, probe, _date([low, high]),
             f"(t(R={high['params']['repeats_in_kernel']}) - t(R={low['params']['repeats_in_kernel']})) / "
-            "elements between them, per-panel loop form", 2)
+            f"elements between them, per-panel loop form, the kernel's {record_decoder(high)} decoder", 2)
     return out
 
 
