@@ -7,10 +7,10 @@ On 2026-12-06 the kernel's expert decoders changed (``bytes`` -> ``words32``,
 decoders in the dequant probes and the new kernel on the K3 shard. Here each ``words32``
 decode record is predicted twice: on the micro-probe chip with the ``words32`` dequant rates
 (:func:`calibration.sources.tpu_probes.probe_chip`), and by way (b) of
-:mod:`calibration.reports.tpu_v5e`, which adds the per-layer cost the fixed-cost probe derived
-on the ``bytes`` kernel (its dequant factor is not carried: it was read on the ``bytes``
-rates). No figure here was fitted on a ``words32`` step time, so every row is out of
-sample. Next to it, the ``bytes`` record of the same schedule and batch and its way-(b)
+:mod:`calibration.reports.tpu_v5e`, which adds the figures the ``words32`` kernel's own
+fixed-cost probe derives (its capped runs, set v5e-p: the dequant factor on its rates and the
+per-layer cost; without such runs, the ``bytes`` kernel's per-layer cost alone). No figure
+here was read off a ``words32`` decode step time, so every row is out of sample. Next to it, the ``bytes`` record of the same schedule and batch and its way-(b)
 prediction: the measured and the predicted speed-up of the decoder change.
 """
 

@@ -90,8 +90,9 @@ def measured_section(run: DemoRun) -> list[str]:
         "",
         "**The kernel today** (its expert decoders rewritten on 2026-12-06: `words32`, "
         "`megakernel/quant.py`): the rows above ran the earlier `bytes` decoders. The new kernel's runs, "
-        "measured on tpu-v5e, each predicted from the probes alone (the new decoders' dequant probes; no "
-        "fit on these runs), next to the same schedule and batch before:",
+        "measured on tpu-v5e, each predicted from the probes alone (the new decoders' dequant probes and "
+        "the new kernel's own fixed-cost probe, experts capped; no decode step time), next to the same "
+        "schedule and batch before:",
         "",
         *data.get("decoders", []),
         "",
