@@ -17,15 +17,18 @@ Logical (checkpoint) layouts, ``rows`` = contraction dimension as everywhere in 
 | mxfp4 scales | uint8 | (R/32, C) | E8M0 exponents |
 
 The kernel streams everything as 16-bit words (one VMEM arena per pool, see
-:mod:`megakernel.layout`); :func:`pack_bytes_to_words` pairs the upper and lower halves of a
-byte matrix's rows into one uint16 (``word[r] = byte[r] | byte[r + R/2] << 8``), and the
-``*_words`` decoders undo it inside the kernel. All decoders use only integer shifts/masks,
+:mod:`megakernel.layout`): the expert values packed by :func:`pack_fp8_words` and
+:func:`pack_mxfp4_words` (two adjacent output rows of each half per u32 word) and the E8M0
+scales by :func:`pack_bytes_to_words` (``word[r] = byte[r] | byte[r + R/2] << 8``); the
+``*_words`` decoders undo them inside the kernel. All decoders use only integer shifts/masks,
 ``where`` and bitcasts, so the same code runs in the reference, in TPU interpret mode and
 lowers to Mosaic. Dequantised values are exact in bf16 (3 or 1 mantissa bits, power-of-two
 scales), so a dequantised matmul equals the reference's bit for bit.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -195,10 +198,6 @@ def _shift(x: jax.Array, bits: int) -> jax.Array:
     return x << bits if bits >= 0 else x >> -bits
 
 
-def _as_f32(x: jax.Array) -> jax.Array:
-    return lax.bitcast_convert_type(x, jnp.float32)
-
-
 def _as_u32(x: jax.Array) -> jax.Array:
     return lax.bitcast_convert_type(x, _U32)
 
@@ -213,7 +212,7 @@ def _field_value_bits(t: jax.Array, at: int, width: int, mantissa: int, bias: in
     low = 23 - mantissa  # where the magnitude's lowest bit lands
     magnitude = _shift(t, low - at) & _U32(((1 << (width - 1)) - 1) << low)
     sign = _shift(t, 31 - (at + width - 1)) & _U32(0x8000_0000)
-    f = _as_f32(magnitude + _U32((127 - bias) << 23))
+    f = _f32_from_bits(magnitude + _U32((127 - bias) << 23))
     f = jnp.where(magnitude < _U32(1 << 23), (f - 2.0 ** -bias) * 2.0, f)
     return _as_u32(f * scale) | sign
 
@@ -223,17 +222,12 @@ def _bf16_pairs(low_bits: jax.Array, high_bits: jax.Array) -> jax.Array:
     return (low_bits >> 16) | (high_bits & _U32(0xFFFF_0000))
 
 
-def _as_rows(words: jax.Array) -> jax.Array:
-    """u32[..., n, 128] -> bf16[..., 2n, 128] (row 2i = low halves of word row i)."""
-    from jax.experimental.pallas import tpu as pltpu  # Pallas' TPU primitives, any backend
+def _packed_bitcast(x: jax.Array, dtype: Any) -> jax.Array:
+    """``pltpu.bitcast``: u16[..., 2n, 128] -> u32[..., n, 128] (word row i = rows 2i low, 2i+1
+    high), u32[..., n, 128] -> bf16[..., 2n, 128] (the inverse); any backend, under jit."""
+    from jax.experimental.pallas import tpu as pltpu  # Pallas' TPU primitives
 
-    return pltpu.bitcast(words, jnp.bfloat16)
-
-
-def _as_words32(words: jax.Array) -> jax.Array:
-    from jax.experimental.pallas import tpu as pltpu
-
-    return pltpu.bitcast(words, _U32)
+    return pltpu.bitcast(x, dtype)
 
 
 def pack_fp8_words(values: np.ndarray) -> np.ndarray:
@@ -267,21 +261,21 @@ def pack_mxfp4_words(packed: np.ndarray) -> np.ndarray:
 def dequant_fp8_words(value_words: jax.Array, scales: jax.Array) -> jax.Array:
     """Kernel form. ``value_words`` u16[P, R/2, 128] (:func:`pack_fp8_words`), ``scales``
     bf16[P, R/256, 128] -> bf16[P, R, 128]: one 128-column panel per leading index."""
-    t = _as_words32(value_words)  # [P, R/4, 128]
+    t = _packed_bitcast(value_words, _U32)  # [P, R/4, 128]
     quarter = t.shape[1]
     scale = repeat_rows(scales.astype(jnp.float32), FP8_BLOCK_ROWS // 2, axis=1)  # word row j: row 2j's scale
     halves = []
     for h, s in enumerate((scale[:, :quarter], scale[:, quarter:])):
         low, high = (_field_value_bits(t, 16 * h + 8 * k, 8, 3, 7, s) for k in (0, 1))
         halves.append(_bf16_pairs(low, high))
-    return _as_rows(jnp.concatenate(halves, axis=1))
+    return _packed_bitcast(jnp.concatenate(halves, axis=1), jnp.bfloat16)
 
 
 def dequant_mxfp4_words(value_words: jax.Array, scale_words: jax.Array) -> jax.Array:
     """Kernel form. ``value_words`` u16[P, R/4, 128] (:func:`pack_mxfp4_words`),
     ``scale_words`` u16[P, R/64, 128] (E8M0 bytes by :func:`pack_bytes_to_words`) ->
     bf16[P, R, 128]. A part of fewer than 32 rows has one scale row (its block's)."""
-    t = _as_words32(value_words)  # [P, R/8, 128]
+    t = _packed_bitcast(value_words, _U32)  # [P, R/8, 128]
     eighth = t.shape[1]
     exponents = split_words(scale_words, axis=1)  # [P, R/32, 128] (or 1 row for a short part)
     block = min(8 * eighth, MXFP4_BLOCK_ROWS)
@@ -291,7 +285,7 @@ def dequant_mxfp4_words(value_words: jax.Array, scale_words: jax.Array) -> jax.A
         s = scale[:, q * eighth: (q + 1) * eighth]
         low, high = (_field_value_bits(t, 8 * q + 4 * k, 4, 1, 1, s) for k in (0, 1))
         quarters.append(_bf16_pairs(low, high))
-    return _as_rows(jnp.concatenate(quarters, axis=1))
+    return _packed_bitcast(jnp.concatenate(quarters, axis=1), jnp.bfloat16)
 
 
 def words_to_bf16(words: jax.Array) -> jax.Array:

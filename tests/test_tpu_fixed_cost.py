@@ -22,7 +22,7 @@ from calibration.sources.tpu_fixed_cost import (
     capped_runs,
     fixed_cost,
 )
-from calibration.sources.tpu_probes import probe_chip
+from calibration.sources.tpu_probes import probe_chip, record_decoder
 from hwmodels.catalog import load_chip
 
 
@@ -31,22 +31,25 @@ def probes():  # type: ignore[no-untyped-def]
     return probe_chip(load_chip("tpu-v5e", calibrated=False))
 
 
-def test_the_rule_recovers_planted_figures(tmp_path: Path, probes) -> None:  # type: ignore[no-untyped-def]
+def _planted(tmp_path: Path, chip, factor: float, per_layer_s: float, **extra) -> Path:  # type: ignore[no-untyped-def]
+    """The committed capped runs with their times replaced by the simulator's on ``chip`` at
+    ``factor`` and ``per_layer_s`` (fields ``extra`` added to each), in a file of their own."""
     runs = capped_runs()
-    planted = _ms(runs, _with(probes, 0.8, 50e-6))
-    by_key = {run.key: ms for run, ms in zip(runs, planted, strict=True)}
+    by_key = {run.key: ms for run, ms in zip(runs, _ms(runs, _with(chip, factor, per_layer_s)), strict=True)}
     rows = []
     for line in FIXED_COST_PATH.read_text().splitlines():
         row = json.loads(line)
-        trace = row["routing"].removeprefix("trace:")
-        row["routing"] = f"trace:{(FIXED_COST_PATH.parent / trace).resolve()}"
+        row["routing"] = f"trace:{(FIXED_COST_PATH.parent / row['routing'].removeprefix('trace:')).resolve()}"
         key = f"{row['schedule']}@b{row['batch']}/cap{row['expert_cap']}"
-        if key in by_key:
-            row["ms_per_step_median"] = by_key[key]
-        rows.append(row)
+        if key in by_key and record_decoder(row) == "bytes":  # the runs capped_runs() read
+            rows.append({**row, "ms_per_step_median": by_key[key], **extra})
     path = tmp_path / "fixed-cost.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    found = fixed_cost(probes, path)
+    return path
+
+
+def test_the_rule_recovers_planted_figures(tmp_path: Path, probes) -> None:  # type: ignore[no-untyped-def]
+    found = fixed_cost(probes, _planted(tmp_path, probes, 0.8, 50e-6))
     assert found is not None
     assert found.dequant_factor == pytest.approx(0.8, rel=0.01)
     assert found.per_layer_s == pytest.approx(50e-6, rel=0.05)
@@ -65,17 +68,7 @@ def test_a_decoders_own_runs_give_its_figures_and_no_others(tmp_path: Path) -> N
     """The committed capped runs relabelled as the words32 kernel's, their times planted on its
     own micro-probe chip: its figures come back, and the bytes decoder finds no runs there."""
     words32 = probe_chip(load_chip("tpu-v5e", calibrated=False), decoder="words32")
-    runs = capped_runs()
-    by_key = {run.key: ms for run, ms in zip(runs, _ms(runs, _with(words32, 1.1, 40e-6)), strict=True)}
-    rows = []
-    for line in FIXED_COST_PATH.read_text().splitlines():
-        row = json.loads(line)
-        row["routing"] = f"trace:{(FIXED_COST_PATH.parent / row['routing'].removeprefix('trace:')).resolve()}"
-        key = f"{row['schedule']}@b{row['batch']}/cap{row['expert_cap']}"
-        if key in by_key:
-            rows.append({**row, "ms_per_step_median": by_key[key], "decoder": "words32"})
-    path = tmp_path / "fixed-cost.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path = _planted(tmp_path, words32, 1.1, 40e-6, decoder="words32")
     assert capped_runs(path) == []
     found = fixed_cost(words32, path, "words32")
     assert found is not None
