@@ -35,6 +35,7 @@ bytes as K3's pair heads x hidden half): panel ``2p + a`` of the stored matrix h
 of pair member ``a`` (rank order) of the half's panel ``p`` (:func:`pair_matmul`).
 
 Receive buffers: per collective and phase one slot per incoming message (the payload's [B, w],
+folded into the two rows a bf16 sublane packs where that fills whole tiles:
 :meth:`DecodeKernel.message_shape`), double-buffered by
 layer parity when the collective runs in more than one layer (exactly
 :func:`tpusim.workload.collectives.buffer_bytes`, which :func:`tpusim.schedule.vmem.vmem_plan`

@@ -49,10 +49,18 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from megakernel.collective_combine import ranked, sum_blocks, unflatten
+from megakernel.collective_combine import (
+    chunk_rows,
+    fold,
+    joined,
+    ranked,
+    sum_blocks,
+    unflatten,
+    unfold,
+)
 from megakernel.collective_plan import DECODE_SUPPORTED, UnsupportedPlan, layer_steps
 from megakernel.decode_shards import Cut, cut_of, state_shard, weight_shard
-from megakernel.dims import ModelDims, model_dims
+from megakernel.dims import LANES, ModelDims, model_dims
 from megakernel.multi_device import EVENT_WORDS, ISSUE, WAIT, Bugs, CollectiveKernel, device_mesh
 from tpusim.workload.collectives import incoming
 from tpusim.workload.modelconfig import ModelConfig
@@ -183,11 +191,27 @@ class DecodeKernel(CollectiveKernel):
         coll, n = self.colls[c], self.batch * self.payload[c][0]
         return -(-n // coll.members.shape[1]) if self.scatters(c) else n
 
+    def folds(self, c: int) -> int:
+        """Rows each token's payload takes in a message (:func:`collective_combine.fold`): as
+        many as make the message's rows fill what one sublane packs (2 for bf16 at batch 1),
+        where each part stays whole 128-lane columns; else 1. Mosaic pads a one-row bf16
+        array to two rows, so an unfolded message would take twice the bytes it carries."""
+        width, dtype = self.payload[c]
+        packed = max(1, 4 // np.dtype(dtype).itemsize)
+        if self.scatters(c):  # one flat chunk, as rows of what a sublane packs
+            return packed if packed > 1 and self.chunk(c) % (packed * LANES) == 0 else 1
+        parts = packed // self.batch if self.batch < packed else 1
+        return parts if parts > 1 and width % (parts * LANES) == 0 else 1
+
     def message_shape(self, c: int) -> tuple[int, int]:
         """(rows, columns) of one message: the payload's [B, w] (one row per token, so that
         Mosaic tiles a bf16 message at batch 8 without padding and the combine works on full
-        vector registers), or for a reduce-scatter one row of its flat chunk."""
-        return (1, self.chunk(c)) if self.scatters(c) else (self.batch, self.payload[c][0])
+        vector registers), folded to [B·f, w/f] by :meth:`folds`, or for a reduce-scatter its
+        flat chunk in :meth:`folds` rows."""
+        parts = self.folds(c)
+        if self.scatters(c):
+            return parts, self.chunk(c) // parts
+        return self.batch * parts, self.payload[c][0] // parts
 
     def send_shape(self, c: int) -> tuple[int, int, int]:
         """Send buffer ``[phases, rows, columns]``: one message per phase (a reduce-scatter's
@@ -375,10 +399,18 @@ class DecodeKernel(CollectiveKernel):
         log[...] = ctx.log_row(self.max_events)
 
     def issue(self, ctx: DecodeCtx, c: int, layer: int, payload: jax.Array, phase: int = 0) -> None:
-        """Put ``payload`` f32[B, w] (a reduce-scatter's phase 1: its reduced chunk [1, chunk])
-        in ``send[c][phase]`` and start the phase's copies."""
+        """Put ``payload`` f32[B, w] (a reduce-scatter's phase 1: its reduced chunk, a message)
+        in ``send[c][phase]`` in the message layout (:meth:`message_shape`) and start the
+        phase's copies."""
         _, rows, cols = self.send_shape(c)
-        value = payload.reshape(1, -1) if self.scatters(c) else payload
+        group = self.colls[c].members.shape[1]
+        if not self.scatters(c):
+            value = fold(payload, self.folds(c))
+        elif phase == 0:  # the flat payload, chunk by chunk in the message's rows
+            flat = payload.reshape(1, -1)
+            value = chunk_rows(jnp.pad(flat, ((0, 0), (0, rows * cols - flat.shape[1]))), rows, cols // group)
+        else:  # the reduced chunk, already a message
+            value = payload
         if value.shape[1] < cols:
             value = jnp.concatenate([value, jnp.zeros((rows, cols - value.shape[1]), value.dtype)], axis=1)
         ctx.send[c][phase] = value.astype(self.payload[c][1])
@@ -425,14 +457,14 @@ class DecodeKernel(CollectiveKernel):
                     self._copy(ctx, c, phase, i, layer)[0].wait_send()  # type: ignore[arg-type]
                 self.issue(ctx, c, layer, sum_blocks(terms), 1)
                 continue
-            if scatter:
-                out = jnp.concatenate([t for blocks in terms for t in blocks], axis=1)
+            if scatter:  # each rank's chunk, its rows end to end
+                out = jnp.concatenate([unfold(joined(blocks), self.folds(c)) for blocks in terms], axis=1)
                 out = unflatten(out[:, : b * width], b, width)
             elif coll.algorithm != "one_shot_two_level" and not coll.reduces:  # a gather or exchange
-                out = jnp.concatenate([t for blocks in terms for t in blocks], axis=1)
+                out = jnp.concatenate([unfold(joined(blocks), self.folds(c)) for blocks in terms], axis=1)
                 break
             else:  # a reduction (direct_all_gather: every member's whole partial, summed here)
-                out = sum_blocks(terms)
+                out = unfold(sum_blocks(terms), self.folds(c))
                 if phase + 1 < coll.phases:  # the host sum goes to the cross-host peers
                     for i in range(count):
                         self._copy(ctx, c, phase, i, layer)[0].wait_send()  # type: ignore[arg-type]

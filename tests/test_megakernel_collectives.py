@@ -9,6 +9,7 @@ caught), and the pieces it is built from."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -18,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from megakernel.collective_combine import chunk_rows, fold, unfold
 from megakernel.collective_plan import layer_steps
 from megakernel.kernel_collectives import KernelLink, pair_matmul
 from megakernel.multi_device import Bugs
@@ -78,22 +80,40 @@ def test_collective_buffers_of_k3_tp32_from_the_plan_yaml() -> None:
     assert collective_bytes(model, plan_for(model, 1), 1) == 0
 
 
-def test_k3_tp32_messages_are_token_rows_that_mosaic_tiles_unpadded_at_batch_8() -> None:
-    """Each message of a gather, exchange or reduction is the payload's [B, w] (a reduce-scatter's
-    one row of its chunk): at batch 8 a bf16 message fills whole (8, 128) tiles, so the buffers
-    take on the chip the bytes the accounting counts (measured: Mosaic lays ``bf16[2,7,8,7168]``
-    out as ``T(8,128)(2,1)``, 1.53 MiB; as ``[2,7,1,57344]`` it took 3.06)."""
+@pytest.mark.parametrize("batch", [1, 2, 8, 16])
+def test_k3_tp32_messages_fill_mosaic_tiles_wherever_their_values_can(batch: int) -> None:
+    """A message is the payload's [B, w] (at batch 8 ``bf16[2,7,8,7168]``, laid out
+    ``T(8,128)(2,1)``: 1.53 MiB, where ``[2,7,1,57344]`` took 3.06), folded so that a bf16
+    message has the two rows a sublane packs (batch 1: [2, w/2]; a reduce-scatter's chunk:
+    [2, chunk/2]). Mosaic pads a one-row bf16 array to two rows, so the buffers take on the
+    chip the bytes the accounting counts exactly when a message's values fill whole (2, 128)
+    bf16 tiles: the only padded buffers are those whose values cannot (K3: the 384-wide head
+    exchange and 128-wide latent at batch 1, the routed reduce-scatter's 896-value chunk at 8)."""
     model = load_model("kimi-k3")
-    link = KernelLink(model, plan_for(model, 32), 8, bugs=Bugs())
+    link = KernelLink(model, plan_for(model, 32), batch, bugs=Bugs())
+    logical = tiled = 0
     for c, _ in enumerate(link.colls):
         send, recv, dtype = link._buffers(c, 2)
         size = jnp.dtype(dtype).itemsize
-        if link.scatters(c):
-            assert link.message_shape(c) == (1, link.chunk(c))
-            continue
-        assert link.message_shape(c) == (8, link.payload[c][0])
-        for shape in (send, *recv):
-            assert vmem_array_bytes(shape, size) == int(np.prod(shape)) * size
+        values = link.chunk(c)  # the flat chunk, or the whole [B, w] payload
+        assert math.prod(link.message_shape(c)) == values
+        exact = all(vmem_array_bytes(shape, size) == math.prod(shape) * size for shape in (send, *recv))
+        assert exact == (values % (max(1, 4 // size) * 128) == 0), link.colls[c].name
+        logical += sum(math.prod(shape) * size for shape in (send, *recv))
+        tiled += sum(vmem_array_bytes(shape, size) for shape in (send, *recv))
+    assert tiled - logical < (0.03 if batch == 1 else 0.4) * 2**20
+
+
+def test_fold_unfold_and_chunk_rows_keep_every_value_in_place() -> None:
+    x = jnp.arange(3 * 512, dtype=jnp.float32).reshape(3, 512)
+    assert fold(x, 2).shape == (6, 256)
+    np.testing.assert_array_equal(fold(x, 2)[3], x[1, 256:])
+    np.testing.assert_array_equal(unfold(fold(x, 2), 2), x)
+    flat = jnp.arange(4 * 2 * 128, dtype=jnp.float32).reshape(1, -1)  # 4 chunks of 2 x 128
+    rows = chunk_rows(flat, 2, 128)
+    assert rows.shape == (2, 4 * 128)
+    for g in range(4):
+        np.testing.assert_array_equal(unfold(rows[:, g * 128: (g + 1) * 128], 2), flat[:, g * 256: (g + 1) * 256])
 
 
 def test_reduce_scatter_buffers_pad_to_whole_chunks() -> None:

@@ -167,9 +167,11 @@ def test_8_devices_with_the_plans_bf16_payloads_give_reference_tokens(seed):
 
 
 @pytest.mark.heavy
-def test_batch_6_with_reduce_scatter_routed_reduce_gives_reference_tokens():
-    """K3's batch variant: routed-expert outputs reduce-scattered, then gathered."""
-    result = run_decode("--devices", "8", "--layers", "4", "--steps", "2", "--batch", "6", "--seed", "0")
+@pytest.mark.parametrize("batch", [6, 8])
+def test_reduce_scatter_routed_reduce_gives_reference_tokens(batch: int):
+    """K3's batch variant: routed-expert outputs reduce-scattered, then gathered; at batch 6
+    each chunk is one row (192 values), at 8 two (256 values folded to [2, 128])."""
+    result = run_decode("--devices", "8", "--layers", "4", "--steps", "2", "--batch", str(batch), "--seed", "0")
     assert result["algorithms"]["moe.routed_reduce"] == "reduce_scatter_all_gather"
     assert all(s["tokens_equal"] for s in result["steps"]), result["steps"]
     assert result["log_matches_plan"] and not result["races"], result
