@@ -3,8 +3,9 @@
 - The rule recovers planted figures: the committed capped runs re-timed as the engine would
   time them with the dequant rates x 0.8 and 50 µs a layer; the rule, started from the
   micro-probe chip, must find 0.8 and 50 µs again.
-- The committed runs give what the module says (42-44 µs an expert, 45-75 µs a layer) and
-  the decodes are not among them (caps below top_k only).
+- The committed runs give what the module says, per decoder (the kernel as it is now,
+  ``words32``: 22-24 µs an expert, 55-80 µs a layer; the earlier ``bytes``: 42-44 µs, 45-75 µs)
+  and the decodes are not among them (caps below top_k only).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from calibration.sources.tpu_fixed_cost import (
     capped_runs,
     fixed_cost,
 )
-from calibration.sources.tpu_probes import probe_chip, record_decoder
+from calibration.sources.tpu_probes import CALIBRATION_DECODER, probe_chip, record_decoder
 from hwmodels.catalog import load_chip
 
 
@@ -41,7 +42,7 @@ def _planted(tmp_path: Path, chip, factor: float, per_layer_s: float, **extra) -
         row = json.loads(line)
         row["routing"] = f"trace:{(FIXED_COST_PATH.parent / row['routing'].removeprefix('trace:')).resolve()}"
         key = f"{row['schedule']}@b{row['batch']}/cap{row['expert_cap']}"
-        if key in by_key and record_decoder(row) == "bytes":  # the runs capped_runs() read
+        if key in by_key and record_decoder(row) == CALIBRATION_DECODER:  # the runs capped_runs() read
             rows.append({**row, "ms_per_step_median": by_key[key], **extra})
     path = tmp_path / "fixed-cost.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -55,22 +56,29 @@ def test_the_rule_recovers_planted_figures(tmp_path: Path, probes) -> None:  # t
     assert found.per_layer_s == pytest.approx(50e-6, rel=0.05)
 
 
-def test_the_committed_runs(probes) -> None:  # type: ignore[no-untyped-def]
-    runs = capped_runs()
-    assert {run.expert_cap for run in runs} <= set(CAPS) and max(CAPS) < 16  # K3's top_k: no decode read
-    found = fixed_cost(probes)
+@pytest.mark.parametrize("decoder, us_per_expert, per_layer_s", [
+    ("words32", (22.0, 24.0), (55e-6, 80e-6)),  # the kernel as it is now (set v5e-p)
+    ("bytes", (42.0, 44.0), (45e-6, 75e-6)),  # the earlier kernel (set v5e-k), kept reachable
+])
+def test_the_committed_runs(decoder: str, us_per_expert: tuple[float, float],
+                            per_layer_s: tuple[float, float]) -> None:
+    runs = capped_runs(decoder=decoder)
+    assert runs and {run.expert_cap for run in runs} <= set(CAPS) and max(CAPS) < 16  # K3's top_k: no decode read
+    found = fixed_cost(probe_chip(load_chip("tpu-v5e", calibrated=False), decoder=decoder), decoder=decoder)
     assert found is not None
-    assert 42.0 <= found.slope_ms_per_expert * 1e3 <= 44.0
-    assert 45e-6 <= found.per_layer_s <= 75e-6
+    assert us_per_expert[0] <= found.slope_ms_per_expert * 1e3 <= us_per_expert[1]
+    assert per_layer_s[0] <= found.per_layer_s <= per_layer_s[1]
 
 
 def test_a_decoders_own_runs_give_its_figures_and_no_others(tmp_path: Path) -> None:
-    """The committed capped runs relabelled as the words32 kernel's, their times planted on its
-    own micro-probe chip: its figures come back, and the bytes decoder finds no runs there."""
-    words32 = probe_chip(load_chip("tpu-v5e", calibrated=False), decoder="words32")
-    path = _planted(tmp_path, words32, 1.1, 40e-6, decoder="words32")
+    """The committed capped runs relabelled as another decoder's (``bytes``), their times
+    planted on that decoder's micro-probe chip: its figures come back, and the default
+    decoder finds no runs there."""
+    other = "bytes" if CALIBRATION_DECODER != "bytes" else "words32"
+    chip = probe_chip(load_chip("tpu-v5e", calibrated=False), decoder=other)
+    path = _planted(tmp_path, chip, 1.1, 40e-6, decoder=other)
     assert capped_runs(path) == []
-    found = fixed_cost(words32, path, "words32")
+    found = fixed_cost(chip, path, other)
     assert found is not None
     assert found.dequant_factor == pytest.approx(1.1, rel=0.01)
     assert found.per_layer_s == pytest.approx(40e-6, rel=0.05)

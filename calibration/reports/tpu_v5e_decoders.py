@@ -1,17 +1,22 @@
-"""The words32 kernel's TPU v5e step times, predicted from probes alone (no fit on them).
+"""The words32 kernel's TPU v5e step times against the earlier ``bytes`` kernel's, predicted from probes alone.
 
 ``python -m calibration.reports.tpu_v5e_decoders [--out FILE.md]``
 
-On 2026-12-06 the kernel's expert decoders changed (``bytes`` -> ``words32``,
-:mod:`megakernel.quant`); nothing else in the kernel did. The same device call timed both
-decoders in the dequant probes and the new kernel on the K3 shard. Here each ``words32``
-decode record is predicted twice: on the micro-probe chip with the ``words32`` dequant rates
-(:func:`calibration.sources.tpu_probes.probe_chip`), and by way (b) of
-:mod:`calibration.reports.tpu_v5e`, which adds the figures the ``words32`` kernel's own
-fixed-cost probe derives (its capped runs, set v5e-p: the dequant factor on its rates and the
-per-layer cost; without such runs, the ``bytes`` kernel's per-layer cost alone). No figure
-here was read off a ``words32`` decode step time, so every row is out of sample. Next to it, the ``bytes`` record of the same schedule and batch and its way-(b)
-prediction: the measured and the predicted speed-up of the decoder change.
+On 2026-12-06 the kernel's expert decoders changed (:data:`EARLIER_DECODER`, ``bytes`` ->
+``words32``, :data:`megakernel.quant.KERNEL_DECODER`); nothing else in the kernel did. The
+same device call timed both decoders in the dequant probes, and both kernels ran the K3
+shard. Here each ``words32`` decode record is predicted twice: on the micro-probe chip with
+the ``words32`` dequant rates (:func:`calibration.sources.tpu_probes.probe_chip`), and by
+way (b) of :mod:`calibration.reports.tpu_v5e`, which adds the figures the ``words32``
+kernel's own fixed-cost probe derives (its capped runs, set v5e-p: the dequant factor on its
+rates and the per-layer cost). No figure here was read off a decode step time, so every row
+is out of sample. Next to it, the ``bytes`` record of the same schedule and batch and its
+way-(b) prediction (the ``bytes`` dequant probes and the ``bytes`` kernel's fixed-cost runs,
+set v5e-k): the measured and the predicted speed-up of the decoder change.
+
+Since 2026-12-06 the calibration study itself (:mod:`calibration.reports.tpu_v5e`, ways a, b,
+c) runs on the ``words32`` records (:data:`calibration.sources.tpu_probes.CALIBRATION_DECODER`);
+this page keeps the ``bytes`` kernel's runs reachable beside them.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from calibration.sources.tpu_probes import CALIBRATION_DECODER, PROBES_PATH, pro
 from hwmodels.catalog import load_chip
 from megakernel.quant import KERNEL_DECODER
 
-COMMAND = "JAX_PLATFORMS=cpu .venv/bin/python -m calibration.reports.tpu_v5e_decoders"
+COMMAND = "JAX_PLATFORMS=cpu .venv/bin/python -m calibration.reports.tpu_v5e_decoders --out docs/tpu-v5e-decoders.md"
+EARLIER_DECODER = "bytes"  # the kernel's expert decoders through 2026-12-05 (records without a decoder field)
 
 
 @dataclass(frozen=True)
@@ -43,9 +49,9 @@ class DecoderRow:
     measured_ms: float  # words32, measured on tpu-v5e
     spread_ms: float
     predicted_ms: float  # words32, the micro-probe chip
-    predicted_b_ms: float  # words32, way (b): plus the bytes kernel's derived per-layer cost
-    before_ms: float | None  # bytes, measured, same schedule and batch
-    before_predicted_ms: float | None  # bytes, way (b)
+    predicted_b_ms: float  # words32, way (b): plus the figures its own fixed-cost probe derives
+    before_ms: float | None  # EARLIER_DECODER, measured, same schedule and batch
+    before_predicted_ms: float | None  # EARLIER_DECODER, way (b) on its own probes and fixed-cost runs
 
     @property
     def error(self) -> float:
@@ -62,30 +68,43 @@ def _predict(records: list[ChipRecord], decoder: str, probes_path: Path | str, w
 def decoder_rows(records_path: Path | str = KERNEL_PATH, probes_path: Path | str = PROBES_PATH) -> list[DecoderRow]:
     """One row per ``words32`` K3-shard record (module docstring)."""
     new = load_chip_records(records_path, decoder=KERNEL_DECODER)
-    old_all = load_chip_records(records_path, decoder=CALIBRATION_DECODER)
+    old_all = load_chip_records(records_path, decoder=EARLIER_DECODER)
     old = [next((o for o in old_all if (o.schedule, o.batch) == (r.schedule, r.batch)), None) for r in new]
     predicted = _predict(new, KERNEL_DECODER, probes_path, way_b=False)
     predicted_b = _predict(new, KERNEL_DECODER, probes_path)
     matched = [o for o in old if o is not None]
-    before = dict(zip([id(o) for o in matched], _predict(matched, CALIBRATION_DECODER, probes_path), strict=True))
+    before = dict(zip([id(o) for o in matched], _predict(matched, EARLIER_DECODER, probes_path), strict=True))
     return [DecoderRow(r.schedule, r.batch, r.ms_median, r.ms_spread, p, pb,
                        None if o is None else o.ms_median, None if o is None else before[id(o)])
             for r, p, pb, o in zip(new, predicted, predicted_b, old, strict=True)]
 
 
 def markdown(rows: Sequence[DecoderRow]) -> str:
-    lines = [f"# The {KERNEL_DECODER} kernel on tpu-v5e: measured, and predicted from probes alone", "",
+    lines = [f"# The {KERNEL_DECODER} kernel on tpu-v5e against the {EARLIER_DECODER} kernel: measured, and "
+             "predicted from probes alone", "",
              "Generated by `" + COMMAND + "` (module docstring: what each column is). Measured: "
              "tpu-v5e, `calibration/data/tpu-v5e-kernel.jsonl` (K3 TP32 shard, records with "
-             f"`decoder: {KERNEL_DECODER}`); predicted: simulated, no figure fitted on these records.", "",
-             *table_lines(rows)]
+             f"`decoder: {KERNEL_DECODER}`, and the `{EARLIER_DECODER}` kernel's of the same schedule and batch); "
+             "predicted: simulated, no figure fitted on these records.", "",
+             *study_lines(), *table_lines(rows)]
     return "\n".join(lines) + "\n"
+
+
+def study_lines() -> list[str]:
+    """Which kernel the calibration study (ways a, b, c) runs on, said where this page is read."""
+    if CALIBRATION_DECODER != KERNEL_DECODER:
+        return [f"The calibration study ([tpu-v5e-measured.md](tpu-v5e-measured.md)) runs on the "
+                f"`{CALIBRATION_DECODER}` kernel's records, not these.", ""]
+    return [f"The calibration study ([tpu-v5e-measured.md](tpu-v5e-measured.md): ways a, b and c, ranking, "
+            f"90 % intervals) runs on these `{KERNEL_DECODER}` records; its way (b) is the way (b) column here. "
+            f"This page keeps the `{EARLIER_DECODER}` kernel's runs beside them: the decoder change's speed-up, "
+            "measured and predicted.", ""]
 
 
 def table_lines(rows: Sequence[DecoderRow]) -> list[str]:
     """The table and its MAPE lines (the demo's report shows them too)."""
     lines = [f"| schedule | batch | {KERNEL_DECODER} measured ms | predicted ms, micro-probes | error | "
-             f"way (b) ms | error | {CALIBRATION_DECODER} measured ms | speed-up measured | speed-up predicted (b) |",
+             f"way (b) ms | error | {EARLIER_DECODER} measured ms | speed-up measured | speed-up predicted (b) |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         measured_up = "" if r.before_ms is None else f"{r.before_ms / r.measured_ms:.2f}x"
@@ -98,6 +117,14 @@ def table_lines(rows: Sequence[DecoderRow]) -> list[str]:
                          ("way (b)", [abs(r.predicted_b_ms / r.measured_ms - 1) for r in rows])):
         lines += ["", f"{name}: {len(rows)} records, MAPE {sum(errors) / len(errors):.1%}, max |error| "
                   f"{max(errors):.1%} (measured on tpu-v5e; predicted: simulated on probe figures, out of sample)"]
+    pairs = [(r.before_ms / r.measured_ms, r.before_predicted_ms / r.predicted_b_ms) for r in rows
+             if r.before_ms is not None and r.before_predicted_ms is not None]
+    if pairs:
+        measured_up = [measured for measured, _ in pairs]
+        gaps = [abs(predicted - measured) for measured, predicted in pairs]
+        lines += ["", f"speed-up {EARLIER_DECODER} -> {KERNEL_DECODER}: {len(pairs)} pairs, measured "
+                  f"{min(measured_up):.2f}-{max(measured_up):.2f}x; way (b) predicts it within {max(gaps):.2f}x of "
+                  "the measured at every pair (derived from the columns above)"]
     return lines
 
 

@@ -7,7 +7,10 @@ collectives) run on one chip. Each names the schedule by ``schedule_hash``
 (:meth:`tpusim.schedule.schema.Schedule.content_hash`), mapped back to a schedule file of
 ``tpusim/schedules`` or ``calibration/tpu_bench/schedules``, and the routing the kernel's
 router chose (``trace:`` relative to the records file), which the prediction replays.
-Repeated runs of one (schedule, batch) are merged: the median of their medians.
+Repeated runs of one (schedule, batch) are merged: the median of their medians. Each row
+names the expert decoder its kernel ran (``decoder``; none: the earlier ``bytes``): one load
+reads one decoder's rows, by default the calibration's
+(:data:`calibration.sources.tpu_probes.CALIBRATION_DECODER`, the kernel as it is now).
 
 :class:`ChipRecordPredictor` builds each point's program once and caches engine results
 by the chip's figures, so a fit re-simulating the same points pays only for new chips.
@@ -104,7 +107,7 @@ def load_chip_records(path: Path | str = KERNEL_PATH, shard_of: str = "k3-tp32",
     batch), repeated runs merged: the decodes
     (``expert_cap`` None), or the fixed-cost probe runs capped at ``expert_cap`` experts. Raises
     :class:`~hwmodels.errors.InputError` (one line) for a missing or unreadable file, a row
-    that is not JSON or lacks a field, a schedule no file matches, or no ``shard_of`` rows."""
+    that is not JSON or lacks a field, a schedule no file matches, or no ``shard_of`` rows of ``decoder``."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such kernel records file")
@@ -118,15 +121,15 @@ def load_chip_records(path: Path | str = KERNEL_PATH, shard_of: str = "k3-tp32",
             raise InputError(f"{path}:{number}: not a JSON record ({error.msg})") from None
         if not isinstance(row, dict):
             raise InputError(f"{path}:{number}: not a JSON object")
-        if (row.get("shard_of") == shard_of and row.get("expert_cap") == expert_cap
-                and record_decoder(row) == decoder):
-            missing = [key for key in REQUIRED if key not in row]
+        if row.get("shard_of") == shard_of and row.get("expert_cap") == expert_cap:
+            missing = [key for key in REQUIRED if key not in row]  # every decoder's rows: checked where they enter
             if missing:
                 raise InputError(f"{path}:{number}: kernel record lacks {', '.join(missing)}")
-            rows.append(row)
+            if record_decoder(row) == decoder:
+                rows.append(row)
     if not rows:
-        raise InputError(f"{path}: no kernel records with shard_of {shard_of!r} (the K3-shard runs of "
-                         "megakernel.runner)")
+        raise InputError(f"{path}: no kernel records with shard_of {shard_of!r} and decoder {decoder!r} (the "
+                         "K3-shard runs of megakernel.runner; records without a decoder ran 'bytes')")
     files = schedules_by_hash()
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for row in rows:

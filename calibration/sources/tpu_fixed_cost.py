@@ -3,7 +3,8 @@
 The micro-probes (:mod:`calibration.sources.tpu_probes`) time pieces of work outside the
 kernel. This probe times the kernel itself with its experts capped: the K3-shard megakernel
 at batch 1 running only the first ``c`` of each layer's 16 chosen experts
-(``megakernel.runner.RunConfig.expert_cap``; set ``v5e-k`` of ``calibration/tpu_bench/sets.json``),
+(``megakernel.runner.RunConfig.expert_cap``; sets ``v5e-k`` (``bytes`` decoders) and ``v5e-p``
+(``words32``) of ``calibration/tpu_bench/sets.json``; each run says its ``decoder``),
 ``published`` at c = 4, 8, 12 and ``naive`` at c = 4, kept apart from the decodes in
 ``calibration/data/tpu-v5e-fixed-cost.jsonl``. What grows with ``c`` is the experts'
 work; what stays is everything else a layer does. Runs at c = 16 (every expert at batch 1)
@@ -21,11 +22,14 @@ runs' routing traces):
 Each figure moves the other a little (a longer layer hides more of the copies), so the two
 rules alternate, three rounds, each slope taken at the last per-layer cost.
 
-On the committed runs: 42.7 µs a routed expert on the chip (the micro-probe rates, with the
-MXU's fixed cost per product behind the conversion, give 46.2: factor 0.92), and about 60 µs a layer the ops leave
-out (an empty layer loop costs 0.07 µs, the ``layer_loop`` probe; the kernel's top-k 4.5-5 µs,
-the ``routing`` probe). Both are labelled ``derived``: measured runs read through the
-simulator.
+On the committed runs of the kernel as it is now (``words32``, the default decoder
+:data:`calibration.sources.tpu_probes.CALIBRATION_DECODER`): 22.9 µs a routed expert on the
+chip (its micro-probe rates, with the MXU's fixed cost per product behind the conversion, give
+21.7: factor 1.06), and about 67 µs a layer the ops leave out (an empty layer loop costs
+0.07 µs, the ``layer_loop`` probe; the kernel's top-k 4.5-5 µs, the ``routing`` probe). The
+earlier ``bytes`` kernel's runs (``decoder="bytes"``) give 42.7 µs an expert against 46.2
+(factor 0.92) and about 60 µs a layer. Both figures are labelled ``derived``: measured runs
+read through the simulator. ``tests/test_tpu_fixed_cost.py`` holds both decoders to these.
 """
 
 from __future__ import annotations

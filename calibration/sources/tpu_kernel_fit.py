@@ -2,7 +2,8 @@
 
 The source of ``tpusim calibrate --hardware tpu-v5e --measurements <kernel records>``: the
 K3-shard step times the megakernel measured on a v5e (:mod:`calibration.sources.tpu_chip_records`,
-every ``shard_of`` row the file holds, whatever schedules and batches), fitted through the one
+every ``shard_of`` row the file holds of the decoder
+:data:`calibration.sources.tpu_probes.CALIBRATION_DECODER`, whatever schedules and batches), fitted through the one
 calibration core (:func:`calibration.core.fit`, :func:`calibration.core.leave_one_group_out`,
 :func:`calibration.core.coverage`).
 

@@ -34,9 +34,11 @@ writes them as the chip's overlay through the one overlay mechanism
 ``words32``, :data:`megakernel.quant.KERNEL_DECODER`; the dequant probes time both, each
 record's ``params.decoder``, none = ``bytes``). Every loader here takes ``decoder``: the
 dequant figures are that decoder's, every other figure is shared. The default,
-:data:`CALIBRATION_DECODER`, is the decoder of the calibration study's 34 decode points
-and its fixed-cost runs (``bytes``); the ``words32`` decode records are predicted from
-their own probes out of sample (:mod:`calibration.reports.tpu_v5e_decoders`).
+:data:`CALIBRATION_DECODER`, is the decoder of the kernel as it is now (``words32``): the
+calibration study (:mod:`calibration.reports.tpu_v5e`) runs on its K3-shard decode records
+and its own fixed-cost runs. The ``bytes`` kernel's records (through 2026-12-05) stay in the
+same files as history: :mod:`calibration.reports.tpu_v5e_decoders` sets the two kernels side
+by side, and any loader reads them with ``decoder="bytes"``.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ DOT = "compute.mxu.dot_overhead_s"
 PENALTY = "dma.concurrency_penalty_per_dma"
 MXU_TILE = 128  # tpu-v5e's MXU tile (the catalog's tile_rows x tile_cols): the push figure is per such tile
 PUSH_ROWS = 8  # the row pad: decode batches 1 … 8 stream 8 rows through each loaded tile
-CALIBRATION_DECODER = "bytes"  # the decoder the study's decode and fixed-cost records ran (module docstring)
+CALIBRATION_DECODER = "words32"  # the kernel as it is now: the study's decode and fixed-cost records (module docstring)
 
 
 def record_decoder(record: dict[str, Any]) -> str:

@@ -23,10 +23,12 @@ PLOT = "measured-tpu-v5e.png"
 def measured_step(out: Path) -> dict[str, Any]:
     from calibration.reports.tpu_v5e_decoders import decoder_rows, table_lines
     from calibration.reports.tpu_v5e_replay import replay, scatter
+    from calibration.sources.tpu_probes import CALIBRATION_DECODER
 
     data = replay("schedule")
     data["decoders"] = table_lines(decoder_rows())  # the kernel today, predicted out of sample
-    scatter(data["rows"], out / PLOT, "K3 TP32 shard on one TPU v5e: predicted vs measured (committed records)")
+    scatter(data["rows"], out / PLOT, f"K3 TP32 shard on one TPU v5e, the {CALIBRATION_DECODER} kernel\n"
+            "predicted vs measured (committed records)")
     data["plot"] = PLOT
     return data
 
@@ -49,6 +51,11 @@ def _ranking_text(rankings: list[dict[str, Any]], batch: int) -> str:
 
 
 def measured_section(run: DemoRun) -> list[str]:
+    from calibration.reports.tpu_v5e_decoders import EARLIER_DECODER
+    from calibration.sources.tpu_probes import CALIBRATION_DECODER
+    from megakernel.quant import KERNEL_DECODER
+
+    now = ": the kernel as it is now" if CALIBRATION_DECODER == KERNEL_DECODER else ""
     step = next((s for s in run.steps if s.name == STEP), None)
     lines = ["## 8. Measured on a real TPU: the K3 shard on one TPU v5e", ""]
     if step is None:
@@ -59,7 +66,8 @@ def measured_section(run: DemoRun) -> list[str]:
     cover = data["coverage"]
     lines += [
         "The megakernel ran one device's program of K3's TP32 plan (real widths, 93 layers, context 1024) on a "
-        "TPU v5e; its median step times are committed (`calibration/data/tpu-v5e-kernel.jsonl`). Here they are "
+        "TPU v5e; its median step times are committed (`calibration/data/tpu-v5e-kernel.jsonl`, the "
+        f"`{CALIBRATION_DECODER}` kernel's records{now}). Here they are "
         "re-simulated from those records, no TPU needed: **(b)** with the figures the chip's probes measured "
         "and by the kernel's own fixed-cost probe (experts capped; no decode step time read), **(c)** with the figures `tpusim calibrate --hardware tpu-v5e` fitted on the "
         "*other* half of the schedules (each row predicted by a fit that never saw it; the fits themselves are "
@@ -88,11 +96,12 @@ def measured_section(run: DemoRun) -> list[str]:
         "",
         f"![predicted vs measured on tpu-v5e]({data['plot']})",
         "",
-        "**The kernel today** (its expert decoders rewritten on 2026-12-06: `words32`, "
-        "`megakernel/quant.py`): the rows above ran the earlier `bytes` decoders. The new kernel's runs, "
-        "measured on tpu-v5e, each predicted from the probes alone (the new decoders' dequant probes and "
-        "the new kernel's own fixed-cost probe, experts capped; no decode step time), next to the same "
-        "schedule and batch before:",
+        f"**The decoder change** (the kernel's expert decoders rewritten on 2026-12-06, `{EARLIER_DECODER}` -> "
+        f"`{KERNEL_DECODER}`, `megakernel/quant.py`): the rows above are the "
+        f"`{CALIBRATION_DECODER}` kernel's. The `{KERNEL_DECODER}` kernel's runs again, each predicted from the probes alone (its "
+        "decoders' dequant probes and its own fixed-cost probe, experts capped; no decode step time), next "
+        f"to the earlier `{EARLIER_DECODER}` kernel's run of the same schedule and batch, measured and "
+        "predicted the same way from its own probes:",
         "",
         *data.get("decoders", []),
         "",

@@ -1,7 +1,9 @@
 """``tpusim calibrate --hardware tpu-v5e --measurements <kernel records .jsonl>``.
 
 The megakernel's own step times measured on a TPU v5e (``calibration/data/tpu-v5e-kernel.jsonl``,
-every K3-shard record it holds), fitted through the one calibration core and judged on
+every K3-shard record it holds of the kernel's decoders,
+:data:`calibration.sources.tpu_probes.CALIBRATION_DECODER`: the rows of an earlier decoder are
+left out), fitted through the one calibration core and judged on
 records each refit never saw (:mod:`calibration.sources.tpu_kernel_fit`). No TPU needed.
 
 Prints the fitted figures labelled ``calibrated on tpu-v5e kernel records``, the errors of
