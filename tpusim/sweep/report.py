@@ -191,6 +191,27 @@ def _chosen(result: SweepResult) -> list[str]:
             f"the chosen schedule is {_fmt(result.speedup_vs_published, '.3f')}x faster.")
     elif pub:
         lines.append(f"`published` does not fit this workload: {pub['status']} ({pub.get('reason', '')}).")
+    return lines + _checks(result)
+
+
+def _checks(result: SweepResult) -> list[str]:
+    """The checks beyond the simulator (``--compile-check``), fastest first."""
+    if not result.checks:
+        return []
+    verdict = ("**No checked schedule was accepted here**: this sweep's `best.json` is its simulated best, "
+               "unchecked (unless a section below replaces it)."
+               if result.check_failed else "`best.json` is the fastest simulated schedule the check accepted.")
+    lines = ["", "### Checked beyond the simulator", "", verdict, "",
+             "| schedule | simulated ms | VMEM accounting MiB | accepted | what the check found |",
+             "| --- | ---: | ---: | --- | --- |"]
+    # rows the check passed over without checking them (a note "not compiled: ...") are counted, not listed
+    passed_over = [c for c in result.checks if c["note"].startswith("not ")]
+    for check in (c for c in result.checks if c not in passed_over):
+        vmem = check.get("vmem_static_mib")
+        lines.append(f"| {check['name']} | {check['predicted_ms']:.4f} | {'–' if vmem is None else f'{vmem:.2f}'} | "
+                     f"{'yes' if check['accepted'] else 'no'} | {check['note']} |")
+    if passed_over:
+        lines += ["", f"{len(passed_over)} slower rows passed over, the first: {passed_over[0]['note']}."]
     return lines
 
 

@@ -43,6 +43,14 @@ class SweepResult:
     sensitivity: list[dict[str, Any]] = field(default_factory=list)
     sensitivity_label: str = ""
     schedules: dict[str, Schedule] = field(default_factory=dict)  # ranked rows' schedules by hash (re-simulation)
+    # checks beyond the simulator, fastest first, until one is accepted ({name, hash, predicted_ms,
+    # vmem_static_mib, accepted, note}; run_sweep's ``accept``, the CLI's --compile-check)
+    checks: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def check_failed(self) -> bool:
+        """Checks ran and none accepted a schedule: ``best`` is the simulated best, unchecked."""
+        return bool(self.checks) and not any(c["accepted"] for c in self.checks)
 
     @property
     def speedup_vs_published(self) -> float | None:

@@ -69,6 +69,9 @@ from tpusim.workload.routing import RoutingModel
 from tpusim.workload.sharding import ShardingPlan
 
 RowHook = Callable[[dict[str, Any]], None]
+# A check of a ranked row's schedule beyond the simulator -> (accepted, what it found), e.g.
+# the CLI's Mosaic compile (tpusim.app.cli.sweep_compile); the library never compiles.
+Acceptor = Callable[[Schedule, dict[str, Any]], tuple[bool, str]]
 
 
 class SweepInterrupted(KeyboardInterrupt):
@@ -293,6 +296,7 @@ def run_sweep(
     on_row: RowHook | None = None,
     plots: bool = True,
     sequences: int | None = None,
+    accept: Acceptor | None = None,
 ) -> SweepResult:
     """Search schedules for one workload and write the outputs (see the module docstring).
 
@@ -301,7 +305,11 @@ def run_sweep(
     round. ``seed`` fixes the random draws and the routing draw of the program; ``sequences``
     (default: one per row) is how many sequences the ``batch`` rows belong to (a speculative
     verify step: ``draft_tokens + 1`` rows each), which sizes the KV tiles and reads. ``on_row``
-    is called after every row is written (tests use it to interrupt a sweep).
+    is called after every row is written (tests use it to interrupt a sweep). ``accept``, when
+    given, checks the simulated rows fastest first beyond the simulator (the CLI's
+    ``--compile-check``: Mosaic compiles the schedule) and the first it accepts is chosen;
+    every check is in :attr:`SweepResult.checks`. When it accepts none, the simulated best
+    is written and ``checks`` says so.
     """
     started = time.perf_counter()
     if system.chip.execution.mode != "megakernel":
@@ -349,7 +357,7 @@ def run_sweep(
         if evaluator is not None:
             evaluator.close()
         table.close()
-    result = _sweep_result(search, done, workload, knobs, phase_s, screen_layers)
+    result = _sweep_result(search, done, workload, knobs, phase_s, screen_layers, accept)
     _write_outputs(result, out, workload, space, plots=plots)
     lap("outputs")
     result.wall_s = time.perf_counter() - started
@@ -390,19 +398,21 @@ def _search_rounds(search: _Search, space: SweepSpace, families: list[str], budg
 
 
 def _sweep_result(search: _Search, done: dict[str, dict[str, Any]], workload: Workload, knobs: list[str],
-                  phase_s: dict[str, float], screen_layers: int) -> SweepResult:
+                  phase_s: dict[str, float], screen_layers: int, accept: Acceptor | None = None) -> SweepResult:
     """The ranked outcome of a finished search (raises when every candidate was pruned)."""
     ranked = search.ranked()
     if not ranked:
         raise InputError("no feasible schedule: every candidate was pruned (see sweep.csv reasons)")
     seed = search.by_hash[(search.refine_seed or ranked[0]["hash"])]
     rows = [done[c.hash] for c in search.considered if c.hash in done]
-    best_row = ranked[0]
+    best_row, checks = _accepted(search, ranked, accept)
     published_hash = next((c.hash for c in search.considered
                            if c.source == "builtin" and c.schedule.name == "published"), None)
     published_row = done.get(published_hash) if published_hash else None
+    note = next((c["note"] for c in checks if c["accepted"]), "")
     return SweepResult(
-        best=_best_schedule(search.by_hash[best_row["hash"]].schedule, best_row, published_row, workload),
+        best=_best_schedule(search.by_hash[best_row["hash"]].schedule, best_row, published_row, workload, note),
+        checks=checks,
         best_row=best_row, published_row=published_row,
         published_rank=next((i + 1 for i, r in enumerate(ranked) if r["hash"] == published_hash), None),
         considered=len(search.considered), pruned=sum(r["status"] == "pruned" for r in rows),
@@ -429,8 +439,22 @@ def _final_row(base: dict[str, Any], row: dict[str, Any], est_ms: float | None, 
             "busy": row.get("busy", ""), "sim_ms": row["step_ms"]}
 
 
+def _accepted(search: _Search, ranked: list[dict[str, Any]],
+              accept: Acceptor | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The fastest row ``accept`` accepts (ranked order) and every check made on the way; the
+    fastest row when there is no check or none is accepted."""
+    checks: list[dict[str, Any]] = []
+    for row in ranked if accept is not None else []:
+        ok, note = accept(search.by_hash[row["hash"]].schedule, row)
+        checks.append({"name": row["name"], "hash": row["hash"], "predicted_ms": row["predicted_ms"],
+                       "vmem_static_mib": row.get("vmem_static_mib"), "accepted": ok, "note": note})
+        if ok:
+            return row, checks
+    return ranked[0], checks
+
+
 def _best_schedule(schedule: Schedule, best: dict[str, Any], published: dict[str, Any] | None,
-                   workload: Workload) -> Schedule:
+                   workload: Workload, check: str = "") -> Schedule:
     """The chosen schedule renamed ``best-<hash>`` with a description of how it was chosen."""
     w = workload.describe()
     label = best["predicted_by"]
@@ -439,6 +463,8 @@ def _best_schedule(schedule: Schedule, best: dict[str, Any], published: dict[str
             f"{best['predicted_ms']:.4f} ms/step ({label})")
     if published and published.get("predicted_ms"):
         text += f" vs published {published['predicted_ms']:.4f} ms ({published['predicted_by']})"
+    if check:
+        text += f"; {check}"
     return schedule.model_copy(update={"name": f"best-{best['hash']}", "description": text})
 
 

@@ -129,6 +129,17 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def mosaic_report(*, model: str, schedule_path: str, batch: int, context: int, chip_name: str, devices: int,
+                  shard_of: str | None = None, weight_banks: int = 0) -> dict[str, Any]:
+    """The kernel of (model, schedule file, batch) lowered and compiled with Mosaic in a fresh
+    process: one device (or ``shard_of``'s one-device program) for ``chip_name``'s topology,
+    several devices on TPU7x's compile-only topology (the caller checks both are possible).
+    The report of ``tpusim lower --json``'s source (``compile``: ok, seconds, error, kind)."""
+    args = argparse.Namespace(model=model, schedule=schedule_path, batch=batch, context=context,
+                              weight_banks=weight_banks, shard_of=shard_of)
+    return _lower_on_mesh(args, devices, compile=True) if devices > 1 else _compile_fresh(args, chip_name)
+
+
 def _compile_fresh(args: argparse.Namespace, chip_name: str) -> dict[str, Any]:
     """One device with libtpu: lower and compile with Mosaic for ``chip_name``'s topology in a
     fresh process (``python -m megakernel.mosaic_compile``): libtpu reads its environment when

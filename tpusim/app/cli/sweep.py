@@ -77,6 +77,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-kernel-gate", action="store_true",
                         help="--space joint: let plans the multi-device megakernel cannot run win too (judged by "
                         "the simulator alone; default: such a candidate gets a pruned row 'kernel: ...')")
+    parser.add_argument("--compile-check", type=positive_int, default=None, metavar="N",
+                        help="TPU, with libtpu: compile the simulated schedules with Mosaic, fastest first, and "
+                        "choose the fastest that compiles (at most N compiles; after a refusal on VMEM, candidates "
+                        "that cannot fit beside what the compiler kept are skipped); exit 1 when none compiles")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_format_option(parser)
     parser.set_defaults(func=run, output_lock="folder")
@@ -103,6 +107,12 @@ def run(args: argparse.Namespace) -> int:
 
     model, plan, system, routing = resolve_workload(args)
     fit = check_fit(args, model, plan, system)  # capacity first
+    accept = None
+    if args.compile_check is not None:
+        from tpusim.app.cli.sweep_compile import MosaicCheck, check_possible
+
+        check_possible(args, system, plan)
+        accept = MosaicCheck(args, system, plan, args.compile_check)
     if args.space == "joint":
         return _run_joint(args, model, system, routing)
     if args.batches is not None:
@@ -116,13 +126,22 @@ def run(args: argparse.Namespace) -> int:
         if args.samples < 0:
             raise InputError("--samples must be >= 0")
         space = space.model_copy(update={"samples": args.samples})
-    try:
-        result = run_sweep(
-            model, plan, system, args.batch, out_dir=args.out, budget=args.budget, jobs=args.jobs,
+
+    def sweep_into(out: Path, chosen: Any) -> Any:
+        return run_sweep(
+            model, plan, chosen, args.batch, out_dir=out, budget=args.budget, jobs=args.jobs,
             seed=args.seed, resume=args.resume, context_tokens=args.context, routing=routing,
             quiet=args.quiet or output_format(args) != "table", space=space, screen_factor=args.screen_factor,
-            screen_layers=args.screen_layers, plots=not args.no_plots,
+            screen_layers=args.screen_layers, plots=not args.no_plots, accept=accept,
         )
+
+    first = None
+    try:
+        result = sweep_into(Path(args.out), system)
+        if accept is not None and accept.learned:  # refused on VMEM: sweep again within what Mosaic leaves
+            from tpusim.app.cli.sweep_compile import resweep
+
+            first, result = result, resweep(result, accept, sweep_into, system, Path(args.out))
     except SweepInterrupted as interrupted:
         command = " ".join(shlex.quote(a) for a in ["tpusim", *sys.argv[1:]] if a != "--resume")
         print(f"tpusim sweep: {interrupted}\n  resume with: {command} --resume", file=sys.stderr)
@@ -138,8 +157,8 @@ def run(args: argparse.Namespace) -> int:
         figures = "published figures" if system.chip.calibration is None else system.chip.calibration.note()
         emit_json({**_as_json(result), "best_interval": interval, "row_intervals": intervals,
                    "capacity": fit.as_json(), "figures": f"{system.chip.name}: {figures}",
-                   "formats": args.formats_choice})
-        return 0
+                   "formats": args.formats_choice, "compile_checks": [*(first.checks if first else []), *result.checks]})
+        return _checked_exit(result)
     from tpusim.report.intervals import format_interval
 
     hardware = [f"hardware {system.chip.name}: published figures"]
@@ -155,8 +174,32 @@ def run(args: argparse.Namespace) -> int:
                         "fastest of the rows shown (paired re-simulations)")
     if not fit.fits:
         hardware.append(f"HBM: {fit.summary()}: every time above is for a deployment that does not fit")
+    hardware += _check_lines(first, result, accept)
     _print_human(result, model.name, system.chip.name, system.chips, args.batch, fmt, hardware,
                  {r["hash"]: r for r in intervals})
+    return _checked_exit(result)
+
+
+def _check_lines(first: Any, result: Any, accept: Any) -> list[str]:
+    """--compile-check: each compile (or skip), fastest first; the second sweep's after the first's."""
+    def lines(checks: list[dict[str, Any]]) -> list[str]:
+        shown = [c for c in checks if not c["note"].startswith("not compiled")]
+        skipped = len(checks) - len(shown)
+        return ([f"compile check: {c['name']} ({c['predicted_ms']:.4f} ms simulated): {c['note']}" for c in shown]
+                + ([f"compile check: {skipped} slower rows not compiled (summary.md)"] if skipped else []))
+
+    if first is None:
+        return lines(result.checks)
+    return [*lines(first.checks), f"swept again within the VMEM Mosaic leaves: {accept.usable_bytes / (1 << 20):.2f} "
+            f"MiB (measured in this run) -> {result.paths.get('summary', '')}", *lines(result.checks)]
+
+
+def _checked_exit(result: Any) -> int:
+    """1 when --compile-check accepted no schedule (best.json is then the unchecked simulated best)."""
+    if result.check_failed:
+        print("tpusim sweep: --compile-check: no schedule compiled; best.json is the simulated best, unchecked "
+              "(summary.md lists the refusals)", file=sys.stderr)
+        return 1
     return 0
 
 
