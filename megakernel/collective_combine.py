@@ -25,18 +25,17 @@ from jax.experimental import pallas as pl
 COMBINE_LANES = 512
 
 
-def ranked(recv: Any, par: Any, count: int, send: Any, phase: int, first: Any, at: Any,
-           cols: int) -> list[list[jax.Array]]:
+def ranked(recv: Any, par: Any, count: int, own_ref: Any, at: Any, cols: int) -> list[list[jax.Array]]:
     """The ``count + 1`` contributions of a phase in rank order, each f32[rows, cols] as
     COMBINE_LANES-column blocks: ``recv`` [copies, count, rows, cols] holds the others' (slot
-    ``k`` the k-th other rank), ``send[phase, :, first:first + cols]`` this rank's, which goes
-    before slot ``at`` (traced). Vector selects, one load per block and source (each access
-    is an interpreter callback and a race-detector entry)."""
+    ``k`` the k-th other rank), ``own_ref`` [rows, cols] this rank's, which goes before slot
+    ``at`` (traced). Vector selects, one load per block and source (each access is an
+    interpreter callback and a race-detector entry)."""
     terms: list[list[jax.Array]] = [[] for _ in range(count + 1)]
     for lo in range(0, cols, COMBINE_LANES):
         size = min(COMBINE_LANES, cols - lo)
         slots = recv[par, :, :, pl.ds(lo, size)].astype(jnp.float32)  # [count, rows, size]
-        own = send[phase, :, pl.ds(first + lo, size)].astype(jnp.float32)  # [rows, size]
+        own = own_ref[:, pl.ds(lo, size)].astype(jnp.float32)  # [rows, size]
         for k in range(count + 1):
             before = slots[k] if k < count else own  # rank k is slot k when k < at
             after = slots[k - 1] if k > 0 else own  # slot k - 1 when k > at
@@ -70,18 +69,6 @@ def unfold(value: jax.Array, parts: int) -> jax.Array:
     rows = [jnp.concatenate([value[t * parts + k: t * parts + k + 1] for k in range(parts)], axis=1)
             for t in range(tokens)]
     return jnp.concatenate(rows, axis=0) if tokens > 1 else rows[0]
-
-
-def chunk_rows(flat: jax.Array, rows: int, cols: int) -> jax.Array:
-    """A reduce-scatter's send buffer: ``flat`` [1, chunks·rows·cols] -> [rows, chunks·cols],
-    chunk ``g`` in columns ``[g·cols, (g+1)·cols)``, its values row after row (:func:`unfold`
-    of those columns gives the chunk back)."""
-    if rows == 1:
-        return flat
-    chunks = flat.shape[1] // (rows * cols)
-    return jnp.concatenate([
-        jnp.concatenate([flat[:, (g * rows + r) * cols: (g * rows + r + 1) * cols] for g in range(chunks)], axis=1)
-        for r in range(rows)], axis=0)
 
 
 def joined(blocks: list[jax.Array]) -> jax.Array:

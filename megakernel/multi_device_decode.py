@@ -50,7 +50,6 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from megakernel.collective_combine import (
-    chunk_rows,
     fold,
     joined,
     ranked,
@@ -213,12 +212,15 @@ class DecodeKernel(CollectiveKernel):
             return parts, self.chunk(c) // parts
         return self.batch * parts, self.payload[c][0] // parts
 
-    def send_shape(self, c: int) -> tuple[int, int, int]:
-        """Send buffer ``[phases, rows, columns]``: one message per phase (a reduce-scatter's
-        flat payload padded to whole chunks)."""
+    def send_shape(self, c: int) -> tuple[int, ...]:
+        """Send buffer ``[phases, rows, columns]``: one message per phase; a reduce-scatter's
+        ``[phases, group, rows, columns]``: its flat payload padded to whole chunks, chunk ``g``
+        at ``[phase, g]`` (a traced chunk index on an untiled leading dimension: a chunk of
+        224 columns, K3's shared reduce over 32 devices, cannot be sliced at a traced lane
+        offset)."""
         rows, cols = self.message_shape(c)
         coll = self.colls[c]
-        return coll.phases, rows, cols * (coll.members.shape[1] if self.scatters(c) else 1)
+        return (coll.phases, coll.members.shape[1], rows, cols) if self.scatters(c) else (coll.phases, rows, cols)
 
     def recv_shape(self, c: int, phase: int, copies: int) -> tuple[int, int, int, int]:
         """Receive buffer of ``phase``: ``[copies, messages, rows, columns]``, a slot per
@@ -402,18 +404,17 @@ class DecodeKernel(CollectiveKernel):
         """Put ``payload`` f32[B, w] (a reduce-scatter's phase 1: its reduced chunk, a message)
         in ``send[c][phase]`` in the message layout (:meth:`message_shape`) and start the
         phase's copies."""
-        _, rows, cols = self.send_shape(c)
-        group = self.colls[c].members.shape[1]
+        dtype = self.payload[c][1]
         if not self.scatters(c):
-            value = fold(payload, self.folds(c))
-        elif phase == 0:  # the flat payload, chunk by chunk in the message's rows
+            ctx.send[c][phase] = fold(payload, self.folds(c)).astype(dtype)
+        elif phase == 0:  # the flat payload, chunk by chunk, each in the message's rows
+            rows, cols = self.message_shape(c)
             flat = payload.reshape(1, -1)
-            value = chunk_rows(jnp.pad(flat, ((0, 0), (0, rows * cols - flat.shape[1]))), rows, cols // group)
+            flat = jnp.pad(flat, ((0, 0), (0, self.send_shape(c)[1] * rows * cols - flat.shape[1])))
+            for g in range(self.send_shape(c)[1]):
+                ctx.send[c][phase, g] = fold(flat[:, g * rows * cols: (g + 1) * rows * cols], rows).astype(dtype)
         else:  # the reduced chunk, already a message
-            value = payload
-        if value.shape[1] < cols:
-            value = jnp.concatenate([value, jnp.zeros((rows, cols - value.shape[1]), value.dtype)], axis=1)
-        ctx.send[c][phase] = value.astype(self.payload[c][1])
+            ctx.send[c][phase, 0] = payload.astype(dtype)
         for i in range(self.colls[c].counts[phase]):
             copy, dst = self._copy(ctx, c, phase, i, layer)  # type: ignore[arg-type]
             copy.start()
@@ -427,12 +428,18 @@ class DecodeKernel(CollectiveKernel):
         """Message ``i`` of ``phase``: its chunk of ``send[c][phase]`` -> the destination's slot."""
         dst = ctx.routes[self.route(c, phase, i, "dst")]
         slot = ctx.routes[self.route(c, phase, i, "slot")]
-        par, cols = self._slot_parity(c, layer), self.message_shape(c)[1]
-        first = ctx.routes[self.chunk_word(c, i)] * cols if self.scatters(c) and phase == 0 else 0
+        par = self._slot_parity(c, layer)
         return pltpu.make_async_remote_copy(
-            ctx.send[c].at[phase, :, pl.ds(first, cols)], ctx.recv[c][phase].at[par, slot],
+            self._own(ctx, c, phase, ctx.routes[self.chunk_word(c, i)]), ctx.recv[c][phase].at[par, slot],
             ctx.send_sem[c].at[phase], ctx.recv_sem[c].at[par, phase],
             device_id=(dst,), device_id_type=pltpu.DeviceIdType.MESH), dst
+
+    def _own(self, ctx: Any, c: int, phase: int, chunk: Any) -> Any:
+        """This rank's message of ``phase`` in its send buffer (a view): a reduce-scatter's
+        phase 0 sends and keeps ``chunk`` of its payload, its phase 1 the reduced chunk."""
+        if not self.scatters(c):
+            return ctx.send[c].at[phase]
+        return ctx.send[c].at[phase, chunk if phase == 0 else 0]
 
     def wait(self, ctx: DecodeCtx, c: int, layer: int) -> jax.Array:
         """Wait for collective ``c`` of ``layer`` and combine: -> f32[B, w·members] (gather,
@@ -450,8 +457,7 @@ class DecodeKernel(CollectiveKernel):
                 ctx.record(WAIT, c, phase, i, layer)
             at = ctx.routes[self.own_word(c, phase)]
             # this rank's own contribution: its chunk of its partial (reduce-scatter), else its payload
-            first = at * cols if scatter and phase == 0 else 0
-            terms = ranked(ctx.recv[c][phase], par, count, ctx.send[c], phase, first, at, cols)
+            terms = ranked(ctx.recv[c][phase], par, count, self._own(ctx, c, phase, at), at, cols)
             if scatter and phase == 0:  # reduce this rank's chunk, then gather everyone's
                 for i in range(count):
                     self._copy(ctx, c, phase, i, layer)[0].wait_send()  # type: ignore[arg-type]

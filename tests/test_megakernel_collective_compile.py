@@ -57,6 +57,16 @@ def test_kimi_k3_batch_8_the_measured_usable_vmem_pick_compiles_and_published_do
     assert code == 1 and not result["compile"]["ok"] and result["compile"]["kind"] == "vmem"
 
 
+@pytest.mark.heavy
+def test_kimi_k3_the_joint_winners_reduce_scattered_shared_reduce_compiles() -> None:
+    """The joint search's winning deployment at batch 1 (``moe.shared_reduce`` by
+    ``reduce_scatter_all_gather``): its 224-column chunks sit on a leading dimension of the send
+    buffer, where a traced lane offset was refused ("Offsets along tiled dimensions")."""
+    code, result = compile_check("kimi-k3", 32, "calibration/tpu_bench/schedules/published-joint-deployment.json")
+    assert code == 0 and result["compile"]["ok"], result["compile"]["error"]
+    assert result["plan_collectives"]["moe.shared_reduce"] == "reduce_scatter_all_gather"
+
+
 def test_tpu7x_topologies_by_devices() -> None:
     """8, 16 and 32 devices are 4, 8 and 16 TPU7x chips; a mesh larger than its topology is refused."""
     from megakernel.mosaic_compile import compile_sharded, topology_for

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megakernel.collective_combine import chunk_rows, fold, unfold
+from megakernel.collective_combine import fold, unfold
 from megakernel.collective_plan import layer_steps
 from megakernel.kernel_collectives import KernelLink, pair_matmul
 from megakernel.multi_device import Bugs
@@ -104,16 +104,13 @@ def test_k3_tp32_messages_fill_mosaic_tiles_wherever_their_values_can(batch: int
     assert tiled - logical < (0.03 if batch == 1 else 0.4) * 2**20
 
 
-def test_fold_unfold_and_chunk_rows_keep_every_value_in_place() -> None:
+def test_fold_and_unfold_keep_every_value_in_place() -> None:
     x = jnp.arange(3 * 512, dtype=jnp.float32).reshape(3, 512)
     assert fold(x, 2).shape == (6, 256)
     np.testing.assert_array_equal(fold(x, 2)[3], x[1, 256:])
     np.testing.assert_array_equal(unfold(fold(x, 2), 2), x)
-    flat = jnp.arange(4 * 2 * 128, dtype=jnp.float32).reshape(1, -1)  # 4 chunks of 2 x 128
-    rows = chunk_rows(flat, 2, 128)
-    assert rows.shape == (2, 4 * 128)
-    for g in range(4):
-        np.testing.assert_array_equal(unfold(rows[:, g * 128: (g + 1) * 128], 2), flat[:, g * 256: (g + 1) * 256])
+    chunk = jnp.arange(256, dtype=jnp.float32).reshape(1, 256)  # a reduce-scatter chunk, as its message rows
+    np.testing.assert_array_equal(unfold(fold(chunk, 2), 2), chunk)
 
 
 def test_reduce_scatter_buffers_pad_to_whole_chunks() -> None:
