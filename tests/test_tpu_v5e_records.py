@@ -11,12 +11,14 @@
   chip with the decode records' file unreadable works, every figure it sets names its probe,
   and the three the fixed-cost probe sets say they are derived through the engine.
 - ``tpusim calibrate --hardware tpu-v5e`` on a missing or malformed records file: one line, exit 2.
+- The report's ``--decoder`` reaches the records' loader and way (b) (the fit stubbed).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +27,7 @@ from calibration.sources.tpu_chip_records import KERNEL_PATH, ChipRecord
 from calibration.sources.tpu_fixed_cost import kernel_probe_chip
 from calibration.sources.tpu_kernel_fit import ranking, resolved_tau, splits
 from calibration.sources.tpu_probes import (
+    CALIBRATION_DECODER,
     dequant_path,
     load_probes,
     main,
@@ -170,3 +173,29 @@ def test_engine_runs_in_worker_processes_give_the_serial_predictions() -> None:
         assert pooled.runs == 3
     finally:
         pooled.close()
+
+
+@pytest.mark.parametrize("argv, decoder", [([], CALIBRATION_DECODER), (["--decoder", "bytes"], "bytes")])
+def test_the_report_reads_the_records_of_the_decoder_it_is_given(monkeypatch: pytest.MonkeyPatch, argv: list[str],
+                                                                  decoder: str) -> None:
+    """``--decoder`` reaches the records' loader and way (b)'s chip (no engine run: the fit is stubbed)."""
+    from calibration.reports import tpu_v5e
+    from calibration.sources import tpu_kernel_fit
+    from calibration.sources.tpu_chip_records import load_chip_records
+
+    class Reached(Exception):
+        pass
+
+    seen: dict[str, Any] = {}
+
+    def stop(path: Path, records: list[ChipRecord], *args: object) -> None:
+        seen.update(records=records, decoder=args[-1])
+        raise Reached
+
+    monkeypatch.setattr(tpu_kernel_fit, "_calibrate", stop)
+    with pytest.raises(Reached):
+        tpu_v5e.main(argv)
+    assert seen["decoder"] == decoder
+    assert seen["records"] == load_chip_records(KERNEL_PATH, decoder=decoder)
+    other = "bytes" if decoder != "bytes" else CALIBRATION_DECODER
+    assert len(seen["records"]) != len(load_chip_records(KERNEL_PATH, decoder=other))  # 22 words32, 34 bytes points

@@ -1,6 +1,6 @@
 """Predicted vs measured on the TPU v5e K3-shard kernel records, three ways (issue 34).
 
-``python -m calibration.reports.tpu_v5e [--out docs/tpu-v5e-measured.md] [--heldout PATH] [--plot PNG]``
+``python -m calibration.reports.tpu_v5e [--out docs/tpu-v5e-measured.md] [--heldout PATH] [--plot PNG] [--decoder D]``
 
 Renders :func:`calibration.sources.tpu_kernel_fit.calibrate_kernel_records` (what
 ``tpusim calibrate --hardware tpu-v5e --measurements <records>`` runs): the summary per way
@@ -8,7 +8,10 @@ Renders :func:`calibration.sources.tpu_kernel_fit.calibrate_kernel_records` (wha
 measured ms, error, inside the 90 % interval or not), the coverage and width of the
 intervals, the fitted figures per fold, and the scatter plot (predicted on x, measured on
 y, the diagonal, the held-out intervals as bars). ``--heldout`` writes the guard test's
-reference (:func:`heldout_reference`).
+reference (:func:`heldout_reference`). ``--decoder`` picks the expert decoder whose records,
+dequant probes and fixed-cost runs the study reads (default
+:data:`calibration.sources.tpu_probes.CALIBRATION_DECODER`, the kernel as it is now;
+``--decoder bytes --out /tmp/bytes.md`` regenerates the earlier kernel's study).
 """
 
 from __future__ import annotations
@@ -52,13 +55,8 @@ NOTES = [
     "(`compute.vpu.dequant_s_per_element`); at these batches it is most of the step. The MXU multiplies "
     "each 128-column panel while the VPU converts the next (`tpusim.engine.build`), so an expert part costs "
     "its conversion plus one panel's products.",
-    f"- **Which kernel.** These records ran the kernel as it is now, with its `{CALIBRATION_DECODER}` expert "
-    "decoders (rows with that `decoder`; `calibration.sources.tpu_probes.CALIBRATION_DECODER`), and way (b) "
-    "reads that decoder's dequant probes and its own fixed-cost runs. The earlier `bytes` kernel's records "
-    "(through 2026-12-05) stay in the same files; the two kernels side by side, measured and predicted: "
-    "[tpu-v5e-decoders.md](tpu-v5e-decoders.md). On the `bytes` kernel's 34 points this study gave (its "
-    "figures, not these): held out 1.9 / 2.2 % (schedule / batch half), coverage 94.1 / 97.1 %, widths "
-    "7.6 / 9.4 %, τ at batch 1 0.94, at batch 8 0.51-0.60, regret at batch 8 0.45 %.",
+]  # then the note on which kernel's records these are (kernel_note), then the notes below
+LATER_NOTES = [
     "- **The copy engine serves in issue order** (`dma.service: in_order`, the `dma_order` probe: a 64 KiB "
     "copy issued behind eight 1 MiB copies lands after all eight, 1.02 of their transfer time; behind two, "
     "0.76): a later, more urgent copy waits for every copy issued before it, where the simulator used to "
@@ -77,11 +75,29 @@ NOTES = [
     "tie counts as neither concordant nor discordant).",
 ]
 
-def fixed_cost_note() -> str:
-    """The fixed-cost probe's reading, from the committed runs (computed, not quoted)."""
+def kernel_note(decoder: str = CALIBRATION_DECODER) -> str:
+    """Which kernel's records the study read: the kernel as it is now, or an earlier decoder's."""
+    if decoder == CALIBRATION_DECODER:
+        return (f"- **Which kernel.** These records ran the kernel as it is now, with its `{CALIBRATION_DECODER}` "
+                "expert decoders (rows with that `decoder`; `calibration.sources.tpu_probes.CALIBRATION_DECODER`), "
+                "and way (b) "
+                "reads that decoder's dequant probes and its own fixed-cost runs. The earlier `bytes` kernel's records "
+                "(through 2026-12-05) stay in the same files; the two kernels side by side, measured and predicted: "
+                "[tpu-v5e-decoders.md](tpu-v5e-decoders.md). On the `bytes` kernel's 34 points this study gave (its "
+                "figures, not these): held out 1.9 / 2.2 % (schedule / batch half), coverage 94.1 / 97.1 %, widths "
+                "7.6 / 9.4 %, τ at batch 1 0.94, at batch 8 0.51-0.60, regret at batch 8 0.45 %.")
+    return (f"- **Which kernel.** These records ran the kernel's earlier `{decoder}` expert decoders (rows with "
+            "that `decoder`; rows without one ran `bytes`), and way (b) reads that decoder's dequant probes and its "
+            "own fixed-cost runs: the study as it stood before it moved to the kernel as it is now "
+            f"(`{CALIBRATION_DECODER}`, [tpu-v5e-measured.md](tpu-v5e-measured.md)); the two kernels side by side: "
+            "[tpu-v5e-decoders.md](tpu-v5e-decoders.md).")
+
+
+def fixed_cost_note(decoder: str = CALIBRATION_DECODER) -> str:
+    """The fixed-cost probe's reading, from the committed runs of ``decoder`` (computed, not quoted)."""
     from calibration.sources.tpu_fixed_cost import committed_fixed_cost
 
-    found = committed_fixed_cost()
+    found = committed_fixed_cost(decoder)
     if found is None:
         return "- **The kernel's fixed-cost probe**: no capped runs committed."
     per_expert_us = found.slope_ms_per_expert * 1e3
@@ -200,7 +216,7 @@ def exposure_lines(fit: KernelFit, batches: Sequence[int] = (1, 8)) -> list[str]
     from hwmodels.catalog import load_chip
     from tpusim.engine import simulate
 
-    chip = kernel_probe_chip(load_chip("tpu-v5e", calibrated=False))
+    chip = kernel_probe_chip(load_chip("tpu-v5e", calibrated=False), decoder=fit.decoder)
     lines = ["| schedule | batch | measured ms | (b) simulated ms | simulated compute ms | simulated exposed DMA ms "
              "| measured - simulated compute ms | DMAs in flight (max) |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -220,7 +236,7 @@ def markdown(fit: KernelFit, command: str = COMMAND) -> str:
     lines = ["# TPU v5e: predicted vs measured on the K3-shard kernel records (issue 34)", "",
              "Generated by:", "", "```bash", command, "```", "",
              f"({fit.engine_runs} engine runs, {fit.seconds:.0f} s on the shared 2-core CPU host.) Records: "
-             f"`{Path(fit.path).name}`, rows `shard_of: k3-tp32` and `decoder: {CALIBRATION_DECODER}` (one device's program of K3's TP32 plan, real "
+             f"`{Path(fit.path).name}`, rows `shard_of: k3-tp32` and `decoder: {fit.decoder}` (one device's program of K3's TP32 plan, real "
              "widths, 93 layers, context 1024, the kernel router's own routing replayed), repeated runs merged by "
              f"median: {len(fit.records)} points. Measured ms is the kernel's median step (host launch included). "
              "Error = (predicted - measured) / measured. Labels: (a) *simulated, published/assumed figures*; (b) "
@@ -230,7 +246,8 @@ def markdown(fit: KernelFit, command: str = COMMAND) -> str:
              "## Probe figures (way b)", "", "| figure | on tpu-v5e | rule |", "| --- | ---: | --- |"]
     for path, figure in fit.probe_figures.items():
         lines.append(f"| `{path}` | {figure['value']:.4g} | {figure['source'].split(': ', 1)[-1]} |")
-    lines += ["", "## Summary", "", *summary_lines(fit), "", "## Reading", "", *NOTES, fixed_cost_note(), "",
+    lines += ["", "## Summary", "", *summary_lines(fit), "", "## Reading", "", *NOTES, kernel_note(fit.decoder),
+              *LATER_NOTES, fixed_cost_note(fit.decoder), "",
               "## Intervals (way c, held out)", "",
               *coverage_lines(fit), "", "## Fitted figures (way c)", "", *fitted_lines(fit), "",
               "## Where the probe model goes wrong (way b, batch 1 and 8)", "", *EXPOSURE_NOTES, "",
@@ -273,24 +290,41 @@ def plot(fit: KernelFit, path: Path, way: str = "c:schedule") -> Path:
     widths = fit.intervals.get(way, {})
     rows = [{"heldout_ms": fit.ways[way][i], "measured_ms": fit.records[i].ms_median, "probes_ms": fit.ways["b"][i],
              "half_width": widths.get(i, 0.0)} for i in sorted(fit.ways[way])]
-    return scatter(rows, path, f"K3 TP32 shard on one TPU v5e, the {CALIBRATION_DECODER} kernel\n"
+    return scatter(rows, path, f"K3 TP32 shard on one TPU v5e, the {fit.decoder} kernel\n"
                    f"predicted vs measured ({way[2:]} halves held out)")
 
 
+def command_for(args: argparse.Namespace) -> str:
+    """The command line a page says generated it: :data:`COMMAND` for the calibration decoder,
+    else the one with ``--decoder`` and the outputs asked for."""
+    if args.decoder == CALIBRATION_DECODER:
+        return COMMAND
+    outputs = [f"--{name} {value}" for name in ("out", "json", "heldout", "plot") if (value := getattr(args, name))]
+    return " ".join(["JAX_PLATFORMS=cpu .venv/bin/python -m calibration.reports.tpu_v5e", f"--decoder {args.decoder}",
+                     *outputs])
+
+
 def main(argv: Sequence[str] | None = None) -> None:
+    from calibration.reports.tpu_v5e_decoders import EARLIER_DECODER
+
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--records", type=Path, default=KERNEL_PATH, help="the kernel records (JSONL)")
     parser.add_argument("--out", type=Path, default=None, help="write the markdown tables here")
     parser.add_argument("--json", type=Path, default=None, help="write the full result as JSON here")
     parser.add_argument("--heldout", type=Path, default=None, help="write the guard test's reference here")
     parser.add_argument("--plot", type=Path, default=None, help="write the scatter plot (PNG) here")
+    parser.add_argument("--decoder", choices=(CALIBRATION_DECODER, EARLIER_DECODER), default=CALIBRATION_DECODER,
+                        help=f"the expert decoder whose records and probes the study reads (default "
+                             f"{CALIBRATION_DECODER}, the kernel as it is now; {EARLIER_DECODER}: the earlier kernel)")
     args = parser.parse_args(argv)
-    fit = calibrate_kernel_records(args.records, progress=lambda line: sys.stderr.write(line + "\n"))
-    text = markdown(fit)
+    fit = calibrate_kernel_records(args.records, progress=lambda line: sys.stderr.write(line + "\n"),
+                                   decoder=args.decoder)
+    command = command_for(args)
+    text = markdown(fit, command)
     if args.out:
         args.out.write_text(text)
     if args.heldout:
-        args.heldout.write_text(json.dumps(heldout_reference(fit), indent=1) + "\n")
+        args.heldout.write_text(json.dumps(heldout_reference(fit, command), indent=1) + "\n")
     if args.json:
         args.json.write_text(json.dumps(fit.to_json(), indent=1, default=float) + "\n")
     if args.plot:

@@ -7,7 +7,9 @@ The figures a v5e probe measured that belong to the *architecture* (the DMA desc
 the kernel's layer loop), not to the chip (HBM, MXU size and clock, VPU width, VMEM), and
 that replace an *assumption* in ``hwmodels/catalog/tpu-v7.yaml``:
 
-- ``execution.per_layer_overhead_s`` (assumed 1 µs): the ``layer_loop`` probe's slope;
+- ``execution.per_layer_overhead_s`` (assumed 1 µs): the ``layer_loop`` probe's slope (the
+  output's ``per_layer_probe`` gives it with its least-squares standard error: how well the
+  probe resolves it);
 - ``links.ici.message_issue_s`` and ``links.sibling.message_issue_s`` (assumed 0.1 µs): the
   ``dma_issue`` probe's per-copy issue cost (4 KiB copies, 16 in flight: the descriptor issue
   throughput of the same DMA engine that issues remote copies).
@@ -27,6 +29,8 @@ from __future__ import annotations
 import json
 import sys
 from typing import Any
+
+import numpy as np
 
 from calibration.core.parameters import chip_with
 from calibration.sources.loaders import load_measurements, usable_for
@@ -53,6 +57,17 @@ def v5e_priors() -> dict[str, float]:
     return out
 
 
+def per_layer_probe() -> dict[str, float]:
+    """The ``layer_loop`` probe's least-squares slope over its empty-layer counts (the per-layer
+    prior above, before clipping at 0) and the slope's standard error, in seconds."""
+    loop = [r for r in load_probes() if r["probe"] == "layer_loop"]
+    layers = [r["params"]["layers"] for r in loop]
+    seconds = [r["seconds_median"] for r in loop]
+    coefficients, covariance = np.polyfit(layers, seconds, 1, cov=True)
+    return {"slope_s": float(coefficients[0]), "standard_error_s": float(np.sqrt(covariance[0, 0])),
+            "points": len(loop)}
+
+
 def k3_ms(chip: Chip, predictor: Predictor) -> float:
     return predictor.predict(chip, Measurement.model_validate(K3)) * 1e3
 
@@ -61,7 +76,7 @@ def run() -> dict[str, Any]:
     published = load_chip("tpu-v7", calibrated=False)
     records = usable_for(load_measurements("published:tpu7x-musespark"), published.name, published.kind)
     components = load_components("tpu7x-components")
-    out: dict[str, Any] = {"v5e_priors": v5e_priors(), "rows": {}}
+    out: dict[str, Any] = {"v5e_priors": v5e_priors(), "per_layer_probe": per_layer_probe(), "rows": {}}
     for name, priors in (("catalog priors", {}), ("v5e-measured architecture priors", out["v5e_priors"])):
         predictor = Predictor()
         chip = chip_with(published, priors) if priors else published

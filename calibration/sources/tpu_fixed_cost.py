@@ -166,10 +166,10 @@ def _found(probes_path: str, kernel_path: str, mtimes: tuple[float, float],
     return fixed_cost(probe_chip(load_chip("tpu-v5e", calibrated=False), probes_path, decoder), kernel_path, decoder)
 
 
-def committed_fixed_cost() -> FixedCost | None:
-    """:func:`fixed_cost` of the committed probe and capped-run files (what reports quote)."""
+def committed_fixed_cost(decoder: str = CALIBRATION_DECODER) -> FixedCost | None:
+    """:func:`fixed_cost` of the committed probe and capped-run files of ``decoder`` (what reports quote)."""
     return _found(str(PROBES_PATH), str(FIXED_COST_PATH),
-                  (Path(PROBES_PATH).stat().st_mtime, Path(FIXED_COST_PATH).stat().st_mtime))
+                  (Path(PROBES_PATH).stat().st_mtime, Path(FIXED_COST_PATH).stat().st_mtime), decoder)
 
 
 def fixed_cost_figures(probes_path: Path | str = PROBES_PATH, kernel_path: Path | str = FIXED_COST_PATH,

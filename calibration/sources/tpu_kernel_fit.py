@@ -2,7 +2,7 @@
 
 The source of ``tpusim calibrate --hardware tpu-v5e --measurements <kernel records>``: the
 K3-shard step times the megakernel measured on a v5e (:mod:`calibration.sources.tpu_chip_records`,
-every ``shard_of`` row the file holds of the decoder
+every ``shard_of`` row the file holds of one expert decoder, by default
 :data:`calibration.sources.tpu_probes.CALIBRATION_DECODER`, whatever schedules and batches), fitted through the one
 calibration core (:func:`calibration.core.fit`, :func:`calibration.core.leave_one_group_out`,
 :func:`calibration.core.coverage`).
@@ -13,7 +13,8 @@ Three ways to predict each record:
 - **(b) probes**: the catalog with every figure the chip probes measured
   (:func:`calibration.sources.tpu_probes.probe_chip`) and the two the kernel's fixed-cost
   probe gives (:func:`calibration.sources.tpu_fixed_cost.kernel_probe_chip`: the kernel run
-  with its experts capped, kept in their own file); no decode step time is read;
+  with its experts capped, kept in their own file), both of the records' decoder; no decode
+  step time is read;
 - **(c) fitted**: :data:`FITTED` fitted on kernel step times, starting from (b), in log space.
   Every point is predicted by a refit that never saw it, in two splits (:func:`splits`):
   the schedules in two halves (alternating in name order: fit on one half, predict the
@@ -65,9 +66,7 @@ from calibration.core import (
 )
 from calibration.sources.tpu_chip_records import ChipRecord, ChipRecordPredictor, load_chip_records
 from calibration.sources.tpu_fixed_cost import kernel_probe_chip, kernel_probe_figures
-from calibration.sources.tpu_probes import (
-    PROBES_PATH,
-)
+from calibration.sources.tpu_probes import CALIBRATION_DECODER, PROBES_PATH
 from hwmodels.catalog import load_chip
 from hwmodels.errors import InputError
 from hwmodels.overlay import CalibratedValue, CalibrationOverlay, ModelErrorTerm
@@ -158,6 +157,7 @@ class KernelFit:
     engine_runs: int
     seconds: float
     intervals: dict[str, dict[int, float]] = field(default_factory=dict)  # c:<split> -> index -> half-width t
+    decoder: str = CALIBRATION_DECODER  # the expert decoder the records, probes and fixed-cost runs ran
 
     def mape(self, way: str) -> float:
         values = self.ways[way]
@@ -205,7 +205,8 @@ class KernelFit:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "chip": CHIP, "label": LABEL, "records": [r.__dict__ for r in self.records], "fitted": self.fitted,
+            "chip": CHIP, "label": LABEL, "decoder": self.decoder, "records": [r.__dict__ for r in self.records],
+            "fitted": self.fitted,
             "values": self.values(), "sigma": self.sigma(),
             "mape": {w: self.mape(w) for w in self.ways},
             "ways": {w: {str(i): v for i, v in p.items()} for w, p in self.ways.items()},
@@ -222,28 +223,30 @@ class KernelFit:
 def calibrate_kernel_records(path: Path | str, *, probes_path: Path | str = PROBES_PATH,
                              fitted: Sequence[str] = FITTED, options: SolverOptions = OPTIONS,
                              holdout: Sequence[str] = SPLITS, progress: Callable[[str], None] | None = None,
-                             jobs: int | None = None) -> KernelFit:
+                             jobs: int | None = None, decoder: str = CALIBRATION_DECODER) -> KernelFit:
     """Ways (a), (b), the fit on every record and the held-out refits over the splits in
     ``holdout`` (default both; fewer splits, fewer refits: each split costs about one full fit).
-    ``jobs``: engine worker processes (default: one per CPU core, at most 8)."""
+    ``jobs``: engine worker processes (default: one per CPU core, at most 8). ``decoder``: the
+    expert decoder whose decode records are fitted and whose dequant probes and fixed-cost
+    runs make way (b) (the earlier kernel's study: ``"bytes"``)."""
     unknown = [split for split in holdout if split not in SPLITS]
     if unknown:
         raise InputError(f"held-out split {', '.join(unknown)}: the kernel records split by {' or '.join(SPLITS)}")
     started = time.perf_counter()
     say = progress or (lambda _line: None)
-    records = load_chip_records(path)
+    records = load_chip_records(path, decoder=decoder)
     predictor = ChipRecordPredictor(records, jobs=jobs or min(os.cpu_count() or 1, 8))
     try:
-        return _calibrate(path, records, predictor, probes_path, fitted, options, holdout, say, started)
+        return _calibrate(path, records, predictor, probes_path, fitted, options, holdout, say, started, decoder)
     finally:
         predictor.close()
 
 
 def _calibrate(path: Path | str, records: list[ChipRecord], predictor: ChipRecordPredictor, probes_path: Path | str,
                fitted: Sequence[str], options: SolverOptions, holdout: Sequence[str], say: Callable[[str], None],
-               started: float) -> KernelFit:
+               started: float, decoder: str) -> KernelFit:
     catalog = load_chip(CHIP, calibrated=False)
-    probes = kernel_probe_chip(catalog, probes_path)
+    probes = kernel_probe_chip(catalog, probes_path, decoder=decoder)
     ways: dict[str, dict[int, float]] = {}
     for name, chip in (("a", catalog), ("b", probes)):
         say(f"way ({name}): {len(records)} records")
@@ -268,10 +271,12 @@ def _calibrate(path: Path | str, records: list[ChipRecord], predictor: ChipRecor
         if found is not None:
             covered[split] = found
             intervals[f"c:{split}"] = _half_widths(split_folds)
-    figures = {p: {"value": v, "source": src} for p, (v, src) in kernel_probe_figures(probes_path).items()}
+    figures = {p: {"value": v, "source": src}
+               for p, (v, src) in kernel_probe_figures(probes_path, decoder=decoder).items()}
     return KernelFit(path=str(path), records=records, fitted=list(fitted), ways=ways, solution=solution, folds=folds,
                      coverage=covered, model_error=model_error(folds), probe_figures=figures,
-                     engine_runs=predictor.runs, seconds=time.perf_counter() - started, intervals=intervals)
+                     engine_runs=predictor.runs, seconds=time.perf_counter() - started, intervals=intervals,
+                     decoder=decoder)
 
 
 def _half_widths(folds: Sequence[Fold]) -> dict[int, float]:
