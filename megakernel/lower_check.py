@@ -11,7 +11,8 @@ The process sets ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before J
 schedule or plan the kernel cannot implement prints ``{"error": KIND, "message": ...}`` and
 exits 2 (KIND: ``model`` | ``schedule`` | ``plan`` | ``deployment``).
 
-``--compile``: also compile the step with libtpu's Mosaic compiler on compile-only TPU7x
+``--scoped-vmem`` (with ``--compile``): the compiler's own scoped-VMEM figure too
+(:func:`megakernel.mosaic_compile.scoped_vmem_bytes`, one more compile). ``--compile``: also compile the step with libtpu's Mosaic compiler on compile-only TPU7x
 devices (:func:`megakernel.mosaic_compile.topology_for` ``("tpu-v7", N)``: ``tpu7x:2x2x1`` for 8
 devices, ``tpu7x:2x2x4`` for 32; no TPU needed): the same sharded program, on a mesh of those
 devices, ``.compile()``d. The JSON gains ``compile``
@@ -45,6 +46,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--log", action="store_true", help="add the kernel's collective event order")
     parser.add_argument("--compile", action="store_true",
                         help="also compile with libtpu's Mosaic compiler on compile-only TPU7x devices")
+    parser.add_argument("--scoped-vmem", action="store_true",
+                        help="with --compile: also read the compiler's own scoped-VMEM figure (one more compile)")
     parser.add_argument("--deployment-model", default=None,
                         help="the model a schedule's deployment was searched for (default: --model)")
     parser.add_argument("--deployment-devices", type=int, default=None,
@@ -105,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(json.dumps({"error": "topology", "message": str(error)}) + "\n")
         return 2
     result["compile"] = dataclasses.asdict(compiled)
+    if args.scoped_vmem:
+        from megakernel.mosaic_compile import scoped_vmem_bytes
+
+        result["compiler_scoped_vmem_bytes"] = scoped_vmem_bytes(kernel, topology_for("tpu-v7", args.devices))
     sys.stdout.write(json.dumps(result) + "\n")
     return 0 if compiled.ok else 1
 

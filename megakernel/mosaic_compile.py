@@ -154,7 +154,7 @@ def _lower_and_compile(jitted: Any, placed: Any, topology_name: str, *, raw_erro
 
 
 def compile_sharded(build: Callable[[Any], Callable[..., Any]], inputs: Any, specs: Any, topology_name: str,
-                    devices: int, axis_name: str = "x") -> CompileReport:
+                    devices: int, axis_name: str = "x", raw_errors: bool = False) -> CompileReport:
     """Lower ``jax.jit(build(mesh))`` over a 1-D mesh ``(axis_name,)`` of the first ``devices``
     compile-only devices of ``topology_name`` and compile it with Mosaic (every device's kernel,
     remote copies and semaphores included). ``inputs``: a pytree of ``jax.ShapeDtypeStruct``
@@ -175,10 +175,10 @@ def compile_sharded(build: Callable[[Any], Callable[..., Any]], inputs: Any, spe
                              is_leaf=lambda x: isinstance(x, PartitionSpec))
     placed = jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
                           inputs, shardings)
-    return _lower_and_compile(jax.jit(build(mesh)), placed, topology_name)
+    return _lower_and_compile(jax.jit(build(mesh)), placed, topology_name, raw_errors=raw_errors)
 
 
-def compile_collective(kernel: Any, topology_name: str) -> CompileReport:
+def compile_collective(kernel: Any, topology_name: str, raw_errors: bool = False) -> CompileReport:
     """Compile one decode step of ``kernel`` (a
     :class:`megakernel.kernel_collectives.CollectiveMegakernel`) over ``kernel.plan.devices``
     compile-only devices of ``topology_name``: :meth:`sharded_step` on that mesh, inputs
@@ -197,7 +197,7 @@ def compile_collective(kernel: Any, topology_name: str) -> CompileReport:
     before = kernel.__dict__.get("mesh")
     try:
         return compile_sharded(build, (hbm, embedding, state, tokens, routes), specs, topology_name,
-                               kernel.plan.devices)
+                               kernel.plan.devices, raw_errors=raw_errors)
     finally:  # the kernel's own mesh again (or built on next use)
         if before is None:
             kernel.__dict__.pop("mesh", None)
@@ -227,6 +227,14 @@ def compile_for(kernel: Any, topology_name: str) -> CompileReport:
 
 
 SCOPED = re.compile(r"Scoped allocation with size ([0-9.]+)M and limit")
+USED = re.compile(r"Used ([0-9.]+)M of ([0-9.]+)M vmem")  # XLA's VMEM refusal (M: MiB)
+
+
+def vmem_used_bytes(error: str | None) -> tuple[int, int] | None:
+    """(used, capacity) in bytes from a refusal on VMEM ("Used 66.10M of 64.00M vmem": the whole
+    program's VMEM, the kernel's scratch and spill slots and the compiler's own), else None."""
+    found = USED.search(error or "")
+    return None if found is None else (round(float(found[1]) * (1 << 20)), round(float(found[2]) * (1 << 20)))
 
 
 def scoped_vmem_bytes(kernel: Any, topology_name: str) -> int | None:
@@ -237,7 +245,11 @@ def scoped_vmem_bytes(kernel: Any, topology_name: str) -> int | None:
     (``Used X of Y``) instead, which is not the kernel's alone."""
     probe = copy.copy(kernel)
     probe.vmem_limit_bytes = max(sum(kernel.scratch_bytes().values()) // 2, 1 << 20)
-    report = compile_function(probe.step, step_inputs(probe), topology_name, raw_errors=True)
+    if getattr(kernel, "link", None) is not None:  # the collective kernel: every device's program
+        probe.__dict__.pop("mesh", None)
+        report = compile_collective(probe, topology_name, raw_errors=True)
+    else:
+        report = compile_function(probe.step, step_inputs(probe), topology_name, raw_errors=True)
     found = SCOPED.search(report.error or "")
     return None if found is None else round(float(found.group(1)) * (1 << 20))
 

@@ -41,3 +41,27 @@ def test_run_kernel_on_a_model_too_large_points_to_lower(capsys) -> None:
     err = capsys.readouterr().err
     assert "does not fit one device" in err
     assert "tpusim lower --model kimi-k3 --schedule published" in err
+
+
+def test_a_vmem_refusal_prints_the_compilers_figure_beside_the_accounting(capsys, monkeypatch) -> None:
+    """The compiler's own figure (here from its refusal, "Used X of Y") beside the accounting, and
+    the accounting plus the catalog's compiler reserve (tpu-v7: 64 - 58 MiB) as a share of it."""
+    from megakernel import mosaic_compile
+    from tpusim.app.cli import lower
+
+    mib = 1 << 20
+    report = {"model": "kimi-k3", "plan": "k3-tp32", "devices": 32, "schedule": "published", "batch": 8,
+              "lowered": True, "scratch_bytes": {"all": 57.61 * mib}, "accounting_bytes": {"all": 57.61 * mib},
+              "collectives": True, "remote_copies_per_layer": 143, "scratch_tiled_bytes": 57.96 * mib,
+              "deployment": None, "plan_collectives": {},
+              "compile": {"topology": "tpu7x:2x2x4", "ok": False, "seconds": 22.5, "kind": "vmem",
+                          "error": "RESOURCE_EXHAUSTED: Ran out of memory in memory space vmem. Used 66.10M of "
+                                   "64.00M vmem. Exceeded vmem capacity by 2.10M."}}
+    monkeypatch.setattr(mosaic_compile, "libtpu_available", lambda: True)
+    monkeypatch.setattr(lower, "_lower_on_mesh", lambda *args, **kwargs: report)
+    assert main(["lower", "--hardware", "tpu-v7", "--model", "kimi-k3", "--schedule", "published",
+                 "--batch", "8"]) == 1
+    out = capsys.readouterr().out
+    assert "the compiler's figure:     66.10 MiB (measured: Mosaic's own, its refusal above" in out
+    assert "plus 8.14 MiB of spill slots" in out and "-12.84 % of it" in out
+    assert "63.61 MiB" in out and "-3.77 % of the compiler's figure" in out

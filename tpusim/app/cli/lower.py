@@ -54,6 +54,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--weight-banks", type=int, default=0, metavar="N",
                         help="stacked weights hold N distinct entries read in turn (the HBM bytes per step are "
                         "unchanged; fits the K3 shard's weights on one v5e); 0: one entry per layer")
+    parser.add_argument("--scoped-vmem", action="store_true",
+                        help="with a Mosaic compile: also read the compiler's own scoped-VMEM figure (scratch as "
+                        "it lays it out, spill slots, its own scratch; one more compile, refused on purpose)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
 
@@ -68,7 +71,7 @@ def default_devices(model_name: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from hwmodels.catalog import load_chip
-    from megakernel.mosaic_compile import TOPOLOGIES, libtpu_available
+    from megakernel.mosaic_compile import TOPOLOGIES, libtpu_available, vmem_used_bytes
     from tpusim.schedule.schema import load_schedule
     from tpusim.workload.model_catalog import load_model, plan_for, shard_plan
 
@@ -119,8 +122,12 @@ def run(args: argparse.Namespace) -> int:
                                       else (accounting - report["scratch_tiled_bytes"]) / report["scratch_tiled_bytes"]),
         "usable_vmem_label": (chip.staging_memory.usable_capacity_bytes or chip.staging_memory.capacity_bytes).label,
         "fits": scratch <= usable, "hardware": chip.name, "compile": report.get("compile"),
-        "compiled": "compile" in report,
+        "compiled": "compile" in report, "compiler_scoped_vmem_bytes": report.get("compiler_scoped_vmem_bytes"),
+        "vmem_capacity_bytes": chip.staging_memory.capacity_bytes.value,
     }
+    refused = vmem_used_bytes((data["compile"] or {}).get("error"))
+    if refused is not None and not data["compiler_scoped_vmem_bytes"]:  # the refusal says what it used
+        data["compiler_scoped_vmem_bytes"], data["compiler_vmem_from"] = refused[0], "its refusal"
     if args.json:
         emit_json(data)
     else:
@@ -155,6 +162,7 @@ def _compile_fresh(args: argparse.Namespace, chip_name: str) -> dict[str, Any]:
                args.schedule, "--hardware", chip_name, "--batch", str(args.batch), "--context", str(args.context),
                "--weight-banks", str(args.weight_banks)]
     command += ["--shard-of", args.shard_of] if args.shard_of else ["--devices", "1"]
+    command += ["--scoped-vmem"] if getattr(args, "scoped_vmem", False) else []
     env = {**os.environ, **ENVIRONMENT}
     done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     lines = done.stdout.strip().splitlines()
@@ -193,7 +201,7 @@ def _lower_on_mesh(args: argparse.Namespace, devices: int, *, compile: bool = Fa
     command = [sys.executable, "-m", "megakernel.lower_check", "--model", args.model, "--devices", str(devices),
                "--schedule", args.schedule, "--batch", str(args.batch), "--context", str(args.context)]
     if compile:
-        command.append("--compile")
+        command += ["--compile", "--scoped-vmem"] if getattr(args, "scoped_vmem", False) else ["--compile"]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     lines = done.stdout.strip().splitlines()
     if not lines:
@@ -226,6 +234,17 @@ def _print(data: dict[str, Any]) -> None:
         print(f"  VMEM scratch as Mosaic tiles it:    {data['scratch_tiled_total_bytes'] / MIB:9.2f} MiB "
               "(derived: Mosaic's tiling rule, before the compiler's own temporaries; the accounting "
               f"{100 * data['tiled_relative_difference']:+.2f} % of it)")
+    if data.get("compiler_scoped_vmem_bytes"):
+        scoped, accounting = data["compiler_scoped_vmem_bytes"], data["accounting_total_bytes"]
+        how = ("its refusal above" if data.get("compiler_vmem_from") else
+               "compiled once more under a limit it refuses")
+        print(f"  VMEM scoped, the compiler's figure: {scoped / MIB:9.2f} MiB (measured: Mosaic's own, {how}: the "
+              f"tiled scratch plus {(scoped - (data.get('scratch_tiled_total_bytes') or accounting)) / MIB:.2f} MiB of "
+              f"spill slots and compiler scratch; the accounting {100 * (accounting - scoped) / scoped:+.2f} % of it)")
+        modelled = accounting + data["vmem_capacity_bytes"] - data["usable_vmem_bytes"]
+        print(f"  VMEM the simulator models in all:   {modelled / MIB:9.2f} MiB (the accounting plus the catalog's "
+              f"compiler reserve, capacity less usable: {(modelled - accounting) / MIB:.2f} MiB; "
+              f"{100 * (modelled - scoped) / scoped:+.2f} % of the compiler's figure)")
     if data["deployment"]:
         print("  deployment (by " + data["deployment"]["rule"] + "): " + ", ".join(
             f"{name} {algorithm}" for name, algorithm in data["plan_collectives"].items()))

@@ -23,7 +23,6 @@ simulated rows are compiled in turn (:func:`resweep`). Its compiled pick becomes
 from __future__ import annotations
 
 import argparse
-import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -32,8 +31,6 @@ from typing import Any
 from hwmodels.errors import InputError
 
 MIB = 1 << 20
-# XLA's VMEM refusal: "Used 66.10M of 64.00M vmem." (M: MiB)
-USED = re.compile(r"Used ([0-9.]+)M of ([0-9.]+)M vmem")
 MESH_DEVICES = (8, 16, 32)  # TPU7x compile-only topologies with collectives (megakernel.mosaic_compile)
 
 
@@ -107,14 +104,16 @@ class MosaicCheck:
         where = f"{self.chip} ({compiled.get('topology', '?')})"
         if compiled.get("ok"):
             return True, f"compile-checked: Mosaic compiled it for {where} in {compiled['seconds']:.1f} s"
+        from megakernel.mosaic_compile import vmem_used_bytes
+
         error = compiled.get("error") or "no error text"
-        used = USED.search(error)
+        used = vmem_used_bytes(error)
         if compiled.get("kind") == "vmem" and used:
             return False, self._learn(used, sum(report["accounting_bytes"].values()), row["name"], where)
         return False, f"refused by Mosaic for {where}: {error.splitlines()[0][:240]}"
 
-    def _learn(self, used: re.Match[str], accounting_bytes: float, name: str, where: str) -> str:
-        used_bytes, capacity = float(used[1]) * MIB, float(used[2]) * MIB
+    def _learn(self, used: tuple[int, int], accounting_bytes: float, name: str, where: str) -> str:
+        used_bytes, capacity = used
         beside = used_bytes - accounting_bytes
         note = (f"refused by Mosaic for {where} on VMEM: {used_bytes / MIB:.2f} MiB used of {capacity / MIB:.2f} "
                 f"({beside / MIB:.2f} MiB beside the {accounting_bytes / MIB:.2f} the accounting counts)")
