@@ -119,3 +119,27 @@ def test_the_second_sweep_runs_within_what_the_compiler_leaves_and_its_pick_beco
     assert load_schedule(tmp_path / sweep_compile.REFUSED_BEST).name == "first"
     summary = (tmp_path / "summary.md").read_text()
     assert summary.startswith("# first sweep") and "55.51 MiB" in summary
+
+
+def test_what_cannot_be_compile_checked_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hwmodels.catalog import make_system
+    from hwmodels.errors import InputError
+    from megakernel import mosaic_compile
+    from tpusim.workload.model_catalog import load_model, plan_for, shard_plan
+
+    monkeypatch.setattr(mosaic_compile, "libtpu_available", lambda: True)
+    k3 = load_model("kimi-k3")
+
+    def args(**extra: Any) -> argparse.Namespace:
+        return argparse.Namespace(**{"space": None, "shard_of": None, "weight_banks": 0, **extra})
+
+    sweep_compile.check_possible(args(shard_of="k3-tp32", weight_banks=2), make_system("tpu-v5e", 1),
+                                 shard_plan(k3, "k3-tp32"))  # one device's program: compiles on v5e
+    assert sweep_compile.program_devices(args(shard_of="k3-tp32"), shard_plan(k3, "k3-tp32")) == 1
+    for bad, system, plan, words in [
+            (args(), make_system("b200", 8), plan_for(k3, 8), "not a TPU"),
+            (args(), make_system("tpu-v5e", 16), plan_for(k3, 16), "compiles only on tpu-v7"),
+            (args(weight_banks=2), make_system("tpu-v7", 16), plan_for(k3, 32), "--weight-banks 2"),
+            (args(space="joint"), make_system("tpu-v7", 16), plan_for(k3, 32), "schedule sweeps only")]:
+        with pytest.raises(InputError, match=words):
+            sweep_compile.check_possible(bad, system, plan)

@@ -81,6 +81,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="TPU, with libtpu: compile the simulated schedules with Mosaic, fastest first, and "
                         "choose the fastest that compiles (at most N compiles; after a refusal on VMEM, candidates "
                         "that cannot fit beside what the compiler kept are skipped); exit 1 when none compiles")
+    parser.add_argument("--weight-banks", type=int, default=0, metavar="N",
+                        help="--compile-check of a --shard-of program: compile it with stacked weights of N "
+                        "distinct entries, as run-kernel runs a shard too big for one chip's HBM (0: one per layer)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_format_option(parser)
     parser.set_defaults(func=run, output_lock="folder")
@@ -108,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
     model, plan, system, routing = resolve_workload(args)
     fit = check_fit(args, model, plan, system)  # capacity first
     accept = None
+    if args.weight_banks and args.compile_check is None:
+        raise InputError("--weight-banks: only with --compile-check (the simulator's HBM bytes do not change)")
     if args.compile_check is not None:
         from tpusim.app.cli.sweep_compile import MosaicCheck, check_possible
 

@@ -39,6 +39,10 @@ def check_possible(args: argparse.Namespace, system: Any, plan: Any) -> None:
     from megakernel.mosaic_compile import TOPOLOGIES, libtpu_available
 
     family = system.chip.name.partition("@")[0]
+    devices = program_devices(args, plan)
+    if args.weight_banks and (args.weight_banks < 0 or devices != 1):
+        raise InputError(f"--weight-banks {args.weight_banks}: a count >= 0, for the one-device program of "
+                         "--shard-of")
     if args.space == "joint":
         raise InputError("--compile-check: schedule sweeps only (a joint sweep's pick: tpusim lower --schedule "
                          "best.json --hardware tpu-v7)")
@@ -46,12 +50,17 @@ def check_possible(args: argparse.Namespace, system: Any, plan: Any) -> None:
         raise InputError(f"--compile-check: {system.chip.name} is not a TPU; Mosaic compiles TPU kernels")
     if not libtpu_available():
         raise InputError("--compile-check: libtpu is not installed (pip install -e '.[tpu-compile]')")
-    if plan.devices == 1 and family not in TOPOLOGIES:
+    if devices == 1 and family not in TOPOLOGIES:
         raise InputError(f"--compile-check: no Mosaic compile topology for {system.chip.name} (one of "
                          + ", ".join(TOPOLOGIES) + ")")
-    if plan.devices > 1 and (family != "tpu-v7" or plan.devices not in MESH_DEVICES):
-        raise InputError(f"--compile-check: the collective kernel on {plan.devices} devices compiles only on "
+    if devices > 1 and (family != "tpu-v7" or devices not in MESH_DEVICES):
+        raise InputError(f"--compile-check: the collective kernel on {devices} devices compiles only on "
                          f"tpu-v7 with {', '.join(map(str, MESH_DEVICES))} devices")
+
+
+def program_devices(args: argparse.Namespace, plan: Any) -> int:
+    """Devices of the program the kernel runs: 1 for ``--shard-of`` (one device's program)."""
+    return 1 if getattr(args, "shard_of", None) else plan.devices
 
 
 class MosaicCheck:
@@ -96,8 +105,9 @@ class MosaicCheck:
         path = self.folder / f"{row['hash']}.json"
         save_schedule(schedule, path)
         report = mosaic_report(model=self.args.model, schedule_path=str(path), batch=self.args.batch,
-                               context=self.args.context, chip_name=self.chip, devices=self.plan.devices,
-                               shard_of=getattr(self.args, "shard_of", None))
+                               context=self.args.context, chip_name=self.chip, devices=program_devices(self.args, self.plan),
+                               shard_of=getattr(self.args, "shard_of", None),
+                               weight_banks=getattr(self.args, "weight_banks", 0))
         if "error" in report:
             return False, f"the kernel cannot follow it: {report['message']}"
         compiled = report.get("compile") or {}
