@@ -126,6 +126,25 @@ def test_the_deployment_search_reports_the_winner_with_its_interval_and_p_best(t
     assert "**FAILED**: `RuntimeError: no plan`" in render_report(failed)
 
 
+def test_compile_checks_and_the_compiled_winner_are_reported(tmp_path) -> None:
+    run = DemoRun(DemoConfig(out_dir=tmp_path))
+    run.step("joint b1").data = {"best": {"plan": "auto", "collectives": "", "predicted_ms": 4.0, "tokens_per_s": 250.0},
+                                 "published": {}, "speedup": 1.0, "simulated": 8, "trials": 8, "robust": {}}
+    assert "not run here: libtpu is not installed" in render_report(run)
+    mib = 1 << 20
+    run.step("compile joint b1").data = {
+        "compile": {"ok": True, "topology": "tpu7x:2x2x4", "seconds": 11.0, "kind": None, "error": None},
+        "scratch_total_bytes": 50.93 * mib, "accounting_total_bytes": 50.93 * mib}
+    run.step("sweep b1").data = {"counts": {"considered": 9, "pruned": 1, "simulated": 8}, "best": {"predicted_ms": 4.1},
+                                 "compile_checks": [{"name": "sample-1", "accepted": True,
+                                                     "note": "compile-checked: Mosaic compiled it in 10.5 s"}]}
+    run.step("sweep b8").data = {"counts": {"considered": 9, "pruned": 1, "simulated": 8}, "best": {"predicted_ms": 8.1}}
+    text = render_report(run)
+    assert "Mosaic **compiled** the winner at full K3 size on 32 TPU7x devices (tpu7x:2x2x4) in 11.0 s" in text
+    assert "batch 1: `best.json` (sample-1) compile-checked: Mosaic compiled it in 10.5 s." in text
+    assert "Not compile-checked here: batch 8" in text
+
+
 def test_host_cpu_figures_are_labelled_probed_not_published(tmp_path) -> None:
     """The issue's case: host-CPU figures probed on this machine sat under a 'published' header."""
     run = DemoRun(DemoConfig(out_dir=tmp_path))

@@ -43,6 +43,8 @@ import io
 import json
 import os
 import shlex
+import subprocess
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -72,6 +74,22 @@ def run_cli_json(argv: list[str]) -> Any:
     if code != 0:
         raise RuntimeError(f"tpusim {' '.join(argv)} exited {code}: {errors.getvalue().strip()[-400:]}")
     return json.loads(buffer.getvalue())
+
+
+def start_lower(argv: list[str]) -> subprocess.Popen[str]:
+    """``tpusim lower ARGV --json`` in a process of its own (it compiles in a fresh one anyway)."""
+    return subprocess.Popen([sys.executable, "-m", "tpusim", "lower", *argv, "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish_lower(process: subprocess.Popen[str]) -> Any:
+    """Its report whether Mosaic compiled the kernel (exit 0) or refused it (exit 1, the refusal in
+    the report); bad input (exit 2) or a crash fails the step."""
+    out, err = process.communicate()
+    _stop_if_interrupted(process.returncode)
+    if process.returncode not in (0, 1) or not out.strip():
+        raise RuntimeError(f"tpusim lower exited {process.returncode}: {err.strip()[-400:]}")
+    return json.loads(out)
 
 
 def run_cli(argv: list[str]) -> str:
@@ -198,10 +216,16 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda _: Non
 
     _timed(run, "floor", lambda: run_cli_json(["floor", *K3_TPU, "--batch", "1"]), progress)
     compare_batches = sorted({int(b) for b in config.compare_batches.split(",") if b.strip()})
+    from megakernel.mosaic_compile import libtpu_available
+
+    compiles = libtpu_available()
     for batch in sorted({1, 8, *compare_batches}):  # every batch the compare step shows has its own sweep
-        _timed(run, f"sweep b{batch}", lambda b=batch: run_cli_json([
+        # batch 1's pick is compiled with Mosaic (~10-20 s); at batch 8 the check would sweep again
+        # within what the compiler leaves (minutes: docs/sweep.md), beyond the demo's budget
+        check = ["--compile-check", "2"] if compiles and batch == 1 else []
+        _timed(run, f"sweep b{batch}", lambda b=batch, c=check: run_cli_json([
             "sweep", *K3_TPU, "--batch", str(b), "--budget", str(budget), "--jobs", str(config.jobs),
-            "--out", str(out / f"sweep-b{b}"), "--quiet", *samples]), progress)
+            "--out", str(out / f"sweep-b{b}"), "--quiet", *samples, *c]), progress)
     schedule = batch_schedule(out, 1)
 
     _timed(run, "simulate", lambda: simulate_all(out, schedule), progress)
@@ -224,10 +248,20 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda _: Non
         progress)
     joint = 8 if config.quick else config.joint_budget  # after calibrate: chosen on the calibrated chip
     _timed(run, "joint b1", lambda: run_cli_json(joint_step(config, schedule, budget=joint)), progress)
+    # the winner compiled for 32 TPU7x devices, in a process of its own beside the comparison (one core each)
+    winner = out / "joint-b1" / "best.json"
+    lowering = start_lower(["--hardware", "tpu-v7", "--schedule", str(winner)]) if compiles and winner.is_file() else None
     # Megakernel rows at each batch run the schedule that batch's sweep above chose (a row it
     # does not fit falls back to a built-in that fits, and says so): a sweep per row, plan and
     # verify size would take the demo from minutes to an hour. `tpusim compare` alone sweeps per row.
-    _timed(run, "compare", lambda: compare_per_batch(config, compare_batches), progress)
+    try:
+        _timed(run, "compare", lambda: compare_per_batch(config, compare_batches), progress)
+    except BaseException:
+        if lowering is not None:
+            lowering.kill()
+        raise
+    if lowering is not None:  # its wall time here: what it added after the comparison finished
+        _timed(run, "compile joint b1", lambda: finish_lower(lowering), progress)
 
     from tpusim.app.demo_report import render_report
 
