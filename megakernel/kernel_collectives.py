@@ -8,7 +8,8 @@ routing over every expert) and run under ``jax.shard_map`` over the plan's mesh
 ``plan.collectives_at(batch)`` is a set of remote copies into the destination's VMEM plus
 semaphore waits, issued at the end of its issuing op and waited at the start of its consumer
 (:func:`megakernel.collective_plan.layer_steps`), carrying the kernel's values. The copy and
-combine logic is :class:`megakernel.multi_device_decode.DecodeKernel`'s (one owner):
+combine logic is :class:`megakernel.collective_messages.CollectiveMessages`' (one owner, through
+:class:`megakernel.multi_device_decode.DecodeKernel`):
 :class:`KernelLink` only lays its buffers out for this kernel. What each one carries:
 
 | collective | payload (issued at the end of) | result (consumed at the start of) |
