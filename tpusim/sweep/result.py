@@ -44,7 +44,8 @@ class SweepResult:
     sensitivity_label: str = ""
     schedules: dict[str, Schedule] = field(default_factory=dict)  # ranked rows' schedules by hash (re-simulation)
     # checks beyond the simulator, fastest first, until one is accepted ({name, hash, predicted_ms,
-    # vmem_static_mib, accepted, note}; run_sweep's ``accept``, the CLI's --compile-check)
+    # vmem_static_mib, accepted, note}; accepted None: passed over unchecked; run_sweep's ``accept``,
+    # the CLI's --compile-check)
     checks: list[dict[str, Any]] = field(default_factory=list)
 
     @property

@@ -69,9 +69,10 @@ from tpusim.workload.routing import RoutingModel
 from tpusim.workload.sharding import ShardingPlan
 
 RowHook = Callable[[dict[str, Any]], None]
-# A check of a ranked row's schedule beyond the simulator -> (accepted, what it found), e.g.
-# the CLI's Mosaic compile (tpusim.app.cli.sweep_compile); the library never compiles.
-Acceptor = Callable[[Schedule, dict[str, Any]], tuple[bool, str]]
+# A check of a ranked row's schedule beyond the simulator -> (accepted, what it found), accepted
+# None for a row the check passed over without checking it; e.g. the CLI's Mosaic compile
+# (tpusim.app.cli.sweep_compile); the library never compiles.
+Acceptor = Callable[[Schedule, dict[str, Any]], tuple[bool | None, str]]
 
 
 class SweepInterrupted(KeyboardInterrupt):
@@ -447,7 +448,7 @@ def _accepted(search: _Search, ranked: list[dict[str, Any]],
     for row in ranked if accept is not None else []:
         ok, note = accept(search.by_hash[row["hash"]].schedule, row)
         checks.append({"name": row["name"], "hash": row["hash"], "predicted_ms": row["predicted_ms"],
-                       "vmem_static_mib": row.get("vmem_static_mib"), "accepted": ok, "note": note})
+                       "vmem_static_mib": row.get("vmem_static_mib"), "accepted": ok, "note": note})  # ok: None = passed over
         if ok:
             return row, checks
     return ranked[0], checks

@@ -64,7 +64,8 @@ def program_devices(args: argparse.Namespace, plan: Any) -> int:
 
 
 class MosaicCheck:
-    """An acceptor for :func:`tpusim.sweep.run_sweep`: (schedule, row) -> (compiles, what happened)."""
+    """An acceptor for :func:`tpusim.sweep.run_sweep`: (schedule, row) -> (compiles, what happened);
+    None for a row passed over without a compile."""
 
     def __init__(self, args: argparse.Namespace, system: Any, plan: Any, compiles: int) -> None:
         self.args, self.chip, self.plan = args, system.chip.name, plan
@@ -85,16 +86,16 @@ class MosaicCheck:
         """What the compiler leaves for the kernel's scratch, as the accounting counts it."""
         return self.capacity_bytes - (self.beside_bytes or 0.0)
 
-    def __call__(self, schedule: Any, row: dict[str, Any]) -> tuple[bool, str]:
+    def __call__(self, schedule: Any, row: dict[str, Any]) -> tuple[bool | None, str]:
         if self.learned and self.stop_after_learning:
-            return False, f"not compiled: swept again within the VMEM the compiler leaves ({SECOND_PASS}/)"
+            return None, f"not compiled: swept again within the VMEM the compiler leaves ({SECOND_PASS}/)"
         accounting_mib = row.get("vmem_static_mib")
         if self.beside_bytes is not None and accounting_mib is not None \
                 and accounting_mib * MIB + self.beside_bytes > self.capacity_bytes:
-            return False, (f"not compiled: {accounting_mib:.2f} MiB + the {self.beside_bytes / MIB:.2f} the compiler "
+            return None, (f"not compiled: {accounting_mib:.2f} MiB + the {self.beside_bytes / MIB:.2f} the compiler "
                            f"kept beside {self.learned_from}'s scratch > {self.capacity_bytes / MIB:.2f} MiB")
         if self.compiles_left <= 0:
-            return False, "not compiled: the --compile-check budget is spent"
+            return None, "not compiled: the --compile-check budget is spent"
         self.compiles_left -= 1
         return self._compile(schedule, row)
 
