@@ -26,7 +26,7 @@ import numpy as np
 from megakernel.dims import LANES, ModelDims
 from megakernel.dma_plan import Geometry, Ring
 from megakernel.layout import STACKED_DENSE, Weights
-from megakernel.quant import bf16_to_words, pack_bytes_to_words, pack_fp8_words, pack_mxfp4_words
+from megakernel.quant import bf16_to_words, pack_bytes_to_words, pack_fp8_pairs, pack_mxfp4_words
 from tpusim.schedule.kernel_layout import tile_rows
 from tpusim.workload.registry.names import ExpertTensor
 
@@ -69,7 +69,7 @@ def tile_pad(words: np.ndarray, axis: int) -> np.ndarray:
 
 def expert_words(weights: Weights) -> tuple[np.ndarray, np.ndarray]:
     """(gate_up u16[n_moe, E, rows, 128], down u16[n_moe, E, rows, 128]) slot images."""
-    gu_values = panels(pack_fp8_words(weights["expert.gate_up.values"]))
+    gu_values = panels(pack_fp8_pairs(weights["expert.gate_up.values"]))
     gu_scales = panels(bf16_to_words(weights["expert.gate_up.scales"]))
     dn_values = panels(pack_mxfp4_words(weights["expert.down.values"]))
     dn_scales = panels(pack_bytes_to_words(weights["expert.down.scales"]))

@@ -348,7 +348,7 @@ class Ctx:
                               TILE_ROWS)
 
     def panel_products(self, row: Any, value_rows: int, panels: int, panel_rows: int, scale_rows: int,
-                       x: jax.Array, dequant: Callable[[jax.Array, jax.Array], jax.Array]) -> jax.Array:
+                       x: jax.Array, product: Callable[[jax.Array, jax.Array, jax.Array], jax.Array]) -> jax.Array:
         """``x`` [B, R] @ a quantized expert part at arena ``row`` -> f32[B, panels * 128].
 
         The part is ``panels`` 128-column panels of ``panel_rows`` value-word rows each, then
@@ -367,8 +367,7 @@ class Ctx:
 
         def panel(p: Any, carry: Any) -> Any:
             words = arena[pl.ds(pl.multiple_of(row + p * panel_rows, TILE_ROWS), panel_rows), :]
-            w = dequant(words[None], stage[p, :per_panel, :][None])[0]
-            out[p, :b, :] = jnp.dot(x, w, preferred_element_type=jnp.float32)
+            out[p, :b, :] = product(x, words, stage[p, :per_panel, :])
             return carry
 
         jax.lax.fori_loop(0, panels, panel, 0)

@@ -26,7 +26,7 @@ from megakernel.dims import LANES
 from megakernel.kernel_attention import Begin, add_to_residual, mix_norm
 from megakernel.kernel_dma import N_NEXT, Ctx, idiv, imod
 from megakernel.math_common import rmsnorm, situ
-from megakernel.quant import dequant_fp8_words, dequant_mxfp4_words, words_to_bf16
+from megakernel.quant import fp8_panel_product, mxfp4_panel_product, prescale_activations
 from tpusim.workload.registry.names import (
     Collective,
     HeadOp,
@@ -144,7 +144,8 @@ def expert_loop(ctx: Ctx, layer: Any, n: Any, begin_expert: Callable[[Any], None
         ctx.link.gather_latent(ctx, layer)
     es = ctx.geo.expert_slot
     gu_panels, dn_panels = 2 * e.slice_width // LANES, e.latent // LANES
-    lat = ctx.scratch["work"][WORK_LATENT, :b, : e.latent].astype(jnp.bfloat16)
+    # the FP8 products take the latent times 2^64 (exact), so their tiny weights' products stay normal
+    lat = prescale_activations(ctx.scratch["work"][WORK_LATENT, :b, : e.latent])
     route = ctx.scratch["route"][:, :b, :1]  # [2k, B, 1]: ids then weights (one load)
     ids = [route[r].astype(jnp.int32) for r in range(e.top_k)]
     weights = [route[e.top_k + r] for r in range(e.top_k)]
@@ -153,13 +154,13 @@ def expert_loop(ctx: Ctx, layer: Any, n: Any, begin_expert: Callable[[Any], None
         begin_expert(j)
         ctx.wait_expert(layer, j)
         row = ctx.expert_row(j)
-        # Panel by panel in runtime loops (a 128-column panel of the slice dequantized, then one
-        # matmul): Mosaic unrolls vector code, and the whole K3 slice at once is ~10^5 vector ops.
+        # Panel by panel in runtime loops (a 128-column panel decoded in VMEM and multiplied):
+        # Mosaic unrolls vector code, and the whole K3 slice at once is ~10^5 vector ops.
         h = ctx.panel_products(row, es.gate_up_rows, gu_panels, e.latent // 2, es.gate_up_scale_rows, lat,
-                               lambda v, s: dequant_fp8_words(v, words_to_bf16(s)))
+                               fp8_panel_product)
         act = situ(h[:, : e.slice_width], h[:, e.slice_width:])
         y = ctx.panel_products(row + es.gate_up_total, es.down_rows, dn_panels, e.slice_width // 4,
-                               es.down_scale_rows, act.astype(jnp.bfloat16), dequant_mxfp4_words)
+                               es.down_scale_rows, act.astype(jnp.bfloat16), mxfp4_panel_product)
         eid = ctx.scratch["smem"][ctx.expert_list + j]
         return acc + math_moe.row_weight(ids, weights, eid) * y
 

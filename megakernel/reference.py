@@ -36,7 +36,7 @@ from megakernel import math_kda, math_mla, math_moe, residual
 from megakernel.dims import ModelDims
 from megakernel.layout import Weights
 from megakernel.math_common import mm, rmsnorm, situ
-from megakernel.quant import dequant_fp8_b256, dequant_mxfp4
+from megakernel.quant import dequant_mxfp4, fp8_blocked_products
 from tpusim.workload.registry.names import (
     HeadTensor,
     KdaTensor,
@@ -141,11 +141,11 @@ def latent_moe(dims: ModelDims, p: Params, experts: Params, small: jax.Array, x:
     bias = dims.small(small, SmallParam.ROUTER_BIAS)[None, : e.scored_experts]
     ids, weights = math_moe.select_topk(scores, bias, e.top_k, e.routed_scaling)
     lat = math_moe.latent_input(dims, mm(x, p[MoeTensor.LATENT_DOWN]), dims.small(small, SmallParam.LATENT_NORM)[None])
-    gate_up = jax.vmap(dequant_fp8_b256)(experts["expert.gate_up.values"], experts["expert.gate_up.scales"])
     down = jax.vmap(dequant_mxfp4)(experts["expert.down.values"], experts["expert.down.scales"])
     # bf16 operands, f32 products and sums (what the MXU does); XLA:CPU has no batched
-    # bf16 x bf16 -> f32 dot, so the operands are widened exactly to f32 first.
-    gu = jnp.einsum("bl,elc->bec", _bf16_f32(lat), gate_up.astype(jnp.float32))
+    # bf16 x bf16 -> f32 dot, so the operands are widened exactly to f32 first. The FP8
+    # gate/up goes block by block with its scales after the products, as the kernel does.
+    gu = fp8_blocked_products(lat, experts["expert.gate_up.values"], experts["expert.gate_up.scales"])
     act = situ(gu[..., : e.slice_width], gu[..., e.slice_width:])
     y = jnp.einsum("bew,ewl->bel", _bf16_f32(act), down.astype(jnp.float32))
     # Sum the chosen experts in the kernel's order (distinct experts by first appearance,

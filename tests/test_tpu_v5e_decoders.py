@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from calibration.reports.tpu_v5e_decoders import EARLIER_DECODER, DecoderRow, decoder_rows
-from megakernel.quant import KERNEL_DECODER
+from megakernel.quant import WORDS32_DECODER as KERNEL_DECODER
 
 DOCUMENTED_MAPE = 0.017  # way (b), docs/tpu-v5e-decoders.md (22 records, 2026-12-06)
 MARGIN = 0.02

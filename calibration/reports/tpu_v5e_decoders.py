@@ -3,7 +3,7 @@
 ``python -m calibration.reports.tpu_v5e_decoders [--out FILE.md]``
 
 On 2026-12-06 the kernel's expert decoders changed (:data:`EARLIER_DECODER`, ``bytes`` ->
-``words32``, :data:`megakernel.quant.KERNEL_DECODER`); nothing else in the kernel did. The
+``words32``, :data:`megakernel.quant.WORDS32_DECODER`); nothing else in the kernel did. The
 same device call timed both decoders in the dequant probes, and both kernels ran the K3
 shard. Here each ``words32`` decode record is predicted twice: on the micro-probe chip with
 the ``words32`` dequant rates (:func:`calibration.sources.tpu_probes.probe_chip`), and by
@@ -36,7 +36,7 @@ from calibration.sources.tpu_chip_records import (
 from calibration.sources.tpu_fixed_cost import kernel_probe_chip
 from calibration.sources.tpu_probes import CALIBRATION_DECODER, PROBES_PATH, probe_chip
 from hwmodels.catalog import load_chip
-from megakernel.quant import KERNEL_DECODER
+from megakernel.quant import WORDS32_DECODER as KERNEL_DECODER  # this report's later kernel
 
 COMMAND = "JAX_PLATFORMS=cpu .venv/bin/python -m calibration.reports.tpu_v5e_decoders --out docs/tpu-v5e-decoders.md"
 EARLIER_DECODER = "bytes"  # the kernel's expert decoders through 2026-12-05 (records without a decoder field)

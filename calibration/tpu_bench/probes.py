@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 
-from calibration.tpu_bench import probes_compute, probes_dma, probes_order
+from calibration.tpu_bench import probes_compute, probes_dma, probes_order, probes_products
 from calibration.tpu_bench.common import (
     Probe,
     compile_for,
@@ -67,6 +67,8 @@ def all_probes(interpret: Any, quick: bool) -> list[Probe]:
     whole = [p for p in dequant if p.params["form"] != "per_panel_loop"]
     return [
         probes_dma.empty_probe(interpret, "first"),
+        probes_products.subnormal_probe(interpret),
+        *probes_products.product_probes(interpret, quick),
         probes_order.dma_order_probe(interpret, quick),
         *probes_order.routing_probes(interpret, quick),
         *probes_dma.dma_probes(interpret, quick),

@@ -52,9 +52,11 @@ from megakernel.quant import (
     FP8_BLOCK_ROWS,
     KERNEL_DECODER,
     MXFP4_BLOCK_ROWS,
+    WORDS32_DECODER,
     decode_e2m1,
     decode_e4m3,
     decode_e8m0,
+    dequant_fp8_pairs,
     dequant_fp8_words,
     dequant_mxfp4_words,
     repeat_rows,
@@ -216,7 +218,8 @@ def _mxfp4_bytes(v: jax.Array, s: jax.Array) -> jax.Array:
 
 
 DECODERS: dict[str, dict[str, Callable[[jax.Array, jax.Array], jax.Array]]] = {
-    KERNEL_DECODER: {"dequant_fp8_gate_up": _fp8, "dequant_mxfp4_down": dequant_mxfp4_words},
+    KERNEL_DECODER: {"dequant_fp8_gate_up": dequant_fp8_pairs, "dequant_mxfp4_down": dequant_mxfp4_words},
+    WORDS32_DECODER: {"dequant_fp8_gate_up": _fp8, "dequant_mxfp4_down": dequant_mxfp4_words},
     "bytes": {"dequant_fp8_gate_up": _fp8_bytes, "dequant_mxfp4_down": _mxfp4_bytes},
 }
 DEQUANT: dict[str, tuple[int, int, int]] = {

@@ -1,0 +1,129 @@
+"""Predict a planned TPU v5e kernel set before it runs, and record the predictions.
+
+``python -m calibration.reports.tpu_v5e_plan --set NAME [--write]`` predicts every K3-shard
+decode case of set ``NAME`` (``calibration/tpu_bench/sets.json``) for the kernel as it is now
+(:data:`megakernel.quant.KERNEL_DECODER`) and, with ``--write``, appends one row per case to
+``calibration/data/tpu-v5e-predictions.jsonl`` — committed before the device call, so the
+predicted figure is on record before the chip measures it (:mod:`calibration.reports.tpu_v5e_judge`
+sets the two side by side afterwards).
+
+The chip the prediction runs on (no figure fitted on the runs it predicts):
+
+- way (b) of the ``words32`` kernel (:func:`calibration.sources.tpu_fixed_cost.kernel_probe_chip`):
+  the micro-probes (``measured``) and that kernel's fixed-cost probe (``derived``: its
+  per-layer cost, its dequant factor on the MXFP4 rate — the down part is still ``words32``);
+- the FP8 gate/up decoder's cost per weight from libtpu's static schedule of the
+  ``expert_product`` probe (``calibration/data/tpu-v5e-static-schedule.jsonl``): the panel
+  loop's bundles x panels / the clock / the part's weights (``derived``: the whole loop, its
+  products included, as the decoder's time; the engine still adds the MXU stage behind it).
+
+Routing: a planned run's router is the kernel's own on the same weights and seeds as the
+committed ``words32`` run of the same schedule and batch, so its routing trace is reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from calibration.sources.tpu_chip_records import KERNEL_PATH, ChipRecordPredictor, load_chip_records
+from calibration.sources.tpu_fixed_cost import kernel_probe_chip
+from calibration.sources.tpu_probes import PROBES_PATH, dequant_path
+from hwmodels.catalog import load_chip
+from hwmodels.overlay import _figure_slot
+from hwmodels.schema import Chip
+from megakernel.quant import KERNEL_DECODER, WORDS32_DECODER
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+STATIC_PATH = DATA / "tpu-v5e-static-schedule.jsonl"
+PREDICTIONS_PATH = DATA / "tpu-v5e-predictions.jsonl"
+V5E_CLOCK_HZ = 1.5e9  # derived: 197 TF/s bf16 (catalog) = 4 MXUs x 128 x 128 x 2 flops x 1.5 GHz
+FORMAT_OF_PART = {"gate_up": "fp8_e4m3_b256", "down": "mxfp4"}
+PART_DECODERS = {KERNEL_DECODER: {"gate_up": "pairs", "down": WORDS32_DECODER}}
+
+
+def static_figure(part: str, decoder: str, path: Path | str = STATIC_PATH, rows: int = 1,
+                  clock_hz: float = V5E_CLOCK_HZ) -> tuple[float, str]:
+    """(seconds per weight, source) of one expert part's panel loop from the static schedule."""
+    for line in Path(path).read_text().splitlines():
+        r = json.loads(line)
+        p = r["params"]
+        if (p["part"], p["decoder"], p["rows"]) == (part, decoder, rows) and r["chip"] == "tpu-v5e":
+            weights = p["k"] * 128
+            value = r["panel_bundles"] / clock_hz / weights
+            return value, (f"derived from libtpu's static schedule (expert_product {part}/{decoder}, rows {rows}, "
+                           f"{r['date'][:10]}): {r['panel_bundles']} bundles a panel / {clock_hz / 1e9:.2f} GHz / "
+                           f"{weights} weights")
+    raise KeyError(f"no static-schedule record for {part}/{decoder}/rows {rows} in {path}")
+
+
+def planned_chip(decoder: str = KERNEL_DECODER) -> Chip:
+    """The chip the planned runs of ``decoder``'s kernel are predicted on (module docstring)."""
+    base = kernel_probe_chip(load_chip("tpu-v5e", calibrated=False), decoder=WORDS32_DECODER)
+    data = base.model_dump(mode="python")
+    for part, part_decoder in PART_DECODERS[decoder].items():
+        if part_decoder == WORDS32_DECODER:
+            continue
+        value, source = static_figure(part, part_decoder)
+        parent, name = _figure_slot(data, dequant_path(FORMAT_OF_PART[part]))
+        parent[name] = {**parent[name], "value": value, "label": "derived", "source": source}
+    return Chip.model_validate(data)
+
+
+def _figure(chip: Chip, path: str) -> float:
+    parent, name = _figure_slot(chip.model_dump(mode="python"), path)
+    return float(parent[name]["value"])
+
+
+def predict_set(set_name: str) -> list[dict[str, Any]]:
+    """One row per K3-shard decode case of ``set_name`` that a committed words32 run shares
+    (schedule file, batch, context) with; others are skipped (their routing is unknown)."""
+    from calibration.tpu_bench.device_run import load_cases
+
+    known = load_chip_records(KERNEL_PATH, decoder=WORDS32_DECODER)
+    chip = planned_chip()
+    planned, rows = [], []
+    for case in load_cases(set_name):
+        if case.shard_of != "k3-tp32" or case.expert_cap is not None:
+            continue
+        name = Path(case.schedule).stem if case.schedule.endswith(".json") else case.schedule
+        match = next((r for r in known if r.batch == case.batch and r.context == case.context
+                      and (r.schedule == name or Path(r.schedule_path).stem == name)), None)
+        if match is None:
+            sys.stderr.write(f"{case.schedule} b{case.batch}: no words32 run to take the routing from; not predicted\n")
+            continue
+        planned.append((case, replace(match, ms_median=float("nan"), ms_spread=float("nan"), runs=0)))
+    predictor = ChipRecordPredictor([r for _, r in planned])
+    predicted = predictor.predict_many(chip, range(len(planned)))
+    now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    for (case, record), ms in zip(planned, predicted, strict=True):
+        rows.append({"kind": "prediction", "set": set_name, "decoder": KERNEL_DECODER, "model": case.model,
+                     "shard_of": case.shard_of, "schedule": case.schedule, "batch": case.batch,
+                     "context": case.context, "routing": record.routing, "predicted_ms": ms,
+                     "label": "simulated (way (b) of the words32 kernel; FP8 decode from the static schedule)",
+                     "figures": {dequant_path(f): _figure(chip, dequant_path(f)) for f in FORMAT_OF_PART.values()},
+                     "date": now, "probes": str(PROBES_PATH.name)})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m calibration.reports.tpu_v5e_plan", allow_abbrev=False)
+    parser.add_argument("--set", required=True, help="a set of calibration/tpu_bench/sets.json")
+    parser.add_argument("--write", action="store_true", help=f"append the rows to {PREDICTIONS_PATH.name}")
+    args = parser.parse_args(argv)
+    rows = predict_set(args.set)
+    for r in rows:
+        sys.stdout.write(f"{r['schedule']} b{r['batch']}: predicted {r['predicted_ms']:.2f} ms\n")
+    if args.write:
+        with PREDICTIONS_PATH.open("a", encoding="utf-8") as fh:
+            fh.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,202 @@
+"""The TPU compiler's own static schedule of a kernel, read from libtpu's dump (no TPU needed).
+
+libtpu writes, for every program it compiles with ``--xla_jf_dump_to=DIR`` in
+``LIBTPU_INIT_ARGS``, the final VLIW bundles (``*-final_bundles.txt``) and one row of per-unit
+use per bundle (``*-final_hlo-static-per-bundle-utilization.txt``, after a ``CAPACITY`` row:
+units per bundle). A Pallas kernel is the program whose name contains ``tpu_custom_call`` (one
+``pallas_call``). See ``shared/reference/compiler-static-schedule.md``.
+
+What this module reads from them:
+
+- :func:`parse_bundles`: every bundle's address, loop marker (``LH`` header, ``LB`` first
+  bundle of a body, ``LE`` exit, ...), nesting depth (the count of ``>``) and text;
+- :func:`parse_utilization`: the capacity row and each bundle's units in use;
+- :func:`loops`: the loop bodies — a body starts at an ``LB`` bundle of depth ``d`` and runs
+  while the depth stays ``>= d`` — with their bundle counts, their own bundles (nested
+  bodies excluded) and per-unit totals, nested as in the code.
+
+A bundle is one machine cycle of issue when nothing stalls: a loop body's bundle count is the
+cycles one iteration issues (memory, DMA and semaphore waits are not in it). Units: ``MXU``,
+``XLU`` (cross-lane), ``VALU`` (vector ALU), ``VPOP`` (MXU result pops), ``EUP``
+(transcendentals), ``VLOAD``, ``VSTORE``, ``SALU`` (scalar), with their ``:FILL``/``:SPILL``
+variants for register spills.
+
+``python -m calibration.sources.compiler_schedule DIR`` prints the loop table of the kernel in
+a dump folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_BUNDLE = re.compile(r"^\s+(0x[0-9a-f]+|\d+)\s+(LH|LB|LE|PB|PF|CT)?\s*:\s*(>*)\s*\{(.*)")
+MARKERS = ("LH", "LB", "LE", "PB", "PF", "CT")
+
+
+@dataclass
+class Bundle:
+    index: int  # position in the program (the utilisation row)
+    address: int
+    marker: str | None
+    depth: int  # loop nesting depth (number of '>')
+    text: str
+    units: dict[str, int] = field(default_factory=dict)
+
+    def count(self, opcode_prefix: str) -> int:
+        """Instructions in this bundle whose opcode starts with ``opcode_prefix`` (e.g.
+        ``vmatpush``)."""
+        return len(re.findall(r"=\s*" + re.escape(opcode_prefix) + r"[\w.]*\s", self.text)) + len(
+            re.findall(r"(?:\{|;;)\s*" + re.escape(opcode_prefix) + r"[\w.]*\s", self.text))
+
+
+@dataclass
+class Loop:
+    start: int  # index of the body's first bundle
+    end: int  # index of its last bundle (inclusive)
+    depth: int
+    bundles: int  # every bundle of the body, nested bodies included
+    own_bundles: int  # nested bodies excluded
+    units: dict[str, int]  # per-unit totals over the body's own bundles
+    children: list[Loop] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"start": self.start, "end": self.end, "depth": self.depth, "bundles": self.bundles,
+                "own_bundles": self.own_bundles, "units": self.units,
+                "children": [c.as_dict() for c in self.children]}
+
+
+def parse_bundles(text: str) -> list[Bundle]:
+    """Every bundle of a ``final_bundles.txt`` (a bundle's comment may span lines)."""
+    bundles: list[Bundle] = []
+    for line in text.splitlines():
+        m = _BUNDLE.match(line)
+        if m is None:
+            if bundles and not line.startswith("="):
+                bundles[-1].text += "\n" + line
+            continue
+        address = int(m.group(1), 16) if m.group(1).startswith("0x") else int(m.group(1))
+        bundles.append(Bundle(len(bundles), address, m.group(2), len(m.group(3)), m.group(4)))
+    if not bundles:
+        raise ValueError("no bundles found: not a final_bundles dump")
+    return bundles
+
+
+def parse_utilization(text: str) -> tuple[dict[str, int], list[list[int]]]:
+    """(capacity per unit, one row of units in use per bundle) of a utilisation dump."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    try:
+        head = next(i for i, line in enumerate(lines) if line.startswith("== CAPAC"))
+    except StopIteration as error:
+        raise ValueError("no CAPACITY row: not a per-bundle utilisation dump") from error
+    names = [n.strip() for n in lines[head + 1].split(",")]
+    capacity = dict(zip(names, (int(v) for v in lines[head + 2].split()), strict=True))
+    rows = [[int(v) for v in line.split()] for line in lines[head + 3:] if not line.startswith("==")]
+    if any(len(r) != len(names) for r in rows):
+        raise ValueError("a utilisation row does not match the capacity row")
+    return capacity, rows
+
+
+def attach_units(bundles: list[Bundle], names: list[str], rows: list[list[int]]) -> None:
+    if len(rows) != len(bundles):
+        raise ValueError(f"{len(rows)} utilisation rows for {len(bundles)} bundles")
+    for bundle, row in zip(bundles, rows, strict=True):
+        bundle.units = {n: v for n, v in zip(names, row, strict=True) if v}
+
+
+def loops(bundles: list[Bundle]) -> list[Loop]:
+    """The outermost loop bodies, each with its nested bodies as ``children``."""
+    def body(start: int) -> Loop:
+        depth = bundles[start].depth
+        i, children, own = start, [], []
+        while i < len(bundles) and bundles[i].depth >= depth:
+            if i > start and bundles[i].marker == "LB" and bundles[i].depth > depth:
+                child = body(i)
+                children.append(child)
+                i = child.end + 1
+                continue
+            own.append(bundles[i])
+            i += 1
+        units: dict[str, int] = {}
+        for b in own:
+            for name, v in b.units.items():
+                units[name] = units.get(name, 0) + v
+        return Loop(start, i - 1, depth, i - start, len(own), units, children)
+
+    out, i = [], 0
+    while i < len(bundles):
+        if bundles[i].marker == "LB":
+            loop = body(i)
+            out.append(loop)
+            i = loop.end + 1
+        else:
+            i += 1
+    return out
+
+
+@dataclass
+class KernelSchedule:
+    program: str
+    capacity: dict[str, int]
+    bundles: list[Bundle]
+    loops: list[Loop]
+
+    @property
+    def total_bundles(self) -> int:
+        return len(self.bundles)
+
+    def innermost(self) -> list[Loop]:
+        """Loop bodies with no nested body, in program order."""
+        found: list[Loop] = []
+
+        def walk(ls: list[Loop]) -> None:
+            for loop in ls:
+                if loop.children:
+                    walk(loop.children)
+                else:
+                    found.append(loop)
+        walk(self.loops)
+        return found
+
+    def as_dict(self) -> dict[str, object]:
+        return {"program": self.program, "capacity": self.capacity, "total_bundles": self.total_bundles,
+                "loops": [loop.as_dict() for loop in self.loops]}
+
+
+def read_dump(folder: str | Path, program: str = "tpu_custom_call") -> KernelSchedule:
+    """The schedule of the (last) program whose name contains ``program`` in a dump folder."""
+    folder = Path(folder)
+    finals = sorted(p for p in folder.glob("*-final_bundles.txt") if program in p.name)
+    if not finals:
+        raise FileNotFoundError(f"no *{program}*-final_bundles.txt in {folder}")
+    final = finals[-1]
+    prefix = final.name.rsplit("-", 2)[0]
+    utils = sorted(folder.glob(f"{prefix}-*-final_hlo-static-per-bundle-utilization.txt"))
+    if not utils:
+        raise FileNotFoundError(f"no utilisation dump beside {final.name}")
+    bundles = parse_bundles(final.read_text())
+    capacity, rows = parse_utilization(utils[-1].read_text())
+    attach_units(bundles, list(capacity), rows)
+    return KernelSchedule(prefix, capacity, bundles, loops(bundles))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m calibration.sources.compiler_schedule", allow_abbrev=False)
+    parser.add_argument("folder", help="libtpu's dump folder (--xla_jf_dump_to)")
+    parser.add_argument("--program", default="tpu_custom_call")
+    args = parser.parse_args(argv)
+    try:
+        schedule = read_dump(args.folder, args.program)
+    except (FileNotFoundError, ValueError) as error:
+        sys.stderr.write(f"compiler_schedule: {error}\n")
+        return 2
+    sys.stdout.write(json.dumps(schedule.as_dict(), indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

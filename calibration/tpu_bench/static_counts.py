@@ -1,0 +1,98 @@
+"""The expert-part probes' static schedules: libtpu's bundles per panel, on this machine.
+
+For each ``expert_product`` probe (:mod:`calibration.tpu_bench.probes_products`) this compiles
+the probe for a compile-only topology with libtpu's dump on (a fresh process per probe: libtpu
+reads ``LIBTPU_INIT_ARGS`` once), reads the kernel's schedule
+(:mod:`calibration.sources.compiler_schedule`) and reports the panel loop — the innermost loop
+body, one 128-column panel of the part — as bundles and unit operations per panel and per
+weight. Bundles per panel x panels / the chip's clock is the part's static compute time (no
+stall counted).
+
+``python -m calibration.tpu_bench.static_counts [--topology v5e:2x2] [--out FILE.jsonl]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+from calibration.sources.compiler_schedule import read_dump
+
+VREG_LANES = 8 * 128
+TOPOLOGIES = {"v5e:2x2": "tpu-v5e", "tpu7x:2x2x1": "tpu-v7"}
+
+
+def _compile_in_this_process(part: str, decoder: str, rows: int, topology: str) -> None:
+    from calibration.tpu_bench.common import compile_for, topology_device
+    from calibration.tpu_bench.probes_products import _product_probe
+
+    probe = _product_probe(part, decoder, rows, (1,), None)
+    compile_for(probe, topology_device(topology))
+
+
+def count(part: str, decoder: str, rows: int, topology: str = "v5e:2x2") -> dict[str, Any]:
+    """One probe's panel-loop counts (compiles in a subprocess with the dump on)."""
+    from calibration.tpu_bench.probes_products import _geometry
+
+    panels, k, _, _ = _geometry(part)
+    with tempfile.TemporaryDirectory(prefix="llo-") as dump:
+        env = {**os.environ, "TPU_SKIP_MDS_QUERY": "1", "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+               "LIBTPU_INIT_ARGS": f"--xla_jf_dump_to={dump}"}
+        code = ("from calibration.tpu_bench.static_counts import _compile_in_this_process as c; "
+                f"c({part!r}, {decoder!r}, {rows}, {topology!r})")
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+        if done.returncode:
+            raise RuntimeError(f"compile of {part}/{decoder}/rows {rows} failed: {done.stderr[-2000:]}")
+        schedule = read_dump(dump)
+    inner = schedule.innermost()
+    panel = max(inner, key=lambda loop: loop.bundles)  # the panel loop dominates the kernel
+    weights = k * 128
+    return {
+        "kind": "static_schedule", "probe": "expert_product", "topology": topology,
+        "chip": TOPOLOGIES.get(topology, topology),
+        "params": {"part": part, "decoder": decoder, "rows": rows, "panels": panels, "k": k},
+        "panel_bundles": panel.bundles, "panel_units": panel.units,
+        "bundles_per_weight": panel.bundles / weights,
+        # a VALU instruction works on one vreg: 8 sublanes x 128 lanes of 32-bit values
+        "valu_ops_per_weight": panel.units.get("VALU", 0) * VREG_LANES / weights,
+        "part_bundles": panel.bundles * panels, "kernel_bundles": schedule.total_bundles,
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "source": "libtpu final bundles (compile-only topology, this machine)",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    from calibration.tpu_bench.probes_products import PARTS, PRODUCT_DECODERS, PRODUCT_ROWS
+
+    parser = argparse.ArgumentParser(prog="python -m calibration.tpu_bench.static_counts", allow_abbrev=False)
+    parser.add_argument("--topology", default="v5e:2x2", choices=sorted(TOPOLOGIES))
+    parser.add_argument("--out", default=None, help="append JSON lines here (default: stdout)")
+    parser.add_argument("--part", action="append", choices=sorted(PARTS))
+    parser.add_argument("--decoder", action="append", choices=PRODUCT_DECODERS)
+    parser.add_argument("--rows", action="append", type=int, choices=PRODUCT_ROWS)
+    args = parser.parse_args(argv)
+    lines = []
+    for part in args.part or PARTS:
+        for rows in args.rows or PRODUCT_ROWS:
+            for decoder in args.decoder or PRODUCT_DECODERS:
+                record = count(part, decoder, rows, args.topology)
+                lines.append(json.dumps(record, sort_keys=True))
+                sys.stderr.write(f"{part} {decoder} rows {rows}: {record['panel_bundles']} bundles/panel, "
+                                 f"{record['valu_ops_per_weight']:.2f} VALU ops/weight\n")
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        with open(args.out, "a", encoding="utf-8") as fh:
+            fh.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
