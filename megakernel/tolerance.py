@@ -7,7 +7,7 @@ they sum in the same order and over how many layers:
 
 | comparison      | what is compared | f32 | bf16 | measured |
 | ---             | ---              | --- | ---  | --- |
-| ``independent`` | a kernel vs the independent reference (:mod:`megakernel.reference_jnp`), models of <= 16 layers | 5e-3 | 2^-7 | 13 layers: logits 1.9e-3, KDA state 7.1e-4, conv window 9.2e-4, bf16 KV cache 0 |
+| ``independent`` | a kernel vs the independent reference (:mod:`megakernel.reference_jnp`), models of <= 16 layers | 5e-3 | 2^-7 | 13 layers: logits 1.9e-3 with whole-matrix expert products; since the FP8 products go block by block (``fp8-pairs``, a reordered sum) logits take the ``reordered`` row: 0, 3.0e-3, 5.4e-3, 3.2e-3 at steps 0-3; KDA state 7.1e-4, conv window 9.2e-4, bf16 KV cache 0 |
 | ``same_order``  | the megakernel vs :mod:`megakernel.reference` at batch 1 with every contraction whole (the same ops in the same order), 93 layers | 1e-6 | 2^-8 | bit-identical (0.0) for every such schedule |
 | ``reordered``   | the megakernel vs :mod:`megakernel.reference` otherwise (XLA:CPU's batched matmuls sum in another order than the kernel's panel matmuls; a contraction split in row slabs is summed slab by slab), 93 layers | 3e-2 | 3e-2 | batch 4: logits 0.047 of max 3.25 (1.4 %), KDA state 0.006 of ~1.5, bf16 KV cache 0.05 of ~4 (1-2 bf16 ulps); ring-pool example at batch 1 (kda.qkvgb in 6 slabs): logits 0.043 of max 3.52 (1.2 %) |
 

@@ -1,0 +1,110 @@
+"""K3's per-device program on the TPU v5e against its physical floor, predicted before it ran.
+
+From committed records only (no TPU needed)::
+
+    .venv/bin/python benchmarks/bench_chip_floor.py [--decoder fp8-pairs]
+
+For each K3-shard decode of the kernel with ``--decoder`` (default: the kernel as it is now,
+:data:`megakernel.quant.KERNEL_DECODER`), measured on tpu-v5e
+(``calibration/data/tpu-v5e-kernel.jsonl``): ms per step, HBM GB per step, the **floor** —
+the step's HBM bytes at the chip's streaming rate plus one empty call, both from the probes of
+the same device session (``dma_stream`` copies of >= 4 MiB less the empty call, and
+``empty_call``; ``calibration/data/tpu-v5e-probes.jsonl``) — the ratio measured / floor, the
+plain-JAX/XLA step on the same chip and bytes where it ran beside the kernel
+(``tpu-v5e-xla.jsonl``), and the simulator's prediction recorded before the run
+(``tpu-v5e-predictions.jsonl``, :mod:`calibration.reports.tpu_v5e_plan`) with its error.
+Exit 2 when a records file is missing or the decoder has no runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from calibration.sources.tpu_probes import SUSTAINED, probe_figures, record_decoder
+from megakernel.quant import KERNEL_DECODER
+
+DATA = Path(__file__).resolve().parents[1] / "calibration" / "data"
+SESSION = dt.timedelta(minutes=40)  # a device call's probes follow its kernel runs
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _when(record: dict[str, Any]) -> dt.datetime:
+    text = record.get("date") or record["provenance"].split("date=")[1].split()[0]
+    return dt.datetime.fromisoformat(text)
+
+
+def session_floor_figures(probes: list[dict[str, Any]], at: dt.datetime) -> tuple[float, float, str]:
+    """(streaming bytes/s, empty call s, date) from the probes of the device session at ``at``."""
+    near = [r for r in probes if r.get("check") == "ok" and dt.timedelta(0) <= _when(r) - at <= SESSION]
+    figures = probe_figures(near)
+    empty = [r["seconds_median"] for r in near if r["probe"] == "empty_call"]
+    if SUSTAINED not in figures or not empty:
+        raise LookupError(f"no dma_stream/empty_call probes within {SESSION} after {at.isoformat()}")
+    return figures[SUSTAINED].value, min(empty), near[0]["date"][:10]
+
+
+def table(decoder: str = KERNEL_DECODER, data: Path = DATA) -> list[str]:
+    kernel = [r for r in _rows(data / "tpu-v5e-kernel.jsonl")
+              if r.get("shard_of") == "k3-tp32" and record_decoder(r) == decoder and r.get("expert_cap") is None]
+    if not kernel:
+        raise LookupError(f"no K3-shard runs of decoder {decoder}")
+    probes = _rows(data / "tpu-v5e-probes.jsonl")
+    xla = {(r["stands_next_to"]["schedule_hash"], r["batch"]): r for r in _rows(data / "tpu-v5e-xla.jsonl")
+           if "stands_next_to" in r}
+    predictions = [r for r in _rows(data / "tpu-v5e-predictions.jsonl") if r["decoder"] == decoder]
+    first = min(_when(r) for r in kernel)
+    rate, empty, day = session_floor_figures(probes, first)
+    lines = [f"K3 TP32 per-device program, decoder {decoder}, measured on tpu-v5e; floor = HBM bytes / "
+             f"{rate / 1e9:.0f} GB/s + empty call {empty * 1e6:.0f} us (probes dma_stream, empty_call, {day})",
+             "| schedule | batch | measured ms | GB/step | floor ms | measured/floor | XLA ms | kernel/XLA "
+             "| predicted ms (before the run) | error |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(kernel, key=lambda r: (r["batch"], r["ms_per_step_median"])):
+        gb = r["hbm_bytes_per_step"] / 1e9
+        floor_ms = (r["hbm_bytes_per_step"] / rate + empty) * 1e3
+        ms = r["ms_per_step_median"]
+        base = xla.get((r["schedule_hash"], r["batch"]))
+        if base is not None and abs(_when(base) - _when(r)) > SESSION:
+            base = None  # an XLA run of another session (another kernel) is not this run's baseline
+        xla_ms = f"{base['ms_per_step_median']:.1f}" if base else "—"
+        ratio = f"{ms / base['ms_per_step_median']:.3f}" if base else "—"
+        pred = next((p for p in predictions if p["batch"] == r["batch"]
+                     and Path(p["schedule"]).stem in (r["schedule"], _stem_of(r))), None)
+        pred_ms = f"{pred['predicted_ms']:.2f}" if pred else "—"
+        err = f"{pred['predicted_ms'] / ms - 1:+.1%}" if pred else "—"
+        lines.append(f"| {r['schedule']} | {r['batch']} | {ms:.2f} ± {r['ms_per_step_spread']:.2f} | {gb:.2f} | "
+                     f"{floor_ms:.1f} | {ms / floor_ms:.2f} | {xla_ms} | {ratio} | {pred_ms} | {err} |")
+    return lines
+
+
+def _stem_of(record: dict[str, Any]) -> str:
+    from calibration.sources.tpu_chip_records import schedules_by_hash
+
+    path = schedules_by_hash().get(record["schedule_hash"])
+    return path.stem if path is not None else record["schedule"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench_chip_floor", allow_abbrev=False)
+    parser.add_argument("--decoder", default=KERNEL_DECODER)
+    parser.add_argument("--data", type=Path, default=DATA)
+    args = parser.parse_args(argv)
+    try:
+        lines = table(args.decoder, args.data)
+    except (FileNotFoundError, LookupError, KeyError, ValueError) as error:
+        sys.stderr.write(f"bench_chip_floor: {error}\n")
+        return 2
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
