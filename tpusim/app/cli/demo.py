@@ -26,10 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def run(args: argparse.Namespace) -> int:
+    from tpusim.app.cli.common import usable_cores
     from tpusim.app.demo import run_demo
     from tpusim.app.demo_run import DemoConfig
-
-    from tpusim.app.cli.common import usable_cores
 
     jobs = args.jobs if "jobs" in getattr(args, "given", ()) else min(args.jobs, usable_cores())  # 2, or 1 core
     config = DemoConfig(out_dir=args.out, jobs=jobs, sweep_budget=args.sweep_budget, quick=args.quick)
