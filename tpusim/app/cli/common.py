@@ -92,8 +92,9 @@ def _argument_type(name: str, check: Callable[[str], Any]) -> Callable[[str], An
     def parse(text: str) -> Any:
         try:
             return check(text)
-        except InputError as error:
-            raise argparse.ArgumentTypeError(str(error).removeprefix("value ")) from None
+        except InputError as error:  # "value 0: must be >= 1" -> "must be >= 1, got 0"
+            given, _, reason = str(error).removeprefix("value ").partition(": ")
+            raise argparse.ArgumentTypeError(f"{reason}, got {given}") from None
     parse.__name__ = name  # argparse names the type in its "invalid NAME value" messages
     return parse
 
