@@ -627,7 +627,7 @@ def check_outcome(outcome: Outcome, out_root: Path) -> list[str]:
     wrong = misapplication(outcome.argv) if outcome.argv[:1] in (["floor"], ["simulate"], ["plan"]) else None
     if wrong and outcome.code == 0 and "warning" not in outcome.stdout + outcome.stderr:
         problems.append(f"silent misapplication: {wrong} ran without an error or a warning")
-    if outcome.code == 0 and outcome.argv[:1] == ["compare"]:
+    if outcome.code == 0 and outcome.argv[:1] == ["compare"] and "--json" in outcome.argv:
         for row in json.loads(outcome.stdout):
             if not row.get("fits", True) and row.get("step_ms") is not None:
                 problems.append(f"compare row {row['system']} does not fit but has a step time")

@@ -216,3 +216,12 @@ def test_a_parse_error_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["floor", *K3, "--chips", "0"]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert line.startswith("tpusim floor: error: argument --chips: must be >= 1, got 0")
+
+
+@pytest.mark.parametrize("argv", [["compare", "--spec-acceptance", ""], ["compare", "--batch", ""],
+                                  ["compare", "--batch", "1,"], ["floor", *K3, "--formats", "experts=fp8,"],
+                                  ["floor", *K3, "--plan", "tp=4,tp=2"]])
+def test_a_typed_empty_item_or_repeated_key_is_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """Class: a list typed empty (even where empty is the default), an empty item, a key twice."""
+    assert run(argv) == 2
+    assert argv[-2] in one_error_line(capsys.readouterr().err)

@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     from tpusim.workload.routing import parse_routing
 
     batches = _numbers(args.batch, int, "--batch")  # every value checked before any work
-    acceptances = _numbers(args.spec_acceptance, float, "--spec-acceptance") if args.spec_acceptance else []
+    typed = args.spec_acceptance or "spec_acceptance" in getattr(args, "given", ())  # a typed "" is an empty list
+    acceptances = _numbers(args.spec_acceptance, float, "--spec-acceptance") if typed else []
     routing = parse_routing(args.routing)
     systems = parse_systems(args.systems)
     refuse_unused(args, chips=_chips(systems, calibrated=not args.uncalibrated))
