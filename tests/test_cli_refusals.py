@@ -219,6 +219,7 @@ def test_a_parse_error_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize("argv", [["compare", "--spec-acceptance", ""], ["compare", "--batch", ""],
+                                  ["serving", "--concurrency", ""], ["serving", "--rate", "1,,2"],
                                   ["compare", "--batch", "1,"], ["floor", *K3, "--formats", "experts=fp8,"],
                                   ["floor", *K3, "--plan", "tp=4,tp=2"]])
 def test_a_typed_empty_item_or_repeated_key_is_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:

@@ -107,8 +107,9 @@ def traffics_from(args: argparse.Namespace) -> list[Any]:
     if args.rate is not None:
         return [Traffic(mode="rate", rate_per_s=rate, requests=args.requests or 64, **common)
                 for rate in _list(args.rate, float, "--rate")]
-    text = args.sweep_concurrency or args.concurrency or "1"
-    levels = _list(text, int, "--sweep-concurrency" if args.sweep_concurrency else "--concurrency")
+    flag = "--sweep-concurrency" if args.sweep_concurrency is not None else "--concurrency"
+    text = args.sweep_concurrency if args.sweep_concurrency is not None else args.concurrency
+    levels = _list("1" if text is None else text, int, flag)  # a typed "" is an empty list, refused
     return [Traffic(mode="concurrency", concurrency=level, requests=args.requests or max(8, 4 * level), **common)
             for level in levels]
 
