@@ -24,7 +24,8 @@ in-process through :func:`tpusim.app.cli.main` and must
    ``warning``, never a silent answer. Whether a case is misapplied is decided here
    (:func:`misapplication`, from the raw plan YAML and the model's shapes), not read from
    the output. A ``config.json`` whose numbers are written as text that parses exactly
-   (``"48"``) and a checkpoint folder as ``--model`` are valid and must run.
+   (``"48"``) is refused since issue 48 (a count is a JSON integer); a checkpoint folder as
+   ``--model`` is valid and must run.
 
 6. the classes of issue 36 (:func:`_issue36_cases`), each with its own oracle here:
 
@@ -42,6 +43,15 @@ in-process through :func:`tpusim.app.cli.main` and must
    - **same question**: ``simulate`` and ``compare --schedule S`` of the same model, system,
      batch and schedule must give the same step time (one answer per question); a
      difference is a *confident wrong answer*.
+
+7. the classes of issue 48 (:func:`_issue48_cases`): per subcommand, every number a user
+   types with a non-finite, negative, fractional, empty or huge value; lists with an empty
+   item; ``key=value`` lists with a key twice; a flag that has no effect where it is given
+   (executor options without Dask, ``--force`` on a model that fits, ``--quick`` with a
+   budget, a schedule diff on a GPU stack, a local dir that is not a folder, an abbreviation);
+   ``config.json`` fields of the wrong type or range, an unknown architecture. Each such case
+   must exit 2 with one line; exit 0 is *accepted and ignored*; an answer after
+   :data:`HANG_S` seconds is a *hang*.
 
 Every run prints the number of cases tried and of failures. Coverage: ``hardware``, ``plan``,
 ``floor``, ``simulate``, ``sweep`` (tiny budgets), ``compare`` (given schedules; no nested
@@ -72,6 +82,7 @@ from hypothesis import strategies as st
 from tpusim.workload.registry.names import Family
 
 BIG = str(10**12)
+HANG_S = 60  # a case answering later than this counts as a hang (issue 48)
 
 
 @dataclass
@@ -250,8 +261,9 @@ def cases(corpus: dict[str, str], out_root: Path, *, heavy: bool) -> st.SearchSt
     misapplied = _misapplied_cases(corpus)
     junk = st.lists(st.sampled_from(["--nope", "simulate", "-x", "", "--json", "--model"]), max_size=4)
     issue36 = _issue36_cases(corpus, out_root)
+    issue48 = _issue48_cases(corpus, out_root)
     return st.one_of(simulate, refused, floor, sweep, compare, hardware_cmd, report, calibrate, run_kernel, demo,
-                     plan, junk, misapplied, misapplied, issue36, issue36)
+                     plan, junk, misapplied, misapplied, issue36, issue36, issue48, issue48, issue48)
 
 
 NANO_TPU = ["--model", "kimi-k3-nano", "--hardware", "tpu-v7", "--chips", "4"]
@@ -296,13 +308,89 @@ def _issue36_cases(corpus: dict[str, str], out_root: Path) -> st.SearchStrategy[
     return st.one_of(paths, ignored, configs, same)
 
 
-def _write_config(out_root: Path, data: dict) -> str:
+MUST_REFUSE = "must-refuse"  # argv[0] of an issue-48 case: the rest must exit 2 with one error line
+SWEEP_NANO = ["sweep", *NANO_TPU, "--budget", "1", "--samples", "0", "--quiet", "--no-plots"]
+# (command prefix, flag, kind) of every number a user types; kind "whole" refuses 1.5 too
+NUMBERS: list[tuple[list[str], str, str]] = [
+    *((["floor", *NANO_TPU], flag, "whole") for flag in ("--chips", "--batch", "--context", "--seed")),
+    *((["simulate", *NANO_TPU], flag, "whole") for flag in ("--batch", "--context", "--seed")),
+    (["simulate", *NANO_TPU, "--phase", "prefill"], "--tokens", "whole"),
+    (["simulate", *NANO_TPU, "--phase", "prefill"], "--prefix-tokens", "whole"),
+    *(([*SWEEP_NANO, "--out", "OUT"], flag, "whole") for flag in ("--budget", "--jobs", "--samples", "--screen-factor",
+                                                                  "--screen-layers", "--seed")),
+    *((["compare", "--model", "kimi-k3-nano", "--systems", "tpu-v7:4", "--schedule", "naive"], flag, "whole")
+      for flag in ("--context", "--seed")),
+    (["compare", "--model", "kimi-k3-nano", "--systems", "tpu-v7:4"], "--sweep-budget", "whole"),
+    (["compare", "--model", "kimi-k3-nano", "--systems", "tpu-v7:4", "--schedule", "naive"], "--batch", "list"),
+    (["compare", "--model", "kimi-k3-nano", "--systems", "tpu-v7:4", "--schedule", "naive"], "--spec-acceptance",
+     "list"),
+    *((["serving", "--model", "kimi-k3-nano", "--systems", "tpu-v7:4"], flag, "whole")
+      for flag in ("--input-tokens", "--output-tokens", "--requests", "--seed", "--jobs", "--context-bucket")),
+    (["serving", "--model", "kimi-k3-nano", "--systems", "tpu-v7:4"], "--acceptance-length", "real"),
+    (["serving", "--model", "kimi-k3-nano", "--systems", "tpu-v7:4"], "--random-range-ratio", "real"),
+    (["serving", "--model", "kimi-k3-nano", "--systems", "tpu-v7:4"], "--concurrency", "list"),
+    (["plan", "--model", "kimi-k3-nano"], "--devices", "whole"),
+    (["calibrate", "--hardware", "tpu-v7", "--measurements", "published:tpu7x-musespark", "--out", "OUT"],
+     "--max-evals", "whole"),
+    *((["run-kernel", "--schedule", "naive"], flag, "whole") for flag in ("--batch", "--steps", "--context", "--seed")),
+    (["demo", "--out", "OUT"], "--sweep-budget", "whole"), (["demo", "--out", "OUT"], "--jobs", "whole"),
+    (["lower", "--model", "kimi-k3-nano", "--schedule", "naive"], "--weight-banks", "whole"),
+]
+BAD_NUMBERS = {"whole": ["nan", "inf", "-1", "1.5", "", "1e400", "1e3", "-0"], "real": ["nan", "inf", "-1", "", "1e400"],
+               "list": ["nan", "1,,2", "1,", ",1", "", "1,inf", "-1"]}
+BAD_LISTS: list[list[str]] = [  # duplicate keys and empty items in key=value and comma lists
+    ["floor", *NANO_TPU, "--formats", "experts=fp8,experts=bf16"], ["floor", *NANO_TPU, "--formats", "experts=fp8,"],
+    ["floor", *NANO_TPU, "--plan", "tp=4,tp=2"], ["floor", *NANO_TPU, "--plan", "tp=4,,expert_tp=1"],
+    ["compare", "--model", "kimi-k3-nano", "--systems", "tpu-v7:4,,gb200:2", "--schedule", "naive"],
+    [*SWEEP_NANO, "--out", "OUT", "--space", "joint", "--batches", "1,,2"],
+    ["floor", *NANO_TPU, "--routing", "zipf:nan"], ["floor", *NANO_TPU, "--routing", "zipf:inf"],
+    ["floor", *NANO_TPU, "--routing", "zipf:1e9"],
+]
+CONTEXT_FREE: list[list[str]] = [  # a flag that has no effect where it is given
+    [*SWEEP_NANO, "--out", "OUT", "--scheduler", "tcp://127.0.0.1:1"], [*SWEEP_NANO, "--out", "OUT", "--workers", "2"],
+    [*SWEEP_NANO, "--out", "OUT", "--executor", "dask"], [*SWEEP_NANO, "--out", "OUT", "--weight-banks", "2"],
+    [*SWEEP_NANO, "--out", "OUT", "--schedule", "published"],  # an abbreviation of --scheduler
+    ["floor", "--mod", "kimi-k3-nano", "--hardware", "tpu-v7", "--chips", "4"],
+    ["simulate", *NANO_TPU, "--force"], ["floor", *NANO_TPU, "--force"],
+    ["simulate", *NANO_TPU, "--plot", "OUT.txt"], ["simulate", *NANO_TPU, "--trace", "OUT.png"],
+    ["simulate", *NANO_TPU, "--plot", "OUT.png", "--plot-layers", "200:3"],
+    ["plan", "--model", "kimi-k3-nano", "--hardware", "tpu-v7", "--chips", "4", "--devices", "3"],
+    ["plan", "--model", "kimi-k3-nano", "--chips", "4"],
+    ["demo", "--quick", "--sweep-budget", "200", "--out", "OUT"],
+    ["calibrate", "--hardware", "tpu-v7", "--measurements", "published:tpu7x-musespark", "--quick", "--out", "OUT"],
+    ["diff", "published", "naive", "--hardware", "gb200", "--chips", "2", "--model", "kimi-k3-nano"],
+    ["diff", "published", "naive", "--model", "kimi-k3-nano", "--chips", "4", "--plot-layers", "1:2"],
+    ["--local-dir", "FILE", "hardware", "list"], ["overlays", "list", "--local-dir", "/dev/full"],
+]
+CONFIG_BAD = [("hidden_size", "2048"), ("hidden_size", 2048.0), ("num_hidden_layers", 10**9),
+              ("num_hidden_layers", 1e9), ("head_dim", 0), ("num_attention_heads", True), ("vocab_size", -1),
+              ("rms_norm_eps", "1e-6"), ("rms_norm_eps", 0), ("architectures", ["FooBarForCausalLM"])]
+
+
+def _issue48_cases(corpus: dict[str, str], out_root: Path) -> st.SearchStrategy[list[str]]:
+    """The classes of issue 48 (module docstring, 7): each case carries one bad value and must be refused."""
+    def place(argv: list[str], n: int) -> list[str]:
+        where = {"OUT": str(out_root / f"i48-{n}"), "FILE": corpus["empty.yaml"], "OUT.txt": str(out_root / "p.txt"),
+                 "OUT.png": str(out_root / "p.png")}
+        return [MUST_REFUSE, *(where.get(a, a) for a in argv)]
+
+    numbers = st.sampled_from(NUMBERS).flatmap(lambda case: st.sampled_from(BAD_NUMBERS[case[2]]).map(
+        lambda value: [*case[0], case[1], value]))
+    base = json.loads(corpus["config-base"])
+    configs = st.sampled_from(CONFIG_BAD).map(lambda kv: ["plan", "--devices", "2", "--model", _write_config(
+        out_root, {**base, kv[0]: kv[1]}, name=f"bad-{kv[0]}-{kv[1]!r}")])
+    return st.tuples(st.one_of(numbers, st.sampled_from(BAD_LISTS), st.sampled_from(CONTEXT_FREE), configs),
+                     st.integers(0, 10**6)).map(lambda c: place(*c))
+
+
+def _write_config(out_root: Path, data: dict, *, name: str | None = None) -> str:
     """A drawn config.json in a folder of its own; returns its path."""
     fields = {k: v for k, v in data.items() if v is not None}
     if data.get("head_dim") is None:
         fields.pop("head_dim", None)
-    key = "-".join(str(fields.get(k)) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads",
-                                                 "head_dim"))
+    key = name or "-".join(str(fields.get(k)) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads",
+                                                         "head_dim"))
+    key = "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
     folder = out_root.parent / "configs" / key
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(fields))
@@ -447,6 +535,14 @@ def run_case(argv: list[str]) -> Outcome:
 
     if argv[:1] == ["same-question"]:
         return same_question(argv)
+    if argv[:1] == [MUST_REFUSE]:
+        started = time.monotonic()
+        outcome = run_case(argv[1:])
+        seconds = time.monotonic() - started
+        outcome.argv = argv
+        if seconds > HANG_S:
+            outcome.problems.append(f"hang: {seconds:.0f} s (> {HANG_S} s) before answering")
+        return outcome
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         try:
@@ -485,6 +581,13 @@ def _independent_fit(argv: list[str]) -> bool | None:
 def check_outcome(outcome: Outcome, out_root: Path) -> list[str]:
     """The invariants of the module docstring; returns the problems found."""
     problems = list(outcome.problems)
+    if outcome.argv[:1] == [MUST_REFUSE]:  # issue 48: the case carries one bad value, refused in one line
+        errors = [line for line in outcome.stderr.splitlines() if line.strip()]
+        if outcome.code == 0:
+            problems.append(f"accepted and ignored: exit 0 for {' '.join(outcome.argv[1:])}")
+        elif outcome.code != 2 or len(errors) != 1 or ": error: " not in errors[0]:
+            problems.append(f"not one line and exit 2: exit {outcome.code}, {len(errors)} stderr lines")
+        outcome = Outcome(outcome.argv[1:], outcome.code, outcome.stdout, outcome.stderr)
     if outcome.code not in (0, 2):
         problems.append(f"exit {outcome.code}")
     if "Traceback (most recent call last)" in outcome.stdout + outcome.stderr:
@@ -524,7 +627,7 @@ def check_outcome(outcome: Outcome, out_root: Path) -> list[str]:
     wrong = misapplication(outcome.argv) if outcome.argv[:1] in (["floor"], ["simulate"], ["plan"]) else None
     if wrong and outcome.code == 0 and "warning" not in outcome.stdout + outcome.stderr:
         problems.append(f"silent misapplication: {wrong} ran without an error or a warning")
-    if outcome.code == 0 and outcome.argv[:1] == ["compare"]:
+    if outcome.code == 0 and outcome.argv[:1] == ["compare"] and "--json" in outcome.argv:
         for row in json.loads(outcome.stdout):
             if not row.get("fits", True) and row.get("step_ms") is not None:
                 problems.append(f"compare row {row['system']} does not fit but has a step time")
@@ -556,6 +659,9 @@ class Tally:
     silent: int = 0  # of those, exit 0 without an error or a warning
     tracebacks: int = 0
     silently_accepted: int = 0  # an ignored flag with exit 0
+    refusal_cases: int = 0  # issue 48's classes: cases carrying one bad value
+    accepted_and_ignored: int = 0  # of those, exit 0
+    hangs: int = 0  # cases answering after HANG_S
     wrong_answers: int = 0  # a self-contradicting config that ran, or two answers to one question
 
 
@@ -571,7 +677,7 @@ def fuzz(tally: Tally, work: Path, *, examples: int, heavy: bool, seed: int | No
     def one(argv: list[str]) -> None:
         outcome = run_case(argv)
         tally.cases += 1
-        key = argv[0] if argv else "(none)"
+        key = (argv[1] if argv[:1] == [MUST_REFUSE] and len(argv) > 1 else argv[0]) if argv else "(none)"
         tally.by_command[key] = tally.by_command.get(key, 0) + 1
         problems = check_outcome(outcome, out_root)
         if argv[:1] in (["floor"], ["simulate"], ["plan"]) and misapplication(argv):
@@ -580,6 +686,9 @@ def fuzz(tally: Tally, work: Path, *, examples: int, heavy: bool, seed: int | No
         tally.tracebacks += any(p == "traceback printed" or p.startswith("Traceback") for p in problems)
         tally.silently_accepted += any(p.startswith("silently accepted") for p in problems)
         tally.wrong_answers += any(p.startswith("confident wrong answer") for p in problems)
+        tally.refusal_cases += argv[:1] == [MUST_REFUSE]
+        tally.accepted_and_ignored += any(p.startswith("accepted and ignored") for p in problems)
+        tally.hangs += any(p.startswith("hang:") for p in problems)
         if problems:
             tally.failures.append((argv, problems))
 
@@ -604,6 +713,8 @@ def main() -> int:
     print(f"failures: {len(tally.failures)}; tracebacks: {tally.tracebacks}; misapplied cases: {tally.misapplied}, "
           f"silent misapplications: {tally.silent}; silently accepted flags: {tally.silently_accepted}; "
           f"confident wrong answers: {tally.wrong_answers}")
+    print(f"issue 48 classes: {tally.refusal_cases} cases each carrying one bad value; accepted and ignored: "
+          f"{tally.accepted_and_ignored}; hangs (> {HANG_S} s): {tally.hangs}")
     for argv, problems in tally.failures[:20]:
         print(f"- tpusim {' '.join(argv)}\n  " + "\n  ".join(p.strip().splitlines()[-1] for p in problems))
     return 1 if tally.failures else 0

@@ -42,6 +42,34 @@ IGNORED: dict[tuple[str, str], list[str]] = {
     ("serving", "random_range_ratio"): ["serving", "--systems", "tpu-v7:16", "--trace", "TRACE",
                                         "--random-range-ratio", "0.5"],
     ("serving", "requests"): ["serving", "--systems", "tpu-v7:16", "--trace", "TRACE", "--requests", "4"],
+    # issue 48: executor options without a distributed executor, joint-only and schedule-only flags
+    ("sweep", "batches"): ["sweep", *NANO, "--out", "OUT", "--batches", "1,2"],
+    ("sweep", "executor"): ["sweep", *NANO, "--out", "OUT", "--executor", "dask"],
+    ("sweep", "baseline"): ["sweep", *NANO, "--out", "OUT", "--baseline", "best.json"],
+    ("sweep", "no_kernel_gate"): ["sweep", *NANO, "--out", "OUT", "--no-kernel-gate"],
+    ("sweep", "scheduler"): ["sweep", *NANO, "--out", "OUT", "--scheduler", "tcp://127.0.0.1:1"],
+    ("sweep", "workers"): ["sweep", *NANO, "--out", "OUT", "--workers", "3"],
+    ("sweep", "jobs"): ["sweep", *NANO, "--out", "OUT", "--space", "joint", "--executor", "dask", "--jobs", "1"],
+    ("sweep", "batch"): ["sweep", *NANO, "--out", "OUT", "--space", "joint", "--batches", "1,2", "--batch", "2"],
+    ("sweep", "samples"): ["sweep", *NANO, "--out", "OUT", "--space", "joint", "--samples", "3"],
+    ("sweep", "screen_factor"): ["sweep", *NANO, "--out", "OUT", "--space", "joint", "--screen-factor", "2"],
+    ("sweep", "screen_layers"): ["sweep", *NANO, "--out", "OUT", "--space", "joint", "--screen-layers", "2"],
+    ("sweep", "compile_check"): ["sweep", *NANO, "--out", "OUT", "--space", "joint", "--compile-check", "2"],
+    ("sweep", "weight_banks"): ["sweep", *NANO, "--out", "OUT", "--weight-banks", "2"],
+    ("plan", "devices"): ["plan", *NANO, "--devices", "3"],
+    ("plan", "chips"): ["plan", "--model", "kimi-k3-nano", "--chips", "2"],
+    ("demo", "sweep_budget"): ["demo", "--quick", "--sweep-budget", "3", "--out", "OUT"],
+    ("calibrate", "quick"): ["calibrate", "--hardware", "tpu-v7", "--measurements", "published:tpu7x-musespark",
+                             "--quick", "--out", "OUT"],
+    ("calibrate", "no_probe"): ["calibrate", "--hardware", "tpu-v7", "--measurements", "published:tpu7x-musespark",
+                                "--no-probe", "--out", "OUT"],
+    ("calibrate", "max_evals"): ["calibrate", "--hardware", "host-cpu", "--measurements", "cpu-loop",
+                                 "--max-evals", "3", "--out", "OUT"],
+    ("diff", "plot_layers"): ["diff", "published", "naive", "--plot-layers", "1:2"],
+    **{("diff", dest): ["diff", "RESULT", "RESULT", *typed] for dest, typed in {
+        "model": ["--model", "kimi-k3-nano"], "hardware": ["--hardware", "tpu-v5e"], "chips": ["--chips", "2"],
+        "batch": ["--batch", "2"], "context": ["--context", "64"], "routing": ["--routing", "identical"],
+        "seed": ["--seed", "1"], "uncalibrated": ["--uncalibrated"], "plot": ["--plot", "PNG"]}.items()},
 }
 
 
@@ -55,7 +83,10 @@ def test_an_ignored_flag_is_refused_in_one_line(command: str, dest: str, tmp_pat
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     trace = tmp_path / "trace.jsonl"
     trace.write_text(json.dumps({"arrival_s": 0, "input_tokens": 10, "output_tokens": 2}) + "\n")
-    argv = [str(trace) if a == "TRACE" else str(tmp_path / "out") if a == "OUT" else a for a in IGNORED[command, dest]]
+    result = tmp_path / "result.json"  # a simulate --json result, as diff reads one
+    result.write_text(json.dumps({"step_ms": 1.0, "tokens_per_s": 1000.0}))
+    where = {"TRACE": trace, "OUT": tmp_path / "out", "RESULT": result, "PNG": tmp_path / "p.png"}
+    argv = [str(where[a]) if a in where else a for a in IGNORED[command, dest]]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"tpusim {command}: error: {flag_name(dest)}: "), err
@@ -82,7 +113,7 @@ def test_used_flags_run(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_given_options_sees_typed_flags_only() -> None:
     parser = build_parser()
-    argv = ["simulate", *NANO, "--tok=12", "--seed", "-3"]
+    argv = ["simulate", *NANO, "--tokens=12", "--seed", "3"]
     args = parser.parse_args(argv)
     given = given_options(parser, args, argv)
     assert {"model", "hardware", "chips", "tokens", "seed"} <= given

@@ -119,13 +119,14 @@ def _qwen_with(tmp_path: Path, value: object) -> Path:
     return folder / "config.json"
 
 
-def test_config_numbers_written_as_text_are_read_exactly(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    """`"num_hidden_layers": "48"` ended in a TypeError traceback."""
+def test_config_numbers_written_as_text_are_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """`"num_hidden_layers": "48"` ended in a TypeError traceback (issue 23), then was read as 48;
+    issue 48: a count is a JSON integer, as Hugging Face's own classes need, or it is refused
+    with the key named (text there is a file nobody else could load)."""
     argv = ["floor", "--hardware", "tpu-v7", "--chips", "4", "--json"]
-    code, out, _ = run(capsys, *argv, "--model", str(_qwen_with(tmp_path, "48")))
-    assert code == 0
-    code, reference, _ = run(capsys, *argv, "--model", str(QWEN_MOE))
-    assert code == 0 and json.loads(out)["bytes_per_device"] == json.loads(reference)["bytes_per_device"]
+    code, out, err = run(capsys, *argv, "--model", str(_qwen_with(tmp_path, "48")))
+    assert code == 2 and out == ""
+    assert "num_hidden_layers" in one_error_line(err, "floor") and "'48' (text)" in err
 
 
 @pytest.mark.parametrize(("value", "shown"), [("4x8", "'4x8'"), (True, "true")])
@@ -134,7 +135,7 @@ def test_config_counts_that_are_not_numbers_are_one_line(capsys: pytest.CaptureF
     config = _qwen_with(tmp_path, value)
     code, _, err = run(capsys, "floor", "--model", str(config), "--hardware", "tpu-v7", "--chips", "4")
     assert code == 2
-    assert f"{config}: num_hidden_layers: expected a number, got {shown}" in one_error_line(err, "floor")
+    assert f"{config}: num_hidden_layers: expected a whole number (a JSON integer), got {shown}" in one_error_line(err, "floor")
 
 
 def test_a_folder_as_model_reads_its_config_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -86,14 +86,15 @@ def _one_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
 
 def test_the_cli_refuses_a_fifo_trace_and_a_file_as_out_folder(tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
+    fifos = {suffix: tmp_path / f"fifo{suffix}" for suffix in (".json", ".png", ".jsonl")}  # the suffix each writes
+    for fifo in fifos.values():
+        os.mkfifo(fifo)
     workload = ["--model", "kimi-k3", "--hardware", "tpu-v7", "--chips", "16"]
-    assert "FIFO" in _one_error(capsys, ["simulate", *workload, "--trace", str(fifo)])
-    assert "FIFO" in _one_error(capsys, ["simulate", *workload, "--plot", str(fifo)])
+    assert "FIFO" in _one_error(capsys, ["simulate", *workload, "--trace", str(fifos[".json"])])
+    assert "FIFO" in _one_error(capsys, ["simulate", *workload, "--plot", str(fifos[".png"])])
     (tmp_path / "f").write_text("keep")
     assert "not a folder" in _one_error(capsys, ["sweep", *workload, "--out", str(tmp_path / "f")])
-    assert "FIFO" in _one_error(capsys, ["run-kernel", "--out", str(fifo)])
+    assert "FIFO" in _one_error(capsys, ["run-kernel", "--out", str(fifos[".jsonl"])])
     assert (tmp_path / "f").read_text() == "keep"
 
 

@@ -64,8 +64,10 @@ def test_the_cli_refuses_a_ratio_out_of_range_and_length_flags_with_a_trace(
         tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
     from tpusim.app.cli import main
 
-    assert main(["serving", "--systems", "tpu-v7:16", "--random-range-ratio", "2"]) == 2
-    assert "--random-range-ratio 2.0: must be in [0, 1]" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # refused as it is parsed (hwmodels.values), before any work
+        main(["serving", "--systems", "tpu-v7:16", "--random-range-ratio", "2"])
+    assert refused.value.code == 2
+    assert "--random-range-ratio: must be <= 1, got 2" in capsys.readouterr().err
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"arrival_s": 0, "input_tokens": 10, "output_tokens": 2}\n')
     for flag, value in (("--random-range-ratio", "0.5"), ("--input-tokens", "100"), ("--requests", "4")):

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from calibration.sources.measurements import Measurement
+from hwmodels import values
 from hwmodels.errors import InputError
 
 HOLDOUT_KEYS = ("format", "batch", "width", "model", "context", "backend", "index", "kind")
@@ -46,13 +47,8 @@ def split_records(records: Sequence[Measurement], spec: str | None) -> Split:
     if not spec:
         return Split(list(records), [], "")
     clauses: list[tuple[str, set[str]]] = []
-    for clause in filter(None, (part.strip() for part in spec.split(";"))):
-        key, sep, value = clause.partition("=")
-        if not sep or key.strip() not in HOLDOUT_KEYS or not value.strip():
-            raise InputError(
-                f"--holdout {spec!r}: expected key=value with key one of {', '.join(HOLDOUT_KEYS)}"
-            )
-        clauses.append((key.strip(), {v.strip() for v in value.split("|")}))
+    for key, value in values.pairs(spec, "--holdout", separator=";", keys=tuple(HOLDOUT_KEYS)):
+        clauses.append((key, set(values.items(value, f"--holdout {key}", separator="|"))))
     held, kept = [], []
     for index, record in enumerate(records):
         hit = all(_matches(record, index, key, values) for key, values in clauses)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from hwmodels import values
 from hwmodels.catalog import load_chip, make_system
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip, System
@@ -74,7 +75,7 @@ class SystemSpec:
 
 def parse_systems(text: str) -> list[SystemSpec]:
     specs = []
-    for item in (part.strip() for part in text.split(",") if part.strip()):
+    for item in values.items(text, "--systems"):
         parts = item.split(":")
         if len(parts) not in (2, 3):
             raise InputError(f"--systems {item!r}: expected chip:chips[:execution], e.g. gb200:16:megakernel")

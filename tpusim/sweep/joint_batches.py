@@ -44,6 +44,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hwmodels import values
 from hwmodels.errors import InputError
 from tpusim.report.figures import distinct_colours, save_png
 from tpusim.sweep.joint import ASK_BATCH, JointResult, run_joint_sweep, winner_params
@@ -60,11 +61,8 @@ WHAT = {"compute": "compute (attention + MoE + MLP + head)", "collectives": "col
 
 def parse_batches(text: str) -> list[int]:
     """``1,2,4,8`` → ``[1, 2, 4, 8]`` (distinct positive integers, in the order given)."""
-    try:
-        batches = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise InputError(f"--batches {text!r}: expected positive integers separated by commas, e.g. 1,2,4,8") from None
-    if not batches or min(batches) < 1 or len(set(batches)) != len(batches):
+    batches = [int(b) for b in values.number_list(text, "--batches", kind=int, minimum=1)]
+    if len(set(batches)) != len(batches):
         raise InputError(f"--batches {text!r}: expected distinct positive integers, e.g. 1,2,4,8")
     return batches
 

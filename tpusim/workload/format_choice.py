@@ -22,6 +22,7 @@ Formats: the layouts of :mod:`tpusim.workload.formats` or their short names (``b
 
 from __future__ import annotations
 
+from hwmodels import values
 from hwmodels.errors import InputError
 from tpusim.workload.formats import canonical_format
 from tpusim.workload.modelconfig import ModelConfig
@@ -54,9 +55,9 @@ FAMILY_KEYS: dict[str, tuple[str, ...]] = {
 def parse_formats(text: str) -> dict[str, str]:
     """Format key -> layout name for ``text`` (``family=format,...``); InputError naming the pair."""
     keys: dict[str, str] = {}
-    for item in (part.strip() for part in text.split(",") if part.strip()):
-        family, sep, name = (piece.strip() for piece in item.partition("="))
-        if not sep or family not in FAMILY_KEYS:
+    for family, name in values.pairs(text, "--formats"):  # no empty item, no family twice
+        item = f"{family}={name}"
+        if family not in FAMILY_KEYS:
             raise InputError(f"--formats {item!r}: unknown family {family!r}; known: {', '.join(FAMILY_KEYS)}")
         try:
             layout = canonical_format(name)
@@ -87,8 +88,8 @@ def check_families(model: ModelConfig, text: str) -> None:
     """InputError when a ``family=format`` pair of ``text`` names weights ``model`` lacks
     (``experts=fp8`` on a dense model would otherwise change nothing, silently)."""
     absent = absent_format_keys(model)
-    for item in (part.strip() for part in text.split(",") if part.strip()):
-        family = item.partition("=")[0].strip()
+    for family, name in values.pairs(text, "--formats"):
+        item = f"{family}={name}"
         missing = [absent[key] for key in FAMILY_KEYS.get(family, ()) if key in absent]
         if missing and len(missing) == len(FAMILY_KEYS[family]):
             raise InputError(f"--formats {item!r}: {model.name} has no {missing[0]}; the pair would change nothing")

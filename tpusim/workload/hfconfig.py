@@ -21,6 +21,8 @@ them unquantised). ``--formats`` overrides any of this per family.
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,7 @@ from hwmodels.errors import InputError
 from hwmodels.textfile import read_user_json
 from tpusim.workload.hf_architectures import READERS, MissingKey
 from tpusim.workload.model_checks import hf_violations
-from tpusim.workload.modelconfig import ModelConfig
+from tpusim.workload.modelconfig import MAX_EXPERTS, MAX_LAYERS, ModelConfig
 from tpusim.workload.registry.names import Family, FormatKey
 
 LINEAR_KEYS = ("dense", FormatKey.ROUTED_GATE_UP, FormatKey.ROUTED_DOWN)
@@ -39,8 +41,14 @@ EXPERT_KEYS = (FormatKey.ROUTED_GATE_UP, FormatKey.ROUTED_DOWN)
 
 
 def architecture_of(data: dict[str, Any], source: str) -> str:
-    """The reader key of ``data``: ``architectures[0]`` if known, else ``model_type``."""
-    names = [*(data.get("architectures") or []), data.get("model_type")]
+    """The reader key of ``data``: ``architectures[0]`` when the file names architectures
+    (an unknown one is refused, whatever ``model_type`` says: a ``FooBarForCausalLM`` is not
+    read as the Qwen3-MoE its ``model_type`` may claim), else ``model_type``."""
+    architectures = data.get("architectures")
+    if architectures is not None and not (isinstance(architectures, list)
+                                          and all(isinstance(a, str) for a in architectures)):
+        raise InputError(f"{source}: architectures: expected a list of class names, got {architectures!r}")
+    names = architectures[:1] if architectures else [data.get("model_type")]
     for name in names:
         if isinstance(name, str) and name in READERS:
             return name
@@ -78,40 +86,58 @@ def formats_from_quantization(quant: dict[str, Any], source: str) -> dict[str, s
                      "(fp8, mxfp4, modelopt, gptq, awq are); pass --formats to say how the weights are stored")
 
 
-# Keys holding a count or a size (``num_hidden_layers``, ``hidden_size``, ``head_dim``, ...): a
-# boolean or a text that is not a number there is refused, naming the key.
+# Keys holding a count or a size (``num_hidden_layers``, ``hidden_size``, ``head_dim``, ...):
+# a JSON integer, nothing else (not text, a boolean or ``1e9``: Hugging Face's own classes
+# would fail on each at model construction), inside COUNT_RANGE. ``null`` is "not given".
 COUNT_KEY = re.compile(r"^(num_|n_)|_(size|dim|rank|heads|layers|experts|interval|step|replace|tok)$|"
                        r"^(vocab_size|topk_group|max_position_embeddings)$")
-INTEGER_TEXT = re.compile(r"[+-]?\d+")
-REAL_TEXT = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
+# Counts that must be at least 1 when given (``head_dim: 0`` would otherwise be read as
+# "derive it"); every other count may be 0 (``n_shared_experts``, ``first_k_dense_replace``).
+POSITIVE_COUNTS = frozenset({
+    "hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "intermediate_size", "moe_intermediate_size", "num_experts", "num_experts_per_tok", "n_routed_experts",
+    "kv_lora_rank", "qk_nope_head_dim", "v_head_dim", "linear_num_key_heads", "linear_num_value_heads",
+    "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "n_group", "topk_group",
+    "full_attention_interval", "max_position_embeddings"})
+# Upper bounds, so that a typo (10**9 layers) is refused before any loop over layers runs.
+COUNT_MAX = {"num_hidden_layers": MAX_LAYERS, "num_experts": MAX_EXPERTS, "n_routed_experts": MAX_EXPERTS,
+             "max_position_embeddings": 2**31 - 1}
+COUNT_MAX_DEFAULT = 2**24  # widths, heads, vocabulary: 16.7 M, ~100x the widest published model
+# Real-valued keys read: finite numbers above 0.
+REAL_KEYS = frozenset({"rms_norm_eps", "routed_scaling_factor"})
 
 
-def read_numbers(value: Any, source: str, key: str = "") -> Any:
-    """``value`` with numbers written as text read exactly (``"48"`` -> 48, ``"1e-6"`` -> 1e-06),
-    in nested objects and lists too; a count key holding a boolean or other text is an
-    InputError naming ``source`` and the key."""
-    if isinstance(value, dict):
-        return {k: read_numbers(v, source, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [read_numbers(v, source, key) for v in value]
-    leaf = key.rpartition(".")[2]
-    if isinstance(value, str):
-        text = value.strip()
-        if INTEGER_TEXT.fullmatch(text):
-            return int(text)
-        if REAL_TEXT.fullmatch(text):
-            return float(text)
-        if COUNT_KEY.search(leaf):
-            raise InputError(f"{source}: {key}: expected a number, got {value!r}")
-    if isinstance(value, bool) and COUNT_KEY.search(leaf):
-        raise InputError(f"{source}: {key}: expected a number, got {str(value).lower()}")
-    return value
+def check_values(data: dict[str, Any], source: str) -> None:
+    """InputError naming ``source`` and the key when a top-level count key (or an item of a
+    count list such as ``mlp_only_layers``) is not a JSON integer inside its range, or a real
+    key not a finite number > 0. Nested objects (``rope_scaling``, ``quantization_config``)
+    are read, where at all, by their own rules."""
+    for key, value in data.items():
+        for item in value if isinstance(value, list) else [value]:
+            _check_value(item, source, str(key))
+
+
+def _check_value(value: Any, source: str, key: str) -> None:
+    leaf = key
+    if value is None or isinstance(value, dict | list) or not (COUNT_KEY.search(leaf) or leaf in REAL_KEYS):
+        return
+    shown = f"{value!r} (text)" if isinstance(value, str) else json.dumps(value)
+    if leaf in REAL_KEYS:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            raise InputError(f"{source}: {key}: expected a finite number > 0, got {shown}")
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"{source}: {key}: expected a whole number (a JSON integer), got {shown}")
+    lowest = 1 if leaf in POSITIVE_COUNTS else 0
+    highest = COUNT_MAX.get(leaf, COUNT_MAX_DEFAULT)
+    if not lowest <= value <= highest:
+        raise InputError(f"{source}: {key}: {value} outside {lowest}..{highest}")
 
 
 def model_from_hf_dict(data: dict[str, Any], *, source: str, name: str) -> ModelConfig:
-    """The ModelConfig of a parsed ``config.json`` (``source`` names it in errors); numbers
-    written as text are read when they parse exactly (:func:`read_numbers`)."""
-    data = read_numbers(data, source)
+    """The ModelConfig of a parsed ``config.json`` (``source`` names it in errors); every count
+    and size typed and bounded first (:func:`check_values`), before any reader loops over them."""
+    check_values(data, source)
     arch = architecture_of(data, source)
     problems = hf_violations(data)  # raw-key rules (derived head_dim, layer lists), before deriving
     if problems:

@@ -61,6 +61,14 @@ OPTIONAL_FORMAT_KEYS: dict[str, str] = {
 }
 
 
+# Bounds on the counts every loop runs over (layers, experts), so that a typo in a model file
+# (10**9 layers) is refused where it enters instead of hanging a command: the deepest published
+# decoder has 126 layers (Llama 3.1 405B) and the widest MoE a few hundred routed experts
+# (K3: 384), so both leave two orders of magnitude of room.
+MAX_LAYERS = 1024
+MAX_EXPERTS = 65536
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -155,7 +163,7 @@ class AttentionPattern(_Frozen):
 class MoeConfig(_Frozen):
     """Routed + shared experts of the MoE layers."""
 
-    num_experts: int = Field(ge=1)
+    num_experts: int = Field(ge=1, le=MAX_EXPERTS)
     top_k: int = Field(ge=1)
     expert_intermediate_size: int = Field(ge=1, description="gate/up width of one routed expert")
     latent_size: int | None = Field(
@@ -200,7 +208,7 @@ class ModelConfig(_Frozen):
     source: str = Field(min_length=1, description="where the architecture facts come from")
     hidden_size: int = Field(ge=1)
     vocab_size: int = Field(ge=1)
-    num_layers: int = Field(ge=1)
+    num_layers: int = Field(ge=1, le=MAX_LAYERS)
     rms_norm_eps: float = Field(default=1e-5, gt=0.0)
     attention_pattern: AttentionPattern
     kda: KdaConfig | None = None

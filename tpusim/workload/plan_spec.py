@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hwmodels import values
 from hwmodels.errors import InputError
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.plan_variants import (
@@ -61,14 +62,10 @@ def is_plan_spec(text: str) -> bool:
 
 def parse_plan_spec(text: str) -> PlanSpec:
     """Parse ``text``; InputError naming the bad pair."""
-    values: dict[str, int] = {}
+    numbers: dict[str, int] = {}
     words: dict[str, str] = {}
     all_dp = False
-    for item in (part.strip() for part in text.split(",")):
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or key not in KEYS:
-            raise InputError(f"--plan {text!r}: {item!r}: expected KEY=VALUE with KEY one of {', '.join(KEYS)}")
+    for key, value in values.pairs(text, "--plan", keys=tuple(KEYS)):  # no empty item, no key twice
         if key == "attention":
             if value not in ("tp", "dp"):
                 raise InputError(f"--plan {text!r}: attention={value!r}: expected tp or dp")
@@ -79,14 +76,8 @@ def parse_plan_spec(text: str) -> PlanSpec:
                 raise InputError(f"--plan {text!r}: {key}={value!r}: expected {' or '.join(WORD_KEYS[key])}")
             words[key] = value
             continue
-        try:
-            number = int(value)
-        except ValueError:
-            raise InputError(f"--plan {text!r}: {key}={value!r}: expected a whole number") from None
-        if number < 1:
-            raise InputError(f"--plan {text!r}: {key}={number}: must be >= 1")
-        values[key] = number
-    return PlanSpec(text=text, attention_all_dp=all_dp, **values, **words)
+        numbers[key] = int(values.number(value, f"--plan {text!r}: {key}=", kind=int, minimum=1))
+    return PlanSpec(text=text, attention_all_dp=all_dp, **numbers, **words)
 
 
 def plan_from_spec(model: ModelConfig, spec: PlanSpec, devices: int, *, devices_per_chip: int = 1,

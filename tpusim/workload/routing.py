@@ -28,10 +28,14 @@ from pathlib import Path
 
 import numpy as np
 
+from hwmodels import values
 from hwmodels.errors import InputError
 from hwmodels.textfile import read_user_text
 
 ROUTING_KINDS = ("uniform", "identical", "zipf", "trace")
+# The largest Zipf exponent taken: at s = 100 the second-ranked expert is already 2**-100 as
+# likely as the first, so any larger s routes exactly as 100 does; nan and inf are refused too.
+ZIPF_EXPONENT_MAX = 100.0
 # Gumbel keys are float64: 2**23 of them is a 64 MiB chunk, whatever the batch.
 KEY_CHUNK_ELEMENTS = 1 << 23
 # Above this many keys (about 20 s of Gumbel draws on one core at ~13 M/s), a uniform draw
@@ -62,12 +66,8 @@ def parse_routing(spec: str) -> RoutingModel:
             raise InputError(f"--routing {spec}: {kind} takes no argument")
         return RoutingModel(kind)
     if kind == "zipf":
-        try:
-            exponent = float(arg) if arg else 1.0
-        except ValueError:
-            raise InputError(f"--routing {spec}: zipf exponent must be a number") from None
-        if exponent <= 0:
-            raise InputError(f"--routing {spec}: zipf exponent must be > 0")
+        exponent = float(values.number(arg, f"--routing {spec}: zipf exponent", minimum=0.0, exclusive_minimum=True,
+                                       maximum=ZIPF_EXPONENT_MAX)) if arg else 1.0
         return RoutingModel("zipf", zipf_exponent=exponent)
     if kind == "trace":
         path = Path(arg)

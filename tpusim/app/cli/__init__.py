@@ -15,6 +15,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 # Subcommand modules, in the order ``tpusim --help`` lists them.
 SUBCOMMAND_MODULES = (
@@ -49,6 +50,20 @@ class HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+class Parser(argparse.ArgumentParser):
+    """Every ``tpusim`` parser, nested ones too (``add_subparsers`` builds children of the
+    parent's class): no abbreviations (``--schedule`` must not quietly become ``--scheduler``,
+    nor ``--mod`` ``--model``), and a parse error is one line, ``tpusim CMD: error: ...``,
+    exit 2, like every other input problem (the usage is one ``--help`` away)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -72,7 +87,7 @@ def _finish(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="tpusim",
         description="Simulate, sweep, run and calibrate MoE decode-step megakernels. "
         "`tpusim COMMAND --help` describes each command; `tpusim schema TOPIC` the file formats.",
@@ -113,12 +128,8 @@ def given_options(parser: argparse.ArgumentParser, args: argparse.Namespace, arg
         name = token.split("=", 1)[0]
         if not name.startswith("-") or name == "-":
             continue
-        if name in by_string:
+        if name in by_string:  # abbreviations are refused by the parser (Parser): only full names
             given.add(by_string[name])
-            continue
-        matches = {dest for option, dest in by_string.items() if option.startswith(name) and name.startswith("--")}
-        if len(matches) == 1:  # an abbreviation argparse accepted
-            given |= matches
     return frozenset(given)
 
 

@@ -101,7 +101,7 @@ from tpusim.app.cli.calibrate_outputs import (
     uncertainty_lines,
 )
 from tpusim.app.cli.calibrate_stacks import run_gpu_stack, run_k3_stack
-from tpusim.app.cli.common import emit_json, output_folder
+from tpusim.app.cli.common import emit_json, output_folder, positive_int
 
 if TYPE_CHECKING:
     from calibration.sources.step_times import FitResult
@@ -139,7 +139,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     calibrate.add_argument("--uncalibrated-start", action="store_true",
                            help="start from the published figures even if an overlay exists")
     calibrate.add_argument("--no-save", action="store_true", help="do not write the overlay")
-    calibrate.add_argument("--max-evals", type=int, default=30,
+    calibrate.add_argument("--max-evals", type=positive_int, default=30,
                            help="least-squares evaluations before the solver stops (default 30)")
     calibrate.add_argument("--allow-unconverged", action="store_true",
                            help="save the overlay and exit 0 even when the solver stopped before "

@@ -63,6 +63,10 @@ def check_fit(args: argparse.Namespace, model: Any, plan: Any, system: Any) -> F
                          f"tokens of context ({model.source})")
     report = capacity_report(model, plan, system.chip, batch=batch, context_tokens=context_tokens)
     reason = ""
+    if report.fits and "force" in getattr(args, "given", ()):  # --force would change nothing: say so, once
+        raise InputError(f"--force: {model.name} on {system.name} fits HBM at batch {batch}, context {context_tokens} "
+                         f"({report.total_bytes / GB:.1f} / {report.capacity_bytes / GB:.1f} GB per device); "
+                         "nothing to force, drop --force")
     if not report.fits:
         try:
             check_capacity(model, plan, system.chip, chips=system.chips, batch=batch, context_tokens=context_tokens,

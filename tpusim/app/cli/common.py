@@ -8,10 +8,11 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from hwmodels import values
 from hwmodels.atomic import check_output_file, check_output_folder
 from hwmodels.errors import InputError
 
@@ -48,6 +49,30 @@ def local_dir_from(args: argparse.Namespace) -> Iterator[None]:
             os.environ[LOCAL_DIR_ENV] = previous
 
 
+def check_local_dir(args: argparse.Namespace) -> None:
+    """``--local-dir`` (else ``TPUSIM_LOCAL_DIR``) checked by :func:`_check_folder_path`."""
+    from hwmodels.files import LOCAL_DIR_ENV
+
+    chosen = getattr(args, "local_dir", None)
+    if chosen is not None:
+        _check_folder_path(str(chosen), "--local-dir")
+    elif os.environ.get(LOCAL_DIR_ENV):
+        _check_folder_path(os.environ[LOCAL_DIR_ENV], LOCAL_DIR_ENV)
+
+
+def _check_folder_path(text: str, where: str) -> None:
+    """The local folder is a folder, or a path where one can be made: a file, a device
+    (``/dev/full``) or a path below a file is refused before any command reads or writes it."""
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{where} {text}: not a folder (calibrated overlays and local entries live in a folder)")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not path.exists() and not parent.is_dir():
+        raise InputError(f"{where} {text}: cannot be a folder: {parent} is not one")
+
+
 def warn_outside_fit(chip: Any, model_spec: str, chips: int) -> list[str]:
     """Print, on stderr, one line per way (``model_spec``, ``chips``) lies outside the points
     ``chip``'s calibrated overlay was fitted on; returns the gaps (none: published figures).
@@ -61,14 +86,55 @@ def warn_outside_fit(chip: Any, model_spec: str, chips: int) -> list[str]:
     return gaps
 
 
-def positive_int(text: str) -> int:
+def _argument_type(name: str, check: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An ``argparse`` type running ``check`` (a :mod:`hwmodels.values` rule): its InputError
+    becomes argparse's one-line error (``tpusim CMD: error: argument --flag: ...``), exit 2."""
+    def parse(text: str) -> Any:
+        try:
+            return check(text)
+        except InputError as error:  # "value 0: must be >= 1" -> "must be >= 1, got 0"
+            given, _, reason = str(error).removeprefix("value ").partition(": ")
+            raise argparse.ArgumentTypeError(f"{reason}, got {given}") from None
+    parse.__name__ = name  # argparse names the type in its "invalid NAME value" messages
+    return parse
+
+
+def whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An ``argparse`` type: a whole number in ``[minimum, maximum]`` (:func:`hwmodels.values.number`)."""
+    return _argument_type("whole number", lambda text: values.number(text, "value", kind=int, minimum=minimum,
+                                                                     maximum=maximum))
+
+
+def finite_number(minimum: float | None = None, maximum: float | None = None, *,
+                  exclusive_minimum: bool = False) -> Callable[[str], float]:
+    """An ``argparse`` type: a finite number in the range (no ``nan``, no ``inf``)."""
+    return _argument_type("number", lambda text: values.number(text, "value", minimum=minimum, maximum=maximum,
+                                                               exclusive_minimum=exclusive_minimum))
+
+
+positive_int = whole_number(1)  # counts, sizes, budgets, evaluation limits
+nonnegative_int = whole_number(0)  # counts where 0 means off
+seed_value = whole_number(0, values.SEED_MAX)  # routing draws, sampled candidates, arrivals
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity, not the machine's count)."""
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _jobs(text: str) -> int:
+    value = int(values.number(text, "value", kind=int, minimum=1))
+    cores = usable_cores()
+    if value > cores:
+        raise InputError(f"value {value}: more processes than the {cores} cores this host gives tpusim; at most "
+                         f"{cores} (more only slow every job down)")
     return value
+
+
+jobs = _argument_type("jobs", _jobs)  # worker processes: 1 .. the usable cores
 
 
 class OutputFile(type(Path())):  # type: ignore[misc]
@@ -83,6 +149,24 @@ class OutputFolder(type(Path())):  # type: ignore[misc]
 def output_file(text: str) -> Path:
     """The ``argparse`` type of a file the command writes (checked before it runs, in one line)."""
     return OutputFile(text)
+
+
+def _file_of(kind: str, suffixes: tuple[str, ...]) -> Callable[[str], Path]:
+    """An ``argparse`` type of a file the command writes in one format: its name ends in one of
+    ``suffixes`` (case aside), or it is refused at parse time (PNG bytes in ``out.txt`` are a
+    file nobody opens with the right program)."""
+    def parse(text: str) -> Path:
+        path = OutputFile(text)
+        if path.suffix.lower() not in suffixes:
+            raise argparse.ArgumentTypeError(f"{text!r}: writes {kind}; name the file *{' or *'.join(suffixes)}")
+        return path
+    parse.__name__ = f"{kind} file"
+    return parse
+
+
+png_file = _file_of("a PNG image", (".png",))  # --plot
+trace_file = _file_of("Chrome/Perfetto trace-event JSON", (".json",))  # --trace
+jsonl_file = _file_of("JSON lines", (".jsonl",))  # run-kernel --out (records appended)
 
 
 def output_folder(text: str) -> Path:
@@ -113,7 +197,7 @@ def add_workload_options(parser: argparse.ArgumentParser, *, batch: bool = True)
         parser.add_argument("--batch", type=positive_int, default=1, help="sequences decoded per step")
     parser.add_argument("--context", type=positive_int, default=1024, help="tokens already in each sequence's cache")
     parser.add_argument("--routing", default="uniform", help="uniform | identical | zipf[:s] | trace:PATH")
-    parser.add_argument("--seed", type=int, default=0, help="routing draw seed")
+    parser.add_argument("--seed", type=seed_value, default=0, help="routing draw seed")
     parser.add_argument("--uncalibrated", action="store_true", help="use published figures only, ignoring calibrated overlays")
     from tpusim.app.cli.capacity_gate import add_force_option
 

@@ -5,20 +5,23 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hwmodels.errors import InputError
-from tpusim.app.cli.common import add_model_options, output_file, output_folder, positive_int
+from hwmodels import values
+from tpusim.app.cli.common import (
+    add_model_options,
+    jobs,
+    nonnegative_int,
+    output_folder,
+    png_file,
+    positive_int,
+    seed_value,
+)
 from tpusim.app.cli.flag_rules import refuse_unused
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
 
 def _numbers(text: str, kind: type, name: str) -> list:
-    try:
-        values = [kind(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise InputError(f"{name} {text!r}: expected a comma-separated list of numbers") from None
-    if not values or any(v < 1 for v in values):
-        raise InputError(f"{name} {text!r}: values must be >= 1")
-    return values
+    """A comma-separated list of numbers >= 1, each finite, none empty (:mod:`hwmodels.values`)."""
+    return values.number_list(text, name, kind=kind, minimum=1)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,20 +55,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "TPU/megakernel row)")
     parser.add_argument("--sweep-budget", type=positive_int, default=8,
                         help="full engine runs per (reduced) sweep when choosing the best schedule (default: 8)")
-    parser.add_argument("--sweep-samples", type=int, default=100,
+    parser.add_argument("--sweep-samples", type=nonnegative_int, default=100,
                         help="random schedules per reduced sweep, beside the built-ins and their neighbours "
                         "(default: 100)")
-    parser.add_argument("--jobs", type=positive_int, default=1, help="processes for the sweeps (default: 1)")
+    parser.add_argument("--jobs", type=jobs, default=1, help="processes for the sweeps (default: 1)")
     parser.add_argument("--context", type=positive_int, default=1024,
                         help="context tokens already in the KV cache per sequence (default: 1024)")
     parser.add_argument("--routing", default="uniform",
                         help="expert routing model: uniform, identical, zipf[:s] or trace:PATH "
                         "(default: uniform)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the routing draw and the sweeps (default: 0)")
+    parser.add_argument("--seed", type=seed_value, default=0, help="seed of the routing draw and the sweeps (default: 0)")
     parser.add_argument("--uncalibrated", action="store_true",
                         help="use the published catalog figures, ignoring calibrated overlays (default: off)")
     add_format_option(parser)
-    parser.add_argument("--plot", type=output_file, default=None, help="write a grouped bar chart (PNG) to this file "
+    parser.add_argument("--plot", type=png_file, default=None, help="write a grouped bar chart (PNG) to this file "
                         "(default: none)")
     parser.add_argument("--out", type=output_folder, default=None,
                         help="folder for sweep outputs when choosing schedules (default: a temporary folder)")
@@ -85,17 +88,19 @@ def run(args: argparse.Namespace) -> int:
     from tpusim.compare.schedule_choice import sweep_chooser
     from tpusim.workload.routing import parse_routing
 
+    batches = _numbers(args.batch, int, "--batch")  # every value checked before any work
+    typed = args.spec_acceptance or "spec_acceptance" in getattr(args, "given", ())  # a typed "" is an empty list
+    acceptances = _numbers(args.spec_acceptance, float, "--spec-acceptance") if typed else []
+    routing = parse_routing(args.routing)
     systems = parse_systems(args.systems)
     refuse_unused(args, chips=_chips(systems, calibrated=not args.uncalibrated))
-    batches = _numbers(args.batch, int, "--batch")
-    acceptances = _numbers(args.spec_acceptance, float, "--spec-acceptance") if args.spec_acceptance else []
     chooser = None
     if args.schedule in (None, "best"):
         chooser = sweep_chooser(budget=args.sweep_budget, jobs=args.jobs, seed=args.seed, out_dir=args.out,
-                                context_tokens=args.context, routing=parse_routing(args.routing),
+                                context_tokens=args.context, routing=routing,
                                 samples=args.sweep_samples)
     rows = compare_rows(args.model, systems, batches, acceptance_lengths=acceptances, schedule=args.schedule,
-                        choose_schedule=chooser, context_tokens=args.context, routing=parse_routing(args.routing),
+                        choose_schedule=chooser, context_tokens=args.context, routing=routing,
                         seed=args.seed, calibrated=not args.uncalibrated, draft_tokens=args.draft_tokens,
                         drafter=args.drafter, formats=args.formats, plan_choice=args.plan)
     if args.plot:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tpusim.app.cli.common import output_folder, positive_int
+from tpusim.app.cli.common import jobs, output_folder, positive_int
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -19,17 +19,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "go to OUT/local (or --local-dir), and a previous run's overlays there are removed first; the "
         "demo prints the command that reuses them.")
     parser.add_argument("--out", type=output_folder, default=Path("report"), help="report folder (default ./report)")
-    parser.add_argument("--jobs", type=positive_int, default=2, help="worker processes for sweeps")
+    parser.add_argument("--jobs", type=jobs, default=2, help="worker processes for sweeps")
     parser.add_argument("--sweep-budget", type=positive_int, default=32, help="full simulations per sweep")
     parser.add_argument("--quick", action="store_true", help="small budgets (smoke test)")
     parser.set_defaults(func=run, output_lock="folder")
 
 
 def run(args: argparse.Namespace) -> int:
+    from tpusim.app.cli.common import usable_cores
     from tpusim.app.demo import run_demo
     from tpusim.app.demo_run import DemoConfig
 
-    config = DemoConfig(out_dir=args.out, jobs=args.jobs, sweep_budget=args.sweep_budget, quick=args.quick)
+    jobs = args.jobs if "jobs" in getattr(args, "given", ()) else min(args.jobs, usable_cores())  # 2, or 1 core
+    config = DemoConfig(out_dir=args.out, jobs=jobs, sweep_budget=args.sweep_budget, quick=args.quick)
     result = run_demo(config, progress=lambda line: print(line, file=sys.stderr, flush=True))
     from tpusim.app.demo import demo_local_dir, reuse_line
 

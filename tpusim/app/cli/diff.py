@@ -17,15 +17,18 @@ numbers and lists the inputs that differ (no timeline: results do not keep one).
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
 from hwmodels.errors import InputError
 from hwmodels.textfile import read_user_json
-from tpusim.app.cli.common import output_file, positive_int
+from tpusim.app.cli.common import png_file, positive_int, seed_value
+from tpusim.app.cli.flag_rules import refuse_unused, schedule_unused
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
 MIB = 1 << 20
+SCHEDULE_KEYS = frozenset({"families", "max_dmas_in_flight", "name"})
 INPUT_KEYS = ("model", "hardware", "chips", "batch", "context", "routing", "seed", "schedule",
               "schedule_hash", "execution_mode", "source")
 
@@ -44,21 +47,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--batch", type=positive_int, default=1, help="sequences decoded per step")
     parser.add_argument("--context", type=positive_int, default=1024, help="tokens already in each sequence's cache")
     parser.add_argument("--routing", default="uniform", help="uniform | identical | zipf[:s] | trace:PATH")
-    parser.add_argument("--seed", type=int, default=0, help="routing draw seed")
+    parser.add_argument("--seed", type=seed_value, default=0, help="routing draw seed")
     parser.add_argument("--uncalibrated", action="store_true", help="published figures only, ignoring overlays")
-    parser.add_argument("--plot", type=output_file, default=None, help="write both timelines into one PNG here")
+    parser.add_argument("--plot", type=png_file, default=None, help="write both timelines into one PNG here")
     parser.add_argument("--plot-layers", default="1:3", metavar="FIRST:COUNT", help="layers drawn in --plot")
     add_format_option(parser)
     parser.set_defaults(func=run)
 
 
 def _simulate_result(spec: str) -> dict[str, Any] | None:
-    """The parsed file when ``spec`` is a ``simulate --json`` result, else None."""
+    """The parsed file when ``spec`` is a ``simulate --json`` result, else None. Read by its
+    content, not its name: ``simulate --json > a.stdout`` is a result as much as ``a.json``. A
+    file that is neither a result nor a schedule (not JSON, or JSON of another shape) is an
+    InputError saying so, not a schedule's validation errors."""
     path = Path(spec)
-    if path.suffix != ".json" or not path.is_file():
+    if not path.is_file():
         return None
-    data = read_user_json(path, shown=spec)
-    return data if isinstance(data, dict) and "step_ms" in data else None
+    try:
+        data = json.loads(path.read_bytes())
+    except (ValueError, UnicodeDecodeError):
+        if path.suffix == ".json":
+            return read_user_json(path, shown=spec)  # its own one-line parse error, with the position
+        raise InputError(f"diff {spec}: not a schedule or a simulate --json result (not JSON)") from None
+    if isinstance(data, dict) and "step_ms" in data:
+        return data
+    if not isinstance(data, dict) or not SCHEDULE_KEYS & data.keys():
+        raise InputError(f"diff {spec}: not a schedule or a simulate --json result (a schedule has "
+                         f"{', '.join(sorted(SCHEDULE_KEYS))}; a result has step_ms)")
+    return None
 
 
 def _numbers(data: dict[str, Any]) -> dict[str, float]:
@@ -96,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     if all(result is not None for result in results):
         a, b = results
         assert a is not None and b is not None
+        refuse_unused(args, results=True)  # nothing is simulated: a workload flag would be ignored
         inputs = [(key, a.get(key), b.get(key)) for key in INPUT_KEYS if a.get(key) != b.get(key)]
         emit([_difference_table("inputs that differ", inputs), _quantity_table(a, b, (args.a, args.b))], fmt)
         return 0
@@ -112,6 +129,13 @@ def _diff_schedules(args: argparse.Namespace, fmt: str) -> int:
 
     first, second = load_schedule(args.a), load_schedule(args.b)
     workload = resolve_workload(args)
+    unused = schedule_unused(workload[2].chip)
+    if unused:  # a GPU serving stack runs no schedule: two schedules would give the same step
+        raise InputError(f"diff {args.a} {args.b}: {unused}")
+    if args.plot is not None:
+        from tpusim.app.cli.simulate import check_plot_layers
+
+        check_plot_layers(args, workload[0])
     record = args.plot is not None
     a, timeline_a = simulate_data(args, workload, first, record_timeline=record)
     b, timeline_b = simulate_data(args, workload, second, record_timeline=record)

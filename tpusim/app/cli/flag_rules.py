@@ -99,7 +99,104 @@ def _serving_requests(args: argparse.Namespace, _: Mapping[str, Any]) -> str | N
     return None
 
 
+def _joint_only(args: argparse.Namespace, _: Mapping[str, Any]) -> str | None:
+    if getattr(args, "space", None) != "joint":
+        return "used only with --space joint (the deployment search)"
+    return None
+
+
+def _schedule_space_only(args: argparse.Namespace, _: Mapping[str, Any]) -> str | None:
+    if getattr(args, "space", None) == "joint":
+        return ("not used with --space joint (the joint search draws its own candidates, simulates every one in "
+                "full and runs no Mosaic check)")
+    return None
+
+
+def _dask_only(args: argparse.Namespace, context: Mapping[str, Any]) -> str | None:
+    if getattr(args, "executor", "local") != "dask":
+        return "used only with --executor dask (the local executor runs --jobs processes on this host)"
+    return _joint_only(args, context)
+
+
+def _local_cluster_only(args: argparse.Namespace, context: Mapping[str, Any]) -> str | None:
+    if getattr(args, "scheduler", None):
+        return "--scheduler names an existing Dask cluster, whose workers are its own; drop --workers"
+    return _dask_only(args, context)
+
+
+def _not_dask(args: argparse.Namespace, _: Mapping[str, Any]) -> str | None:
+    if getattr(args, "executor", "local") == "dask":
+        return "with --executor dask the Dask workers evaluate the candidates (--workers); drop --jobs"
+    return None
+
+
+def _one_batch(args: argparse.Namespace, _: Mapping[str, Any]) -> str | None:
+    if getattr(args, "batches", None) is not None:
+        return "--batches gives the batches (one sweep each); drop --batch"
+    return None
+
+
+def _device_count(args: argparse.Namespace, _: Mapping[str, Any]) -> str | None:
+    if getattr(args, "hardware", None):
+        return "--hardware and --chips give the device count; drop --devices"
+    return None
+
+
+def _chips_need_hardware(args: argparse.Namespace, _: Mapping[str, Any]) -> str | None:
+    if not getattr(args, "hardware", None):
+        return "counts chips of a --hardware; without one say --devices N (or tp=N in --plan)"
+    return None
+
+
+def _quick_budget(args: argparse.Namespace, _: Mapping[str, Any]) -> str | None:
+    if getattr(args, "quick", False):
+        return "--quick sets its own small budgets (8 simulations a sweep); give --quick or --sweep-budget, not both"
+    return None
+
+
+def _cpu_loop_only(args: argparse.Namespace, _: Mapping[str, Any]) -> str | None:
+    if getattr(args, "measurements", None) not in ("cpu-loop", "cpu-loop-quick"):
+        return "used only with --measurements cpu-loop (the CPU closed loop on this host)"
+    return None
+
+
+def _not_cpu_loop(args: argparse.Namespace, _: Mapping[str, Any]) -> str | None:
+    if getattr(args, "measurements", None) in ("cpu-loop", "cpu-loop-quick"):
+        return "not used by --measurements cpu-loop (its fit sets its own limits; --quick makes it small)"
+    return None
+
+
+def _results_diff(args: argparse.Namespace, context: Mapping[str, Any]) -> str | None:
+    if context.get("results"):
+        return ("two simulate --json results are compared as stored: nothing is simulated, so no workload "
+                "option applies")
+    return None
+
+
+def schedule_unused(chip: Any) -> str | None:
+    """Why two prefetch schedules mean nothing on ``chip`` (a GPU serving stack or eager
+    launches), or ``None`` on a megakernel chip (``diff``; ``simulate --schedule`` is a rule)."""
+    if chip.execution.mode == "megakernel":
+        return None
+    return (f"{chip.name} runs {_mode_words(chip)}, which has no prefetch schedule, so both would give the same "
+            f"step; diff schedules on a TPU or a GPU megakernel (tpusim compare --systems {chip.name}:N:megakernel)")
+
+
+WORKLOAD = ("model", "hardware", "chips", "batch", "context", "routing", "seed", "uncalibrated", "plot", "plot_layers")
+
 RULES: dict[str, tuple[tuple[str, Why], ...]] = {
+    "sweep": (
+        ("batches", _joint_only), ("executor", _joint_only), ("baseline", _joint_only),
+        ("no_kernel_gate", _joint_only), ("scheduler", _dask_only), ("workers", _local_cluster_only),
+        ("jobs", _not_dask), ("batch", _one_batch),
+        ("samples", _schedule_space_only), ("screen_factor", _schedule_space_only),
+        ("screen_layers", _schedule_space_only), ("compile_check", _schedule_space_only),
+        ("weight_banks", _needs("--compile-check", "compile_check")),
+    ),
+    "plan": (("devices", _device_count), ("chips", _chips_need_hardware)),
+    "demo": (("sweep_budget", _quick_budget),),
+    "calibrate": (("quick", _cpu_loop_only), ("no_probe", _cpu_loop_only), ("max_evals", _not_cpu_loop)),
+    "diff": (*((dest, _results_diff) for dest in WORKLOAD), ("plot_layers", _needs("--plot", "plot"))),
     "simulate": (
         ("tokens", _decode), ("prefix_tokens", _decode),
         ("batch", _prefill), ("context", _prefill),

@@ -26,7 +26,7 @@ import argparse
 from typing import Any
 
 from hwmodels.errors import InputError
-from tpusim.app.cli.common import emit_json, positive_int
+from tpusim.app.cli.common import emit_json, nonnegative_int, positive_int
 
 MIB = 1 << 20
 
@@ -51,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         "only, VMEM checked against tpu-v7)")
     parser.add_argument("--shard-of", default=None, metavar="PLAN",
                         help="one device's program of this plan (e.g. k3-tp32) alone on one chip, no collectives")
-    parser.add_argument("--weight-banks", type=int, default=0, metavar="N",
+    parser.add_argument("--weight-banks", type=nonnegative_int, default=0, metavar="N",
                         help="stacked weights hold N distinct entries read in turn (the HBM bytes per step are "
                         "unchanged; fits the K3 shard's weights on one v5e); 0: one entry per layer")
     parser.add_argument("--scoped-vmem", action="store_true",

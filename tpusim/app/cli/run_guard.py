@@ -29,7 +29,8 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from hwmodels.errors import InputError
-from tpusim.app.cli.common import check_outputs
+from tpusim.app.cli.common import check_local_dir, check_outputs
+from tpusim.app.cli.flag_rules import refuse_unused
 from tpusim.app.interrupts import Received, Terminated, terminate_as_interrupt
 from tpusim.app.outdir_lock import output_lock
 from tpusim.app.tables import output_format
@@ -94,6 +95,8 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         output_format(args)  # --json against a different --format: refused before any work
         check_outputs(args)  # an output path that is a FIFO, device or folder: refused before any work
+        check_local_dir(args)  # --local-dir FILE or /dev/full: refused before any work
+        refuse_unused(args)  # a typed flag the chosen path ignores (what the options alone show): before any work
         with terminate_as_interrupt() as received, _lock(args):
             return int(args.func(args) or 0)
     except SystemExit:

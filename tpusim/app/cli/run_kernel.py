@@ -30,7 +30,7 @@ import argparse
 from pathlib import Path
 
 from hwmodels.errors import InputError
-from tpusim.app.cli.common import output_file
+from tpusim.app.cli.common import jsonl_file, nonnegative_int, positive_int, seed_value
 
 SINGLE_DEVICE_MODEL = "kimi-k3-mini"
 MULTI_DEVICE_MODEL = "kimi-k3-nano"
@@ -46,37 +46,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--model", default=None,
                         help=f"model name (default {SINGLE_DEVICE_MODEL}; with --devices N: {MULTI_DEVICE_MODEL})")
     parser.add_argument("--schedule", help="built-in schedule name or schedule JSON file (required with one device)")
-    parser.add_argument("--batch", type=int, default=1, help="sequences per step (default 1)")
-    parser.add_argument("--steps", type=int, default=2, help="timed decode steps (default 2)")
-    parser.add_argument("--context", type=int, default=16, help="tokens already cached per sequence (default 16)")
+    parser.add_argument("--batch", type=positive_int, default=1, help="sequences per step (default 1)")
+    parser.add_argument("--steps", type=positive_int, default=2, help="timed decode steps (default 2)")
+    parser.add_argument("--context", type=positive_int, default=16, help="tokens already cached per sequence (default 16)")
     parser.add_argument("--backend", choices=("auto", "tpu", "interpret"), default="auto",
                         help="auto: a TPU if JAX sees one, else TPU interpret mode on the CPU; tpu: "
                         "fail without a TPU; interpret: the CPU interpreter (a check, not a TPU time)")
     parser.add_argument("--weights", type=Path, help="folder of safetensors weights (default: seeded random)")
-    parser.add_argument("--seed", type=int, default=0, help="weights, state and first tokens (default 0)")
+    parser.add_argument("--seed", type=seed_value, default=0, help="weights, state and first tokens (default 0)")
     parser.add_argument("--label", default="measured", help="record label (default measured)")
-    parser.add_argument("--out", type=output_file, default=Path("measurements.jsonl"), help="JSON-lines file to append to")
-    parser.add_argument("--devices", type=int, default=1,
+    parser.add_argument("--out", type=jsonl_file, default=Path("measurements.jsonl"), help="JSON-lines file to append to")
+    parser.add_argument("--devices", type=positive_int, default=1,
                         help="N > 1: run the schedule-driven collective megakernel on N virtual devices (interpret "
                         "mode, race detector on, a fresh process), --steps greedy steps against the one-device "
                         "reference; a --schedule with a deployment (a joint sweep's best.json) runs its plan and "
                         "collective algorithms, mapped onto --model and N (default 1: the single-device kernel)")
-    parser.add_argument("--layers", type=int, default=4,
+    parser.add_argument("--layers", type=nonnegative_int, default=4,
                         help="with --devices: run the first N layers (default 4: the dense layer, KDA and MLA MoE "
                         "layers; 0: all, which with the race detector did not finish in 10 minutes on a 2-core host)")
     parser.add_argument("--deployment-model", default="kimi-k3",
                         help="with --devices: the model the schedule's deployment was searched for (default kimi-k3)")
-    parser.add_argument("--deployment-devices", type=int, default=32,
+    parser.add_argument("--deployment-devices", type=positive_int, default=32,
                         help="with --devices: the devices it was searched on when its plan does not name them "
                         "(default 32: 16 two-core TPU v7 chips)")
     parser.add_argument("--shard-of", default=None, metavar="PLAN",
                         help="run one device's program of PLAN (e.g. k3-tp32: K3 at its TP32 per-device widths, "
                         "all 93 layers) alone on this chip, without collectives (tpusim simulate --shard-of "
                         "models the same program)")
-    parser.add_argument("--weight-banks", type=int, default=0, metavar="N",
+    parser.add_argument("--weight-banks", type=nonnegative_int, default=0, metavar="N",
                         help="stacked weights hold N distinct entries, layer i reading entry i %% N from HBM "
                         "(DMA bytes unchanged; lets a program larger than the chip's HBM run; default 0: off)")
-    parser.add_argument("--check-steps", type=int, default=8,
+    parser.add_argument("--check-steps", type=nonnegative_int, default=8,
                         help="on a TPU: greedy steps checked against the reference on the same chip before "
                         "timing (default 8)")
     parser.add_argument("--json", action="store_true", help="with --devices: print the result as JSON")

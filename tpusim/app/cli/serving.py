@@ -22,20 +22,23 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hwmodels import values
 from hwmodels.errors import InputError
-from tpusim.app.cli.common import add_model_options, output_file, positive_int
+from tpusim.app.cli.common import (
+    add_model_options,
+    finite_number,
+    jobs,
+    png_file,
+    positive_int,
+    seed_value,
+)
 from tpusim.app.cli.flag_rules import refuse_unused
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
 
 def _list(text: str, kind: type, name: str) -> list[Any]:
-    try:
-        values = [kind(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise InputError(f"{name} {text!r}: expected a comma-separated list of numbers") from None
-    if not values or any(v <= 0 for v in values):
-        raise InputError(f"{name} {text!r}: values must be > 0")
-    return values
+    """A comma-separated list of finite numbers > 0, none empty (:mod:`hwmodels.values`)."""
+    return values.number_list(text, name, kind=kind, minimum=0, exclusive_minimum=True)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -59,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                          help="JSON lines (or a JSON list) of {arrival_s, input_tokens, output_tokens}")
     parser.add_argument("--input-tokens", type=positive_int, default=8192, help="prompt tokens per request (the longest, with lengths drawn: --random-range-ratio)")
     parser.add_argument("--output-tokens", type=positive_int, default=1024, help="output tokens per request (the longest, with lengths drawn: --random-range-ratio)")
-    parser.add_argument("--random-range-ratio", type=float, default=None, metavar="R",
+    parser.add_argument("--random-range-ratio", type=finite_number(0.0, 1.0), default=None, metavar="R",
                         help="request lengths uniform in [L x R, L] for L = --input-tokens / --output-tokens, "
                         "as SGLang bench_serving's random dataset draws them; 1 = fixed lengths "
                         "(default: 0, bench_serving's default)")
@@ -73,17 +76,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         help="prefill only when nothing decodes (default: prefill first, as SGLang)")
     parser.add_argument("--first-token-from-prefill", action="store_true",
                         help="the prefill step emits the first token (default: the first decode step after it)")
-    parser.add_argument("--acceptance-length", type=float, default=1.0,
+    parser.add_argument("--acceptance-length", type=finite_number(1.0), default=1.0,
                         help="speculative decoding: accepted draft tokens + 1 per step (default: 1, no speculation)")
     parser.add_argument("--drafter", default=None, help="drafter for --acceptance-length > 1 (as tpusim compare)")
     parser.add_argument("--draft-tokens", type=positive_int, default=None, help="draft tokens per step")
     parser.add_argument("--context-bucket", type=positive_int, default=1024,
                         help="context grid of the step cache, tokens (exact at multiples, linear between)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the routing draw and Poisson arrivals")
-    parser.add_argument("--jobs", type=positive_int, default=None,
+    parser.add_argument("--seed", type=seed_value, default=0, help="seed of the routing draw and Poisson arrivals")
+    parser.add_argument("--jobs", type=jobs, default=None,
                         help="processes serving the systems in parallel (default: one per system, up to the CPUs)")
     parser.add_argument("--uncalibrated", action="store_true", help="published catalog figures only")
-    parser.add_argument("--plot", type=output_file, default=None,
+    parser.add_argument("--plot", type=png_file, default=None,
                         help="write the throughput-latency curve (tokens/s per chip vs per user) as PNG")
     add_format_option(parser)
     parser.set_defaults(func=run)
@@ -104,8 +107,9 @@ def traffics_from(args: argparse.Namespace) -> list[Any]:
     if args.rate is not None:
         return [Traffic(mode="rate", rate_per_s=rate, requests=args.requests or 64, **common)
                 for rate in _list(args.rate, float, "--rate")]
-    text = args.sweep_concurrency or args.concurrency or "1"
-    levels = _list(text, int, "--sweep-concurrency" if args.sweep_concurrency else "--concurrency")
+    flag = "--sweep-concurrency" if args.sweep_concurrency is not None else "--concurrency"
+    text = args.sweep_concurrency if args.sweep_concurrency is not None else args.concurrency
+    levels = _list("1" if text is None else text, int, flag)  # a typed "" is an empty list, refused
     return [Traffic(mode="concurrency", concurrency=level, requests=args.requests or max(8, 4 * level), **common)
             for level in levels]
 

@@ -52,9 +52,11 @@ from tpusim.app.cli.capacity_gate import check_fit
 from tpusim.app.cli.common import (
     add_workload_options,
     emit_json,
-    output_file,
+    nonnegative_int,
+    png_file,
     positive_int,
     resolve_workload,
+    trace_file,
 )
 from tpusim.app.cli.flag_rules import refuse_unused
 from tpusim.app.cli.floor import CRITICAL_DEVICE
@@ -82,12 +84,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         help="decode: one step of --batch sequences; prefill: one chunk of --tokens prompt tokens "
                         "of one sequence after --prefix-tokens cached ones (tpusim.workload.prefill)")
     parser.add_argument("--tokens", type=positive_int, default=8192, help="prefill chunk tokens (--phase prefill)")
-    parser.add_argument("--prefix-tokens", type=int, default=0,
+    parser.add_argument("--prefix-tokens", type=nonnegative_int, default=0,
                         help="prompt tokens already cached before the chunk (--phase prefill)")
     parser.add_argument("--schedule", default="published",
                         help="naive | published | layer-double-buffer | a schedule JSON file (default: published)")
-    parser.add_argument("--trace", type=output_file, default=None, help="write a Chrome/Perfetto trace-event JSON here")
-    parser.add_argument("--plot", type=output_file, default=None, help="write a timeline PNG here")
+    parser.add_argument("--trace", type=trace_file, default=None, help="write a Chrome/Perfetto trace-event JSON here")
+    parser.add_argument("--plot", type=png_file, default=None, help="write a timeline PNG here")
     parser.add_argument("--plot-layers", default="1:3", metavar="FIRST:COUNT",
                         help="layers drawn in --plot (default 1:3)")
     add_format_option(parser)
@@ -109,9 +111,20 @@ def plot_layers(text: str) -> tuple[int, int]:
         layers = (int(first), int(count or 3))
     except ValueError:
         raise InputError(f"--plot-layers {text!r}: expected FIRST:COUNT, e.g. 1:3") from None
-    if layers[1] < 1:
-        raise InputError(f"--plot-layers {text!r}: COUNT must be >= 1")
+    if layers[0] < 0 or layers[1] < 1:
+        raise InputError(f"--plot-layers {text!r}: FIRST must be >= 0 and COUNT >= 1")
     return layers
+
+
+def check_plot_layers(args: argparse.Namespace, model: Any) -> None:
+    """A typed ``--plot-layers`` window inside the model's layers (``200:3`` on a 93-layer model
+    would draw a window that is not there); the default ``1:3`` is drawn as far as it goes."""
+    if "plot_layers" not in getattr(args, "given", ()):
+        return
+    first, count = plot_layers(args.plot_layers)
+    if first + count > model.num_layers:
+        raise InputError(f"--plot-layers {args.plot_layers}: {model.name} has {model.num_layers} layers "
+                         f"(0..{model.num_layers - 1}); FIRST + COUNT must be <= {model.num_layers}")
 
 
 def simulate_data(args: argparse.Namespace, workload: tuple[Any, Any, Any, Any], schedule: Any, *,
@@ -227,6 +240,7 @@ def run(args: argparse.Namespace) -> int:
         workload = (model, plan, system, routing)
     model, plan, system, _ = workload
     refuse_unused(args, chip=system.chip)  # a typed flag this path ignores is an error, not dropped
+    check_plot_layers(args, model)
     if args.phase == "prefill":  # one sequence holding the prefix and the chunk
         if args.prefix_tokens < 0:
             raise InputError(f"--prefix-tokens {args.prefix_tokens}: must be >= 0")

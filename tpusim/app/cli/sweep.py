@@ -27,6 +27,8 @@ from tpusim.app.cli.capacity_gate import check_fit
 from tpusim.app.cli.common import (
     add_workload_options,
     emit_json,
+    jobs,
+    nonnegative_int,
     output_folder,
     positive_int,
     resolve_workload,
@@ -52,9 +54,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", required=True, type=output_folder, help="output folder (sweep.csv, best.json, summary.md, plots)")
     parser.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET,
                         help=f"full-step engine simulations, built-ins included (default {DEFAULT_BUDGET})")
-    parser.add_argument("--jobs", type=positive_int, default=1, help="worker processes (default 1)")
+    parser.add_argument("--jobs", type=jobs, default=1, help="worker processes (default 1)")
     parser.add_argument("--resume", action="store_true", help="continue a sweep in --out, skipping finished rows")
-    parser.add_argument("--samples", type=int, default=None, help="random draws from the space (default: the space's)")
+    parser.add_argument("--samples", type=nonnegative_int, default=None, help="random draws from the space (default: the space's)")
     parser.add_argument("--space", default=None,
                         help="joint (plan x collective algorithms x schedule, searched by Optuna), or a "
                         "SweepSpace JSON (or a previous space.json); default: the schedule space")
@@ -66,7 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--workers", type=positive_int, default=2, help="--executor dask: local cluster workers")
     parser.add_argument("--scheduler", default=None, metavar="ADDRESS",
                         help="--executor dask: an existing scheduler (tcp://host:8786) instead of a local cluster")
-    parser.add_argument("--screen-factor", type=int, default=DEFAULT_SCREEN_FACTOR,
+    parser.add_argument("--screen-factor", type=nonnegative_int, default=DEFAULT_SCREEN_FACTOR,
                         help=f"screen factor x budget candidates on reduced layers (0: off; default {DEFAULT_SCREEN_FACTOR})")
     parser.add_argument("--screen-layers", type=positive_int, default=DEFAULT_SCREEN_LAYERS,
                         help=f"layers in the screening program (default {DEFAULT_SCREEN_LAYERS})")
@@ -81,7 +83,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="TPU, with libtpu: compile the simulated schedules with Mosaic, fastest first, and "
                         "choose the fastest that compiles (at most N compiles; after a refusal on VMEM, candidates "
                         "that cannot fit beside what the compiler kept are skipped); exit 1 when none compiles")
-    parser.add_argument("--weight-banks", type=int, default=0, metavar="N",
+    parser.add_argument("--weight-banks", type=nonnegative_int, default=0, metavar="N",
                         help="--compile-check of a --shard-of program: compile it with stacked weights of N "
                         "distinct entries, as run-kernel runs a shard too big for one chip's HBM (0: one per layer)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -111,8 +113,6 @@ def run(args: argparse.Namespace) -> int:
     model, plan, system, routing = resolve_workload(args)
     fit = check_fit(args, model, plan, system)  # capacity first
     accept = None
-    if args.weight_banks and args.compile_check is None:
-        raise InputError("--weight-banks: only with --compile-check (the simulator's HBM bytes do not change)")
     if args.compile_check is not None:
         from tpusim.app.cli.sweep_compile import MosaicCheck, check_possible
 
@@ -120,16 +120,8 @@ def run(args: argparse.Namespace) -> int:
         accept = MosaicCheck(args, system, plan, args.compile_check)
     if args.space == "joint":
         return _run_joint(args, model, system, routing)
-    if args.batches is not None:
-        raise InputError("--batches: only with --space joint")
-    if args.executor != "local":
-        raise InputError("--executor dask: only with --space joint")
-    if args.baseline:
-        raise InputError("--baseline: only with --space joint (a schedule sweep simulates the built-ins already)")
     space = load_space(Path(args.space)) if args.space else default_space()
     if args.samples is not None:
-        if args.samples < 0:
-            raise InputError("--samples must be >= 0")
         space = space.model_copy(update={"samples": args.samples})
 
     def sweep_into(out: Path, chosen: Any) -> Any:
