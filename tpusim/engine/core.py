@@ -70,7 +70,7 @@ class VmemOverflow(InfeasibleSchedule):
 
 
 def simulate(program: Program, schedule: Schedule, chip: Chip, *, record_timeline: bool = False,
-             record_events: bool = False, check_capacity: bool = True) -> SimResult:
+             record_events: bool = False, check_capacity: bool = True, event_by_event: bool = False) -> SimResult:
     """Simulate one decode step of ``program`` under ``schedule`` on ``chip``.
 
     ``record_timeline`` attaches per-resource intervals and the VMEM curve
@@ -82,6 +82,8 @@ def simulate(program: Program, schedule: Schedule, chip: Chip, *, record_timelin
     kernel's layout, e.g. the published Muse kernel's unpublished receive slots), so
     calibration predicts it without the static check and reports the disagreement
     (``result.vmem_static_bytes`` against ``result.vmem_capacity_bytes``).
+    ``event_by_event`` runs the reference loop: one queue entry per piece and per copy event,
+    no running ahead (:mod:`tpusim.engine.loop`); every result but ``event_count`` is the same.
     """
     policy = execution_policy(chip)
     terms = policy.step_terms(program) if policy.step_terms is not None else {}
@@ -97,7 +99,7 @@ def simulate(program: Program, schedule: Schedule, chip: Chip, *, record_timelin
             raise _diagnose(str(error), program, schedule, effective, chip, policy, vmem, capacity) from None
     with _collector_paused():
         run = _execute(program, effective, chip, policy, vmem, record_timeline=record_timeline,
-                       record_events=record_events or record_timeline)
+                       record_events=record_events or record_timeline, event_by_event=event_by_event)
     return dataclasses.replace(_collect(run, program, schedule, policy, vmem, capacity), words=chip.words,
                                batch_terms_s=terms)
 
@@ -133,10 +135,11 @@ class _Run:
 
 
 def _execute(program: Program, effective: Schedule, chip: Chip, policy: ExecutionPolicy, vmem: VmemPlan, *,
-             record_timeline: bool, record_events: bool, watch_bytes: float | None = None) -> _Run:
+             record_timeline: bool, record_events: bool, watch_bytes: float | None = None,
+             event_by_event: bool = False) -> _Run:
     """Steps 3-4 of :func:`simulate`: lower, wire the resources, run SimPy to the end."""
     lowered = lower(program, effective, chip, policy, vmem)
-    env = EventLoop()
+    env = EventLoop(run_ahead=not event_by_event)
     recorder = Recorder() if record_timeline else None
     events: list[tuple[Any, ...]] | None = [] if record_events else None
     hbm = HbmServer(env, policy.hbm_bandwidth_bytes_per_s, chip.dma, effective.max_dmas_in_flight,

@@ -124,14 +124,20 @@ class HbmServer:
                 self.busy_s += elapsed
             self.last_s = now
 
-    def _reschedule(self, now: float) -> None:
+    def _next_s(self) -> float:
+        """When the next copy starts streaming or lands (INF: nothing in flight)."""
         next_s = self.starting[0][0] if self.starting else INF
         streaming = self.streaming
         if streaming:
             left = streaming[0][0] - self.virtual_bytes
+            now = self.env.now
             finish = now + left / self.rate if left > 0.0 else now
             if finish < next_s:
                 next_s = finish
+        return next_s
+
+    def _reschedule(self, now: float) -> None:
+        next_s = self._next_s()
         if next_s < self.wake_at:
             self.wake_token += 1
             self.wake_at = next_s
@@ -212,8 +218,28 @@ class HbmServer:
     def _wake(self, token: int) -> None:
         if token != self.wake_token:
             return  # superseded by an earlier wake-up
-        self.wake_at = INF
-        now = self.env.now
+        env = self.env
+        while True:  # one turn per wake-up; the next taken at once while nothing is due before it
+            self.wake_at = INF
+            self._serve(env.now)
+            next_s = self._next_s()
+            if not next_s < self.wake_at:
+                return  # a wake-up at or before it is queued already
+            now = env.now
+            time_s = now + (next_s - now if next_s > now else 0.0)  # as call_later computes it
+            if not env.is_next(time_s):
+                self.wake_token += 1
+                self.wake_at = next_s
+                self.call_later(time_s - now, self._wake, self.wake_token)
+                return
+            # the entry would be the next served (tpusim.engine.loop, running ahead): take it now
+            self.wake_token += 1  # an entry queued for a later wake-up is superseded, as by a new one
+            env.now = time_s
+            env.ran_ahead += 1
+
+    def _serve(self, now: float) -> None:
+        """One wake-up's work at ``now``: land what has arrived, start what has spent its issue
+        latency, issue into freed slots."""
         streaming = self.streaming
         # _advance, inlined (this runs once per copy start and landing)
         elapsed = now - self.last_s
@@ -278,4 +304,3 @@ class HbmServer:
                 on_land(desc)
         if self.queue and self.in_flight < self.max_in_flight:
             self._issue()
-        self._reschedule(now)
