@@ -26,7 +26,11 @@ counts waiting for a core), engine events per second, copies per step and the si
 step time. Target (issue 11):
 <= 0.1 s per full K3 step at batch 1 with the message-level collectives, on the project's
 2-core machine (a sweep, a calibration and every interval re-simulation depend on it).
-``--profile`` prints the top of a cProfile of one run.
+``--profile`` prints the top of a cProfile of one run. ``--event-by-event`` runs the
+reference loop (one queue entry per piece and per copy event, no running ahead:
+:mod:`tpusim.engine.loop`), whose results are identical (``tests/test_engine_run_ahead.py``);
+events per step are printed for either, and ``tests/test_engine_run_ahead.py`` holds K3
+published batch 1 to a budget.
 
 Speed work must not move a simulated result. ``--results-out FILE`` writes, for every
 case run, the simulated step, exposed DMA, VMEM peak, breakdown, copy count and per-op
@@ -61,7 +65,8 @@ from tpusim.workload.program import build_program
 RELATIVE_TOLERANCE = 1e-12
 
 
-def bench(schedule_name: str, batch: int, runs: int, *, profile: bool = False, cold: bool = False) -> dict[str, Any]:
+def bench(schedule_name: str, batch: int, runs: int, *, profile: bool = False, cold: bool = False,
+          event_by_event: bool = False) -> dict[str, Any]:
     system = make_system("tpu-v7", 16, calibrated=False)
     model = load_model("kimi-k3")
     schedule = load_schedule(schedule_name)
@@ -71,14 +76,14 @@ def bench(schedule_name: str, batch: int, runs: int, *, profile: bool = False, c
     else:
         plan = plan_for(model, system.devices, devices_per_chip=system.chip.devices_per_chip)
     program = build_program(model, plan, batch=batch)
-    result = simulate(program, schedule, system.chip)  # warm-up (imports, caches)
+    result = simulate(program, schedule, system.chip, event_by_event=event_by_event)  # warm-up (imports, caches)
     walls, cpus = [], []
     for run in range(runs):
         if cold:  # a new candidate: nothing planned for it yet
             forget_issue_plans()
             fresh = schedule.model_copy(update={"name": f"{schedule.name}-cold{run}"})
         began, began_cpu = time.perf_counter(), time.process_time()
-        result = simulate(program, fresh if cold else schedule, system.chip)
+        result = simulate(program, fresh if cold else schedule, system.chip, event_by_event=event_by_event)
         walls.append(time.perf_counter() - began)
         cpus.append(time.process_time() - began_cpu)
     median = statistics.median(walls)
@@ -87,14 +92,14 @@ def bench(schedule_name: str, batch: int, runs: int, *, profile: bool = False, c
     print(f"{label:20s} batch {batch}{' cold' if cold else ''}: median {median * 1e3:7.1f} ms wall/step "
           f"(min {min(walls) * 1e3:.1f}; CPU median {statistics.median(cpus) * 1e3:.1f}), "
           f"{result.event_count / median:9.0f} events/s, "
-          f"{result.event_count} events, {result.dma_count} copies, {len(program.ops)} ops; "
+          f"{result.event_count} events/step, {result.dma_count} copies, {len(program.ops)} ops; "
           f"simulated step {result.step_s * 1e3:.3f} ms (analytic floor {floor * 1e3:.3f} ms)")
     if profile:
         profiler = cProfile.Profile()
         profiler.enable()
         if cold:
             forget_issue_plans()
-        simulate(program, schedule, system.chip)
+        simulate(program, schedule, system.chip, event_by_event=event_by_event)
         profiler.disable()
         pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
     return {"step_s": result.step_s, "exposed_dma_s": result.exposed_dma_s, "vmem_peak_bytes": result.vmem_peak_bytes,
@@ -128,6 +133,8 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="cProfile one run")
     parser.add_argument("--cold", action="store_true",
                         help="each run a fresh copy of the schedule, issue-plan cache emptied (a sweep's case)")
+    parser.add_argument("--event-by-event", action="store_true",
+                        help="the reference loop: one entry per piece and per copy event (no running ahead)")
     parser.add_argument("--results-out", type=Path, help="write the simulated results (JSON)")
     parser.add_argument("--results-check", type=Path, help="compare the simulated results with this file")
     args = parser.parse_args()
@@ -136,7 +143,8 @@ def main() -> None:
     results = {}
     for name, batch in cases:
         try:
-            results[f"{name} b{batch}"] = bench(name, batch, args.runs, profile=args.profile, cold=args.cold)
+            results[f"{name} b{batch}"] = bench(name, batch, args.runs, profile=args.profile, cold=args.cold,
+                                                  event_by_event=args.event_by_event)
         except InfeasibleSchedule as error:  # e.g. layer-double-buffer at batch 8 (docs/vmem.md)
             print(f"{name:20s} batch {batch}: does not fit on-chip memory ({str(error)[:90]}...)")
     if args.results_out:

@@ -40,3 +40,31 @@ def test_driver_sleeps_and_waits_like_a_process() -> None:
     loop.run()
     assert trace == [("start", 0.0), ("slept", 0.5), ("other", 0.75), ("woken", 0.75)]
     assert not driver.alive
+
+
+def test_driver_runs_ahead_only_past_nothing_due() -> None:
+    """Running ahead, a sleep with nothing queued before its end makes no entry; one that ends
+    at the time of a queued entry does (that entry, inserted first, goes first), as it would
+    event by event. The trace is the same either way."""
+    traces, counts = [], []
+    for run_ahead in (True, False):
+        loop = EventLoop(run_ahead=run_ahead)
+        trace: list[tuple[str, float]] = []
+        driver = Driver(loop)
+        loop.call_later(1.0, lambda _arg, trace=trace, loop=loop: trace.append(("other", loop.now)))
+
+        def body(trace=trace, loop=loop):  # type: ignore[no-untyped-def]
+            yield 0.25
+            yield 0.25
+            trace.append(("half", loop.now))
+            yield 0.5  # ends at 1.0, where "other" is queued: an entry, served after it
+            trace.append(("one", loop.now))
+            yield 0.5
+            trace.append(("end", loop.now))
+
+        driver.start(body())
+        loop.run()
+        traces.append(trace)
+        counts.append((loop.scheduled, loop.ran_ahead))
+    assert traces[0] == traces[1] == [("half", 0.5), ("other", 1.0), ("one", 1.0), ("end", 1.5)]
+    assert counts == [(3, 3), (6, 0)]  # start, other, the sleep to 1.0 / every sleep an entry
