@@ -219,15 +219,23 @@ class HbmServer:
         if token != self.wake_token:
             return  # superseded by an earlier wake-up
         env = self.env
+        queue, serve, run_ahead = env._queue, self._serve, env.run_ahead
         while True:  # one turn per wake-up; the next taken at once while nothing is due before it
             self.wake_at = INF
-            self._serve(env.now)
-            next_s = self._next_s()
+            now = env.now
+            serve(now)
+            # _next_s, inlined
+            next_s = self.starting[0][0] if self.starting else INF
+            streaming = self.streaming
+            if streaming:
+                left = streaming[0][0] - self.virtual_bytes
+                finish = now + left / self.rate if left > 0.0 else now
+                if finish < next_s:
+                    next_s = finish
             if not next_s < self.wake_at:
                 return  # a wake-up at or before it is queued already
-            now = env.now
             time_s = now + (next_s - now if next_s > now else 0.0)  # as call_later computes it
-            if not env.is_next(time_s):
+            if not (run_ahead and (not queue or queue[0][0] > time_s)):  # EventLoop.is_next, inlined
                 self.wake_token += 1
                 self.wake_at = next_s
                 self.call_later(time_s - now, self._wake, self.wake_token)
