@@ -23,7 +23,9 @@ copy has received since time 0. A copy that starts streaming at ``S0`` with ``b`
 finishes when ``S`` reaches ``S0 + b``; since all streaming copies advance at the same rate,
 they finish in order of that target, kept in a heap. Whenever the set changes (a copy starts
 or finishes) the rate is recomputed and one wake-up is scheduled for the next start or
-finish. A wake-up made stale by a later change is recognised by its token and ignored.
+finish (or, when nothing else is due before it, taken at once: the loop's running ahead,
+:mod:`tpusim.engine.loop`). A wake-up made stale by a later change is recognised by its token
+and ignored.
 
 **In order** (``dma.service: in_order``, measured on TPU v5e by the ``dma_order`` probe: a
 64 KiB copy issued behind eight 1 MiB copies lands after all eight): copies are queued in

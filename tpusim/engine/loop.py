@@ -1,6 +1,7 @@
 """The engine's event loop: a SimPy environment with lean callbacks and a tight ``run``.
 
-A K3 step is ~15,000-45,000 events, nearly all of them of two kinds: the HBM server's
+A K3 step is ~10,000-25,000 events event by event (published schedule, batch 1 and 8; 4,800
+and 7,800 running ahead, below), nearly all of them of two kinds: the HBM server's
 wake-ups and the compute stream's resumptions (a piece's compute time elapsed, a copy it
 waits on landed). SimPy spends more on each of those (an :class:`~simpy.events.Timeout` or
 :class:`~simpy.events.Event` object, a :class:`~simpy.events.Process` resume, a ``step``

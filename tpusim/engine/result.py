@@ -39,7 +39,8 @@ Definitions:
 - ``event_count`` — entries the engine queued on its event loop (:mod:`tpusim.engine.loop`):
   a diagnostic of the engine's own cost, not a simulated result. It drops when the engine
   stops queueing events that change no time (since issue 26 the compute stream is no SimPy
-  process, so its end is not an event); compare results without it.
+  process, so its end is not an event; since issue 49 a turn taken running ahead, with nothing
+  else due before it, makes no entry: :mod:`tpusim.engine.loop`); compare results without it.
 - ``events`` — with ``record_events``: the ordered kernel-vocabulary event list
   ``("dma_start", family, tensor, layer, chunk)``, ``("dma_wait", family, tensor, layer,
   chunk)``, ``("compute", op_name, layer)``.
