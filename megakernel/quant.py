@@ -288,6 +288,36 @@ def dequant_mxfp4_words(value_words: jax.Array, scale_words: jax.Array) -> jax.A
     return _packed_bitcast(jnp.concatenate(quarters, axis=1), jnp.bfloat16)
 
 
+def dequant_mxfp4_fold(value_words: jax.Array, scale_words: jax.Array) -> jax.Array:
+    """Kernel form, same layout as :func:`dequant_mxfp4_words` (``value_words`` u16[P, R/4, 128],
+    ``scale_words`` u16[P, R/64, 128]) -> bf16[P, R, 128], in fewer operations: the E8M0
+    exponent ``e`` is added into the f32 exponent field with the rebias (one integer add, no
+    multiply), so every code decodes as ``D = 2^(ee + e - 128) (1 + m/2)`` with an implicit one;
+    e2m1's two codes of exponent 0 (0 and 0.5) are then ``min(D, 2 D - 2^(e - 127))`` — for
+    every other code ``2 D - 2^(e-127) >= D`` — exact (Sterbenz), no compare, no select. The f32
+    results are exact in bf16, so a pair packs as ``(low >> 16) | high``. Exact for E8M0
+    exponents 2 .. 252 (scales 2^-125 .. 2^125; below, the f32 values would be subnormal)."""
+    t = _packed_bitcast(value_words, _U32)  # [P, R/8, 128]
+    eighth = t.shape[1]
+    exponents = split_words(scale_words, axis=1)  # [P, R/32, 128]
+    block = min(8 * eighth, MXFP4_BLOCK_ROWS)
+    field = repeat_rows(exponents << 23, block // 2, axis=1)  # word row j: row 2j's block
+    two = _f32_from_bits(field)  # 2^(e-127): the value of code 0b010 (1.0) at this scale
+    rebias = field - _U32(1 << 23)  # exponent field e - 1: code 0b01x lands on 2^(e-127)
+    quarters = []
+    for q in range(4):
+        rows = slice(q * eighth, (q + 1) * eighth)
+        halves = []
+        for k in (0, 1):
+            at = 8 * q + 4 * k
+            magnitude = _shift(t, 22 - at) & _U32(7 << 22)
+            d = _f32_from_bits(magnitude + rebias[:, rows])
+            value = jnp.minimum(d, (d + d) - two[:, rows])
+            halves.append(_as_u32(value) | (_shift(t, 31 - (at + 3)) & _U32(0x8000_0000)))
+        quarters.append((halves[0] >> 16) | halves[1])
+    return _packed_bitcast(jnp.concatenate(quarters, axis=1), jnp.bfloat16)
+
+
 def words_to_bf16(words: jax.Array) -> jax.Array:
     """u16[...] bit patterns -> bf16[...] (same width bitcast)."""
     return lax.bitcast_convert_type(words, jnp.bfloat16)
@@ -411,11 +441,13 @@ def mxfp4_pairs_product(x_scaled: jax.Array, words: jax.Array, scales: jax.Array
     return acc * 2.0 ** (E2M1_FOLD_LOG2 - ACT_PRESCALE_LOG2)
 
 
-# The kernel's decoders since 2026-12-06 (afternoon): FP8 gate/up by pairs, MXFP4 down by words32.
-# MXFP4 stays on words32 because e2m1's 0.5 is a subnormal in any placement that needs no
-# per-weight fix-up, and flushing hardware (XLA on a CPU; see the mxu_subnormal probe for the
-# MXU) reads it as 0 (docs/megakernel-on-tpu.md, "Decoders").
-KERNEL_DECODER = "fp8-pairs"  # recorded with every chip run
+# The kernel's decoders: FP8 gate/up by pairs and MXFP4 down by fold (``pairs-fold``, since
+# 2026-12-06 10:00 UTC); ``fp8-pairs`` (sets v5e-s, v5e-u, v5e-v) had MXFP4 on words32. MXFP4 is
+# not decoded by pairs because e2m1's 0.5 is a subnormal in any placement that needs no
+# per-weight fix-up, and the v5e MXU reads bf16 subnormals as 0 (probe mxu_subnormal; XLA on a
+# CPU too): docs/megakernel-on-tpu.md.
+FP8_PAIRS_DECODER = "fp8-pairs"
+KERNEL_DECODER = "pairs-fold"  # recorded with every chip run
 
 
 def fp8_panel_product(x_scaled: jax.Array, words: jax.Array, scale_words: jax.Array) -> jax.Array:
@@ -425,8 +457,8 @@ def fp8_panel_product(x_scaled: jax.Array, words: jax.Array, scale_words: jax.Ar
 
 def mxfp4_panel_product(x: jax.Array, words: jax.Array, scale_words: jax.Array) -> jax.Array:
     """``x`` bf16[B, R] @ one MXFP4 panel (``words`` u16[R/4, 128] by :func:`pack_mxfp4_words`,
-    ``scale_words`` u16[R/64, 128]) decoded by :func:`dequant_mxfp4_words` -> f32[B, 128]."""
-    w = dequant_mxfp4_words(words[None], scale_words[None])[0]
+    ``scale_words`` u16[R/64, 128]) decoded by :func:`dequant_mxfp4_fold` -> f32[B, 128]."""
+    w = dequant_mxfp4_fold(words[None], scale_words[None])[0]
     return jnp.dot(x, w, preferred_element_type=jnp.float32)
 
 

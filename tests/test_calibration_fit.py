@@ -82,7 +82,7 @@ def test_holdout_split() -> None:
     assert split_records(records, None).holdout == []
     with pytest.raises(InputError, match="matches no measurement"):
         split_records(records, "batch=3")
-    with pytest.raises(InputError, match="expected key=value"):
+    with pytest.raises(InputError, match="unknown key 'colour'"):
         split_records(records, "colour=red")
     with pytest.raises(InputError, match="nothing left to fit"):
         split_records(records, "batch=1|2|4|8")

@@ -27,13 +27,13 @@ def load_harness() -> ModuleType:
     return module
 
 
-@pytest.mark.slow  # ~30 s: about 60 whole CLI runs, in-process
+@pytest.mark.slow  # ~30 s: about 80 whole CLI runs, in-process (80 reach every subcommand)
 def test_cli_fuzz_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     harness = load_harness()
     monkeypatch.setenv("TPUSIM_LOCAL_DIR", str(tmp_path / "local"))
     tally = harness.Tally()
-    harness.fuzz(tally, tmp_path, examples=60, heavy=False, seed=0)
-    assert tally.cases == 60
+    harness.fuzz(tally, tmp_path, examples=80, heavy=False, seed=0)
+    assert tally.cases == 80
     assert len(tally.by_command) >= 9, tally.by_command  # the derandomized draw reaches every subcommand
     assert not tally.failures, "\n".join(f"tpusim {' '.join(a)}: {p}" for a, p in tally.failures)
 

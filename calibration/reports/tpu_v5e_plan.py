@@ -12,10 +12,13 @@ The chip the prediction runs on (no figure fitted on the runs it predicts):
 - way (b) of the ``words32`` kernel (:func:`calibration.sources.tpu_fixed_cost.kernel_probe_chip`):
   the micro-probes (``measured``) and that kernel's fixed-cost probe (``derived``: its
   per-layer cost, its dequant factor on the MXFP4 rate — the down part is still ``words32``);
-- the FP8 gate/up decoder's cost per weight from libtpu's static schedule of the
-  ``expert_product`` probe (``calibration/data/tpu-v5e-static-schedule.jsonl``): the panel
-  loop's bundles x panels / the clock / the part's weights (``derived``: the whole loop, its
-  products included, as the decoder's time; the engine still adds the MXU stage behind it).
+- each new decoder's cost per weight from libtpu's static schedule of the ``expert_product``
+  probe (``calibration/data/tpu-v5e-static-schedule.jsonl``): the panel loop's bundles x panels
+  / the clock / the part's weights (``derived``: the whole loop, its products included, as the
+  decoder's time; the engine still adds the MXU stage behind it). The MXFP4 ``fold`` decoder
+  (per-value f32 work in the ``words32`` layout) takes the ``words32`` decoder's ratio of its
+  way-(b) figure to its static one (1.35: the stalls the static schedule does not count); the
+  FP8 ``pairs`` decoder, of another form, takes none (:data:`STALLS_LIKE`).
 
 Routing: a planned run's router is the kernel's own on the same weights and seeds as the
 committed ``words32`` run of the same schedule and batch, so its routing trace is reused.
@@ -37,14 +40,17 @@ from calibration.sources.tpu_probes import PROBES_PATH, dequant_path
 from hwmodels.catalog import load_chip
 from hwmodels.overlay import _figure_slot
 from hwmodels.schema import Chip
-from megakernel.quant import KERNEL_DECODER, WORDS32_DECODER
+from megakernel.quant import FP8_PAIRS_DECODER, KERNEL_DECODER, WORDS32_DECODER
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 STATIC_PATH = DATA / "tpu-v5e-static-schedule.jsonl"
 PREDICTIONS_PATH = DATA / "tpu-v5e-predictions.jsonl"
 V5E_CLOCK_HZ = 1.5e9  # derived: 197 TF/s bf16 (catalog) = 4 MXUs x 128 x 128 x 2 flops x 1.5 GHz
 FORMAT_OF_PART = {"gate_up": "fp8_e4m3_b256", "down": "mxfp4"}
-PART_DECODERS = {KERNEL_DECODER: {"gate_up": "pairs", "down": WORDS32_DECODER}}
+# a decoder whose static figure takes the measured/static ratio of the one it replaces
+STALLS_LIKE = {"fold": WORDS32_DECODER}
+PART_DECODERS = {FP8_PAIRS_DECODER: {"gate_up": "pairs", "down": WORDS32_DECODER},
+                 KERNEL_DECODER: {"gate_up": "pairs", "down": "fold"}}
 
 
 def static_figure(part: str, decoder: str, path: Path | str = STATIC_PATH, rows: int = 1,
@@ -71,6 +77,12 @@ def planned_chip(decoder: str = KERNEL_DECODER) -> Chip:
             continue
         value, source = static_figure(part, part_decoder)
         parent, name = _figure_slot(data, dequant_path(FORMAT_OF_PART[part]))
+        if part_decoder in STALLS_LIKE:  # the static schedule counts no stall: carry the measured/static ratio
+            like = STALLS_LIKE[part_decoder]
+            ratio = parent[name]["value"] / static_figure(part, like)[0]
+            value *= ratio
+            source += (f"; x {ratio:.3f}, the {like} decoder's way-(b) figure over its static one "
+                       "(a decoder of the same form: per-value f32 work, same layout)")
         parent[name] = {**parent[name], "value": value, "label": "derived", "source": source}
     return Chip.model_validate(data)
 
@@ -105,7 +117,7 @@ def predict_set(set_name: str) -> list[dict[str, Any]]:
         rows.append({"kind": "prediction", "set": set_name, "decoder": KERNEL_DECODER, "model": case.model,
                      "shard_of": case.shard_of, "schedule": case.schedule, "batch": case.batch,
                      "context": case.context, "routing": record.routing, "predicted_ms": ms,
-                     "label": "simulated (way (b) of the words32 kernel; FP8 decode from the static schedule)",
+                     "label": "simulated (way (b) of the words32 kernel; the new decoders from the static schedule)",
                      "figures": {dequant_path(f): _figure(chip, dequant_path(f)) for f in FORMAT_OF_PART.values()},
                      "date": now, "probes": str(PROBES_PATH.name)})
     return rows

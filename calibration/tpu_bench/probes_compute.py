@@ -50,7 +50,9 @@ from calibration.tpu_bench.common import LANES, MIB, Point, Probe
 from megakernel.math_common import rmsnorm, silu
 from megakernel.quant import (
     FP8_BLOCK_ROWS,
+    FP8_PAIRS_DECODER,
     KERNEL_DECODER,
+    dequant_mxfp4_fold,
     MXFP4_BLOCK_ROWS,
     WORDS32_DECODER,
     decode_e2m1,
@@ -218,7 +220,8 @@ def _mxfp4_bytes(v: jax.Array, s: jax.Array) -> jax.Array:
 
 
 DECODERS: dict[str, dict[str, Callable[[jax.Array, jax.Array], jax.Array]]] = {
-    KERNEL_DECODER: {"dequant_fp8_gate_up": dequant_fp8_pairs, "dequant_mxfp4_down": dequant_mxfp4_words},
+    KERNEL_DECODER: {"dequant_fp8_gate_up": dequant_fp8_pairs, "dequant_mxfp4_down": dequant_mxfp4_fold},
+    FP8_PAIRS_DECODER: {"dequant_fp8_gate_up": dequant_fp8_pairs, "dequant_mxfp4_down": dequant_mxfp4_words},
     WORDS32_DECODER: {"dequant_fp8_gate_up": _fp8, "dequant_mxfp4_down": dequant_mxfp4_words},
     "bytes": {"dequant_fp8_gate_up": _fp8_bytes, "dequant_mxfp4_down": _mxfp4_bytes},
 }

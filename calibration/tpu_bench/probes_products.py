@@ -10,7 +10,9 @@ activations, f32 out — for each decoder (``params.decoder``):
   whole panel decoded to bf16 (scales applied per weight), then one ``jnp.dot``;
 - ``pairs`` (:func:`megakernel.quant.fp8_pairs_product` / ``mxfp4_pairs_product``): two bf16
   values per u32 operation, one product per scale block, scales and folds applied to the
-  products.
+  products (the MXFP4 form reads e2m1's 0.5 as a bf16 subnormal: 0 on the v5e MXU);
+- ``fold`` (down only, :func:`megakernel.quant.dequant_mxfp4_fold`): the kernel's MXFP4 form,
+  the scale added into the exponent field, no select, then one product.
 
 ``part``: ``gate_up`` (FP8, values ``u16[12, 1792, 128]``, bf16 scales ``u16[12, 14, 128]``)
 or ``down`` (MXFP4, ``u16[28, 192, 128]``, E8M0 ``u16[28, 12, 128]``); ``rows`` = batch rows
@@ -47,7 +49,8 @@ Interpret = Any
 PRODUCT_REPEATS = (1, 4, 16)
 PRODUCT_ROWS = (1, 8)
 PARTS: dict[str, tuple[int, int]] = {"gate_up": (LATENT, 2 * SLICE_WIDTH), "down": (SLICE_WIDTH, LATENT)}
-PRODUCT_DECODERS = (quant.WORDS32_DECODER, quant.PAIRS_DECODER)
+FOLD = "fold"  # MXFP4 by :func:`megakernel.quant.dequant_mxfp4_fold`, then one product (down only)
+PRODUCT_DECODERS = (quant.WORDS32_DECODER, quant.PAIRS_DECODER, FOLD)
 FLUSHED = "flushed: every bf16 subnormal weight read as 0"  # mxu_subnormal's check when the unit flushes
 PRODUCT_TOLERANCE = 2e-5  # f32 accumulation over K <= 3584 exact-in-bf16 products
 
@@ -64,6 +67,13 @@ def panel_product(part: str, decoder: str) -> Callable[[jax.Array, jax.Array, ja
     """``(x bf16[B, K], value words u16[r, 128], scale words u16[s, 128]) -> f32[B, 128]``:
     one panel as the kernel computes it with ``decoder``."""
     fp8 = part == "gate_up"
+    if decoder == FOLD:
+        if fp8:
+            raise ValueError("the fold decoder is MXFP4's (down)")
+
+        def fold(x: jax.Array, v: jax.Array, s: jax.Array) -> jax.Array:
+            return quant.mxfp4_panel_product(x, v, s)
+        return fold
     if decoder == quant.WORDS32_DECODER:
         def words32(x: jax.Array, v: jax.Array, s: jax.Array) -> jax.Array:
             w = (quant.dequant_fp8_words(v[None], quant.words_to_bf16(s)[None]) if fp8
@@ -126,6 +136,7 @@ def product_inputs(part: str, rows: int, seed: int) -> tuple[list[jax.Array], np
         dense = (nibbles.view(np.uint8) & 0xF).astype(np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float64)
         dense *= np.repeat(np.exp2(exps.astype(np.float64) - quant.E8M0_BIAS), quant.MXFP4_BLOCK_ROWS, axis=0)
         words = {quant.WORDS32_DECODER: quant.pack_mxfp4_words(by_panel(packed)),
+                 FOLD: quant.pack_mxfp4_words(by_panel(packed)),
                  quant.PAIRS_DECODER: quant.pack_mxfp4_pairs(by_panel(packed))}
         scale_words = quant.pack_bytes_to_words(by_panel(exps))
     arrays = {name: jnp.asarray(v) for name, v in words.items()}
@@ -139,6 +150,8 @@ def product_probes(interpret: Interpret, quick: bool) -> list[Probe]:
     for part in parts:
         for rows in ((1,) if quick else PRODUCT_ROWS):
             for decoder in PRODUCT_DECODERS:
+                if decoder == FOLD and part != "down":
+                    continue
                 probes.append(_product_probe(part, decoder, rows, (1, 2) if quick else PRODUCT_REPEATS, interpret))
     return probes
 
