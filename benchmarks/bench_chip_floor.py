@@ -8,7 +8,7 @@ For each K3-shard decode of the kernel with ``--decoder`` (default: the kernel a
 :data:`megakernel.quant.KERNEL_DECODER`), measured on tpu-v5e
 (``calibration/data/tpu-v5e-kernel.jsonl``): ms per step, HBM GB per step, the **floor** —
 the step's HBM bytes at the chip's streaming rate plus one empty call, both from the probes of
-the same device session (``dma_stream`` copies of >= 4 MiB less the empty call, and
+the same device session (or, for a session that ran none, the latest one before it, named) (``dma_stream`` copies of >= 4 MiB less the empty call, and
 ``empty_call``; ``calibration/data/tpu-v5e-probes.jsonl``) — the ratio measured / floor, the
 plain-JAX/XLA step on the same chip and bytes where it ran beside the kernel
 (``tpu-v5e-xla.jsonl``), and the simulator's prediction recorded before the run
@@ -42,13 +42,24 @@ def _when(record: dict[str, Any]) -> dt.datetime:
 
 
 def session_floor_figures(probes: list[dict[str, Any]], at: dt.datetime) -> tuple[float, float, str]:
-    """(streaming bytes/s, empty call s, date) from the probes of the device session at ``at``."""
-    near = [r for r in probes if r.get("check") == "ok" and dt.timedelta(0) <= _when(r) - at <= SESSION]
-    figures = probe_figures(near)
-    empty = [r["seconds_median"] for r in near if r["probe"] == "empty_call"]
-    if SUSTAINED not in figures or not empty:
-        raise LookupError(f"no dma_stream/empty_call probes within {SESSION} after {at.isoformat()}")
-    return figures[SUSTAINED].value, min(empty), near[0]["date"][:10]
+    """(streaming bytes/s, empty call s, where from) from the probes of the device session at
+    ``at``; a session that ran none takes the latest session's before it, and says so."""
+    ok = [r for r in probes if r.get("check") == "ok" and r["probe"] in ("dma_stream", "empty_call")]
+
+    def figures(near: list[dict[str, Any]]) -> tuple[float, float] | None:
+        stream, empty = probe_figures(near), [r["seconds_median"] for r in near if r["probe"] == "empty_call"]
+        return (stream[SUSTAINED].value, min(empty)) if SUSTAINED in stream and empty else None
+
+    same = figures([r for r in ok if dt.timedelta(0) <= _when(r) - at <= SESSION])
+    if same is not None:
+        return *same, f"the same session, {at.date()}"
+    before = sorted((r for r in ok if _when(r) < at), key=_when)
+    if before:
+        last = _when(before[-1])
+        earlier = figures([r for r in before if last - _when(r) <= SESSION])
+        if earlier is not None:
+            return *earlier, f"the latest session before, {last.isoformat(timespec='minutes')}"
+    raise LookupError(f"no dma_stream/empty_call probes at or before {at.isoformat()}")
 
 
 def table(decoder: str = KERNEL_DECODER, data: Path = DATA) -> list[str]:
@@ -61,9 +72,9 @@ def table(decoder: str = KERNEL_DECODER, data: Path = DATA) -> list[str]:
            if "stands_next_to" in r}
     predictions = [r for r in _rows(data / "tpu-v5e-predictions.jsonl") if r["decoder"] == decoder]
     first = min(_when(r) for r in kernel)
-    rate, empty, day = session_floor_figures(probes, first)
+    rate, empty, where = session_floor_figures(probes, first)
     lines = [f"K3 TP32 per-device program, decoder {decoder}, measured on tpu-v5e; floor = HBM bytes / "
-             f"{rate / 1e9:.0f} GB/s + empty call {empty * 1e6:.0f} us (probes dma_stream, empty_call, {day})",
+             f"{rate / 1e9:.0f} GB/s + empty call {empty * 1e6:.0f} us (probes dma_stream, empty_call: {where})",
              "| schedule | batch | measured ms | GB/step | floor ms | measured/floor | XLA ms | kernel/XLA "
              "| predicted ms (before the run) | error |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
