@@ -34,7 +34,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_BUNDLE = re.compile(r"^\s+(0x[0-9a-f]+|\d+)\s+(LH|LB|LE|PB|PF|CT)?\s*:\s*(>*)\s*\{(.*)")
+_BUNDLE = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s+(LH|LB|LE|PB|PF|CT)?\s*:\s*(>*)\s*\{(.*)")
 MARKERS = ("LH", "LB", "LE", "PB", "PF", "CT")
 
 
@@ -109,33 +109,32 @@ def attach_units(bundles: list[Bundle], names: list[str], rows: list[list[int]])
 
 
 def loops(bundles: list[Bundle]) -> list[Loop]:
-    """The outermost loop bodies, each with its nested bodies as ``children``."""
-    def body(start: int) -> Loop:
-        depth = bundles[start].depth
-        i, children, own = start, [], []
-        while i < len(bundles) and bundles[i].depth >= depth:
-            if i > start and bundles[i].marker == "LB" and bundles[i].depth > depth:
-                child = body(i)
-                children.append(child)
-                i = child.end + 1
-                continue
-            own.append(bundles[i])
-            i += 1
-        units: dict[str, int] = {}
-        for b in own:
-            for name, v in b.units.items():
-                units[name] = units.get(name, 0) + v
-        return Loop(start, i - 1, depth, i - start, len(own), units, children)
+    """The outermost loop bodies, each with its nested bodies as ``children``.
 
-    out, i = [], 0
-    while i < len(bundles):
-        if bundles[i].marker == "LB":
-            loop = body(i)
-            out.append(loop)
-            i = loop.end + 1
-        else:
+    A body at depth ``d`` is a maximal run of bundles of depth ``>= d``, split where a bundle
+    of depth exactly ``d`` is marked ``LB`` (two loops back to back); markers alone do not
+    bound a body (a loop the compiler inverted may start its body unmarked)."""
+    def regions(lo: int, hi: int, depth: int) -> list[Loop]:
+        out, i = [], lo
+        while i < hi:
+            if bundles[i].depth < depth:
+                i += 1
+                continue
+            start = i
             i += 1
-    return out
+            while i < hi and bundles[i].depth >= depth and not (bundles[i].depth == depth and bundles[i].marker == "LB"):
+                i += 1
+            children = regions(start, i, depth + 1)
+            nested = {j for c in children for j in range(c.start, c.end + 1)}
+            own = [bundles[j] for j in range(start, i) if j not in nested]
+            units: dict[str, int] = {}
+            for b in own:
+                for name, v in b.units.items():
+                    units[name] = units.get(name, 0) + v
+            out.append(Loop(start, i - 1, depth, i - start, len(own), units, children))
+        return out
+
+    return regions(0, len(bundles), 1)
 
 
 @dataclass
@@ -167,13 +166,16 @@ class KernelSchedule:
                 "loops": [loop.as_dict() for loop in self.loops]}
 
 
-def read_dump(folder: str | Path, program: str = "tpu_custom_call") -> KernelSchedule:
-    """The schedule of the (last) program whose name contains ``program`` in a dump folder."""
+def read_dump(folder: str | Path, program: str | None = None) -> KernelSchedule:
+    """The schedule of the (last) program whose name contains ``program`` in a dump folder;
+    without a name, the largest program that is not the runtime's own (``TLP``, ``<late-…>``):
+    a ``pallas_call`` alone is ``tpu_custom_call``, the megakernel's step is ``step``."""
     folder = Path(folder)
-    finals = sorted(p for p in folder.glob("*-final_bundles.txt") if program in p.name)
+    finals = sorted(p for p in folder.glob("*-final_bundles.txt")
+                    if (program in p.name if program else not ("-TLP-" in p.name or "<late-" in p.name)))
     if not finals:
-        raise FileNotFoundError(f"no *{program}*-final_bundles.txt in {folder}")
-    final = finals[-1]
+        raise FileNotFoundError(f"no *{program or ''}*-final_bundles.txt in {folder}")
+    final = finals[-1] if program else max(finals, key=lambda p: p.stat().st_size)
     prefix = final.name.rsplit("-", 2)[0]
     utils = sorted(folder.glob(f"{prefix}-*-final_hlo-static-per-bundle-utilization.txt"))
     if not utils:
@@ -187,7 +189,7 @@ def read_dump(folder: str | Path, program: str = "tpu_custom_call") -> KernelSch
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m calibration.sources.compiler_schedule", allow_abbrev=False)
     parser.add_argument("folder", help="libtpu's dump folder (--xla_jf_dump_to)")
-    parser.add_argument("--program", default="tpu_custom_call")
+    parser.add_argument("--program", default=None, help="a program name part (default: the largest kernel)")
     args = parser.parse_args(argv)
     try:
         schedule = read_dump(args.folder, args.program)
