@@ -200,8 +200,8 @@ EXCLUDED = {
 }
 # The held-out error this module documents (docs/gpu-batch.md; python -m calibration.reports.gpu_batch) and
 # the margin tests/test_gpu_batch_fit.py allows before it fails.
-DOCUMENTED_HELD_OUT = {"mape": 0.088, "max_abs_error": 0.163, "points": 24, "sweeps": 10, "gpu_types": 2,
-                       "model_error": 0.152}
+DOCUMENTED_HELD_OUT = {"mape": 0.086, "max_abs_error": 0.264, "points": 17, "sweeps": 6, "gpu_types": 2,
+                       "model_error": 0.209}  # under the frozen split (gpu-batch-split.json, 2026-12-06)
 GUARD_MARGIN = 0.015
 # What main shipped before this module judged GB200 and priced the prefill's host time (the fit
 # of commit 285aab7 on these three fit points): the "main" column of the tables.
