@@ -2,6 +2,8 @@
 
 ``python -m calibration.reports.gpu_batch`` prints (Markdown) what docs/gpu-batch.md records:
 
+0. the frozen split (file, date, rule, sides), fit and held-out TPOT error with and without
+   the mechanisms found on held-out rows, and each sweep's level from the priors (no anchor);
 1. the fitted figures (:mod:`calibration.sources.gpu_batch_sweeps`, through the core's one
    solver entry) and the model error (the core's split-conformal rule on the held-out fold);
 2. per sweep, predicted vs measured TPOT by concurrency, before (the engine as it was: no
@@ -140,6 +142,41 @@ def sweep_markdown(rows: list[dict[str, Any]], held_out: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def split_markdown() -> str:
+    """The frozen split (file, date, rule, sides), fit and held-out TPOT error with and without
+    the mechanisms found on held-out rows, and each sweep's level from the priors (no anchor)."""
+    split = sweeps.load_split()
+    lines = [f"Split: `{sweeps.SPLIT_FILE.relative_to(sweeps.DATA_DIR.parents[1])}`, frozen on {split['frozen_on']}",
+             "", f"- rule: {split['rule']}", f"- fit sweeps: {', '.join(split['fit_sweeps'])}",
+             f"- held-out sweeps: {', '.join(split['held_out_sweeps'])}", "",
+             "Mechanisms added while looking at held-out rows (of the earlier split):", ""]
+    lines += [f"- {m['name']} ({m['commit']}, `{m['where']}`): found on {m['found_by']}; without: {m['without']}"
+              for m in split["mechanisms_found_on_held_out_rows"]]
+    lines += ["", "| mechanisms | fit MAPE | fit max | fit points | held-out MAPE | held-out max | held-out points "
+              "| sweeps | GPU types | grouped_gemm_expert_s us |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: "
+              "| ---: | --- | ---: |"]
+    for variant in sweeps.MECHANISM_VARIANTS:
+        s = sweeps.split_summary(variant)
+        fit, held = s["fit"], s["held-out"]
+        lines.append(f"| {variant.label} | {fit['mape']:.1%} | {fit['max_abs_error']:.1%} | {fit['points']} | "
+                     f"{held['mape']:.1%} | {held['max_abs_error']:.1%} | {held['points']} | {held['sweeps']} | "
+                     f"{', '.join(held['gpu_types'])} | {s['values']['grouped_gemm_expert_s'] * 1e6:.3f} |")
+    fitted = sweeps.calibrate().values
+    priors, after = sweeps.level_rows(), {r["sweep"]: r for r in sweeps.level_rows(fitted)}
+    lines += ["", "Level: each sweep's lowest-concurrency TPOT with no anchor (model(C0) from the declared priors; "
+              "and with the fitted figures)", "",
+              "| sweep | side | GPU | conc | measured ms | from priors ms | error | fitted ms | error |",
+              "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {r['sweep']} | {r['side']} | {r['gpu']} | {r['concurrency']} | {r['measured_ms']:.2f} | "
+              f"{r['predicted_ms']:.2f} | {r['error']:+.1%} | {after[r['sweep']]['predicted_ms']:.2f} | "
+              f"{after[r['sweep']]['error']:+.1%} |" for r in priors]
+    for side in ("fit", "held-out"):
+        errors = [abs(r["error"]) for r in priors if r["side"] == side]
+        lines.append(f"\nLevel from priors, {side} sweeps: MAPE {sum(errors) / len(errors):.1%}, "
+                     f"max {max(errors):.1%} ({len(errors)} sweeps)")
+    return "\n".join(lines) + "\n"
+
+
 def k3_markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| system | batch | step before ms | step main ms | step after ms | TPOT before ms | TPOT main ms | "
              "TPOT after ms |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -189,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             return "fitted, at a bound"
         return f"fitted, 1σ {sigma[path] * 1e6:.3f} us"
 
-    out = ["Fitted (calibration core, " + sweeps.MEASUREMENT + "):", ""]
+    out = [split_markdown(), "Fitted (calibration core, " + sweeps.MEASUREMENT + "):", ""]
     out += [f"- `{f.path}`: {values[f.name] * 1e6:.3f} us ({how(f.path)}; prior {float(f.prior or 0.0) * 1e6:.3f} us)"
             for f in sweeps.PARAMETERS]
     out += ["", f"Model error (split-conformal 90 %, held-out fold {result.held_out.name}): {error.in_range_rel:.1%} "

@@ -47,22 +47,34 @@ tests/test_gpu_batch_fit.py re-simulates two points against it).
 **Fit and judge.** The figures (:data:`PARAMETERS`) are declared in the one table,
 :mod:`calibration.core.parameters` (bounds, the declared prior and its source: no catalog
 chip carries them). :func:`batch_problem` is one :class:`calibration.core.Problem` over the
-24 non-anchor points, labelled by ``role`` (fit | held-out) and ``sweep``. The shipped fit is
-that problem on the three fit points, one per stack and model family (Kimi-K2.5 TP4/EP4 at
-concurrency 8, vLLM; the 1k/1k concurrency-16 points of DeepSeek-R1 and Qwen3, SGLang),
-through the core's one entry (:func:`calibration.core.fit`, :data:`OPTIONS`). The held-out
-figures are the core's leave-one-group-out with the one fold ``role=held-out``
-(:func:`calibration.core.leave_one_group_out`): the same problem, options and start, refitted
-without the 21 held-out points (higher concurrency, the other K2.5 deployments, the other
-ISL/OSL) and predicting them; the model error is the core's split-conformal rule on that
+27 non-anchor points, labelled by ``role`` (fit | held-out) and ``sweep``. **Which side a point
+is on is the frozen split's** (``data/gpu-batch-split.json``, :func:`load_split`, written and
+committed on 2026-12-06 before any error was computed with it): whole sweeps are held out by
+model family (Qwen3), GPU type (not B200) and publication (S1c); the fit keeps Kimi-K2.5
+TP4/EP4 (vLLM) and the three DeepSeek-R1 sweeps (SGLang), 10 points. The shipped fit is that
+problem on the fit points, through the core's one entry (:func:`calibration.core.fit`,
+:data:`OPTIONS`). The held-out figures are the core's leave-one-group-out with the one fold
+``role=held-out`` (:func:`calibration.core.leave_one_group_out`): the same problem, options
+and start, refitted without the 17 held-out points and predicting them; the model error is
+the core's split-conformal rule on that
 fold (:func:`calibration.core.model_error`). ``attention_sequence_s`` is held at its prior
 (:data:`HELD`): on the fit points it moves with ``sampling_sequence_s``. ``eager_host_op_s``
-(the host's time per kernel of a prefill run without a CUDA graph) is fitted with them: the
-prefill of the engine or, when longer, its kernels x that figure.
+(the host's time per kernel of a prefill run without a CUDA graph: the prefill of the engine
+or, when longer, its kernels x that figure) is held at what the concurrency-1 TTFTs imply
+(:func:`ttft_host_op_s`; those of DeepSeek-R1 and of Qwen3, whose sweeps are held out: TTFTs,
+not the TPOTs judged).
+
+**Found on held-out rows.** Two mechanisms were added while chasing held-out errors of the
+earlier split (the split file lists them): the prefill's host floor and the prefill's combine
+by pairs. :class:`Mechanisms` switches each off (the combine's counterfactual prefills are
+cached in ``data/gpu-batch-prefill-decode-combine.json``, :func:`refresh_without_pairs`), and
+:func:`split_summary` refits and judges without them. :func:`level_rows` predicts each sweep's
+anchor from the priors alone (no anchor): the level, not the growth.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -93,13 +105,17 @@ from tpusim.engine.gpu_batch import batch_terms, host_wait_s
 from tpusim.schedule.schema import load_schedule
 from tpusim.serving.interference import prefill_stall_s
 from tpusim.workload.model_catalog import load_model, plan_for
-from tpusim.workload.prefill import build_prefill_program
-from tpusim.workload.program import Program, build_program
+from tpusim.workload.prefill import PREFILL_ROW_TILE, build_prefill_program, prefill_op_cost
+from tpusim.workload.program import Program, StepPhase, _op_cost, build_program
+from tpusim.workload.registry.names import MoeOp
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 DATA_FILE = DATA_DIR / "gpu-batch-scaling.json"
 MODELS_DIR = DATA_DIR / "gpu-batch-models"
 BASELINE_FILE = DATA_DIR / "gpu-batch-baseline.json"
+SPLIT_FILE = DATA_DIR / "gpu-batch-split.json"  # the frozen fit / held-out split (issue 50)
+# The prefills with moe.combine priced by the decode rule: the "without combine by pairs" counterfactual
+WITHOUT_PAIRS_FILE = DATA_DIR / "gpu-batch-prefill-decode-combine.json"
 MEASUREMENT = "published:gpu-batch-sweeps"
 MS = 1e3
 
@@ -116,10 +132,11 @@ HELD = ("execution.gpu.attention_sequence_s",  # held at its prior: on the fit p
 OPTIONS = SolverOptions(max_nfev=60)  # the shipped fit and its held-out refit alike
 HELD_OUT_FOLD = ("role", "held-out")  # the one leave-one-group-out fold: the points the fit does not see
 METHOD = ("calibration.sources.gpu_batch_sweeps: leave-one-group-out (calibration.core.holdout) with the fold "
-          "role=held-out, i.e. fitted on Kimi-K2.5 TP4/EP4 at concurrency 8 and the 1k/1k concurrency-16 points "
-          "of DeepSeek-R1 and Qwen3 (B200), each sweep anchored on its lowest concurrency, and judged on the 24 "
-          "other points (B200 and GB200); model error = split-conformal 90 % quantile of |measured - predicted| / predicted "
-          "(calibration.core.model_error)")
+          "role=held-out under the frozen split calibration/data/gpu-batch-split.json (2026-12-06: whole sweeps held "
+          "out by model family Qwen3, GPU type not B200, publication S1c), i.e. fitted on the non-anchor points of "
+          "Kimi-K2.5 TP4/EP4 (vLLM) and the three DeepSeek-R1 sweeps (SGLang) on B200, each sweep anchored on its "
+          "lowest concurrency, and judged on the 17 points of the 6 other sweeps (B200 and GB200); model error = "
+          "split-conformal 90 % quantile of |measured - predicted| / predicted (calibration.core.model_error)")
 # The per-kernel figures of the K3-on-B300 fit (`tpusim calibrate --hardware b300 --measurements
 # published:b300-sglang-k3`, calibration.sources.k3_b300: kernel_gap_s 1.8 -> 0.9228 us,
 # per_op_efficiency 0.8889 -> 0.9659; same SM architecture as B200/GB200): the batch-1 calibration
@@ -140,7 +157,6 @@ class Sweep:
     model: str  # a file in MODELS_DIR, with @variant
     plan: str
     disaggregated: bool
-    fit_concurrency: int | None  # the point of this sweep in the fit set (None: all held out)
     workload: str
     stack: str  # vllm (chunked prefill mixed into decode steps) | sglang (prefill steps first)
     decode_workers: int = 1  # decode instances sharing the concurrency (disaggregated GB200: derived)
@@ -148,25 +164,25 @@ class Sweep:
 
 SWEEPS: tuple[Sweep, ...] = (
     Sweep("k25-b200-tp4ep4", "S1b", (21, 22, 23, 24, 25), "b200", 4, "kimi-k2.5.yaml@nvfp4",
-          "tp=4,expert_groups=4,expert_tp=1", False, 8, "8k/1k", "vllm"),
+          "tp=4,expert_groups=4,expert_tp=1", False, "8k/1k", "vllm"),
     Sweep("k25-gb200-disagg", "S1b", (26, 27, 28, 29), "gb200", 4, "kimi-k2.5.yaml@nvfp4",
-          "tp=4,expert_groups=4,expert_tp=1", True, None, "8k/1k", "vllm", decode_workers=4),
+          "tp=4,expert_groups=4,expert_tp=1", True, "8k/1k", "vllm", decode_workers=4),
     Sweep("k25-b200-tp4", "S1c", (41, 42, 43, 44, 45), "b200", 4, "kimi-k2.5.yaml@nvfp4",
-          "tp=4,expert_groups=1,expert_tp=4", False, None, "8k/1k", "vllm"),
+          "tp=4,expert_groups=1,expert_tp=4", False, "8k/1k", "vllm"),
     Sweep("k25-b200-int4-tp8", "S1c", (35, 36, 37, 38, 39), "b200", 8, "kimi-k2.5.yaml@int4",
-          "tp=8,expert_groups=1,expert_tp=8", False, None, "8k/1k", "vllm"),
+          "tp=8,expert_groups=1,expert_tp=8", False, "8k/1k", "vllm"),
     Sweep("dsr1-b200-1k1k", "S4", (115, 116, 117), "b200", 8, "deepseek-r1.yaml",
-          "tp=8,expert_groups=1,expert_tp=8", False, 16, "1k/1k", "sglang"),
+          "tp=8,expert_groups=1,expert_tp=8", False, "1k/1k", "sglang"),
     Sweep("dsr1-b200-1k8k", "S4", (118, 119, 120), "b200", 8, "deepseek-r1.yaml",
-          "tp=8,expert_groups=1,expert_tp=8", False, None, "1k/8k", "sglang"),
+          "tp=8,expert_groups=1,expert_tp=8", False, "1k/8k", "sglang"),
     Sweep("dsr1-b200-8k1k", "S4", (121, 122, 123), "b200", 8, "deepseek-r1.yaml",
-          "tp=8,expert_groups=1,expert_tp=8", False, None, "8k/1k", "sglang"),
+          "tp=8,expert_groups=1,expert_tp=8", False, "8k/1k", "sglang"),
     Sweep("qwen3-b200-1k1k", "S4", (128, 129, 130), "b200", 8, "qwen3-235b-a22b.yaml",
-          "tp=8,expert_groups=1,expert_tp=8", False, 16, "1k/1k", "sglang"),
+          "tp=8,expert_groups=1,expert_tp=8", False, "1k/1k", "sglang"),
     Sweep("qwen3-b200-1k8k", "S4", (131, 132, 133), "b200", 8, "qwen3-235b-a22b.yaml",
-          "tp=8,expert_groups=1,expert_tp=8", False, None, "1k/8k", "sglang"),
+          "tp=8,expert_groups=1,expert_tp=8", False, "1k/8k", "sglang"),
     Sweep("qwen3-b200-8k1k", "S4", (134, 135, 136), "b200", 8, "qwen3-235b-a22b.yaml",
-          "tp=8,expert_groups=1,expert_tp=8", False, None, "8k/1k", "sglang"),
+          "tp=8,expert_groups=1,expert_tp=8", False, "8k/1k", "sglang"),
 )
 EXCLUDED = {
     "S1a": "MTP on (TPOT per accepted token, acceptance not published); decode EP changes at 180",
@@ -184,8 +200,8 @@ EXCLUDED = {
 }
 # The held-out error this module documents (docs/gpu-batch.md; python -m calibration.reports.gpu_batch) and
 # the margin tests/test_gpu_batch_fit.py allows before it fails.
-DOCUMENTED_HELD_OUT = {"mape": 0.088, "max_abs_error": 0.163, "points": 24, "sweeps": 10, "gpu_types": 2,
-                       "model_error": 0.152}
+DOCUMENTED_HELD_OUT = {"mape": 0.086, "max_abs_error": 0.264, "points": 17, "sweeps": 6, "gpu_types": 2,
+                       "model_error": 0.209}  # under the frozen split (gpu-batch-split.json, 2026-12-06)
 GUARD_MARGIN = 0.015
 # What main shipped before this module judged GB200 and priced the prefill's host time (the fit
 # of commit 285aab7 on these three fit points): the "main" column of the tables.
@@ -252,16 +268,40 @@ def _lengths(row: dict[str, Any]) -> tuple[float, float]:
     return INFERENCEX_LENGTH * row["isl"], INFERENCEX_LENGTH * row["osl"]
 
 
+def family(sweep: Sweep) -> str:
+    """A sweep's model family: its model file's name without ``.yaml`` and variant."""
+    return sweep.model.split("@", 1)[0].removesuffix(".yaml")
+
+
+@cache
+def load_split() -> dict[str, Any]:
+    """The frozen split (:data:`SPLIT_FILE`): its rule, date, sweep lists and the mechanisms found on
+    held-out rows. The one owner of which sweep is fitted; :func:`points` reads it."""
+    split = json.loads(SPLIT_FILE.read_text(encoding="utf-8"))
+    keys = {s.key for s in SWEEPS}
+    fit, held = set(split["fit_sweeps"]), set(split["held_out_sweeps"])
+    if fit & held or fit | held != keys:
+        raise ValueError(f"{SPLIT_FILE.name}: fit and held-out sweeps must partition {sorted(keys)}")
+    return split
+
+
+def held_out_by_rule(sweep: Sweep, rule: dict[str, list[str]]) -> bool:
+    """The split's rule in code (``held_out_when`` of the split file): held out when the sweep's
+    family, its GPU type or its publication is one the rule names."""
+    return (family(sweep) in rule["family"] or sweep.chip not in rule["gpu_not"]
+            or sweep.source_id in rule["source"])
+
+
 def points() -> list[Point]:
-    """Every used point with its role: the lowest concurrency of a sweep is its anchor, the
-    second-lowest of a K2.5 sweep is fitted, the rest are held out."""
+    """Every used point with its role: the lowest concurrency of a sweep is its anchor; the rest
+    are on their sweep's side of the frozen split (:func:`load_split`), fit or held-out."""
     rows = load_rows()
+    fit_sweeps = set(load_split()["fit_sweeps"])
     out = []
     for sweep in SWEEPS:
         chosen = sorted((rows[i] for i in sweep.rows), key=lambda r: r["concurrency"])
         for rank, row in enumerate(chosen):
-            role = ("anchor" if rank == 0 else "fit" if row["concurrency"] == sweep.fit_concurrency
-                    else "held-out")
+            role = "anchor" if rank == 0 else "fit" if sweep.key in fit_sweeps else "held-out"
             isl, osl = _lengths(row)
             out.append(Point(sweep, int(row["row_id"]), int(row["concurrency"]), isl, osl, float(row["tpot_ms"]),
                              role))
@@ -299,6 +339,61 @@ def _prefill(sweep: Sweep, tokens: int) -> tuple[float, int]:
     return result.step_s, result.launch_count
 
 
+def _decode_rule_combine_cost(name: str, ctx: Any, rows: int) -> dict[str, object]:
+    """A prefill's op costs with ``moe.combine`` priced by the decode megakernel's rule (every
+    distinct local expert over every row): the prefill before commit 1aae464."""
+    return _op_cost(name, ctx, rows) if name == MoeOp.COMBINE else prefill_op_cost(name, ctx, rows)
+
+
+@cache
+def _prefill_decode_combine_s(sweep: Sweep, tokens: int) -> float:
+    """The engine's prefill of a ``tokens``-token prompt with the decode rule's combine, seconds."""
+    model = load_model(str(MODELS_DIR / sweep.model))
+    plan = plan_for(model, sweep.devices, devices_per_chip=1, intra_link="nvlink", choice=sweep.plan)
+    program = build_program(model, plan, batch=tokens, context_tokens=tokens, sequences=1,
+                            op_cost=_decode_rule_combine_cost)
+    program = dataclasses.replace(program, phase=StepPhase.PREFILL, resident_row_tile=PREFILL_ROW_TILE,
+                                  meta={**program.meta, "prefix_tokens": 0})
+    return simulate(program, load_schedule("naive"), sweep_chip(sweep)).step_s
+
+
+def refresh_without_pairs(path: Path = WITHOUT_PAIRS_FILE) -> dict[str, Any]:
+    """Simulate every aggregated point's prefill with the decode rule's combine (minutes) and write
+    the counterfactual cache :class:`Mechanisms` ``combine_by_pairs=False`` reads."""
+    data = {"what": "engine prefill (s) of each aggregated sweep point's prompt with moe.combine priced by the "
+                    "decode megakernel's rule, the counterfactual of commit 1aae464 "
+                    "(calibration.sources.gpu_batch_sweeps.refresh_without_pairs)",
+            "prefill_s": {p.key: _prefill_decode_combine_s(p.sweep, round(p.isl))
+                          for p in points() if not p.sweep.disaggregated}}
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return data
+
+
+@cache
+def without_pairs_prefill_s() -> dict[str, float]:
+    return json.loads(WITHOUT_PAIRS_FILE.read_text(encoding="utf-8"))["prefill_s"]
+
+
+@dataclass(frozen=True)
+class Mechanisms:
+    """Which of the mechanisms found on held-out rows (the split file's
+    ``mechanisms_found_on_held_out_rows``) the prediction uses; the default is both, as shipped."""
+
+    host_floor: bool = True  # a prefill lasts at least its kernels x eager_host_op_s (45d6e0f)
+    combine_by_pairs: bool = True  # a prefill's moe.combine sums its (token, expert) pairs (1aae464)
+
+    @property
+    def label(self) -> str:
+        off = [name for name, on in (("host floor", self.host_floor), ("combine by pairs", self.combine_by_pairs))
+               if not on]
+        return "both (shipped)" if not off else "without " + " and ".join(off)
+
+
+SHIPPED = Mechanisms()
+MECHANISM_VARIANTS = (SHIPPED, Mechanisms(host_floor=False), Mechanisms(combine_by_pairs=False),
+                      Mechanisms(host_floor=False, combine_by_pairs=False))
+
+
 def simulate_point(point: Point) -> dict[str, Any]:
     """The engine's part of a point: the step without batch terms, the prefill of its prompt
     (seconds, kernels) and the batch terms per unit figure (they are linear in the figures)."""
@@ -328,26 +423,33 @@ def baseline() -> dict[str, dict[str, Any]]:
     return json.loads(BASELINE_FILE.read_text(encoding="utf-8"))["points"]
 
 
-def model_s(point: Point, values: dict[str, float], *, by_stack: bool = True) -> float:
+def model_s(point: Point, values: dict[str, float], *, by_stack: bool = True,
+            mechanisms: Mechanisms = SHIPPED) -> float:
     """``model(C)`` of the module docstring, seconds, with figures ``values`` (name -> seconds).
     ``by_stack`` False: every stack's prefill stalls decode in full (the serving simulator's
-    SGLang default, what the code did before the stacks were told apart)."""
+    SGLang default, what the code did before the stacks were told apart). ``mechanisms``: which
+    of the mechanisms found on held-out rows are used."""
     entry = baseline()[point.key]
     terms = sum(entry["terms_per_unit_s"][f.name] * values.get(f.name, 0.0) for f in STEP_FIGURES)
-    prefill_s = entry["prefill_s"] + host_wait_s(entry["prefill_launches"], entry["prefill_s"],
-                                                 values.get(HOST_FIGURE.name, 0.0))
+    prefill_s = entry["prefill_s"]
+    if not mechanisms.combine_by_pairs and not point.sweep.disaggregated:
+        prefill_s = without_pairs_prefill_s()[point.key]
+    host_op_s = values.get(HOST_FIGURE.name, 0.0) if mechanisms.host_floor else 0.0
+    prefill_s += host_wait_s(entry["prefill_launches"], prefill_s, host_op_s)
     stall = prefill_stall_s(point.concurrency, prefill_s, point.osl, disaggregated=point.sweep.disaggregated,
                             mixed_step_s=entry["step_s"] if by_stack and point.sweep.stack == "vllm" else None)
     return entry["step_s"] + terms + stall
 
 
-def predict_ms(values: dict[str, float], *, by_stack: bool = True) -> dict[str, float]:
+def predict_ms(values: dict[str, float], *, by_stack: bool = True,
+               mechanisms: Mechanisms = SHIPPED) -> dict[str, float]:
     """Anchored TPOT prediction of every point, ms."""
     out = {}
     anchors = {p.sweep.key: p for p in points() if p.role == "anchor"}
     for point in points():
         anchor = anchors[point.sweep.key]
-        grows = model_s(point, values, by_stack=by_stack) - model_s(anchor, values, by_stack=by_stack)
+        grows = (model_s(point, values, by_stack=by_stack, mechanisms=mechanisms)
+                 - model_s(anchor, values, by_stack=by_stack, mechanisms=mechanisms))
         out[point.key] = anchor.tpot_ms + grows * MS
     return out
 
@@ -381,7 +483,7 @@ def judged_points() -> list[Point]:
     return [p for p in points() if p.role != "anchor"]
 
 
-def batch_problem() -> Problem:
+def batch_problem(mechanisms: Mechanisms = SHIPPED) -> Problem:
     """Every non-anchor point as one core problem (its own sweep's anchor subtracted), grouped by
     ``role`` and ``sweep``; the fitted figures are :data:`PARAMETERS` less :data:`HELD`, which
     stays at its declared prior. The search starts on the declared priors."""
@@ -389,7 +491,7 @@ def batch_problem() -> Problem:
     base = sweep_chip(SWEEPS[0])
 
     def predict(trial: Chip, indices: Sequence[int]) -> np.ndarray:
-        predicted = predict_ms({f.name: figure_value(trial, f.path) for f in PARAMETERS})
+        predicted = predict_ms({f.name: figure_value(trial, f.path) for f in PARAMETERS}, mechanisms=mechanisms)
         return np.array([predicted[judged[i].key] for i in indices])
 
     problem = Problem("gpu batch sweeps", base, base, PARAMETERS, predict, np.array([p.tpot_ms for p in judged]),
@@ -415,15 +517,16 @@ def _values(fitted: dict[str, float], problem: Problem) -> dict[str, float]:
 
 
 @cache
-def calibrate() -> BatchFit:
-    """The fit and its held-out judgement, through the calibration core (module docstring)."""
-    problem = batch_problem()
+def calibrate(mechanisms: Mechanisms = SHIPPED) -> BatchFit:
+    """The fit and its held-out judgement, through the calibration core (module docstring);
+    ``mechanisms`` other than :data:`SHIPPED`: the same split and procedure without them."""
+    problem = batch_problem(mechanisms)
     label, value = HELD_OUT_FOLD
     fit_points = [i for i in problem.indices if problem.groups[label][i] != value]
     solution = core_fit(problem.only(fit_points), OPTIONS)
     (fold,) = leave_one_group_out(problem, OPTIONS, folds=[HELD_OUT_FOLD])
     error = model_error([fold], METHOD)
-    assert error is not None  # one fold with 24 points
+    assert error is not None  # one fold with the held-out points
     return BatchFit(solution, fold, _values(solution.value_map(), problem), error)
 
 
@@ -453,9 +556,35 @@ def fold_summary(fold: Fold) -> dict[str, Any]:
             "sweeps": len({p.sweep.key for p in held}), "gpu_types": sorted({p.sweep.chip for p in held})}
 
 
-def held_out_summary(rows: list[dict[str, Any]], column: str = "after_error") -> dict[str, Any]:
-    """MAPE, max |error|, points, sweeps and GPU types of the held-out rows."""
-    held = [r for r in rows if r["role"] == "held-out"]
+def split_summary(mechanisms: Mechanisms = SHIPPED) -> dict[str, dict[str, Any]]:
+    """Fit and held-out TPOT error under the frozen split with ``mechanisms``: the fit side is the
+    shipped fit's own points (in sample), the held-out side the core's fold (never seen)."""
+    result = calibrate(mechanisms)
+    predicted = predict_ms(result.values, mechanisms=mechanisms)
+    rows = [{"sweep": p.sweep.key, "gpu": p.sweep.chip, "role": p.role, "error": predicted[p.key] / p.tpot_ms - 1.0}
+            for p in judged_points()]
+    return {"fit": held_out_summary(rows, "error", role="fit"), "held-out": fold_summary(result.held_out),
+            "values": result.values}
+
+
+def level_rows(values: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """Each sweep's lowest-concurrency TPOT predicted with no anchor: ``model(C0)`` (module
+    docstring) with the declared priors (``values`` None) or ``values``, against the published."""
+    figures = prior_values() if values is None else values
+    out = []
+    for point in (p for p in points() if p.role == "anchor"):
+        predicted_ms = model_s(point, figures) * MS
+        side = "fit" if point.sweep.key in load_split()["fit_sweeps"] else "held-out"
+        out.append({"sweep": point.sweep.key, "gpu": point.sweep.chip, "side": side,
+                    "concurrency": point.concurrency, "measured_ms": point.tpot_ms, "predicted_ms": predicted_ms,
+                    "error": predicted_ms / point.tpot_ms - 1.0})
+    return out
+
+
+def held_out_summary(rows: list[dict[str, Any]], column: str = "after_error", *,
+                     role: str = "held-out") -> dict[str, Any]:
+    """MAPE, max |error|, points, sweeps and GPU types of the rows of ``role`` (held-out)."""
+    held = [r for r in rows if r["role"] == role]
     errors = np.array([abs(r[column]) for r in held])
     return {"mape": float(errors.mean()), "max_abs_error": float(errors.max()), "points": len(held),
             "sweeps": len({r["sweep"] for r in held}), "gpu_types": sorted({r["gpu"] for r in held})}
