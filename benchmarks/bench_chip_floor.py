@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import sys
 from pathlib import Path
@@ -75,8 +76,8 @@ def table(decoder: str = KERNEL_DECODER, data: Path = DATA) -> list[str]:
     rate, empty, where = session_floor_figures(probes, first)
     lines = [f"K3 TP32 per-device program, decoder {decoder}, measured on tpu-v5e; floor = HBM bytes / "
              f"{rate / 1e9:.0f} GB/s + empty call {empty * 1e6:.0f} us (probes dma_stream, empty_call: {where})",
-             "| schedule | batch | measured ms | GB/step | floor ms | measured/floor | XLA ms | kernel/XLA "
-             "| predicted ms (before the run) | error |",
+             "| schedule | batch | measured ms | GB/step | floor ms (analytic) | measured/floor | XLA ms (measured) "
+             "| kernel/XLA | predicted ms (simulated, recorded before the run) | error |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in sorted(kernel, key=lambda r: (r["batch"], r["ms_per_step_median"])):
         gb = r["hbm_bytes_per_step"] / 1e9
@@ -96,10 +97,15 @@ def table(decoder: str = KERNEL_DECODER, data: Path = DATA) -> list[str]:
     return lines
 
 
-def _stem_of(record: dict[str, Any]) -> str:
+@functools.cache
+def _schedule_files() -> dict[str, Path]:
     from calibration.sources.tpu_chip_records import schedules_by_hash
 
-    path = schedules_by_hash().get(record["schedule_hash"])
+    return schedules_by_hash()  # reads every schedule file: once per run, not once per row
+
+
+def _stem_of(record: dict[str, Any]) -> str:
+    path = _schedule_files().get(record["schedule_hash"])
     return path.stem if path is not None else record["schedule"]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 from pathlib import Path
 
@@ -64,8 +65,13 @@ def test_every_prediction_was_on_record_before_its_run_and_holds() -> None:
     assert sum(errors) / len(errors) <= DOCUMENTED_MAPE + MARGIN, errors
 
 
-def _stem(run: dict) -> str:
+@functools.cache
+def _schedule_files() -> dict:
     from calibration.sources.tpu_chip_records import schedules_by_hash
 
-    path = schedules_by_hash().get(run["schedule_hash"])
+    return schedules_by_hash()
+
+
+def _stem(run: dict) -> str:
+    path = _schedule_files().get(run["schedule_hash"])
     return path.stem if path is not None else run["schedule"]

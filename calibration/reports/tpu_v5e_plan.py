@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = predict_set(args.set)
     for r in rows:
-        sys.stdout.write(f"{r['schedule']} b{r['batch']}: predicted {r['predicted_ms']:.2f} ms\n")
+        sys.stdout.write(f"{r['schedule']} b{r['batch']}: predicted {r['predicted_ms']:.2f} ms, {r['label']}\n")
     if args.write:
         with PREDICTIONS_PATH.open("a", encoding="utf-8") as fh:
             fh.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
