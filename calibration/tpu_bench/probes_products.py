@@ -38,8 +38,6 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from jax import lax
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 
 from calibration.tpu_bench.common import LANES, Point, Probe
 from calibration.tpu_bench.probes_compute import LATENT, SLICE_WIDTH, SLOTS, _call, _slot
@@ -230,5 +228,3 @@ def subnormal_probe(interpret: Interpret) -> Probe:
                  make_inputs=make, points=[Point({"repeats_in_kernel": 1}, (1,))], n_scalars=1, check=check,
                  extra={"what": "does the MXU keep bf16 subnormal weights"})
 
-
-_ = (pl, pltpu)  # Pallas' TPU names are used by the shared _call
