@@ -70,8 +70,9 @@ def table(decoder: str = KERNEL_DECODER, data: Path = DATA) -> list[str]:
         raise LookupError(f"no K3-shard runs of decoder {decoder}")
     probes = _rows(data / "tpu-v5e-probes.jsonl")
     xla = {(r["stands_next_to"]["schedule_hash"], r["batch"]): r for r in _rows(data / "tpu-v5e-xla.jsonl")
-           if "stands_next_to" in r}
-    predictions = [r for r in _rows(data / "tpu-v5e-predictions.jsonl") if r["decoder"] == decoder]
+           if "stands_next_to" in r and r.get("expert_cap") is None}
+    predictions = [r for r in _rows(data / "tpu-v5e-predictions.jsonl")
+                   if r["decoder"] == decoder and not r.get("kernel_variant")]
     first = min(_when(r) for r in kernel)
     rate, empty, where = session_floor_figures(probes, first)
     lines = [f"K3 TP32 per-device program, decoder {decoder}, measured on tpu-v5e; floor = HBM bytes / "

@@ -58,8 +58,10 @@ from megakernel.reference import DecodeState
 from megakernel.residual import num_block_slots
 from megakernel.ring_pool import bank_table
 from tpusim.schedule.kernel_layout import (
+    EXPERT_PANEL_UNROLL,
     KV_WRITE_TOKENS,
     MATMUL_CHUNK_ROWS,
+    PANEL_UNROLL,
     expert_scale_tile_rows,
     loop_rows,
     matmul_loops,
@@ -140,13 +142,16 @@ class Megakernel:
 
     def __init__(self, dims: ModelDims, schedule: Schedule, batch: int, max_context: int, *,
                  trace: bool = False, interpret: Any = None, unsafe_ignore_buffer_reuse: bool = False,
-                 vmem_limit_bytes: int = DEFAULT_VMEM_LIMIT_BYTES, expert_cap: int | None = None) -> None:
+                 vmem_limit_bytes: int = DEFAULT_VMEM_LIMIT_BYTES, expert_cap: int | None = None,
+                 panel_unroll: int = PANEL_UNROLL, expert_panel_unroll: int = EXPERT_PANEL_UNROLL) -> None:
         """``trace`` records ordered events (interpret mode only: ``io_callback`` does not lower
         for TPU); ``interpret`` is ``pltpu.InterpretParams`` or None (compile for TPU);
         ``unsafe_ignore_buffer_reuse`` breaks the plan on purpose (race-detector test);
         ``vmem_limit_bytes``: the VMEM Mosaic may use, scratch and its own temporaries (the
         target chip's catalog capacity: :func:`megakernel.mosaic_compile.vmem_limit_for`);
-        ``expert_cap``: at most this many experts a layer (a fixed-cost probe, not a decode)."""
+        ``expert_cap``: at most this many experts a layer (a fixed-cost probe, not a decode);
+        ``panel_unroll``/``expert_panel_unroll``: panels per panel-loop iteration (streamed
+        tensors, routed experts' parts; :data:`tpusim.schedule.kernel_layout.PANEL_UNROLL`)."""
         if trace and interpret is None:
             raise ValueError("trace=True needs interpret mode: io_callback does not lower for TPU")
         if dims.kinds[0] != "kda" or dims.num_layers < 3:
@@ -157,6 +162,9 @@ class Megakernel:
         if expert_cap is not None and expert_cap < (slots := self.geo.rings["expert"].buffers):
             raise dma_plan.UnsupportedSchedule(f"expert cap {expert_cap}: at least the {slots} expert slots")
         self.expert_cap = expert_cap
+        if panel_unroll < 1 or expert_panel_unroll < 1:
+            raise ValueError(f"panel unroll {panel_unroll}/{expert_panel_unroll}: must be >= 1")
+        self.panel_unroll, self.expert_panel_unroll = panel_unroll, expert_panel_unroll
         tile = schedule.kv_tile_tokens
         self.max_context = -(-max_context // tile) * tile
         # distinct experts a window can load: this device's experts the batch can pick
@@ -316,7 +324,8 @@ class Megakernel:
         d, b = self.dims, self.batch
         named_outs = dict(zip(("logits", "state.kda", "state.conv", "state.kv"), outs, strict=True))
         ctx = Ctx(d, self.geo, b, ins, named_outs, scratch, self.tables.units, self.n_max, self.recorder,
-                  expert_cap=self.expert_cap)
+                  expert_cap=self.expert_cap, panel_unroll=self.panel_unroll,
+                  expert_panel_unroll=self.expert_panel_unroll)
         self.enter(ctx)
         scratch["blocks"][...] = jnp.zeros(scratch["blocks"].shape, jnp.float32)
         scratch["partial"][...] = jnp.zeros(scratch["partial"].shape, jnp.float32)

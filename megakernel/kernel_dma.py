@@ -39,7 +39,9 @@ from megakernel.dma_plan import Geometry, Ring, Unit
 from megakernel.quant import words_to_bf16
 from megakernel.ring_pool import bank_word, part_of
 from tpusim.schedule.kernel_layout import (
+    EXPERT_PANEL_UNROLL,
     MATMUL_CHUNK_ROWS,
+    PANEL_UNROLL,
     TILE_ROWS,
     matmul_loops,
     matmul_stage_chunks,
@@ -100,6 +102,10 @@ class Ctx:
     # A probe of the kernel's fixed costs: run at most this many of each layer's chosen experts
     # (the first in list order; None: all). Not a decode: its logits are not the model's.
     expert_cap: int | None = None
+    # panels a panel loop's iteration issues (tpusim.schedule.kernel_layout.PANEL_UNROLL):
+    # streamed dense tensors, routed experts' parts
+    panel_unroll: int = PANEL_UNROLL
+    expert_panel_unroll: int = EXPERT_PANEL_UNROLL
     _memo: dict[tuple[str, Any], tuple[Any, Any]] = field(default_factory=dict)
 
     def memo(self, key: str, owner: Any, make: Callable[[], Any]) -> Any:
@@ -273,7 +279,7 @@ class Ctx:
                 out[p] = out[p] + jnp.dot(xk, w, preferred_element_type=jnp.float32)
                 return carry
 
-            jax.lax.fori_loop(0, ring.panels, panel, 0)
+            jax.lax.fori_loop(0, ring.panels, panel, 0, unroll=min(self.panel_unroll, ring.panels))
 
         def slab(k: Any, carry: Any) -> Any:
             self.wait(ring.name, layer, k)
@@ -370,7 +376,7 @@ class Ctx:
             out[p, :b, :] = product(x, words, stage[p, :per_panel, :])
             return carry
 
-        jax.lax.fori_loop(0, panels, panel, 0)
+        jax.lax.fori_loop(0, panels, panel, 0, unroll=min(self.expert_panel_unroll, panels))
         return jnp.swapaxes(out[:panels, :b, :], 0, 1).reshape(b, panels * LANES)
 
     def expert_view(self, j: Any) -> tuple[jax.Array, jax.Array]:

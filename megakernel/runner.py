@@ -51,6 +51,7 @@ from megakernel.reference import (
 )
 from megakernel.step_bytes import step_hbm_bytes
 from megakernel.tolerance import F32, REORDERED, TOLERANCES
+from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 from tpusim.schedule.schema import load_schedule
 from tpusim.workload.model_catalog import load_model, plan_for
 
@@ -80,6 +81,17 @@ class RunConfig:
     # a fixed-cost probe: at most this many of each layer's experts (batch 1; not a decode, so
     # nothing is checked against the reference); None: a decode
     expert_cap: int | None = None
+    # panels per panel-loop iteration (streamed tensors, routed experts' parts); other than the
+    # kernel's defaults (tpusim.schedule.kernel_layout) the record says so as ``kernel_variant``
+    panel_unroll: int = PANEL_UNROLL
+    expert_panel_unroll: int = EXPERT_PANEL_UNROLL
+
+    def kernel_variant(self) -> dict[str, int] | None:
+        """The knobs this run sets away from the kernel's defaults (None: the kernel as it is)."""
+        variant = {name: value for name, value, default in (
+            ("panel_unroll", self.panel_unroll, PANEL_UNROLL),
+            ("expert_panel_unroll", self.expert_panel_unroll, EXPERT_PANEL_UNROLL)) if value != default}
+        return variant or None
 
 
 @dataclass
@@ -149,7 +161,8 @@ def build_kernel(config: RunConfig, dims: Any, backend: str) -> Megakernel:
 
         interpret = pltpu.InterpretParams()
     return Megakernel(dims, load_schedule(config.schedule), config.batch, max_context_for(config, backend),
-                      interpret=interpret, vmem_limit_bytes=vmem_limit_on(backend), expert_cap=config.expert_cap)
+                      interpret=interpret, vmem_limit_bytes=vmem_limit_on(backend), expert_cap=config.expert_cap,
+                      panel_unroll=config.panel_unroll, expert_panel_unroll=config.expert_panel_unroll)
 
 
 def prepare(config: RunConfig) -> Prepared:
@@ -239,6 +252,7 @@ def run(config: RunConfig, out: Path | None = None) -> dict[str, Any]:
         "experts_per_layer": experts_per_layer,
         "versions": versions(),
         "expert_cap": config.expert_cap,
+        **({"kernel_variant": variant} if (variant := config.kernel_variant()) else {}),
         "decoder": KERNEL_DECODER,  # the expert weights' VPU decoder (megakernel.quant)
         "timing_note": NOT_TPU_NOTE if backend == "interpret" else "native TPU, block_until_ready per step, "
                        "warm-up excluded, compile timed separately",

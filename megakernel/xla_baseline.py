@@ -43,9 +43,11 @@ def distinct_in_order(picks: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def streamed_moe(dims: ModelDims, p: Params, experts: Params, small: jax.Array,
-                 x: jax.Array) -> tuple[jax.Array, jax.Array]:
+                 x: jax.Array, expert_cap: int | None = None) -> tuple[jax.Array, jax.Array]:
     """One MoE sublayer reading only the chosen experts (signature of
-    :func:`megakernel.reference.latent_moe`): ``x`` f32[B, H] -> (out f32[B, H], ids i32[B, k])."""
+    :func:`megakernel.reference.latent_moe`): ``x`` f32[B, H] -> (out f32[B, H], ids i32[B, k]).
+    ``expert_cap``: run at most the first this many distinct experts (0: none; the step's
+    non-expert work), as the kernel's fixed-cost probe does; not the model's decode."""
     e = dims.moe
     scores = jax.nn.sigmoid(mm(x, p[MoeTensor.ROUTER])[:, : e.scored_experts])
     bias = dims.small(small, SmallParam.ROUTER_BIAS)[None, : e.scored_experts]
@@ -62,15 +64,19 @@ def streamed_moe(dims: ModelDims, p: Params, experts: Params, small: jax.Array,
         y = mm(situ(h[:, : e.slice_width], h[:, e.slice_width:]), down)
         return routed + math_moe.row_weight(ids, weights, eid) * y
 
+    if expert_cap is not None:
+        count = jnp.minimum(count, expert_cap)
     routed = lax.fori_loop(0, count, one_expert, jnp.zeros((x.shape[0], e.latent), jnp.float32))
     out = math_moe.moe_output(dims, mm(routed, p[MoeTensor.LATENT_UP]))
     shared = math_moe.gated_mlp(x, p[MoeTensor.SHARED_GATE_UP], p[MoeTensor.SHARED_DOWN])
     return out + shared, jnp.concatenate(ids, axis=1)
 
 
-@partial(jax.jit, static_argnums=0)
+@partial(jax.jit, static_argnums=(0, 4))
 def xla_decode_step(dims: ModelDims, p: Params, state: DecodeState,
-                    tokens: jax.Array) -> tuple[jax.Array, DecodeState]:
-    """``tokens`` i32[B] -> (logits f32[B, V], next state): the whole step, one XLA program."""
-    logits, next_state, _ = decode_step_with_routing(dims, p, state, tokens, streamed_moe)
+                    tokens: jax.Array, expert_cap: int | None = None) -> tuple[jax.Array, DecodeState]:
+    """``tokens`` i32[B] -> (logits f32[B, V], next state): the whole step, one XLA program
+    (``expert_cap``: see :func:`streamed_moe`)."""
+    moe = streamed_moe if expert_cap is None else partial(streamed_moe, expert_cap=expert_cap)
+    logits, next_state, _ = decode_step_with_routing(dims, p, state, tokens, moe)
     return logits, next_state

@@ -42,9 +42,12 @@ from megakernel.xla_baseline import xla_decode_step
 LABEL = "measured (plain JAX/XLA baseline: same weights, same chosen experts, one jax.jit)"
 
 
-def run_xla(config: RunConfig, kernel_record: dict[str, Any], out: Path | None = None) -> dict[str, Any]:
+def run_xla(config: RunConfig, kernel_record: dict[str, Any], out: Path | None = None,
+            expert_cap: int | None = None) -> dict[str, Any]:
     """The XLA baseline of ``config`` (its kernel's record gives the routing, bytes, schedule
-    it stands next to); appended to ``out`` when given."""
+    it stands next to); appended to ``out`` when given. ``expert_cap`` (0 allowed: no routed
+    expert, the step's non-expert work): at most this many experts a layer, as the kernel's
+    fixed-cost probe; nothing checked (not the model's decode), bytes counted for the cap."""
     backend = resolve_backend(config.backend)
     prepared = prepare(config)
     dims, params = prepared.dims, prepared.params
@@ -53,17 +56,20 @@ def run_xla(config: RunConfig, kernel_record: dict[str, Any], out: Path | None =
     tokens = jnp.asarray(np.random.default_rng(config.seed).integers(0, dims.vocab_rows, config.batch), jnp.int32)
     started = time.perf_counter()
     with jax.default_matmul_precision(KERNEL_PRECISION):
-        compiled = xla_decode_step.lower(dims, params, state, tokens).compile()
+        compiled = xla_decode_step.lower(dims, params, state, tokens, expert_cap).compile()
     compile_s = time.perf_counter() - started
 
     def step(_hbm: Any, _embedding: Any, st: Any, tk: jax.Array) -> Any:
         return compiled(params, st, tk)
 
     check_steps = max(config.check_steps, 0) if backend == "tpu" else config.steps
+    if expert_cap is not None:
+        check_steps = 0
     check = greedy_check(step, dims, params, None, state, tokens, check_steps)
-    times_ms = timed_steps(step, None, None, state, tokens, config.steps) if backend == "tpu" else check["times_ms"]
+    times_ms = (timed_steps(step, None, None, state, tokens, config.steps)
+                if backend == "tpu" or expert_cap is not None else check["times_ms"])
     median_ms = statistics.median(times_ms)
-    hbm_bytes = kernel_record["hbm_bytes_per_step"]
+    hbm_bytes = kernel_record["hbm_bytes_per_step"] if expert_cap is None else capped_bytes(kernel_record, expert_cap)
     record = {
         "model": config.model, "system": {"chip": device_chip(backend), "chips": 1},
         "batch": config.batch, "context": config.context, "routing": kernel_record.get("routing"),
@@ -77,7 +83,7 @@ def run_xla(config: RunConfig, kernel_record: dict[str, Any], out: Path | None =
         "within_tolerance": (None if check["relative_error"] is None
                              else check["relative_error"] <= TOLERANCES[REORDERED][F32]),
         "tokens_identical": check["tokens_identical"], "checked_steps": check_steps,
-        "compile_s": compile_s, "shard_of": config.shard_of, "weight_banks": config.weight_banks,
+        "expert_cap": expert_cap, "compile_s": compile_s, "shard_of": config.shard_of, "weight_banks": config.weight_banks,
         "hbm_bytes_per_step": hbm_bytes, "hbm_bytes_by_kind": kernel_record.get("hbm_bytes_by_kind"),
         "effective_bandwidth_bytes_per_s": hbm_bytes / (median_ms / 1e3),
         "xla_bytes_accessed": _bytes_accessed(compiled),
@@ -88,6 +94,15 @@ def run_xla(config: RunConfig, kernel_record: dict[str, Any], out: Path | None =
     if out is not None:
         append_record(out, record)
     return record
+
+
+def capped_bytes(kernel_record: dict[str, Any], expert_cap: int) -> int:
+    """HBM bytes of the step with at most ``expert_cap`` routed experts a layer: the kernel
+    record's bytes less the routed experts it did not keep (every expert part the same size)."""
+    by_kind, per_layer = kernel_record["hbm_bytes_by_kind"], kernel_record["experts_per_layer"]
+    routed = by_kind["routed_experts"]
+    kept = sum(min(n, expert_cap) for n in per_layer)
+    return kernel_record["hbm_bytes_per_step"] - routed + (routed * kept // sum(per_layer) if per_layer else 0)
 
 
 def _bytes_accessed(compiled: Any) -> float | None:

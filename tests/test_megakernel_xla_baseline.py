@@ -35,3 +35,32 @@ def test_xla_baseline_computes_the_reference_step(batch):
     assert float(jnp.max(jnp.abs(got - want))) <= 1e-3 * scale
     np.testing.assert_array_equal(np.argmax(got, -1), np.argmax(want, -1))
     assert float(jnp.max(jnp.abs(got_state.kv_cache.astype(jnp.float32) - want_state.kv_cache.astype(jnp.float32)))) <= 2e-2
+
+
+def test_xla_expert_cap_zero_is_the_step_without_routed_experts():
+    """Cap 0 runs no routed expert: the same step as one whose routed experts' FP8 values
+    are all zero (each decodes to 0, so its output is 0); a cap above every layer's distinct
+    experts is the uncapped step, bit for bit."""
+    model = load_model("kimi-k3-nano").with_layers(4)
+    dims = model_dims(model, plan_for(model, 1))
+    params = device_params(random_weights(dims, seed=0))
+    state = init_state(dims, 2, 32, context=9, seed=1)
+    tokens = jnp.asarray([3, 11], jnp.int32)
+    full, _ = xla_decode_step(dims, params, state, tokens)
+    above, _ = xla_decode_step(dims, params, state, tokens, 10_000)
+    np.testing.assert_array_equal(np.asarray(above), np.asarray(full))
+    zeroed = {**params, "expert.gate_up.values": jnp.zeros_like(params["expert.gate_up.values"])}
+    want, _ = xla_decode_step(dims, zeroed, state, tokens)
+    got, _ = xla_decode_step(dims, params, state, tokens, 0)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-6)
+    assert float(jnp.max(jnp.abs(got - full))) > 1e-3 * float(jnp.max(jnp.abs(full)))
+
+
+def test_capped_bytes_keep_the_first_experts_of_each_layer():
+    from megakernel.xla_run import capped_bytes
+
+    record = {"hbm_bytes_per_step": 1_000 + 6 * 50, "experts_per_layer": [4, 1, 1],
+              "hbm_bytes_by_kind": {"weights": 1_000, "routed_experts": 6 * 50}}
+    assert capped_bytes(record, 0) == 1_000
+    assert capped_bytes(record, 2) == 1_000 + (2 + 1 + 1) * 50
+    assert capped_bytes(record, 9) == record["hbm_bytes_per_step"]

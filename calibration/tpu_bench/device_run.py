@@ -49,6 +49,11 @@ class Case:
     purpose: str = "timing"  # correctness | timing
     xla_baseline: bool = False  # also time the plain-JAX/XLA step (megakernel.xla_baseline) next to it
     expert_cap: int | None = None  # a fixed-cost probe: at most this many experts a layer (no numerics check)
+    panel_unroll: int | None = None  # a kernel variant: panels per panel-loop iteration (None: the kernel's)
+    expert_panel_unroll: int | None = None
+    # after the kernel case, the plain-XLA step at these expert caps (0: no routed expert, its
+    # non-expert work; not checked), beside the kernel's own capped cases
+    xla_expert_caps: tuple[int, ...] = ()
 
     def schedule_path(self, root: Path) -> str:
         path = root / self.schedule
@@ -74,7 +79,8 @@ def load_cases(name: str) -> list[Case]:
         for schedule in group["schedules"]:
             for batch in group["batches"]:
                 for cap in group.get("expert_caps", [None]):
-                    cases.append(Case(schedule=schedule, batch=batch, expert_cap=cap, **fixed))
+                    cases.append(Case(schedule=schedule, batch=batch, expert_cap=cap,
+                                      **{**fixed, "xla_expert_caps": tuple(fixed.get("xla_expert_caps", ()))}))
     return cases
 
 
@@ -85,7 +91,9 @@ def run_config(case: Case, root: Path) -> Any:
     return RunConfig(model=case.model, schedule=case.schedule_path(root), batch=case.batch, steps=case.steps,
                      context=case.context, backend="tpu", shard_of=case.shard_of,
                      weight_banks=case.weight_banks, check_steps=case.check_steps, expert_cap=case.expert_cap,
-                     label=f"measured ({case.purpose} set)")
+                     label=f"measured ({case.purpose} set)",
+                     **{knob: value for knob in ("panel_unroll", "expert_panel_unroll")
+                        if (value := getattr(case, knob)) is not None})
 
 
 def numerics_groups(name: str) -> list[dict[str, Any]]:
@@ -203,6 +211,19 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as error:
                 say(f"XLA FAIL {case}: {type(error).__name__}: {str(error)[:600]}")
                 traceback.print_exc()
+        for cap in case.xla_expert_caps:
+            if time.monotonic() - started > args.budget_s:
+                break
+            try:
+                from megakernel.xla_run import run_xla
+
+                xla = run_xla(run_config(case, root), record, args.out / "xla.jsonl", expert_cap=cap)
+                say(f"  XLA b{case.batch} expert cap {cap}: {xla['ms_per_step_median']:.3f} ms "
+                    f"(±{xla['ms_per_step_spread']:.3f}), {xla['hbm_bytes_per_step'] / 1e9:.2f} GB, "
+                    f"compile {xla['compile_s']:.1f} s  [{time.monotonic() - started:.0f} s]")
+            except Exception as error:
+                say(f"XLA FAIL {case} cap {cap}: {type(error).__name__}: {str(error)[:600]}")
+                traceback.print_exc()
     pool.shutdown(wait=False, cancel_futures=True)
     say(f"{done}/{len(cases)} cases in {time.monotonic() - started:.0f} s")
     os._exit(0)  # compile threads still running must not hold the call open
@@ -211,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
 def report(case: Case, record: dict[str, Any], ahead_s: float, started: float) -> None:
     say(f"{case.model} {case.shard_of or ''} {record['schedule']} b{case.batch}: "
         f"{record['ms_per_step_median']:.3f} ms (±{record['ms_per_step_spread']:.3f}), "
+        + (f"variant {record['kernel_variant']}, " if record.get("kernel_variant") else "")
         + (f"expert cap {record['expert_cap']} (fixed-cost probe, not checked), " if record.get("expert_cap")
            else f"err {record['max_abs_error']:.3g} (rel {record['relative_error'] or 0:.2%}), "
                 f"tokens {'same' if record['tokens_identical'] else 'DIFFER'}, ") +

@@ -15,7 +15,10 @@
 - ``FILES_AT/numerics.jsonl`` -> ``DATA/tpu-v5e-numerics.jsonl`` (:mod:`megakernel.chip_numerics`
   records, appended likewise);
 - ``FILES_AT/xla.jsonl`` -> ``DATA/tpu-v5e-xla.jsonl`` (:mod:`megakernel.xla_run` records, the
-  plain-JAX/XLA baseline timed next to a kernel run; their routing names the kernel run's trace).
+  plain-JAX/XLA baseline timed next to a kernel run; their routing names the kernel run's trace);
+  with ``expert_cap`` set (0: no routed expert) -> ``DATA/tpu-v5e-xla-capped.jsonl``;
+- a kernel record with ``kernel_variant`` (knobs away from the kernel's defaults) ->
+  ``DATA/tpu-v5e-kernel-variants.jsonl``, out of the files the calibration reads.
 
 Every file is written through a temporary file and renamed (nothing half-written).
 """
@@ -33,6 +36,10 @@ from hwmodels.atomic import write_text_atomic
 
 KERNEL_FILE, PROBE_FILE, ROUTING_DIR = "tpu-v5e-kernel.jsonl", "tpu-v5e-probes.jsonl", "tpu-v5e-routing"
 NUMERICS_FILE, XLA_FILE = "tpu-v5e-numerics.jsonl", "tpu-v5e-xla.jsonl"
+# kernel runs with knobs away from the kernel's defaults (``kernel_variant``: e.g. the panel
+# loops unrolled), and the plain-XLA step with its experts capped (0: its non-expert work):
+# studies beside the kernel, kept out of the files the calibration reads
+VARIANTS_FILE, XLA_CAPPED_FILE = "tpu-v5e-kernel-variants.jsonl", "tpu-v5e-xla-capped.jsonl"
 FIXED_COST_FILE = "tpu-v5e-fixed-cost.jsonl"
 
 
@@ -85,10 +92,13 @@ def ingest(files_at: Path, data: Path) -> dict[str, int]:
         name = (record.get("routing") or "").removeprefix("trace:")
         if name and "/" not in name:
             record["routing"] = f"trace:{ROUTING_DIR}/{name}"
-    decodes = [r for r in records if r.get("expert_cap") is None]
-    probes = [r for r in records if r.get("expert_cap") is not None]
+    variants = [r for r in records if r.get("kernel_variant")]
+    decodes = [r for r in records if r.get("expert_cap") is None and not r.get("kernel_variant")]
+    probes = [r for r in records if r.get("expert_cap") is not None and not r.get("kernel_variant")]
     return {"kernel": _append(data / KERNEL_FILE, decodes), "fixed_cost": _append(data / FIXED_COST_FILE, probes),
-            "xla": _append(data / XLA_FILE, xla),
+            "variants": _append(data / VARIANTS_FILE, variants),
+            "xla": _append(data / XLA_FILE, [r for r in xla if r.get("expert_cap") is None]),
+            "xla_capped": _append(data / XLA_CAPPED_FILE, [r for r in xla if r.get("expert_cap") is not None]),
             "probes": _append(data / PROBE_FILE, _read(files_at / "probes.jsonl")),
             "numerics": _append(data / NUMERICS_FILE, _read(files_at / "numerics.jsonl"))}
 

@@ -63,6 +63,11 @@ MATMUL_STATIC_SLABS = 4
 MATMUL_STATIC_ROWS = 1024
 MATMUL_STATIC_ARENA_ROWS = 4096  # a slab of more 128-lane rows (1 MiB) than this loops too
 MATMUL_CHUNK_ROWS = 256
+# Panels of a looped matmul (and of a routed expert's part) the kernel's panel loop issues per
+# iteration: 1 is one product, then its result popped before the next panel's weights are
+# pushed. More lets the compiler overlap one panel's MXU round trip with the next's pushes.
+PANEL_UNROLL = 1
+EXPERT_PANEL_UNROLL = 1
 
 
 def loop_rows(batch: int) -> int:
