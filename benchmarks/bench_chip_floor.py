@@ -28,6 +28,7 @@ from typing import Any
 
 from calibration.sources.tpu_probes import SUSTAINED, probe_figures, record_decoder
 from megakernel.quant import KERNEL_DECODER
+from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 
 DATA = Path(__file__).resolve().parents[1] / "calibration" / "data"
 SESSION = dt.timedelta(minutes=40)  # a device call's probes follow its kernel runs
@@ -63,23 +64,32 @@ def session_floor_figures(probes: list[dict[str, Any]], at: dt.datetime) -> tupl
     raise LookupError(f"no dma_stream/empty_call probes at or before {at.isoformat()}")
 
 
-def table(decoder: str = KERNEL_DECODER, data: Path = DATA) -> list[str]:
+def _unroll(row: dict[str, Any]) -> tuple[int, int]:
+    """Panels a panel loop's iteration issued (dense, routed experts); 1, 1 before the field."""
+    return tuple(row.get("panel_unroll") or (1, 1))  # type: ignore[return-value]
+
+
+def table(decoder: str = KERNEL_DECODER, data: Path = DATA,
+          unroll: tuple[int, int] = (PANEL_UNROLL, EXPERT_PANEL_UNROLL)) -> list[str]:
     kernel = [r for r in _rows(data / "tpu-v5e-kernel.jsonl")
-              if r.get("shard_of") == "k3-tp32" and record_decoder(r) == decoder and r.get("expert_cap") is None]
+              if r.get("shard_of") == "k3-tp32" and record_decoder(r) == decoder and r.get("expert_cap") is None
+              and _unroll(r) == unroll]
     if not kernel:
         raise LookupError(f"no K3-shard runs of decoder {decoder}")
     probes = _rows(data / "tpu-v5e-probes.jsonl")
     xla = {(r["stands_next_to"]["schedule_hash"], r["batch"]): r for r in _rows(data / "tpu-v5e-xla.jsonl")
            if "stands_next_to" in r and r.get("expert_cap") is None}
     predictions = [r for r in _rows(data / "tpu-v5e-predictions.jsonl")
-                   if r["decoder"] == decoder and not r.get("kernel_variant")]
+                   if r["decoder"] == decoder and not r.get("kernel_variant") and _unroll(r) == unroll]
     first = min(_when(r) for r in kernel)
     rate, empty, where = session_floor_figures(probes, first)
-    lines = [f"K3 TP32 per-device program, decoder {decoder}, measured on tpu-v5e; floor = HBM bytes / "
+    lines = [f"K3 TP32 per-device program, decoder {decoder}, panel loops {unroll[0]} (dense) and {unroll[1]} "
+             f"(experts) panels an iteration, measured on tpu-v5e; floor = HBM bytes / "
              f"{rate / 1e9:.0f} GB/s + empty call {empty * 1e6:.0f} us (probes dma_stream, empty_call: {where})",
              "| schedule | batch | measured ms | GB/step | floor ms (analytic) | measured/floor | XLA ms (measured) "
-             "| kernel/XLA | predicted ms (simulated, recorded before the run) | error |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| kernel/XLA | predicted ms (simulated, recorded before the run) | error "
+             "| predicted ms (derived, recorded before the run) | error |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in sorted(kernel, key=lambda r: (r["batch"], r["ms_per_step_median"])):
         gb = r["hbm_bytes_per_step"] / 1e9
         floor_ms = (r["hbm_bytes_per_step"] / rate + empty) * 1e3
@@ -89,12 +99,14 @@ def table(decoder: str = KERNEL_DECODER, data: Path = DATA) -> list[str]:
             base = None  # an XLA run of another session (another kernel) is not this run's baseline
         xla_ms = f"{base['ms_per_step_median']:.1f}" if base else "—"
         ratio = f"{ms / base['ms_per_step_median']:.3f}" if base else "—"
-        pred = next((p for p in predictions if p["batch"] == r["batch"]
-                     and Path(p["schedule"]).stem in (r["schedule"], _stem_of(r))), None)
-        pred_ms = f"{pred['predicted_ms']:.2f}" if pred else "—"
-        err = f"{pred['predicted_ms'] / ms - 1:+.1%}" if pred else "—"
+        cells = []
+        for derived in (False, True):
+            pred = next((p for p in predictions if p["batch"] == r["batch"]
+                         and p["label"].startswith("derived") == derived
+                         and Path(p["schedule"]).stem in (r["schedule"], _stem_of(r))), None)
+            cells += [f"{pred['predicted_ms']:.2f}", f"{pred['predicted_ms'] / ms - 1:+.1%}"] if pred else ["—", "—"]
         lines.append(f"| {r['schedule']} | {r['batch']} | {ms:.2f} ± {r['ms_per_step_spread']:.2f} | {gb:.2f} | "
-                     f"{floor_ms:.1f} | {ms / floor_ms:.2f} | {xla_ms} | {ratio} | {pred_ms} | {err} |")
+                     f"{floor_ms:.1f} | {ms / floor_ms:.2f} | {xla_ms} | {ratio} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -114,9 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench_chip_floor", allow_abbrev=False)
     parser.add_argument("--decoder", default=KERNEL_DECODER)
     parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--panel-unroll", type=int, nargs=2, default=(PANEL_UNROLL, EXPERT_PANEL_UNROLL),
+                        metavar=("DENSE", "EXPERT"), help="the kernel build: panels a panel loop's iteration issues")
     args = parser.parse_args(argv)
     try:
-        lines = table(args.decoder, args.data)
+        lines = table(args.decoder, args.data, tuple(args.panel_unroll))
     except (FileNotFoundError, LookupError, KeyError, ValueError) as error:
         sys.stderr.write(f"bench_chip_floor: {error}\n")
         return 2

@@ -253,6 +253,8 @@ def run(config: RunConfig, out: Path | None = None) -> dict[str, Any]:
         "versions": versions(),
         "expert_cap": config.expert_cap,
         **({"kernel_variant": variant} if (variant := config.kernel_variant()) else {}),
+        # panels a panel loop's iteration issues (dense, routed experts); records before it: 1, 1
+        "panel_unroll": [config.panel_unroll, config.expert_panel_unroll],
         "decoder": KERNEL_DECODER,  # the expert weights' VPU decoder (megakernel.quant)
         "timing_note": NOT_TPU_NOTE if backend == "interpret" else "native TPU, block_until_ready per step, "
                        "warm-up excluded, compile timed separately",

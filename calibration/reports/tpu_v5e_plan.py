@@ -41,6 +41,7 @@ from hwmodels.catalog import load_chip
 from hwmodels.overlay import _figure_slot
 from hwmodels.schema import Chip
 from megakernel.quant import FP8_PAIRS_DECODER, KERNEL_DECODER, WORDS32_DECODER
+from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 STATIC_PATH = DATA / "tpu-v5e-static-schedule.jsonl"
@@ -117,9 +118,11 @@ def predict_set(set_name: str) -> list[dict[str, Any]]:
         rows.append({"kind": "prediction", "set": set_name, "decoder": KERNEL_DECODER, "model": case.model,
                      "shard_of": case.shard_of, "schedule": case.schedule, "batch": case.batch,
                      "context": case.context, "routing": record.routing, "predicted_ms": ms,
-                     "label": "simulated (way (b) of the words32 kernel; the new decoders from the static schedule)",
+                     "label": "simulated (way (b) of the words32 kernel; the new decoders from the static schedule)"
+                     + ("" if (PANEL_UNROLL, EXPERT_PANEL_UNROLL) == (1, 1) else
+                        "; the panel loops' unroll not priced"),
                      "figures": {dequant_path(f): _figure(chip, dequant_path(f)) for f in FORMAT_OF_PART.values()},
-                     "date": now, "probes": str(PROBES_PATH.name),
+                     "date": now, "probes": str(PROBES_PATH.name), "panel_unroll": [PANEL_UNROLL, EXPERT_PANEL_UNROLL],
                      **({"kernel_variant": variant} if (variant := case_variant(case)) else {})})
     return rows
 
