@@ -110,6 +110,44 @@ def table(decoder: str = KERNEL_DECODER, data: Path = DATA,
     return lines
 
 
+def _expert_layers(record: dict[str, Any]) -> int:
+    """Routed experts the run multiplied, summed over layers (its cap applied)."""
+    cap = record.get("expert_cap")
+    return sum(n if cap is None else min(n, cap) for n in record["experts_per_layer"])
+
+
+def nonexpert_table(data: Path = DATA) -> list[str]:
+    """The step's non-expert work both ways, per session that timed the plain-XLA step with no
+    routed expert (``tpu-v5e-xla-capped.jsonl``, cap 0: measured) beside the kernel: the kernel's
+    own at 0 experts is derived — the line through its capped run(s) and its full decode of the
+    same session, in routed expert-layers, read at 0 — where the session capped the kernel; the
+    kernel's whole step stands beside it either way."""
+    capped_xla = [r for r in _rows(data / "tpu-v5e-xla-capped.jsonl") if r.get("expert_cap") == 0]
+    kernel = [r for r in _rows(data / "tpu-v5e-kernel.jsonl") if r.get("shard_of") == "k3-tp32"]
+    capped_kernel = [r for r in _rows(data / "tpu-v5e-fixed-cost.jsonl") if r.get("shard_of") == "k3-tp32"]
+    lines = ["| batch | XLA, no routed expert (measured) | kernel's whole step (measured) | kernel at 0 experts "
+             "(derived: line through its capped and full runs) | kernel/XLA, non-expert |",
+             "|---:|---:|---:|---:|---:|"]
+    for x in sorted(capped_xla, key=lambda r: (r["batch"], _when(r))):
+        near = [r for r in kernel if r["batch"] == x["batch"] and r["schedule_hash"] == x["stands_next_to"]["schedule_hash"]
+                and abs(_when(r) - _when(x)) <= SESSION and not r.get("kernel_variant")]
+        if not near:
+            continue
+        full = min(near, key=lambda r: abs(_when(r) - _when(x)))
+        caps = [r for r in capped_kernel if r["batch"] == x["batch"] and r["schedule_hash"] == full["schedule_hash"]
+                and abs(_when(r) - _when(full)) <= SESSION and _unroll(r) == _unroll(full)]
+        intercept = "—"
+        ratio = f"<= {full['ms_per_step_median'] / x['ms_per_step_median']:.3f} (whole step)"
+        if caps:
+            points = [(_expert_layers(r), r["ms_per_step_median"]) for r in (*caps, full)]
+            (e0, t0), (e1, t1) = min(points), max(points)
+            at0 = t0 - e0 * (t1 - t0) / (e1 - e0)
+            intercept, ratio = f"{at0:.2f}", f"{at0 / x['ms_per_step_median']:.3f}"
+        lines.append(f"| {x['batch']} | {x['ms_per_step_median']:.1f} | {full['ms_per_step_median']:.2f} | "
+                     f"{intercept} | {ratio} |")
+    return lines
+
+
 @functools.cache
 def _schedule_files() -> dict[str, Path]:
     from calibration.sources.tpu_chip_records import schedules_by_hash
@@ -135,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"bench_chip_floor: {error}\n")
         return 2
     sys.stdout.write("\n".join(lines) + "\n")
+    if (args.data / "tpu-v5e-xla-capped.jsonl").exists():
+        sys.stdout.write("\nThe step's non-expert work, kernel and plain XLA in the same device session "
+                         "(panel loops as the kernel then was):\n" + "\n".join(nonexpert_table(args.data)) + "\n")
     return 0
 
 

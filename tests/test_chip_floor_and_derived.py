@@ -1,0 +1,63 @@
+"""The chip-floor benchmark's two tables and the derived prediction of an unrolled kernel,
+on small hand-made record files (references computed here by hand, not by the code under test)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from calibration.reports.tpu_v5e_derived import published_ms
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_chip_floor", ROOT / "benchmarks" / "bench_chip_floor.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _variant(batch: int, ms: float, **knobs: int) -> dict:
+    return {"schedule": "published", "batch": batch, "ms_per_step_median": ms, "kernel_variant": knobs}
+
+
+def test_published_is_the_expert_variant_plus_the_dense_step_measured_at_batch_1():
+    variants = [_variant(1, 30.0, panel_unroll=2), _variant(1, 29.0, panel_unroll=4),
+                _variant(1, 27.0, panel_unroll=2, expert_panel_unroll=2),
+                _variant(8, 80.0, panel_unroll=2, expert_panel_unroll=2)]
+    assert published_ms(1, variants, 4, 2) == pytest.approx(27.0 - 1.0)
+    assert published_ms(8, variants, 4, 2) == pytest.approx(80.0 - 1.0)
+    assert published_ms(16, variants, 4, 2) is None  # no variant ran there
+    assert published_ms(1, variants[:1], 4, 2) is None  # no dense-4 run: nothing to add
+
+
+def test_nonexpert_table_reads_the_kernel_at_zero_experts_off_its_capped_and_full_runs(tmp_path):
+    when = "2026-12-06T11:40:00+00:00"
+    full = {"shard_of": "k3-tp32", "batch": 1, "schedule_hash": "h", "ms_per_step_median": 30.0,
+            "experts_per_layer": [16, 16], "provenance": f"x date={when} jax"}
+    capped = {**full, "ms_per_step_median": 20.0, "expert_cap": 4}
+    xla = {"batch": 1, "expert_cap": 0, "ms_per_step_median": 200.0, "stands_next_to": {"schedule_hash": "h"},
+           "provenance": f"x date={when} jax"}
+    _write(tmp_path / "tpu-v5e-kernel.jsonl", [full])
+    _write(tmp_path / "tpu-v5e-fixed-cost.jsonl", [capped])
+    _write(tmp_path / "tpu-v5e-xla-capped.jsonl", [xla])
+    row = _bench().nonexpert_table(tmp_path)[2]
+    # 8 expert-layers -> 20 ms, 32 -> 30 ms: 10/24 ms an expert-layer, so 0 -> 20 - 8 * 10/24
+    assert f"| {20 - 8 * 10 / 24:.2f} |" in row
+    assert f"{(20 - 8 * 10 / 24) / 200:.3f}" in row
+
+
+def test_the_floor_table_shows_one_kernel_build():
+    bench = _bench()
+    now = bench.table(unroll=(4, 2))
+    before = bench.table(unroll=(1, 1))
+    assert "panel loops 4 (dense) and 2 (experts)" in now[0] and "panel loops 1 (dense) and 1" in before[0]
+    assert not set(now[3:]) & set(before[3:])
