@@ -29,6 +29,8 @@ from typing import Any
 
 from calibration.core import ModelError
 from calibration.core.parameters import chip_with
+from calibration.sources import gpu_batch_data as data
+from calibration.sources import gpu_batch_mechanisms as mechanisms
 from calibration.sources import gpu_batch_sweeps as sweeps
 from hwmodels.catalog import load_chip
 from hwmodels.overlay import (
@@ -62,10 +64,10 @@ OVERLAY_NOTE = ("; used in and out of the fit's range alike: the held-out points
 
 def k3_chip(name: str, values: dict[str, float] | None) -> Any:
     """``name`` as published, its K3 stack, the K3-on-B300 batch-1 figures and ``values``."""
-    figures = {**sweeps.BATCH1_FIGURES}
+    figures = {**data.BATCH1_FIGURES}
     if values:
         figures |= {f.path: values[f.name] for f in sweeps.PARAMETERS}
-    return gpu_variant(chip_with(load_chip(name, calibrated=False), figures, fitted_on=sweeps.MEASUREMENT), "stack")
+    return gpu_variant(chip_with(load_chip(name, calibrated=False), figures, fitted_on=data.MEASUREMENT), "stack")
 
 
 def k3_transfer(values: dict[str, float]) -> list[dict[str, Any]]:
@@ -99,7 +101,7 @@ def write_overlays(values: dict[str, float], model_error: ModelError) -> list[st
     """The fitted figures + model error into the overlays of :data:`OVERLAY_CHIPS` (kept
     parameters of an existing overlay stay)."""
     written = []
-    fitted_on = (f"{sweeps.MEASUREMENT}: public B200 sweeps, judged on B200 and GB200 "
+    fitted_on = (f"{data.MEASUREMENT}: public B200 sweeps, judged on B200 and GB200 "
                  "(calibration.sources.gpu_batch_sweeps)")
     q = model_error.in_range_rel
     error = ModelErrorTerm(in_range_rel=q, extrapolated_rel=q, method=model_error.method + OVERLAY_NOTE,
@@ -107,7 +109,7 @@ def write_overlays(values: dict[str, float], model_error: ModelError) -> list[st
     for name in OVERLAY_CHIPS:
         path = overlay_path(name)
         parameters = dict(load_overlay(path).parameters) if path.is_file() else {}
-        parameters |= {f.path: CalibratedValue(value=values[f.name], fitted_on=sweeps.MEASUREMENT)
+        parameters |= {f.path: CalibratedValue(value=values[f.name], fitted_on=data.MEASUREMENT)
                        for f in sweeps.PARAMETERS}
         previous = load_overlay(path) if path.is_file() else None
         overlay = CalibrationOverlay(chip=name, fitted_on=(f"{previous.fitted_on}; {fitted_on}" if previous
@@ -146,7 +148,7 @@ def split_markdown() -> str:
     """The frozen split (file, date, rule, sides), fit and held-out TPOT error with and without
     the mechanisms found on held-out rows, and each sweep's level from the priors (no anchor)."""
     split = sweeps.load_split()
-    lines = [f"Split: `{sweeps.SPLIT_FILE.relative_to(sweeps.DATA_DIR.parents[1])}`, frozen on {split['frozen_on']}",
+    lines = [f"Split: `{data.SPLIT_FILE.relative_to(data.DATA_DIR.parents[1])}`, frozen on {split['frozen_on']}",
              "", f"- rule: {split['rule']}", f"- fit sweeps: {', '.join(split['fit_sweeps'])}",
              f"- held-out sweeps: {', '.join(split['held_out_sweeps'])}", "",
              "Mechanisms added while looking at held-out rows (of the earlier split):", ""]
@@ -155,7 +157,7 @@ def split_markdown() -> str:
     lines += ["", "| mechanisms | fit MAPE | fit max | fit points | held-out MAPE | held-out max | held-out points "
               "| sweeps | GPU types | grouped_gemm_expert_s us |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: "
               "| ---: | --- | ---: |"]
-    for variant in sweeps.MECHANISM_VARIANTS:
+    for variant in mechanisms.MECHANISM_VARIANTS:
         s = sweeps.split_summary(variant)
         fit, held = s["fit"], s["held-out"]
         lines.append(f"| {variant.label} | {fit['mape']:.1%} | {fit['max_abs_error']:.1%} | {fit['points']} | "
@@ -226,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             return "fitted, at a bound"
         return f"fitted, 1σ {sigma[path] * 1e6:.3f} us"
 
-    out = [split_markdown(), "Fitted (calibration core, " + sweeps.MEASUREMENT + "):", ""]
+    out = [split_markdown(), "Fitted (calibration core, " + data.MEASUREMENT + "):", ""]
     out += [f"- `{f.path}`: {values[f.name] * 1e6:.3f} us ({how(f.path)}; prior {float(f.prior or 0.0) * 1e6:.3f} us)"
             for f in sweeps.PARAMETERS]
     out += ["", f"Model error (split-conformal 90 %, held-out fold {result.held_out.name}): {error.in_range_rel:.1%} "
