@@ -4,6 +4,8 @@
 
 0. the frozen split (file, date, rule, sides), fit and held-out TPOT error with and without
    the mechanisms found on held-out rows, and each sweep's level from the priors (no anchor);
+   then TTFT under load (:mod:`calibration.sources.gpu_batch_ttft`): fit and held-out TTFT
+   error, anchored and level, against the prompt's prefill alone, and per point;
 1. the fitted figures (:mod:`calibration.sources.gpu_batch_sweeps`, through the core's one
    solver entry) and the model error (the core's split-conformal rule on the held-out fold);
 2. per sweep, predicted vs measured TPOT by concurrency, before (the engine as it was: no
@@ -32,6 +34,7 @@ from calibration.core.parameters import chip_with
 from calibration.sources import gpu_batch_data as data
 from calibration.sources import gpu_batch_mechanisms as mechanisms
 from calibration.sources import gpu_batch_sweeps as sweeps
+from calibration.sources import gpu_batch_ttft as ttft
 from hwmodels.catalog import load_chip
 from hwmodels.overlay import (
     CalibratedValue,
@@ -179,6 +182,37 @@ def split_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def ttft_markdown() -> str:
+    """TTFT under load: the fitted figures, fit and held-out MAPE (anchored / level / no load) and
+    every point, each column labelled."""
+    summary = ttft.ttft_summary()
+    values = summary["values"]
+    lines = ["TTFT under load (SGLang's scheduler, tpusim.serving.first_token; S4 medians: published; "
+             "predictions: simulated from the engine's cached prefill and decode steps and the TPOT fit). "
+             "Fitted (calibration core) on the fit side's TTFT rows only (DeepSeek-R1, 9 points): "
+             f"`{ttft.OVERHEAD.path}` {values[ttft.OVERHEAD.name] * 1e3:.1f} ms, "
+             f"`{ttft.TURNAROUND.path}` {values[ttft.TURNAROUND.name] * 1e3:.2f} ms "
+             f"(prior {float(ttft.TURNAROUND.prior or 0.0) * 1e3:.0f} ms; bounds "
+             f"{ttft.TURNAROUND.bound('gpu').text()} s)", "",
+             "| side | form | points | TTFT MAPE | max abs error |", "| --- | --- | ---: | ---: | ---: |"]
+    forms = (("anchored", "anchored on concurrency 1, concurrency > 1"),
+             ("no_load", "anchored, the prompt's prefill alone (before), concurrency > 1"),
+             ("level", "level (no anchor), every point"), ("level_loaded", "level, concurrency > 1"))
+    for side in ("fit", "held-out"):
+        for key, label in forms:
+            s = summary[side][key]
+            lines.append(f"| {side} | {label} | {s['points']} | {s['mape']:.1%} | {s['max_abs_error']:.1%} |")
+    fold = summary["held-out"]["level_fold"]
+    lines += ["", f"Held-out level, the core's fold role=held-out (refit without them): MAPE {fold['mape']:.1%} over "
+              f"{fold['points']} points. TPOT (above) is unchanged by this rule.", "",
+              "| sweep | conc | side | measured ms (median) | no load ms | error | anchored ms | error | level ms | "
+              "error |", "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {r['sweep']} | {r['concurrency']} | {r['role']} | {r['measured_ms']:.1f} | {r['no_load_ms']:.1f} | "
+              f"{r['no_load_error']:+.1%} | {r['anchored_ms']:.1f} | {r['anchored_error']:+.1%} | "
+              f"{r['level_ms']:.1f} | {r['level_error']:+.1%} |" for r in ttft.ttft_rows(values)]
+    return "\n".join(lines) + "\n"
+
+
 def k3_markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| system | batch | step before ms | step main ms | step after ms | TPOT before ms | TPOT main ms | "
              "TPOT after ms |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -228,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             return "fitted, at a bound"
         return f"fitted, 1σ {sigma[path] * 1e6:.3f} us"
 
-    out = [split_markdown(), "Fitted (calibration core, " + data.MEASUREMENT + "):", ""]
+    out = [split_markdown(), ttft_markdown(), "Fitted (calibration core, " + data.MEASUREMENT + "):", ""]
     out += [f"- `{f.path}`: {values[f.name] * 1e6:.3f} us ({how(f.path)}; prior {float(f.prior or 0.0) * 1e6:.3f} us)"
             for f in sweeps.PARAMETERS]
     out += ["", f"Model error (split-conformal 90 %, held-out fold {result.held_out.name}): {error.in_range_rel:.1%} "
