@@ -48,6 +48,7 @@ from tpusim.engine import simulate
 from tpusim.engine.gpu import gpu_breakdown, gpu_variant
 from tpusim.engine.gpu_batch import batch_terms, prefill_step_s
 from tpusim.schedule.schema import load_schedule
+from tpusim.serving.first_token import first_token_wait_s
 from tpusim.serving.interference import prefill_stall_s
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.prefill import build_prefill_program
@@ -77,6 +78,8 @@ def k3_transfer(values: dict[str, float]) -> list[dict[str, Any]]:
     """K3 step and serving TPOT by batch on each system: before (no batch terms, the engine's
     prefill), main (:data:`sweeps.MAIN_FIGURES`, the engine's prefill) and after (``values``)."""
     model = load_model(K3_MODEL)
+    figures = ttft.calibrate_ttft().values
+    overhead_s, turnaround_s = figures[ttft.OVERHEAD.name], figures[ttft.TURNAROUND.name]
     out = []
     for name, chips, spec in K3_SYSTEMS:
         plan = plan_for(model, chips, devices_per_chip=1, intra_link="nvlink", choice=spec)
@@ -84,6 +87,7 @@ def k3_transfer(values: dict[str, float]) -> list[dict[str, Any]]:
         prefill = build_prefill_program(model, plan, tokens=K3_INPUT, prefix_tokens=0)
         engine_prefill = simulate(prefill, load_schedule("naive"), chip)
         prefill_s, main_prefill_s = prefill_step_s(chip, engine_prefill), engine_prefill.step_s
+        host_s = engine_prefill.launch_count * values[sweeps.HOST_FIGURE.name]
         for batch in K3_BATCHES:
             program = build_program(model, plan, batch=batch, context_tokens=K3_CONTEXT, sequences=batch)
             result = simulate(program, load_schedule("naive"), chip)
@@ -91,11 +95,16 @@ def k3_transfer(values: dict[str, float]) -> list[dict[str, Any]]:
             main_step = result.step_s - terms + sum(batch_terms(main_chip, program).values())  # the terms are serial
             stall = prefill_stall_s(batch, prefill_s, K3_OUTPUT)
             stall_before = prefill_stall_s(batch, main_prefill_s, K3_OUTPUT)
+            wait_s = first_token_wait_s(concurrency=batch, decode_step_s=result.step_s,
+                                        prefill_gpu_s=engine_prefill.step_s, prefill_host_s=host_s,
+                                        prompt_tokens=K3_INPUT, output_tokens=K3_OUTPUT,
+                                        tpot_s=result.step_s + stall, turnaround_s=turnaround_s)
             out.append({"system": f"{name}:{chips}", "plan": spec, "batch": batch,
                         "step_before_ms": (result.step_s - terms) * 1e3, "step_main_ms": main_step * 1e3,
                         "step_after_ms": result.step_s * 1e3, "prefill_ms": prefill_s * 1e3,
                         "tpot_before_ms": (result.step_s - terms + stall_before) * 1e3,
                         "tpot_main_ms": (main_step + stall_before) * 1e3, "tpot_after_ms": (result.step_s + stall) * 1e3,
+                        "ttft_no_load_ms": (overhead_s + prefill_s) * 1e3, "ttft_ms": (overhead_s + wait_s) * 1e3,
                         "breakdown_ms": {k: v * 1e3 for k, v in gpu_breakdown(result).items()}})
     return out
 
@@ -219,6 +228,14 @@ def k3_markdown(rows: list[dict[str, Any]]) -> str:
     lines += [f"| {r['system']} | {r['batch']} | {r['step_before_ms']:.2f} | {r['step_main_ms']:.2f} | "
               f"{r['step_after_ms']:.2f} | {r['tpot_before_ms']:.2f} | {r['tpot_main_ms']:.2f} | "
               f"{r['tpot_after_ms']:.2f} |" for r in rows]
+    lines.append("")
+    for system in dict.fromkeys(r["system"] for r in rows):
+        these = [r for r in rows if r["system"] == system and r["batch"] in (1, 16, 64)]
+        lines.append(f"- {system} TTFT (simulated: the fitted request overhead + the TTFT rule; closed loop, "
+                     f"{K3_INPUT}/{K3_OUTPUT}) at " + ", ".join(
+                         f"{r['batch']}: {r['ttft_ms']:.0f} ms (prefill alone {r['ttft_no_load_ms']:.0f})"
+                         for r in these))
+    lines.append("- K3 on 8 B300, published (SGLang, MXFP4, concurrency 1): TTFT 378 ms")
     lines.append("")
     measured = sweeps.load_rows()
     for system in dict.fromkeys(r["system"] for r in rows):
