@@ -60,7 +60,7 @@ def test_the_cache_is_the_engine():
     """Two cached points re-simulated: the step without batch terms and the terms per unit figure."""
     for key in ("k25-b200-tp4ep4@4", "dsr1-b200-1k8k@16", "k25-gb200-disagg@16"):
         point = next(p for p in sweeps.points() if p.key == key)
-        program = sweeps._program(point)
+        program = sweeps.decode_program(point)
         cached = sweeps.baseline()[key]
         assert simulate(program, load_schedule("naive"), sweeps.sweep_chip(point.sweep)).step_s == pytest.approx(
             cached["step_s"], rel=1e-9)

@@ -5,7 +5,9 @@
 0. the frozen split (file, date, rule, sides), fit and held-out TPOT error with and without
    the mechanisms found on held-out rows, and each sweep's level from the priors (no anchor);
    then TTFT under load (:mod:`calibration.sources.gpu_batch_ttft`): fit and held-out TTFT
-   error, anchored and level, against the prompt's prefill alone, and per point;
+   error, anchored and level, against the prompt's prefill alone, and per point; then the
+   per-distinct-expert check (:mod:`calibration.sources.gpu_batch_experts`, refits on held-out
+   rows: a diagnostic);
 1. the fitted figures (:mod:`calibration.sources.gpu_batch_sweeps`, through the core's one
    solver entry) and the model error (the core's split-conformal rule on the held-out fold);
 2. per sweep, predicted vs measured TPOT by concurrency, before (the engine as it was: no
@@ -32,6 +34,7 @@ from typing import Any
 from calibration.core import ModelError
 from calibration.core.parameters import chip_with
 from calibration.sources import gpu_batch_data as data
+from calibration.sources import gpu_batch_experts as experts
 from calibration.sources import gpu_batch_mechanisms as mechanisms
 from calibration.sources import gpu_batch_sweeps as sweeps
 from calibration.sources import gpu_batch_ttft as ttft
@@ -222,6 +225,22 @@ def ttft_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def experts_markdown() -> str:
+    """Per family, the per-distinct-expert figure its points ask for beside one expert's copy time."""
+    lines = ["Per distinct expert beyond its bytes (diagnostic: `grouped_gemm_expert_s` refitted per model family "
+             "on its non-anchor points, held-out rows included; the other figures at the shipped fit; *calibrated* "
+             "figures, *published* chip bandwidth; nothing here enters the shipped model)", "",
+             "| family | points | figure us (per grouped GEMM) | 1σ us | per expert us (2 GEMMs) | TPOT MAPE | "
+             "most extra expert GEMMs per step | largest expert slice MB | its copy us |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for f in experts.family_fits():
+        sigma = "at bound" if f.at_bound else f"{f.sigma_s * 1e6:.3f}"
+        lines.append(f"| {f.family} | {f.points} | {f.value_s * 1e6:.3f} | {sigma} | {f.per_expert_s * 1e6:.3f} | "
+                     f"{f.mape:.1%} | {f.extra_expert_gemms:.0f} | {f.expert_slice_bytes / 1e6:.1f} | "
+                     f"{f.expert_copy_s * 1e6:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def k3_markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| system | batch | step before ms | step main ms | step after ms | TPOT before ms | TPOT main ms | "
              "TPOT after ms |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -279,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             return "fitted, at a bound"
         return f"fitted, 1σ {sigma[path] * 1e6:.3f} us"
 
-    out = [split_markdown(), ttft_markdown(), "Fitted (calibration core, " + data.MEASUREMENT + "):", ""]
+    out = [split_markdown(), ttft_markdown(), experts_markdown(), "Fitted (calibration core, " + data.MEASUREMENT + "):", ""]
     out += [f"- `{f.path}`: {values[f.name] * 1e6:.3f} us ({how(f.path)}; prior {float(f.prior or 0.0) * 1e6:.3f} us)"
             for f in sweeps.PARAMETERS]
     out += ["", f"Model error (split-conformal 90 %, held-out fold {result.held_out.name}): {error.in_range_rel:.1%} "

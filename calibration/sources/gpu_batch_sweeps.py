@@ -133,7 +133,8 @@ MAIN_FIGURES = {"grouped_gemm_expert_s": 8.865376009166925e-08, "sampling_sequen
 # --------------------------------------------------------------------------- the simulator side
 
 
-def _program(point: Point) -> Program:
+def decode_program(point: Point) -> Program:
+    """The decode program of a point: its rows at its mean context on the sweep's deployment."""
     model = load_model(str(MODELS_DIR / point.sweep.model))
     plan = plan_for(model, point.sweep.devices, devices_per_chip=1, intra_link="nvlink", choice=point.sweep.plan)
     return build_program(model, plan, batch=point.rows, context_tokens=point.context_tokens, sequences=point.rows)
@@ -155,7 +156,7 @@ def simulate_point(point: Point) -> dict[str, Any]:
     """The engine's part of a point: the step without batch terms, the prefill of its prompt
     (seconds, kernels) and the batch terms per unit figure (they are linear in the figures)."""
     chip = sweep_chip(point.sweep)
-    program = _program(point)
+    program = decode_program(point)
     step_s = simulate(program, load_schedule("naive"), chip).step_s
     prefill_s, launches = (0.0, 0) if point.sweep.disaggregated else _prefill(point.sweep, round(point.isl))
     unit = {}
