@@ -18,7 +18,8 @@
    1-64, context 8192 + 512: the step before and after, the serving TPOT with the prefill
    stall of 8k prompts (SGLang: prefill steps between decode steps), and the time breakdown.
 
-``--write-overlays`` lays the fitted figures and the model error into the calibrated overlays
+``--write-overlays`` lays the fitted figures (the TTFT figures too: ``tpusim serving`` adds the
+request overhead to every TTFT) and the model error into the calibrated overlays
 of ``b200`` (where most sweeps ran) and ``b300`` (GB200 / GB300 take b300's figures as
 *derived*, ``execution.gpu.stack_figures_from``); an existing overlay keeps its parameters.
 The model error is written for predictions in and out of the fit's range alike
@@ -65,6 +66,8 @@ K3_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 # K3's nearest public relative at the same 8k/1k: Kimi-K2.5 NVFP4 on B200 (S1b rows 21-25, S1c 41-45)
 K25_SWEEPS = ("k25-b200-tp4ep4", "k25-b200-tp4")
 OVERLAY_CHIPS = ("b200", "b300")
+TTFT_FITTED_ON = (f"{data.MEASUREMENT}: the published median TTFTs of the fit side's SGLang sweeps "
+                  "(DeepSeek-R1 on 8 B200), calibration.sources.gpu_batch_ttft")
 OVERLAY_NOTE = ("; used in and out of the fit's range alike: the held-out points are already other models, "
                 "deployments, lengths and concurrencies than the fit's")
 
@@ -116,6 +119,7 @@ def write_overlays(values: dict[str, float], model_error: ModelError) -> list[st
     """The fitted figures + model error into the overlays of :data:`OVERLAY_CHIPS` (kept
     parameters of an existing overlay stay)."""
     written = []
+    ttft_values = ttft.calibrate_ttft().values
     fitted_on = (f"{data.MEASUREMENT}: public B200 sweeps, judged on B200 and GB200 "
                  "(calibration.sources.gpu_batch_sweeps)")
     q = model_error.in_range_rel
@@ -126,6 +130,8 @@ def write_overlays(values: dict[str, float], model_error: ModelError) -> list[st
         parameters = dict(load_overlay(path).parameters) if path.is_file() else {}
         parameters |= {f.path: CalibratedValue(value=values[f.name], fitted_on=data.MEASUREMENT)
                        for f in sweeps.PARAMETERS}
+        parameters |= {f.path: CalibratedValue(value=ttft_values[f.name], fitted_on=TTFT_FITTED_ON)
+                       for f in ttft.TTFT_PARAMETERS}
         previous = load_overlay(path) if path.is_file() else None
         overlay = CalibrationOverlay(chip=name, fitted_on=(f"{previous.fitted_on}; {fitted_on}" if previous
                                                            else fitted_on), parameters=parameters,
