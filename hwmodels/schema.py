@@ -347,6 +347,14 @@ class GpuExecution(BaseModel):
     eager_host_op_s: Figure | None = Field(default=None, description="host time to issue one kernel of a step "
                                            "that runs without a CUDA graph (a prefill: Python, framework dispatch "
                                            "and launch), seconds; the step takes at least its kernels x this")
+    # A served request's time outside the engine's steps (tpusim.serving.first_token); None: not priced
+    request_overhead_s: Figure | None = Field(default=None, description="a request's time to first token beyond "
+                                              "its prefill at an idle server (HTTP, tokenizing, the scheduler's "
+                                              "receipt, streaming the token), seconds")
+    request_turnaround_s: Figure | None = Field(default=None, description="closed loop: from a request's last "
+                                                "token leaving the scheduler to the same client's next request "
+                                                "reaching it (detokenize, HTTP, the client's send, tokenizing), "
+                                                "seconds")
     stack_figures_from: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9.\-]*$",
                                            description="another chip (same SM architecture) whose calibrated "
                                            "execution figures this chip takes, labelled derived, when it has "

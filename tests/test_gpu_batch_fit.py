@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from calibration.core import PARAMETERS, fit, leave_one_group_out
+from calibration.sources import gpu_batch_data as data
 from calibration.sources import gpu_batch_sweeps as sweeps
 from hwmodels.catalog import load_chip
 from tpusim.app.cli import main
@@ -27,7 +28,7 @@ def test_only_fixed_deployment_plain_decode_tpot_rows_are_used():
     for sweep in sweeps.SWEEPS:
         deployments = {rows[i]["parallelism"] for i in sweep.rows}
         assert len(deployments) == 1, sweep.key  # one deployment along the sweep
-    assert {"S1a", "S2", "S3", "S5", "S6", "S7"} <= set(sweeps.EXCLUDED)
+    assert {"S1a", "S2", "S3", "S5", "S6", "S7"} <= set(data.EXCLUDED)
     assert len({s.chip for s in sweeps.SWEEPS}) >= 2  # B200 and GB200
 
 
@@ -36,10 +37,10 @@ def test_the_gb200_decode_workers_follow_from_the_published_throughput():
     prefill and four decode workers; at 128 the GPU count changes (left out)."""
     rows = sweeps.load_rows()
     gb200 = next(s for s in sweeps.SWEEPS if s.chip == "gb200")
-    assert gb200.decode_workers == sweeps.GB200_DECODE_WORKERS == 4 and gb200.disaggregated
+    assert gb200.decode_workers == data.GB200_DECODE_WORKERS == 4 and gb200.disaggregated
     for i in gb200.rows:
-        assert 20.0 <= sweeps.derived_gpus(rows[i]) < 24.0, i
-    assert sweeps.derived_gpus(rows[30]) > 30.0 and 30 not in gb200.rows
+        assert 20.0 <= data.derived_gpus(rows[i]) < 24.0, i
+    assert data.derived_gpus(rows[30]) > 30.0 and 30 not in gb200.rows
     assert [p.rows for p in sweeps.points() if p.sweep is gb200] == [1, 2, 4, 8]
 
 
@@ -59,7 +60,7 @@ def test_the_cache_is_the_engine():
     """Two cached points re-simulated: the step without batch terms and the terms per unit figure."""
     for key in ("k25-b200-tp4ep4@4", "dsr1-b200-1k8k@16", "k25-gb200-disagg@16"):
         point = next(p for p in sweeps.points() if p.key == key)
-        program = sweeps._program(point)
+        program = sweeps.decode_program(point)
         cached = sweeps.baseline()[key]
         assert simulate(program, load_schedule("naive"), sweeps.sweep_chip(point.sweep)).step_s == pytest.approx(
             cached["step_s"], rel=1e-9)

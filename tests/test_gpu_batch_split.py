@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import datetime
 
+from calibration.sources import gpu_batch_data as data
+from calibration.sources import gpu_batch_mechanisms as mechanisms
 from calibration.sources import gpu_batch_sweeps as sweeps
 
 FROZEN_ON = "2026-12-06"  # changing the split means changing this date and the file together
@@ -16,8 +18,8 @@ def test_the_split_is_dated_and_its_rule_reproduces_its_sweep_lists():
     split = sweeps.load_split()
     assert split["frozen_on"] == FROZEN_ON
     datetime.date.fromisoformat(split["frozen_on"])
-    held = [s.key for s in sweeps.SWEEPS if sweeps.held_out_by_rule(s, split["held_out_when"])]
-    fit = [s.key for s in sweeps.SWEEPS if not sweeps.held_out_by_rule(s, split["held_out_when"])]
+    held = [s.key for s in sweeps.SWEEPS if data.held_out_by_rule(s, split["held_out_when"])]
+    fit = [s.key for s in sweeps.SWEEPS if not data.held_out_by_rule(s, split["held_out_when"])]
     assert held == split["held_out_sweeps"] and fit == split["fit_sweeps"]
 
 
@@ -28,7 +30,7 @@ def test_the_sides_partition_the_sweeps_and_each_sees_both_stacks_or_types_it_cl
     by_key = {s.key: s for s in sweeps.SWEEPS}
     assert {by_key[k].stack for k in fit} == {"vllm", "sglang"}  # the fit sees both stacks' figures
     assert {by_key[k].chip for k in fit} == {"b200"} and "gb200" in {by_key[k].chip for k in held}
-    assert {sweeps.family(by_key[k]) for k in held} - {sweeps.family(by_key[k]) for k in fit}  # an unseen family
+    assert {data.family(by_key[k]) for k in held} - {data.family(by_key[k]) for k in fit}  # an unseen family
 
 
 def test_roles_come_from_the_split_and_fit_and_held_out_never_share_a_sweep():
@@ -45,14 +47,14 @@ def test_roles_come_from_the_split_and_fit_and_held_out_never_share_a_sweep():
 def test_the_mechanisms_found_on_held_out_rows_are_listed_and_each_moves_the_prediction():
     names = [m["name"] for m in sweeps.load_split()["mechanisms_found_on_held_out_rows"]]
     assert names == ["prefill host floor", "prefill combine by pairs"]
-    labels = [m.label for m in sweeps.MECHANISM_VARIANTS]
+    labels = [m.label for m in mechanisms.MECHANISM_VARIANTS]
     assert len(set(labels)) == 4 and labels[0] == "both (shipped)"
     values = sweeps.fit()
     shipped = sweeps.predict_ms(values)
-    for variant in sweeps.MECHANISM_VARIANTS[1:]:
+    for variant in mechanisms.MECHANISM_VARIANTS[1:]:
         other = sweeps.predict_ms(values, mechanisms=variant)
         assert any(abs(other[k] - shipped[k]) > 1e-3 for k in shipped), variant.label
-    cached = sweeps.without_pairs_prefill_s()
+    cached = mechanisms.without_pairs_prefill_s()
     assert set(cached) == {p.key for p in sweeps.points() if not p.sweep.disaggregated}
 
 

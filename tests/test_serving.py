@@ -77,6 +77,31 @@ def test_first_token_from_prefill_makes_ttft_the_prefill():
     assert run.requests[0].ttft_s == pytest.approx(pricer.prefill_s(300, 0))
 
 
+def test_the_request_overhead_adds_to_every_ttft_and_is_its_own_part():
+    traffic = Traffic(mode="concurrency", range_ratio=1.0, concurrency=1, requests=2, input_tokens=300,
+                      output_tokens=5)
+    _, plain = _run(StepTable(Linear()), traffic)
+    _, paid = _run(StepTable(Linear()), traffic, SchedulerConfig(request_overhead_s=0.064))
+    for stat in ("mean", "p50", "p99"):
+        assert paid["ttft_ms"][stat] == pytest.approx(plain["ttft_ms"][stat] + 64.0)
+    assert paid["ttft_parts_ms"]["overhead"] == pytest.approx(64.0) and plain["ttft_parts_ms"]["overhead"] == 0.0
+    assert paid["tpot_ms"] == plain["tpot_ms"]  # outside the scheduler: no step moves
+
+
+def test_a_calibrated_gpu_s_request_overhead_reaches_the_scheduler():
+    from hwmodels.catalog import load_chip
+    from hwmodels.overlay import CalibratedValue, CalibrationOverlay, apply_overlay
+    from tpusim.serving.serve import _request_overhead_s
+
+    plain = load_chip("b200", calibrated=False)
+    overlay = CalibrationOverlay(chip="b200", fitted_on="test",
+                                 parameters={"execution.gpu.request_overhead_s": CalibratedValue(value=0.064)})
+    fitted = apply_overlay(plain, overlay, origin="test")
+    assert _request_overhead_s(plain, SchedulerConfig()) == 0.0
+    assert _request_overhead_s(fitted, SchedulerConfig()) == pytest.approx(0.064)
+    assert _request_overhead_s(fitted, SchedulerConfig(request_overhead_s=0.01)) == 0.01  # the caller's wins
+
+
 def test_saturated_throughput_is_batch_over_step():
     step_s, batch = 0.02, 8
     steps = Linear(a=step_s, b=0.0, c=0.0, p=1e-9, q=0.0)

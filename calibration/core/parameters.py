@@ -167,6 +167,19 @@ PARAMETERS: tuple[Parameter, ...] = (
                            "short prompt waits on its host: 42 / 34 us per kernel, mean 38 us "
                            "(calibration.sources.gpu_batch_sweeps.ttft_host_op_s); a few eager PyTorch ops of "
                            "~5-10 us each plus a ~4-6 us launch per kernel of the fusion table"),
+    # A served request's time outside the engine's steps (tpusim.serving.first_token): no catalog chip
+    # carries these; fitted on the TTFT rows of the frozen split's fit side by calibration.sources.gpu_batch_ttft.
+    Parameter("request_overhead_s", "execution.gpu.request_overhead_s", "s", {"gpu": Bound(0.0, 0.5)},
+              "TTFT beyond the prefill at an idle server (published concurrency-1 TTFTs of the fit side)",
+              prior=20e-3,
+              prior_source="prior (assumed): an HTTP round trip, tokenizing a prompt of a few thousand tokens, the "
+                           "scheduler's receipt over ZMQ and streaming the first token back, ~20 ms"),
+    Parameter("request_turnaround_s", "execution.gpu.request_turnaround_s", "s", {"gpu": Bound(0.0, 0.05)},
+              "TTFT growth with concurrency: how long after a step boundary a closed-loop client's next request "
+              "reaches the scheduler (published TTFTs of the fit side at concurrency 16-100)",
+              prior=5e-3,
+              prior_source="prior (assumed): detokenizing and streaming the last token, the client's next POST "
+                           "(sglang.bench_serving, asyncio) and tokenizing its prompt, ~5 ms"),
     Parameter("attention_sequence_s", "execution.gpu.attention_sequence_s", "s", {"gpu": Bound(0.0, 5e-6)},
               "each more sequence per attention layer; on the public sweeps' fit points it moves with "
               "sampling_sequence_s, so that source holds it at its prior",

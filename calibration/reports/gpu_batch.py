@@ -4,6 +4,10 @@
 
 0. the frozen split (file, date, rule, sides), fit and held-out TPOT error with and without
    the mechanisms found on held-out rows, and each sweep's level from the priors (no anchor);
+   then TTFT under load (:mod:`calibration.sources.gpu_batch_ttft`): fit and held-out TTFT
+   error, anchored and level, against the prompt's prefill alone, and per point; then the
+   per-distinct-expert check (:mod:`calibration.sources.gpu_batch_experts`, refits on held-out
+   rows: a diagnostic);
 1. the fitted figures (:mod:`calibration.sources.gpu_batch_sweeps`, through the core's one
    solver entry) and the model error (the core's split-conformal rule on the held-out fold);
 2. per sweep, predicted vs measured TPOT by concurrency, before (the engine as it was: no
@@ -14,7 +18,8 @@
    1-64, context 8192 + 512: the step before and after, the serving TPOT with the prefill
    stall of 8k prompts (SGLang: prefill steps between decode steps), and the time breakdown.
 
-``--write-overlays`` lays the fitted figures and the model error into the calibrated overlays
+``--write-overlays`` lays the fitted figures (the TTFT figures too: ``tpusim serving`` adds the
+request overhead to every TTFT) and the model error into the calibrated overlays
 of ``b200`` (where most sweeps ran) and ``b300`` (GB200 / GB300 take b300's figures as
 *derived*, ``execution.gpu.stack_figures_from``); an existing overlay keeps its parameters.
 The model error is written for predictions in and out of the fit's range alike
@@ -29,7 +34,11 @@ from typing import Any
 
 from calibration.core import ModelError
 from calibration.core.parameters import chip_with
+from calibration.sources import gpu_batch_data as data
+from calibration.sources import gpu_batch_experts as experts
+from calibration.sources import gpu_batch_mechanisms as mechanisms
 from calibration.sources import gpu_batch_sweeps as sweeps
+from calibration.sources import gpu_batch_ttft as ttft
 from hwmodels.catalog import load_chip
 from hwmodels.overlay import (
     CalibratedValue,
@@ -43,6 +52,7 @@ from tpusim.engine import simulate
 from tpusim.engine.gpu import gpu_breakdown, gpu_variant
 from tpusim.engine.gpu_batch import batch_terms, prefill_step_s
 from tpusim.schedule.schema import load_schedule
+from tpusim.serving.first_token import first_token_wait_s
 from tpusim.serving.interference import prefill_stall_s
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.prefill import build_prefill_program
@@ -56,22 +66,26 @@ K3_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 # K3's nearest public relative at the same 8k/1k: Kimi-K2.5 NVFP4 on B200 (S1b rows 21-25, S1c 41-45)
 K25_SWEEPS = ("k25-b200-tp4ep4", "k25-b200-tp4")
 OVERLAY_CHIPS = ("b200", "b300")
+TTFT_FITTED_ON = (f"{data.MEASUREMENT}: the published median TTFTs of the fit side's SGLang sweeps "
+                  "(DeepSeek-R1 on 8 B200), calibration.sources.gpu_batch_ttft")
 OVERLAY_NOTE = ("; used in and out of the fit's range alike: the held-out points are already other models, "
                 "deployments, lengths and concurrencies than the fit's")
 
 
 def k3_chip(name: str, values: dict[str, float] | None) -> Any:
     """``name`` as published, its K3 stack, the K3-on-B300 batch-1 figures and ``values``."""
-    figures = {**sweeps.BATCH1_FIGURES}
+    figures = {**data.BATCH1_FIGURES}
     if values:
         figures |= {f.path: values[f.name] for f in sweeps.PARAMETERS}
-    return gpu_variant(chip_with(load_chip(name, calibrated=False), figures, fitted_on=sweeps.MEASUREMENT), "stack")
+    return gpu_variant(chip_with(load_chip(name, calibrated=False), figures, fitted_on=data.MEASUREMENT), "stack")
 
 
 def k3_transfer(values: dict[str, float]) -> list[dict[str, Any]]:
     """K3 step and serving TPOT by batch on each system: before (no batch terms, the engine's
     prefill), main (:data:`sweeps.MAIN_FIGURES`, the engine's prefill) and after (``values``)."""
     model = load_model(K3_MODEL)
+    figures = ttft.calibrate_ttft().values
+    overhead_s, turnaround_s = figures[ttft.OVERHEAD.name], figures[ttft.TURNAROUND.name]
     out = []
     for name, chips, spec in K3_SYSTEMS:
         plan = plan_for(model, chips, devices_per_chip=1, intra_link="nvlink", choice=spec)
@@ -79,6 +93,7 @@ def k3_transfer(values: dict[str, float]) -> list[dict[str, Any]]:
         prefill = build_prefill_program(model, plan, tokens=K3_INPUT, prefix_tokens=0)
         engine_prefill = simulate(prefill, load_schedule("naive"), chip)
         prefill_s, main_prefill_s = prefill_step_s(chip, engine_prefill), engine_prefill.step_s
+        host_s = engine_prefill.launch_count * values[sweeps.HOST_FIGURE.name]
         for batch in K3_BATCHES:
             program = build_program(model, plan, batch=batch, context_tokens=K3_CONTEXT, sequences=batch)
             result = simulate(program, load_schedule("naive"), chip)
@@ -86,11 +101,16 @@ def k3_transfer(values: dict[str, float]) -> list[dict[str, Any]]:
             main_step = result.step_s - terms + sum(batch_terms(main_chip, program).values())  # the terms are serial
             stall = prefill_stall_s(batch, prefill_s, K3_OUTPUT)
             stall_before = prefill_stall_s(batch, main_prefill_s, K3_OUTPUT)
+            wait_s = first_token_wait_s(concurrency=batch, decode_step_s=result.step_s,
+                                        prefill_gpu_s=engine_prefill.step_s, prefill_host_s=host_s,
+                                        prompt_tokens=K3_INPUT, output_tokens=K3_OUTPUT,
+                                        tpot_s=result.step_s + stall, turnaround_s=turnaround_s)
             out.append({"system": f"{name}:{chips}", "plan": spec, "batch": batch,
                         "step_before_ms": (result.step_s - terms) * 1e3, "step_main_ms": main_step * 1e3,
                         "step_after_ms": result.step_s * 1e3, "prefill_ms": prefill_s * 1e3,
                         "tpot_before_ms": (result.step_s - terms + stall_before) * 1e3,
                         "tpot_main_ms": (main_step + stall_before) * 1e3, "tpot_after_ms": (result.step_s + stall) * 1e3,
+                        "ttft_no_load_ms": (overhead_s + prefill_s) * 1e3, "ttft_ms": (overhead_s + wait_s) * 1e3,
                         "breakdown_ms": {k: v * 1e3 for k, v in gpu_breakdown(result).items()}})
     return out
 
@@ -99,7 +119,8 @@ def write_overlays(values: dict[str, float], model_error: ModelError) -> list[st
     """The fitted figures + model error into the overlays of :data:`OVERLAY_CHIPS` (kept
     parameters of an existing overlay stay)."""
     written = []
-    fitted_on = (f"{sweeps.MEASUREMENT}: public B200 sweeps, judged on B200 and GB200 "
+    ttft_values = ttft.calibrate_ttft().values
+    fitted_on = (f"{data.MEASUREMENT}: public B200 sweeps, judged on B200 and GB200 "
                  "(calibration.sources.gpu_batch_sweeps)")
     q = model_error.in_range_rel
     error = ModelErrorTerm(in_range_rel=q, extrapolated_rel=q, method=model_error.method + OVERLAY_NOTE,
@@ -107,8 +128,10 @@ def write_overlays(values: dict[str, float], model_error: ModelError) -> list[st
     for name in OVERLAY_CHIPS:
         path = overlay_path(name)
         parameters = dict(load_overlay(path).parameters) if path.is_file() else {}
-        parameters |= {f.path: CalibratedValue(value=values[f.name], fitted_on=sweeps.MEASUREMENT)
+        parameters |= {f.path: CalibratedValue(value=values[f.name], fitted_on=data.MEASUREMENT)
                        for f in sweeps.PARAMETERS}
+        parameters |= {f.path: CalibratedValue(value=ttft_values[f.name], fitted_on=TTFT_FITTED_ON)
+                       for f in ttft.TTFT_PARAMETERS}
         previous = load_overlay(path) if path.is_file() else None
         overlay = CalibrationOverlay(chip=name, fitted_on=(f"{previous.fitted_on}; {fitted_on}" if previous
                                                            else fitted_on), parameters=parameters,
@@ -146,7 +169,7 @@ def split_markdown() -> str:
     """The frozen split (file, date, rule, sides), fit and held-out TPOT error with and without
     the mechanisms found on held-out rows, and each sweep's level from the priors (no anchor)."""
     split = sweeps.load_split()
-    lines = [f"Split: `{sweeps.SPLIT_FILE.relative_to(sweeps.DATA_DIR.parents[1])}`, frozen on {split['frozen_on']}",
+    lines = [f"Split: `{data.SPLIT_FILE.relative_to(data.DATA_DIR.parents[1])}`, frozen on {split['frozen_on']}",
              "", f"- rule: {split['rule']}", f"- fit sweeps: {', '.join(split['fit_sweeps'])}",
              f"- held-out sweeps: {', '.join(split['held_out_sweeps'])}", "",
              "Mechanisms added while looking at held-out rows (of the earlier split):", ""]
@@ -155,7 +178,7 @@ def split_markdown() -> str:
     lines += ["", "| mechanisms | fit MAPE | fit max | fit points | held-out MAPE | held-out max | held-out points "
               "| sweeps | GPU types | grouped_gemm_expert_s us |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: "
               "| ---: | --- | ---: |"]
-    for variant in sweeps.MECHANISM_VARIANTS:
+    for variant in mechanisms.MECHANISM_VARIANTS:
         s = sweeps.split_summary(variant)
         fit, held = s["fit"], s["held-out"]
         lines.append(f"| {variant.label} | {fit['mape']:.1%} | {fit['max_abs_error']:.1%} | {fit['points']} | "
@@ -177,12 +200,67 @@ def split_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def ttft_markdown() -> str:
+    """TTFT under load: the fitted figures, fit and held-out MAPE (anchored / level / no load) and
+    every point, each column labelled."""
+    summary = ttft.ttft_summary()
+    values = summary["values"]
+    lines = ["TTFT under load (SGLang's scheduler, tpusim.serving.first_token; S4 medians: published; "
+             "predictions: simulated from the engine's cached prefill and decode steps and the TPOT fit). "
+             "Fitted (calibration core) on the fit side's TTFT rows only (DeepSeek-R1, 9 points): "
+             f"`{ttft.OVERHEAD.path}` {values[ttft.OVERHEAD.name] * 1e3:.1f} ms, "
+             f"`{ttft.TURNAROUND.path}` {values[ttft.TURNAROUND.name] * 1e3:.2f} ms "
+             f"(prior {float(ttft.TURNAROUND.prior or 0.0) * 1e3:.0f} ms; bounds "
+             f"{ttft.TURNAROUND.bound('gpu').text()} s)", "",
+             "| side | form | points | TTFT MAPE | max abs error |", "| --- | --- | ---: | ---: | ---: |"]
+    forms = (("anchored", "anchored on concurrency 1, concurrency > 1"),
+             ("no_load", "anchored, the prompt's prefill alone (before), concurrency > 1"),
+             ("level", "level (no anchor), every point"), ("level_loaded", "level, concurrency > 1"))
+    for side in ("fit", "held-out"):
+        for key, label in forms:
+            s = summary[side][key]
+            lines.append(f"| {side} | {label} | {s['points']} | {s['mape']:.1%} | {s['max_abs_error']:.1%} |")
+    fold = summary["held-out"]["level_fold"]
+    lines += ["", f"Held-out level, the core's fold role=held-out (refit without them): MAPE {fold['mape']:.1%} over "
+              f"{fold['points']} points. TPOT (above) is unchanged by this rule.", "",
+              "| sweep | conc | side | measured ms (median) | no load ms | error | anchored ms | error | level ms | "
+              "error |", "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {r['sweep']} | {r['concurrency']} | {r['role']} | {r['measured_ms']:.1f} | {r['no_load_ms']:.1f} | "
+              f"{r['no_load_error']:+.1%} | {r['anchored_ms']:.1f} | {r['anchored_error']:+.1%} | "
+              f"{r['level_ms']:.1f} | {r['level_error']:+.1%} |" for r in ttft.ttft_rows(values)]
+    return "\n".join(lines) + "\n"
+
+
+def experts_markdown() -> str:
+    """Per family, the per-distinct-expert figure its points ask for beside one expert's copy time."""
+    lines = ["Per distinct expert beyond its bytes (diagnostic: `grouped_gemm_expert_s` refitted per model family "
+             "on its non-anchor points, held-out rows included; the other figures at the shipped fit; *calibrated* "
+             "figures, *published* chip bandwidth; nothing here enters the shipped model)", "",
+             "| family | points | figure us (per grouped GEMM) | 1σ us | per expert us (2 GEMMs) | TPOT MAPE | "
+             "most extra expert GEMMs per step | largest expert slice MB | its copy us |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for f in experts.family_fits():
+        sigma = "at bound" if f.at_bound else f"{f.sigma_s * 1e6:.3f}"
+        lines.append(f"| {f.family} | {f.points} | {f.value_s * 1e6:.3f} | {sigma} | {f.per_expert_s * 1e6:.3f} | "
+                     f"{f.mape:.1%} | {f.extra_expert_gemms:.0f} | {f.expert_slice_bytes / 1e6:.1f} | "
+                     f"{f.expert_copy_s * 1e6:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def k3_markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| system | batch | step before ms | step main ms | step after ms | TPOT before ms | TPOT main ms | "
              "TPOT after ms |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     lines += [f"| {r['system']} | {r['batch']} | {r['step_before_ms']:.2f} | {r['step_main_ms']:.2f} | "
               f"{r['step_after_ms']:.2f} | {r['tpot_before_ms']:.2f} | {r['tpot_main_ms']:.2f} | "
               f"{r['tpot_after_ms']:.2f} |" for r in rows]
+    lines.append("")
+    for system in dict.fromkeys(r["system"] for r in rows):
+        these = [r for r in rows if r["system"] == system and r["batch"] in (1, 16, 64)]
+        lines.append(f"- {system} TTFT (simulated: the fitted request overhead + the TTFT rule; closed loop, "
+                     f"{K3_INPUT}/{K3_OUTPUT}) at " + ", ".join(
+                         f"{r['batch']}: {r['ttft_ms']:.0f} ms (prefill alone {r['ttft_no_load_ms']:.0f})"
+                         for r in these))
+    lines.append("- K3 on 8 B300, published (SGLang, MXFP4, concurrency 1): TTFT 378 ms")
     lines.append("")
     measured = sweeps.load_rows()
     for system in dict.fromkeys(r["system"] for r in rows):
@@ -226,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             return "fitted, at a bound"
         return f"fitted, 1σ {sigma[path] * 1e6:.3f} us"
 
-    out = [split_markdown(), "Fitted (calibration core, " + sweeps.MEASUREMENT + "):", ""]
+    out = [split_markdown(), ttft_markdown(), experts_markdown(), "Fitted (calibration core, " + data.MEASUREMENT + "):", ""]
     out += [f"- `{f.path}`: {values[f.name] * 1e6:.3f} us ({how(f.path)}; prior {float(f.prior or 0.0) * 1e6:.3f} us)"
             for f in sweeps.PARAMETERS]
     out += ["", f"Model error (split-conformal 90 %, held-out fold {result.held_out.name}): {error.in_range_rel:.1%} "

@@ -129,6 +129,10 @@ class SchedulerConfig(_Frozen):
     first_token_from_prefill: bool = Field(
         default=False, description="the prefill step emits the first token (SGLang); default False: the first "
         "decode step after the prompt's prefill does (TTFT = prefill + one step)")
+    request_overhead_s: float = Field(
+        default=0.0, ge=0.0, description="a request's time outside the scheduler's steps, added to its TTFT "
+        "(HTTP, tokenizing, streaming the token: execution.gpu.request_overhead_s on a calibrated GPU, "
+        "tpusim.serving.first_token); 0: not priced")
     acceptance_length: float = Field(default=1.0, ge=1.0,
                                      description="tokens each sequence emits per decode step (speculative: the "
                                      "accepted draft tokens + 1; 1: plain decode)")

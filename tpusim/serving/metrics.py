@@ -9,8 +9,9 @@
   1 / TPOT (what one user sees while decoding);
 - ``ttft_parts_ms``: mean TTFT split into queueing (waiting for admission: a running slot or
   KV room), prefill compute (its own prefill steps), other requests' prefill (their prefill
-  steps between its admission and its first token) and the first step (the rest: the decode
-  step that emits its first token);
+  steps between its admission and its first token), the first step (the rest: the decode
+  step that emits its first token) and the request overhead (its time outside the
+  scheduler's steps, ``SchedulerConfig.request_overhead_s``, the same for every request);
 - ``tpot_parts_ms``: mean TPOT split into decode steps and prefill stalls (other requests'
   prefill steps while it was decoding);
 - ``ttft_bound`` / ``tpot_bound``: the largest part, in words; ``kv_bound`` whether
@@ -31,7 +32,8 @@ from tpusim.serving.simulator import ServingRun
 MS_PER_S = 1e3
 PERCENTILES = (50, 90, 99)
 TTFT_PARTS = {"queue": "queueing (waiting for a running slot or KV room)", "prefill": "prefill compute",
-              "other_prefill": "other requests' prefill", "first_step": "the first decode step"}
+              "other_prefill": "other requests' prefill", "first_step": "the first decode step",
+              "overhead": "the request overhead (HTTP, tokenizing, streaming)"}
 TPOT_PARTS = {"decode_step": "decode step", "prefill_stall": "prefill steps interrupting decode"}
 
 
@@ -51,7 +53,7 @@ def summarize(run: ServingRun, *, chips: int) -> dict[str, Any]:
     """The record of one run (keys in the module docstring)."""
     done = run.completed
     refused = [r for r in run.requests if r.refused]
-    ttft = [r.ttft_s for r in done]
+    ttft = [r.ttft_s + run.request_overhead_s for r in done]
     tpots = [(r, r.tpot_s) for r in done if r.tpot_s is not None]
     tpot = [t for _, t in tpots]
     output = sum(r.output_tokens for r in done)
@@ -62,6 +64,7 @@ def summarize(run: ServingRun, *, chips: int) -> dict[str, Any]:
         "prefill": _mean([r.own_prefill_s for r in done]),
         "other_prefill": _mean([r.other_prefill_s for r in done]),
         "first_step": _mean([r.ttft_s - r.queue_s - r.own_prefill_s - r.other_prefill_s for r in done]),
+        "overhead": run.request_overhead_s if done else 0.0,
     }
     tpot_parts = {
         "decode_step": _mean([r.decode_s / (r.output_tokens - r.tokens_at_first) for r, _ in tpots]),

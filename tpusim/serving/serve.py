@@ -16,6 +16,7 @@ from functools import partial
 from typing import Any
 
 from hwmodels.catalog import load_chip
+from hwmodels.schema import Chip
 from tpusim.compare.rows import SystemSpec, _drafter, execution_label
 from tpusim.report.intervals import interval_terms
 from tpusim.serving.config import SchedulerConfig, Traffic
@@ -37,7 +38,10 @@ ASSUMPTIONS = (
     "prefill runs under the decode plan and its collectives (a disaggregated or prefill-specific plan would differ)",
     "each request reserves KV for input + output tokens at admission (no preemption, no prefix cache)",
     "the first output token comes from the first decode step after the prompt (TTFT = prefill + one step) "
-    "unless first_token_from_prefill",
+    "unless first_token_from_prefill; a closed-loop request lands while a step runs and waits for it, which with "
+    "the default matches SGLang's overlap loop for a GPU-bound prefill (tpusim.serving.first_token: the step in "
+    "flight, the step launched before the prefill, the prefill)",
+    "a GPU chip's calibrated execution.gpu.request_overhead_s (HTTP, tokenizing, streaming) is added to every TTFT",
     "routing uniform (the routing draw sets the distinct experts each step loads)",
 )
 
@@ -96,7 +100,8 @@ def _system_rows(model_name: str, spec: SystemSpec, *, traffics: list[Traffic], 
     table = StepTable(pricer, context_bucket_tokens)
     # The decode batch the step model can run (on-chip memory caps a megakernel's batch).
     cap = pricer.max_batch(max(max(levels), scheduler.max_running_requests or 1, 256), context)
-    limits = scheduler.model_copy(update={"max_running_requests": min(scheduler.max_running_requests or cap, cap)})
+    limits = scheduler.model_copy(update={"max_running_requests": min(scheduler.max_running_requests or cap, cap),
+                                          "request_overhead_s": _request_overhead_s(pricer.chip, scheduler)})
     label = "calibrated" if pricer.chip.is_calibrated else "simulated"
     for traffic in traffics:
         sim = ServingSim(table, traffic, limits, kv_pool_bytes=pricer.kv_pool_bytes(),
@@ -123,6 +128,15 @@ def _system_rows(model_name: str, spec: SystemSpec, *, traffics: list[Traffic], 
         record["assumptions"] = list(ASSUMPTIONS)
         rows.append(record)
     return rows
+
+
+def _request_overhead_s(chip: Chip, scheduler: SchedulerConfig) -> float:
+    """The scheduler's request overhead, or a GPU chip's calibrated ``execution.gpu.request_overhead_s``
+    (fitted on the published TTFTs of the public SGLang sweeps, calibration.sources.gpu_batch_ttft)."""
+    gpu = chip.execution.gpu
+    if scheduler.request_overhead_s or gpu is None or gpu.request_overhead_s is None:
+        return scheduler.request_overhead_s
+    return gpu.request_overhead_s.value
 
 
 def _gpu_fields(pricer: EnginePricer, traffic: Traffic, record: dict[str, Any], cap: int) -> dict[str, Any]:

@@ -100,6 +100,7 @@ class ServingRun:
     kv_peak_bytes: float = 0.0
     peak_running: int = 0
     first_arrival_s: float = 0.0
+    request_overhead_s: float = 0.0  # added to every TTFT by the metrics (SchedulerConfig.request_overhead_s)
 
     @property
     def completed(self) -> list[Request]:
@@ -129,7 +130,8 @@ class ServingSim:
         self._kv_used = 0.0
         self._last_change = 0.0
         self._in_system = 0
-        self._result = ServingRun([], 0.0, kv_pool_bytes=self.kv_pool_bytes)
+        self._result = ServingRun([], 0.0, kv_pool_bytes=self.kv_pool_bytes,
+                                  request_overhead_s=self.scheduler.request_overhead_s)
         self._clients_done = False
         env.process(_clients(self, env))
         engine = env.process(self._engine(env))
