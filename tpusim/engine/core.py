@@ -10,12 +10,13 @@ Steps of :func:`simulate`:
    occupancy, and re-raised as :class:`VmemOverflow` (an
    :class:`~tpusim.schedule.vmem.InfeasibleSchedule`) naming the moment, the layer and the buffers.
 3. Lower program + schedule into copies, buffers and compute pieces
-   (:mod:`tpusim.engine.build`).
+   (:mod:`tpusim.engine.build`), or reset the same step kept from an earlier run
+   (:mod:`tpusim.engine.reuse`).
 4. Build the event loop (:mod:`tpusim.engine.loop`: SimPy's environment and queue, with
    lean callbacks), the HBM server (:mod:`tpusim.engine.hbm`), the staging memory
    (:mod:`tpusim.engine.staging`), the links and the compute stream
    (:mod:`tpusim.engine.stream`, a generator the loop drives as SimPy would a process), and
-   run until no event is left; then break the lowered program's reference cycles.
+   run until no event is left.
 5. Turn the accounts into a :class:`~tpusim.engine.result.SimResult`.
 
 Determinism: the loop orders simultaneous events by (time, priority, insertion), as SimPy
@@ -34,13 +35,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from hwmodels.schema import Chip
-from tpusim.engine.build import Lowered, lower
 from tpusim.engine.execution import ExecutionPolicy
 from tpusim.engine.hbm import HbmServer
 from tpusim.engine.items import MXU, VPU, Descriptor
 from tpusim.engine.loop import Driver, EventLoop
 from tpusim.engine.policy import execution_policy
 from tpusim.engine.result import PHASES, SimResult
+from tpusim.engine.reuse import lowered_step
 from tpusim.engine.staging import StagingMemory
 from tpusim.engine.stream import Links, StreamAccount, compute_stream
 from tpusim.engine.timeline import Recorder
@@ -138,7 +139,7 @@ def _execute(program: Program, effective: Schedule, chip: Chip, policy: Executio
              record_timeline: bool, record_events: bool, watch_bytes: float | None = None,
              event_by_event: bool = False) -> _Run:
     """Steps 3-4 of :func:`simulate`: lower, wire the resources, run SimPy to the end."""
-    lowered = lower(program, effective, chip, policy, vmem)
+    lowered = lowered_step(program, effective, chip, policy, vmem)  # kept: reset, not rebuilt, next time
     env = EventLoop(run_ahead=not event_by_event)
     recorder = Recorder() if record_timeline else None
     events: list[tuple[Any, ...]] | None = [] if record_events else None
@@ -159,23 +160,11 @@ def _execute(program: Program, effective: Schedule, chip: Chip, policy: Executio
             f"engine stalled at t={env.now:.9f} s in op {staging.current_op} (layer "
             f"{staging.current_layer}): {staging.used_bytes} B resident, {hbm.in_flight} copies in flight"
         )
-    _dismantle(lowered)
     return _Run(env, hbm, staging, account, recorder, events)
 
 
 def _no_staging_yet(desc: Descriptor) -> None:
     raise RuntimeError(f"copy {desc.tensor} landed before the staging memory was wired")
-
-
-def _dismantle(lowered: Lowered) -> None:
-    """Break the lowered program's reference cycles (pool <-> slab <-> copy) once it has run,
-    so reference counting frees it at once: left to the cyclic collector, the tens of
-    thousands of objects are traversed again when :func:`_collector_paused` re-enables it
-    (measured: a tenth of a cold K3 step at batch 8)."""
-    for pool in lowered.pools:
-        for slab in pool.order:
-            slab.descs.clear()
-        pool.order.clear()
 
 
 def _collect(run: _Run, program: Program, schedule: Schedule, policy: ExecutionPolicy, vmem: VmemPlan,
