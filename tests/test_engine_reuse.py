@@ -67,12 +67,28 @@ def test_reset_state_equals_a_fresh_lowering(schedule: str) -> None:
     policy = execution_policy(chip)
     vmem = vmem_plan(effective, program.model, program.plan, program.resident_rows, program.kv_sequences)
     forget_lowerings()
-    fresh = _state(lowered_step(program, effective, chip, policy, vmem))
+    with lowered_step(program, effective, chip, policy, vmem) as lowered:
+        fresh = _state(lowered)
     _results(program, schedule, chip)  # runs the kept step: its state moves
     assert _state(_KEPT[-1].lowered) != fresh
-    again = lowered_step(program, effective, chip, policy, vmem)
-    assert again is _KEPT[-1].lowered  # reused, not lowered again
-    assert _state(again) == fresh
+    with lowered_step(program, effective, chip, policy, vmem) as again:
+        assert again is _KEPT[-1].lowered  # reused, not lowered again
+        assert _state(again) == fresh
+
+
+def test_a_held_step_is_not_shared() -> None:
+    """A run holding a kept step (another thread) makes a second run lower its own copy."""
+    program, chip = program_on("kimi-k3-mini", "tpu-v5e", 1)
+    effective = load_schedule("published")
+    policy = execution_policy(chip)
+    vmem = vmem_plan(effective, program.model, program.plan, program.resident_rows, program.kv_sequences)
+    forget_lowerings()
+    with lowered_step(program, effective, chip, policy, vmem) as held:
+        with lowered_step(program, effective, chip, policy, vmem) as other:
+            assert other is not held and _state(other) == _state(held)
+        assert [kept.lowered for kept in _KEPT] == [held]  # the second copy is not kept
+        expected = _results(program, "published", chip)  # runs on a copy of its own, too
+    assert _results(program, "published", chip) == expected  # the kept one, reset
 
 
 def test_reused_step_equals_fresh_mini() -> None:
