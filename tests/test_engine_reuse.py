@@ -4,7 +4,8 @@ The engine keeps the last few lowered steps and, when the same step is simulated
 their run state back instead of lowering again. That must change nothing simulated: the reset
 state equals a fresh lowering's, attribute by attribute, and a reused step's results equal a
 fresh one's with ``==`` on every built-in schedule, K3 and its mini, batch 1 and 8, TPU v7 and
-v5e (a lowering of another step in between: the store looks steps up by their inputs).
+v5e (a lowering of another step in between: the store looks steps up by their inputs). The
+lowering's collectives (step 5), shared by every schedule of one program on one chip, too.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 
 from hwmodels.catalog import make_system
 from hwmodels.schema import Chip
-from tpusim.engine import InfeasibleSchedule, simulate
+from tpusim.engine import InfeasibleSchedule, build, simulate
 from tpusim.engine.build import Lowered
 from tpusim.engine.policy import execution_policy
 from tpusim.engine.reuse import _KEPT, forget_lowerings, lowered_step
@@ -111,3 +112,19 @@ def test_reused_step_equals_fresh_exactly(model: str, hardware: str, batch: int)
     fresh = {schedule: _results(program, schedule, chip) for schedule in BUILTIN_SCHEDULES}
     for schedule in BUILTIN_SCHEDULES:  # each step kept, then reset and run again
         assert _results(program, schedule, chip) == fresh[schedule], (model, hardware, batch, schedule)
+
+
+def test_collectives_shared_across_schedules_exactly() -> None:
+    """Step 5 of the lowering is remembered per (program, chip, policy) and shared by every
+    schedule: a schedule lowered with the plans another schedule's lowering made runs exactly as
+    one lowered with plans of its own (K3 on tpu-v7: message collectives, chains)."""
+    program, chip = program_on("kimi-k3", "tpu-v7", 1)
+    forget_lowerings()
+    build._COLLECTIVES.clear()
+    own = _results(program, "naive", chip)
+    forget_lowerings()
+    build._COLLECTIVES.clear()
+    _results(program, "published", chip)  # lowers step 5 for the program
+    assert len(build._COLLECTIVES) == 1
+    assert _results(program, "naive", chip) == own  # naive lowered with published's plans
+    assert len(build._COLLECTIVES) == 1
