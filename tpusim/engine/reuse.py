@@ -45,7 +45,7 @@ from tpusim.workload.program import Program
 KEPT = 4  # recent lowered steps kept (a K3 batch-8 step is ~10,000 copies: a few MB each)
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity (its program holds arrays)
 class _Kept:
     program: Program
     schedule_hash: str
@@ -88,13 +88,13 @@ def lowered_step(program: Program, schedule: Schedule, chip: Chip, policy: Execu
     run holds (another thread) is not shared: this run lowers its own copy, not kept."""
     digest = schedule.content_hash()
     with _LOCK:
-        kept = next((kept for kept in _KEPT if kept.program is program and kept.schedule_hash == digest
-                     and (kept.chip is chip or kept.chip == chip) and kept.policy == policy), None)
+        position, kept = next(((position, kept) for position, kept in enumerate(_KEPT)
+                               if kept.program is program and kept.schedule_hash == digest
+                               and (kept.chip is chip or kept.chip == chip) and kept.policy == policy), (-1, None))
         busy = kept is not None and kept.busy
         if kept is not None and not busy:
             kept.busy = True
-            _KEPT.remove(kept)
-            _KEPT.append(kept)  # most recently used last
+            _KEPT.append(_KEPT.pop(position))  # most recently used last
     if kept is not None and not busy:
         _reset(kept)
     else:
