@@ -15,8 +15,9 @@ schedule with the issue-plan cache and the kept lowered steps emptied first
 (:func:`tpusim.schedule.program_issue.forget_issue_plans`,
 :func:`tpusim.engine.reuse.forget_lowerings`), so planning, lowering and the event loop are
 all timed (the program's schedule-independent facts stay memoised, as they do across a
-sweep's candidates); without it, runs after the warm-up re-simulate the same step: the
-cached plan and the kept lowered step, reset (:mod:`tpusim.engine.reuse`).
+sweep's candidates: the issue plan's program facts, the lowering's collectives and op kinds);
+without it, runs after the warm-up re-simulate the same step: the cached plan and the kept
+lowered step, reset (:mod:`tpusim.engine.reuse`).
 Uncalibrated chip figures, as for the built-ins (a ``best.json``'s description quotes its
 sweep's step time, which may have used other figures).
 
