@@ -37,7 +37,7 @@ from typing import Any
 from hwmodels.schema import Chip
 from tpusim.engine.execution import ExecutionPolicy
 from tpusim.engine.hbm import HbmServer
-from tpusim.engine.items import MXU, VPU, Descriptor
+from tpusim.engine.items import MXU, VPU, Slab
 from tpusim.engine.loop import Driver, EventLoop
 from tpusim.engine.policy import execution_policy
 from tpusim.engine.result import PHASES, SimResult
@@ -146,7 +146,7 @@ def _execute(program: Program, effective: Schedule, chip: Chip, policy: Executio
         hbm = HbmServer(env, policy.hbm_bandwidth_bytes_per_s, chip.dma, effective.max_dmas_in_flight,
                         _no_staging_yet, recorder, events)
         staging = StagingMemory(env, lowered.base_bytes, hbm, recorder, watch_bytes)
-        hbm.on_land = staging.landed
+        hbm.on_free = staging.free
         account = StreamAccount()
         stream = Driver(env)
         stream.start(compute_stream(
@@ -163,8 +163,8 @@ def _execute(program: Program, effective: Schedule, chip: Chip, policy: Executio
     return _Run(env, hbm, staging, account, recorder, events)
 
 
-def _no_staging_yet(desc: Descriptor) -> None:
-    raise RuntimeError(f"copy {desc.tensor} landed before the staging memory was wired")
+def _no_staging_yet(slab: Slab) -> None:
+    raise RuntimeError(f"a landing freed {slab.label} before the staging memory was wired")
 
 
 def _collect(run: _Run, program: Program, schedule: Schedule, policy: ExecutionPolicy, vmem: VmemPlan,

@@ -33,6 +33,10 @@ the order they are issued, not by urgency; each spends its issue latency while t
 ahead of it transfer, then waits in a ready queue until the one copy streaming lands, and
 streams alone at ``B * dma.efficiency(1)``.
 
+A landing counts down its slab's copies still to land (``Slab.pending``) and frees what a
+landing frees (a mispredicted speculative copy's slot once routing is known, a KDA state
+buffer once written back) through the staging memory's ``free``.
+
 The server counts its busy time (any copy in flight, latency included), the bytes it moved,
 and, when asked, records each copy on a lane track (lane = the lowest free in-flight slot)
 and emits the kernel's ``dma_start`` events (when a copy is queued: issued).
@@ -46,7 +50,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hwmodels.schema import DmaSpec
-from tpusim.engine.items import Descriptor
+from tpusim.engine.items import Descriptor, Slab
 from tpusim.engine.loop import EventLoop
 from tpusim.engine.timeline import Recorder
 from tpusim.schedule.program_issue import ROUTED
@@ -78,7 +82,7 @@ class HbmServer:
     """Processor-sharing HBM bandwidth with an issue queue (see the module docstring)."""
 
     def __init__(self, env: EventLoop, bandwidth_bytes_per_s: float, dma: DmaSpec,
-                 max_in_flight: int, on_land: Callable[[Descriptor], None],
+                 max_in_flight: int, on_free: Callable[[Slab], None],
                  recorder: Recorder | None, events: list[tuple[Any, ...]] | None) -> None:
         self.env = env
         self.call_later = env.call_later
@@ -93,7 +97,7 @@ class HbmServer:
         self.by_stream = dma.contention_unit == "stream" and dma.service != "in_order"
         self.streams: dict[object, int] = {}
         self.aggregate_by_k = [bandwidth_bytes_per_s * dma.efficiency(k) for k in range(max_in_flight + 1)]
-        self.on_land = on_land
+        self.on_free = on_free  # a landing frees a slab: a mispredicted copy's slot, a written-back state
         self.recorder = recorder
         self.events = events
         self.queue: list[tuple[int, Descriptor]] = []  # (seq, copy) waiting to be issued
@@ -287,9 +291,9 @@ class HbmServer:
                 self.rate = self.rate_by_n[len(streaming)]
             if landed is not None:
                 self.last_land_s = now
-                recorder, on_land = self.recorder, self.on_land
+                recorder, on_free = self.recorder, self.on_free
                 for desc in landed:  # _land
-                    self.in_flight -= 1  # per copy: its on_land may issue into the freed slot
+                    self.in_flight -= 1  # per copy: a slab it frees may issue into the freed slot
                     self.bytes_moved += desc.nbytes
                     desc.landed = True
                     desc.land_s = now
@@ -298,7 +302,13 @@ class HbmServer:
                         heappush(self.free_lanes, desc.lane)
                     if desc.waiter is not None:  # the compute stream waits on this copy
                         desc.waiter.wake()
-                    on_land(desc)
+                    slab = desc.slab
+                    if slab is not None:  # the slab's copies still to land
+                        slab.pending -= 1
+                        if slab.free_on_land and not slab.pending:  # StagingMemory.resolve: drop it now
+                            on_free(slab)
+                    if desc.frees_slab is not None:
+                        on_free(desc.frees_slab)
             if self.queue and self.in_flight < self.max_in_flight:
                 self._issue()
             # when the next copy starts streaming or lands (INF: nothing in flight)

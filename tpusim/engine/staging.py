@@ -29,7 +29,7 @@ from heapq import heappush
 import simpy
 
 from tpusim.engine.hbm import HbmServer
-from tpusim.engine.items import Descriptor, Pool, Slab
+from tpusim.engine.items import Pool, Slab
 from tpusim.engine.timeline import Recorder
 
 
@@ -123,16 +123,6 @@ class StagingMemory:
             self.free(slab)
         else:
             slab.free_on_land = True
-
-    def landed(self, desc: Descriptor) -> None:
-        """HBM callback: ``desc`` has landed."""
-        slab = desc.slab
-        if slab is not None:
-            slab.pending -= 1
-            if slab.pending == 0 and slab.free_on_land:
-                self.free(slab)
-        if desc.frees_slab is not None:
-            self.free(desc.frees_slab)
 
     # ----------------------------------------------------------------- occupancy
 
