@@ -11,10 +11,13 @@ Run::
 schedule with a ``deployment``) runs on its deployment's plan and collective algorithms, as
 ``tpusim simulate`` does (the batch is ``--batch``: the file's description says which).
 ``--cold`` times the case a sweep pays for: every run simulates a fresh copy of the
-schedule with the issue-plan cache emptied first
-(:func:`tpusim.schedule.program_issue.forget_issue_plans`), so planning, lowering and the
-event loop are all timed (the program's schedule-independent facts stay memoised, as they
-do across a sweep's candidates); without it, runs after the warm-up reuse the cached plan.
+schedule with the issue-plan cache and the kept lowered steps emptied first
+(:func:`tpusim.schedule.program_issue.forget_issue_plans`,
+:func:`tpusim.engine.reuse.forget_lowerings`), so planning, lowering and the event loop are
+all timed (the program's schedule-independent facts stay memoised, as they do across a
+sweep's candidates: the issue plan's program facts, the lowering's collectives and op kinds);
+without it, runs after the warm-up re-simulate the same step: the cached plan and the kept
+lowered step, reset (:mod:`tpusim.engine.reuse`).
 Uncalibrated chip figures, as for the built-ins (a ``best.json``'s description quotes its
 sweep's step time, which may have used other figures).
 
@@ -56,6 +59,7 @@ from typing import Any
 
 from hwmodels.catalog import make_system
 from tpusim.engine import InfeasibleSchedule, simulate
+from tpusim.engine.reuse import forget_lowerings
 from tpusim.schedule.program_issue import forget_issue_plans
 from tpusim.schedule.schema import BUILTIN_SCHEDULES, load_schedule
 from tpusim.workload.floors import floors
@@ -81,6 +85,7 @@ def bench(schedule_name: str, batch: int, runs: int, *, profile: bool = False, c
     for run in range(runs):
         if cold:  # a new candidate: nothing planned for it yet
             forget_issue_plans()
+            forget_lowerings()
             fresh = schedule.model_copy(update={"name": f"{schedule.name}-cold{run}"})
         began, began_cpu = time.perf_counter(), time.process_time()
         result = simulate(program, fresh if cold else schedule, system.chip, event_by_event=event_by_event)
@@ -99,6 +104,7 @@ def bench(schedule_name: str, batch: int, runs: int, *, profile: bool = False, c
         profiler.enable()
         if cold:
             forget_issue_plans()
+            forget_lowerings()
         simulate(program, schedule, system.chip, event_by_event=event_by_event)
         profiler.disable()
         pstats.Stats(profiler).sort_stats("tottime").print_stats(15)

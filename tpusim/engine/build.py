@@ -108,6 +108,27 @@ def _is_aligned(op: Op) -> bool:
         contraction == tensor.rows for tensor, (_m, contraction, _n) in zip(op.tensors, op.matmuls, strict=True))
 
 
+# What kind of lowering each op takes (a fact of the program: remembered per program, so a
+# sweep's schedules do not test every op again)
+EXPERT_OP, ALIGNED_WEIGHT_OP, WEIGHT_OP, OTHER_OP = range(4)
+KEPT_PROGRAMS = 4  # programs whose facts below are remembered (a sweep plans one program)
+_KINDS: list[tuple[Program, list[int]]] = []
+
+
+def _op_kinds(program: Program) -> list[int]:
+    """Per op: EXPERT_OP (:func:`_is_expert_op`), ALIGNED_WEIGHT_OP / WEIGHT_OP (other weight
+    ops, :func:`_is_aligned` or not) or OTHER_OP; remembered for the last few programs."""
+    for position, (known, kinds) in enumerate(_KINDS):
+        if known is program:
+            _KINDS.append(_KINDS.pop(position))
+            return kinds
+    kinds = [EXPERT_OP if _is_expert_op(op) else (ALIGNED_WEIGHT_OP if _is_aligned(op) else WEIGHT_OP)
+             if op.tensors else OTHER_OP for op in program.ops]
+    _KINDS.append((program, kinds))
+    del _KINDS[:-KEPT_PROGRAMS]
+    return kinds
+
+
 def _overlap_join_index(ops: list[Op], index: int) -> int:
     layer = ops[index].layer
     for later in range(index + 1, len(ops)):
@@ -130,6 +151,8 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
     layer_experts: dict[int, list[tuple[Slab, Slab | None]]] = {}
 
     launches, fixed_s, kernel_names = b.kernels.launches, b.kernels.fixed_s, b.kernels.kernel_names
+    collectives = _program_collectives(b)
+    kinds = _op_kinds(program)
     for index, op in enumerate(ops):
         first = op.layer != previous_layer
         previous_layer = op.layer
@@ -142,10 +165,11 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
             plan_.kernel = kernel_names[index]
         plans.append(plan_)
         vector_s = b.vector_s(op.vector_flops)
-        if _is_expert_op(op):
+        kind = kinds[index]
+        if kind == EXPERT_OP:
             _lower_expert(b, op, plan_, layer_experts)
-        elif op.tensors:
-            vector_s = _lower_weights(b, op, plan_, vector_s, _is_aligned(op))
+        elif kind <= WEIGHT_OP:
+            vector_s = _lower_weights(b, op, plan_, vector_s, kind == ALIGNED_WEIGHT_OP)
         elif op.kv_read_bytes and b.recurrent_state_bytes(op.layer):
             vector_s = _lower_state(b, op, plan_, vector_s)
         elif op.kv_read_bytes:
@@ -161,7 +185,7 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
             last = plan_.pieces[-1]
             plan_.pieces[-1] = last._replace(writes=(*last.writes, write))
         if op.collectives:
-            _lower_collectives(b, ops, index, plan_)
+            plan_.collectives = list(collectives[index])
 
     if b.issue is not None:
         place_expert_releases(plans, ops, b.issue, layer_experts, schedule)
@@ -300,11 +324,32 @@ def _lower_kv_tiles(b: Builder, op: Op, plan_: OpPlan) -> None:
         plan_.pieces.append(Piece(matmul_s * size / op.kv_read_bytes, MXU, tuple(slab.descs), (slab,)))
 
 
-def _lower_collectives(b: Builder, ops: list[Op], index: int, plan_: OpPlan) -> None:
+# Step 5 depends on the program, the chip and the policy, not on the schedule, and its plans are
+# read-only during a run: a sweep's candidates (one program, one chip, many schedules) share them.
+_COLLECTIVES: list[tuple[Program, Chip, ExecutionPolicy, dict[int, tuple[CollectivePlan, ...]]]] = []
+
+
+def _program_collectives(b: Builder) -> dict[int, tuple[CollectivePlan, ...]]:
+    """Step 5 for every op with collectives (op index -> its plans), remembered for the last few
+    (program, chip, policy): the program by identity (held here), the chip and policy by ``==``."""
+    program, chip, policy = b.program, b.chip, b.policy
+    for position, (known, known_chip, known_policy, plans) in enumerate(_COLLECTIVES):
+        if known is program and (known_chip is chip or known_chip == chip) and known_policy == policy:
+            _COLLECTIVES.append(_COLLECTIVES.pop(position))
+            return plans
+    ops = program.ops
+    plans = {index: tuple(_lower_collectives(b, ops, index)) for index, op in enumerate(ops) if op.collectives}
+    _COLLECTIVES.append((program, chip, policy, plans))
+    del _COLLECTIVES[:-KEPT_PROGRAMS]
+    return plans
+
+
+def _lower_collectives(b: Builder, ops: list[Op], index: int) -> list[CollectivePlan]:
     """Step 5: each collective after op ``index`` as messages, or priced stage by stage."""
     op = ops[index]
     policy = b.policy
     names = {call.spec.name for call in op.collectives}
+    out: list[CollectivePlan] = []
     for call in op.collectives:
         if call.spec.algorithm and policy.collective_pricer is None and not policy.collectives_block:
             consumer = consumer_index(ops, index, call.spec.consumed_by)
@@ -313,7 +358,7 @@ def _lower_collectives(b: Builder, ops: list[Op], index: int, plan_: OpPlan) -> 
             if lowered is not None:
                 if call.spec.after in names:
                     lowered = replace(lowered, parent=call.spec.after)
-                plan_.collectives.append(CollectivePlan(call.spec.name, True, (), consumer, 0.0, lowered))
+                out.append(CollectivePlan(call.spec.name, True, (), consumer, 0.0, lowered))
                 continue
         if policy.collective_pricer is not None:
             stages = list(policy.collective_pricer(b.chip, call, b.program.plan.devices))
@@ -330,4 +375,5 @@ def _lower_collectives(b: Builder, ops: list[Op], index: int, plan_: OpPlan) -> 
                 join = (consumer_index(ops, index, call.spec.consumed_by) if call.spec.consumed_by
                         else _overlap_join_index(ops, index))
             launch = policy.launch_overhead_s if policy.collective_launches else 0.0
-            plan_.collectives.append(CollectivePlan(call.spec.name, overlapped, tuple(stages), join, launch))
+            out.append(CollectivePlan(call.spec.name, overlapped, tuple(stages), join, launch))
+    return out

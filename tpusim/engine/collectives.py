@@ -72,6 +72,14 @@ class MessageGroup:
     latency_s: float
     issue_s: float
     destinations: tuple[int, ...] = ()
+    # per-copy rate while this group is alone on its link: min(aggregate / count, per copy),
+    # computed as MessageFabric._step computes it (the same float)
+    alone_bytes_per_s: float = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        shared = self.aggregate_bytes_per_s / self.count if self.count else INF
+        object.__setattr__(self, "alone_bytes_per_s",
+                           shared if shared < self.per_copy_bytes_per_s else self.per_copy_bytes_per_s)
 
 
 @dataclass(frozen=True)
@@ -184,19 +192,21 @@ class _Flow:
         self.left_bytes = float(group.bytes)
 
 
-@dataclass
 class Handle:
     """One issued collective: its progress and, once known, its completion time."""
 
-    plan: MessageCollective
-    phase: int = -1
-    groups_left: int = 0
-    phase_land_s: float = 0.0
-    done_s: float | None = None
-    children: list[Handle] = field(default_factory=list)
-    parent: Handle | None = None
-    waited: bool = False  # the stream has waited for it (its chained children may issue)
-    layer: int = 0  # the issuing op's layer (events)
+    __slots__ = ("children", "done_s", "groups_left", "layer", "parent", "phase", "phase_land_s", "plan", "waited")
+
+    def __init__(self, plan: MessageCollective, parent: Handle | None = None, layer: int = 0) -> None:
+        self.plan = plan
+        self.phase = -1
+        self.groups_left = 0
+        self.phase_land_s = 0.0
+        self.done_s: float | None = None
+        self.children: list[Handle] = []
+        self.parent = parent
+        self.waited = False  # the stream has waited for it (its chained children may issue)
+        self.layer = layer  # the issuing op's layer (events)
 
 
 class MessageFabric:
@@ -245,24 +255,25 @@ class MessageFabric:
     def _step(self, limit_s: float) -> bool:
         """Advance to the next event or ``limit_s``, whichever is first; False when idle."""
         now_s = self.now_s
-        next_s = self.starts[0][0] if self.starts else INF
+        starts = self.starts
+        next_s = starts[0][0] if starts else INF
         moving: list[tuple[str, list[_Flow], float]] = []  # (link, its flows, per-copy rate)
         # min(a, b) written as ``b if b < a else a`` (the same value, ties and signed zeros
         # included) in this loop: it runs thousands of times per step
         for link, flows in self.active.items():
             if not flows:
                 continue
-            group = flows[0].group
-            per_copy = group.per_copy_bytes_per_s
-            if len(flows) == 1:
-                shared = group.aggregate_bytes_per_s / group.count
-                smallest = flows[0].left_bytes
+            if len(flows) == 1:  # alone on its link (most steps): its group's rate, precomputed
+                flow = flows[0]
+                rate = flow.group.alone_bytes_per_s
+                finish_s = now_s + flow.left_bytes / rate
             else:
+                group = flows[0].group
+                per_copy = group.per_copy_bytes_per_s
                 shared = group.aggregate_bytes_per_s / sum(flow.group.count for flow in flows)
-                smallest = min(flow.left_bytes for flow in flows)
-            rate = shared if shared < per_copy else per_copy
+                rate = shared if shared < per_copy else per_copy
+                finish_s = now_s + min(flow.left_bytes for flow in flows) / rate
             moving.append((link, flows, rate))
-            finish_s = now_s + smallest / rate
             if finish_s < next_s:
                 next_s = finish_s
         if next_s == INF:
@@ -280,24 +291,36 @@ class MessageFabric:
         self.now_s = target
         if target < next_s:
             return True
-        for link, flows, rate in moving:
-            # Drained: a residue of float rounding, or one the link would move in less than one
-            # tick of the clock (the float spacing at now). Such a flow cannot advance the clock:
-            # left waiting, it would be stepped forever (a few µB at 663 GB/s at t = 16 ms).
-            drained_bytes = rate * math.ulp(self.now_s)
-            if not drained_bytes > DRAINED_BYTES:  # max(DRAINED_BYTES, ...)
-                drained_bytes = DRAINED_BYTES
-            done = [flow for flow in flows if flow.left_bytes <= drained_bytes]
-            if done:
-                self.active[link] = [flow for flow in flows if flow.left_bytes > drained_bytes]
-                for flow in done:
-                    self._drained(flow)
-        while self.starts and self.starts[0][0] <= self.now_s:
-            _, _, flow = heapq.heappop(self.starts)
+        if moving:
+            ulp = math.ulp(target)
+            for link, flows, rate in moving:
+                # Drained: a residue of float rounding, or one the link would move in less than one
+                # tick of the clock (the float spacing at now). Such a flow cannot advance the clock:
+                # left waiting, it would be stepped forever (a few µB at 663 GB/s at t = 16 ms).
+                drained_bytes = rate * ulp
+                if not drained_bytes > DRAINED_BYTES:  # max(DRAINED_BYTES, ...)
+                    drained_bytes = DRAINED_BYTES
+                if len(flows) == 1:
+                    flow = flows[0]
+                    if flow.left_bytes <= drained_bytes:
+                        self.active[link] = []
+                        self._drained(flow)
+                    continue
+                done = [flow for flow in flows if flow.left_bytes <= drained_bytes]
+                if done:
+                    self.active[link] = [flow for flow in flows if flow.left_bytes > drained_bytes]
+                    for flow in done:
+                        self._drained(flow)
+        while starts and starts[0][0] <= target:
+            flow = heapq.heappop(starts)[2]
             if flow.group.bytes <= 0:
                 self._drained(flow)
             else:
-                self.active.setdefault(flow.group.link, []).append(flow)
+                active = self.active.get(flow.group.link)
+                if active is None:
+                    self.active[flow.group.link] = [flow]
+                else:
+                    active.append(flow)
         return True
 
     def _drained(self, flow: _Flow) -> None:

@@ -10,12 +10,13 @@ Steps of :func:`simulate`:
    occupancy, and re-raised as :class:`VmemOverflow` (an
    :class:`~tpusim.schedule.vmem.InfeasibleSchedule`) naming the moment, the layer and the buffers.
 3. Lower program + schedule into copies, buffers and compute pieces
-   (:mod:`tpusim.engine.build`).
+   (:mod:`tpusim.engine.build`), or reset the same step kept from an earlier run
+   (:mod:`tpusim.engine.reuse`).
 4. Build the event loop (:mod:`tpusim.engine.loop`: SimPy's environment and queue, with
    lean callbacks), the HBM server (:mod:`tpusim.engine.hbm`), the staging memory
    (:mod:`tpusim.engine.staging`), the links and the compute stream
    (:mod:`tpusim.engine.stream`, a generator the loop drives as SimPy would a process), and
-   run until no event is left; then break the lowered program's reference cycles.
+   run until no event is left.
 5. Turn the accounts into a :class:`~tpusim.engine.result.SimResult`.
 
 Determinism: the loop orders simultaneous events by (time, priority, insertion), as SimPy
@@ -34,18 +35,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from hwmodels.schema import Chip
-from tpusim.engine.build import Lowered, lower
 from tpusim.engine.execution import ExecutionPolicy
 from tpusim.engine.hbm import HbmServer
-from tpusim.engine.items import MXU, VPU, Descriptor
+from tpusim.engine.items import MXU, VPU, Slab
 from tpusim.engine.loop import Driver, EventLoop
 from tpusim.engine.policy import execution_policy
 from tpusim.engine.result import PHASES, SimResult
+from tpusim.engine.reuse import lowered_step, step_vmem_plan
 from tpusim.engine.staging import StagingMemory
 from tpusim.engine.stream import Links, StreamAccount, compute_stream
 from tpusim.engine.timeline import Recorder
 from tpusim.schedule.schema import Schedule
-from tpusim.schedule.vmem import InfeasibleSchedule, VmemPlan, check_fits, vmem_plan
+from tpusim.schedule.vmem import InfeasibleSchedule, VmemPlan, check_fits
 from tpusim.workload.program import Program
 
 MIB = 1 << 20
@@ -90,7 +91,7 @@ def simulate(program: Program, schedule: Schedule, chip: Chip, *, record_timelin
     if terms:  # serial per-step time: the stream pays it with the per-step cost
         policy = dataclasses.replace(policy, per_step_overhead_s=policy.per_step_overhead_s + sum(terms.values()))
     effective = policy.effective_schedule(schedule)
-    vmem = vmem_plan(effective, program.model, program.plan, program.resident_rows, program.kv_sequences)
+    vmem = step_vmem_plan(program, effective)  # vmem_plan, remembered for the same step
     capacity = chip.staging_memory.usable_bytes
     if policy.enforce_staging_capacity and check_capacity:
         try:
@@ -138,44 +139,32 @@ def _execute(program: Program, effective: Schedule, chip: Chip, policy: Executio
              record_timeline: bool, record_events: bool, watch_bytes: float | None = None,
              event_by_event: bool = False) -> _Run:
     """Steps 3-4 of :func:`simulate`: lower, wire the resources, run SimPy to the end."""
-    lowered = lower(program, effective, chip, policy, vmem)
-    env = EventLoop(run_ahead=not event_by_event)
-    recorder = Recorder() if record_timeline else None
-    events: list[tuple[Any, ...]] | None = [] if record_events else None
-    hbm = HbmServer(env, policy.hbm_bandwidth_bytes_per_s, chip.dma, effective.max_dmas_in_flight,
-                    _no_staging_yet, recorder, events)
-    staging = StagingMemory(env, lowered.base_bytes, hbm, recorder, watch_bytes)
-    hbm.on_land = staging.landed
-    account = StreamAccount()
-    stream = Driver(env)
-    stream.start(compute_stream(
-        env, stream, lowered, hbm, staging, Links(recorder), account,
-        per_step_s=policy.per_step_overhead_s, per_layer_s=policy.per_layer_overhead_s,
-        recorder=recorder, events=events,
-    ))
-    env.run()
-    if stream.alive:  # cannot happen with in-order pools; kept as a loud guard
-        raise RuntimeError(
-            f"engine stalled at t={env.now:.9f} s in op {staging.current_op} (layer "
-            f"{staging.current_layer}): {staging.used_bytes} B resident, {hbm.in_flight} copies in flight"
-        )
-    _dismantle(lowered)
+    with lowered_step(program, effective, chip, policy, vmem) as lowered:  # kept: reset, not rebuilt, next time
+        env = EventLoop(run_ahead=not event_by_event)
+        recorder = Recorder() if record_timeline else None
+        events: list[tuple[Any, ...]] | None = [] if record_events else None
+        hbm = HbmServer(env, policy.hbm_bandwidth_bytes_per_s, chip.dma, effective.max_dmas_in_flight,
+                        _no_staging_yet, recorder, events)
+        staging = StagingMemory(env, lowered.base_bytes, hbm, recorder, watch_bytes)
+        hbm.on_free = staging.free
+        account = StreamAccount()
+        stream = Driver(env)
+        stream.start(compute_stream(
+            env, stream, lowered, hbm, staging, Links(recorder), account,
+            per_step_s=policy.per_step_overhead_s, per_layer_s=policy.per_layer_overhead_s,
+            recorder=recorder, events=events,
+        ))
+        env.run()
+        if stream.alive:  # cannot happen with in-order pools; kept as a loud guard
+            raise RuntimeError(
+                f"engine stalled at t={env.now:.9f} s in op {staging.current_op} (layer "
+                f"{staging.current_layer}): {staging.used_bytes} B resident, {hbm.in_flight} copies in flight"
+            )
     return _Run(env, hbm, staging, account, recorder, events)
 
 
-def _no_staging_yet(desc: Descriptor) -> None:
-    raise RuntimeError(f"copy {desc.tensor} landed before the staging memory was wired")
-
-
-def _dismantle(lowered: Lowered) -> None:
-    """Break the lowered program's reference cycles (pool <-> slab <-> copy) once it has run,
-    so reference counting frees it at once: left to the cyclic collector, the tens of
-    thousands of objects are traversed again when :func:`_collector_paused` re-enables it
-    (measured: a tenth of a cold K3 step at batch 8)."""
-    for pool in lowered.pools:
-        for slab in pool.order:
-            slab.descs.clear()
-        pool.order.clear()
+def _no_staging_yet(slab: Slab) -> None:
+    raise RuntimeError(f"a landing freed {slab.label} before the staging memory was wired")
 
 
 def _collect(run: _Run, program: Program, schedule: Schedule, policy: ExecutionPolicy, vmem: VmemPlan,

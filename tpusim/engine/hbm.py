@@ -33,6 +33,10 @@ the order they are issued, not by urgency; each spends its issue latency while t
 ahead of it transfer, then waits in a ready queue until the one copy streaming lands, and
 streams alone at ``B * dma.efficiency(1)``.
 
+A landing counts down its slab's copies still to land (``Slab.pending``) and frees what a
+landing frees (a mispredicted speculative copy's slot once routing is known, a KDA state
+buffer once written back) through the staging memory's ``free``.
+
 The server counts its busy time (any copy in flight, latency included), the bytes it moved,
 and, when asked, records each copy on a lane track (lane = the lowest free in-flight slot)
 and emits the kernel's ``dma_start`` events (when a copy is queued: issued).
@@ -46,7 +50,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hwmodels.schema import DmaSpec
-from tpusim.engine.items import Descriptor
+from tpusim.engine.items import Descriptor, Slab
 from tpusim.engine.loop import EventLoop
 from tpusim.engine.timeline import Recorder
 from tpusim.schedule.program_issue import ROUTED
@@ -78,7 +82,7 @@ class HbmServer:
     """Processor-sharing HBM bandwidth with an issue queue (see the module docstring)."""
 
     def __init__(self, env: EventLoop, bandwidth_bytes_per_s: float, dma: DmaSpec,
-                 max_in_flight: int, on_land: Callable[[Descriptor], None],
+                 max_in_flight: int, on_free: Callable[[Slab], None],
                  recorder: Recorder | None, events: list[tuple[Any, ...]] | None) -> None:
         self.env = env
         self.call_later = env.call_later
@@ -93,7 +97,7 @@ class HbmServer:
         self.by_stream = dma.contention_unit == "stream" and dma.service != "in_order"
         self.streams: dict[object, int] = {}
         self.aggregate_by_k = [bandwidth_bytes_per_s * dma.efficiency(k) for k in range(max_in_flight + 1)]
-        self.on_land = on_land
+        self.on_free = on_free  # a landing frees a slab: a mispredicted copy's slot, a written-back state
         self.recorder = recorder
         self.events = events
         self.queue: list[tuple[int, Descriptor]] = []  # (seq, copy) waiting to be issued
@@ -126,20 +130,16 @@ class HbmServer:
                 self.busy_s += elapsed
             self.last_s = now
 
-    def _next_s(self) -> float:
-        """When the next copy starts streaming or lands (INF: nothing in flight)."""
-        next_s = self.starting[0][0] if self.starting else INF
+    def _reschedule(self, now: float) -> None:
+        # when the next copy starts streaming or lands (INF: nothing in flight)
+        starting = self.starting
+        next_s = starting[0][0] if starting else INF
         streaming = self.streaming
         if streaming:
             left = streaming[0][0] - self.virtual_bytes
-            now = self.env.now
             finish = now + left / self.rate if left > 0.0 else now
             if finish < next_s:
                 next_s = finish
-        return next_s
-
-    def _reschedule(self, now: float) -> None:
-        next_s = self._next_s()
         if next_s < self.wake_at:
             self.wake_token += 1
             self.wake_at = next_s
@@ -179,17 +179,30 @@ class HbmServer:
 
     def _issue(self) -> bool:
         """:meth:`pump` without the wake-up (the caller schedules it); True if it issued."""
-        if not self.queue or self.in_flight >= self.max_in_flight:
+        queue = self.queue
+        in_flight, max_in_flight = self.in_flight, self.max_in_flight
+        if not queue or in_flight >= max_in_flight:
             return False
         now = self.env.now
         elapsed = now - self.last_s  # _advance, inlined
         if elapsed > 0.0:
             if self.streaming:
                 self.virtual_bytes += self.rate * elapsed
-            if self.in_flight:
+            if in_flight:
                 self.busy_s += elapsed
             self.last_s = now
-        queue, recorder, latency_s, max_in_flight = self.queue, self.recorder, self.latency_s, self.max_in_flight
+        recorder, latency_s = self.recorder, self.latency_s
+        if latency_s > 0.0 and recorder is None:  # the common case: each spends its latency first
+            starting, start_s, heappop = self.starting, now + latency_s, heapq.heappop
+            issued = in_flight
+            while queue and in_flight < max_in_flight:
+                desc = heappop(queue)[1]
+                in_flight += 1
+                desc.issue_s = now
+                starting.append((start_s, desc))
+            self.issued += in_flight - issued
+            self.in_flight = in_flight
+            return True
         while queue and self.in_flight < max_in_flight:
             desc = heapq.heappop(queue)[1]
             self.in_flight += 1
@@ -218,20 +231,91 @@ class HbmServer:
     # ----------------------------------------------------------------- wake-ups
 
     def _wake(self, token: int) -> None:
+        """A wake-up: serve the server's turn at ``now`` (land what has arrived, start what has
+        spent its issue latency, issue into freed slots), then queue the next turn, or take it
+        at once while nothing else is due before it (:mod:`tpusim.engine.loop`, running ahead).
+        One function per turn (the turn is the engine's most frequent event)."""
         if token != self.wake_token:
             return  # superseded by an earlier wake-up
         env = self.env
-        queue, serve, run_ahead = env._queue, self._serve, env.run_ahead
+        queue, run_ahead = env._queue, env.run_ahead
+        streaming, starting, streams = self.streaming, self.starting, self.streams
+        by_stream, in_order, heappop, heappush = self.by_stream, self.in_order, heapq.heappop, heapq.heappush
         while True:  # one turn per wake-up; the next taken at once while nothing is due before it
             self.wake_at = INF
             now = env.now
-            serve(now)
-            # _next_s, inlined
-            next_s = self.starting[0][0] if self.starting else INF
-            streaming = self.streaming
+            # _advance, inlined
+            elapsed = now - self.last_s
+            if elapsed > 0.0:
+                if streaming:
+                    self.virtual_bytes += self.rate * elapsed
+                if self.in_flight:
+                    self.busy_s += elapsed
+                self.last_s = now
+            landed: list[Descriptor] | None = None
             if streaming:
-                left = streaming[0][0] - self.virtual_bytes
-                finish = now + left / self.rate if left > 0.0 else now
+                limit = self.virtual_bytes * RELATIVE_SLACK + BYTE_TOLERANCE
+                if streaming[0][0] <= limit:
+                    landed = []
+                    while streaming and streaming[0][0] <= limit:
+                        desc = heappop(streaming)[2]
+                        landed.append(desc)
+                        if by_stream:
+                            key = desc.stream
+                            left = streams[key] - 1
+                            if left:
+                                streams[key] = left
+                            else:
+                                del streams[key]
+            if in_order:
+                ready = self.ready
+                while starting and starting[0][0] <= now:
+                    ready.append(starting.popleft()[1])
+                if ready and not streaming:  # the next in issue order streams alone
+                    desc = ready.popleft()
+                    heappush(streaming, (self.virtual_bytes + desc.nbytes, desc.seq, desc))
+            elif starting and starting[0][0] <= now:
+                # _start_streaming without its rate (set once below)
+                virtual_bytes = self.virtual_bytes
+                while starting and starting[0][0] <= now:
+                    desc = starting.popleft()[1]
+                    heappush(streaming, (virtual_bytes + desc.nbytes, desc.seq, desc))
+                    if by_stream:  # stream_of, inlined
+                        slab = desc.slab
+                        key = desc.stream = desc.family if slab is None else (
+                            slab if slab.family == ROUTED else slab.ring)
+                        streams[key] = streams.get(key, 0) + 1
+            if by_stream and streaming:
+                self.rate = self.aggregate_by_k[len(streams)] / len(streaming)
+            else:
+                self.rate = self.rate_by_n[len(streaming)]
+            if landed is not None:
+                self.last_land_s = now
+                recorder, on_free = self.recorder, self.on_free
+                for desc in landed:  # _land
+                    self.in_flight -= 1  # per copy: a slab it frees may issue into the freed slot
+                    self.bytes_moved += desc.nbytes
+                    desc.landed = True
+                    desc.land_s = now
+                    if recorder is not None:
+                        recorder.dma(desc)
+                        heappush(self.free_lanes, desc.lane)
+                    if desc.waiter is not None:  # the compute stream waits on this copy
+                        desc.waiter.wake()
+                    slab = desc.slab
+                    if slab is not None:  # the slab's copies still to land
+                        slab.pending -= 1
+                        if slab.free_on_land and not slab.pending:  # StagingMemory.resolve: drop it now
+                            on_free(slab)
+                    if desc.frees_slab is not None:
+                        on_free(desc.frees_slab)
+            if self.queue and self.in_flight < self.max_in_flight:
+                self._issue()
+            # when the next copy starts streaming or lands (INF: nothing in flight)
+            next_s = starting[0][0] if starting else INF
+            if streaming:
+                left_bytes = streaming[0][0] - self.virtual_bytes
+                finish = now + left_bytes / self.rate if left_bytes > 0.0 else now
                 if finish < next_s:
                     next_s = finish
             if not next_s < self.wake_at:
@@ -246,71 +330,3 @@ class HbmServer:
             self.wake_token += 1  # an entry queued for a later wake-up is superseded, as by a new one
             env.now = time_s
             env.ran_ahead += 1
-
-    def _serve(self, now: float) -> None:
-        """One wake-up's work at ``now``: land what has arrived, start what has spent its issue
-        latency, issue into freed slots."""
-        streaming = self.streaming
-        # _advance, inlined (this runs once per copy start and landing)
-        elapsed = now - self.last_s
-        if elapsed > 0.0:
-            if streaming:
-                self.virtual_bytes += self.rate * elapsed
-            if self.in_flight:
-                self.busy_s += elapsed
-            self.last_s = now
-        landed: list[Descriptor] | None = None
-        by_stream, streams = self.by_stream, self.streams
-        if streaming:
-            limit = self.virtual_bytes * RELATIVE_SLACK + BYTE_TOLERANCE
-            if streaming[0][0] <= limit:
-                landed = []
-                while streaming and streaming[0][0] <= limit:
-                    desc = heapq.heappop(streaming)[2]
-                    landed.append(desc)
-                    if by_stream:
-                        key = desc.stream
-                        left = streams[key] - 1
-                        if left:
-                            streams[key] = left
-                        else:
-                            del streams[key]
-        starting = self.starting
-        if self.in_order:
-            ready = self.ready
-            while starting and starting[0][0] <= now:
-                ready.append(starting.popleft()[1])
-            if ready and not streaming:  # the next in issue order streams alone
-                desc = ready.popleft()
-                heapq.heappush(streaming, (self.virtual_bytes + desc.nbytes, desc.seq, desc))
-        elif starting and starting[0][0] <= now:
-            # _start_streaming without its rate (set once below)
-            virtual_bytes = self.virtual_bytes
-            while starting and starting[0][0] <= now:
-                desc = starting.popleft()[1]
-                heapq.heappush(streaming, (virtual_bytes + desc.nbytes, desc.seq, desc))
-                if by_stream:  # stream_of, inlined
-                    slab = desc.slab
-                    key = desc.stream = desc.family if slab is None else (
-                        slab if slab.family == ROUTED else slab.ring)
-                    streams[key] = streams.get(key, 0) + 1
-        if by_stream and streaming:
-            self.rate = self.aggregate_by_k[len(streams)] / len(streaming)
-        else:
-            self.rate = self.rate_by_n[len(streaming)]
-        if landed is not None:
-            self.last_land_s = now
-            recorder, on_land = self.recorder, self.on_land
-            for desc in landed:  # _land
-                self.in_flight -= 1  # per copy: its on_land may issue into the freed slot
-                self.bytes_moved += desc.nbytes
-                desc.landed = True
-                desc.land_s = now
-                if recorder is not None:
-                    recorder.dma(desc)
-                    heapq.heappush(self.free_lanes, desc.lane)
-                if desc.waiter is not None:  # the compute stream waits on this copy
-                    desc.waiter.wake()
-                on_land(desc)
-        if self.queue and self.in_flight < self.max_in_flight:
-            self._issue()

@@ -24,10 +24,12 @@ and the buffers held then.
 
 from __future__ import annotations
 
+from heapq import heappush
+
 import simpy
 
 from tpusim.engine.hbm import HbmServer
-from tpusim.engine.items import Descriptor, Pool, Slab
+from tpusim.engine.items import Pool, Slab
 from tpusim.engine.timeline import Recorder
 
 
@@ -70,6 +72,8 @@ class StagingMemory:
     def _fill(self, pool: Pool) -> None:
         order, ptr, admitted = pool.order, pool.ptr, False
         hbm, plain = self.hbm, self.plain
+        # HbmServer.enqueue_many, inlined where copies queue by urgency and no events are kept
+        queue = hbm.queue if not hbm.in_order and hbm.events is None else None
         while ptr < len(order):
             slab = order[ptr]
             if not slab.released:
@@ -86,7 +90,11 @@ class StagingMemory:
                     self.peak_bytes, self.peak_s, self.peak_layer = used, self.env.now, self.current_layer
             else:
                 self._occupy(slab, slab.nbytes)
-            hbm.enqueue_many(slab.descs)
+            if queue is not None:
+                for desc in slab.descs:
+                    heappush(queue, (desc.seq, desc))
+            else:
+                hbm.enqueue_many(slab.descs)
             ptr += 1
             admitted = True
         pool.ptr = ptr
@@ -104,7 +112,10 @@ class StagingMemory:
             self.used_bytes -= slab.nbytes
         else:
             self._occupy(slab, -slab.nbytes)
-        self._fill(slab.pool)
+        pool = slab.pool
+        ptr = pool.ptr
+        if ptr < len(pool.order) and pool.order[ptr].released:  # (else _fill would admit nothing)
+            self._fill(pool)
 
     def resolve(self, slab: Slab) -> None:
         """Routing is known and ``slab`` was mispredicted: drop it (once it has landed)."""
@@ -112,16 +123,6 @@ class StagingMemory:
             self.free(slab)
         else:
             slab.free_on_land = True
-
-    def landed(self, desc: Descriptor) -> None:
-        """HBM callback: ``desc`` has landed."""
-        slab = desc.slab
-        if slab is not None:
-            slab.pending -= 1
-            if slab.pending == 0 and slab.free_on_land:
-                self.free(slab)
-        if desc.frees_slab is not None:
-            self.free(desc.frees_slab)
 
     # ----------------------------------------------------------------- occupancy
 

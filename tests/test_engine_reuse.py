@@ -1,0 +1,130 @@
+"""A lowered step kept and reset (:mod:`tpusim.engine.reuse`) runs exactly as a fresh lowering.
+
+The engine keeps the last few lowered steps and, when the same step is simulated again, sets
+their run state back instead of lowering again. That must change nothing simulated: the reset
+state equals a fresh lowering's, attribute by attribute, and a reused step's results equal a
+fresh one's with ``==`` on every built-in schedule, K3 and its mini, batch 1 and 8, TPU v7 and
+v5e (a lowering of another step in between: the store looks steps up by their inputs). The
+lowering's collectives (step 5), shared by every schedule of one program on one chip, too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import cache
+
+import pytest
+
+from hwmodels.catalog import make_system
+from hwmodels.schema import Chip
+from tpusim.engine import InfeasibleSchedule, build, simulate
+from tpusim.engine.build import Lowered
+from tpusim.engine.policy import execution_policy
+from tpusim.engine.reuse import _KEPT, forget_lowerings, lowered_step
+from tpusim.schedule.schema import BUILTIN_SCHEDULES, load_schedule
+from tpusim.schedule.vmem import vmem_plan
+from tpusim.workload.model_catalog import load_model, plan_for
+from tpusim.workload.program import Program, build_program
+
+DESC_STATE = ("landed", "waiter", "stream", "lane", "issue_s", "land_s")
+SLAB_STATE = ("pending", "released", "reserved", "freed", "free_on_land")
+
+
+@cache
+def program_on(model: str, hardware: str, batch: int) -> tuple[Program, Chip]:
+    system = make_system(hardware, 16, calibrated=False)
+    loaded = load_model(model)
+    plan = plan_for(loaded, system.devices, devices_per_chip=system.chip.devices_per_chip)
+    return build_program(loaded, plan, batch=batch), system.chip
+
+
+def _results(program: Program, schedule: str, chip: Chip) -> object:
+    try:
+        result = simulate(program, load_schedule(schedule), chip, record_events=True)
+    except InfeasibleSchedule as error:
+        return f"infeasible: {error}"
+    return dataclasses.asdict(dataclasses.replace(result, event_count=0)), result.event_count
+
+
+def _state(lowered: Lowered) -> list[object]:
+    """Everything a run may mutate, in a comparable form."""
+    out: list[object] = []
+    for pool in lowered.pools:
+        out.append((pool.name, pool.ptr, pool.used_bytes))
+        for slab in pool.order:
+            out.append((slab.seq, slab.ring.used, *(getattr(slab, name) for name in SLAB_STATE)))
+            out.extend((desc.seq, *(getattr(desc, name) for name in DESC_STATE)) for desc in slab.descs)
+    for op in lowered.ops:
+        out.extend((desc.seq, *(getattr(desc, name) for name in DESC_STATE))
+                   for piece in op.pieces for desc in piece.writes)
+    return out
+
+
+@pytest.mark.parametrize("schedule", BUILTIN_SCHEDULES)
+def test_reset_state_equals_a_fresh_lowering(schedule: str) -> None:
+    """After a run, the kept step's state is set back to exactly its state as lowered."""
+    program, chip = program_on("kimi-k3-mini", "tpu-v5e", 8)
+    effective = load_schedule(schedule)
+    policy = execution_policy(chip)
+    vmem = vmem_plan(effective, program.model, program.plan, program.resident_rows, program.kv_sequences)
+    forget_lowerings()
+    with lowered_step(program, effective, chip, policy, vmem) as lowered:
+        fresh = _state(lowered)
+    _results(program, schedule, chip)  # runs the kept step: its state moves
+    assert _state(_KEPT[-1].lowered) != fresh
+    with lowered_step(program, effective, chip, policy, vmem) as again:
+        assert again is _KEPT[-1].lowered  # reused, not lowered again
+        assert _state(again) == fresh
+
+
+def test_a_held_step_is_not_shared() -> None:
+    """A run holding a kept step (another thread) makes a second run lower its own copy."""
+    program, chip = program_on("kimi-k3-mini", "tpu-v5e", 1)
+    effective = load_schedule("published")
+    policy = execution_policy(chip)
+    vmem = vmem_plan(effective, program.model, program.plan, program.resident_rows, program.kv_sequences)
+    forget_lowerings()
+    with lowered_step(program, effective, chip, policy, vmem) as held:
+        with lowered_step(program, effective, chip, policy, vmem) as other:
+            assert other is not held and _state(other) == _state(held)
+        assert len(_KEPT) == 1 and _KEPT[0].lowered is held  # the second copy is not kept
+        expected = _results(program, "published", chip)  # runs on a copy of its own, too
+    assert _results(program, "published", chip) == expected  # the kept one, reset
+
+
+def test_reused_step_equals_fresh_mini() -> None:
+    """The fast check (mini, tpu-v5e: copies in issue order, conversions), batch 1."""
+    program, chip = program_on("kimi-k3-mini", "tpu-v5e", 1)
+    for schedule in BUILTIN_SCHEDULES:
+        forget_lowerings()
+        fresh = _results(program, schedule, chip)
+        _results(program, BUILTIN_SCHEDULES[0] if schedule != BUILTIN_SCHEDULES[0] else BUILTIN_SCHEDULES[1], chip)
+        assert _results(program, schedule, chip) == fresh, schedule
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hardware", ["tpu-v7", "tpu-v5e"])
+@pytest.mark.parametrize("model", ["kimi-k3", "kimi-k3-mini"])
+@pytest.mark.parametrize("batch", [1, 8])
+def test_reused_step_equals_fresh_exactly(model: str, hardware: str, batch: int) -> None:
+    program, chip = program_on(model, hardware, batch)
+    forget_lowerings()
+    fresh = {schedule: _results(program, schedule, chip) for schedule in BUILTIN_SCHEDULES}
+    for schedule in BUILTIN_SCHEDULES:  # each step kept, then reset and run again
+        assert _results(program, schedule, chip) == fresh[schedule], (model, hardware, batch, schedule)
+
+
+def test_collectives_shared_across_schedules_exactly() -> None:
+    """Step 5 of the lowering is remembered per (program, chip, policy) and shared by every
+    schedule: a schedule lowered with the plans another schedule's lowering made runs exactly as
+    one lowered with plans of its own (K3 on tpu-v7: message collectives, chains)."""
+    program, chip = program_on("kimi-k3", "tpu-v7", 1)
+    forget_lowerings()
+    build._COLLECTIVES.clear()
+    own = _results(program, "naive", chip)
+    forget_lowerings()
+    build._COLLECTIVES.clear()
+    _results(program, "published", chip)  # lowers step 5 for the program
+    assert len(build._COLLECTIVES) == 1
+    assert _results(program, "naive", chip) == own  # naive lowered with published's plans
+    assert len(build._COLLECTIVES) == 1
