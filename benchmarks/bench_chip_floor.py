@@ -5,7 +5,7 @@ From committed records only (no TPU needed)::
     .venv/bin/python benchmarks/bench_chip_floor.py [--decoder fp8-pairs]
 
 For each K3-shard decode of the kernel with ``--decoder`` (default: the kernel as it is now,
-:data:`megakernel.quant.KERNEL_DECODER`), measured on tpu-v5e
+:data:`megakernel.quant_pairs.KERNEL_DECODER`), measured on tpu-v5e
 (``calibration/data/tpu-v5e-kernel.jsonl``): ms per step, HBM GB per step, the **floor** —
 the step's HBM bytes at the chip's streaming rate plus one empty call, both from the probes of
 the same device session (or, for a session that ran none, the latest one before it, named) (``dma_stream`` copies of >= 4 MiB less the empty call, and
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from calibration.sources.tpu_probes import SUSTAINED, probe_figures, record_decoder
-from megakernel.quant import KERNEL_DECODER
+from megakernel.quant_pairs import KERNEL_DECODER
 from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 
 DATA = Path(__file__).resolve().parents[1] / "calibration" / "data"

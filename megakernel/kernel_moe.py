@@ -26,7 +26,7 @@ from megakernel.dims import LANES
 from megakernel.kernel_attention import Begin, add_to_residual, mix_norm
 from megakernel.kernel_dma import N_NEXT, Ctx, idiv, imod
 from megakernel.math_common import rmsnorm, situ
-from megakernel.quant import fp8_panel_product, mxfp4_panel_product, prescale_activations
+from megakernel.quant_pairs import fp8_panel_product, mxfp4_panel_product, prescale_activations
 from tpusim.workload.registry.names import (
     Collective,
     HeadOp,

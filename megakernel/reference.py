@@ -36,7 +36,8 @@ from megakernel import math_kda, math_mla, math_moe, residual
 from megakernel.dims import ModelDims
 from megakernel.layout import Weights
 from megakernel.math_common import mm, rmsnorm, situ
-from megakernel.quant import dequant_mxfp4, fp8_blocked_products
+from megakernel.quant import dequant_mxfp4
+from megakernel.quant_pairs import fp8_blocked_products
 from tpusim.workload.registry.names import (
     HeadTensor,
     KdaTensor,

@@ -41,7 +41,7 @@ from megakernel.events import save_routing_trace
 from megakernel.hbm import pack_hbm
 from megakernel.kernel import DEFAULT_VMEM_LIMIT_BYTES, Megakernel
 from megakernel.layout import load_safetensors, random_weights
-from megakernel.quant import KERNEL_DECODER
+from megakernel.quant_pairs import KERNEL_DECODER
 from megakernel.reference import (
     DecodeState,
     decode_step,

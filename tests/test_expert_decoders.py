@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from megakernel import quant
+from megakernel import quant, quant_pairs
 
 
 def _bf16_rows(bits: np.ndarray) -> np.ndarray:
@@ -24,24 +24,24 @@ def test_every_code_in_every_position_decodes_exactly(rows: int) -> None:
     codes = np.arange(rows * cols, dtype=np.int64).reshape(rows, cols)
     codes = ((codes * 131 + codes // cols * 7) % 256).astype(np.uint8)  # every code, in every row and lane slot
     codes[(codes & 0x7F) == 0x7F] = 0x00  # e4m3fn's NaN: never produced by the encoder
-    words = quant.pack_fp8_pairs(codes)
+    words = quant_pairs.pack_fp8_pairs(codes)
     t = np.asarray(words).reshape(rows // 4, 2, cols)
     t32 = t[:, 0].astype(np.uint32) | (t[:, 1].astype(np.uint32) << 16)  # u16 rows 2i, 2i+1 -> u32 row i
-    group = quant.fp8_pair_group_rows(rows)
+    group = quant_pairs.fp8_pair_group_rows(rows)
     out = np.zeros((rows, cols))
     for g in range(rows // group):
-        first, second = quant.fp8_pairs_group(jnp.asarray(t32[g * group // 4: (g + 1) * group // 4]))
+        first, second = quant_pairs.fp8_pairs_group(jnp.asarray(t32[g * group // 4: (g + 1) * group // 4]))
         out[g * group: g * group + group // 2] = _bf16_rows(np.asarray(first))
         out[g * group + group // 2: (g + 1) * group] = _bf16_rows(np.asarray(second))
-    want = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float64) * 2.0 ** -quant.FP8_FOLD_LOG2
+    want = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float64) * 2.0 ** -quant_pairs.FP8_FOLD_LOG2
     assert np.array_equal(out, want)  # subnormal codes land on bf16 subnormals, exactly
 
 
 def test_one_group_packs_like_the_byte_words() -> None:
     codes = np.random.default_rng(0).integers(0, 256, (256, 128)).astype(np.uint8)
-    assert np.array_equal(quant.pack_fp8_pairs(codes), quant.pack_bytes_to_words(codes))
+    assert np.array_equal(quant_pairs.pack_fp8_pairs(codes), quant.pack_bytes_to_words(codes))
     with pytest.raises(ValueError, match="rows % 256"):
-        quant.pack_fp8_pairs(codes[:128])
+        quant_pairs.pack_fp8_pairs(codes[:128])
 
 
 def test_blocked_product_equals_the_dense_product() -> None:
@@ -54,11 +54,11 @@ def test_blocked_product_equals_the_dense_product() -> None:
     dense *= np.repeat(scales.astype(np.float64), quant.FP8_BLOCK_ROWS, axis=0)
     x = rng.standard_normal((batch, rows)).astype(ml_dtypes.bfloat16)
     scale_words = jnp.asarray(quant.bf16_to_words(scales.astype(np.float32)))
-    got = jax.jit(quant.fp8_panel_product)(quant.prescale_activations(jnp.asarray(x)),
-                                           jnp.asarray(quant.pack_fp8_pairs(codes)), scale_words)
+    got = jax.jit(quant_pairs.fp8_panel_product)(quant_pairs.prescale_activations(jnp.asarray(x)),
+                                           jnp.asarray(quant_pairs.pack_fp8_pairs(codes)), scale_words)
     want = x.astype(np.float64) @ dense
     assert np.abs(np.asarray(got, np.float64) - want).max() <= 2e-6 * np.abs(want).max()
-    logical = quant.fp8_blocked_products(jnp.asarray(x, jnp.float32), jnp.asarray(codes)[None], jnp.asarray(scales)[None])
+    logical = quant_pairs.fp8_blocked_products(jnp.asarray(x, jnp.float32), jnp.asarray(codes)[None], jnp.asarray(scales)[None])
     # the reference's logical form: the same sums (bit-identity in the kernel is test_megakernel_kernel's)
     assert np.abs(np.asarray(logical, np.float64)[:, 0] - want).max() <= 2e-6 * np.abs(want).max()
 

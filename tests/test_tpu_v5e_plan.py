@@ -13,10 +13,12 @@ from calibration.reports import tpu_v5e_plan as plan
 from calibration.sources.tpu_fixed_cost import kernel_probe_chip
 from calibration.sources.tpu_probes import dequant_path
 from hwmodels.catalog import load_chip
-from megakernel.quant import KERNEL_DECODER, WORDS32_DECODER
+from megakernel.quant import WORDS32_DECODER
+from megakernel.quant_pairs import KERNEL_DECODER
 
 DATA = Path(__file__).resolve().parents[1] / "calibration" / "data"
 DOCUMENTED_MAPE, MARGIN = 0.027, 0.01  # 18 runs, MAPE 2.7 % (docs/megakernel-on-tpu.md, README)
+DOCUMENTED_DERIVED_MAPE = 0.018  # sets v5e-y/z: 11 runs, MAPE 1.75 %, 10 within 5 % (docs/megakernel-on-tpu.md)
 
 
 def _rows(name: str) -> list[dict]:
@@ -48,21 +50,42 @@ def _when(text: str) -> dt.datetime:
     return dt.datetime.fromisoformat(text)
 
 
-def test_every_prediction_was_on_record_before_its_run_and_holds() -> None:
+def _build(row: dict) -> tuple[int, int]:
+    return tuple(row.get("panel_unroll") or (1, 1))  # type: ignore[return-value]
+
+
+def _first_errors(derived: bool) -> dict[tuple[int, int], list[float]]:
+    """Per kernel build, |first prediction recorded before the run / measured - 1| of each run,
+    the simulator's (``derived`` False) or the derived figure's; every run has one of each kind
+    its build was predicted with, recorded before it ran."""
     kernel = [r for r in _rows("tpu-v5e-kernel.jsonl") if r.get("decoder") in plan.PART_DECODERS]
-    predictions = _rows("tpu-v5e-predictions.jsonl")
-    errors = []
+    predictions = [p for p in _rows("tpu-v5e-predictions.jsonl") if not p.get("kernel_variant")
+                   and p["label"].startswith("derived") == derived]
+    errors: dict[tuple[int, int], list[float]] = {}
     for run in kernel:
         ran = _when(run["provenance"].split("date=")[1].split()[0])
-        stems = {run["schedule"]}
         match = [p for p in predictions if p["decoder"] == run["decoder"] and p["batch"] == run["batch"]
-                 and Path(p["schedule"]).stem in stems | {_stem(run)}]
-        assert match, f"{run['schedule']} b{run['batch']} ({run['decoder']}) ran without a prediction"
+                 and _build(p) == _build(run) and Path(p["schedule"]).stem in {run["schedule"], _stem(run)}]
+        if derived and not match and _build(run) == (1, 1):
+            continue  # the one-panel builds were predicted by the simulator alone
+        assert match, f"{run['schedule']} b{run['batch']} ({run['decoder']}, {_build(run)}) ran without a prediction"
         first = min(match, key=lambda p: _when(p["date"]))
         assert _when(first["date"]) < ran, f"{run['schedule']} b{run['batch']}: predicted after it ran"
-        errors.append(abs(first["predicted_ms"] / run["ms_per_step_median"] - 1))
-    assert len(errors) >= 18
-    assert sum(errors) / len(errors) <= DOCUMENTED_MAPE + MARGIN, errors
+        errors.setdefault(_build(run), []).append(abs(first["predicted_ms"] / run["ms_per_step_median"] - 1))
+    return errors
+
+
+def test_every_prediction_was_on_record_before_its_run_and_holds() -> None:
+    simulated = _first_errors(derived=False)
+    plain = simulated[(1, 1)]  # the kernel with one panel an iteration: the simulator predicted it
+    assert len(plain) >= 20
+    assert sum(plain) / len(plain) <= DOCUMENTED_MAPE + MARGIN, plain
+    # the unrolled kernel (sets v5e-y, v5e-z): the simulator did not price the unroll then
+    # (11-36 % slow, docs/megakernel-on-tpu.md); the figure derived from set v5e-x's variants did
+    unrolled = _first_errors(derived=True)[(4, 2)]
+    assert len(unrolled) >= 11 and len(simulated[(4, 2)]) == len(unrolled)
+    assert sum(unrolled) / len(unrolled) <= DOCUMENTED_DERIVED_MAPE + MARGIN, unrolled
+    assert sum(e <= 0.05 for e in unrolled) >= 10
 
 
 @functools.cache

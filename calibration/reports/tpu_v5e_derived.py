@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from calibration.reports.tpu_v5e_plan import PREDICTIONS_PATH
-from megakernel.quant import FP8_PAIRS_DECODER, KERNEL_DECODER
+from megakernel.quant_pairs import FP8_PAIRS_DECODER, KERNEL_DECODER
 from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -2,7 +2,7 @@
 
 ``python -m calibration.reports.tpu_v5e_plan --set NAME [--write]`` predicts every K3-shard
 decode case of set ``NAME`` (``calibration/tpu_bench/sets.json``) for the kernel as it is now
-(:data:`megakernel.quant.KERNEL_DECODER`) and, with ``--write``, appends one row per case to
+(:data:`megakernel.quant_pairs.KERNEL_DECODER`) and, with ``--write``, appends one row per case to
 ``calibration/data/tpu-v5e-predictions.jsonl`` — committed before the device call, so the
 predicted figure is on record before the chip measures it (:mod:`calibration.reports.tpu_v5e_judge`
 sets the two side by side afterwards).
@@ -40,7 +40,8 @@ from calibration.sources.tpu_probes import PROBES_PATH, dequant_path
 from hwmodels.catalog import load_chip
 from hwmodels.overlay import _figure_slot
 from hwmodels.schema import Chip
-from megakernel.quant import FP8_PAIRS_DECODER, KERNEL_DECODER, WORDS32_DECODER
+from megakernel.quant import WORDS32_DECODER
+from megakernel.quant_pairs import FP8_PAIRS_DECODER, KERNEL_DECODER
 from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -110,7 +111,9 @@ def predict_set(set_name: str) -> list[dict[str, Any]]:
         if match is None:
             sys.stderr.write(f"{case.schedule} b{case.batch}: no words32 run to take the routing from; not predicted\n")
             continue
-        planned.append((case, replace(match, ms_median=float("nan"), ms_spread=float("nan"), runs=0)))
+        unroll = (case.panel_unroll or PANEL_UNROLL, case.expert_panel_unroll or EXPERT_PANEL_UNROLL)
+        planned.append((case, replace(match, ms_median=float("nan"), ms_spread=float("nan"), runs=0,
+                                      panel_unroll=unroll)))
     predictor = ChipRecordPredictor([r for _, r in planned])
     predicted = predictor.predict_many(chip, range(len(planned)))
     now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
@@ -119,17 +122,17 @@ def predict_set(set_name: str) -> list[dict[str, Any]]:
                      "shard_of": case.shard_of, "schedule": case.schedule, "batch": case.batch,
                      "context": case.context, "routing": record.routing, "predicted_ms": ms,
                      "label": "simulated (way (b) of the words32 kernel; the new decoders from the static schedule)"
-                     + ("" if (PANEL_UNROLL, EXPERT_PANEL_UNROLL) == (1, 1) else
-                        "; the panel loops' unroll not priced"),
+                     + ("" if record.panel_unroll == (1, 1) else
+                        "; the panel loops' unroll: each product's fixed cost over the panels in flight"),
                      "figures": {dequant_path(f): _figure(chip, dequant_path(f)) for f in FORMAT_OF_PART.values()},
-                     "date": now, "probes": str(PROBES_PATH.name), "panel_unroll": [PANEL_UNROLL, EXPERT_PANEL_UNROLL],
+                     "date": now, "probes": str(PROBES_PATH.name), "panel_unroll": list(record.panel_unroll),
                      **({"kernel_variant": variant} if (variant := case_variant(case)) else {})})
     return rows
 
 
 def case_variant(case: Any) -> dict[str, int] | None:
-    """The kernel knobs a planned case sets (the simulator prices none of them: a variant's
-    prediction is the kernel's, which is what "predicted before the run" then tests)."""
+    """The kernel knobs a planned case sets (the engine prices the panel loops' unroll since
+    set v5e-z; the predictions of sets v5e-x and v5e-y, recorded before, did not)."""
     variant = {k: v for k in ("panel_unroll", "expert_panel_unroll") if (v := getattr(case, k, None)) is not None}
     return variant or None
 

@@ -58,11 +58,14 @@ class ChipRecord:
     ms_spread: float
     runs: int
     expert_cap: int | None = None  # a fixed-cost probe run: at most this many experts a layer
+    # the kernel build's panels a panel-loop iteration (dense, experts); records before the field: 1, 1
+    panel_unroll: tuple[int, int] = (1, 1)
 
     @property
     def key(self) -> str:
         cap = f"/cap{self.expert_cap}" if self.expert_cap is not None else ""
-        return f"{self.schedule}@b{self.batch}{cap}"
+        unroll = "" if self.panel_unroll == (1, 1) else f"/u{self.panel_unroll[0]}x{self.panel_unroll[1]}"
+        return f"{self.schedule}@b{self.batch}{cap}{unroll}"
 
 
 def schedules_by_hash() -> dict[str, Path]:
@@ -131,11 +134,11 @@ def load_chip_records(path: Path | str = KERNEL_PATH, shard_of: str = "k3-tp32",
         raise InputError(f"{path}: no kernel records with shard_of {shard_of!r} and decoder {decoder!r} (the "
                          "K3-shard runs of megakernel.runner; records without a decoder ran 'bytes')")
     files = schedules_by_hash()
-    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for row in rows:
-        groups.setdefault((row["schedule_hash"], row["batch"]), []).append(row)
+    groups: dict[tuple[str, int, tuple[int, int]], list[dict[str, Any]]] = {}
+    for row in rows:  # runs of another kernel build (panel loops unrolled) are another record
+        groups.setdefault((row["schedule_hash"], row["batch"], record_unroll(row)), []).append(row)
     out = []
-    for (digest, batch), runs in groups.items():
+    for (digest, batch, unroll), runs in groups.items():
         if digest not in files:
             raise InputError(f"{path.name}: schedule {runs[0]['schedule']} [{digest}] matches no schedule file")
         trace = str(runs[0]["routing"]).removeprefix("trace:")
@@ -150,8 +153,15 @@ def load_chip_records(path: Path | str = KERNEL_PATH, shard_of: str = "k3-tp32",
             model=runs[0]["model"], shard_of=shard_of, schedule=runs[0]["schedule"],
             schedule_path=str(files[digest].relative_to(ROOT)), batch=batch, context=runs[0]["context"],
             routing=f"trace:{routing_name}", ms_median=statistics.median(r["ms_per_step_median"] for r in runs),
-            ms_spread=max(r["ms_per_step_spread"] for r in runs), runs=len(runs), expert_cap=expert_cap))
-    return sorted(out, key=lambda r: (r.batch, r.schedule))
+            ms_spread=max(r["ms_per_step_spread"] for r in runs), runs=len(runs), expert_cap=expert_cap,
+            panel_unroll=unroll))
+    return sorted(out, key=lambda r: (r.batch, r.schedule, r.panel_unroll))
+
+
+def record_unroll(row: dict[str, Any]) -> tuple[int, int]:
+    """A kernel record's panel loops (dense, experts panels an iteration); 1, 1 before the field."""
+    dense, expert = row.get("panel_unroll") or (1, 1)
+    return int(dense), int(expert)
 
 
 def figures_key(chip: Chip) -> tuple[tuple[str, float], ...]:
@@ -179,7 +189,7 @@ def simulate_record_ms(record: ChipRecord, chip: Chip) -> float:
     if key not in _WORKER_PROGRAMS:
         _WORKER_PROGRAMS[key] = record_program(record)
     program, schedule = _WORKER_PROGRAMS[key]
-    return simulate(program, schedule, chip, check_capacity=False).step_s * 1e3
+    return simulate(program, schedule, chip, check_capacity=False, panel_unroll=record.panel_unroll).step_s * 1e3
 
 
 @dataclass
@@ -218,7 +228,8 @@ class ChipRecordPredictor:
             found = []
             for i in missing:
                 program, schedule = self._program(i)
-                found.append(simulate(program, schedule, chip, check_capacity=False).step_s * 1e3)
+                found.append(simulate(program, schedule, chip, check_capacity=False,
+                                      panel_unroll=self.records[i].panel_unroll).step_s * 1e3)
         for i, ms in zip(missing, found, strict=True):
             self.cache[(figures, i)] = ms
         self.runs += len(missing)

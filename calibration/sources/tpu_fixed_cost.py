@@ -110,7 +110,7 @@ def _ms(runs: list[ChipRecord], chip: Chip) -> np.ndarray:
     out = []
     for run in runs:
         program, schedule = _program(run)
-        out.append(simulate(program, schedule, chip, check_capacity=False).step_s * 1e3)
+        out.append(simulate(program, schedule, chip, check_capacity=False, panel_unroll=run.panel_unroll).step_s * 1e3)
     return np.array(out)
 
 

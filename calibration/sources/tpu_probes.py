@@ -31,7 +31,7 @@ writes them as the chip's overlay through the one overlay mechanism
 :func:`probe_chip` returns the chip with them in place, labelled ``measured``.
 
 **Which decoder.** The kernel's expert decoders changed on 2026-12-06 (``bytes`` ->
-``words32``, :data:`megakernel.quant.KERNEL_DECODER`; the dequant probes time both, each
+``words32``, :data:`megakernel.quant_pairs.KERNEL_DECODER`; the dequant probes time both, each
 record's ``params.decoder``, none = ``bytes``). Every loader here takes ``decoder``: the
 dequant figures are that decoder's, every other figure is shared. The default,
 :data:`CALIBRATION_DECODER`, is the decoder of the kernel as it is now (``words32``): the

@@ -54,7 +54,7 @@ from calibration.tpu_bench.common import (
     time_compiled,
     topology_device,
 )
-from megakernel.quant import KERNEL_DECODER
+from megakernel.quant_pairs import KERNEL_DECODER
 
 WARMUP, REPEATS = 3, 15
 QUICK_WARMUP, QUICK_REPEATS = 1, 2

@@ -50,14 +50,11 @@ from calibration.tpu_bench.common import LANES, MIB, Point, Probe
 from megakernel.math_common import rmsnorm, silu
 from megakernel.quant import (
     FP8_BLOCK_ROWS,
-    FP8_PAIRS_DECODER,
-    KERNEL_DECODER,
     MXFP4_BLOCK_ROWS,
     WORDS32_DECODER,
     decode_e2m1,
     decode_e4m3,
     decode_e8m0,
-    dequant_fp8_pairs,
     dequant_fp8_words,
     dequant_mxfp4_fold,
     dequant_mxfp4_words,
@@ -65,6 +62,7 @@ from megakernel.quant import (
     split_words,
     words_to_bf16,
 )
+from megakernel.quant_pairs import FP8_PAIRS_DECODER, KERNEL_DECODER, dequant_fp8_pairs
 from tpusim.workload.registry.names import Family
 
 Interpret = Any

@@ -8,7 +8,7 @@ activations, f32 out — for each decoder (``params.decoder``):
 
 - ``words32`` (:func:`megakernel.quant.dequant_fp8_words` / ``dequant_mxfp4_words``): the
   whole panel decoded to bf16 (scales applied per weight), then one ``jnp.dot``;
-- ``pairs`` (:func:`megakernel.quant.fp8_pairs_product` / ``mxfp4_pairs_product``): two bf16
+- ``pairs`` (:func:`megakernel.quant_pairs.fp8_pairs_product` / ``mxfp4_pairs_product``): two bf16
   values per u32 operation, one product per scale block, scales and folds applied to the
   products (the MXFP4 form reads e2m1's 0.5 as a bf16 subnormal: 0 on the v5e MXU);
 - ``fold`` (down only, :func:`megakernel.quant.dequant_mxfp4_fold`): the kernel's MXFP4 form,
@@ -41,14 +41,14 @@ from jax import lax
 
 from calibration.tpu_bench.common import LANES, Point, Probe
 from calibration.tpu_bench.probes_compute import LATENT, SLICE_WIDTH, SLOTS, _call, _slot
-from megakernel import quant
+from megakernel import quant, quant_pairs
 
 Interpret = Any
 PRODUCT_REPEATS = (1, 4, 16)
 PRODUCT_ROWS = (1, 8)
 PARTS: dict[str, tuple[int, int]] = {"gate_up": (LATENT, 2 * SLICE_WIDTH), "down": (SLICE_WIDTH, LATENT)}
 FOLD = "fold"  # MXFP4 by :func:`megakernel.quant.dequant_mxfp4_fold`, then one product (down only)
-PRODUCT_DECODERS = (quant.WORDS32_DECODER, quant.PAIRS_DECODER, FOLD)
+PRODUCT_DECODERS = (quant.WORDS32_DECODER, quant_pairs.PAIRS_DECODER, FOLD)
 FLUSHED = "flushed: every bf16 subnormal weight read as 0"  # mxu_subnormal's check when the unit flushes
 PRODUCT_TOLERANCE = 2e-5  # f32 accumulation over K <= 3584 exact-in-bf16 products
 
@@ -70,7 +70,7 @@ def panel_product(part: str, decoder: str) -> Callable[[jax.Array, jax.Array, ja
             raise ValueError("the fold decoder is MXFP4's (down)")
 
         def fold(x: jax.Array, v: jax.Array, s: jax.Array) -> jax.Array:
-            return quant.mxfp4_panel_product(x, v, s)
+            return quant_pairs.mxfp4_panel_product(x, v, s)
         return fold
     if decoder == quant.WORDS32_DECODER:
         def words32(x: jax.Array, v: jax.Array, s: jax.Array) -> jax.Array:
@@ -81,8 +81,8 @@ def panel_product(part: str, decoder: str) -> Callable[[jax.Array, jax.Array, ja
 
     def pairs(x: jax.Array, v: jax.Array, s: jax.Array) -> jax.Array:
         if fp8:
-            return quant.fp8_pairs_product(x, v, quant.words_to_bf16(s).astype(jnp.float32))
-        return quant.mxfp4_pairs_product(x, v, quant.decode_e8m0(quant.split_words(s, axis=0)))
+            return quant_pairs.fp8_pairs_product(x, v, quant.words_to_bf16(s).astype(jnp.float32))
+        return quant_pairs.mxfp4_pairs_product(x, v, quant.decode_e8m0(quant.split_words(s, axis=0)))
     return pairs
 
 
@@ -95,8 +95,8 @@ def product_call(part: str, decoder: str, rows: int, interpret: Interpret) -> Ca
     def kernel(s_ref: Any, x_ref: Any, v_ref: Any, sc_ref: Any, o_ref: Any) -> None:
         def body(i: Any, c: Any) -> Any:
             x = x_ref[_slot(i)]
-            if decoder == quant.PAIRS_DECODER:
-                x = quant.prescale_activations(x)
+            if decoder == quant_pairs.PAIRS_DECODER:
+                x = quant_pairs.prescale_activations(x)
 
             def panel(p: Any, c2: Any) -> Any:
                 o_ref[p] = product(x, v_ref[p], sc_ref[p])
@@ -126,7 +126,7 @@ def product_inputs(part: str, rows: int, seed: int) -> tuple[list[jax.Array], np
         dense = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float64)
         dense *= np.repeat(scales.astype(np.float64), quant.FP8_BLOCK_ROWS, axis=0)
         words = {quant.WORDS32_DECODER: quant.pack_fp8_words(by_panel(codes)),
-                 quant.PAIRS_DECODER: quant.pack_fp8_pairs(by_panel(codes))}
+                 quant_pairs.PAIRS_DECODER: quant_pairs.pack_fp8_pairs(by_panel(codes))}
         scale_words = quant.bf16_to_words(by_panel(scales.astype(np.float32)))
     else:
         packed, exps = quant.quantize_mxfp4(w)
@@ -135,7 +135,7 @@ def product_inputs(part: str, rows: int, seed: int) -> tuple[list[jax.Array], np
         dense *= np.repeat(np.exp2(exps.astype(np.float64) - quant.E8M0_BIAS), quant.MXFP4_BLOCK_ROWS, axis=0)
         words = {quant.WORDS32_DECODER: quant.pack_mxfp4_words(by_panel(packed)),
                  FOLD: quant.pack_mxfp4_words(by_panel(packed)),
-                 quant.PAIRS_DECODER: quant.pack_mxfp4_pairs(by_panel(packed))}
+                 quant_pairs.PAIRS_DECODER: quant_pairs.pack_mxfp4_pairs(by_panel(packed))}
         scale_words = quant.pack_bytes_to_words(by_panel(exps))
     arrays = {name: jnp.asarray(v) for name, v in words.items()}
     return [jnp.asarray(x), arrays, jnp.asarray(scale_words)], x.astype(np.float64), dense  # type: ignore[list-item]

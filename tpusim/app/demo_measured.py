@@ -53,7 +53,7 @@ def _ranking_text(rankings: list[dict[str, Any]], batch: int) -> str:
 def measured_section(run: DemoRun) -> list[str]:
     from calibration.reports.tpu_v5e_decoders import EARLIER_DECODER
     from calibration.sources.tpu_probes import CALIBRATION_DECODER
-    from megakernel.quant import KERNEL_DECODER
+    from megakernel.quant_pairs import KERNEL_DECODER
 
     now = ": the kernel as it is now" if CALIBRATION_DECODER == KERNEL_DECODER else ""
     step = next((s for s in run.steps if s.name == STEP), None)

@@ -71,7 +71,8 @@ class VmemOverflow(InfeasibleSchedule):
 
 
 def simulate(program: Program, schedule: Schedule, chip: Chip, *, record_timeline: bool = False,
-             record_events: bool = False, check_capacity: bool = True, event_by_event: bool = False) -> SimResult:
+             record_events: bool = False, check_capacity: bool = True, event_by_event: bool = False,
+             panel_unroll: tuple[int, int] | None = None) -> SimResult:
     """Simulate one decode step of ``program`` under ``schedule`` on ``chip``.
 
     ``record_timeline`` attaches per-resource intervals and the VMEM curve
@@ -85,8 +86,14 @@ def simulate(program: Program, schedule: Schedule, chip: Chip, *, record_timelin
     (``result.vmem_static_bytes`` against ``result.vmem_capacity_bytes``).
     ``event_by_event`` runs the reference loop: one queue entry per piece and per copy event,
     no running ahead (:mod:`tpusim.engine.loop`); every result but ``event_count`` is the same.
+    ``panel_unroll``: the TPU kernel build's panels an iteration (dense, experts; see
+    :class:`~tpusim.engine.execution.ExecutionPolicy`), e.g. a measured record's; None: (1, 1).
     """
     policy = execution_policy(chip)
+    if panel_unroll is not None and tuple(panel_unroll) != policy.panel_unroll:
+        if min(panel_unroll) < 1:
+            raise ValueError(f"panel_unroll {panel_unroll}: panels an iteration must be >= 1")
+        policy = dataclasses.replace(policy, panel_unroll=(int(panel_unroll[0]), int(panel_unroll[1])))
     terms = policy.step_terms(program) if policy.step_terms is not None else {}
     if terms:  # serial per-step time: the stream pays it with the per-step cost
         policy = dataclasses.replace(policy, per_step_overhead_s=policy.per_step_overhead_s + sum(terms.values()))

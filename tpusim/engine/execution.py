@@ -142,6 +142,11 @@ class ExecutionPolicy:
     # program -> named per-step seconds that grow with the batch (a GPU serving stack's
     # tpusim.engine.gpu_batch terms), paid on the stream with the per-step cost
     step_terms: Callable[[Program], dict[str, float]] | None = None
+    # panels a TPU kernel's panel loop issues per iteration (streamed dense tensors, routed
+    # experts' parts; tpusim.schedule.kernel_layout.PANEL_UNROLL): the panels in flight share one
+    # MXU round trip, so each product's fixed cost (``dot_overhead_s``, measured one panel an
+    # iteration) is divided by them. (1, 1): one panel an iteration, what the probe measured.
+    panel_unroll: tuple[int, int] = (1, 1)
 
     def effective_schedule(self, schedule: Schedule) -> Schedule:
         """The schedule the engine actually runs under this execution mode."""

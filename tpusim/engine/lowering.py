@@ -44,7 +44,10 @@ class Builder:
         self.matrix = chip.matrix_unit
         self.compute_scale = 1.0 / policy.compute_efficiency
         dot = self.matrix.dot_overhead_s
-        self.dot_s = (dot.value if dot is not None else 0.0) * self.compute_scale  # per MXU product
+        dot_s = (dot.value if dot is not None else 0.0) * self.compute_scale  # per MXU product
+        dense_unroll, expert_unroll = policy.panel_unroll
+        self.dot_s = dot_s / dense_unroll  # the panels in flight share one round trip
+        self.expert_dot_s = dot_s / expert_unroll
         self.dots_cache: dict[tuple[int, int, int], float] = {}
         self.slab_seq = 0
         self.desc_seq = 0
@@ -156,7 +159,7 @@ class Builder:
     def panel_dots_s(self, cols: int) -> float:
         """The fixed cost of a routed expert part's products: one per 128-column panel, each over
         the whole contraction (``megakernel.kernel_dma.Ctx.panel_products``)."""
-        return -(-cols // LANES) * self.dot_s
+        return -(-cols // LANES) * self.expert_dot_s
 
     def vector_s(self, vector_flops: float) -> float:
         """VPU time of ``vector_flops`` (ops of a kind repeat in every layer: memoised)."""
