@@ -243,9 +243,9 @@ def markdown(fit: KernelFit, command: str = COMMAND) -> str:
              "*simulated with figures measured on tpu-v5e by probes* (three of them *derived* from the kernel's "
              "fixed-cost probe runs, none a decode); (c) *simulated, "
              f"{LABEL}* (each held-out row by a refit that never saw it).", "",
-             "## Probe figures (way b)", "", "| figure | on tpu-v5e | rule |", "| --- | ---: | --- |"]
-    for path, figure in fit.probe_figures.items():
-        lines.append(f"| `{path}` | {figure['value']:.4g} | {figure['source'].split(': ', 1)[-1]} |")
+             "## Probe figures (way b)", "", "| figure | on tpu-v5e | source and rule |", "| --- | ---: | --- |"]
+    for path, figure in fit.probe_figures.items():  # the whole source: its "derived (...)" part included
+        lines.append(f"| `{path}` | {figure['value']:.4g} | {figure['source']} |")
     lines += ["", "## Summary", "", *summary_lines(fit), "", "## Reading", "", *NOTES, kernel_note(fit.decoder),
               *LATER_NOTES, fixed_cost_note(fit.decoder), "",
               "## Intervals (way c, held out)", "",
