@@ -11,8 +11,12 @@ the step's HBM bytes at the chip's streaming rate plus one empty call, both from
 the same device session (or, for a session that ran none, the latest one before it, named) (``dma_stream`` copies of >= 4 MiB less the empty call, and
 ``empty_call``; ``calibration/data/tpu-v5e-probes.jsonl``) — the ratio measured / floor, the
 plain-JAX/XLA step on the same chip and bytes where it ran beside the kernel
-(``tpu-v5e-xla.jsonl``), and the simulator's prediction recorded before the run
-(``tpu-v5e-predictions.jsonl``, :mod:`calibration.reports.tpu_v5e_plan`) with its error.
+(``tpu-v5e-xla.jsonl``), and the predictions recorded before the run
+(``tpu-v5e-predictions.jsonl``) with their errors: the simulator's
+(:mod:`calibration.reports.tpu_v5e_plan`) and, for a kernel build first predicted from measured
+variants, the derived one (:mod:`calibration.reports.tpu_v5e_derived`). One kernel build a
+table (``--panel-unroll DENSE EXPERT``, default the kernel's). A second table sets the step's
+non-expert work beside plain XLA's with no routed expert, per session that timed it.
 Exit 2 when a records file is missing or the decoder has no runs.
 """
 
