@@ -22,9 +22,6 @@ from megakernel.runner import RunConfig
 from tpusim.schedule.schema import load_schedule
 from tpusim.workload.model_catalog import load_model, plan_for
 
-pytestmark = pytest.mark.slow
-
-
 def _step(dims, weights, params, tokens, **knobs):
     kernel = Megakernel(dims, load_schedule("published"), 1, 32, interpret=pltpu.InterpretParams(), **knobs)
     state = init_state(dims, 1, kernel.max_context, context=5, seed=1)
@@ -33,6 +30,7 @@ def _step(dims, weights, params, tokens, **knobs):
     return np.asarray(logits)
 
 
+@pytest.mark.heavy  # two interpret-mode steps (~25 s); the default run's kernel tests run the unrolled default
 def test_unrolled_panel_loops_compute_the_same_step():
     model = load_model("kimi-k3-nano").with_layers(4)
     dims = model_dims(model, plan_for(model, 1))
