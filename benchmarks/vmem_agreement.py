@@ -32,7 +32,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-MIB = 1 << 20
+from hwmodels.units import MIB
+
 CASES = ((1, 1), (2, 2), (4, 4), (8, 8), (16, 4))  # (rows, KV sequences)
 
 

@@ -34,9 +34,8 @@ import os
 import sys
 import time
 
+from tpusim.schedule.kernel_layout import LANES
 from tpusim.workload.registry.names import KdaTensor, MlaTensor
-
-LANES = 128
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -38,7 +38,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from megakernel import dma_plan
-from megakernel.dims import LANES, ModelDims
+from megakernel.dims import ModelDims
 from megakernel.dma_plan import LEAD_IN, NEVER, Geometry, Unit, WindowPlan
 from megakernel.hbm import hbm_shapes
 from megakernel.kernel_attention import finish_kda_state, kda_layer, mla_layer
@@ -60,6 +60,7 @@ from megakernel.ring_pool import bank_table
 from tpusim.schedule.kernel_layout import (
     EXPERT_PANEL_UNROLL,
     KV_WRITE_TOKENS,
+    LANES,
     MATMUL_CHUNK_ROWS,
     PANEL_UNROLL,
     expert_scale_tile_rows,

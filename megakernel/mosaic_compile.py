@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hwmodels.catalog import load_chip
+from hwmodels.units import MIB
 
 ENVIRONMENT = {"TPU_SKIP_MDS_QUERY": "1", "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
 
@@ -234,7 +235,7 @@ def vmem_used_bytes(error: str | None) -> tuple[int, int] | None:
     """(used, capacity) in bytes from a refusal on VMEM ("Used 66.10M of 64.00M vmem": the whole
     program's VMEM, the kernel's scratch and spill slots and the compiler's own), else None."""
     found = USED.search(error or "")
-    return None if found is None else (round(float(found[1]) * (1 << 20)), round(float(found[2]) * (1 << 20)))
+    return None if found is None else (round(float(found[1]) * MIB), round(float(found[2]) * MIB))
 
 
 def scoped_vmem_bytes(kernel: Any, topology_name: str) -> int | None:
@@ -244,14 +245,14 @@ def scoped_vmem_bytes(kernel: Any, topology_name: str) -> int | None:
     allocation: from batch 2 on the K3 shard's refusal reports the whole program's VMEM
     (``Used X of Y``) instead, which is not the kernel's alone."""
     probe = copy.copy(kernel)
-    probe.vmem_limit_bytes = max(sum(kernel.scratch_bytes().values()) // 2, 1 << 20)
+    probe.vmem_limit_bytes = max(sum(kernel.scratch_bytes().values()) // 2, MIB)
     if getattr(kernel, "link", None) is not None:  # the collective kernel: every device's program
         probe.__dict__.pop("mesh", None)
         report = compile_collective(probe, topology_name, raw_errors=True)
     else:
         report = compile_function(probe.step, step_inputs(probe), topology_name, raw_errors=True)
     found = SCOPED.search(report.error or "")
-    return None if found is None else round(float(found.group(1)) * (1 << 20))
+    return None if found is None else round(float(found.group(1)) * MIB)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

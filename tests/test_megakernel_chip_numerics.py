@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from hwmodels.units import MIB
 from megakernel import chip_numerics, runner
 from megakernel.kernel import DEFAULT_VMEM_LIMIT_BYTES
 
 RECORDS = Path(__file__).resolve().parents[1] / "calibration" / "data" / "tpu-v5e-numerics.jsonl"
-MIB = 1 << 20
 
 
 def _records() -> list[dict]:

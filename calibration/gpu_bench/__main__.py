@@ -23,7 +23,6 @@ from calibration.gpu_bench.records import RecordWriter, RunInfo
 from calibration.gpu_bench.steps import bench_steps
 
 PARTS = ("copy", "gap", "matmul", "steps")
-MIB = 1 << 20
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

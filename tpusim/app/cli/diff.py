@@ -23,11 +23,11 @@ from typing import Any
 
 from hwmodels.errors import InputError
 from hwmodels.textfile import read_user_json
+from hwmodels.units import MIB
 from tpusim.app.cli.common import png_file, positive_int, seed_value
 from tpusim.app.cli.flag_rules import refuse_unused, schedule_unused
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
-MIB = 1 << 20
 SCHEDULE_KEYS = frozenset({"families", "max_dmas_in_flight", "name"})
 INPUT_KEYS = ("model", "hardware", "chips", "batch", "context", "routing", "seed", "schedule",
               "schedule_hash", "execution_mode", "source")

@@ -26,9 +26,8 @@ import argparse
 from typing import Any
 
 from hwmodels.errors import InputError
+from hwmodels.units import MIB
 from tpusim.app.cli.common import emit_json, nonnegative_int, positive_int
-
-MIB = 1 << 20
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

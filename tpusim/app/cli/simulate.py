@@ -48,6 +48,7 @@ from typing import Any
 
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
+from hwmodels.units import MIB
 from tpusim.app.cli.capacity_gate import check_fit
 from tpusim.app.cli.common import (
     add_workload_options,
@@ -63,7 +64,6 @@ from tpusim.app.cli.floor import CRITICAL_DEVICE
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
 MS_PER_S = 1e3
-MIB = 1 << 20
 SIMULATED = "simulated"
 FLOOR = "analytic floor"
 
