@@ -35,7 +35,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hwmodels.catalog import load_chip
 from hwmodels.units import MIB
 
 ENVIRONMENT = {"TPU_SKIP_MDS_QUERY": "1", "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
@@ -56,17 +55,6 @@ def prepare_environment() -> None:
     """Set :data:`ENVIRONMENT` (without overriding) before libtpu is first loaded."""
     for name, value in ENVIRONMENT.items():
         os.environ.setdefault(name, value)
-
-
-def vmem_limit_for(chip_name: str) -> int:
-    """The VMEM limit the kernel gives Mosaic on ``chip_name``: the catalog's VMEM capacity
-    (v5e and v6e 128 MiB, TPU v7 64 MiB); the scratch the accounting admits is its own check."""
-    chip = load_chip(chip_name)
-    try:
-        vmem = chip.memory("vmem")
-    except (KeyError, ValueError) as error:
-        raise ValueError(f"{chip_name} has no VMEM in the catalog: not a TPU the kernel runs on") from error
-    return int(vmem.capacity_bytes.value)
 
 
 def topology_for(chip_name: str, devices: int = 1) -> str:
@@ -276,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     from megakernel.dims import UnsupportedModel, model_dims
     from megakernel.dma_plan import UnsupportedSchedule
-    from megakernel.kernel import Megakernel
+    from megakernel.kernel import Megakernel, vmem_limit_for
     from megakernel.tpu_lowering import lowering_report
     from tpusim.schedule.schema import load_schedule
     from tpusim.workload.model_catalog import load_model, plan_for, shard_plan
