@@ -131,7 +131,7 @@ def differences(before: Any, after: Any, path: str = "") -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--schedule", default="published", help="built-in name or schedule JSON")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--runs", type=int, default=7)

@@ -28,7 +28,7 @@ from tpusim.workload.model_catalog import load_model, plan_for
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--schedule", default="published")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3)

@@ -64,7 +64,7 @@ def bench(batch: int, jobs: int, budget: int, out: Path) -> bool:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--budget", type=int, default=DEFAULT_BUDGET)

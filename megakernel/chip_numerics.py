@@ -160,7 +160,7 @@ def print_verdicts(path: Path) -> int:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="kimi-k3-mini")
     parser.add_argument("--schedule", default="published")
     parser.add_argument("--batch", type=int, default=1)

@@ -39,7 +39,7 @@ from tpusim.workload.registry.names import KdaTensor, MlaTensor
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--model", default="kimi-k3-nano")
     parser.add_argument("--layers", type=int, default=4, help="0: all of the model's layers")

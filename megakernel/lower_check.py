@@ -37,7 +37,7 @@ import sys
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="kimi-k3")
     parser.add_argument("--devices", type=int, default=32)
     parser.add_argument("--schedule", default="published")

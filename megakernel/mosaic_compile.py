@@ -244,7 +244,7 @@ def scoped_vmem_bytes(kernel: Any, topology_name: str) -> int | None:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="kimi-k3-mini")
     parser.add_argument("--schedule", default="published")
     parser.add_argument("--hardware", default="tpu-v5e")

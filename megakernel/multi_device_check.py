@@ -23,7 +23,7 @@ import time
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--model", default="kimi-k3-nano")
     parser.add_argument("--layers", type=int, default=0, help="0: all of the model's layers")

@@ -56,7 +56,7 @@ def check(schedule_name: str, mode: str, layers: int, batch: int, unsafe: bool) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("schedules", help="comma-separated schedule names or files")
     parser.add_argument("--modes", default="on_wait,eager")
     parser.add_argument("--layers", type=int, default=8)

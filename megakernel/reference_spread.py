@@ -86,7 +86,7 @@ def spread(model: ModelConfig, *, trials: int, steps: int = 1, seed: int = 0, co
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="kimi-k3-nano")
     parser.add_argument("--layers", type=int, default=0, help="0: all of the model's layers")
     parser.add_argument("--trials", type=int, default=8)

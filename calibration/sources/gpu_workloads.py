@@ -140,7 +140,7 @@ def render(workloads: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m calibration.sources.gpu_workloads", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m calibration.sources.gpu_workloads", description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if the shipped workloads.json is stale")
     args = parser.parse_args(argv)
     text = render(bench_workloads())
