@@ -36,6 +36,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from hwmodels.units import MIB
+from tpusim.cli_options import (
+    KERNEL_CONTEXT_HELP,
+    KERNEL_MODEL_HELP,
+    add_batch_option,
+    add_context_option,
+    add_hardware_option,
+    add_model_option,
+    add_schedule_option,
+)
 
 ENVIRONMENT = {"TPU_SKIP_MDS_QUERY": "1", "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
 
@@ -245,13 +254,13 @@ def scoped_vmem_bytes(kernel: Any, topology_name: str) -> int | None:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="kimi-k3-mini")
-    parser.add_argument("--schedule", default="published")
-    parser.add_argument("--hardware", default="tpu-v5e")
+    add_model_option(parser, default="kimi-k3-mini", help=KERNEL_MODEL_HELP)
+    add_schedule_option(parser, default="published")
+    add_hardware_option(parser, default="tpu-v5e")
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--shard-of", default=None, help="one device's program of this plan")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--context", type=int, default=1024)
+    add_batch_option(parser, default=1, type=int)
+    add_context_option(parser, default=1024, type=int, help=KERNEL_CONTEXT_HELP)
     parser.add_argument("--weight-banks", type=int, default=0,
                         help="stacked weights hold this many distinct entries (0: one per layer)")
     parser.add_argument("--scoped-vmem", action="store_true",

@@ -29,12 +29,11 @@ from tpusim.app.cli.common import (
     add_workload_options,
     emit_json,
     jobs,
-    nonnegative_int,
     output_folder,
-    positive_int,
     resolve_workload,
 )
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
+from tpusim.cli_options import nonnegative_int, positive_int
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
