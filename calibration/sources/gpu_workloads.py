@@ -35,11 +35,10 @@ from calibration.gpu_bench import WORKLOADS_PATH
 from calibration.sources.predict import resolve_model
 from calibration.sources.step_description import describe_program
 from hwmodels.atomic import write_text_atomic
+from hwmodels.units import GIB, MIB
 from tpusim.workload.model_catalog import plan_for
 from tpusim.workload.program import build_program
 from tpusim.workload.routing import parse_routing
-
-GIB, MIB = 1 << 30, 1 << 20
 
 
 @dataclass(frozen=True)
