@@ -46,7 +46,7 @@ def slice_us(records: list[dict[str, Any]]) -> dict[tuple[str, str], tuple[float
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--probes", type=Path, default=PROBES_PATH)
     args = parser.parse_args(argv)
     try:

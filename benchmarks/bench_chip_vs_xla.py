@@ -29,7 +29,7 @@ from calibration.reports.chip_vs_xla import RECORDS, rows, table
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--records", type=Path, default=RECORDS)
     args = parser.parse_args(argv)
     try:

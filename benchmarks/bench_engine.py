@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from hwmodels.catalog import make_system
+from tpusim.cli_options import add_batch_option, add_schedule_option
 from tpusim.engine import InfeasibleSchedule, simulate
 from tpusim.engine.reuse import forget_lowerings
 from tpusim.schedule.program_issue import forget_issue_plans
@@ -131,9 +132,9 @@ def differences(before: Any, after: Any, path: str = "") -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--schedule", default="published", help="built-in name or schedule JSON")
-    parser.add_argument("--batch", type=int, default=1)
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
+    add_schedule_option(parser, default="published")
+    add_batch_option(parser, default=1, type=int)
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--all", action="store_true", help="every built-in schedule at batch 1 and 8")
     parser.add_argument("--profile", action="store_true", help="cProfile one run")

@@ -23,14 +23,15 @@ from megakernel.hbm import pack_hbm
 from megakernel.kernel import Megakernel
 from megakernel.layout import random_weights
 from megakernel.reference import device_params, init_state
+from tpusim.cli_options import add_batch_option, add_schedule_option
 from tpusim.schedule.schema import load_schedule
 from tpusim.workload.model_catalog import load_model, plan_for
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--schedule", default="published")
-    parser.add_argument("--batch", type=int, default=1)
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
+    add_schedule_option(parser, default="published")
+    add_batch_option(parser, default=1, type=int)
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
     model = load_model("kimi-k3-mini")

@@ -26,7 +26,7 @@ import sys
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--layers", type=int, nargs="+", default=[4])
     parser.add_argument("--steps", type=int, default=2, help="decode steps (calls); the first compiles")

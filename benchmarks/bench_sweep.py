@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from hwmodels.catalog import make_system
+from tpusim.cli_options import add_batch_option
 from tpusim.sweep import run_sweep
 from tpusim.sweep.defaults import DEFAULT_BUDGET, DEFAULT_SCREEN_LAYERS
 from tpusim.sweep.report import knob_spreads, one_knob_effects
@@ -64,8 +65,8 @@ def bench(batch: int, jobs: int, budget: int, out: Path) -> bool:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
+    add_batch_option(parser, default=[1, 8], type=int, nargs="+")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--budget", type=int, default=DEFAULT_BUDGET)
     parser.add_argument("--out", type=Path, default=None, help="keep the outputs here (default: a temp folder)")

@@ -337,7 +337,7 @@ def check_generated(*, write: bool, root: Path = ROOT) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--write", action="store_true", help="rewrite the generated sections instead of checking them")
     parser.add_argument("--parse-only", action="store_true", help="only check that documented commands parse")
     args = parser.parse_args(argv)

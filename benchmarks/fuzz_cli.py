@@ -696,7 +696,7 @@ def fuzz(tally: Tally, work: Path, *, examples: int, heavy: bool, seed: int | No
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=10.0, help="wall time to fuzz (default 10)")
     parser.add_argument("--heavy", action="store_true", help="also simulate K3 and Muse Spark (slower cases)")
     args = parser.parse_args()

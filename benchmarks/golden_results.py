@@ -81,7 +81,7 @@ def differences(before: Any, after: Any, rel_tol: float, path: str = "") -> list
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="write the results here (JSON)")
     parser.add_argument("--check", type=Path, help="compare with results written before")
     parser.add_argument("--rel-tol", type=float, default=1e-9)

@@ -32,12 +32,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-MIB = 1 << 20
+from hwmodels.units import MIB
+
 CASES = ((1, 1), (2, 2), (4, 4), (8, 8), (16, 4))  # (rows, KV sequences)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--lower", action="store_true", help="also run tpusim lower for every schedule")
     parser.add_argument("--budget", type=int, default=4, help="full simulations of each reduced sweep")
     parser.add_argument("--samples", type=int, default=30, help="random draws of each reduced sweep")

@@ -45,7 +45,8 @@ import numpy as np
 
 from hwmodels.atomic import write_text_atomic
 from hwmodels.catalog import HOST_CHIP_NAME, chip_to_yaml, local_dir
-from hwmodels.schema import MIB, Chip
+from hwmodels.schema import Chip
+from hwmodels.units import GIB, KIB, MIB
 
 SYS_CPU_DIR = Path("/sys/devices/system/cpu")
 
@@ -131,7 +132,7 @@ def memory_size() -> tuple[int, str]:
 def _parse_size(text: str) -> int:
     """``"2048K"`` -> 2097152 (sysfs cache sizes)."""
     text = text.strip().upper()
-    multiplier = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    multiplier = {"K": KIB, "M": MIB, "G": GIB}.get(text[-1:], 1)
     digits = text[:-1] if text[-1:] in "KMG" else text
     return int(digits) * multiplier
 
@@ -304,7 +305,7 @@ def chip_from_probe(result: ProbeResult) -> Chip:
         "kind": "cpu",
         "description": (
             f"{result.cpu_model}; {result.cpu_count} usable CPUs, "
-            f"{result.memory_bytes / (1 << 30):.1f} GiB memory"
+            f"{result.memory_bytes / GIB:.1f} GiB memory"
             + (f", {result.llc_bytes / MIB:.0f} MiB last-level cache" if result.llc_bytes else "")
         ),
         "devices_per_chip": 1,

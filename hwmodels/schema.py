@@ -28,10 +28,6 @@ TIER_WORDS = {"vmem": "VMEM", "smem": "SMEM", "shared_memory": "shared memory", 
 UNIT_WORDS = {"mxu": "MXU", "vpu": "VPU", "tensor_core": "tensor cores", "cuda_core": "CUDA cores",
               "cpu": "CPU cores"}
 
-KIB = 1 << 10
-MIB = 1 << 20
-GIB = 1 << 30
-
 
 class Figure(BaseModel):
     """One number with where it came from.

@@ -61,6 +61,13 @@ from megakernel.runner import (
     versions,
 )
 from megakernel.tolerance import F32, INDEPENDENT, REORDERED, TOLERANCES, relative_error
+from tpusim.cli_options import (
+    KERNEL_MODEL_HELP,
+    add_batch_option,
+    add_context_option,
+    add_model_option,
+    add_schedule_option,
+)
 
 
 def reference_run(dims: Any, params: Any, state: Any, tokens: list[np.ndarray], precision: str,
@@ -160,13 +167,13 @@ def print_verdicts(path: Path) -> int:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="kimi-k3-mini")
-    parser.add_argument("--schedule", default="published")
-    parser.add_argument("--batch", type=int, default=1)
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
+    add_model_option(parser, default="kimi-k3-mini", help=KERNEL_MODEL_HELP)
+    add_schedule_option(parser, default="published")
+    add_batch_option(parser, default=1, type=int)
     parser.add_argument("--layers", default="4,13,0", help="comma-separated depths (0: all layers)")
     parser.add_argument("--steps", type=int, default=8, help="teacher-forced steps")
-    parser.add_argument("--context", type=int, default=64)
+    add_context_option(parser, default=64, type=int)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backend", default="auto", choices=("auto", "tpu", "interpret"))
     parser.add_argument("--out", type=Path, default=None, help="append each record to this JSONL file")

@@ -34,19 +34,25 @@ import os
 import sys
 import time
 
+from tpusim.cli_options import (
+    KERNEL_MODEL_HELP,
+    add_batch_option,
+    add_context_option,
+    add_model_option,
+    add_schedule_option,
+)
+from tpusim.schedule.kernel_layout import LANES
 from tpusim.workload.registry.names import KdaTensor, MlaTensor
-
-LANES = 128
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=8)
-    parser.add_argument("--model", default="kimi-k3-nano")
+    add_model_option(parser, default="kimi-k3-nano", help=KERNEL_MODEL_HELP)
     parser.add_argument("--layers", type=int, default=4, help="0: all of the model's layers")
     parser.add_argument("--steps", type=int, default=1)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--schedule", default="published",
+    add_batch_option(parser, default=1, type=int)
+    add_schedule_option(parser, default="published",
                         help="built-in schedule or schedule JSON; a joint sweep's best.json carries a deployment "
                         "(plan + collective algorithms), mapped onto --model and --devices (map_deployment)")
     parser.add_argument("--deployment-model", default="kimi-k3",
@@ -56,7 +62,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         "16 two-core TPU v7 chips)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plan", default="", help="--plan choice (a SPEC, e.g. base=published,expert_reduce=fused); default: the model's plan")
-    parser.add_argument("--context", type=int, default=5)
+    add_context_option(parser, default=5, type=int)
     parser.add_argument("--races", action="store_true", help="race detector on (slower)")
     parser.add_argument("--mode", default="on_wait", choices=("on_wait", "eager"), help="interpreter DMA mode")
     parser.add_argument("--f32-payloads", action="store_true",

@@ -22,8 +22,8 @@ import numpy as np
 from jax.experimental.pallas import tpu as pltpu
 
 from megakernel.collective_combine import fold, joined, ranked, sum_blocks, unflatten, unfold
-from megakernel.dims import LANES
 from megakernel.multi_device import ISSUE, WAIT
+from tpusim.schedule.kernel_layout import LANES
 
 
 class CollectiveMessages:

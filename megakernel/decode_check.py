@@ -32,6 +32,14 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from tpusim.cli_options import (
+    BATCH_HELP,
+    KERNEL_MODEL_HELP,
+    add_batch_option,
+    add_context_option,
+    add_model_option,
+)
+
 if TYPE_CHECKING:  # JAX is imported only after XLA_FLAGS is set (main)
     import numpy as np
 
@@ -39,15 +47,15 @@ if TYPE_CHECKING:  # JAX is imported only after XLA_FLAGS is set (main)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=8)
-    parser.add_argument("--model", default="kimi-k3-nano")
+    add_model_option(parser, default="kimi-k3-nano", help=KERNEL_MODEL_HELP)
     parser.add_argument("--layers", type=int, default=0, help="0: all of the model's layers")
     parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=1, help="sequences (batch >= 6: the reduce-scatter variant)")
+    add_batch_option(parser, default=1, type=int, help=f"{BATCH_HELP} (batch >= 6: the reduce-scatter variant)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plan", default="", help="--plan choice (a SPEC, e.g. base=published,expert_reduce=fused); default: the model's plan")
-    parser.add_argument("--context", type=int, default=5, help="tokens already in the KV cache")
+    add_context_option(parser, default=5, type=int)
     parser.add_argument("--mode", default="on_wait", choices=("on_wait", "eager"))
     parser.add_argument("--no-races", action="store_true", help="race detector off (faster)")
     parser.add_argument("--f32-payloads", action="store_true",

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from megakernel.math_kda import KdaDims
 from megakernel.math_mla import MlaDims
 from megakernel.residual import num_block_slots
+from tpusim.schedule.kernel_layout import LANES
 from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.registry.names import (
     ExpertTensor,
@@ -55,7 +56,6 @@ from tpusim.workload.shapes import (
 )
 from tpusim.workload.sharding import ShardingPlan, round_up
 
-LANES = 128
 STREAMED_FORMAT = "bf16"  # the kernel streams every dense matrix in bf16 (experts keep their formats)
 STREAMED = (
     KdaTensor.QKVGB, KdaTensor.DECAY_A, KdaTensor.DECAY_B, KdaTensor.OUT, MlaTensor.Q_A, MlaTensor.Q_B, MlaTensor.KV_A, MlaTensor.KV_B,

@@ -56,7 +56,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from megakernel.dims import LANES, STREAMED_FORMAT, ModelDims, weight_shapes
+from hwmodels.units import MIB
+from megakernel.dims import STREAMED_FORMAT, ModelDims, weight_shapes
 from megakernel.errors import UnsupportedSchedule
 from megakernel.ring_pool import PoolBanks, pool_banks
 from tpusim.schedule.issue_plan import (
@@ -67,7 +68,7 @@ from tpusim.schedule.issue_plan import (
     UnsupportedIssuePlan,
     plan_issues,
 )
-from tpusim.schedule.kernel_layout import tile_rows
+from tpusim.schedule.kernel_layout import LANES, tile_rows
 from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import RingSpec, arena_of, family_chunk, place, slab_rows
 from tpusim.workload import registry
@@ -291,8 +292,8 @@ def _check_kv_b(kv_b: Ring, schedule: Schedule) -> None:
     knob = (f"pools.{schedule.family(Family.MLA_PROJ).pool}.bank_bytes" if schedule.ring_pool(Family.MLA_PROJ)
             else f"families.{Family.MLA_PROJ}.chunk_bytes")
     raise UnsupportedSchedule(
-        f"the MLA up-projection mla.kv_b is {size / (1 << 20):.2f} MiB per device here, but the schedule "
-        f"streams the mla_proj family in chunks of {(chunk or 0) / (1 << 20):.2f} MiB; the kernel must hold "
+        f"the MLA up-projection mla.kv_b is {size / MIB:.2f} MiB per device here, but the schedule "
+        f"streams the mla_proj family in chunks of {(chunk or 0) / MIB:.2f} MiB; the kernel must hold "
         f"mla.kv_b whole in VMEM (two ops read it), so set {knob} to at least {size} or split the model over "
         "more devices")
 

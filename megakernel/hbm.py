@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from megakernel.dims import LANES, ModelDims
+from megakernel.dims import ModelDims
 from megakernel.dma_plan import Geometry, Ring
 from megakernel.layout import STACKED_DENSE, Weights
 from megakernel.quant import bf16_to_words, pack_bytes_to_words, pack_mxfp4_words
 from megakernel.quant_pairs import pack_fp8_pairs
-from tpusim.schedule.kernel_layout import tile_rows
+from tpusim.schedule.kernel_layout import LANES, tile_rows
 from tpusim.workload.registry.names import ExpertTensor
 
 

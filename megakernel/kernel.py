@@ -37,8 +37,9 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from hwmodels.catalog import load_chip
 from megakernel import dma_plan
-from megakernel.dims import LANES, ModelDims
+from megakernel.dims import ModelDims
 from megakernel.dma_plan import LEAD_IN, NEVER, Geometry, Unit, WindowPlan
 from megakernel.hbm import hbm_shapes
 from megakernel.kernel_attention import finish_kda_state, kda_layer, mla_layer
@@ -60,6 +61,7 @@ from megakernel.ring_pool import bank_table
 from tpusim.schedule.kernel_layout import (
     EXPERT_PANEL_UNROLL,
     KV_WRITE_TOKENS,
+    LANES,
     MATMUL_CHUNK_ROWS,
     PANEL_UNROLL,
     expert_scale_tile_rows,
@@ -74,7 +76,20 @@ from tpusim.workload.registry.names import KdaTensor, MoeOp, StateFamily
 EXPERT_CODES = 1000  # codes below are expert[j]; op identities start here
 
 
-DEFAULT_VMEM_LIMIT_BYTES = 64 * 1024 * 1024  # TPU v7's VMEM, the published kernel's limit
+# Where no chip is named (interpret mode, a TPU the catalog does not know), the kernel gets the
+# VMEM of the chip the published kernel runs on, read from the catalog like every other chip's.
+PUBLISHED_KERNEL_CHIP = "tpu-v7"
+
+
+def vmem_limit_for(chip_name: str) -> int:
+    """The VMEM limit the kernel gives Mosaic on ``chip_name``: the catalog's VMEM capacity
+    (v5e and v6e 128 MiB, TPU v7 64 MiB); the scratch the accounting admits is its own check."""
+    chip = load_chip(chip_name)
+    try:
+        vmem = chip.memory("vmem")
+    except (KeyError, ValueError) as error:
+        raise ValueError(f"{chip_name} has no VMEM in the catalog: not a TPU the kernel runs on") from error
+    return int(vmem.capacity_bytes.value)
 
 
 def op_codes() -> dict[tuple[str, int], int]:
@@ -142,13 +157,13 @@ class Megakernel:
 
     def __init__(self, dims: ModelDims, schedule: Schedule, batch: int, max_context: int, *,
                  trace: bool = False, interpret: Any = None, unsafe_ignore_buffer_reuse: bool = False,
-                 vmem_limit_bytes: int = DEFAULT_VMEM_LIMIT_BYTES, expert_cap: int | None = None,
+                 vmem_limit_bytes: int | None = None, expert_cap: int | None = None,
                  panel_unroll: int = PANEL_UNROLL, expert_panel_unroll: int = EXPERT_PANEL_UNROLL) -> None:
         """``trace`` records ordered events (interpret mode only: ``io_callback`` does not lower
         for TPU); ``interpret`` is ``pltpu.InterpretParams`` or None (compile for TPU);
         ``unsafe_ignore_buffer_reuse`` breaks the plan on purpose (race-detector test);
         ``vmem_limit_bytes``: the VMEM Mosaic may use, scratch and its own temporaries (the
-        target chip's catalog capacity: :func:`megakernel.mosaic_compile.vmem_limit_for`);
+        target chip's catalog capacity, :func:`vmem_limit_for`; None: the published kernel's chip's);
         ``expert_cap``: at most this many experts a layer (a fixed-cost probe, not a decode);
         ``panel_unroll``/``expert_panel_unroll``: panels per panel-loop iteration (streamed
         tensors, routed experts' parts; :data:`tpusim.schedule.kernel_layout.PANEL_UNROLL`)."""
@@ -157,7 +172,7 @@ class Megakernel:
         if dims.kinds[0] != "kda" or dims.num_layers < 3:
             raise dma_plan.UnsupportedSchedule("the kernel expects layer 0 to be KDA and at least 3 layers")
         self.dims, self.schedule, self.batch = dims, schedule, batch
-        self.vmem_limit_bytes = vmem_limit_bytes
+        self.vmem_limit_bytes = vmem_limit_for(PUBLISHED_KERNEL_CHIP) if vmem_limit_bytes is None else vmem_limit_bytes
         self.geo = dma_plan.geometry(dims, schedule)
         if expert_cap is not None and expert_cap < (slots := self.geo.rings["expert"].buffers):
             raise dma_plan.UnsupportedSchedule(f"expert cap {expert_cap}: at least the {slots} expert slots")

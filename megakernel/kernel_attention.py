@@ -27,11 +27,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from megakernel import math_kda, math_mla, residual
-from megakernel.dims import LANES
 from megakernel.kernel_dma import Ctx, idiv, imod
 from megakernel.math_common import mm_t, rmsnorm
 from megakernel.quant import words_to_bf16
-from tpusim.schedule.kernel_layout import KV_WRITE_TOKENS
+from tpusim.schedule.kernel_layout import KV_WRITE_TOKENS, LANES
 from tpusim.workload.registry.names import (
     AttnOp,
     Collective,

@@ -66,7 +66,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from megakernel.collective_plan import UnsupportedPlan
-from megakernel.dims import LANES, UnsupportedModel, model_dims
+from megakernel.dims import UnsupportedModel, model_dims
 from megakernel.kernel import Megakernel
 from megakernel.kernel_attention import add_to_residual
 from megakernel.kernel_dma import Ctx
@@ -75,6 +75,7 @@ from megakernel.math_common import rmsnorm
 from megakernel.multi_device import ISSUE, Bugs, device_mesh
 from megakernel.multi_device_decode import DecodeKernel
 from megakernel.reference import DecodeState
+from tpusim.schedule.kernel_layout import LANES
 from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import buffer_hosts
 from tpusim.workload.modelconfig import ModelConfig

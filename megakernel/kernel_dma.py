@@ -34,12 +34,13 @@ from jax.experimental import io_callback
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from megakernel.dims import LANES, ModelDims
+from megakernel.dims import ModelDims
 from megakernel.dma_plan import Geometry, Ring, Unit
 from megakernel.quant import words_to_bf16
 from megakernel.ring_pool import bank_word, part_of
 from tpusim.schedule.kernel_layout import (
     EXPERT_PANEL_UNROLL,
+    LANES,
     MATMUL_CHUNK_ROWS,
     PANEL_UNROLL,
     TILE_ROWS,

@@ -22,11 +22,11 @@ import jax.numpy as jnp
 from jax import lax
 
 from megakernel import math_moe, residual
-from megakernel.dims import LANES
 from megakernel.kernel_attention import Begin, add_to_residual, mix_norm
 from megakernel.kernel_dma import N_NEXT, Ctx, idiv, imod
 from megakernel.math_common import rmsnorm, situ
 from megakernel.quant_pairs import fp8_panel_product, mxfp4_panel_product, prescale_activations
+from tpusim.schedule.kernel_layout import LANES
 from tpusim.workload.registry.names import (
     Collective,
     HeadOp,

@@ -45,6 +45,7 @@ import ml_dtypes
 import numpy as np
 
 from hwmodels.errors import InputError
+from hwmodels.units import GIB
 from megakernel.dims import SMALL_KINDS, ModelDims, weight_shapes
 from megakernel.quant import quantize_fp8_b256, quantize_mxfp4
 from tpusim.workload.registry.names import (
@@ -206,7 +207,7 @@ def _small_layers(dims: ModelDims, kind: str) -> list[int]:
     return list(range(dims.num_layers))
 
 
-def save_safetensors(weights: Weights, folder: Path, *, max_file_bytes: int = 1 << 30) -> list[Path]:
+def save_safetensors(weights: Weights, folder: Path, *, max_file_bytes: int = GIB) -> list[Path]:
     """Write ``weights`` as safetensors shards into ``folder``; returns the files written."""
     from safetensors.numpy import save_file
 

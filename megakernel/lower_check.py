@@ -35,14 +35,23 @@ import json
 import os
 import sys
 
+from tpusim.cli_options import (
+    KERNEL_CONTEXT_HELP,
+    KERNEL_MODEL_HELP,
+    add_batch_option,
+    add_context_option,
+    add_model_option,
+    add_schedule_option,
+)
+
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="kimi-k3")
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
+    add_model_option(parser, default="kimi-k3", help=KERNEL_MODEL_HELP)
     parser.add_argument("--devices", type=int, default=32)
-    parser.add_argument("--schedule", default="published")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--context", type=int, default=1024)
+    add_schedule_option(parser, default="published")
+    add_batch_option(parser, default=1, type=int)
+    add_context_option(parser, default=1024, type=int, help=KERNEL_CONTEXT_HELP)
     parser.add_argument("--log", action="store_true", help="add the kernel's collective event order")
     parser.add_argument("--compile", action="store_true",
                         help="also compile with libtpu's Mosaic compiler on compile-only TPU7x devices")

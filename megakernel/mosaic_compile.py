@@ -35,7 +35,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hwmodels.catalog import load_chip
+from hwmodels.units import MIB
+from tpusim.cli_options import (
+    KERNEL_CONTEXT_HELP,
+    KERNEL_MODEL_HELP,
+    add_batch_option,
+    add_context_option,
+    add_hardware_option,
+    add_model_option,
+    add_schedule_option,
+)
 
 ENVIRONMENT = {"TPU_SKIP_MDS_QUERY": "1", "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
 
@@ -55,17 +64,6 @@ def prepare_environment() -> None:
     """Set :data:`ENVIRONMENT` (without overriding) before libtpu is first loaded."""
     for name, value in ENVIRONMENT.items():
         os.environ.setdefault(name, value)
-
-
-def vmem_limit_for(chip_name: str) -> int:
-    """The VMEM limit the kernel gives Mosaic on ``chip_name``: the catalog's VMEM capacity
-    (v5e and v6e 128 MiB, TPU v7 64 MiB); the scratch the accounting admits is its own check."""
-    chip = load_chip(chip_name)
-    try:
-        vmem = chip.memory("vmem")
-    except (KeyError, ValueError) as error:
-        raise ValueError(f"{chip_name} has no VMEM in the catalog: not a TPU the kernel runs on") from error
-    return int(vmem.capacity_bytes.value)
 
 
 def topology_for(chip_name: str, devices: int = 1) -> str:
@@ -234,7 +232,7 @@ def vmem_used_bytes(error: str | None) -> tuple[int, int] | None:
     """(used, capacity) in bytes from a refusal on VMEM ("Used 66.10M of 64.00M vmem": the whole
     program's VMEM, the kernel's scratch and spill slots and the compiler's own), else None."""
     found = USED.search(error or "")
-    return None if found is None else (round(float(found[1]) * (1 << 20)), round(float(found[2]) * (1 << 20)))
+    return None if found is None else (round(float(found[1]) * MIB), round(float(found[2]) * MIB))
 
 
 def scoped_vmem_bytes(kernel: Any, topology_name: str) -> int | None:
@@ -244,25 +242,25 @@ def scoped_vmem_bytes(kernel: Any, topology_name: str) -> int | None:
     allocation: from batch 2 on the K3 shard's refusal reports the whole program's VMEM
     (``Used X of Y``) instead, which is not the kernel's alone."""
     probe = copy.copy(kernel)
-    probe.vmem_limit_bytes = max(sum(kernel.scratch_bytes().values()) // 2, 1 << 20)
+    probe.vmem_limit_bytes = max(sum(kernel.scratch_bytes().values()) // 2, MIB)
     if getattr(kernel, "link", None) is not None:  # the collective kernel: every device's program
         probe.__dict__.pop("mesh", None)
         report = compile_collective(probe, topology_name, raw_errors=True)
     else:
         report = compile_function(probe.step, step_inputs(probe), topology_name, raw_errors=True)
     found = SCOPED.search(report.error or "")
-    return None if found is None else round(float(found.group(1)) * (1 << 20))
+    return None if found is None else round(float(found.group(1)) * MIB)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="kimi-k3-mini")
-    parser.add_argument("--schedule", default="published")
-    parser.add_argument("--hardware", default="tpu-v5e")
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
+    add_model_option(parser, default="kimi-k3-mini", help=KERNEL_MODEL_HELP)
+    add_schedule_option(parser, default="published")
+    add_hardware_option(parser, default="tpu-v5e")
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--shard-of", default=None, help="one device's program of this plan")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--context", type=int, default=1024)
+    add_batch_option(parser, default=1, type=int)
+    add_context_option(parser, default=1024, type=int, help=KERNEL_CONTEXT_HELP)
     parser.add_argument("--weight-banks", type=int, default=0,
                         help="stacked weights hold this many distinct entries (0: one per layer)")
     parser.add_argument("--scoped-vmem", action="store_true",
@@ -275,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     from megakernel.dims import UnsupportedModel, model_dims
     from megakernel.dma_plan import UnsupportedSchedule
-    from megakernel.kernel import Megakernel
+    from megakernel.kernel import Megakernel, vmem_limit_for
     from megakernel.tpu_lowering import lowering_report
     from tpusim.schedule.schema import load_schedule
     from tpusim.workload.model_catalog import load_model, plan_for, shard_plan

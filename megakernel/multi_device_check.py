@@ -21,11 +21,13 @@ import os
 import sys
 import time
 
+from tpusim.cli_options import KERNEL_MODEL_HELP, add_model_option
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=8)
-    parser.add_argument("--model", default="kimi-k3-nano")
+    add_model_option(parser, default="kimi-k3-nano", help=KERNEL_MODEL_HELP)
     parser.add_argument("--layers", type=int, default=0, help="0: all of the model's layers")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--mode", default="on_wait", choices=("on_wait", "eager"))

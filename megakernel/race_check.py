@@ -21,6 +21,8 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 
+from tpusim.cli_options import add_batch_option
+
 
 def check(schedule_name: str, mode: str, layers: int, batch: int, unsafe: bool) -> dict[str, object]:
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as interpret_impl
@@ -56,11 +58,11 @@ def check(schedule_name: str, mode: str, layers: int, batch: int, unsafe: bool) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("schedules", help="comma-separated schedule names or files")
     parser.add_argument("--modes", default="on_wait,eager")
     parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--batch", type=int, default=2)
+    add_batch_option(parser, default=2, type=int)
     parser.add_argument("--unsafe", action="store_true")
     args = parser.parse_args(argv)
     for name in args.schedules.split(","):

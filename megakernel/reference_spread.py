@@ -37,6 +37,7 @@ from megakernel.dims import model_dims
 from megakernel.layout import random_weights
 from megakernel.reference import first_tokens, init_state
 from megakernel.tolerance import relative_error
+from tpusim.cli_options import KERNEL_MODEL_HELP, add_context_option, add_model_option
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.modelconfig import ModelConfig
 
@@ -86,13 +87,13 @@ def spread(model: ModelConfig, *, trials: int, steps: int = 1, seed: int = 0, co
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="kimi-k3-nano")
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
+    add_model_option(parser, default="kimi-k3-nano", help=KERNEL_MODEL_HELP)
     parser.add_argument("--layers", type=int, default=0, help="0: all of the model's layers")
     parser.add_argument("--trials", type=int, default=8)
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--context", type=int, default=5)
+    add_context_option(parser, default=5, type=int)
     parser.add_argument("--max-context", type=int, default=0)
     args = parser.parse_args(argv)
     model = load_model(args.model)

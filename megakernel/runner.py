@@ -39,7 +39,7 @@ from megakernel.dims import model_dims
 from megakernel.dma_plan import UnsupportedSchedule
 from megakernel.events import save_routing_trace
 from megakernel.hbm import pack_hbm
-from megakernel.kernel import DEFAULT_VMEM_LIMIT_BYTES, Megakernel
+from megakernel.kernel import PUBLISHED_KERNEL_CHIP, Megakernel, vmem_limit_for
 from megakernel.layout import load_safetensors, random_weights
 from megakernel.quant_pairs import KERNEL_DECODER
 from megakernel.reference import (
@@ -141,15 +141,13 @@ def max_context_for(config: RunConfig, backend: str) -> int:
 
 def vmem_limit_on(backend: str) -> int:
     """The VMEM limit Mosaic gets where the kernel runs: the chip's catalog VMEM on a TPU (a
-    v5e's 128 MiB, not the 64 MiB default that is TPU v7's), the default in interpret mode."""
-    from megakernel.mosaic_compile import vmem_limit_for
-
+    v5e's 128 MiB, not TPU v7's 64 MiB), the published kernel's chip's in interpret mode."""
     if backend != "tpu":
-        return DEFAULT_VMEM_LIMIT_BYTES
+        return vmem_limit_for(PUBLISHED_KERNEL_CHIP)
     try:
         return vmem_limit_for(device_chip(backend))
     except (KeyError, ValueError):  # a TPU the catalog does not name: the published kernel's limit
-        return DEFAULT_VMEM_LIMIT_BYTES
+        return vmem_limit_for(PUBLISHED_KERNEL_CHIP)
 
 
 def build_kernel(config: RunConfig, dims: Any, backend: str) -> Megakernel:

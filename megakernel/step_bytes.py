@@ -25,9 +25,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from megakernel.dims import LANES
 from megakernel.kernel import Megakernel
-from tpusim.schedule.kernel_layout import KV_WRITE_TOKENS
+from tpusim.schedule.kernel_layout import KV_WRITE_TOKENS, LANES
 from tpusim.workload.registry.names import StateFamily
 
 ROW_BYTES = LANES * 2  # one 128-lane row of 16-bit words

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hwmodels.units import MIB
 from tpusim.app.demo_report import render_report
 from tpusim.app.demo_run import DemoConfig, DemoRun
 
@@ -131,10 +132,9 @@ def test_compile_checks_and_the_compiled_winner_are_reported(tmp_path) -> None:
     run.step("joint b1").data = {"best": {"plan": "auto", "collectives": "", "predicted_ms": 4.0, "tokens_per_s": 250.0},
                                  "published": {}, "speedup": 1.0, "simulated": 8, "trials": 8, "robust": {}}
     assert "not run here: libtpu is not installed" in render_report(run)
-    mib = 1 << 20
     run.step("compile joint b1").data = {
         "compile": {"ok": True, "topology": "tpu7x:2x2x4", "seconds": 11.0, "kind": None, "error": None},
-        "scratch_total_bytes": 50.93 * mib, "accounting_total_bytes": 50.93 * mib}
+        "scratch_total_bytes": 50.93 * MIB, "accounting_total_bytes": 50.93 * MIB}
     run.step("sweep b1").data = {"counts": {"considered": 9, "pruned": 1, "simulated": 8}, "best": {"predicted_ms": 4.1},
                                  "compile_checks": [{"name": "sample-1", "accepted": True,
                                                      "note": "compile-checked: Mosaic compiled it in 10.5 s"}]}

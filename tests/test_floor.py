@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from hwmodels.catalog import make_system
+from hwmodels.units import MIB
 from tpusim.app.cli import main
 from tpusim.report.floor import floor_report
 from tpusim.workload.floors import floors
@@ -29,10 +30,9 @@ def test_k3_bytes_per_device_match_reference(capsys) -> None:
                 "floor_ms", "tokens_per_s_at_floor", "breakdown", "source"):
         assert key in report
     families = report["breakdown"]["bytes_by_family"]
-    mib = 1 << 20
-    assert families["kda_proj"] / mib == pytest.approx(69 * 29.84375)
-    assert families["mla_proj"] / mib == pytest.approx(24 * 43.25)
-    assert families["router"] / mib == pytest.approx(92 * 7.0)
+    assert families["kda_proj"] / MIB == pytest.approx(69 * 29.84375)
+    assert families["mla_proj"] / MIB == pytest.approx(24 * 43.25)
+    assert families["router"] / MIB == pytest.approx(92 * 7.0)
     assert families["routed_expert"] == pytest.approx(92 * 2 * 7_010_304)
     assert report["tokens_per_s_at_floor"] == pytest.approx(1000 / report["floor_ms"])
     assert "analytic floor" in report["source"]

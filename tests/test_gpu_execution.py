@@ -14,6 +14,7 @@ import pytest
 from hwmodels.catalog import load_chip, make_system
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
+from hwmodels.units import MIB
 from tpusim.compare.rows import with_execution
 from tpusim.engine import InfeasibleSchedule, SimResult, simulate
 from tpusim.engine.gpu import (
@@ -32,7 +33,6 @@ from tpusim.workload.shapes import TensorSpec
 from tpusim.workload.sharding import CollectiveSpec, CollectiveStage
 
 US = 1e-6
-MIB = 1 << 20
 
 
 @cache

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hwmodels.catalog import load_chip
+from hwmodels.units import MIB
 from tpusim.compare.gpu_plans import PlanOutcome, gpu_plan_candidates, pick_plan
 from tpusim.engine import simulate
 from tpusim.engine.gpu import gpu_variant, stack_collective
@@ -17,7 +18,6 @@ from tpusim.workload.sharding import CollectiveSpec, CollectiveStage
 from tpusim.workload.speculative import SpeculativeConfig, SpeculativeStep, load_drafter, mtp_model
 
 US = 1e-6
-MIB = 1 << 20
 
 
 def _two_kernel_program() -> Program:

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from hwmodels.units import MIB
 from tpusim.app.cli import main
 
 
@@ -49,10 +50,9 @@ def test_a_vmem_refusal_prints_the_compilers_figure_beside_the_accounting(capsys
     from megakernel import mosaic_compile
     from tpusim.app.cli import lower
 
-    mib = 1 << 20
     report = {"model": "kimi-k3", "plan": "k3-tp32", "devices": 32, "schedule": "published", "batch": 8,
-              "lowered": True, "scratch_bytes": {"all": 57.61 * mib}, "accounting_bytes": {"all": 57.61 * mib},
-              "collectives": True, "remote_copies_per_layer": 143, "scratch_tiled_bytes": 57.96 * mib,
+              "lowered": True, "scratch_bytes": {"all": 57.61 * MIB}, "accounting_bytes": {"all": 57.61 * MIB},
+              "collectives": True, "remote_copies_per_layer": 143, "scratch_tiled_bytes": 57.96 * MIB,
               "deployment": None, "plan_collectives": {},
               "compile": {"topology": "tpu7x:2x2x4", "ok": False, "seconds": 22.5, "kind": "vmem",
                           "error": "RESOURCE_EXHAUSTED: Ran out of memory in memory space vmem. Used 66.10M of "

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from hwmodels.units import MIB
 from megakernel import chip_numerics, runner
-from megakernel.kernel import DEFAULT_VMEM_LIMIT_BYTES
+from megakernel.kernel import PUBLISHED_KERNEL_CHIP, vmem_limit_for
 
 RECORDS = Path(__file__).resolve().parents[1] / "calibration" / "data" / "tpu-v5e-numerics.jsonl"
-MIB = 1 << 20
 
 
 def _records() -> list[dict]:
@@ -65,4 +65,4 @@ def test_verdicts_cli_exit_codes(tmp_path, capsys):
 def test_vmem_limit_on_a_tpu_is_the_chips_catalog_vmem(monkeypatch, chip, mib):
     monkeypatch.setattr(runner, "device_chip", lambda _backend: chip)
     assert runner.vmem_limit_on("tpu") == mib * MIB
-    assert runner.vmem_limit_on("interpret") == DEFAULT_VMEM_LIMIT_BYTES
+    assert runner.vmem_limit_on("interpret") == vmem_limit_for(PUBLISHED_KERNEL_CHIP) == 64 * MIB

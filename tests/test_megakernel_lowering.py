@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 
+from hwmodels.units import MIB
 from megakernel.dims import model_dims
 from megakernel.examples import chunked_schedule, ring_schedule
 from megakernel.kernel import Megakernel
@@ -25,7 +26,6 @@ from tpusim.workload.model_catalog import load_model, plan_for
 # Every test traces and lowers the whole kernel (3-13 s each on the 2-core machine, ~55 s in all).
 pytestmark = pytest.mark.slow
 
-MIB = 1 << 20
 TPU_V7_EXPLICIT_VMEM_BYTES = 58 * MIB  # usable explicit scratch on TPU v7 (issue / kimi-k3.md)
 
 

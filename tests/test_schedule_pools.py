@@ -7,6 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from hwmodels.catalog import load_chip
+from hwmodels.units import MIB
 from megakernel.dims import model_dims
 from megakernel.dma_plan import UnsupportedSchedule, geometry
 from tpusim.engine import simulate
@@ -18,8 +19,6 @@ from tpusim.sweep.estimate import EstimateContext, estimate
 from tpusim.sweep.space import default_space, pool_pattern_name
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.program import build_program
-
-MIB = 1 << 20
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from hwmodels.errors import InputError
+from hwmodels.units import MIB
 from tpusim.workload.model_catalog import list_models, load_model, plan_for
 from tpusim.workload.program import build_program
 from tpusim.workload.routing import (
@@ -22,8 +23,6 @@ from tpusim.workload.shapes import (
     lm_head_tensors,
     moe_dense_tensors,
 )
-
-MIB = 1 << 20
 
 
 @pytest.fixture(scope="module")

@@ -23,11 +23,10 @@ from calibration.gpu_bench.records import RecordWriter, RunInfo
 from calibration.gpu_bench.steps import bench_steps
 
 PARTS = ("copy", "gap", "matmul", "steps")
-MIB = 1 << 20
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m calibration.gpu_bench", description=__doc__)
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m calibration.gpu_bench", description=__doc__)
     parser.add_argument("--out", type=Path, required=True, help="folder for records.jsonl, traces/, run.json")
     parser.add_argument("--set", default="auto", help="workload set of workloads.json: h200, cpu, or auto "
                         "(cpu on a CPU backend, else h200)")

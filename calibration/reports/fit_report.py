@@ -27,6 +27,7 @@ from calibration.sources.predict import Predictor
 from calibration.sources.step_times import FitResult, mape, max_error
 from hwmodels.atomic import write_bytes_atomic, write_text_atomic
 from hwmodels.schema import Chip
+from hwmodels.units import MIB
 
 US_PER_MS = US_PER_S / MS_PER_S
 
@@ -219,15 +220,14 @@ def accounting_disagreements(records: Sequence[Measurement], chip: Chip, predict
     published Muse kernel: its collective receive slots, whose layout is not published). They
     are predicted without the fit check; this section says which, so nobody reads the
     accounting's verdict as a fact about that kernel."""
-    mib = 1 << 20
     lines: list[str] = []
     if chip.kind != "tpu":  # a static VMEM scratch is a megakernel's: GPU stacks have no such check
         return ""
     for record in records:
         result = predictor.simulate(chip, record)
         if result.vmem_static_bytes > result.vmem_capacity_bytes:
-            lines.append(f"- {record.key()}: accounting {result.vmem_static_bytes / mib:.2f} MiB of "
-                         f"{result.vmem_capacity_bytes / mib:.2f} MiB usable (measured: it ran)")
+            lines.append(f"- {record.key()}: accounting {result.vmem_static_bytes / MIB:.2f} MiB of "
+                         f"{result.vmem_capacity_bytes / MIB:.2f} MiB usable (measured: it ran)")
     return "\n".join(lines)
 
 

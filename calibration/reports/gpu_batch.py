@@ -282,7 +282,7 @@ def k3_markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m calibration.reports.gpu_batch", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m calibration.reports.gpu_batch", description=__doc__.split("\n")[0])
     parser.add_argument("--k3", action="store_true", help="also the K3 transfer (minutes)")
     parser.add_argument("--write-overlays", action="store_true", help="write the b200 / b300 overlays")
     args = parser.parse_args(argv)

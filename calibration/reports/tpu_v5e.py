@@ -307,7 +307,7 @@ def command_for(args: argparse.Namespace) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     from calibration.reports.tpu_v5e_decoders import EARLIER_DECODER
 
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--records", type=Path, default=KERNEL_PATH, help="the kernel records (JSONL)")
     parser.add_argument("--out", type=Path, default=None, help="write the markdown tables here")
     parser.add_argument("--json", type=Path, default=None, help="write the full result as JSON here")

@@ -131,7 +131,7 @@ def table_lines(rows: Sequence[DecoderRow]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--records", type=Path, default=KERNEL_PATH, help="the kernel records (JSONL)")
     parser.add_argument("--out", type=Path, default=None, help="also write the table here")
     args = parser.parse_args(argv)

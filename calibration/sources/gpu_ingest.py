@@ -76,7 +76,7 @@ def data_file_name(run: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m calibration.sources.gpu_ingest", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m calibration.sources.gpu_ingest", description=__doc__.split("\n")[0])
     parser.add_argument("out", type=Path, help="a gpu_bench --out folder")
     parser.add_argument("--into", type=Path, default=DATA_DIR, help="folder for the data file")
     parser.add_argument("--force", action="store_true", help="replace an existing data file")

@@ -35,11 +35,10 @@ from calibration.gpu_bench import WORKLOADS_PATH
 from calibration.sources.predict import resolve_model
 from calibration.sources.step_description import describe_program
 from hwmodels.atomic import write_text_atomic
+from hwmodels.units import GIB, MIB
 from tpusim.workload.model_catalog import plan_for
 from tpusim.workload.program import build_program
 from tpusim.workload.routing import parse_routing
-
-GIB, MIB = 1 << 30, 1 << 20
 
 
 @dataclass(frozen=True)
@@ -140,7 +139,7 @@ def render(workloads: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m calibration.sources.gpu_workloads", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m calibration.sources.gpu_workloads", description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if the shipped workloads.json is stale")
     args = parser.parse_args(argv)
     text = render(bench_workloads())

@@ -38,6 +38,7 @@ from typing import Any
 from calibration.sources.measurements import Measurement
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
+from tpusim.schedule.kernel_layout import LANES
 from tpusim.schedule.schema import BUILTIN_SCHEDULES, MODEL_SCHEDULES, Schedule, load_schedule
 from tpusim.workload.model_catalog import load_model, plan_for_system
 from tpusim.workload.modelconfig import ModelConfig
@@ -49,14 +50,14 @@ from tpusim.workload.sharding import ShardingPlan, round_up
 PredictFn = Callable[[Chip, Measurement], float]
 
 _OVERRIDES = re.compile(r"^(?P<base>[^\[\]]+)\[(?P<body>[^\[\]]*)\]$")
-LANE = 128  # widths scaled by ``width=`` stay multiples of the TPU lane width
 
 
 # --------------------------------------------------------------------------- models
 
 
 def _scaled(value: int, factor: float) -> int:
-    return max(LANE, round_up(math.ceil(value * factor), LANE)) if value else 0
+    """``value`` scaled, kept a multiple of the TPU lane width (0 stays 0)."""
+    return max(LANES, round_up(math.ceil(value * factor), LANES)) if value else 0
 
 
 def scale_width(model: ModelConfig, width: int) -> ModelConfig:

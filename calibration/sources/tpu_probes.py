@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from hwmodels.overlay import save_overlay
 
-    parser = argparse.ArgumentParser(description="TPU v5e probe records -> measured chip figures")
+    parser = argparse.ArgumentParser(allow_abbrev=False, description="TPU v5e probe records -> measured chip figures")
     parser.add_argument("--probes", type=Path, default=PROBES_PATH, help="the probe records (JSONL)")
     parser.add_argument("--save", action="store_true", help="write the figures as the tpu-v5e overlay")
     args = parser.parse_args(argv)

@@ -31,9 +31,9 @@ class _JsonlList(list):  # type: ignore[type-arg]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m calibration.tpu_bench")
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m calibration.tpu_bench")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    run = sub.add_parser("run", help="time the probes on this machine's default JAX device")
+    run = sub.add_parser("run", allow_abbrev=False, help="time the probes on this machine's default JAX device")
     run.add_argument("--budget", type=float, default=90.0, help="seconds after which no new probe starts")
     run.add_argument("--out", default=None, help="append JSON lines here (default: stdout)")
     run.add_argument("--quick", action="store_true", help="tiny sizes (CPU interpret-mode dry run)")
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--probe", action="append", default=None, help="only probes of this name (repeatable)")
     run.add_argument("--no-slow", action="store_true",
                      help="leave out the slow-compiling variants (single-dot matmuls, whole-slice dequant)")
-    comp = sub.add_parser("compile", help="compile every probe for a TPU topology (no TPU needed)")
+    comp = sub.add_parser("compile", allow_abbrev=False, help="compile every probe for a TPU topology (no TPU needed)")
     comp.add_argument("topology", nargs="?", default="v5e:2x2")
     comp.add_argument("--subset", choices=("all", "representative"), default="all")
     args = parser.parse_args(argv)

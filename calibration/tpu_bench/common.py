@@ -27,9 +27,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-KIB = 1 << 10
-MIB = 1 << 20
-LANES = 128
 INTERPRET_NOTE = "interpreter wall time, NOT a TPU timing"
 
 

@@ -153,7 +153,7 @@ def run_case(case: Case, root: Path, out: Path, ahead_s: float) -> dict[str, Any
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--set", default="v5e-first")
     parser.add_argument("--budget-s", type=float, default=480.0)

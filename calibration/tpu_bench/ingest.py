@@ -104,7 +104,7 @@ def ingest(files_at: Path, data: Path) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("files_at", type=Path)
     parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[1] / "data")
     args = parser.parse_args(argv)

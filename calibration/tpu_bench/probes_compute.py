@@ -46,7 +46,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from calibration.tpu_bench.common import LANES, MIB, Point, Probe
+from calibration.tpu_bench.common import Point, Probe
+from hwmodels.units import MIB
 from megakernel.math_common import rmsnorm, silu
 from megakernel.quant import (
     FP8_BLOCK_ROWS,
@@ -63,6 +64,7 @@ from megakernel.quant import (
     words_to_bf16,
 )
 from megakernel.quant_pairs import FP8_PAIRS_DECODER, KERNEL_DECODER, dequant_fp8_pairs
+from tpusim.schedule.kernel_layout import LANES
 from tpusim.workload.registry.names import Family
 
 Interpret = Any

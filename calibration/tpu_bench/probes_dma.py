@@ -35,10 +35,11 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from calibration.tpu_bench.common import KIB, LANES, MIB, Point, Probe
+from calibration.tpu_bench.common import Point, Probe
+from hwmodels.units import KIB, MIB
+from tpusim.schedule.kernel_layout import LANES, TILE_ROWS  # TILE_ROWS: a 16-bit (16, 128) tile
 
 ROW_BYTES = LANES * 2  # one 128-lane row of 16-bit words
-TILE_ROWS = 16  # a 16-bit (16, 128) tile
 SOURCE_BYTES = 64 * MIB  # HBM the copy source cycles over
 STREAM_BYTES = 512 * MIB  # target bytes per call at large sizes
 MAX_COPIES = 32768  # small sizes: enough copies for a call of a few ms

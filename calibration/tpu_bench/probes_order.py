@@ -31,7 +31,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from calibration.tpu_bench.common import KIB, LANES, MIB, Point, Probe
+from calibration.tpu_bench.common import Point, Probe
+from hwmodels.units import KIB, MIB
+from tpusim.schedule.kernel_layout import LANES
 
 Interpret = Any
 ROW_BYTES = LANES * 2

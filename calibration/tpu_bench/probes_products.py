@@ -39,9 +39,10 @@ import ml_dtypes
 import numpy as np
 from jax import lax
 
-from calibration.tpu_bench.common import LANES, Point, Probe
+from calibration.tpu_bench.common import Point, Probe
 from calibration.tpu_bench.probes_compute import LATENT, SLICE_WIDTH, SLOTS, _call, _slot
 from megakernel import quant, quant_pairs
+from tpusim.schedule.kernel_layout import LANES
 
 Interpret = Any
 PRODUCT_REPEATS = (1, 4, 16)

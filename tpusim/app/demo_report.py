@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hwmodels.textfile import read_user_jsonl
+from hwmodels.units import MIB
 from tpusim.app.demo_consistency import refused, short_figures
 
 if TYPE_CHECKING:
@@ -193,15 +194,15 @@ def _compiled_winner_line(run: DemoRun) -> str:
                 "full K3 size on 32 TPU7x devices (not run here: libtpu is not installed).")
     if not step.ok:
         return f"Compiling the winner with Mosaic for 32 TPU7x devices **FAILED**: `{step.error}`."
-    data, mib = step.data, 1 << 20
+    data = step.data
     compiled = data.get("compile") or {}
     head = (f"`tpusim lower --hardware tpu-v7 --schedule joint-b1/best.json`: Mosaic **compiled** the winner at full K3 "
             f"size on 32 TPU7x devices ({compiled.get('topology')}) in {compiled.get('seconds', 0):.1f} s"
             if compiled.get("ok") else
             f"`tpusim lower --hardware tpu-v7 --schedule joint-b1/best.json`: Mosaic **refused** the winner "
             f"({compiled.get('kind')}: `{(compiled.get('error') or '')[:200]}`)")
-    return (head + f" (compiled on this machine beside the comparison, no TPU; its VMEM scratch {data['scratch_total_bytes'] / mib:.2f} MiB, "
-            f"the simulator's accounting {data['accounting_total_bytes'] / mib:.2f} MiB).")
+    return (head + f" (compiled on this machine beside the comparison, no TPU; its VMEM scratch {data['scratch_total_bytes'] / MIB:.2f} MiB, "
+            f"the simulator's accounting {data['accounting_total_bytes'] / MIB:.2f} MiB).")
 
 
 def _joint_section(run: DemoRun) -> list[str]:
@@ -266,7 +267,7 @@ def _simulate_section(run: DemoRun) -> list[str]:
         if data.get("figures"):
             label = f"simulated, {short_figures(data['figures'])}"
         lines.append(f"| {name} (`{data.get('schedule', '')}`) | {data['step_ms']:.3f} | {data['tokens_per_s']:.1f} | "
-                     f"{data['exposed_dma_ms']:.3f} | {data['vmem_peak_bytes'] / (1 << 20):.1f} | "
+                     f"{data['exposed_dma_ms']:.3f} | {data['vmem_peak_bytes'] / MIB:.1f} | "
                      f"{100 * data['busy_fraction'].get('hbm', 0.0):.0f} % | {label} |")
     lines += ["", "Trace of the best schedule: `trace.json` (open in ui.perfetto.dev).", "",
               "![timeline of three layers, simulated](timeline.png)", ""]

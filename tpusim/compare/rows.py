@@ -34,6 +34,7 @@ from hwmodels import values
 from hwmodels.catalog import load_chip, make_system
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip, System
+from hwmodels.units import MIB
 from tpusim.compare.gpu_plans import PlanOutcome, gpu_plan_candidates, pick_plan
 from tpusim.compare.resimulate import MS_PER_S, SimulationCache
 from tpusim.compare.schedule_choice import ScheduleChooser, fitting_schedule, schedule_for
@@ -57,7 +58,6 @@ from tpusim.workload.speculative import (
     mtp_model,
 )
 
-MIB = 1 << 20
 EXECUTIONS = ("default", "stack", "eager", "megakernel")
 RENAMED = {"graphs": "the default (no suffix)", "per-kernel": "eager"}
 

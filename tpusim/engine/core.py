@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hwmodels.schema import Chip
+from hwmodels.units import MIB
 from tpusim.engine.execution import ExecutionPolicy
 from tpusim.engine.hbm import HbmServer
 from tpusim.engine.items import MXU, VPU, Slab
@@ -49,7 +50,6 @@ from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import InfeasibleSchedule, VmemPlan, check_fits
 from tpusim.workload.program import Program
 
-MIB = 1 << 20
 HOLDINGS_SHOWN = 4
 
 

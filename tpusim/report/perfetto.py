@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from hwmodels.atomic import write_text_atomic
+from hwmodels.units import MIB
 from tpusim.engine.timeline import Timeline, track_group
 
 US_PER_S = 1e6
-MIB = 1 << 20
 PIDS = {"compute": 1, "dma": 2, "link": 3, "vmem": 4}
 PROCESS_NAMES = {1: "compute stream", 2: "HBM / DMA", 3: "links", 4: "VMEM"}
 COMPUTE_ORDER = ("mxu", "vpu", "wait")

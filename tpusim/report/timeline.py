@@ -28,10 +28,10 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
 from hwmodels.atomic import write_bytes_atomic
+from hwmodels.units import MIB
 from tpusim.engine.timeline import Timeline
 
 MS_PER_S = 1e3
-MIB = 1 << 20
 COLORS = {
     "attention": "#4C72B0",
     "moe": "#55A868",

@@ -21,7 +21,9 @@ from tpusim.workload.modelconfig import ModelConfig
 from tpusim.workload.shapes import expert_slice_tensors
 from tpusim.workload.sharding import ShardingPlan
 
-LANES = 128  # VMEM lanes: the kernel packs small-parameter kinds and routing rows at this width
+# The TPU's lane width (the minor dimension of a vector register and of a VMEM tile), defined here
+# once: the kernel, its accounting and the probes import it (tests/test_single_source.py).
+LANES = 128
 BF16_BYTES = 2
 ROW_GRANULE = 16  # bf16 packs 16 rows per (16, 128) VMEM tile
 

@@ -59,6 +59,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
+from hwmodels.units import MIB
 from tpusim.schedule.kernel_layout import (
     BF16_BYTES,
     KV_WRITE_TOKENS,
@@ -517,16 +518,15 @@ def check_fits(vmem: VmemPlan, capacity_bytes: float, *, where: str = "VMEM") ->
     """Raise :class:`InfeasibleSchedule` when the static scratch exceeds ``capacity_bytes``."""
     if vmem.total_bytes <= capacity_bytes:
         return
-    mib = 1 << 20
     arenas = sorted(vmem.arena_bytes.items(), key=lambda item: -item[1])
     listing = ", ".join(
-        f"{name} {size / mib:.2f} MiB" + (f" ({'+'.join(vmem.arena_members[name])})" if len(vmem.arena_members[name]) > 1 else "")
+        f"{name} {size / MIB:.2f} MiB" + (f" ({'+'.join(vmem.arena_members[name])})" if len(vmem.arena_members[name]) > 1 else "")
         for name, size in arenas
     )
     raise InfeasibleSchedule(
-        f"schedule needs {vmem.total_bytes / mib:.2f} MiB of {where} but {capacity_bytes / mib:.2f} MiB is usable "
-        f"(over by {(vmem.total_bytes - capacity_bytes) / mib:.2f} MiB) at allocation, before layer 0: "
-        f"arenas {listing}; KV tiles {vmem.kv_bytes / mib:.2f} MiB, state {vmem.state_bytes / mib:.2f} MiB, "
-        f"activations {vmem.activation_bytes / mib:.2f} MiB, kernel working scratch {vmem.kernel_bytes / mib:.2f} MiB, "
-        f"collective buffers {vmem.collective_bytes / mib:.2f} MiB"
+        f"schedule needs {vmem.total_bytes / MIB:.2f} MiB of {where} but {capacity_bytes / MIB:.2f} MiB is usable "
+        f"(over by {(vmem.total_bytes - capacity_bytes) / MIB:.2f} MiB) at allocation, before layer 0: "
+        f"arenas {listing}; KV tiles {vmem.kv_bytes / MIB:.2f} MiB, state {vmem.state_bytes / MIB:.2f} MiB, "
+        f"activations {vmem.activation_bytes / MIB:.2f} MiB, kernel working scratch {vmem.kernel_bytes / MIB:.2f} MiB, "
+        f"collective buffers {vmem.collective_bytes / MIB:.2f} MiB"
     )

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hwmodels.schema import Chip, System
+from hwmodels.units import MIB
 from tpusim.engine import simulate
 from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import InfeasibleSchedule
@@ -41,7 +42,6 @@ from tpusim.workload.routing import RoutingModel
 from tpusim.workload.sharding import ShardingPlan
 
 MS_PER_S = 1000.0
-MIB = float(1 << 20)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
+from hwmodels.units import MIB
 from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import VmemPlan, vmem_plan
 from tpusim.sweep.candidates import neighbour_candidates
@@ -104,5 +105,5 @@ def shrink_to_fit(schedule: Schedule, program: Program, chip: Chip, *,
                 max(estimate_s(cs[0].schedule) - base, 0.0) / (size - cs[1]), cs[1]))
         moves.append(chosen.schedule.name.rpartition("~")[2])
         current, size = chosen.schedule, chosen_size
-    raise InputError(f"{schedule.name} cannot be shrunk to fit {capacity_bytes / 2**20:.1f} MiB of on-chip memory "
-                     f"at {program.batch} rows ({size / 2**20:.1f} MiB after {len(moves)} one-knob moves)")
+    raise InputError(f"{schedule.name} cannot be shrunk to fit {capacity_bytes / MIB:.1f} MiB of on-chip memory "
+                     f"at {program.batch} rows ({size / MIB:.1f} MiB after {len(moves)} one-knob moves)")

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hwmodels.errors import InputError
 from hwmodels.schema import System
+from hwmodels.units import MIB
 from hwmodels.validation import describe_validation_error
 from tpusim.schedule.schema import (
     Deployment,
@@ -47,7 +48,6 @@ from tpusim.workload.sharding import ShardingPlan
 
 ASK_BATCH = 16  # trials proposed per round (fixed: the study must not depend on the worker count)
 MS_PER_S = 1000.0
-MIB = float(1 << 20)
 KEEP_PLAN = "plan"  # an algorithm choice: the collective as the plan writes it
 AUTO_PLAN = "auto"
 COLUMNS = ("trial", "hash", "name", "source", "status", "reason", "plan", "collectives", "predicted_ms",

@@ -20,6 +20,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from hwmodels.units import MIB
 from tpusim.sweep.outputs import write_bytes_atomic
 from tpusim.sweep.report import knob_spreads
 
@@ -71,7 +72,7 @@ def pareto_plot(result: SweepResult, path: Path, workload: Workload) -> Path:
     bx = vmem_of.get(best["hash"], best.get("vmem_static_mib") or 0.0)
     ax.scatter([bx], [best["tokens_per_s"]], marker="*", s=160, c="gold", edgecolors="k", zorder=5,
                label=f"chosen ({best['predicted_by']})")
-    capacity = workload.chip.staging_memory.usable_bytes / (1 << 20)
+    capacity = workload.chip.staging_memory.usable_bytes / MIB
     ax.axvline(capacity, ls="--", c="0.5", lw=0.8, label=f"usable VMEM {capacity:.1f} MiB")
     ax.set_xlabel("VMEM peak, MiB (simulated; static for estimate-only points)")
     ax.set_ylabel("tokens/s (aggregate over the batch)")

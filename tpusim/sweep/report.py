@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hwmodels.units import MIB
+
 if TYPE_CHECKING:
     from tpusim.sweep.evaluate import Workload
     from tpusim.sweep.result import SweepResult
@@ -294,7 +296,7 @@ def _space(space: SweepSpace) -> list[str]:
     """The limits the candidates were pruned against, and where the full space is."""
     capacity = space.constraints.vmem_capacity_bytes or 0
     return ["## Space", "",
-            f"VMEM limit {capacity / (1 << 20):.2f} MiB ({space.constraints.vmem_capacity_source}); "
+            f"VMEM limit {capacity / MIB:.2f} MiB ({space.constraints.vmem_capacity_source}); "
             f"max_dmas_in_flight limit {space.constraints.max_dmas_in_flight_limit}; "
             f"{space.samples} random draws + one-knob neighbours of the built-ins; the full space is in `space.json`.",
             ""]

@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from hwmodels.units import MIB
 from tpusim.schedule.schema import (
     SCHEDULE_FAMILIES,
     FamilySchedule,
@@ -41,7 +42,6 @@ from tpusim.schedule.schema import (
 )
 from tpusim.workload.registry.names import ATTENTION_FAMILIES, Family
 
-MIB = 1 << 20
 ExpertIssue = Literal["after_routing", "during_selection", "speculative"]
 
 

@@ -101,7 +101,8 @@ from tpusim.app.cli.calibrate_outputs import (
     uncertainty_lines,
 )
 from tpusim.app.cli.calibrate_stacks import run_gpu_stack, run_k3_stack
-from tpusim.app.cli.common import emit_json, output_folder, positive_int
+from tpusim.app.cli.common import emit_json, output_folder
+from tpusim.cli_options import HARDWARE_HELP, add_hardware_option, positive_int
 
 if TYPE_CHECKING:
     from calibration.sources.step_times import FitResult
@@ -119,7 +120,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         description="Fit a chip's identifiable figures to measurements and report the error "
         "before and after, on calibration and held-out points.",
     )
-    calibrate.add_argument("--hardware", required=True, help="catalog chip (tpu-v7, host-cpu, ...)")
+    add_hardware_option(calibrate, required=True, help="chip name from the catalog (tpu-v7, host-cpu, ...)")
     calibrate.add_argument(
         "--measurements", default=None,
         help="a .jsonl file, published:tpu7x-musespark, published:b300-sglang-k3 (K3 on 8 B300, SGLang), published:b200-vllm-qwen3.5 (a GPU serving "
@@ -170,7 +171,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         description="Compare measurements with the simulator: published figures and, if an "
         "overlay exists, calibrated ones.",
     )
-    report.add_argument("--hardware", required=True, help="catalog chip the measurements ran on")
+    add_hardware_option(report, required=True, help=f"{HARDWARE_HELP}: the chip the measurements ran on")
     report.add_argument("--measurements", required=True, help="a .jsonl file or published:<name>")
     report.add_argument("--out", type=output_folder, default=None, help="write report.md and scatter.png here")
     report.add_argument("--json", action="store_true", help="print rows and errors as JSON")

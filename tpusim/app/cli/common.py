@@ -15,6 +15,15 @@ from typing import Any
 from hwmodels import values
 from hwmodels.atomic import check_output_file, check_output_folder
 from hwmodels.errors import InputError
+from tpusim.cli_options import (
+    add_batch_option,
+    add_chips_option,
+    add_context_option,
+    add_hardware_option,
+    add_model_option,
+    add_routing_options,
+    argument_type,
+)
 
 LOCAL_DIR_HELP = ("folder of machine-local catalog entries (host-cpu) and calibrated overlays; the same as "
                   "setting TPUSIM_LOCAL_DIR (default: $TPUSIM_LOCAL_DIR, else the user data folder)")
@@ -86,37 +95,6 @@ def warn_outside_fit(chip: Any, model_spec: str, chips: int) -> list[str]:
     return gaps
 
 
-def _argument_type(name: str, check: Callable[[str], Any]) -> Callable[[str], Any]:
-    """An ``argparse`` type running ``check`` (a :mod:`hwmodels.values` rule): its InputError
-    becomes argparse's one-line error (``tpusim CMD: error: argument --flag: ...``), exit 2."""
-    def parse(text: str) -> Any:
-        try:
-            return check(text)
-        except InputError as error:  # "value 0: must be >= 1" -> "must be >= 1, got 0"
-            given, _, reason = str(error).removeprefix("value ").partition(": ")
-            raise argparse.ArgumentTypeError(f"{reason}, got {given}") from None
-    parse.__name__ = name  # argparse names the type in its "invalid NAME value" messages
-    return parse
-
-
-def whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
-    """An ``argparse`` type: a whole number in ``[minimum, maximum]`` (:func:`hwmodels.values.number`)."""
-    return _argument_type("whole number", lambda text: values.number(text, "value", kind=int, minimum=minimum,
-                                                                     maximum=maximum))
-
-
-def finite_number(minimum: float | None = None, maximum: float | None = None, *,
-                  exclusive_minimum: bool = False) -> Callable[[str], float]:
-    """An ``argparse`` type: a finite number in the range (no ``nan``, no ``inf``)."""
-    return _argument_type("number", lambda text: values.number(text, "value", minimum=minimum, maximum=maximum,
-                                                               exclusive_minimum=exclusive_minimum))
-
-
-positive_int = whole_number(1)  # counts, sizes, budgets, evaluation limits
-nonnegative_int = whole_number(0)  # counts where 0 means off
-seed_value = whole_number(0, values.SEED_MAX)  # routing draws, sampled candidates, arrivals
-
-
 def usable_cores() -> int:
     """The CPU cores this process may run on (its affinity, not the machine's count)."""
     try:
@@ -134,7 +112,7 @@ def _jobs(text: str) -> int:
     return value
 
 
-jobs = _argument_type("jobs", _jobs)  # worker processes: 1 .. the usable cores
+jobs = argument_type("jobs", _jobs)  # worker processes: 1 .. the usable cores
 
 
 class OutputFile(type(Path())):  # type: ignore[misc]
@@ -190,14 +168,13 @@ def check_outputs(args: argparse.Namespace) -> None:
 
 
 def add_workload_options(parser: argparse.ArgumentParser, *, batch: bool = True) -> None:
-    parser.add_argument("--model", required=True, help="model name (kimi-k3, muse-spark@int4+bf16, ...) or a YAML/config.json path")
-    parser.add_argument("--hardware", required=True, help="chip name from the catalog (tpu-v7, gb200, ...)")
-    parser.add_argument("--chips", type=positive_int, required=True, help="number of chips")
+    add_model_option(parser, required=True)
+    add_hardware_option(parser, required=True)
+    add_chips_option(parser, required=True)
     if batch:
-        parser.add_argument("--batch", type=positive_int, default=1, help="sequences decoded per step")
-    parser.add_argument("--context", type=positive_int, default=1024, help="tokens already in each sequence's cache")
-    parser.add_argument("--routing", default="uniform", help="uniform | identical | zipf[:s] | trace:PATH")
-    parser.add_argument("--seed", type=seed_value, default=0, help="routing draw seed")
+        add_batch_option(parser)
+    add_context_option(parser)
+    add_routing_options(parser)
     parser.add_argument("--uncalibrated", action="store_true", help="use published figures only, ignoring calibrated overlays")
     from tpusim.app.cli.capacity_gate import add_force_option
 

@@ -6,17 +6,19 @@ import argparse
 import sys
 
 from hwmodels import values
-from tpusim.app.cli.common import (
-    add_model_options,
-    jobs,
-    nonnegative_int,
-    output_folder,
-    png_file,
-    positive_int,
-    seed_value,
-)
+from tpusim.app.cli.common import add_model_options, jobs, output_folder, png_file
 from tpusim.app.cli.flag_rules import refuse_unused
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
+from tpusim.cli_options import (
+    ROUTING_HELP,
+    add_batch_option,
+    add_context_option,
+    add_model_option,
+    add_routing_options,
+    add_schedule_option,
+    nonnegative_int,
+    positive_int,
+)
 
 
 def _numbers(text: str, kind: type, name: str) -> list:
@@ -32,15 +34,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "fit HBM. TPU and GPU-megakernel rows run the best schedule of a reduced sweep per row "
         "unless --schedule is given; each row shows the step time, throughput and where the time "
         "goes (compute, launches, collectives, exposed copies, other).")
-    parser.add_argument("--model", default="kimi-k3",
-                        help="catalog model name (optionally name@variant) or a config.json / .yaml path "
-                        "(default: kimi-k3)")
+    add_model_option(parser, default="kimi-k3")
     add_model_options(parser)
     parser.add_argument("--systems", default="tpu-v7:16,gb200:16,gb200:16:megakernel",
                         help="comma-separated chip:chips[:execution]; GPU execution: none = the serving stack "
                         "(CUDA graphs, fused kernels), eager, megakernel "
                         "(default: tpu-v7:16,gb200:16,gb200:16:megakernel)")
-    parser.add_argument("--batch", default="1,2,4,8", help="comma-separated batch sizes (default: 1,2,4,8)")
+    add_batch_option(parser, default="1,2,4,8", type=None, help="comma-separated batch sizes (default: 1,2,4,8)")
     parser.add_argument("--spec-acceptance", default="",
                         help="comma-separated acceptance lengths (accepted draft tokens + 1) for speculative "
                         "decoding rows, e.g. 3,6 (default: none, plain decode only)")
@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(default: the model's published drafter; kimi-k3-dspark for kimi-k3)")
     parser.add_argument("--draft-tokens", type=positive_int, default=None,
                         help="draft tokens per speculative step (default: the drafter's, 7 for kimi-k3-dspark)")
-    parser.add_argument("--schedule", default=None,
+    add_schedule_option(parser,
                         help="best | published | a built-in name | FILE (default: the sweep's best for each "
                         "TPU/megakernel row)")
     parser.add_argument("--sweep-budget", type=positive_int, default=8,
@@ -59,12 +59,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="random schedules per reduced sweep, beside the built-ins and their neighbours "
                         "(default: 100)")
     parser.add_argument("--jobs", type=jobs, default=1, help="processes for the sweeps (default: 1)")
-    parser.add_argument("--context", type=positive_int, default=1024,
-                        help="context tokens already in the KV cache per sequence (default: 1024)")
-    parser.add_argument("--routing", default="uniform",
-                        help="expert routing model: uniform, identical, zipf[:s] or trace:PATH "
-                        "(default: uniform)")
-    parser.add_argument("--seed", type=seed_value, default=0, help="seed of the routing draw and the sweeps (default: 0)")
+    add_context_option(parser)
+    add_routing_options(parser, routing_help=f"expert routing model: {ROUTING_HELP}",
+                        seed_help="seed of the routing draw and the sweeps")
     parser.add_argument("--uncalibrated", action="store_true",
                         help="use the published catalog figures, ignoring calibrated overlays (default: off)")
     add_format_option(parser)

@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from tpusim.app.cli.common import jobs, output_folder, positive_int
+from tpusim.app.cli.common import jobs, output_folder
+from tpusim.cli_options import positive_int
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

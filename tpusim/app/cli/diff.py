@@ -23,11 +23,20 @@ from typing import Any
 
 from hwmodels.errors import InputError
 from hwmodels.textfile import read_user_json
-from tpusim.app.cli.common import png_file, positive_int, seed_value
+from hwmodels.units import MIB
+from tpusim.app.cli.common import png_file
 from tpusim.app.cli.flag_rules import refuse_unused, schedule_unused
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
+from tpusim.cli_options import (
+    MODEL_HELP,
+    add_batch_option,
+    add_chips_option,
+    add_context_option,
+    add_hardware_option,
+    add_model_option,
+    add_routing_options,
+)
 
-MIB = 1 << 20
 SCHEDULE_KEYS = frozenset({"families", "max_dmas_in_flight", "name"})
 INPUT_KEYS = ("model", "hardware", "chips", "batch", "context", "routing", "seed", "schedule",
               "schedule_hash", "execution_mode", "source")
@@ -41,13 +50,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "`tpusim simulate --json` results (the inputs that differ and the same numbers).")
     parser.add_argument("a", help="schedule A: a built-in name, a schedule JSON, or a simulate --json result")
     parser.add_argument("b", help="schedule B (the same kind as A)")
-    parser.add_argument("--model", default="kimi-k3", help="model the schedules are simulated on")
-    parser.add_argument("--hardware", default="tpu-v7", help="catalog chip")
-    parser.add_argument("--chips", type=positive_int, default=16, help="number of chips")
-    parser.add_argument("--batch", type=positive_int, default=1, help="sequences decoded per step")
-    parser.add_argument("--context", type=positive_int, default=1024, help="tokens already in each sequence's cache")
-    parser.add_argument("--routing", default="uniform", help="uniform | identical | zipf[:s] | trace:PATH")
-    parser.add_argument("--seed", type=seed_value, default=0, help="routing draw seed")
+    add_model_option(parser, default="kimi-k3", help=f"{MODEL_HELP}: the model the schedules are simulated on")
+    add_hardware_option(parser, default="tpu-v7")
+    add_chips_option(parser, default=16)
+    add_batch_option(parser)
+    add_context_option(parser)
+    add_routing_options(parser)
     parser.add_argument("--uncalibrated", action="store_true", help="published figures only, ignoring overlays")
     parser.add_argument("--plot", type=png_file, default=None, help="write both timelines into one PNG here")
     parser.add_argument("--plot-layers", default="1:3", metavar="FIRST:COUNT", help="layers drawn in --plot")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from hwmodels.units import MIB
 from tpusim.app.cli.capacity_gate import check_fit
 from tpusim.app.cli.common import add_workload_options, emit_json, resolve_workload
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     if fmt == "json":
         emit_json(report)
         return 0
-    gb, mib = 1e9, float(1 << 20)
+    gb = 1e9
     table = TableData(title=f"{report['model']} on {report['system']}, batch {report['batch']}, plan "
                       f"{report['plan']} — analytic floor", columns=["quantity", "value", "label"],
                       right_aligned=("value",))
@@ -59,6 +60,6 @@ def run(args: argparse.Namespace) -> int:
                     columns=["family", "MiB", "share"], right_aligned=("MiB", "share"))
     total = report["bytes_per_device"]
     for family, size in sorted(report["breakdown"]["bytes_by_family"].items(), key=lambda kv: -kv[1]):
-        fam.add(family, f"{size / mib:.1f}", f"{100 * size / total:.1f} %")
+        fam.add(family, f"{size / MIB:.1f}", f"{100 * size / total:.1f} %")
     emit([table, fam], fmt, notes=[f"weight formats: {report['formats']}", f"source: {report['source']}"])
     return 0

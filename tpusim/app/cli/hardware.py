@@ -24,7 +24,8 @@ from rich.console import Console
 from hwmodels.catalog import display_path, list_chips, load_chip
 from hwmodels.overlay import iter_figures
 from hwmodels.probe import probe_host, write_host_entry
-from hwmodels.schema import KIB, MIB, Chip, Figure
+from hwmodels.schema import Chip, Figure
+from hwmodels.units import KIB, MIB
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
 

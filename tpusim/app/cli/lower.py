@@ -26,9 +26,19 @@ import argparse
 from typing import Any
 
 from hwmodels.errors import InputError
-from tpusim.app.cli.common import emit_json, nonnegative_int, positive_int
-
-MIB = 1 << 20
+from hwmodels.units import MIB
+from tpusim.app.cli.common import emit_json
+from tpusim.cli_options import (
+    KERNEL_CONTEXT_HELP,
+    KERNEL_MODEL_HELP,
+    add_batch_option,
+    add_context_option,
+    add_hardware_option,
+    add_model_option,
+    add_schedule_option,
+    nonnegative_int,
+    positive_int,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -38,14 +48,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "only, nothing allocated) at the per-device sizes of the model's published plan (Kimi K3: "
         "TP32), and print its VMEM scratch against the simulator's accounting and the chip's "
         "usable VMEM, or the reason it cannot lower, in words.")
-    parser.add_argument("--model", default="kimi-k3", help="a K3-structured model (kimi-k3, kimi-k3-mini, ...)")
-    parser.add_argument("--schedule", required=True, help="naive | published | layer-double-buffer | a schedule JSON file")
+    add_model_option(parser, default="kimi-k3", help=KERNEL_MODEL_HELP)
+    add_schedule_option(parser, required=True)
     parser.add_argument("--devices", type=positive_int, default=None,
                         help="devices the model is split over (default: its published plan's, e.g. 32 for "
                         "kimi-k3; 1 when it has none)")
-    parser.add_argument("--batch", type=positive_int, default=1, help="sequences per step")
-    parser.add_argument("--context", type=positive_int, default=1024, help="KV cache length the kernel is built for")
-    parser.add_argument("--hardware", default=None,
+    add_batch_option(parser)
+    add_context_option(parser, help=KERNEL_CONTEXT_HELP)
+    add_hardware_option(parser,
                         help="TPU chip (tpu-v5e | tpu-v6e | tpu-v7): compile the kernel with libtpu's Mosaic "
                         "compiler for its topology (one device) and check its usable VMEM (default: trace "
                         "only, VMEM checked against tpu-v7)")

@@ -17,25 +17,32 @@ from __future__ import annotations
 import argparse
 
 from hwmodels.errors import InputError
-from tpusim.app.cli.common import (
-    add_model_options,
-    emit_json,
-    load_model_with_formats,
+from tpusim.app.cli.common import add_model_options, emit_json, load_model_with_formats
+from tpusim.app.tables import TableData, add_format_option, emit, output_format
+from tpusim.cli_options import (
+    BATCH_HELP,
+    CHIPS_HELP,
+    CONTEXT_HELP,
+    HARDWARE_HELP,
+    add_batch_option,
+    add_chips_option,
+    add_context_option,
+    add_hardware_option,
+    add_model_option,
     positive_int,
 )
-from tpusim.app.tables import TableData, add_format_option, emit, output_format
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser = subparsers.add_parser("plan", help="print the sharding plan a model gets and its collectives",
                                    description="Print a deployment plan, its collectives and per-device bytes.")
-    parser.add_argument("--model", required=True, help="model name or a YAML/config.json path")
+    add_model_option(parser, required=True)
     add_model_options(parser)
-    parser.add_argument("--hardware", default=None, help="chip name (adds the HBM capacity check)")
-    parser.add_argument("--chips", type=positive_int, default=None, help="number of chips (with --hardware)")
+    add_hardware_option(parser, help=f"{HARDWARE_HELP}; adds the HBM capacity check")
+    add_chips_option(parser, help=f"{CHIPS_HELP} (with --hardware)")
     parser.add_argument("--devices", type=positive_int, default=None, help="devices, when no --hardware is given")
-    parser.add_argument("--batch", type=positive_int, default=1, help="sequences (for KV-cache bytes)")
-    parser.add_argument("--context", type=positive_int, default=1024, help="tokens per sequence")
+    add_batch_option(parser, help=f"{BATCH_HELP} (for KV-cache bytes)")
+    add_context_option(parser, help=f"{CONTEXT_HELP} (for KV-cache bytes)")
     parser.add_argument("--kernels", action="store_true",
                         help="with a GPU --hardware: list the serving stack's kernels per layer kind "
                         "(the chip's fusion table, e.g. sglang-k3 on b300), main and side stream")

@@ -30,7 +30,17 @@ import argparse
 from pathlib import Path
 
 from hwmodels.errors import InputError
-from tpusim.app.cli.common import jsonl_file, nonnegative_int, positive_int, seed_value
+from tpusim.app.cli.common import jsonl_file
+from tpusim.cli_options import (
+    SCHEDULE_HELP,
+    add_batch_option,
+    add_context_option,
+    add_model_option,
+    add_schedule_option,
+    nonnegative_int,
+    positive_int,
+    seed_value,
+)
 
 SINGLE_DEVICE_MODEL = "kimi-k3-mini"
 MULTI_DEVICE_MODEL = "kimi-k3-nano"
@@ -43,12 +53,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         description="Run the Pallas megakernel (TPU natively, or TPU interpret mode on a CPU), check it "
         "against the reference and append a measurement record.",
     )
-    parser.add_argument("--model", default=None,
-                        help=f"model name (default {SINGLE_DEVICE_MODEL}; with --devices N: {MULTI_DEVICE_MODEL})")
-    parser.add_argument("--schedule", help="built-in schedule name or schedule JSON file (required with one device)")
-    parser.add_argument("--batch", type=positive_int, default=1, help="sequences per step (default 1)")
+    add_model_option(parser,
+                     help=f"model name (default {SINGLE_DEVICE_MODEL}; with --devices N: {MULTI_DEVICE_MODEL})")
+    add_schedule_option(parser, help=f"{SCHEDULE_HELP} (required with one device)")
+    add_batch_option(parser)
     parser.add_argument("--steps", type=positive_int, default=2, help="timed decode steps (default 2)")
-    parser.add_argument("--context", type=positive_int, default=16, help="tokens already cached per sequence (default 16)")
+    add_context_option(parser, default=16)
     parser.add_argument("--backend", choices=("auto", "tpu", "interpret"), default="auto",
                         help="auto: a TPU if JAX sees one, else TPU interpret mode on the CPU; tpu: "
                         "fail without a TPU; interpret: the CPU interpreter (a check, not a TPU time)")

@@ -24,16 +24,10 @@ from typing import Any
 
 from hwmodels import values
 from hwmodels.errors import InputError
-from tpusim.app.cli.common import (
-    add_model_options,
-    finite_number,
-    jobs,
-    png_file,
-    positive_int,
-    seed_value,
-)
+from tpusim.app.cli.common import add_model_options, jobs, png_file
 from tpusim.app.cli.flag_rules import refuse_unused
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
+from tpusim.cli_options import add_model_option, finite_number, positive_int, seed_value
 
 
 def _list(text: str, kind: type, name: str) -> list[Any]:
@@ -48,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "KV capacity from the HBM check, optional speculative decoding) on each system, with step times "
         "from the engine at grid points (interpolated between). Prints TTFT and TPOT (mean, p50, p90, p99), "
         "output tokens/s per chip and per user, and what bounds each.")
-    parser.add_argument("--model", default="kimi-k3", help="catalog model name or a config path (default: kimi-k3)")
+    add_model_option(parser, default="kimi-k3")
     add_model_options(parser)
     parser.add_argument("--systems", default="tpu-v7:16,gb200:16",
                         help="comma-separated chip:chips[:execution], as in tpusim compare (default: tpu-v7:16,gb200:16)")

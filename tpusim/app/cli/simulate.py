@@ -48,22 +48,21 @@ from typing import Any
 
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
+from hwmodels.units import MIB
 from tpusim.app.cli.capacity_gate import check_fit
 from tpusim.app.cli.common import (
     add_workload_options,
     emit_json,
-    nonnegative_int,
     png_file,
-    positive_int,
     resolve_workload,
     trace_file,
 )
 from tpusim.app.cli.flag_rules import refuse_unused
 from tpusim.app.cli.floor import CRITICAL_DEVICE
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
+from tpusim.cli_options import add_schedule_option, nonnegative_int, positive_int
 
 MS_PER_S = 1e3
-MIB = 1 << 20
 SIMULATED = "simulated"
 FLOOR = "analytic floor"
 
@@ -86,8 +85,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--tokens", type=positive_int, default=8192, help="prefill chunk tokens (--phase prefill)")
     parser.add_argument("--prefix-tokens", type=nonnegative_int, default=0,
                         help="prompt tokens already cached before the chunk (--phase prefill)")
-    parser.add_argument("--schedule", default="published",
-                        help="naive | published | layer-double-buffer | a schedule JSON file (default: published)")
+    add_schedule_option(parser, default="published")
     parser.add_argument("--trace", type=trace_file, default=None, help="write a Chrome/Perfetto trace-event JSON here")
     parser.add_argument("--plot", type=png_file, default=None, help="write a timeline PNG here")
     parser.add_argument("--plot-layers", default="1:3", metavar="FIRST:COUNT",

@@ -23,17 +23,17 @@ from typing import Any
 
 from hwmodels.errors import InputError
 from hwmodels.textfile import read_user_json
+from hwmodels.units import MIB
 from tpusim.app.cli.capacity_gate import check_fit
 from tpusim.app.cli.common import (
     add_workload_options,
     emit_json,
     jobs,
-    nonnegative_int,
     output_folder,
-    positive_int,
     resolve_workload,
 )
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
+from tpusim.cli_options import nonnegative_int, positive_int
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -187,7 +187,7 @@ def _check_lines(first: Any, result: Any, accept: Any) -> list[str]:
 
     if first is None:
         return lines(result.checks)
-    return [*lines(first.checks), f"swept again within the VMEM Mosaic leaves: {accept.usable_bytes / (1 << 20):.2f} "
+    return [*lines(first.checks), f"swept again within the VMEM Mosaic leaves: {accept.usable_bytes / MIB:.2f} "
             f"MiB (measured in this run) -> {result.paths.get('summary', '')}", *lines(result.checks)]
 
 

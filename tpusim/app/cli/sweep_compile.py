@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from hwmodels.errors import InputError
+from hwmodels.units import MIB
 
-MIB = 1 << 20
 MESH_DEVICES = (8, 16, 32)  # TPU7x compile-only topologies with collectives (megakernel.mosaic_compile)
 
 
