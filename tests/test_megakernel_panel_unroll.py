@@ -22,6 +22,7 @@ from megakernel.runner import RunConfig
 from tpusim.schedule.schema import load_schedule
 from tpusim.workload.model_catalog import load_model, plan_for
 
+
 def _step(dims, weights, params, tokens, **knobs):
     kernel = Megakernel(dims, load_schedule("published"), 1, 32, interpret=pltpu.InterpretParams(), **knobs)
     state = init_state(dims, 1, kernel.max_context, context=5, seed=1)
