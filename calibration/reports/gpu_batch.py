@@ -7,7 +7,9 @@
    then TTFT under load (:mod:`calibration.sources.gpu_batch_ttft`): fit and held-out TTFT
    error, anchored and level, against the prompt's prefill alone, and per point; then the
    per-distinct-expert check (:mod:`calibration.sources.gpu_batch_experts`, refits on held-out
-   rows: a diagnostic);
+   rows: a diagnostic); then speculative decoding at batch
+   (:mod:`calibration.sources.gpu_batch_speculative`: S1a's MTP rows, the draft + verify rule
+   against the plain-step prediction, fit and held-out sides by the split's rule);
 1. the fitted figures (:mod:`calibration.sources.gpu_batch_sweeps`, through the core's one
    solver entry) and the model error (the core's split-conformal rule on the held-out fold);
 2. per sweep, predicted vs measured TPOT by concurrency, before (the engine as it was: no
@@ -37,6 +39,7 @@ from calibration.core.parameters import chip_with
 from calibration.sources import gpu_batch_data as data
 from calibration.sources import gpu_batch_experts as experts
 from calibration.sources import gpu_batch_mechanisms as mechanisms
+from calibration.sources import gpu_batch_speculative as speculative
 from calibration.sources import gpu_batch_sweeps as sweeps
 from calibration.sources import gpu_batch_ttft as ttft
 from hwmodels.catalog import load_chip
@@ -247,6 +250,40 @@ def experts_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def speculative_markdown(values: dict[str, float]) -> str:
+    """Speculative decoding at batch: S1a's MTP TPOT (published, per accepted token) against the
+    draft + verify rule and the plain-step prediction, per side, per k, and every point."""
+    summaries = {k: speculative.spec_summary(values, k) for k in speculative.SENSITIVITY_DRAFT_TOKENS}
+    main = summaries[speculative.MTP_DRAFT_TOKENS]
+    lines = ["Speculative decoding at batch (S1a: DeepSeek-R1 NVFP4, Dynamo + TensorRT-LLM, MTP on, disaggregated; "
+             "TPOT per accepted token: *published*; predictions: *simulated*, anchored on each segment's lowest "
+             "concurrency, batch figures of the shipped TPOT fit; acceptance length *fitted* on the fit side's "
+             "S1a B200 points only; sides by the frozen split's rule: B200 fit, GB200 held out; MTP steps k "
+             "*assumed*, not published)", "",
+             "| k (assumed) | acceptance a (fitted, B200) | implied at anchor (derived) | side | points | "
+             "rule MAPE | rule max | plain-step MAPE | plain-step max |",
+             "| ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for k, s in summaries.items():
+        bound = " (at bound k+1)" if s["acceptance"] >= k + 1 - 1e-9 else ""
+        implied = ", ".join(f"{key} {a:.2f}" for key, a in s["implied_acceptance"].items())
+        for side in ("fit", "held-out"):
+            rule, plain = s[side]["rule"], s[side]["plain"]
+            lines.append(f"| {k} | {s['acceptance']:.2f}{bound} | {implied} | {side} | {rule['points']} | "
+                         f"{rule['mape']:.1%} | {rule['max_abs_error']:.1%} | {plain['mape']:.1%} | "
+                         f"{plain['max_abs_error']:.1%} |")
+    lines += ["", f"Per point (k = {main['draft_tokens']}, a = {main['acceptance']:.2f}):", "",
+              "| segment | GPU | conc | rows / worker | role | measured ms | rule ms | error | plain-step ms | error |",
+              "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {r['sweep']} | {r['gpu']} | {r['concurrency']} | {r['rows']} | {r['role']} | {r['measured_ms']:.2f} | "
+              f"{r['rule_ms']:.2f} | {r['rule_error']:+.1%} | {r['plain_ms']:.2f} | {r['plain_error']:+.1%} |"
+              for r in main["rows"]]
+    lines += ["", "Not judged: S3 (DeepSeek-V4 not modelled; server configuration changes with the speculative "
+              "setting), S7 (MTP on/off quoted in different tok/s/user bands, tok/s/GPU only: no pair at one "
+              "operating point), S1a rows 6-9 and 18-20 (deployment changes per point). The plain TPOT figures "
+              "above do not use these rows."]
+    return "\n".join(lines) + "\n"
+
+
 def k3_markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| system | batch | step before ms | step main ms | step after ms | TPOT before ms | TPOT main ms | "
              "TPOT after ms |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -304,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
             return "fitted, at a bound"
         return f"fitted, 1σ {sigma[path] * 1e6:.3f} us"
 
-    out = [split_markdown(), ttft_markdown(), experts_markdown(), "Fitted (calibration core, " + data.MEASUREMENT + "):", ""]
+    out = [split_markdown(), ttft_markdown(), experts_markdown(), speculative_markdown(values), "Fitted (calibration core, " + data.MEASUREMENT + "):", ""]
     out += [f"- `{f.path}`: {values[f.name] * 1e6:.3f} us ({how(f.path)}; prior {float(f.prior or 0.0) * 1e6:.3f} us)"
             for f in sweeps.PARAMETERS]
     out += ["", f"Model error (split-conformal 90 %, held-out fold {result.held_out.name}): {error.in_range_rel:.1%} "

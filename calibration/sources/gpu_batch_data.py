@@ -99,7 +99,8 @@ SWEEPS: tuple[Sweep, ...] = (
           "tp=8,expert_groups=1,expert_tp=8", False, "8k/1k", "sglang"),
 )
 EXCLUDED = {
-    "S1a": "MTP on (TPOT per accepted token, acceptance not published); decode EP changes at 180",
+    "S1a": "MTP on (TPOT per accepted token, acceptance not published); decode EP changes at 180; judged "
+           "apart, with the draft + verify rule: calibration.sources.gpu_batch_speculative",
     "S1b 30-34": "GB200 from concurrency 128: the deployment changes (derived GPU count 41 at 128 against 22 "
                  "at 4-32, decode TP16/TP8 from 512); rows 26-29 are used with 4 decode workers (derived_gpus)",
     "S1c 40": "a single TP8 NVFP4 point (no sweep)",

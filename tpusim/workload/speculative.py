@@ -115,6 +115,30 @@ class SpeculativeStep:
         return self.draft_s / self.step_s
 
 
+def speculative_tpot_s(*, draft_forward_s: float, draft_forwards: int, verify_step_s: float,
+                       acceptance_length: float) -> float:
+    """Time per *accepted* output token of one sequence at batch ``B``, seconds: the step (every
+    sequence's drafts and its verification run together) over the tokens it accepts::
+
+        TPOT = (draft_forwards x draft_forward_s + verify_step_s) / acceptance_length
+
+    ``draft_forward_s``: one drafter forward over the batch (an autoregressive MTP/EAGLE drafter:
+    ``B`` rows, ``draft_forwards`` = its num-steps); ``verify_step_s``: the target's step over
+    ``B x (draft_tokens + 1)`` rows (every proposed token and the bonus position of every
+    sequence; SGLang's ``--speculative-num-draft-tokens`` counts those ``draft_tokens + 1``);
+    ``acceptance_length``: accepted draft tokens + 1 bonus token per sequence per step.
+
+    The published TPOT of a speculative row is this figure: "With MTP, TPOT is per *accepted*
+    output token" (shared/reference/gpu-batch-scaling.md, Read this first; InferenceX and
+    SGLang's bench_serving both divide a request's decode time by its output tokens).
+    """
+    if draft_forwards < 0 or draft_forward_s < 0.0 or verify_step_s <= 0.0:
+        raise ValueError("draft and verify times must be >= 0 (verify > 0), draft_forwards >= 0")
+    if acceptance_length < 1.0:
+        raise ValueError(f"acceptance_length {acceptance_length} < 1: a step accepts at least its bonus token")
+    return (draft_forwards * draft_forward_s + verify_step_s) / acceptance_length
+
+
 def list_drafters() -> list[str]:
     return sorted(path.stem for path in DRAFTERS_DIR.glob("*.yaml"))
 
