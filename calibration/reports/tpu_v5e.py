@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from calibration.reports.tpu_v5e_replay import scatter
+from calibration.reports.tpu_v5e_sensitivity import kept_block, put_block
 from calibration.sources.tpu_chip_records import KERNEL_PATH, record_program
 from calibration.sources.tpu_kernel_fit import LABEL, SPLITS, KernelFit, calibrate_kernel_records
 from calibration.sources.tpu_probes import CALIBRATION_DECODER
@@ -322,6 +323,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     command = command_for(args)
     text = markdown(fit, command)
     if args.out:
+        # the sensitivity table (its own command, minutes of refits) is kept where the page had it
+        kept = kept_block(args.out.read_text()) if args.out.is_file() else None
+        text = put_block(text, kept) if kept else text
         args.out.write_text(text)
     if args.heldout:
         args.heldout.write_text(json.dumps(heldout_reference(fit, command), indent=1) + "\n")
