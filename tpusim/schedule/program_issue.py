@@ -263,7 +263,7 @@ def cached_issue_plan(program: Program, schedule: Schedule) -> ProgramIssuePlan:
     """:func:`program_issue_plan`, remembered for the last few (program, schedule) pairs: a
     calibration or an interval re-simulates the same step many times with other chip figures,
     and the plan depends on neither. 32 pairs: a calibration's residual walks all its points in
-    turn (the TPU7x set: 24), and with 8 remembered every lookup missed (measured: the TPU7x
+    turn (the TPU7x set: 12, and its slot-sweep and breakdown stages more), and with 8 remembered most lookups missed (measured: the TPU7x
     part-by-part calibration took 118 s of CPU, 88 s with 32, same results)."""
     digest = schedule.content_hash()
     for index, (known, known_digest, plan) in enumerate(_RECENT):
