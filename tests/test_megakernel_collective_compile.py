@@ -30,6 +30,7 @@ def compile_check(model: str, devices: int, schedule: str = "published", batch: 
     return done.returncode, json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # a fresh process and one Mosaic compile (~10-20 s)
 def test_nano_on_8_devices_compiles_with_mosaic() -> None:
     code, result = compile_check("kimi-k3-nano", 8)
     report = result["compile"]

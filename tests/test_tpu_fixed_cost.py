@@ -26,6 +26,9 @@ from calibration.sources.tpu_fixed_cost import (
 from calibration.sources.tpu_probes import CALIBRATION_DECODER, probe_chip, record_decoder
 from hwmodels.catalog import load_chip
 
+# every test fits or re-times the capped runs with the engine (~10-25 s each)
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def probes():  # type: ignore[no-untyped-def]
