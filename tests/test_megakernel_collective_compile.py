@@ -6,8 +6,9 @@ devices from this CPU-only machine: kimi-k3-nano on 8 devices (``tpu7x:2x2x1``),
 Each compile runs in a fresh process (``python -m megakernel.lower_check --compile``: libtpu's
 environment must be set before JAX starts). On the 2-core machine the nano test takes ~5 s
 (~2.5 s of it lowering and Mosaic compile); full K3 on 32 devices (``tpu7x:2x2x4``, ~8 s of
-compile, ~12 s in all) is marked slow, as is K3 at batch 8 (a sweep pick that compiles, published
-refused on VMEM; ~60 s).
+compile, ~12 s in all) is marked slow; K3 at batch 8 (a sweep pick that compiles, published
+refused on VMEM; ~60 s alone, minutes beside the rest of the suite) is ``heavy``, and in CI the
+same pick compiles at batch 8 on nano with its K3 accounting under the measured usable VMEM.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def compile_check(model: str, devices: int, schedule: str = "published", batch: 
     return done.returncode, json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # a fresh process and one Mosaic compile (~10-20 s)
 def test_nano_on_8_devices_compiles_with_mosaic() -> None:
     code, result = compile_check("kimi-k3-nano", 8)
     report = result["compile"]
@@ -47,12 +49,36 @@ def test_kimi_k3_on_32_devices_compiles_with_mosaic() -> None:
     assert report["topology"] == "tpu7x:2x2x4" and result["collectives"]
 
 
-@pytest.mark.slow
+B8_USABLE_PICK = "calibration/tpu_bench/schedules/sweep-k3-tp32-v7-b8-usable.json"
+# docs/multi-device.md: TPU7x's 64 MiB less the compiler's spill and other scratch for this kernel at
+# batch 8 (7.60 + 0.54 MiB), measured from Mosaic's refusal of ``published``; the sweep picked under it
+MEASURED_USABLE_VMEM_B8_BYTES = int(55.86 * (1 << 20))
+
+
+@pytest.mark.heavy  # ~25-45 s alone, 1-4 min with the suite beside it; CI: the stand-in below
 def test_kimi_k3_batch_8_the_measured_usable_vmem_pick_compiles() -> None:
-    """K3 at batch 8 on 32 devices (~25-45 s): the sweep's pick under the usable VMEM measured
+    """K3 at batch 8 on 32 devices: the sweep's pick under the usable VMEM measured
     from Mosaic's refusal (docs/multi-device.md) compiles."""
-    code, result = compile_check("kimi-k3", 32, "calibration/tpu_bench/schedules/sweep-k3-tp32-v7-b8-usable.json", 8)
+    code, result = compile_check("kimi-k3", 32, B8_USABLE_PICK, 8)
     assert code == 0 and result["compile"]["ok"], result["compile"]["error"]
+
+
+@pytest.mark.slow  # one nano compile at batch 8 (~15-30 s)
+def test_the_batch_8_usable_vmem_pick_compiles_at_nano_size_and_fits_at_k3_size() -> None:
+    """The CI stand-in of the K3 batch-8 compile above: the same schedule at batch 8 passes
+    Mosaic on kimi-k3-nano's 8 devices (the kernel's batch-8 code under this schedule), and at
+    K3 TP32 sizes its accounting is within the measured usable VMEM (what the full compile needs
+    besides; the full K3 lowering at batch 8 runs in tests/test_vmem_truth.py)."""
+    from tpusim.schedule.schema import load_schedule
+    from tpusim.schedule.vmem import vmem_plan
+    from tpusim.workload.model_catalog import load_model, plan_for
+
+    code, result = compile_check("kimi-k3-nano", 8, B8_USABLE_PICK, 8)
+    assert code == 0 and result["compile"]["ok"], result["compile"]["error"]
+    assert result["batch"] == 8 and result["compile"]["topology"] == "tpu7x:2x2x1" and result["collectives"]
+    k3 = load_model("kimi-k3")
+    assert vmem_plan(load_schedule(B8_USABLE_PICK), k3, plan_for(k3, 32), 8).total_bytes <= MEASURED_USABLE_VMEM_B8_BYTES
+    assert vmem_plan(load_schedule("published"), k3, plan_for(k3, 32), 8).total_bytes > MEASURED_USABLE_VMEM_B8_BYTES
 
 
 @pytest.mark.heavy  # ~25-45 s more; in CI, tests/test_vmem_truth.py checks a refused kernel exits 1

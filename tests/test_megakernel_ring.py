@@ -93,6 +93,7 @@ def test_unrealisable_ring_layouts_are_refused_with_the_rule():
         geometry(mini_dims, ring_schedule(4, (128 << 10) + 64))
 
 
+@pytest.mark.slow  # builds the kernel's plan for K3 (~7-9 s)
 def test_run_kernel_refuses_an_unrealisable_ring_in_one_line(tmp_path, capsys):
     path = tmp_path / "ring.json"
     save_schedule(ring_schedule(4, 64 << 10), path)

@@ -23,6 +23,7 @@ def test_distinct_in_order_keeps_first_appearances():
 
 
 @pytest.mark.parametrize("batch", [3])
+@pytest.mark.slow  # XLA compiles of a 4-layer decode, reference and baseline (~20-45 s)
 def test_xla_baseline_computes_the_reference_step(batch):
     model = load_model("kimi-k3-nano").with_layers(4)
     dims = model_dims(model, plan_for(model, 1))

@@ -50,6 +50,7 @@ def _mini_kernel(chip: str):
 
 @needs_libtpu
 @pytest.mark.parametrize("chip", ["tpu-v5e", "tpu-v7"])
+@pytest.mark.slow  # traces and compiles kimi-k3-mini (~10-20 s)
 def test_kimi_k3_mini_compiles_with_mosaic(chip: str) -> None:
     from megakernel.mosaic_compile import compile_for
 
@@ -60,6 +61,7 @@ def test_kimi_k3_mini_compiles_with_mosaic(chip: str) -> None:
 
 @needs_libtpu
 @pytest.mark.parametrize("chip", ["tpu-v5e", "tpu-v7"])
+@pytest.mark.slow  # two Mosaic compiles (~10-25 s)
 def test_compilers_scoped_vmem_is_the_accounting_plus_its_internal_scratch(chip: str) -> None:
     """The compiler's own figure (its refusal at half the scratch names the allocation it
     needed) against tpusim.schedule.vmem's total for the same kernel (kimi-k3-mini, batch 1):

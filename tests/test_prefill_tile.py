@@ -10,6 +10,7 @@ import pytest
 from tpusim.app.cli import main
 
 
+@pytest.mark.slow  # K3 prefill simulations (~4-6 s)
 def test_the_issue_case_steps_the_tile_down_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     """``simulate --phase prefill --tokens 16384 --model kimi-k3 --hardware tpu-v7 --chips 16``
     was "infeasible" for every built-in schedule; the 32-row tile needs 89.6 MiB of 58 MiB VMEM."""

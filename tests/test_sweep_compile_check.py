@@ -17,6 +17,7 @@ from tpusim.app.cli.sweep_compile import MosaicCheck
 from tpusim.schedule.schema import load_schedule
 
 
+@pytest.mark.slow  # a sweep with compile checks (~7 s)
 def test_the_pick_is_the_fastest_row_the_check_accepts(tmp_path: Path) -> None:
     seen: list[str] = []
 
@@ -33,6 +34,7 @@ def test_the_pick_is_the_fastest_row_the_check_accepts(tmp_path: Path) -> None:
     assert "Checked beyond the simulator" in (tmp_path / "summary.md").read_text()
 
 
+@pytest.mark.slow  # a sweep with compile checks (~5 s)
 def test_when_no_row_is_accepted_the_simulated_best_is_kept_and_flagged(tmp_path: Path) -> None:
     result = sweep(tmp_path, accept=lambda schedule, row: (False, "refused"))
     simulated = [r for r in result.rows if r["status"] == "simulated"]

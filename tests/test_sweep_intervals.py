@@ -60,6 +60,7 @@ def test_every_shown_row_gets_its_own_re_simulated_interval_and_p_best(tmp_path:
     assert len({round(e["step_ms_low"], 9) for e in entries}) > 1
 
 
+@pytest.mark.slow  # a K3 sweep (~5 s)
 def test_uncalibrated_rows_say_they_have_no_interval(tmp_path: Path) -> None:
     result, program, system = _sweep(tmp_path / "sweep")
     built = []

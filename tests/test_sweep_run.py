@@ -97,6 +97,7 @@ def test_outputs_are_complete_and_labelled(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".*.tmp"))  # atomic writes leave no temp files behind
 
 
+@pytest.mark.slow  # a sweep and its resume (~5-7 s)
 def test_schema_rejections_are_pruned_rows_that_resume_keeps(tmp_path: Path) -> None:
     """Settings the schedule schema rejects are rows (``pruned``, ``schema: ...``), never evaluated."""
     ring = {"mode": "ring", "banks": 4, "bank_bytes": 1 << 20}
@@ -184,6 +185,7 @@ def test_ctrl_c_on_the_cli_keeps_rows_and_resume_finishes(tmp_path: Path, mini_y
     assert rows[: len(kept)] == kept  # the interrupted run's rows are untouched
 
 
+@pytest.mark.slow  # a sweep, then a refused resume (~5-7 s)
 def test_resume_refuses_a_different_workload(tmp_path: Path) -> None:
     sweep(tmp_path, budget=3, screen_factor=0, space=small_space(5))
     with pytest.raises(InputError, match="different"):
@@ -225,6 +227,7 @@ def test_cli_interrupt_says_how_to_resume(tmp_path: Path, monkeypatch: pytest.Mo
     assert code == 130 and "7 finished rows" in err and "--resume" in err
 
 
+@pytest.mark.slow  # a verify-step sweep (~5 s)
 def test_a_verify_step_sweep_runs_its_rows_over_its_sequences(tmp_path: Path) -> None:
     """``sequences`` (a speculative verify step: rows of fewer sequences) reaches the program
     every candidate is simulated on, and the workload saved beside the rows."""

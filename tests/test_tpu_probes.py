@@ -33,6 +33,7 @@ def _compile(subset: str, timeout: int) -> dict[str, float]:
 
 
 @pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: no Mosaic compiler for TPU on this machine")
+@pytest.mark.slow  # Mosaic compiles of the probes (~7-10 s)
 def test_representative_probes_compile_for_v5e() -> None:
     """One probe of each kernel (DMA at 4 KiB and 16 MiB, the empty call (twice), layer loop, a matmul,
     the norm, a dequantisation) through libtpu's Mosaic compiler for TPU v5e."""

@@ -31,6 +31,7 @@ def _static(part: str, decoder: str) -> float:
     return row["panel_bundles"] / 1.5e9 / (row["params"]["k"] * 128)
 
 
+@pytest.mark.slow  # engine runs of the K3 shard (~12-25 s)
 def test_the_planned_chip_takes_the_static_figures() -> None:
     chip = plan.planned_chip(KERNEL_DECODER)
     base = kernel_probe_chip(load_chip("tpu-v5e", calibrated=False), decoder=WORDS32_DECODER)

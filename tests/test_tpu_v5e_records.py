@@ -42,6 +42,7 @@ MARGIN = 0.01  # one point of MAPE above the documented held-out error
 COVERAGE_FLOOR = 0.8  # the target for held-out 90 % intervals
 
 
+@pytest.mark.slow  # a held-out fit over the committed records (~10-25 s)
 def test_way_c_held_out_error_stays_at_the_documented_figure() -> None:
     data = replay("schedule", with_probes=False)
     held = [row for row in data["rows"] if not row["new"]]
@@ -161,6 +162,7 @@ def test_kernel_records_refuse_a_foreign_chip_or_split(capsys: pytest.CaptureFix
     assert "kernel records split by schedule or batch" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # engine runs in worker processes (~6 s)
 def test_engine_runs_in_worker_processes_give_the_serial_predictions() -> None:
     from calibration.sources.tpu_chip_records import ChipRecordPredictor, load_chip_records
 

@@ -40,6 +40,7 @@ print(compile_function(f, (jax.ShapeDtypeStruct((1, 1), jnp.float32),), "tpu7x:2
     ((512, 3, 512), "float32", 4), ((256, 9, 512), "float32", 4), ((2048, 1, 512), "bfloat16", 2),
     ((128, 17, 512), "bfloat16", 2), ((1024, 8, 32), "float32", 4),
 ])
+@pytest.mark.slow  # a Mosaic compile in a fresh process (~6-12 s)
 def test_the_rule_is_the_compilers_allocation(shape, dtype, itemsize):
     done = subprocess.run([sys.executable, "-c", PROBE, "x".join(map(str, shape)), dtype],
                           capture_output=True, text=True, timeout=300, check=False)

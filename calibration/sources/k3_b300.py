@@ -38,6 +38,7 @@ predicted (:func:`fit_k3_stack`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -101,7 +102,10 @@ def load_b300_k3() -> list[Measurement]:
     return records
 
 
-def _program(fmt: str, rows: int = 1, model_name: str | None = None, chip: Chip | None = None):
+@functools.lru_cache(maxsize=16)
+def _program(fmt: str, rows: int = 1, model_name: str | None = None):
+    """The per-device program (built once: a fit simulates it for every trial chip, and the
+    issue plan's cache knows a program by identity)."""
     model = load_model(model_name or f"kimi-k3@{fmt}")
     plan = plan_for(model, CHIPS, devices_per_chip=1, intra_link="nvlink", choice=PLAN)
     return build_program(model, plan, batch=rows, context_tokens=CONTEXT_TOKENS, sequences=1)

@@ -262,7 +262,9 @@ _RECENT: list[tuple[Program, str, ProgramIssuePlan]] = []  # small LRU: re-simul
 def cached_issue_plan(program: Program, schedule: Schedule) -> ProgramIssuePlan:
     """:func:`program_issue_plan`, remembered for the last few (program, schedule) pairs: a
     calibration or an interval re-simulates the same step many times with other chip figures,
-    and the plan depends on neither."""
+    and the plan depends on neither. 32 pairs: a calibration's residual walks all its points in
+    turn (the TPU7x set: 12, and its slot-sweep and breakdown stages more), and with 8 remembered most lookups missed (measured: the TPU7x
+    part-by-part calibration took 118 s of CPU, 88 s with 32, same results)."""
     digest = schedule.content_hash()
     for index, (known, known_digest, plan) in enumerate(_RECENT):
         if known is program and known_digest == digest:
@@ -285,7 +287,7 @@ def cached_program_facts(program: Program) -> ProgramFacts:
             return facts
     facts = program_facts(program)
     _FACTS.append((program, facts))
-    del _FACTS[:-8]
+    del _FACTS[:-32]
     return facts
 
 
@@ -294,7 +296,7 @@ def remember_issue_plan(program: Program, schedule: Schedule, plan: ProgramIssue
     planned it already (a sweep's estimate context, memoised per pool) spares the engine a second
     planning. ``plan`` must be :func:`program_issue_plan` of the pair."""
     _RECENT.append((program, digest or schedule.content_hash(), plan))
-    del _RECENT[:-8]
+    del _RECENT[:-32]
 
 
 def forget_issue_plans() -> None:
