@@ -237,7 +237,7 @@ def kept_block(page: str) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0], allow_abbrev=False)
     parser.add_argument("--all", action="store_true", help="every decode record, not the representative four")
     parser.add_argument("--doc", type=Path, default=None, help="put the table into this page (its marked block)")
     args = parser.parse_args(argv)
