@@ -28,18 +28,21 @@ def rows(path: Path) -> list[dict]:
             "kernel_ms": kernel["ms_per_step_median"], "xla_ms": record["ms_per_step_median"],
             "xla_spread_ms": record["ms_per_step_spread"], "gb": bytes_per_step / 1e9,
             "xla_compile_s": record["compile_s"], "xla_rel_error": record.get("relative_error"),
-            "backend": record["backend"], "line": number})
-    return sorted(out, key=lambda r: (r["model"], r["batch"]))
+            "backend": record["backend"], "line": number,
+            # the run's time: the kernel beside it changed over the sessions (its decoders, its panel loops)
+            "when": str(record.get("provenance", "")).partition("date=")[2][:16].replace("T", " ")})
+    return sorted(out, key=lambda r: (r["model"], r["batch"], r["when"]))
 
 
 def table(found: list[dict]) -> str:
-    lines = ["| program | batch | megakernel ms (schedule) | plain JAX/XLA ms | XLA / kernel | HBM GB/step | "
+    lines = ["| program | batch | megakernel ms (schedule; run, UTC) | plain JAX/XLA ms | XLA / kernel | HBM GB/step | "
              "kernel GB/s | XLA GB/s | XLA compile s | XLA vs reference |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in found:
         error = "—" if r["xla_rel_error"] is None else f"{100 * r['xla_rel_error']:.2f} %"
         lines.append(
-            f"| {r['model']} | {r['batch']} | {r['kernel_ms']:.2f} ({r['schedule']}) | {r['xla_ms']:.2f} ± "
+            f"| {r['model']} | {r['batch']} | {r['kernel_ms']:.2f} ({r['schedule']}; {r['when'] or '—'}) | "
+            f"{r['xla_ms']:.2f} ± "
             f"{r['xla_spread_ms']:.2f} | {r['xla_ms'] / r['kernel_ms']:.2f}x | {r['gb']:.2f} | "
             f"{r['gb'] / r['kernel_ms'] * 1e3:.0f} | {r['gb'] / r['xla_ms'] * 1e3:.0f} | {r['xla_compile_s']:.1f} | "
             f"{error} |")
