@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from calibration.reports.tpu_v5e_plan import PREDICTIONS_PATH
+from calibration.reports.tpu_v5e_plan import PREDICTIONS_PATH, emit_predictions
 from megakernel.quant_pairs import FP8_PAIRS_DECODER, KERNEL_DECODER
 from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 
@@ -100,12 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", required=True, help="a set of calibration/tpu_bench/sets.json")
     parser.add_argument("--write", action="store_true", help=f"append the rows to {PREDICTIONS_PATH.name}")
     args = parser.parse_args(argv)
-    rows = predict(args.set)
-    for r in rows:
-        sys.stdout.write(f"{r['schedule']} b{r['batch']}: predicted {r['predicted_ms']:.2f} ms, {r['label']}\n")
-    if args.write:
-        with PREDICTIONS_PATH.open("a", encoding="utf-8") as fh:
-            fh.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    emit_predictions(predict(args.set), args.write)
     return 0
 
 

@@ -142,14 +142,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", required=True, help="a set of calibration/tpu_bench/sets.json")
     parser.add_argument("--write", action="store_true", help=f"append the rows to {PREDICTIONS_PATH.name}")
     args = parser.parse_args(argv)
-    rows = predict_set(args.set)
+    emit_predictions(predict_set(args.set), args.write)
+    return 0
+
+
+def emit_predictions(rows: list[dict[str, Any]], write: bool) -> None:
+    """Print prediction rows; with ``write``, append each to :data:`PREDICTIONS_PATH` (the
+    records' one appender, :func:`megakernel.runner.append_record`)."""
+    from megakernel.runner import append_record
+
     for r in rows:
         variant = f" variant {r['kernel_variant']}" if r.get("kernel_variant") else ""
         sys.stdout.write(f"{r['schedule']} b{r['batch']}{variant}: predicted {r['predicted_ms']:.2f} ms, {r['label']}\n")
-    if args.write:
-        with PREDICTIONS_PATH.open("a", encoding="utf-8") as fh:
-            fh.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
-    return 0
+    if write:
+        for r in rows:
+            append_record(PREDICTIONS_PATH, r)
 
 
 if __name__ == "__main__":
