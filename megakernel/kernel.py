@@ -37,7 +37,6 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from hwmodels.catalog import load_chip
 from megakernel import dma_plan
 from megakernel.dims import ModelDims
 from megakernel.dma_plan import LEAD_IN, NEVER, Geometry, Unit, WindowPlan
@@ -58,6 +57,7 @@ from megakernel.kernel_moe import dense_mlp, expert_loop, head, moe_post_experts
 from megakernel.reference import DecodeState
 from megakernel.residual import num_block_slots
 from megakernel.ring_pool import bank_table
+from megakernel.vmem_limit import PUBLISHED_KERNEL_CHIP, vmem_limit_for
 from tpusim.schedule.kernel_layout import (
     EXPERT_PANEL_UNROLL,
     KV_WRITE_TOKENS,
@@ -74,22 +74,6 @@ from tpusim.schedule.vmem import matmul_stage_bytes
 from tpusim.workload.registry.names import KdaTensor, MoeOp, StateFamily
 
 EXPERT_CODES = 1000  # codes below are expert[j]; op identities start here
-
-
-# Where no chip is named (interpret mode, a TPU the catalog does not know), the kernel gets the
-# VMEM of the chip the published kernel runs on, read from the catalog like every other chip's.
-PUBLISHED_KERNEL_CHIP = "tpu-v7"
-
-
-def vmem_limit_for(chip_name: str) -> int:
-    """The VMEM limit the kernel gives Mosaic on ``chip_name``: the catalog's VMEM capacity
-    (v5e and v6e 128 MiB, TPU v7 64 MiB); the scratch the accounting admits is its own check."""
-    chip = load_chip(chip_name)
-    try:
-        vmem = chip.memory("vmem")
-    except (KeyError, ValueError) as error:
-        raise ValueError(f"{chip_name} has no VMEM in the catalog: not a TPU the kernel runs on") from error
-    return int(vmem.capacity_bytes.value)
 
 
 def op_codes() -> dict[tuple[str, int], int]:
@@ -163,7 +147,7 @@ class Megakernel:
         for TPU); ``interpret`` is ``pltpu.InterpretParams`` or None (compile for TPU);
         ``unsafe_ignore_buffer_reuse`` breaks the plan on purpose (race-detector test);
         ``vmem_limit_bytes``: the VMEM Mosaic may use, scratch and its own temporaries (the
-        target chip's catalog capacity, :func:`vmem_limit_for`; None: the published kernel's chip's);
+        target chip's catalog capacity, :func:`megakernel.vmem_limit.vmem_limit_for`; None: the published kernel's chip's);
         ``expert_cap``: at most this many experts a layer (a fixed-cost probe, not a decode);
         ``panel_unroll``/``expert_panel_unroll``: panels per panel-loop iteration (streamed
         tensors, routed experts' parts; :data:`tpusim.schedule.kernel_layout.PANEL_UNROLL`)."""

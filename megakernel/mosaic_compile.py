@@ -273,8 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     from megakernel.dims import UnsupportedModel, model_dims
     from megakernel.dma_plan import UnsupportedSchedule
-    from megakernel.kernel import Megakernel, vmem_limit_for
+    from megakernel.kernel import Megakernel
     from megakernel.tpu_lowering import lowering_report
+    from megakernel.vmem_limit import vmem_limit_for
     from tpusim.schedule.schema import load_schedule
     from tpusim.workload.model_catalog import load_model, plan_for, shard_plan
 

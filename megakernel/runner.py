@@ -39,7 +39,7 @@ from megakernel.dims import model_dims
 from megakernel.dma_plan import UnsupportedSchedule
 from megakernel.events import save_routing_trace
 from megakernel.hbm import pack_hbm
-from megakernel.kernel import PUBLISHED_KERNEL_CHIP, Megakernel, vmem_limit_for
+from megakernel.kernel import Megakernel
 from megakernel.layout import load_safetensors, random_weights
 from megakernel.quant_pairs import KERNEL_DECODER
 from megakernel.reference import (
@@ -51,6 +51,7 @@ from megakernel.reference import (
 )
 from megakernel.step_bytes import step_hbm_bytes
 from megakernel.tolerance import F32, REORDERED, TOLERANCES
+from megakernel.vmem_limit import PUBLISHED_KERNEL_CHIP, vmem_limit_for
 from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 from tpusim.schedule.schema import load_schedule
 from tpusim.workload.model_catalog import load_model, plan_for

@@ -14,7 +14,7 @@ import pytest
 
 from hwmodels.units import MIB
 from megakernel import chip_numerics, runner
-from megakernel.kernel import PUBLISHED_KERNEL_CHIP, vmem_limit_for
+from megakernel.vmem_limit import PUBLISHED_KERNEL_CHIP, vmem_limit_for
 
 RECORDS = Path(__file__).resolve().parents[1] / "calibration" / "data" / "tpu-v5e-numerics.jsonl"
 

@@ -39,7 +39,8 @@ def test_describe_error_is_one_paragraph() -> None:
 
 def _mini_kernel(chip: str):
     from megakernel.dims import model_dims
-    from megakernel.kernel import Megakernel, vmem_limit_for
+    from megakernel.kernel import Megakernel
+    from megakernel.vmem_limit import vmem_limit_for
     from tpusim.schedule.schema import load_schedule
     from tpusim.workload.model_catalog import load_model, plan_for
 

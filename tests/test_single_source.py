@@ -74,7 +74,7 @@ def test_the_vmem_limit_comes_from_the_catalog() -> None:
                if entry.startswith("megakernel/")]
     assert written == []
     from hwmodels.catalog import load_chip
-    from megakernel.kernel import PUBLISHED_KERNEL_CHIP, vmem_limit_for
+    from megakernel.vmem_limit import PUBLISHED_KERNEL_CHIP, vmem_limit_for
 
     catalog = load_chip(PUBLISHED_KERNEL_CHIP).memory("vmem").capacity_bytes.value
     assert vmem_limit_for(PUBLISHED_KERNEL_CHIP) == catalog
