@@ -265,6 +265,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="stacked weights hold this many distinct entries (0: one per layer)")
     parser.add_argument("--scoped-vmem", action="store_true",
                         help="also read the compiler's scoped-VMEM figure for the kernel (one more compile)")
+    parser.add_argument("--panel-unroll", type=int, nargs=2, default=None, metavar=("DENSE", "EXPERT"),
+                        help="panels per panel-loop iteration, dense and routed experts (default: the kernel's)")
     return parser.parse_args(argv)
 
 
@@ -284,8 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     schedule = load_schedule(args.schedule)
     try:
         dims = dataclasses.replace(model_dims(model, plan), weight_banks=args.weight_banks)
+        unroll = {} if args.panel_unroll is None else dict(
+            zip(("panel_unroll", "expert_panel_unroll"), args.panel_unroll, strict=True))
         kernel = Megakernel(dims, schedule, args.batch, args.context,
-                            vmem_limit_bytes=vmem_limit_for(args.hardware))
+                            vmem_limit_bytes=vmem_limit_for(args.hardware), **unroll)
         report = lowering_report(model, plan, schedule, args.batch, kernel, lowered=True)
     except (UnsupportedModel, UnsupportedSchedule) as error:
         kind = "model" if isinstance(error, UnsupportedModel) else "schedule"
