@@ -35,7 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from calibration.sources.tpu_chip_records import KERNEL_PATH, ChipRecordPredictor, load_chip_records
-from calibration.sources.tpu_fixed_cost import kernel_probe_chip
+from calibration.sources.tpu_fixed_cost import (
+    FIXED_COST_PATH,
+    fixed_cost,
+    kernel_probe_chip,
+    refit_chip,
+)
 from calibration.sources.tpu_probes import PROBES_PATH, dequant_path
 from hwmodels.catalog import load_chip
 from hwmodels.overlay import _figure_slot
@@ -70,8 +75,12 @@ def static_figure(part: str, decoder: str, path: Path | str = STATIC_PATH, rows:
     raise KeyError(f"no static-schedule record for {part}/{decoder}/rows {rows} in {path}")
 
 
-def planned_chip(decoder: str = KERNEL_DECODER) -> Chip:
-    """The chip the planned runs of ``decoder``'s kernel are predicted on (module docstring)."""
+def planned_chip(decoder: str = KERNEL_DECODER, expert_panel_unroll: int = 1) -> Chip:
+    """The chip the planned runs of ``decoder``'s kernel are predicted on (module docstring),
+    before any refit on the build's own capped runs (:func:`build_chip`). With the expert
+    panel loop unrolled (``expert_panel_unroll`` > 1) no decoder takes the one-panel
+    ``words32`` stall ratio: that ratio held the MXU round trip per panel, which the engine
+    prices itself since set v5e-z (each product's fixed cost over the panels in flight)."""
     base = kernel_probe_chip(load_chip("tpu-v5e", calibrated=False), decoder=WORDS32_DECODER)
     data = base.model_dump(mode="python")
     for part, part_decoder in PART_DECODERS[decoder].items():
@@ -79,7 +88,7 @@ def planned_chip(decoder: str = KERNEL_DECODER) -> Chip:
             continue
         value, source = static_figure(part, part_decoder)
         parent, name = _figure_slot(data, dequant_path(FORMAT_OF_PART[part]))
-        if part_decoder in STALLS_LIKE:  # the static schedule counts no stall: carry the measured/static ratio
+        if part_decoder in STALLS_LIKE and expert_panel_unroll == 1:  # carry the measured/static ratio
             like = STALLS_LIKE[part_decoder]
             ratio = parent[name]["value"] / static_figure(part, like)[0]
             value *= ratio
@@ -87,6 +96,22 @@ def planned_chip(decoder: str = KERNEL_DECODER) -> Chip:
                        "(a decoder of the same form: per-value f32 work, same layout)")
         parent[name] = {**parent[name], "value": value, "label": "derived", "source": source}
     return Chip.model_validate(data)
+
+
+def build_chip(decoder: str = KERNEL_DECODER, unroll: tuple[int, int] = (PANEL_UNROLL, EXPERT_PANEL_UNROLL)
+               ) -> tuple[Chip, str]:
+    """(chip, label) for predicting a build of the kernel (``decoder``, panel loops ``unroll``):
+    :func:`planned_chip`, refit by way (b) on that build's own capped runs
+    (:func:`calibration.sources.tpu_fixed_cost.fixed_cost`; its decodes are never read) when
+    there are two published caps of it, else as it is."""
+    chip = planned_chip(decoder, unroll[1])
+    found = fixed_cost(chip, FIXED_COST_PATH, decoder, unroll)
+    if found is None:
+        return chip, "simulated (way (b) of the words32 kernel; the new decoders from the static schedule)"
+    return refit_chip(chip, found), (
+        f"simulated (the new decoders from the static schedule, refit by way (b) on this build's own capped "
+        f"runs u{unroll[0]}x{unroll[1]}: {', '.join(found.runs)}; dequant factor {found.dequant_factor:.2f}, "
+        f"{found.per_layer_s * 1e6:.1f} µs a layer)")
 
 
 def _figure(chip: Chip, path: str) -> float:
@@ -100,7 +125,7 @@ def predict_set(set_name: str) -> list[dict[str, Any]]:
     from calibration.tpu_bench.device_run import load_cases
 
     known = load_chip_records(KERNEL_PATH, decoder=WORDS32_DECODER)
-    chip = planned_chip()
+    chip, label = build_chip()
     planned, rows = [], []
     for case in load_cases(set_name):
         if case.shard_of != "k3-tp32" or case.expert_cap is not None:
@@ -121,8 +146,7 @@ def predict_set(set_name: str) -> list[dict[str, Any]]:
         rows.append({"kind": "prediction", "set": set_name, "decoder": KERNEL_DECODER, "model": case.model,
                      "shard_of": case.shard_of, "schedule": case.schedule, "batch": case.batch,
                      "context": case.context, "routing": record.routing, "predicted_ms": ms,
-                     "label": "simulated (way (b) of the words32 kernel; the new decoders from the static schedule)"
-                     + ("" if record.panel_unroll == (1, 1) else
+                     "label": label + ("" if record.panel_unroll == (1, 1) else
                         "; the panel loops' unroll: each product's fixed cost over the panels in flight"),
                      "figures": {dequant_path(f): _figure(chip, dequant_path(f)) for f in FORMAT_OF_PART.values()},
                      "date": now, "probes": str(PROBES_PATH.name), "panel_unroll": list(record.panel_unroll),

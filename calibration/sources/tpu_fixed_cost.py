@@ -84,15 +84,18 @@ class FixedCost:
     source: str
 
 
-def capped_runs(path: Path | str = FIXED_COST_PATH, decoder: str = CALIBRATION_DECODER) -> list[ChipRecord]:
-    """The fixed-cost probe runs (expert caps in :data:`CAPS`) of ``path`` that ran ``decoder``."""
+def capped_runs(path: Path | str = FIXED_COST_PATH, decoder: str = CALIBRATION_DECODER,
+                panel_unroll: tuple[int, int] | None = None) -> list[ChipRecord]:
+    """The fixed-cost probe runs (expert caps in :data:`CAPS`) of ``path`` that ran ``decoder``
+    (and, when given, the panel loops' ``panel_unroll``: one build of the kernel)."""
     path = Path(path)
     if not path.is_file():
         return []
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     present = {row.get("expert_cap") for row in rows if record_decoder(row) == decoder}
     return [run for cap in CAPS if cap in present
-            for run in load_chip_records(path, expert_cap=cap, decoder=decoder)]
+            for run in load_chip_records(path, expert_cap=cap, decoder=decoder)
+            if panel_unroll is None or run.panel_unroll == tuple(panel_unroll)]
 
 
 def _with(chip: Chip, factor: float, per_layer_s: float | None) -> Chip:
@@ -103,6 +106,19 @@ def _with(chip: Chip, factor: float, per_layer_s: float | None) -> Chip:
     if per_layer_s is not None:
         parent, name = _figure_slot(data, PER_LAYER)
         parent[name] = {**parent[name], "value": per_layer_s}
+    return Chip.model_validate(data)
+
+
+def refit_chip(chip: Chip, found: FixedCost) -> Chip:
+    """``chip`` with ``found``'s two figures, labelled ``derived`` with their source: its dequant
+    rates scaled by the factor, the per-layer cost set."""
+    data = _with(chip, found.dequant_factor, found.per_layer_s).model_dump(mode="python")
+    for path in [dequant_path(f) for f in DEQUANT_PROBES.values()] + [PER_LAYER]:
+        parent, name = _figure_slot(data, path)
+        note = (f"; x {found.dequant_factor:.3f}" if path != PER_LAYER
+                else f"; {found.per_layer_s * 1e6:.1f} µs a layer the simulator's ops leave out")
+        parent[name] = {**parent[name], "label": "derived", "source": f"{parent[name].get('source', '')}; "
+                        f"refit: {found.source}{note}"}
     return Chip.model_validate(data)
 
 
@@ -130,11 +146,12 @@ def _moe_layers(run: ChipRecord) -> int:
 
 
 def fixed_cost(probes: Chip, path: Path | str = FIXED_COST_PATH,
-               decoder: str = CALIBRATION_DECODER) -> FixedCost | None:
-    """The two figures (module docstring) from the runs in ``path`` that ran ``decoder``, on the
-    micro-probe chip ``probes`` (that decoder's dequant rates); None when the file holds fewer
-    than two published caps of it."""
-    runs = capped_runs(path, decoder)
+               decoder: str = CALIBRATION_DECODER, panel_unroll: tuple[int, int] | None = None) -> FixedCost | None:
+    """The two figures (module docstring) from the runs in ``path`` that ran ``decoder`` (and
+    ``panel_unroll``, when given), on the chip ``probes`` (its dequant rates are what the factor
+    scales: the micro-probes', or another source's); None when the file holds fewer than two
+    published caps of that build."""
+    runs = capped_runs(path, decoder, panel_unroll)
     slope_runs = [r for r in runs if r.schedule == SLOPE_SCHEDULE]
     if len({r.expert_cap for r in slope_runs}) < 2:
         return None
@@ -144,7 +161,10 @@ def fixed_cost(probes: Chip, path: Path | str = FIXED_COST_PATH,
     for _ in range(ROUNDS):  # each figure moves the other a little (overlap): alternate
         at_probes = _slope(slope_runs, _ms(slope_runs, _with(probes, 1.0, per_layer)))
         at_half = _slope(slope_runs, _ms(slope_runs, _with(probes, HALF, per_layer)))
-        factor = 1.0 + (measured - at_probes) * (1.0 - HALF) / (at_probes - at_half)
+        if measured <= at_half:  # the chip's slope is under what halved decoders give: the experts are
+            factor = 1.0          # copy-bound there, their decoders hidden; the slope says nothing of them
+        else:
+            factor = 1.0 + (measured - at_probes) * (1.0 - HALF) / (at_probes - at_half)
         def error(x: float, factor: float = factor) -> float:
             return float(np.mean(_ms(runs, _with(probes, factor, x)) - target))
 

@@ -45,7 +45,13 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 
-from calibration.tpu_bench import probes_compute, probes_dma, probes_order, probes_products
+from calibration.tpu_bench import (
+    probes_compute,
+    probes_dma,
+    probes_order,
+    probes_overlap,
+    probes_products,
+)
 from calibration.tpu_bench.common import (
     Probe,
     compile_for,
@@ -72,6 +78,7 @@ def all_probes(interpret: Any, quick: bool) -> list[Probe]:
         probes_order.dma_order_probe(interpret, quick),
         *probes_order.routing_probes(interpret, quick),
         *probes_dma.dma_probes(interpret, quick),
+        *probes_overlap.overlap_probes(interpret, quick),
         probes_dma.layer_probe(interpret, quick),
         *probes_compute.matmul_probes(interpret, quick, "panel_loop"),
         probes_compute.norm_probe(interpret, quick),
