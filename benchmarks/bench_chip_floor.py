@@ -36,6 +36,7 @@ from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 
 DATA = Path(__file__).resolve().parents[1] / "calibration" / "data"
 SESSION = dt.timedelta(minutes=40)  # a device call's probes follow its kernel runs
+PROBE_RUN = dt.timedelta(minutes=15)  # one call's probes: an earlier call's are not pooled with them
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
@@ -62,15 +63,19 @@ def session_floor_figures(probes: list[dict[str, Any]], at: dt.datetime) -> tupl
     before = sorted((r for r in ok if _when(r) < at), key=_when)
     if before:
         last = _when(before[-1])
-        earlier = figures([r for r in before if last - _when(r) <= SESSION])
+        earlier = figures([r for r in before if last - _when(r) <= PROBE_RUN])
         if earlier is not None:
             return *earlier, f"the latest session before, {last.isoformat(timespec='minutes')}"
     raise LookupError(f"no dma_stream/empty_call probes at or before {at.isoformat()}")
 
 
 def _unroll(row: dict[str, Any]) -> tuple[int, int]:
-    """Panels a panel loop's iteration issued (dense, routed experts); 1, 1 before the field."""
-    return tuple(row.get("panel_unroll") or (1, 1))  # type: ignore[return-value]
+    """Panels a panel loop's iteration issued (dense, routed experts); before the field, 1, 1
+    or what the row's ``kernel_variant`` set (a variant of the one-panel kernel)."""
+    if row.get("panel_unroll"):
+        return tuple(row["panel_unroll"])  # type: ignore[return-value]
+    knobs = row.get("kernel_variant") or {}
+    return int(knobs.get("panel_unroll", 1)), int(knobs.get("expert_panel_unroll", 1))
 
 
 def table(decoder: str = KERNEL_DECODER, data: Path = DATA,
@@ -85,17 +90,18 @@ def table(decoder: str = KERNEL_DECODER, data: Path = DATA,
            if "stands_next_to" in r and r.get("expert_cap") is None}
     predictions = [r for r in _rows(data / "tpu-v5e-predictions.jsonl")
                    if r["decoder"] == decoder and not r.get("kernel_variant") and _unroll(r) == unroll]
-    first = min(_when(r) for r in kernel)
-    rate, empty, where = session_floor_figures(probes, first)
     lines = [f"K3 TP32 per-device program, decoder {decoder}, panel loops {unroll[0]} (dense) and {unroll[1]} "
-             f"(experts) panels an iteration, measured on tpu-v5e; floor = HBM bytes / "
-             f"{rate / 1e9:.0f} GB/s + empty call {empty * 1e6:.0f} us (probes dma_stream, empty_call: {where})",
-             "| schedule | batch | measured ms | GB/step | floor ms (analytic) | measured/floor | XLA ms (measured) "
-             "| kernel/XLA | predicted ms (simulated, recorded before the run) | error "
+             "(experts) panels an iteration, measured on tpu-v5e; floor = HBM bytes / the streaming rate + one empty "
+             "call, both from the run's own device session's probes (dma_stream, empty_call), or the latest "
+             "session's before it where it ran none (marked *)",
+             "| schedule | batch | measured ms | GB/step | GB/s (dma_stream) | floor ms (analytic) | measured/floor "
+             "| XLA ms (measured) | kernel/XLA | predicted ms (simulated, recorded before the run) | error "
              "| predicted ms (derived, recorded before the run) | error |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in sorted(kernel, key=lambda r: (r["batch"], r["ms_per_step_median"])):
         gb = r["hbm_bytes_per_step"] / 1e9
+        rate, empty, where = session_floor_figures(probes, _when(r))
+        mark = "" if where.startswith("the same session") else "*"
         floor_ms = (r["hbm_bytes_per_step"] / rate + empty) * 1e3
         ms = r["ms_per_step_median"]
         base = xla.get((r["schedule_hash"], r["batch"]))
@@ -110,7 +116,32 @@ def table(decoder: str = KERNEL_DECODER, data: Path = DATA,
                          and Path(p["schedule"]).stem in (r["schedule"], _stem_of(r))), None)
             cells += [f"{pred['predicted_ms']:.2f}", f"{pred['predicted_ms'] / ms - 1:+.1%}"] if pred else ["—", "—"]
         lines.append(f"| {r['schedule']} | {r['batch']} | {ms:.2f} ± {r['ms_per_step_spread']:.2f} | {gb:.2f} | "
-                     f"{floor_ms:.1f} | {ms / floor_ms:.2f} | {xla_ms} | {ratio} | " + " | ".join(cells) + " |")
+                     f"{rate / 1e9:.0f}{mark} | {floor_ms:.1f} | {ms / floor_ms:.2f} | {xla_ms} | {ratio} | "
+                     + " | ".join(cells) + " |")
+    return lines
+
+
+def variants_table(decoder: str = KERNEL_DECODER, data: Path = DATA) -> list[str]:
+    """The kernel's variants (``tpu-v5e-kernel-variants.jsonl``: knobs away from the defaults
+    of their day), each beside its floor and the simulator's prediction recorded before it ran."""
+    path = data / "tpu-v5e-kernel-variants.jsonl"
+    if not path.exists():
+        return []
+    probes = _rows(data / "tpu-v5e-probes.jsonl")
+    predictions = [r for r in _rows(data / "tpu-v5e-predictions.jsonl")
+                   if r["decoder"] == decoder and r.get("kernel_variant") and not r["label"].startswith("derived")]
+    lines = ["| schedule | batch | panel loops (dense, experts) | measured ms | floor ms (analytic) | measured/floor "
+             "| predicted ms (simulated, recorded before the run) | error |",
+             "|---|---:|---|---:|---:|---:|---:|---:|"]
+    for r in sorted((r for r in _rows(path) if record_decoder(r) == decoder), key=lambda r: (r["batch"], _when(r))):
+        rate, empty, _ = session_floor_figures(probes, _when(r))
+        floor_ms = (r["hbm_bytes_per_step"] / rate + empty) * 1e3
+        ms = r["ms_per_step_median"]
+        pred = next((p for p in reversed(predictions) if p["batch"] == r["batch"] and _unroll(p) == _unroll(r)
+                     and _when(p) < _when(r) and Path(p["schedule"]).stem in (r["schedule"], _stem_of(r))), None)
+        cells = [f"{pred['predicted_ms']:.2f}", f"{pred['predicted_ms'] / ms - 1:+.1%}"] if pred else ["—", "—"]
+        lines.append(f"| {r['schedule']} | {r['batch']} | {_unroll(r)[0]}, {_unroll(r)[1]} | {ms:.2f} | "
+                     f"{floor_ms:.1f} | {ms / floor_ms:.2f} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -152,6 +183,39 @@ def nonexpert_table(data: Path = DATA) -> list[str]:
     return lines
 
 
+def nonexpert_by_caps(data: Path = DATA) -> list[str]:
+    """Each kernel build's step at 0 experts from its capped runs alone (a device session that
+    capped the kernel at >= 2 expert counts with no XLA beside it): the least-squares line in
+    routed expert-layers, read at 0 (derived), beside the latest plain-XLA step with no routed
+    expert at that batch (measured, in another session: named)."""
+    capped_xla = [r for r in _rows(data / "tpu-v5e-xla-capped.jsonl") if r.get("expert_cap") == 0]
+    capped = [r for r in _rows(data / "tpu-v5e-fixed-cost.jsonl") if r.get("shard_of") == "k3-tp32"]
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in sorted(capped, key=_when):
+        key = (r["batch"], r["schedule_hash"], _unroll(r), record_decoder(r))
+        group = groups.setdefault(key, [])
+        if group and _when(r) - _when(group[-1]) > SESSION:
+            group.clear()  # a later session's runs of the same build replace an earlier one's
+        group.append(r)
+    lines = []
+    for (batch, _, unroll, decoder), runs in groups.items():
+        if len({r["expert_cap"] for r in runs}) < 2 or any(abs(_when(x) - _when(runs[0])) <= SESSION for x in capped_xla):
+            continue
+        xs = [float(_expert_layers(r)) for r in runs]
+        ys = [r["ms_per_step_median"] for r in runs]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+        at0 = my - slope * mx
+        xla = max((x for x in capped_xla if x["batch"] == batch), key=_when, default=None)
+        versus = (f"{at0 / xla['ms_per_step_median']:.3f} (XLA's {xla['ms_per_step_median']:.1f} ms, measured "
+                  f"{_when(xla).date()}, another session)") if xla else "—"
+        caps = ", ".join(f"{r['schedule']} c={r['expert_cap']}" for r in runs)
+        lines.append(f"- {decoder}, panel loops {unroll[0]}/{unroll[1]}, batch {batch}: **{at0:.2f} ms** at 0 experts "
+                     f"(derived from {caps}, {_when(runs[0]).isoformat(timespec='minutes')}; "
+                     f"{slope * 1e3:.2f} µs a routed expert-layer); kernel/XLA non-expert {versus}")
+    return lines
+
+
 @functools.cache
 def _schedule_files() -> dict[str, Path]:
     from calibration.sources.tpu_chip_records import schedules_by_hash
@@ -177,9 +241,17 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"bench_chip_floor: {error}\n")
         return 2
     sys.stdout.write("\n".join(lines) + "\n")
+    variants = variants_table(args.decoder, args.data)
+    if variants:
+        sys.stdout.write("\nThe kernel's variants (knobs away from the defaults of their day):\n"
+                         + "\n".join(variants) + "\n")
     if (args.data / "tpu-v5e-xla-capped.jsonl").exists():
         sys.stdout.write("\nThe step's non-expert work, kernel and plain XLA in the same device session "
                          "(panel loops as the kernel then was):\n" + "\n".join(nonexpert_table(args.data)) + "\n")
+        by_caps = nonexpert_by_caps(args.data)
+        if by_caps:
+            sys.stdout.write("\nThe kernel's step at 0 experts from its capped runs alone (sessions with no XLA beside "
+                             "them):\n" + "\n".join(by_caps) + "\n")
     return 0
 
 
