@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         shard = weight_shard(weights.arrays, one, dev, cut)
         for name in (KdaTensor.OUT, MlaTensor.OUT):
             shard[name] = stored_projection(shard[name])
-        hbm.append(pack_hbm(Weights(dev, shard), kernel.geo))
+        hbm.append(pack_hbm(Weights(dev, shard), kernel.geo, kernel.expert_products))
         states.append(state_shard(*(np.asarray(a) for a in (state.kda_state, state.conv_state, state.kv_cache)),
                                   one, dev, cut))
     stacked = {name: jnp.asarray(np.stack([h[name] for h in hbm])) for name in hbm[0]}

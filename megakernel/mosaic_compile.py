@@ -273,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     from megakernel.dims import UnsupportedModel, model_dims
     from megakernel.dma_plan import UnsupportedSchedule
+    from megakernel.expert_products import expert_products_for
     from megakernel.kernel import Megakernel
     from megakernel.tpu_lowering import lowering_report
     from megakernel.vmem_limit import vmem_limit_for
@@ -285,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         dims = dataclasses.replace(model_dims(model, plan), weight_banks=args.weight_banks)
         kernel = Megakernel(dims, schedule, args.batch, args.context,
-                            vmem_limit_bytes=vmem_limit_for(args.hardware))
+                            vmem_limit_bytes=vmem_limit_for(args.hardware),
+                            expert_products=expert_products_for(args.hardware))
         report = lowering_report(model, plan, schedule, args.batch, kernel, lowered=True)
     except (UnsupportedModel, UnsupportedSchedule) as error:
         kind = "model" if isinstance(error, UnsupportedModel) else "schedule"
