@@ -14,13 +14,14 @@ The formats (:mod:`megakernel.quant`) and what each product does:
 | part | stored | in VMEM -> MXU | scale |
 | --- | --- | --- | --- |
 | gate/up | e4m3 bytes, two adjacent rows per 16-bit word (:func:`pack_fp8_rows`) | ``pltpu.bitcast`` u16[R/2, 128] -> float8_e4m3fn[R, 128] (free) | bf16 power of two per 256 rows, on each 256-row chunk's f32 product |
-| down | e2m1 nibbles, four adjacent rows per 16-bit word (:func:`pack_mxfp4_rows`) | ``pltpu.bitcast`` -> float4_e2m1fn[R, 128], ``astype`` float8_e4m3fn (exact: every e2m1 value is an e4m3 value) | E8M0 per 32 rows, on each 32-row block's f32 product |
+| down | e2m1 nibbles, four adjacent rows per 16-bit word (:func:`pack_mxfp4_rows`) | ``pltpu.bitcast`` -> float4_e2m1fn[R, 128], ``astype`` float8_e4m3fn (exact: every e2m1 value is an e4m3 value) | E8M0 per 32 rows, on each 32-row block's f32 product (at batch <= 2 the blocks' partials come from one product per row: :func:`_row_expanded`) |
 
 Why exact: every weight reaches the MXU as its own code's value (e4m3 as stored; e2m1 widened
 to e4m3 without rounding), each bf16 x e4m3 product is exact in f32 (8 + 4 significant bits),
 and a block's scale is a power of two multiplying that block's f32 partial product (exact
 unless it leaves f32's range). What differs from a dequantise-then-multiply reference is only
-the order of the f32 sums (block by block), as on v5e's ``pairs`` path. The E8M0 scale is not
+the order of the f32 sums (block by block), as on v5e's ``pairs`` path; a row spread over
+the blocks adds only exact zeros (lanes of other blocks) to each block's partial. The E8M0 scale is not
 folded into the FP8 weights: ``6 * 2^s`` leaves e4m3's range for ``s > 6`` and ``0.5 * 2^s``
 falls below its smallest subnormal for ``s < -8``, so folding is exact only for a window of
 scales, and decided by the data; applied after the product it is exact for all of them.
@@ -84,6 +85,32 @@ def _block_products(x: jax.Array, w: jax.Array, scales: jax.Array, block: int) -
     return acc
 
 
+# Batches of at most this many rows multiply an MXFP4 panel in one product per row rather than
+# one per 32-row scale block (:func:`_row_expanded`). Static bundles per K3 TP32 down panel (768
+# x 128, 24 blocks), tpu7x, compiled here (one panel a loop iteration): one product per block 194
+# at rows 1 to 8; one per row 71 (rows 1), 108 (2), 378 (8). FP8 gate/up keeps one product per
+# 256-row block, as deep as the MXU: per row it took 175 bundles a panel at rows 1 (161-174 by
+# block) and 352 at rows 2.
+ROW_EXPANSION_MAX_ROWS = 2
+
+
+def _row_expanded(x: jax.Array, w: jax.Array, scales: jax.Array, block: int) -> jax.Array:
+    """:func:`_block_products` with one product per activation row: row ``r`` of ``x`` bf16[B, R]
+    is laid out as ``blocks`` rows, row ``i`` keeping only block ``i``'s lanes (the others exact
+    zeros), so one product gives every block's f32 partial [blocks, 128]; times the scale rows
+    ``scales`` f32[blocks, 128], summed over the blocks -> that row's f32[1, 128]."""
+    rows, blocks = w.shape[0], w.shape[0] // block
+    lane_block = jax.lax.broadcasted_iota(jnp.int32, (blocks, rows), 1) >> (block.bit_length() - 1)
+    mine = lane_block == jax.lax.broadcasted_iota(jnp.int32, (blocks, rows), 0)
+    out = []
+    for r in range(x.shape[0]):
+        spread = jnp.broadcast_to(x[r: r + 1].astype(jnp.float32), (blocks, rows))  # exact: x is bf16
+        xe = jnp.where(mine, spread, 0.0).astype(jnp.bfloat16)
+        z = jnp.dot(xe, w, preferred_element_type=jnp.float32) * scales[:blocks]
+        out.append(jnp.sum(z, axis=0, keepdims=True))
+    return out[0] if len(out) == 1 else jnp.concatenate(out, axis=0)
+
+
 def fp8_mxu_product(x: jax.Array, words: jax.Array, scale_words: jax.Array) -> jax.Array:
     """``x`` bf16[B, R] @ one FP8 panel: ``words`` u16[R/2, 128] (:func:`pack_fp8_rows`),
     ``scale_words`` u16[R/256, 128] (the bf16 block scales' bits) -> f32[B, 128]."""
@@ -95,10 +122,14 @@ def fp8_mxu_product(x: jax.Array, words: jax.Array, scale_words: jax.Array) -> j
 def mxfp4_mxu_product(x: jax.Array, words: jax.Array, scale_words: jax.Array) -> jax.Array:
     """``x`` bf16[B, R] @ one MXFP4 panel: ``words`` u16[R/4, 128] (:func:`pack_mxfp4_rows`),
     ``scale_words`` u16[R/64, 128] (E8M0 bytes by :func:`megakernel.quant.pack_bytes_to_words`)
-    -> f32[B, 128]. A part of fewer than 32 rows has its block's one scale row."""
+    -> f32[B, 128]. A part of fewer than 32 rows has its block's one scale row. One product per
+    32-row block, or per activation row for small batches (:data:`ROW_EXPANSION_MAX_ROWS`)."""
     w = _bitcast(words, F4).astype(F8)  # [R, 128], exact
     scales = decode_e8m0(split_words(scale_words, axis=0))  # [R/32, 128] f32
-    return _block_products(x, w, scales, min(w.shape[0], MXFP4_BLOCK_ROWS))
+    block = min(w.shape[0], MXFP4_BLOCK_ROWS)
+    if w.shape[0] > block and x.shape[0] <= ROW_EXPANSION_MAX_ROWS:
+        return _row_expanded(x, w, scales, block)
+    return _block_products(x, w, scales, block)
 
 
 def bf16_activations(x: jax.Array) -> jax.Array:

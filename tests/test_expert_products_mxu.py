@@ -48,13 +48,14 @@ def test_catalog_chooses_the_products() -> None:
     assert expert_products_for("tpu-v6e") is DECODE  # lists an fp8 rate, but pushes through a conversion
 
 
+@pytest.mark.parametrize("batch", [1, 3])  # MXFP4 at batch 1: one product per row (ROW_EXPANSION_MAX_ROWS)
 @pytest.mark.parametrize("rows", [64, 256, 768, 1024])
-def test_products_equal_dequantised_matmuls(rows: int) -> None:
+def test_products_equal_dequantised_matmuls(rows: int, batch: int) -> None:
     """Each product against the f32 matmul of the dequantised weights: the same values, only
     the f32 sums in block order (so equal to ~1e-7 of the largest output, 0 when one block)."""
     rng = np.random.default_rng(rows)
     w = rng.standard_normal((rows, 128)).astype(np.float32) * np.exp2(rng.integers(-30, 30, (1, 128)))
-    x = jnp.asarray(rng.standard_normal((3, rows)), jnp.bfloat16)
+    x = jnp.asarray(rng.standard_normal((batch, rows)), jnp.bfloat16)
     x32 = x.astype(jnp.float32)
     cases = [(quantize_mxfp4(w), quant_mxu.mxfp4_mxu_product, quant_mxu.pack_mxfp4_rows, pack_bytes_to_words,
               dequant_mxfp4)]
