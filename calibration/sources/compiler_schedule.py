@@ -38,7 +38,8 @@ from pathlib import Path
 
 _BUNDLE = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s+(LH|LB|LE|PB|PF|CT)?\s*:\s*(>*)\s*\{(.*)")
 MARKERS = ("LH", "LB", "LE", "PB", "PF", "CT")
-_PUSH = re.compile(r"vmatpush\w*\.(\w+)\.")  # the weight dtype of a push: bf16, f8e4m3, f8e4m3b11
+_PUSH = re.compile(r"vmatpush\w*((?:\.\w+)+)")  # a push's opcode suffixes: .bf16.msra.mxu0, .xpose.msk.f32...
+_DTYPE = re.compile(r"^(?:bf16|f\d+\w*|[su]\d+)$")  # bf16, f32, f8e4m3, f8e4m3b11, s8
 
 
 @dataclass
@@ -173,7 +174,8 @@ class KernelSchedule:
         counts as ``f8e4m3``): which loops feed FP8 to the MXU and which bf16."""
         found: dict[str, int] = {}
         for bundle in self.bundles[loop.start: loop.end + 1]:
-            for dtype in _PUSH.findall(bundle.text):
+            for suffixes in _PUSH.findall(bundle.text):
+                dtype = next((part for part in suffixes.split(".") if _DTYPE.match(part)), "other")
                 found[dtype] = found.get(dtype, 0) + 1
         return found
 
