@@ -104,6 +104,18 @@ def test_fp8_mxu_kernel_matches_independent_reference_mini_13_layers() -> None:
     _run_steps("kimi-k3-mini", 13, 2)
 
 
+@pytest.mark.slow  # 8 virtual devices x 4 layers of kimi-k3-nano in interpret mode (~45 s)
+def test_fp8_mxu_multi_device_kernel_gives_the_reference_tokens() -> None:
+    """The collective kernel as lower_check compiles it for TPU7x (FP8 to the MXU), with its
+    experts cut across the devices, against the one-device independent reference."""
+    done = subprocess.run([sys.executable, "-m", "megakernel.collective_check", "--devices", "8", "--layers", "4",
+                           "--steps", "1", "--expert-products", "fp8-mxu"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads(done.stdout.strip().splitlines()[-1])
+    assert data["expert_products"] == "fp8-mxu" and data["matches_reference"], data["steps"]
+
+
 def _compile(argv: list[str], dump: Path) -> dict[str, object]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TPU_SKIP_MDS_QUERY": "1", "JAX_PLATFORMS": "cpu",
            "LIBTPU_INIT_ARGS": f"--xla_jf_dump_to={dump}"}
