@@ -69,6 +69,23 @@ def test_products_equal_dequantised_matmuls(rows: int, batch: int) -> None:
         assert float(jnp.abs(got - want).max()) <= 2e-7 * scale, product.__name__
 
 
+@pytest.mark.parametrize("part", ["gate_up", "down"])
+def test_the_expert_product_probe_runs_the_mxu_products(part: str) -> None:
+    """calibration.tpu_bench's expert_product probe with ``fp8-mxu`` (its tpu7x static counts in
+    calibration/data/tpu7x-static-schedule.jsonl): its first panel against the float64 product."""
+    from calibration.tpu_bench.probes_products import (
+        PRODUCT_TOLERANCE,
+        panel_product,
+        product_inputs,
+    )
+
+    inputs, x, dense = product_inputs(part, 1, seed=5)
+    x0, words, scales = inputs[0][0], inputs[1][quant_mxu.MXU_FP8_PRODUCTS], inputs[2]  # type: ignore[index]
+    got = np.asarray(jax.jit(panel_product(part, quant_mxu.MXU_FP8_PRODUCTS))(x0, words[0], scales[0]), np.float64)
+    want = x[0] @ dense[:, :128]
+    assert np.abs(got - want).max() <= PRODUCT_TOLERANCE * np.abs(want).max()
+
+
 def _run_steps(model_name: str, layers: int, steps: int) -> None:
     model = load_model(model_name).with_layers(layers)
     plan = plan_for(model, 1)
