@@ -48,6 +48,21 @@ def test_catalog_chooses_the_products() -> None:
     assert expert_products_for("tpu-v6e") is DECODE  # lists an fp8 rate, but pushes through a conversion
 
 
+def test_only_the_fp8_kernel_carries_fp8() -> None:
+    """The traced step: FP8 and FP4 values appear only in the kernel built for a chip that takes
+    FP8 (the v5e/v6e kernel keeps its u32 decoders, no narrow float anywhere)."""
+    from megakernel.mosaic_compile import step_inputs
+
+    model = load_model("kimi-k3-nano")
+    dims = model_dims(model, plan_for(model, 1))
+    text = {}
+    for products in (DECODE, MXU_FP8):
+        kernel = Megakernel(dims, load_schedule("published"), 1, 256, expert_products=products)
+        text[products.name] = str(jax.make_jaxpr(kernel.step)(*step_inputs(kernel)))
+    assert "f8_e4m3fn" not in text[DECODE.name] and "f4_e2m1fn" not in text[DECODE.name]
+    assert "f8_e4m3fn" in text[MXU_FP8.name] and "f4_e2m1fn" in text[MXU_FP8.name]
+
+
 @pytest.mark.parametrize("batch", [1, 3])  # MXFP4 at batch 1: one product per row (ROW_EXPANSION_MAX_ROWS)
 @pytest.mark.parametrize("rows", [64, 256, 768, 1024])
 def test_products_equal_dequantised_matmuls(rows: int, batch: int) -> None:
