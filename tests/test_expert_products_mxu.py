@@ -126,12 +126,12 @@ def _run_steps(model_name: str, layers: int, steps: int) -> None:
         np.testing.assert_array_equal(tokens, ref_tokens)
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # ~30 s of interpret mode
 def test_fp8_mxu_kernel_matches_independent_reference_nano() -> None:
     _run_steps("kimi-k3-nano", 5, 2)
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # ~40 s more of interpret mode; nano above runs by default
 def test_fp8_mxu_kernel_matches_independent_reference_mini_13_layers() -> None:
     _run_steps("kimi-k3-mini", 13, 2)
 
