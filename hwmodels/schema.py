@@ -152,6 +152,14 @@ class ComputeUnit(BaseModel):
         "fp8_e4m3_b256 and mxfp4 -> bf16 on the VPU); absent: the format costs no conversion here "
         "(native, or not modelled)",
     )
+    native_weight_dtypes: list[Dtype] = Field(
+        default_factory=list,
+        description="narrow weight dtypes the array takes as they are stored, pushed with no "
+        "conversion on the vector unit (TPU7x: fp8, e4m3 weights against bf16 activations); a "
+        "kernel for this chip feeds such weights to it directly, scales applied after the product",
+    )
+    native_weight_dtypes_source: str | None = Field(
+        default=None, description="where ``native_weight_dtypes`` comes from (required when it is set)")
     weight_push_dtypes_as: Dtype | None = Field(
         default=None,
         description="narrow weight dtypes (int8/int4/fp4) run at this dtype's rate "
@@ -171,7 +179,13 @@ class ComputeUnit(BaseModel):
             raise ValueError(f"{self.name}.peak_flops_per_s needs at least one dtype")
         for dtype, figure in self.peak_flops_per_s.items():
             _positive(figure, f"{self.name}.peak_flops_per_s.{dtype}")
+        if self.native_weight_dtypes and not self.native_weight_dtypes_source:
+            raise ValueError(f"{self.name}.native_weight_dtypes needs native_weight_dtypes_source")
         return self
+
+    def takes_weights(self, dtype: str) -> bool:
+        """Whether the array takes ``dtype`` weights as stored (no vector-unit conversion)."""
+        return dtype in self.native_weight_dtypes
 
     def dequant_for(self, format_name: str) -> float:
         """Seconds per element to dequantise weights stored as ``format_name`` (0: none)."""

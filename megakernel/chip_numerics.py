@@ -92,7 +92,7 @@ def depth_record(config: RunConfig, backend: str) -> dict[str, Any]:
     prepared = prepare(config)
     dims, params = prepared.dims, prepared.params
     kernel = build_kernel(config, dims, backend)
-    hbm = {name: jnp.asarray(value) for name, value in pack_hbm(prepared.weights, kernel.geo).items()}
+    hbm = {name: jnp.asarray(value) for name, value in pack_hbm(prepared.weights, kernel.geo, kernel.expert_products).items()}
     state = init_state(dims, config.batch, kernel.max_context, context=config.context, seed=config.seed)
     first = np.random.default_rng(config.seed).integers(0, dims.vocab_rows, config.batch).astype(np.int32)
     # the reference's own greedy tokens at full precision are everyone's inputs

@@ -2,7 +2,7 @@
 reference; print one JSON line.
 
 ``python -m megakernel.collective_check --devices 8 [--model kimi-k3-nano] [--layers 4]
-[--steps 1] [--schedule published|FILE] [--deployment-model kimi-k3] [--deployment-devices 32] [--seed 0] [--races] [--mode on_wait|eager] [--f32-payloads] [--bug skip_wait:NAME|single_buffer]``
+[--steps 1] [--schedule published|FILE] [--deployment-model kimi-k3] [--deployment-devices 32] [--seed 0] [--races] [--mode on_wait|eager] [--f32-payloads] [--bug skip_wait:NAME|single_buffer] [--expert-products pairs-fold|fp8-mxu]``
 
 The process sets ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before JAX starts,
 draws the one-device weights (:func:`megakernel.layout.random_weights`) and a decode state,
@@ -68,6 +68,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--f32-payloads", action="store_true",
                         help="payloads in f32, not the plan's bf16 (numerics check: then the f32 tolerance applies)")
     parser.add_argument("--bug", default="", help="skip_wait:COLLECTIVE or single_buffer (planted races)")
+    parser.add_argument("--expert-products", default=None, metavar="NAME",
+                        help="how the routed experts are multiplied (megakernel.expert_products): pairs-fold, the "
+                        "v5e/v6e decoders (default), or fp8-mxu, TPU7x's FP8 to the MXU (what lower_check --compile builds)")
     return parser.parse_args(argv)
 
 
@@ -151,6 +154,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     from megakernel import reference_jnp
     from megakernel.decode_shards import cut_of, state_shard, weight_shard
     from megakernel.dims import model_dims
+    from megakernel.expert_products import BY_NAME, DECODE
     from megakernel.hbm import pack_hbm
     from megakernel.interpret_callbacks import read_callback_args_in_place
     from megakernel.kernel_collectives import CollectiveMegakernel
@@ -159,6 +163,11 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     from megakernel.reference import DecodeState, first_tokens, init_state
     from megakernel.tolerance import TOLERANCE, relative_error
 
+    if args.expert_products and args.expert_products not in BY_NAME:
+        from hwmodels.errors import InputError
+
+        raise InputError(f"--expert-products {args.expert_products}: one of {', '.join(BY_NAME)}")
+    products = BY_NAME[args.expert_products] if args.expert_products else DECODE
     read_callback_args_in_place()
     np.random.seed(args.seed)  # the race detector's interleavings draw from numpy's global RNG
     if args.layers:
@@ -166,7 +175,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     params = pltpu.InterpretParams(detect_races=args.races, dma_execution_mode=args.mode, random_seed=args.seed)
     max_context = args.context + args.steps + 3
     kernel = CollectiveMegakernel(model, plan, schedule, args.batch, max_context,
-                                  interpret=params, bugs=Bugs.parse(args.bug), f32_payloads=args.f32_payloads)
+                                  interpret=params, bugs=Bugs.parse(args.bug), f32_payloads=args.f32_payloads,
+                                  expert_products=products)
     one, dev = model_dims(model, plan_for(model, 1)), kernel.dims
     weights = random_weights(one, seed=args.seed)
     state = init_state(one, args.batch, kernel.max_context, context=args.context, seed=args.seed + 1)
@@ -176,7 +186,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         shard = weight_shard(weights.arrays, one, dev, cut)
         for name in (KdaTensor.OUT, MlaTensor.OUT):
             shard[name] = stored_projection(shard[name])
-        hbm.append(pack_hbm(Weights(dev, shard), kernel.geo))
+        hbm.append(pack_hbm(Weights(dev, shard), kernel.geo, kernel.expert_products))
         states.append(state_shard(*(np.asarray(a) for a in (state.kda_state, state.conv_state, state.kv_cache)),
                                   one, dev, cut))
     stacked = {name: jnp.asarray(np.stack([h[name] for h in hbm])) for name in hbm[0]}
@@ -207,6 +217,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             "collectives": {spec.name: spec.algorithm for spec in plan.collectives_at(args.batch)},
             "deployment": mapping, "schedule": args.schedule, "batch": args.batch, "seed": args.seed, "bug": args.bug,
             "payloads": "f32" if args.f32_payloads else "plan (bf16; router scores f32)", "races": races,
+            "expert_products": products.name,
             "race_detector": args.races, "matches_reference": ok, "steps": out, "backend": "cpu-interpret",
             "timing_note": "wall time of the Pallas TPU interpreter on virtual CPU devices (first step "
                            "includes the compile); NOT a TPU timing"}

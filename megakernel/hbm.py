@@ -9,8 +9,8 @@ arena (one uint16 VMEM scratch per pool; Pallas' TPU interpreter cannot DMA thro
 | --- | --- | --- |
 | ``small`` | [layers, 2S/128, 128] | f32 row: high halves (S/128 rows) then low halves |
 | ``<dense tensor>`` | [instances, K, P*s, 128] | bf16 bits; slab k = rows [k*s, (k+1)*s), panel-major: panel p holds columns [128p, 128p+128) |
-| ``expert.gate_up`` | [n_moe, E, P*L/2 + P*L/256, 128] | FP8 byte pairs (rows r, r+L/2) per panel, then bf16 scales per panel |
-| ``expert.down`` | [n_moe, E, Q*w/4 + Q*w/64, 128] | MXFP4 byte pairs (4 nibbles) per panel, then E8M0 byte pairs per panel |
+| ``expert.gate_up`` | [n_moe, E, P*L/2 + P*L/256, 128] | FP8 byte pairs per panel (v5e/v6e: rows r, r+L/2 by groups; TPU7x: rows 2r, 2r+1), then bf16 scales per panel |
+| ``expert.down`` | [n_moe, E, Q*w/4 + Q*w/64, 128] | MXFP4 words (4 nibbles) per panel (in the order the chip's products unpack), then E8M0 byte pairs per panel |
 
 (``K`` slabs of ``s`` rows per :func:`tpusim.schedule.vmem.slab_rows` under the schedule's
 ``chunk_bytes``; a last partial slab is zero-padded; ``P = ceil(cols / 128)``, a last partial
@@ -25,9 +25,9 @@ import numpy as np
 
 from megakernel.dims import ModelDims
 from megakernel.dma_plan import Geometry, Ring
+from megakernel.expert_products import DECODE, ExpertProducts
 from megakernel.layout import STACKED_DENSE, Weights
-from megakernel.quant import bf16_to_words, pack_bytes_to_words, pack_mxfp4_words
-from megakernel.quant_pairs import pack_fp8_pairs
+from megakernel.quant import bf16_to_words, pack_bytes_to_words
 from tpusim.schedule.kernel_layout import LANES, tile_rows
 from tpusim.workload.registry.names import ExpertTensor
 
@@ -68,19 +68,20 @@ def tile_pad(words: np.ndarray, axis: int) -> np.ndarray:
     return np.pad(words, pad)
 
 
-def expert_words(weights: Weights) -> tuple[np.ndarray, np.ndarray]:
-    """(gate_up u16[n_moe, E, rows, 128], down u16[n_moe, E, rows, 128]) slot images."""
-    gu_values = panels(pack_fp8_pairs(weights["expert.gate_up.values"]))
+def expert_words(weights: Weights, products: ExpertProducts = DECODE) -> tuple[np.ndarray, np.ndarray]:
+    """(gate_up u16[n_moe, E, rows, 128], down u16[n_moe, E, rows, 128]) slot images, the values'
+    words in the order ``products`` unpacks (:mod:`megakernel.expert_products`)."""
+    gu_values = panels(products.pack_gate_up(weights["expert.gate_up.values"]))
     gu_scales = panels(bf16_to_words(weights["expert.gate_up.scales"]))
-    dn_values = panels(pack_mxfp4_words(weights["expert.down.values"]))
+    dn_values = panels(products.pack_down(weights["expert.down.values"]))
     dn_scales = panels(pack_bytes_to_words(weights["expert.down.scales"]))
     return (tile_pad(np.concatenate([gu_values, gu_scales], axis=2), axis=2),
             tile_pad(np.concatenate([dn_values, dn_scales], axis=2), axis=2))
 
 
-def pack_hbm(weights: Weights, geo: Geometry) -> dict[str, np.ndarray]:
+def pack_hbm(weights: Weights, geo: Geometry, products: ExpertProducts = DECODE) -> dict[str, np.ndarray]:
     """Ring name -> the HBM array the kernel streams it from (``expert`` gives two:
-    ``expert.gate_up`` and ``expert.down``)."""
+    ``expert.gate_up`` and ``expert.down``, packed for the kernel's ``expert_products``)."""
     out: dict[str, np.ndarray] = {"small": small_words(weights["small"])}
     for name, ring in geo.rings.items():
         if name in ("small", "expert"):
@@ -89,7 +90,7 @@ def pack_hbm(weights: Weights, geo: Geometry) -> dict[str, np.ndarray]:
         if name not in STACKED_DENSE:
             value = value[None]
         out[name] = slabs(bf16_to_words(value), ring)
-    out[ExpertTensor.GATE_UP], out[ExpertTensor.DOWN] = expert_words(weights)
+    out[ExpertTensor.GATE_UP], out[ExpertTensor.DOWN] = expert_words(weights, products)
     return out
 
 

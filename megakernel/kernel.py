@@ -40,6 +40,7 @@ from jax.experimental.pallas import tpu as pltpu
 from megakernel import dma_plan
 from megakernel.dims import ModelDims
 from megakernel.dma_plan import LEAD_IN, NEVER, Geometry, Unit, WindowPlan
+from megakernel.expert_products import DECODE, ExpertProducts
 from megakernel.hbm import hbm_shapes
 from megakernel.kernel_attention import finish_kda_state, kda_layer, mla_layer
 from megakernel.kernel_dma import (
@@ -141,8 +142,8 @@ class Megakernel:
 
     def __init__(self, dims: ModelDims, schedule: Schedule, batch: int, max_context: int, *,
                  trace: bool = False, interpret: Any = None, unsafe_ignore_buffer_reuse: bool = False,
-                 vmem_limit_bytes: int | None = None, expert_cap: int | None = None,
-                 panel_unroll: int = PANEL_UNROLL, expert_panel_unroll: int = EXPERT_PANEL_UNROLL) -> None:
+                 vmem_limit_bytes: int | None = None, expert_cap: int | None = None, panel_unroll: int = PANEL_UNROLL,
+                 expert_panel_unroll: int = EXPERT_PANEL_UNROLL, expert_products: ExpertProducts = DECODE) -> None:
         """``trace`` records ordered events (interpret mode only: ``io_callback`` does not lower
         for TPU); ``interpret`` is ``pltpu.InterpretParams`` or None (compile for TPU);
         ``unsafe_ignore_buffer_reuse`` breaks the plan on purpose (race-detector test);
@@ -150,7 +151,8 @@ class Megakernel:
         target chip's catalog capacity, :func:`megakernel.vmem_limit.vmem_limit_for`; None: the published kernel's chip's);
         ``expert_cap``: at most this many experts a layer (a fixed-cost probe, not a decode);
         ``panel_unroll``/``expert_panel_unroll``: panels per panel-loop iteration (streamed
-        tensors, routed experts' parts; :data:`tpusim.schedule.kernel_layout.PANEL_UNROLL`)."""
+        tensors, routed experts' parts; :data:`tpusim.schedule.kernel_layout.PANEL_UNROLL`); ``expert_products``:
+        the target chip's (:func:`megakernel.expert_products.expert_products_for`)."""
         if trace and interpret is None:
             raise ValueError("trace=True needs interpret mode: io_callback does not lower for TPU")
         if dims.kinds[0] != "kda" or dims.num_layers < 3:
@@ -163,7 +165,7 @@ class Megakernel:
         self.expert_cap = expert_cap
         if panel_unroll < 1 or expert_panel_unroll < 1:
             raise ValueError(f"panel unroll {panel_unroll}/{expert_panel_unroll}: must be >= 1")
-        self.panel_unroll, self.expert_panel_unroll = panel_unroll, expert_panel_unroll
+        self.panel_unroll, self.expert_panel_unroll, self.expert_products = panel_unroll, expert_panel_unroll, expert_products
         tile = schedule.kv_tile_tokens
         self.max_context = -(-max_context // tile) * tile
         # distinct experts a window can load: this device's experts the batch can pick
@@ -324,7 +326,7 @@ class Megakernel:
         named_outs = dict(zip(("logits", "state.kda", "state.conv", "state.kv"), outs, strict=True))
         ctx = Ctx(d, self.geo, b, ins, named_outs, scratch, self.tables.units, self.n_max, self.recorder,
                   expert_cap=self.expert_cap, panel_unroll=self.panel_unroll,
-                  expert_panel_unroll=self.expert_panel_unroll)
+                  expert_panel_unroll=self.expert_panel_unroll, expert_products=self.expert_products)
         self.enter(ctx)
         scratch["blocks"][...] = jnp.zeros(scratch["blocks"].shape, jnp.float32)
         scratch["partial"][...] = jnp.zeros(scratch["partial"].shape, jnp.float32)

@@ -67,6 +67,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from megakernel.collective_plan import UnsupportedPlan
 from megakernel.dims import UnsupportedModel, model_dims
+from megakernel.expert_products import DECODE, ExpertProducts
 from megakernel.kernel import Megakernel
 from megakernel.kernel_attention import add_to_residual
 from megakernel.kernel_dma import Ctx
@@ -264,13 +265,15 @@ class CollectiveMegakernel(Megakernel):
     ``devices`` mesh devices, one ``pallas_call`` each, collectives inside."""
 
     def __init__(self, model: ModelConfig, plan: ShardingPlan, schedule: Schedule, batch: int, max_context: int, *,
-                 interpret: Any = None, bugs: Bugs | None = None, f32_payloads: bool = False) -> None:
+                 interpret: Any = None, bugs: Bugs | None = None, f32_payloads: bool = False,
+                 expert_products: ExpertProducts = DECODE) -> None:
         """``f32_payloads``: every payload in f32, twice the plan's bytes (a numerics check of the
-        sharded math alone; the VMEM accounting then no longer applies)."""
+        sharded math alone; the VMEM accounting then no longer applies); ``expert_products``: as
+        :class:`~megakernel.kernel.Megakernel`'s (the target chip's)."""
         dims = model_dims(model, plan, routes_all_experts=True)
         if (dims.hidden // LANES) % 2:
             raise UnsupportedModel(f"model {model.name}: the hidden size must be an even number of 128-lane panels")
-        super().__init__(dims, schedule, batch, max_context, interpret=interpret)
+        super().__init__(dims, schedule, batch, max_context, interpret=interpret, expert_products=expert_products)
         self.model, self.plan = model, plan
         self.link = KernelLink(model, plan, batch, bugs=bugs or Bugs(), f32_payloads=f32_payloads,
                                receive_slots=schedule.receive_slots)

@@ -36,6 +36,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from megakernel.dims import ModelDims
 from megakernel.dma_plan import Geometry, Ring, Unit
+from megakernel.expert_products import DECODE, ExpertProducts
 from megakernel.quant import words_to_bf16
 from megakernel.ring_pool import bank_word, part_of
 from tpusim.schedule.kernel_layout import (
@@ -107,6 +108,7 @@ class Ctx:
     # streamed dense tensors, routed experts' parts
     panel_unroll: int = PANEL_UNROLL
     expert_panel_unroll: int = EXPERT_PANEL_UNROLL
+    expert_products: ExpertProducts = DECODE  # how a routed expert's panels are multiplied on this chip
     _memo: dict[tuple[str, Any], tuple[Any, Any]] = field(default_factory=dict)
 
     def memo(self, key: str, owner: Any, make: Callable[[], Any]) -> Any:

@@ -8,8 +8,9 @@ of list entry ``j < slots`` starts the moment the entry is appended (when the pl
 at ``moe.topk``); with ``after_routing`` all of them start once the rounds are done. The
 expert loop of the next window (``lax.fori_loop`` over the dynamic count ``n``) runs
 ``expert[j]``: refill entry ``j + slots - 1`` into the slot ``expert[j-1]`` freed, wait for
-entry ``j``, dequantise FP8 gate/up and MXFP4 down in VMEM, and accumulate the weighted
-output in f32.
+entry ``j``, multiply its FP8 gate/up and MXFP4 down panel by panel (decoded to bf16 in VMEM,
+or fed to the MXU as FP8 where the chip takes it: :mod:`megakernel.expert_products`), and
+accumulate the weighted output in f32.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from megakernel import math_moe, residual
 from megakernel.kernel_attention import Begin, add_to_residual, mix_norm
 from megakernel.kernel_dma import N_NEXT, Ctx, idiv, imod
 from megakernel.math_common import rmsnorm, situ
-from megakernel.quant_pairs import fp8_panel_product, mxfp4_panel_product, prescale_activations
 from tpusim.schedule.kernel_layout import LANES
 from tpusim.workload.registry.names import (
     Collective,
@@ -144,8 +144,10 @@ def expert_loop(ctx: Ctx, layer: Any, n: Any, begin_expert: Callable[[Any], None
         ctx.link.gather_latent(ctx, layer)
     es = ctx.geo.expert_slot
     gu_panels, dn_panels = 2 * e.slice_width // LANES, e.latent // LANES
-    # the FP8 products take the latent times 2^64 (exact), so their tiny weights' products stay normal
-    lat = prescale_activations(ctx.scratch["work"][WORK_LATENT, :b, : e.latent])
+    # what the chip's FP8 products take (megakernel.expert_products): on v5e/v6e the latent times
+    # 2^64 (exact), so the decoded tiny weights' products stay normal; on TPU7x bf16 as it is
+    products = ctx.expert_products
+    lat = products.gate_up_input(ctx.scratch["work"][WORK_LATENT, :b, : e.latent])
     route = ctx.scratch["route"][:, :b, :1]  # [2k, B, 1]: ids then weights (one load)
     ids = [route[r].astype(jnp.int32) for r in range(e.top_k)]
     weights = [route[e.top_k + r] for r in range(e.top_k)]
@@ -157,10 +159,10 @@ def expert_loop(ctx: Ctx, layer: Any, n: Any, begin_expert: Callable[[Any], None
         # Panel by panel in runtime loops (a 128-column panel decoded in VMEM and multiplied):
         # Mosaic unrolls vector code, and the whole K3 slice at once is ~10^5 vector ops.
         h = ctx.panel_products(row, es.gate_up_rows, gu_panels, e.latent // 2, es.gate_up_scale_rows, lat,
-                               fp8_panel_product)
+                               products.gate_up)
         act = situ(h[:, : e.slice_width], h[:, e.slice_width:])
         y = ctx.panel_products(row + es.gate_up_total, es.down_rows, dn_panels, e.slice_width // 4,
-                               es.down_scale_rows, act.astype(jnp.bfloat16), mxfp4_panel_product)
+                               es.down_scale_rows, act.astype(jnp.bfloat16), products.down)
         eid = ctx.scratch["smem"][ctx.expert_list + j]
         return acc + math_moe.row_weight(ids, weights, eid) * y
 

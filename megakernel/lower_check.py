@@ -15,7 +15,8 @@ exits 2 (KIND: ``model`` | ``schedule`` | ``plan`` | ``deployment``).
 (:func:`megakernel.mosaic_compile.scoped_vmem_bytes`, one more compile). ``--compile``: also compile the step with libtpu's Mosaic compiler on compile-only TPU7x
 devices (:func:`megakernel.mosaic_compile.topology_for` ``("tpu-v7", N)``: ``tpu7x:2x2x1`` for 8
 devices, ``tpu7x:2x2x4`` for 32; no TPU needed): the same sharded program, on a mesh of those
-devices, ``.compile()``d. The JSON gains ``compile``
+devices, ``.compile()``d. The kernel multiplies its routed experts as TPU7x does (FP8 to the
+MXU: :func:`megakernel.expert_products.expert_products_for`). The JSON gains ``compile``
 (:class:`megakernel.mosaic_compile.CompileReport`: topology, ok, seconds, error, kind); the
 process exits 0 when it compiles, 1 when the compiler refuses (the error in one paragraph,
 :func:`megakernel.mosaic_compile.describe_error`), 2 on bad input (also ``{"error":
@@ -43,6 +44,9 @@ from tpusim.cli_options import (
     add_model_option,
     add_schedule_option,
 )
+
+# the chip the multi-device kernel is compiled for (its compile-only topology, its expert products)
+COMPILE_CHIP = "tpu-v7"
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -78,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     from megakernel.collective_plan import UnsupportedPlan
     from megakernel.dims import UnsupportedModel
     from megakernel.dma_plan import UnsupportedSchedule
+    from megakernel.expert_products import expert_products_for
     from megakernel.kernel_collectives import CollectiveMegakernel
     from megakernel.tpu_lowering import lower_schedule
     from tpusim.schedule.schema import load_schedule
@@ -96,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             mapped = kernel_deployment(schedule.deployment.plan, dict(schedule.deployment.collectives), source,
                                        args.deployment_devices or args.devices, model, args.devices, args.batch)
             model, plan, mapping = mapped.model, mapped.plan, mapped.describe()
-        kernel = CollectiveMegakernel(model, plan, schedule, args.batch, args.context)
+        kernel = CollectiveMegakernel(model, plan, schedule, args.batch, args.context,
+                                      expert_products=expert_products_for(COMPILE_CHIP))
         report = lower_schedule(model, plan, schedule, batch=args.batch, max_context=args.context, kernel=kernel)
     except tuple(kind for kind, _ in kinds) as error:
         kind = next(name for cls, name in kinds if isinstance(error, cls))
@@ -112,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     from megakernel.mosaic_compile import compile_collective, topology_for
 
     try:
-        compiled = compile_collective(kernel, topology_for("tpu-v7", args.devices))
+        compiled = compile_collective(kernel, topology_for(COMPILE_CHIP, args.devices))
     except ValueError as error:  # no TPU7x topology with this many devices
         sys.stdout.write(json.dumps({"error": "topology", "message": str(error)}) + "\n")
         return 2
@@ -120,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.scoped_vmem:
         from megakernel.mosaic_compile import scoped_vmem_bytes
 
-        result["compiler_scoped_vmem_bytes"] = scoped_vmem_bytes(kernel, topology_for("tpu-v7", args.devices))
+        result["compiler_scoped_vmem_bytes"] = scoped_vmem_bytes(kernel, topology_for(COMPILE_CHIP, args.devices))
     sys.stdout.write(json.dumps(result) + "\n")
     return 0 if compiled.ok else 1
 

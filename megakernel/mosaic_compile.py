@@ -275,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     from megakernel.dims import UnsupportedModel, model_dims
     from megakernel.dma_plan import UnsupportedSchedule
+    from megakernel.expert_products import expert_products_for
     from megakernel.kernel import Megakernel
     from megakernel.tpu_lowering import lowering_report
     from megakernel.vmem_limit import vmem_limit_for
@@ -289,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         unroll = {} if args.panel_unroll is None else dict(
             zip(("panel_unroll", "expert_panel_unroll"), args.panel_unroll, strict=True))
         kernel = Megakernel(dims, schedule, args.batch, args.context,
-                            vmem_limit_bytes=vmem_limit_for(args.hardware), **unroll)
+                            vmem_limit_bytes=vmem_limit_for(args.hardware),
+                            expert_products=expert_products_for(args.hardware), **unroll)
         report = lowering_report(model, plan, schedule, args.batch, kernel, lowered=True)
     except (UnsupportedModel, UnsupportedSchedule) as error:
         kind = "model" if isinstance(error, UnsupportedModel) else "schedule"

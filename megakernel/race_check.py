@@ -47,7 +47,7 @@ def check(schedule_name: str, mode: str, layers: int, batch: int, unsafe: bool) 
     kernel = Megakernel(dims, schedule, batch, 256, interpret=params, unsafe_ignore_buffer_reuse=unsafe)
     weights = random_weights(dims, seed=0)
     p = device_params(weights)
-    hbm = {name: jnp.asarray(value) for name, value in pack_hbm(weights, kernel.geo).items()}
+    hbm = {name: jnp.asarray(value) for name, value in pack_hbm(weights, kernel.geo, kernel.expert_products).items()}
     state = init_state(dims, batch, 256, context=130, seed=1)
     tokens = jnp.arange(batch, dtype=jnp.int32) * 37
     logits, _ = kernel.jitted_step(hbm, p["embedding"], state, tokens)

@@ -38,10 +38,10 @@ from hwmodels.errors import InputError
 from megakernel.dims import model_dims
 from megakernel.dma_plan import UnsupportedSchedule
 from megakernel.events import save_routing_trace
+from megakernel.expert_products import DECODE, ExpertProducts, expert_products_for
 from megakernel.hbm import pack_hbm
 from megakernel.kernel import Megakernel
 from megakernel.layout import load_safetensors, random_weights
-from megakernel.quant_pairs import KERNEL_DECODER
 from megakernel.reference import (
     DecodeState,
     decode_step,
@@ -151,6 +151,18 @@ def vmem_limit_on(backend: str) -> int:
         return vmem_limit_for(PUBLISHED_KERNEL_CHIP)
 
 
+def expert_products_on(backend: str) -> ExpertProducts:
+    """How the routed experts are multiplied where the kernel runs: the chip's way on a TPU
+    (:func:`megakernel.expert_products.expert_products_for`: a v5e decodes), the decoders in
+    interpret mode and on a TPU the catalog does not name."""
+    if backend != "tpu":
+        return DECODE
+    try:
+        return expert_products_for(device_chip(backend))
+    except (KeyError, ValueError):  # a TPU the catalog does not name
+        return DECODE
+
+
 def build_kernel(config: RunConfig, dims: Any, backend: str) -> Megakernel:
     """The kernel a run compiles, built in one place for the run and for compiles ahead of it
     (same shapes and limits, so a compile ahead is the one the run finds in the cache)."""
@@ -161,7 +173,8 @@ def build_kernel(config: RunConfig, dims: Any, backend: str) -> Megakernel:
         interpret = pltpu.InterpretParams()
     return Megakernel(dims, load_schedule(config.schedule), config.batch, max_context_for(config, backend),
                       interpret=interpret, vmem_limit_bytes=vmem_limit_on(backend), expert_cap=config.expert_cap,
-                      panel_unroll=config.panel_unroll, expert_panel_unroll=config.expert_panel_unroll)
+                      panel_unroll=config.panel_unroll, expert_panel_unroll=config.expert_panel_unroll,
+                      expert_products=expert_products_on(backend))
 
 
 def prepare(config: RunConfig) -> Prepared:
@@ -202,7 +215,7 @@ def run(config: RunConfig, out: Path | None = None) -> dict[str, Any]:
             raise
         raise InputError(str(error)) from None
     dims, params = prepared.dims, prepared.params
-    hbm = {name: jnp.asarray(value) for name, value in pack_hbm(prepared.weights, kernel.geo).items()}
+    hbm = {name: jnp.asarray(value) for name, value in pack_hbm(prepared.weights, kernel.geo, kernel.expert_products).items()}
     state = init_state(dims, config.batch, kernel.max_context, context=config.context, seed=config.seed)
     tokens = jnp.asarray(np.random.default_rng(config.seed).integers(0, dims.vocab_rows, config.batch), jnp.int32)
     started = time.perf_counter()
@@ -254,7 +267,7 @@ def run(config: RunConfig, out: Path | None = None) -> dict[str, Any]:
         **({"kernel_variant": variant} if (variant := config.kernel_variant()) else {}),
         # panels a panel loop's iteration issues (dense, routed experts); records before it: 1, 1
         "panel_unroll": [config.panel_unroll, config.expert_panel_unroll],
-        "decoder": KERNEL_DECODER,  # the expert weights' VPU decoder (megakernel.quant)
+        "decoder": kernel.expert_products.name,  # how the expert weights were multiplied (megakernel.expert_products)
         "timing_note": NOT_TPU_NOTE if backend == "interpret" else "native TPU, block_until_ready per step, "
                        "warm-up excluded, compile timed separately",
     }

@@ -53,6 +53,11 @@ def test_bundles_units_and_nested_loops(tmp_path: Path) -> None:
     assert (inner.bundles, inner.units) == (2, {"VALU": 2, "MXU": 1})
     assert schedule.innermost() == [inner] and [(c.start, c.end) for c in loops(bundles)[0].children] == [(4, 5)]
     assert bundles[5].count("vmatpush") == 1 and bundles[4].count("vadd") == 1
+    # pushes by weight dtype, and the innermost loops that push (the panel loops' table)
+    assert schedule.pushes(outer) == schedule.pushes(inner) == {"bf16": 1}
+    assert schedule.inner_table() == [{"start": 4, "bundles": 2, "pushes": {"bf16": 1}, "VALU": 2, "MXU": 1}]
+    fp8 = parse_bundles(BUNDLES.replace("vmatpush.bf16.msra", "vmatpush3.f8e4m3.msra"))
+    assert fp8[5].count("vmatpush") == 1
 
 
 def test_a_dump_without_the_kernel_or_rows_is_refused(tmp_path: Path) -> None:

@@ -66,3 +66,14 @@ def test_vmem_limit_on_a_tpu_is_the_chips_catalog_vmem(monkeypatch, chip, mib):
     monkeypatch.setattr(runner, "device_chip", lambda _backend: chip)
     assert runner.vmem_limit_on("tpu") == mib * MIB
     assert runner.vmem_limit_on("interpret") == vmem_limit_for(PUBLISHED_KERNEL_CHIP) == 64 * MIB
+
+
+@pytest.mark.parametrize(("chip", "fp8"), [("tpu-v5e", False), ("tpu-v6e", False), ("tpu-v7", True), ("tpu v9", False)])
+def test_expert_products_on_a_tpu_are_the_chips(monkeypatch, chip, fp8):
+    """The lent v5e decodes (its kernel unchanged); a TPU7x would feed FP8 to the MXU; a TPU the
+    catalog does not name, and interpret mode, decode."""
+    from megakernel.expert_products import DECODE, MXU_FP8
+
+    monkeypatch.setattr(runner, "device_chip", lambda _backend: chip)
+    assert runner.expert_products_on("tpu") is (MXU_FP8 if fp8 else DECODE)
+    assert runner.expert_products_on("interpret") is DECODE

@@ -39,6 +39,7 @@ def test_describe_error_is_one_paragraph() -> None:
 
 def _mini_kernel(chip: str):
     from megakernel.dims import model_dims
+    from megakernel.expert_products import expert_products_for
     from megakernel.kernel import Megakernel
     from megakernel.vmem_limit import vmem_limit_for
     from tpusim.schedule.schema import load_schedule
@@ -46,7 +47,7 @@ def _mini_kernel(chip: str):
 
     model = load_model("kimi-k3-mini")
     return Megakernel(model_dims(model, plan_for(model, 1)), load_schedule("published"), 1, 1024,
-                      vmem_limit_bytes=vmem_limit_for(chip))
+                      vmem_limit_bytes=vmem_limit_for(chip), expert_products=expert_products_for(chip))
 
 
 @needs_libtpu

@@ -22,7 +22,9 @@ cycles one iteration issues (memory, DMA and semaphore waits are not in it). Uni
 variants for register spills.
 
 ``python -m calibration.sources.compiler_schedule DIR`` prints the loop table of the kernel in
-a dump folder.
+a dump folder; ``--inner`` one line per innermost loop that pushes weights, with its pushes by
+weight dtype (:meth:`KernelSchedule.pushes`: FP8 against bf16 tells the TPU7x kernel's expert
+panel loops from its dense ones).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from pathlib import Path
 
 _BUNDLE = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s+(LH|LB|LE|PB|PF|CT)?\s*:\s*(>*)\s*\{(.*)")
 MARKERS = ("LH", "LB", "LE", "PB", "PF", "CT")
+_PUSH = re.compile(r"vmatpush\w*((?:\.\w+)+)")  # a push's opcode suffixes: .bf16.msra.mxu0, .xpose.msk.f32...
+_DTYPE = re.compile(r"^(?:bf16|f\d+\w*|[su]\d+)$")  # bf16, f32, f8e4m3, f8e4m3b11, s8
 
 
 @dataclass
@@ -165,6 +169,24 @@ class KernelSchedule:
         return {"program": self.program, "capacity": self.capacity, "total_bundles": self.total_bundles,
                 "loops": [loop.as_dict() for loop in self.loops]}
 
+    def pushes(self, loop: Loop) -> dict[str, int]:
+        """MXU weight pushes in ``loop``'s body by weight dtype (``vmatpush3.f8e4m3.msra.mxu0``
+        counts as ``f8e4m3``): which loops feed FP8 to the MXU and which bf16."""
+        found: dict[str, int] = {}
+        for bundle in self.bundles[loop.start: loop.end + 1]:
+            for suffixes in _PUSH.findall(bundle.text):
+                dtype = next((part for part in suffixes.split(".") if _DTYPE.match(part)), "other")
+                found[dtype] = found.get(dtype, 0) + 1
+        return found
+
+    def inner_table(self) -> list[dict[str, object]]:
+        """One row per innermost loop body that pushes weights: where it starts, its bundles,
+        its pushes by dtype and its VALU operations (a panel loop's iteration: the kernel's
+        expert parts and dense panels, told apart by their pushes and decode work)."""
+        return [{"start": loop.start, "bundles": loop.bundles, "pushes": pushes, "VALU": loop.units.get("VALU", 0),
+                 "MXU": loop.units.get("MXU", 0)}
+                for loop in self.innermost() if (pushes := self.pushes(loop))]
+
 
 def read_dump(folder: str | Path, program: str | None = None) -> KernelSchedule:
     """The schedule of the (last) program whose name contains ``program`` in a dump folder;
@@ -190,12 +212,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m calibration.sources.compiler_schedule", allow_abbrev=False)
     parser.add_argument("folder", help="libtpu's dump folder (--xla_jf_dump_to)")
     parser.add_argument("--program", default=None, help="a program name part (default: the largest kernel)")
+    parser.add_argument("--inner", action="store_true",
+                        help="list the innermost loops that push weights (bundles, pushes by dtype, VALU)")
     args = parser.parse_args(argv)
     try:
         schedule = read_dump(args.folder, args.program)
     except (FileNotFoundError, ValueError) as error:
         sys.stderr.write(f"compiler_schedule: {error}\n")
         return 2
+    if args.inner:
+        sys.stdout.write("".join(json.dumps(row) + "\n" for row in schedule.inner_table()))
+        return 0
     sys.stdout.write(json.dumps(schedule.as_dict(), indent=1) + "\n")
     return 0
 

@@ -13,6 +13,10 @@ activations, f32 out — for each decoder (``params.decoder``):
   products (the MXFP4 form reads e2m1's 0.5 as a bf16 subnormal: 0 on the v5e MXU);
 - ``fold`` (down only, :func:`megakernel.quant.dequant_mxfp4_fold`): the kernel's MXFP4 form,
   the scale added into the exponent field, no select, then one product.
+- ``fp8-mxu`` (:mod:`megakernel.quant_mxu`, for a chip whose MXU takes FP8: TPU7x): no decode,
+  FP8 (or MXFP4 widened to FP8) straight to the MXU, scales on the block products; not in
+  :data:`PRODUCT_DECODERS` (the v5e runs, whose MXU takes no FP8), compiled for ``tpu7x`` by
+  :mod:`calibration.tpu_bench.static_counts`.
 
 ``part``: ``gate_up`` (FP8, values ``u16[12, 1792, 128]``, bf16 scales ``u16[12, 14, 128]``)
 or ``down`` (MXFP4, ``u16[28, 192, 128]``, E8M0 ``u16[28, 12, 128]``); ``rows`` = batch rows
@@ -41,7 +45,7 @@ from jax import lax
 
 from calibration.tpu_bench.common import Point, Probe
 from calibration.tpu_bench.probes_compute import LATENT, SLICE_WIDTH, SLOTS, _call, _slot
-from megakernel import quant, quant_pairs
+from megakernel import quant, quant_mxu, quant_pairs
 from tpusim.schedule.kernel_layout import LANES
 
 Interpret = Any
@@ -50,6 +54,7 @@ PRODUCT_ROWS = (1, 8)
 PARTS: dict[str, tuple[int, int]] = {"gate_up": (LATENT, 2 * SLICE_WIDTH), "down": (SLICE_WIDTH, LATENT)}
 FOLD = "fold"  # MXFP4 by :func:`megakernel.quant.dequant_mxfp4_fold`, then one product (down only)
 PRODUCT_DECODERS = (quant.WORDS32_DECODER, quant_pairs.PAIRS_DECODER, FOLD)
+MXU_DECODERS = (quant_mxu.MXU_FP8_PRODUCTS,)  # chips whose MXU takes FP8 only
 FLUSHED = "flushed: every bf16 subnormal weight read as 0"  # mxu_subnormal's check when the unit flushes
 PRODUCT_TOLERANCE = 2e-5  # f32 accumulation over K <= 3584 exact-in-bf16 products
 
@@ -66,6 +71,8 @@ def panel_product(part: str, decoder: str) -> Callable[[jax.Array, jax.Array, ja
     """``(x bf16[B, K], value words u16[r, 128], scale words u16[s, 128]) -> f32[B, 128]``:
     one panel as the kernel computes it with ``decoder``."""
     fp8 = part == "gate_up"
+    if decoder == quant_mxu.MXU_FP8_PRODUCTS:
+        return quant_mxu.fp8_mxu_product if fp8 else quant_mxu.mxfp4_mxu_product
     if decoder == FOLD:
         if fp8:
             raise ValueError("the fold decoder is MXFP4's (down)")
@@ -127,7 +134,8 @@ def product_inputs(part: str, rows: int, seed: int) -> tuple[list[jax.Array], np
         dense = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float64)
         dense *= np.repeat(scales.astype(np.float64), quant.FP8_BLOCK_ROWS, axis=0)
         words = {quant.WORDS32_DECODER: quant.pack_fp8_words(by_panel(codes)),
-                 quant_pairs.PAIRS_DECODER: quant_pairs.pack_fp8_pairs(by_panel(codes))}
+                 quant_pairs.PAIRS_DECODER: quant_pairs.pack_fp8_pairs(by_panel(codes)),
+                 quant_mxu.MXU_FP8_PRODUCTS: quant_mxu.pack_fp8_rows(by_panel(codes))}
         scale_words = quant.bf16_to_words(by_panel(scales.astype(np.float32)))
     else:
         packed, exps = quant.quantize_mxfp4(w)
@@ -136,7 +144,8 @@ def product_inputs(part: str, rows: int, seed: int) -> tuple[list[jax.Array], np
         dense *= np.repeat(np.exp2(exps.astype(np.float64) - quant.E8M0_BIAS), quant.MXFP4_BLOCK_ROWS, axis=0)
         words = {quant.WORDS32_DECODER: quant.pack_mxfp4_words(by_panel(packed)),
                  FOLD: quant.pack_mxfp4_words(by_panel(packed)),
-                 quant_pairs.PAIRS_DECODER: quant_pairs.pack_mxfp4_pairs(by_panel(packed))}
+                 quant_pairs.PAIRS_DECODER: quant_pairs.pack_mxfp4_pairs(by_panel(packed)),
+                 quant_mxu.MXU_FP8_PRODUCTS: quant_mxu.pack_mxfp4_rows(by_panel(packed))}
         scale_words = quant.pack_bytes_to_words(by_panel(exps))
     arrays = {name: jnp.asarray(v) for name, v in words.items()}
     return [jnp.asarray(x), arrays, jnp.asarray(scale_words)], x.astype(np.float64), dense  # type: ignore[list-item]

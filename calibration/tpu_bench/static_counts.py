@@ -49,7 +49,7 @@ def count(part: str, decoder: str, rows: int, topology: str = "v5e:2x2") -> dict
         done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
         if done.returncode:
             raise RuntimeError(f"compile of {part}/{decoder}/rows {rows} failed: {done.stderr[-2000:]}")
-        schedule = read_dump(dump)
+        schedule = read_dump(dump, "tpu_custom_call")  # the probe kernel, not a (larger) copy program
     inner = schedule.innermost()
     panel = max(inner, key=lambda loop: loop.bundles)  # the panel loop dominates the kernel
     weights = k * 128
@@ -68,19 +68,26 @@ def count(part: str, decoder: str, rows: int, topology: str = "v5e:2x2") -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    from calibration.tpu_bench.probes_products import PARTS, PRODUCT_DECODERS, PRODUCT_ROWS
+    from calibration.tpu_bench.probes_products import (
+        MXU_DECODERS,
+        PARTS,
+        PRODUCT_DECODERS,
+        PRODUCT_ROWS,
+    )
 
     parser = argparse.ArgumentParser(prog="python -m calibration.tpu_bench.static_counts", allow_abbrev=False)
     parser.add_argument("--topology", default="v5e:2x2", choices=sorted(TOPOLOGIES))
     parser.add_argument("--out", default=None, help="append JSON lines here (default: stdout)")
     parser.add_argument("--part", action="append", choices=sorted(PARTS))
-    parser.add_argument("--decoder", action="append", choices=PRODUCT_DECODERS)
+    parser.add_argument("--decoder", action="append", choices=PRODUCT_DECODERS + MXU_DECODERS,
+                        help="default: the decoders, and on tpu7x also the FP8 MXU products")
     parser.add_argument("--rows", action="append", type=int, choices=PRODUCT_ROWS)
     args = parser.parse_args(argv)
     lines = []
     for part in args.part or PARTS:
         for rows in args.rows or PRODUCT_ROWS:
-            for decoder in args.decoder or PRODUCT_DECODERS:
+            fp8_chip = TOPOLOGIES.get(args.topology) == "tpu-v7"
+            for decoder in args.decoder or PRODUCT_DECODERS + (MXU_DECODERS if fp8_chip else ()):
                 if decoder == "fold" and part != "down":
                     continue
                 record = count(part, decoder, rows, args.topology)
