@@ -16,20 +16,26 @@ runs' routing traces):
 
 | figure | rule |
 | --- | --- |
-| ``compute.vpu.dequant_s_per_element.*`` (both formats, one factor) | the published runs' least-squares ms per expert over ``c`` (their expert copies are hidden: the simulator's exposed DMA is the same at every ``c``), against the simulator's at the micro-probe rates and at half of them (the slope is linear in the factor while an expert's compute outlasts its copy): the factor on the micro-probe rates that makes the two slopes equal |
+| ``compute.vpu.dequant_s_per_element.*`` (both formats, one factor) | the published runs' least-squares ms per expert over ``c`` (their expert copies are hidden: the simulator's exposed DMA is the same at every ``c``), against the simulator's at the micro-probe rates and at half of them (the slope is linear in the factor while an expert's compute outlasts its copy): the factor on the micro-probe rates that makes the two slopes equal; 1 where the measured slope is under the one at half the rates (the experts are copy-bound on the chip, their decoders hidden: the slope says nothing of them) |
 | ``execution.per_layer_overhead_s`` | with that factor, the per-layer cost at which the simulator's mean error over the four runs is zero (Brent's root on 0 … 1 ms; the error grows with it; 0 if the runs are faster than the simulator without it): the work a layer does that the simulator's ops do not price, paid on the compute stream |
 
 Each figure moves the other a little (a longer layer hides more of the copies), so the two
 rules alternate, three rounds, each slope taken at the last per-layer cost.
 
-On the committed runs of the kernel as it is now (``words32``, the default decoder
+On the committed runs of the calibration study's kernel (``words32``, the default decoder
 :data:`calibration.sources.tpu_probes.CALIBRATION_DECODER`): 22.9 µs a routed expert on the
-chip (its micro-probe rates, with the MXU's fixed cost per product behind the conversion, give
-21.7: factor 1.06), and about 67 µs a layer the ops leave out (an empty layer loop costs
+chip (factor 0.80 on its micro-probe rates), and about 52 µs a layer the ops leave out (67 µs
+before the probes' repeat pairs were taken within one session, 2026-12-06; an empty layer loop costs
 0.07 µs, the ``layer_loop`` probe; the kernel's top-k 4.5-5 µs, the ``routing`` probe). The
 earlier ``bytes`` kernel's runs (``decoder="bytes"``) give 42.7 µs an expert against 46.2
 (factor 0.92) and about 60 µs a layer. Both figures are labelled ``derived``: measured runs
 read through the simulator. ``tests/test_tpu_fixed_cost.py`` holds both decoders to these.
+
+Any build of the kernel can be refit on its own capped runs (``panel_unroll``; a chip other
+than the micro-probes' whose dequant rates the factor scales, :func:`refit_chip`): the kernel
+as it is now (``pairs-fold``, panel loops 4/2; set v5e-aa) is copy-bound per expert (9.2 µs an
+expert, under the simulator's copy at the pooled streaming rate), so its factor is 1 and its
+layer cost about 47 µs (:func:`calibration.reports.tpu_v5e_plan.build_chip`).
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ by side, and any loader reads them with ``decoder="bytes"``.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import statistics
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ from hwmodels.schema import Chip
 
 PROBES_PATH = Path(__file__).resolve().parents[1] / "data" / "tpu-v5e-probes.jsonl"
 LARGE_COPY_BYTES = 4 << 20  # copies at least this large sit on the bandwidth plateau
+SESSION_GAP_S = 30 * 60  # probe records further apart than this ran in different device sessions
 DEQUANT_PROBES = {"dequant_fp8_gate_up": "fp8_e4m3_b256", "dequant_mxfp4_down": "mxfp4"}
 SUSTAINED = "hbm.sustained_bandwidth_bytes_per_s"
 ISSUE = "dma.issue_latency_s"
@@ -138,27 +140,50 @@ def probe_figures(records: list[dict[str, Any]]) -> dict[str, ProbeFigure]:
             "less one copy's transfer at the sustained rate", 1)
     out.update(_architecture_figures(by, empty_s))
     for probe, format_name in DEQUANT_PROBES.items():
-        points = sorted(by.get(probe, []), key=lambda r: r["params"]["repeats_in_kernel"])
-        if len(points) < 2:
+        pairs = []  # (low, high) of one session each
+        for session in sessions(by.get(probe, [])):
+            points = sorted(session, key=lambda r: r["params"]["repeats_in_kernel"])
+            if len({r["params"]["repeats_in_kernel"] for r in points}) >= 2:
+                pairs.append((next((r for r in points if r["params"]["repeats_in_kernel"] == 4), points[-2]), points[-1]))
+        if not pairs:
             continue
-        low = next((r for r in points if r["params"]["repeats_in_kernel"] == 4), points[-2])
-        high = points[-1]
-        per_element = (high["seconds_median"] - low["seconds_median"]) / (high["elements"] - low["elements"])
+        rates = [(high["seconds_median"] - low["seconds_median"]) / (high["elements"] - low["elements"])
+                 for low, high in pairs]
+        low, high = pairs[-1]
         path = dequant_path(format_name)
         out[path] = ProbeFigure(
-            path, per_element, probe, _date([low, high]),
+            path, statistics.median(rates), probe, _date([r for pair in pairs for r in pair]),
             f"(t(R={high['params']['repeats_in_kernel']}) - t(R={low['params']['repeats_in_kernel']})) / "
-            f"elements between them, per-panel loop form, the kernel's {record_decoder(high)} decoder", 2)
+            f"elements between them, both from one device session, median over {len(pairs)} session(s); "
+            f"per-panel loop form, the kernel's {record_decoder(high)} decoder", 2 * len(pairs))
+    return out
+
+
+def sessions(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """``records`` split into device sessions: by date, a new one after a gap of more than
+    :data:`SESSION_GAP_S` (a session's probes run within minutes of each other)."""
+    out: list[list[dict[str, Any]]] = []
+    last: dt.datetime | None = None
+    for r in sorted(records, key=lambda r: str(r.get("date", ""))):
+        when = dt.datetime.fromisoformat(r["date"]) if r.get("date") else None
+        if not out or when is None or last is None or (when - last).total_seconds() > SESSION_GAP_S:
+            out.append([])
+        out[-1].append(r)
+        last = when
     return out
 
 
 def _repeat_slope(points: list[dict[str, Any]]) -> float | None:
-    """Seconds per repeat between the two largest ``repeats_in_kernel`` of one probe shape."""
-    by_r = {r["params"]["repeats_in_kernel"]: r["seconds_median"] for r in points}
-    if len(by_r) < 2:
-        return None
-    high, low = sorted(by_r)[-1], sorted(by_r)[-2]
-    return (by_r[high] - by_r[low]) / (high - low)
+    """Seconds per repeat between the two largest ``repeats_in_kernel`` of one probe shape,
+    both from one device session; the median over the sessions that ran both (a pair from two
+    sessions would carry the sessions' difference in launch and clock state into the slope)."""
+    slopes = []
+    for session in sessions(points):
+        by_r = {r["params"]["repeats_in_kernel"]: r["seconds_median"] for r in session}
+        if len(by_r) >= 2:
+            high, low = sorted(by_r)[-1], sorted(by_r)[-2]
+            slopes.append((by_r[high] - by_r[low]) / (high - low))
+    return statistics.median(slopes) if slopes else None
 
 
 def _architecture_figures(by: dict[str, list[dict[str, Any]]], empty_s: float) -> dict[str, ProbeFigure]:
