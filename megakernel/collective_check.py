@@ -34,6 +34,7 @@ import os
 import sys
 import time
 
+from megakernel.race_reports import as_json, capturing_races
 from tpusim.cli_options import (
     KERNEL_MODEL_HELP,
     add_batch_option,
@@ -198,11 +199,13 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     ref_state = reference_jnp.RefState(state.kda_state, state.conv_state, state.kv_cache, state.position)
     tokens = ref_tokens = jnp.asarray(first_tokens(args.batch, model.vocab_size))
     dstate = DecodeState(kda, conv, kv, jnp.asarray(args.context, jnp.int32))
-    out, races = [], False
+    out, races, reports = [], False, []
     for _ in range(args.steps):
         start = time.perf_counter()
-        logits, dstate = step(stacked, embedding, dstate, tokens, routes)
-        logits = np.asarray(logits)
+        with capturing_races() as found:
+            logits, dstate = step(stacked, embedding, dstate, tokens, routes)
+            logits = np.asarray(logits)
+        reports += found
         seconds = round(time.perf_counter() - start, 2)
         races = races or bool(interpret_impl.races.races_found)
         ref_logits, ref_state, _ = ref(ref_state, ref_tokens)
@@ -217,6 +220,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             "collectives": {spec.name: spec.algorithm for spec in plan.collectives_at(args.batch)},
             "deployment": mapping, "schedule": args.schedule, "batch": args.batch, "seed": args.seed, "bug": args.bug,
             "payloads": "f32" if args.f32_payloads else "plan (bf16; router scores f32)", "races": races,
+            "race_count": len(reports), "race_reports": as_json(reports[:20]),
             "expert_products": products.name,
             "race_detector": args.races, "matches_reference": ok, "steps": out, "backend": "cpu-interpret",
             "timing_note": "wall time of the Pallas TPU interpreter on virtual CPU devices (first step "

@@ -32,6 +32,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from megakernel.race_reports import as_json, capturing_races
 from tpusim.cli_options import (
     BATCH_HELP,
     KERNEL_MODEL_HELP,
@@ -115,13 +116,15 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     tokens = ref_tokens = first_tokens(args.batch, model.vocab_size)
     inputs = kernel.device_inputs(weights.arrays, tuple(np.asarray(a) for a in (state.kda_state, state.conv_state, state.kv_cache)),
                                   embedding[tokens], args.context)
-    steps, races, logs, errors = [], False, None, np.zeros(plan.devices)
+    steps, races, logs, errors, reports = [], False, None, np.zeros(plan.devices), []
     rows = kernel.dims.vocab_rows
     for step in range(args.steps):
         inputs["x0"] = np.broadcast_to(embedding[tokens], inputs["x0"].shape).copy()
         inputs["position"] = np.full_like(inputs["position"], args.context + step)
         start = time.perf_counter()
-        logits, states, log, routing, keys = kernel.run(inputs)
+        with capturing_races() as found:
+            logits, states, log, routing, keys = kernel.run(inputs)
+        reports += found
         seconds = round(time.perf_counter() - start, 2)
         races = races or bool(interpret_impl.races.races_found)  # read before the next call resets it
         logs = log if logs is None else logs
@@ -148,6 +151,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             "batch": args.batch, "payloads": "f32" if args.f32_payloads else "plan (bf16; router scores f32)",
             "algorithms": {c.name: c.algorithm for c in kernel.colls},
             "seed": args.seed, "backend": "cpu-interpret", "races": races, "matches_reference": ok,
+            "race_count": len(reports), "race_reports": as_json(reports[:20]),
             "log_matches_plan": all(r["log_matches_plan"] for r in records), "steps": steps,
             "matches_reference_up_to_near_ties": matches_up_to_near_ties(steps), "near_tie_rule": NEAR_TIE_RULE,
             "reference": "megakernel.reference_jnp on one device (full weights); logits gathered over devices",

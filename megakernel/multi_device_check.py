@@ -21,6 +21,7 @@ import os
 import sys
 import time
 
+from megakernel.race_reports import as_json, capturing_races
 from tpusim.cli_options import KERNEL_MODEL_HELP, add_model_option
 
 
@@ -62,10 +63,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"plan {plan.name}: {error}\n")
         return 2
     acc0 = np.random.default_rng(args.seed).integers(0, 251, (plan.devices, kernel.width)).astype(np.float32)
-    seconds = []
+    seconds, reports = [], []
     for _ in range(max(1, args.repeat)):
         start = time.perf_counter()
-        out, log = kernel.run(acc0)
+        with capturing_races() as found:
+            out, log = kernel.run(acc0)
+        reports += found
         seconds.append(round(time.perf_counter() - start, 2))
         races = bool(interpret_impl.races.races_found)  # read before the next call resets it
     want = expected_accumulators(kernel, acc0)
@@ -78,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write(json.dumps({
         "model": args.model, "plan": plan.name, "devices": plan.devices, "layers": model.num_layers,
         "backend": "cpu-interpret", "seconds": seconds[0], "seconds_per_call": seconds, "races": races,
+        "race_count": len(reports), "race_reports": as_json(reports[:20]),
         "matches_expected": all(r["matches_reference"] for r in records),
         "log_matches_plan": all(r["log_matches_plan"] for r in records),
         "reference": "numpy lockstep run of the same collective program (exact integers)",

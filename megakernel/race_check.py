@@ -4,7 +4,7 @@
 [--batch 2] [--unsafe]`` runs one decode step per (schedule, DMA mode) with
 ``InterpretParams(detect_races=True, vector_clock_size=256, uninitialized_memory="nan")``
 and a fixed seed, and prints one JSON object per line: ``{"schedule", "mode", "races",
-"max_abs_error"}``. A kernel waiting on a semaphore nobody signals would hang forever,
+"max_abs_error", "race_count", "race_reports"}`` (the reports: :mod:`megakernel.race_reports`). A kernel waiting on a semaphore nobody signals would hang forever,
 which is why tests call this in a subprocess with a timeout.
 
 ``--unsafe`` builds the kernel with a plan that ignores buffer reuse (copies land in VMEM
@@ -21,7 +21,10 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 
+from megakernel.race_reports import as_json, capturing_races
 from tpusim.cli_options import add_batch_option
+
+REPORTS_KEPT = 20  # the first races reported, in the JSON (a planted race is reported many times)
 
 
 def check(schedule_name: str, mode: str, layers: int, batch: int, unsafe: bool) -> dict[str, object]:
@@ -50,11 +53,14 @@ def check(schedule_name: str, mode: str, layers: int, batch: int, unsafe: bool) 
     hbm = {name: jnp.asarray(value) for name, value in pack_hbm(weights, kernel.geo, kernel.expert_products).items()}
     state = init_state(dims, batch, 256, context=130, seed=1)
     tokens = jnp.arange(batch, dtype=jnp.int32) * 37
-    logits, _ = kernel.jitted_step(hbm, p["embedding"], state, tokens)
+    with capturing_races() as found:
+        logits, _ = kernel.jitted_step(hbm, p["embedding"], state, tokens)
+        logits.block_until_ready()
     races = bool(interpret_impl.races.races_found)  # read before any other kernel call resets it
     ref_logits, _ = decode_step(dims, p, state, tokens)
     error = float(jnp.max(jnp.abs(logits - ref_logits)))
-    return {"schedule": schedule.name, "mode": mode, "races": races, "max_abs_error": error}
+    return {"schedule": schedule.name, "mode": mode, "races": races, "max_abs_error": error,
+            "race_count": len(found), "race_reports": as_json(found[:REPORTS_KEPT])}
 
 
 def main(argv: list[str] | None = None) -> int:

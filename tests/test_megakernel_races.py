@@ -68,3 +68,9 @@ def test_no_race_for_the_other_schedule_and_mode_pairs():
 def test_race_detector_catches_a_plan_that_refills_busy_buffers():
     (result,) = race_check("published", "--modes", "eager", "--unsafe", timeout_s=300)
     assert result["races"], result
+    # the race planted is the one reported: a weight copy (Ctx.start) lands in a VMEM buffer a
+    # product still reads through Ctx.view (and overlaps the copy before it into the same rows)
+    reports = result["race_reports"]
+    assert any(r["first"]["kind"] == "read" and "Ctx.view" in r["first"]["where"]
+               and r["second"]["kind"] == "write" and "Ctx.start" in r["second"]["where"]
+               and r["first"]["buffer"] == r["second"]["buffer"] for r in reports), reports
