@@ -61,3 +61,22 @@ def test_the_floor_table_shows_one_kernel_build():
     before = bench.table(unroll=(1, 1))
     assert "panel loops 4 (dense) and 2 (experts)" in now[0] and "panel loops 1 (dense) and 1" in before[0]
     assert not set(now[3:]) & set(before[3:])
+
+
+def test_each_builds_zero_expert_step_from_its_capped_runs_alone(tmp_path: Path) -> None:
+    """Three capped runs of one build in one session, on a line in routed expert-layers: the
+    intercept (hand-computed) and the latest XLA step with no routed expert beside it."""
+    bench = _bench()
+
+    def capped(cap: int, ms: float, minute: int) -> dict:
+        return {"shard_of": "k3-tp32", "schedule": "published", "schedule_hash": "h", "batch": 1, "decoder": "pairs-fold",
+                "expert_cap": cap, "panel_unroll": [4, 2], "experts_per_layer": [16] * 10,
+                "ms_per_step_median": ms, "date": f"2026-12-06T14:{minute:02d}:00+00:00"}
+
+    # 10 layers, caps 4/8/12 -> 40/80/120 expert-layers at 0.1 ms each over 11 ms
+    _write(tmp_path / "tpu-v5e-fixed-cost.jsonl", [capped(4, 15.0, 1), capped(8, 19.0, 2), capped(12, 23.0, 3)])
+    _write(tmp_path / "tpu-v5e-xla-capped.jsonl", [{"expert_cap": 0, "batch": 1, "ms_per_step_median": 220.0,
+                                                     "date": "2026-12-06T09:00:00+00:00"}])
+    (line,) = bench.nonexpert_by_caps(tmp_path)
+    assert "**11.00 ms** at 0 experts" in line and "100.00 µs a routed expert-layer" in line
+    assert "0.050 (XLA's 220.0 ms" in line and "another session" in line

@@ -167,3 +167,8 @@ def test_8_devices_give_the_reference_tokens_race_free() -> None:
 def test_planted_missing_wait_is_caught() -> None:
     data = collective_check("--steps", "1", "--mode", "eager", "--bug", "skip_wait:attn.partial_reduce")
     assert data["races"]
+    # which race: a peer's message write (CollectiveMessages.issue) against a read of the same buffer
+    assert any("CollectiveMessages.issue" in a["where"] and a["kind"] == "write"
+               and b["kind"] == "read" and a["buffer"] == b["buffer"]
+               for r in data["race_reports"] for a, b in ((r["first"], r["second"]), (r["second"], r["first"]))), \
+        data["race_reports"]

@@ -99,6 +99,12 @@ def test_planted_race_skipped_wait_is_caught():
     result = run_check("--devices", "8", "--layers", "2", "--seed", "1", "--mode", "eager",
                        "--bug", "skip_wait:attn.partial_reduce")
     assert result["races"], result
+    # the race planted: a collective's landing buffer read (where the skipped wait stood) while
+    # another device's copy into it (issued by CollectiveKernel._issue) may still be writing
+    reports = result["race_reports"]
+    assert reports and all(r["first"]["kind"] == "read" and "CollectiveKernel._wait" in r["first"]["where"]
+                           and r["second"]["kind"] == "write" and "CollectiveKernel._issue" in r["second"]["where"]
+                           and r["first"]["buffer"] == r["second"]["buffer"] for r in reports), reports
 
 
 @pytest.mark.slow

@@ -182,6 +182,13 @@ def test_planted_race_in_the_decode_is_caught():
     result = run_decode("--devices", "8", "--layers", "4", "--steps", "1", "--seed", "1", "--mode", "eager",
                         "--bug", "skip_wait:attn.partial_reduce")
     assert result["races"], result
+    # the race planted, and only it: the partials' combine (collective_combine.ranked) reads a
+    # landing buffer that a peer's message (CollectiveMessages.issue) may still be writing
+    reports = result["race_reports"]
+    assert reports and all({r["first"]["kind"], r["second"]["kind"]} == {"read", "write"}
+                           and {"ranked", "CollectiveMessages.issue"} <= {a["where"].rsplit("(", 1)[-1].rstrip(")")
+                                                                           for a in (r["first"], r["second"])}
+                           for r in reports), reports
 
 
 @pytest.mark.heavy
