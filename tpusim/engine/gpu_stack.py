@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from hwmodels.schema import Chip, GpuExecution
-from tpusim.engine.execution import KernelPlan
+from tpusim.engine.execution import KernelPlan, per_op_efficiency
 from tpusim.engine.gpu_fusion import (
     ATTENTION,
     EXPERT_ROLE,
@@ -102,10 +102,9 @@ def chip_stack(chip: Chip) -> StackTable:
 
 
 def stream_bandwidth(chip: Chip) -> float:
-    """``B_stream``: sustained x per_op_efficiency, bytes/s (the policy's HBM rate)."""
-    figure = chip.execution.per_op_efficiency
-    efficiency = min(1.0, max(figure.value if figure else 1.0, 1e-3))
-    return chip.hbm.sustained_bandwidth_bytes_per_s.value * efficiency
+    """``B_stream``: sustained x per_op_efficiency, bytes/s: the per-op-launch policy's HBM rate,
+    its efficiency from the policy's one clamp (:func:`tpusim.engine.execution.per_op_efficiency`)."""
+    return chip.hbm.sustained_bandwidth_bytes_per_s.value * per_op_efficiency(chip)
 
 
 def kernel_bandwidth(chip: Chip, ctas: int) -> float:

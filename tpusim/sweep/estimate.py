@@ -71,6 +71,7 @@ from tpusim.engine.costs import (
     resolve_link,
     vector_time_s,
 )
+from tpusim.engine.policy import execution_policy
 from tpusim.schedule.issue_plan import Unit
 from tpusim.schedule.program_issue import (
     PoolPlanCache,
@@ -124,7 +125,7 @@ class EstimateContext:
     def __init__(self, program: Program, chip: Chip) -> None:
         self.program, self.chip = program, chip
         self.batch = program.batch
-        self.bandwidth_bytes_per_s = chip.hbm.sustained_bandwidth_bytes_per_s.value
+        self.bandwidth_bytes_per_s = execution_policy(chip).hbm_bandwidth_bytes_per_s  # the engine's HBM rate
         self.issue_latency_s = chip.dma.issue_latency_s.value
         self.dma = chip.dma
         self.per_layer_s = chip.execution.per_layer_overhead_s.value
