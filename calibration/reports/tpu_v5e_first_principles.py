@@ -1,0 +1,90 @@
+"""The kernel as it is, predicted from first principles: micro-probes and the compiler's
+schedule, no kernel run of any kind.
+
+``python -m calibration.reports.tpu_v5e_first_principles [--panel-unroll DENSE EXPERT]``
+simulates every committed decode of the kernel build (decoder
+:data:`megakernel.quant_pairs.KERNEL_DECODER`, panel loops ``--panel-unroll``) on
+:func:`first_principles_chip`: the catalog's tpu-v5e with every figure the micro-probes measure
+(``calibration.sources.tpu_probes.probe_chip``: copy rate and order, MXU product costs, the
+empty call, the empty layer loop) and the expert decoders' cost per weight from libtpu's static
+schedule of their panel loops (:func:`calibration.reports.tpu_v5e_plan.static_figure`), with no
+figure from the kernel's capped runs (way (b)) and none from its decodes. It prints each
+decode's error, the MAPE and the largest error, and Kendall's τ per batch — beside way (b) on the
+build's own capped runs (:func:`calibration.reports.tpu_v5e_plan.build_chip`, a kernel-level
+fit, named so). Both are simulated after the runs: neither is a prediction recorded before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+from scipy.stats import kendalltau
+
+from calibration.reports.tpu_v5e_plan import (
+    FORMAT_OF_PART,
+    PART_DECODERS,
+    build_chip,
+    static_figure,
+)
+from calibration.sources.tpu_chip_records import KERNEL_PATH, ChipRecordPredictor, load_chip_records
+from calibration.sources.tpu_probes import dequant_path, probe_chip
+from hwmodels.catalog import load_chip
+from hwmodels.overlay import _figure_slot
+from hwmodels.schema import Chip
+from megakernel.quant import WORDS32_DECODER
+from megakernel.quant_pairs import KERNEL_DECODER
+from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
+
+
+def first_principles_chip(decoder: str = KERNEL_DECODER) -> Chip:
+    """tpu-v5e with the micro-probes' figures and ``decoder``'s static-schedule decode rates
+    (labelled ``derived``); every other figure the catalog's."""
+    data = probe_chip(load_chip("tpu-v5e", calibrated=False), decoder=WORDS32_DECODER).model_dump(mode="python")
+    for part, part_decoder in PART_DECODERS[decoder].items():
+        value, source = static_figure(part, part_decoder)
+        parent, name = _figure_slot(data, dequant_path(FORMAT_OF_PART[part]))
+        parent[name] = {**parent[name], "value": value, "label": "derived", "source": source}
+    return Chip.model_validate(data)
+
+
+def errors(chip: Chip, unroll: tuple[int, int]) -> list[tuple[str, int, float, float]]:
+    """(schedule, batch, measured ms, simulated ms) of every committed decode of the build."""
+    records = [r for r in load_chip_records(KERNEL_PATH, decoder=KERNEL_DECODER) if r.panel_unroll == tuple(unroll)]
+    simulated = ChipRecordPredictor(records).predict_many(chip, range(len(records)))
+    return [(r.schedule, r.batch, r.ms_median, ms) for r, ms in zip(records, simulated, strict=True)]
+
+
+def summary(rows: list[tuple[str, int, float, float]]) -> str:
+    e = np.array([sim / ms - 1 for _, _, ms, sim in rows])
+    taus = []
+    for batch in sorted({b for _, b, _, _ in rows}):
+        at = [(ms, sim) for _, b, ms, sim in rows if b == batch]
+        if len(at) >= 3:
+            taus.append(f"b{batch} {kendalltau(*zip(*at, strict=True)).statistic:.2f}")
+    return (f"{len(rows)} decodes: MAPE {np.mean(np.abs(e)):.1%}, max {np.max(np.abs(e)):.1%}, "
+            f"{int(np.sum(np.abs(e) <= 0.05))} within 5 %; Kendall tau {', '.join(taus)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m calibration.reports.tpu_v5e_first_principles",
+                                     allow_abbrev=False)
+    parser.add_argument("--panel-unroll", type=int, nargs=2, default=(PANEL_UNROLL, EXPERT_PANEL_UNROLL),
+                        metavar=("DENSE", "EXPERT"))
+    args = parser.parse_args(argv)
+    unroll = tuple(args.panel_unroll)
+    first = errors(first_principles_chip(), unroll)  # type: ignore[arg-type]
+    fitted = errors(build_chip(KERNEL_DECODER, unroll)[0], unroll)  # type: ignore[arg-type]
+    out = ["| schedule | batch | measured ms | first principles ms | error | way (b), kernel-level fit ms | error |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+    for (name, batch, ms, a), (_, _, _, b) in zip(first, fitted, strict=True):
+        out.append(f"| {name} | {batch} | {ms:.2f} | {a:.2f} | {a / ms - 1:+.1%} | {b:.2f} | {b / ms - 1:+.1%} |")
+    out += ["", f"first principles (micro-probes + static schedule, no kernel run): {summary(first)}",
+            f"way (b) (refit on the build's own capped runs: a kernel-level fit): {summary(fitted)}"]
+    sys.stdout.write("\n".join(out) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
