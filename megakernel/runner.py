@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
-import os
 import platform
 import statistics
 import time
@@ -52,6 +50,7 @@ from megakernel.reference import (
 from megakernel.step_bytes import step_hbm_bytes
 from megakernel.tolerance import F32, REORDERED, TOLERANCES
 from megakernel.vmem_limit import PUBLISHED_KERNEL_CHIP, vmem_limit_for
+from tpusim.records_io import append_record
 from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 from tpusim.schedule.schema import load_schedule
 from tpusim.workload.model_catalog import load_model, plan_for
@@ -357,22 +356,3 @@ def provenance() -> str:
     now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     return (f"megakernel.runner host={platform.node()} date={now} jax={jax.__version__} "
             f"python={platform.python_version()}")
-
-
-def append_record(path: Path, record: dict[str, Any]) -> None:
-    """Append ``record`` as one JSON line: one ``O_APPEND`` write, then ``fsync``; a file
-    whose last line is partial is refused rather than extended."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists() and path.stat().st_size:
-        with open(path, "rb") as handle:
-            handle.seek(-1, os.SEEK_END)
-            if handle.read(1) != b"\n":
-                raise InputError(f"{path}: last line is partial (an interrupted write?); not appending")
-    line = (json.dumps(record, separators=(", ", ": ")) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -110,3 +110,28 @@ def test_shared_options_are_defined_once() -> None:
             defined[call.args[0].value].append(f"{path}:{call.lineno}")
     assert {flag: [site.partition(":")[0] for site in sites] for flag, sites in defined.items()} == \
         {flag: [OPTIONS_OWNER] for flag in SHARED_FLAGS}
+
+
+APPEND_OWNER = "hwmodels/atomic.py"  # one O_APPEND write + fsync; JSON lines through tpusim/records_io.py
+# The GPU harness runs on a GPU host with nothing of the house installed (its own fsync'd
+# appender, the one mirror); the sweep's outputs append CSV rows, and the joint search
+# Optuna's journal (flushed, not fsync'd, by choice: tpusim/sweep/joint.py), not records.
+APPEND_MIRRORS = {"calibration/gpu_bench/records.py", "tpusim/sweep/outputs.py", "tpusim/sweep/joint.py"}
+
+
+def _opens_for_append(node: ast.AST) -> bool:
+    """``open(..., "a")`` / ``path.open("a")`` / ``os.open(..., O_APPEND ...)``."""
+    if not isinstance(node, ast.Call):
+        return False
+    name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+    if name != "open":
+        return False
+    args = [*node.args, *(k.value for k in node.keywords if k.arg == "mode")]
+    return any(isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("a") for a in args) \
+        or any(isinstance(n, ast.Attribute) and n.attr == "O_APPEND" for a in node.args for n in ast.walk(a))
+
+
+def test_one_jsonl_appender() -> None:
+    writers = sorted({path for path, tree in _trees().items() for node in ast.walk(tree)
+                      if _opens_for_append(node) and not path.startswith("tests/")})
+    assert writers == sorted({APPEND_OWNER, *APPEND_MIRRORS}), writers

@@ -11,22 +11,22 @@ import os
 import sys
 from typing import Any
 
+from tpusim.records_io import append_record, record_line
+
 
 class _JsonlList(list):  # type: ignore[type-arg]
     """A list that also writes each appended record as one JSON line (flushed)."""
 
     def __init__(self, path: str | None) -> None:
         super().__init__()
-        self._fh = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115
+        self._path = path
 
     def append(self, item: Any) -> None:
         super().append(item)
-        line = json.dumps(item, sort_keys=True)
-        if self._fh is not None:
-            self._fh.write(line + "\n")
-            self._fh.flush()
+        if self._path is not None:
+            append_record(self._path, item, sort_keys=True)
         else:
-            sys.stdout.write(line + "\n")
+            sys.stdout.write(record_line(item, sort_keys=True) + "\n")
             sys.stdout.flush()
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import tempfile
 from typing import Any
 
 from calibration.sources.compiler_schedule import read_dump
+from tpusim.records_io import append_record, record_line
 
 VREG_LANES = 8 * 128
 TOPOLOGIES = {"v5e:2x2": "tpu-v5e", "tpu7x:2x2x1": "tpu-v7"}
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="default: the decoders, and on tpu7x also the FP8 MXU products")
     parser.add_argument("--rows", action="append", type=int, choices=PRODUCT_ROWS)
     args = parser.parse_args(argv)
-    lines = []
+    records: list[dict[str, Any]] = []
     for part in args.part or PARTS:
         for rows in args.rows or PRODUCT_ROWS:
             fp8_chip = TOPOLOGIES.get(args.topology) == "tpu-v7"
@@ -91,15 +91,14 @@ def main(argv: list[str] | None = None) -> int:
                 if decoder == "fold" and part != "down":
                     continue
                 record = count(part, decoder, rows, args.topology)
-                lines.append(json.dumps(record, sort_keys=True))
+                records.append(record)
                 sys.stderr.write(f"{part} {decoder} rows {rows}: {record['panel_bundles']} bundles/panel, "
                                  f"{record['valu_ops_per_weight']:.2f} VALU ops/weight\n")
-    text = "\n".join(lines) + "\n"
     if args.out:
-        with open(args.out, "a", encoding="utf-8") as fh:
-            fh.write(text)
+        for record in records:
+            append_record(args.out, record, sort_keys=True)
     else:
-        sys.stdout.write(text)
+        sys.stdout.write("".join(record_line(r, sort_keys=True) + "\n" for r in records))
     return 0
 
 
