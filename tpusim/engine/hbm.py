@@ -78,6 +78,17 @@ def stream_of(desc: Descriptor) -> object:
     return slab if slab.family == ROUTED else slab.ring
 
 
+def _streams_moot(aggregate_by_k: list[float], rate_by_n: list[float]) -> bool:
+    """Whether counting streams cannot change a rate: the aggregate is the same float for any
+    number of streams that can be in flight, and that aggregate shared by ``n`` copies is
+    exactly ``rate_by_n[n]`` (e.g. no loss up to ``max_in_flight``: TPU v7's published
+    figures). Then the per-copy rate is ``rate_by_n`` whichever streams the copies belong to,
+    and the server skips keeping the count (the same floats, less work per copy)."""
+    aggregate = aggregate_by_k[1] if len(aggregate_by_k) > 1 else 0.0
+    return (all(value == aggregate for value in aggregate_by_k[1:])
+            and all(rate_by_n[n] == aggregate / n for n in range(1, len(rate_by_n))))
+
+
 class HbmServer:
     """Processor-sharing HBM bandwidth with an issue queue (see the module docstring)."""
 
@@ -94,9 +105,10 @@ class HbmServer:
             bandwidth_bytes_per_s * dma.efficiency(n) / n for n in range(1, max_in_flight + 1)
         ]
         # by stream: streaming copies per address stream; the aggregate rate by streams
-        self.by_stream = dma.contention_unit == "stream" and dma.service != "in_order"
-        self.streams: dict[object, int] = {}
         self.aggregate_by_k = [bandwidth_bytes_per_s * dma.efficiency(k) for k in range(max_in_flight + 1)]
+        self.by_stream = (dma.contention_unit == "stream" and dma.service != "in_order"
+                          and not _streams_moot(self.aggregate_by_k, self.rate_by_n))
+        self.streams: dict[object, int] = {}
         self.on_free = on_free  # a landing frees a slab: a mispredicted copy's slot, a written-back state
         self.recorder = recorder
         self.events = events
