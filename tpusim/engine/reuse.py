@@ -16,7 +16,11 @@ keys its plans: the program by identity (the cache holds it, so the identity can
 reused by another object while the entry lives), the schedule by its content hash (its name
 and description lower to nothing), the chip and the policy by ``==`` (pydantic and dataclass
 value equality; a policy holding a closure made per call never compares equal, so it is
-lowered afresh: a miss, never a wrong hit). A few recent steps are kept (LRU);
+lowered afresh: a miss, never a wrong hit) — all of them but the copy engine's figures
+(:func:`lowering_inputs`: the HBM bandwidth and the DMA spec, which only the HBM server reads),
+so a calibration fitting those (the tpu-v5e kernel fit moves only the HBM bandwidth) runs each
+of its points' steps lowered once. Recent steps are kept (LRU: ``KEPT`` steps, at most
+``KEPT_COPIES`` copies among them, as many as a calibration's residual walks);
 :func:`forget_lowerings` empties the store (a cold benchmark; the tests of the reset). A run
 holds its step until it ends; a second run of a held step (another thread) lowers its own.
 
@@ -30,6 +34,7 @@ against a fresh lowering on every built-in schedule): per copy ``landed``, ``wai
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,7 +47,12 @@ from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import VmemPlan, vmem_plan
 from tpusim.workload.program import Program
 
-KEPT = 4  # recent lowered steps kept (a K3 batch-8 step is ~10,000 copies: a few MB each)
+# recent lowered steps kept: a calibration's residual walks all its points in turn (the tpu-v5e
+# kernel set: 22; cached_issue_plan keeps 32 plans for the same reason) ...
+KEPT = 32
+# ... holding at most this many copies (~0.7 kB each: a K3 batch-8 step on one tpu-v5e is ~52,000
+# copies and ~35 MB lowered, on 16 tpu-v7 ~10,000)
+KEPT_COPIES = 250_000
 
 
 @dataclass(eq=False)  # compared by identity (its program holds arrays)
@@ -52,6 +62,7 @@ class _Kept:
     chip: Chip
     policy: ExecutionPolicy
     lowered: Lowered
+    inputs: tuple[Chip, ExecutionPolicy]  # lowering_inputs(chip, policy)
     # what a run mutates, gathered at the first reuse (a step run once never pays for it)
     slabs: list[Slab] | None = None
     descs: list[Descriptor] | None = None
@@ -87,10 +98,12 @@ def lowered_step(program: Program, schedule: Schedule, chip: Chip, policy: Execu
     (``with lowered_step(...) as lowered``) and kept for the next one. A kept step that another
     run holds (another thread) is not shared: this run lowers its own copy, not kept."""
     digest = schedule.content_hash()
+    inputs = lowering_inputs(chip, policy)
     with _LOCK:
         position, kept = next(((position, kept) for position, kept in enumerate(_KEPT)
                                if kept.program is program and kept.schedule_hash == digest
-                               and (kept.chip is chip or kept.chip == chip) and kept.policy == policy), (-1, None))
+                               and ((kept.chip is chip and kept.policy == policy) or kept.inputs == inputs)),
+                              (-1, None))
         busy = kept is not None and kept.busy
         if kept is not None and not busy:
             kept.busy = True
@@ -102,16 +115,30 @@ def lowered_step(program: Program, schedule: Schedule, chip: Chip, policy: Execu
         if busy:
             kept = None
         else:
-            kept = _Kept(program, digest, chip, policy, lowered, busy=True)
+            kept = _Kept(program, digest, chip, policy, lowered, inputs, busy=True)
             with _LOCK:
                 _KEPT.append(kept)
-                if len(_KEPT) > KEPT:
+                copies = sum(known.lowered.descriptors for known in _KEPT)
+                while len(_KEPT) > KEPT or (copies > KEPT_COPIES and len(_KEPT) > 1):
+                    copies -= _KEPT[0].lowered.descriptors
                     _drop(_KEPT.pop(0))
     try:
         yield lowered if kept is None else kept.lowered
     finally:
         if kept is not None:
             kept.busy = False
+
+
+def lowering_inputs(chip: Chip, policy: ExecutionPolicy) -> tuple[Chip, ExecutionPolicy]:
+    """What of ``chip`` and ``policy`` lowering reads, for the store's key: everything but the
+    copy engine's figures — the HBM (``policy.hbm_bandwidth_bytes_per_s`` is derived from it)
+    and the DMA spec, read only by the HBM server (:mod:`tpusim.engine.hbm`) — and the
+    calibration's provenance. A policy with a collective pricer hands the pricer the whole
+    chip, so there the whole chip is the key."""
+    if policy.collective_pricer is not None:
+        return chip, policy
+    return (chip.model_copy(update={"hbm": None, "dma": None, "calibration": None}),
+            dataclasses.replace(policy, hbm_bandwidth_bytes_per_s=0.0))
 
 
 def forget_lowerings() -> None:
