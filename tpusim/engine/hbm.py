@@ -178,9 +178,18 @@ class HbmServer:
 
     def enqueue_many(self, descs: list[Descriptor]) -> None:
         """:meth:`enqueue` each of ``descs`` in turn (a slab's copies: one call per slab)."""
-        queue, events, in_order = self.queue, self.events, self.in_order
+        queue, events, heappush = self.queue, self.events, heapq.heappush
+        if self.in_order:  # _queue_key, inlined: the order of issue
+            count = self.issue_count
+            for desc in descs:
+                count += 1
+                heappush(queue, (count, desc))
+                if events is not None:
+                    events.append(("dma_start", desc.family, desc.tensor, desc.layer, desc.chunk))
+            self.issue_count = count
+            return
         for desc in descs:
-            heapq.heappush(queue, (self._queue_key(desc) if in_order else desc.seq, desc))
+            heappush(queue, (desc.seq, desc))
             if events is not None:
                 events.append(("dma_start", desc.family, desc.tensor, desc.layer, desc.chunk))
 

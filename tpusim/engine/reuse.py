@@ -50,9 +50,10 @@ from tpusim.workload.program import Program
 # recent lowered steps kept: a calibration's residual walks all its points in turn (the tpu-v5e
 # kernel set: 22; cached_issue_plan keeps 32 plans for the same reason) ...
 KEPT = 32
-# ... holding at most this many copies (~0.7 kB each: a K3 batch-8 step on one tpu-v5e is ~52,000
-# copies and ~35 MB lowered, on 16 tpu-v7 ~10,000)
-KEPT_COPIES = 250_000
+# ... holding at most this many copies, ~0.7 kB each lowered (~340 MB): the tpu-v5e kernel
+# calibration's 22 points are 443,000 copies (8,000-36,000 a step), K3 on 16 tpu-v7 4,000-10,000;
+# a residual walking more than fit would miss at every step (LRU over a cycle)
+KEPT_COPIES = 500_000
 
 
 @dataclass(eq=False)  # compared by identity (its program holds arrays)
