@@ -15,7 +15,9 @@ streaming (``copy``: ``k = n``), or every distinct address stream among them (``
 :func:`stream_of`, one per buffer ring, one per occupied expert slot), kept as a count of
 streaming copies per stream. Either way the engine shares the aggregate equally among the
 ``n`` streaming copies (it round-robins among outstanding transfers), so they all advance
-at one rate.
+at one rate. Where the aggregate is the same float for every count of contenders up to
+``max_in_flight`` (no loss: TPU v7's published figures), the server keeps no stream count
+(:func:`_streams_moot`): the rate is ``rate_by_n`` either way.
 
 This is a fluid processor-sharing server. It is simulated exactly, without a SimPy process
 per copy, by a *virtual clock*: ``S(t) = ∫ rate dt`` is the number of bytes every streaming
