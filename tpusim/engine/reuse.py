@@ -19,8 +19,9 @@ value equality; a policy holding a closure made per call never compares equal, s
 lowered afresh: a miss, never a wrong hit) — all of them but the copy engine's figures
 (:func:`lowering_inputs`: the HBM bandwidth and the DMA spec, which only the HBM server reads),
 so a calibration fitting those (the tpu-v5e kernel fit moves only the HBM bandwidth) runs each
-of its points' steps lowered once. Recent steps are kept (LRU: ``KEPT`` steps, at most
-``KEPT_COPIES`` copies among them, as many as a calibration's residual walks);
+of its points' steps lowered once. Recent steps are kept (LRU: ``KEPT`` steps holding at
+most ``KEPT_COPIES`` copies; a caller re-simulating more steps in turn raises both with
+:func:`keep_lowerings`, as the calibration's record predictor does);
 :func:`forget_lowerings` empties the store (a cold benchmark; the tests of the reset). A run
 holds its step until it ends; a second run of a held step (another thread) lowers its own.
 
@@ -47,13 +48,9 @@ from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import VmemPlan, vmem_plan
 from tpusim.workload.program import Program
 
-# recent lowered steps kept: a calibration's residual walks all its points in turn (the tpu-v5e
-# kernel set: 22; cached_issue_plan keeps 32 plans for the same reason) ...
-KEPT = 32
-# ... holding at most this many copies, ~0.7 kB each lowered (~340 MB): the tpu-v5e kernel
-# calibration's 22 points are 443,000 copies (8,000-36,000 a step), K3 on 16 tpu-v7 4,000-10,000;
-# a residual walking more than fit would miss at every step (LRU over a cycle)
-KEPT_COPIES = 500_000
+KEPT = 4  # recent lowered steps kept by default (K3 on 16 tpu-v7: 4,000-10,000 copies a step) ...
+KEPT_COPIES = 100_000  # ... holding at most this many copies (~0.7 kB each lowered: ~70 MB)
+_LIMITS = {"steps": KEPT, "copies": KEPT_COPIES}  # as set by keep_lowerings
 
 
 @dataclass(eq=False)  # compared by identity (its program holds arrays)
@@ -88,7 +85,7 @@ def step_vmem_plan(program: Program, schedule: Schedule) -> VmemPlan:
     vmem = vmem_plan(schedule, program.model, program.plan, program.resident_rows, program.kv_sequences)
     with _LOCK:
         _VMEM.append((program, digest, vmem))
-        del _VMEM[:-KEPT]
+        del _VMEM[:-_LIMITS["steps"]]
     return vmem
 
 
@@ -120,7 +117,7 @@ def lowered_step(program: Program, schedule: Schedule, chip: Chip, policy: Execu
             with _LOCK:
                 _KEPT.append(kept)
                 copies = sum(known.lowered.descriptors for known in _KEPT)
-                while len(_KEPT) > KEPT or (copies > KEPT_COPIES and len(_KEPT) > 1):
+                while len(_KEPT) > _LIMITS["steps"] or (copies > _LIMITS["copies"] and len(_KEPT) > 1):
                     copies -= _KEPT[0].lowered.descriptors
                     _drop(_KEPT.pop(0))
     try:
@@ -128,6 +125,15 @@ def lowered_step(program: Program, schedule: Schedule, chip: Chip, policy: Execu
     finally:
         if kept is not None:
             kept.busy = False
+
+
+def keep_lowerings(steps: int, copies: int) -> None:
+    """Keep up to ``steps`` lowered steps holding at most ``copies`` copies (the defaults:
+    ``KEPT``, ``KEPT_COPIES``). A caller that re-simulates more steps in turn than that (a
+    calibration's residual walks all its points: the tpu-v5e kernel set is 22 steps, 443,000
+    copies) raises both, else the LRU drops each step before its turn comes round again."""
+    with _LOCK:
+        _LIMITS["steps"], _LIMITS["copies"] = steps, copies
 
 
 def lowering_inputs(chip: Chip, policy: ExecutionPolicy) -> tuple[Chip, ExecutionPolicy]:
