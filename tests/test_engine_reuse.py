@@ -128,3 +128,37 @@ def test_collectives_shared_across_schedules_exactly() -> None:
     assert len(build._COLLECTIVES) == 1
     assert _results(program, "naive", chip) == own  # naive lowered with published's plans
     assert len(build._COLLECTIVES) == 1
+
+
+def _with_copy_engine(chip: Chip, bandwidth_scale: float, latency_s: float) -> Chip:
+    """``chip`` with other HBM and DMA figures (what the tpu-v5e kernel fit moves)."""
+    hbm = chip.hbm.model_copy(update={"sustained_bandwidth_bytes_per_s": chip.hbm.sustained_bandwidth_bytes_per_s.model_copy(
+        update={"value": chip.hbm.sustained_bandwidth_bytes_per_s.value * bandwidth_scale})})
+    dma = chip.dma.model_copy(update={"issue_latency_s": chip.dma.issue_latency_s.model_copy(update={"value": latency_s})})
+    return chip.model_copy(update={"hbm": hbm, "dma": dma})
+
+
+@pytest.mark.parametrize("hardware", ["tpu-v7", "tpu-v5e"])
+def test_other_copy_engine_figures_reuse_the_step_exactly(hardware: str) -> None:
+    """A step whose chip differs only in its HBM and DMA figures (read by the HBM server alone)
+    runs on the kept lowering, reset, and its results equal a fresh lowering's with ``==``; a
+    chip with other compute figures is lowered afresh."""
+    program, chip = program_on("kimi-k3-mini", hardware, 1)
+    other = _with_copy_engine(chip, 0.8, 2e-6)
+    forget_lowerings()
+    fresh = _results(program, "published", other)
+    assert len(_KEPT) == 1
+    forget_lowerings()
+    _results(program, "published", chip)
+    lowered = _KEPT[-1].lowered
+    reused = _results(program, "published", other)
+    assert len(_KEPT) == 1 and _KEPT[-1].lowered is lowered  # the same lowering, reset
+    assert reused == fresh
+    assert reused != _results(program, "published", chip)  # the figures do move the step
+    vector = chip.vector_unit
+    slower = chip.model_copy(update={"compute": [
+        unit.model_copy(update={"peak_flops_per_s": {dtype: figure.model_copy(update={"value": figure.value / 2})
+                                                   for dtype, figure in unit.peak_flops_per_s.items()}})
+        if unit is vector else unit for unit in chip.compute]})
+    _results(program, "published", slower)
+    assert len(_KEPT) == 2  # compute figures are read by the lowering: not the same step

@@ -215,6 +215,8 @@ class MessageFabric:
     def __init__(self, recorder: Recorder | None = None) -> None:
         self.now_s = 0.0
         self.active: dict[str, list[_Flow]] = {}
+        self.flowing = 0  # flows in ``active``
+        self.solo: _Flow | None = None  # the one flow in ``active`` when flowing == 1
         self.starts: list[tuple[float, int, _Flow]] = []  # heap of flows waiting to start
         self.sequence = 0
         self.busy_s: dict[str, float] = {}
@@ -253,7 +255,49 @@ class MessageFabric:
 
     # ----------------------------------------------------------------- the fluid
     def _step(self, limit_s: float) -> bool:
-        """Advance to the next event or ``limit_s``, whichever is first; False when idle."""
+        """Advance to the next event or ``limit_s``, whichever is first; False when idle.
+
+        At most one flow moving (every step of a K3 step: one collective in flight at a
+        time, one group at a time): :meth:`_step_shared`'s arithmetic on that flow alone,
+        without the walk over the links."""
+        if self.flowing > 1:
+            return self._step_shared(limit_s)
+        now_s = self.now_s
+        starts = self.starts
+        next_s = starts[0][0] if starts else INF
+        flow = self.solo
+        if flow is not None:
+            rate = flow.group.alone_bytes_per_s
+            finish_s = now_s + flow.left_bytes / rate
+            if finish_s < next_s:
+                next_s = finish_s
+        elif next_s == INF:
+            self.now_s = max(now_s, limit_s) if limit_s < INF else now_s
+            return False
+        target = limit_s if limit_s < next_s else next_s
+        if flow is not None:
+            elapsed = target - now_s
+            if elapsed > 0.0:
+                flow.left_bytes -= rate * elapsed
+                busy, link = self.busy_s, flow.group.link
+                busy[link] = busy.get(link, 0.0) + elapsed
+        self.now_s = target
+        if target < next_s:
+            return True
+        if flow is not None:
+            drained_bytes = rate * math.ulp(target)  # as in _step_shared
+            if not drained_bytes > DRAINED_BYTES:
+                drained_bytes = DRAINED_BYTES
+            if flow.left_bytes <= drained_bytes:
+                self.active[flow.group.link] = []
+                self.flowing, self.solo = 0, None
+                self._drained(flow)
+        if starts and starts[0][0] <= target:
+            self._start_flows(target)
+        return True
+
+    def _step_shared(self, limit_s: float) -> bool:
+        """:meth:`_step` with two or more flows moving (links shared, or several links)."""
         now_s = self.now_s
         starts = self.starts
         next_s = starts[0][0] if starts else INF
@@ -304,14 +348,28 @@ class MessageFabric:
                     flow = flows[0]
                     if flow.left_bytes <= drained_bytes:
                         self.active[link] = []
+                        self._left(1)
                         self._drained(flow)
                     continue
                 done = [flow for flow in flows if flow.left_bytes <= drained_bytes]
                 if done:
                     self.active[link] = [flow for flow in flows if flow.left_bytes > drained_bytes]
+                    self._left(len(done))
                     for flow in done:
                         self._drained(flow)
-        while starts and starts[0][0] <= target:
+        if starts and starts[0][0] <= target:
+            self._start_flows(target)
+        return True
+
+    def _left(self, count: int) -> None:
+        """``count`` flows left ``active``: the count, and the one flow left, if one is."""
+        self.flowing -= count
+        self.solo = next(flow for flows in self.active.values() for flow in flows) if self.flowing == 1 else None
+
+    def _start_flows(self, time_s: float) -> None:
+        """Flows whose copies are issued by ``time_s`` join their links."""
+        starts = self.starts
+        while starts and starts[0][0] <= time_s:
             flow = heapq.heappop(starts)[2]
             if flow.group.bytes <= 0:
                 self._drained(flow)
@@ -321,7 +379,8 @@ class MessageFabric:
                     self.active[flow.group.link] = [flow]
                 else:
                     active.append(flow)
-        return True
+                self.flowing += 1
+                self.solo = flow if self.flowing == 1 else None
 
     def _drained(self, flow: _Flow) -> None:
         handle, group = flow.handle, flow.group

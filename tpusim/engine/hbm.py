@@ -15,7 +15,9 @@ streaming (``copy``: ``k = n``), or every distinct address stream among them (``
 :func:`stream_of`, one per buffer ring, one per occupied expert slot), kept as a count of
 streaming copies per stream. Either way the engine shares the aggregate equally among the
 ``n`` streaming copies (it round-robins among outstanding transfers), so they all advance
-at one rate.
+at one rate. Where the aggregate is the same float for every count of contenders up to
+``max_in_flight`` (no loss: TPU v7's published figures), the server keeps no stream count
+(:func:`_streams_moot`): the rate is ``rate_by_n`` either way.
 
 This is a fluid processor-sharing server. It is simulated exactly, without a SimPy process
 per copy, by a *virtual clock*: ``S(t) = ∫ rate dt`` is the number of bytes every streaming
@@ -78,6 +80,17 @@ def stream_of(desc: Descriptor) -> object:
     return slab if slab.family == ROUTED else slab.ring
 
 
+def _streams_moot(aggregate_by_k: list[float], rate_by_n: list[float]) -> bool:
+    """Whether counting streams cannot change a rate: the aggregate is the same float for any
+    number of streams that can be in flight, and that aggregate shared by ``n`` copies is
+    exactly ``rate_by_n[n]`` (e.g. no loss up to ``max_in_flight``: TPU v7's published
+    figures). Then the per-copy rate is ``rate_by_n`` whichever streams the copies belong to,
+    and the server skips keeping the count (the same floats, less work per copy)."""
+    aggregate = aggregate_by_k[1] if len(aggregate_by_k) > 1 else 0.0
+    return (all(value == aggregate for value in aggregate_by_k[1:])
+            and all(rate_by_n[n] == aggregate / n for n in range(1, len(rate_by_n))))
+
+
 class HbmServer:
     """Processor-sharing HBM bandwidth with an issue queue (see the module docstring)."""
 
@@ -94,9 +107,10 @@ class HbmServer:
             bandwidth_bytes_per_s * dma.efficiency(n) / n for n in range(1, max_in_flight + 1)
         ]
         # by stream: streaming copies per address stream; the aggregate rate by streams
-        self.by_stream = dma.contention_unit == "stream" and dma.service != "in_order"
-        self.streams: dict[object, int] = {}
         self.aggregate_by_k = [bandwidth_bytes_per_s * dma.efficiency(k) for k in range(max_in_flight + 1)]
+        self.by_stream = (dma.contention_unit == "stream" and dma.service != "in_order"
+                          and not _streams_moot(self.aggregate_by_k, self.rate_by_n))
+        self.streams: dict[object, int] = {}
         self.on_free = on_free  # a landing frees a slab: a mispredicted copy's slot, a written-back state
         self.recorder = recorder
         self.events = events
@@ -166,16 +180,61 @@ class HbmServer:
 
     def enqueue_many(self, descs: list[Descriptor]) -> None:
         """:meth:`enqueue` each of ``descs`` in turn (a slab's copies: one call per slab)."""
-        queue, events, in_order = self.queue, self.events, self.in_order
+        queue, events, heappush = self.queue, self.events, heapq.heappush
+        if self.in_order:  # _queue_key, inlined: the order of issue
+            count = self.issue_count
+            for desc in descs:
+                count += 1
+                heappush(queue, (count, desc))
+                if events is not None:
+                    events.append(("dma_start", desc.family, desc.tensor, desc.layer, desc.chunk))
+            self.issue_count = count
+            return
         for desc in descs:
-            heapq.heappush(queue, (self._queue_key(desc) if in_order else desc.seq, desc))
+            heappush(queue, (desc.seq, desc))
             if events is not None:
                 events.append(("dma_start", desc.family, desc.tensor, desc.layer, desc.chunk))
 
     def pump(self) -> None:
         """Issue queued copies, most urgent first, while slots are free."""
-        if self._issue():
+        queue = self.queue
+        in_flight, max_in_flight = self.in_flight, self.max_in_flight
+        if not queue or in_flight >= max_in_flight:
+            return
+        latency_s = self.latency_s
+        if not (latency_s > 0.0 and self.recorder is None):
+            self._issue()
             self._reschedule(self.env.now)
+            return
+        # _issue and _reschedule, inlined for the common case (each copy spends its latency first)
+        now = self.env.now
+        elapsed = now - self.last_s  # _advance, inlined
+        streaming = self.streaming
+        if elapsed > 0.0:
+            if streaming:
+                self.virtual_bytes += self.rate * elapsed
+            if in_flight:
+                self.busy_s += elapsed
+            self.last_s = now
+        starting, start_s, heappop = self.starting, now + latency_s, heapq.heappop
+        issued = in_flight
+        while queue and in_flight < max_in_flight:
+            desc = heappop(queue)[1]
+            in_flight += 1
+            desc.issue_s = now
+            starting.append((start_s, desc))
+        self.issued += in_flight - issued
+        self.in_flight = in_flight
+        next_s = starting[0][0]  # (not empty: a copy was just issued)
+        if streaming:
+            left = streaming[0][0] - self.virtual_bytes
+            finish = now + left / self.rate if left > 0.0 else now
+            if finish < next_s:
+                next_s = finish
+        if next_s < self.wake_at:
+            self.wake_token += 1
+            self.wake_at = next_s
+            self.call_later(next_s - now if next_s > now else 0.0, self._wake, self.wake_token)
 
     def _issue(self) -> bool:
         """:meth:`pump` without the wake-up (the caller schedules it); True if it issued."""

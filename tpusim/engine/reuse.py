@@ -16,7 +16,12 @@ keys its plans: the program by identity (the cache holds it, so the identity can
 reused by another object while the entry lives), the schedule by its content hash (its name
 and description lower to nothing), the chip and the policy by ``==`` (pydantic and dataclass
 value equality; a policy holding a closure made per call never compares equal, so it is
-lowered afresh: a miss, never a wrong hit). A few recent steps are kept (LRU);
+lowered afresh: a miss, never a wrong hit) — all of them but the copy engine's figures
+(:func:`lowering_inputs`: the HBM bandwidth and the DMA spec, which only the HBM server reads),
+so a calibration fitting those (the tpu-v5e kernel fit moves only the HBM bandwidth) runs each
+of its points' steps lowered once. Recent steps are kept (LRU: ``KEPT`` steps holding at
+most ``KEPT_COPIES`` copies; a caller re-simulating more steps in turn raises both with
+:func:`keep_lowerings`, as the calibration's record predictor does);
 :func:`forget_lowerings` empties the store (a cold benchmark; the tests of the reset). A run
 holds its step until it ends; a second run of a held step (another thread) lowers its own.
 
@@ -30,6 +35,7 @@ against a fresh lowering on every built-in schedule): per copy ``landed``, ``wai
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,7 +48,9 @@ from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import VmemPlan, vmem_plan
 from tpusim.workload.program import Program
 
-KEPT = 4  # recent lowered steps kept (a K3 batch-8 step is ~10,000 copies: a few MB each)
+KEPT = 4  # recent lowered steps kept by default (K3 on 16 tpu-v7: 4,000-10,000 copies a step) ...
+KEPT_COPIES = 100_000  # ... holding at most this many copies (~0.7 kB each lowered: ~70 MB)
+_LIMITS = {"steps": KEPT, "copies": KEPT_COPIES}  # as set by keep_lowerings
 
 
 @dataclass(eq=False)  # compared by identity (its program holds arrays)
@@ -52,6 +60,7 @@ class _Kept:
     chip: Chip
     policy: ExecutionPolicy
     lowered: Lowered
+    inputs: tuple[Chip, ExecutionPolicy]  # lowering_inputs(chip, policy)
     # what a run mutates, gathered at the first reuse (a step run once never pays for it)
     slabs: list[Slab] | None = None
     descs: list[Descriptor] | None = None
@@ -76,7 +85,7 @@ def step_vmem_plan(program: Program, schedule: Schedule) -> VmemPlan:
     vmem = vmem_plan(schedule, program.model, program.plan, program.resident_rows, program.kv_sequences)
     with _LOCK:
         _VMEM.append((program, digest, vmem))
-        del _VMEM[:-KEPT]
+        del _VMEM[:-_LIMITS["steps"]]
     return vmem
 
 
@@ -87,10 +96,12 @@ def lowered_step(program: Program, schedule: Schedule, chip: Chip, policy: Execu
     (``with lowered_step(...) as lowered``) and kept for the next one. A kept step that another
     run holds (another thread) is not shared: this run lowers its own copy, not kept."""
     digest = schedule.content_hash()
+    inputs = lowering_inputs(chip, policy)
     with _LOCK:
         position, kept = next(((position, kept) for position, kept in enumerate(_KEPT)
                                if kept.program is program and kept.schedule_hash == digest
-                               and (kept.chip is chip or kept.chip == chip) and kept.policy == policy), (-1, None))
+                               and ((kept.chip is chip and kept.policy == policy) or kept.inputs == inputs)),
+                              (-1, None))
         busy = kept is not None and kept.busy
         if kept is not None and not busy:
             kept.busy = True
@@ -102,16 +113,39 @@ def lowered_step(program: Program, schedule: Schedule, chip: Chip, policy: Execu
         if busy:
             kept = None
         else:
-            kept = _Kept(program, digest, chip, policy, lowered, busy=True)
+            kept = _Kept(program, digest, chip, policy, lowered, inputs, busy=True)
             with _LOCK:
                 _KEPT.append(kept)
-                if len(_KEPT) > KEPT:
+                copies = sum(known.lowered.descriptors for known in _KEPT)
+                while len(_KEPT) > _LIMITS["steps"] or (copies > _LIMITS["copies"] and len(_KEPT) > 1):
+                    copies -= _KEPT[0].lowered.descriptors
                     _drop(_KEPT.pop(0))
     try:
         yield lowered if kept is None else kept.lowered
     finally:
         if kept is not None:
             kept.busy = False
+
+
+def keep_lowerings(steps: int, copies: int) -> None:
+    """Keep up to ``steps`` lowered steps holding at most ``copies`` copies (the defaults:
+    ``KEPT``, ``KEPT_COPIES``). A caller that re-simulates more steps in turn than that (a
+    calibration's residual walks all its points: the tpu-v5e kernel set is 22 steps, 443,000
+    copies) raises both, else the LRU drops each step before its turn comes round again."""
+    with _LOCK:
+        _LIMITS["steps"], _LIMITS["copies"] = steps, copies
+
+
+def lowering_inputs(chip: Chip, policy: ExecutionPolicy) -> tuple[Chip, ExecutionPolicy]:
+    """What of ``chip`` and ``policy`` lowering reads, for the store's key: everything but the
+    copy engine's figures — the HBM (``policy.hbm_bandwidth_bytes_per_s`` is derived from it)
+    and the DMA spec, read only by the HBM server (:mod:`tpusim.engine.hbm`) — and the
+    calibration's provenance. A policy with a collective pricer hands the pricer the whole
+    chip, so there the whole chip is the key."""
+    if policy.collective_pricer is not None:
+        return chip, policy
+    return (chip.model_copy(update={"hbm": None, "dma": None, "calibration": None}),
+            dataclasses.replace(policy, hbm_bandwidth_bytes_per_s=0.0))
 
 
 def forget_lowerings() -> None:

@@ -145,7 +145,9 @@ def plan_issues(rings: dict[str, RingSpec], op_reads: Sequence[Sequence[Read]], 
     instances = sorted(_instances(op_reads, first).values(), key=lambda inst: inst.first)
     plan = IssuePlan({}, {}, {})
     issue, consumer, buffers, refills = plan.issue, plan.consumer, plan.buffer, plan.refills
-    live: list[_Slot] = []  # occupants first read before c whose last reader may still matter, by last reader
+    # per pool: occupants first read before c whose last reader may still matter, by last reader
+    # (``free`` looks only at buffers of the copy's own pool)
+    live_by_pool: dict[str, list[_Slot]] = {}
     slots: list[_Slot] = []
     # named tuples built by tuple.__new__ (their own __new__ and _make are Python calls; a
     # plan builds thousands)
@@ -169,11 +171,16 @@ def plan_issues(rings: dict[str, RingSpec], op_reads: Sequence[Sequence[Read]], 
             current = c
             horizon_c = horizon(c)
             oldest = horizon_c - lookback
-            if live and live[0].last < oldest:
-                del live[:bisect.bisect_left(live, oldest, key=_last_reader)]
             while by_first < total and slots[by_first].inst.first < c:
-                if slots[by_first].last >= oldest:
-                    bisect.insort(live, slots[by_first], key=_last_reader)
+                entered = slots[by_first]
+                if entered.last >= oldest:
+                    pool_live = live_by_pool.get(entered.ring.pool)
+                    if pool_live is None:
+                        live_by_pool[entered.ring.pool] = [entered]
+                    else:
+                        if pool_live and pool_live[0].last < oldest:
+                            del pool_live[:bisect.bisect_left(pool_live, oldest, key=_last_reader)]
+                        bisect.insort(pool_live, entered, key=_last_reader)
                 by_first += 1
         if c < min_consumer:
             continue
@@ -188,7 +195,13 @@ def plan_issues(rings: dict[str, RingSpec], op_reads: Sequence[Sequence[Read]], 
             floor = c - (ring.distance if read.distance is None else read.distance)
             if horizon_c > floor:
                 floor = horizon_c
-        free = _free(slot, live, floor) if respect_buffers or expert else -FAR
+        free = -FAR
+        if respect_buffers or expert:
+            pool_live = live_by_pool.get(ring.pool)
+            if pool_live:
+                if pool_live[0].last < oldest:  # (occupants older than the lookback cannot delay it)
+                    del pool_live[:bisect.bisect_left(pool_live, oldest, key=_last_reader)]
+                free = _free(slot, pool_live, floor)
         when = floor if floor > free else free
         if when == c + 1 and name.startswith("pool:"):  # the bank's occupant is read by op c too:
             issue[unit] = c  # refilled inside c as that occupant is consumed
@@ -235,12 +248,12 @@ class _Slot(NamedTuple):
 _last_reader = operator.itemgetter(5)  # _Slot.last, as a C key function (sorting ``live``)
 
 
-def _free(mine: _Slot, live: list[_Slot], floor: int) -> int:
+def _free(mine: _Slot, live: Sequence[_Slot], floor: int) -> int:
     """The op after the last reader of every buffer ``mine`` overwrites, if after ``floor``
-    (else ``-FAR``). ``live`` is sorted by last reader, so the latest overlapping occupant,
-    the first met from the end, decides."""
+    (else ``-FAR``). ``live``: the occupants of ``mine``'s pool, sorted by last reader, so the
+    latest overlapping occupant, the first met from the end, decides (and once an occupant's
+    last reader is at or before ``floor``, every one left is too)."""
     ring, inst, _slab, buffer, (a, b), _last = mine
-    pool = ring.pool
     for other_ring, other_inst, _other_slab, other_buffer, other_span, other_last in reversed(live):
         after = other_last + 1
         if after <= floor:
@@ -250,6 +263,6 @@ def _free(mine: _Slot, live: list[_Slot], floor: int) -> int:
         if other_ring is ring:
             if other_buffer == buffer:
                 return after
-        elif other_ring.pool == pool and a < other_span[1] and other_span[0] < b:
+        elif a < other_span[1] and other_span[0] < b:
             return after
     return -FAR
