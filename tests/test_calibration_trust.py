@@ -211,7 +211,7 @@ def test_the_demo_prints_the_command_that_reuses_its_calibration(tmp_path, monke
     class Done:
         ok, steps = True, []
 
-    monkeypatch.setattr(demo, "run_demo", lambda config, progress: Done())
+    monkeypatch.setattr(demo, "run_demo", lambda config, progress, answer: Done())
     chosen = tmp_path / "my local"
     assert main(["demo", "--out", str(tmp_path / "report"), "--local-dir", str(chosen)]) == 0
     out = capsys.readouterr().out

@@ -24,9 +24,13 @@ def measured_step(out: Path) -> dict[str, Any]:
     from calibration.reports.tpu_v5e_decoders import decoder_rows, table_lines
     from calibration.reports.tpu_v5e_replay import replay, scatter
     from calibration.sources.tpu_probes import CALIBRATION_DECODER
+    from tpusim.progress_notes import note
 
+    note("re-simulating the committed step times with the held-out fits (1 of 3)")
     data = replay("schedule")
+    note("the kernel's decoders, predicted out of sample (2 of 3)")
     data["decoders"] = table_lines(decoder_rows())  # the kernel today, predicted out of sample
+    note("the scatter plot (3 of 3)")
     scatter(data["rows"], out / PLOT, f"K3 TP32 shard on one TPU v5e, the {CALIBRATION_DECODER} kernel\n"
             "predicted vs measured (committed records)")
     data["plot"] = PLOT
