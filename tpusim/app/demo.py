@@ -259,7 +259,9 @@ def first_answer(sweep: dict[str, Any], elapsed_s: float) -> list[str]:
 
 def _sweep(config: DemoConfig, run: DemoRun, batch: int, progress: Callable[[str], None], *, check: bool) -> StepRecord:
     budget = 8 if config.quick else config.sweep_budget
-    samples = ["--samples", "60"] if config.quick else []
+    # 400 random draws by default, the sweep's 1,200 with --full: estimating the draws is most of a
+    # sweep's CPU (~40 ms each); docs/benchmarks.md compares the two picks
+    samples = ["--samples", "60" if config.quick else str(config.sweep_samples)] if config.quick or not config.full else []
     compile_check = ["--compile-check", "2"] if check else []
     return _timed(run, f"sweep b{batch}", lambda: run_cli_json([
         "sweep", *K3_TPU, "--batch", str(batch), "--budget", str(budget), "--jobs", str(config.jobs),

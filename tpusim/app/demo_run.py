@@ -16,6 +16,7 @@ class DemoConfig:
     out_dir: Path
     jobs: int = 2
     sweep_budget: int = 32
+    sweep_samples: int = 400  # random draws per sweep of the default run (--full: the sweep's own 1,200)
     joint_budget: int = 40  # full-step simulations of the deployment search (plan x collectives x schedule)
     # each swept at its own batch; None: 1,8 by default (minutes), 1,4,8 with --full
     compare_batches: str | None = None
