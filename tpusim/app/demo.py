@@ -14,7 +14,8 @@ the report. Steps, in order (*full* marks those only ``--full`` runs):
 5. *full* **run-kernel** — the Pallas megakernel with the chosen schedule on ``kimi-k3-mini``
    (TPU interpret mode on a CPU: checked against the reference; its time is *not* a TPU time);
 6. **measured tpu-v5e** — the committed K3-shard step times of the megakernel on a real
-   TPU v5e against the simulator, re-simulated without a TPU (:mod:`tpusim.app.demo_measured`);
+   TPU v5e against the simulator, re-simulated without a TPU (:mod:`tpusim.app.demo_measured`;
+   *full*: also the decoder table);
 7. *full* **calibrate** — ``tpu-v7`` on the published TPU7x measurements (one weight format
    held out), and the host CPU model on the CPU closed loop;
 8. *full* **joint b1** — the deployment search (plan x collective algorithms x schedule,
@@ -304,7 +305,8 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda _: Non
             "--steps", str(config.kernel_steps), "--out", str(measurements)]), progress)
     from tpusim.app.demo_measured import STEP, measured_step
 
-    _timed(run, STEP, lambda: measured_step(out), progress)  # committed v5e records, re-simulated (seconds)
+    # committed v5e records, re-simulated (seconds; the decoder table too with --full: a minute or two)
+    _timed(run, STEP, lambda: measured_step(out, decoders=config.full), progress)
     lowering = _calibrate_and_search(config, run, schedule, progress, compiles=compiles) if config.full else None
     # Megakernel rows at each batch run the schedule that batch's sweep above chose (a row it
     # does not fit falls back to a built-in that fits, and says so): a sweep per row, plan and
@@ -320,7 +322,7 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda _: Non
 
     from tpusim.app.demo_report import render_report
 
-    write_text_atomic(out / "report.md", render_report(run, reuse=reuse_line(local)))
+    write_text_atomic(out / "report.md", render_report(run, reuse=reuse_line(local) if config.full else ""))
     return run
 
 

@@ -48,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
 
     report = args.out / "report.md"
     print(f"report: {report}")
-    print(reuse_line(demo_local_dir(args.out)))
+    if config.full:  # the default run calibrates nothing
+        print(reuse_line(demo_local_dir(args.out)))
     if not result.ok:
         failed = ", ".join(step.name for step in result.steps if not step.ok)
         print(f"tpusim demo: steps failed: {failed} (see {report})", file=sys.stderr)
