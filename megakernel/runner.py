@@ -50,6 +50,7 @@ from megakernel.reference import (
 from megakernel.step_bytes import step_hbm_bytes
 from megakernel.tolerance import F32, REORDERED, TOLERANCES
 from megakernel.vmem_limit import PUBLISHED_KERNEL_CHIP, vmem_limit_for
+from tpusim.progress_notes import note
 from tpusim.records_io import append_record
 from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 from tpusim.schedule.schema import load_schedule
@@ -206,6 +207,7 @@ def run(config: RunConfig, out: Path | None = None) -> dict[str, Any]:
     if config.expert_cap is not None:
         check_steps = 0  # not the model's decode: there is no reference to check against
     try:
+        note(f"{config.model}: weights and the kernel")
         prepared = prepare(config)
         schedule = load_schedule(config.schedule)
         kernel = build_kernel(config, prepared.dims, backend)
@@ -218,6 +220,7 @@ def run(config: RunConfig, out: Path | None = None) -> dict[str, Any]:
     state = init_state(dims, config.batch, kernel.max_context, context=config.context, seed=config.seed)
     tokens = jnp.asarray(np.random.default_rng(config.seed).integers(0, dims.vocab_rows, config.batch), jnp.int32)
     started = time.perf_counter()
+    note(f"{config.model}: compiling the kernel ({'TPU interpret mode' if backend == 'interpret' else backend})")
     with jax.default_matmul_precision(KERNEL_PRECISION):  # the kernel's own f32 products (scores, ...)
         step = jax.jit(kernel.step).lower(hbm, params["embedding"], state, tokens).compile()
     compile_s = time.perf_counter() - started
@@ -227,6 +230,7 @@ def run(config: RunConfig, out: Path | None = None) -> dict[str, Any]:
     if config.expert_cap is not None:  # batch 1: the list is the row's picks in rank order
         routing = routing[:, :, : config.expert_cap]
     experts_per_layer = distinct_experts(routing, dims.moe.local_experts)
+    note(f"{config.model}: {check_steps} checked step(s), kernel against the reference")
     check = greedy_check(step, dims, params, hbm, state, tokens, check_steps)
     times_ms = (timed_steps(step, hbm, params["embedding"], state, tokens, config.steps)
                 if backend == "tpu" or config.expert_cap is not None else check["times_ms"])

@@ -211,14 +211,16 @@ def test_the_demo_prints_the_command_that_reuses_its_calibration(tmp_path, monke
     class Done:
         ok, steps = True, []
 
-    monkeypatch.setattr(demo, "run_demo", lambda config, progress: Done())
+    monkeypatch.setattr(demo, "run_demo", lambda config, progress, answer: Done())
+    assert main(["demo", "--out", str(tmp_path / "default")]) == 0
+    assert "to reuse this calibration" not in capsys.readouterr().out  # the default run calibrates nothing
     chosen = tmp_path / "my local"
-    assert main(["demo", "--out", str(tmp_path / "report"), "--local-dir", str(chosen)]) == 0
+    assert main(["demo", "--full", "--out", str(tmp_path / "report"), "--local-dir", str(chosen)]) == 0
     out = capsys.readouterr().out
     assert f"to reuse this calibration: tpusim simulate --model kimi-k3 --hardware tpu-v7 --chips 16 " \
            f"--local-dir '{chosen}'" in out
     monkeypatch.delenv("TPUSIM_LOCAL_DIR")
-    assert main(["demo", "--out", str(tmp_path / "report")]) == 0
+    assert main(["demo", "--full", "--out", str(tmp_path / "report")]) == 0
     assert f"--local-dir {(tmp_path / 'report' / 'local').resolve()}" in capsys.readouterr().out
 
 

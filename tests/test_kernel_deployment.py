@@ -103,12 +103,17 @@ def _check(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow  # an interpret-mode run of 4 nano layers on 8 devices, race detector on: ~45-85 s
-@pytest.mark.parametrize(("split", "algorithms"), [(None, REDUCE_ALGORITHMS), ((4, 8), ATTENTION_ALGORITHMS)],
-                         ids=["published-split-reductions", "4x8-widened-attention"])
+@pytest.mark.parametrize(("split", "algorithms"), [
+    # CI: one run, the winner's split with every non-default algorithm of both sets below
+    pytest.param((4, 8), {**REDUCE_ALGORITHMS, **ATTENTION_ALGORITHMS}, id="4x8-widened-every-algorithm"),
+    # -m heavy (suite time: ~50-100 s each): the two sets apart, one on the published split
+    pytest.param(None, REDUCE_ALGORITHMS, id="published-split-reductions", marks=pytest.mark.heavy),
+    pytest.param((4, 8), ATTENTION_ALGORITHMS, id="4x8-widened-attention", marks=pytest.mark.heavy)])
 def test_the_kernel_runs_a_k3_deployment_at_nano_size(tmp_path: Path, split: tuple[int, int] | None,
                                                       algorithms: dict[str, str]) -> None:
-    """The published split with other reductions, and K3 4 x 8 (the batch-1 winner's split: nano
-    4 x 2, experts widened 64 -> 128) with other attention/router/MLP algorithms."""
+    """K3 4 x 8 (the batch-1 winner's split: nano 4 x 2, experts widened 64 -> 128) with other
+    reductions and other attention/router/MLP algorithms; under -m heavy also the published split
+    with the other reductions alone, and the 4 x 8 split with the other attention algorithms alone."""
     plan = "auto" if split is None else str(_k3_plan_file(tmp_path / "p.yaml", *split))
     done = _check("--schedule", str(_deployed(tmp_path / "best.json", plan, algorithms)))
     assert done.returncode == 0, done.stderr[-2000:]

@@ -156,7 +156,11 @@ def collective_check(*args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.slow  # 8 devices x 4 layers of kimi-k3-nano in interpret mode, race detector on (~30 s)
+# 8 devices x 4 layers of kimi-k3-nano in interpret mode, race detector on (59-139 s in the suite):
+# -m heavy; the CI stand-in is the same kernel, schedule, devices and detector over 2 steps with the
+# published plan's shared wait deferred (tests/test_plan_variants_kernel.py), and at 1 step with the
+# winner's split and other algorithms (tests/test_kernel_deployment.py)
+@pytest.mark.heavy
 def test_8_devices_give_the_reference_tokens_race_free() -> None:
     data = collective_check("--steps", "2", "--seed", "0")
     assert not data["races"]

@@ -34,9 +34,9 @@ def _decode(plan: str) -> dict:
     return _run("megakernel.decode_check", "--seed", "2", "--f32-payloads", "--plan", plan)
 
 
-def _collective(plan: str) -> dict:
+def _collective(plan: str, steps: int = 1) -> dict:
     """The schedule-driven kernel (published schedule) with the plan's bf16 payloads."""
-    return _run("megakernel.collective_check", "--races", "--seed", "0", "--plan", plan)
+    return _run("megakernel.collective_check", "--races", "--seed", "0", "--plan", plan, "--steps", str(steps))
 
 
 @pytest.mark.slow
@@ -50,7 +50,10 @@ def test_decode_kernel_runs_the_fused_expert_reduction() -> None:
 
 @pytest.mark.slow
 def test_collective_kernel_runs_the_deferred_shared_wait() -> None:
-    result = _collective(DEFERRED)
+    """2 steps: also the CI stand-in of the published plan's 2-step race-free run on 8 devices
+    (tests/test_megakernel_collectives.py, ``-m heavy``): the same kernel, schedule and detector,
+    the second step from the kernel's own first."""
+    result = _collective(DEFERRED, steps=2)
     assert result["matches_reference"] and not result["races"], result
 
 

@@ -48,6 +48,7 @@ from calibration.core.covariance import (
 )
 from calibration.core.problem import Problem
 from hwmodels.schema import Chip
+from tpusim.progress_notes import note
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,7 @@ def solve(problem: Problem, options: SolverOptions | None = None) -> Solution:
     def residual(x: np.ndarray) -> np.ndarray:
         key = np.asarray(x, dtype=float).tobytes()
         if key not in memo:
+            note(f"least squares: {len(memo) + 1} evaluations of {len(points)} points")
             chip = problem.chip(dict(zip(problem.paths, to_theta(x).tolist(), strict=True)))
             memo[key] = problem.residuals(problem.predict(chip, points))
         return memo[key]

@@ -1,27 +1,36 @@
-"""The main job: the whole loop on built-in defaults, written up as one report.
+"""The main job on built-in defaults, written up as one report.
 
-Steps (each one is an ordinary ``tpusim`` subcommand run in-process; its JSON output feeds
-the report):
+The default run answers the main question first and in minutes; ``--full`` adds the long
+steps. Each step is an ordinary ``tpusim`` subcommand run in-process; its JSON output feeds
+the report. Steps, in order (*full* marks those only ``--full`` runs):
 
-1. **floor** — analytic per-device bytes and floors of Kimi K3 on 16 TPU v7 chips;
-2. **sweep** — prefetch schedules for K3 on ``tpu-v7`` x 16 at batch 1 and 8 and every batch the
-   compare step shows → ``best.json`` each;
-3. **simulate** — the chosen schedule beside ``published`` and ``naive``, with a Perfetto
+1. **sweep b1** — prefetch schedules for K3 on ``tpu-v7`` x 16 at batch 1 → ``best.json``;
+   its answer (the best schedule and its speed-up over ``published``) is printed at once
+   (:func:`first_answer`); *full*: its pick compiled with Mosaic (``--compile-check``);
+2. **floor** — analytic per-device bytes and floors of the same workload;
+3. **sweep bN** — a sweep at every other batch the comparison shows (8; *full*: 4 and 8);
+4. **simulate** — the chosen schedule beside ``published`` and ``naive``, with a Perfetto
    trace and a timeline plot of the chosen one;
-4. **run-kernel** — the Pallas megakernel with the chosen schedule on ``kimi-k3-mini`` (TPU
-   interpret mode on a CPU: checked against the reference; its time is *not* a TPU time);
-5. **measured tpu-v5e** — the committed K3-shard step times of the megakernel on a real
-   TPU v5e against the simulator (probe figures, and the committed held-out fits),
-   re-simulated without a TPU (:mod:`tpusim.app.demo_measured`);
-   **calibrate** — ``tpu-v7`` on the published TPU7x measurements (one weight format held
-   out), and the host CPU model on the CPU closed loop;
-6. **joint b1** — the deployment search (plan x collective algorithms x schedule, Optuna) for K3
-   at batch 1 on the calibrated ``tpu-v7``: the winner against the published design with its
-   interval and P(faster than published) over the calibration's samples;
-7. **compare** — K3 on TPU v7 x 16 against GB200 x 16 (serving stack and megakernel) at
-   batch 1/2/4/8, each batch with its own sweep's schedule, without speculation and at acceptance lengths 3 and 6;
-8. **report** — ``report.md`` opening with the TPU-v7-against-GB200 table, every number
-   labelled, plus the plots and the trace.
+5. *full* **run-kernel** — the Pallas megakernel with the chosen schedule on ``kimi-k3-mini``
+   (TPU interpret mode on a CPU: checked against the reference; its time is *not* a TPU time);
+6. **measured tpu-v5e** — the committed K3-shard step times of the megakernel on a real
+   TPU v5e against the simulator, re-simulated without a TPU (:mod:`tpusim.app.demo_measured`;
+   *full*: also the decoder table);
+7. *full* **calibrate** — ``tpu-v7`` on the published TPU7x measurements (one weight format
+   held out), and the host CPU model on the CPU closed loop;
+8. *full* **joint b1** — the deployment search (plan x collective algorithms x schedule,
+   Optuna) at batch 1 on the calibrated ``tpu-v7``: the winner against the published design
+   with its interval and P(faster than published), then compiled with Mosaic for 32 TPU7x
+   devices beside the comparison;
+9. **compare** — K3 on TPU v7 x 16 against GB200 x 16 (serving stack and megakernel) at
+   batch 1 and 8 (*full*: 1, 4, 8), each batch with its own sweep's schedule, without
+   speculation and at acceptance lengths 3 and 6 (on the calibrated chip after *full*'s step 7);
+10. **report** — ``report.md`` opening with the TPU-v7-against-GB200 table, every number
+    labelled, plus the plots and the trace; a section whose step did not run says that
+    ``--full`` runs it.
+
+While a step runs, its latest :func:`tpusim.progress_notes.note` (a sweep's phase and count,
+the comparison's batch) is printed every :data:`HEARTBEAT_S` seconds with the time so far.
 
 Calibrated overlays and the probed host entry go to ``<out>/local`` (``TPUSIM_LOCAL_DIR``)
 (:func:`demo_local_dir`) unless that variable (or ``--local-dir``) is already set, so the demo
@@ -45,6 +54,7 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -54,8 +64,10 @@ from typing import Any
 from hwmodels.atomic import write_text_atomic
 from tpusim.app.cli import main as cli_main
 from tpusim.app.demo_run import DemoConfig, DemoRun, StepRecord
+from tpusim.progress_notes import listening, note
 
 K3_TPU = ["--model", "kimi-k3", "--hardware", "tpu-v7", "--chips", "16"]
+HEARTBEAT_S = 5.0  # a running step's progress line, this often
 
 
 def _stop_if_interrupted(code: int) -> None:
@@ -85,6 +97,7 @@ def start_lower(argv: list[str]) -> subprocess.Popen[str]:
 def finish_lower(process: subprocess.Popen[str]) -> Any:
     """Its report whether Mosaic compiled the kernel (exit 0) or refused it (exit 1, the refusal in
     the report); bad input (exit 2) or a crash fails the step."""
+    note("waiting for Mosaic to compile the winner for 32 TPU7x devices (a process of its own)")
     out, err = process.communicate()
     _stop_if_interrupted(process.returncode)
     if process.returncode not in (0, 1) or not out.strip():
@@ -102,12 +115,41 @@ def run_cli(argv: list[str]) -> str:
     return buffer.getvalue()
 
 
+class _Heartbeat:
+    """While a step runs: every ``every_s`` seconds, one line with the time so far and the step's
+    latest progress note (:mod:`tpusim.progress_notes`), from a thread of its own."""
+
+    def __init__(self, name: str, progress: Callable[[str], None], every_s: float) -> None:
+        self.latest = ""
+        self._name, self._progress, self._every_s = name, progress, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"demo heartbeat: {name}", daemon=True)
+
+    def hear(self, text: str) -> None:
+        self.latest = text
+
+    def _beat(self) -> None:
+        start = time.perf_counter()
+        while not self._stop.wait(self._every_s):
+            latest = self.latest
+            self._progress(f"[demo] {self._name}: {time.perf_counter() - start:.0f} s" + (f", {latest}" if latest else ""))
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def _timed(run: DemoRun, name: str, action: Callable[[], Any], progress: Callable[[str], None]) -> StepRecord:
     record = run.step(name)
     progress(f"[demo] {name} ...")
     start, start_cpu = time.perf_counter(), _cpu_s()
     try:
-        record.data = action()
+        with _Heartbeat(name, progress, HEARTBEAT_S) as heartbeat, listening(heartbeat.hear):
+            record.data = action()
     except Exception as error:  # a failed step is reported; the remaining steps still run
         record.ok = False
         record.error = f"{type(error).__name__}: {error}"
@@ -185,7 +227,8 @@ def compare_per_batch(config: DemoConfig, batches: list[int], *, plot: bool = Tr
     (:func:`batch_schedule`), the rows joined and plotted together."""
     out = config.out_dir
     rows: list[dict[str, Any]] = []
-    for batch in batches:
+    for index, batch in enumerate(batches):
+        note(f"batch {batch} ({index + 1} of {len(batches)})")
         # a given --schedule runs no sweep, so the sweep flags would be refused (flag_rules)
         argv = ["compare", "--model", "kimi-k3", "--systems", config.compare_systems, "--batch", str(batch),
                 "--schedule", batch_schedule(out, batch)]
@@ -201,9 +244,38 @@ def compare_per_batch(config: DemoConfig, batches: list[int], *, plot: bool = Tr
     return rows
 
 
-def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda _: None) -> DemoRun:
+def first_answer(sweep: dict[str, Any], elapsed_s: float) -> list[str]:
+    """The demo's first answer, printed as soon as the batch-1 sweep is done: K3's best schedule
+    on 16 TPU v7 and its speed-up over the published schedule (both simulated)."""
+    best, published = sweep["best"], sweep.get("published") or {}
+    speedup = sweep.get("speedup_vs_published")
+    against = (f", {speedup:.3f}x the published schedule's {published['predicted_ms']:.3f} ms"
+               if speedup is not None and published.get("predicted_ms") is not None else "")
+    return [f"Kimi K3 on 16 TPU v7, batch 1 (simulated, {sweep.get('figures') or 'published figures'}):",
+            f"  best schedule {best['name']}: {best['predicted_ms']:.3f} ms/step, "
+            f"{best['tokens_per_s']:.1f} tokens/s{against}",
+            f"  (after {elapsed_s:.0f} s; {sweep['counts']['simulated']} of {sweep['counts']['considered']} candidates "
+            "simulated in full; the kernel reads best.json; the demo goes on with the cheaper steps)"]
+
+
+def _sweep(config: DemoConfig, run: DemoRun, batch: int, progress: Callable[[str], None], *, check: bool) -> StepRecord:
+    budget = 8 if config.quick else config.sweep_budget
+    # 400 random draws by default, the sweep's 1,200 with --full: estimating the draws is most of a
+    # sweep's CPU (~40 ms each); docs/benchmarks.md compares the two picks
+    samples = ["--samples", "60" if config.quick else str(config.sweep_samples)] if config.quick or not config.full else []
+    compile_check = ["--compile-check", "2"] if check else []
+    return _timed(run, f"sweep b{batch}", lambda: run_cli_json([
+        "sweep", *K3_TPU, "--batch", str(batch), "--budget", str(budget), "--jobs", str(config.jobs),
+        "--out", str(config.out_dir / f"sweep-b{batch}"), "--quiet", *samples, *compile_check]), progress)
+
+
+def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda _: None,
+             answer: Callable[[str], None] = lambda _: None) -> DemoRun:
+    """Run the steps (module docstring); ``answer`` gets the first answer's lines
+    (:func:`first_answer`) as soon as it is known, ``progress`` every progress line."""
     from hwmodels.files import LOCAL_DIR_ENV
 
+    started = time.perf_counter()
     out = config.out_dir
     out.mkdir(parents=True, exist_ok=True)
     local = demo_local_dir(out)
@@ -211,31 +283,54 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda _: Non
         os.environ[LOCAL_DIR_ENV] = str(local)
         _forget_previous_overlays(local, progress)
     run = DemoRun(config)
-    budget = 8 if config.quick else config.sweep_budget
-    samples = ["--samples", "60"] if config.quick else []
-
-    _timed(run, "floor", lambda: run_cli_json(["floor", *K3_TPU, "--batch", "1"]), progress)
-    compare_batches = sorted({int(b) for b in config.compare_batches.split(",") if b.strip()})
     from megakernel.mosaic_compile import libtpu_available
 
-    compiles = libtpu_available()
-    for batch in sorted({1, 8, *compare_batches}):  # every batch the compare step shows has its own sweep
-        # batch 1's pick is compiled with Mosaic (~10-20 s); at batch 8 the check would sweep again
-        # within what the compiler leaves (minutes: docs/sweep.md), beyond the demo's budget
-        check = ["--compile-check", "2"] if compiles and batch == 1 else []
-        _timed(run, f"sweep b{batch}", lambda b=batch, c=check: run_cli_json([
-            "sweep", *K3_TPU, "--batch", str(b), "--budget", str(budget), "--jobs", str(config.jobs),
-            "--out", str(out / f"sweep-b{b}"), "--quiet", *samples, *c]), progress)
+    # --full: batch 1's pick is compiled with Mosaic (~10-20 s); at batch 8 the check would sweep again
+    # within what the compiler leaves (minutes: docs/sweep.md), beyond the demo's budget
+    compiles = config.full and libtpu_available()
+    first = _sweep(config, run, 1, progress, check=compiles)
+    if first.ok:
+        for line in first_answer(first.data, time.perf_counter() - started):
+            answer(line)
     schedule = batch_schedule(out, 1)
 
+    _timed(run, "floor", lambda: run_cli_json(["floor", *K3_TPU, "--batch", "1"]), progress)
+    for batch in sorted(set(config.batches_compared) - {1}):  # every batch the compare step shows has its own sweep
+        _sweep(config, run, batch, progress, check=False)
     _timed(run, "simulate", lambda: simulate_all(out, schedule), progress)
-    measurements = out / "measurements.jsonl"
-    _timed(run, "run-kernel", lambda: run_cli([
-        "run-kernel", "--model", "kimi-k3-mini", "--schedule", schedule, "--batch", "1",
-        "--steps", str(config.kernel_steps), "--out", str(measurements)]), progress)
+    if config.full:
+        measurements = out / "measurements.jsonl"
+        _timed(run, "run-kernel", lambda: run_cli([
+            "run-kernel", "--model", "kimi-k3-mini", "--schedule", schedule, "--batch", "1",
+            "--steps", str(config.kernel_steps), "--out", str(measurements)]), progress)
     from tpusim.app.demo_measured import STEP, measured_step
 
-    _timed(run, STEP, lambda: measured_step(out), progress)  # committed v5e records, re-simulated (seconds)
+    # committed v5e records, re-simulated (seconds; the decoder table too with --full: a minute or two)
+    _timed(run, STEP, lambda: measured_step(out, decoders=config.full), progress)
+    lowering = _calibrate_and_search(config, run, schedule, progress, compiles=compiles) if config.full else None
+    # Megakernel rows at each batch run the schedule that batch's sweep above chose (a row it
+    # does not fit falls back to a built-in that fits, and says so): a sweep per row, plan and
+    # verify size would take the demo from minutes to an hour. `tpusim compare` alone sweeps per row.
+    try:
+        _timed(run, "compare", lambda: compare_per_batch(config, config.batches_compared), progress)
+    except BaseException:
+        if lowering is not None:
+            lowering.kill()
+        raise
+    if lowering is not None:  # its wall time here: what it added after the comparison finished
+        _timed(run, "compile joint b1", lambda: finish_lower(lowering), progress)
+
+    from tpusim.app.demo_report import render_report
+
+    write_text_atomic(out / "report.md", render_report(run, reuse=reuse_line(local) if config.full else ""))
+    return run
+
+
+def _calibrate_and_search(config: DemoConfig, run: DemoRun, schedule: str, progress: Callable[[str], None], *,
+                          compiles: bool) -> subprocess.Popen[str] | None:
+    """``--full``'s calibrations and deployment search; returns the Mosaic compile of the winner
+    started in a process of its own (one core each beside the comparison), or None."""
+    out = config.out_dir
     _timed(run, "calibrate tpu-v7", lambda: run_cli_json([
         "calibrate", "--hardware", "tpu-v7", "--measurements", "published:tpu7x-musespark",
         "--holdout", "format=int4+bf16", "--allow-unconverged", "--out", str(out / "calibration-tpu-v7"),
@@ -248,22 +343,5 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda _: Non
         progress)
     joint = 8 if config.quick else config.joint_budget  # after calibrate: chosen on the calibrated chip
     _timed(run, "joint b1", lambda: run_cli_json(joint_step(config, schedule, budget=joint)), progress)
-    # the winner compiled for 32 TPU7x devices, in a process of its own beside the comparison (one core each)
     winner = out / "joint-b1" / "best.json"
-    lowering = start_lower(["--hardware", "tpu-v7", "--schedule", str(winner)]) if compiles and winner.is_file() else None
-    # Megakernel rows at each batch run the schedule that batch's sweep above chose (a row it
-    # does not fit falls back to a built-in that fits, and says so): a sweep per row, plan and
-    # verify size would take the demo from minutes to an hour. `tpusim compare` alone sweeps per row.
-    try:
-        _timed(run, "compare", lambda: compare_per_batch(config, compare_batches), progress)
-    except BaseException:
-        if lowering is not None:
-            lowering.kill()
-        raise
-    if lowering is not None:  # its wall time here: what it added after the comparison finished
-        _timed(run, "compile joint b1", lambda: finish_lower(lowering), progress)
-
-    from tpusim.app.demo_report import render_report
-
-    write_text_atomic(out / "report.md", render_report(run, reuse=reuse_line(local)))
-    return run
+    return start_lower(["--hardware", "tpu-v7", "--schedule", str(winner)]) if compiles and winner.is_file() else None

@@ -20,13 +20,20 @@ STEP = "measured tpu-v5e"
 PLOT = "measured-tpu-v5e.png"
 
 
-def measured_step(out: Path) -> dict[str, Any]:
+def measured_step(out: Path, *, decoders: bool = True) -> dict[str, Any]:
+    """The replay and its plot; with ``decoders`` (``--full``) also the decoder table, re-simulated
+    (~70 engine runs of the K3 shard, a minute or two): the default demo links the committed page."""
     from calibration.reports.tpu_v5e_decoders import decoder_rows, table_lines
     from calibration.reports.tpu_v5e_replay import replay, scatter
     from calibration.sources.tpu_probes import CALIBRATION_DECODER
+    from tpusim.progress_notes import note
 
+    note("re-simulating the committed step times with the held-out fits (1 of 3)")
     data = replay("schedule")
-    data["decoders"] = table_lines(decoder_rows())  # the kernel today, predicted out of sample
+    if decoders:
+        note("the kernel's decoders, predicted out of sample (2 of 3)")
+        data["decoders"] = table_lines(decoder_rows())  # the kernel today, predicted out of sample
+    note("the scatter plot (3 of 3)")
     scatter(data["rows"], out / PLOT, f"K3 TP32 shard on one TPU v5e, the {CALIBRATION_DECODER} kernel\n"
             "predicted vs measured (committed records)")
     data["plot"] = PLOT
@@ -103,7 +110,9 @@ def measured_section(run: DemoRun) -> list[str]:
         f"to the earlier `{EARLIER_DECODER}` kernel's run of the same schedule and batch, measured and "
         "predicted the same way from its own probes:",
         "",
-        *data.get("decoders", []),
+        *data.get("decoders", ["Not re-simulated by the default demo (a minute or two of engine runs): the "
+                                "committed table is [docs/tpu-v5e-decoders.md](../docs/tpu-v5e-decoders.md) in the "
+                                "repository; `tpusim demo --full` re-simulates it here."]),
         "",
         *xla_lines(),
     ]

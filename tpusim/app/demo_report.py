@@ -35,9 +35,12 @@ def _step(run: DemoRun, name: str) -> StepRecord | None:
     return next((s for s in run.steps if s.name == name), None)
 
 
+NOT_BY_DEFAULT = "not run by the default demo (minutes): `tpusim demo --full` runs it (about ten minutes)"
+
+
 def _failed(step: StepRecord | None) -> str | None:
     if step is None:
-        return "not run"
+        return NOT_BY_DEFAULT
     if not step.ok:
         return f"**FAILED**: `{step.error}`"
     return None
@@ -179,10 +182,12 @@ def _compile_check_lines(run: DemoRun, batches: list[int]) -> list[str]:
                                               else "no schedule compiled: " + checks[0]["note"]))
     lines = [f"- Compiled with Mosaic (`tpusim sweep --compile-check`): {line}." for line in checked]
     if unchecked:
+        full = run.config.full
         lines.append(f"- Not compile-checked here: batch {', '.join(unchecked)} (at batch 8 the simulated best "
                      "is refused on VMEM and the check sweeps again within what the compiler leaves, minutes "
-                     "beyond this demo's budget: docs/sweep.md" + ("" if checked else "; or libtpu is not installed")
-                     + ").")
+                     "beyond this demo's budget: docs/sweep.md" + ("" if checked else "; or libtpu is not installed"
+                                                                   if full else "; `tpusim demo --full` compiles "
+                                                                   "batch 1's pick with Mosaic") + ").")
     return lines
 
 

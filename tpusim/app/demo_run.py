@@ -16,12 +16,20 @@ class DemoConfig:
     out_dir: Path
     jobs: int = 2
     sweep_budget: int = 32
+    sweep_samples: int = 400  # random draws per sweep of the default run (--full: the sweep's own 1,200)
     joint_budget: int = 40  # full-step simulations of the deployment search (plan x collectives x schedule)
-    compare_batches: str = "1,4,8"  # each swept at its own batch: four sweeps would pass the 10-minute budget
+    # each swept at its own batch; None: 1,8 by default (minutes), 1,4,8 with --full
+    compare_batches: str | None = None
     compare_acceptance: str = "3,6"
     compare_systems: str = "tpu-v7:16,gb200:16,gb200:16:megakernel"
     kernel_steps: int = 1
     quick: bool = False  # smaller budgets (tests)
+    full: bool = False  # also the long steps: kernel run, calibrations, deployment search, Mosaic compiles
+
+    @property
+    def batches_compared(self) -> list[int]:
+        chosen = self.compare_batches or ("1,4,8" if self.full else "1,8")
+        return sorted({int(b) for b in chosen.split(",") if b.strip()})
 
 
 @dataclass

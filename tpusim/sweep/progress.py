@@ -1,7 +1,9 @@
 """The sweep's progress display: one rich bar per phase, with ETA and the best so far.
 
-Shown on stderr only when it is a terminal and the sweep is not ``quiet``; otherwise every
-method is a no-op, so tests and pipes see no control characters.
+Shown on stderr only when it is a terminal and the sweep is not ``quiet``; otherwise the bars
+are off, so tests and pipes see no control characters. Either way each phase and advance is
+also a :func:`tpusim.progress_notes.note` ("simulate 12/32, best 3.610 ms"), which costs
+nothing unless someone listens (``tpusim demo`` prints the latest every few seconds).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from tpusim.progress_notes import note
+
 
 class SweepProgress:
     """Phase bars (prune, estimate, screen, simulate) and a running "best so far"."""
@@ -31,6 +35,8 @@ class SweepProgress:
         self._progress: Progress | None = None
         self._task: TaskID | None = None
         self._label = ""
+        self._done = 0
+        self._total = 0
         if self.enabled:
             self._progress = Progress(
                 TextColumn("[bold]{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
@@ -50,7 +56,8 @@ class SweepProgress:
 
     def phase(self, label: str, total: int, *, completed: int = 0) -> TaskID | None:
         """Start a new bar (the previous one stays, complete)."""
-        self._label = label
+        self._label, self._done, self._total = label, completed, total
+        self._note()
         if self._progress is None:
             return None
         self._task = self._progress.add_task(label, total=max(total, 1) if total else 0,
@@ -58,6 +65,8 @@ class SweepProgress:
         return self._task
 
     def advance(self, task: TaskID | None, steps: int = 1) -> None:
+        self._done += steps
+        self._note()
         if self._progress is not None and task is not None:
             self._progress.update(task, advance=steps, best=self._best_text())
 
@@ -67,6 +76,10 @@ class SweepProgress:
             self.best_ms, self.best_name = step_ms, name
             if self._progress is not None and self._task is not None:
                 self._progress.update(self._task, best=self._best_text())
+
+    def _note(self) -> None:
+        best = self._best_text()
+        note(f"{self._label} {self._done}/{self._total}" + (f", {best}" if best else ""))
 
     def _best_text(self) -> str:
         if self.best_ms is None:

@@ -47,6 +47,7 @@ from typing import Any
 
 from hwmodels.errors import InputError
 from hwmodels.schema import System
+from tpusim.progress_notes import note
 from tpusim.schedule.schema import BUILTIN_SCHEDULES, SCHEDULE_FAMILIES, Schedule, save_schedule
 from tpusim.sweep.candidates import Candidate, candidates, neighbour_candidates, neighbours
 from tpusim.sweep.defaults import (
@@ -359,6 +360,7 @@ def run_sweep(
             evaluator.close()
         table.close()
     result = _sweep_result(search, done, workload, knobs, phase_s, screen_layers, accept)
+    note("writing best.json, summary.md and the plots")
     _write_outputs(result, out, workload, space, plots=plots)
     lap("outputs")
     result.wall_s = time.perf_counter() - started

@@ -276,6 +276,7 @@ def _print_batches(args: argparse.Namespace, batches: list[int], results: list[A
 def _row_intervals(result: Any, model: Any, plan: Any, system: Any, args: argparse.Namespace,
                    routing: Any) -> list[dict[str, Any]]:
     """The shown rows' 90 % intervals and ``p_best`` (:mod:`tpusim.sweep.intervals`)."""
+    from tpusim.progress_notes import note
     from tpusim.report.intervals import outside_fit
     from tpusim.sweep.intervals import row_intervals
     from tpusim.workload.program import build_program
@@ -285,6 +286,7 @@ def _row_intervals(result: Any, model: Any, plan: Any, system: Any, args: argpar
                              seed=args.seed)
 
     outside = outside_fit(system.chip, args.model, args.chips, args.batch)
+    note("90 % intervals of the shown rows")
     return row_intervals(result, program, system.chip, outside=outside, batch=args.batch)
 
 
