@@ -79,11 +79,25 @@ def test_cli_cpu_loop_reuses_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     _result, records, _probed = loop
     path = tmp_path / "cpu.jsonl"
     path.write_text("".join(r.to_json_line() + "\n" for r in records))
-    assert main(["calibrate", "--hardware", "host-cpu", "--measurements", str(path),
-                 "--holdout", "width=512", "--out", str(tmp_path / "out"), "--json", "--max-evals", "15",
-                 "--allow-unconverged", "--allow-at-bounds"]) == 0  # a 15-evaluation fit may stop early
+    out = tmp_path / "out"
+    code = main(["calibrate", "--hardware", "host-cpu", "--measurements", str(path),
+                 "--holdout", "width=512", "--out", str(out), "--json", "--max-evals", "15",
+                 "--allow-unconverged", "--allow-at-bounds"])  # a 15-evaluation fit may stop early
     # (or on a bound, calibration.reports.trust); this tests the reuse
-    data = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    # the fit ran on exactly the records given, nothing measured again (either outcome)
+    reused = [json.loads(line) for line in (out / "measurements.jsonl").read_text().splitlines() if line.strip()]
+    assert sorted(r["ms_per_step_median"] for r in reused) == sorted(r.ms_per_step_median for r in records)
+    if code == 2:
+        # the records are timings of this machine under whatever load it had: a misfit over the
+        # trust check's 25 % is refused (no override, by design) and saves no overlay; any other
+        # refusal is a failure
+        assert "calibration refused" in captured.err and "miss the points they were fitted on" in captured.err, \
+            captured.err
+        assert load_chip("host-cpu").execution.launch_overhead_s.label != "calibrated"
+        return
+    assert code == 0, captured.err
+    data = json.loads(captured.out)
     assert data["mape_holdout"] is not None and data["overlay"]
     assert load_chip("host-cpu").execution.launch_overhead_s.label == "calibrated"
     assert Predictor().predict(load_chip("host-cpu"), records[0]) > 0
