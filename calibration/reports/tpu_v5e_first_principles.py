@@ -26,9 +26,9 @@ from calibration.reports.tpu_v5e_plan import (
     FORMAT_OF_PART,
     PART_DECODERS,
     build_chip,
+    simulate_build,
     static_figure,
 )
-from calibration.sources.tpu_chip_records import KERNEL_PATH, ChipRecordPredictor, load_chip_records
 from calibration.sources.tpu_probes import dequant_path, probe_chip
 from hwmodels.catalog import load_chip
 from hwmodels.overlay import _figure_slot
@@ -51,9 +51,7 @@ def first_principles_chip(decoder: str = KERNEL_DECODER) -> Chip:
 
 def errors(chip: Chip, unroll: tuple[int, int]) -> list[tuple[str, int, float, float]]:
     """(schedule, batch, measured ms, simulated ms) of every committed decode of the build."""
-    records = [r for r in load_chip_records(KERNEL_PATH, decoder=KERNEL_DECODER) if r.panel_unroll == tuple(unroll)]
-    simulated = ChipRecordPredictor(records).predict_many(chip, range(len(records)))
-    return [(r.schedule, r.batch, r.ms_median, ms) for r, ms in zip(records, simulated, strict=True)]
+    return [(r.schedule, r.batch, r.ms_median, ms) for r, ms in simulate_build(chip, unroll)]
 
 
 def summary(rows: list[tuple[str, int, float, float]]) -> str:

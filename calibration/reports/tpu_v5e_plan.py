@@ -34,7 +34,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from calibration.sources.tpu_chip_records import KERNEL_PATH, ChipRecordPredictor, load_chip_records
+from calibration.sources.tpu_chip_records import (
+    KERNEL_PATH,
+    ChipRecord,
+    ChipRecordPredictor,
+    load_chip_records,
+)
 from calibration.sources.tpu_fixed_cost import (
     FIXED_COST_PATH,
     fixed_cost,
@@ -112,6 +117,15 @@ def build_chip(decoder: str = KERNEL_DECODER, unroll: tuple[int, int] = (PANEL_U
         f"simulated (the new decoders from the static schedule, refit by way (b) on this build's own capped "
         f"runs u{unroll[0]}x{unroll[1]}: {', '.join(found.runs)}; dequant factor {found.dequant_factor:.2f}, "
         f"{found.per_layer_s * 1e6:.1f} µs a layer)")
+
+
+def simulate_build(chip: Chip, unroll: tuple[int, int], decoder: str = KERNEL_DECODER
+                   ) -> list[tuple[ChipRecord, float]]:
+    """Every committed decode of the kernel build (``decoder``, panel loops ``unroll``) with its
+    simulated ms on ``chip`` (after the runs: not a prediction recorded before them)."""
+    records = [r for r in load_chip_records(KERNEL_PATH, decoder=decoder) if r.panel_unroll == tuple(unroll)]
+    simulated = ChipRecordPredictor(records).predict_many(chip, range(len(records)))
+    return list(zip(records, simulated, strict=True))
 
 
 def _figure(chip: Chip, path: str) -> float:

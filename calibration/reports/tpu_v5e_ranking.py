@@ -20,13 +20,7 @@ from dataclasses import dataclass
 
 from scipy.stats import kendalltau
 
-from calibration.reports.tpu_v5e_plan import build_chip
-from calibration.sources.tpu_chip_records import (
-    KERNEL_PATH,
-    ChipRecord,
-    ChipRecordPredictor,
-    load_chip_records,
-)
+from calibration.reports.tpu_v5e_plan import build_chip, simulate_build
 from megakernel.quant_pairs import KERNEL_DECODER
 from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 
@@ -54,13 +48,11 @@ class Ranking:
 
 def rankings(unroll: tuple[int, int] = (PANEL_UNROLL, EXPERT_PANEL_UNROLL)) -> list[Ranking]:
     """One :class:`Ranking` per batch with >= :data:`MIN_SCHEDULES` schedules of the build."""
-    records: list[ChipRecord] = [r for r in load_chip_records(KERNEL_PATH, decoder=KERNEL_DECODER)
-                                 if r.panel_unroll == tuple(unroll)]
     chip, _ = build_chip(KERNEL_DECODER, unroll)
-    simulated = ChipRecordPredictor(records).predict_many(chip, range(len(records)))
+    simulated = simulate_build(chip, unroll)
     out = []
-    for batch in sorted({r.batch for r in records}):
-        at = [(r, ms) for r, ms in zip(records, simulated, strict=True) if r.batch == batch]
+    for batch in sorted({r.batch for r, _ in simulated}):
+        at = [(r, ms) for r, ms in simulated if r.batch == batch]
         if len(at) >= MIN_SCHEDULES:
             out.append(Ranking(batch, {r.schedule: r.ms_median for r, _ in at}, {r.schedule: ms for r, ms in at}))
     return out
