@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write("\n".join(lines) + "\n")
     variants = variants_table(args.decoder, args.data)
     if variants:
-        sys.stdout.write("\nThe kernel's variants (knobs away from the defaults of their day):\n"
+        sys.stdout.write("\nThe kernel's variants (knobs away from the defaults of their day), measured on tpu-v5e; floors analytic:\n"
                          + "\n".join(variants) + "\n")
     if (args.data / "tpu-v5e-xla-capped.jsonl").exists():
         sys.stdout.write("\nThe step's non-expert work, kernel and plain XLA in the same device session "

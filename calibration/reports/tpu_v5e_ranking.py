@@ -65,9 +65,9 @@ def report(found: list[Ranking]) -> list[str]:
         without_naive = [ms for name, ms in measured if name != "naive"]
         pick = {None: "no sweep pick ran", True: "the sweep's pick is the measured best",
                 False: "the sweep's pick is not the measured best"}[k.pick_is_best]
-        lines.append(f"batch {k.batch}: {len(measured)} schedules measured {measured[0][1]:.2f}-{measured[-1][1]:.2f} ms "
+        lines.append(f"batch {k.batch}: {len(measured)} schedules measured on tpu-v5e {measured[0][1]:.2f}-{measured[-1][1]:.2f} ms "
                      f"(without naive {without_naive[0]:.2f}-{without_naive[-1]:.2f}, "
-                     f"{without_naive[-1] / without_naive[0] - 1:.1%} spread); {pick}; Kendall tau simulated vs "
+                     f"{without_naive[-1] / without_naive[0] - 1:.1%} spread); {pick}; Kendall tau simulated (refit chip, after the runs) vs "
                      f"measured {k.tau:.2f}")
         for name, ms in measured:
             lines.append(f"  {name}: measured {ms:.2f}, simulated {k.simulated_ms[name]:.2f} "
