@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         PRODUCT_DECODERS,
         PRODUCT_ROWS,
     )
+    from megakernel.quant_mxu import ROW_EXPANSION_MAX_ROWS
 
     parser = argparse.ArgumentParser(prog="python -m calibration.tpu_bench.static_counts", allow_abbrev=False)
     parser.add_argument("--topology", default="v5e:2x2", choices=sorted(TOPOLOGIES))
@@ -81,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--part", action="append", choices=sorted(PARTS))
     parser.add_argument("--decoder", action="append", choices=PRODUCT_DECODERS + MXU_DECODERS,
                         help="default: the decoders, and on tpu7x also the FP8 MXU products")
-    parser.add_argument("--rows", action="append", type=int, choices=PRODUCT_ROWS)
+    # rows 2 as well: the largest batch whose MXFP4 down the TPU7x kernel multiplies row by row
+    parser.add_argument("--rows", action="append", type=int, choices=sorted({*PRODUCT_ROWS, ROW_EXPANSION_MAX_ROWS}))
     args = parser.parse_args(argv)
     records: list[dict[str, Any]] = []
     for part in args.part or PARTS:
