@@ -1,0 +1,106 @@
+"""TPU7x priced by its compiler (calibration.reports.tpu_v7_compiler_priced): the interval is the
+v5e first-principles residuals' order statistics, the expert parts' figures come from the static
+records, and `tpusim compare` prints the lines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from calibration.reports import tpu_v7_compiler_priced as priced
+from hwmodels.catalog import load_chip
+from hwmodels.errors import InputError
+from tpusim.app.cli import main
+
+# 19 planted relative residuals (simulated / measured - 1): the fewest a 90 % interval takes
+PLANTED = [-0.10 + 0.01 * i for i in range(19)]  # -0.10 .. +0.08
+
+
+def test_the_interval_is_the_residuals_order_statistics_and_moves_with_them() -> None:
+    interval = priced.residual_interval(PLANTED, 0.90)
+    assert (interval.r_low, interval.r_high) == pytest.approx((-0.10, 0.08))
+    low, high = interval.bounds_ms(10.0)
+    assert (low, high) == pytest.approx((10.0 / 1.08, 10.0 / 0.90))  # measured = simulated / (1 + r)
+    moved = priced.residual_interval([*PLANTED[:-1], 0.30], 0.90)  # plant a worse over-prediction
+    assert moved.r_high == pytest.approx(0.30) and moved.bounds_ms(10.0)[0] == pytest.approx(10.0 / 1.30)
+    assert priced.residual_interval([*PLANTED, *PLANTED], 0.80).r_low > -0.10  # more points: inner ranks
+
+
+def test_too_few_residuals_for_the_level_are_refused() -> None:
+    with pytest.raises(InputError, match="18 residuals cannot bound a 90% interval"):
+        priced.residual_interval(PLANTED[:18], 0.90)
+
+
+def _records(tmp_path: Path, **changes: int) -> Path:
+    """The committed TPU7x static records, with ``part_rows=bundles`` planted."""
+    lines = priced.TPU7X_STATIC_PATH.read_text().splitlines()
+    out = []
+    for line in lines:
+        record = json.loads(line)
+        key = f"{record['params']['part']}_{record['params']['rows']}"
+        if record["params"]["decoder"] == priced.MXU_DECODER and key in changes:
+            record["panel_bundles"] = changes[key]
+        out.append(json.dumps(record))
+    path = tmp_path / "static.jsonl"
+    path.write_text("\n".join(out) + "\n")
+    return path
+
+
+def test_expert_parts_are_priced_from_the_static_records_at_the_derived_clock(tmp_path: Path) -> None:
+    base = load_chip("tpu-v7", calibrated=False)
+    clock_hz, source = priced.tpu7x_clock_hz(base, priced.static_records())
+    assert clock_hz == pytest.approx(32 / 20e-9) and "20 ns" in source  # 32 vreg pushes a bf16 256x256 tile
+    chip, rows = priced.compiler_priced_chip(base, 1)
+    down = chip.vector_unit.dequant_s_per_element["mxfp4"]
+    assert rows == 1 and down.label == "derived" and "rows 1" in down.source
+    planted, _ = priced.compiler_priced_chip(base, 1, _records(tmp_path, down_1=710))
+    assert planted.vector_unit.dequant_for("mxfp4") == pytest.approx(10 * down.value)  # 71 -> 710 bundles
+    assert priced.compiler_priced_chip(base, 4)[1] == 8  # one product per block above 2 rows: the rows-8 record
+    assert priced.compiler_priced_chip(base, 2)[1] == 2  # row by row at 2: its own record
+
+
+def test_the_clock_is_refused_when_a_push_is_not_one_vreg(tmp_path: Path) -> None:
+    lines = [json.loads(line) for line in priced.TPU7X_STATIC_PATH.read_text().splitlines()]
+    for record in lines:
+        record["panel_units"]["MXU"] = 2 * record["panel_units"].get("MXU", 0)
+    path = tmp_path / "static.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    with pytest.raises(InputError, match="a push is not one vreg"):
+        priced.tpu7x_clock_hz(load_chip("tpu-v7", calibrated=False), priced.static_records(path))
+
+
+@pytest.fixture
+def planted_residuals(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The v5e residuals replaced by :data:`PLANTED` (their own 19 engine runs are not the point)."""
+    monkeypatch.setattr(priced, "v5e_residuals", lambda: tuple(("planted", 1, r) for r in PLANTED))
+
+
+def test_the_row_reports_its_interval_and_width(planted_residuals: None) -> None:
+    (row,) = priced.predict(priced.CompilerPricedConfig(batches=(1,)))
+    assert row.step_ms_low == pytest.approx(row.step_ms / 1.08) and row.step_ms_high == pytest.approx(row.step_ms / 0.90)
+    assert row.width_rel == pytest.approx((row.step_ms_high - row.step_ms_low) / row.step_ms)
+    assert row.catalog_ms < row.step_ms and "compiler-priced (simulated" in row.label
+
+
+def test_compare_prints_the_compiler_priced_lines(planted_residuals: None, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["compare", "--model", "kimi-k3", "--systems", "tpu-v7:16", "--batch", "1", "--schedule", "published",
+                 "--format", "table"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "tpu-v7:16 compiler-priced (simulated, TPU7x static schedule; interval from the v5e first-principles" in out
+    line = next(line for line in out.splitlines() if line.strip().startswith("batch 1:"))
+    assert f"(width {1 / 0.90 - 1 / 1.08:.1%})" in line  # the planted residuals' extremes
+    assert "order statistics 1 and 19 of 19" in out
+
+
+def test_compare_prints_none_for_another_program() -> None:
+    args = argparse.Namespace(model="kimi-k3-mini", formats=None, plan=None, context=1024, routing="uniform", seed=0)
+    from tpusim.app.cli.compare import compiler_priced_notes
+    from tpusim.compare.rows import parse_systems
+
+    assert compiler_priced_notes(args, parse_systems("tpu-v7:16"), [1]) == []
+    args.model = "kimi-k3"
+    assert compiler_priced_notes(args, parse_systems("tpu-v7:1,gb200:16"), [1]) == []
