@@ -45,7 +45,7 @@ def _steps_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **config: bool) 
 
 def test_the_default_demo_leaves_the_long_steps_to_full(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert _steps_run(tmp_path, monkeypatch) == ["sweep b1", "floor", "sweep b8", "simulate", "measured tpu-v5e",
-                                                 "compare"]
+                                                 "compare", "compiler-priced tpu-v7"]
     full = _steps_run(tmp_path, monkeypatch, full=True)
     assert full[0] == "sweep b1"  # the first answer comes first either way
     assert set(full) >= {"sweep b4", "sweep b8", "run-kernel", "calibrate tpu-v7", "calibrate host-cpu", "joint b1",

@@ -104,3 +104,17 @@ def test_compare_prints_none_for_another_program() -> None:
     assert compiler_priced_notes(args, parse_systems("tpu-v7:16"), [1]) == []
     args.model = "kimi-k3"
     assert compiler_priced_notes(args, parse_systems("tpu-v7:1,gb200:16"), [1]) == []
+
+
+def test_the_demo_report_shows_the_compiler_priced_table(tmp_path: Path) -> None:
+    from tpusim.app.demo import COMPILER_PRICED_STEP
+    from tpusim.app.demo_report import render_report
+    from tpusim.app.demo_run import DemoConfig, DemoRun
+
+    run = DemoRun(DemoConfig(out_dir=tmp_path))
+    run.step("compare").data = []
+    row = {"batch": 8, "step_ms": 15.0, "step_ms_low": 14.9, "step_ms_high": 17.7, "width_rel": 0.187}
+    run.step(COMPILER_PRICED_STEP).data = {"rows": [row], "interval": "90% interval: planted"}
+    text = render_report(run)
+    assert "TPU v7 x 16 priced by its compiler" in text
+    assert "| 8 | 15.000 | 14.900–17.700 | 18.7% |" in text and "- 90% interval: planted" in text

@@ -25,6 +25,8 @@ the report. Steps, in order (*full* marks those only ``--full`` runs):
 9. **compare** — K3 on TPU v7 x 16 against GB200 x 16 (serving stack and megakernel) at
    batch 1 and 8 (*full*: 1, 4, 8), each batch with its own sweep's schedule, without
    speculation and at acceptance lengths 3 and 6 (on the calibrated chip after *full*'s step 7);
+   then **compiler-priced tpu-v7** — the same batches with the expert parts priced by the TPU7x
+   static schedule and a 90 % interval from the v5e first-principles residuals (~20 s);
 10. **report** — ``report.md`` opening with the TPU-v7-against-GB200 table, every number
     labelled, plus the plots and the trace; a section whose step did not run says that
     ``--full`` runs it.
@@ -244,6 +246,22 @@ def compare_per_batch(config: DemoConfig, batches: list[int], *, plot: bool = Tr
     return rows
 
 
+COMPILER_PRICED_STEP = "compiler-priced tpu-v7"
+
+
+def compiler_priced(batches: list[int]) -> dict[str, Any]:
+    """K3 on 16 TPU v7 priced by the TPU7x static schedule at ``batches``, its interval from the
+    v5e first-principles residuals (:mod:`calibration.reports.tpu_v7_compiler_priced`)."""
+    from calibration.reports.tpu_v7_compiler_priced import (
+        CompilerPricedConfig,
+        interval_note,
+        predict,
+    )
+
+    rows = predict(CompilerPricedConfig(batches=tuple(batches)))
+    return {"rows": [row.model_dump() for row in rows], "interval": interval_note()}
+
+
 def first_answer(sweep: dict[str, Any], elapsed_s: float) -> list[str]:
     """The demo's first answer, printed as soon as the batch-1 sweep is done: K3's best schedule
     on 16 TPU v7 and its speed-up over the published schedule (both simulated)."""
@@ -319,6 +337,8 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda _: Non
         raise
     if lowering is not None:  # its wall time here: what it added after the comparison finished
         _timed(run, "compile joint b1", lambda: finish_lower(lowering), progress)
+    # ~20 s, after the first answer: K3 on TPU v7 priced by its compiler, with its interval
+    _timed(run, COMPILER_PRICED_STEP, lambda: compiler_priced(config.batches_compared), progress)
 
     from tpusim.app.demo_report import render_report
 

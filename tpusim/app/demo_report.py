@@ -82,6 +82,7 @@ def _compare_section(run: DemoRun) -> list[str]:
     notes = calibration_notes(step.data)
     lines += ["", *(f"- {note}" for note in notes), *([""] if notes else []),
               "![TPU v7 against GB200, simulated](compare.png)", ""]
+    lines += _compiler_priced_lines(run)
     gpu_rows = [r for r in step.data if r.get("fits") and r["batch"] == 1 and r["acceptance_length"] is None]
     if gpu_rows:
         lines += ["Where a batch-1 step goes (simulated, ms):", "",
@@ -96,6 +97,23 @@ def _compare_section(run: DemoRun) -> list[str]:
                          f"{_fmt(where.get('exposed_dma'))} | {_fmt(where.get('other_overheads'))} |")
         lines.append("")
     return lines
+
+
+def _compiler_priced_lines(run: DemoRun) -> list[str]:
+    """TPU v7 x 16 priced by its compiler (the demo's ``compiler-priced tpu-v7`` step)."""
+    step = _step(run, "compiler-priced tpu-v7")
+    if step is None:
+        return []
+    lines = ["TPU v7 x 16 priced by its compiler (`published` schedule; the routed experts' panel loops from "
+             "libtpu's TPU7x static schedule, the components fitted on the TPU7x reference measurements; "
+             "docs/tpu-v5e-to-v7.md):", ""]
+    if not step.ok:
+        return [*lines, f"**FAILED**: `{step.error}`", ""]
+    lines += ["| batch | step ms (simulated) | 90 % interval ms (derived) | width |", "| ---: | ---: | ---: | ---: |"]
+    for row in step.data["rows"]:
+        lines.append(f"| {row['batch']} | {row['step_ms']:.3f} | {row['step_ms_low']:.3f}–{row['step_ms_high']:.3f} | "
+                     f"{row['width_rel']:.1%} |")
+    return [*lines, "", f"- {step.data['interval']}", ""]
 
 
 def _row_label(row: dict[str, Any]) -> str:
