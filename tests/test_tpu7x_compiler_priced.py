@@ -34,6 +34,11 @@ def test_too_few_residuals_for_the_level_are_refused() -> None:
         priced.residual_interval(PLANTED[:18], 0.90)
 
 
+def test_another_program_than_the_compiled_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="price kimi-k3 on 16 chips only"):
+        priced.CompilerPricedConfig(chips=8)
+
+
 def _records(tmp_path: Path, **changes: int) -> Path:
     """The committed TPU7x static records, with ``part_rows=bundles`` planted."""
     lines = priced.TPU7X_STATIC_PATH.read_text().splitlines()

@@ -52,7 +52,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from calibration.reports.tpu_v5e_plan import FORMAT_OF_PART
 from calibration.sources.measurements import Measurement
@@ -71,6 +71,7 @@ BF16_BYTES = 2
 PANEL_COLS = 128  # an expert part's panel is 128 columns wide (the static records' k x 128)
 STAGES = ("links", "hbm", "host", "slot_sweep")  # the component stages (module docstring, step 1)
 RANK_TOLERANCE = 1e-9
+COMPILED_FOR = ("kimi-k3", 16)  # the program the static records were compiled for (k3-tp32, 32 devices)
 LABEL = ("compiler-priced (simulated, TPU7x static schedule; interval from the v5e first-principles "
          "residuals)")
 
@@ -95,6 +96,14 @@ class CompilerPricedConfig(BaseModel):
         if not batches or any(b < 1 for b in batches):
             raise ValueError("batches must be a non-empty list of integers >= 1")
         return batches
+
+    @model_validator(mode="after")
+    def _compiled_program(self) -> CompilerPricedConfig:
+        # the static records are of K3's TP32 shard's panels: another model or device count has others
+        if (self.model, self.chips) != COMPILED_FOR:
+            raise ValueError(f"the TPU7x static records price {COMPILED_FOR[0]} on {COMPILED_FOR[1]} chips only, "
+                             f"not {self.model} on {self.chips}")
+        return self
 
 
 class Interval(BaseModel):
@@ -127,12 +136,15 @@ class PricedRow(BaseModel):
     parts_ms: float  # simulated on the parts' chip, catalog compute
     down_rows: int  # which static record priced the down part
     label: str = LABEL
+    interval_label: str = "derived from the v5e first-principles residuals; prior: their error transfers to TPU7x"
 
 
 def residual_interval(residuals: Sequence[float], level: float = 0.90) -> Interval:
     """Split-conformal bounds on a relative residual from ``residuals`` (module docstring, 4).
     Too few residuals for ``level`` is an error, not a narrower interval."""
     ordered = sorted(float(r) for r in residuals)
+    if ordered and ordered[0] <= -1.0:
+        raise InputError(f"relative residual {ordered[0]:.3f} <= -1: a simulated time of zero or less")
     n, alpha = len(ordered), 1.0 - level
     # ranks rounded with a tolerance: (19 + 1) x 0.95 is 19.000000000000004 in floats
     low_rank = math.floor((n + 1) * alpha / 2 + RANK_TOLERANCE)
@@ -298,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         batches = tuple(values.number_list(args.batch, "--batch", kind=int, minimum=1))
         rows = predict(CompilerPricedConfig(batches=batches, schedule=args.schedule))
-    except InputError as error:
+    except (InputError, ValidationError) as error:
         sys.stderr.write(f"tpu_v7_compiler_priced: {error}\n")
         return 2
     by_class = {}
