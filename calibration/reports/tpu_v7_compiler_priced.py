@@ -26,7 +26,8 @@ The method is the one :mod:`calibration.reports.tpu_v5e_first_principles` judged
    MXU slot each (checked on the static record: the FP8 gate/up panel's MXU slots equal its
    weight vregs), and the compiler issues a push a cycle into an array, so 32 cycles take the
    [INFM] 20 ns: 1.6 GHz (``derived``; were the array to take two pushes a cycle, 0.8 GHz and
-   twice the compute).
+   twice the compute; were the 20 ns the kernel's dense panel loop's issue rate, 2.19 GHz). The
+   interval of step 4 does not hold this uncertainty.
 4. **Interval** (:func:`residual_interval`): the relative residuals ``r = simulated / measured -
    1`` of the v5e first-principles chip on every committed decode of the kernel build
    (:func:`calibration.reports.tpu_v5e_first_principles.errors`), pooled over batches. Under
