@@ -30,7 +30,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from calibration.sources.tpu_chip_records import most_measured_build, record_unroll
 from calibration.sources.tpu_probes import SUSTAINED, probe_figures, record_decoder
+from hwmodels.errors import InputError
 from megakernel.quant_pairs import KERNEL_DECODER
 from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 
@@ -69,27 +71,24 @@ def session_floor_figures(probes: list[dict[str, Any]], at: dt.datetime) -> tupl
     raise LookupError(f"no dma_stream/empty_call probes at or before {at.isoformat()}")
 
 
-def _unroll(row: dict[str, Any]) -> tuple[int, int]:
-    """Panels a panel loop's iteration issued (dense, routed experts); before the field, 1, 1
-    or what the row's ``kernel_variant`` set (a variant of the one-panel kernel)."""
-    if row.get("panel_unroll"):
-        return tuple(row["panel_unroll"])  # type: ignore[return-value]
-    knobs = row.get("kernel_variant") or {}
-    return int(knobs.get("panel_unroll", 1)), int(knobs.get("expert_panel_unroll", 1))
+def _decodes(data: Path) -> list[dict[str, Any]]:
+    """Every kernel run: at the defaults of its day, and the other builds' (each row names its build)."""
+    variants = data / "tpu-v5e-kernel-variants.jsonl"
+    return _rows(data / "tpu-v5e-kernel.jsonl") + (_rows(variants) if variants.exists() else [])
 
 
 def table(decoder: str = KERNEL_DECODER, data: Path = DATA,
           unroll: tuple[int, int] = (PANEL_UNROLL, EXPERT_PANEL_UNROLL)) -> list[str]:
-    kernel = [r for r in _rows(data / "tpu-v5e-kernel.jsonl")
+    kernel = [r for r in _decodes(data)
               if r.get("shard_of") == "k3-tp32" and record_decoder(r) == decoder and r.get("expert_cap") is None
-              and _unroll(r) == unroll]
+              and record_unroll(r) == unroll]
     if not kernel:
         raise LookupError(f"no K3-shard runs of decoder {decoder}")
     probes = _rows(data / "tpu-v5e-probes.jsonl")
     xla = {(r["stands_next_to"]["schedule_hash"], r["batch"]): r for r in _rows(data / "tpu-v5e-xla.jsonl")
            if "stands_next_to" in r and r.get("expert_cap") is None}
     predictions = [r for r in _rows(data / "tpu-v5e-predictions.jsonl")
-                   if r["decoder"] == decoder and not r.get("kernel_variant") and _unroll(r) == unroll]
+                   if r["decoder"] == decoder and record_unroll(r) == unroll]
     lines = [f"K3 TP32 per-device program, decoder {decoder}, panel loops {unroll[0]} (dense) and {unroll[1]} "
              "(experts) panels an iteration, measured on tpu-v5e; floor = HBM bytes / the streaming rate + one empty "
              "call, both from the run's own device session's probes (dma_stream, empty_call), or the latest "
@@ -111,7 +110,7 @@ def table(decoder: str = KERNEL_DECODER, data: Path = DATA,
         ratio = f"{ms / base['ms_per_step_median']:.3f}" if base else "—"
         cells = []
         for derived in (False, True):
-            pred = next((p for p in predictions if p["batch"] == r["batch"]
+            pred = next((p for p in reversed(predictions) if p["batch"] == r["batch"] and _when(p) < _when(r)
                          and p["label"].startswith("derived") == derived
                          and Path(p["schedule"]).stem in (r["schedule"], _stem_of(r))), None)
             cells += [f"{pred['predicted_ms']:.2f}", f"{pred['predicted_ms'] / ms - 1:+.1%}"] if pred else ["—", "—"]
@@ -121,9 +120,11 @@ def table(decoder: str = KERNEL_DECODER, data: Path = DATA,
     return lines
 
 
-def variants_table(decoder: str = KERNEL_DECODER, data: Path = DATA) -> list[str]:
+def variants_table(decoder: str = KERNEL_DECODER, data: Path = DATA,
+                   shown: tuple[tuple[int, int], ...] = ()) -> list[str]:
     """The kernel's variants (``tpu-v5e-kernel-variants.jsonl``: knobs away from the defaults
-    of their day), each beside its floor and the simulator's prediction recorded before it ran."""
+    of their day) of builds other than ``shown``, each beside its floor and the simulator's
+    prediction recorded before it ran."""
     path = data / "tpu-v5e-kernel-variants.jsonl"
     if not path.exists():
         return []
@@ -133,14 +134,15 @@ def variants_table(decoder: str = KERNEL_DECODER, data: Path = DATA) -> list[str
     lines = ["| schedule | batch | panel loops (dense, experts) | measured ms | floor ms (analytic) | measured/floor "
              "| predicted ms (simulated, recorded before the run) | error |",
              "|---|---:|---|---:|---:|---:|---:|---:|"]
-    for r in sorted((r for r in _rows(path) if record_decoder(r) == decoder), key=lambda r: (r["batch"], _when(r))):
+    for r in sorted((r for r in _rows(path) if record_decoder(r) == decoder and record_unroll(r) not in shown),
+                    key=lambda r: (r["batch"], _when(r))):
         rate, empty, _ = session_floor_figures(probes, _when(r))
         floor_ms = (r["hbm_bytes_per_step"] / rate + empty) * 1e3
         ms = r["ms_per_step_median"]
-        pred = next((p for p in reversed(predictions) if p["batch"] == r["batch"] and _unroll(p) == _unroll(r)
+        pred = next((p for p in reversed(predictions) if p["batch"] == r["batch"] and record_unroll(p) == record_unroll(r)
                      and _when(p) < _when(r) and Path(p["schedule"]).stem in (r["schedule"], _stem_of(r))), None)
         cells = [f"{pred['predicted_ms']:.2f}", f"{pred['predicted_ms'] / ms - 1:+.1%}"] if pred else ["—", "—"]
-        lines.append(f"| {r['schedule']} | {r['batch']} | {_unroll(r)[0]}, {_unroll(r)[1]} | {ms:.2f} | "
+        lines.append(f"| {r['schedule']} | {r['batch']} | {record_unroll(r)[0]}, {record_unroll(r)[1]} | {ms:.2f} | "
                      f"{floor_ms:.1f} | {ms / floor_ms:.2f} | " + " | ".join(cells) + " |")
     return lines
 
@@ -158,19 +160,22 @@ def nonexpert_table(data: Path = DATA) -> list[str]:
     same session, in routed expert-layers, read at 0 — where the session capped the kernel; the
     kernel's whole step stands beside it either way."""
     capped_xla = [r for r in _rows(data / "tpu-v5e-xla-capped.jsonl") if r.get("expert_cap") == 0]
-    kernel = [r for r in _rows(data / "tpu-v5e-kernel.jsonl") if r.get("shard_of") == "k3-tp32"]
+    kernel = [r for r in _decodes(data) if r.get("shard_of") == "k3-tp32"]
     capped_kernel = [r for r in _rows(data / "tpu-v5e-fixed-cost.jsonl") if r.get("shard_of") == "k3-tp32"]
-    lines = ["| batch | XLA, no routed expert (measured) | kernel's whole step (measured) | kernel at 0 experts "
-             "(derived: line through its capped and full runs) | kernel/XLA, non-expert |",
-             "|---:|---:|---:|---:|---:|"]
+    lines = ["| batch | panel loops (dense, experts) | XLA, no routed expert (measured) | kernel's whole step (measured) "
+             "| kernel at 0 experts (derived: line through its capped and full runs) | kernel/XLA, non-expert |",
+             "|---:|---|---:|---:|---:|---:|"]
     for x in sorted(capped_xla, key=lambda r: (r["batch"], _when(r))):
         near = [r for r in kernel if r["batch"] == x["batch"] and r["schedule_hash"] == x["stands_next_to"]["schedule_hash"]
-                and abs(_when(r) - _when(x)) <= SESSION and not r.get("kernel_variant")]
+                and abs(_when(r) - _when(x)) <= SESSION]
         if not near:
             continue
-        full = min(near, key=lambda r: abs(_when(r) - _when(x)))
-        caps = [r for r in capped_kernel if r["batch"] == x["batch"] and r["schedule_hash"] == full["schedule_hash"]
-                and abs(_when(r) - _when(full)) <= SESSION and _unroll(r) == _unroll(full)]
+        def caps_of(full: dict[str, Any], batch: int = x["batch"]) -> list[dict[str, Any]]:
+            return [r for r in capped_kernel if r["batch"] == batch and r["schedule_hash"] == full["schedule_hash"]
+                    and abs(_when(r) - _when(full)) <= SESSION and record_unroll(r) == record_unroll(full)]
+        # the build the session capped (its line reads the non-expert part), else the nearest run
+        full = min(near, key=lambda r: (not caps_of(r), abs(_when(r) - _when(x))))
+        caps = caps_of(full)
         intercept = "—"
         ratio = f"<= {full['ms_per_step_median'] / x['ms_per_step_median']:.3f} (whole step)"
         if caps:
@@ -178,7 +183,8 @@ def nonexpert_table(data: Path = DATA) -> list[str]:
             (e0, t0), (e1, t1) = min(points), max(points)
             at0 = t0 - e0 * (t1 - t0) / (e1 - e0)
             intercept, ratio = f"{at0:.2f}", f"{at0 / x['ms_per_step_median']:.3f}"
-        lines.append(f"| {x['batch']} | {x['ms_per_step_median']:.1f} | {full['ms_per_step_median']:.2f} | "
+        build = record_unroll(full)
+        lines.append(f"| {x['batch']} | {build[0]}, {build[1]} | {x['ms_per_step_median']:.1f} | {full['ms_per_step_median']:.2f} | "
                      f"{intercept} | {ratio} |")
     return lines
 
@@ -192,7 +198,7 @@ def nonexpert_by_caps(data: Path = DATA) -> list[str]:
     capped = [r for r in _rows(data / "tpu-v5e-fixed-cost.jsonl") if r.get("shard_of") == "k3-tp32"]
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in sorted(capped, key=_when):
-        key = (r["batch"], r["schedule_hash"], _unroll(r), record_decoder(r))
+        key = (r["batch"], r["schedule_hash"], record_unroll(r), record_decoder(r))
         group = groups.setdefault(key, [])
         if group and _when(r) - _when(group[-1]) > SESSION:
             group.clear()  # a later session's runs of the same build replace an earlier one's
@@ -232,19 +238,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench_chip_floor", allow_abbrev=False)
     parser.add_argument("--decoder", default=KERNEL_DECODER)
     parser.add_argument("--data", type=Path, default=DATA)
-    parser.add_argument("--panel-unroll", type=int, nargs=2, default=(PANEL_UNROLL, EXPERT_PANEL_UNROLL),
-                        metavar=("DENSE", "EXPERT"), help="the kernel build: panels a panel loop's iteration issues")
+    parser.add_argument("--panel-unroll", type=int, nargs=2, default=None, metavar=("DENSE", "EXPERT"),
+                        help="the kernel build: panels a panel loop's iteration issues (default: the kernel's "
+                             "own, then the build with the most committed decodes)")
     args = parser.parse_args(argv)
     try:
-        lines = table(args.decoder, args.data, tuple(args.panel_unroll))
-    except (FileNotFoundError, LookupError, KeyError, ValueError) as error:
+        builds = ([tuple(args.panel_unroll)] if args.panel_unroll else
+                  list(dict.fromkeys([(PANEL_UNROLL, EXPERT_PANEL_UNROLL), most_measured_build(args.decoder)])))
+        tables = [table(args.decoder, args.data, build) for build in builds]  # type: ignore[arg-type]
+    except (FileNotFoundError, LookupError, KeyError, ValueError, InputError) as error:
         sys.stderr.write(f"bench_chip_floor: {error}\n")
         return 2
-    sys.stdout.write("\n".join(lines) + "\n")
-    variants = variants_table(args.decoder, args.data)
+    sys.stdout.write("\n\n".join("\n".join(lines) for lines in tables) + "\n")
+    variants = variants_table(args.decoder, args.data, tuple(builds))  # type: ignore[arg-type]
     if variants:
-        sys.stdout.write("\nThe kernel's variants (knobs away from the defaults of their day), measured on tpu-v5e; floors analytic:\n"
-                         + "\n".join(variants) + "\n")
+        sys.stdout.write("\nThe kernel's other builds (knobs away from the defaults of their day), measured on tpu-v5e; "
+                         "floors analytic:\n" + "\n".join(variants) + "\n")
     if (args.data / "tpu-v5e-xla-capped.jsonl").exists():
         sys.stdout.write("\nThe step's non-expert work, kernel and plain XLA in the same device session "
                          "(panel loops as the kernel then was):\n" + "\n".join(nonexpert_table(args.data)) + "\n")

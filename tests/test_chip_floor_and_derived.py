@@ -80,3 +80,42 @@ def test_each_builds_zero_expert_step_from_its_capped_runs_alone(tmp_path: Path)
     (line,) = bench.nonexpert_by_caps(tmp_path)
     assert "**11.00 ms** at 0 experts" in line and "100.00 µs a routed expert-layer" in line
     assert "0.050 (XLA's 220.0 ms" in line and "another session" in line
+
+
+def test_a_build_is_its_rows_of_both_record_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build's decodes are its rows of the kernel file and of the variants file; an old variant
+    row names its build only by its knobs (on the one-panel kernel)."""
+    from calibration.sources import tpu_chip_records as records
+
+    assert records.record_unroll({"kernel_variant": {"panel_unroll": 2}}) == (2, 1)
+    assert records.record_unroll({"panel_unroll": [8, 2], "kernel_variant": {"panel_unroll": 8}}) == (8, 2)
+    assert records.record_unroll({}) == (1, 1)
+    kernel, variants = (tmp_path / "kernel.jsonl", tmp_path / "variants.jsonl")
+    real = [json.loads(line) for line in records.KERNEL_PATH.read_text().splitlines() if line.strip()]
+    base = next(r for r in real if r.get("panel_unroll") == [4, 2] and r.get("expert_cap") is None)
+    routing = str(records.KERNEL_PATH.parent / base["routing"].removeprefix("trace:"))
+    row = {**base, "routing": f"trace:{routing}"}
+    _write(kernel, [row, {**row, "batch": 8}])
+    _write(variants, [{**row, "panel_unroll": [8, 2], "kernel_variant": {"panel_unroll": 8}, "ms_per_step_median": 20.0},
+                      {**row, "panel_unroll": [8, 2], "kernel_variant": {"panel_unroll": 8}, "ms_per_step_median": 22.0}])
+    monkeypatch.setattr(records, "KERNEL_PATH", kernel)
+    monkeypatch.setattr(records, "VARIANTS_PATH", variants)
+    (eight,) = records.build_records(base["decoder"], (8, 2))
+    assert (eight.runs, eight.ms_median) == (2, 21.0)  # the two runs of one (schedule, batch, build), merged
+    assert len(records.build_records(base["decoder"])) == 3
+    assert records.most_measured_build(base["decoder"]) == (4, 2)  # two decodes against one
+
+
+def test_the_benchmark_shows_the_kernels_own_build_first() -> None:
+    """By default the floor benchmark prints the kernel's own build (its default panel loops),
+    read from both record files, then the build with the most decodes."""
+    import contextlib
+    import io
+
+    from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert _bench().main([]) == 0
+    first = out.getvalue().splitlines()[0]
+    assert f"panel loops {PANEL_UNROLL} (dense) and {EXPERT_PANEL_UNROLL} (experts)" in first

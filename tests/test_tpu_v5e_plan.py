@@ -121,3 +121,13 @@ def _schedule_files() -> dict:
 def _stem(run: dict) -> str:
     path = _schedule_files().get(run["schedule_hash"])
     return path.stem if path is not None else run["schedule"]
+
+
+def test_the_decoders_are_priced_at_the_rows_of_the_batch() -> None:
+    """The static figure a batch takes is the record compiled for at least its rows: batch 1 the
+    one-row record, 2-8 the 8-row one, 16 the 16-row one (two sublane tiles: more VPU work)."""
+    assert [plan.static_rows(b, "gate_up", "pairs") for b in (1, 2, 8, 16, 32)] == [1, 8, 8, 16, 16]
+    at8, at16 = (plan.static_figure("gate_up", "pairs", rows=r)[0] for r in (8, 16))
+    assert at16 > at8 * 1.05
+    chip16 = plan.planned_chip(KERNEL_DECODER, 2, batch=16)
+    assert plan._figure(chip16, dequant_path("fp8_e4m3_b256")) == pytest.approx(at16)

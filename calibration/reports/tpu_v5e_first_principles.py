@@ -3,7 +3,8 @@ schedule, no kernel run of any kind.
 
 ``python -m calibration.reports.tpu_v5e_first_principles [--panel-unroll DENSE EXPERT]``
 simulates every committed decode of the kernel build (decoder
-:data:`megakernel.quant_pairs.KERNEL_DECODER`, panel loops ``--panel-unroll``) on
+:data:`megakernel.quant_pairs.KERNEL_DECODER`, panel loops ``--panel-unroll``, default the build
+with the most committed decodes) on
 :func:`first_principles_chip`: the catalog's tpu-v5e with every figure the micro-probes measure
 (``calibration.sources.tpu_probes.probe_chip``: copy rate and order, MXU product costs, the
 empty call, the empty layer loop) and the expert decoders' cost per weight from libtpu's static
@@ -29,13 +30,13 @@ from calibration.reports.tpu_v5e_plan import (
     simulate_build,
     static_figure,
 )
+from calibration.sources.tpu_chip_records import most_measured_build
 from calibration.sources.tpu_probes import dequant_path, probe_chip
 from hwmodels.catalog import load_chip
 from hwmodels.overlay import _figure_slot
 from hwmodels.schema import Chip
 from megakernel.quant import WORDS32_DECODER
 from megakernel.quant_pairs import KERNEL_DECODER
-from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 
 
 def first_principles_chip(decoder: str = KERNEL_DECODER) -> Chip:
@@ -68,12 +69,12 @@ def summary(rows: list[tuple[str, int, float, float]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m calibration.reports.tpu_v5e_first_principles",
                                      allow_abbrev=False)
-    parser.add_argument("--panel-unroll", type=int, nargs=2, default=(PANEL_UNROLL, EXPERT_PANEL_UNROLL),
+    parser.add_argument("--panel-unroll", type=int, nargs=2, default=None,
                         metavar=("DENSE", "EXPERT"))
     args = parser.parse_args(argv)
-    unroll = tuple(args.panel_unroll)
-    first = errors(first_principles_chip(), unroll)  # type: ignore[arg-type]
-    fitted = errors(build_chip(KERNEL_DECODER, unroll)[0], unroll)  # type: ignore[arg-type]
+    unroll = tuple(args.panel_unroll) if args.panel_unroll else most_measured_build(KERNEL_DECODER)
+    first = errors(first_principles_chip, unroll)  # type: ignore[arg-type]
+    fitted = errors(lambda batch: build_chip(KERNEL_DECODER, unroll, batch)[0], unroll)  # type: ignore[arg-type]
     out = ["| schedule | batch | measured ms | first principles ms | error | way (b), kernel-level fit ms | error |",
            "|---|---:|---:|---:|---:|---:|---:|"]
     for (name, batch, ms, a), (_, _, _, b) in zip(first, fitted, strict=True):

@@ -30,6 +30,7 @@ import argparse
 import datetime as dt
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -38,10 +39,12 @@ from calibration.sources.tpu_chip_records import (
     KERNEL_PATH,
     ChipRecord,
     ChipRecordPredictor,
+    build_records,
     load_chip_records,
 )
 from calibration.sources.tpu_fixed_cost import (
     FIXED_COST_PATH,
+    capped_runs,
     fixed_cost,
     kernel_probe_chip,
     refit_chip,
@@ -65,6 +68,18 @@ PART_DECODERS = {FP8_PAIRS_DECODER: {"gate_up": "pairs", "down": WORDS32_DECODER
                  KERNEL_DECODER: {"gate_up": "pairs", "down": "fold"}}
 
 
+def static_rows(batch: int, part: str, decoder: str, path: Path | str = STATIC_PATH) -> int:
+    """The row count of the static-schedule record that prices ``part``/``decoder`` at
+    ``batch``: the smallest compiled for at least the batch's rows (the products' VPU work grows
+    with their 8-row sublane tiles: gate/up pairs 321 bundles a panel at 8 rows, 359 at 16), else
+    the largest."""
+    compiled = sorted({r["params"]["rows"] for r in map(json.loads, Path(path).read_text().splitlines())
+                       if r["chip"] == "tpu-v5e" and (r["params"]["part"], r["params"]["decoder"]) == (part, decoder)})
+    if not compiled:
+        raise KeyError(f"no static-schedule record for {part}/{decoder} in {path}")
+    return next((rows for rows in compiled if rows >= batch), compiled[-1])
+
+
 def static_figure(part: str, decoder: str, path: Path | str = STATIC_PATH, rows: int = 1,
                   clock_hz: float = V5E_CLOCK_HZ) -> tuple[float, str]:
     """(seconds per weight, source) of one expert part's panel loop from the static schedule."""
@@ -80,18 +95,19 @@ def static_figure(part: str, decoder: str, path: Path | str = STATIC_PATH, rows:
     raise KeyError(f"no static-schedule record for {part}/{decoder}/rows {rows} in {path}")
 
 
-def planned_chip(decoder: str = KERNEL_DECODER, expert_panel_unroll: int = 1) -> Chip:
+def planned_chip(decoder: str = KERNEL_DECODER, expert_panel_unroll: int = 1, batch: int = 1) -> Chip:
     """The chip the planned runs of ``decoder``'s kernel are predicted on (module docstring),
     before any refit on the build's own capped runs (:func:`build_chip`). With the expert
     panel loop unrolled (``expert_panel_unroll`` > 1) no decoder takes the one-panel
     ``words32`` stall ratio: that ratio held the MXU round trip per panel, which the engine
-    prices itself since set v5e-z (each product's fixed cost over the panels in flight)."""
+    prices itself since set v5e-z (each product's fixed cost over the panels in flight). The
+    decoders' figures are the static schedule's at ``batch``'s rows (:func:`static_rows`)."""
     base = kernel_probe_chip(load_chip("tpu-v5e", calibrated=False), decoder=WORDS32_DECODER)
     data = base.model_dump(mode="python")
     for part, part_decoder in PART_DECODERS[decoder].items():
         if part_decoder == WORDS32_DECODER:
             continue
-        value, source = static_figure(part, part_decoder)
+        value, source = static_figure(part, part_decoder, rows=static_rows(batch, part, part_decoder))
         parent, name = _figure_slot(data, dequant_path(FORMAT_OF_PART[part]))
         if part_decoder in STALLS_LIKE and expert_panel_unroll == 1:  # carry the measured/static ratio
             like = STALLS_LIKE[part_decoder]
@@ -103,29 +119,44 @@ def planned_chip(decoder: str = KERNEL_DECODER, expert_panel_unroll: int = 1) ->
     return Chip.model_validate(data)
 
 
-def build_chip(decoder: str = KERNEL_DECODER, unroll: tuple[int, int] = (PANEL_UNROLL, EXPERT_PANEL_UNROLL)
-               ) -> tuple[Chip, str]:
+def build_chip(decoder: str = KERNEL_DECODER, unroll: tuple[int, int] = (PANEL_UNROLL, EXPERT_PANEL_UNROLL),
+               batch: int = 1) -> tuple[Chip, str]:
     """(chip, label) for predicting a build of the kernel (``decoder``, panel loops ``unroll``):
     :func:`planned_chip`, refit by way (b) on that build's own capped runs
     (:func:`calibration.sources.tpu_fixed_cost.fixed_cost`; its decodes are never read) when
-    there are two published caps of it, else as it is."""
+    there are two published caps of it; else on the capped runs of the build nearest it (the
+    same expert loop first: the refit's figures are the experts' decode and the per-layer
+    cost), named in the label; else as it is. The refit is made at batch 1 (the capped runs'
+    batch) and applied to the chip of ``batch`` (its decoders' static figures at its rows)."""
     chip = planned_chip(decoder, unroll[1])
-    found = fixed_cost(chip, FIXED_COST_PATH, decoder, unroll)
-    if found is None:
-        return chip, "simulated (way (b) of the words32 kernel; the new decoders from the static schedule)"
-    return refit_chip(chip, found), (
-        f"simulated (the new decoders from the static schedule, refit by way (b) on this build's own capped "
-        f"runs u{unroll[0]}x{unroll[1]}: {', '.join(found.runs)}; dequant factor {found.dequant_factor:.2f}, "
-        f"{found.per_layer_s * 1e6:.1f} µs a layer)")
+    at_batch = planned_chip(decoder, unroll[1], batch)
+    builds = sorted({r.panel_unroll for r in capped_runs(FIXED_COST_PATH, decoder)},
+                    key=lambda b: (b != tuple(unroll), b[1] != unroll[1], abs(b[0] - unroll[0])))
+    for build in builds:
+        found = fixed_cost(chip, FIXED_COST_PATH, decoder, build)
+        if found is None:
+            continue
+        whose = "this build's own" if build == tuple(unroll) else f"the nearest build's (u{build[0]}x{build[1]})"
+        return refit_chip(at_batch, found), (
+            f"simulated (the new decoders from the static schedule, refit by way (b) on {whose} capped "
+            f"runs u{build[0]}x{build[1]}: {', '.join(found.runs)}; dequant factor {found.dequant_factor:.2f}, "
+            f"{found.per_layer_s * 1e6:.1f} µs a layer)")
+    return at_batch, "simulated (way (b) of the words32 kernel; the new decoders from the static schedule)"
 
 
-def simulate_build(chip: Chip, unroll: tuple[int, int], decoder: str = KERNEL_DECODER
+def simulate_build(chip: Chip | Callable[[int], Chip], unroll: tuple[int, int], decoder: str = KERNEL_DECODER
                    ) -> list[tuple[ChipRecord, float]]:
     """Every committed decode of the kernel build (``decoder``, panel loops ``unroll``) with its
-    simulated ms on ``chip`` (after the runs: not a prediction recorded before them)."""
-    records = [r for r in load_chip_records(KERNEL_PATH, decoder=decoder) if r.panel_unroll == tuple(unroll)]
-    simulated = ChipRecordPredictor(records).predict_many(chip, range(len(records)))
-    return list(zip(records, simulated, strict=True))
+    simulated ms on ``chip`` (or on ``chip(batch)``: a chip per batch, its decoders' static
+    figures at the batch's rows), after the runs: not a prediction recorded before them."""
+    records = build_records(decoder, unroll)
+    chip_of = chip if callable(chip) else (lambda _batch: chip)
+    predictor = ChipRecordPredictor(records)
+    simulated: dict[int, float] = {}
+    for batch in sorted({r.batch for r in records}):
+        at = [i for i, r in enumerate(records) if r.batch == batch]
+        simulated.update(zip(at, predictor.predict_many(chip_of(batch), at), strict=True))
+    return [(r, simulated[i]) for i, r in enumerate(records)]
 
 
 def _figure(chip: Chip, path: str) -> float:
@@ -139,7 +170,6 @@ def predict_set(set_name: str) -> list[dict[str, Any]]:
     from calibration.tpu_bench.device_run import load_cases
 
     known = load_chip_records(KERNEL_PATH, decoder=WORDS32_DECODER)
-    chip, label = build_chip()
     planned, rows = [], []
     for case in load_cases(set_name):
         if case.shard_of != "k3-tp32" or case.expert_cap is not None:
@@ -154,15 +184,18 @@ def predict_set(set_name: str) -> list[dict[str, Any]]:
         planned.append((case, replace(match, ms_median=float("nan"), ms_spread=float("nan"), runs=0,
                                       panel_unroll=unroll)))
     predictor = ChipRecordPredictor([r for _, r in planned])
-    predicted = predictor.predict_many(chip, range(len(planned)))
+    built = {b: build_chip(batch=b) for b in {r.batch for _, r in planned}}  # decoders' figures at its rows
+    chips = {b: chip for b, (chip, _) in built.items()}
+    predicted = [predictor.predict_many(chips[r.batch], [i])[0] for i, (_, r) in enumerate(planned)]
     now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     for (case, record), ms in zip(planned, predicted, strict=True):
         rows.append({"kind": "prediction", "set": set_name, "decoder": KERNEL_DECODER, "model": case.model,
                      "shard_of": case.shard_of, "schedule": case.schedule, "batch": case.batch,
                      "context": case.context, "routing": record.routing, "predicted_ms": ms,
-                     "label": label + ("" if record.panel_unroll == (1, 1) else
+                     "label": built[record.batch][1] + ("" if record.panel_unroll == (1, 1) else
                         "; the panel loops' unroll: each product's fixed cost over the panels in flight"),
-                     "figures": {dequant_path(f): _figure(chip, dequant_path(f)) for f in FORMAT_OF_PART.values()},
+                     "figures": {dequant_path(f): _figure(chips[record.batch], dequant_path(f))
+                                 for f in FORMAT_OF_PART.values()},
                      "date": now, "probes": str(PROBES_PATH.name), "panel_unroll": list(record.panel_unroll),
                      **({"kernel_variant": variant} if (variant := case_variant(case)) else {})})
     return rows

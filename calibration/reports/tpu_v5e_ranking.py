@@ -2,8 +2,9 @@
 
 ``python -m calibration.reports.tpu_v5e_ranking [--panel-unroll DENSE EXPERT]``: for each batch
 at which the kernel build (decoder :data:`megakernel.quant_pairs.KERNEL_DECODER`, panel loops
-``--panel-unroll``, default the kernel's) ran at least three schedules on tpu-v5e
-(``calibration/data/tpu-v5e-kernel.jsonl``): the measured spread (best, worst, worst without
+``--panel-unroll``, default the build with the most committed decodes: where the ranking sets
+ran) ran at least three schedules on tpu-v5e (``calibration/data/tpu-v5e-kernel.jsonl`` and
+``-kernel-variants.jsonl``): the measured spread (best, worst, worst without
 ``naive``), whether the sweep's pick (a schedule named ``best-*``) is the measured best,
 and Kendall's τ between the measured order and the simulator's — the chip of
 :func:`calibration.reports.tpu_v5e_plan.build_chip` (refit by way (b) on the build's own capped
@@ -21,8 +22,8 @@ from dataclasses import dataclass
 from scipy.stats import kendalltau
 
 from calibration.reports.tpu_v5e_plan import build_chip, simulate_build
+from calibration.sources.tpu_chip_records import most_measured_build
 from megakernel.quant_pairs import KERNEL_DECODER
-from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 
 MIN_SCHEDULES = 3
 
@@ -46,8 +47,10 @@ class Ranking:
         return min(self.measured_ms, key=self.measured_ms.__getitem__) in picks
 
 
-def rankings(unroll: tuple[int, int] = (PANEL_UNROLL, EXPERT_PANEL_UNROLL)) -> list[Ranking]:
-    """One :class:`Ranking` per batch with >= :data:`MIN_SCHEDULES` schedules of the build."""
+def rankings(unroll: tuple[int, int] | None = None) -> list[Ranking]:
+    """One :class:`Ranking` per batch with >= :data:`MIN_SCHEDULES` schedules of the build
+    (default: the build with the most committed decodes, where the ranking sets ran)."""
+    unroll = unroll or most_measured_build(KERNEL_DECODER)
     chip, _ = build_chip(KERNEL_DECODER, unroll)
     simulated = simulate_build(chip, unroll)
     out = []
@@ -77,10 +80,10 @@ def report(found: list[Ranking]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m calibration.reports.tpu_v5e_ranking", allow_abbrev=False)
-    parser.add_argument("--panel-unroll", type=int, nargs=2, default=(PANEL_UNROLL, EXPERT_PANEL_UNROLL),
+    parser.add_argument("--panel-unroll", type=int, nargs=2, default=None,
                         metavar=("DENSE", "EXPERT"))
     args = parser.parse_args(argv)
-    sys.stdout.write("\n".join(report(rankings(tuple(args.panel_unroll)))) + "\n")
+    sys.stdout.write("\n".join(report(rankings(tuple(args.panel_unroll) if args.panel_unroll else None))) + "\n")
     return 0
 
 

@@ -41,6 +41,10 @@ from tpusim.workload.routing import parse_routing
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNEL_PATH = ROOT / "calibration" / "data" / "tpu-v5e-kernel.jsonl"
+# The runs of other builds than the kernel's default of their day (panel loops unrolled
+# otherwise: calibration.tpu_bench.ingest); every row names its build, so a build's decodes are
+# its rows of both files (build_records).
+VARIANTS_PATH = ROOT / "calibration" / "data" / "tpu-v5e-kernel-variants.jsonl"
 SCHEDULE_DIRS = (ROOT / "tpusim" / "schedules", ROOT / "calibration" / "tpu_bench" / "schedules")
 
 
@@ -104,15 +108,46 @@ REQUIRED = ("schedule", "schedule_hash", "batch", "context", "routing", "model",
             "ms_per_step_spread")
 
 
-def load_chip_records(path: Path | str = KERNEL_PATH, shard_of: str = "k3-tp32",
+def load_chip_records(path: Path | str | Sequence[Path] = KERNEL_PATH, shard_of: str = "k3-tp32",
                       expert_cap: int | None = None, decoder: str = CALIBRATION_DECODER) -> list[ChipRecord]:
     """The shard rows of ``path`` that ran ``decoder`` (the expert decoder,
     :data:`calibration.sources.tpu_probes.CALIBRATION_DECODER` by default), one per (schedule,
     batch), repeated runs merged: the decodes
     (``expert_cap`` None), or the fixed-cost probe runs capped at ``expert_cap`` experts. Raises
     :class:`~hwmodels.errors.InputError` (one line) for a missing or unreadable file, a row
-    that is not JSON or lacks a field, a schedule no file matches, or no ``shard_of`` rows of ``decoder``."""
-    path = Path(path)
+    that is not JSON or lacks a field, a schedule no file matches, or no ``shard_of`` rows of ``decoder``.
+    Several paths (in one directory: the routing traces are relative to it) are read as one file."""
+    paths = [Path(p) for p in path] if isinstance(path, Sequence) and not isinstance(path, str) else [Path(path)]
+    rows = []
+    for path in paths:
+        rows += _shard_rows(path, shard_of, expert_cap, decoder)
+    path = paths[0]
+    if not rows:
+        raise InputError(f"{', '.join(map(str, paths))}: no kernel records with shard_of {shard_of!r} and decoder "
+                         f"{decoder!r} (the K3-shard runs of megakernel.runner; records without a decoder ran 'bytes')")
+    return _merged(rows, path, shard_of, expert_cap)
+
+
+def build_records(decoder: str = CALIBRATION_DECODER, unroll: tuple[int, int] | None = None,
+                  expert_cap: int | None = None) -> list[ChipRecord]:
+    """Every committed decode (or capped run) of ``decoder``'s kernel, of every build or of the
+    build ``unroll`` (panel loops dense, experts) only: its rows of :data:`KERNEL_PATH` and
+    :data:`VARIANTS_PATH`, one record per (schedule, batch, build)."""
+    paths = [KERNEL_PATH] + ([VARIANTS_PATH] if VARIANTS_PATH.is_file() else [])
+    records = load_chip_records(paths, expert_cap=expert_cap, decoder=decoder)
+    return [r for r in records if unroll is None or r.panel_unroll == tuple(unroll)]
+
+
+def most_measured_build(decoder: str = CALIBRATION_DECODER) -> tuple[int, int]:
+    """The build (panel loops dense, experts) with the most committed decodes of ``decoder``'s
+    kernel: the one a ranking or a headline error is read on (ties: the later build listed)."""
+    counts: dict[tuple[int, int], int] = {}
+    for record in build_records(decoder):
+        counts[record.panel_unroll] = counts.get(record.panel_unroll, 0) + 1
+    return max(counts, key=lambda build: (counts[build], build))
+
+
+def _shard_rows(path: Path, shard_of: str, expert_cap: int | None, decoder: str) -> list[dict[str, Any]]:
     if not path.is_file():
         raise InputError(f"{path}: no such kernel records file")
     rows = []
@@ -131,9 +166,10 @@ def load_chip_records(path: Path | str = KERNEL_PATH, shard_of: str = "k3-tp32",
                 raise InputError(f"{path}:{number}: kernel record lacks {', '.join(missing)}")
             if record_decoder(row) == decoder:
                 rows.append(row)
-    if not rows:
-        raise InputError(f"{path}: no kernel records with shard_of {shard_of!r} and decoder {decoder!r} (the "
-                         "K3-shard runs of megakernel.runner; records without a decoder ran 'bytes')")
+    return rows
+
+
+def _merged(rows: list[dict[str, Any]], path: Path, shard_of: str, expert_cap: int | None) -> list[ChipRecord]:
     files = schedules_by_hash()
     groups: dict[tuple[str, int, tuple[int, int]], list[dict[str, Any]]] = {}
     for row in rows:  # runs of another kernel build (panel loops unrolled) are another record
@@ -160,9 +196,13 @@ def load_chip_records(path: Path | str = KERNEL_PATH, shard_of: str = "k3-tp32",
 
 
 def record_unroll(row: dict[str, Any]) -> tuple[int, int]:
-    """A kernel record's panel loops (dense, experts panels an iteration); 1, 1 before the field."""
-    dense, expert = row.get("panel_unroll") or (1, 1)
-    return int(dense), int(expert)
+    """A kernel record's panel loops (dense, experts panels an iteration): its ``panel_unroll``;
+    before that field, what its ``kernel_variant`` set on the one-panel kernel (1, 1 if nothing)."""
+    if row.get("panel_unroll"):
+        dense, expert = row["panel_unroll"]
+        return int(dense), int(expert)
+    knobs = row.get("kernel_variant") or {}
+    return int(knobs.get("panel_unroll", 1)), int(knobs.get("expert_panel_unroll", 1))
 
 
 def figures_key(chip: Chip) -> tuple[tuple[str, float], ...]:

@@ -26,6 +26,7 @@ from tpusim.records_io import append_record, record_line
 
 VREG_LANES = 8 * 128
 TOPOLOGIES = {"v5e:2x2": "tpu-v5e", "tpu7x:2x2x1": "tpu-v7"}
+STATIC_ROWS_MAX = 16  # the largest batch the v5e sets run: its products take two 8-row sublane tiles
 
 
 def _compile_in_this_process(part: str, decoder: str, rows: int, topology: str) -> None:
@@ -82,8 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--part", action="append", choices=sorted(PARTS))
     parser.add_argument("--decoder", action="append", choices=PRODUCT_DECODERS + MXU_DECODERS,
                         help="default: the decoders, and on tpu7x also the FP8 MXU products")
-    # rows 2 as well: the largest batch whose MXFP4 down the TPU7x kernel multiplies row by row
-    parser.add_argument("--rows", action="append", type=int, choices=sorted({*PRODUCT_ROWS, ROW_EXPANSION_MAX_ROWS}))
+    # rows 2 as well: the largest batch whose MXFP4 down the TPU7x kernel multiplies row by row;
+    # 16: the largest batch the v5e sets run (two 8-row sublane tiles a product)
+    parser.add_argument("--rows", action="append", type=int,
+                        choices=sorted({*PRODUCT_ROWS, ROW_EXPANSION_MAX_ROWS, STATIC_ROWS_MAX}))
     args = parser.parse_args(argv)
     records: list[dict[str, Any]] = []
     for part in args.part or PARTS:

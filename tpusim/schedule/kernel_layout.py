@@ -68,7 +68,7 @@ MATMUL_CHUNK_ROWS = 256
 # Panels of a looped matmul (and of a routed expert's part) the kernel's panel loop issues per
 # iteration: 1 is one product, then its result popped before the next panel's weights are
 # pushed. More lets the compiler overlap one panel's MXU round trip with the next's pushes.
-PANEL_UNROLL = 4
+PANEL_UNROLL = 8
 EXPERT_PANEL_UNROLL = 2
 
 
