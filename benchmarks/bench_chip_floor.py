@@ -37,7 +37,7 @@ from megakernel.quant_pairs import KERNEL_DECODER
 from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 
 DATA = Path(__file__).resolve().parents[1] / "calibration" / "data"
-SESSION = dt.timedelta(minutes=40)  # a device call's probes follow its kernel runs
+SESSION = dt.timedelta(minutes=12)  # one device call (at most 10 minutes): its probes follow its kernel runs
 PROBE_RUN = dt.timedelta(minutes=15)  # one call's probes: an earlier call's are not pooled with them
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 import numpy as np
 from scipy.stats import kendalltau
@@ -29,6 +30,7 @@ from calibration.reports.tpu_v5e_plan import (
     build_chip,
     simulate_build,
     static_figure,
+    static_rows,
 )
 from calibration.sources.tpu_chip_records import most_measured_build
 from calibration.sources.tpu_probes import dequant_path, probe_chip
@@ -39,18 +41,18 @@ from megakernel.quant import WORDS32_DECODER
 from megakernel.quant_pairs import KERNEL_DECODER
 
 
-def first_principles_chip(decoder: str = KERNEL_DECODER) -> Chip:
-    """tpu-v5e with the micro-probes' figures and ``decoder``'s static-schedule decode rates
-    (labelled ``derived``); every other figure the catalog's."""
+def first_principles_chip(decoder: str = KERNEL_DECODER, batch: int = 1) -> Chip:
+    """tpu-v5e with the micro-probes' figures and ``decoder``'s static-schedule decode rates at
+    ``batch``'s rows (labelled ``derived``); every other figure the catalog's."""
     data = probe_chip(load_chip("tpu-v5e", calibrated=False), decoder=WORDS32_DECODER).model_dump(mode="python")
     for part, part_decoder in PART_DECODERS[decoder].items():
-        value, source = static_figure(part, part_decoder)
+        value, source = static_figure(part, part_decoder, rows=static_rows(batch, part, part_decoder))
         parent, name = _figure_slot(data, dequant_path(FORMAT_OF_PART[part]))
         parent[name] = {**parent[name], "value": value, "label": "derived", "source": source}
     return Chip.model_validate(data)
 
 
-def errors(chip: Chip, unroll: tuple[int, int]) -> list[tuple[str, int, float, float]]:
+def errors(chip: Chip | Callable[[int], Chip], unroll: tuple[int, int]) -> list[tuple[str, int, float, float]]:
     """(schedule, batch, measured ms, simulated ms) of every committed decode of the build."""
     return [(r.schedule, r.batch, r.ms_median, ms) for r, ms in simulate_build(chip, unroll)]
 
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                         metavar=("DENSE", "EXPERT"))
     args = parser.parse_args(argv)
     unroll = tuple(args.panel_unroll) if args.panel_unroll else most_measured_build(KERNEL_DECODER)
-    first = errors(first_principles_chip, unroll)  # type: ignore[arg-type]
+    first = errors(lambda batch: first_principles_chip(KERNEL_DECODER, batch), unroll)  # type: ignore[arg-type]
     fitted = errors(lambda batch: build_chip(KERNEL_DECODER, unroll, batch)[0], unroll)  # type: ignore[arg-type]
     out = ["| schedule | batch | measured ms | first principles ms | error | way (b), kernel-level fit ms | error |",
            "|---|---:|---:|---:|---:|---:|---:|"]

@@ -159,12 +159,17 @@ def residual_interval(residuals: Sequence[float], level: float = 0.90) -> Interv
 
 @cache
 def v5e_residuals() -> tuple[tuple[str, int, float], ...]:
-    """(schedule, batch, simulated / measured - 1) of the v5e first-principles chip on every
-    committed decode of the kernel build (27 s here: 19 engine runs)."""
+    """(schedule, batch, simulated / measured - 1) of the v5e first-principles chip (its
+    decoders' static figures at each batch's rows) on every committed decode of the kernel's
+    builds with the expert loop unrolled (the kernel as it is: panel loops 4/2, 8/2 and their
+    variants; the one-panel builds' stall is gone from the kernel TPU7x would run)."""
     from calibration.reports.tpu_v5e_first_principles import errors, first_principles_chip
-    from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
+    from calibration.sources.tpu_chip_records import build_records
+    from megakernel.quant_pairs import KERNEL_DECODER
 
-    rows = errors(first_principles_chip(), (PANEL_UNROLL, EXPERT_PANEL_UNROLL))
+    builds = sorted({r.panel_unroll for r in build_records(KERNEL_DECODER) if r.panel_unroll[1] > 1})
+    rows = [row for build in builds
+            for row in errors(lambda batch: first_principles_chip(KERNEL_DECODER, batch), build)]
     return tuple((name, batch, sim / ms - 1.0) for name, batch, ms, sim in rows)
 
 
