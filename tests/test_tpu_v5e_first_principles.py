@@ -24,3 +24,23 @@ def test_summary_counts_hand_made_errors() -> None:
     rows = [("a", 1, 10.0, 11.0), ("b", 1, 20.0, 19.2), ("c", 1, 30.0, 30.6), ("d", 8, 40.0, 40.0)]
     # errors +10 %, -4 %, +2 %, 0: MAPE 4 %, max 10 %, three within 5 %; at batch 1 the order is kept
     assert summary(rows) == "4 decodes: MAPE 4.0%, max 10.0%, 3 within 5 %; Kendall tau b1 1.00"
+
+
+@pytest.mark.slow  # three engine runs of the capped K3 shard (~10 s)
+def test_the_capped_runs_are_held_out_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The capped runs are a check of the decomposition: changing what they measured changes
+    their errors, not what the first-principles chip simulates for them."""
+    from dataclasses import replace
+
+    from calibration.reports import tpu_v5e_first_principles as report
+
+    def chip(batch: int):
+        return first_principles_chip(batch=batch)
+
+    before = report.capped_errors(chip, (8, 2))
+    assert [cap for _, cap, _, _ in before] == [4, 8, 12]
+    real = report.capped_runs
+    monkeypatch.setattr(report, "capped_runs", lambda *a, **k: [replace(r, ms_median=r.ms_median * 1.1) for r in real(*a, **k)])
+    after = report.capped_errors(chip, (8, 2))
+    assert [sim for *_, sim in after] == pytest.approx([sim for *_, sim in before])
+    assert [ms for _, _, ms, _ in after] == pytest.approx([ms * 1.1 for _, _, ms, _ in before])

@@ -128,6 +128,11 @@ def refit_chip(chip: Chip, found: FixedCost) -> Chip:
     return Chip.model_validate(data)
 
 
+def simulated_ms(runs: list[ChipRecord], chip: Chip) -> list[float]:
+    """Each capped run's step (ms) simulated on ``chip``: its program capped as it ran."""
+    return [float(ms) for ms in _ms(runs, chip)]
+
+
 def _ms(runs: list[ChipRecord], chip: Chip) -> np.ndarray:
     out = []
     for run in runs:
