@@ -223,24 +223,13 @@ def tpu7x_clock_hz(chip: Chip, records: Sequence[dict[str, Any]]) -> tuple[float
 def parts_chip() -> Chip:
     """tpu-v7 with the component stages fitted on the TPU7x reference (module docstring, 1)."""
     from calibration.sources.loaders import load_measurements, usable_for
-    from calibration.sources.tpu_calibration import simulated_stage
+    from calibration.sources.tpu_calibration import run_stages
     from calibration.sources.tpu_components import load_components
-    from calibration.sources.tpu_stages import isolated_stage
 
     published = load_chip("tpu-v7", calibrated=False)
     components = load_components("tpu7x-components")
     points = usable_for(load_measurements("published:tpu7x-musespark"), published.name, published.kind)
-    chip, predictor = published, Predictor()
-    for name in STAGES:
-        if name == "slot_sweep":
-            done = simulated_stage(name, chip, published, components, points, predictor)
-        elif any(r.part == name for r in components):
-            done = isolated_stage(name, chip, published, components)
-        else:
-            done = None
-        if done is not None:
-            chip = done[0]
-    return chip
+    return run_stages(STAGES, published, points, components, Predictor())[0]
 
 
 def compiler_priced_chip(base: Chip, batch: int, path: Path | str = TPU7X_STATIC_PATH) -> tuple[Chip, int]:

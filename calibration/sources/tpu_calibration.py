@@ -204,16 +204,13 @@ class PartsResult:
         }
 
 
-def calibrate_by_parts(published: Chip, points: Sequence[Measurement], components: Sequence[ComponentRecord], *,
-                       holdout: str | None = None, predictor: Predictor | None = None,
-                       max_nfev: int = 12, logo: bool = True, with_coverage: bool = False,
-                       measurements: str = "end-to-end points",
-                       logo_dimensions: Sequence[str] | None = None) -> PartsResult:
-    """Run the stages of :mod:`calibration.sources.tpu_stages` and the end-to-end fit (module docstring);
-    ``logo_dimensions``: refit without each group of only these dimensions (default: every one)."""
-    predictor = predictor or Predictor()
+def run_stages(names: Sequence[str], published: Chip, points: Sequence[Measurement],
+               components: Sequence[ComponentRecord], predictor: Predictor) -> tuple[Chip, list[Any]]:
+    """(the chip after, the stage results) of the stages ``names`` in order, each starting on the
+    chip the ones before it left: the simulated ones (``slot_sweep``, ``breakdown``) on the
+    end-to-end ``points``, the others on their own component records (a stage with none is skipped)."""
     chip, stages = published, []
-    for name in PARTS_ORDER:
+    for name in names:
         if name in ("slot_sweep", "breakdown"):
             done = simulated_stage(name, chip, published, components, points, predictor)
         elif any(r.part == name for r in components):
@@ -223,7 +220,18 @@ def calibrate_by_parts(published: Chip, points: Sequence[Measurement], component
         if done is not None:
             chip, stage = done
             stages.append(stage)
-    parts_chip = chip
+    return chip, stages
+
+
+def calibrate_by_parts(published: Chip, points: Sequence[Measurement], components: Sequence[ComponentRecord], *,
+                       holdout: str | None = None, predictor: Predictor | None = None,
+                       max_nfev: int = 12, logo: bool = True, with_coverage: bool = False,
+                       measurements: str = "end-to-end points",
+                       logo_dimensions: Sequence[str] | None = None) -> PartsResult:
+    """Run the stages of :mod:`calibration.sources.tpu_stages` and the end-to-end fit (module docstring);
+    ``logo_dimensions``: refit without each group of only these dimensions (default: every one)."""
+    predictor = predictor or Predictor()
+    parts_chip, stages = run_stages(PARTS_ORDER, published, points, components, predictor)
     # the end-to-end stage starts on the parts' chip and holds what the step times cannot pin
     e2e = fit_chip(parts_chip, points, parameters=E2E_PARAMETERS, holdout=holdout, predictor=predictor,
                    max_nfev=max_nfev, hold_weak=True)
