@@ -29,11 +29,11 @@ The method is the one :mod:`calibration.reports.tpu_v5e_first_principles` judged
    twice the compute; were the 20 ns the kernel's dense panel loop's issue rate, 2.19 GHz). The
    interval of step 4 does not hold this uncertainty.
 4. **Interval** (:func:`residual_interval`): the relative residuals ``r = simulated / measured -
-   1`` of the v5e first-principles chip on every committed decode of the kernel build
-   (:func:`calibration.reports.tpu_v5e_first_principles.errors`), pooled over batches. Under
+   1`` of the v5e first-principles chip on every committed decode of the kernel's builds with
+   the expert loop unrolled (:func:`v5e_residuals`), pooled over batches. Under
    exchangeability a new decode's residual falls between the ``floor((n+1) a/2)``-th and the
    ``ceil((n+1)(1 - a/2))``-th smallest of ``n`` (split conformal, level ``1 - a``); with
-   ``n = 19`` at 90 % that is the minimum and the maximum. Since ``measured = simulated / (1 +
+   ``n`` from 19 to 38 at 90 % that is the minimum and the maximum. Since ``measured = simulated / (1 +
    r)``, the interval is ``[point / (1 + r_high), point / (1 + r_low)]``. **Prior**: that the
    method's v5e error transfers to TPU7x (another chip, another compiler target, another
    model size); no TPU7x run of the kernel exists to check it.
