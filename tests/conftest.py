@@ -4,6 +4,8 @@ Every ``heavy`` test is also ``slow`` (:func:`pytest_collection_modifyitems`): a
 command line replaces the ``-m 'not heavy'`` of ``addopts``, so ``pytest -m "not slow"`` would
 otherwise run the heavy 8- and 32-device interpret-mode checks (minutes each).
 
+JAX compiles go to one persistent cache per test run (:func:`_share_jax_compiles`).
+
 ``local_dir`` is autouse: every test gets its own empty folder for machine-local catalog
 entries and calibrated overlays (``TPUSIM_LOCAL_DIR``), so no test reads or writes the
 user's own calibration, and no test sees another test's overlay.
@@ -20,15 +22,48 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
+import atexit
+import shutil
+import tempfile
+
 import pytest
+
+
+def _share_jax_compiles() -> None:
+    """One persistent JAX compilation cache for the whole run, in a fresh temporary folder.
+
+    The interpret-mode kernel checks each start a fresh process (virtual devices need
+    ``XLA_FLAGS`` before JAX starts) and compile the same reference and helper functions again:
+    a shared cache measured 15 % less CPU on the multi-device decode tests. The controller
+    makes the folder before the pytest-xdist workers start; they and every subprocess inherit
+    the variables. Every compile is cached (thresholds 0), nothing is read from an earlier run
+    (the folder is new and removed at exit), and a user's own ``JAX_COMPILATION_CACHE_DIR``
+    is left as it is. Only XLA's compiled executables are reused, keyed by JAX on the
+    program, options and backend: results do not change."""
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return  # a worker (set by the controller) or the user's own cache
+    folder = tempfile.mkdtemp(prefix="tpusim-tests-jax-cache-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = folder
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+
+_share_jax_compiles()
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every heavy test slow too: heavy means slower than slow."""
+    """Mark every heavy test slow too: heavy means slower than slow. Then run the files that
+    hold a slow test first (each file's tests stay together and in order, so a module fixture
+    is still made once per worker): alphabetically the long kernel, calibration and VMEM
+    checks come last, and a 1-3 minute test starting near the end leaves the other worker
+    idle; first, the many short tests fill in beside them."""
     for item in items:
         if item.get_closest_marker("heavy") is not None and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: the order within each group stays
 
 
 @pytest.fixture(autouse=True)

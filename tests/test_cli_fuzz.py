@@ -3,7 +3,8 @@
 Drawn argument lists for every subcommand, valid and invalid values and corrupt files, run
 in-process: exit 0 or 2, no traceback, no half-written file, and every exit-0 result for a
 model on a system either fits HBM (recomputed independently) or is labelled ``does not
-fit``. What the CI cases cover is listed in the harness's docstring.
+fit``. What the CI cases cover is listed in the harness's docstring; the cases are drawn in
+``benchmarks/fuzz_cli_cases.py``, which the harness loads beside itself.
 """
 
 from __future__ import annotations

@@ -80,6 +80,7 @@ def _failed(records: list[ChipRecord], predictor: ChipRecordPredictor, chip, bat
     return failures([records[i] for i in indices], predictor.predict_many(chip, indices))
 
 
+@pytest.mark.slow  # the module's way_b fixture: one fixed-cost fit (~17-22 s) for it and the next test
 def test_the_committed_chain_passes_both_guards(records: list[ChipRecord], predictor: ChipRecordPredictor,
                                                 way_b) -> None:  # type: ignore[no-untyped-def]
     predicted = predictor.predict_many(way_b, range(len(records)))
@@ -87,6 +88,7 @@ def test_the_committed_chain_passes_both_guards(records: list[ChipRecord], predi
     assert failures(records, predicted) == []
 
 
+@pytest.mark.slow  # way_b, as above: out of the fast subset, still in the default run
 @pytest.mark.parametrize("path", sorted(HELD))
 def test_a_figure_planted_10_percent_high_with_the_rest_held_fails_its_guard(
         path: str, records: list[ChipRecord], predictor: ChipRecordPredictor, way_b) -> None:  # type: ignore[no-untyped-def]

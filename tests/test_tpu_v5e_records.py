@@ -52,6 +52,7 @@ def test_way_c_held_out_error_stays_at_the_documented_figure() -> None:
     assert data["coverage"]["inside"] / data["coverage"]["points"] >= COVERAGE_FLOOR, data["coverage"]
 
 
+@pytest.mark.slow  # builds way (b)'s chip: one fixed-cost fit through the engine (~17-25 s)
 def test_way_b_reads_no_decode_step_time(monkeypatch: pytest.MonkeyPatch) -> None:
     original = Path.read_text
 
