@@ -63,6 +63,7 @@ from hwmodels.catalog import load_chip
 from hwmodels.errors import InputError
 from hwmodels.schema import Chip
 from megakernel.quant_mxu import ROW_EXPANSION_MAX_ROWS
+from tpusim.cli_options import add_batch_option, add_schedule_option
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 TPU7X_STATIC_PATH = DATA / "tpu7x-static-schedule.jsonl"
@@ -299,8 +300,8 @@ def markdown(rows: Sequence[PricedRow]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m calibration.reports.tpu_v7_compiler_priced", allow_abbrev=False)
-    parser.add_argument("--batch", default="1,2,4,8", help="comma-separated batch sizes (default: 1,2,4,8)")
-    parser.add_argument("--schedule", default="published", help="the schedule simulated (default: published)")
+    add_batch_option(parser, default="1,2,4,8", type=None, help="comma-separated batch sizes (default: 1,2,4,8)")
+    add_schedule_option(parser, default="published", help="the schedule simulated (default: published)")
     args = parser.parse_args(argv)
     try:
         batches = tuple(values.number_list(args.batch, "--batch", kind=int, minimum=1))
