@@ -197,44 +197,8 @@ class HbmServer:
 
     def pump(self) -> None:
         """Issue queued copies, most urgent first, while slots are free."""
-        queue = self.queue
-        in_flight, max_in_flight = self.in_flight, self.max_in_flight
-        if not queue or in_flight >= max_in_flight:
-            return
-        latency_s = self.latency_s
-        if not (latency_s > 0.0 and self.recorder is None):
-            self._issue()
+        if self._issue():
             self._reschedule(self.env.now)
-            return
-        # _issue and _reschedule, inlined for the common case (each copy spends its latency first)
-        now = self.env.now
-        elapsed = now - self.last_s  # _advance, inlined
-        streaming = self.streaming
-        if elapsed > 0.0:
-            if streaming:
-                self.virtual_bytes += self.rate * elapsed
-            if in_flight:
-                self.busy_s += elapsed
-            self.last_s = now
-        starting, start_s, heappop = self.starting, now + latency_s, heapq.heappop
-        issued = in_flight
-        while queue and in_flight < max_in_flight:
-            desc = heappop(queue)[1]
-            in_flight += 1
-            desc.issue_s = now
-            starting.append((start_s, desc))
-        self.issued += in_flight - issued
-        self.in_flight = in_flight
-        next_s = starting[0][0]  # (not empty: a copy was just issued)
-        if streaming:
-            left = streaming[0][0] - self.virtual_bytes
-            finish = now + left / self.rate if left > 0.0 else now
-            if finish < next_s:
-                next_s = finish
-        if next_s < self.wake_at:
-            self.wake_token += 1
-            self.wake_at = next_s
-            self.call_later(next_s - now if next_s > now else 0.0, self._wake, self.wake_token)
 
     def _issue(self) -> bool:
         """:meth:`pump` without the wake-up (the caller schedules it); True if it issued."""
