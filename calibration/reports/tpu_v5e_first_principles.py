@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     capped = capped_errors(lambda batch: first_principles_chip(KERNEL_DECODER, batch), unroll)  # type: ignore[arg-type]
     if capped:
         out += ["", "The build's capped runs (fixed-cost probe, batch 1), held out from the first principles "
-                "(way (b) is fitted on them):", "| schedule | expert cap | measured ms | first principles ms | error |",
+                "(way (b) is fitted on them):", "| schedule | expert cap | measured ms (tpu-v5e) | first principles ms (simulated) | error |",
                 "|---|---:|---:|---:|---:|"]
         out += [f"| {name} | {cap} | {ms:.2f} | {sim:.2f} | {sim / ms - 1:+.1%} |" for name, cap, ms, sim in capped]
         e = np.array([sim / ms - 1 for *_, ms, sim in capped])
