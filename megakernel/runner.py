@@ -40,6 +40,7 @@ from megakernel.expert_products import DECODE, ExpertProducts, expert_products_f
 from megakernel.hbm import pack_hbm
 from megakernel.kernel import Megakernel
 from megakernel.layout import load_safetensors, random_weights
+from megakernel.math_moe import distinct_experts as distinct_experts_in_order
 from megakernel.reference import (
     DecodeState,
     decode_step,
@@ -200,8 +201,6 @@ def run(config: RunConfig, out: Path | None = None) -> dict[str, Any]:
         raise InputError("--batch, --steps and --context must be >= 1")
     if config.weight_banks < 0:
         raise InputError(f"--weight-banks {config.weight_banks}: must be >= 0")
-    if config.expert_cap is not None and config.batch != 1:
-        raise InputError(f"--expert-cap {config.expert_cap}: batch 1 only (its routing is the first experts a row chose)")
     backend = resolve_backend(config.backend)
     check_steps = config.steps if backend == "interpret" else max(config.check_steps, 0)
     if config.expert_cap is not None:
@@ -227,8 +226,8 @@ def run(config: RunConfig, out: Path | None = None) -> dict[str, Any]:
     with jax.default_matmul_precision("highest"):
         _, _, routing = decode_step_with_routing(dims, params, state, tokens)
     routing = np.asarray(routing)
-    if config.expert_cap is not None:  # batch 1: the list is the row's picks in rank order
-        routing = routing[:, :, : config.expert_cap]
+    if config.expert_cap is not None:
+        routing = capped_routing(routing, config.expert_cap)
     experts_per_layer = distinct_experts(routing, dims.moe.local_experts)
     note(f"{config.model}: {check_steps} checked step(s), kernel against the reference")
     check = greedy_check(step, dims, params, hbm, state, tokens, check_steps)
@@ -301,6 +300,21 @@ def routing_key(config: RunConfig, schedule: Any) -> str:
     shard = f"-{config.shard_of}" if config.shard_of else ""
     cap = f"-cap{config.expert_cap}" if config.expert_cap is not None else ""
     return f"{config.model}{shard}-{schedule.content_hash()}-b{config.batch}{cap}-s{config.seed}"
+
+
+def capped_routing(routing: np.ndarray, cap: int) -> np.ndarray:
+    """Routing ``[layers, B, k]`` -> ``[layers, B, cap]``: what a kernel capped at ``cap`` experts
+    a layer runs. The kernel keeps the first ``cap`` entries of its expert list (distinct ids in
+    first-appearance, round-major order: :func:`megakernel.math_moe.distinct_experts`) and
+    multiplies each for every row of the batch, so every row is written as picking exactly
+    those. At batch 1 this is the row's first ``cap`` picks in rank order."""
+    layers = []
+    for index, layer in enumerate(routing):
+        first = distinct_experts_in_order(layer)[:cap]
+        if len(first) < cap:
+            raise InputError(f"--expert-cap {cap}: MoE layer {index} routes only {len(first)} distinct experts")
+        layers.append(np.broadcast_to(np.asarray(first, dtype=routing.dtype), (layer.shape[0], cap)))
+    return np.stack(layers) if layers else routing[:, :, :cap]
 
 
 def distinct_experts(routing: np.ndarray, local_experts: int) -> list[int]:

@@ -75,3 +75,20 @@ def test_bad_schedule_is_a_one_line_input_error(tmp_path, capsys):
                  "--out", str(tmp_path / "m.jsonl")])
     assert code == 2
     assert "unknown schedule" in capsys.readouterr().err
+
+
+def test_capped_routing_keeps_the_kernels_first_experts_for_every_row():
+    import numpy as np
+
+    from megakernel.runner import capped_routing
+
+    # one MoE layer, 3 rows, top-3; the kernel lists distinct ids rank by rank, row by row:
+    # rank 0 gives 5, 7 (row 2 repeats 5), rank 1 gives 9, 1 (row 1's 5 is listed), ...
+    routing = np.array([[[5, 9, 2], [7, 5, 4], [5, 1, 8]]])
+    capped = capped_routing(routing, 4)
+    assert capped.shape == (1, 3, 4)
+    assert (capped == np.array([5, 7, 9, 1])).all()  # every row runs the same four
+    single = np.array([[[3, 1, 2]], [[6, 4, 0]]])  # batch 1: the row's first picks in rank order
+    assert (capped_routing(single, 2) == single[:, :, :2]).all()
+    with pytest.raises(InputError, match="layer 0 routes only 3 distinct"):
+        capped_routing(np.array([[[1, 2, 3]]]), 4)

@@ -59,9 +59,10 @@ def errors(chip: Chip | Callable[[int], Chip], unroll: tuple[int, int]) -> list[
 
 
 def capped_errors(chip: Callable[[int], Chip], unroll: tuple[int, int]) -> list[tuple[str, int, float, float]]:
-    """(schedule, expert cap, measured ms, simulated ms) of the build's capped runs (the
-    fixed-cost probe): a held-out check of the first-principles decomposition, which reads none."""
-    runs = capped_runs(FIXED_COST_PATH, KERNEL_DECODER, unroll)
+    """(schedule, expert cap, measured ms, simulated ms) of the build's capped runs at every
+    batch (the fixed-cost probe): a held-out check of the first-principles decomposition, which
+    reads none."""
+    runs = capped_runs(FIXED_COST_PATH, KERNEL_DECODER, unroll, batch=None)
     return [(r.schedule, int(r.expert_cap or 0), r.ms_median, simulated_ms([r], chip(r.batch))[0]) for r in runs]
 
 

@@ -121,26 +121,30 @@ def planned_chip(decoder: str = KERNEL_DECODER, expert_panel_unroll: int = 1, ba
 
 def build_chip(decoder: str = KERNEL_DECODER, unroll: tuple[int, int] = (PANEL_UNROLL, EXPERT_PANEL_UNROLL),
                batch: int = 1) -> tuple[Chip, str]:
-    """(chip, label) for predicting a build of the kernel (``decoder``, panel loops ``unroll``):
-    :func:`planned_chip`, refit by way (b) on that build's own capped runs
-    (:func:`calibration.sources.tpu_fixed_cost.fixed_cost`; its decodes are never read) when
-    there are two published caps of it; else on the capped runs of the build nearest it (the
-    same expert loop first: the refit's figures are the experts' decode and the per-layer
-    cost), named in the label; else as it is. The refit is made at batch 1 (the capped runs'
-    batch) and applied to the chip of ``batch`` (its decoders' static figures at its rows)."""
-    chip = planned_chip(decoder, unroll[1])
+    """(chip, label) for predicting a build of the kernel (``decoder``, panel loops ``unroll``)
+    at ``batch``: :func:`planned_chip` at the batch's rows, refit by way (b) on that build's own
+    capped runs (:func:`calibration.sources.tpu_fixed_cost.fixed_cost`; its decodes are never
+    read) when there are two published caps of it; else on the capped runs of the build nearest
+    it (the same expert loop first: the refit's figures are the experts' decode and the
+    per-layer cost), named in the label; else as it is. The refit reads the capped runs at
+    ``batch`` when the build has them (the layer's own work grows with the rows: the kernel's
+    per-row code doubles past one 8-row sublane tile), else those at batch 1, and the label
+    says which."""
     at_batch = planned_chip(decoder, unroll[1], batch)
-    builds = sorted({r.panel_unroll for r in capped_runs(FIXED_COST_PATH, decoder)},
+    builds = sorted({r.panel_unroll for r in capped_runs(FIXED_COST_PATH, decoder, batch=None)},
                     key=lambda b: (b != tuple(unroll), b[1] != unroll[1], abs(b[0] - unroll[0])))
     for build in builds:
-        found = fixed_cost(chip, FIXED_COST_PATH, decoder, build)
+        for fit_batch in dict.fromkeys((batch, 1)):
+            found = fixed_cost(planned_chip(decoder, unroll[1], fit_batch), FIXED_COST_PATH, decoder, build, fit_batch)
+            if found is not None:
+                break
         if found is None:
             continue
         whose = "this build's own" if build == tuple(unroll) else f"the nearest build's (u{build[0]}x{build[1]})"
         return refit_chip(at_batch, found), (
             f"simulated (the new decoders from the static schedule, refit by way (b) on {whose} capped "
-            f"runs u{build[0]}x{build[1]}: {', '.join(found.runs)}; dequant factor {found.dequant_factor:.2f}, "
-            f"{found.per_layer_s * 1e6:.1f} µs a layer)")
+            f"runs u{build[0]}x{build[1]} at batch {fit_batch}: {', '.join(found.runs)}; dequant factor "
+            f"{found.dequant_factor:.2f}, {found.per_layer_s * 1e6:.1f} µs a layer)")
     return at_batch, "simulated (way (b) of the words32 kernel; the new decoders from the static schedule)"
 
 

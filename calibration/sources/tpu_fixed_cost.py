@@ -91,9 +91,10 @@ class FixedCost:
 
 
 def capped_runs(path: Path | str = FIXED_COST_PATH, decoder: str = CALIBRATION_DECODER,
-                panel_unroll: tuple[int, int] | None = None) -> list[ChipRecord]:
+                panel_unroll: tuple[int, int] | None = None, batch: int | None = 1) -> list[ChipRecord]:
     """The fixed-cost probe runs (expert caps in :data:`CAPS`) of ``path`` that ran ``decoder``
-    (and, when given, the panel loops' ``panel_unroll``: one build of the kernel)."""
+    at ``batch`` (None: any batch), and, when given, the panel loops' ``panel_unroll`` (one
+    build of the kernel)."""
     path = Path(path)
     if not path.is_file():
         return []
@@ -101,7 +102,8 @@ def capped_runs(path: Path | str = FIXED_COST_PATH, decoder: str = CALIBRATION_D
     present = {row.get("expert_cap") for row in rows if record_decoder(row) == decoder}
     return [run for cap in CAPS if cap in present
             for run in load_chip_records(path, expert_cap=cap, decoder=decoder)
-            if panel_unroll is None or run.panel_unroll == tuple(panel_unroll)]
+            if (panel_unroll is None or run.panel_unroll == tuple(panel_unroll))
+            and (batch is None or run.batch == batch)]
 
 
 def _with(chip: Chip, factor: float, per_layer_s: float | None) -> Chip:
@@ -157,12 +159,14 @@ def _moe_layers(run: ChipRecord) -> int:
 
 
 def fixed_cost(probes: Chip, path: Path | str = FIXED_COST_PATH,
-               decoder: str = CALIBRATION_DECODER, panel_unroll: tuple[int, int] | None = None) -> FixedCost | None:
-    """The two figures (module docstring) from the runs in ``path`` that ran ``decoder`` (and
-    ``panel_unroll``, when given), on the chip ``probes`` (its dequant rates are what the factor
-    scales: the micro-probes', or another source's); None when the file holds fewer than two
-    published caps of that build."""
-    runs = capped_runs(path, decoder, panel_unroll)
+               decoder: str = CALIBRATION_DECODER, panel_unroll: tuple[int, int] | None = None,
+               batch: int = 1) -> FixedCost | None:
+    """The two figures (module docstring) from the runs in ``path`` that ran ``decoder`` at
+    ``batch`` (and ``panel_unroll``, when given), on the chip ``probes`` (its dequant rates are
+    what the factor scales: the micro-probes', or another source's; at a batch above 1 its
+    decoders' figures should be that batch's); None when the file holds fewer than two
+    published caps of that build at that batch."""
+    runs = capped_runs(path, decoder, panel_unroll, batch)
     slope_runs = [r for r in runs if r.schedule == SLOPE_SCHEDULE]
     if len({r.expert_cap for r in slope_runs}) < 2:
         return None
@@ -182,7 +186,7 @@ def fixed_cost(probes: Chip, path: Path | str = FIXED_COST_PATH,
         low, high = PER_LAYER_BRACKET_S
         per_layer = low if error(low) >= 0.0 else brentq(error, low, high, xtol=1e-7)
     names = tuple(f"{r.schedule} c={r.expert_cap}" for r in runs)
-    source = (f"derived on tpu-v5e (the K3-shard kernel's fixed-cost probe: {', '.join(names)} at batch 1, "
+    source = (f"derived on tpu-v5e (the K3-shard kernel's fixed-cost probe: {', '.join(names)} at batch {batch}, "
               f"read through the simulator): {measured * 1e3:.1f} µs a routed expert")
     return FixedCost(factor, per_layer, measured, names, source)
 
