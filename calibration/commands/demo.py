@@ -1,4 +1,4 @@
-"""`tpusim demo`: the main job on built-in defaults (see :mod:`tpusim.app.demo`)."""
+"""`tpusim demo`: the main job on built-in defaults (see :mod:`calibration.commands.demo_steps`)."""
 
 from __future__ import annotations
 
@@ -34,9 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def run(args: argparse.Namespace) -> int:
+    from calibration.commands.demo_run import DemoConfig
+    from calibration.commands.demo_steps import run_demo
     from tpusim.app.cli.common import usable_cores
-    from tpusim.app.demo import run_demo
-    from tpusim.app.demo_run import DemoConfig
 
     jobs = args.jobs if "jobs" in getattr(args, "given", ()) else min(args.jobs, usable_cores())  # 2, or 1 core
     config = DemoConfig(out_dir=args.out, jobs=jobs, sweep_budget=args.sweep_budget, quick=args.quick, full=args.full)
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     stdout, stderr = sys.stdout, sys.stderr
     result = run_demo(config, progress=lambda line: print(line, file=stderr, flush=True),
                       answer=lambda line: print(line, file=stdout, flush=True))
-    from tpusim.app.demo import demo_local_dir, reuse_line
+    from calibration.commands.demo_steps import demo_local_dir, reuse_line
 
     report = args.out / "report.md"
     print(f"report: {report}")
