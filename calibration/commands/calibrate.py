@@ -82,8 +82,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -164,7 +165,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     calibrate.add_argument("--quick", action="store_true", help="cpu-loop: the small CI variant")
     calibrate.add_argument("--no-probe", action="store_true",
                            help="cpu-loop: reuse the saved host-cpu entry instead of probing again")
-    calibrate.set_defaults(func=run_calibrate, output_lock="folder")
+    # flags the chosen path ignores are refused (tpusim.app.cli.flag_rules), before any work
+    calibrate.set_defaults(func=run_calibrate, output_lock="folder", flag_rules=(
+        ("quick", _cpu_loop_only), ("no_probe", _cpu_loop_only), ("max_evals", _not_cpu_loop)))
+
+
+def _cpu_loop_only(args: argparse.Namespace, _: Mapping[str, Any]) -> str | None:
+    if getattr(args, "measurements", None) not in CPU_LOOP:
+        return "used only with --measurements cpu-loop (the CPU closed loop on this host)"
+    return None
+
+
+def _not_cpu_loop(args: argparse.Namespace, _: Mapping[str, Any]) -> str | None:
+    if getattr(args, "measurements", None) in CPU_LOOP:
+        return "not used by --measurements cpu-loop (its fit sets its own limits; --quick makes it small)"
+    return None
 
 
 def register_report(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

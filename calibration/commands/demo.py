@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from tpusim.app.cli.common import jobs, output_folder
 from tpusim.cli_options import positive_int
@@ -30,7 +32,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--full", action="store_true",
                         help="also the long steps: kernel run in interpret mode, calibrations, deployment search, "
                         "Mosaic compiles, a batch-4 sweep (about ten minutes on 2 cores)")
-    parser.set_defaults(func=run, output_lock="folder")
+    # flags the chosen path ignores are refused (tpusim.app.cli.flag_rules), before any work
+    parser.set_defaults(func=run, output_lock="folder", flag_rules=(("sweep_budget", _quick_budget),))
+
+
+def _quick_budget(args: argparse.Namespace, _: Mapping[str, Any]) -> str | None:
+    if getattr(args, "quick", False):
+        return "--quick sets its own small budgets (8 simulations a sweep); give --quick or --sweep-budget, not both"
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
