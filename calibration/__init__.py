@@ -1,7 +1,12 @@
 """Calibration: measurements in, fitted hardware overlays, intervals and error reports out.
 
-Three folders by role, imports pointing down only (``tests/test_layers.py`` checks it):
+Four folders by role, imports pointing down only (``tests/test_layers.py`` checks it):
 
+``commands/``
+    this layer's ``tpusim`` commands, found by the command line through entry points
+    (:mod:`tpusim.app.plugins`): ``calibrate``, ``report`` and ``demo`` (it runs every
+    layer), the ``measurement`` topic of ``tpusim schema`` and the compiler-priced lines
+    under ``tpusim compare`` (:mod:`calibration.commands`).
 ``reports/``
     what a fit looks like to a reader: predicted-vs-measured tables and scatter plots
     (:mod:`~calibration.reports.fit_report`), the checks that refuse a fit
@@ -37,5 +42,6 @@ harness that ships with the package and needs only JAX and numpy).
 This file imports nothing on purpose: ``calibration.gpu_bench`` must import on a machine
 that has JAX but not pydantic, simpy or scipy.
 
-The command line is ``tpusim calibrate`` / ``tpusim report`` (:mod:`tpusim.app.cli.calibrate`).
+The command line is ``tpusim calibrate`` / ``tpusim report`` (:mod:`calibration.commands.calibrate`),
+declared in ``pyproject.toml`` (``[project.entry-points."tpusim.commands"]``).
 """

@@ -26,7 +26,10 @@ Modules, bottom up:
   :mod:`~megakernel.multi_device_decode` and :mod:`~megakernel.decode_ops` (the decode with
   the collectives carrying its partials and gathers), :mod:`~megakernel.decode_check`
   (against the single-device reference, in a fresh process), :mod:`~megakernel.decode_ties`
-  (routing near ties against the reference), :mod:`~megakernel.tolerance`.
+  (routing near ties against the reference), :mod:`~megakernel.tolerance`;
+- the top: :mod:`~megakernel.commands`, this layer's ``tpusim`` commands (``run-kernel``,
+  ``lower``, the Mosaic check of ``tpusim sweep --compile-check``), found by the command line
+  through entry points (:mod:`tpusim.app.plugins`).
 
 Simplifications relative to ``shared/reference/kimi-k3.md`` (docs/megakernel.md lists them too):
 

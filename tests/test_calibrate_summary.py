@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from calibration.commands.fit_summary import identifiability_word
 from tpusim.app.cli import main
-from tpusim.app.fit_summary import identifiability_word
 from tpusim.app.schemas import example_text
 
 

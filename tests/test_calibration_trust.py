@@ -206,7 +206,7 @@ def test_host_cpu_before_a_probe_says_to_run_the_probe(argv, capsys) -> None:
 
 
 def test_the_demo_prints_the_command_that_reuses_its_calibration(tmp_path, monkeypatch, capsys) -> None:
-    import tpusim.app.demo as demo
+    from calibration.commands import demo_steps as demo
 
     class Done:
         ok, steps = True, []
@@ -225,8 +225,8 @@ def test_the_demo_prints_the_command_that_reuses_its_calibration(tmp_path, monke
 
 
 def test_the_demo_report_says_what_it_kept_despite_the_checks_and_how_to_reuse_it(tmp_path) -> None:
-    from tpusim.app.demo_report import render_report
-    from tpusim.app.demo_run import DemoConfig, DemoRun
+    from calibration.commands.demo_report import render_report
+    from calibration.commands.demo_run import DemoConfig, DemoRun
 
     run = DemoRun(DemoConfig(out_dir=tmp_path))
     run.step("calibrate host-cpu").data = {"refusals": [
@@ -243,7 +243,7 @@ def test_the_cpu_loop_needs_no_probe_beforehand(tmp_path, monkeypatch) -> None:
     demo's first run on a new machine calibrates host-cpu with an empty local folder)."""
     import argparse
 
-    from tpusim.app.cli.calibrate import _procedure
+    from calibration.commands.calibrate import _procedure
 
     monkeypatch.setenv("TPUSIM_LOCAL_DIR", str(tmp_path / "empty"))
     args = argparse.Namespace(procedure="auto", measurements="cpu-loop", hardware="host-cpu", components=None,

@@ -1,4 +1,4 @@
-"""One answer per question in the demo report (:mod:`tpusim.app.demo_consistency`).
+"""One answer per question in the demo report (:mod:`calibration.commands.demo_consistency`).
 
 The renderer refuses a best-of figure that another figure of the same question beats; the
 same-question check itself is tested on hand-made runs here, and on a real run of the demo's
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tpusim.app.demo_consistency import conflicts, figures
-from tpusim.app.demo_report import render_report
-from tpusim.app.demo_run import DemoConfig, DemoRun
+from calibration.commands.demo_consistency import conflicts, figures
+from calibration.commands.demo_report import render_report
+from calibration.commands.demo_run import DemoConfig, DemoRun
 
 PUBLISHED = "tpu-v7: published figures"
 
@@ -68,7 +68,7 @@ def test_other_chip_figures_are_another_question(tmp_path: Path) -> None:
 @pytest.fixture(scope="session")
 def real_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
     """The demo's K3 steps at quick budgets, once per session (see the module docstring)."""
-    from tpusim.app.demo import (
+    from calibration.commands.demo_steps import (
         K3_TPU,
         batch_schedule,
         compare_per_batch,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tpusim.app import demo
-from tpusim.app.demo_report import NOT_BY_DEFAULT, render_report
-from tpusim.app.demo_run import DemoConfig, DemoRun, StepRecord
+from calibration.commands import demo_steps as demo
+from calibration.commands.demo_report import NOT_BY_DEFAULT, render_report
+from calibration.commands.demo_run import DemoConfig, DemoRun, StepRecord
 from tpusim.progress_notes import listening, note
 from tpusim.sweep.progress import SweepProgress
 

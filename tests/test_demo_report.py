@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from calibration.commands.demo_report import render_report
+from calibration.commands.demo_run import DemoConfig, DemoRun
 from hwmodels.units import MIB
-from tpusim.app.demo_report import render_report
-from tpusim.app.demo_run import DemoConfig, DemoRun
 
 
 def _row(system: str, execution: str, step_ms: float | None, fits: bool = True) -> dict:
@@ -61,7 +61,7 @@ def test_unconverged_calibration_is_said(tmp_path) -> None:
 
 
 def test_a_second_demo_forgets_the_first_runs_overlays(tmp_path) -> None:
-    from tpusim.app.demo import _forget_previous_overlays
+    from calibration.commands.demo_steps import _forget_previous_overlays
 
     folder = tmp_path / "local" / "calibrated"
     folder.mkdir(parents=True)
@@ -160,7 +160,7 @@ def test_host_cpu_figures_are_labelled_probed_not_published(tmp_path) -> None:
 
 
 def test_measured_on_a_real_tpu_section_labels_every_figure(tmp_path) -> None:
-    from tpusim.app.demo_measured import STEP, measured_section
+    from calibration.commands.demo_measured import STEP, measured_section
 
     run = DemoRun(DemoConfig(out_dir=tmp_path))
     step = run.step(STEP)

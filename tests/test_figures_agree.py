@@ -61,8 +61,8 @@ def test_speculation_slower_than_plain_decode_is_flagged(capsys: pytest.CaptureF
 
 def test_demo_compares_each_batch_with_its_own_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """It compared every batch with the batch-1 sweep's schedule although it swept batch 8 too."""
-    from tpusim.app import demo
-    from tpusim.app.demo_run import DemoConfig
+    from calibration.commands import demo_steps as demo
+    from calibration.commands.demo_run import DemoConfig
 
     for batch in (1, 8):
         (tmp_path / f"sweep-b{batch}").mkdir()

@@ -1,6 +1,6 @@
 """Every flag changes the answer or is refused (:mod:`tpusim.app.cli.flag_rules`).
 
-Table-driven: every rule of :data:`~tpusim.app.cli.flag_rules.RULES` has a case here that
+Table-driven: every rule of :func:`~tpusim.app.cli.flag_rules.every_rule` has a case here that
 types the flag on a path that ignores it (exit 2, one line naming the flag), and the table
 fails if a rule is added without one. The controls run the same flags where they are used.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tpusim.app.cli import build_parser, given_options, main
-from tpusim.app.cli.flag_rules import RULES, flag_name
+from tpusim.app.cli.flag_rules import every_rule, flag_name
 
 NANO = ["--model", "kimi-k3-nano", "--hardware", "tpu-v7", "--chips", "4"]
 GPU_NANO = ["--model", "kimi-k3-nano", "--hardware", "gb200", "--chips", "2"]
@@ -74,7 +74,7 @@ IGNORED: dict[tuple[str, str], list[str]] = {
 
 
 def test_every_rule_has_a_case() -> None:
-    rules = {(command, dest) for command, table in RULES.items() for dest, _ in table}
+    rules = {(command, dest) for command, table in every_rule(build_parser()).items() for dest, _ in table}
     assert rules == set(IGNORED)
 
 

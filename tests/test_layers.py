@@ -1,13 +1,14 @@
 """The house reads top-down: imports point down the layers and never go round in a circle.
 
-Layers, bottom to top: ``hwmodels`` → ``tpusim`` core (everything under ``tpusim/`` but
-``tpusim/app``) → ``megakernel`` → ``calibration`` → the application layer ``tpusim/app``.
-Inside ``tpusim/`` (docs/architecture.md): workload → schedule → engine → report → sweep →
-compare → serving → app. Inside ``calibration/``: ``core`` and ``gpu_bench`` (the device
-harness) → ``sources`` → ``reports``.
+Layers, bottom to top: ``hwmodels`` → ``tpusim`` (its command line ``tpusim/app`` included)
+→ ``megakernel`` → ``calibration``. Each layer owns its commands: ``megakernel/commands/``
+and ``calibration/commands/`` register theirs (and the optional pieces a ``tpusim`` command
+shows) as entry points that ``tpusim/app`` finds at run time (:mod:`tpusim.app.plugins`), so
+no arrow runs back up. Inside ``tpusim/`` (docs/architecture.md): workload → schedule →
+engine → report → sweep → compare → serving → app. Inside ``calibration/``: ``core`` and
+``gpu_bench`` (the device harness) → ``sources`` → ``reports`` → ``commands``.
 Every import counts, including those under ``if TYPE_CHECKING:`` and those inside functions
-(they run, or they tie the modules together for a reader). The application layer may import
-``megakernel`` and ``calibration`` only inside functions, so ``tpusim --help`` stays light.
+(they run, or they tie the modules together for a reader).
 This walker is written here, independently of any tool, with the standard library only.
 """
 
@@ -21,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("hwmodels", "tpusim", "megakernel", "calibration")
-LAYER = {"hwmodels": 0, "tpusim": 1, "megakernel": 2, "calibration": 3, "tpusim.app": 4}
+LAYER = {"hwmodels": 0, "tpusim": 1, "megakernel": 2, "calibration": 3}
 
 
 def _modules() -> dict[str, Path]:
@@ -34,8 +35,6 @@ def _modules() -> dict[str, Path]:
 
 
 def _layer(module: str) -> int:
-    if module in ("tpusim.app", "tpusim.__main__") or module.startswith("tpusim.app."):
-        return LAYER["tpusim.app"]
     return LAYER[module.split(".")[0]]
 
 
@@ -97,7 +96,7 @@ def test_no_import_runs_up_the_layers() -> None:
 INNER = {
     "tpusim": {"workload": 0, "schedule": 1, "engine": 2, "report": 3, "sweep": 4, "compare": 5, "serving": 6,
                "app": 7, "__main__": 8},
-    "calibration": {"core": 0, "gpu_bench": 0, "sources": 1, "reports": 2},
+    "calibration": {"core": 0, "gpu_bench": 0, "sources": 1, "reports": 2, "commands": 3},
 }
 
 
@@ -138,11 +137,41 @@ def test_inner_order_check_fails_on_a_planted_upward_import() -> None:
                                      "tpusim.engine.core -> tpusim.serving.simulator"]
 
 
-def test_app_imports_kernel_and_calibration_only_inside_functions() -> None:
-    _, graph = _graph()
-    eager = [f"{m} -> {t}" for m, targets in graph.items() if _layer(m) == LAYER["tpusim.app"]
-             for t, top_level in targets if top_level and _layer(t) in (LAYER["megakernel"], LAYER["calibration"])]
-    assert eager == []
+# What each lower layer must never import, by the first part of the module's name.
+ABOVE = {"hwmodels": ("tpusim", "megakernel", "calibration"), "tpusim": ("megakernel", "calibration"),
+         "megakernel": ("calibration",)}
+
+
+def test_no_lower_layer_names_an_upper_one() -> None:
+    """The plain statement of the rule, with no module graph: every ``import`` and ``from``
+    statement anywhere in a file (inside functions and ``if TYPE_CHECKING:`` too) of
+    ``hwmodels/``, ``tpusim/`` and ``megakernel/``, against the packages above it."""
+    found = []
+    for package, forbidden in ABOVE.items():
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+                found += [f"{path.relative_to(ROOT)}:{node.lineno} imports {name}"
+                          for name in names if name.split(".")[0] in forbidden]
+    assert found == []
+
+
+def test_commands_of_the_layers_above_are_entry_points() -> None:
+    """``tpusim`` lists the commands of ``megakernel`` and ``calibration`` although it imports
+    neither: they come from the ``tpusim.commands`` entry points (an installed project)."""
+    from tpusim.app.cli import build_parser
+    from tpusim.app.plugins import COMMANDS, load
+
+    commands = load(COMMANDS)
+    assert {name: f"{f.__module__}:{f.__name__}" for name, f in commands.items()} == {
+        "calibrate": "calibration.commands.calibrate:register",
+        "demo": "calibration.commands.demo:register",
+        "lower": "megakernel.commands.lower:register",
+        "report": "calibration.commands.calibrate:register_report",
+        "run-kernel": "megakernel.commands.run_kernel:register",
+    }
+    assert set(commands) <= set(build_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -198,9 +227,13 @@ def test_cycle_finder_finds_a_planted_circle() -> None:
 
 
 def test_help_imports_neither_scipy_nor_jax() -> None:
+    """``tpusim --help`` loads the commands of the layers above (their ``commands`` packages,
+    through entry points) and nothing heavy of theirs."""
     code = ("import sys\nfrom tpusim.app.cli import build_parser\nbuild_parser().format_help()\n"
             "heavy = ('scipy', 'jax', 'jaxlib', 'calibration', 'megakernel', 'simpy', 'matplotlib')\n"
             "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in heavy)))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                             cwd=ROOT).stdout.strip()
-    assert loaded == ""
+    light = {"calibration", "calibration.commands", "megakernel", "megakernel.commands"}
+    assert [m for m in loaded.split(",") if m and m not in light
+            and not m.startswith(("calibration.commands.", "megakernel.commands."))] == []

@@ -48,7 +48,7 @@ def test_a_vmem_refusal_prints_the_compilers_figure_beside_the_accounting(capsys
     """The compiler's own figure (here from its refusal, "Used X of Y") beside the accounting, and
     the accounting plus the catalog's compiler reserve (tpu-v7: 64 - 58 MiB) as a share of it."""
     from megakernel import mosaic_compile
-    from tpusim.app.cli import lower
+    from megakernel.commands import lower
 
     report = {"model": "kimi-k3", "plan": "k3-tp32", "devices": 32, "schedule": "published", "batch": 8,
               "lowered": True, "scratch_bytes": {"all": 57.61 * MIB}, "accounting_bytes": {"all": 57.61 * MIB},

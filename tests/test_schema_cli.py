@@ -11,10 +11,15 @@ import yaml
 from calibration.sources.measurements import read_measurements
 from hwmodels.errors import InputError
 from tpusim.app.cli import main
-from tpusim.app.schemas import TOPICS, example_text, json_schema, topic
+from tpusim.app.schemas import example_text, json_schema, topic, topic_names
 
 
-@pytest.mark.parametrize("name", TOPICS)
+def test_topics_keep_their_order() -> None:
+    """calibration's measurement (an entry point) first, as `tpusim schema --help` lists them."""
+    assert topic_names() == ("measurement", "model", "plan", "schedule", "hardware")
+
+
+@pytest.mark.parametrize("name", topic_names())
 def test_example_validates_against_its_model(name: str) -> None:
     model = topic(name).model()
     text = example_text(name)

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from megakernel.commands import lower, sweep_compile
+from megakernel.commands.sweep_compile import MosaicCheck
 from tests.test_sweep_run import sweep
-from tpusim.app.cli import lower, sweep_compile
-from tpusim.app.cli.sweep_compile import MosaicCheck
 from tpusim.schedule.schema import load_schedule
 
 

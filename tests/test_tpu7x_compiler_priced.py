@@ -103,7 +103,7 @@ def test_compare_prints_the_compiler_priced_lines(planted_residuals: None, capsy
 
 def test_compare_prints_none_for_another_program() -> None:
     args = argparse.Namespace(model="kimi-k3-mini", formats=None, plan=None, context=1024, routing="uniform", seed=0)
-    from tpusim.app.cli.compare import compiler_priced_notes
+    from calibration.commands.compare_notes import compiler_priced_notes
     from tpusim.compare.rows import parse_systems
 
     assert compiler_priced_notes(args, parse_systems("tpu-v7:16"), [1]) == []
@@ -112,9 +112,9 @@ def test_compare_prints_none_for_another_program() -> None:
 
 
 def test_the_demo_report_shows_the_compiler_priced_table(tmp_path: Path) -> None:
-    from tpusim.app.demo import COMPILER_PRICED_STEP
-    from tpusim.app.demo_report import render_report
-    from tpusim.app.demo_run import DemoConfig, DemoRun
+    from calibration.commands.demo_report import render_report
+    from calibration.commands.demo_run import DemoConfig, DemoRun
+    from calibration.commands.demo_steps import COMPILER_PRICED_STEP
 
     run = DemoRun(DemoConfig(out_dir=tmp_path))
     run.step("compare").data = []

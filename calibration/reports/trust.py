@@ -13,7 +13,7 @@ Checks, in the order they are reported
    the wrong unit (µs written as ms is ×1000): a simulator off by 300× on a chip whose
    figures are published is far less likely than a unit slip, and no fit can repair it
    (the fitted figures would run to their bounds). No override.
-2. **Convergence** (the caller's verdict, :func:`tpusim.app.fit_summary.convergence_problem`;
+2. **Convergence** (the caller's verdict, :func:`calibration.commands.fit_summary.convergence_problem`;
    ``--allow-unconverged`` keeps it).
 3. **Bounds** (:func:`bound_problems`): a parameter within :data:`BOUND_TOLERANCE` (10⁻⁶ of
    its bound range, the tolerance :func:`calibration.sources.step_times.fit_chip` flags ``at_bound`` with)
@@ -31,7 +31,7 @@ Checks, in the order they are reported
    No override.
 5. **Error on the fitted points** (:func:`error_problem`): the median |relative error| of
    the calibrated prediction on the calibration points above :data:`MAX_MEDIAN_FIT_ERROR`
-   (25 %, the leave-one-out warning level of :mod:`tpusim.app.fit_summary`). The legitimate
+   (25 %, the leave-one-out warning level of :mod:`calibration.commands.fit_summary`). The legitimate
    fits stay well inside it: the published TPU7x set fits at 6.4 % MAPE (README), the CPU
    loop at a few per cent. No override.
 """
@@ -145,7 +145,7 @@ def check_fit(result: FitResult, *, convergence: str | None = None,
     """Every refusal for ``result``, in the module docstring's order.
 
     ``convergence`` is the caller's verdict on the solve (None: converged; the sentence of
-    :func:`tpusim.app.fit_summary.convergence_problem` otherwise); ``values`` the figures the
+    :func:`calibration.commands.fit_summary.convergence_problem` otherwise); ``values`` the figures the
     overlay would save (default: the fitted parameters); ``parameters`` those checked against
     their bounds (default: all fitted); ``published`` the chip whose ceilings apply (default:
     the fit's published chip)."""

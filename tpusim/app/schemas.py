@@ -2,11 +2,13 @@
 
 Each topic of ``tpusim schema TOPIC`` maps to the pydantic model that validates that kind of
 file and to an example taken from the project's own data, so the example is always one the
-tools accept:
+tools accept. ``tpusim``'s own topics are below; a layer above adds its formats through the
+``tpusim.schemas`` entry points (:mod:`tpusim.app.plugins`): calibration's ``measurement``
+(:mod:`calibration.commands.schemas`: one measured step per JSON line, the published TPU7x
+Muse Spark points of one format as its example).
 
 | topic | model | example |
 | --- | --- | --- |
-| ``measurement`` | :class:`calibration.sources.measurements.Measurement` (one JSON line each) | the published TPU7x Muse Spark points of one format |
 | ``model`` | :class:`tpusim.workload.modelconfig.ModelConfig` (YAML) | ``tpusim/models/kimi-k3-mini.yaml`` |
 | ``plan`` | :class:`tpusim.workload.sharding.ShardingPlan` (YAML) | ``tpusim/models/plan-muse-tp8.yaml`` |
 | ``schedule`` | :class:`tpusim.schedule.schema.Schedule` (JSON) | ``tpusim/schedules/published.json`` |
@@ -26,8 +28,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-EXAMPLE_FORMAT = "nvfp4+int8"  # the measurement example: the published points of this format
-
 
 @dataclass(frozen=True)
 class Topic:
@@ -37,24 +37,6 @@ class Topic:
     model: Callable[[], type[BaseModel]]
     example: Callable[[], str]
     file_kind: str
-
-
-def _measurement_model() -> type[BaseModel]:
-    from calibration.sources.measurements import Measurement
-
-    return Measurement
-
-
-def _measurement_example() -> str:
-    """The published TPU7x points of one weight format, each stating its execution mode."""
-    from calibration.sources.tpu7x_published import load_published
-
-    records = [record for record in load_published() if record.format == EXAMPLE_FORMAT]
-    lines = []
-    for record in records:
-        system = record.system.model_copy(update={"execution": "megakernel"})
-        lines.append(record.model_copy(update={"system": system, "phases": []}).to_json_line())
-    return "\n".join(lines)
 
 
 def _file_text(path: Path) -> Callable[[], str]:
@@ -69,9 +51,7 @@ def _topics() -> dict[str, Topic]:
     from tpusim.workload.modelconfig import ModelConfig
     from tpusim.workload.sharding import ShardingPlan
 
-    return {
-        "measurement": Topic("one measured decode step per JSON line (tpusim calibrate / report)",
-                             _measurement_model, _measurement_example, "JSON lines (.jsonl)"),
+    own = {
         "model": Topic("a model config (tpusim ... --model FILE.yaml)", lambda: ModelConfig,
                        _file_text(MODELS_DIR / "kimi-k3-mini.yaml"), "YAML"),
         "plan": Topic("a sharding plan (how tensors and experts split over devices)",
@@ -81,9 +61,33 @@ def _topics() -> dict[str, Topic]:
         "hardware": Topic("a chip: every figure with value, source and label", lambda: Chip,
                           _file_text(BUILTIN_DIR / "tpu-v7.yaml"), "YAML"),
     }
+    added = {name: make() for name, make in _added().items()}
+    return {name: {**own, **added}[name] for name in topic_names()}
 
 
-TOPICS = ("measurement", "model", "plan", "schedule", "hardware")
+OWN_TOPICS = ("model", "plan", "schedule", "hardware")
+# The order ``tpusim schema`` lists the topics in, by name (those of the layers above come from
+# entry points); a topic not named here follows these, by name.
+ORDER = ("measurement", *OWN_TOPICS)
+
+
+def _added() -> dict[str, Callable[[], Topic]]:
+    """Topic name -> the function making it, from the ``tpusim.schemas`` entry points (their
+    modules are light: a topic's validator and example are imported when asked for)."""
+    from tpusim.app.plugins import REINSTALL, SCHEMAS, PluginError, load
+
+    added = load(SCHEMAS)
+    taken = sorted(set(added) & set(OWN_TOPICS))
+    if taken:
+        raise PluginError(f"schema topic {', '.join(taken)} declared twice (tpusim's own and an entry point of "
+                          f"group {SCHEMAS}); {REINSTALL}")
+    return added
+
+
+def topic_names() -> tuple[str, ...]:
+    """Every topic, in :data:`ORDER`."""
+    names = {*OWN_TOPICS, *_added()}
+    return tuple(sorted(names, key=lambda name: (ORDER.index(name) if name in ORDER else len(ORDER), name)))
 
 
 def topic(name: str) -> Topic:

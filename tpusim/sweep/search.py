@@ -72,7 +72,7 @@ from tpusim.workload.sharding import ShardingPlan
 RowHook = Callable[[dict[str, Any]], None]
 # A check of a ranked row's schedule beyond the simulator -> (accepted, what it found), accepted
 # None for a row the check passed over without checking it; e.g. the CLI's Mosaic compile
-# (tpusim.app.cli.sweep_compile); the library never compiles.
+# (megakernel.commands.sweep_compile); the library never compiles.
 Acceptor = Callable[[Schedule, dict[str, Any]], tuple[bool | None, str]]
 
 

@@ -1,12 +1,16 @@
 """The ``tpusim`` command line: a thin layer over library functions.
 
-Each subcommand lives in its own module under ``tpusim/app/cli/`` and exposes
-``register(subparsers)``, which adds its parser and sets ``func`` to a callable taking the
-parsed ``argparse.Namespace`` and returning an exit code. Input problems raise
-:class:`hwmodels.errors.InputError`; ``main`` prints them (and pydantic validation errors)
-as one line on stderr and exits 2 (see :mod:`tpusim.app.cli.run_guard`). Every parser
-takes ``--local-dir DIR`` (:func:`tpusim.app.cli.common.add_local_dir_option`): the folder
-of calibrated overlays and local entries, as ``TPUSIM_LOCAL_DIR`` sets it.
+Each of ``tpusim``'s own subcommands lives in its own module under ``tpusim/app/cli/`` and
+exposes ``register(subparsers)``, which adds its parser and sets ``func`` to a callable taking
+the parsed ``argparse.Namespace`` and returning an exit code. The commands of the layers above
+(``run-kernel`` and ``lower`` in ``megakernel/commands/``; ``calibrate``, ``report`` and
+``demo`` in ``calibration/commands/``) have the same shape and are found through the
+``tpusim.commands`` entry points (:mod:`tpusim.app.plugins`), so this package imports nothing
+above ``tpusim``. Input problems raise :class:`hwmodels.errors.InputError`; ``main`` prints
+them (and pydantic validation errors) as one line on stderr and exits 2 (see
+:mod:`tpusim.app.cli.run_guard`); an entry point that fails to load is one line, exit 1. Every
+parser takes ``--local-dir DIR`` (:func:`tpusim.app.cli.common.add_local_dir_option`): the
+folder of calibrated overlays and local entries, as ``TPUSIM_LOCAL_DIR`` sets it.
 """
 
 from __future__ import annotations
@@ -14,19 +18,37 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-# Subcommand modules, in the order ``tpusim --help`` lists them.
-SUBCOMMAND_MODULES = (
+# tpusim's own subcommands: name -> module under tpusim/app/cli/.
+OWN_COMMANDS = {
+    "hardware": "hardware",
+    "floor": "floor",
+    "simulate": "simulate",
+    "sweep": "sweep",
+    "compare": "compare",
+    "serving": "serving",
+    "plan": "plan",
+    "diff": "diff",
+    "overlays": "overlays",
+    "schema": "schema",
+    "sources": "sources",
+}
+
+# The order ``tpusim --help`` lists the commands in, by the names a user types (those of the
+# layers above come from entry points, whose order is the installer's); a command not named
+# here follows these, by name.
+HELP_ORDER = (
     "demo",
     "hardware",
     "floor",
     "simulate",
     "sweep",
-    "run_kernel",
+    "run-kernel",
     "lower",
     "calibrate",
+    "report",
     "compare",
     "serving",
     "plan",
@@ -94,10 +116,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tpusim {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", help="one of:")
-    for module_name in SUBCOMMAND_MODULES:
-        importlib.import_module(f"tpusim.app.cli.{module_name}").register(subparsers)
+    registrars = _registrars()
+    for name in sorted(registrars, key=lambda n: (HELP_ORDER.index(n) if n in HELP_ORDER else len(HELP_ORDER), n)):
+        registrars[name](subparsers)
     _finish(parser)
     return parser
+
+
+def _registrars() -> dict[str, Callable[[argparse._SubParsersAction], None]]:  # type: ignore[type-arg]
+    """Command name -> its ``register``: tpusim's own, then those of the ``tpusim.commands``
+    entry points (:mod:`tpusim.app.plugins`; :class:`~tpusim.app.plugins.PluginError` when one
+    fails to load or takes a name already taken)."""
+    from tpusim.app.plugins import COMMANDS, REINSTALL, PluginError, load
+
+    found = {name: importlib.import_module(f"tpusim.app.cli.{module}").register
+             for name, module in OWN_COMMANDS.items()}
+    for name, register in load(COMMANDS).items():
+        if name in found:
+            raise PluginError(f"the command {name} is declared twice (tpusim's own and an entry point of group "
+                              f"{COMMANDS}); {REINSTALL}")
+        found[name] = register
+    return found
+
+
+def _missing_command(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str | None:
+    """The first argument when it names a command of :data:`HELP_ORDER` that nothing registered."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    first = next((token for token in argv if not token.startswith("-")), None)
+    return first if first in HELP_ORDER and first not in commands else None
 
 
 def _chosen_parsers(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[argparse.ArgumentParser]:
@@ -147,8 +193,21 @@ def cpu_only_without_a_tpu() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     cpu_only_without_a_tpu()
-    parser = build_parser()
+    from tpusim.app.plugins import PluginError
+
+    try:
+        parser = build_parser()
+    except PluginError as error:  # an installation problem: one line, exit 1 (input errors exit 2)
+        print(f"tpusim: error: {error}", file=sys.stderr)
+        return 1
     argv = list(sys.argv[1:] if argv is None else argv)
+    missing = _missing_command(parser, argv)
+    if missing:  # metadata older than the code (installed before an entry point was added)
+        from tpusim.app.plugins import COMMANDS, REINSTALL
+
+        print(f"tpusim: error: the command {missing} is not installed (no entry point of group {COMMANDS} "
+              f"declares it); {REINSTALL}", file=sys.stderr)
+        return 1
     args = parser.parse_args(argv)
     args.given = given_options(parser, args, argv)
     if not getattr(args, "func", None):

@@ -8,8 +8,10 @@ it is never silently dropped while the output carries its name.
 
 Each rule is ``(dest, why)``: ``why(args, context)`` returns the reason the flag is unused
 on this path, or ``None`` when it is used. ``context`` holds what the command resolved
-before checking (the chip, the systems). :data:`RULES` is the table, one entry per command;
-``tests/test_flag_rules.py`` walks it.
+before checking (the chip, the systems). :data:`RULES` is the table of ``tpusim``'s own
+commands; a command of a layer above declares its rules beside its flags, with
+``parser.set_defaults(flag_rules=((dest, why), ...))`` (``demo``, ``calibrate``), and
+:func:`every_rule` joins the two; ``tests/test_flag_rules.py`` walks it.
 """
 
 from __future__ import annotations
@@ -148,24 +150,6 @@ def _chips_need_hardware(args: argparse.Namespace, _: Mapping[str, Any]) -> str 
     return None
 
 
-def _quick_budget(args: argparse.Namespace, _: Mapping[str, Any]) -> str | None:
-    if getattr(args, "quick", False):
-        return "--quick sets its own small budgets (8 simulations a sweep); give --quick or --sweep-budget, not both"
-    return None
-
-
-def _cpu_loop_only(args: argparse.Namespace, _: Mapping[str, Any]) -> str | None:
-    if getattr(args, "measurements", None) not in ("cpu-loop", "cpu-loop-quick"):
-        return "used only with --measurements cpu-loop (the CPU closed loop on this host)"
-    return None
-
-
-def _not_cpu_loop(args: argparse.Namespace, _: Mapping[str, Any]) -> str | None:
-    if getattr(args, "measurements", None) in ("cpu-loop", "cpu-loop-quick"):
-        return "not used by --measurements cpu-loop (its fit sets its own limits; --quick makes it small)"
-    return None
-
-
 def _results_diff(args: argparse.Namespace, context: Mapping[str, Any]) -> str | None:
     if context.get("results"):
         return ("two simulate --json results are compared as stored: nothing is simulated, so no workload "
@@ -194,8 +178,6 @@ RULES: dict[str, tuple[tuple[str, Why], ...]] = {
         ("weight_banks", _needs("--compile-check", "compile_check")),
     ),
     "plan": (("devices", _device_count), ("chips", _chips_need_hardware)),
-    "demo": (("sweep_budget", _quick_budget),),
-    "calibrate": (("quick", _cpu_loop_only), ("no_probe", _cpu_loop_only), ("max_evals", _not_cpu_loop)),
     "diff": (*((dest, _results_diff) for dest in WORKLOAD), ("plot_layers", _needs("--plot", "plot"))),
     "simulate": (
         ("tokens", _decode), ("prefix_tokens", _decode),
@@ -221,10 +203,22 @@ def flag_name(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
+def every_rule(parser: argparse.ArgumentParser) -> dict[str, tuple[tuple[str, Why], ...]]:
+    """:data:`RULES` and the rules the commands of ``parser`` declare (``flag_rules``), per command."""
+    table = dict(RULES)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                declared = child.get_default("flag_rules") or ()
+                if declared:
+                    table[name] = (*table.get(name, ()), *declared)
+    return table
+
+
 def refuse_unused(args: argparse.Namespace, **context: Any) -> None:
     """Raise InputError for the first typed flag of ``args.command`` that its path ignores."""
     given = getattr(args, "given", frozenset())
-    for dest, why in RULES.get(args.command, ()):
+    for dest, why in (*RULES.get(args.command, ()), *(getattr(args, "flag_rules", None) or ())):
         if dest not in given:
             continue
         reason = why(args, context)

@@ -15,7 +15,8 @@ subcommand's ``func`` it
    ``OSError`` from reading or writing a user's path, and ``MemoryError`` (a size this host
    cannot hold; the size limits refuse the known ones before they allocate).
 
-Anything else is a bug and keeps its traceback.
+An entry point the command needed that failed to load (:class:`tpusim.app.plugins.PluginError`:
+an installation problem) is one line too, exit 1. Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -105,6 +106,11 @@ def run_command(args: argparse.Namespace) -> int:
         code = _interrupted(args.command, error, received)
         if code is not None:
             return code
+        from tpusim.app.plugins import PluginError
+
+        if isinstance(error, PluginError):  # an entry point a command needed did not load: not input
+            print(f"tpusim {args.command}: error: {error}", file=sys.stderr)
+            return 1
         message = input_error_message(error)
         if message is None:
             raise

@@ -6,8 +6,8 @@ Usage::
     tpusim schema measurement --example > my.jsonl   # just the example: a valid file
     tpusim schema hardware --json-schema   # just the JSON Schema
 
-Topics: ``measurement``, ``model``, ``plan``, ``schedule``, ``hardware`` (see
-:mod:`tpusim.app.schemas`).
+Topics: ``measurement`` (calibration's, through an entry point), ``model``, ``plan``,
+``schedule``, ``hardware`` (see :mod:`tpusim.app.schemas`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tpusim.app.schemas import TOPICS
+from tpusim.app.schemas import topic_names
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -27,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "accept, so a valid file can be written from this output alone. Validation errors "
         "elsewhere name the topic to run.",
     )
-    parser.add_argument("topic", choices=TOPICS, help="which format: " + ", ".join(TOPICS))
+    topics = topic_names()  # tpusim's own and those of the tpusim.schemas entry points
+    parser.add_argument("topic", choices=topics, help="which format: " + ", ".join(topics))
     only = parser.add_mutually_exclusive_group()
     only.add_argument("--example", action="store_true", help="print only the example (default: schema and example)")
     only.add_argument("--json-schema", action="store_true", help="print only the JSON Schema")

@@ -113,11 +113,8 @@ def run(args: argparse.Namespace) -> int:
     model, plan, system, routing = resolve_workload(args)
     fit = check_fit(args, model, plan, system)  # capacity first
     accept = None
-    if args.compile_check is not None:
-        from tpusim.app.cli.sweep_compile import MosaicCheck, check_possible
-
-        check_possible(args, system, plan)
-        accept = MosaicCheck(args, system, plan, args.compile_check)
+    if args.compile_check is not None:  # refused here, before any work, when it cannot run
+        accept = compile_checker()(args, system, plan, args.compile_check)
     if args.space == "joint":
         return _run_joint(args, model, system, routing)
     space = load_space(Path(args.space)) if args.space else default_space()
@@ -136,9 +133,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = sweep_into(Path(args.out), system)
         if accept is not None and accept.learned:  # refused on VMEM: sweep again within what Mosaic leaves
-            from tpusim.app.cli.sweep_compile import resweep
-
-            first, result = result, resweep(result, accept, sweep_into, system, Path(args.out))
+            first, result = result, accept.resweep(result, sweep_into, system, Path(args.out))
     except SweepInterrupted as interrupted:
         command = " ".join(shlex.quote(a) for a in ["tpusim", *sys.argv[1:]] if a != "--resume")
         print(f"tpusim sweep: {interrupted}\n  resume with: {command} --resume", file=sys.stderr)
@@ -175,6 +170,22 @@ def run(args: argparse.Namespace) -> int:
     _print_human(result, model.name, system.chip.name, system.chips, args.batch, fmt, hardware,
                  {r["hash"]: r for r in intervals})
     return _checked_exit(result)
+
+
+def compile_checker() -> Any:
+    """What ``--compile-check`` runs: the one entry point of group ``tpusim.compile_checks``
+    (:mod:`tpusim.app.plugins`; Mosaic's, declared by the megakernel package), a callable
+    ``(args, system, plan, compiles) -> acceptor`` that raises InputError when it cannot run
+    here. The acceptor is called per simulated row by :func:`tpusim.sweep.run_sweep`; after a
+    VMEM refusal (``accept.learned``) ``accept.resweep`` sweeps again within what the compiler
+    leaves."""
+    from tpusim.app.plugins import COMPILE_CHECKS, REINSTALL, load
+
+    checkers = load(COMPILE_CHECKS)
+    if len(checkers) != 1:
+        raise InputError(f"--compile-check: {len(checkers)} compile checks installed (entry point group "
+                         f"{COMPILE_CHECKS}: {', '.join(checkers) or 'none'}), expected one; {REINSTALL}")
+    return next(iter(checkers.values()))
 
 
 def _check_lines(first: Any, result: Any, accept: Any) -> list[str]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tpusim.app.demo_run import DemoRun
+from calibration.commands.demo_run import DemoRun
 
 STEP = "measured tpu-v5e"
 PLOT = "measured-tpu-v5e.png"

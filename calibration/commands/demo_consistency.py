@@ -9,7 +9,7 @@ a search whose winner is beaten by a configuration shown elsewhere has missed a 
 and the report refuses to print it as "best" (:func:`conflicts`; the renderer replaces the
 row with the refusal, and the demo fails).
 
-:func:`figures` collects, from a finished :class:`~tpusim.app.demo_run.DemoRun`:
+:func:`figures` collects, from a finished :class:`~calibration.commands.demo_run.DemoRun`:
 
 | step | figures | best-of |
 | --- | --- | --- |
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpusim.app.demo_run import DemoRun
+from calibration.commands.demo_run import DemoRun
 
 MODEL = "kimi-k3"
 K3_SYSTEM = "tpu-v7:16"  # the system every K3_TPU step of the demo runs

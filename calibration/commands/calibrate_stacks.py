@@ -1,7 +1,7 @@
 """``tpusim calibrate`` on a GPU serving stack: the published per-stage split
 (``published:b200-vllm-qwen3.5``) and the SGLang K3 rows (``published:b300-sglang-k3``).
 
-The procedure is chosen in :mod:`tpusim.app.cli.calibrate` (:func:`calibration.sources.procedures.choose_procedure`);
+The procedure is chosen in :mod:`calibration.commands.calibrate` (:func:`calibration.sources.procedures.choose_procedure`);
 these paths fit, write ``report.md`` and ``fit.json`` to ``--out`` and save the overlay.
 """
 
@@ -13,10 +13,10 @@ from pathlib import Path
 
 from rich.console import Console
 
+from calibration.commands.calibrate_outputs import provenance, uncertainty_lines
 from hwmodels.atomic import write_text_atomic
 from hwmodels.catalog import load_chip
 from hwmodels.errors import InputError
-from tpusim.app.cli.calibrate_outputs import provenance, uncertainty_lines
 from tpusim.app.cli.common import emit_json
 
 

@@ -14,7 +14,7 @@ the report. Steps, in order (*full* marks those only ``--full`` runs):
 5. *full* **run-kernel** — the Pallas megakernel with the chosen schedule on ``kimi-k3-mini``
    (TPU interpret mode on a CPU: checked against the reference; its time is *not* a TPU time);
 6. **measured tpu-v5e** — the committed K3-shard step times of the megakernel on a real
-   TPU v5e against the simulator, re-simulated without a TPU (:mod:`tpusim.app.demo_measured`;
+   TPU v5e against the simulator, re-simulated without a TPU (:mod:`calibration.commands.demo_measured`;
    *full*: also the decoder table);
 7. *full* **calibrate** — ``tpu-v7`` on the published TPU7x measurements (one weight format
    held out), and the host CPU model on the CPU closed loop;
@@ -63,9 +63,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from calibration.commands.demo_run import DemoConfig, DemoRun, StepRecord
 from hwmodels.atomic import write_text_atomic
 from tpusim.app.cli import main as cli_main
-from tpusim.app.demo_run import DemoConfig, DemoRun, StepRecord
 from tpusim.progress_notes import listening, note
 
 K3_TPU = ["--model", "kimi-k3", "--hardware", "tpu-v7", "--chips", "16"]
@@ -218,7 +218,7 @@ def simulate_all(out: Path, schedule: str, *, plots: bool = True) -> dict[str, A
 def joint_step(config: DemoConfig, schedule: str, *, budget: int) -> list[str]:
     """The deployment search's command: K3 at batch 1, with the schedule sweep's winner as a
     baseline, so the search's best is never slower than the compare row that runs it on the
-    same chip figures (one answer per question: :mod:`tpusim.app.demo_consistency`)."""
+    same chip figures (one answer per question: :mod:`calibration.commands.demo_consistency`)."""
     return ["sweep", *K3_TPU, "--batch", "1", "--space", "joint", "--budget", str(budget), "--jobs",
             str(config.jobs), "--out", str(config.out_dir / "joint-b1"), "--quiet",
             *(["--baseline", schedule] if schedule != "published" else [])]
@@ -321,7 +321,7 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda _: Non
         _timed(run, "run-kernel", lambda: run_cli([
             "run-kernel", "--model", "kimi-k3-mini", "--schedule", schedule, "--batch", "1",
             "--steps", str(config.kernel_steps), "--out", str(measurements)]), progress)
-    from tpusim.app.demo_measured import STEP, measured_step
+    from calibration.commands.demo_measured import STEP, measured_step
 
     # committed v5e records, re-simulated (seconds; the decoder table too with --full: a minute or two)
     _timed(run, STEP, lambda: measured_step(out, decoders=config.full), progress)
@@ -340,7 +340,7 @@ def run_demo(config: DemoConfig, progress: Callable[[str], None] = lambda _: Non
     # ~20 s, after the first answer: K3 on TPU v7 priced by its compiler, with its interval
     _timed(run, COMPILER_PRICED_STEP, lambda: compiler_priced(config.batches_compared), progress)
 
-    from tpusim.app.demo_report import render_report
+    from calibration.commands.demo_report import render_report
 
     write_text_atomic(out / "report.md", render_report(run, reuse=reuse_line(local) if config.full else ""))
     return run

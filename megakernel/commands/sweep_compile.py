@@ -6,7 +6,7 @@ kernel's body and the batch, not on the schedule's arenas (K3 TP32 on TPU7x at b
 MiB beside 57.6 MiB of scratch, [multi-device.md](../../../docs/multi-device.md)). A sweep's
 fastest schedule can therefore fit the accounting and still be refused. With
 ``--compile-check N`` the sweep compiles its simulated rows with libtpu's Mosaic, fastest
-first (:func:`tpusim.app.cli.lower.mosaic_report`, a fresh process each, no TPU needed), and
+first (:func:`megakernel.commands.lower.mosaic_report`, a fresh process each, no TPU needed), and
 chooses the first that compiles, at most N compiles. After a refusal on VMEM it learns what
 the compiler kept beside the accounting (its "used" figure less that candidate's accounting:
 measured in this run, not a table) and skips, without compiling, a later candidate whose
@@ -32,6 +32,14 @@ from hwmodels.errors import InputError
 from hwmodels.units import MIB
 
 MESH_DEVICES = (8, 16, 32)  # TPU7x compile-only topologies with collectives (megakernel.mosaic_compile)
+
+
+def compile_check(args: argparse.Namespace, system: Any, plan: Any, compiles: int) -> MosaicCheck:
+    """The ``mosaic`` entry point of group ``tpusim.compile_checks`` (what ``tpusim sweep
+    --compile-check N`` runs): InputError unless it can compile here (:func:`check_possible`),
+    else the acceptor that compiles at most ``compiles`` rows."""
+    check_possible(args, system, plan)
+    return MosaicCheck(args, system, plan, compiles)
 
 
 def check_possible(args: argparse.Namespace, system: Any, plan: Any) -> None:
@@ -100,7 +108,7 @@ class MosaicCheck:
         return self._compile(schedule, row)
 
     def _compile(self, schedule: Any, row: dict[str, Any]) -> tuple[bool, str]:
-        from tpusim.app.cli.lower import mosaic_report
+        from megakernel.commands.lower import mosaic_report
         from tpusim.schedule.schema import save_schedule
 
         path = self.folder / f"{row['hash']}.json"
@@ -122,6 +130,10 @@ class MosaicCheck:
         if compiled.get("kind") == "vmem" and used:
             return False, self._learn(used, sum(report["accounting_bytes"].values()), row["name"], where)
         return False, f"refused by Mosaic for {where}: {error.splitlines()[0][:240]}"
+
+    def resweep(self, first: Any, sweep_into: Callable[[Path, Any], Any], system: Any, out: Path) -> Any:
+        """After a refusal on VMEM (:attr:`learned`): the second sweep, :func:`resweep`."""
+        return resweep(first, self, sweep_into, system, out)
 
     def _learn(self, used: tuple[int, int], accounting_bytes: float, name: str, where: str) -> str:
         used_bytes, capacity = used

@@ -1,6 +1,6 @@
 """What one ``tpusim demo`` run is: its settings and the record of each step.
 
-Shared by :mod:`tpusim.app.demo` (which runs the steps) and :mod:`tpusim.app.demo_report`
+Shared by :mod:`calibration.commands.demo_steps` (which runs the steps) and :mod:`calibration.commands.demo_report`
 (which writes them up), so neither imports the other's internals.
 """
 
@@ -46,7 +46,7 @@ class StepRecord:
 class DemoRun:
     config: DemoConfig
     steps: list[StepRecord] = field(default_factory=list)
-    # best-of figures the report refused to print (tpusim.app.demo_consistency): the demo fails
+    # best-of figures the report refused to print (calibration.commands.demo_consistency): the demo fails
     refusals: list[str] = field(default_factory=list)
 
     def step(self, name: str) -> StepRecord:

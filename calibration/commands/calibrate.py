@@ -23,7 +23,7 @@ on its micro-benchmarks only and predicts the held-out steps (:mod:`calibration.
 ``--measurements cpu-loop`` runs the CPU closed loop (:mod:`calibration.sources.cpu_loop`): probe
 this host, time jitted decode steps, fit ``host-cpu``.
 
-The terminal summary (:mod:`tpusim.app.fit_summary`) gives the solver's convergence, the
+The terminal summary (:mod:`calibration.commands.fit_summary`) gives the solver's convergence, the
 errors before / after / leave-one-out / held out, every parameter with its 95 % interval and
 identifiability, and the points the overlay was fitted on. A solve that stops before
 converging exits 2 without saving the overlay unless ``--allow-unconverged``.
@@ -72,7 +72,7 @@ intervals (:mod:`calibration.core.samples`).
 
 ``--measurements <kernel records .jsonl>`` on ``tpu-v5e`` fits the chip on its own megakernel
 step times, each record also predicted by refits that never saw it
-(:mod:`tpusim.app.cli.calibrate_kernel`, :mod:`calibration.sources.tpu_kernel_fit`).
+(:mod:`calibration.commands.calibrate_kernel`, :mod:`calibration.sources.tpu_kernel_fit`).
 
 ``report`` fits nothing: it compares a measurement file with the simulator, uncalibrated and
 (if an overlay exists) calibrated.
@@ -82,16 +82,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from hwmodels.atomic import write_text_atomic
-from hwmodels.catalog import display_path, load_chip
-from hwmodels.errors import InputError
-from hwmodels.overlay import overlay_path
-from tpusim.app.cli.calibrate_outputs import (
+from calibration.commands.calibrate_outputs import (
     append_refusals,
     not_saved,
     print_refusals,
@@ -100,7 +97,11 @@ from tpusim.app.cli.calibrate_outputs import (
     refuse,
     uncertainty_lines,
 )
-from tpusim.app.cli.calibrate_stacks import run_gpu_stack, run_k3_stack
+from calibration.commands.calibrate_stacks import run_gpu_stack, run_k3_stack
+from hwmodels.atomic import write_text_atomic
+from hwmodels.catalog import display_path, load_chip
+from hwmodels.errors import InputError
+from hwmodels.overlay import overlay_path
 from tpusim.app.cli.common import emit_json, output_folder
 from tpusim.cli_options import HARDWARE_HELP, add_hardware_option, positive_int
 
@@ -114,6 +115,7 @@ CPU_LOOP = ("cpu-loop", "cpu-loop-quick")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``tpusim calibrate`` (the ``calibrate`` entry point of group ``tpusim.commands``)."""
     calibrate = subparsers.add_parser(
         "calibrate",
         help="fit hardware figures to measured step times; write a calibrated overlay",
@@ -163,8 +165,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     calibrate.add_argument("--quick", action="store_true", help="cpu-loop: the small CI variant")
     calibrate.add_argument("--no-probe", action="store_true",
                            help="cpu-loop: reuse the saved host-cpu entry instead of probing again")
-    calibrate.set_defaults(func=run_calibrate, output_lock="folder")
+    # flags the chosen path ignores are refused (tpusim.app.cli.flag_rules), before any work
+    calibrate.set_defaults(func=run_calibrate, output_lock="folder", flag_rules=(
+        ("quick", _cpu_loop_only), ("no_probe", _cpu_loop_only), ("max_evals", _not_cpu_loop)))
 
+
+def _cpu_loop_only(args: argparse.Namespace, _: Mapping[str, Any]) -> str | None:
+    if getattr(args, "measurements", None) not in CPU_LOOP:
+        return "used only with --measurements cpu-loop (the CPU closed loop on this host)"
+    return None
+
+
+def _not_cpu_loop(args: argparse.Namespace, _: Mapping[str, Any]) -> str | None:
+    if getattr(args, "measurements", None) in CPU_LOOP:
+        return "not used by --measurements cpu-loop (its fit sets its own limits; --quick makes it small)"
+    return None
+
+
+def register_report(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``tpusim report`` (the ``report`` entry point of group ``tpusim.commands``)."""
     report = subparsers.add_parser(
         "report",
         help="predicted vs measured for a measurement file (no fitting)",
@@ -236,7 +255,7 @@ def _procedure(args: argparse.Namespace) -> str:
         return "part by part" if args.procedure == "parts" else "end to end"
     if args.measurements in CPU_LOOP:  # the loop probes this host first: no host entry to read yet
         return "cpu loop"
-    from tpusim.app.cli.calibrate_kernel import is_kernel_records
+    from calibration.commands.calibrate_kernel import is_kernel_records
 
     chip = load_chip(args.hardware, calibrated=False)
     return choose_procedure(chip, measurements=args.measurements,
@@ -349,13 +368,13 @@ def _end_to_end_result(args: argparse.Namespace, result: FitResult, procedure: s
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
+    from calibration.commands.fit_summary import convergence_problem, summary_lines
     from calibration.reports.fit_report import write_fit_report
     from calibration.reports.trust import check_fit
     from calibration.sources.format_contrasts import contrast_lines
     from calibration.sources.measurements import write_measurements
     from calibration.sources.predict import Predictor
     from calibration.sources.step_times import save_fit
-    from tpusim.app.fit_summary import convergence_problem, summary_lines
     from tpusim.app.interrupts import deferred_interrupts
 
     if args.explain:
@@ -368,7 +387,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         raise InputError("calibrate needs --measurements and --out (or --explain; kernel records need no --out)")
     procedure = _procedure(args)
     if procedure == "tpu kernel records":  # prints its tables; --out is optional
-        from tpusim.app.cli.calibrate_kernel import run_kernel_records
+        from calibration.commands.calibrate_kernel import run_kernel_records
 
         return run_kernel_records(args)
     if args.out is None:

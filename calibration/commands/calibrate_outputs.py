@@ -2,7 +2,7 @@
 refusals (:mod:`calibration.reports.trust`) and the provenance an overlay records.
 
 Shared by the end-to-end, part-by-part and serving-stack paths of
-:mod:`tpusim.app.cli.calibrate` and :mod:`tpusim.app.cli.calibrate_stacks`.
+:mod:`calibration.commands.calibrate` and :mod:`calibration.commands.calibrate_stacks`.
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ from tpusim.cli_options import (
 
 SINGLE_DEVICE_MODEL = "kimi-k3-mini"
 MULTI_DEVICE_MODEL = "kimi-k3-nano"
+GB = 1e9
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -102,7 +103,6 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--schedule is required with one device")
     from megakernel.runner import RunConfig, resolve_backend
     from megakernel.runner import run as run_kernel
-    from tpusim.app.cli.capacity_gate import check_kernel_fits
 
     if args.batch >= 1 and args.steps >= 1 and args.context >= 1 and not args.shard_of:
         # capacity first (the runner checks >= 1); a shard's program is sized by its plan
@@ -129,6 +129,35 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {record['timing_note']}")
     print(f"appended to {args.out}")
     return 0
+
+
+def check_kernel_fits(model_name: str, *, batch: int, context_tokens: int, backend: str) -> None:
+    """``run-kernel`` on one device: refuse a model whose weights + cache exceed that device.
+
+    On ``interpret`` (and ``auto`` without a TPU) the device is this host, and the limit is
+    half its free memory (the rest is the interpreter's working set); on a TPU it is the
+    catalog chip's HBM per device. The bytes are the capacity module's, at one device.
+    """
+    from hwmodels.catalog import load_chip
+    from tpusim.workload.capacity import cache_bytes, resident_weight_bytes
+    from tpusim.workload.model_catalog import load_model, plan_for
+    from tpusim.workload.routing import available_memory_bytes
+
+    model = load_model(model_name)
+    plan = plan_for(model, 1)
+    needed = resident_weight_bytes(model, plan)[0] + cache_bytes(model, plan, batch=batch,
+                                                                 context_tokens=context_tokens)
+    if backend == "tpu":
+        from megakernel.runner import device_chip
+
+        chip = load_chip(device_chip("tpu"))
+        available, where = chip.hbm.capacity_bytes.value, f"{chip.name} HBM per device"
+    else:
+        available, where = available_memory_bytes() / 2, "half of this host's free memory (interpret mode)"
+    if needed > available:
+        raise InputError(f"{model.name} does not fit one device: the kernel needs {needed / GB:.1f} GB "
+                         f"(weights + cache at batch {batch}, context {context_tokens}) but has "
+                         f"{available / GB:.1f} GB ({where}); run-kernel runs a single device")
 
 
 def run_devices(args: argparse.Namespace) -> int:

@@ -23,10 +23,10 @@ from pathlib import Path
 
 from rich.console import Console
 
+from calibration.commands.calibrate_outputs import provenance
 from hwmodels.atomic import write_text_atomic
 from hwmodels.catalog import display_path
 from hwmodels.errors import InputError
-from tpusim.app.cli.calibrate_outputs import provenance
 from tpusim.app.cli.common import emit_json
 
 CHIPS = ("tpu-v5e",)  # chips whose kernel records this path fits

@@ -11,12 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from calibration.commands.demo_consistency import refused, short_figures
 from hwmodels.textfile import read_user_jsonl
 from hwmodels.units import MIB
-from tpusim.app.demo_consistency import refused, short_figures
 
 if TYPE_CHECKING:
-    from tpusim.app.demo_run import DemoRun, StepRecord
+    from calibration.commands.demo_run import DemoRun, StepRecord
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
@@ -438,7 +438,7 @@ def _relative(path: Path, base: Path) -> str:
 
 
 def render_report(run: DemoRun, *, reuse: str = "") -> str:
-    """The report; ``reuse`` (:func:`tpusim.app.demo.reuse_line`) follows the calibrations."""
+    """The report; ``reuse`` (:func:`calibration.commands.demo_steps.reuse_line`) follows the calibrations."""
     lines = _compare_section(run)
     lines += _floor_section(run)
     lines += _sweep_section(run)
@@ -449,7 +449,7 @@ def render_report(run: DemoRun, *, reuse: str = "") -> str:
     lines += _calibration_section(run, "calibrate host-cpu",
                                   "## 6. The CPU closed loop: host model against XLA-compiled decode steps on this machine")
     lines += _joint_section(run)
-    from tpusim.app.demo_measured import measured_section
+    from calibration.commands.demo_measured import measured_section
 
     lines += measured_section(run)
     if reuse:

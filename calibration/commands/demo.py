@@ -1,10 +1,12 @@
-"""`tpusim demo`: the main job on built-in defaults (see :mod:`tpusim.app.demo`)."""
+"""`tpusim demo`: the main job on built-in defaults (see :mod:`calibration.commands.demo_steps`)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from tpusim.app.cli.common import jobs, output_folder
 from tpusim.cli_options import positive_int
@@ -30,13 +32,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--full", action="store_true",
                         help="also the long steps: kernel run in interpret mode, calibrations, deployment search, "
                         "Mosaic compiles, a batch-4 sweep (about ten minutes on 2 cores)")
-    parser.set_defaults(func=run, output_lock="folder")
+    # flags the chosen path ignores are refused (tpusim.app.cli.flag_rules), before any work
+    parser.set_defaults(func=run, output_lock="folder", flag_rules=(("sweep_budget", _quick_budget),))
+
+
+def _quick_budget(args: argparse.Namespace, _: Mapping[str, Any]) -> str | None:
+    if getattr(args, "quick", False):
+        return "--quick sets its own small budgets (8 simulations a sweep); give --quick or --sweep-budget, not both"
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
+    from calibration.commands.demo_run import DemoConfig
+    from calibration.commands.demo_steps import run_demo
     from tpusim.app.cli.common import usable_cores
-    from tpusim.app.demo import run_demo
-    from tpusim.app.demo_run import DemoConfig
 
     jobs = args.jobs if "jobs" in getattr(args, "given", ()) else min(args.jobs, usable_cores())  # 2, or 1 core
     config = DemoConfig(out_dir=args.out, jobs=jobs, sweep_budget=args.sweep_budget, quick=args.quick, full=args.full)
@@ -44,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     stdout, stderr = sys.stdout, sys.stderr
     result = run_demo(config, progress=lambda line: print(line, file=stderr, flush=True),
                       answer=lambda line: print(line, file=stdout, flush=True))
-    from tpusim.app.demo import demo_local_dir, reuse_line
+    from calibration.commands.demo_steps import demo_local_dir, reuse_line
 
     report = args.out / "report.md"
     print(f"report: {report}")
