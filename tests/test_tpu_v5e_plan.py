@@ -30,7 +30,8 @@ def _rows(name: str) -> list[dict]:
 
 def _static(part: str, decoder: str) -> float:
     (row,) = [r for r in _rows("tpu-v5e-static-schedule.jsonl")
-              if (r["params"]["part"], r["params"]["decoder"], r["params"]["rows"]) == (part, decoder, 1)]
+              if r["probe"] == "expert_product"
+              and (r["params"]["part"], r["params"]["decoder"], r["params"]["rows"]) == (part, decoder, 1)]
     return row["panel_bundles"] / 1.5e9 / (row["params"]["k"] * 128)
 
 

@@ -34,22 +34,32 @@ from calibration.reports.tpu_v5e_plan import (
 )
 from calibration.sources.tpu_chip_records import most_measured_build
 from calibration.sources.tpu_fixed_cost import FIXED_COST_PATH, capped_runs, simulated_ms
-from calibration.sources.tpu_probes import dequant_path, probe_chip
+from calibration.sources.tpu_layer_static import layer_remainder
+from calibration.sources.tpu_probes import PER_LAYER, dequant_path, probe_chip
 from hwmodels.catalog import load_chip
 from hwmodels.overlay import _figure_slot
 from hwmodels.schema import Chip
 from megakernel.quant import WORDS32_DECODER
 from megakernel.quant_pairs import KERNEL_DECODER
+from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 
 
-def first_principles_chip(decoder: str = KERNEL_DECODER, batch: int = 1) -> Chip:
-    """tpu-v5e with the micro-probes' figures and ``decoder``'s static-schedule decode rates at
-    ``batch``'s rows (labelled ``derived``); every other figure the catalog's."""
+def first_principles_chip(decoder: str = KERNEL_DECODER, batch: int = 1,
+                          unroll: tuple[int, int] = (PANEL_UNROLL, EXPERT_PANEL_UNROLL)) -> Chip:
+    """tpu-v5e with the micro-probes' figures, ``decoder``'s static-schedule decode rates at
+    ``batch``'s rows and the layer's own work from the static schedule of the kernel's layer
+    loop (:func:`calibration.sources.tpu_layer_static.layer_remainder`: the bundles one layer
+    issues less the engine's compute for the same ops; the build ``unroll``'s record, else the
+    nearest build's), all ``derived``; every other figure the catalog's."""
     data = probe_chip(load_chip("tpu-v5e", calibrated=False), decoder=WORDS32_DECODER).model_dump(mode="python")
     for part, part_decoder in PART_DECODERS[decoder].items():
         value, source = static_figure(part, part_decoder, rows=static_rows(batch, part, part_decoder))
         parent, name = _figure_slot(data, dequant_path(FORMAT_OF_PART[part]))
         parent[name] = {**parent[name], "value": value, "label": "derived", "source": source}
+    chip = Chip.model_validate(data)
+    value, source = layer_remainder(chip, batch, unroll)
+    parent, name = _figure_slot(data, PER_LAYER)
+    parent[name] = {**parent[name], "value": value, "label": "derived", "source": source}
     return Chip.model_validate(data)
 
 
@@ -84,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                         metavar=("DENSE", "EXPERT"))
     args = parser.parse_args(argv)
     unroll = tuple(args.panel_unroll) if args.panel_unroll else most_measured_build(KERNEL_DECODER)
-    first = errors(lambda batch: first_principles_chip(KERNEL_DECODER, batch), unroll)  # type: ignore[arg-type]
+    first = errors(lambda batch: first_principles_chip(KERNEL_DECODER, batch, unroll), unroll)  # type: ignore[arg-type]
     fitted = errors(lambda batch: build_chip(KERNEL_DECODER, unroll, batch)[0], unroll)  # type: ignore[arg-type]
     out = ["| schedule | batch | measured ms | first principles ms | error | way (b), kernel-level fit ms | error |",
            "|---|---:|---:|---:|---:|---:|---:|"]
@@ -92,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         out.append(f"| {name} | {batch} | {ms:.2f} | {a:.2f} | {a / ms - 1:+.1%} | {b:.2f} | {b / ms - 1:+.1%} |")
     out += ["", f"first principles (micro-probes + static schedule, no kernel run): {summary(first)}",
             f"way (b) (refit on the build's own capped runs: a kernel-level fit): {summary(fitted)}"]
-    capped = capped_errors(lambda batch: first_principles_chip(KERNEL_DECODER, batch), unroll)  # type: ignore[arg-type]
+    capped = capped_errors(lambda batch: first_principles_chip(KERNEL_DECODER, batch, unroll), unroll)  # type: ignore[arg-type]
     if capped:
         out += ["", "The build's capped runs (fixed-cost probe, batch 1), held out from the first principles "
                 "(way (b) is fitted on them):", "| schedule | expert cap | measured ms (tpu-v5e) | first principles ms (simulated) | error |",

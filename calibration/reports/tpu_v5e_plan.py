@@ -49,6 +49,7 @@ from calibration.sources.tpu_fixed_cost import (
     kernel_probe_chip,
     refit_chip,
 )
+from calibration.sources.tpu_layer_static import STATIC_PATH, V5E_CLOCK_HZ, layer_remainder
 from calibration.sources.tpu_probes import PROBES_PATH, dequant_path
 from hwmodels.catalog import load_chip
 from hwmodels.overlay import _figure_slot
@@ -58,9 +59,7 @@ from megakernel.quant_pairs import FP8_PAIRS_DECODER, KERNEL_DECODER
 from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-STATIC_PATH = DATA / "tpu-v5e-static-schedule.jsonl"
 PREDICTIONS_PATH = DATA / "tpu-v5e-predictions.jsonl"
-V5E_CLOCK_HZ = 1.5e9  # derived: 197 TF/s bf16 (catalog) = 4 MXUs x 128 x 128 x 2 flops x 1.5 GHz
 FORMAT_OF_PART = {"gate_up": "fp8_e4m3_b256", "down": "mxfp4"}
 # a decoder whose static figure takes the measured/static ratio of the one it replaces
 STALLS_LIKE = {"fold": WORDS32_DECODER}
@@ -74,7 +73,8 @@ def static_rows(batch: int, part: str, decoder: str, path: Path | str = STATIC_P
     with their 8-row sublane tiles: gate/up pairs 321 bundles a panel at 8 rows, 359 at 16), else
     the largest."""
     compiled = sorted({r["params"]["rows"] for r in map(json.loads, Path(path).read_text().splitlines())
-                       if r["chip"] == "tpu-v5e" and (r["params"]["part"], r["params"]["decoder"]) == (part, decoder)})
+                       if r["chip"] == "tpu-v5e" and r.get("probe") == "expert_product"
+                       and (r["params"]["part"], r["params"]["decoder"]) == (part, decoder)})
     if not compiled:
         raise KeyError(f"no static-schedule record for {part}/{decoder} in {path}")
     return next((rows for rows in compiled if rows >= batch), compiled[-1])
@@ -86,7 +86,8 @@ def static_figure(part: str, decoder: str, path: Path | str = STATIC_PATH, rows:
     for line in Path(path).read_text().splitlines():
         r = json.loads(line)
         p = r["params"]
-        if (p["part"], p["decoder"], p["rows"]) == (part, decoder, rows) and r["chip"] == "tpu-v5e":
+        if r.get("probe") == "expert_product" and (p["part"], p["decoder"], p["rows"]) == (part, decoder, rows) \
+                and r["chip"] == "tpu-v5e":
             weights = p["k"] * 128
             value = r["panel_bundles"] / clock_hz / weights
             return value, (f"derived from libtpu's static schedule (expert_product {part}/{decoder}, rows {rows}, "
@@ -127,9 +128,10 @@ def build_chip(decoder: str = KERNEL_DECODER, unroll: tuple[int, int] = (PANEL_U
     read) when there are two published caps of it; else on the capped runs of the build nearest
     it (the same expert loop first: the refit's figures are the experts' decode and the
     per-layer cost), named in the label; else as it is. The refit reads the capped runs at
-    ``batch`` when the build has them (the layer's own work grows with the rows: the kernel's
-    per-row code doubles past one 8-row sublane tile), else those at batch 1, and the label
-    says which."""
+    ``batch`` when the build has them, else those at batch 1 with the per-layer cost moved by
+    what the layer loop's static schedule adds from there to ``batch``
+    (:func:`calibration.sources.tpu_layer_static.layer_remainder`: the kernel's per-row code
+    doubles past one 8-row sublane tile), and the label says which."""
     at_batch = planned_chip(decoder, unroll[1], batch)
     builds = sorted({r.panel_unroll for r in capped_runs(FIXED_COST_PATH, decoder, batch=None)},
                     key=lambda b: (b != tuple(unroll), b[1] != unroll[1], abs(b[0] - unroll[0])))
@@ -141,10 +143,16 @@ def build_chip(decoder: str = KERNEL_DECODER, unroll: tuple[int, int] = (PANEL_U
         if found is None:
             continue
         whose = "this build's own" if build == tuple(unroll) else f"the nearest build's (u{build[0]}x{build[1]})"
+        growth = ""
+        if fit_batch != batch:  # the layer's own work at the batch's rows: the static schedule's growth
+            at, fitted = (layer_remainder(planned_chip(decoder, unroll[1], b), b, tuple(unroll))[0] for b in (batch, fit_batch))
+            found = replace(found, per_layer_s=max(found.per_layer_s + at - fitted, 0.0))
+            growth = (f", {(at - fitted) * 1e6:+.1f} µs of it the layer loop's static schedule from batch "
+                      f"{fit_batch} to {batch} (calibration.sources.tpu_layer_static)")
         return refit_chip(at_batch, found), (
             f"simulated (the new decoders from the static schedule, refit by way (b) on {whose} capped "
             f"runs u{build[0]}x{build[1]} at batch {fit_batch}: {', '.join(found.runs)}; dequant factor "
-            f"{found.dequant_factor:.2f}, {found.per_layer_s * 1e6:.1f} µs a layer)")
+            f"{found.dequant_factor:.2f}, {found.per_layer_s * 1e6:.1f} µs a layer{growth})")
     return at_batch, "simulated (way (b) of the words32 kernel; the new decoders from the static schedule)"
 
 

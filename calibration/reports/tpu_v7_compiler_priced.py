@@ -58,12 +58,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from calibration.reports.tpu_v5e_plan import FORMAT_OF_PART
 from calibration.sources.measurements import Measurement
 from calibration.sources.predict import Predictor
+from calibration.sources.tpu_layer_static import layer_remainder
+from calibration.sources.tpu_probes import PER_LAYER
 from hwmodels import values
 from hwmodels.catalog import load_chip
 from hwmodels.errors import InputError
+from hwmodels.overlay import _figure_slot
 from hwmodels.schema import Chip
 from megakernel.quant_mxu import ROW_EXPANSION_MAX_ROWS
 from tpusim.cli_options import add_batch_option, add_schedule_option
+from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 TPU7X_STATIC_PATH = DATA / "tpu7x-static-schedule.jsonl"
@@ -170,7 +174,7 @@ def v5e_residuals() -> tuple[tuple[str, int, float], ...]:
 
     builds = sorted({r.panel_unroll for r in build_records(KERNEL_DECODER) if r.panel_unroll[1] > 1})
     rows = [row for build in builds
-            for row in errors(lambda batch: first_principles_chip(KERNEL_DECODER, batch), build)]
+            for row in errors(lambda batch, build=build: first_principles_chip(KERNEL_DECODER, batch, build), build)]
     return tuple((name, batch, sim / ms - 1.0) for name, batch, ms, sim in rows)
 
 
@@ -178,7 +182,8 @@ def static_records(path: Path | str = TPU7X_STATIC_PATH) -> list[dict[str, Any]]
     """The TPU7x ``expert_product`` static records of the FP8-to-the-MXU products."""
     found = [r for line in Path(path).read_text().splitlines() if line.strip()
              for r in [json.loads(line)]
-             if r.get("chip") == "tpu-v7" and r.get("params", {}).get("decoder") == MXU_DECODER]
+             if r.get("chip") == "tpu-v7" and r.get("probe") == "expert_product"
+             and r.get("params", {}).get("decoder") == MXU_DECODER]
     if not found:
         raise InputError(f"{path}: no tpu-v7 static record of the {MXU_DECODER} products")
     return found
@@ -234,8 +239,9 @@ def parts_chip() -> Chip:
 
 
 def compiler_priced_chip(base: Chip, batch: int, path: Path | str = TPU7X_STATIC_PATH) -> tuple[Chip, int]:
-    """(``base`` with each expert part's static-schedule cost per weight at ``batch``, the down
-    record's rows) (module docstring, 2)."""
+    """(``base`` with each expert part's static-schedule cost per weight at ``batch`` and the
+    layer's own work from the static schedule of the kernel's layer loop compiled for tpu7x,
+    the down record's rows) (module docstring, 2)."""
     records = static_records(path)
     clock_hz, clock_source = tpu7x_clock_hz(base, records)
     data = base.model_dump(mode="python")
@@ -251,6 +257,10 @@ def compiler_priced_chip(base: Chip, batch: int, path: Path | str = TPU7X_STATIC
             f"{clock_hz / 1e9:.2f} GHz / {weights} weights; clock {clock_source}")}
         if part == "down":
             down_rows = record["params"]["rows"]
+    chip = Chip.model_validate(data)
+    value, source = layer_remainder(chip, batch, (PANEL_UNROLL, EXPERT_PANEL_UNROLL), path, clock_hz)
+    parent, name = _figure_slot(data, PER_LAYER)
+    parent[name] = {**parent[name], "value": value, "label": "derived", "source": f"{source} (tpu7x); clock {clock_source}"}
     return Chip.model_validate(data), down_rows
 
 

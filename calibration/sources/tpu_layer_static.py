@@ -1,0 +1,132 @@
+"""What one layer of the megakernel issues beyond the engine's ops, from libtpu's own schedule.
+
+The fixed-cost probe finds about 50 µs a layer that the simulator's ops do not price
+(:mod:`calibration.sources.tpu_fixed_cost`, "way (b)": fitted on the kernel's capped runs).
+The compiler's schedule bounds how much of it is code the layer issues
+(:mod:`calibration.tpu_bench.static_layer` records it, :mod:`calibration.sources.compiler_loops`
+reads it): K3's per-device kernel on the v5e (panel loops 8/2) issues, per layer of its loop,
+23,266 bundles outside the MLA/KDA ``lax.cond`` at batch 1 plus 36,404 in an MLA layer's arm
+or 27,603 in a KDA layer's (39.8 / 33.9 µs at 1.5 GHz, no stall counted), against the
+engine's 25.5 / 19.5 µs of MXU and VPU work for the same ops: about 14 µs a layer of issue the
+engine does not price. Per-row code doubles past one 8-row sublane tile: at batch 16 the
+layer issues 58.5 / 57.8 µs against the engine's 29.5 / 25.8. The rest of way (b)'s 50 µs
+is time the bundles do not hold (stalls: MXU result latency, vector-to-scalar pops, waits).
+
+:func:`layer_remainder` turns that into the simulator's per-layer figure
+(``execution.per_layer_overhead_s``, paid on the compute stream): for each layer of the
+loop, what the record says it issues (outside the arms, plus its kind's arm) / the clock,
+less the engine's own compute for the ops the record counts (the non-expert ops' MXU and VPU
+pieces; left out, as the record leaves out the kernel's data-dependent loops: the routed
+experts, the combine that sums them, and the MLA core's KV tiles up to the position); the
+mean over the loop's layers. A floor of what the code costs: stalls are not in bundles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+from hwmodels.schema import Chip
+from tpusim.engine.build import lower
+from tpusim.engine.core import execution_policy, step_vmem_plan
+from tpusim.schedule.schema import load_schedule
+from tpusim.workload.format_choice import formats_for_chip
+from tpusim.workload.model_catalog import load_model, shard_plan
+from tpusim.workload.program import build_program
+from tpusim.workload.registry.names import MlaOp, MoeOp
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+STATIC_PATH = DATA / "tpu-v5e-static-schedule.jsonl"
+V5E_CLOCK_HZ = 1.5e9  # derived: 197 TF/s bf16 (catalog) = 4 MXUs x 128 x 128 x 2 flops x 1.5 GHz
+# the engine's ops whose kernel code sits in a data-dependent loop (left out of the record)
+DATA_DEPENDENT_OPS = frozenset({MlaOp.CORE, MoeOp.COMBINE})
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerIssue:
+    batch: int
+    panel_unroll: tuple[int, int]
+    issued_bundles: int  # a layer outside the MLA/KDA arms
+    arms: dict[str, int]  # bundles each arm issues: "mla", "kda"
+    date: str
+
+    def issue_s(self, kind: str, clock_hz: float = V5E_CLOCK_HZ) -> float:
+        """Seconds a layer of ``kind`` ("mla" or "kda") issues at ``clock_hz``."""
+        return (self.issued_bundles + self.arms[kind]) / clock_hz
+
+
+def layer_issues(path: Path | str = STATIC_PATH) -> list[LayerIssue]:
+    """Every layer-loop record of ``path`` (``probe: layer_body``)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [LayerIssue(r["params"]["batch"], tuple(r["params"]["panel_unroll"]), r["issued_bundles"],
+                       {kind: arm["issued_bundles"] for kind, arm in r["arms"].items()}, r["date"])
+            for r in rows if r.get("probe") == "layer_body"]
+
+
+def layer_issue(batch: int, panel_unroll: tuple[int, int], path: Path | str = STATIC_PATH) -> LayerIssue:
+    """The latest record at ``batch`` of the build ``panel_unroll``, else of the build nearest it
+    (the same expert loop first); KeyError when no build has one at that batch."""
+    at = [r for r in layer_issues(path) if r.batch == batch]
+    if not at:
+        raise KeyError(f"no layer-loop record at batch {batch} in {path} "
+                       f"(python -m calibration.tpu_bench.static_layer --batch {batch} --out {path})")
+    def distance(r: LayerIssue) -> tuple[bool, bool, int]:
+        return (r.panel_unroll != tuple(panel_unroll), r.panel_unroll[1] != panel_unroll[1],
+                abs(r.panel_unroll[0] - panel_unroll[0]))
+    return min(sorted(at, key=lambda r: r.date, reverse=True), key=distance)  # the latest among equals
+
+
+def engine_layer_compute_s(chip: Chip, batch: int, panel_unroll: tuple[int, int]) -> dict[int, tuple[str, float]]:
+    """Per layer of the loop (1 … L-2) of K3's published per-device program at ``batch``: its
+    kind ("mla" or "kda") and the engine's MXU and VPU seconds for the ops a layer-loop record
+    counts."""
+    return _engine_layer_compute_s(chip.model_dump_json(), batch, tuple(panel_unroll))
+
+
+@functools.cache
+def _engine_layer_compute_s(chip_json: str, batch: int, panel_unroll: tuple[int, int]) -> dict[int, tuple[str, float]]:
+    chip = Chip.model_validate_json(chip_json)
+    program, schedule = _program(batch)
+    policy = dataclasses.replace(execution_policy(chip), panel_unroll=panel_unroll)
+    effective = policy.effective_schedule(schedule)
+    lowered = lower(program, effective, chip, policy, step_vmem_plan(program, effective))
+    last = max(op.layer for op in program.ops)
+    seconds: dict[int, float] = {}
+    mla: set[int] = set()
+    for op, plan in zip(program.ops, lowered.ops, strict=True):
+        if not 1 <= op.layer <= last - 1:
+            continue
+        if op.name in set(MlaOp):
+            mla.add(op.layer)
+        if op.expert_index is None and op.name not in DATA_DEPENDENT_OPS:
+            seconds[op.layer] = seconds.get(op.layer, 0.0) + sum(piece.duration_s for piece in plan.pieces)
+    return {layer: ("mla" if layer in mla else "kda", s) for layer, s in seconds.items()}
+
+
+@functools.cache
+def _program(batch: int) -> tuple[Any, Any]:
+    model = formats_for_chip(load_model("kimi-k3"), None, "tpu")[0]  # as the kernel records' programs
+    return build_program(model, shard_plan(model, "k3-tp32"), batch=batch, context_tokens=1024), load_schedule("published")
+
+
+def layer_remainder(chip: Chip, batch: int, panel_unroll: tuple[int, int],
+                    path: Path | str = STATIC_PATH, clock_hz: float = V5E_CLOCK_HZ) -> tuple[float, str]:
+    """(seconds a layer, source): the mean over the loop's layers of what the record says the
+    layer issues (outside the arms, plus its kind's arm) less the engine's compute for the
+    same ops on ``chip`` (module docstring), clipped at 0."""
+    record = layer_issue(batch, panel_unroll, path)
+    layers = engine_layer_compute_s(chip, batch, panel_unroll)
+    value = max(sum(record.issue_s(kind, clock_hz) - s for kind, s in layers.values()) / len(layers), 0.0)
+    engine = {kind: [s for k, s in layers.values() if k == kind] for kind in ("kda", "mla")}
+    build = "" if record.panel_unroll == tuple(panel_unroll) else f" (the u{record.panel_unroll[0]}x{record.panel_unroll[1]} build's)"
+    return value, (f"derived from libtpu's static schedule{build} ({record.date[:10]}): a layer of the loop issues "
+                   + ", ".join(f"{kind.upper()} {record.issue_s(kind, clock_hz) * 1e6:.1f} µs" for kind in ("kda", "mla"))
+                   + f" at batch {batch} ({clock_hz / 1e9:.2f} GHz, no stall), less the engine's "
+                   + ", ".join(f"{sum(v) / len(v) * 1e6:.1f}" for v in engine.values() if v)
+                   + " µs for the same ops; the mean over the loop's layers")

@@ -1,0 +1,49 @@
+"""The layer's own work from the static schedule of the kernel's layer loop: which record
+prices a build and batch, and the remainder over the engine's ops."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from calibration.sources.tpu_layer_static import V5E_CLOCK_HZ, layer_issue, layer_remainder
+from hwmodels.catalog import load_chip
+
+
+def _write(path: Path, rows: list[tuple[int, list[int], int, str]], arms: tuple[int, int] = (30_000, 20_000)) -> Path:
+    mla, kda = arms
+    lines = [json.dumps({"kind": "static_schedule", "probe": "layer_body", "params": {"batch": b, "panel_unroll": u},
+                         "issued_bundles": n, "arms": {"mla": {"issued_bundles": mla}, "kda": {"issued_bundles": kda}},
+                         "date": d}) for b, u, n, d in rows]
+    lines.append(json.dumps({"kind": "static_schedule", "probe": "expert_product", "params": {"rows": 1}}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_the_builds_own_record_else_the_nearest_else_refused(tmp_path: Path) -> None:
+    path = _write(tmp_path / "s.jsonl", [(1, [8, 2], 87_000, "2026-12-06T19:00"), (1, [4, 2], 86_000, "2026-12-06T19:10"),
+                                         (1, [8, 2], 87_500, "2026-12-06T20:00"), (8, [4, 4], 99_000, "2026-12-06T19:00")])
+    assert layer_issue(1, (8, 2), path).issued_bundles == 87_500  # its own build, the latest
+    assert layer_issue(1, (4, 2), path).issued_bundles == 86_000
+    assert layer_issue(1, (16, 2), path).panel_unroll == (8, 2)  # same expert loop, nearest dense loop
+    assert layer_issue(8, (8, 2), path).issued_bundles == 99_000  # the only build at that batch
+    with pytest.raises(KeyError, match="no layer-loop record at batch 2"):
+        layer_issue(2, (8, 2), path)
+
+
+@pytest.mark.slow  # lowers K3's per-device program once (~5 s)
+def test_the_remainder_is_the_issue_time_less_the_engines_own_compute(tmp_path: Path) -> None:
+    chip = load_chip("tpu-v5e", calibrated=False)
+    path = _write(tmp_path / "s.jsonl", [(1, [8, 2], 90_000, "d"), (1, [4, 2], 60_000, "d")])
+    high, source = layer_remainder(chip, 1, (8, 2), path)
+    low, _ = layer_remainder(chip, 1, (4, 2), path)
+    # the engine's part is the same program on the same chip: the difference is the bundles'
+    assert high - low == pytest.approx(30_000 / V5E_CLOCK_HZ, rel=1e-9)
+    assert "KDA 73.3 µs, MLA 80.0 µs at batch 1 (1.50 GHz" in source  # (90,000 + 20,000 or 30,000) / 1.5 GHz
+    # the arms weigh by the program's layers: layers 1-91 of K3 hold 68 KDA and 23 MLA layers
+    arm_path = _write(tmp_path / "a.jsonl", [(1, [8, 2], 90_000, "d")], arms=(30_000 + 9_000, 20_000))
+    assert layer_remainder(chip, 1, (8, 2), arm_path)[0] - high == pytest.approx(9_000 / V5E_CLOCK_HZ * 23 / 91, rel=1e-9)
+    tiny = _write(tmp_path / "t.jsonl", [(1, [8, 2], 1, "d")], arms=(1, 1))
+    assert layer_remainder(chip, 1, (8, 2), tiny)[0] == 0.0  # less than the engine's ops: clipped
