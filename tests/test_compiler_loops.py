@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from calibration.sources.compiler_loops import branch_loops, forward_branches, issued_bundles, layer_loop
+from calibration.sources.compiler_loops import (
+    branch_loops,
+    forward_branches,
+    issued_bundles,
+    layer_loop,
+)
 from calibration.sources.compiler_schedule import KernelSchedule, loops, parse_bundles
 
 # An outer loop (bundles 1-17, the "layers", its exit test predicated as libtpu prints it) holds
