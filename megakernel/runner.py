@@ -33,6 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from hwmodels.errors import InputError
+from hwmodels.records.jsonl import append_record
+from hwmodels.records.timing import half_iqr
 from megakernel.dims import model_dims
 from megakernel.dma_plan import UnsupportedSchedule
 from megakernel.events import save_routing_trace
@@ -51,7 +53,6 @@ from megakernel.step_bytes import step_hbm_bytes
 from megakernel.tolerance import F32, REORDERED, TOLERANCES
 from megakernel.vmem_limit import PUBLISHED_KERNEL_CHIP, vmem_limit_for
 from tpusim.progress_notes import note
-from tpusim.records_io import append_record
 from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 from tpusim.schedule.schema import load_schedule
 from tpusim.workload.model_catalog import load_model, plan_for
@@ -116,13 +117,6 @@ def resolve_backend(backend: str) -> str:
     if backend == "tpu" and jax.default_backend() != "tpu":
         raise InputError("--backend tpu: JAX sees no TPU on this host (use --backend interpret)")
     return backend
-
-
-def half_iqr(values: list[float]) -> float:
-    if len(values) < 2:
-        return 0.0
-    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return (q3 - q1) / 2
 
 
 def run_plan(config: RunConfig) -> Any:

@@ -21,14 +21,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hwmodels.records.jsonl import append_record
+from hwmodels.records.timing import half_iqr
 from megakernel.reference import init_state
 from megakernel.runner import (
     KERNEL_PRECISION,
     RunConfig,
-    append_record,
     device_chip,
     greedy_check,
-    half_iqr,
     max_context_for,
     prepare,
     provenance,
