@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import platform
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,8 @@ import numpy as np
 
 from hwmodels.errors import InputError
 from hwmodels.records.jsonl import append_record
-from hwmodels.records.timing import half_iqr
+from hwmodels.records.kernel import KernelRecord
+from hwmodels.records.timing import summarise
 from megakernel.dims import model_dims
 from megakernel.dma_plan import UnsupportedSchedule
 from megakernel.events import save_routing_trace
@@ -229,45 +229,39 @@ def run(config: RunConfig, out: Path | None = None) -> dict[str, Any]:
     times_ms = (timed_steps(step, hbm, params["embedding"], state, tokens, config.steps)
                 if backend == "tpu" or config.expert_cap is not None else check["times_ms"])
     hbm_bytes = step_hbm_bytes(kernel, experts_per_layer, config.context)
-    median_ms = statistics.median(times_ms)
-    record = {
-        "model": config.model,
-        "system": {"chip": device_chip(backend), "chips": 1},
-        "batch": config.batch,
-        "context": config.context,
-        "routing": "identical",  # replaced by the trace file below when recording
-        "schedule": schedule.name,
-        "schedule_hash": schedule.content_hash(),
-        "backend": "cpu-interpret" if backend == "interpret" else jax.devices()[0].device_kind,
-        "ms_per_step_median": median_ms,
-        "ms_per_step_spread": half_iqr(times_ms),
-        "spread_kind": "iqr/2",
-        "steps": config.steps,
-        "provenance": provenance(),
-        "label": config.label,
-        "max_abs_error": check["max_abs_error"],
-        "relative_error": check["relative_error"],  # max |kernel - reference| / max |reference|
-        "within_tolerance": (None if check["relative_error"] is None
-                             else check["relative_error"] <= TOLERANCES[REORDERED][F32]),
-        "tokens_identical": check["tokens_identical"],
-        "step_relative_errors": check["step_relative_errors"],  # per checked step, while tokens agree
-        "checked_steps": check_steps,
-        "compile_s": compile_s,
-        "shard_of": config.shard_of,
-        "weight_banks": config.weight_banks,
-        "hbm_bytes_per_step": sum(hbm_bytes.values()),
-        "hbm_bytes_by_kind": hbm_bytes,
-        "effective_bandwidth_bytes_per_s": sum(hbm_bytes.values()) / (median_ms / 1e3),
-        "experts_per_layer": experts_per_layer,
-        "versions": versions(),
-        "expert_cap": config.expert_cap,
-        **({"kernel_variant": variant} if (variant := config.kernel_variant()) else {}),
+    timing = summarise(times_ms)  # milliseconds in, milliseconds out
+    variant = config.kernel_variant()
+    record = KernelRecord(
+        model=config.model,
+        system={"chip": device_chip(backend), "chips": 1},
+        batch=config.batch,
+        context=config.context,
+        routing="identical",  # replaced by the trace file below when recording
+        schedule=schedule.name,
+        schedule_hash=schedule.content_hash(),
+        backend="cpu-interpret" if backend == "interpret" else jax.devices()[0].device_kind,
+        ms_per_step_median=timing.median_s,
+        ms_per_step_spread=timing.spread_s,
+        steps=config.steps,
+        provenance=provenance(),
+        label=config.label,
+        **check_fields(check, check_steps),
+        compile_s=compile_s,
+        shard_of=config.shard_of,
+        weight_banks=config.weight_banks,
+        hbm_bytes_per_step=sum(hbm_bytes.values()),
+        hbm_bytes_by_kind=hbm_bytes,
+        effective_bandwidth_bytes_per_s=sum(hbm_bytes.values()) / (timing.median_s / 1e3),
+        experts_per_layer=experts_per_layer,
+        versions=versions(),
+        expert_cap=config.expert_cap,
+        kernel_variant=variant,
         # panels a panel loop's iteration issues (dense, routed experts); records before it: 1, 1
-        "panel_unroll": [config.panel_unroll, config.expert_panel_unroll],
-        "decoder": kernel.expert_products.name,  # how the expert weights were multiplied (megakernel.expert_products)
-        "timing_note": NOT_TPU_NOTE if backend == "interpret" else "native TPU, block_until_ready per step, "
-                       "warm-up excluded, compile timed separately",
-    }
+        panel_unroll=[config.panel_unroll, config.expert_panel_unroll],
+        decoder=kernel.expert_products.name,  # how the expert weights were multiplied (megakernel.expert_products)
+        timing_note=NOT_TPU_NOTE if backend == "interpret" else "native TPU, block_until_ready per step, "
+                    "warm-up excluded, compile timed separately",
+    ).to_dict()
     if out is not None:
         routing_file = Path(f"{out}.routing") / f"{routing_key(config, schedule)}.json"
         routing_file.parent.mkdir(parents=True, exist_ok=True)
@@ -275,6 +269,15 @@ def run(config: RunConfig, out: Path | None = None) -> dict[str, Any]:
         record["routing"] = f"trace:{routing_file}"
         append_record(out, record)
     return record
+
+
+def check_fields(check: dict[str, Any], check_steps: int) -> dict[str, Any]:
+    """The record's fields of a :func:`greedy_check` (the kernel's and the XLA baseline's)."""
+    relative = check["relative_error"]
+    return {"max_abs_error": check["max_abs_error"], "relative_error": relative,
+            "within_tolerance": None if relative is None else relative <= TOLERANCES[REORDERED][F32],
+            "tokens_identical": check["tokens_identical"], "step_relative_errors": check["step_relative_errors"],
+            "checked_steps": check_steps}
 
 
 def timed_steps(step: Any, hbm: Any, embedding: Any, state: DecodeState, tokens: jax.Array, steps: int) -> list[float]:

@@ -1,8 +1,10 @@
 """The record layer (hwmodels.records): importable bare, the timing summary against an
-independent computation, and the one JSON-lines writer."""
+independent computation, the one JSON-lines writer, and the typed kernel record against
+every committed row."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -12,13 +14,17 @@ import pytest
 
 from hwmodels.errors import InputError
 from hwmodels.records.jsonl import append_lines, append_record, record_line, write_lines
+from hwmodels.records.kernel import KernelRecord
 from hwmodels.records.timing import half_iqr, sample_seconds, summarise
 
 ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "calibration" / "data"
+KERNEL_FILES = ("tpu-v5e-kernel.jsonl", "tpu-v5e-kernel-variants.jsonl", "tpu-v5e-fixed-cost.jsonl",
+                "tpu-v5e-xla.jsonl", "tpu-v5e-xla-capped.jsonl")
 HEAVY = ("pydantic", "simpy", "scipy", "yaml", "tpusim", "megakernel", "optuna")
 # what the device harnesses may load of the house: the record layer and what it stands on
 LAYER = {"hwmodels", "hwmodels.records", "hwmodels.records.timing", "hwmodels.records.jsonl",
-         "hwmodels.atomic", "hwmodels.errors"}
+         "hwmodels.records.kernel", "hwmodels.atomic", "hwmodels.errors"}
 
 
 def import_blocking(modules: str, blocked: tuple[str, ...]) -> set[str]:
@@ -41,7 +47,7 @@ def import_blocking(modules: str, blocked: tuple[str, ...]) -> set[str]:
 
 
 def test_the_layer_imports_with_the_standard_library_only() -> None:
-    loaded = import_blocking("hwmodels.records.timing, hwmodels.records.jsonl",
+    loaded = import_blocking("hwmodels.records.timing, hwmodels.records.jsonl, hwmodels.records.kernel",
                               (*HEAVY, "numpy", "jax"))
     assert loaded == LAYER
 
@@ -110,3 +116,57 @@ def test_append_refuses_a_partial_last_line(tmp_path: Path) -> None:
 def test_append_refuses_a_folder(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="not a regular file"):
         append_record(tmp_path, {"a": 1})
+
+
+# --------------------------------------------------------------------------- the kernel record
+
+
+def _rows(name: str) -> list[str]:
+    return [line for line in (DATA / name).read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("name", KERNEL_FILES)
+def test_every_committed_row_reads_and_writes_back_exactly(name: str) -> None:
+    lines = _rows(name)
+    assert lines
+    for line in lines:
+        record = KernelRecord.from_row(json.loads(line))
+        assert record_line(record.to_dict()) == line
+
+
+def test_a_committed_row_round_trips_through_the_typed_record() -> None:
+    """The newest kernel decode: its fields typed, a record built from them anew writes the
+    same line (the runner's order; the harness's ``ahead_compile_s`` kept in ``extra``), and
+    the measurement reader sees the same numbers."""
+    from calibration.sources.measurements import Measurement
+
+    row = json.loads(_rows("tpu-v5e-kernel.jsonl")[-1])
+    record = KernelRecord.from_row(row)
+    assert (record.model, record.batch, record.shard_of, record.schedule_hash) == \
+        (row["model"], row["batch"], row["shard_of"], row["schedule_hash"])
+    assert record.ms_per_step_median == row["ms_per_step_median"] and record.expert_decoder == row["decoder"]
+    assert record.unroll == tuple(row["panel_unroll"]) and record.extra == {"ahead_compile_s": row["ahead_compile_s"]}
+    fields = {key: value for key, value in row.items() if key != "ahead_compile_s"}
+    anew = KernelRecord(**fields, extra={"ahead_compile_s": row["ahead_compile_s"]})
+    assert anew == record and record_line(anew.to_dict()) == record_line(row)
+    measured = Measurement.model_validate(anew.to_dict())
+    assert (measured.model, measured.batch, measured.ms_per_step_median, measured.schedule_hash) == \
+        (row["model"], row["batch"], row["ms_per_step_median"], row["schedule_hash"])
+    assert measured.extra["shard_of"] == row["shard_of"]
+
+
+def test_a_new_record_omits_the_other_implementations_fields() -> None:
+    record = KernelRecord(model="m", system={"chip": "tpu-v5e", "chips": 1}, batch=1, context=8, routing=None,
+                          implementation="xla", backend="cpu", ms_per_step_median=1.0, ms_per_step_spread=0.0,
+                          steps=2, provenance="p", label="l", extra={"xla_bytes_accessed": None})
+    keys = list(record.to_dict())
+    assert keys[:6] == ["model", "system", "batch", "context", "routing", "implementation"]
+    assert "schedule" not in keys and "decoder" not in keys and "expert_cap" in keys
+    assert keys[-1] == "xla_bytes_accessed"
+
+
+def test_a_row_without_a_required_field_is_refused() -> None:
+    with pytest.raises(ValueError, match="lacks ms_per_step_median"):
+        KernelRecord.from_row({"model": "m", "system": {}, "batch": 1, "context": 1, "routing": None,
+                               "backend": "b", "ms_per_step_spread": 0.0, "steps": 1, "provenance": "",
+                               "label": ""})
