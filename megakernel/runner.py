@@ -9,10 +9,12 @@ Backends:
   ``cpu-interpret`` and ``timing_note`` saying it is **not** a TPU timing.
 - ``auto``: ``tpu`` when JAX sees a TPU, else ``interpret``.
 
-Tokens are fed greedily (each step's argmax is the next input). The record is one JSON line
-in the format of :mod:`calibration.sources.measurements` (``ms_per_step_spread`` = half the
-inter-quartile range), appended with a single ``O_APPEND`` write and ``fsync``: the file is
-never truncated and concurrent runners never interleave within a line. The routing the
+Tokens are fed greedily (each step's argmax is the next input). The record
+(:class:`hwmodels.records.kernel.KernelRecord`) is one JSON line in the format of
+:mod:`calibration.sources.measurements` (``ms_per_step_spread`` = half the inter-quartile
+range, :func:`hwmodels.records.timing.summarise`), appended by the record layer's one writer
+(:func:`hwmodels.records.jsonl.append_record`: a single ``O_APPEND`` write and ``fsync``):
+the file is never truncated and concurrent runners never interleave within a line. The routing the
 model's own router chose in the first step is saved as a ``tpusim.workload.routing`` trace file next
 to the records, and the record's ``routing`` is ``trace:<that file>``.
 """
