@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("hwmodels", "tpusim", "megakernel", "calibration", "benchmarks", "tests")
 
 UNIT_OWNER = "hwmodels/units.py"
-# The GPU harness imports nothing of the house (tests/test_gpu_bench.py): its one mirror.
+# The GPU harness imports of the house only the record layer (tests/test_gpu_bench.py): its one mirror.
 UNIT_MIRROR = "calibration/gpu_bench/micro.py"
 LANE_OWNER = "tpusim/schedule/kernel_layout.py"
 OPTIONS_OWNER = "tpusim/cli_options.py"
