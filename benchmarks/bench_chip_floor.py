@@ -30,9 +30,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from calibration.sources.tpu_chip_records import most_measured_build, record_unroll
+from calibration.sources.tpu_chip_records import most_measured_build
 from calibration.sources.tpu_probes import SUSTAINED, probe_figures, record_decoder
 from hwmodels.errors import InputError
+from hwmodels.records.kernel import record_unroll
 from megakernel.quant_pairs import KERNEL_DECODER
 from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 

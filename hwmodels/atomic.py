@@ -152,14 +152,17 @@ def open_for_append(path: Path | str) -> int:
     return fd
 
 
-def append_bytes(path: Path | str, data: bytes) -> Path:
-    """Append ``data`` in one ``O_APPEND`` write, then fsync; returns ``path``."""
+def append_bytes(path: Path | str, data: bytes, *, sync: bool = True) -> Path:
+    """Append ``data`` in one ``O_APPEND`` write, then fsync (unless ``sync`` is False: the
+    data is then with the OS, safe from the process being killed but not from a power cut);
+    returns ``path``."""
     fd = open_for_append(path)
     try:
         written = os.write(fd, data)
         if written != len(data):  # pragma: no cover - short writes on local files are rare
             raise OSError(f"short write to {path} ({written} of {len(data)} bytes)")
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     finally:
         os.close(fd)
     return Path(path)

@@ -9,10 +9,12 @@ Backends:
   ``cpu-interpret`` and ``timing_note`` saying it is **not** a TPU timing.
 - ``auto``: ``tpu`` when JAX sees a TPU, else ``interpret``.
 
-Tokens are fed greedily (each step's argmax is the next input). The record is one JSON line
-in the format of :mod:`calibration.sources.measurements` (``ms_per_step_spread`` = half the
-inter-quartile range), appended with a single ``O_APPEND`` write and ``fsync``: the file is
-never truncated and concurrent runners never interleave within a line. The routing the
+Tokens are fed greedily (each step's argmax is the next input). The record
+(:class:`hwmodels.records.kernel.KernelRecord`) is one JSON line in the format of
+:mod:`calibration.sources.measurements` (``ms_per_step_spread`` = half the inter-quartile
+range, :func:`hwmodels.records.timing.summarise`), appended by the record layer's one writer
+(:func:`hwmodels.records.jsonl.append_record`: a single ``O_APPEND`` write and ``fsync``):
+the file is never truncated and concurrent runners never interleave within a line. The routing the
 model's own router chose in the first step is saved as a ``tpusim.workload.routing`` trace file next
 to the records, and the record's ``routing`` is ``trace:<that file>``.
 """
@@ -22,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import platform
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from hwmodels.errors import InputError
+from hwmodels.records.jsonl import append_record
+from hwmodels.records.kernel import KernelRecord
+from hwmodels.records.timing import summarise
 from megakernel.dims import model_dims
 from megakernel.dma_plan import UnsupportedSchedule
 from megakernel.events import save_routing_trace
@@ -52,7 +56,6 @@ from megakernel.step_bytes import step_hbm_bytes
 from megakernel.tolerance import F32, REORDERED, TOLERANCES
 from megakernel.vmem_limit import PUBLISHED_KERNEL_CHIP, vmem_limit_for
 from tpusim.progress_notes import note
-from tpusim.records_io import append_record
 from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 from tpusim.schedule.schema import load_schedule
 from tpusim.workload.model_catalog import load_model, plan_for
@@ -117,13 +120,6 @@ def resolve_backend(backend: str) -> str:
     if backend == "tpu" and jax.default_backend() != "tpu":
         raise InputError("--backend tpu: JAX sees no TPU on this host (use --backend interpret)")
     return backend
-
-
-def half_iqr(values: list[float]) -> float:
-    if len(values) < 2:
-        return 0.0
-    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return (q3 - q1) / 2
 
 
 def run_plan(config: RunConfig) -> Any:
@@ -234,45 +230,39 @@ def run(config: RunConfig, out: Path | None = None) -> dict[str, Any]:
     times_ms = (timed_steps(step, hbm, params["embedding"], state, tokens, config.steps)
                 if backend == "tpu" or config.expert_cap is not None else check["times_ms"])
     hbm_bytes = step_hbm_bytes(kernel, experts_per_layer, config.context)
-    median_ms = statistics.median(times_ms)
-    record = {
-        "model": config.model,
-        "system": {"chip": device_chip(backend), "chips": 1},
-        "batch": config.batch,
-        "context": config.context,
-        "routing": "identical",  # replaced by the trace file below when recording
-        "schedule": schedule.name,
-        "schedule_hash": schedule.content_hash(),
-        "backend": "cpu-interpret" if backend == "interpret" else jax.devices()[0].device_kind,
-        "ms_per_step_median": median_ms,
-        "ms_per_step_spread": half_iqr(times_ms),
-        "spread_kind": "iqr/2",
-        "steps": config.steps,
-        "provenance": provenance(),
-        "label": config.label,
-        "max_abs_error": check["max_abs_error"],
-        "relative_error": check["relative_error"],  # max |kernel - reference| / max |reference|
-        "within_tolerance": (None if check["relative_error"] is None
-                             else check["relative_error"] <= TOLERANCES[REORDERED][F32]),
-        "tokens_identical": check["tokens_identical"],
-        "step_relative_errors": check["step_relative_errors"],  # per checked step, while tokens agree
-        "checked_steps": check_steps,
-        "compile_s": compile_s,
-        "shard_of": config.shard_of,
-        "weight_banks": config.weight_banks,
-        "hbm_bytes_per_step": sum(hbm_bytes.values()),
-        "hbm_bytes_by_kind": hbm_bytes,
-        "effective_bandwidth_bytes_per_s": sum(hbm_bytes.values()) / (median_ms / 1e3),
-        "experts_per_layer": experts_per_layer,
-        "versions": versions(),
-        "expert_cap": config.expert_cap,
-        **({"kernel_variant": variant} if (variant := config.kernel_variant()) else {}),
+    timing = summarise(times_ms)  # milliseconds in, milliseconds out
+    variant = config.kernel_variant()
+    record = KernelRecord(
+        model=config.model,
+        system={"chip": device_chip(backend), "chips": 1},
+        batch=config.batch,
+        context=config.context,
+        routing="identical",  # replaced by the trace file below when recording
+        schedule=schedule.name,
+        schedule_hash=schedule.content_hash(),
+        backend="cpu-interpret" if backend == "interpret" else jax.devices()[0].device_kind,
+        ms_per_step_median=timing.median_s,
+        ms_per_step_spread=timing.spread_s,
+        steps=config.steps,
+        provenance=provenance(),
+        label=config.label,
+        **check_fields(check, check_steps),
+        compile_s=compile_s,
+        shard_of=config.shard_of,
+        weight_banks=config.weight_banks,
+        hbm_bytes_per_step=sum(hbm_bytes.values()),
+        hbm_bytes_by_kind=hbm_bytes,
+        effective_bandwidth_bytes_per_s=sum(hbm_bytes.values()) / (timing.median_s / 1e3),
+        experts_per_layer=experts_per_layer,
+        versions=versions(),
+        expert_cap=config.expert_cap,
+        kernel_variant=variant,
         # panels a panel loop's iteration issues (dense, routed experts); records before it: 1, 1
-        "panel_unroll": [config.panel_unroll, config.expert_panel_unroll],
-        "decoder": kernel.expert_products.name,  # how the expert weights were multiplied (megakernel.expert_products)
-        "timing_note": NOT_TPU_NOTE if backend == "interpret" else "native TPU, block_until_ready per step, "
-                       "warm-up excluded, compile timed separately",
-    }
+        panel_unroll=[config.panel_unroll, config.expert_panel_unroll],
+        decoder=kernel.expert_products.name,  # how the expert weights were multiplied (megakernel.expert_products)
+        timing_note=NOT_TPU_NOTE if backend == "interpret" else "native TPU, block_until_ready per step, "
+                    "warm-up excluded, compile timed separately",
+    ).to_dict()
     if out is not None:
         routing_file = Path(f"{out}.routing") / f"{routing_key(config, schedule)}.json"
         routing_file.parent.mkdir(parents=True, exist_ok=True)
@@ -280,6 +270,15 @@ def run(config: RunConfig, out: Path | None = None) -> dict[str, Any]:
         record["routing"] = f"trace:{routing_file}"
         append_record(out, record)
     return record
+
+
+def check_fields(check: dict[str, Any], check_steps: int) -> dict[str, Any]:
+    """The record's fields of a :func:`greedy_check` (the kernel's and the XLA baseline's)."""
+    relative = check["relative_error"]
+    return {"max_abs_error": check["max_abs_error"], "relative_error": relative,
+            "within_tolerance": None if relative is None else relative <= TOLERANCES[REORDERED][F32],
+            "tokens_identical": check["tokens_identical"], "step_relative_errors": check["step_relative_errors"],
+            "checked_steps": check_steps}
 
 
 def timed_steps(step: Any, hbm: Any, embedding: Any, state: DecodeState, tokens: jax.Array, steps: int) -> list[float]:

@@ -12,7 +12,6 @@ it gives one (a static count: a loop body counted once, so it is not the step's 
 
 from __future__ import annotations
 
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -21,14 +20,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hwmodels.records.jsonl import append_record
+from hwmodels.records.kernel import KernelRecord
+from hwmodels.records.timing import summarise
 from megakernel.reference import init_state
 from megakernel.runner import (
     KERNEL_PRECISION,
     RunConfig,
-    append_record,
+    check_fields,
     device_chip,
     greedy_check,
-    half_iqr,
     max_context_for,
     prepare,
     provenance,
@@ -36,7 +37,6 @@ from megakernel.runner import (
     timed_steps,
     versions,
 )
-from megakernel.tolerance import F32, REORDERED, TOLERANCES
 from megakernel.xla_baseline import xla_decode_step
 
 LABEL = "measured (plain JAX/XLA baseline: same weights, same chosen experts, one jax.jit)"
@@ -68,29 +68,26 @@ def run_xla(config: RunConfig, kernel_record: dict[str, Any], out: Path | None =
     check = greedy_check(step, dims, params, None, state, tokens, check_steps)
     times_ms = (timed_steps(step, None, None, state, tokens, config.steps)
                 if backend == "tpu" or expert_cap is not None else check["times_ms"])
-    median_ms = statistics.median(times_ms)
+    timing = summarise(times_ms)  # milliseconds in, milliseconds out
     hbm_bytes = kernel_record["hbm_bytes_per_step"] if expert_cap is None else capped_bytes(kernel_record, expert_cap)
-    record = {
-        "model": config.model, "system": {"chip": device_chip(backend), "chips": 1},
-        "batch": config.batch, "context": config.context, "routing": kernel_record.get("routing"),
-        "implementation": "xla", "stands_next_to": {"schedule": kernel_record["schedule"],
-                                                     "schedule_hash": kernel_record["schedule_hash"],
-                                                     "ms_per_step_median": kernel_record["ms_per_step_median"]},
-        "backend": "cpu-interpret" if backend == "interpret" else jax.devices()[0].device_kind,
-        "ms_per_step_median": median_ms, "ms_per_step_spread": half_iqr(times_ms), "spread_kind": "iqr/2",
-        "steps": config.steps, "provenance": provenance(), "label": LABEL,
-        "max_abs_error": check["max_abs_error"], "relative_error": check["relative_error"],
-        "within_tolerance": (None if check["relative_error"] is None
-                             else check["relative_error"] <= TOLERANCES[REORDERED][F32]),
-        "tokens_identical": check["tokens_identical"], "checked_steps": check_steps,
-        "expert_cap": expert_cap, "compile_s": compile_s, "shard_of": config.shard_of, "weight_banks": config.weight_banks,
-        "hbm_bytes_per_step": hbm_bytes, "hbm_bytes_by_kind": kernel_record.get("hbm_bytes_by_kind"),
-        "effective_bandwidth_bytes_per_s": hbm_bytes / (median_ms / 1e3),
-        "xla_bytes_accessed": _bytes_accessed(compiled),
-        "versions": versions(),
-        "timing_note": "native TPU, block_until_ready per step, warm-up excluded, compile timed separately"
-                       if backend == "tpu" else "CPU: wall time of XLA:CPU, NOT a TPU timing",
-    }
+    record = KernelRecord(
+        model=config.model, system={"chip": device_chip(backend), "chips": 1},
+        batch=config.batch, context=config.context, routing=kernel_record.get("routing"),
+        implementation="xla", stands_next_to={"schedule": kernel_record["schedule"],
+                                              "schedule_hash": kernel_record["schedule_hash"],
+                                              "ms_per_step_median": kernel_record["ms_per_step_median"]},
+        backend="cpu-interpret" if backend == "interpret" else jax.devices()[0].device_kind,
+        ms_per_step_median=timing.median_s, ms_per_step_spread=timing.spread_s,
+        steps=config.steps, provenance=provenance(), label=LABEL,
+        **check_fields(check, check_steps),
+        expert_cap=expert_cap, compile_s=compile_s, shard_of=config.shard_of, weight_banks=config.weight_banks,
+        hbm_bytes_per_step=hbm_bytes, hbm_bytes_by_kind=kernel_record.get("hbm_bytes_by_kind"),
+        effective_bandwidth_bytes_per_s=hbm_bytes / (timing.median_s / 1e3),
+        versions=versions(),
+        timing_note="native TPU, block_until_ready per step, warm-up excluded, compile timed separately"
+                    if backend == "tpu" else "CPU: wall time of XLA:CPU, NOT a TPU timing",
+        extra={"xla_bytes_accessed": _bytes_accessed(compiled)},
+    ).to_dict()
     if out is not None:
         append_record(out, record)
     return record

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from calibration.reports.tpu_v5e_derived import published_ms
+from hwmodels.records.kernel import record_unroll
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,9 +88,9 @@ def test_a_build_is_its_rows_of_both_record_files(tmp_path: Path, monkeypatch: p
     row names its build only by its knobs (on the one-panel kernel)."""
     from calibration.sources import tpu_chip_records as records
 
-    assert records.record_unroll({"kernel_variant": {"panel_unroll": 2}}) == (2, 1)
-    assert records.record_unroll({"panel_unroll": [8, 2], "kernel_variant": {"panel_unroll": 8}}) == (8, 2)
-    assert records.record_unroll({}) == (1, 1)
+    assert record_unroll({"kernel_variant": {"panel_unroll": 2}}) == (2, 1)
+    assert record_unroll({"panel_unroll": [8, 2], "kernel_variant": {"panel_unroll": 8}}) == (8, 2)
+    assert record_unroll({}) == (1, 1)
     kernel, variants = (tmp_path / "kernel.jsonl", tmp_path / "variants.jsonl")
     real = [json.loads(line) for line in records.KERNEL_PATH.read_text().splitlines() if line.strip()]
     base = next(r for r in real if r.get("panel_unroll") == [4, 2] and r.get("expert_cap") is None)

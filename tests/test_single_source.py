@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("hwmodels", "tpusim", "megakernel", "calibration", "benchmarks", "tests")
 
 UNIT_OWNER = "hwmodels/units.py"
-# The GPU harness imports nothing of the house (tests/test_gpu_bench.py): its one mirror.
+# The GPU harness imports of the house only the record layer (tests/test_gpu_bench.py): its one mirror.
 UNIT_MIRROR = "calibration/gpu_bench/micro.py"
 LANE_OWNER = "tpusim/schedule/kernel_layout.py"
 OPTIONS_OWNER = "tpusim/cli_options.py"
@@ -117,11 +117,13 @@ def test_shared_options_are_defined_once() -> None:
         {flag: [OPTIONS_OWNER] for flag in SHARED_FLAGS}
 
 
-APPEND_OWNER = "hwmodels/atomic.py"  # one O_APPEND write + fsync; JSON lines through tpusim/records_io.py
-# The GPU harness runs on a GPU host with nothing of the house installed (its own fsync'd
-# appender, the one mirror); the sweep's outputs append CSV rows, and the joint search
-# Optuna's journal (flushed, not fsync'd, by choice: tpusim/sweep/joint.py), not records.
-APPEND_MIRRORS = {"calibration/gpu_bench/records.py", "tpusim/sweep/outputs.py", "tpusim/sweep/joint.py"}
+APPEND_OWNER = "hwmodels/atomic.py"  # one O_APPEND write (+ fsync): opening for append, here only
+# The sweep's outputs append CSV rows (tpusim/sweep/outputs.py), not records.
+APPEND_MIRRORS = {"tpusim/sweep/outputs.py"}
+# Every JSON-lines file (records, measurements, the GPU harness's output, Optuna's journal)
+# is written by the record layer's one writer, the only caller of the appending primitives.
+JSONL_OWNER = "hwmodels/records/jsonl.py"
+APPEND_PRIMITIVES = {"append_bytes", "open_for_append"}
 
 
 def _opens_for_append(node: ast.AST) -> bool:
@@ -140,3 +142,41 @@ def test_one_jsonl_appender() -> None:
     writers = sorted({path for path, tree in _trees().items() for node in ast.walk(tree)
                       if _opens_for_append(node) and not path.startswith("tests/")})
     assert writers == sorted({APPEND_OWNER, *APPEND_MIRRORS}), writers
+
+
+def _called_name(node: ast.Call) -> str:
+    return node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+
+
+def _json_line(node: ast.AST) -> bool:
+    """``json.dumps(x) + "\\n"`` (no ``indent``: a line, not a JSON document)."""
+    return (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add)
+            and isinstance(node.right, ast.Constant) and node.right.value == "\n"
+            and isinstance(node.left, ast.Call) and _called_name(node.left) == "dumps"
+            and not any(k.arg == "indent" for k in node.left.keywords))
+
+
+def _to_stdout(node: ast.AST, parents: dict[int, ast.AST]) -> bool:
+    """Whether ``node`` sits inside ``sys.stdout.write(...)`` or ``print(...)`` (a tool's
+    output stream, not a record file)."""
+    while id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, ast.Call) and (ast.unparse(node.func) in ("sys.stdout.write", "print")):
+            return True
+    return False
+
+
+def test_one_jsonl_writer() -> None:
+    """Only the record layer's writer calls the appending primitives or builds JSON lines for
+    a file; everything else goes through it (hwmodels.records.jsonl)."""
+    appenders, line_builders = set(), set()
+    for path, tree in _trees().items():
+        if path.startswith("tests/") or path in (APPEND_OWNER, JSONL_OWNER):
+            continue
+        parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and _called_name(node) in APPEND_PRIMITIVES:
+                appenders.add(f"{path}:{node.lineno}")
+            if _json_line(node) and not _to_stdout(node, parents):
+                line_builders.add(f"{path}:{node.lineno}")
+    assert sorted(appenders) == [] and sorted(line_builders) == []

@@ -15,7 +15,9 @@ Modules: :mod:`~calibration.gpu_bench.records` (timing recipe, record dicts),
 :mod:`~calibration.gpu_bench.micro` (copies, gaps, matmuls), :mod:`~calibration.gpu_bench.replay`
 (a step description as one jitted step), :mod:`~calibration.gpu_bench.steps` (decode steps
 and traces), ``__main__`` (the command). Nothing here imports pydantic, simpy, scipy or
-tpusim: the lent machine's Python has only JAX. Bringing results home, fitting and
+tpusim: the lent machine's Python has only JAX. Of the house it imports only the record
+layer (:mod:`hwmodels.records`: the timing summary and the one JSON-lines writer, standard
+library only). Bringing results home, fitting and
 predicting happen on the simulator's side (:mod:`calibration.sources.gpu_ingest`,
 :mod:`calibration.sources.gpu_micro`); ``run_on_device.sh`` is the one prepared device command.
 """

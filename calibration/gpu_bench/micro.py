@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from calibration.gpu_bench.records import RunInfo, Timing, measurement, time_call
+from calibration.gpu_bench.records import RunInfo, measurement, time_call
+from hwmodels.records.timing import Timing
 
 KIB = 1 << 10
 MIB = 1 << 20

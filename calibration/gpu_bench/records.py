@@ -1,10 +1,11 @@
-"""Timing and measurement records for the harness, with plain ``json`` (no pydantic).
+"""The harness's measurement records, as plain dicts (no pydantic).
 
-Every timing here follows one recipe (:func:`time_call`): ``warmup`` untimed calls (compile,
-allocate, warm caches), then ``repeats`` timed samples, each the wall time of ``inner``
-back-to-back calls divided by ``inner``, ending with ``block_until_ready``. The record keeps
-the median and half the inter-quartile range (``spread_kind: iqr/2``), and the fastest
-sample in ``extra.min_ms``.
+Every timing here follows one recipe (:func:`time_call`, the record layer's
+:func:`hwmodels.records.timing.sample_seconds`): ``warmup`` untimed calls (compile, allocate,
+warm caches), then ``repeats`` timed samples, each the wall time of ``inner`` back-to-back
+calls divided by ``inner``, ending with ``block_until_ready``. The record keeps the median
+and half the inter-quartile range (``spread_kind: iqr/2``), and the fastest sample in
+``extra.min_ms`` (:func:`hwmodels.records.timing.summarise`).
 
 :func:`measurement` writes the dict of one :class:`calibration.sources.measurements.Measurement`
 line by hand (the harness runs where pydantic is absent); ``tests/test_gpu_bench.py``
@@ -13,68 +14,33 @@ Micro-benchmarks use the same record with a ``bench:`` model name
 (``bench:copy[bytes=65536]``, ``bench:gap-compiled[ops=64]``,
 ``bench:matmul@bf16[k=2048,n=8192]`` with ``batch`` = the matmul's rows) and say what they
 are in ``extra.kind`` (``copy``, ``gap_eager``, ``gap_compiled``, ``matmul``,
-``decode_step``).
+``decode_step``). Lines are appended by the record layer's one writer
+(:func:`hwmodels.records.jsonl.append_record`); the layer is standard library only, so the
+GPU host's bare Python imports it (``tests/test_gpu_bench.py`` checks it).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hwmodels.records.jsonl import append_record
+from hwmodels.records.timing import Timing, sample_seconds, summarise
+
 MS_PER_S = 1e3
 
 
-@dataclass(frozen=True)
-class Timing:
-    """Seconds per call: median, half the IQR, fastest; how many samples and calls each."""
-
-    median_s: float
-    spread_s: float
-    min_s: float
-    repeats: int
-    inner: int
-
-
-def summarise(samples_s: list[float], inner: int = 1) -> Timing:
-    """Median, half the inter-quartile range and minimum of per-call seconds."""
-    if not samples_s:
-        raise ValueError("no timing samples")
-    spread = 0.0
-    if len(samples_s) >= 2:
-        quartiles = statistics.quantiles(samples_s, n=4, method="inclusive")
-        spread = (quartiles[2] - quartiles[0]) / 2.0
-    return Timing(statistics.median(samples_s), spread, min(samples_s), len(samples_s), inner)
-
-
 def time_call(call: Callable[[int], Any], *, warmup: int, repeats: int, inner: int = 1) -> Timing:
-    """Time ``call(i)`` (which must block until its result is ready when asked to, see below).
-
-    ``call(i)`` runs the work of call number ``i`` and returns something
+    """Time ``call(i)``, which runs the work of call number ``i`` and returns something
     :func:`jax.block_until_ready` accepts; a sample is ``inner`` consecutive calls and one
     final wait, so dispatch of call ``i+1`` overlaps execution of call ``i`` exactly as in a
     serving loop.
     """
     import jax
 
-    counter = 0
-    for _ in range(warmup):
-        jax.block_until_ready(call(counter))
-        counter += 1
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = None
-        for _ in range(inner):
-            result = call(counter)
-            counter += 1
-        jax.block_until_ready(result)
-        samples.append((time.perf_counter() - start) / inner)
+    samples = sample_seconds(call, warmup=warmup, repeats=repeats, inner=inner, wait=jax.block_until_ready)
     return summarise(samples, inner)
 
 
@@ -116,8 +82,8 @@ def measurement(info: RunInfo, *, model: str, batch: int, timing: Timing, kind: 
 
 
 class RecordWriter:
-    """Appends records to ``path`` one line at a time (each line flushed and synced), so a
-    run stopped by its time limit keeps every record it finished."""
+    """Appends records to ``path`` one line at a time (each line one ``O_APPEND`` write,
+    synced), so a run stopped by its time limit keeps every record it finished."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -125,9 +91,5 @@ class RecordWriter:
         self.count = 0
 
     def write(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, separators=(", ", ": "), ensure_ascii=False) + "\n"
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(line)
-            handle.flush()
-            os.fsync(handle.fileno())
+        append_record(self.path, record, ensure_ascii=False)
         self.count += 1

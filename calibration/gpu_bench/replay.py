@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from hwmodels.records.timing import sample_seconds
+
 CARRY_SCALE = 1e-6  # keeps the carry ≈ 1 so values stay finite over thousands of ops
 DTYPES = ("bf16", "f32")
 
@@ -67,15 +69,9 @@ class ReplayStep:
         jax.block_until_ready(self.fn(*self.args))
 
     def time_steps(self, *, warmup: int = 2, repeats: int = 7) -> list[float]:
-        """Wall seconds of ``repeats`` steps after ``warmup`` untimed ones."""
-        for _ in range(warmup):
-            self.run()
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            self.run()
-            samples.append(time.perf_counter() - start)
-        return samples
+        """Wall seconds of ``repeats`` steps after ``warmup`` untimed ones (each step waited
+        for: :meth:`run` blocks)."""
+        return sample_seconds(lambda _i: self.run(), warmup=warmup, repeats=repeats)
 
 
 @functools.cache

@@ -22,8 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from calibration.gpu_bench.records import RunInfo, measurement, summarise
+from calibration.gpu_bench.records import RunInfo, measurement
 from calibration.gpu_bench.replay import ReplayStep, build_step
+from hwmodels.records.timing import summarise
 
 
 def trace_step(step: ReplayStep, folder: Path, *, steps: int) -> None:

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from calibration.sources.tpu_chip_records import ChipRecord
 from calibration.sources.tpu_probes import LARGE_COPY_BYTES, PROBES_PATH
+from hwmodels.records.jsonl import record_line, write_lines
 
 DECODE_TOLERANCE = 0.025  # way (b) misses these records by at most 1.2 %, the 22 decodes by 1.7 % on average
 EXPOSED_TOLERANCE = 0.04  # the copy time misses by +2.7 % at b1 (spread 0.5 %), -5.5 % at b8 (spread 11 %)
@@ -112,5 +113,5 @@ def planted_stream_probes(folder: Path, factor: float, path: Path | str = PROBES
             row = {**row, "seconds_median": empty_s + (row["seconds_median"] - empty_s) / factor}
         out.append(row)
     planted = folder / "probes.jsonl"
-    planted.write_text("".join(json.dumps(r) + "\n" for r in out))
+    write_lines(planted, (record_line(r) for r in out))
     return planted

@@ -231,8 +231,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def emit_predictions(rows: list[dict[str, Any]], write: bool) -> None:
     """Print prediction rows; with ``write``, append each to :data:`PREDICTIONS_PATH` (the
-    records' one appender, :func:`megakernel.runner.append_record`)."""
-    from megakernel.runner import append_record
+    records' one appender, :func:`hwmodels.records.jsonl.append_record`)."""
+    from hwmodels.records.jsonl import append_record
 
     for r in rows:
         variant = f" variant {r['kernel_variant']}" if r.get("kernel_variant") else ""

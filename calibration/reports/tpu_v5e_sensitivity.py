@@ -56,6 +56,7 @@ from calibration.sources.tpu_probes import (
 )
 from hwmodels.catalog import load_chip
 from hwmodels.overlay import _figure_slot, iter_figures
+from hwmodels.records.jsonl import record_line, write_lines
 from hwmodels.schema import Chip
 
 STEP = 0.10  # each input raised by this fraction
@@ -121,7 +122,7 @@ def planted_capped_runs(folder: Path, factor: float) -> Path:
             trace = (FIXED_COST_PATH.parent / str(row["routing"]).removeprefix("trace:")).resolve()
             rows.append({**row, "routing": f"trace:{trace}", "ms_per_step_median": row["ms_per_step_median"] * factor})
     path = folder / "fixed-cost.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_lines(path, (record_line(r) for r in rows))
     return path
 
 

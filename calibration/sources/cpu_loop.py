@@ -37,12 +37,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from calibration.sources.cpu_workload import build_cpu_step, median_and_spread
+from calibration.sources.cpu_workload import build_cpu_step
 from calibration.sources.measurements import MS_PER_S, Measurement, SystemRef
 from calibration.sources.predict import Predictor
 from calibration.sources.step_times import FitResult, default_parameters, fit_chip
 from hwmodels.catalog import list_chips, load_chip
 from hwmodels.probe import HOST_CHIP_NAME, probe_host, write_host_entry
+from hwmodels.records.timing import summarise
 from hwmodels.schema import Chip
 
 CPU_BACKEND = "cpu-xla"
@@ -122,10 +123,10 @@ def measure_points(
     records = []
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     for width, skeleton, program, step, samples in prepared:
-        median_s, spread_s = median_and_spread(samples)
+        timing = summarise(samples)
         record = skeleton.model_copy(update={
-            "ms_per_step_median": median_s * MS_PER_S,
-            "ms_per_step_spread": spread_s * MS_PER_S,
+            "ms_per_step_median": timing.median_s * MS_PER_S,
+            "ms_per_step_spread": timing.spread_s * MS_PER_S,
             "spread_kind": f"iqr/2 over {config.repeats} rounds of fastest-of-{config.burst}",
             "steps": config.repeats * config.burst,
             "provenance": (
@@ -137,7 +138,7 @@ def measure_points(
             ),
             "label": "measured",
             "extra": {"width": width, "ops": len(program.ops), "weight_bytes": step.weight_bytes,
-                      "min_ms": min(samples) * MS_PER_S},
+                      "min_ms": timing.min_s * MS_PER_S},
         })
         records.append(record)
         if progress:

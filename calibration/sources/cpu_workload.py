@@ -15,7 +15,6 @@ allocated. Weight formats must be ones the CPU stores natively (``bf16``, ``f32`
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 
 from calibration.gpu_bench.replay import ReplayStep, build_step
@@ -35,11 +34,3 @@ def build_cpu_step(program: Program, *, seed: int = 0) -> CpuStep:
     step = build_step(describe_program(program, group_experts=False), seed=seed)
     return CpuStep(fn=step.fn, args=step.args, compile_s=step.compile_s, weight_bytes=step.weight_bytes,
                    cache_bytes=step.cache_bytes, ops=step.ops, program=program)
-
-
-def median_and_spread(samples: list[float]) -> tuple[float, float]:
-    """Median and half the inter-quartile range of ``samples``."""
-    if len(samples) < 2:
-        return samples[0], 0.0
-    quartiles = statistics.quantiles(samples, n=4, method="inclusive")
-    return statistics.median(samples), (quartiles[2] - quartiles[0]) / 2.0

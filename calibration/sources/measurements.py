@@ -41,14 +41,13 @@ Reading and writing
 
 :func:`append_measurement` adds one record with a single ``O_APPEND`` write followed by
 ``fsync`` (concurrent appenders never interleave within a line) and refuses to append after
-a partial last line; :func:`write_measurements` replaces a whole file atomically
-(:func:`hwmodels.catalog.write_text_atomic`).
+a partial last line; :func:`write_measurements` replaces a whole file atomically. Both are
+the record layer's one JSON-lines writer (:mod:`hwmodels.records.jsonl`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -64,9 +63,9 @@ from pydantic import (
     model_validator,
 )
 
-from hwmodels.atomic import append_bytes, check_output_file, write_text_atomic
 from hwmodels.catalog import display_path
 from hwmodels.errors import InputError
+from hwmodels.records.jsonl import append_lines, record_line, write_lines
 from hwmodels.textfile import read_user_text
 from hwmodels.validation import describe_validation_error
 
@@ -193,7 +192,7 @@ class Measurement(BaseModel):
         data = self.model_dump(mode="json", exclude_defaults=False)
         if not data["extra"]:
             del data["extra"]
-        return json.dumps(data, separators=(", ", ": "), ensure_ascii=False)
+        return record_line(data, ensure_ascii=False)
 
 
 def measured_label(record: Measurement) -> str:
@@ -248,21 +247,6 @@ def read_measurements(path: Path | str) -> list[Measurement]:
 # --------------------------------------------------------------------------- writing
 
 
-def _check_complete_last_line(path: Path) -> None:
-    """Raise if ``path`` ends in a partial line (no newline): appending would corrupt it."""
-    if not path.exists() or path.stat().st_size == 0:
-        return
-    with path.open("rb") as handle:
-        handle.seek(-1, os.SEEK_END)
-        last = handle.read(1)
-    if last != b"\n":
-        count = path.read_bytes().count(b"\n") + 1
-        raise InputError(
-            f"{display_path(path)}: line {count}: the last line has no newline (a partial "
-            "write?); fix or remove it before appending"
-        )
-
-
 def append_measurement(path: Path | str, record: Measurement) -> Path:
     """Append ``record`` as one line: a single ``O_APPEND`` write, then ``fsync``.
 
@@ -270,13 +254,9 @@ def append_measurement(path: Path | str, record: Measurement) -> Path:
     one buffer is not interleaved with other appenders on a local filesystem). Refuses to
     append after a partial last line.
     """
-    target = Path(path)
-    check_output_file(target)  # a FIFO or device is refused before the last-line check reads it
-    _check_complete_last_line(target)
-    return append_bytes(target, (record.to_json_line() + "\n").encode("utf-8"))
+    return append_lines(path, [record.to_json_line()], shown=display_path(path))
 
 
 def write_measurements(path: Path | str, records: Iterable[Measurement]) -> Path:
     """Replace ``path`` with ``records`` atomically (old file or new file, never half)."""
-    text = "".join(record.to_json_line() + "\n" for record in records)
-    return write_text_atomic(path, text)
+    return write_lines(path, (record.to_json_line() for record in records))

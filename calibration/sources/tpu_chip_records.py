@@ -1,7 +1,7 @@
 """K3-shard kernel records measured on a TPU v5e, and the simulator's prediction of each.
 
 ``calibration/data/tpu-v5e-kernel.jsonl`` (written by :mod:`megakernel.runner`) holds one
-record per megakernel run. The rows this module reads are those with ``shard_of`` set:
+record per megakernel run (:class:`hwmodels.records.kernel.KernelRecord`, read back here). The rows this module reads are those with ``shard_of`` set:
 one device's program of a plan (``k3-tp32``: K3's TP32 plan, real widths, all layers, no
 collectives) run on one chip. Each names the schedule by ``schedule_hash``
 (:meth:`tpusim.schedule.schema.Schedule.content_hash`), mapped back to a schedule file of
@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from calibration.sources.tpu_probes import CALIBRATION_DECODER, record_decoder
+from calibration.sources.tpu_probes import CALIBRATION_DECODER
 from hwmodels.errors import InputError
 from hwmodels.overlay import iter_figures
+from hwmodels.records.kernel import KernelRecord
 from hwmodels.schema import Chip
 from tpusim.engine import simulate
 from tpusim.engine.reuse import keep_lowerings
@@ -147,7 +148,7 @@ def most_measured_build(decoder: str = CALIBRATION_DECODER) -> tuple[int, int]:
     return max(counts, key=lambda build: (counts[build], build))
 
 
-def _shard_rows(path: Path, shard_of: str, expert_cap: int | None, decoder: str) -> list[dict[str, Any]]:
+def _shard_rows(path: Path, shard_of: str, expert_cap: int | None, decoder: str) -> list[KernelRecord]:
     if not path.is_file():
         raise InputError(f"{path}: no such kernel records file")
     rows = []
@@ -164,45 +165,40 @@ def _shard_rows(path: Path, shard_of: str, expert_cap: int | None, decoder: str)
             missing = [key for key in REQUIRED if key not in row]  # every decoder's rows: checked where they enter
             if missing:
                 raise InputError(f"{path}:{number}: kernel record lacks {', '.join(missing)}")
-            if record_decoder(row) == decoder:
-                rows.append(row)
+            try:
+                record = KernelRecord.from_row(row)
+            except ValueError as error:
+                raise InputError(f"{path}:{number}: {error}") from None
+            if record.expert_decoder == decoder:
+                rows.append(record)
     return rows
 
 
-def _merged(rows: list[dict[str, Any]], path: Path, shard_of: str, expert_cap: int | None) -> list[ChipRecord]:
+def _merged(rows: list[KernelRecord], path: Path, shard_of: str, expert_cap: int | None) -> list[ChipRecord]:
     files = schedules_by_hash()
-    groups: dict[tuple[str, int, tuple[int, int]], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, int, tuple[int, int]], list[KernelRecord]] = {}
     for row in rows:  # runs of another kernel build (panel loops unrolled) are another record
-        groups.setdefault((row["schedule_hash"], row["batch"], record_unroll(row)), []).append(row)
+        groups.setdefault((str(row.schedule_hash), row.batch, row.unroll), []).append(row)
     out = []
     for (digest, batch, unroll), runs in groups.items():
+        first = runs[0]
         if digest not in files:
-            raise InputError(f"{path.name}: schedule {runs[0]['schedule']} [{digest}] matches no schedule file")
-        trace = str(runs[0]["routing"]).removeprefix("trace:")
+            raise InputError(f"{path.name}: schedule {first.schedule} [{digest}] matches no schedule file")
+        trace = str(first.routing).removeprefix("trace:")
         routing = (path.parent / trace).resolve()
         if not routing.is_file():
-            raise InputError(f"{path.name}: {runs[0]['schedule']} b{batch}: routing trace {trace} not found")
+            raise InputError(f"{path.name}: {first.schedule} b{batch}: routing trace {trace} not found")
         try:
             routing_name = str(routing.relative_to(ROOT))
         except ValueError:
             routing_name = str(routing)
         out.append(ChipRecord(
-            model=runs[0]["model"], shard_of=shard_of, schedule=runs[0]["schedule"],
-            schedule_path=str(files[digest].relative_to(ROOT)), batch=batch, context=runs[0]["context"],
-            routing=f"trace:{routing_name}", ms_median=statistics.median(r["ms_per_step_median"] for r in runs),
-            ms_spread=max(r["ms_per_step_spread"] for r in runs), runs=len(runs), expert_cap=expert_cap,
+            model=first.model, shard_of=shard_of, schedule=str(first.schedule),
+            schedule_path=str(files[digest].relative_to(ROOT)), batch=batch, context=first.context,
+            routing=f"trace:{routing_name}", ms_median=statistics.median(r.ms_per_step_median for r in runs),
+            ms_spread=max(r.ms_per_step_spread for r in runs), runs=len(runs), expert_cap=expert_cap,
             panel_unroll=unroll))
     return sorted(out, key=lambda r: (r.batch, r.schedule, r.panel_unroll))
-
-
-def record_unroll(row: dict[str, Any]) -> tuple[int, int]:
-    """A kernel record's panel loops (dense, experts panels an iteration): its ``panel_unroll``;
-    before that field, what its ``kernel_variant`` set on the one-panel kernel (1, 1 if nothing)."""
-    if row.get("panel_unroll"):
-        dense, expert = row["panel_unroll"]
-        return int(dense), int(expert)
-    knobs = row.get("kernel_variant") or {}
-    return int(knobs.get("panel_unroll", 1)), int(knobs.get("expert_panel_unroll", 1))
 
 
 def figures_key(chip: Chip) -> tuple[tuple[str, float], ...]:

@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any
 
-from tpusim.records_io import append_record, record_line
+from hwmodels.records.jsonl import append_record, record_line
 
 
 class _JsonlList(list):  # type: ignore[type-arg]

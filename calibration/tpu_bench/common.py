@@ -5,7 +5,8 @@ with one or more :class:`Point` s — the runtime parameters (SMEM scalars) it i
 so a family of measurements that differ only in a loop count or an in-flight depth shares
 one compile.
 
-Timing (:func:`time_compiled`): the executable is compiled before any timing, called
+Timing (:func:`time_compiled`, the record layer's recipe and summary,
+:mod:`hwmodels.records.timing`): the executable is compiled before any timing, called
 ``warmup`` times untimed, then ``repeats`` times, each sample the wall time of one call
 from dispatch to :func:`jax.block_until_ready` of its result. The record keeps the median
 and half the inter-quartile range (``spread_kind: iqr/2``). Every sample therefore includes
@@ -17,7 +18,6 @@ from __future__ import annotations
 import datetime as dt
 import importlib.metadata
 import os
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +26,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from hwmodels.records.timing import Timing, sample_seconds, summarise
 
 INTERPRET_NOTE = "interpreter wall time, NOT a TPU timing"
 
@@ -61,45 +63,22 @@ class Probe:
     repeats: int | None = None  # timed calls per point on a TPU (None: the run's default)
 
 
-@dataclass(frozen=True)
-class Timing:
-    median_s: float
-    spread_s: float
-    min_s: float
-    repeats: int
-
-
-def summarise(samples: list[float]) -> Timing:
-    """Median, half the inter-quartile range and minimum of the samples (seconds)."""
-    if not samples:
-        raise ValueError("no timing samples")
-    spread = 0.0
-    if len(samples) >= 2:
-        q = statistics.quantiles(samples, n=4, method="inclusive")
-        spread = (q[2] - q[0]) / 2.0
-    return Timing(statistics.median(samples), spread, min(samples), len(samples))
-
-
 def time_compiled(call: Callable[[], Any], *, warmup: int, repeats: int, max_s: float = 4.0,
                   min_repeats: int = 3) -> tuple[Timing, Any]:
     """Time ``call()`` (an already compiled executable on fixed inputs): ``warmup`` untimed
-    calls, then ``repeats`` samples of one call each, dispatch to ready. When the last
-    warm-up says the samples would take over ``max_s``, fewer are taken (not below
-    ``min_repeats``); the record's ``repeats`` says how many."""
-    out = None
-    last = 0.0
-    for _ in range(warmup):
-        t0 = time.perf_counter()
-        out = jax.block_until_ready(call())
-        last = time.perf_counter() - t0
-    if last * repeats > max_s:
-        repeats = max(min(repeats, min_repeats), int(max_s / last))
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = jax.block_until_ready(call())
-        samples.append(time.perf_counter() - t0)
-    return summarise(samples), out
+    calls, then ``repeats`` samples of one call each, dispatch to ready
+    (:func:`hwmodels.records.timing.sample_seconds`). When the last warm-up says the samples
+    would take over ``max_s``, fewer are taken (not below ``min_repeats``); the record's
+    ``repeats`` says how many. Returns the summary and the last call's output."""
+    last: list[Any] = [None]
+
+    def one(_i: int) -> Any:
+        last[0] = call()
+        return last[0]
+
+    samples = sample_seconds(one, warmup=warmup, repeats=repeats, wait=jax.block_until_ready, max_s=max_s,
+                             min_repeats=min_repeats)
+    return summarise(samples), last[0]
 
 
 def scalars_array(values: tuple[int, ...], n: int) -> np.ndarray:

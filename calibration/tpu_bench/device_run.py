@@ -103,8 +103,9 @@ def numerics_groups(name: str) -> list[dict[str, Any]]:
 
 def run_numerics(group: dict[str, Any], out: Path) -> None:
     """One numerics group: per schedule and batch, teacher-forced errors at each depth."""
+    from hwmodels.records.jsonl import append_record
     from megakernel.chip_numerics import depth_record
-    from megakernel.runner import RunConfig, append_record
+    from megakernel.runner import RunConfig
 
     for schedule in group["schedules"]:
         for batch in group["batches"]:
@@ -141,7 +142,8 @@ def ahead_compile(case: Case, root: Path) -> float:
 
 
 def run_case(case: Case, root: Path, out: Path, ahead_s: float) -> dict[str, Any]:
-    from megakernel.runner import append_record, run
+    from hwmodels.records.jsonl import append_record
+    from megakernel.runner import run
 
     record = run(run_config(case, root), SCRATCH)  # not under $OUT: only 8 files come back
     trace = record["routing"].removeprefix("trace:")

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from hwmodels.atomic import write_text_atomic
+from hwmodels.records.jsonl import record_line, write_lines
 
 KERNEL_FILE, PROBE_FILE, ROUTING_DIR = "tpu-v5e-kernel.jsonl", "tpu-v5e-probes.jsonl", "tpu-v5e-routing"
 NUMERICS_FILE, XLA_FILE = "tpu-v5e-numerics.jsonl", "tpu-v5e-xla.jsonl"
@@ -60,8 +61,7 @@ def _append(path: Path, new: list[dict[str, Any]]) -> int:
     seen = {_key(r) for r in old}
     fresh = [r for r in new if _key(r) not in seen]
     if fresh:
-        text = "".join(json.dumps(r, separators=(", ", ": ")) + "\n" for r in old + fresh)
-        write_text_atomic(path, text)
+        write_lines(path, (record_line(r) for r in old + fresh))  # the whole file, atomically
     return len(fresh)
 
 

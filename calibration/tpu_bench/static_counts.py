@@ -22,7 +22,7 @@ import tempfile
 from typing import Any
 
 from calibration.sources.compiler_schedule import read_dump
-from tpusim.records_io import append_record, record_line
+from hwmodels.records.jsonl import append_record, record_line
 
 VREG_LANES = 8 * 128
 TOPOLOGIES = {"v5e:2x2": "tpu-v5e", "tpu7x:2x2x1": "tpu-v7"}
