@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from calibration.sources.measurements import read_measurements
+from hwmodels.errors import InputError
 from megakernel.examples import ring_schedule
 from tpusim.app.cli import main
 from tpusim.schedule.schema import save_schedule

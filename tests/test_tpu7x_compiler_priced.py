@@ -45,8 +45,11 @@ def _records(tmp_path: Path, **changes: int) -> Path:
     out = []
     for line in lines:
         record = json.loads(line)
-        key = f"{record['params']['part']}_{record['params']['rows']}"
-        if record["params"]["decoder"] == priced.MXU_DECODER and key in changes:
+        if record["probe"] == "layer_body":  # the layer loop's records: ``layer_<batch>`` plants its bundles
+            if (key := f"layer_{record['params']['batch']}") in changes:
+                record["issued_bundles"] = changes[key]
+        elif record["params"]["decoder"] == priced.MXU_DECODER \
+                and (key := f"{record['params']['part']}_{record['params']['rows']}") in changes:
             record["panel_bundles"] = changes[key]
         out.append(json.dumps(record))
     path = tmp_path / "static.jsonl"
@@ -67,10 +70,24 @@ def test_expert_parts_are_priced_from_the_static_records_at_the_derived_clock(tm
     assert priced.compiler_priced_chip(base, 2)[1] == 2  # row by row at 2: its own record
 
 
+@pytest.mark.slow  # lowers K3's per-device program for the engine's share (~5 s)
+def test_the_layer_is_priced_from_the_tpu7x_layer_loop(tmp_path: Path) -> None:
+    base = load_chip("tpu-v7", calibrated=False)
+    chip, _ = priced.compiler_priced_chip(base, 1)
+    layer = chip.execution.per_layer_overhead_s
+    assert layer.label == "derived" and "(tpu7x)" in layer.source and "1.60 GHz" in layer.source
+    issued = next(json.loads(line)["issued_bundles"] for line in priced.TPU7X_STATIC_PATH.read_text().splitlines()
+                  if '"layer_body"' in line and json.loads(line)["params"]["batch"] == 1)
+    planted, _ = priced.compiler_priced_chip(base, 1, _records(tmp_path, layer_1=issued + 16_000))
+    # 16,000 more bundles a layer at the derived 1.6 GHz: 10 µs more, the engine's share unchanged
+    assert planted.execution.per_layer_overhead_s.value - layer.value == pytest.approx(10e-6, rel=1e-9)
+
+
 def test_the_clock_is_refused_when_a_push_is_not_one_vreg(tmp_path: Path) -> None:
     lines = [json.loads(line) for line in priced.TPU7X_STATIC_PATH.read_text().splitlines()]
     for record in lines:
-        record["panel_units"]["MXU"] = 2 * record["panel_units"].get("MXU", 0)
+        if record["probe"] == "expert_product":
+            record["panel_units"]["MXU"] = 2 * record["panel_units"].get("MXU", 0)
     path = tmp_path / "static.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
     with pytest.raises(InputError, match="a push is not one vreg"):

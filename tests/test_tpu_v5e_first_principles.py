@@ -15,7 +15,7 @@ from hwmodels.overlay import iter_figures
 def test_no_figure_comes_from_a_kernel_run() -> None:
     figures = dict(iter_figures(first_principles_chip()))
     layer = figures[PER_LAYER]
-    assert layer.label == "derived" and "layer loop issues" in layer.source and "static schedule" in layer.source
+    assert layer.label == "derived" and "a layer of the loop issues" in layer.source and "static schedule" in layer.source
     assert not any("fixed-cost" in (f.source or "") for f in figures.values())
     assert figures[dequant_path(FORMAT_OF_PART["gate_up"])].value == pytest.approx(static_figure("gate_up", "pairs")[0])
     assert figures[dequant_path(FORMAT_OF_PART["down"])].value == pytest.approx(static_figure("down", "fold")[0])

@@ -29,8 +29,9 @@ from typing import Any
 
 from calibration.sources.compiler_loops import layer_loop
 from calibration.sources.compiler_schedule import read_dump
+from hwmodels.records.jsonl import append_record, record_line
 from megakernel.mosaic_compile import topology_for
-from tpusim.records_io import append_record, record_line
+from tpusim.cli_options import add_batch_option, add_hardware_option
 from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 
 CHIPS = ("tpu-v5e", "tpu-v7")  # the kernel's single-device program compiles for both (tpu7x: its FP8 products)
@@ -92,16 +93,18 @@ def count(batch: int, panel_unroll: tuple[int, int], hardware: str = "tpu-v5e", 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m calibration.tpu_bench.static_layer", allow_abbrev=False)
-    parser.add_argument("--batch", action="append", type=int, required=True)
+    add_batch_option(parser, default=None, action="append", required=True, help="a batch to compile (repeat for more)")
     parser.add_argument("--panel-unroll", type=int, nargs=2, default=(PANEL_UNROLL, EXPERT_PANEL_UNROLL),
                         metavar=("DENSE", "EXPERT"))
-    parser.add_argument("--hardware", default="tpu-v5e", choices=CHIPS)
+    add_hardware_option(parser, default="tpu-v5e", help=f"the chip compiled for: {' or '.join(CHIPS)}")
     parser.add_argument("--out", default=None, help="append JSON lines here (default: stdout)")
     parser.add_argument("--dump-dir", default=None, help="keep each compile's dump in a folder under this one")
     parser.add_argument("--from-dump", default=None, help="read this dump folder (one --batch) instead of compiling")
     args = parser.parse_args(argv)
-    if any(b < 1 for b in args.batch) or min(args.panel_unroll) < 1:
-        parser.error("--batch and --panel-unroll must be >= 1")
+    if min(args.panel_unroll) < 1:
+        parser.error("--panel-unroll must be >= 1")
+    if args.hardware not in CHIPS:
+        parser.error(f"--hardware {args.hardware}: the layer loop is recorded for {' or '.join(CHIPS)}")
     if args.from_dump and len(args.batch) != 1:
         parser.error("--from-dump reads one compile: give one --batch")
     for batch in args.batch:
