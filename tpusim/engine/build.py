@@ -72,7 +72,8 @@ from tpusim.engine.costs import collective_stage_s, resolve_link
 from tpusim.engine.execution import ExecutionPolicy
 from tpusim.engine.expert_release import place_expert_releases
 from tpusim.engine.items import MXU, VPU, CollectivePlan, Descriptor, OpPlan, Piece, Pool, Slab
-from tpusim.engine.lowering import KV_FAMILY, ROUTED, STATE_FAMILY, Builder
+from tpusim.engine.lowering import KV_FAMILY, STATE_FAMILY, Builder
+from tpusim.engine.lowering_facts import ALIGNED_WEIGHT_OP, EXPERT_OP, KEPT_PROGRAMS, WEIGHT_OP
 from tpusim.schedule.kernel_layout import LANES
 from tpusim.schedule.release import is_mispredicted
 from tpusim.schedule.schema import Schedule
@@ -95,38 +96,6 @@ class Lowered:
     descriptors: int
     slabs: int
     base_bytes: int  # always-resident scratch (activations)
-
-
-def _is_expert_op(op: Op) -> bool:
-    tensors = op.tensors
-    return bool(tensors) and tensors[0].family == ROUTED and all(t.family == ROUTED for t in tensors)
-
-
-def _is_aligned(op: Op) -> bool:
-    """Whether a weight op's matmuls pair with its tensors (each contracts over one tensor's rows)."""
-    return op.unit == "mxu" and len(op.matmuls) == len(op.tensors) and all(
-        contraction == tensor.rows for tensor, (_m, contraction, _n) in zip(op.tensors, op.matmuls, strict=True))
-
-
-# What kind of lowering each op takes (a fact of the program: remembered per program, so a
-# sweep's schedules do not test every op again)
-EXPERT_OP, ALIGNED_WEIGHT_OP, WEIGHT_OP, OTHER_OP = range(4)
-KEPT_PROGRAMS = 4  # programs whose facts below are remembered (a sweep plans one program)
-_KINDS: list[tuple[Program, list[int]]] = []
-
-
-def _op_kinds(program: Program) -> list[int]:
-    """Per op: EXPERT_OP (:func:`_is_expert_op`), ALIGNED_WEIGHT_OP / WEIGHT_OP (other weight
-    ops, :func:`_is_aligned` or not) or OTHER_OP; remembered for the last few programs."""
-    for position, (known, kinds) in enumerate(_KINDS):
-        if known is program:
-            _KINDS.append(_KINDS.pop(position))
-            return kinds
-    kinds = [EXPERT_OP if _is_expert_op(op) else (ALIGNED_WEIGHT_OP if _is_aligned(op) else WEIGHT_OP)
-             if op.tensors else OTHER_OP for op in program.ops]
-    _KINDS.append((program, kinds))
-    del _KINDS[:-KEPT_PROGRAMS]
-    return kinds
 
 
 def _overlap_join_index(ops: list[Op], index: int) -> int:
@@ -152,7 +121,8 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
 
     launches, fixed_s, kernel_names = b.kernels.launches, b.kernels.fixed_s, b.kernels.kernel_names
     collectives = _program_collectives(b)
-    kinds = _op_kinds(program)
+    facts = b.facts
+    kinds, dtypes = facts.kinds, facts.dtypes
     for index, op in enumerate(ops):
         first = op.layer != previous_layer
         previous_layer = op.layer
@@ -175,7 +145,7 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
         elif op.kv_read_bytes:
             _lower_kv_tiles(b, op, plan_)
         else:
-            matmul_s = b.op_matmul_s(op)
+            matmul_s = b.op_matmul_s(op, dtypes[index])
             if matmul_s:
                 plan_.pieces.append(Piece(matmul_s, MXU))
         if vector_s or not plan_.pieces:
@@ -209,9 +179,9 @@ def _lower_expert(b: Builder, op: Op, plan_: OpPlan,
     # only a copy issued ahead of routing can be mispredicted (a slot freeing later issues after it)
     if rate and b.issue is not None and b.issue.expert_issue(op.layer, op.expert_index or 0)[1] \
             and is_mispredicted(b.expert_count, rate):
-        wasted = b.expert_slab(op, plan_.index, ".mispredicted")
+        wasted = b.expert_slab(op, plan_.index, ".mispredicted", b.facts.mispredicted_layouts[plan_.index])
     b.expert_count += 1
-    layout = b.expert_layout(op)
+    layout = b.facts.expert_layouts[plan_.index]
     slab = b.expert_slab(op, plan_.index, "", layout)
     if b.issue is not None:
         layer_experts.setdefault(op.layer, []).append((slab, wasted))
@@ -219,7 +189,7 @@ def _lower_expert(b: Builder, op: Op, plan_: OpPlan,
         b.release_plan(plan_.index).start_releases.append(slab)
     waits = layout[1]
     descs = slab.descs
-    peak = b.peak(op)
+    peak = b.peak(b.facts.dtypes[plan_.index])
     matmuls = op.matmuls
     pairs = min(len(op.tensors), len(matmuls))
     pieces = plan_.pieces
@@ -247,17 +217,16 @@ def _behind_conversion_s(mxu_s: float, dequant_s: float, panels: int) -> float:
 
 
 def _lower_weights(b: Builder, op: Op, plan_: OpPlan, vector_s: float, aligned: bool) -> float:
-    """Weight slabs released ``d`` ops ahead; slab-by-slab matmuls (``aligned``: :func:`_is_aligned`),
+    """Weight slabs released ``d`` ops ahead; slab-by-slab matmuls (``aligned``:
+    :func:`~tpusim.engine.lowering_facts.is_aligned`),
     or wait-all for other ops.
 
     Returns the vector time still to be added as a trailing VPU piece.
     """
-    tensor_slabs = [(tensor, b.tensor_slabs(tensor, op.layer, plan_.index)) for tensor in op.tensors]
-    for tensor, slabs in tensor_slabs:
-        for releaser, (slab, _rows) in zip(b.release_plans(plan_.index, tensor, op.layer, len(slabs)), slabs,
-                                           strict=True):
-            releaser.start_releases.append(slab)
-    peak = b.peak(op)
+    index, layer = plan_.index, op.layer
+    tensor_slabs = [(tensor, b.tensor_slabs(tensor, shape, layer, index))
+                    for tensor, shape in zip(op.tensors, b.facts.tensor_shapes[index], strict=True)]
+    peak = b.peak(b.facts.dtypes[plan_.index])
     if aligned:
         for (tensor, slabs), (rows, contraction, cols) in zip(tensor_slabs, op.matmuls, strict=True):
             # A slab's share of the whole matmul, in proportion to its rows: cutting the
@@ -276,7 +245,7 @@ def _lower_weights(b: Builder, op: Op, plan_: OpPlan, vector_s: float, aligned: 
         return vector_s
     all_slabs = tuple(slab for _tensor, slabs in tensor_slabs for slab, _rows in slabs)
     waits = tuple(desc for slab in all_slabs for desc in slab.descs)
-    matmul_s = b.op_matmul_s(op) + sum(b.dots_s(len(slabs), slabs[0][1], cols) for (_tensor, slabs), (_r, _k, cols)
+    matmul_s = b.op_matmul_s(op, b.facts.dtypes[plan_.index]) + sum(b.dots_s(len(slabs), slabs[0][1], cols) for (_tensor, slabs), (_r, _k, cols)
                                        in zip(tensor_slabs, op.matmuls, strict=False))
     dequant_s = sum(b.dequant_s(tensor) for tensor in op.tensors)
     if dequant_s:  # weights the MXU cannot read natively are converted on the VPU first
@@ -294,7 +263,7 @@ def _lower_state(b: Builder, op: Op, plan_: OpPlan, vector_s: float) -> float:
     slab = b.new_slab(STATE_FAMILY, StateBuffer.KDA_STATE, op.layer, plan_.index, b.state_pool, b.state_ring)
     b.add_desc(slab, STATE_FAMILY, StateBuffer.KDA_STATE, op.layer, 0, op.kv_read_bytes)
     plan_.start_releases.append(slab)
-    matmul_s = b.op_matmul_s(op)
+    matmul_s = b.op_matmul_s(op, b.facts.dtypes[plan_.index])
     if matmul_s:
         plan_.pieces.append(Piece(matmul_s, MXU, tuple(slab.descs), ()))
     writes: tuple[Descriptor, ...] = ()
@@ -313,7 +282,7 @@ def _lower_kv_tiles(b: Builder, op: Op, plan_: OpPlan) -> None:
     per_token = kv_cache_bytes_per_token(program.model, program.plan, op.layer) * program.kv_sequences
     tile_bytes = b.schedule.kv_tile_tokens * per_token if per_token else op.kv_read_bytes
     tiles = max(1, math.ceil(op.kv_read_bytes / tile_bytes))
-    matmul_s = b.op_matmul_s(op)
+    matmul_s = b.op_matmul_s(op, b.facts.dtypes[plan_.index])
     left = op.kv_read_bytes
     for tile in range(tiles):
         size = min(tile_bytes, left)

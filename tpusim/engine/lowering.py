@@ -13,9 +13,10 @@ from __future__ import annotations
 import math
 
 from hwmodels.schema import Chip
-from tpusim.engine.costs import matmul_time_s, op_matmul_dtype, vector_time_s
+from tpusim.engine.costs import matmul_time_s, vector_time_s
 from tpusim.engine.execution import ExecutionPolicy
 from tpusim.engine.items import Descriptor, OpPlan, Pool, Ring, Slab
+from tpusim.engine.lowering_facts import ExpertLayout, lowering_facts
 from tpusim.schedule.kernel_layout import LANES, matmul_dots
 from tpusim.schedule.program_issue import cached_issue_plan
 from tpusim.schedule.schema import SCHEDULE_FAMILIES, SMALL_FAMILY, FamilySchedule, Schedule
@@ -63,6 +64,8 @@ class Builder:
         self.state_ring = Ring(StateFamily.KDA_STATE, 1)
         self.matmul_cache: dict[tuple[int, int, int, float], float] = {}
         self.vector_cache: dict[float, float] = {}
+        self.op_matmul_cache: dict[tuple[tuple[tuple[int, int, int], ...], str], float] = {}
+        self.facts = lowering_facts(program)  # what lowering needs of the program alone
         self.dequant_rates: dict[str, float] = {}  # seconds per element by weight format
         self.families: dict[str, FamilySchedule] = {name: schedule.family(name) for name in SCHEDULE_FAMILIES}
         speculative = schedule.expert_issue == "speculative" and policy.cross_op_prefetch
@@ -74,13 +77,12 @@ class Builder:
         self.topology = program.plan.topology  # one Topology per lowering (a key of the message cache)
         # memos of facts that repeat in every layer (the lowering's cost is per op, not per fact)
         self.tensor_queues: dict[tuple[str, str], tuple[Ring, Pool, int | None]] = {}
+        # per tensor shape number (facts.tensor_shapes): its queue, slab cut and scales' label
+        self.tensor_recipes: dict[int, tuple[Ring, Pool, tuple[tuple[int, int, int], ...], str]] = {}
         self.slab_cuts: dict[tuple[str, str, int, int, int | None], tuple[tuple[int, int, int], ...]] = {}
         self.peaks: dict[str, tuple[float, str]] = {}
         self.state_bytes: dict[int, int] = {}
-        self.splits: dict[tuple[str, int, int], tuple[int, int]] = {}
         self.expert_queue: tuple[Ring, Pool] | None = None  # the expert slots' (ring, pool)
-        self.expert_layouts: dict[tuple[object, ...], tuple[tuple[tuple[str, int], ...],
-                                                            tuple[tuple[int, ...], ...]]] = {}
 
     def release_plan(self, index: int, tensor: TensorSpec | None = None, layer: int = 0, chunk: int = 0) -> OpPlan:
         """The op whose start issues slab ``chunk`` of ``tensor`` read by op ``index`` (step 3)."""
@@ -180,9 +182,9 @@ class Builder:
             return 0.0
         return per_element * (tensor.rows if rows is None else rows) * tensor.cols
 
-    def peak(self, op: Op) -> tuple[float, str]:
-        """(peak FLOP/s, dtype) the matrix unit runs ``op`` at."""
-        dtype = op_matmul_dtype(op)
+    def peak(self, dtype: str) -> tuple[float, str]:
+        """(peak FLOP/s, dtype) the matrix unit runs matmuls of ``dtype`` at (an op's dtype:
+        ``facts.dtypes``)."""
         peak = self.peaks.get(dtype)
         if peak is None:
             peak = self.peaks[dtype] = (self.matrix.peak_for(dtype), dtype)
@@ -195,32 +197,54 @@ class Builder:
             nbytes = self.state_bytes[layer] = recurrent_state_bytes(self.program.model, self.program.plan, layer)
         return nbytes
 
-    def op_matmul_s(self, op: Op) -> float:
-        """MXU time of all of ``op``'s matmuls, unsplit."""
-        peak = self.peak(op)
-        return sum(self.matmul_s(rows, contraction, cols, peak) for rows, contraction, cols in op.matmuls)
+    def op_matmul_s(self, op: Op, dtype: str) -> float:
+        """MXU time of all of ``op``'s matmuls at ``dtype`` (its ``facts.dtypes`` entry), unsplit
+        (an op kind's matmuls repeat in every layer: memoised)."""
+        key = (op.matmuls, dtype)
+        cached = self.op_matmul_cache.get(key)
+        if cached is None:
+            peak = self.peak(dtype)
+            cached = self.op_matmul_cache[key] = sum(
+                self.matmul_s(rows, contraction, cols, peak) for rows, contraction, cols in op.matmuls)
+        return cached
 
     # ----------------------------------------------------------------- tensors → slabs
 
-    def tensor_slabs(self, tensor: TensorSpec, layer: int, op_index: int) -> list[tuple[Slab, int]]:
-        """Row slabs of a (non-expert) weight tensor: [(slab, rows in it)] (new_slab and
-        add_desc inlined: a step lowers thousands)."""
-        ring, pool, chunk_bytes = self.tensor_queue(tensor)
+    def tensor_slabs(self, tensor: TensorSpec, shape: int, layer: int, op_index: int) -> list[tuple[Slab, int]]:
+        """Row slabs of a (non-expert) weight tensor (``shape``: its number in the program's
+        facts): [(slab, rows in it)], each slab added to the start releases of the op that
+        issues it (step 3: :meth:`release_plans`); new_slab and add_desc inlined: a step lowers
+        thousands."""
+        recipe = self.tensor_recipes.get(shape)
+        if recipe is None:  # once per tensor shape: its queue, its cut and its scales' label
+            ring, pool, chunk_bytes = self.tensor_queue(tensor)
+            recipe = self.tensor_recipes[shape] = (ring, pool, self.slab_cut(tensor, chunk_bytes),
+                                                   f"{tensor.name}.scales")
+        ring, pool, cut, scales_name = recipe
+        releasers = self.release_plans(op_index, tensor, layer, len(cut))
         out: list[tuple[Slab, int]] = []
         family, name = tensor.family, tensor.name
         order, slab_seq, seq = pool.order, self.slab_seq, self.desc_seq
-        for chunk, (rows, values, scales) in enumerate(self.slab_cut(tensor, chunk_bytes)):
+        for chunk, (rows, values, scales) in enumerate(cut):
             slab = Slab(slab_seq, family, name, layer, op_index, pool, ring)
             slab_seq += 1
             order.append(slab)
-            descs = slab.descs
             if values:
-                descs.append(Descriptor(seq, family, name, layer, chunk, values, slab))
+                if scales:
+                    slab.descs = [Descriptor(seq, family, name, layer, chunk, values, slab),
+                                  Descriptor(seq + 1, family, scales_name, layer, chunk, scales, slab)]
+                    seq += 2
+                    slab.pending = 2
+                else:
+                    slab.descs = [Descriptor(seq, family, name, layer, chunk, values, slab)]
+                    seq += 1
+                    slab.pending = 1
+            elif scales:
+                slab.descs = [Descriptor(seq, family, scales_name, layer, chunk, scales, slab)]
                 seq += 1
-            if scales:
-                descs.append(Descriptor(seq, family, f"{name}.scales", layer, chunk, scales, slab))
-                seq += 1
-            slab.nbytes, slab.pending = values + scales, len(descs)
+                slab.pending = 1
+            slab.nbytes = values + scales
+            releasers[chunk].start_releases.append(slab)
             out.append((slab, rows))
         self.slab_seq, self.desc_seq = slab_seq, seq
         return out
@@ -261,10 +285,9 @@ class Builder:
             cut = self.slab_cuts[key] = tuple(slabs)
         return cut
 
-    def expert_slab(self, op: Op, op_index: int, label_suffix: str = "",
-                    layout: tuple[tuple[tuple[str, int], ...], tuple[tuple[int, ...], ...]] | None = None) -> Slab:
-        """One expert slot: every tensor of the expert op, values then scales (``layout``: its
-        :meth:`expert_layout`, when the caller has it)."""
+    def expert_slab(self, op: Op, op_index: int, label_suffix: str, layout: ExpertLayout) -> Slab:
+        """One expert slot: every tensor of the expert op, values then scales (``layout``: the
+        op's :func:`~tpusim.engine.lowering_facts.expert_layout` with ``label_suffix``)."""
         if self.expert_queue is None:
             ring = self.ring_of(ROUTED, self.families[ROUTED].buffers)
             self.expert_queue = (ring, self.pool_of(ROUTED, ring))
@@ -272,40 +295,9 @@ class Builder:
         slab = self.new_slab(ROUTED, f"{op.name}{label_suffix}", op.layer, op_index, pool, ring)
         # chunk = the expert's entry in the layer's expert list (the kernel's vocabulary)
         entry, layer, seq, descs = op.expert_index or 0, op.layer, self.desc_seq, slab.descs
-        for name, nbytes in (layout or self.expert_layout(op, label_suffix))[0]:  # add_desc, inlined
+        for name, nbytes in layout[0]:  # add_desc, inlined
             descs.append(Descriptor(seq, ROUTED, name, layer, entry, nbytes, slab))
             seq += 1
             slab.nbytes += nbytes
         self.desc_seq, slab.pending = seq, len(descs)
         return slab
-
-    def expert_layout(self, op: Op, label_suffix: str = "") -> tuple[tuple[tuple[str, int], ...],
-                                                                      tuple[tuple[int, ...], ...]]:
-        """An expert op's copies as (label, bytes), values then scales per tensor, and per
-        tensor the positions of the copies a piece reading it waits for (the copies named
-        after it). Every expert of every layer has the same few tensor shapes: memoised."""
-        key = (label_suffix, *[(t.name, t.format_name, t.rows, t.cols) for t in op.tensors])
-        layout = self.expert_layouts.get(key)
-        if layout is None:
-            copies: list[tuple[str, int]] = []
-            for tensor in op.tensors:
-                name = f"{tensor.name}{label_suffix}"
-                values, scales = self.split_bytes(tensor)
-                if values:
-                    copies.append((name, values))
-                if scales:
-                    copies.append((f"{name}.scales", scales))
-            by_tensor: dict[str, list[int]] = {}
-            for position, (name, _bytes) in enumerate(copies):
-                by_tensor.setdefault(name.removesuffix(".scales"), []).append(position)
-            layout = self.expert_layouts[key] = (
-                tuple(copies), tuple(tuple(by_tensor.get(tensor.name, ())) for tensor in op.tensors))
-        return layout
-
-    def split_bytes(self, tensor: TensorSpec) -> tuple[int, int]:
-        """(value bytes, scale bytes) of a whole tensor (an expert's tensors repeat in every slot)."""
-        key = (tensor.format_name, tensor.rows, tensor.cols)
-        split = self.splits.get(key)
-        if split is None:
-            split = self.splits[key] = (tensor.value_bytes, tensor.scale_bytes)
-        return split
