@@ -74,7 +74,6 @@ from tpusim.engine.expert_release import place_expert_releases
 from tpusim.engine.items import MXU, VPU, CollectivePlan, Descriptor, OpPlan, Piece, Pool, Slab
 from tpusim.engine.lowering import KV_FAMILY, STATE_FAMILY, Builder
 from tpusim.engine.lowering_facts import ALIGNED_WEIGHT_OP, EXPERT_OP, KEPT_PROGRAMS, WEIGHT_OP
-from tpusim.schedule.kernel_layout import LANES
 from tpusim.schedule.release import is_mispredicted
 from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import VmemPlan
@@ -123,6 +122,7 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
     collectives = _program_collectives(b)
     facts = b.facts
     kinds, dtypes = facts.kinds, facts.dtypes
+    vector_times = b.vector_cache  # b.vector_s's memo, read inline: once per op
     for index, op in enumerate(ops):
         first = op.layer != previous_layer
         previous_layer = op.layer
@@ -134,7 +134,9 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
         if kernel_names:
             plan_.kernel = kernel_names[index]
         plans.append(plan_)
-        vector_s = b.vector_s(op.vector_flops)
+        vector_s = vector_times.get(op.vector_flops)
+        if vector_s is None:
+            vector_s = b.vector_s(op.vector_flops)
         kind = kinds[index]
         if kind == EXPERT_OP:
             _lower_expert(b, op, plan_, layer_experts)
@@ -187,33 +189,18 @@ def _lower_expert(b: Builder, op: Op, plan_: OpPlan,
         layer_experts.setdefault(op.layer, []).append((slab, wasted))
     else:
         b.release_plan(plan_.index).start_releases.append(slab)
-    waits = layout[1]
     descs = slab.descs
-    peak = b.peak(b.facts.dtypes[plan_.index])
-    matmuls = op.matmuls
-    pairs = min(len(op.tensors), len(matmuls))
     pieces = plan_.pieces
-    tensors = op.tensors
-    for position in range(pairs):
-        rows, contraction, cols = matmuls[position]
-        landed = tuple([descs[i] for i in waits[position]])
-        dequant_s = b.dequant_s(tensors[position])
-        mxu_s = b.matmul_s(rows, contraction, cols, peak) + b.panel_dots_s(cols)
+    parts = b.expert_parts(op, plan_.index, layout)
+    last = len(parts) - 1
+    for position, (waits, dequant_s, mxu_s) in enumerate(parts):
+        landed = tuple([descs[i] for i in waits])
         if dequant_s:  # the VPU converts the landed tensor (FP8/MXFP4 -> bf16), the MXU reads it
             pieces.append(new_piece(Piece, (dequant_s, VPU, landed, (), (), ())))
             landed = ()
-            mxu_s = _behind_conversion_s(mxu_s, dequant_s, -(-cols // LANES))
-        pieces.append(new_piece(Piece, (mxu_s, MXU, landed, (slab,) if position == pairs - 1 else (), (), ())))
-    if not pairs:
+        pieces.append(new_piece(Piece, (mxu_s, MXU, landed, (slab,) if position == last else (), (), ())))
+    if not parts:
         plan_.pieces.append(Piece(0.0, MXU, tuple(slab.descs), (slab,)))
-
-
-def _behind_conversion_s(mxu_s: float, dequant_s: float, panels: int) -> float:
-    """MXU time left after a part's conversion: the kernel converts and multiplies it panel by
-    panel (``megakernel.kernel_dma.Ctx.panel_products``), and the MXU takes panel ``p``'s
-    weights while the VPU converts panel ``p + 1``, so the pair lasts the longer of the two plus
-    one panel of the shorter (the pipeline's fill)."""
-    return max(mxu_s - dequant_s, 0.0) + min(mxu_s, dequant_s) / panels
 
 
 def _lower_weights(b: Builder, op: Op, plan_: OpPlan, vector_s: float, aligned: bool) -> float:
@@ -226,22 +213,19 @@ def _lower_weights(b: Builder, op: Op, plan_: OpPlan, vector_s: float, aligned: 
     index, layer = plan_.index, op.layer
     tensor_slabs = [(tensor, b.tensor_slabs(tensor, shape, layer, index))
                     for tensor, shape in zip(op.tensors, b.facts.tensor_shapes[index], strict=True)]
-    peak = b.peak(b.facts.dtypes[plan_.index])
     if aligned:
-        for (tensor, slabs), (rows, contraction, cols) in zip(tensor_slabs, op.matmuls, strict=True):
-            # A slab's share of the whole matmul, in proportion to its rows: cutting the
-            # contraction into slabs does not add weight-tile pushes (a 32-row slab is not a
-            # full 256-row tile, it fills an eighth of one).
-            whole_s = b.matmul_s(rows, contraction, cols, peak) + b.dots_s(len(slabs), slabs[0][1], cols)
-            pieces = plan_.pieces
-            converts = b.dequant_s(tensor) > 0.0
-            for slab, slab_rows_ in slabs:  # Piece(...) by tuple.__new__: no Python call per slab
+        pieces = plan_.pieces
+        dtype = b.facts.dtypes[index]
+        for (tensor, slabs), shape, matmul in zip(tensor_slabs, b.facts.tensor_shapes[index], op.matmuls,
+                                                  strict=True):
+            # Piece(...) by tuple.__new__: no Python call per slab
+            for (slab, _rows), (dequant_s, mxu_s) in zip(slabs, b.slab_parts(tensor, shape, matmul, dtype, slabs),
+                                                         strict=True):
                 landed = tuple(slab.descs)
-                if converts:  # the slab is converted on the VPU before the MXU reads it
-                    pieces.append(new_piece(Piece, (b.dequant_s(tensor, slab_rows_), VPU, landed, (), (), ())))
+                if dequant_s is not None:  # the slab is converted on the VPU before the MXU reads it
+                    pieces.append(new_piece(Piece, (dequant_s, VPU, landed, (), (), ())))
                     landed = ()
-                pieces.append(new_piece(Piece, (whole_s * slab_rows_ / tensor.rows, MXU, landed, (slab,),
-                                                (), ())))
+                pieces.append(new_piece(Piece, (mxu_s, MXU, landed, (slab,), (), ())))
         return vector_s
     all_slabs = tuple(slab for _tensor, slabs in tensor_slabs for slab, _rows in slabs)
     waits = tuple(desc for slab in all_slabs for desc in slab.descs)

@@ -16,7 +16,7 @@ from hwmodels.schema import Chip
 from tpusim.engine.costs import matmul_time_s, vector_time_s
 from tpusim.engine.execution import ExecutionPolicy
 from tpusim.engine.items import Descriptor, OpPlan, Pool, Ring, Slab
-from tpusim.engine.lowering_facts import ExpertLayout, lowering_facts
+from tpusim.engine.lowering_facts import ExpertLayout, kernel_plan, lowering_facts
 from tpusim.schedule.kernel_layout import LANES, matmul_dots
 from tpusim.schedule.program_issue import cached_issue_plan
 from tpusim.schedule.schema import SCHEDULE_FAMILIES, SMALL_FAMILY, FamilySchedule, Schedule
@@ -64,6 +64,8 @@ class Builder:
         self.state_ring = Ring(StateFamily.KDA_STATE, 1)
         self.matmul_cache: dict[tuple[int, int, int, float], float] = {}
         self.vector_cache: dict[float, float] = {}
+        self.slab_parts_cache: dict[tuple[int, tuple[int, int, int], str], tuple[tuple[float | None, float], ...]] = {}
+        self.expert_parts_cache: dict[tuple[object, ...], tuple[tuple[tuple[int, ...], float, float], ...]] = {}
         self.op_matmul_cache: dict[tuple[tuple[tuple[int, int, int], ...], str], float] = {}
         self.facts = lowering_facts(program)  # what lowering needs of the program alone
         self.dequant_rates: dict[str, float] = {}  # seconds per element by weight format
@@ -71,14 +73,15 @@ class Builder:
         speculative = schedule.expert_issue == "speculative" and policy.cross_op_prefetch
         self.miss_rate = schedule.speculation_miss_rate if speculative else 0.0
         self.expert_count = 0  # routed experts lowered so far over the whole step (misses)
-        self.kernels = policy.kernel_plan(program)
+        self.kernels = kernel_plan(program, policy.kernel_plan)
         self.issue = cached_issue_plan(program, schedule) if policy.cross_op_prefetch else None
         self.plans: list[OpPlan] = []
         self.topology = program.plan.topology  # one Topology per lowering (a key of the message cache)
         # memos of facts that repeat in every layer (the lowering's cost is per op, not per fact)
         self.tensor_queues: dict[tuple[str, str], tuple[Ring, Pool, int | None]] = {}
         # per tensor shape number (facts.tensor_shapes): its queue, slab cut and scales' label
-        self.tensor_recipes: dict[int, tuple[Ring, Pool, tuple[tuple[int, int, int], ...], str]] = {}
+        self.tensor_recipes: dict[int, tuple[Ring, Pool, tuple[tuple[int, int, int], ...], str,
+                                             tuple[str, bool, bool] | None]] = {}
         self.slab_cuts: dict[tuple[str, str, int, int, int | None], tuple[tuple[int, int, int], ...]] = {}
         self.peaks: dict[str, tuple[float, str]] = {}
         self.state_bytes: dict[int, int] = {}
@@ -208,6 +211,46 @@ class Builder:
                 self.matmul_s(rows, contraction, cols, peak) for rows, contraction, cols in op.matmuls)
         return cached
 
+    def slab_parts(self, tensor: TensorSpec, shape: int, matmul: tuple[int, int, int], dtype: str,
+                   slabs: list[tuple[Slab, int]]) -> tuple[tuple[float | None, float], ...]:
+        """Per row slab of a tensor an aligned op reads (``slabs``: :meth:`tensor_slabs`), its
+        conversion time (None: none) and its MXU time: a slab's share of the whole matmul, in
+        proportion to its rows (cutting the contraction into slabs does not add weight-tile
+        pushes: a 32-row slab is not a full 256-row tile, it fills an eighth of one). The same
+        tensor shape and matmul repeat in every layer: memoised."""
+        key = (shape, matmul, dtype)
+        parts = self.slab_parts_cache.get(key)
+        if parts is None:
+            rows, contraction, cols = matmul
+            whole_s = self.matmul_s(rows, contraction, cols, self.peak(dtype)) + self.dots_s(len(slabs), slabs[0][1], cols)
+            converts = self.dequant_s(tensor) > 0.0
+            parts = self.slab_parts_cache[key] = tuple(
+                (self.dequant_s(tensor, slab_rows_) if converts else None, whole_s * slab_rows_ / tensor.rows)
+                for _slab, slab_rows_ in slabs)
+        return parts
+
+    def expert_parts(self, op: Op, op_index: int, layout: ExpertLayout) -> tuple[tuple[tuple[int, ...], float, float],
+                                                                                   ...]:
+        """Per tensor of a routed expert op that a matmul reads: the positions of the copies its
+        piece waits for (``layout``'s), its conversion time (0: none) and its MXU time (after the
+        conversion: :func:`behind_conversion_s`). Every expert of every layer has the same few
+        shapes: memoised."""
+        dtype = self.facts.dtypes[op_index]
+        key = (self.facts.tensor_shapes[op_index], op.matmuls, dtype)
+        parts = self.expert_parts_cache.get(key)
+        if parts is None:
+            peak = self.peak(dtype)
+            found = []
+            for position in range(min(len(op.tensors), len(op.matmuls))):
+                rows, contraction, cols = op.matmuls[position]
+                dequant_s = self.dequant_s(op.tensors[position])
+                mxu_s = self.matmul_s(rows, contraction, cols, peak) + self.panel_dots_s(cols)
+                if dequant_s:
+                    mxu_s = behind_conversion_s(mxu_s, dequant_s, -(-cols // LANES))
+                found.append((layout[1][position], dequant_s, mxu_s))
+            parts = self.expert_parts_cache[key] = tuple(found)
+        return parts
+
     # ----------------------------------------------------------------- tensors → slabs
 
     def tensor_slabs(self, tensor: TensorSpec, shape: int, layer: int, op_index: int) -> list[tuple[Slab, int]]:
@@ -216,12 +259,17 @@ class Builder:
         issues it (step 3: :meth:`release_plans`); new_slab and add_desc inlined: a step lowers
         thousands."""
         recipe = self.tensor_recipes.get(shape)
-        if recipe is None:  # once per tensor shape: its queue, its cut and its scales' label
+        if recipe is None:  # once per tensor shape: its queue, its cut, its scales' label, its issue ring
             ring, pool, chunk_bytes = self.tensor_queue(tensor)
-            recipe = self.tensor_recipes[shape] = (ring, pool, self.slab_cut(tensor, chunk_bytes),
-                                                   f"{tensor.name}.scales")
-        ring, pool, cut, scales_name = recipe
-        releasers = self.release_plans(op_index, tensor, layer, len(cut))
+            recipe = self.tensor_recipes[shape] = (
+                ring, pool, self.slab_cut(tensor, chunk_bytes), f"{tensor.name}.scales",
+                None if self.issue is None else self.issue.weight_ring(tensor.name, tensor.family))
+        ring, pool, cut, scales_name, where = recipe
+        plans = self.plans
+        if where is None:
+            releasers = [plans[self.kernels.issue_op(op_index)]] * len(cut)
+        else:
+            releasers = [plans[op] for op in self.issue.weight_issues_in(where, tensor.name, layer, len(cut))]
         out: list[tuple[Slab, int]] = []
         family, name = tensor.family, tensor.name
         order, slab_seq, seq = pool.order, self.slab_seq, self.desc_seq
@@ -301,3 +349,11 @@ class Builder:
             slab.nbytes += nbytes
         self.desc_seq, slab.pending = seq, len(descs)
         return slab
+
+
+def behind_conversion_s(mxu_s: float, dequant_s: float, panels: int) -> float:
+    """MXU time left after a part's conversion: the kernel converts and multiplies it panel by
+    panel (``megakernel.kernel_dma.Ctx.panel_products``), and the MXU takes panel ``p``'s
+    weights while the VPU converts panel ``p + 1``, so the pair lasts the longer of the two plus
+    one panel of the shorter (the pipeline's fill): the closed form of the n-panel pipeline."""
+    return max(mxu_s - dequant_s, 0.0) + min(mxu_s, dequant_s) / panels

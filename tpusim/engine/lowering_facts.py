@@ -11,14 +11,18 @@ last few programs (by identity) and every lowering of the program reads them:
   lowering's memos keyed on the integer skip hashing the tensor's enum-valued fields (an
   enum's hash is a Python call) on every reference;
 - each routed expert op's copies (:func:`expert_layout`): labels and bytes, values then
-  scales per tensor, and per tensor which of them a piece reading it waits for.
+  scales per tensor, and per tensor which of them a piece reading it waits for;
+- the execution policy's kernel plan of the program (:func:`kernel_plan`: one per policy's
+  plan function, by identity).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tpusim.engine.costs import op_matmul_dtype
+from tpusim.engine.execution import KernelPlan
 from tpusim.workload.program import Op, Program
 from tpusim.workload.registry.names import Family
 from tpusim.workload.shapes import TensorSpec
@@ -116,3 +120,20 @@ def lowering_facts(program: Program) -> LoweringFacts:
     _KEPT.append((program, facts))
     del _KEPT[:-KEPT_PROGRAMS]
     return facts
+
+
+_PLANS: list[tuple[Program, Callable[[Program], KernelPlan], KernelPlan]] = []
+
+
+def kernel_plan(program: Program, plan_of: Callable[[Program], KernelPlan]) -> KernelPlan:
+    """``plan_of(program)`` (an :class:`~tpusim.engine.execution.ExecutionPolicy`'s
+    ``kernel_plan``, a pure function of the program), remembered for the last few (program,
+    function) pairs, both by identity: the plan walks and checks every op."""
+    for position, (known, known_of, plan) in enumerate(_PLANS):
+        if known is program and known_of is plan_of:
+            _PLANS.append(_PLANS.pop(position))
+            return plan
+    plan = plan_of(program)
+    _PLANS.append((program, plan_of, plan))
+    del _PLANS[:-KEPT_PROGRAMS]
+    return plan
