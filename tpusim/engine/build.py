@@ -79,7 +79,6 @@ from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import VmemPlan
 from tpusim.workload.program import Op, Program
 from tpusim.workload.registry.names import MoeOp, Role, StateBuffer
-from tpusim.workload.shapes import kv_cache_bytes_per_token
 
 OVERLAP_JOIN_ROLES = (Role.MOE_EXPERT, MoeOp.COMBINE)
 _SEQ = attrgetter("seq")  # a C key function: every slab of every pool is keyed
@@ -263,7 +262,7 @@ def _lower_state(b: Builder, op: Op, plan_: OpPlan, vector_s: float) -> float:
 def _lower_kv_tiles(b: Builder, op: Op, plan_: OpPlan) -> None:
     """MLA / GQA core: the cache streams in ``kv_tile_tokens`` tiles through ``kv_buffers``."""
     program = b.program
-    per_token = kv_cache_bytes_per_token(program.model, program.plan, op.layer) * program.kv_sequences
+    per_token = b.facts.kv_bytes_per_token(program, op.layer) * program.kv_sequences
     tile_bytes = b.schedule.kv_tile_tokens * per_token if per_token else op.kv_read_bytes
     tiles = max(1, math.ceil(op.kv_read_bytes / tile_bytes))
     matmul_s = b.op_matmul_s(op, b.facts.dtypes[plan_.index])

@@ -24,7 +24,7 @@ from tpusim.schedule.vmem import VmemPlan, arena_of, family_chunk, slab_rows
 from tpusim.workload.formats import scale_bytes, value_bytes
 from tpusim.workload.program import Op, Program
 from tpusim.workload.registry.names import Family, StateFamily
-from tpusim.workload.shapes import TensorSpec, recurrent_state_bytes
+from tpusim.workload.shapes import TensorSpec
 
 ROUTED = Family.ROUTED_EXPERT
 KV_FAMILY = "kv_cache"
@@ -84,7 +84,6 @@ class Builder:
                                              tuple[str, bool, bool] | None]] = {}
         self.slab_cuts: dict[tuple[str, str, int, int, int | None], tuple[tuple[int, int, int], ...]] = {}
         self.peaks: dict[str, tuple[float, str]] = {}
-        self.state_bytes: dict[int, int] = {}
         self.expert_queue: tuple[Ring, Pool] | None = None  # the expert slots' (ring, pool)
 
     def release_plan(self, index: int, tensor: TensorSpec | None = None, layer: int = 0, chunk: int = 0) -> OpPlan:
@@ -195,10 +194,7 @@ class Builder:
 
     def recurrent_state_bytes(self, layer: int) -> int:
         """One sequence's KDA recurrent-state bytes in ``layer`` (0: not a KDA layer)."""
-        nbytes = self.state_bytes.get(layer)
-        if nbytes is None:
-            nbytes = self.state_bytes[layer] = recurrent_state_bytes(self.program.model, self.program.plan, layer)
-        return nbytes
+        return self.facts.state_bytes(self.program, layer)
 
     def op_matmul_s(self, op: Op, dtype: str) -> float:
         """MXU time of all of ``op``'s matmuls at ``dtype`` (its ``facts.dtypes`` entry), unsplit

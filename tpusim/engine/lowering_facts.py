@@ -12,6 +12,7 @@ last few programs (by identity) and every lowering of the program reads them:
   enum's hash is a Python call) on every reference;
 - each routed expert op's copies (:func:`expert_layout`): labels and bytes, values then
   scales per tensor, and per tensor which of them a piece reading it waits for;
+- per layer, its KDA recurrent-state bytes and KV-cache bytes per token;
 - the execution policy's kernel plan of the program (:func:`kernel_plan`: one per policy's
   plan function, by identity).
 """
@@ -19,13 +20,13 @@ last few programs (by identity) and every lowering of the program reads them:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tpusim.engine.costs import op_matmul_dtype
 from tpusim.engine.execution import KernelPlan
 from tpusim.workload.program import Op, Program
 from tpusim.workload.registry.names import Family
-from tpusim.workload.shapes import TensorSpec
+from tpusim.workload.shapes import TensorSpec, kv_cache_bytes_per_token, recurrent_state_bytes
 
 ROUTED = Family.ROUTED_EXPERT
 EXPERT_OP, ALIGNED_WEIGHT_OP, WEIGHT_OP, OTHER_OP = range(4)
@@ -56,6 +57,24 @@ class LoweringFacts:
     shapes: list[TensorSpec]  # shape number -> the first tensor of that shape
     expert_layouts: dict[int, ExpertLayout]  # expert op index -> its copies (label suffix "")
     mispredicted_layouts: dict[int, ExpertLayout]  # the same, labelled ".mispredicted"
+    # per layer, filled as lowerings ask (:meth:`state_bytes`, :meth:`kv_bytes_per_token`)
+    _state_bytes: dict[int, int] = field(default_factory=dict, compare=False, repr=False)
+    _kv_bytes: dict[int, int] = field(default_factory=dict, compare=False, repr=False)
+
+    def state_bytes(self, program: Program, layer: int) -> int:
+        """One sequence's KDA recurrent-state bytes in ``layer`` of ``program`` (these facts'
+        program; 0: not a KDA layer)."""
+        nbytes = self._state_bytes.get(layer)
+        if nbytes is None:
+            nbytes = self._state_bytes[layer] = recurrent_state_bytes(program.model, program.plan, layer)
+        return nbytes
+
+    def kv_bytes_per_token(self, program: Program, layer: int) -> int:
+        """KV-cache bytes per token of one sequence in ``layer`` of ``program`` (these facts' program)."""
+        nbytes = self._kv_bytes.get(layer)
+        if nbytes is None:
+            nbytes = self._kv_bytes[layer] = kv_cache_bytes_per_token(program.model, program.plan, layer)
+        return nbytes
 
 
 def expert_layout(tensors: tuple[TensorSpec, ...], label_suffix: str = "") -> ExpertLayout:
