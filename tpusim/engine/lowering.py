@@ -273,21 +273,14 @@ class Builder:
             slab = Slab(slab_seq, family, name, layer, op_index, pool, ring)
             slab_seq += 1
             order.append(slab)
+            descs = slab.descs
             if values:
-                if scales:
-                    slab.descs = [Descriptor(seq, family, name, layer, chunk, values, slab),
-                                  Descriptor(seq + 1, family, scales_name, layer, chunk, scales, slab)]
-                    seq += 2
-                    slab.pending = 2
-                else:
-                    slab.descs = [Descriptor(seq, family, name, layer, chunk, values, slab)]
-                    seq += 1
-                    slab.pending = 1
-            elif scales:
-                slab.descs = [Descriptor(seq, family, scales_name, layer, chunk, scales, slab)]
+                descs.append(Descriptor(seq, family, name, layer, chunk, values, slab))
                 seq += 1
-                slab.pending = 1
-            slab.nbytes = values + scales
+            if scales:
+                descs.append(Descriptor(seq, family, scales_name, layer, chunk, scales, slab))
+                seq += 1
+            slab.nbytes, slab.pending = values + scales, len(descs)
             releasers[chunk].start_releases.append(slab)
             out.append((slab, rows))
         self.slab_seq, self.desc_seq = slab_seq, seq
