@@ -3,9 +3,11 @@
 :func:`tpusim.engine.build.lower` walks the program op by op; a :class:`Builder` holds what
 those steps share: the pools and rings (step 1 of :mod:`tpusim.engine.build`), the running
 sequence numbers of slabs and copies (consumption order), the issue plan it reads release
-points from (step 3), and memos of facts that repeat in every layer (a weight tensor's row
-slabs, an expert's copies, matmul and vector times in seconds), so the lowering's cost is per
-op, not per fact. Bytes are bytes; times are seconds.
+points from (step 3), the program's own facts (:mod:`tpusim.engine.lowering_facts`: op kinds,
+tensor shape numbers, an expert's copies, kept across lowerings of one program), and memos
+of facts that repeat in every layer under this schedule and chip (a tensor shape's row slabs
+and their piece times, an expert part's times, matmul and vector times in seconds), so the
+lowering's cost is per op, not per fact. Bytes are bytes; times are seconds.
 """
 
 from __future__ import annotations
@@ -93,13 +95,6 @@ class Builder:
         if tensor is None:
             return self.plans[index]
         return self.plans[self.issue.weight_issue(tensor.name, tensor.family, layer, chunk)]
-
-    def release_plans(self, index: int, tensor: TensorSpec, layer: int, count: int) -> list[OpPlan]:
-        """:meth:`release_plan` of slabs ``0 .. count - 1`` of ``tensor`` (one call per tensor)."""
-        if self.issue is None:
-            return [self.plans[self.kernels.issue_op(index)]] * count
-        plans = self.plans
-        return [plans[op] for op in self.issue.weight_issues(tensor.name, tensor.family, layer, count)]
 
     # ----------------------------------------------------------------- small factories
 
@@ -252,7 +247,7 @@ class Builder:
     def tensor_slabs(self, tensor: TensorSpec, shape: int, layer: int, op_index: int) -> list[tuple[Slab, int]]:
         """Row slabs of a (non-expert) weight tensor (``shape``: its number in the program's
         facts): [(slab, rows in it)], each slab added to the start releases of the op that
-        issues it (step 3: :meth:`release_plans`); new_slab and add_desc inlined: a step lowers
+        issues it (step 3, as :meth:`release_plan` says per slab); new_slab and add_desc inlined: a step lowers
         thousands."""
         recipe = self.tensor_recipes.get(shape)
         if recipe is None:  # once per tensor shape: its queue, its cut, its scales' label, its issue ring
