@@ -177,8 +177,8 @@ def test_an_expert_part_multiplies_behind_its_conversion_panel_by_panel() -> Non
     stage plus one panel of the shorter. VPU 12 µs, MXU 3 µs, 12 panels: 12 + 3/12 = 12.25 µs
     (0.25 µs left after the conversion); VPU 4 µs, MXU 10 µs, 4 panels: 10 + 4/4 = 11 µs (7 µs
     after it); one panel: no overlap, 4 + 10 = 14 µs (10 after)."""
-    from tpusim.engine.build import _behind_conversion_s
+    from tpusim.engine.lowering import behind_conversion_s
 
-    assert _behind_conversion_s(3 * US, 12 * US, 12) == pytest.approx(0.25 * US)
-    assert _behind_conversion_s(10 * US, 4 * US, 4) == pytest.approx(7 * US)
-    assert _behind_conversion_s(10 * US, 4 * US, 1) == pytest.approx(10 * US)
+    assert behind_conversion_s(3 * US, 12 * US, 12) == pytest.approx(0.25 * US)
+    assert behind_conversion_s(10 * US, 4 * US, 4) == pytest.approx(7 * US)
+    assert behind_conversion_s(10 * US, 4 * US, 1) == pytest.approx(10 * US)

@@ -72,14 +72,13 @@ from tpusim.engine.costs import collective_stage_s, resolve_link
 from tpusim.engine.execution import ExecutionPolicy
 from tpusim.engine.expert_release import place_expert_releases
 from tpusim.engine.items import MXU, VPU, CollectivePlan, Descriptor, OpPlan, Piece, Pool, Slab
-from tpusim.engine.lowering import KV_FAMILY, ROUTED, STATE_FAMILY, Builder
-from tpusim.schedule.kernel_layout import LANES
+from tpusim.engine.lowering import KV_FAMILY, STATE_FAMILY, Builder
+from tpusim.engine.lowering_facts import ALIGNED_WEIGHT_OP, EXPERT_OP, KEPT_PROGRAMS, WEIGHT_OP
 from tpusim.schedule.release import is_mispredicted
 from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import VmemPlan
 from tpusim.workload.program import Op, Program
 from tpusim.workload.registry.names import MoeOp, Role, StateBuffer
-from tpusim.workload.shapes import kv_cache_bytes_per_token
 
 OVERLAP_JOIN_ROLES = (Role.MOE_EXPERT, MoeOp.COMBINE)
 _SEQ = attrgetter("seq")  # a C key function: every slab of every pool is keyed
@@ -95,38 +94,6 @@ class Lowered:
     descriptors: int
     slabs: int
     base_bytes: int  # always-resident scratch (activations)
-
-
-def _is_expert_op(op: Op) -> bool:
-    tensors = op.tensors
-    return bool(tensors) and tensors[0].family == ROUTED and all(t.family == ROUTED for t in tensors)
-
-
-def _is_aligned(op: Op) -> bool:
-    """Whether a weight op's matmuls pair with its tensors (each contracts over one tensor's rows)."""
-    return op.unit == "mxu" and len(op.matmuls) == len(op.tensors) and all(
-        contraction == tensor.rows for tensor, (_m, contraction, _n) in zip(op.tensors, op.matmuls, strict=True))
-
-
-# What kind of lowering each op takes (a fact of the program: remembered per program, so a
-# sweep's schedules do not test every op again)
-EXPERT_OP, ALIGNED_WEIGHT_OP, WEIGHT_OP, OTHER_OP = range(4)
-KEPT_PROGRAMS = 4  # programs whose facts below are remembered (a sweep plans one program)
-_KINDS: list[tuple[Program, list[int]]] = []
-
-
-def _op_kinds(program: Program) -> list[int]:
-    """Per op: EXPERT_OP (:func:`_is_expert_op`), ALIGNED_WEIGHT_OP / WEIGHT_OP (other weight
-    ops, :func:`_is_aligned` or not) or OTHER_OP; remembered for the last few programs."""
-    for position, (known, kinds) in enumerate(_KINDS):
-        if known is program:
-            _KINDS.append(_KINDS.pop(position))
-            return kinds
-    kinds = [EXPERT_OP if _is_expert_op(op) else (ALIGNED_WEIGHT_OP if _is_aligned(op) else WEIGHT_OP)
-             if op.tensors else OTHER_OP for op in program.ops]
-    _KINDS.append((program, kinds))
-    del _KINDS[:-KEPT_PROGRAMS]
-    return kinds
 
 
 def _overlap_join_index(ops: list[Op], index: int) -> int:
@@ -152,7 +119,9 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
 
     launches, fixed_s, kernel_names = b.kernels.launches, b.kernels.fixed_s, b.kernels.kernel_names
     collectives = _program_collectives(b)
-    kinds = _op_kinds(program)
+    facts = b.facts
+    kinds, dtypes = facts.kinds, facts.dtypes
+    vector_times = b.vector_cache  # b.vector_s's memo, read inline: once per op
     for index, op in enumerate(ops):
         first = op.layer != previous_layer
         previous_layer = op.layer
@@ -164,7 +133,9 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
         if kernel_names:
             plan_.kernel = kernel_names[index]
         plans.append(plan_)
-        vector_s = b.vector_s(op.vector_flops)
+        vector_s = vector_times.get(op.vector_flops)
+        if vector_s is None:
+            vector_s = b.vector_s(op.vector_flops)
         kind = kinds[index]
         if kind == EXPERT_OP:
             _lower_expert(b, op, plan_, layer_experts)
@@ -175,7 +146,7 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
         elif op.kv_read_bytes:
             _lower_kv_tiles(b, op, plan_)
         else:
-            matmul_s = b.op_matmul_s(op)
+            matmul_s = b.op_matmul_s(op, dtypes[index])
             if matmul_s:
                 plan_.pieces.append(Piece(matmul_s, MXU))
         if vector_s or not plan_.pieces:
@@ -209,74 +180,55 @@ def _lower_expert(b: Builder, op: Op, plan_: OpPlan,
     # only a copy issued ahead of routing can be mispredicted (a slot freeing later issues after it)
     if rate and b.issue is not None and b.issue.expert_issue(op.layer, op.expert_index or 0)[1] \
             and is_mispredicted(b.expert_count, rate):
-        wasted = b.expert_slab(op, plan_.index, ".mispredicted")
+        wasted = b.expert_slab(op, plan_.index, ".mispredicted", b.facts.mispredicted_layouts[plan_.index])
     b.expert_count += 1
-    layout = b.expert_layout(op)
+    layout = b.facts.expert_layouts[plan_.index]
     slab = b.expert_slab(op, plan_.index, "", layout)
     if b.issue is not None:
         layer_experts.setdefault(op.layer, []).append((slab, wasted))
     else:
         b.release_plan(plan_.index).start_releases.append(slab)
-    waits = layout[1]
     descs = slab.descs
-    peak = b.peak(op)
-    matmuls = op.matmuls
-    pairs = min(len(op.tensors), len(matmuls))
     pieces = plan_.pieces
-    tensors = op.tensors
-    for position in range(pairs):
-        rows, contraction, cols = matmuls[position]
-        landed = tuple([descs[i] for i in waits[position]])
-        dequant_s = b.dequant_s(tensors[position])
-        mxu_s = b.matmul_s(rows, contraction, cols, peak) + b.panel_dots_s(cols)
+    parts = b.expert_parts(op, plan_.index, layout)
+    last = len(parts) - 1
+    for position, (waits, dequant_s, mxu_s) in enumerate(parts):
+        landed = tuple([descs[i] for i in waits])
         if dequant_s:  # the VPU converts the landed tensor (FP8/MXFP4 -> bf16), the MXU reads it
             pieces.append(new_piece(Piece, (dequant_s, VPU, landed, (), (), ())))
             landed = ()
-            mxu_s = _behind_conversion_s(mxu_s, dequant_s, -(-cols // LANES))
-        pieces.append(new_piece(Piece, (mxu_s, MXU, landed, (slab,) if position == pairs - 1 else (), (), ())))
-    if not pairs:
+        pieces.append(new_piece(Piece, (mxu_s, MXU, landed, (slab,) if position == last else (), (), ())))
+    if not parts:
         plan_.pieces.append(Piece(0.0, MXU, tuple(slab.descs), (slab,)))
 
 
-def _behind_conversion_s(mxu_s: float, dequant_s: float, panels: int) -> float:
-    """MXU time left after a part's conversion: the kernel converts and multiplies it panel by
-    panel (``megakernel.kernel_dma.Ctx.panel_products``), and the MXU takes panel ``p``'s
-    weights while the VPU converts panel ``p + 1``, so the pair lasts the longer of the two plus
-    one panel of the shorter (the pipeline's fill)."""
-    return max(mxu_s - dequant_s, 0.0) + min(mxu_s, dequant_s) / panels
-
-
 def _lower_weights(b: Builder, op: Op, plan_: OpPlan, vector_s: float, aligned: bool) -> float:
-    """Weight slabs released ``d`` ops ahead; slab-by-slab matmuls (``aligned``: :func:`_is_aligned`),
+    """Weight slabs released ``d`` ops ahead; slab-by-slab matmuls (``aligned``:
+    :func:`~tpusim.engine.lowering_facts.is_aligned`),
     or wait-all for other ops.
 
     Returns the vector time still to be added as a trailing VPU piece.
     """
-    tensor_slabs = [(tensor, b.tensor_slabs(tensor, op.layer, plan_.index)) for tensor in op.tensors]
-    for tensor, slabs in tensor_slabs:
-        for releaser, (slab, _rows) in zip(b.release_plans(plan_.index, tensor, op.layer, len(slabs)), slabs,
-                                           strict=True):
-            releaser.start_releases.append(slab)
-    peak = b.peak(op)
+    index, layer = plan_.index, op.layer
+    tensor_slabs = [(tensor, b.tensor_slabs(tensor, shape, layer, index))
+                    for tensor, shape in zip(op.tensors, b.facts.tensor_shapes[index], strict=True)]
     if aligned:
-        for (tensor, slabs), (rows, contraction, cols) in zip(tensor_slabs, op.matmuls, strict=True):
-            # A slab's share of the whole matmul, in proportion to its rows: cutting the
-            # contraction into slabs does not add weight-tile pushes (a 32-row slab is not a
-            # full 256-row tile, it fills an eighth of one).
-            whole_s = b.matmul_s(rows, contraction, cols, peak) + b.dots_s(len(slabs), slabs[0][1], cols)
-            pieces = plan_.pieces
-            converts = b.dequant_s(tensor) > 0.0
-            for slab, slab_rows_ in slabs:  # Piece(...) by tuple.__new__: no Python call per slab
+        pieces = plan_.pieces
+        dtype = b.facts.dtypes[index]
+        for (tensor, slabs), shape, matmul in zip(tensor_slabs, b.facts.tensor_shapes[index], op.matmuls,
+                                                  strict=True):
+            # Piece(...) by tuple.__new__: no Python call per slab
+            for (slab, _rows), (dequant_s, mxu_s) in zip(slabs, b.slab_parts(tensor, shape, matmul, dtype, slabs),
+                                                         strict=True):
                 landed = tuple(slab.descs)
-                if converts:  # the slab is converted on the VPU before the MXU reads it
-                    pieces.append(new_piece(Piece, (b.dequant_s(tensor, slab_rows_), VPU, landed, (), (), ())))
+                if dequant_s is not None:  # the slab is converted on the VPU before the MXU reads it
+                    pieces.append(new_piece(Piece, (dequant_s, VPU, landed, (), (), ())))
                     landed = ()
-                pieces.append(new_piece(Piece, (whole_s * slab_rows_ / tensor.rows, MXU, landed, (slab,),
-                                                (), ())))
+                pieces.append(new_piece(Piece, (mxu_s, MXU, landed, (slab,), (), ())))
         return vector_s
     all_slabs = tuple(slab for _tensor, slabs in tensor_slabs for slab, _rows in slabs)
     waits = tuple(desc for slab in all_slabs for desc in slab.descs)
-    matmul_s = b.op_matmul_s(op) + sum(b.dots_s(len(slabs), slabs[0][1], cols) for (_tensor, slabs), (_r, _k, cols)
+    matmul_s = b.op_matmul_s(op, b.facts.dtypes[plan_.index]) + sum(b.dots_s(len(slabs), slabs[0][1], cols) for (_tensor, slabs), (_r, _k, cols)
                                        in zip(tensor_slabs, op.matmuls, strict=False))
     dequant_s = sum(b.dequant_s(tensor) for tensor in op.tensors)
     if dequant_s:  # weights the MXU cannot read natively are converted on the VPU first
@@ -294,7 +246,7 @@ def _lower_state(b: Builder, op: Op, plan_: OpPlan, vector_s: float) -> float:
     slab = b.new_slab(STATE_FAMILY, StateBuffer.KDA_STATE, op.layer, plan_.index, b.state_pool, b.state_ring)
     b.add_desc(slab, STATE_FAMILY, StateBuffer.KDA_STATE, op.layer, 0, op.kv_read_bytes)
     plan_.start_releases.append(slab)
-    matmul_s = b.op_matmul_s(op)
+    matmul_s = b.op_matmul_s(op, b.facts.dtypes[plan_.index])
     if matmul_s:
         plan_.pieces.append(Piece(matmul_s, MXU, tuple(slab.descs), ()))
     writes: tuple[Descriptor, ...] = ()
@@ -310,10 +262,10 @@ def _lower_state(b: Builder, op: Op, plan_: OpPlan, vector_s: float) -> float:
 def _lower_kv_tiles(b: Builder, op: Op, plan_: OpPlan) -> None:
     """MLA / GQA core: the cache streams in ``kv_tile_tokens`` tiles through ``kv_buffers``."""
     program = b.program
-    per_token = kv_cache_bytes_per_token(program.model, program.plan, op.layer) * program.kv_sequences
+    per_token = b.facts.kv_bytes_per_token(program, op.layer) * program.kv_sequences
     tile_bytes = b.schedule.kv_tile_tokens * per_token if per_token else op.kv_read_bytes
     tiles = max(1, math.ceil(op.kv_read_bytes / tile_bytes))
-    matmul_s = b.op_matmul_s(op)
+    matmul_s = b.op_matmul_s(op, b.facts.dtypes[plan_.index])
     left = op.kv_read_bytes
     for tile in range(tiles):
         size = min(tile_bytes, left)

@@ -47,9 +47,22 @@ def _selection_releases(topk_plan: OpPlan, experts: list[tuple[Slab, Slab | None
         piece.waits or piece.frees or piece.releases or piece.writes)]
     rest = [piece for piece in topk_plan.pieces if piece not in plain]
     total = sum(piece.duration_s for piece in plain)
-    n = len(experts)
-    topk_plan.pieces = rest + [Piece(total * (selection_fraction(k, n) - (selection_fraction(k - 1, n) if k else 0.0)),
-                                     VPU, (), (), (slab,)) for k, (slab, _wasted) in enumerate(experts)]
+    topk_plan.pieces = rest + [Piece(total * share, VPU, (), (), (slab,))
+                               for share, (slab, _wasted) in zip(_shares(len(experts)), experts, strict=True)]
+
+
+_SHARES: dict[int, tuple[float, ...]] = {}
+
+
+def _shares(n: int) -> tuple[float, ...]:
+    """Per winner ``k`` of ``n``, the share of the selection's work between winner ``k - 1``
+    and winner ``k`` (:func:`~tpusim.schedule.release.selection_fraction`); the same ``n``
+    recurs in every layer."""
+    shares = _SHARES.get(n)
+    if shares is None:
+        shares = _SHARES[n] = tuple(selection_fraction(k, n) - (selection_fraction(k - 1, n) if k else 0.0)
+                                    for k in range(n))
+    return shares
 
 
 def _speculative_releases(plans: list[OpPlan], ops: list[Op], layer: int, issue_index: int,

@@ -3,9 +3,11 @@
 :func:`tpusim.engine.build.lower` walks the program op by op; a :class:`Builder` holds what
 those steps share: the pools and rings (step 1 of :mod:`tpusim.engine.build`), the running
 sequence numbers of slabs and copies (consumption order), the issue plan it reads release
-points from (step 3), and memos of facts that repeat in every layer (a weight tensor's row
-slabs, an expert's copies, matmul and vector times in seconds), so the lowering's cost is per
-op, not per fact. Bytes are bytes; times are seconds.
+points from (step 3), the program's own facts (:mod:`tpusim.engine.lowering_facts`: op kinds,
+tensor shape numbers, an expert's copies, kept across lowerings of one program), and memos
+of facts that repeat in every layer under this schedule and chip (a tensor shape's row slabs
+and their piece times, an expert part's times, matmul and vector times in seconds), so the
+lowering's cost is per op, not per fact. Bytes are bytes; times are seconds.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from __future__ import annotations
 import math
 
 from hwmodels.schema import Chip
-from tpusim.engine.costs import matmul_time_s, op_matmul_dtype, vector_time_s
+from tpusim.engine.costs import matmul_time_s, vector_time_s
 from tpusim.engine.execution import ExecutionPolicy
 from tpusim.engine.items import Descriptor, OpPlan, Pool, Ring, Slab
+from tpusim.engine.lowering_facts import ExpertLayout, kernel_plan, lowering_facts
 from tpusim.schedule.kernel_layout import LANES, matmul_dots
 from tpusim.schedule.program_issue import cached_issue_plan
 from tpusim.schedule.schema import SCHEDULE_FAMILIES, SMALL_FAMILY, FamilySchedule, Schedule
@@ -23,7 +26,7 @@ from tpusim.schedule.vmem import VmemPlan, arena_of, family_chunk, slab_rows
 from tpusim.workload.formats import scale_bytes, value_bytes
 from tpusim.workload.program import Op, Program
 from tpusim.workload.registry.names import Family, StateFamily
-from tpusim.workload.shapes import TensorSpec, recurrent_state_bytes
+from tpusim.workload.shapes import TensorSpec
 
 ROUTED = Family.ROUTED_EXPERT
 KV_FAMILY = "kv_cache"
@@ -63,24 +66,27 @@ class Builder:
         self.state_ring = Ring(StateFamily.KDA_STATE, 1)
         self.matmul_cache: dict[tuple[int, int, int, float], float] = {}
         self.vector_cache: dict[float, float] = {}
+        self.slab_parts_cache: dict[tuple[int, tuple[int, int, int], str], tuple[tuple[float | None, float], ...]] = {}
+        self.expert_parts_cache: dict[tuple[object, ...], tuple[tuple[tuple[int, ...], float, float], ...]] = {}
+        self.op_matmul_cache: dict[tuple[tuple[tuple[int, int, int], ...], str], float] = {}
+        self.facts = lowering_facts(program)  # what lowering needs of the program alone
         self.dequant_rates: dict[str, float] = {}  # seconds per element by weight format
         self.families: dict[str, FamilySchedule] = {name: schedule.family(name) for name in SCHEDULE_FAMILIES}
         speculative = schedule.expert_issue == "speculative" and policy.cross_op_prefetch
         self.miss_rate = schedule.speculation_miss_rate if speculative else 0.0
         self.expert_count = 0  # routed experts lowered so far over the whole step (misses)
-        self.kernels = policy.kernel_plan(program)
+        self.kernels = kernel_plan(program, policy.kernel_plan)
         self.issue = cached_issue_plan(program, schedule) if policy.cross_op_prefetch else None
         self.plans: list[OpPlan] = []
         self.topology = program.plan.topology  # one Topology per lowering (a key of the message cache)
         # memos of facts that repeat in every layer (the lowering's cost is per op, not per fact)
         self.tensor_queues: dict[tuple[str, str], tuple[Ring, Pool, int | None]] = {}
+        # per tensor shape number (facts.tensor_shapes): its queue, slab cut and scales' label
+        self.tensor_recipes: dict[int, tuple[Ring, Pool, tuple[tuple[int, int, int], ...], str,
+                                             tuple[str, bool, bool] | None]] = {}
         self.slab_cuts: dict[tuple[str, str, int, int, int | None], tuple[tuple[int, int, int], ...]] = {}
         self.peaks: dict[str, tuple[float, str]] = {}
-        self.state_bytes: dict[int, int] = {}
-        self.splits: dict[tuple[str, int, int], tuple[int, int]] = {}
         self.expert_queue: tuple[Ring, Pool] | None = None  # the expert slots' (ring, pool)
-        self.expert_layouts: dict[tuple[object, ...], tuple[tuple[tuple[str, int], ...],
-                                                            tuple[tuple[int, ...], ...]]] = {}
 
     def release_plan(self, index: int, tensor: TensorSpec | None = None, layer: int = 0, chunk: int = 0) -> OpPlan:
         """The op whose start issues slab ``chunk`` of ``tensor`` read by op ``index`` (step 3)."""
@@ -89,13 +95,6 @@ class Builder:
         if tensor is None:
             return self.plans[index]
         return self.plans[self.issue.weight_issue(tensor.name, tensor.family, layer, chunk)]
-
-    def release_plans(self, index: int, tensor: TensorSpec, layer: int, count: int) -> list[OpPlan]:
-        """:meth:`release_plan` of slabs ``0 .. count - 1`` of ``tensor`` (one call per tensor)."""
-        if self.issue is None:
-            return [self.plans[self.kernels.issue_op(index)]] * count
-        plans = self.plans
-        return [plans[op] for op in self.issue.weight_issues(tensor.name, tensor.family, layer, count)]
 
     # ----------------------------------------------------------------- small factories
 
@@ -180,9 +179,9 @@ class Builder:
             return 0.0
         return per_element * (tensor.rows if rows is None else rows) * tensor.cols
 
-    def peak(self, op: Op) -> tuple[float, str]:
-        """(peak FLOP/s, dtype) the matrix unit runs ``op`` at."""
-        dtype = op_matmul_dtype(op)
+    def peak(self, dtype: str) -> tuple[float, str]:
+        """(peak FLOP/s, dtype) the matrix unit runs matmuls of ``dtype`` at (an op's dtype:
+        ``facts.dtypes``)."""
         peak = self.peaks.get(dtype)
         if peak is None:
             peak = self.peaks[dtype] = (self.matrix.peak_for(dtype), dtype)
@@ -190,26 +189,82 @@ class Builder:
 
     def recurrent_state_bytes(self, layer: int) -> int:
         """One sequence's KDA recurrent-state bytes in ``layer`` (0: not a KDA layer)."""
-        nbytes = self.state_bytes.get(layer)
-        if nbytes is None:
-            nbytes = self.state_bytes[layer] = recurrent_state_bytes(self.program.model, self.program.plan, layer)
-        return nbytes
+        return self.facts.state_bytes(self.program, layer)
 
-    def op_matmul_s(self, op: Op) -> float:
-        """MXU time of all of ``op``'s matmuls, unsplit."""
-        peak = self.peak(op)
-        return sum(self.matmul_s(rows, contraction, cols, peak) for rows, contraction, cols in op.matmuls)
+    def op_matmul_s(self, op: Op, dtype: str) -> float:
+        """MXU time of all of ``op``'s matmuls at ``dtype`` (its ``facts.dtypes`` entry), unsplit
+        (an op kind's matmuls repeat in every layer: memoised)."""
+        key = (op.matmuls, dtype)
+        cached = self.op_matmul_cache.get(key)
+        if cached is None:
+            peak = self.peak(dtype)
+            cached = self.op_matmul_cache[key] = sum(
+                self.matmul_s(rows, contraction, cols, peak) for rows, contraction, cols in op.matmuls)
+        return cached
+
+    def slab_parts(self, tensor: TensorSpec, shape: int, matmul: tuple[int, int, int], dtype: str,
+                   slabs: list[tuple[Slab, int]]) -> tuple[tuple[float | None, float], ...]:
+        """Per row slab of a tensor an aligned op reads (``slabs``: :meth:`tensor_slabs`), its
+        conversion time (None: none) and its MXU time: a slab's share of the whole matmul, in
+        proportion to its rows (cutting the contraction into slabs does not add weight-tile
+        pushes: a 32-row slab is not a full 256-row tile, it fills an eighth of one). The same
+        tensor shape and matmul repeat in every layer: memoised."""
+        key = (shape, matmul, dtype)
+        parts = self.slab_parts_cache.get(key)
+        if parts is None:
+            rows, contraction, cols = matmul
+            whole_s = self.matmul_s(rows, contraction, cols, self.peak(dtype)) + self.dots_s(len(slabs), slabs[0][1], cols)
+            converts = self.dequant_s(tensor) > 0.0
+            parts = self.slab_parts_cache[key] = tuple(
+                (self.dequant_s(tensor, slab_rows_) if converts else None, whole_s * slab_rows_ / tensor.rows)
+                for _slab, slab_rows_ in slabs)
+        return parts
+
+    def expert_parts(self, op: Op, op_index: int, layout: ExpertLayout) -> tuple[tuple[tuple[int, ...], float, float],
+                                                                                   ...]:
+        """Per tensor of a routed expert op that a matmul reads: the positions of the copies its
+        piece waits for (``layout``'s), its conversion time (0: none) and its MXU time (after the
+        conversion: :func:`behind_conversion_s`). Every expert of every layer has the same few
+        shapes: memoised."""
+        dtype = self.facts.dtypes[op_index]
+        key = (self.facts.tensor_shapes[op_index], op.matmuls, dtype)
+        parts = self.expert_parts_cache.get(key)
+        if parts is None:
+            peak = self.peak(dtype)
+            found = []
+            for position in range(min(len(op.tensors), len(op.matmuls))):
+                rows, contraction, cols = op.matmuls[position]
+                dequant_s = self.dequant_s(op.tensors[position])
+                mxu_s = self.matmul_s(rows, contraction, cols, peak) + self.panel_dots_s(cols)
+                if dequant_s:
+                    mxu_s = behind_conversion_s(mxu_s, dequant_s, -(-cols // LANES))
+                found.append((layout[1][position], dequant_s, mxu_s))
+            parts = self.expert_parts_cache[key] = tuple(found)
+        return parts
 
     # ----------------------------------------------------------------- tensors → slabs
 
-    def tensor_slabs(self, tensor: TensorSpec, layer: int, op_index: int) -> list[tuple[Slab, int]]:
-        """Row slabs of a (non-expert) weight tensor: [(slab, rows in it)] (new_slab and
-        add_desc inlined: a step lowers thousands)."""
-        ring, pool, chunk_bytes = self.tensor_queue(tensor)
+    def tensor_slabs(self, tensor: TensorSpec, shape: int, layer: int, op_index: int) -> list[tuple[Slab, int]]:
+        """Row slabs of a (non-expert) weight tensor (``shape``: its number in the program's
+        facts): [(slab, rows in it)], each slab added to the start releases of the op that
+        issues it (step 3, as :meth:`release_plan` says per slab); new_slab and add_desc inlined: a step lowers
+        thousands."""
+        recipe = self.tensor_recipes.get(shape)
+        if recipe is None:  # once per tensor shape: its queue, its cut, its scales' label, its issue ring
+            ring, pool, chunk_bytes = self.tensor_queue(tensor)
+            recipe = self.tensor_recipes[shape] = (
+                ring, pool, self.slab_cut(tensor, chunk_bytes), f"{tensor.name}.scales",
+                None if self.issue is None else self.issue.weight_ring(tensor.name, tensor.family))
+        ring, pool, cut, scales_name, where = recipe
+        plans = self.plans
+        if where is None:
+            releasers = [plans[self.kernels.issue_op(op_index)]] * len(cut)
+        else:
+            releasers = [plans[op] for op in self.issue.weight_issues_in(where, tensor.name, layer, len(cut))]
         out: list[tuple[Slab, int]] = []
         family, name = tensor.family, tensor.name
         order, slab_seq, seq = pool.order, self.slab_seq, self.desc_seq
-        for chunk, (rows, values, scales) in enumerate(self.slab_cut(tensor, chunk_bytes)):
+        for chunk, (rows, values, scales) in enumerate(cut):
             slab = Slab(slab_seq, family, name, layer, op_index, pool, ring)
             slab_seq += 1
             order.append(slab)
@@ -218,9 +273,10 @@ class Builder:
                 descs.append(Descriptor(seq, family, name, layer, chunk, values, slab))
                 seq += 1
             if scales:
-                descs.append(Descriptor(seq, family, f"{name}.scales", layer, chunk, scales, slab))
+                descs.append(Descriptor(seq, family, scales_name, layer, chunk, scales, slab))
                 seq += 1
             slab.nbytes, slab.pending = values + scales, len(descs)
+            releasers[chunk].start_releases.append(slab)
             out.append((slab, rows))
         self.slab_seq, self.desc_seq = slab_seq, seq
         return out
@@ -261,51 +317,31 @@ class Builder:
             cut = self.slab_cuts[key] = tuple(slabs)
         return cut
 
-    def expert_slab(self, op: Op, op_index: int, label_suffix: str = "",
-                    layout: tuple[tuple[tuple[str, int], ...], tuple[tuple[int, ...], ...]] | None = None) -> Slab:
-        """One expert slot: every tensor of the expert op, values then scales (``layout``: its
-        :meth:`expert_layout`, when the caller has it)."""
+    def expert_slab(self, op: Op, op_index: int, label_suffix: str, layout: ExpertLayout) -> Slab:
+        """One expert slot: every tensor of the expert op, values then scales (``layout``: the
+        op's :func:`~tpusim.engine.lowering_facts.expert_layout` with ``label_suffix``)."""
         if self.expert_queue is None:
             ring = self.ring_of(ROUTED, self.families[ROUTED].buffers)
             self.expert_queue = (ring, self.pool_of(ROUTED, ring))
         ring, pool = self.expert_queue
-        slab = self.new_slab(ROUTED, f"{op.name}{label_suffix}", op.layer, op_index, pool, ring)
+        layer = op.layer
+        slab = Slab(self.slab_seq, ROUTED, f"{op.name}{label_suffix}", layer, op_index, pool, ring)  # new_slab, inlined
+        self.slab_seq += 1
+        pool.order.append(slab)
         # chunk = the expert's entry in the layer's expert list (the kernel's vocabulary)
-        entry, layer, seq, descs = op.expert_index or 0, op.layer, self.desc_seq, slab.descs
-        for name, nbytes in (layout or self.expert_layout(op, label_suffix))[0]:  # add_desc, inlined
+        entry, seq, total = op.expert_index or 0, self.desc_seq, 0
+        descs = slab.descs
+        for name, nbytes in layout[0]:  # add_desc, inlined (a batch-8 step lowers ~1,900 experts)
             descs.append(Descriptor(seq, ROUTED, name, layer, entry, nbytes, slab))
             seq += 1
-            slab.nbytes += nbytes
-        self.desc_seq, slab.pending = seq, len(descs)
+            total += nbytes
+        self.desc_seq, slab.nbytes, slab.pending = seq, total, len(descs)
         return slab
 
-    def expert_layout(self, op: Op, label_suffix: str = "") -> tuple[tuple[tuple[str, int], ...],
-                                                                      tuple[tuple[int, ...], ...]]:
-        """An expert op's copies as (label, bytes), values then scales per tensor, and per
-        tensor the positions of the copies a piece reading it waits for (the copies named
-        after it). Every expert of every layer has the same few tensor shapes: memoised."""
-        key = (label_suffix, *[(t.name, t.format_name, t.rows, t.cols) for t in op.tensors])
-        layout = self.expert_layouts.get(key)
-        if layout is None:
-            copies: list[tuple[str, int]] = []
-            for tensor in op.tensors:
-                name = f"{tensor.name}{label_suffix}"
-                values, scales = self.split_bytes(tensor)
-                if values:
-                    copies.append((name, values))
-                if scales:
-                    copies.append((f"{name}.scales", scales))
-            by_tensor: dict[str, list[int]] = {}
-            for position, (name, _bytes) in enumerate(copies):
-                by_tensor.setdefault(name.removesuffix(".scales"), []).append(position)
-            layout = self.expert_layouts[key] = (
-                tuple(copies), tuple(tuple(by_tensor.get(tensor.name, ())) for tensor in op.tensors))
-        return layout
 
-    def split_bytes(self, tensor: TensorSpec) -> tuple[int, int]:
-        """(value bytes, scale bytes) of a whole tensor (an expert's tensors repeat in every slot)."""
-        key = (tensor.format_name, tensor.rows, tensor.cols)
-        split = self.splits.get(key)
-        if split is None:
-            split = self.splits[key] = (tensor.value_bytes, tensor.scale_bytes)
-        return split
+def behind_conversion_s(mxu_s: float, dequant_s: float, panels: int) -> float:
+    """MXU time left after a part's conversion: the kernel converts and multiplies it panel by
+    panel (``megakernel.kernel_dma.Ctx.panel_products``), and the MXU takes panel ``p``'s
+    weights while the VPU converts panel ``p + 1``, so the pair lasts the longer of the two plus
+    one panel of the shorter (the pipeline's fill): the closed form of the n-panel pipeline."""
+    return max(mxu_s - dequant_s, 0.0) + min(mxu_s, dequant_s) / panels

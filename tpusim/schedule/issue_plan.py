@@ -152,14 +152,21 @@ def plan_issues(rings: dict[str, RingSpec], op_reads: Sequence[Sequence[Read]], 
     # named tuples built by tuple.__new__ (their own __new__ and _make are Python calls; a
     # plan builds thousands)
     new_tuple = tuple.__new__
+    # per ring: each buffer's arena range where buffers are static, else the ring's whole region
+    spans_of: dict[str, tuple[RingSpec, Sequence[tuple[int, int]]]] = {}
     for inst in instances:
-        ring = rings[inst.read.ring]
-        count = inst.read.slabs if inst.read.slabs is not None else ring.num_slabs
-        static = ring.static_buffers
+        read = inst.read
+        known = spans_of.get(read.ring)
+        if known is None:
+            ring = rings[read.ring]
+            known = spans_of[read.ring] = (ring, [ring.buffer_range(buffer) for buffer in range(ring.buffers)]
+                                           if ring.static_buffers else [ring.region] * ring.buffers)
+        ring, spans = known
+        count = read.slabs if read.slabs is not None else ring.num_slabs
+        first_slot, ring_buffers, last = read.first_slot, ring.buffers, inst.last
         for k in range(count):
-            buffer = (inst.read.first_slot + k) % ring.buffers
-            span = ring.buffer_range(buffer) if static else ring.region
-            slots.append(new_tuple(_Slot, (ring, inst, k, buffer, span, inst.last)))
+            buffer = (first_slot + k) % ring_buffers
+            slots.append(new_tuple(_Slot, (ring, inst, k, buffer, spans[buffer], last)))
     by_first, current, horizon_c, total = 0, None, 0, len(slots)
     for slot in slots:
         ring, inst, k, buffer, _span, _last = slot

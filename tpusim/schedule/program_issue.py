@@ -20,7 +20,6 @@ from tpusim.schedule.issue_plan import (
     SMALL_RING,
     IssuePlan,
     Read,
-    Unit,
     UnsupportedIssuePlan,
     plan_issues,
 )
@@ -71,11 +70,7 @@ class ProgramIssuePlan:
 
     def weight_issue(self, tensor: str, family: str, layer: int, chunk: int) -> int:
         """Op at whose start slab ``chunk`` of ``tensor`` (of ``layer``) is issued."""
-        where = self._rings_seen.get((tensor, family))
-        if where is None:  # the ring and its kind, once per tensor kind
-            ring = self.ring_of(tensor, family)
-            where = self._rings_seen[tensor, family] = (ring, ring == SMALL_RING, ring.startswith("pool:"))
-        ring, small, pooled = where
+        ring, small, pooled = self.weight_ring(tensor, family)  # the ring and its kind, once per tensor kind
         # plain tuples: equal to (and hashed as) the Unit named tuples, without their constructor call
         if small:
             return self.plan.issue[(ring, layer, 0)]  # type: ignore[index]
@@ -84,10 +79,19 @@ class ProgramIssuePlan:
 
     def weight_issues(self, tensor: str, family: str, layer: int, count: int) -> list[int]:
         """:meth:`weight_issue` of slabs ``0 .. count - 1`` (the lowering asks per tensor)."""
+        return self.weight_issues_in(self.weight_ring(tensor, family), tensor, layer, count)
+
+    def weight_ring(self, tensor: str, family: str) -> tuple[str, bool, bool]:
+        """(ring, small, ring pool) of ``tensor``: what :meth:`weight_issues_in` needs (a caller
+        that keys its own memo cheaper than by the names keeps it)."""
         where = self._rings_seen.get((tensor, family))
         if where is None:
-            self.weight_issue(tensor, family, layer, 0)  # fills the memo
-            where = self._rings_seen[tensor, family]
+            ring = self.ring_of(tensor, family)
+            where = self._rings_seen[tensor, family] = (ring, ring == SMALL_RING, ring.startswith("pool:"))
+        return where
+
+    def weight_issues_in(self, where: tuple[str, bool, bool], tensor: str, layer: int, count: int) -> list[int]:
+        """:meth:`weight_issues` of ``tensor`` in the ring ``where`` (:meth:`weight_ring`)."""
         ring, small, pooled = where
         issue = self.plan.issue
         if small:
@@ -98,7 +102,7 @@ class ProgramIssuePlan:
     def expert_issue(self, layer: int, entry: int) -> tuple[int, bool]:
         """(op, by routing): expert ``entry`` of ``layer`` is issued by that op's routing
         decision, or (False) at that op's start because its slot frees only then."""
-        op = self.plan.issue[Unit(EXPERT_RING, (layer, entry), 0)]
+        op = self.plan.issue[(EXPERT_RING, (layer, entry), 0)]  # type: ignore[index]  # == the Unit
         return op, op == self.routing_op.get(layer)
 
 

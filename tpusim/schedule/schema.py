@@ -201,11 +201,14 @@ class Schedule(BaseModel):
     def family(self, name: str) -> FamilySchedule:
         if name not in SCHEDULE_FAMILIES:
             raise KeyError(f"unknown schedule family {name!r}")
-        return self.families.get(name, FamilySchedule())
+        # the default built only when missing (building one validates it; a lowering asks hundreds of times)
+        fam = self.families.get(name)
+        return FamilySchedule() if fam is None else fam
 
     def pool_spec(self, pool: str) -> PoolSpec:
         """The sharing mode of ``pool`` (an ``arena`` unless ``pools`` says otherwise)."""
-        return self.pools.get(pool, PoolSpec())
+        spec = self.pools.get(pool)  # the default built only when missing
+        return PoolSpec() if spec is None else spec
 
     def ring_pool(self, family: str) -> PoolSpec | None:
         """The ring-mode pool ``family`` streams through, or None. Small parameters never do:
