@@ -54,16 +54,41 @@ _share_jax_compiles()
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every heavy test slow too: heavy means slower than slow. Then run the files that
-    hold a slow test first (each file's tests stay together and in order, so a module fixture
-    is still made once per worker): alphabetically the long kernel, calibration and VMEM
-    checks come last, and a 1-3 minute test starting near the end leaves the other worker
-    idle; first, the many short tests fill in beside them."""
+    """Mark every heavy test slow too: heavy means slower than slow. Then run the longest files
+    first (:data:`LONGEST_FILES`, longest first), then the other files that hold a slow test,
+    then the rest (each file's tests stay together and in order, so a module fixture is still
+    made once per worker): alphabetically the long kernel, calibration and VMEM checks come
+    last, and a 1-3 minute test starting near the end leaves the other worker idle; first,
+    the many short tests fill in beside them."""
     for item in items:
         if item.get_closest_marker("heavy") is not None and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)
     slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.path not in slow_files)  # stable: the order within each group stays
+    items.sort(key=lambda item: _file_rank(item.path.name, item.path in slow_files))  # stable within a file
+
+
+# The files whose default-run tests take longest (``pytest --durations``, docs/benchmarks.md), longest
+# first. pytest-xdist's worksteal gives the first worker the front half of the list and lets the
+# other steal from the back: these start first, so no 1-3 minute test starts near the end while the
+# other worker has nothing left.
+LONGEST_FILES = (
+    "test_uncertainty_regression.py",
+    "test_megakernel_multi_device_decode.py",
+    "test_tpu_probes.py",
+    "test_megakernel_races.py",
+    "test_kernel_deployment.py",
+    "test_megakernel_kernel.py",
+    "test_demo_consistency.py",
+    "test_plan_variants_kernel.py",
+    "test_megakernel_collective_compile.py",
+)
+
+
+def _file_rank(name: str, slow: bool) -> int:
+    """0, 1, ...: the longest files in order; then the other files with a slow test; then the rest."""
+    if name in LONGEST_FILES:
+        return LONGEST_FILES.index(name)
+    return len(LONGEST_FILES) + (0 if slow else 1)
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,7 @@ schedules in both DMA modes, and finds one when the plan is broken on purpose.
 Each check runs in a subprocess with a timeout (:mod:`megakernel.race_check`): a kernel
 that waits on a semaphore nobody signals would hang forever. The kernel runs on an 8-layer
 kimi-k3-mini (prologue, KDA and MLA windows, the last window and the head: every code path
-of the 93-layer kernel, which is the same loop), batch 2.
+of the 93-layer kernel, which is the same loop), batch 2; the planted race on 4 of them.
 
 The broken schedule of the issue (refilling a buffer that is still being read) has two
 forms. A chunked family with one buffer and a prefetch distance is rejected by
@@ -70,11 +70,16 @@ def test_no_race_for_the_other_schedule_and_mode_pairs():
 
 
 def test_race_detector_catches_a_plan_that_refills_busy_buffers():
-    (result,) = race_check("published", "--modes", "eager", "--unsafe", timeout_s=300)
+    """On 4 layers (dense layer 0, KDA layers, the MLA layer 3): the planted race needs only a
+    layer whose next weights land in its own expert slots; the same two reports as on 8 layers,
+    at 26 s of CPU instead of 32 (measured 2026-12-06)."""
+    (result,) = race_check("published", "--modes", "eager", "--unsafe", "--layers", "4", timeout_s=300)
     assert result["races"], result
-    # the race planted is the one reported: a weight copy (Ctx.start) lands in a VMEM buffer a
-    # product still reads through Ctx.view (and overlaps the copy before it into the same rows)
+    # the race planted, and only it: a weight copy (Ctx.start) lands in a VMEM buffer a product
+    # still reads through Ctx.view, and overlaps the copy before it into the same rows
     reports = result["race_reports"]
-    assert any(r["first"]["kind"] == "read" and "Ctx.view" in r["first"]["where"]
-               and r["second"]["kind"] == "write" and "Ctx.start" in r["second"]["where"]
-               and r["first"]["buffer"] == r["second"]["buffer"] for r in reports), reports
+    assert reports and all(r["second"]["kind"] == "write" and "Ctx.start" in r["second"]["where"]
+                           and r["first"]["buffer"] == r["second"]["buffer"]
+                           and (r["first"]["kind"], r["first"]["where"].rsplit("(", 1)[-1]) in
+                           {("read", "Ctx.view)"), ("write", "Ctx.start)")} for r in reports), reports
+    assert any(r["first"]["kind"] == "read" and "Ctx.view" in r["first"]["where"] for r in reports), reports

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from megakernel.race_reports import Race, capturing_races, parse_races
+from megakernel.race_reports import Access, Race, capturing_races, parse_races
 
 READ_RACE = """RACE DETECTED
   read of (0, 7)[(slice(0, 16, None), slice(0, 128, None))] from 0, 0, megakernel/kernel_ctx.py:212 (panel_products)
@@ -43,7 +43,9 @@ def test_capturing_keeps_reports_out_of_stdout_and_passes_the_rest_to_stderr(cap
     with capturing_races() as found:
         print(READ_RACE, end="")
         print("a line of the kernel's own")
-    assert found and isinstance(found[0], Race)
+    # exactly the one report printed, both accesses parsed (written out here, not by parse_races)
+    assert found == [Race(Access("read", "(0, 7)", "0, 0, megakernel/kernel_ctx.py:212 (panel_products)"),
+                          Access("write", "(0, 7)", "9, 0 pallas_call"))]
     out, err = capsys.readouterr()  # type: ignore[attr-defined]
     assert "RACE DETECTED" not in out and "RACE DETECTED" not in err
     assert "a line of the kernel's own" in err and sys.stdout is not None
