@@ -104,9 +104,9 @@ def _compiler_priced_lines(run: DemoRun) -> list[str]:
     step = _step(run, "compiler-priced tpu-v7")
     if step is None:
         return []
-    lines = ["TPU v7 x 16 priced by its compiler (`published` schedule; the routed experts' panel loops from "
-             "libtpu's TPU7x static schedule, the components fitted on the TPU7x reference measurements; "
-             "docs/tpu-v5e-to-v7.md):", ""]
+    lines = ["TPU v7 x 16 priced by its compiler (`published` schedule; the routed experts' panel loops and the "
+             "layer loop from libtpu's TPU7x static schedule, the components fitted on the TPU7x reference "
+             "measurements; docs/tpu-v5e-to-v7.md):", ""]
     if not step.ok:
         return [*lines, f"**FAILED**: `{step.error}`", ""]
     lines += ["| batch | step ms (simulated) | 90 % interval ms (derived) | width |", "| ---: | ---: | ---: | ---: |"]
