@@ -326,7 +326,7 @@ class Ctx:
         ring = self.geo.rings["expert"]
         slot = imod(j, ring.buffers)
         row = ring.offset + (ring.buffers - 1 - slot) * ring.slab_arena_rows
-        eid = self.scratch["smem"][self.expert_list + j] if not for_wait else 0
+        eid = self.scratch["experts"][j] if not for_wait else 0
         arena, sem = self.scratch["arena"][ring.pool], self.scratch["sem"]["expert"].at[slot]
         es = self.geo.expert_slot
         entry = self.dims.stack_entry(layer - 1)
@@ -425,10 +425,6 @@ class Ctx:
 
         jax.lax.cond(pred, wrap(true_fn, "true"), wrap(false_fn, "false"))
 
-    @property
-    def expert_list(self) -> int:
-        return EXPERT_LIST
-
 
 def layer_table(dims: ModelDims) -> np.ndarray:
     """int32[L * LAYER_COLS]: is_mla, index in its kind's stack, template of its window."""
@@ -441,12 +437,9 @@ def layer_table(dims: ModelDims) -> np.ndarray:
     return rows.reshape(-1)
 
 
-# SMEM scratch layout (int32): [n_current, n_next, expert list[n_max]]
-N_CURRENT, N_NEXT, EXPERT_LIST = 0, 1, 2
-
-
-def smem_words(dims: ModelDims, n_max: int) -> int:
-    del dims
-    return EXPERT_LIST + n_max
+# SMEM scratch layout (int32): [n_current, n_next]; the expert list has its own SMEM scratch
+# (``experts``: whole 128-word rows, the unit of its copy from VMEM)
+N_CURRENT, N_NEXT = 0, 1
+SMEM_WORDS = 2
 
 

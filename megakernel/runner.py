@@ -43,6 +43,7 @@ from megakernel.events import save_routing_trace
 from megakernel.expert_products import DECODE, ExpertProducts, expert_products_for
 from megakernel.hbm import pack_hbm
 from megakernel.kernel import Megakernel
+from megakernel.kernel_moe import EXPERT_LIST_BUILD
 from megakernel.layout import load_safetensors, random_weights
 from megakernel.math_moe import distinct_experts as distinct_experts_in_order
 from megakernel.reference import (
@@ -259,7 +260,8 @@ def run(config: RunConfig, out: Path | None = None) -> dict[str, Any]:
         kernel_variant=variant,
         # panels a panel loop's iteration issues (dense, routed experts); records before it: 1, 1
         panel_unroll=[config.panel_unroll, config.expert_panel_unroll],
-        decoder=kernel.expert_products.name,  # how the expert weights were multiplied (megakernel.expert_products)
+        decoder=kernel.expert_products.name,
+        expert_list=EXPERT_LIST_BUILD,  # how moe.topk builds the expert list (megakernel.kernel_moe)  # how the expert weights were multiplied (megakernel.expert_products)
         timing_note=NOT_TPU_NOTE if backend == "interpret" else "native TPU, block_until_ready per step, "
                     "warm-up excluded, compile timed separately",
     ).to_dict()

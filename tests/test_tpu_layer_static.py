@@ -33,6 +33,20 @@ def test_the_builds_own_record_else_the_nearest_else_refused(tmp_path: Path) -> 
         layer_issue(2, (8, 2), path)
 
 
+def test_the_expert_list_build_is_matched_before_the_panel_loops(tmp_path: Path) -> None:
+    path = _write(tmp_path / "s.jsonl", [(1, [8, 2], 87_000, "2026-12-06T19:00"), (1, [4, 2], 86_000, "2026-12-06T19:10")])
+    rows = path.read_text().splitlines()
+    vector = json.loads(rows[0])
+    vector["params"]["expert_list"], vector["issued_bundles"], vector["date"] = "vector", 85_000, "2026-12-07T00:00"
+    path.write_text("\n".join([*rows, json.dumps(vector)]) + "\n")
+    assert layer_issue(1, (8, 2), path).issued_bundles == 87_000  # the walk build unless asked: older kernels' records
+    assert layer_issue(1, (8, 2), path, "vector").issued_bundles == 85_000
+    assert layer_issue(1, (4, 2), path, "vector").issued_bundles == 85_000  # the list first, then the panel loops
+    assert layer_issue(1, (4, 2), path).issued_bundles == 86_000
+    only_walk = _write(tmp_path / "w.jsonl", [(1, [8, 2], 87_000, "d")])
+    assert layer_issue(1, (8, 2), only_walk, "vector").expert_list == "walk"  # nearest: no vector record yet
+
+
 @pytest.mark.slow  # lowers K3's per-device program once (~5 s)
 def test_the_remainder_is_the_issue_time_less_the_engines_own_compute(tmp_path: Path) -> None:
     chip = load_chip("tpu-v5e", calibrated=False)

@@ -38,41 +38,46 @@ from calibration.sources.tpu_layer_static import layer_remainder
 from calibration.sources.tpu_probes import PER_LAYER, dequant_path, probe_chip
 from hwmodels.catalog import load_chip
 from hwmodels.overlay import _figure_slot
+from hwmodels.records.kernel import WALK
 from hwmodels.schema import Chip
+from megakernel.kernel_moe import EXPERT_LIST_BUILD
 from megakernel.quant import WORDS32_DECODER
 from megakernel.quant_pairs import KERNEL_DECODER
 from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 
 
 def first_principles_chip(decoder: str = KERNEL_DECODER, batch: int = 1,
-                          unroll: tuple[int, int] = (PANEL_UNROLL, EXPERT_PANEL_UNROLL)) -> Chip:
+                          unroll: tuple[int, int] = (PANEL_UNROLL, EXPERT_PANEL_UNROLL),
+                          expert_list: str = WALK) -> Chip:
     """tpu-v5e with the micro-probes' figures, ``decoder``'s static-schedule decode rates at
     ``batch``'s rows and the layer's own work from the static schedule of the kernel's layer
     loop (:func:`calibration.sources.tpu_layer_static.layer_remainder`: the bundles one layer
-    issues less the engine's compute for the same ops; the build ``unroll``'s record, else the
-    nearest build's), all ``derived``; every other figure the catalog's."""
+    issues less the engine's compute for the same ops; the build (``unroll``, ``expert_list``)'s
+    record, else the nearest build's), all ``derived``; every other figure the catalog's."""
     data = probe_chip(load_chip("tpu-v5e", calibrated=False), decoder=WORDS32_DECODER).model_dump(mode="python")
     for part, part_decoder in PART_DECODERS[decoder].items():
         value, source = static_figure(part, part_decoder, rows=static_rows(batch, part, part_decoder))
         parent, name = _figure_slot(data, dequant_path(FORMAT_OF_PART[part]))
         parent[name] = {**parent[name], "value": value, "label": "derived", "source": source}
     chip = Chip.model_validate(data)
-    value, source = layer_remainder(chip, batch, unroll)
+    value, source = layer_remainder(chip, batch, unroll, expert_list=expert_list)
     parent, name = _figure_slot(data, PER_LAYER)
     parent[name] = {**parent[name], "value": value, "label": "derived", "source": source}
     return Chip.model_validate(data)
 
 
-def errors(chip: Chip | Callable[[int], Chip], unroll: tuple[int, int]) -> list[tuple[str, int, float, float]]:
+def errors(chip: Chip | Callable[[int], Chip], unroll: tuple[int, int],
+           expert_list: str = WALK) -> list[tuple[str, int, float, float]]:
     """(schedule, batch, measured ms, simulated ms) of every committed decode of the build."""
-    return [(r.schedule, r.batch, r.ms_median, ms) for r, ms in simulate_build(chip, unroll)]
+    return [(r.schedule, r.batch, r.ms_median, ms) for r, ms in simulate_build(chip, unroll, expert_list=expert_list)]
 
 
-def capped_errors(chip: Callable[[int], Chip], unroll: tuple[int, int]) -> list[tuple[str, int, float, float]]:
+def capped_errors(chip: Callable[[int], Chip], unroll: tuple[int, int],
+                  expert_list: str = WALK) -> list[tuple[str, int, float, float]]:
     """(schedule, expert cap, measured ms, simulated ms) of the build's capped runs at every
     batch (the fixed-cost probe): a held-out check of the first-principles decomposition, which
     reads none."""
-    runs = capped_runs(FIXED_COST_PATH, KERNEL_DECODER, unroll, batch=None)
+    runs = capped_runs(FIXED_COST_PATH, KERNEL_DECODER, unroll, batch=None, expert_list=expert_list)
     return [(f"{r.schedule} b{r.batch}", int(r.expert_cap or 0), r.ms_median, simulated_ms([r], chip(r.batch))[0]) for r in runs]
 
 
@@ -92,17 +97,23 @@ def main(argv: list[str] | None = None) -> int:
                                      allow_abbrev=False)
     parser.add_argument("--panel-unroll", type=int, nargs=2, default=None,
                         metavar=("DENSE", "EXPERT"))
+    parser.add_argument("--expert-list", default=WALK, choices=(WALK, EXPERT_LIST_BUILD),
+                        help="the builds whose moe.topk built the expert list so (default: walk, the older kernels')")
     args = parser.parse_args(argv)
     unroll = tuple(args.panel_unroll) if args.panel_unroll else most_measured_build(KERNEL_DECODER)
-    first = errors(lambda batch: first_principles_chip(KERNEL_DECODER, batch, unroll), unroll)  # type: ignore[arg-type]
-    fitted = errors(lambda batch: build_chip(KERNEL_DECODER, unroll, batch)[0], unroll)  # type: ignore[arg-type]
+    listed = args.expert_list
+    first = errors(lambda batch: first_principles_chip(KERNEL_DECODER, batch, unroll, listed), unroll, listed)  # type: ignore[arg-type]
+    fitted = errors(lambda batch: build_chip(KERNEL_DECODER, unroll, batch, listed)[0], unroll, listed)  # type: ignore[arg-type]
+    if not first:
+        sys.stderr.write(f"no committed decodes of the build u{unroll[0]}x{unroll[1]} with the {listed} expert list\n")
+        return 2
     out = ["| schedule | batch | measured ms | first principles ms | error | way (b), kernel-level fit ms | error |",
            "|---|---:|---:|---:|---:|---:|---:|"]
     for (name, batch, ms, a), (_, _, _, b) in zip(first, fitted, strict=True):
         out.append(f"| {name} | {batch} | {ms:.2f} | {a:.2f} | {a / ms - 1:+.1%} | {b:.2f} | {b / ms - 1:+.1%} |")
     out += ["", f"first principles (micro-probes + static schedule, no kernel run): {summary(first)}",
             f"way (b) (refit on the build's own capped runs: a kernel-level fit): {summary(fitted)}"]
-    capped = capped_errors(lambda batch: first_principles_chip(KERNEL_DECODER, batch, unroll), unroll)  # type: ignore[arg-type]
+    capped = capped_errors(lambda batch: first_principles_chip(KERNEL_DECODER, batch, unroll, listed), unroll, listed)  # type: ignore[arg-type]
     if capped:
         out += ["", "The build's capped runs (fixed-cost probe), held out from the first principles "
                 "(way (b) is fitted on them):", "| schedule | expert cap | measured ms (tpu-v5e) | first principles ms (simulated) | error |",

@@ -53,7 +53,9 @@ from calibration.sources.tpu_layer_static import STATIC_PATH, V5E_CLOCK_HZ, laye
 from calibration.sources.tpu_probes import PROBES_PATH, dequant_path
 from hwmodels.catalog import load_chip
 from hwmodels.overlay import _figure_slot
+from hwmodels.records.kernel import WALK
 from hwmodels.schema import Chip
+from megakernel.kernel_moe import EXPERT_LIST_BUILD
 from megakernel.quant import WORDS32_DECODER
 from megakernel.quant_pairs import FP8_PAIRS_DECODER, KERNEL_DECODER
 from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
@@ -121,34 +123,44 @@ def planned_chip(decoder: str = KERNEL_DECODER, expert_panel_unroll: int = 1, ba
 
 
 def build_chip(decoder: str = KERNEL_DECODER, unroll: tuple[int, int] = (PANEL_UNROLL, EXPERT_PANEL_UNROLL),
-               batch: int = 1) -> tuple[Chip, str]:
-    """(chip, label) for predicting a build of the kernel (``decoder``, panel loops ``unroll``)
-    at ``batch``: :func:`planned_chip` at the batch's rows, refit by way (b) on that build's own
-    capped runs (:func:`calibration.sources.tpu_fixed_cost.fixed_cost`; its decodes are never
-    read) when there are two published caps of it; else on the capped runs of the build nearest
-    it (the same expert loop first: the refit's figures are the experts' decode and the
-    per-layer cost), named in the label; else as it is. The refit reads the capped runs at
-    ``batch`` when the build has them, else those at batch 1 with the per-layer cost moved by
-    what the layer loop's static schedule adds from there to ``batch``
-    (:func:`calibration.sources.tpu_layer_static.layer_remainder`: the kernel's per-row code
-    doubles past one 8-row sublane tile), and the label says which."""
+               batch: int = 1, expert_list: str = WALK) -> tuple[Chip, str]:
+    """(chip, label) for predicting a build of the kernel (``decoder``, panel loops ``unroll``,
+    ``moe.topk``'s ``expert_list``) at ``batch``: :func:`planned_chip` at the batch's rows,
+    refit by way (b) on that build's own capped runs
+    (:func:`calibration.sources.tpu_fixed_cost.fixed_cost`; its decodes are never read) when
+    there are two published caps of it; else on the capped runs of the build nearest it (the
+    same panel loops, then the same expert loop first: the refit's figures are the experts'
+    decode and the per-layer cost), named in the label; else as it is. The refit reads the
+    capped runs at ``batch`` when the build has them, else those at batch 1; when the runs are
+    of another batch or another expert list, the per-layer cost moves by what the layer loop's
+    static schedule says changes between the two (:func:`calibration.sources.tpu_layer_static.
+    layer_remainder`: the kernel's per-row code doubles past one 8-row sublane tile; the list
+    built as vectors drops a scalar store and branch per pick), and the label says which."""
     at_batch = planned_chip(decoder, unroll[1], batch)
-    builds = sorted({r.panel_unroll for r in capped_runs(FIXED_COST_PATH, decoder, batch=None)},
-                    key=lambda b: (b != tuple(unroll), b[1] != unroll[1], abs(b[0] - unroll[0])))
-    for build in builds:
+    builds = sorted({(r.panel_unroll, r.expert_list) for r in capped_runs(FIXED_COST_PATH, decoder, batch=None)},
+                    key=lambda b: (b[0] != tuple(unroll), b[0][1] != unroll[1], abs(b[0][0] - unroll[0]),
+                                   b[1] != expert_list))
+    for build, build_list in builds:
         for fit_batch in dict.fromkeys((batch, 1)):
-            found = fixed_cost(planned_chip(decoder, unroll[1], fit_batch), FIXED_COST_PATH, decoder, build, fit_batch)
+            found = fixed_cost(planned_chip(decoder, unroll[1], fit_batch), FIXED_COST_PATH, decoder, build, fit_batch,
+                               build_list)
             if found is not None:
                 break
         if found is None:
             continue
         whose = "this build's own" if build == tuple(unroll) else f"the nearest build's (u{build[0]}x{build[1]})"
+        if build_list != expert_list:
+            whose += f" ({build_list} expert list)"
         growth = ""
-        if fit_batch != batch:  # the layer's own work at the batch's rows: the static schedule's growth
-            at, fitted = (layer_remainder(planned_chip(decoder, unroll[1], b), b, tuple(unroll))[0] for b in (batch, fit_batch))
+        if fit_batch != batch or build_list != expert_list:  # what the static schedule changes from the runs
+            at = layer_remainder(planned_chip(decoder, unroll[1], batch), batch, tuple(unroll), expert_list=expert_list)[0]
+            fitted = layer_remainder(planned_chip(decoder, unroll[1], fit_batch), fit_batch, tuple(unroll),
+                                     expert_list=build_list)[0]
             found = replace(found, per_layer_s=max(found.per_layer_s + at - fitted, 0.0))
-            growth = (f", {(at - fitted) * 1e6:+.1f} µs of it the layer loop's static schedule from batch "
-                      f"{fit_batch} to {batch} (calibration.sources.tpu_layer_static)")
+            moved = [f"batch {fit_batch} to {batch}"] if fit_batch != batch else []
+            moved += [f"the {build_list} expert list to the {expert_list} one"] if build_list != expert_list else []
+            growth = (f", {(at - fitted) * 1e6:+.1f} µs of it the layer loop's static schedule from "
+                      f"{' and '.join(moved)} (calibration.sources.tpu_layer_static)")
         return refit_chip(at_batch, found), (
             f"simulated (the new decoders from the static schedule, refit by way (b) on {whose} capped "
             f"runs u{build[0]}x{build[1]} at batch {fit_batch}: {', '.join(found.runs)}; dequant factor "
@@ -156,12 +168,13 @@ def build_chip(decoder: str = KERNEL_DECODER, unroll: tuple[int, int] = (PANEL_U
     return at_batch, "simulated (way (b) of the words32 kernel; the new decoders from the static schedule)"
 
 
-def simulate_build(chip: Chip | Callable[[int], Chip], unroll: tuple[int, int], decoder: str = KERNEL_DECODER
-                   ) -> list[tuple[ChipRecord, float]]:
-    """Every committed decode of the kernel build (``decoder``, panel loops ``unroll``) with its
-    simulated ms on ``chip`` (or on ``chip(batch)``: a chip per batch, its decoders' static
-    figures at the batch's rows), after the runs: not a prediction recorded before them."""
-    records = build_records(decoder, unroll)
+def simulate_build(chip: Chip | Callable[[int], Chip], unroll: tuple[int, int], decoder: str = KERNEL_DECODER,
+                   expert_list: str = WALK) -> list[tuple[ChipRecord, float]]:
+    """Every committed decode of the kernel build (``decoder``, panel loops ``unroll``,
+    ``expert_list``) with its simulated ms on ``chip`` (or on ``chip(batch)``: a chip per batch,
+    its decoders' static figures at the batch's rows), after the runs: not a prediction
+    recorded before them."""
+    records = build_records(decoder, unroll, expert_list=expert_list)
     chip_of = chip if callable(chip) else (lambda _batch: chip)
     predictor = ChipRecordPredictor(records)
     simulated: dict[int, float] = {}
@@ -194,9 +207,10 @@ def predict_set(set_name: str) -> list[dict[str, Any]]:
             continue
         unroll = (case.panel_unroll or PANEL_UNROLL, case.expert_panel_unroll or EXPERT_PANEL_UNROLL)
         planned.append((case, replace(match, ms_median=float("nan"), ms_spread=float("nan"), runs=0,
-                                      panel_unroll=unroll)))
+                                      panel_unroll=unroll, expert_list=EXPERT_LIST_BUILD)))
     predictor = ChipRecordPredictor([r for _, r in planned])
-    built = {b: build_chip(batch=b) for b in {r.batch for _, r in planned}}  # decoders' figures at its rows
+    # decoders' figures at its rows; the kernel as it is now (its expert list)
+    built = {b: build_chip(batch=b, expert_list=EXPERT_LIST_BUILD) for b in {r.batch for _, r in planned}}
     chips = {b: chip for b, (chip, _) in built.items()}
     predicted = [predictor.predict_many(chips[r.batch], [i])[0] for i, (_, r) in enumerate(planned)]
     now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
@@ -209,6 +223,7 @@ def predict_set(set_name: str) -> list[dict[str, Any]]:
                      "figures": {dequant_path(f): _figure(chips[record.batch], dequant_path(f))
                                  for f in FORMAT_OF_PART.values()},
                      "date": now, "probes": str(PROBES_PATH.name), "panel_unroll": list(record.panel_unroll),
+                     "expert_list": record.expert_list,
                      **({"kernel_variant": variant} if (variant := case_variant(case)) else {})})
     return rows
 

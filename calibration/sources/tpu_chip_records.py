@@ -30,7 +30,7 @@ from typing import Any
 from calibration.sources.tpu_probes import CALIBRATION_DECODER
 from hwmodels.errors import InputError
 from hwmodels.overlay import iter_figures
-from hwmodels.records.kernel import KernelRecord
+from hwmodels.records.kernel import WALK, KernelRecord
 from hwmodels.schema import Chip
 from tpusim.engine import simulate
 from tpusim.engine.reuse import keep_lowerings
@@ -66,12 +66,15 @@ class ChipRecord:
     expert_cap: int | None = None  # a fixed-cost probe run: at most this many experts a layer
     # the kernel build's panels a panel-loop iteration (dense, experts); records before the field: 1, 1
     panel_unroll: tuple[int, int] = (1, 1)
+    # how its moe.topk built the expert list (hwmodels.records.kernel.KernelRecord.list_build)
+    expert_list: str = WALK
 
     @property
     def key(self) -> str:
         cap = f"/cap{self.expert_cap}" if self.expert_cap is not None else ""
         unroll = "" if self.panel_unroll == (1, 1) else f"/u{self.panel_unroll[0]}x{self.panel_unroll[1]}"
-        return f"{self.schedule}@b{self.batch}{cap}{unroll}"
+        listed = "" if self.expert_list == WALK else f"/{self.expert_list}-list"
+        return f"{self.schedule}@b{self.batch}{cap}{unroll}{listed}"
 
 
 def schedules_by_hash() -> dict[str, Path]:
@@ -130,13 +133,14 @@ def load_chip_records(path: Path | str | Sequence[Path] = KERNEL_PATH, shard_of:
 
 
 def build_records(decoder: str = CALIBRATION_DECODER, unroll: tuple[int, int] | None = None,
-                  expert_cap: int | None = None) -> list[ChipRecord]:
+                  expert_cap: int | None = None, expert_list: str | None = None) -> list[ChipRecord]:
     """Every committed decode (or capped run) of ``decoder``'s kernel, of every build or of the
-    build ``unroll`` (panel loops dense, experts) only: its rows of :data:`KERNEL_PATH` and
-    :data:`VARIANTS_PATH`, one record per (schedule, batch, build)."""
+    build ``unroll`` (panel loops dense, experts) and ``expert_list`` only: its rows of
+    :data:`KERNEL_PATH` and :data:`VARIANTS_PATH`, one record per (schedule, batch, build)."""
     paths = [KERNEL_PATH] + ([VARIANTS_PATH] if VARIANTS_PATH.is_file() else [])
     records = load_chip_records(paths, expert_cap=expert_cap, decoder=decoder)
-    return [r for r in records if unroll is None or r.panel_unroll == tuple(unroll)]
+    return [r for r in records if (unroll is None or r.panel_unroll == tuple(unroll))
+            and (expert_list is None or r.expert_list == expert_list)]
 
 
 def most_measured_build(decoder: str = CALIBRATION_DECODER) -> tuple[int, int]:
@@ -176,11 +180,11 @@ def _shard_rows(path: Path, shard_of: str, expert_cap: int | None, decoder: str)
 
 def _merged(rows: list[KernelRecord], path: Path, shard_of: str, expert_cap: int | None) -> list[ChipRecord]:
     files = schedules_by_hash()
-    groups: dict[tuple[str, int, tuple[int, int]], list[KernelRecord]] = {}
-    for row in rows:  # runs of another kernel build (panel loops unrolled) are another record
-        groups.setdefault((str(row.schedule_hash), row.batch, row.unroll), []).append(row)
+    groups: dict[tuple[str, int, tuple[int, int], str], list[KernelRecord]] = {}
+    for row in rows:  # runs of another kernel build (panel loops unrolled, list built) are another record
+        groups.setdefault((str(row.schedule_hash), row.batch, row.unroll, row.list_build), []).append(row)
     out = []
-    for (digest, batch, unroll), runs in groups.items():
+    for (digest, batch, unroll, listed), runs in groups.items():
         first = runs[0]
         if digest not in files:
             raise InputError(f"{path.name}: schedule {first.schedule} [{digest}] matches no schedule file")
@@ -197,8 +201,8 @@ def _merged(rows: list[KernelRecord], path: Path, shard_of: str, expert_cap: int
             schedule_path=str(files[digest].relative_to(ROOT)), batch=batch, context=first.context,
             routing=f"trace:{routing_name}", ms_median=statistics.median(r.ms_per_step_median for r in runs),
             ms_spread=max(r.ms_per_step_spread for r in runs), runs=len(runs), expert_cap=expert_cap,
-            panel_unroll=unroll))
-    return sorted(out, key=lambda r: (r.batch, r.schedule, r.panel_unroll))
+            panel_unroll=unroll, expert_list=listed))
+    return sorted(out, key=lambda r: (r.batch, r.schedule, r.panel_unroll, r.expert_list))
 
 
 def figures_key(chip: Chip) -> tuple[tuple[str, float], ...]:

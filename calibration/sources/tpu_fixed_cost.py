@@ -91,10 +91,11 @@ class FixedCost:
 
 
 def capped_runs(path: Path | str = FIXED_COST_PATH, decoder: str = CALIBRATION_DECODER,
-                panel_unroll: tuple[int, int] | None = None, batch: int | None = 1) -> list[ChipRecord]:
+                panel_unroll: tuple[int, int] | None = None, batch: int | None = 1,
+                expert_list: str | None = None) -> list[ChipRecord]:
     """The fixed-cost probe runs (expert caps in :data:`CAPS`) of ``path`` that ran ``decoder``
-    at ``batch`` (None: any batch), and, when given, the panel loops' ``panel_unroll`` (one
-    build of the kernel)."""
+    at ``batch`` (None: any batch), and, when given, the panel loops' ``panel_unroll`` and the
+    ``expert_list`` build (one build of the kernel)."""
     path = Path(path)
     if not path.is_file():
         return []
@@ -103,7 +104,7 @@ def capped_runs(path: Path | str = FIXED_COST_PATH, decoder: str = CALIBRATION_D
     return [run for cap in CAPS if cap in present
             for run in load_chip_records(path, expert_cap=cap, decoder=decoder)
             if (panel_unroll is None or run.panel_unroll == tuple(panel_unroll))
-            and (batch is None or run.batch == batch)]
+            and (batch is None or run.batch == batch) and (expert_list is None or run.expert_list == expert_list)]
 
 
 def _with(chip: Chip, factor: float, per_layer_s: float | None) -> Chip:
@@ -160,13 +161,13 @@ def _moe_layers(run: ChipRecord) -> int:
 
 def fixed_cost(probes: Chip, path: Path | str = FIXED_COST_PATH,
                decoder: str = CALIBRATION_DECODER, panel_unroll: tuple[int, int] | None = None,
-               batch: int = 1) -> FixedCost | None:
+               batch: int = 1, expert_list: str | None = None) -> FixedCost | None:
     """The two figures (module docstring) from the runs in ``path`` that ran ``decoder`` at
-    ``batch`` (and ``panel_unroll``, when given), on the chip ``probes`` (its dequant rates are
+    ``batch`` (and ``panel_unroll``, ``expert_list`` when given), on the chip ``probes`` (its dequant rates are
     what the factor scales: the micro-probes', or another source's; at a batch above 1 its
     decoders' figures should be that batch's); None when the file holds fewer than two
     published caps of that build at that batch."""
-    runs = capped_runs(path, decoder, panel_unroll, batch)
+    runs = capped_runs(path, decoder, panel_unroll, batch, expert_list)
     slope_runs = [r for r in runs if r.schedule == SLOPE_SCHEDULE]
     if len({r.expert_cap for r in slope_runs}) < 2:
         return None

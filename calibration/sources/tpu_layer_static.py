@@ -29,6 +29,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hwmodels.records.kernel import WALK
 from hwmodels.schema import Chip
 from tpusim.engine.build import lower
 from tpusim.engine.core import execution_policy, step_vmem_plan
@@ -52,6 +53,7 @@ class LayerIssue:
     issued_bundles: int  # a layer outside the MLA/KDA arms
     arms: dict[str, int]  # bundles each arm issues: "mla", "kda"
     date: str
+    expert_list: str = WALK  # how the compiled moe.topk built the expert list (records before: walk)
 
     def issue_s(self, kind: str, clock_hz: float = V5E_CLOCK_HZ) -> float:
         """Seconds a layer of ``kind`` ("mla" or "kda") issues at ``clock_hz``."""
@@ -65,19 +67,22 @@ def layer_issues(path: Path | str = STATIC_PATH) -> list[LayerIssue]:
         return []
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [LayerIssue(r["params"]["batch"], tuple(r["params"]["panel_unroll"]), r["issued_bundles"],
-                       {kind: arm["issued_bundles"] for kind, arm in r["arms"].items()}, r["date"])
+                       {kind: arm["issued_bundles"] for kind, arm in r["arms"].items()}, r["date"],
+                       r["params"].get("expert_list", WALK))
             for r in rows if r.get("probe") == "layer_body"]
 
 
-def layer_issue(batch: int, panel_unroll: tuple[int, int], path: Path | str = STATIC_PATH) -> LayerIssue:
-    """The latest record at ``batch`` of the build ``panel_unroll``, else of the build nearest it
-    (the same expert loop first); KeyError when no build has one at that batch."""
+def layer_issue(batch: int, panel_unroll: tuple[int, int], path: Path | str = STATIC_PATH,
+                expert_list: str = WALK) -> LayerIssue:
+    """The latest record at ``batch`` of the build (``panel_unroll``, ``expert_list``), else of
+    the build nearest it (the same expert list, then the same expert loop first); KeyError when
+    no build has one at that batch."""
     at = [r for r in layer_issues(path) if r.batch == batch]
     if not at:
         raise KeyError(f"no layer-loop record at batch {batch} in {path} "
                        f"(python -m calibration.tpu_bench.static_layer --batch {batch} --out {path})")
-    def distance(r: LayerIssue) -> tuple[bool, bool, int]:
-        return (r.panel_unroll != tuple(panel_unroll), r.panel_unroll[1] != panel_unroll[1],
+    def distance(r: LayerIssue) -> tuple[bool, bool, bool, int]:
+        return (r.expert_list != expert_list, r.panel_unroll != tuple(panel_unroll), r.panel_unroll[1] != panel_unroll[1],
                 abs(r.panel_unroll[0] - panel_unroll[0]))
     return min(sorted(at, key=lambda r: r.date, reverse=True), key=distance)  # the latest among equals
 
@@ -116,15 +121,19 @@ def _program(batch: int) -> tuple[Any, Any]:
 
 
 def layer_remainder(chip: Chip, batch: int, panel_unroll: tuple[int, int],
-                    path: Path | str = STATIC_PATH, clock_hz: float = V5E_CLOCK_HZ) -> tuple[float, str]:
-    """(seconds a layer, source): the mean over the loop's layers of what the record says the
-    layer issues (outside the arms, plus its kind's arm) less the engine's compute for the
-    same ops on ``chip`` (module docstring), clipped at 0."""
-    record = layer_issue(batch, panel_unroll, path)
+                    path: Path | str = STATIC_PATH, clock_hz: float = V5E_CLOCK_HZ,
+                    expert_list: str = WALK) -> tuple[float, str]:
+    """(seconds a layer, source): the mean over the loop's layers of what the record (of the
+    build ``panel_unroll``, ``expert_list``) says the layer issues (outside the arms, plus its
+    kind's arm) less the engine's compute for the same ops on ``chip`` (module docstring),
+    clipped at 0."""
+    record = layer_issue(batch, panel_unroll, path, expert_list)
     layers = engine_layer_compute_s(chip, batch, panel_unroll)
     value = max(sum(record.issue_s(kind, clock_hz) - s for kind, s in layers.values()) / len(layers), 0.0)
     engine = {kind: [s for k, s in layers.values() if k == kind] for kind in ("kda", "mla")}
     build = "" if record.panel_unroll == tuple(panel_unroll) else f" (the u{record.panel_unroll[0]}x{record.panel_unroll[1]} build's)"
+    if record.expert_list != WALK or expert_list != WALK:
+        build += f" ({record.expert_list} expert list{'' if record.expert_list == expert_list else ', nearest'})"
     return value, (f"derived from libtpu's static schedule{build} ({record.date[:10]}): a layer of the loop issues "
                    + ", ".join(f"{kind.upper()} {record.issue_s(kind, clock_hz) * 1e6:.1f} µs" for kind in ("kda", "mla"))
                    + f" at batch {batch} ({clock_hz / 1e9:.2f} GHz, no stall), less the engine's "

@@ -159,20 +159,23 @@ def routing_call(batch: int, interpret: Interpret, dims: Any) -> Callable[..., A
     """``fn(int32[1] = (R,), scores f32[2, B, S], bias f32[1, S]) -> int32[1, 128]`` (lane 0:
     the distinct-expert count of the last repetition; lanes 1..: its list)."""
     from megakernel import kernel_moe
-    from megakernel.kernel_dma import EXPERT_LIST, N_NEXT, smem_words
+    from megakernel.kernel_dma import N_NEXT, SMEM_WORDS
+    from tpusim.schedule.kernel_layout import expert_list_rows, expert_list_stage_bytes
     from tpusim.workload.registry.names import SmallParam
 
     e = dims.moe
     picks = e.top_k * batch
-    words = smem_words(dims, picks)
+    entries = min(e.scored_experts, e.local_experts, picks)  # the kernel's n_max
 
-    def kernel(s_ref: Any, scores_ref: Any, bias_ref: Any, out: Any, smem: Any, route: Any) -> None:
+    def kernel(s_ref: Any, scores_ref: Any, bias_ref: Any, out: Any, smem: Any, route: Any,
+               experts: Any, expert_rows: Any, list_sem: Any) -> None:
         def when(cond: Any, fn: Callable[[], None]) -> None:
             pl.when(cond)(fn)
 
         ctx = SimpleNamespace(
-            dims=dims, batch=batch, link=None, expert_list=EXPERT_LIST, when=when, expert_cap=None,
-            scratch={"smem": smem, "route": route},
+            dims=dims, batch=batch, link=None, when=when, expert_cap=None,
+            scratch={"smem": smem, "route": route, "experts": experts, "expert_rows": expert_rows,
+                     "list_sem": list_sem},
             geo=SimpleNamespace(expert_issue="during_selection",
                                 rings={"expert": SimpleNamespace(buffers=4)}),
             small=lambda layer, kind: bias_ref[...] if kind == SmallParam.ROUTER_BIAS else None)
@@ -183,16 +186,19 @@ def routing_call(batch: int, interpret: Interpret, dims: Any) -> Callable[..., A
         lax.fori_loop(0, s_ref[0], body, 0)
         lanes = lax.broadcasted_iota(jnp.int32, (1, LANES), 1)
         row = jnp.where(lanes == 0, smem[N_NEXT], 0)
-        for j in range(min(picks, LANES - 1)):
-            row = jnp.where(lanes == j + 1, smem[EXPERT_LIST + j], row)
+        for j in range(min(entries, LANES - 1)):
+            row = jnp.where(lanes == j + 1, experts[j], row)
         out[...] = row
 
     call = pl.pallas_call(
         kernel, out_shape=jax.ShapeDtypeStruct((1, LANES), jnp.int32),
         in_specs=[_spec(pltpu.SMEM), _spec(pltpu.VMEM), _spec(pltpu.VMEM)],
         out_specs=_spec(pltpu.VMEM),
-        scratch_shapes=[pltpu.SMEM((words,), jnp.int32),
-                        pltpu.VMEM((2 * e.top_k, max(8, batch), LANES), jnp.float32)],
+        scratch_shapes=[pltpu.SMEM((SMEM_WORDS,), jnp.int32),
+                        pltpu.VMEM((2 * e.top_k, max(8, batch), LANES), jnp.float32),
+                        pltpu.SMEM((expert_list_rows(entries) * LANES,), jnp.int32),
+                        pltpu.VMEM((expert_list_stage_bytes(entries) // (4 * LANES), LANES), jnp.int32),
+                        pltpu.SemaphoreType.DMA((expert_list_rows(entries),))],
         interpret=interpret)
     return jax.jit(call)
 

@@ -30,6 +30,7 @@ from typing import Any
 from calibration.sources.compiler_loops import layer_loop
 from calibration.sources.compiler_schedule import read_dump
 from hwmodels.records.jsonl import append_record, record_line
+from megakernel.kernel_moe import EXPERT_LIST_BUILD
 from megakernel.mosaic_compile import topology_for
 from tpusim.cli_options import add_batch_option, add_hardware_option
 from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
@@ -51,9 +52,11 @@ def compile_dump(batch: int, panel_unroll: tuple[int, int], hardware: str, dump:
         raise RuntimeError(f"compile of batch {batch}, panel loops {panel_unroll} failed: {done.stderr[-2000:]}")
 
 
-def record_of(dump: str | Path, batch: int, panel_unroll: tuple[int, int], hardware: str = "tpu-v5e") -> dict[str, Any]:
+def record_of(dump: str | Path, batch: int, panel_unroll: tuple[int, int], hardware: str = "tpu-v5e",
+              expert_list: str = EXPERT_LIST_BUILD) -> dict[str, Any]:
     """The layer-loop record of a dump folder of the megakernel compiled at ``batch`` with
-    ``panel_unroll`` for ``hardware``. The if/else's arms are named by what they hold: the
+    ``panel_unroll`` for ``hardware`` (its ``moe.topk`` building the list as ``expert_list``:
+    the kernel's own build unless the dump is of an older one). The if/else's arms are named by what they hold: the
     MLA arm holds the KV-cache tile loop (data-dependent: its count is the position), the KDA
     arm none."""
     schedule = read_dump(dump, PROGRAM)
@@ -63,7 +66,7 @@ def record_of(dump: str | Path, batch: int, panel_unroll: tuple[int, int], hardw
     return {
         "kind": "static_schedule", "probe": "layer_body", "topology": topology_for(hardware), "chip": hardware,
         "params": {"model": MODEL, "shard_of": SHARD_OF, "batch": batch, "context": CONTEXT, "schedule": SCHEDULE,
-                   "weight_banks": WEIGHT_BANKS, "panel_unroll": list(panel_unroll)},
+                   "weight_banks": WEIGHT_BANKS, "panel_unroll": list(panel_unroll), "expert_list": expert_list},
         # one layer outside the MLA/KDA arms, data-dependent loops (the routed experts) left out
         "issued_bundles": loop.issued_bundles,
         "arms": {("mla" if arm.data_dependent else "kda"): {
@@ -100,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="append JSON lines here (default: stdout)")
     parser.add_argument("--dump-dir", default=None, help="keep each compile's dump in a folder under this one")
     parser.add_argument("--from-dump", default=None, help="read this dump folder (one --batch) instead of compiling")
+    parser.add_argument("--expert-list", default=EXPERT_LIST_BUILD, choices=("walk", "vector"),
+                        help="with --from-dump: how the dumped kernel's moe.topk built the list (default: this kernel's)")
     args = parser.parse_args(argv)
     if min(args.panel_unroll) < 1:
         parser.error("--panel-unroll must be >= 1")
@@ -108,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_dump and len(args.batch) != 1:
         parser.error("--from-dump reads one compile: give one --batch")
     for batch in args.batch:
-        record = (record_of(args.from_dump, batch, tuple(args.panel_unroll), args.hardware) if args.from_dump
+        record = (record_of(args.from_dump, batch, tuple(args.panel_unroll), args.hardware, args.expert_list) if args.from_dump
                   else count(batch, tuple(args.panel_unroll), args.hardware, args.dump_dir))
         arms = ", ".join(f"{name} arm {arm['issued_bundles']}" for name, arm in record["arms"].items())
         sys.stderr.write(f"{args.hardware} batch {batch}, panel loops {tuple(args.panel_unroll)}: {record['issued_bundles']} "

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+WALK = "walk"  # the expert list of every kernel before the field: one scalar SMEM store and branch per pick
 _OPTIONAL = {"optional": True}  # field metadata: a new record omits the field when None
 
 
@@ -68,6 +69,7 @@ class KernelRecord:
     kernel_variant: dict[str, int] | None = field(default=None, metadata=_OPTIONAL)  # knobs away from the kernel's defaults
     panel_unroll: list[int] | None = field(default=None, metadata=_OPTIONAL)  # panels a panel-loop iteration: dense, experts
     decoder: str | None = field(default=None, metadata=_OPTIONAL)  # megakernel.expert_products name; rows without it ran "bytes"
+    expert_list: str | None = field(default=None, metadata=_OPTIONAL)  # how moe.topk builds the list; rows without it: "walk"
     timing_note: str = ""
     # keys this class does not name (xla_bytes_accessed, ahead_compile_s, routing_layers, ...)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -100,6 +102,12 @@ class KernelRecord:
     def expert_decoder(self) -> str:
         """The expert decoder the run's kernel used (rows before the field: ``bytes``)."""
         return self.decoder or "bytes"
+
+    @property
+    def list_build(self) -> str:
+        """How the run's ``moe.topk`` built the expert list: ``vector`` (masked sums, one copy to
+        SMEM) or, for rows before the field, ``walk`` (a scalar store and branch per pick)."""
+        return self.expert_list or WALK
 
     @property
     def unroll(self) -> tuple[int, int]:

@@ -116,6 +116,22 @@ def expert_slot_bytes(model: ModelConfig, plan: ShardingPlan) -> int:
     return sum(tile_padded_bytes(t.bytes) for t in expert_slice_tensors(model, plan))
 
 
+# The routed-expert list is built as vectors, one 128-lane int32 row per 128 entries, staged in
+# VMEM and copied to SMEM by one local DMA per row: SMEM, like VMEM, is sliced only at whole
+# 128-word rows, and a vector-to-scalar move per list entry is what the list avoids.
+INT32_BYTES = 4
+
+
+def expert_list_rows(list_entries: int) -> int:
+    """128-entry rows of a routed-expert list of ``list_entries`` entries (at least one)."""
+    return max(1, -(-list_entries // LANES))
+
+
+def expert_list_stage_bytes(list_entries: int) -> int:
+    """VMEM bytes of the list's staging rows: whole 8-row int32 tiles."""
+    return -(-expert_list_rows(list_entries) // 8) * 8 * LANES * INT32_BYTES
+
+
 def expert_scale_tile_rows(model: ModelConfig, plan: ShardingPlan) -> int:
     """Rows of one panel's scale words in ``panel_scales`` (tile-padded): the larger of the
     gate/up (FP8, one bf16 scale per 256 rows) and down (MXFP4, one byte per 32 rows) parts."""

@@ -66,6 +66,7 @@ from tpusim.schedule.kernel_layout import (
     LANES,
     MATMUL_CHUNK_ROWS,
     ROW_GRANULE,
+    expert_list_stage_bytes,
     expert_scale_tile_rows,
     expert_slot_bytes,
     loop_rows,
@@ -422,13 +423,14 @@ def panel_loop_bytes(model: ModelConfig, plan: ShardingPlan, batch: int) -> int:
 
 
 def working_bytes(model: ModelConfig, plan: ShardingPlan, batch: int) -> int:
-    """Routing rows, the KV write tile (:data:`KV_WRITE_TOKENS` entries) and the KDA conv
+    """Routing rows, the expert list's staging rows, the KV write tile (:data:`KV_WRITE_TOKENS` entries) and the KDA conv
     state (rule 7), in bytes."""
     widths = device_widths(model, plan)
     rows = max(batch, 8)
     total = 0
     if model.moe:
         total += 2 * model.moe.top_k * rows * LANES * F32_BYTES
+        total += expert_list_stage_bytes(min(widths.local_experts, batch * model.moe.top_k))
     if model.mla:
         total += batch * KV_WRITE_TOKENS * (model.mla.kv_lora_rank + widths.mla_rope_pad) * BF16_BYTES
     if model.kda:
