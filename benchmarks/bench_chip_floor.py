@@ -33,7 +33,7 @@ from typing import Any
 from calibration.sources.tpu_chip_records import most_measured_build
 from calibration.sources.tpu_probes import SUSTAINED, probe_figures, record_decoder
 from hwmodels.errors import InputError
-from hwmodels.records.kernel import record_unroll
+from hwmodels.records.kernel import WALK, record_unroll
 from megakernel.quant_pairs import KERNEL_DECODER
 from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 
@@ -115,7 +115,7 @@ def table(decoder: str = KERNEL_DECODER, data: Path = DATA,
                          and p["label"].startswith("derived") == derived
                          and Path(p["schedule"]).stem in (r["schedule"], _stem_of(r))), None)
             cells += [f"{pred['predicted_ms']:.2f}", f"{pred['predicted_ms'] / ms - 1:+.1%}"] if pred else ["—", "—"]
-        lines.append(f"| {r['schedule']} | {r['batch']} | {ms:.2f} ± {r['ms_per_step_spread']:.2f} | {gb:.2f} | "
+        lines.append(f"| {r['schedule']}{_listed(r)} | {r['batch']} | {ms:.2f} ± {r['ms_per_step_spread']:.2f} | {gb:.2f} | "
                      f"{rate / 1e9:.0f}{mark} | {floor_ms:.1f} | {ms / floor_ms:.2f} | {xla_ms} | {ratio} | "
                      + " | ".join(cells) + " |")
     return lines
@@ -199,13 +199,13 @@ def nonexpert_by_caps(data: Path = DATA) -> list[str]:
     capped = [r for r in _rows(data / "tpu-v5e-fixed-cost.jsonl") if r.get("shard_of") == "k3-tp32"]
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in sorted(capped, key=_when):
-        key = (r["batch"], r["schedule_hash"], record_unroll(r), record_decoder(r))
+        key = (r["batch"], r["schedule_hash"], record_unroll(r), record_decoder(r), r.get("expert_list", WALK))
         group = groups.setdefault(key, [])
         if group and _when(r) - _when(group[-1]) > SESSION:
             group.clear()  # a later session's runs of the same build replace an earlier one's
         group.append(r)
     lines = []
-    for (batch, _, unroll, decoder), runs in groups.items():
+    for (batch, _, unroll, decoder, listed), runs in groups.items():
         if len({r["expert_cap"] for r in runs}) < 2 or any(abs(_when(x) - _when(runs[0])) <= SESSION for x in capped_xla):
             continue
         xs = [float(_expert_layers(r)) for r in runs]
@@ -217,7 +217,8 @@ def nonexpert_by_caps(data: Path = DATA) -> list[str]:
         versus = (f"{at0 / xla['ms_per_step_median']:.3f} (XLA's {xla['ms_per_step_median']:.1f} ms, measured "
                   f"{_when(xla).date()}, another session)") if xla else "—"
         caps = ", ".join(f"{r['schedule']} c={r['expert_cap']}" for r in runs)
-        lines.append(f"- {decoder}, panel loops {unroll[0]}/{unroll[1]}, batch {batch}: **{at0:.2f} ms** at 0 experts "
+        lines.append(f"- {decoder}, panel loops {unroll[0]}/{unroll[1]}, {listed} expert list, batch {batch}: "
+                     f"**{at0:.2f} ms** at 0 experts "
                      f"(derived from {caps}, {_when(runs[0]).isoformat(timespec='minutes')}; "
                      f"{slope * 1e3:.2f} µs a routed expert-layer); kernel/XLA non-expert {versus}")
     return lines
@@ -228,6 +229,13 @@ def _schedule_files() -> dict[str, Path]:
     from calibration.sources.tpu_chip_records import schedules_by_hash
 
     return schedules_by_hash()  # reads every schedule file: once per run, not once per row
+
+
+def _listed(record: dict[str, Any]) -> str:
+    """`` (vector list)`` for a run whose moe.topk built the expert list as vectors; runs
+    before the field walked it (:class:`hwmodels.records.kernel.KernelRecord`)."""
+    listed = record.get("expert_list", WALK)
+    return "" if listed == WALK else f" ({listed} list)"
 
 
 def _stem_of(record: dict[str, Any]) -> str:
