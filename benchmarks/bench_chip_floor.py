@@ -197,13 +197,23 @@ def nonexpert_by_caps(data: Path = DATA) -> list[str]:
     expert at that batch (measured, in another session: named)."""
     capped_xla = [r for r in _rows(data / "tpu-v5e-xla-capped.jsonl") if r.get("expert_cap") == 0]
     capped = [r for r in _rows(data / "tpu-v5e-fixed-cost.jsonl") if r.get("shard_of") == "k3-tp32"]
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    sessions: dict[tuple[Any, ...], list[list[dict[str, Any]]]] = {}
     for r in sorted(capped, key=_when):
         key = (r["batch"], r["schedule_hash"], record_unroll(r), record_decoder(r), r.get("expert_list", WALK))
-        group = groups.setdefault(key, [])
-        if group and _when(r) - _when(group[-1]) > SESSION:
-            group.clear()  # a later session's runs of the same build replace an earlier one's
-        group.append(r)
+        runs_of = sessions.setdefault(key, [])
+        if not runs_of or _when(r) - _when(runs_of[-1][-1]) > SESSION:
+            runs_of.append([])
+        runs_of[-1].append(r)
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for key, runs_of in sessions.items():
+        # the latest session with two caps of the build; a later session's other caps join it
+        base = next((i for i in reversed(range(len(runs_of))) if len({r["expert_cap"] for r in runs_of[i]}) >= 2), None)
+        if base is None:
+            continue
+        group = list(runs_of[base])
+        for later in runs_of[base + 1:]:
+            group += [r for r in later if r["expert_cap"] not in {g["expert_cap"] for g in group}]
+        groups[key] = group
     lines = []
     for (batch, _, unroll, decoder, listed), runs in groups.items():
         if len({r["expert_cap"] for r in runs}) < 2 or any(abs(_when(x) - _when(runs[0])) <= SESSION for x in capped_xla):
