@@ -45,3 +45,11 @@ def test_the_capped_runs_are_held_out_not_read(monkeypatch: pytest.MonkeyPatch) 
     after = report.capped_errors(chip, (8, 2))
     assert [sim for *_, sim in after] == pytest.approx([sim for *_, sim in before])
     assert [ms for _, _, ms, _ in after] == pytest.approx([ms * 1.1 for _, _, ms, _ in before])
+
+
+def test_every_build_with_decodes_is_reported_once() -> None:
+    from calibration.reports.tpu_v5e_first_principles import builds
+
+    found = builds()
+    assert len(found) == len(set(found))
+    assert ((8, 2), "vector") in found and ((8, 2), "walk") in found and ((4, 2), "walk") in found

@@ -314,6 +314,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the full result as JSON here")
     parser.add_argument("--heldout", type=Path, default=None, help="write the guard test's reference here")
     parser.add_argument("--plot", type=Path, default=None, help="write the scatter plot (PNG) here")
+    parser.add_argument("--no-first-principles", action="store_true",
+                        help="leave out the first-principles tables of the kernel's builds (minutes of simulation)")
     parser.add_argument("--decoder", choices=(CALIBRATION_DECODER, EARLIER_DECODER), default=CALIBRATION_DECODER,
                         help=f"the expert decoder whose records and probes the study reads (default "
                              f"{CALIBRATION_DECODER}, the kernel as it is now; {EARLIER_DECODER}: the earlier kernel)")
@@ -334,6 +336,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.plot:
         plot(fit, args.plot)
     sys.stdout.write(text)
+    if not args.no_first_principles:
+        sys.stdout.write(first_principles_text())
+
+
+def first_principles_text() -> str:
+    """Every build of the kernel's decoder predicted from first principles (micro-probes and
+    libtpu's static schedule, no kernel run), way (b) beside it, and the capped runs held out
+    (:mod:`calibration.reports.tpu_v5e_first_principles`): printed, not written into the page."""
+    from calibration.reports import tpu_v5e_first_principles as fp
+
+    parts = ["", "## The kernel as it is, from first principles (simulated after the runs; measured on tpu-v5e)", ""]
+    for unroll, listed in fp.builds():
+        sys.stderr.write(f"first principles: build {unroll[0]}/{unroll[1]}, {listed} expert list\n")
+        parts += [*fp.report_lines(unroll, listed), ""]
+    return "\n".join(parts)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from calibration.reports.tpu_v5e_plan import (
     static_figure,
     static_rows,
 )
-from calibration.sources.tpu_chip_records import most_measured_build
+from calibration.sources.tpu_chip_records import build_records, most_measured_build
 from calibration.sources.tpu_fixed_cost import FIXED_COST_PATH, capped_runs, simulated_ms
 from calibration.sources.tpu_layer_static import layer_remainder
 from calibration.sources.tpu_probes import PER_LAYER, dequant_path, probe_chip
@@ -92,22 +92,21 @@ def summary(rows: list[tuple[str, int, float, float]]) -> str:
             f"{int(np.sum(np.abs(e) <= 0.05))} within 5 %; Kendall tau {', '.join(taus)}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m calibration.reports.tpu_v5e_first_principles",
-                                     allow_abbrev=False)
-    parser.add_argument("--panel-unroll", type=int, nargs=2, default=None,
-                        metavar=("DENSE", "EXPERT"))
-    parser.add_argument("--expert-list", default=WALK, choices=(WALK, EXPERT_LIST_BUILD),
-                        help="the builds whose moe.topk built the expert list so (default: walk, the older kernels')")
-    args = parser.parse_args(argv)
-    unroll = tuple(args.panel_unroll) if args.panel_unroll else most_measured_build(KERNEL_DECODER)
-    listed = args.expert_list
+def builds() -> list[tuple[tuple[int, int], str]]:
+    """Every build (panel loops, expert list) with committed decodes of the kernel's decoder."""
+    return sorted({(r.panel_unroll, r.expert_list) for r in build_records(KERNEL_DECODER)})
+
+
+def report_lines(unroll: tuple[int, int], listed: str = WALK) -> list[str]:
+    """The build's table: every committed decode, first principles beside way (b), then its
+    capped runs held out from the first principles; [] when the build has no decode."""
     first = errors(lambda batch: first_principles_chip(KERNEL_DECODER, batch, unroll, listed), unroll, listed)  # type: ignore[arg-type]
-    fitted = errors(lambda batch: build_chip(KERNEL_DECODER, unroll, batch, listed)[0], unroll, listed)  # type: ignore[arg-type]
     if not first:
-        sys.stderr.write(f"no committed decodes of the build u{unroll[0]}x{unroll[1]} with the {listed} expert list\n")
-        return 2
-    out = ["| schedule | batch | measured ms | first principles ms | error | way (b), kernel-level fit ms | error |",
+        return []
+    fitted = errors(lambda batch: build_chip(KERNEL_DECODER, unroll, batch, listed)[0], unroll, listed)  # type: ignore[arg-type]
+    out = [f"Build: panel loops {unroll[0]}/{unroll[1]}, {listed} expert list (decoder {KERNEL_DECODER}; measured on "
+           "tpu-v5e, simulated after the runs)",
+           "| schedule | batch | measured ms | first principles ms | error | way (b), kernel-level fit ms | error |",
            "|---|---:|---:|---:|---:|---:|---:|"]
     for (name, batch, ms, a), (_, _, _, b) in zip(first, fitted, strict=True):
         out.append(f"| {name} | {batch} | {ms:.2f} | {a:.2f} | {a / ms - 1:+.1%} | {b:.2f} | {b / ms - 1:+.1%} |")
@@ -121,6 +120,23 @@ def main(argv: list[str] | None = None) -> int:
         out += [f"| {name} | {cap} | {ms:.2f} | {sim:.2f} | {sim / ms - 1:+.1%} |" for name, cap, ms, sim in capped]
         e = np.array([sim / ms - 1 for *_, ms, sim in capped])
         out.append(f"capped runs: MAPE {np.mean(np.abs(e)):.1%}, max {np.max(np.abs(e)):.1%}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m calibration.reports.tpu_v5e_first_principles",
+                                     allow_abbrev=False)
+    parser.add_argument("--panel-unroll", type=int, nargs=2, default=None,
+                        metavar=("DENSE", "EXPERT"))
+    parser.add_argument("--expert-list", default=WALK, choices=(WALK, EXPERT_LIST_BUILD),
+                        help="the builds whose moe.topk built the expert list so (default: walk, the older kernels')")
+    args = parser.parse_args(argv)
+    unroll = tuple(args.panel_unroll) if args.panel_unroll else most_measured_build(KERNEL_DECODER)
+    out = report_lines(unroll, args.expert_list)  # type: ignore[arg-type]
+    if not out:
+        sys.stderr.write(f"no committed decodes of the build u{unroll[0]}x{unroll[1]} with the {args.expert_list} "
+                         "expert list\n")
+        return 2
     sys.stdout.write("\n".join(out) + "\n")
     return 0
 
