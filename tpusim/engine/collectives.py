@@ -76,11 +76,13 @@ class MessageGroup:
     # per-copy rate while this group is alone on its link: min(aggregate / count, per copy),
     # computed as MessageFabric._step computes it (the same float)
     alone_bytes_per_s: float = field(init=False, repr=False, compare=False)
+    bytes_float: float = field(init=False, repr=False, compare=False)  # float(bytes): a flow's start
 
     def __post_init__(self) -> None:
         shared = self.aggregate_bytes_per_s / self.count if self.count else INF
         object.__setattr__(self, "alone_bytes_per_s",
                            shared if shared < self.per_copy_bytes_per_s else self.per_copy_bytes_per_s)
+        object.__setattr__(self, "bytes_float", float(self.bytes))
 
 
 @dataclass(frozen=True)
@@ -190,7 +192,7 @@ class _Flow:
         self.handle = handle
         self.phase = phase
         self.start_s = start_s
-        self.left_bytes = float(group.bytes)
+        self.left_bytes = group.bytes_float
 
 
 class Handle:
@@ -204,7 +206,7 @@ class Handle:
         self.groups_left = 0
         self.phase_land_s = 0.0
         self.done_s: float | None = None
-        self.children: list[Handle] = []
+        self.children: tuple[Handle, ...] = ()  # chained collectives (few: a tuple made when one is)
         self.parent = parent
         self.waited = False  # the stream has waited for it (its chained children may issue)
         self.layer = layer  # the issuing op's layer (events)
@@ -232,7 +234,7 @@ class MessageFabric:
         waited for the parent (:meth:`wait`); returns its handle."""
         handle = Handle(plan, parent, layer)
         if parent is not None:
-            parent.children.append(handle)
+            parent.children = (*parent.children, handle)
             if parent.waited:
                 assert parent.done_s is not None
                 self._start_phase(handle, 0, max(time_s, parent.done_s))
