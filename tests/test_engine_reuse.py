@@ -26,8 +26,12 @@ from tpusim.schedule.vmem import vmem_plan
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.program import Program, build_program
 
-DESC_STATE = ("landed", "waiter", "stream", "lane", "issue_s", "land_s")
-SLAB_STATE = ("pending", "released", "reserved", "freed", "free_on_land")
+# What a run may set and the next run must find clear. Flags hold the number of the run that set
+# them (tpusim.engine.items), so they are compared as "set in the held run". A copy's ``stream``,
+# ``lane``, ``issue_s`` and ``land_s`` are written in every run before they are read, so they are
+# left as the last run wrote them (tpusim.engine.reuse).
+DESC_FLAGS = ("landed",)
+SLAB_FLAGS = ("released", "freed", "free_on_land")
 
 
 @cache
@@ -47,15 +51,19 @@ def _results(program: Program, schedule: str, chip: Chip) -> object:
 
 
 def _state(lowered: Lowered) -> list[object]:
-    """Everything a run may mutate, in a comparable form."""
+    """Everything a run may mutate that the next run reads, in a comparable form (flags: set in
+    the run ``lowered.runs``, the held one)."""
+    run = lowered.runs
     out: list[object] = []
     for pool in lowered.pools:
         out.append((pool.name, pool.ptr, pool.used_bytes))
         for slab in pool.order:
-            out.append((slab.seq, slab.ring.used, *(getattr(slab, name) for name in SLAB_STATE)))
-            out.extend((desc.seq, *(getattr(desc, name) for name in DESC_STATE)) for desc in slab.descs)
+            out.append((slab.seq, slab.ring.used, *(getattr(slab, name) == run for name in SLAB_FLAGS),
+                        slab.landed_in(run)))
+            out.extend((desc.seq, desc.waiter, *(getattr(desc, name) == run for name in DESC_FLAGS))
+                       for desc in slab.descs)
     for op in lowered.ops:
-        out.extend((desc.seq, *(getattr(desc, name) for name in DESC_STATE))
+        out.extend((desc.seq, desc.waiter, *(getattr(desc, name) == run for name in DESC_FLAGS))
                    for piece in op.pieces for desc in piece.writes)
     return out
 
@@ -75,6 +83,23 @@ def test_reset_state_equals_a_fresh_lowering(schedule: str) -> None:
     with lowered_step(program, effective, chip, policy, vmem) as again:
         assert again is _KEPT[-1].lowered  # reused, not lowered again
         assert _state(again) == fresh
+
+
+def test_a_run_that_raised_leaves_no_waiter() -> None:
+    """A copy's waiter is cleared when it lands; a run that raised before some landed leaves
+    waiters, which the next reset clears."""
+    program, chip = program_on("kimi-k3-mini", "tpu-v5e", 1)
+    effective = load_schedule("published")
+    policy = execution_policy(chip)
+    vmem = vmem_plan(effective, program.model, program.plan, program.resident_rows, program.kv_sequences)
+    forget_lowerings()
+    with pytest.raises(RuntimeError, match="stopped"), lowered_step(program, effective, chip, policy, vmem) as held:
+        fresh = _state(held)
+        copy = next(desc for pool in held.pools for slab in pool.order for desc in slab.descs)
+        copy.waiter = object()  # a run waiting on that copy when it stopped
+        raise RuntimeError("stopped")
+    with lowered_step(program, effective, chip, policy, vmem) as again:
+        assert again is held and _state(again) == fresh
 
 
 def test_a_held_step_is_not_shared() -> None:

@@ -94,6 +94,7 @@ class Lowered:
     descriptors: int
     slabs: int
     base_bytes: int  # always-resident scratch (activations)
+    runs: int = 0  # runs started on it: the current run's number (its copies' and slabs' flags, items)
 
 
 def _overlap_join_index(ops: list[Op], index: int) -> int:
@@ -156,10 +157,17 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
             last = plan_.pieces[-1]
             plan_.pieces[-1] = last._replace(writes=(*last.writes, write))
         if op.collectives:
-            plan_.collectives = list(collectives[index])
+            plan_.collectives = collectives[index]  # the remembered plans themselves (read-only)
 
     if b.issue is not None:
         place_expert_releases(plans, ops, b.issue, layer_experts, schedule)
+    for plan_ in plans:  # an empty list left as the shared (): fewer objects for the collector to walk
+        if not plan_.start_releases:
+            plan_.start_releases = ()
+        if not plan_.end_releases:
+            plan_.end_releases = ()
+        if not plan_.resolves:
+            plan_.resolves = ()
     pools = [*b.pools.values(), b.kv_pool, b.state_pool]
     for pool in pools:
         pool.order.sort(key=_SEQ)
@@ -199,7 +207,7 @@ def _lower_expert(b: Builder, op: Op, plan_: OpPlan,
             landed = ()
         pieces.append(new_piece(Piece, (mxu_s, MXU, landed, (slab,) if position == last else (), (), ())))
     if not parts:
-        plan_.pieces.append(Piece(0.0, MXU, tuple(slab.descs), (slab,)))
+        plan_.pieces.append(Piece(0.0, MXU, slab.descs, (slab,)))
 
 
 def _lower_weights(b: Builder, op: Op, plan_: OpPlan, vector_s: float, aligned: bool) -> float:
@@ -220,7 +228,7 @@ def _lower_weights(b: Builder, op: Op, plan_: OpPlan, vector_s: float, aligned: 
             # Piece(...) by tuple.__new__: no Python call per slab
             for (slab, _rows), (dequant_s, mxu_s) in zip(slabs, b.slab_parts(tensor, shape, matmul, dtype, slabs),
                                                          strict=True):
-                landed = tuple(slab.descs)
+                landed = slab.descs  # the slab's own list (read-only once lowered): no copy per piece
                 if dequant_s is not None:  # the slab is converted on the VPU before the MXU reads it
                     pieces.append(new_piece(Piece, (dequant_s, VPU, landed, (), (), ())))
                     landed = ()
@@ -248,14 +256,14 @@ def _lower_state(b: Builder, op: Op, plan_: OpPlan, vector_s: float) -> float:
     plan_.start_releases.append(slab)
     matmul_s = b.op_matmul_s(op, b.facts.dtypes[plan_.index])
     if matmul_s:
-        plan_.pieces.append(Piece(matmul_s, MXU, tuple(slab.descs), ()))
+        plan_.pieces.append(Piece(matmul_s, MXU, slab.descs, ()))
     writes: tuple[Descriptor, ...] = ()
     frees: tuple[Slab, ...] = (slab,)
     if op.kv_write_bytes:
         writes = (b.add_desc(None, STATE_FAMILY, StateBuffer.KDA_STATE_WRITEBACK, op.layer, 0, op.kv_write_bytes,
                              write=True, frees_slab=slab),)
         frees = ()
-    plan_.pieces.append(Piece(vector_s, VPU, () if matmul_s else tuple(slab.descs), frees, (), writes))
+    plan_.pieces.append(Piece(vector_s, VPU, () if matmul_s else slab.descs, frees, (), writes))
     return 0.0
 
 
@@ -273,7 +281,7 @@ def _lower_kv_tiles(b: Builder, op: Op, plan_: OpPlan) -> None:
         slab = b.new_slab(KV_FAMILY, "kv.tile", op.layer, plan_.index, b.kv_pool, b.kv_ring)
         b.add_desc(slab, KV_FAMILY, "kv.tile", op.layer, tile, size)
         plan_.start_releases.append(slab)
-        plan_.pieces.append(Piece(matmul_s * size / op.kv_read_bytes, MXU, tuple(slab.descs), (slab,)))
+        plan_.pieces.append(Piece(matmul_s * size / op.kv_read_bytes, MXU, slab.descs, (slab,)))
 
 
 # Step 5 depends on the program, the chip and the policy, not on the schedule, and its plans are

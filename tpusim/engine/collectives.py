@@ -56,6 +56,7 @@ from tpusim.workload.program import CollectiveCall, Op
 from tpusim.workload.sharding import ShardingPlan
 
 INF = float("inf")
+heappush, heappop = heapq.heappush, heapq.heappop
 DRAINED_BYTES = 1e-6  # float residue of a flow's byte count that counts as drained
 CHIP_LINK_OF = {"sibling": "sibling", "same_host": "ici", "cross_host": "ici"}
 
@@ -75,11 +76,13 @@ class MessageGroup:
     # per-copy rate while this group is alone on its link: min(aggregate / count, per copy),
     # computed as MessageFabric._step computes it (the same float)
     alone_bytes_per_s: float = field(init=False, repr=False, compare=False)
+    bytes_float: float = field(init=False, repr=False, compare=False)  # float(bytes): a flow's start
 
     def __post_init__(self) -> None:
         shared = self.aggregate_bytes_per_s / self.count if self.count else INF
         object.__setattr__(self, "alone_bytes_per_s",
                            shared if shared < self.per_copy_bytes_per_s else self.per_copy_bytes_per_s)
+        object.__setattr__(self, "bytes_float", float(self.bytes))
 
 
 @dataclass(frozen=True)
@@ -189,7 +192,7 @@ class _Flow:
         self.handle = handle
         self.phase = phase
         self.start_s = start_s
-        self.left_bytes = float(group.bytes)
+        self.left_bytes = group.bytes_float
 
 
 class Handle:
@@ -203,7 +206,7 @@ class Handle:
         self.groups_left = 0
         self.phase_land_s = 0.0
         self.done_s: float | None = None
-        self.children: list[Handle] = []
+        self.children: tuple[Handle, ...] = ()  # chained collectives (few: a tuple made when one is)
         self.parent = parent
         self.waited = False  # the stream has waited for it (its chained children may issue)
         self.layer = layer  # the issuing op's layer (events)
@@ -229,9 +232,9 @@ class MessageFabric:
     def issue(self, plan: MessageCollective, time_s: float, parent: Handle | None = None, layer: int = 0) -> Handle:
         """Issue ``plan`` at ``time_s``, or, chained behind ``parent``, when the stream has
         waited for the parent (:meth:`wait`); returns its handle."""
-        handle = Handle(plan, parent=parent, layer=layer)
+        handle = Handle(plan, parent, layer)
         if parent is not None:
-            parent.children.append(handle)
+            parent.children = (*parent.children, handle)
             if parent.waited:
                 assert parent.done_s is not None
                 self._start_phase(handle, 0, max(time_s, parent.done_s))
@@ -247,11 +250,12 @@ class MessageFabric:
         handle.phase = phase
         handle.groups_left = len(groups)
         handle.phase_land_s = time_s
-        issued_s = time_s
+        issued_s, sequence, starts = time_s, self.sequence, self.starts
         for group in groups:
             issued_s += group.count * group.issue_s
-            self.sequence += 1
-            heapq.heappush(self.starts, (issued_s, self.sequence, _Flow(group, handle, phase, time_s)))
+            sequence += 1
+            heappush(starts, (issued_s, sequence, _Flow(group, handle, phase, time_s)))
+        self.sequence = sequence
 
     # ----------------------------------------------------------------- the fluid
     def _step(self, limit_s: float) -> bool:
@@ -370,7 +374,7 @@ class MessageFabric:
         """Flows whose copies are issued by ``time_s`` join their links."""
         starts = self.starts
         while starts and starts[0][0] <= time_s:
-            flow = heapq.heappop(starts)[2]
+            flow = heappop(starts)[2]
             if flow.group.bytes <= 0:
                 self._drained(flow)
             else:
@@ -402,17 +406,60 @@ class MessageFabric:
 
     def advance_to(self, time_s: float) -> None:
         """Run the fluid up to ``time_s`` (nothing new is issued before it)."""
+        if not self.flowing and not self.starts:  # idle (most issues): only the clock moves, as _step moves it
+            if time_s > self.now_s:
+                self.now_s = time_s
+            return
         while self.now_s < time_s and self._step(time_s):
             pass
         self.now_s = max(self.now_s, time_s)
 
     def complete_s(self, handle: Handle) -> float:
-        """When ``handle``'s collective completes (runs the fluid as far as needed)."""
+        """When ``handle``'s collective completes (runs the fluid as far as needed).
+
+        ``_step(INF)`` until done; with at most one flow moving (every step of a K3 step),
+        its arithmetic is inlined here: the same operations on the same floats, in order."""
+        starts, busy = self.starts, self.busy_s
         while handle.done_s is None:
-            if not self._step(INF):
-                waiting = " (a chain issues only after a wait on its parent)" if handle.phase < 0 else ""
-                raise RuntimeError(f"collective {handle.plan.name} can never complete{waiting}")
+            if self.flowing > 1:
+                if not self._step_shared(INF):
+                    self._never(handle)
+                continue
+            now_s = self.now_s
+            next_s = starts[0][0] if starts else INF
+            flow = self.solo
+            if flow is None:  # nothing moving: to the next flow's start
+                if next_s == INF:
+                    self._never(handle)
+                self.now_s = next_s
+                self._start_flows(next_s)
+                continue
+            group = flow.group
+            rate = group.alone_bytes_per_s
+            finish_s = now_s + flow.left_bytes / rate
+            if finish_s < next_s:
+                next_s = finish_s
+            elapsed = next_s - now_s  # target = next_s (no limit)
+            if elapsed > 0.0:
+                flow.left_bytes -= rate * elapsed
+                link = group.link
+                busy[link] = busy.get(link, 0.0) + elapsed
+            self.now_s = next_s
+            drained_bytes = rate * math.ulp(next_s)  # as in _step
+            if not drained_bytes > DRAINED_BYTES:
+                drained_bytes = DRAINED_BYTES
+            if flow.left_bytes <= drained_bytes:
+                self.active[group.link] = []
+                self.flowing, self.solo = 0, None
+                self._drained(flow)
+            if starts and starts[0][0] <= next_s:
+                self._start_flows(next_s)
         return handle.done_s
+
+    @staticmethod
+    def _never(handle: Handle) -> None:
+        waiting = " (a chain issues only after a wait on its parent)" if handle.phase < 0 else ""
+        raise RuntimeError(f"collective {handle.plan.name} can never complete{waiting}")
 
     def wait(self, handle: Handle, at_s: float) -> tuple[float, list[Handle]]:
         """The stream waits for ``handle`` from ``at_s``: (its completion time, the chained

@@ -151,8 +151,8 @@ def _execute(program: Program, effective: Schedule, chip: Chip, policy: Executio
         recorder = Recorder() if record_timeline else None
         events: list[tuple[Any, ...]] | None = [] if record_events else None
         hbm = HbmServer(env, policy.hbm_bandwidth_bytes_per_s, chip.dma, effective.max_dmas_in_flight,
-                        _no_staging_yet, recorder, events)
-        staging = StagingMemory(env, lowered.base_bytes, hbm, recorder, watch_bytes)
+                        _no_staging_yet, recorder, events, lowered.runs)
+        staging = StagingMemory(env, lowered.base_bytes, hbm, recorder, watch_bytes, lowered.runs)
         hbm.on_free = staging.free
         account = StreamAccount()
         stream = Driver(env)

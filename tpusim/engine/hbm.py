@@ -35,9 +35,10 @@ the order they are issued, not by urgency; each spends its issue latency while t
 ahead of it transfer, then waits in a ready queue until the one copy streaming lands, and
 streams alone at ``B * dma.efficiency(1)``.
 
-A landing counts down its slab's copies still to land (``Slab.pending``) and frees what a
-landing frees (a mispredicted speculative copy's slot once routing is known, a KDA state
-buffer once written back) through the staging memory's ``free``.
+A landing marks its copy landed in this run (``Descriptor.landed``, a run number: see
+:mod:`tpusim.engine.items`), wakes the compute stream if it waits on the copy, and frees what a
+landing frees (a mispredicted speculative copy's slot once routing is known and its copies
+have landed, a KDA state buffer once written back) through the staging memory's ``free``.
 
 The server counts its busy time (any copy in flight, latency included), the bytes it moved,
 and, when asked, records each copy on a lane track (lane = the lowest free in-flight slot)
@@ -53,7 +54,7 @@ from typing import Any
 
 from hwmodels.schema import DmaSpec
 from tpusim.engine.items import Descriptor, Slab
-from tpusim.engine.loop import EventLoop
+from tpusim.engine.loop import NORMAL, EventLoop
 from tpusim.engine.timeline import Recorder
 from tpusim.schedule.program_issue import ROUTED
 
@@ -96,8 +97,9 @@ class HbmServer:
 
     def __init__(self, env: EventLoop, bandwidth_bytes_per_s: float, dma: DmaSpec,
                  max_in_flight: int, on_free: Callable[[Slab], None],
-                 recorder: Recorder | None, events: list[tuple[Any, ...]] | None) -> None:
+                 recorder: Recorder | None, events: list[tuple[Any, ...]] | None, run: int = 1) -> None:
         self.env = env
+        self.run = run  # this run's number: what a landing writes in Descriptor.landed
         self.call_later = env.call_later
         self.bandwidth = bandwidth_bytes_per_s
         self.latency_s = dma.issue_latency_s.value
@@ -218,10 +220,9 @@ class HbmServer:
         if latency_s > 0.0 and recorder is None:  # the common case: each spends its latency first
             starting, start_s, heappop = self.starting, now + latency_s, heapq.heappop
             issued = in_flight
-            while queue and in_flight < max_in_flight:
+            while queue and in_flight < max_in_flight:  # (issue_s is read only by the recorder: not kept here)
                 desc = heappop(queue)[1]
                 in_flight += 1
-                desc.issue_s = now
                 starting.append((start_s, desc))
             self.issued += in_flight - issued
             self.in_flight = in_flight
@@ -264,6 +265,7 @@ class HbmServer:
         queue, run_ahead = env._queue, env.run_ahead
         streaming, starting, streams = self.streaming, self.starting, self.streams
         by_stream, in_order, heappop, heappush = self.by_stream, self.in_order, heapq.heappop, heapq.heappush
+        run = self.run
         while True:  # one turn per wake-up; the next taken at once while nothing is due before it
             self.wake_at = INF
             now = env.now
@@ -318,18 +320,20 @@ class HbmServer:
                 for desc in landed:  # _land
                     self.in_flight -= 1  # per copy: a slab it frees may issue into the freed slot
                     self.bytes_moved += desc.nbytes
-                    desc.landed = True
+                    desc.landed = run
                     desc.land_s = now
                     if recorder is not None:
                         recorder.dma(desc)
                         heappush(self.free_lanes, desc.lane)
-                    if desc.waiter is not None:  # the compute stream waits on this copy
-                        desc.waiter.wake()
+                    waiter = desc.waiter
+                    if waiter is not None:  # the compute stream waits on this copy: Driver.wake, inlined
+                        desc.waiter = None
+                        count = env.scheduled
+                        env.scheduled = count + 1
+                        heappush(queue, (now + 0.0, NORMAL, count, waiter.resume, None))
                     slab = desc.slab
-                    if slab is not None:  # the slab's copies still to land
-                        slab.pending -= 1
-                        if slab.free_on_land and not slab.pending:  # StagingMemory.resolve: drop it now
-                            on_free(slab)
+                    if slab is not None and slab.free_on_land == run and slab.landed_in(run):
+                        on_free(slab)  # StagingMemory.resolve: its last copy landed, drop it now
                     if desc.frees_slab is not None:
                         on_free(desc.frees_slab)
             if self.queue and self.in_flight < self.max_in_flight:
@@ -345,9 +349,11 @@ class HbmServer:
                 return  # a wake-up at or before it is queued already
             time_s = now + (next_s - now if next_s > now else 0.0)  # as call_later computes it
             if not (run_ahead and (not queue or queue[0][0] > time_s)):  # EventLoop.is_next, inlined
-                self.wake_token += 1
+                token = self.wake_token = self.wake_token + 1
                 self.wake_at = next_s
-                self.call_later(time_s - now, self._wake, self.wake_token)
+                count = env.scheduled  # call_later(time_s - now, self._wake, token), inlined
+                env.scheduled = count + 1
+                heappush(queue, (now + (time_s - now), NORMAL, count, self._wake, token))
                 return
             # the entry would be the next served (tpusim.engine.loop, running ahead): take it now
             self.wake_token += 1  # an entry queued for a later wake-up is superseded, as by a new one

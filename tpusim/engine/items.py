@@ -18,11 +18,15 @@ once per simulation; the event loop only flips their state. Names follow the ker
   copies released when it starts or ends, its pieces and the collectives after it.
 
 State lives in plain ``__slots__`` classes (not pydantic): they are created by the thousand
-per simulation and mutated in the hot loop.
+per simulation and mutated in the hot loop. A lowered step is run more than once
+(:mod:`tpusim.engine.reuse`), so a copy's and a slab's flags hold the *number of the run* that
+set them (``Lowered.runs``; 0: never): a flag is set in this run when it equals this run's
+number, and a new run starts with every flag clear without touching the objects.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 MXU = 0
@@ -73,10 +77,8 @@ class Slab:
         "layer",
         "nbytes",
         "op_index",
-        "pending",
         "pool",
         "released",
-        "reserved",
         "ring",
         "seq",
     )
@@ -92,11 +94,15 @@ class Slab:
         self.ring = ring
         self.nbytes = 0
         self.descs: list[Descriptor] = []
-        self.pending = 0  # descriptors not yet landed
-        self.released = False
-        self.reserved = False
-        self.freed = False
-        self.free_on_land = False  # a mispredicted speculative copy: drop it once it lands
+        # run numbers (module docstring): released (issuable), freed, and free_on_land (a
+        # mispredicted speculative copy: drop it once its copies have landed)
+        self.released = 0
+        self.freed = 0
+        self.free_on_land = 0
+
+    def landed_in(self, run: int) -> bool:
+        """Whether every copy of the slab has landed in run ``run``."""
+        return all(desc.landed == run for desc in self.descs)
 
 
 class Descriptor:
@@ -131,7 +137,7 @@ class Descriptor:
         self.slab = slab
         self.write = write
         self.frees_slab = frees_slab  # a state write-back frees the state buffer when it lands
-        self.landed = False
+        self.landed = 0  # the run it landed in (module docstring)
         self.waiter: Any = None  # the compute stream's Driver while it waits on this copy
         self.stream: object = None  # its address stream while streaming (dma.contention_unit: stream)
         self.lane = -1
@@ -144,7 +150,7 @@ class Piece(NamedTuple):
 
     duration_s: float
     unit: int  # MXU or VPU
-    waits: tuple[Descriptor, ...] = ()
+    waits: Sequence[Descriptor] = ()  # a slab's own ``descs`` list where it waits for one whole slab
     frees: tuple[Slab, ...] = ()
     releases: tuple[Slab, ...] = ()
     writes: tuple[Descriptor, ...] = ()
@@ -187,11 +193,12 @@ class OpPlan:
         self.layer = layer
         self.phase = phase
         self.first_of_layer = first_of_layer
-        self.start_releases: list[Slab] = []
-        self.end_releases: list[Slab] = []
-        self.resolves: list[Slab] = []  # mispredicted speculative slabs, known wrong at op end
+        # lowering appends to the lists; one left empty becomes the shared () (build.lower)
+        self.start_releases: list[Slab] | tuple[Slab, ...] = []
+        self.end_releases: list[Slab] | tuple[Slab, ...] = []
+        self.resolves: list[Slab] | tuple[Slab, ...] = []  # mispredicted speculative slabs, known wrong at op end
         self.pieces: list[Piece] = []
-        self.collectives: list[CollectivePlan] = []
+        self.collectives: tuple[CollectivePlan, ...] = ()
         self.launches = 0  # kernel launches paid before the op starts (execution policy)
         self.launch_s = 0.0
         self.kernel_fixed_s = 0.0  # the opened kernels' fixed time and ramp (serving stack)

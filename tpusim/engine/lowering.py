@@ -132,7 +132,6 @@ class Builder:
         if slab is not None:
             slab.descs.append(desc)
             slab.nbytes += nbytes
-            slab.pending += 1
         return desc
 
     def matmul_s(self, rows: int, contraction: int, cols: int, peak: tuple[float, str]) -> float:
@@ -275,7 +274,7 @@ class Builder:
             if scales:
                 descs.append(Descriptor(seq, family, scales_name, layer, chunk, scales, slab))
                 seq += 1
-            slab.nbytes, slab.pending = values + scales, len(descs)
+            slab.nbytes = values + scales
             releasers[chunk].start_releases.append(slab)
             out.append((slab, rows))
         self.slab_seq, self.desc_seq = slab_seq, seq
@@ -335,7 +334,7 @@ class Builder:
             descs.append(Descriptor(seq, ROUTED, name, layer, entry, nbytes, slab))
             seq += 1
             total += nbytes
-        self.desc_seq, slab.nbytes, slab.pending = seq, total, len(descs)
+        self.desc_seq, slab.nbytes = seq, total
         return slab
 
 

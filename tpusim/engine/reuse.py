@@ -25,11 +25,16 @@ most ``KEPT_COPIES`` copies; a caller re-simulating more steps in turn raises bo
 :func:`forget_lowerings` empties the store (a cold benchmark; the tests of the reset). A run
 holds its step until it ends; a second run of a held step (another thread) lowers its own.
 
-Reset, exactly what the run mutates (``tests/test_engine_reuse.py`` checks a reused step
-against a fresh lowering on every built-in schedule): per copy ``landed``, ``waiter``,
-``stream``, ``lane``, ``issue_s``, ``land_s``; per slab ``pending`` (its copies), ``released``,
-``reserved``, ``freed``, ``free_on_land``; per pool ``ptr`` and ``used_bytes``; per ring
-``used``. Op plans, pieces and message collectives are read-only during a run.
+Reset, what the run mutates (``tests/test_engine_reuse.py`` checks a reused step against a
+fresh lowering on every built-in schedule): per pool ``ptr`` and ``used_bytes``; per ring
+``used``. The thousands of copies and slabs are not touched: their flags (a copy's
+``landed``; a slab's ``released``, ``freed``, ``free_on_land``) hold the number of the run that
+set them (:mod:`tpusim.engine.items`), and each run has a new number (``Lowered.runs``), so a
+new run finds them all clear. A copy's ``waiter`` is cleared when the copy lands, so a run that
+ended leaves none; after a run that raised, the next reset clears them all. The rest of a
+copy's state is written in a run before it is read (``issue_s`` at its issue, ``land_s`` at its
+landing, ``lane`` at its issue when recorded, ``stream`` when it starts streaming by stream).
+Op plans, pieces and message collectives are read-only during a run.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from dataclasses import dataclass
 from hwmodels.schema import Chip
 from tpusim.engine.build import Lowered, lower
 from tpusim.engine.execution import ExecutionPolicy
-from tpusim.engine.items import Descriptor, Ring, Slab
+from tpusim.engine.items import Descriptor, Ring
 from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import VmemPlan, vmem_plan
 from tpusim.workload.program import Program
@@ -61,11 +66,10 @@ class _Kept:
     policy: ExecutionPolicy
     lowered: Lowered
     inputs: tuple[Chip, ExecutionPolicy]  # lowering_inputs(chip, policy)
-    # what a run mutates, gathered at the first reuse (a step run once never pays for it)
-    slabs: list[Slab] | None = None
-    descs: list[Descriptor] | None = None
+    # what a reset sets back, gathered at the first reuse (a step run once never pays for it)
     rings: list[Ring] | None = None
     busy: bool = False  # a run holds it (its state is that run's)
+    raised: bool = False  # its last run raised: copies may still name a waiter
 
 
 _KEPT: list[_Kept] = []
@@ -120,8 +124,14 @@ def lowered_step(program: Program, schedule: Schedule, chip: Chip, policy: Execu
                 while len(_KEPT) > _LIMITS["steps"] or (copies > _LIMITS["copies"] and len(_KEPT) > 1):
                     copies -= _KEPT[0].lowered.descriptors
                     _drop(_KEPT.pop(0))
+    held = lowered if kept is None else kept.lowered
+    held.runs += 1  # this run's number: every copy's and slab's flag reads clear (module docstring)
     try:
-        yield lowered if kept is None else kept.lowered
+        yield held
+    except BaseException:
+        if kept is not None:
+            kept.raised = True
+        raise
     finally:
         if kept is not None:
             kept.busy = False
@@ -165,29 +175,26 @@ def _drop(kept: _Kept) -> None:
 
 
 def _reset(kept: _Kept) -> None:
-    """Set everything a run mutates back to its state as lowered (module docstring)."""
-    if kept.slabs is None or kept.descs is None or kept.rings is None:
-        lowered = kept.lowered
-        kept.slabs = [slab for pool in lowered.pools for slab in pool.order]
-        kept.descs = [desc for slab in kept.slabs for desc in slab.descs]
-        kept.descs.extend(desc for op in lowered.ops for piece in op.pieces for desc in piece.writes
-                          if desc.slab is None)
-        kept.rings = list({id(slab.ring): slab.ring for slab in kept.slabs}.values())
-    for desc in kept.descs:
-        desc.landed = False
-        desc.waiter = None
-        desc.stream = None
-        desc.lane = -1
-        desc.issue_s = 0.0
-        desc.land_s = 0.0
-    for slab in kept.slabs:
-        slab.pending = len(slab.descs)
-        slab.released = slab.reserved = slab.freed = slab.free_on_land = False
-    for pool in kept.lowered.pools:
+    """Set back what a run mutates and the next run's number does not clear (module docstring)."""
+    lowered = kept.lowered
+    if kept.rings is None:
+        kept.rings = list({id(slab.ring): slab.ring for pool in lowered.pools for slab in pool.order}.values())
+    if kept.raised:  # a run that raised may have left a waiter on a copy that never landed
+        kept.raised = False
+        for desc in _copies(lowered):
+            desc.waiter = None
+    for pool in lowered.pools:
         pool.ptr = 0
         pool.used_bytes = 0
     for ring in kept.rings:
         ring.used = 0
+
+
+def _copies(lowered: Lowered) -> list[Descriptor]:
+    """Every copy of a lowered step: the slabs' and the write-backs."""
+    descs = [desc for pool in lowered.pools for slab in pool.order for desc in slab.descs]
+    descs.extend(desc for op in lowered.ops for piece in op.pieces for desc in piece.writes if desc.slab is None)
+    return descs
 
 
 def _dismantle(lowered: Lowered) -> None:

@@ -37,8 +37,9 @@ class StagingMemory:
     """Dynamic VMEM: admission into pools/rings and the occupancy curve."""
 
     def __init__(self, env: simpy.Environment, base_bytes: int, hbm: HbmServer,
-                 recorder: Recorder | None, watch_bytes: float | None = None) -> None:
+                 recorder: Recorder | None, watch_bytes: float | None = None, run: int = 1) -> None:
         self.env = env
+        self.run = run  # this run's number: a slab's flags hold the run that set them (items)
         self.hbm = hbm
         self.recorder = recorder
         self.used_bytes = base_bytes
@@ -62,8 +63,9 @@ class StagingMemory:
     def release_many(self, slabs: list[Slab] | tuple[Slab, ...]) -> None:
         """Mark ``slabs`` issuable and admit what fits."""
         touched: list[Pool] = []
+        run = self.run
         for slab in slabs:
-            slab.released = True
+            slab.released = run
             if slab.pool not in touched:
                 touched.append(slab.pool)
         for pool in touched:
@@ -71,19 +73,18 @@ class StagingMemory:
 
     def _fill(self, pool: Pool) -> None:
         order, ptr, admitted = pool.order, pool.ptr, False
-        hbm, plain = self.hbm, self.plain
+        hbm, plain, run = self.hbm, self.plain, self.run
         # HbmServer.enqueue_many, inlined where copies queue by urgency and no events are kept
         queue = hbm.queue if not hbm.in_order and hbm.events is None else None
         while ptr < len(order):
             slab = order[ptr]
-            if not slab.released:
+            if slab.released != run:
                 break
             ring = slab.ring
             if ring.used >= ring.depth or pool.used_bytes + slab.nbytes > pool.capacity_bytes:
                 break
             ring.used += 1
             pool.used_bytes += slab.nbytes
-            slab.reserved = True
             if plain:  # _occupy, inlined
                 used = self.used_bytes = self.used_bytes + slab.nbytes
                 if used > self.peak_bytes:
@@ -98,14 +99,15 @@ class StagingMemory:
             ptr += 1
             admitted = True
         pool.ptr = ptr
-        if admitted:
-            hbm.pump()
+        if admitted and hbm._issue():  # HbmServer.pump, inlined
+            hbm._reschedule(self.env.now)
 
     def free(self, slab: Slab) -> None:
         """The consumer is done with ``slab``: its slot and bytes go back to the pool."""
-        if slab.freed:
+        run = self.run
+        if slab.freed == run:
             return
-        slab.freed = True
+        slab.freed = run
         slab.ring.used -= 1
         slab.pool.used_bytes -= slab.nbytes
         if self.plain:  # _occupy, inlined: a release never raises the peak
@@ -114,15 +116,15 @@ class StagingMemory:
             self._occupy(slab, -slab.nbytes)
         pool = slab.pool
         ptr = pool.ptr
-        if ptr < len(pool.order) and pool.order[ptr].released:  # (else _fill would admit nothing)
+        if ptr < len(pool.order) and pool.order[ptr].released == run:  # (else _fill would admit nothing)
             self._fill(pool)
 
     def resolve(self, slab: Slab) -> None:
         """Routing is known and ``slab`` was mispredicted: drop it (once it has landed)."""
-        if slab.pending == 0:
+        if slab.landed_in(self.run):
             self.free(slab)
         else:
-            slab.free_on_land = True
+            slab.free_on_land = self.run
 
     # ----------------------------------------------------------------- occupancy
 

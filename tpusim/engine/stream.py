@@ -107,6 +107,8 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
     joins: dict[int, float] = {}
     consumed: dict[int, list[Handle]] = {}  # op index -> message collectives it waits for
     exposed_by_family, unit_busy, by_phase = account.exposed_by_family, account.unit_busy, account.compute_by_phase
+    run = lowered.runs  # a copy has landed in this run when its ``landed`` is this number (items)
+    queue, run_ahead = env._queue, env.run_ahead
     if per_step_s > 0.0:
         yield per_step_s
         account.fixed_s += per_step_s
@@ -135,13 +137,15 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
             staging.release_many(op.start_releases)
         if events is not None:
             events.append(("compute", op.name, op.layer))
-        # the op's pieces (inlined here: one generator frame per resumption, none per op)
+        # the op's pieces (inlined here: one generator frame per resumption, none per op); the
+        # phase's compute summed here in order and stored at the op's end (no one reads it between)
         phase = op.phase
+        phase_s: float | None = None
         for duration, unit, waits, frees, releases, writes in op.pieces:
             for desc in waits:
                 if events is not None:
                     events.append(("dma_wait", desc.family, desc.tensor, desc.layer, desc.chunk))
-                if not desc.landed:  # exposed DMA: sleep until it lands
+                if desc.landed != run:  # exposed DMA: sleep until it lands
                     start = env.now
                     desc.waiter = driver
                     yield None
@@ -152,9 +156,14 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
                         recorder.interval("wait", start, env.now, f"wait {desc.tensor} L{desc.layer}")
             if duration > 0.0:
                 start = env.now
-                yield duration
+                time_s = start + duration
+                if run_ahead and (not queue or queue[0][0] > time_s):  # Driver.resume's running ahead,
+                    env.now = time_s  # taken here without leaving the generator (tpusim.engine.loop)
+                    env.ran_ahead += 1
+                else:
+                    yield duration
                 unit_busy[unit] += duration
-                by_phase[phase] = by_phase.get(phase, 0.0) + duration
+                phase_s = (by_phase.get(phase, 0.0) if phase_s is None else phase_s) + duration
                 if recorder is not None:
                     recorder.interval(UNIT_NAMES[unit], start, env.now, f"{op.name} L{op.layer}")
             for slab in frees:
@@ -165,6 +174,8 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
                 for desc in writes:
                     hbm.enqueue(desc)
                 hbm.pump()
+        if phase_s is not None:
+            by_phase[phase] = phase_s
         if op.end_releases:
             staging.release_many(op.end_releases)
         for slab in op.resolves:
