@@ -11,9 +11,12 @@ from pathlib import Path
 import pytest
 
 from calibration.reports import tpu_v7_compiler_priced as priced
+from calibration.sources.tpu_layer_static import layer_issue
 from hwmodels.catalog import load_chip
 from hwmodels.errors import InputError
+from megakernel.kernel_moe import EXPERT_LIST_BUILD
 from tpusim.app.cli import main
+from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 
 # 19 planted relative residuals (simulated / measured - 1): the fewest a 90 % interval takes
 PLANTED = [-0.10 + 0.01 * i for i in range(19)]  # -0.10 .. +0.08
@@ -76,8 +79,9 @@ def test_the_layer_is_priced_from_the_tpu7x_layer_loop(tmp_path: Path) -> None:
     chip, _ = priced.compiler_priced_chip(base, 1)
     layer = chip.execution.per_layer_overhead_s
     assert layer.label == "derived" and "(tpu7x)" in layer.source and "1.60 GHz" in layer.source
-    issued = next(json.loads(line)["issued_bundles"] for line in priced.TPU7X_STATIC_PATH.read_text().splitlines()
-                  if '"layer_body"' in line and json.loads(line)["params"]["batch"] == 1)
+    # the kernel as it is: the record of its expert-list build (the older walk build's stays beside it)
+    issued = layer_issue(1, (PANEL_UNROLL, EXPERT_PANEL_UNROLL), priced.TPU7X_STATIC_PATH, EXPERT_LIST_BUILD).issued_bundles
+    assert f"({EXPERT_LIST_BUILD} expert list)" in layer.source
     planted, _ = priced.compiler_priced_chip(base, 1, _records(tmp_path, layer_1=issued + 16_000))
     # 16,000 more bundles a layer at the derived 1.6 GHz: 10 µs more, the engine's share unchanged
     assert planted.execution.per_layer_overhead_s.value - layer.value == pytest.approx(10e-6, rel=1e-9)

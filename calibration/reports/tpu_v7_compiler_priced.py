@@ -65,6 +65,7 @@ from hwmodels.catalog import load_chip
 from hwmodels.errors import InputError
 from hwmodels.overlay import _figure_slot
 from hwmodels.schema import Chip
+from megakernel.kernel_moe import EXPERT_LIST_BUILD
 from megakernel.quant_mxu import ROW_EXPANSION_MAX_ROWS
 from tpusim.cli_options import add_batch_option, add_schedule_option
 from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
@@ -172,9 +173,10 @@ def v5e_residuals() -> tuple[tuple[str, int, float], ...]:
     from calibration.sources.tpu_chip_records import build_records
     from megakernel.quant_pairs import KERNEL_DECODER
 
-    builds = sorted({r.panel_unroll for r in build_records(KERNEL_DECODER) if r.panel_unroll[1] > 1})
-    rows = [row for build in builds
-            for row in errors(lambda batch, build=build: first_principles_chip(KERNEL_DECODER, batch, build), build)]
+    builds = sorted({(r.panel_unroll, r.expert_list) for r in build_records(KERNEL_DECODER) if r.panel_unroll[1] > 1})
+    rows = [row for build, listed in builds
+            for row in errors(lambda batch, build=build, listed=listed: first_principles_chip(
+                KERNEL_DECODER, batch, build, listed), build, listed)]
     return tuple((name, batch, sim / ms - 1.0) for name, batch, ms, sim in rows)
 
 
@@ -258,7 +260,9 @@ def compiler_priced_chip(base: Chip, batch: int, path: Path | str = TPU7X_STATIC
         if part == "down":
             down_rows = record["params"]["rows"]
     chip = Chip.model_validate(data)
-    value, source = layer_remainder(chip, batch, (PANEL_UNROLL, EXPERT_PANEL_UNROLL), path, clock_hz)
+    # the kernel as it is (its expert list); a build of it not yet compiled for tpu7x: the nearest, named
+    value, source = layer_remainder(chip, batch, (PANEL_UNROLL, EXPERT_PANEL_UNROLL), path, clock_hz,
+                                    expert_list=EXPERT_LIST_BUILD)
     parent, name = _figure_slot(data, PER_LAYER)
     parent[name] = {**parent[name], "value": value, "label": "derived", "source": f"{source} (tpu7x); clock {clock_source}"}
     return Chip.model_validate(data), down_rows
