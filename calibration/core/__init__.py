@@ -15,6 +15,8 @@ Every source (:mod:`calibration.sources`) turns its measurements into a
 
 Modules, bottom to top (each imports only those before it):
 
+0. :mod:`~calibration.core.fitting` — the direct rules (a least-squares line, a median) that
+   set a figure where a solve adds nothing; no other module fits a line or takes a median.
 1. :mod:`~calibration.core.parameters` — the table of calibratable figures (name, unit,
    catalog path, bounds per chip kind, why); laying trial values over a chip.
 2. :mod:`~calibration.core.covariance` — the uncertainty rule, identifiability, draws.
