@@ -50,7 +50,8 @@ from pathlib import Path
 from typing import Any
 
 from calibration.core.fitting import fit_line, median
-from hwmodels.overlay import CalibratedValue, CalibrationOverlay, _figure_slot
+from calibration.core.overlay_builder import build_overlay, fitted_figure, write_overlay
+from hwmodels.overlay import CalibrationOverlay, _figure_slot
 from hwmodels.schema import Chip
 
 PROBES_PATH = Path(__file__).resolve().parents[1] / "data" / "tpu-v5e-probes.jsonl"
@@ -246,11 +247,11 @@ def _bytes_moved(record: dict[str, Any]) -> float:
 def probe_overlay(chip_name: str = "tpu-v5e", path: Path | str = PROBES_PATH) -> CalibrationOverlay:
     """The probe figures as an overlay of ``chip_name`` (fitted on the probes, no step time)."""
     figures = probe_figures(load_probes(path))
-    return CalibrationOverlay(
-        chip=chip_name,
-        fitted_on=f"measured on tpu-v5e: {sum(f.points for f in figures.values())} probe records "
-                  f"({', '.join(sorted({f.probe for f in figures.values()}))}); no kernel step time",
-        parameters={p: CalibratedValue(value=f.value, fitted_on=f.source) for p, f in figures.items()},
+    return build_overlay(
+        chip_name,
+        f"measured on tpu-v5e: {sum(f.points for f in figures.values())} probe records "
+        f"({', '.join(sorted({f.probe for f in figures.values()}))}); no kernel step time",
+        {p: fitted_figure(f.value, fitted_on=f.source) for p, f in figures.items()},
         measurements=str(Path(path).name),
     )
 
@@ -301,12 +302,11 @@ def dma_service(records: list[dict[str, Any]]) -> tuple[str, str] | None:
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m calibration.sources.tpu_probes [--save] [--probes PATH]``: print the probe
-    figures; ``--save`` writes them as the tpu-v5e overlay (``hwmodels.overlay.save_overlay``),
+    figures; ``--save`` writes them as the tpu-v5e overlay (the one writer,
+    :func:`calibration.core.overlay_builder.write_overlay`),
     so ``tpusim simulate --hardware tpu-v5e`` runs on them."""
     import argparse
     import sys
-
-    from hwmodels.overlay import save_overlay
 
     parser = argparse.ArgumentParser(allow_abbrev=False, description="TPU v5e probe records -> measured chip figures")
     parser.add_argument("--probes", type=Path, default=PROBES_PATH, help="the probe records (JSONL)")
@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     for figure in probe_figures(load_probes(args.probes)).values():
         sys.stdout.write(f"{figure.path} = {figure.value:.6g}  ({figure.source})\n")
     if args.save:
-        sys.stdout.write(f"saved {save_overlay(probe_overlay('tpu-v5e', args.probes))}\n")
+        sys.stdout.write(f"saved {write_overlay(probe_overlay('tpu-v5e', args.probes))}\n")
 
 
 if __name__ == "__main__":
