@@ -28,9 +28,11 @@ Four folders by role, imports pointing down only (``tests/test_layers.py`` check
     shared by them: the measurement record (:mod:`~calibration.sources.measurements`,
     :mod:`~calibration.sources.loaders`), the engine's prediction of a record
     (:mod:`~calibration.sources.predict`), hold-out splits and groups
-    (:mod:`~calibration.sources.splits`), format contrasts, the fitted range, which
-    procedure a chip gets (:mod:`~calibration.sources.procedures`) and which data each
-    calibration reads (:mod:`~calibration.sources.inputs`).
+    (:mod:`~calibration.sources.splits`), format contrasts, the fitted range, which data
+    each calibration reads (:mod:`~calibration.sources.inputs`); and the one door, the registry of
+    every source (:mod:`~calibration.sources.registry`: recognise, load, fit through the
+    core, overlay through the one builder), which also picks the procedure a chip and its
+    data get.
 ``core/``
     the fit and its statistics, knowing nothing of any source: the parameter table, the one
     solver, covariance, leave-one-group-out, model error and coverage, interval samples,

@@ -243,9 +243,9 @@ def test_the_cpu_loop_needs_no_probe_beforehand(tmp_path, monkeypatch) -> None:
     demo's first run on a new machine calibrates host-cpu with an empty local folder)."""
     import argparse
 
-    from calibration.commands.calibrate import _procedure
+    from calibration.commands.calibrate import _source
 
     monkeypatch.setenv("TPUSIM_LOCAL_DIR", str(tmp_path / "empty"))
     args = argparse.Namespace(procedure="auto", measurements="cpu-loop", hardware="host-cpu", components=None,
                               parameters=None)
-    assert _procedure(args) == "cpu loop"
+    assert _source(args).name == "cpu loop"

@@ -50,7 +50,7 @@ published per-stage split instead (:mod:`calibration.sources.gpu_stack`); its ``
 ``parameters``, ``within_tolerance`` and ``overlay``.
 
 The procedure is chosen by calibration from the chip and the data
-(:func:`calibration.sources.procedures.choose_procedure`), unless ``--procedure`` says otherwise; every
+(:func:`calibration.sources.registry.recognise`), unless ``--procedure`` says otherwise; every
 procedure's ``--json`` has ``calibration`` (:class:`calibration.core.result.CalibrationResult`): per
 measurement set the errors with priors only, parts only, fitted and held out
 (leave-one-group-out refits), the model error measured out of sample and, with
@@ -97,7 +97,6 @@ from calibration.commands.calibrate_outputs import (
     refuse,
     uncertainty_lines,
 )
-from calibration.commands.calibrate_stacks import run_gpu_stack, run_k3_stack
 from hwmodels.atomic import write_text_atomic
 from hwmodels.catalog import display_path, load_chip
 from hwmodels.errors import InputError
@@ -106,12 +105,14 @@ from tpusim.app.cli.common import emit_json, output_folder
 from tpusim.cli_options import HARDWARE_HELP, add_hardware_option, positive_int
 
 if TYPE_CHECKING:
+    from calibration.sources.registry import Source
     from calibration.sources.step_times import FitResult
 
 # The calibration package (scipy, the engine) is imported inside the commands that use it,
 # so ``tpusim --help`` and every other command stay light.
 
 CPU_LOOP = ("cpu-loop", "cpu-loop-quick")
+OUT_OPTIONAL = ("tpu kernel records",)  # sources whose runner prints its tables; --out only adds files
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -245,26 +246,33 @@ def _dimensions(args: argparse.Namespace) -> list[str] | None:
     return dims
 
 
-def _procedure(args: argparse.Namespace) -> str:
-    """The procedure: ``--procedure`` when given, else the one calibration chooses from the
-    chip and the data (:func:`calibration.sources.procedures.choose_procedure`)."""
-    from calibration.sources.procedures import choose_procedure
+def _source(args: argparse.Namespace) -> Source:
+    """The source to fit: the one ``--procedure`` names when given, else the one the registry
+    recognises from the chip and the data (:func:`calibration.sources.registry.recognise`)."""
+    from calibration.sources.registry import Request, recognise, source
     from calibration.sources.tpu_components import has_components
 
     if args.procedure != "auto":
-        return "part by part" if args.procedure == "parts" else "end to end"
+        return source("part by part" if args.procedure == "parts" else "end to end")
     if args.measurements in CPU_LOOP:  # the loop probes this host first: no host entry to read yet
-        return "cpu loop"
+        return source("cpu loop")
     from calibration.commands.calibrate_kernel import is_kernel_records
 
     chip = load_chip(args.hardware, calibrated=False)
-    return choose_procedure(chip, measurements=args.measurements,
-                            has_components=has_components(chip.name, args.components),
-                            parameters_given=bool(args.parameters), kernel_records=is_kernel_records(args))
+    return recognise(Request(chip, args.measurements, kernel_records=is_kernel_records(args),
+                             has_components=has_components(chip.name, args.components),
+                             parameters_given=bool(args.parameters)))
 
 
-def _run_parts(args: argparse.Namespace, console: Console) -> int:
+def _announce(args: argparse.Namespace, source: Source) -> Console:
+    console = Console(stderr=True)
+    console.print(f"calibrating {args.hardware} on {args.measurements} ({source.name}) ...", highlight=False)
+    return console
+
+
+def run_parts(args: argparse.Namespace, source: Source) -> int:
     """``--procedure parts``: components first, then the end-to-end points (calibration.sources.tpu_calibration)."""
+    from calibration.core.overlay_builder import write_overlay
     from calibration.reports.fit_report import write_fit_report
     from calibration.reports.trust import check_fit
     from calibration.sources.format_contrasts import contrast_lines
@@ -273,9 +281,9 @@ def _run_parts(args: argparse.Namespace, console: Console) -> int:
     from calibration.sources.predict import Predictor
     from calibration.sources.tpu_calibration import calibrate_by_parts
     from calibration.sources.tpu_components import load_components
-    from hwmodels.overlay import save_overlay
     from tpusim.app.interrupts import deferred_interrupts
 
+    _announce(args, source)
     if not args.components.startswith("published:"):
         raise InputError(f"--components {args.components}: expected published:<name>")
     published = load_chip(args.hardware, calibrated=False)
@@ -297,10 +305,9 @@ def _run_parts(args: argparse.Namespace, console: Console) -> int:
         append_refusals(paths["report"], refusals, blocking)
         write_text_atomic(out / "fit.json", json.dumps(summary, indent=2, default=float) + "\n")
         write_measurements(out / "measurements.jsonl", records)
-        overlay = result.overlay().model_copy(update=provenance(args, {
+        saved = None if args.no_save or blocking else write_overlay(result.overlay(), provenance=provenance(args, {
             key: summary[key] for key in ("mape_e2e_published", "mape_e2e_parts_only", "mape_calibration",
                                           "mape_holdout")}))
-        saved = None if args.no_save or blocking else save_overlay(overlay)
     summary["overlay"] = str(saved) if saved else None
     summary["report"] = str(paths["report"])
     if args.json:
@@ -338,9 +345,9 @@ def _end_to_end_result(args: argparse.Namespace, result: FitResult, procedure: s
     ``--coverage`` (end to end and CPU loop) the leave-one-group-out refits, the model error
     (stored in the overlay) and the coverage."""
     from calibration.core.model_error import coverage, model_error
+    from calibration.core.overlay_builder import model_error_term
     from calibration.core.result import CalibrationResult, SetErrors
     from calibration.sources.step_times import held_out_folds
-    from hwmodels.overlay import ModelErrorTerm
 
     if procedure == "end to end" and args.measurements in CPU_LOOP:
         procedure = "cpu loop"
@@ -361,13 +368,29 @@ def _end_to_end_result(args: argparse.Namespace, result: FitResult, procedure: s
             priors_only_held_out=summary["mape_before_holdout"], fitted_held_out=summary["mape_holdout"])},
         model_error=None if error is None else error.to_json(),
         coverage=None if cover is None else cover.to_json())
-    term = None if error is None else ModelErrorTerm(
-        in_range_rel=error.in_range_rel, extrapolated_rel=error.extrapolated_rel, method=error.method,
-        points=error.points, exact=error.exact)
-    return calibration, term
+    return calibration, model_error_term(error)
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
+    """Explain, or fit the source the registry recognises through its ``tpusim calibrate``
+    runner (:attr:`calibration.sources.registry.Source.command`)."""
+    if args.explain:
+        from calibration.reports.explain import explain_lines
+
+        for line in explain_lines(load_chip(args.hardware, calibrated=False)):
+            print(line)
+        return 0
+    if args.measurements is None:
+        raise InputError("calibrate needs --measurements and --out (or --explain; kernel records need no --out)")
+    source = _source(args)
+    if args.out is None and source.name not in OUT_OPTIONAL:
+        raise InputError("calibrate needs --measurements and --out (or --explain)")
+    return source.hook("command")(args, source)
+
+
+def run_single_fit(args: argparse.Namespace, source: Source) -> int:
+    """One fit of the step times (end to end, the CPU loop, a GPU micro-benchmark set): report,
+    fit, points and overlay (:func:`calibration.sources.step_times.save_fit`)."""
     from calibration.commands.fit_summary import convergence_problem, summary_lines
     from calibration.reports.fit_report import write_fit_report
     from calibration.reports.trust import check_fit
@@ -377,29 +400,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from calibration.sources.step_times import save_fit
     from tpusim.app.interrupts import deferred_interrupts
 
-    if args.explain:
-        from calibration.reports.explain import explain_lines
-
-        for line in explain_lines(load_chip(args.hardware, calibrated=False)):
-            print(line)
-        return 0
-    if args.measurements is None:
-        raise InputError("calibrate needs --measurements and --out (or --explain; kernel records need no --out)")
-    procedure = _procedure(args)
-    if procedure == "tpu kernel records":  # prints its tables; --out is optional
-        from calibration.commands.calibrate_kernel import run_kernel_records
-
-        return run_kernel_records(args)
-    if args.out is None:
-        raise InputError("calibrate needs --measurements and --out (or --explain)")
-    if procedure == "gpu stack":
-        return run_gpu_stack(args)
-    if procedure == "gpu k3 stack":
-        return run_k3_stack(args)
-    console = Console(stderr=True)
-    console.print(f"calibrating {args.hardware} on {args.measurements} ({procedure}) ...", highlight=False)
-    if procedure == "part by part":
-        return _run_parts(args, console)
+    procedure = source.name
+    console = _announce(args, source)
     result, records = _fit(args, console)
     out = Path(args.out)
     problem = convergence_problem(result)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -28,6 +29,9 @@ from hwmodels.atomic import write_text_atomic
 from hwmodels.catalog import display_path
 from hwmodels.errors import InputError
 from tpusim.app.cli.common import emit_json
+
+if TYPE_CHECKING:
+    from calibration.sources.registry import Source
 
 CHIPS = ("tpu-v5e",)  # chips whose kernel records this path fits
 
@@ -53,10 +57,10 @@ def is_kernel_records(args: argparse.Namespace) -> bool:
     return records_file(path)
 
 
-def run_kernel_records(args: argparse.Namespace) -> int:
+def run_kernel_records(args: argparse.Namespace, source: Source) -> int:
+    from calibration.core.overlay_builder import write_overlay
     from calibration.reports.tpu_v5e import coverage_lines, markdown, plot, summary_lines, way_table
     from calibration.sources.tpu_kernel_fit import LABEL, SPLITS, calibrate_kernel_records
-    from hwmodels.overlay import save_overlay
 
     if args.hardware not in CHIPS:
         raise InputError(f"--measurements {args.measurements}: kernel records calibrate {', '.join(CHIPS)} "
@@ -71,15 +75,15 @@ def run_kernel_records(args: argparse.Namespace) -> int:
         raise InputError(f"--holdout-dimensions {dims}: kernel records split by {' or '.join(SPLITS)}")
     records = load_chip_records(Path(args.measurements))  # a bad file is one line before anything runs
     console = Console(stderr=True)
-    console.print(f"calibrating {args.hardware} on {args.measurements} (tpu kernel records: {len(records)} "
+    console.print(f"calibrating {args.hardware} on {args.measurements} ({source.name}: {len(records)} "
                   "K3-shard points) ...", highlight=False, soft_wrap=True)
     fit = calibrate_kernel_records(Path(args.measurements), holdout=splits,
                                    progress=lambda line: console.print(f"  {line}", highlight=False))
     calibration = fit.result()
     summary = {**fit.to_json(), "calibration": calibration.to_json()}
-    saved = None if args.no_save else save_overlay(fit.overlay().model_copy(update=provenance(args, {
+    saved = None if args.no_save else write_overlay(fit.overlay(), provenance=provenance(args, {
         "mape_before": fit.mape("b"), "mape_calibration": fit.mape("c:fit"),
-        "mape_holdout": calibration.errors[fit.path].held_out})))
+        "mape_holdout": calibration.errors[fit.path].held_out}))
     summary["overlay"] = str(saved) if saved else None
     if args.out:
         out = Path(args.out)

@@ -1,7 +1,7 @@
 """``tpusim calibrate`` on a GPU serving stack: the published per-stage split
 (``published:b200-vllm-qwen3.5``) and the SGLang K3 rows (``published:b300-sglang-k3``).
 
-The procedure is chosen in :mod:`calibration.commands.calibrate` (:func:`calibration.sources.procedures.choose_procedure`);
+The source is recognised in :mod:`calibration.commands.calibrate` (:func:`calibration.sources.registry.recognise`);
 these paths fit, write ``report.md`` and ``fit.json`` to ``--out`` and save the overlay.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -19,13 +20,17 @@ from hwmodels.catalog import load_chip
 from hwmodels.errors import InputError
 from tpusim.app.cli.common import emit_json
 
+if TYPE_CHECKING:
+    from calibration.sources.registry import Source
 
-def run_gpu_stack(args: argparse.Namespace) -> int:
+
+def run_gpu_stack(args: argparse.Namespace, source: Source) -> int:
     """``--measurements published:b200-vllm-qwen3.5``: fit the GPU serving stack's figures on
     the published per-stage breakdown (:mod:`calibration.sources.gpu_stack`), measure the model error
     by leave-one-stage-group-out refits (:mod:`calibration.sources.gpu_stack`) and save the overlay;
     for a chip of the same GPU (gb200) the fit runs on the chip measured (b200) and the
     overlay is derived from it, saying so."""
+    from calibration.core.overlay_builder import write_overlay
     from calibration.core.result import CalibrationResult, SetErrors
     from calibration.sources.gpu_stack import (
         SAME_GPU,
@@ -34,7 +39,6 @@ def run_gpu_stack(args: argparse.Namespace) -> int:
         stack_model_error,
         stack_overlay,
     )
-    from hwmodels.overlay import save_overlay
 
     fitted_chip = SAME_GPU.get(args.hardware, args.hardware)
     try:
@@ -45,7 +49,7 @@ def run_gpu_stack(args: argparse.Namespace) -> int:
     error = stack_model_error(measured_on, max_evals=args.max_evals)
     step = fit["published_step_us"]
     calibration = CalibrationResult(
-        procedure="gpu stack", chip=args.hardware,
+        procedure=source.name, chip=args.hardware,
         errors={args.measurements: SetErrors(
             points=1, priors_only=abs(fit["before"]["step_us"] - step) / step, parts_only=None,
             fitted=abs(fit["after"]["step_us"] - step) / step, held_out=error["logo_mape"])},
@@ -59,7 +63,7 @@ def run_gpu_stack(args: argparse.Namespace) -> int:
         f"- {line}" for line in uncertainty_lines(fit["calibration"])) + "\n")
     write_text_atomic(out / "fit.json", json.dumps(fit, indent=2, default=float) + "\n")
     overlay = stack_overlay(fit, error, args.hardware)
-    saved = None if args.no_save else save_overlay(overlay.model_copy(update=provenance(args, {})))
+    saved = None if args.no_save else write_overlay(overlay, provenance=provenance(args, {}))
     fit["overlay"] = str(saved) if saved else None
     fit["overlay_fitted_on"] = overlay.fitted_on
     if args.json:
@@ -71,11 +75,11 @@ def run_gpu_stack(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_k3_stack(args: argparse.Namespace) -> int:
+def run_k3_stack(args: argparse.Namespace, source: Source) -> int:
     """``--measurements published:b300-sglang-k3``: fit the SGLang K3 stack on the published
     B300 K3 rows, each format held out in turn (:mod:`calibration.sources.k3_b300`)."""
+    from calibration.core.overlay_builder import write_overlay
     from calibration.sources.k3_b300 import fit_k3_stack, overlay_of, report_markdown
-    from hwmodels.overlay import save_overlay
 
     try:
         fit = fit_k3_stack(load_chip(args.hardware, calibrated=False), max_evals=min(args.max_evals, 30))
@@ -85,7 +89,7 @@ def run_k3_stack(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "report.md", report_markdown(fit))
     write_text_atomic(out / "fit.json", json.dumps(fit, indent=2, default=float) + "\n")
-    saved = None if args.no_save else save_overlay(overlay_of(fit).model_copy(update=provenance(args, {})))
+    saved = None if args.no_save else write_overlay(overlay_of(fit), provenance=provenance(args, {}))
     fit["overlay"] = str(saved) if saved else None
     if args.json:
         emit_json(fit)

@@ -2,7 +2,9 @@
 
 Every source (:mod:`calibration.sources`) turns its measurements into a
 :class:`Problem` and calls :func:`fit` — the one entry point — then reports through
-:class:`CalibrationResult`::
+:class:`CalibrationResult` and builds its overlay with
+:func:`~calibration.core.overlay_builder.build_overlay`; each source is registered once in
+:mod:`calibration.sources.registry` (``calibration/README.md``)::
 
     from calibration.core import Problem, SolverOptions, fit, parameters
 
@@ -15,6 +17,10 @@ Every source (:mod:`calibration.sources`) turns its measurements into a
 
 Modules, bottom to top (each imports only those before it):
 
+0. :mod:`~calibration.core.fitting` — the direct rules (a least-squares line, a median) that
+   set a figure where a solve adds nothing; no other module fits a line or takes a median.
+0. :mod:`~calibration.core.overlay_builder` — the one overlay builder (fitted figures of a
+   chip -> :class:`hwmodels.overlay.CalibrationOverlay`) and the one writer of overlays.
 1. :mod:`~calibration.core.parameters` — the table of calibratable figures (name, unit,
    catalog path, bounds per chip kind, why); laying trial values over a chip.
 2. :mod:`~calibration.core.covariance` — the uncertainty rule, identifiability, draws.

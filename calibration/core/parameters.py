@@ -31,8 +31,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from calibration.core.overlay_builder import build_overlay, fitted_figure
 from hwmodels.errors import InputError
-from hwmodels.overlay import CalibratedValue, CalibrationOverlay, apply_overlay, iter_figures
+from hwmodels.overlay import apply_overlay, iter_figures
 from hwmodels.schema import Chip
 
 KINDS = ("tpu", "gpu", "cpu")
@@ -236,10 +237,7 @@ def with_declared_priors(chip: Chip, specs: tuple[Parameter, ...]) -> Chip:
 def chip_with(base: Chip, values: dict[str, float], *, fitted_on: str = "trial") -> Chip:
     """``base`` with ``values`` (and :func:`implied_values`) laid over it as an overlay."""
     merged = {**values, **implied_values(base, values)}
-    overlay = CalibrationOverlay(
-        chip=base.name, fitted_on=fitted_on,
-        parameters={path: CalibratedValue(value=value) for path, value in merged.items()},
-    )
+    overlay = build_overlay(base.name, fitted_on, {path: fitted_figure(value) for path, value in merged.items()})
     return apply_overlay(base, overlay, origin="trial fit")
 
 

@@ -25,7 +25,7 @@ request overhead to every TTFT) and the model error into the calibrated overlays
 of ``b200`` (where most sweeps ran) and ``b300`` (GB200 / GB300 take b300's figures as
 *derived*, ``execution.gpu.stack_figures_from``); an existing overlay keeps its parameters.
 The model error is written for predictions in and out of the fit's range alike
-(:data:`OVERLAY_NOTE`), not the core's default doubling outside it.
+(:data:`calibration.sources.gpu_batch_ttft.OVERLAY_NOTE`), not the core's default doubling outside it.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import sys
 from typing import Any
 
 from calibration.core import ModelError
+from calibration.core.overlay_builder import write_overlay
 from calibration.core.parameters import chip_with
 from calibration.sources import gpu_batch_data as data
 from calibration.sources import gpu_batch_experts as experts
@@ -43,14 +44,6 @@ from calibration.sources import gpu_batch_speculative as speculative
 from calibration.sources import gpu_batch_sweeps as sweeps
 from calibration.sources import gpu_batch_ttft as ttft
 from hwmodels.catalog import load_chip
-from hwmodels.overlay import (
-    CalibratedValue,
-    CalibrationOverlay,
-    ModelErrorTerm,
-    load_overlay,
-    overlay_path,
-    save_overlay,
-)
 from tpusim.engine import simulate
 from tpusim.engine.gpu import gpu_breakdown, gpu_variant
 from tpusim.engine.gpu_batch import batch_terms, prefill_step_s
@@ -68,11 +61,6 @@ K3_SYSTEMS = (("b300", 8, "tp=8,expert_groups=1,expert_tp=8"), ("gb200", 16, "tp
 K3_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 # K3's nearest public relative at the same 8k/1k: Kimi-K2.5 NVFP4 on B200 (S1b rows 21-25, S1c 41-45)
 K25_SWEEPS = ("k25-b200-tp4ep4", "k25-b200-tp4")
-OVERLAY_CHIPS = ("b200", "b300")
-TTFT_FITTED_ON = (f"{data.MEASUREMENT}: the published median TTFTs of the fit side's SGLang sweeps "
-                  "(DeepSeek-R1 on 8 B200), calibration.sources.gpu_batch_ttft")
-OVERLAY_NOTE = ("; used in and out of the fit's range alike: the held-out points are already other models, "
-                "deployments, lengths and concurrencies than the fit's")
 
 
 def k3_chip(name: str, values: dict[str, float] | None) -> Any:
@@ -119,28 +107,10 @@ def k3_transfer(values: dict[str, float]) -> list[dict[str, Any]]:
 
 
 def write_overlays(values: dict[str, float], model_error: ModelError) -> list[str]:
-    """The fitted figures + model error into the overlays of :data:`OVERLAY_CHIPS` (kept
-    parameters of an existing overlay stay)."""
-    written = []
-    ttft_values = ttft.calibrate_ttft().values
-    fitted_on = (f"{data.MEASUREMENT}: public B200 sweeps, judged on B200 and GB200 "
-                 "(calibration.sources.gpu_batch_sweeps)")
-    q = model_error.in_range_rel
-    error = ModelErrorTerm(in_range_rel=q, extrapolated_rel=q, method=model_error.method + OVERLAY_NOTE,
-                           points=model_error.points, exact=model_error.exact)
-    for name in OVERLAY_CHIPS:
-        path = overlay_path(name)
-        parameters = dict(load_overlay(path).parameters) if path.is_file() else {}
-        parameters |= {f.path: CalibratedValue(value=values[f.name], fitted_on=data.MEASUREMENT)
-                       for f in sweeps.PARAMETERS}
-        parameters |= {f.path: CalibratedValue(value=ttft_values[f.name], fitted_on=TTFT_FITTED_ON)
-                       for f in ttft.TTFT_PARAMETERS}
-        previous = load_overlay(path) if path.is_file() else None
-        overlay = CalibrationOverlay(chip=name, fitted_on=(f"{previous.fitted_on}; {fitted_on}" if previous
-                                                           else fitted_on), parameters=parameters,
-                                     coverage=previous.coverage if previous else None, model_error=error)
-        written.append(str(save_overlay(overlay, path)))
-    return written
+    """The fitted figures + model error into the overlays of
+    :data:`calibration.sources.gpu_batch_ttft.OVERLAY_CHIPS` (kept parameters of an existing
+    overlay stay), built by the source and written by the one writer."""
+    return [str(write_overlay(overlay)) for overlay in ttft.batch_overlays(values, model_error)]
 
 
 def sweep_markdown(rows: list[dict[str, Any]], held_out: dict[str, Any]) -> str:

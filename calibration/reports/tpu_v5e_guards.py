@@ -37,11 +37,11 @@ there :func:`decode_check` catches it.
 from __future__ import annotations
 
 import json
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from calibration.core.fitting import median
 from calibration.sources.tpu_chip_records import ChipRecord
 from calibration.sources.tpu_probes import LARGE_COPY_BYTES, PROBES_PATH
 from hwmodels.records.jsonl import record_line, write_lines
@@ -105,7 +105,7 @@ def planted_stream_probes(folder: Path, factor: float, path: Path | str = PROBES
     (each call's time less the empty call divided by ``factor``: the sustained bandwidth the
     rule reads x ``factor``), written to ``folder``: the issue's planted ``dma_stream`` error."""
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    empty_s = statistics.median(r["seconds_median"] for r in rows
+    empty_s = median(r["seconds_median"] for r in rows
                                 if r.get("probe") == "empty_call" and r.get("check", "ok") == "ok")
     out = []
     for row in rows:

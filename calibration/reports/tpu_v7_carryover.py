@@ -30,8 +30,7 @@ import json
 import sys
 from typing import Any
 
-import numpy as np
-
+from calibration.core.fitting import fit_line
 from calibration.core.parameters import chip_with
 from calibration.sources.loaders import load_measurements, usable_for
 from calibration.sources.measurements import Measurement
@@ -63,9 +62,8 @@ def per_layer_probe() -> dict[str, float]:
     loop = [r for r in load_probes() if r["probe"] == "layer_loop"]
     layers = [r["params"]["layers"] for r in loop]
     seconds = [r["seconds_median"] for r in loop]
-    coefficients, covariance = np.polyfit(layers, seconds, 1, cov=True)
-    return {"slope_s": float(coefficients[0]), "standard_error_s": float(np.sqrt(covariance[0, 0])),
-            "points": len(loop)}
+    line = fit_line(layers, seconds, standard_error=True)
+    return {"slope_s": line.slope, "standard_error_s": line.slope_standard_error, "points": len(loop)}
 
 
 def k3_ms(chip: Chip, predictor: Predictor) -> float:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from calibration.core.fitting import median as middle
 from calibration.core.parameters import HOST_PEAK_PATH, SUSTAINED_PATH
 from calibration.sources.step_times import FitResult, FittedParameter
 from hwmodels.schema import Chip
@@ -71,7 +72,7 @@ def unit_problem(measured_s: Sequence[float], predicted_s: Sequence[float]) -> R
     pairs = [(m, p) for m, p in zip(measured_s, predicted_s, strict=True) if m > 0 and p > 0]
     if not pairs:
         return None
-    decades = float(np.median([math.log10(m / p) for m, p in pairs]))
+    decades = float(middle([math.log10(m / p) for m, p in pairs]))
     if abs(decades) < UNIT_ERROR_DECADES:
         return None
     factor = 10.0 ** round(decades)
@@ -130,7 +131,7 @@ def error_problem(errors: Sequence[float]) -> Refusal | None:
     values = np.abs(np.asarray(errors, dtype=float))
     if not values.size:
         return None
-    median = float(np.median(values))
+    median = float(middle(values))
     if median <= MAX_MEDIAN_FIT_ERROR:
         return None
     return Refusal(f"the calibrated figures miss the points they were fitted on by {100 * median:.1f} % "

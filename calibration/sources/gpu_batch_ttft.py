@@ -35,6 +35,11 @@ declared prior (:func:`calibration.sources.gpu_batch_sweeps.ttft_host_op_s`): th
 concurrency-1 TTFTs are not unseen by the prefill's host floor, so the level figure of the
 held-out side is also reported without them (concurrency > 1 only). The published TTFTs (all
 18) were in the reference tables read before this rule was written.
+
+**Overlays** (:func:`batch_overlays`, the ``gpu batch sweeps`` source's overlay hook in
+:mod:`calibration.sources.registry`): the batch-growth figures of
+:mod:`calibration.sources.gpu_batch_sweeps` and the two TTFT figures laid into the b200 and b300
+overlays through the one builder; here because this module stands on the sweeps' one.
 """
 
 from __future__ import annotations
@@ -46,10 +51,26 @@ from typing import Any
 
 import numpy as np
 
-from calibration.core import Fold, Problem, Solution, SolverOptions, leave_one_group_out, parameters
+from calibration.core import (
+    Fold,
+    ModelError,
+    Problem,
+    Solution,
+    SolverOptions,
+    leave_one_group_out,
+    parameters,
+)
 from calibration.core import fit as core_fit
+from calibration.core.overlay_builder import Figure, build_overlay, fitted_figure
 from calibration.core.parameters import figure_value, with_declared_priors
-from calibration.sources.gpu_batch_data import Point, load_rows, load_split, points, sweep_chip
+from calibration.sources.gpu_batch_data import (
+    MEASUREMENT,
+    Point,
+    load_rows,
+    load_split,
+    points,
+    sweep_chip,
+)
 from calibration.sources.gpu_batch_sweeps import (
     HOST_FIGURE,
     MS,
@@ -58,6 +79,8 @@ from calibration.sources.gpu_batch_sweeps import (
     calibrate,
     predict_ms,
 )
+from calibration.sources.gpu_batch_sweeps import PARAMETERS as BATCH_PARAMETERS
+from hwmodels.overlay import CalibratedValue, CalibrationOverlay, load_overlay, overlay_path
 from hwmodels.schema import Chip
 from tpusim.serving.first_token import first_token_wait_s
 
@@ -206,4 +229,37 @@ def ttft_summary() -> dict[str, Any]:
     errors = np.abs(np.array(fold.predicted) / np.array(fold.measured) - 1.0)
     out["held-out"]["level_fold"] = {"mape": float(errors.mean()), "max_abs_error": float(errors.max()),
                                      "points": len(errors)}
+    return out
+
+
+# --------------------------------------------------------------------------- overlays
+
+OVERLAY_CHIPS = ("b200", "b300")
+TTFT_FITTED_ON = (f"{MEASUREMENT}: the published median TTFTs of the fit side's SGLang sweeps "
+                  "(DeepSeek-R1 on 8 B200), calibration.sources.gpu_batch_ttft")
+OVERLAY_NOTE = ("; used in and out of the fit's range alike: the held-out points are already other models, "
+                "deployments, lengths and concurrencies than the fit's")
+
+
+def batch_overlays(values: dict[str, float], model_error: ModelError) -> list[CalibrationOverlay]:
+    """The overlays of :data:`OVERLAY_CHIPS` with the fitted figures (``values``), the TTFT
+    figures (:func:`calibrate_ttft`) and ``model_error``, used
+    in and out of the fit's range alike (:data:`OVERLAY_NOTE`); an existing overlay's other
+    parameters, coverage and ``fitted_on`` are kept. ``python -m calibration.reports.gpu_batch
+    --write-overlays`` writes them."""
+    ttft_values = calibrate_ttft().values
+    fitted_on = (f"{MEASUREMENT}: public B200 sweeps, judged on B200 and GB200 "
+                 "(calibration.sources.gpu_batch_sweeps)")
+    q = model_error.in_range_rel
+    error = {"in_range_rel": q, "extrapolated_rel": q, "method": model_error.method + OVERLAY_NOTE,
+             "points": model_error.points, "exact": model_error.exact}
+    out = []
+    for name in OVERLAY_CHIPS:
+        path = overlay_path(name)
+        previous = load_overlay(path) if path.is_file() else None
+        figures: dict[str, Figure | CalibratedValue] = dict(previous.parameters) if previous else {}
+        figures |= {f.path: fitted_figure(values[f.name], fitted_on=MEASUREMENT) for f in BATCH_PARAMETERS}
+        figures |= {f.path: fitted_figure(ttft_values[f.name], fitted_on=TTFT_FITTED_ON) for f in TTFT_PARAMETERS}
+        out.append(build_overlay(name, f"{previous.fitted_on}; {fitted_on}" if previous else fitted_on, figures,
+                                 coverage=previous.coverage if previous else None, model_error=error))
     return out

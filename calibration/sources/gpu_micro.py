@@ -61,6 +61,7 @@ import numpy as np
 
 from calibration.core import Problem, SolverOptions, fit, parameters
 from calibration.core.covariance import identifiability
+from calibration.core.fitting import median
 from calibration.core.parameters import chip_with, figure_value
 from calibration.sources.measurements import Measurement
 from calibration.sources.predict import Predictor
@@ -268,7 +269,7 @@ def _eager(published: Chip, records: Sequence[Measurement], fitted_on: str) -> l
     eager = [r for r in records if record_kind(r) == "gap_eager"]
     if published.kind != "gpu" or not eager:
         return []
-    value = float(np.median([r.step_s for r in eager]))
+    value = float(median([r.step_s for r in eager]))
     spread = max((r.ms_per_step_spread or 0.0) / 1e3 for r in eager)
     path = "execution.launch_overhead_s"
     current = figure_value(published, path)

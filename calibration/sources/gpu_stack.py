@@ -51,7 +51,8 @@ from calibration.core import (
     parameters,
 )
 from calibration.core.model_error import EXTRAPOLATION_FACTOR
-from hwmodels.overlay import CalibratedValue, CalibrationOverlay, ModelErrorTerm
+from calibration.core.overlay_builder import build_overlay, fitted_figure
+from hwmodels.overlay import CalibrationOverlay
 from hwmodels.provenance import FitCoverage
 from hwmodels.schema import Chip
 from tpusim.engine import simulate
@@ -258,13 +259,6 @@ def _figure(chip: Chip, path: str) -> float:
     return getattr(chip.execution.gpu, path.rsplit(".", 1)[1]).value
 
 
-def overlay_of(fit: dict[str, Any]) -> CalibrationOverlay:
-    """The fitted figures as a calibrated overlay for :func:`hwmodels.overlay.save_overlay`."""
-    return CalibrationOverlay(chip=fit["chip"], fitted_on=f"{MEASUREMENT}: {SOURCE}", parameters={
-        path: CalibratedValue(value=entry["value"], fitted_on=MEASUREMENT)
-        for path, entry in fit["parameters"].items()})
-
-
 def report_markdown(fit: dict[str, Any]) -> str:
     """The fit as a short Markdown report (groups before / after, figures)."""
     lines = [f"# GPU stack calibration: {fit['chip']} on {fit['measurements']}", "", f"Data: {fit['source']}.", "",
@@ -322,12 +316,8 @@ def stack_overlay(fit: dict[str, Any], error: dict[str, Any] | None, chip_name: 
     if derived:
         fitted_on = (f"derived: the {fit['chip']} serving-stack fit on {MEASUREMENT} "
                      f"(tpusim calibrate --hardware {fit['chip']}), {chip_name} being the same GPU; {SOURCE}")
-    return CalibrationOverlay(
-        chip=chip_name, fitted_on=fitted_on,
-        parameters={path: CalibratedValue(value=entry["value"], fitted_on=(
-            f"derived from the {fit['chip']} fit on {MEASUREMENT}" if derived else MEASUREMENT))
-            for path, entry in fit["parameters"].items()},
+    data = f"derived from the {fit['chip']} fit on {MEASUREMENT}" if derived else MEASUREMENT
+    return build_overlay(
+        chip_name, fitted_on, {path: fitted_figure(entry["value"], fitted_on=data) for path, entry in fit["parameters"].items()},
         coverage=FitCoverage(models=[MODEL], formats=[], chip_counts=[1], batches=[1], backends=["published"]),
-        model_error=None if error is None else ModelErrorTerm(
-            in_range_rel=error["in_range_rel"], extrapolated_rel=error["extrapolated_rel"], method=error["method"],
-            points=error["points"], exact=error["exact"]))
+        model_error=error)

@@ -47,11 +47,12 @@ from typing import Any
 import numpy as np
 
 from calibration.core import Problem, SolverOptions, fit, leave_one_group_out, parameters
+from calibration.core.overlay_builder import build_overlay, fitted_figure
 from calibration.core.parameters import chip_with, figure_value
 from calibration.sources.measurements import Measurement, SystemRef
 from hwmodels.catalog import display_path
 from hwmodels.errors import InputError
-from hwmodels.overlay import CalibratedValue, CalibrationOverlay
+from hwmodels.overlay import CalibrationOverlay
 from hwmodels.schema import Chip
 from hwmodels.textfile import read_user_json
 from tpusim.engine import simulate
@@ -213,9 +214,9 @@ def fit_k3_stack(chip: Chip, *, max_evals: int = 30) -> dict[str, Any]:
 
 
 def overlay_of(fit: dict[str, Any]) -> CalibrationOverlay:
-    """The fitted figures as a calibrated overlay (:func:`hwmodels.overlay.save_overlay`)."""
-    return CalibrationOverlay(chip=fit["chip"], fitted_on=f"{MEASUREMENT}: plain MXFP4 and NVFP4 rows", parameters={
-        path: CalibratedValue(value=entry["value"], fitted_on=MEASUREMENT) for path, entry in fit["parameters"].items()})
+    """The fitted figures as a calibrated overlay (:func:`calibration.core.overlay_builder.build_overlay`)."""
+    return build_overlay(fit["chip"], f"{MEASUREMENT}: plain MXFP4 and NVFP4 rows",
+                         {path: fitted_figure(entry["value"], fitted_on=MEASUREMENT) for path, entry in fit["parameters"].items()})
 
 
 def report_markdown(fit: dict[str, Any]) -> str:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from calibration.core.fitting import median
 from calibration.sources.measurements import MS_PER_S, US_PER_S, Measurement, PhaseTiming, SystemRef
 from hwmodels.catalog import display_path
 from hwmodels.errors import InputError
@@ -134,7 +135,7 @@ class ProfileTrace:
         for event in self.kernel_events(module):
             durations[event.hlo_op or event.name].append(event.dur_us)
         return {
-            name: KernelStats(name, len(values), sum(values), statistics.median(values))
+            name: KernelStats(name, len(values), sum(values), median(values))
             for name, values in sorted(durations.items(), key=lambda item: -sum(item[1]))
         }
 
@@ -276,7 +277,7 @@ def trace_measurement(
         routing=routing,
         schedule=schedule,
         backend=backend,
-        ms_per_step_median=statistics.median(samples_us) * to_ms,
+        ms_per_step_median=median(samples_us) * to_ms,
         ms_per_step_spread=_iqr_half(samples_us) * to_ms,
         steps=len(samples_us),
         phases=phases,

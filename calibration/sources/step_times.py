@@ -62,6 +62,7 @@ from calibration.core import (
     parameters,
 )
 from calibration.core.covariance import Identifiability, identifiability
+from calibration.core.overlay_builder import build_overlay, fitted_figure, write_overlay
 from calibration.core.parameters import SUSTAINED_PATH, figure_value, implied_values
 from calibration.sources.fit_range import fit_coverage
 from calibration.sources.format_contrasts import contrasts_json
@@ -69,7 +70,7 @@ from calibration.sources.measurements import Measurement
 from calibration.sources.predict import PredictFn, Predictor
 from calibration.sources.splits import Split, describe_records, groups_of, split_records
 from hwmodels.errors import InputError
-from hwmodels.overlay import CalibratedValue, CalibrationOverlay, iter_figures, save_overlay
+from hwmodels.overlay import CalibrationOverlay, iter_figures
 from hwmodels.schema import Chip
 
 # --------------------------------------------------------------------------- errors
@@ -170,17 +171,11 @@ class FitResult:
     def overlay(self) -> CalibrationOverlay:
         """The fitted values as a calibration overlay (each with its uncertainty and data),
         plus any figure implied by them (:func:`calibration.core.parameters.implied_values`)."""
-        parameters = {
-            p.path: CalibratedValue(value=p.value, uncertainty=p.uncertainty, fitted_on=p.fitted_on)
-            for p in self.parameters
-        }
+        figures = {p.path: fitted_figure(p.value, p.uncertainty, p.fitted_on) for p in self.parameters}
         implied = implied_values(self.published_chip, {p.path: p.value for p in self.parameters})
         for path, value in implied.items():
-            parameters[path] = CalibratedValue(
-                value=value, fitted_on=f"implied by the fitted {SUSTAINED_PATH} ({self.fitted_on})"
-            )
-        return CalibrationOverlay(chip=self.chip.name, fitted_on=self.fitted_on, parameters=parameters,
-                                  coverage=fit_coverage(self.split.calibration))
+            figures[path] = fitted_figure(value, fitted_on=f"implied by the fitted {SUSTAINED_PATH} ({self.fitted_on})")
+        return build_overlay(self.chip.name, self.fitted_on, figures, coverage=fit_coverage(self.split.calibration))
 
     def to_json(self) -> dict[str, Any]:
         rows = []
@@ -327,7 +322,7 @@ def save_fit(result: FitResult, path: Path | str | None = None, *, samples: bool
              provenance: dict[str, Any] | None = None) -> Path:
     """Write the fit's overlay atomically (default ``<local dir>/calibrated/<chip>.yaml``).
 
-    The published catalog file is never written: :func:`hwmodels.overlay.save_overlay`
+    The published catalog file is never written: :func:`calibration.core.overlay_builder.write_overlay`
     refuses the built-in folder and replaces the overlay file atomically, so an interrupted
     save leaves the previous overlay intact.
     """
@@ -341,9 +336,8 @@ def save_fit(result: FitResult, path: Path | str | None = None, *, samples: bool
         overlay = overlay.model_copy(update={
             "samples": draw_samples([(covariance["paths"], values, np.array(covariance["matrix"]), bounds)]),
             "interval_method": METHOD.format(seed=SEED)})
-    if provenance:  # fields of the overlay the fit does not know (measurements, errors)
-        overlay = overlay.model_copy(update=provenance)
-    return save_overlay(overlay, path)
+    # provenance: fields of the overlay the fit does not know (measurements, errors)
+    return write_overlay(overlay, path, provenance=provenance)
 
 
 def held_out_folds(result: FitResult, *, spread: bool, dimensions: Sequence[str] | None = None) -> list[Fold]:

@@ -37,6 +37,7 @@ from calibration.core import (
     model_error,
     parameters,
 )
+from calibration.core.overlay_builder import build_overlay, fitted_figure
 from calibration.core.parameters import figure_value
 from calibration.core.samples import METHOD, SEED, draw_samples
 from calibration.sources.fit_range import fit_coverage
@@ -58,7 +59,7 @@ from calibration.sources.tpu_stages import (
     isolated_stage,
 )
 from hwmodels.errors import InputError
-from hwmodels.overlay import CalibratedValue, CalibrationOverlay, ModelErrorTerm
+from hwmodels.overlay import CalibrationOverlay
 from hwmodels.schema import Chip
 from tpusim.workload.registry.names import Family
 
@@ -147,17 +148,10 @@ class PartsResult:
         return out
 
     def overlay(self) -> CalibrationOverlay:
-        parameters = {path: CalibratedValue(value=value, uncertainty=sigma, fitted_on=data)
-                      for path, (value, sigma, data) in self.fitted().items()}
-        return CalibrationOverlay(chip=self.published.name, fitted_on="part by part: components + "
-                                  + self.e2e.fitted_on, parameters=parameters, samples=self.samples,
-                                  coverage=fit_coverage(self.e2e.split.calibration),
-                                  interval_method=METHOD.format(seed=SEED),
-                                  model_error=None if self.model_error is None else ModelErrorTerm(
-                                      in_range_rel=self.model_error.in_range_rel,
-                                      extrapolated_rel=self.model_error.extrapolated_rel,
-                                      method=self.model_error.method, points=self.model_error.points,
-                                      exact=self.model_error.exact))
+        figures = {path: fitted_figure(value, sigma, data) for path, (value, sigma, data) in self.fitted().items()}
+        return build_overlay(self.published.name, "part by part: components + " + self.e2e.fitted_on, figures,
+                             samples=self.samples, coverage=fit_coverage(self.e2e.split.calibration),
+                             interval_method=METHOD.format(seed=SEED), model_error=self.model_error)
 
     def result(self) -> CalibrationResult:
         """The one result type (:class:`calibration.core.result.CalibrationResult`)."""

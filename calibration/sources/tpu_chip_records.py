@@ -21,12 +21,12 @@ The measured step includes one host launch of the kernel; the engine's
 from __future__ import annotations
 
 import json
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from calibration.core.fitting import median
 from calibration.sources.tpu_probes import CALIBRATION_DECODER
 from hwmodels.errors import InputError
 from hwmodels.overlay import iter_figures
@@ -199,7 +199,7 @@ def _merged(rows: list[KernelRecord], path: Path, shard_of: str, expert_cap: int
         out.append(ChipRecord(
             model=first.model, shard_of=shard_of, schedule=str(first.schedule),
             schedule_path=str(files[digest].relative_to(ROOT)), batch=batch, context=first.context,
-            routing=f"trace:{routing_name}", ms_median=statistics.median(r.ms_per_step_median for r in runs),
+            routing=f"trace:{routing_name}", ms_median=median(r.ms_per_step_median for r in runs),
             ms_spread=max(r.ms_per_step_spread for r in runs), runs=len(runs), expert_cap=expert_cap,
             panel_unroll=unroll, expert_list=listed))
     return sorted(out, key=lambda r: (r.batch, r.schedule, r.panel_unroll, r.expert_list))

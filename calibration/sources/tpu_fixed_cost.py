@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import brentq
 
+from calibration.core.fitting import fit_line
 from calibration.sources.tpu_chip_records import (
     KERNEL_PATH,
     ChipRecord,
@@ -146,7 +147,7 @@ def _ms(runs: list[ChipRecord], chip: Chip) -> np.ndarray:
 
 def _slope(runs: list[ChipRecord], ms: np.ndarray) -> float:
     experts = np.array([run.expert_cap for run in runs], dtype=float) * _moe_layers(runs[0])
-    return float(np.polyfit(experts, ms, 1)[0])
+    return fit_line(experts, ms).slope
 
 
 @functools.cache

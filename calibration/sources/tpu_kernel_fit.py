@@ -64,12 +64,13 @@ from calibration.core import (
     model_error,
     parameters,
 )
+from calibration.core.overlay_builder import build_overlay, fitted_figure
 from calibration.sources.tpu_chip_records import ChipRecord, ChipRecordPredictor, load_chip_records
 from calibration.sources.tpu_fixed_cost import kernel_probe_chip, kernel_probe_figures
 from calibration.sources.tpu_probes import CALIBRATION_DECODER, PROBES_PATH
 from hwmodels.catalog import load_chip
 from hwmodels.errors import InputError
-from hwmodels.overlay import CalibratedValue, CalibrationOverlay, ModelErrorTerm
+from hwmodels.overlay import CalibrationOverlay
 from hwmodels.schema import Chip
 
 CHIP = "tpu-v5e"
@@ -192,16 +193,12 @@ class KernelFit:
 
     def overlay(self) -> CalibrationOverlay:
         """The probe figures and the fitted ones as the tpu-v5e overlay, with the model error."""
-        params = {p: CalibratedValue(value=f["value"], fitted_on=f["source"]) for p, f in self.probe_figures.items()}
+        figures = {p: fitted_figure(f["value"], fitted_on=f["source"]) for p, f in self.probe_figures.items()}
         sigma = self.sigma()
         for path, value in self.values().items():
-            params[path] = CalibratedValue(value=value, uncertainty=sigma[path],
-                                           fitted_on=f"{LABEL}: {len(self.records)} K3-shard step times")
-        term = None if self.model_error is None else ModelErrorTerm(
-            in_range_rel=self.model_error.in_range_rel, extrapolated_rel=self.model_error.extrapolated_rel,
-            method=self.model_error.method, points=self.model_error.points, exact=self.model_error.exact)
-        return CalibrationOverlay(chip=CHIP, fitted_on=f"tpu-v5e kernel records ({Path(self.path).name}) on the probe figures",
-                                  parameters=params, model_error=term, measurements=Path(self.path).name)
+            figures[path] = fitted_figure(value, sigma[path], f"{LABEL}: {len(self.records)} K3-shard step times")
+        return build_overlay(CHIP, f"tpu-v5e kernel records ({Path(self.path).name}) on the probe figures", figures,
+                             model_error=self.model_error, measurements=Path(self.path).name)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -45,14 +45,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from hwmodels.overlay import CalibratedValue, CalibrationOverlay, _figure_slot
+from calibration.core.fitting import fit_line, median
+from calibration.core.overlay_builder import build_overlay, fitted_figure, write_overlay
+from hwmodels.overlay import CalibrationOverlay, _figure_slot
 from hwmodels.schema import Chip
 
 PROBES_PATH = Path(__file__).resolve().parents[1] / "data" / "tpu-v5e-probes.jsonl"
@@ -116,7 +115,7 @@ def probe_figures(records: list[dict[str, Any]]) -> dict[str, ProbeFigure]:
         by.setdefault(record["probe"], []).append(record)
     out: dict[str, ProbeFigure] = {}
     empty = by.get("empty_call", [])
-    empty_s = statistics.median(r["seconds_median"] for r in empty) if empty else 0.0
+    empty_s = median(r["seconds_median"] for r in empty) if empty else 0.0
     if empty:
         out[PER_STEP] = ProbeFigure(PER_STEP, empty_s, "empty_call", _date(empty),
                                     "median of the empty pallas_call records", len(empty))
@@ -124,7 +123,7 @@ def probe_figures(records: list[dict[str, Any]]) -> dict[str, ProbeFigure]:
     if large:
         rates = [_bytes_moved(r) / max(r["seconds_median"] - empty_s, 1e-9) for r in large]
         out[SUSTAINED] = ProbeFigure(
-            SUSTAINED, statistics.median(rates), "dma_stream", _date(large),
+            SUSTAINED, median(rates), "dma_stream", _date(large),
             f"median HBM->VMEM rate of the {len(large)} stream points with copies >= 4 MiB "
             "(bytes copied / (call - empty call))", len(large))
     latency = [r for r in by.get("dma_latency", []) if r["params"]["in_flight"] == 1]
@@ -152,7 +151,7 @@ def probe_figures(records: list[dict[str, Any]]) -> dict[str, ProbeFigure]:
         low, high = pairs[-1]
         path = dequant_path(format_name)
         out[path] = ProbeFigure(
-            path, statistics.median(rates), probe, _date([r for pair in pairs for r in pair]),
+            path, median(rates), probe, _date([r for pair in pairs for r in pair]),
             f"(t(R={high['params']['repeats_in_kernel']}) - t(R={low['params']['repeats_in_kernel']})) / "
             f"elements between them, both from one device session, median over {len(pairs)} session(s); "
             f"per-panel loop form, the kernel's {record_decoder(high)} decoder", 2 * len(pairs))
@@ -183,7 +182,7 @@ def _repeat_slope(points: list[dict[str, Any]]) -> float | None:
         if len(by_r) >= 2:
             high, low = sorted(by_r)[-1], sorted(by_r)[-2]
             slopes.append((by_r[high] - by_r[low]) / (high - low))
-    return statistics.median(slopes) if slopes else None
+    return median(slopes) if slopes else None
 
 
 def _architecture_figures(by: dict[str, list[dict[str, Any]]], empty_s: float) -> dict[str, ProbeFigure]:
@@ -191,7 +190,7 @@ def _architecture_figures(by: dict[str, list[dict[str, Any]]], empty_s: float) -
     out: dict[str, ProbeFigure] = {}
     loop = by.get("layer_loop", [])
     if len({r["params"]["layers"] for r in loop}) >= 2:
-        slope = float(np.polyfit([r["params"]["layers"] for r in loop], [r["seconds_median"] for r in loop], 1)[0])
+        slope = fit_line([r["params"]["layers"] for r in loop], [r["seconds_median"] for r in loop]).slope
         out[PER_LAYER] = ProbeFigure(
             PER_LAYER, max(slope, 0.0), "layer_loop", _date(loop),
             f"least-squares slope of whole-call time over {len(loop)} empty-layer counts "
@@ -208,7 +207,8 @@ def _architecture_figures(by: dict[str, list[dict[str, Any]]], empty_s: float) -
             depth.append(-(-params["k"] // MXU_TILE))
             per_product.append(slope / -(-params["n"] // MXU_TILE))
     if len(set(depth)) >= 2:
-        push, fixed = (float(v) for v in np.polyfit(depth, per_product, 1))
+        line = fit_line(depth, per_product)
+        push, fixed = line.slope, line.intercept
         used = [p for points in shapes.values() for p in points]
         rule = (f"bf16 matmuls at {PUSH_ROWS} rows on VMEM-resident weights, one product per 128-column panel: "
                 f"seconds per product (difference of the two largest repeat counts / panels) = fixed + push x "
@@ -222,7 +222,7 @@ def _architecture_figures(by: dict[str, list[dict[str, Any]]], empty_s: float) -
     ratios = [max(0.0, ((d[8] - empty_s) / (d[4] - empty_s) - 1.0) / 4) for d in sizes.values() if 4 in d and 8 in d]
     if ratios:
         out[PENALTY] = ProbeFigure(
-            PENALTY, statistics.median(ratios), "dma_stream", _date(by["dma_stream"]),
+            PENALTY, median(ratios), "dma_stream", _date(by["dma_stream"]),
             f"copies >= 1 MiB, 8 vs 4 in flight, empty call subtracted: loss per copy beyond 4, "
             f"clipped at 0, median over {len(ratios)} sizes", 2 * len(ratios))
     return out
@@ -235,7 +235,7 @@ def issue_throughput_s(records: list[dict[str, Any]]) -> float | None:
     if not issue:
         return None
     deepest = max(issue, key=lambda r: r["params"]["in_flight"])
-    return float((deepest["seconds_median"] - (statistics.median(empty) if empty else 0.0))
+    return float((deepest["seconds_median"] - (median(empty) if empty else 0.0))
                  / deepest["params"]["copies"])
 
 
@@ -247,11 +247,11 @@ def _bytes_moved(record: dict[str, Any]) -> float:
 def probe_overlay(chip_name: str = "tpu-v5e", path: Path | str = PROBES_PATH) -> CalibrationOverlay:
     """The probe figures as an overlay of ``chip_name`` (fitted on the probes, no step time)."""
     figures = probe_figures(load_probes(path))
-    return CalibrationOverlay(
-        chip=chip_name,
-        fitted_on=f"measured on tpu-v5e: {sum(f.points for f in figures.values())} probe records "
-                  f"({', '.join(sorted({f.probe for f in figures.values()}))}); no kernel step time",
-        parameters={p: CalibratedValue(value=f.value, fitted_on=f.source) for p, f in figures.items()},
+    return build_overlay(
+        chip_name,
+        f"measured on tpu-v5e: {sum(f.points for f in figures.values())} probe records "
+        f"({', '.join(sorted({f.probe for f in figures.values()}))}); no kernel step time",
+        {p: fitted_figure(f.value, fitted_on=f.source) for p, f in figures.items()},
         measurements=str(Path(path).name),
     )
 
@@ -293,7 +293,7 @@ def dma_service(records: list[dict[str, Any]]) -> tuple[str, str] | None:
         large = by[(copies, 0, 0)] - by[(0, 0, 0)]
         behind = by[(copies, 1, chain)] - by[(copies, 0, chain)]
         ratios.append((behind - alone) / large)
-    ratio = statistics.median(ratios)
+    ratio = median(ratios)
     service = "in_order" if ratio > 0.5 else "shared"
     detail = ", ".join(f"{x:.2f}" for x in ratios)
     return service, (f"measured on tpu-v5e (probe dma_order, {_date(order)}): a 64 KiB copy issued behind "
@@ -302,12 +302,11 @@ def dma_service(records: list[dict[str, Any]]) -> tuple[str, str] | None:
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m calibration.sources.tpu_probes [--save] [--probes PATH]``: print the probe
-    figures; ``--save`` writes them as the tpu-v5e overlay (``hwmodels.overlay.save_overlay``),
+    figures; ``--save`` writes them as the tpu-v5e overlay (the one writer,
+    :func:`calibration.core.overlay_builder.write_overlay`),
     so ``tpusim simulate --hardware tpu-v5e`` runs on them."""
     import argparse
     import sys
-
-    from hwmodels.overlay import save_overlay
 
     parser = argparse.ArgumentParser(allow_abbrev=False, description="TPU v5e probe records -> measured chip figures")
     parser.add_argument("--probes", type=Path, default=PROBES_PATH, help="the probe records (JSONL)")
@@ -316,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     for figure in probe_figures(load_probes(args.probes)).values():
         sys.stdout.write(f"{figure.path} = {figure.value:.6g}  ({figure.source})\n")
     if args.save:
-        sys.stdout.write(f"saved {save_overlay(probe_overlay('tpu-v5e', args.probes))}\n")
+        sys.stdout.write(f"saved {write_overlay(probe_overlay('tpu-v5e', args.probes))}\n")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,53 @@
+"""The two direct fitting rules of calibration: a least-squares straight line and a median.
+
+Most figures are fitted by the one solver (:func:`calibration.core.fit`). A few are set by
+a rule on a handful of measurements instead, where a solve would add nothing: the probes'
+per-layer slope and the MXU push per tile (a line through the points,
+:mod:`calibration.sources.tpu_probes`), the fixed-cost probe's time per routed expert
+(:mod:`calibration.sources.tpu_fixed_cost`), a plateau or a per-session slope taken over
+repeats (a median). Those rules live here, once; ``tests/test_fitting_rules.py`` checks that
+no other module of the tree fits a line (``polyfit``) or takes a median.
+
+- :func:`fit_line` — ``y = slope x + intercept`` by least squares (numpy's ``polyfit``, degree
+  1), optionally with the slope's standard error from its covariance;
+- :func:`median` — the middle value (the mean of the two middle ones for an even count), as
+  :func:`statistics.median` gives it: robust to one outlying repeat or device session.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Line:
+    """A straight line fitted by least squares; ``slope_standard_error`` when asked for."""
+
+    slope: float
+    intercept: float
+    slope_standard_error: float | None = None
+
+
+def fit_line(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray, *,
+             standard_error: bool = False) -> Line:
+    """The least-squares line through ``(x, y)`` (at least two distinct ``x``; with
+    ``standard_error``, at least four points: numpy's covariance needs two degrees of freedom)."""
+    if standard_error:
+        coefficients, covariance = np.polyfit(x, y, 1, cov=True)
+        return Line(float(coefficients[0]), float(coefficients[1]), float(np.sqrt(covariance[0, 0])))
+    slope, intercept = (float(v) for v in np.polyfit(x, y, 1))
+    return Line(slope, intercept)
+
+
+def median(values: Iterable[Any]) -> Any:
+    """The median of ``values`` (:func:`statistics.median`: the values' own type, a float for
+    an even count of floats)."""
+    return statistics.median(values)
+
+
+__all__ = ["Line", "fit_line", "median"]

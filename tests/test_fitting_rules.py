@@ -1,0 +1,60 @@
+"""One home for the direct fitting rules (issue 47): a straight line (``polyfit``) and a median
+are taken only in :mod:`calibration.core.fitting`; every source and report calls it. Read from
+the source with ``ast``, as tests/test_single_source.py reads the JSONL writer."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from calibration.core.fitting import fit_line, median
+
+ROOT = Path(__file__).resolve().parents[1]
+OWNER = "calibration/core/fitting.py"
+LINE_NAMES = {"polyfit", "Polynomial", "linregress", "lstsq"}  # a line fitted by hand
+MEDIAN_NAMES = {"median", "nanmedian", "median_low", "median_high"}
+
+
+def _rules_in(text: str, where: str, names: set[str]) -> list[str]:
+    """``where:line`` of every ``module.NAME(...)`` call in ``text`` (``np.polyfit``,
+    ``statistics.median``) and every ``from ... import NAME`` not from the owner."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in names:
+            found.append(f"{where}:{node.lineno} {ast.unparse(node.func)}")
+        if isinstance(node, ast.ImportFrom) and node.module != "calibration.core.fitting" \
+                and any(alias.name in names for alias in node.names):
+            found.append(f"{where}:{node.lineno} from {node.module}")
+    return found
+
+
+def _attribute_calls(folders: tuple[str, ...], names: set[str]) -> list[str]:
+    """:func:`_rules_in` over every module of ``folders`` but the owner."""
+    return [hit for folder in folders for path in sorted((ROOT / folder).rglob("*.py"))
+            if str(path.relative_to(ROOT)) != OWNER
+            for hit in _rules_in(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)), names)]
+
+
+def test_no_line_is_fitted_outside_the_core() -> None:
+    assert _attribute_calls(("hwmodels", "tpusim", "megakernel", "calibration", "benchmarks"), LINE_NAMES) == []
+
+
+def test_no_median_rule_outside_the_core() -> None:
+    """Inside calibration every median (a figure's rule or a record's summary) is the core's."""
+    assert _attribute_calls(("calibration",), MEDIAN_NAMES) == []
+
+
+def test_the_scan_sees_a_planted_rule() -> None:
+    planted = "import numpy as np\nfrom statistics import median\nslope = np.polyfit(x, y, 1)[0]\nm = np.median(v)\n"
+    assert sorted(_rules_in(planted, "planted.py", LINE_NAMES | MEDIAN_NAMES)) == [
+        "planted.py:2 from statistics", "planted.py:3 np.polyfit", "planted.py:4 np.median"]
+
+
+def test_the_line_and_the_median() -> None:
+    line = fit_line([0.0, 1.0, 2.0], [1.0, 3.0, 5.0])
+    assert (line.slope, line.intercept, line.slope_standard_error) == pytest.approx((2.0, 1.0, None))
+    noisy = fit_line([0, 1, 2, 3], [0.0, 1.1, 1.9, 3.0], standard_error=True)
+    assert noisy.slope == pytest.approx(0.98) and 0.0 < noisy.slope_standard_error < 0.1
+    assert median([3.0, 1.0, 2.0]) == 2.0 and median([4.0, 1.0, 2.0, 3.0]) == 2.5
