@@ -54,7 +54,14 @@ from megakernel.kernel_dma import (
     Recorder,
     layer_table,
 )
-from megakernel.kernel_moe import dense_mlp, expert_loop, head, moe_post_experts, moe_pre_experts
+from megakernel.kernel_moe import (
+    dense_mlp,
+    expert_list_scratch,
+    expert_loop,
+    head,
+    moe_post_experts,
+    moe_pre_experts,
+)
 from megakernel.reference import DecodeState
 from megakernel.residual import num_block_slots
 from megakernel.ring_pool import bank_table
@@ -65,8 +72,6 @@ from tpusim.schedule.kernel_layout import (
     LANES,
     MATMUL_CHUNK_ROWS,
     PANEL_UNROLL,
-    expert_list_rows,
-    expert_list_stage_bytes,
     expert_scale_tile_rows,
     loop_rows,
     matmul_loops,
@@ -201,10 +206,7 @@ class Megakernel:
             "conv": pltpu.VMEM((b, d.kda.conv_kernel - 1, 3 * d.kda.width), jnp.float32),
             "state_sem": pltpu.SemaphoreType.DMA((4,)),
             "smem": pltpu.SMEM((SMEM_WORDS,), jnp.int32),
-            # the routed-expert list: built as vectors, staged here, one local DMA per 128 entries
-            "experts": pltpu.SMEM((expert_list_rows(self.n_max) * LANES,), jnp.int32),
-            "expert_rows": pltpu.VMEM((expert_list_stage_bytes(self.n_max) // (4 * LANES), LANES), jnp.int32),
-            "list_sem": pltpu.SemaphoreType.DMA((expert_list_rows(self.n_max),)),
+            **expert_list_scratch(self.n_max),
             **({"xstage": pltpu.VMEM((self.stage_chunks, loop_rows(b), MATMUL_CHUNK_ROWS), jnp.float32)}
                if self.stage_chunks else {}),
             "panel_out": pltpu.VMEM((self.max_panels, loop_rows(b), LANES), jnp.float32),

@@ -160,7 +160,6 @@ def routing_call(batch: int, interpret: Interpret, dims: Any) -> Callable[..., A
     the distinct-expert count of the last repetition; lanes 1..: its list)."""
     from megakernel import kernel_moe
     from megakernel.kernel_dma import N_NEXT, SMEM_WORDS
-    from tpusim.schedule.kernel_layout import expert_list_rows, expert_list_stage_bytes
     from tpusim.workload.registry.names import SmallParam
 
     e = dims.moe
@@ -196,9 +195,7 @@ def routing_call(batch: int, interpret: Interpret, dims: Any) -> Callable[..., A
         out_specs=_spec(pltpu.VMEM),
         scratch_shapes=[pltpu.SMEM((SMEM_WORDS,), jnp.int32),
                         pltpu.VMEM((2 * e.top_k, max(8, batch), LANES), jnp.float32),
-                        pltpu.SMEM((expert_list_rows(entries) * LANES,), jnp.int32),
-                        pltpu.VMEM((expert_list_stage_bytes(entries) // (4 * LANES), LANES), jnp.int32),
-                        pltpu.SemaphoreType.DMA((expert_list_rows(entries),))],
+                        *kernel_moe.expert_list_scratch(entries).values()],
         interpret=interpret)
     return jax.jit(call)
 
