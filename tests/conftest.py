@@ -67,20 +67,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: _file_rank(item.path.name, item.path in slow_files))  # stable within a file
 
 
-# The files whose default-run tests take longest (``pytest --durations``, docs/benchmarks.md), longest
-# first. pytest-xdist's worksteal gives the first worker the front half of the list and lets the
-# other steal from the back: these start first, so no 1-3 minute test starts near the end while the
-# other worker has nothing left.
+# The files whose default-run tests take longest (``pytest --durations=0``, docs/benchmarks.md: the
+# 2026-12-06 23:00 run, seconds summed per file), longest first; the TPU v5e calibration files stay
+# together after test_tpu_fixed_cost.py, so that they tend to land on one worker and share its
+# per-process caches (``committed_fixed_cost``). pytest-xdist's worksteal gives the first worker the
+# front half of the list and lets the other steal from the back: these start first, so no 1-3 minute
+# test starts near the end while the other worker has nothing left.
 LONGEST_FILES = (
-    "test_uncertainty_regression.py",
-    "test_megakernel_multi_device_decode.py",
-    "test_tpu_probes.py",
     "test_megakernel_races.py",
-    "test_kernel_deployment.py",
     "test_megakernel_kernel.py",
+    "test_tpu_fixed_cost.py",
+    "test_tpu_v5e_guards.py",
+    "test_tpu_v5e_records.py",
+    "test_tpu_v5e_decoders.py",
+    "test_uncertainty_regression.py",
     "test_demo_consistency.py",
     "test_plan_variants_kernel.py",
-    "test_megakernel_collective_compile.py",
+    "test_kernel_deployment.py",
+    "test_megakernel_multi_device_decode.py",
+    "test_vmem_truth.py",
+    "test_joint_sweep.py",
+    "test_tpu_probes.py",
 )
 
 

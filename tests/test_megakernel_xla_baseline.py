@@ -1,7 +1,7 @@
 """The plain-JAX/XLA baseline (:mod:`megakernel.xla_baseline`): it reads only the chosen
-experts, yet computes the reference's step (the reference runs every expert densely), at a
-batch where rows share experts and at one where they do not; and its distinct-expert order is
-first appearance (the order the kernel and the reference sum in)."""
+experts, yet computes the reference's step (the reference runs every expert densely) at batch 3
+on 4 nano layers; its expert cap drops routed experts as it says; and its distinct-expert order
+is first appearance (the order the kernel and the reference sum in)."""
 
 from __future__ import annotations
 
@@ -22,33 +22,37 @@ def test_distinct_in_order_keeps_first_appearances():
     np.testing.assert_array_equal(np.asarray(chosen)[:4], [5, 2, 7, 0])
 
 
-@pytest.mark.parametrize("batch", [3])
-@pytest.mark.slow  # XLA compiles of a 4-layer decode, reference and baseline (~20-45 s)
-def test_xla_baseline_computes_the_reference_step(batch):
+BATCH = 3  # rows 0-2 with tokens 3, 10, 17
+
+
+@pytest.fixture(scope="module")
+def step():
+    """One 4-layer nano step's inputs and the uncapped baseline's output, shared by both checks
+    (each distinct cap or batch is another XLA compile of the 4-layer decode)."""
     model = load_model("kimi-k3-nano").with_layers(4)
     dims = model_dims(model, plan_for(model, 1))
     params = device_params(random_weights(dims, seed=0))
-    state = init_state(dims, batch, 32, context=9, seed=1)
-    tokens = jnp.arange(batch, dtype=jnp.int32) * 7 + 3
+    state = init_state(dims, BATCH, 32, context=9, seed=1)
+    tokens = jnp.arange(BATCH, dtype=jnp.int32) * 7 + 3
+    return dims, params, state, tokens, xla_decode_step(dims, params, state, tokens)
+
+
+@pytest.mark.slow  # XLA compiles of a 4-layer decode, reference and baseline (~20-45 s)
+def test_xla_baseline_computes_the_reference_step(step):
+    dims, params, state, tokens, (got, got_state) = step
     want, want_state = decode_step(dims, params, state, tokens)
-    got, got_state = xla_decode_step(dims, params, state, tokens)
     scale = float(jnp.max(jnp.abs(want)))
     assert float(jnp.max(jnp.abs(got - want))) <= 1e-3 * scale
     np.testing.assert_array_equal(np.argmax(got, -1), np.argmax(want, -1))
     assert float(jnp.max(jnp.abs(got_state.kv_cache.astype(jnp.float32) - want_state.kv_cache.astype(jnp.float32)))) <= 2e-2
 
 
-@pytest.mark.slow  # three XLA compiles of the 4-layer decode (caps None, 10 000, 0): 38-65 s in the suite
-def test_xla_expert_cap_zero_is_the_step_without_routed_experts():
+@pytest.mark.slow  # two more XLA compiles of the 4-layer decode (caps 10 000 and 0)
+def test_xla_expert_cap_zero_is_the_step_without_routed_experts(step):
     """Cap 0 runs no routed expert: the same step as one whose routed experts' FP8 values
     are all zero (each decodes to 0, so its output is 0); a cap above every layer's distinct
     experts is the uncapped step, bit for bit."""
-    model = load_model("kimi-k3-nano").with_layers(4)
-    dims = model_dims(model, plan_for(model, 1))
-    params = device_params(random_weights(dims, seed=0))
-    state = init_state(dims, 2, 32, context=9, seed=1)
-    tokens = jnp.asarray([3, 11], jnp.int32)
-    full, _ = xla_decode_step(dims, params, state, tokens)
+    dims, params, state, tokens, (full, _) = step
     above, _ = xla_decode_step(dims, params, state, tokens, 10_000)
     np.testing.assert_array_equal(np.asarray(above), np.asarray(full))
     zeroed = {**params, "expert.gate_up.values": jnp.zeros_like(params["expert.gate_up.values"])}

@@ -93,21 +93,34 @@ def test_a_decoders_own_runs_give_its_figures_and_no_others(tmp_path: Path) -> N
 
 
 @pytest.mark.slow  # the K3 shard's capped runs through the engine (~40 s)
-def test_the_unrolled_kernels_own_runs_are_copy_bound() -> None:
+def test_the_unrolled_kernels_own_runs_are_copy_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     """Set v5e-aa (pairs-fold, panel loops 4/2): 9.17 µs a routed expert, under what halved
     decoders give in the simulator, so the factor keeps the static-schedule rates (1, not the
     0.05 the slope rule extrapolated to) and the per-layer cost is fitted alone; only that
-    build's runs are read (the one-panel cap-4 run of set v5e-x is left out)."""
-    from calibration.reports.tpu_v5e_plan import build_chip, planned_chip
+    build's runs are read (the one-panel cap-4 run of set v5e-x is left out). The fit checked is
+    the one ``build_chip`` makes for that build (recorded as it runs, so the engine fits it once)."""
+    from calibration.reports import tpu_v5e_plan
     from megakernel.quant_pairs import KERNEL_DECODER
 
     runs = capped_runs(decoder=KERNEL_DECODER, panel_unroll=(4, 2))
     assert {(r.schedule, r.expert_cap) for r in runs} == {("published", 4), ("published", 8), ("published", 12),
                                                           ("naive", 4)}
     assert len(capped_runs(decoder=KERNEL_DECODER)) > len(runs)  # the one-panel run is there, and filtered out
-    found = fixed_cost(planned_chip(KERNEL_DECODER, 2), decoder=KERNEL_DECODER, panel_unroll=(4, 2))
+    fits = []
+
+    def recorded(*args, **kwargs):  # type: ignore[no-untyped-def]
+        found = fixed_cost(*args, **kwargs)
+        fits.append((args, kwargs, found))
+        return found
+
+    monkeypatch.setattr(tpu_v5e_plan, "fixed_cost", recorded)
+    _, label = tpu_v5e_plan.build_chip(KERNEL_DECODER, (4, 2))
+    assert len(fits) == 1, [(args[1:], kwargs) for args, kwargs, _ in fits]  # its own build's runs had a fit
+    (args, kwargs, found), = fits
+    # fixed_cost(planned_chip(KERNEL_DECODER, 2), decoder=KERNEL_DECODER, panel_unroll=(4, 2)) at batch 1
+    assert args[1:] == (FIXED_COST_PATH, KERNEL_DECODER, (4, 2), 1) and not kwargs
+    assert args[0] == tpu_v5e_plan.planned_chip(KERNEL_DECODER, 2)
     assert found is not None and found.dequant_factor == 1.0
     assert 9.0 <= found.slope_ms_per_expert * 1e3 <= 9.4
     assert 35e-6 <= found.per_layer_s <= 60e-6
-    _, label = build_chip(KERNEL_DECODER, (4, 2))
-    assert "refit" in label and f"{found.per_layer_s * 1e6:.1f} µs a layer" in label
+    assert "refit" in label and "this build's own" in label and f"{found.per_layer_s * 1e6:.1f} µs a layer" in label

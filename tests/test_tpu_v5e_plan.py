@@ -130,5 +130,12 @@ def test_the_decoders_are_priced_at_the_rows_of_the_batch() -> None:
     assert [plan.static_rows(b, "gate_up", "pairs") for b in (1, 2, 8, 16, 32)] == [1, 8, 8, 16, 16]
     at8, at16 = (plan.static_figure("gate_up", "pairs", rows=r)[0] for r in (8, 16))
     assert at16 > at8 * 1.05
+
+
+# planned_chip pays way (b)'s fixed-cost fit through the engine: 23 s in the fast subset, where no
+# test before it made that fit; under 1 s in the default run, after the slow test above made it
+@pytest.mark.slow
+def test_the_planned_chip_at_batch_16_takes_the_16_row_figure() -> None:
+    at16 = plan.static_figure("gate_up", "pairs", rows=16)[0]
     chip16 = plan.planned_chip(KERNEL_DECODER, 2, batch=16)
     assert plan._figure(chip16, dequant_path("fp8_e4m3_b256")) == pytest.approx(at16)
