@@ -117,8 +117,9 @@ def test_the_unrolled_kernels_own_runs_are_copy_bound(monkeypatch: pytest.Monkey
     _, label = tpu_v5e_plan.build_chip(KERNEL_DECODER, (4, 2))
     assert len(fits) == 1, [(args[1:], kwargs) for args, kwargs, _ in fits]  # its own build's runs had a fit
     (args, kwargs, found), = fits
-    # fixed_cost(planned_chip(KERNEL_DECODER, 2), decoder=KERNEL_DECODER, panel_unroll=(4, 2)) at batch 1
-    assert args[1:] == (FIXED_COST_PATH, KERNEL_DECODER, (4, 2), 1) and not kwargs
+    # fixed_cost(planned_chip(KERNEL_DECODER, 2), decoder=KERNEL_DECODER, panel_unroll=(4, 2)) at batch 1,
+    # the runs of its own expert-list build (the walk: the 4/2 build never ran the vector list)
+    assert args[1:] == (FIXED_COST_PATH, KERNEL_DECODER, (4, 2), 1, "walk") and not kwargs
     assert args[0] == tpu_v5e_plan.planned_chip(KERNEL_DECODER, 2)
     assert found is not None and found.dequant_factor == 1.0
     assert 9.0 <= found.slope_ms_per_expert * 1e3 <= 9.4
