@@ -11,8 +11,9 @@
   behind ``F`` large ones: in issue order ≈ the large copies' time (F MiB at the stream
   rate, ~1.4 µs per MiB), shared ≈ the small copy's latency + (F + 1) x its transfer.
 - ``routing``: the megakernel's own top-k selection (:func:`megakernel.kernel_moe.topk`:
-  ``top_k`` selection rounds over the scored experts, then the per-pick walk that writes
-  the distinct-expert list to SMEM) at Kimi K3's TP32 per-device widths, batch ``B``,
+  ``top_k`` selection rounds over the scored experts, then the distinct-expert list built as
+  vectors and copied to SMEM; records before 2026-12-06 23:00 UTC timed the per-pick walk it
+  replaced) at Kimi K3's TP32 per-device widths, batch ``B``,
   repeated ``R`` times on fresh scores; the copies it would start are left out (a no-op
   issue), so this is the routing's compute alone. ``(t(R2) - t(R1)) / (R2 - R1)`` is one
   layer's routing; its growth with ``B`` is what the simulator's ``moe.topk`` must price.
