@@ -185,7 +185,7 @@ def nonexpert_table(data: Path = DATA) -> list[str]:
             at0 = t0 - e0 * (t1 - t0) / (e1 - e0)
             intercept, ratio = f"{at0:.2f}", f"{at0 / x['ms_per_step_median']:.3f}"
         build = record_unroll(full)
-        lines.append(f"| {x['batch']} | {build[0]}, {build[1]} | {x['ms_per_step_median']:.1f} | {full['ms_per_step_median']:.2f} | "
+        lines.append(f"| {x['batch']} | {build[0]}, {build[1]}{_listed(full)} | {x['ms_per_step_median']:.1f} | {full['ms_per_step_median']:.2f} | "
                      f"{intercept} | {ratio} |")
     return lines
 
