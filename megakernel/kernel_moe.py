@@ -28,7 +28,7 @@ from megakernel import math_moe, residual
 from megakernel.kernel_attention import Begin, add_to_residual, mix_norm
 from megakernel.kernel_dma import N_NEXT, Ctx, idiv, imod
 from megakernel.math_common import rmsnorm, situ
-from tpusim.schedule.kernel_layout import LANES, expert_list_rows, expert_list_stage_bytes
+from tpusim.schedule.kernel_layout import LANES, expert_list_rows, expert_list_stage_rows
 from tpusim.workload.registry.names import (
     Collective,
     HeadOp,
@@ -134,7 +134,7 @@ def expert_list_scratch(list_entries: int) -> dict[str, Any]:
     staging (``expert_rows``, whole 8-row tiles) and one DMA semaphore a row (``list_sem``)."""
     rows = expert_list_rows(list_entries)
     return {"experts": pltpu.SMEM((rows * LANES,), jnp.int32),
-            "expert_rows": pltpu.VMEM((expert_list_stage_bytes(list_entries) // (4 * LANES), LANES), jnp.int32),
+            "expert_rows": pltpu.VMEM((expert_list_stage_rows(list_entries), LANES), jnp.int32),
             "list_sem": pltpu.SemaphoreType.DMA((rows,))}
 
 

@@ -127,9 +127,14 @@ def expert_list_rows(list_entries: int) -> int:
     return max(1, -(-list_entries // LANES))
 
 
+def expert_list_stage_rows(list_entries: int) -> int:
+    """VMEM rows of the list's staging: its 128-lane rows in whole 8-row int32 tiles."""
+    return -(-expert_list_rows(list_entries) // 8) * 8
+
+
 def expert_list_stage_bytes(list_entries: int) -> int:
-    """VMEM bytes of the list's staging rows: whole 8-row int32 tiles."""
-    return -(-expert_list_rows(list_entries) // 8) * 8 * LANES * INT32_BYTES
+    """VMEM bytes of the list's staging rows."""
+    return expert_list_stage_rows(list_entries) * LANES * INT32_BYTES
 
 
 def expert_scale_tile_rows(model: ModelConfig, plan: ShardingPlan) -> int:
