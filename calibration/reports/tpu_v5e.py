@@ -23,11 +23,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from calibration.reports.tpu_v5e_fp_sensitivity import BEGIN as FP_BEGIN
+from calibration.reports.tpu_v5e_fp_sensitivity import END as FP_END
 from calibration.reports.tpu_v5e_replay import scatter
+from calibration.reports.tpu_v5e_sensitivity import BEGIN as SENSITIVITY_BEGIN
+from calibration.reports.tpu_v5e_sensitivity import END as SENSITIVITY_END
 from calibration.reports.tpu_v5e_sensitivity import kept_block, put_block
 from calibration.sources.tpu_chip_records import KERNEL_PATH, record_program
 from calibration.sources.tpu_kernel_fit import LABEL, SPLITS, KernelFit, calibrate_kernel_records
 from calibration.sources.tpu_probes import CALIBRATION_DECODER
+from hwmodels.atomic import write_text_atomic
 
 COMMAND = ("JAX_PLATFORMS=cpu .venv/bin/python -m calibration.reports.tpu_v5e --out docs/tpu-v5e-measured.md "
            "--heldout calibration/data/tpu-v5e-heldout.json --plot docs/tpu-v5e-measured.png")
@@ -325,10 +330,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     command = command_for(args)
     text = markdown(fit, command)
     if args.out:
-        # the sensitivity table (its own command, minutes of refits) is kept where the page had it
-        kept = kept_block(args.out.read_text()) if args.out.is_file() else None
-        text = put_block(text, kept) if kept else text
-        args.out.write_text(text)
+        # the sensitivity tables (their own commands, minutes of refits) are kept where the page had them
+        page = args.out.read_text() if args.out.is_file() else ""
+        for begin, end in ((SENSITIVITY_BEGIN, SENSITIVITY_END), (FP_BEGIN, FP_END)):
+            kept = kept_block(page, begin, end)
+            text = put_block(text, kept, begin, end) if kept else text
+        write_text_atomic(args.out, text)
     if args.heldout:
         args.heldout.write_text(json.dumps(heldout_reference(fit, command), indent=1) + "\n")
     if args.json:

@@ -34,7 +34,7 @@ from calibration.reports.tpu_v5e_plan import (
 )
 from calibration.sources.tpu_chip_records import build_records, most_measured_build
 from calibration.sources.tpu_fixed_cost import FIXED_COST_PATH, capped_runs, simulated_ms
-from calibration.sources.tpu_layer_static import layer_remainder
+from calibration.sources.tpu_layer_static import V5E_CLOCK_HZ, layer_remainder
 from calibration.sources.tpu_probes import PER_LAYER, dequant_path, probe_chip
 from hwmodels.catalog import load_chip
 from hwmodels.overlay import _figure_slot
@@ -48,19 +48,26 @@ from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 
 def first_principles_chip(decoder: str = KERNEL_DECODER, batch: int = 1,
                           unroll: tuple[int, int] = (PANEL_UNROLL, EXPERT_PANEL_UNROLL),
-                          expert_list: str = WALK) -> Chip:
+                          expert_list: str = WALK, probes: Chip | None = None,
+                          clock_hz: float = V5E_CLOCK_HZ) -> Chip:
     """tpu-v5e with the micro-probes' figures, ``decoder``'s static-schedule decode rates at
     ``batch``'s rows and the layer's own work from the static schedule of the kernel's layer
     loop (:func:`calibration.sources.tpu_layer_static.layer_remainder`: the bundles one layer
     issues less the engine's compute for the same ops; the build (``unroll``, ``expert_list``)'s
-    record, else the nearest build's), all ``derived``; every other figure the catalog's."""
-    data = probe_chip(load_chip("tpu-v5e", calibrated=False), decoder=WORDS32_DECODER).model_dump(mode="python")
+    record, else the nearest build's), all ``derived``; every other figure the catalog's.
+    ``probes``: the micro-probe chip to start from (default: the committed probe records'); the
+    static schedule's bundles become seconds at ``clock_hz`` (both varied by the sensitivity
+    table, :mod:`calibration.reports.tpu_v5e_fp_sensitivity`)."""
+    if probes is None:
+        probes = probe_chip(load_chip("tpu-v5e", calibrated=False), decoder=WORDS32_DECODER)
+    data = probes.model_dump(mode="python")
     for part, part_decoder in PART_DECODERS[decoder].items():
-        value, source = static_figure(part, part_decoder, rows=static_rows(batch, part, part_decoder))
+        value, source = static_figure(part, part_decoder, rows=static_rows(batch, part, part_decoder),
+                                      clock_hz=clock_hz)
         parent, name = _figure_slot(data, dequant_path(FORMAT_OF_PART[part]))
         parent[name] = {**parent[name], "value": value, "label": "derived", "source": source}
     chip = Chip.model_validate(data)
-    value, source = layer_remainder(chip, batch, unroll, expert_list=expert_list)
+    value, source = layer_remainder(chip, batch, unroll, clock_hz=clock_hz, expert_list=expert_list)
     parent, name = _figure_slot(data, PER_LAYER)
     parent[name] = {**parent[name], "value": value, "label": "derived", "source": source}
     return Chip.model_validate(data)

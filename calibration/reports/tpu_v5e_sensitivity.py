@@ -54,6 +54,7 @@ from calibration.sources.tpu_probes import (
     dequant_path,
     probe_chip,
 )
+from hwmodels.atomic import write_text_atomic
 from hwmodels.catalog import load_chip
 from hwmodels.overlay import _figure_slot, iter_figures
 from hwmodels.records.jsonl import record_line, write_lines
@@ -218,22 +219,24 @@ def markdown(rows: Sequence[Row], records: Sequence[ChipRecord], seconds: float,
     return "\n".join([*lines, "", END]) + "\n"
 
 
-def put_block(page: str, block: str) -> str:
-    """``page`` with its sensitivity block (:data:`BEGIN` … :data:`END`) replaced by ``block``;
-    without one, ``block`` goes before the section :data:`ANCHOR` (or at the end)."""
-    if BEGIN in page and END in page:
-        head, rest = page.split(BEGIN, 1)
-        return head + block.rstrip("\n") + rest.split(END, 1)[1]
-    if ANCHOR in page:
-        head, rest = page.split(ANCHOR, 1)
-        return head + block + "\n" + ANCHOR + rest
+def put_block(page: str, block: str, begin: str = BEGIN, end: str = END, anchor: str = ANCHOR) -> str:
+    """``page`` with its block between ``begin`` and ``end`` (default: the sensitivity table's
+    :data:`BEGIN` … :data:`END`) replaced by ``block``; without one, ``block`` goes before the
+    section ``anchor`` (or at the end)."""
+    if begin in page and end in page:
+        head, rest = page.split(begin, 1)
+        return head + block.rstrip("\n") + rest.split(end, 1)[1]
+    if anchor in page:
+        head, rest = page.split(anchor, 1)
+        return head + block + "\n" + anchor + rest
     return page.rstrip("\n") + "\n\n" + block
 
 
-def kept_block(page: str) -> str | None:
-    """The sensitivity block of ``page`` (what the study's report carries over), or None."""
-    if BEGIN in page and END in page:
-        return BEGIN + page.split(BEGIN, 1)[1].split(END, 1)[0] + END + "\n"
+def kept_block(page: str, begin: str = BEGIN, end: str = END) -> str | None:
+    """The block of ``page`` between ``begin`` and ``end`` (what the study's report carries
+    over), or None."""
+    if begin in page and end in page:
+        return begin + page.split(begin, 1)[1].split(end, 1)[0] + end + "\n"
     return None
 
 
@@ -247,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows = sensitivity(records, progress=lambda line: sys.stderr.write(line + "\n"))
     text = markdown(rows, records, time.perf_counter() - start)
     if args.doc:
-        args.doc.write_text(put_block(args.doc.read_text(), text))
+        write_text_atomic(args.doc, put_block(args.doc.read_text(), text))
     sys.stdout.write(text)
 
 
