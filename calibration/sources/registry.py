@@ -28,6 +28,9 @@ from the chip and the data, not by the command line unless ``--procedure`` names
 - component measurements for this chip exist and no figure list was given → ``part by part``;
 - otherwise → ``end to end``.
 
+A ``published:`` set of step times (``--measurements published:tpu7x-musespark``) is loaded by the
+source whose ``published`` names it (:func:`published_records`), whichever procedure fits it.
+
 Adding a source (``calibration/README.md``): one module with its hooks, one entry in
 :data:`SOURCES`, one test (``tests/test_source_registry.py`` resolves every hook).
 """
@@ -198,8 +201,8 @@ def published_records(spec: str) -> list[Measurement]:
     for entry in SOURCES:
         if spec in entry.published:
             return entry.hook("load")(name)
-    known = ", ".join(sorted(known.removeprefix(PUBLISHED_PREFIX) for known in published_sets()))
-    raise InputError(f"unknown published dataset {name!r}; known: {known}")
+    names = sorted(registered.removeprefix(PUBLISHED_PREFIX) for registered in published_sets())
+    raise InputError(f"unknown published dataset {name!r}; known: {', '.join(names)}")
 
 
 __all__ = ["GPU_K3_STACK_SETS", "GPU_STACK_SETS", "PUBLISHED_PREFIX", "SOURCES", "Request", "Source",
