@@ -39,6 +39,7 @@ from tpusim.cli_options import (
     KERNEL_MODEL_HELP,
     add_batch_option,
     add_context_option,
+    add_deployment_options,
     add_model_option,
     add_schedule_option,
 )
@@ -56,11 +57,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add_schedule_option(parser, default="published",
                         help="built-in schedule or schedule JSON; a joint sweep's best.json carries a deployment "
                         "(plan + collective algorithms), mapped onto --model and --devices (map_deployment)")
-    parser.add_argument("--deployment-model", default="kimi-k3",
-                        help="the model the schedule's deployment was searched for (default kimi-k3)")
-    parser.add_argument("--deployment-devices", type=int, default=32,
-                        help="devices it was searched on, when its plan does not name them (default 32: "
-                        "16 two-core TPU v7 chips)")
+    add_deployment_options(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plan", default="", help="--plan choice (a SPEC, e.g. base=published,expert_reduce=fused); default: the model's plan")
     add_context_option(parser, default=5, type=int)

@@ -41,6 +41,7 @@ from tpusim.cli_options import (
     KERNEL_MODEL_HELP,
     add_batch_option,
     add_context_option,
+    add_deployment_options,
     add_model_option,
     add_schedule_option,
 )
@@ -61,10 +62,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="also compile with libtpu's Mosaic compiler on compile-only TPU7x devices")
     parser.add_argument("--scoped-vmem", action="store_true",
                         help="with --compile: also read the compiler's own scoped-VMEM figure (one more compile)")
-    parser.add_argument("--deployment-model", default=None,
-                        help="the model a schedule's deployment was searched for (default: --model)")
-    parser.add_argument("--deployment-devices", type=int, default=None,
-                        help="the devices it was searched on, when its plan does not name them (default: --devices)")
+    add_deployment_options(parser, searched_default=False)
     return parser.parse_args(argv)
 
 

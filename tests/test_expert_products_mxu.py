@@ -35,8 +35,10 @@ from megakernel.quant import (
 )
 from megakernel.reference import device_params, init_state
 from megakernel.tolerance import REORDERED
+from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, LANES
 from tpusim.schedule.schema import load_schedule
-from tpusim.workload.model_catalog import load_model, plan_for
+from tpusim.workload.model_catalog import load_model, plan_for, shard_plan
+from tpusim.workload.registry.names import ExpertTensor
 
 needs_libtpu = pytest.mark.skipif(not libtpu_available(), reason="libtpu is not installed: Mosaic cannot compile here")
 ROOT = Path(__file__).resolve().parents[1]
@@ -163,12 +165,31 @@ def _pushes(dump: Path) -> dict[str, int]:
     return {"fp8": text.count("vmatpush3.f8e4m3."), "bf16": text.count("vmatpush3.bf16.")}
 
 
+# One weight push loads a vreg: 8 sublanes of 128 32-bit words, four e4m3 values a word, so
+# 32 rows of a 128-column panel
+FP8_ROWS_PER_PUSH = 8 * 4
+
+
+def expected_fp8_pushes(model: str, shard_of: str | None = None,
+                        expert_panel_unroll: int = EXPERT_PANEL_UNROLL) -> int:
+    """The FP8 pushes in the step's bundles, from the kernel's shapes alone: only the routed
+    experts' panels are FP8 (gate/up as stored, down widened from e2m1), each panel [rows, 128]
+    pushed whole (rows / 32 pushes: every block product of :mod:`megakernel.quant_mxu` unrolled),
+    and the experts' panel loop holds ``expert_panel_unroll`` panels of each part an iteration
+    (all of a part's panels where it has fewer). Seen on kimi-k3-mini (libtpu 0.0.42):
+    16, 32, 48 pushes at unrolls 1, 2, 4 (4 gate/up and 2 down panels of 256 rows)."""
+    loaded = load_model(model)
+    dims = model_dims(loaded, shard_plan(loaded, shard_of) if shard_of else plan_for(loaded, 1))
+    return sum(min(expert_panel_unroll, cols // LANES) * (rows // FP8_ROWS_PER_PUSH)
+               for rows, cols in (dims.shapes[ExpertTensor.GATE_UP], dims.shapes[ExpertTensor.DOWN]))
+
+
 @needs_libtpu
 @pytest.mark.slow  # one Mosaic compile of kimi-k3-mini in a fresh process (~30-60 s)
 def test_mini_compiles_for_tpu7x_with_fp8_pushes(tmp_path: Path) -> None:
     report = _compile(["--model", "kimi-k3-mini", "--hardware", "tpu-v7"], tmp_path)
     assert report["compile"]["ok"], report["compile"]
-    assert _pushes(tmp_path)["fp8"] > 0
+    assert _pushes(tmp_path)["fp8"] == expected_fp8_pushes("kimi-k3-mini") == 32
 
 
 @needs_libtpu
@@ -177,4 +198,4 @@ def test_k3_shard_compiles_for_tpu7x_with_fp8_pushes(tmp_path: Path) -> None:
     report = _compile(["--model", "kimi-k3", "--shard-of", "k3-tp32", "--weight-banks", "2",
                        "--hardware", "tpu-v7"], tmp_path)
     assert report["compile"]["ok"], report["compile"]
-    assert _pushes(tmp_path)["fp8"] > 0
+    assert _pushes(tmp_path)["fp8"] == expected_fp8_pushes("kimi-k3", "k3-tp32")

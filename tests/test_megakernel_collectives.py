@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from planted_races import assert_landing_buffer_race
 
 from megakernel.collective_combine import fold, unfold
 from megakernel.collective_plan import layer_steps
@@ -170,9 +171,8 @@ def test_8_devices_give_the_reference_tokens_race_free() -> None:
 @pytest.mark.heavy  # ~20 s more of interpret mode
 def test_planted_missing_wait_is_caught() -> None:
     data = collective_check("--steps", "1", "--mode", "eager", "--bug", "skip_wait:attn.partial_reduce")
-    assert data["races"]
-    # which race: a peer's message write (CollectiveMessages.issue) against a read of the same buffer
-    assert any("CollectiveMessages.issue" in a["where"] and a["kind"] == "write"
-               and b["kind"] == "read" and a["buffer"] == b["buffer"]
-               for r in data["race_reports"] for a, b in ((r["first"], r["second"]), (r["second"], r["first"]))), \
-        data["race_reports"]
+    # which race, and only it: the partials' combine (collective_combine.ranked) on a device reads
+    # its own landing buffer that a peer's message (CollectiveMessages.issue) may still be writing
+    # (measured 2026-12-07: 68 reports, vmem buffer 144 on all 8 devices; the tool keeps 20)
+    readers = assert_landing_buffer_race(data, "ranked", "CollectiveMessages.issue")
+    assert set(readers) <= set(range(8)), readers

@@ -21,6 +21,7 @@ import sys
 from collections import Counter
 
 import pytest
+from planted_races import assert_landing_buffer_race
 
 from megakernel.collective_plan import kernel_collectives, layer_events, loop_range
 from megakernel.multi_device import EVENT_WORDS, ISSUE, CollectiveKernel, planned_log
@@ -100,11 +101,10 @@ def test_planted_race_skipped_wait_is_caught():
                        "--bug", "skip_wait:attn.partial_reduce")
     assert result["races"], result
     # the race planted: a collective's landing buffer read (where the skipped wait stood) while
-    # another device's copy into it (issued by CollectiveKernel._issue) may still be writing
-    reports = result["race_reports"]
-    assert reports and all(r["first"]["kind"] == "read" and "CollectiveKernel._wait" in r["first"]["where"]
-                           and r["second"]["kind"] == "write" and "CollectiveKernel._issue" in r["second"]["where"]
-                           and r["first"]["buffer"] == r["second"]["buffer"] for r in reports), reports
+    # another device's copy into it (issued by CollectiveKernel._issue) may still be writing, on
+    # every device in each of the 2 layers (measured 2026-12-07: 16 reports, vmem buffer 110)
+    readers = assert_landing_buffer_race(result, "CollectiveKernel._wait", "CollectiveKernel._issue")
+    assert result["race_count"] == 8 * 2 and readers == dict.fromkeys(range(8), 2), result["race_reports"]
 
 
 @pytest.mark.slow

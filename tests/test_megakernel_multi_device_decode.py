@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from planted_races import assert_landing_buffer_race
 
 from megakernel.decode_shards import cut_of, weight_shard
 from megakernel.dims import model_dims
@@ -182,13 +183,11 @@ def test_planted_race_in_the_decode_is_caught():
     result = run_decode("--devices", "8", "--layers", "4", "--steps", "1", "--seed", "1", "--mode", "eager",
                         "--bug", "skip_wait:attn.partial_reduce")
     assert result["races"], result
-    # the race planted, and only it: the partials' combine (collective_combine.ranked) reads a
-    # landing buffer that a peer's message (CollectiveMessages.issue) may still be writing
-    reports = result["race_reports"]
-    assert reports and all({r["first"]["kind"], r["second"]["kind"]} == {"read", "write"}
-                           and {"ranked", "CollectiveMessages.issue"} <= {a["where"].rsplit("(", 1)[-1].rstrip(")")
-                                                                           for a in (r["first"], r["second"])}
-                           for r in reports), reports
+    # the race planted, and only it: the partials' combine (collective_combine.ranked) on a device
+    # reads its own landing buffer that a peer's message (CollectiveMessages.issue) may still be
+    # writing (measured 2026-12-07: 70 reports, vmem buffer 285 on all 8 devices; the tool keeps 20)
+    readers = assert_landing_buffer_race(result, "ranked", "CollectiveMessages.issue")
+    assert set(readers) <= set(range(8)), readers
 
 
 @pytest.mark.heavy

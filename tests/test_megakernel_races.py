@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from planted_races import frame, issuer
 
 pytestmark = pytest.mark.slow
 
@@ -76,10 +77,15 @@ def test_race_detector_catches_a_plan_that_refills_busy_buffers():
     (result,) = race_check("published", "--modes", "eager", "--unsafe", "--layers", "4", timeout_s=300)
     assert result["races"], result
     # the race planted, and only it: a weight copy (Ctx.start) lands in a VMEM buffer a product
-    # still reads through Ctx.view, and overlaps the copy before it into the same rows
+    # still reads through Ctx.view, and overlaps the copy before it into the same rows; the
+    # detector reports both (measured 2026-12-07: vmem buffer 137, the kernel's read from device 0)
     reports = result["race_reports"]
-    assert reports and all(r["second"]["kind"] == "write" and "Ctx.start" in r["second"]["where"]
-                           and r["first"]["buffer"] == r["second"]["buffer"]
-                           and (r["first"]["kind"], r["first"]["where"].rsplit("(", 1)[-1]) in
-                           {("read", "Ctx.view)"), ("write", "Ctx.start)")} for r in reports), reports
-    assert any(r["first"]["kind"] == "read" and "Ctx.view" in r["first"]["where"] for r in reports), reports
+    assert result["race_count"] == len(reports) == 2, reports
+    (buffer,) = {access["buffer"] for r in reports for access in (r["first"], r["second"])}
+    assert buffer.startswith("('vmem', "), buffer  # one VMEM scratch buffer, every access
+    pairs = sorted((r["first"]["kind"], frame(r["first"]), r["second"]["kind"], frame(r["second"])) for r in reports)
+    assert pairs == [("read", "Ctx.view", "write", "Ctx.start"), ("write", "Ctx.start", "write", "Ctx.start")]
+    (read,) = [r["first"] for r in reports if r["first"]["kind"] == "read"]
+    assert issuer(read) == (0, 0)  # the kernel's own read: device 0, core 0
+    (copies,) = [r for r in reports if r["first"]["kind"] == "write"]
+    assert issuer(copies["first"]) != issuer(copies["second"])  # two copies, not one seen twice

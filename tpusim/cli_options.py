@@ -107,6 +107,29 @@ def add_schedule_option(parser: argparse.ArgumentParser, *, default: str | None 
     parser.add_argument("--schedule", default=default, required=required, help=help)
 
 
+# what the committed joint sweeps searched a deployment for (docs/joint-sweep.md)
+DEPLOYMENT_MODEL = "kimi-k3"
+DEPLOYMENT_DEVICES = 32  # 16 two-core TPU v7 chips
+
+
+def add_deployment_options(parser: argparse.ArgumentParser, *, searched_default: bool = True,
+                           when: str = "") -> None:
+    """``--deployment-model NAME`` and ``--deployment-devices N``: what a schedule's deployment
+    (a joint sweep's best.json: plan and collective algorithms) was searched for, so a kernel tool
+    can map it onto its own ``--model`` and ``--devices``. By default the joint sweep's
+    (:data:`DEPLOYMENT_MODEL` on :data:`DEPLOYMENT_DEVICES`); with ``searched_default`` False, none
+    (the tool's own model and devices). ``when`` starts each help text (``"with --devices: "``)."""
+    if searched_default:
+        model, devices = DEPLOYMENT_MODEL, DEPLOYMENT_DEVICES
+        model_note, devices_note = f"default {model}", f"default {devices}: 16 two-core TPU v7 chips"
+    else:
+        model, devices, model_note, devices_note = None, None, "default: --model", "default: --devices"
+    parser.add_argument("--deployment-model", default=model,
+                        help=f"{when}the model the schedule's deployment was searched for ({model_note})")
+    parser.add_argument("--deployment-devices", type=positive_int, default=devices,
+                        help=f"{when}the devices it was searched on, when its plan does not name them ({devices_note})")
+
+
 def add_routing_options(parser: argparse.ArgumentParser, *, routing_help: str = ROUTING_HELP,
                         seed_help: str = SEED_HELP) -> None:
     """``--routing MODEL`` (which experts a token picks) and ``--seed N`` (its draw)."""

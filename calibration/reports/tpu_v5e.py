@@ -29,7 +29,7 @@ from calibration.reports.tpu_v5e_replay import scatter
 from calibration.reports.tpu_v5e_sensitivity import BEGIN as SENSITIVITY_BEGIN
 from calibration.reports.tpu_v5e_sensitivity import END as SENSITIVITY_END
 from calibration.reports.tpu_v5e_sensitivity import kept_block, put_block
-from calibration.sources.tpu_chip_records import KERNEL_PATH, record_program
+from calibration.sources.tpu_chip_records import KERNEL_PATH, record_step, simulate_record
 from calibration.sources.tpu_kernel_fit import LABEL, SPLITS, KernelFit, calibrate_kernel_records
 from calibration.sources.tpu_probes import CALIBRATION_DECODER
 from hwmodels.atomic import write_text_atomic
@@ -220,7 +220,6 @@ def exposure_lines(fit: KernelFit, batches: Sequence[int] = (1, 8)) -> list[str]
     measurement leaves exposed if that compute were right (measured - simulated compute)."""
     from calibration.sources.tpu_fixed_cost import kernel_probe_chip
     from hwmodels.catalog import load_chip
-    from tpusim.engine import simulate
 
     chip = kernel_probe_chip(load_chip("tpu-v5e", calibrated=False), decoder=fit.decoder)
     lines = ["| schedule | batch | measured ms | (b) simulated ms | simulated compute ms | simulated exposed DMA ms "
@@ -229,8 +228,7 @@ def exposure_lines(fit: KernelFit, batches: Sequence[int] = (1, 8)) -> list[str]
     for record in fit.records:
         if record.batch not in batches:
             continue
-        program, schedule = record_program(record)
-        result = simulate(program, schedule, chip, check_capacity=False)
+        result, schedule = simulate_record(record, chip), record_step(record)[1]
         step_ms, exposed_ms = result.step_s * 1e3, result.exposed_dma_s * 1e3
         lines.append(f"| {record.schedule} | {record.batch} | {record.ms_median:.2f} | {step_ms:.2f} | "
                      f"{step_ms - exposed_ms:.2f} | {exposed_ms:.2f} | {record.ms_median - step_ms + exposed_ms:+.2f} | "

@@ -2,7 +2,8 @@
 
 Sources (:func:`load_measurements`):
 
-- ``published:tpu7x-musespark`` — the published TPU7x set (:mod:`calibration.sources.tpu7x_published`);
+- ``published:tpu7x-musespark`` — the published TPU7x set (:mod:`calibration.sources.tpu7x_published`),
+  read by the source the registry (:mod:`calibration.sources.registry`) names for it;
 - a ``.jsonl`` file — measurement records (:mod:`calibration.sources.measurements`), including the
   kernel runner's records (:func:`read_kernel_records`), which use the same schema
   (``schedule_name`` is accepted for ``schedule``; extra keys are kept in ``extra``).
@@ -22,18 +23,19 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from calibration.sources.measurements import Measurement, read_measurements
-from calibration.sources.tpu7x_published import PUBLISHED_DATASETS, load_published
+from calibration.sources.registry import PUBLISHED_PREFIX, published_records, published_sets
 from hwmodels.catalog import display_path
 from hwmodels.errors import InputError
 
-PUBLISHED_PREFIX = "published:"
 INTERPRETER_BACKENDS = ("cpu-interpret",)
 
 
 def load_measurements(spec: str) -> list[Measurement]:
-    """Records from ``published:<name>`` or a ``.jsonl`` path (see the module docstring)."""
+    """Records from ``published:<name>`` (read by the source the registry names for it,
+    :func:`calibration.sources.registry.published_records`) or a ``.jsonl`` path (see the
+    module docstring)."""
     if spec.startswith(PUBLISHED_PREFIX):
-        return load_published(spec.removeprefix(PUBLISHED_PREFIX))
+        return published_records(spec)
     path = Path(spec)
     if path.is_dir() or spec.endswith((".trace.json.gz", ".trace.json")):
         raise InputError(
@@ -41,7 +43,7 @@ def load_measurements(spec: str) -> list[Measurement]:
             "with calibration.sources.profiler.trace_measurement and append it to a .jsonl file"
         )
     if not path.exists():
-        known = ", ".join(PUBLISHED_PREFIX + name for name in PUBLISHED_DATASETS)
+        known = ", ".join(published_sets())
         raise InputError(f"--measurements {spec}: no such file (or use {known})")
     return read_measurements(path)
 

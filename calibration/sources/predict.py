@@ -22,6 +22,12 @@ the same point many times (each identifiability round restarts from the same chi
 "before" and published predictions repeat the first evaluation, a stage's pins re-predict
 its fitted chip), and the engine is deterministic, so a repeat costs a dictionary lookup.
 The engine is :func:`tpusim.engine.simulate`.
+
+:func:`simulate_measured` is the one call of the engine on a measured record, whatever the
+record's kind: a :class:`~calibration.sources.measurements.Measurement` here, a K3-shard
+kernel record (:func:`calibration.sources.tpu_chip_records.simulate_record`, which the
+fixed-cost probe and the kernel fit read too). ``tests/test_record_predictor.py`` holds every
+other module to it.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from calibration.sources.measurements import Measurement
 from hwmodels.errors import InputError
@@ -46,6 +52,9 @@ from tpusim.workload.program import Program, build_program
 from tpusim.workload.registry.names import FormatKey
 from tpusim.workload.routing import parse_routing
 from tpusim.workload.sharding import ShardingPlan, round_up
+
+if TYPE_CHECKING:
+    from tpusim.engine.result import SimResult
 
 PredictFn = Callable[[Chip, Measurement], float]
 
@@ -186,6 +195,16 @@ def figures_key(chip: Chip) -> str:
                       sort_keys=True)
 
 
+def simulate_measured(program: Program, schedule: Schedule, chip: Chip,
+                      panel_unroll: tuple[int, int] | None = None) -> SimResult:
+    """The engine's prediction of a step that was measured: ``program`` under ``schedule`` on
+    ``chip`` (``panel_unroll``: the measured kernel build's, :func:`tpusim.engine.simulate`),
+    without the static VMEM check (a measured step ran on its hardware whatever the accounting
+    says; the result reports the disagreement). Every predictor of a record calls this."""
+    from tpusim.engine import simulate  # imported late: the engine is the heavy part
+
+    return simulate(program, schedule, chip, check_capacity=False, panel_unroll=panel_unroll)
+
 
 @dataclass
 class Predictor:
@@ -219,12 +238,10 @@ class Predictor:
     def schedule(self, chip: Chip, m: Measurement) -> Schedule:
         return resolve_schedule(m.schedule or default_schedule(chip))
 
-    def simulate(self, chip: Chip, m: Measurement, schedule: Schedule | None = None) -> Any:
+    def simulate(self, chip: Chip, m: Measurement, schedule: Schedule | None = None) -> SimResult:
         """The engine's full result (``step_s``, ``breakdown``, ...) for ``m`` on ``chip``,
         under ``schedule`` (default: the one ``m`` names). Results are kept (module docstring):
         callers must not modify them."""
-        from tpusim.engine import simulate  # imported late: the engine is the heavy part
-
         if chip.name != m.system.chip:
             raise InputError(f"{m.key()}: measured on {m.system.chip}, predicted on {chip.name}")
         chip = with_measured_execution(chip, m)
@@ -234,8 +251,7 @@ class Predictor:
         result = self._results.get(key)
         if result is None:
             self.calls += 1
-            # a measured step ran: predict it even where the VMEM accounting says it would not fit
-            result = self._results[key] = simulate(self.program(chip, m), schedule, chip, check_capacity=False)
+            result = self._results[key] = simulate_measured(self.program(chip, m), schedule, chip)
         else:
             self.reused += 1
         return result

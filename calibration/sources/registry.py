@@ -28,6 +28,9 @@ from the chip and the data, not by the command line unless ``--procedure`` names
 - component measurements for this chip exist and no figure list was given → ``part by part``;
 - otherwise → ``end to end``.
 
+A ``published:`` set of step times (``--measurements published:tpu7x-musespark``) is loaded by the
+source whose ``published`` names it (:func:`published_records`), whichever procedure fits it.
+
 Adding a source (``calibration/README.md``): one module with its hooks, one entry in
 :data:`SOURCES`, one test (``tests/test_source_registry.py`` resolves every hook).
 """
@@ -39,11 +42,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from hwmodels.errors import InputError
+
 if TYPE_CHECKING:
+    from calibration.sources.measurements import Measurement
     from hwmodels.schema import Chip
 
 GPU_K3_STACK_SETS = ("published:b300-sglang-k3",)  # published K3 rows on B300 (calibration.sources.k3_b300)
 GPU_STACK_SETS = ("published:b200-vllm-qwen3.5",)  # published per-stage splits (calibration.sources.gpu_stack)
+PUBLISHED_PREFIX = "published:"  # a set of package data, read by the source that registers it
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,9 @@ class Source:
     overlay: str | None
     command: str | None = None
     tool: str = ""
+    # the ``published:`` sets of step times ``load`` reads as measurement records, called with
+    # the set's name (:func:`published_records`: what ``--measurements published:<name>`` loads)
+    published: tuple[str, ...] = ()
 
     def hook(self, which: str) -> Any:
         """The object a hook (``load``, ``fit``, ``overlay``, ``command``) names, imported now."""
@@ -135,6 +145,11 @@ SOURCES: tuple[Source, ...] = (
            overlay="calibration.sources.step_times:FitResult.overlay",
            command="calibration.commands.calibrate:run_single_fit"),
     # Sources read by their own tools (no `tpusim calibrate` path; the same builder and writer).
+    Source("tpu7x published", "the published TPU7x step times of Muse Spark (published:tpu7x-musespark), read as "
+           "measurement records", _never,
+           load="calibration.sources.tpu7x_published:load_published", fit=None, overlay=None,
+           tool="tpusim calibrate --measurements published:tpu7x-musespark (fitted by end to end or part by part)",
+           published=("published:tpu7x-musespark",)),
     Source("tpu v5e probes", "micro-benchmarks run on one TPU v5e (calibration/data/tpu-v5e-probes.jsonl)",
            _never, load="calibration.sources.tpu_probes:load_probes",
            fit="calibration.sources.tpu_probes:probe_figures",
@@ -173,4 +188,22 @@ def recognise(request: Request) -> Source:
     return next(s for s in SOURCES if s.recognises(request))
 
 
-__all__ = ["GPU_K3_STACK_SETS", "GPU_STACK_SETS", "SOURCES", "Request", "Source", "recognise", "source"]
+def published_sets() -> tuple[str, ...]:
+    """Every ``published:`` set of step times a registered source reads as measurement records."""
+    return tuple(spec for entry in SOURCES for spec in entry.published)
+
+
+def published_records(spec: str) -> list[Measurement]:
+    """The measurement records of the ``published:<name>`` set ``spec``, read by the ``load``
+    hook of the source that registers it (:class:`~hwmodels.errors.InputError` naming the
+    known sets for any other name)."""
+    name = spec.removeprefix(PUBLISHED_PREFIX)
+    for entry in SOURCES:
+        if spec in entry.published:
+            return entry.hook("load")(name)
+    names = sorted(registered.removeprefix(PUBLISHED_PREFIX) for registered in published_sets())
+    raise InputError(f"unknown published dataset {name!r}; known: {', '.join(names)}")
+
+
+__all__ = ["GPU_K3_STACK_SETS", "GPU_STACK_SETS", "PUBLISHED_PREFIX", "SOURCES", "Request", "Source",
+           "published_records", "published_sets", "recognise", "source"]

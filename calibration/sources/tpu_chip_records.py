@@ -12,6 +12,8 @@ names the expert decoder its kernel ran (``decoder``; none: the earlier ``bytes`
 reads one decoder's rows, by default the calibration's
 (:data:`calibration.sources.tpu_probes.CALIBRATION_DECODER`, the kernel as it is now).
 
+:func:`simulate_record` predicts one record (the fixed-cost probe's capped runs too), through
+the one predictor of a measured step (:func:`calibration.sources.predict.simulate_measured`);
 :class:`ChipRecordPredictor` builds each point's program once and caches engine results
 by the chip's figures, so a fit re-simulating the same points pays only for new chips.
 The measured step includes one host launch of the kernel; the engine's
@@ -24,21 +26,23 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from calibration.core.fitting import median
+from calibration.sources.predict import figures_key, simulate_measured
 from calibration.sources.tpu_probes import CALIBRATION_DECODER
 from hwmodels.errors import InputError
-from hwmodels.overlay import iter_figures
 from hwmodels.records.kernel import WALK, KernelRecord
 from hwmodels.schema import Chip
-from tpusim.engine import simulate
 from tpusim.engine.reuse import keep_lowerings
 from tpusim.schedule.schema import Schedule, load_schedule
 from tpusim.workload.format_choice import formats_for_chip
 from tpusim.workload.model_catalog import load_model, shard_plan
 from tpusim.workload.program import Program, build_program
 from tpusim.workload.routing import parse_routing
+
+if TYPE_CHECKING:
+    from tpusim.engine.result import SimResult
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNEL_PATH = ROOT / "calibration" / "data" / "tpu-v5e-kernel.jsonl"
@@ -205,10 +209,6 @@ def _merged(rows: list[KernelRecord], path: Path, shard_of: str, expert_cap: int
     return sorted(out, key=lambda r: (r.batch, r.schedule, r.panel_unroll, r.expert_list))
 
 
-def figures_key(chip: Chip) -> tuple[tuple[str, float], ...]:
-    return tuple((path, figure.value) for path, figure in iter_figures(chip))
-
-
 def record_program(record: ChipRecord) -> tuple[Program, Schedule]:
     """The program a record ran (its model as `tpusim simulate` formats it for a TPU, its
     shard, batch, context and routing trace) and its schedule."""
@@ -220,27 +220,41 @@ def record_program(record: ChipRecord) -> tuple[Program, Schedule]:
     return program, load_schedule(str(ROOT / record.schedule_path))
 
 
-_WORKER_PROGRAMS: dict[str, tuple[Program, Schedule]] = {}  # a pool worker's own programs, by record
+_PROGRAMS: dict[tuple[Any, ...], tuple[Program, Schedule]] = {}  # this process's programs, by what builds one
 # Lowered steps each process keeps (tpusim.engine.reuse.keep_lowerings): every record's step, so
 # a residual that moves only the copy engine's figures (the kernel fit: HBM bandwidth) runs each
 # kept step again instead of lowering it (the 22 fitted tpu-v5e points: 443,000 copies, ~340 MB)
 KEPT_STEPS, KEPT_COPIES = 32, 500_000
 
 
-def simulate_record_ms(record: ChipRecord, chip: Chip) -> float:
-    """Predicted ms per step of ``record`` on ``chip`` (a pool task: builds the program once
-    per worker process)."""
-    key = f"{record.key}:{record.schedule_path}:{record.routing}"
-    if key not in _WORKER_PROGRAMS:
+def record_step(record: ChipRecord) -> tuple[Program, Schedule]:
+    """:func:`record_program`, built once per process (a fit re-simulates each record under
+    many chips; a pool worker keeps its own)."""
+    key = (record.model, record.shard_of, record.schedule_path, record.batch, record.context, record.routing,
+           record.expert_cap)
+    if key not in _PROGRAMS:
         keep_lowerings(KEPT_STEPS, KEPT_COPIES)
-        _WORKER_PROGRAMS[key] = record_program(record)
-    program, schedule = _WORKER_PROGRAMS[key]
-    return simulate(program, schedule, chip, check_capacity=False, panel_unroll=record.panel_unroll).step_s * 1e3
+        _PROGRAMS[key] = record_program(record)
+    return _PROGRAMS[key]
+
+
+def simulate_record(record: ChipRecord, chip: Chip) -> SimResult:
+    """The engine's prediction of ``record`` on ``chip``: its program and schedule
+    (:func:`record_step`) and its kernel build's panel loops, through the one predictor of a
+    measured step (:func:`calibration.sources.predict.simulate_measured`)."""
+    program, schedule = record_step(record)
+    return simulate_measured(program, schedule, chip, panel_unroll=record.panel_unroll)
+
+
+def simulate_record_ms(record: ChipRecord, chip: Chip) -> float:
+    """Predicted ms per step of ``record`` on ``chip`` (also a pool task)."""
+    return simulate_record(record, chip).step_s * 1e3
 
 
 @dataclass
 class ChipRecordPredictor:
-    """Predicted ms per step of each record on a chip (programs built once, results cached).
+    """Predicted ms per step of each record on a chip (:func:`simulate_record_ms`; programs
+    built once, results cached by the chip's figures).
 
     ``jobs > 1`` spreads the engine runs of one :meth:`predict_many` over that many worker
     processes (:class:`tpusim.sweep.executors.Executor`, results in record order, so the fit
@@ -248,16 +262,9 @@ class ChipRecordPredictor:
 
     records: list[ChipRecord]
     jobs: int = 1
-    programs: dict[int, tuple[Program, Schedule]] = field(default_factory=dict)
     cache: dict[tuple[Any, int], float] = field(default_factory=dict)
     runs: int = 0  # engine runs so far
     _executor: Any = None
-
-    def _program(self, index: int) -> tuple[Program, Schedule]:
-        if index not in self.programs:
-            keep_lowerings(KEPT_STEPS, KEPT_COPIES)
-            self.programs[index] = record_program(self.records[index])
-        return self.programs[index]
 
     def predict_ms(self, chip: Chip, index: int) -> float:
         return self.predict_many(chip, [index])[0]
@@ -272,11 +279,7 @@ class ChipRecordPredictor:
                 self._executor = Executor(jobs=self.jobs)
             found = self._executor.map(simulate_record_ms, [(self.records[i], chip) for i in missing])
         else:
-            found = []
-            for i in missing:
-                program, schedule = self._program(i)
-                found.append(simulate(program, schedule, chip, check_capacity=False,
-                                      panel_unroll=self.records[i].panel_unroll).step_s * 1e3)
+            found = [simulate_record_ms(self.records[i], chip) for i in missing]
         for i, ms in zip(missing, found, strict=True):
             self.cache[(figures, i)] = ms
         self.runs += len(missing)

@@ -53,7 +53,8 @@ from calibration.sources.tpu_chip_records import (
     KERNEL_PATH,
     ChipRecord,
     load_chip_records,
-    record_program,
+    record_step,
+    simulate_record_ms,
 )
 from calibration.sources.tpu_probes import (
     CALIBRATION_DECODER,
@@ -68,9 +69,6 @@ from calibration.sources.tpu_probes import (
 )
 from hwmodels.overlay import _figure_slot
 from hwmodels.schema import Chip
-from tpusim.engine import simulate
-from tpusim.schedule.schema import Schedule
-from tpusim.workload.program import Program
 
 FIXED_COST_PATH = KERNEL_PATH.parent / "tpu-v5e-fixed-cost.jsonl"  # what calibration.tpu_bench.ingest writes
 CAPS = (4, 8, 12)  # below the model's top_k: no capped program is a decode
@@ -134,15 +132,11 @@ def refit_chip(chip: Chip, found: FixedCost) -> Chip:
 
 def simulated_ms(runs: list[ChipRecord], chip: Chip) -> list[float]:
     """Each capped run's step (ms) simulated on ``chip``: its program capped as it ran."""
-    return [float(ms) for ms in _ms(runs, chip)]
+    return [simulate_record_ms(run, chip) for run in runs]
 
 
 def _ms(runs: list[ChipRecord], chip: Chip) -> np.ndarray:
-    out = []
-    for run in runs:
-        program, schedule = _program(run)
-        out.append(simulate(program, schedule, chip, check_capacity=False, panel_unroll=run.panel_unroll).step_s * 1e3)
-    return np.array(out)
+    return np.array(simulated_ms(runs, chip))
 
 
 def _slope(runs: list[ChipRecord], ms: np.ndarray) -> float:
@@ -150,14 +144,8 @@ def _slope(runs: list[ChipRecord], ms: np.ndarray) -> float:
     return fit_line(experts, ms).slope
 
 
-@functools.cache
-def _program(run: ChipRecord) -> tuple[Program, Schedule]:
-    """The run's program, built once (the rules re-simulate each run a few dozen times)."""
-    return record_program(run)
-
-
 def _moe_layers(run: ChipRecord) -> int:
-    return len({op.layer for op in _program(run)[0].ops if op.expert_index is not None})
+    return len({op.layer for op in record_step(run)[0].ops if op.expert_index is not None})
 
 
 def fixed_cost(probes: Chip, path: Path | str = FIXED_COST_PATH,

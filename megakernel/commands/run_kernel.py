@@ -35,6 +35,7 @@ from tpusim.cli_options import (
     SCHEDULE_HELP,
     add_batch_option,
     add_context_option,
+    add_deployment_options,
     add_model_option,
     add_schedule_option,
     nonnegative_int,
@@ -75,11 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--layers", type=nonnegative_int, default=4,
                         help="with --devices: run the first N layers (default 4: the dense layer, KDA and MLA MoE "
                         "layers; 0: all, which with the race detector did not finish in 10 minutes on a 2-core host)")
-    parser.add_argument("--deployment-model", default="kimi-k3",
-                        help="with --devices: the model the schedule's deployment was searched for (default kimi-k3)")
-    parser.add_argument("--deployment-devices", type=positive_int, default=32,
-                        help="with --devices: the devices it was searched on when its plan does not name them "
-                        "(default 32: 16 two-core TPU v7 chips)")
+    add_deployment_options(parser, when="with --devices: ")
     parser.add_argument("--shard-of", default=None, metavar="PLAN",
                         help="run one device's program of PLAN (e.g. k3-tp32: K3 at its TP32 per-device widths, "
                         "all 93 layers) alone on this chip, without collectives (tpusim simulate --shard-of "

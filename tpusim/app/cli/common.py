@@ -239,3 +239,21 @@ def shard_or_plan(args: argparse.Namespace, model: Any, system: Any) -> Any:
 def emit_json(data: Any) -> None:
     json.dump(data, sys.stdout, indent=2, default=float)
     sys.stdout.write("\n")
+
+
+def emit_report(report: Any, fmt: str, human: Callable[[Any, str], None]) -> int:
+    """``report`` as JSON when ``fmt`` is ``json``, else ``human(report, fmt)``; the command's
+    exit code (0)."""
+    if fmt == "json":
+        emit_json(report)
+    else:
+        human(report, fmt)
+    return 0
+
+
+def add_systems_option(parser: argparse.ArgumentParser, *, default: str) -> None:
+    """``--systems chip:chips[:execution],...``: the systems a comparison simulates side by side
+    (:func:`tpusim.compare.rows.parse_systems`)."""
+    parser.add_argument("--systems", default=default,
+                        help="comma-separated chip:chips[:execution]; GPU execution: none = the serving stack "
+                        f"(CUDA graphs, fused kernels), eager, megakernel (default: {default})")

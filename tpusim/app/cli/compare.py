@@ -6,7 +6,13 @@ import argparse
 import sys
 
 from hwmodels import values
-from tpusim.app.cli.common import add_model_options, jobs, output_folder, png_file
+from tpusim.app.cli.common import (
+    add_model_options,
+    add_systems_option,
+    jobs,
+    output_folder,
+    png_file,
+)
 from tpusim.app.cli.flag_rules import refuse_unused
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 from tpusim.cli_options import (
@@ -36,10 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "goes (compute, launches, collectives, exposed copies, other).")
     add_model_option(parser, default="kimi-k3")
     add_model_options(parser)
-    parser.add_argument("--systems", default="tpu-v7:16,gb200:16,gb200:16:megakernel",
-                        help="comma-separated chip:chips[:execution]; GPU execution: none = the serving stack "
-                        "(CUDA graphs, fused kernels), eager, megakernel "
-                        "(default: tpu-v7:16,gb200:16,gb200:16:megakernel)")
+    add_systems_option(parser, default="tpu-v7:16,gb200:16,gb200:16:megakernel")
     add_batch_option(parser, default="1,2,4,8", type=None, help="comma-separated batch sizes (default: 1,2,4,8)")
     parser.add_argument("--spec-acceptance", default="",
                         help="comma-separated acceptance lengths (accepted draft tokens + 1) for speculative "

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 
 from hwmodels.errors import InputError
-from tpusim.app.cli.common import add_model_options, emit_json, load_model_with_formats
+from tpusim.app.cli.common import add_model_options, emit_report, load_model_with_formats
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 from tpusim.cli_options import (
     BATCH_HELP,
@@ -74,12 +74,7 @@ def run(args: argparse.Namespace) -> int:
     report = plan_report(model, plan, chip, batch=args.batch, context_tokens=args.context)
     if args.kernels:
         report["kernels"] = _kernels(model, plan, chip, args)
-    fmt = output_format(args)
-    if fmt == "json":
-        emit_json(report)
-        return 0
-    _print(report, fmt)
-    return 0
+    return emit_report(report, output_format(args), _print)
 
 
 def _kernels(model, plan, chip, args: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def]

@@ -24,7 +24,7 @@ from typing import Any
 
 from hwmodels import values
 from hwmodels.errors import InputError
-from tpusim.app.cli.common import add_model_options, jobs, png_file
+from tpusim.app.cli.common import add_model_options, add_systems_option, jobs, png_file
 from tpusim.app.cli.flag_rules import refuse_unused
 from tpusim.app.tables import TableData, add_format_option, emit, output_format
 from tpusim.cli_options import add_model_option, finite_number, positive_int, seed_value
@@ -44,8 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "output tokens/s per chip and per user, and what bounds each.")
     add_model_option(parser, default="kimi-k3")
     add_model_options(parser)
-    parser.add_argument("--systems", default="tpu-v7:16,gb200:16",
-                        help="comma-separated chip:chips[:execution], as in tpusim compare (default: tpu-v7:16,gb200:16)")
+    add_systems_option(parser, default="tpu-v7:16,gb200:16")
     traffic = parser.add_mutually_exclusive_group()
     traffic.add_argument("--concurrency", default=None,
                          help="comma-separated closed-loop client counts (default: 1 when no traffic is given)")

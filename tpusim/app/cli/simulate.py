@@ -52,7 +52,7 @@ from hwmodels.units import MIB
 from tpusim.app.cli.capacity_gate import check_fit
 from tpusim.app.cli.common import (
     add_workload_options,
-    emit_json,
+    emit_report,
     png_file,
     resolve_workload,
     trace_file,
@@ -268,12 +268,7 @@ def run(args: argparse.Namespace) -> int:
                           f"(simulated)"))
         except OSError as error:
             raise InputError(f"cannot write output: {error.strerror or error}") from None
-    fmt = output_format(args)
-    if fmt == "json":
-        emit_json(data)
-        return 0
-    _print_human(data, fmt)
-    return 0
+    return emit_report(data, output_format(args), _print_human)
 
 
 def _json_result(result: Any, floor: Any, args: argparse.Namespace, system: str, devices: int,
