@@ -25,6 +25,8 @@ from tpusim.workload.registry.names import (
     MlpTensor,
     MoeTensor,
     SmallParam,
+    expert_index,
+    is_expert_op,
 )
 
 
@@ -55,8 +57,8 @@ class DecodeOps:
         return self.ins[f"L{layer}.small"][:, offset: offset + length]
 
     def run(self, name: str, layer: int) -> None:
-        if name.startswith("expert["):
-            if name == "expert[0]" or "routed" not in self.values:
+        if is_expert_op(name):
+            if expert_index(name) == 0 or "routed" not in self.values:
                 self.experts(layer)
             return
         getattr(self, name.replace(".", "_"))(layer)

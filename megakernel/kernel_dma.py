@@ -48,7 +48,7 @@ from tpusim.schedule.kernel_layout import (
     matmul_loops,
     matmul_stage_chunks,
 )
-from tpusim.workload.registry.names import ExpertTensor, Family
+from tpusim.workload.registry.names import ExpertTensor, Family, expert_op
 
 # Layer table columns (SMEM, flattened [num_layers, LAYER_COLS]).
 COL_IS_MLA, COL_KIND_INDEX, COL_TEMPLATE = 0, 1, 2
@@ -76,7 +76,7 @@ class Recorder:
     def callback(self, static: tuple[Any, ...], *values: Any) -> np.ndarray:
         ints = [int(v) for v in values]
         if static[0] == "compute_expert":  # ("compute", "expert[j]", layer)
-            self.events.append(("compute", f"expert[{ints[1]}]", ints[0]))
+            self.events.append(("compute", expert_op(ints[1]), ints[0]))
         elif static[0] == "compute":
             self.events.append(("compute", static[1], ints[0]))
         else:  # ("dma_start" | "dma_wait", family, tensor, layer, chunk)
