@@ -2,7 +2,7 @@
 ``vector_clock_size=256``, fixed seeds, uninitialised VMEM as NaN) finds no race for valid
 schedules in both DMA modes, and finds one when the plan is broken on purpose.
 
-Each check runs in a subprocess with a timeout (:mod:`megakernel.race_check`): a kernel
+Each check runs in a subprocess with a timeout (:mod:`megakernel.commands.race_check`): a kernel
 that waits on a semaphore nobody signals would hang forever. The kernel runs on an 8-layer
 kimi-k3-mini (prologue, KDA and MLA windows, the last window and the head: every code path
 of the 93-layer kernel, which is the same loop), batch 2; the planted race on 4 of them.
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def race_check(*args: str, timeout_s: int) -> list[dict]:
     env = {**os.environ, "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"}
-    proc = subprocess.run([sys.executable, "-m", "megakernel.race_check", *args], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "megakernel.commands.race_check", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout_s, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
