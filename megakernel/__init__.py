@@ -12,8 +12,11 @@ Modules, bottom up:
   :mod:`~megakernel.errors`), :mod:`~megakernel.ring_pool` (a ring-mode pool's banks, read
   from the simulator's issue plan), :mod:`~megakernel.hbm` (weights -> the 16-bit word slabs
   the kernel streams);
-- the kernel: :mod:`~megakernel.kernel` (assembly, prologue/windows),
-  :mod:`~megakernel.kernel_dma`, :mod:`~megakernel.kernel_attention`, :mod:`~megakernel.kernel_moe`;
+- the kernel: :mod:`~megakernel.kernel` (assembly, prologue/windows); its context ``Ctx``
+  (:mod:`~megakernel.kernel_dma`) joins refs, tables and the trace-time cache
+  (:mod:`~megakernel.kernel_refs`), control flow (:mod:`~megakernel.kernel_control`), copies
+  (:mod:`~megakernel.kernel_dma`) and streamed products (:mod:`~megakernel.kernel_products`);
+  the ops: :mod:`~megakernel.kernel_attention`, :mod:`~megakernel.kernel_moe`;
 - :mod:`~megakernel.events` (recorded and planned event orders), :mod:`~megakernel.runner`
   (``tpusim run-kernel``), :mod:`~megakernel.examples`, :mod:`~megakernel.chip_numerics` and
   :mod:`~megakernel.reference_spread` (the numerics yardsticks);

@@ -75,11 +75,12 @@ def test_race_detector_catches_a_plan_that_refills_busy_buffers():
     at 26 s of CPU instead of 32 (measured 2026-12-06)."""
     (result,) = race_check("published", "--modes", "eager", "--unsafe", "--layers", "4", timeout_s=300)
     assert result["races"], result
-    # the race planted, and only it: a weight copy (Ctx.start) lands in a VMEM buffer a product
-    # still reads through Ctx.view, and overlaps the copy before it into the same rows
+    # the race planted, and only it: a weight copy (Ctx.start, defined by its Copies role) lands in
+    # a VMEM buffer a product still reads through Ctx.view, and overlaps the copy before it into
+    # the same rows
     reports = result["race_reports"]
-    assert reports and all(r["second"]["kind"] == "write" and "Ctx.start" in r["second"]["where"]
+    assert reports and all(r["second"]["kind"] == "write" and "Copies.start" in r["second"]["where"]
                            and r["first"]["buffer"] == r["second"]["buffer"]
                            and (r["first"]["kind"], r["first"]["where"].rsplit("(", 1)[-1]) in
-                           {("read", "Ctx.view)"), ("write", "Ctx.start)")} for r in reports), reports
-    assert any(r["first"]["kind"] == "read" and "Ctx.view" in r["first"]["where"] for r in reports), reports
+                           {("read", "Copies.view)"), ("write", "Copies.start)")} for r in reports), reports
+    assert any(r["first"]["kind"] == "read" and "Copies.view" in r["first"]["where"] for r in reports), reports
