@@ -16,7 +16,9 @@ Modules, bottom up:
   (:mod:`~megakernel.kernel_dma`) joins refs, tables and the trace-time cache
   (:mod:`~megakernel.kernel_refs`), control flow (:mod:`~megakernel.kernel_control`), copies
   (:mod:`~megakernel.kernel_dma`) and streamed products (:mod:`~megakernel.kernel_products`);
-  the ops: :mod:`~megakernel.kernel_attention`, :mod:`~megakernel.kernel_moe`;
+  the ops: :mod:`~megakernel.kernel_attention`, :mod:`~megakernel.kernel_moe`, running the op
+  bodies of :mod:`~megakernel.layer_ops` (a layer's math, written once for this kernel and the
+  multi-device decode);
 - :mod:`~megakernel.events` (recorded and planned event orders), :mod:`~megakernel.runner`
   (``tpusim run-kernel``), :mod:`~megakernel.examples`, :mod:`~megakernel.chip_numerics` and
   :mod:`~megakernel.reference_spread` (the numerics yardsticks);
