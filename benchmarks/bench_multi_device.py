@@ -8,9 +8,9 @@ on this CPU.
 experts split 4 ways in groups of 4 ranks, each head on 4 devices).
 
 Each configuration runs in a fresh process (virtual devices need ``XLA_FLAGS`` before JAX
-starts): ``python -m megakernel.decode_check`` (the K3 decode on sharded weights with the
+starts): ``python -m megakernel.commands.decode_check`` (the K3 decode on sharded weights with the
 plan's collectives, greedy steps against the single-device reference) or, with
-``--collectives-only``, ``python -m megakernel.multi_device_check`` (the collective program
+``--collectives-only``, ``python -m megakernel.commands.multi_device_check`` (the collective program
 with its exact integer stand-in payload). It prints the wall time of each step (the first
 includes the compile) and whether every device matched. These are interpreter timings on a
 CPU, NOT TPU timings: every load, store, remote copy and semaphore operation of every device
@@ -36,10 +36,10 @@ def main() -> None:
     args = parser.parse_args()
     for layers in args.layers:
         if args.collectives_only:
-            command = [sys.executable, "-m", "megakernel.multi_device_check", "--devices", str(args.devices),
+            command = [sys.executable, "-m", "megakernel.commands.multi_device_check", "--devices", str(args.devices),
                        "--layers", str(layers), "--repeat", str(args.steps)]
         else:
-            command = [sys.executable, "-m", "megakernel.decode_check", "--devices", str(args.devices),
+            command = [sys.executable, "-m", "megakernel.commands.decode_check", "--devices", str(args.devices),
                        "--layers", str(layers), "--steps", str(args.steps)] + (["--no-races"] if args.no_races else [])
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, check=True)

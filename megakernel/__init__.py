@@ -12,24 +12,32 @@ Modules, bottom up:
   :mod:`~megakernel.errors`), :mod:`~megakernel.ring_pool` (a ring-mode pool's banks, read
   from the simulator's issue plan), :mod:`~megakernel.hbm` (weights -> the 16-bit word slabs
   the kernel streams);
-- the kernel: :mod:`~megakernel.kernel` (assembly, prologue/windows),
-  :mod:`~megakernel.kernel_dma`, :mod:`~megakernel.kernel_attention`, :mod:`~megakernel.kernel_moe`;
+- the kernel: :mod:`~megakernel.kernel` (assembly, prologue/windows); its context ``Ctx``
+  (:mod:`~megakernel.kernel_dma`) joins refs, tables and the trace-time cache
+  (:mod:`~megakernel.kernel_refs`), control flow (:mod:`~megakernel.kernel_control`), copies
+  (:mod:`~megakernel.kernel_dma`) and streamed products (:mod:`~megakernel.kernel_products`);
+  the ops: :mod:`~megakernel.kernel_attention`, :mod:`~megakernel.kernel_moe`, running the op
+  bodies of :mod:`~megakernel.layer_ops` (a layer's math, written once for this kernel and the
+  multi-device decode);
 - :mod:`~megakernel.events` (recorded and planned event orders), :mod:`~megakernel.runner`
-  (``tpusim run-kernel``), :mod:`~megakernel.race_check`, :mod:`~megakernel.examples`;
+  (``tpusim run-kernel``), :mod:`~megakernel.examples`, :mod:`~megakernel.chip_numerics` and
+  :mod:`~megakernel.reference_spread` (the numerics yardsticks);
 - :mod:`~megakernel.reference_jnp`: the decode step written again without the math modules
   above (the independent check of the kernel's math);
 - several devices: :mod:`~megakernel.collective_plan` (the plan's messages and the
   simulator's issue/consume points as kernel tables), :mod:`~megakernel.multi_device` (the
-  collective program as remote copies under ``shard_map``),
-  :mod:`~megakernel.multi_device_check` (one run in a fresh process); the K3 decode across
+  collective program as remote copies under ``shard_map``); the K3 decode across
   devices: :mod:`~megakernel.decode_shards` (each device's shard of the full weights),
   :mod:`~megakernel.multi_device_decode` and :mod:`~megakernel.decode_ops` (the decode with
-  the collectives carrying its partials and gathers), :mod:`~megakernel.decode_check`
-  (against the single-device reference, in a fresh process), :mod:`~megakernel.decode_ties`
+  the collectives carrying its partials and gathers), :mod:`~megakernel.decode_ties`
   (routing near ties against the reference), :mod:`~megakernel.tolerance`;
-- the top: :mod:`~megakernel.commands`, this layer's ``tpusim`` commands (``run-kernel``,
-  ``lower``, the Mosaic check of ``tpusim sweep --compile-check``), found by the command line
-  through entry points (:mod:`tpusim.app.plugins`).
+- the top: :mod:`~megakernel.commands`, this layer's command-line tools: its ``tpusim``
+  commands (``run-kernel``, ``lower``, the Mosaic check of ``tpusim sweep --compile-check``),
+  found by the command line through entry points (:mod:`tpusim.app.plugins`), and the
+  ``python -m megakernel.commands.NAME`` checks that run in a fresh process (``race_check``,
+  ``multi_device_check``, ``decode_check``, ``collective_check``, ``lower_check``,
+  ``mosaic_compile``, ``chip_numerics``, ``reference_spread``). No module outside it has a
+  ``__main__``.
 
 Simplifications relative to ``shared/reference/kimi-k3.md`` (docs/megakernel.md lists them too):
 

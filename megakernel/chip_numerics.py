@@ -1,9 +1,7 @@
 """Where the megakernel's logits leave the reference on a TPU: by depth, by step, next to yardsticks.
 
-``python -m megakernel.chip_numerics --model kimi-k3-mini [--schedule published] [--batch 1]
-[--layers 4,13,0] [--steps 8] [--context 64] [--out FILE]`` prints (and appends to ``FILE``)
-one JSON line per depth; ``python -m megakernel.chip_numerics --verdicts FILE`` judges
-committed records.
+Its command line (a record per depth, or the verdicts on committed records):
+:mod:`megakernel.commands.chip_numerics`.
 
 The greedy check of :mod:`megakernel.runner` says *whether* kernel and reference agree over N
 steps; when they do not, it cannot say why: each feeds back its own argmax, so one flipped
@@ -25,8 +23,8 @@ chip (:func:`megakernel.tolerance.relative_error`):
 
 Labelled ``measured`` on the chip's kind (``derived`` numbers: errors, no timing).
 
-**Verdict** (:func:`verdict`; ``--verdicts FILE`` prints one per committed record, exit 1 if
-any fails). Up to :data:`INDEPENDENT_DEPTH` layers, where rounding has not yet grown chaotic,
+**Verdict** (:func:`verdict`; the command's ``--verdicts FILE`` prints one per committed record,
+exit 1 if any fails). Up to :data:`INDEPENDENT_DEPTH` layers, where rounding has not yet grown chaotic,
 every step's kernel error must be within the independent-reference tolerance and every
 teacher-forced token equal. Deeper, a random-weight model amplifies rounding chaotically: an
 exact-f32 evaluation of the *same* reference on the host CPU already lands 10-60 % away from
@@ -38,10 +36,6 @@ a stale buffer) puts every step far outside both (tests plant one).
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -53,21 +47,12 @@ from megakernel.reference import decode_step, init_state
 from megakernel.runner import (
     KERNEL_PRECISION,
     RunConfig,
-    append_record,
     build_kernel,
     prepare,
     provenance,
-    resolve_backend,
     versions,
 )
 from megakernel.tolerance import F32, INDEPENDENT, REORDERED, TOLERANCES, relative_error
-from tpusim.cli_options import (
-    KERNEL_MODEL_HELP,
-    add_batch_option,
-    add_context_option,
-    add_model_option,
-    add_schedule_option,
-)
 
 
 def reference_run(dims: Any, params: Any, state: Any, tokens: list[np.ndarray], precision: str,
@@ -148,56 +133,3 @@ def verdict(record: dict[str, Any]) -> tuple[bool, str]:
     middle = float(np.median(kernel))
     return middle <= spread, (f"{record['layers']} layers: median kernel error {middle:.2e} vs the largest "
                               f"exact-f32 (CPU) reference error {spread:.2e}")
-
-
-def print_verdicts(path: Path) -> int:
-    """One line per record of ``path``; 0 if every record passes, 1 otherwise, 2 on bad input."""
-    try:
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, json.JSONDecodeError) as error:
-        sys.stderr.write(f"error: --verdicts {path}: {error}\n")
-        return 2
-    failed = 0
-    for record in records:
-        ok, why = verdict(record)
-        failed += not ok
-        sys.stdout.write(f"{'pass' if ok else 'FAIL'}  {record['model']} {record['schedule']} "
-                         f"b{record['batch']} on {record['backend']}: {why}\n")
-    return 1 if failed else 0
-
-
-def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
-    add_model_option(parser, default="kimi-k3-mini", help=KERNEL_MODEL_HELP)
-    add_schedule_option(parser, default="published")
-    add_batch_option(parser, default=1, type=int)
-    parser.add_argument("--layers", default="4,13,0", help="comma-separated depths (0: all layers)")
-    parser.add_argument("--steps", type=int, default=8, help="teacher-forced steps")
-    add_context_option(parser, default=64, type=int)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--backend", default="auto", choices=("auto", "tpu", "interpret"))
-    parser.add_argument("--out", type=Path, default=None, help="append each record to this JSONL file")
-    parser.add_argument("--verdicts", type=Path, default=None,
-                        help="print the verdict of every record in this JSONL file and exit (runs nothing)")
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
-    if args.verdicts is not None:
-        return print_verdicts(args.verdicts)
-    backend = resolve_backend(args.backend)
-    for layers in (int(v) for v in args.layers.split(",")):
-        config = RunConfig(model=args.model, schedule=args.schedule, batch=args.batch, steps=args.steps,
-                           context=args.context, backend=backend, seed=args.seed, layers=layers,
-                           check_steps=args.steps)
-        record = depth_record(config, backend)
-        if args.out is not None:
-            append_record(args.out, record)
-        sys.stdout.write(json.dumps(record) + "\n")
-        sys.stdout.flush()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,7 +14,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from megakernel import math_kda, math_mla, math_moe, residual
+from megakernel import layer_ops, math_kda, math_mla, math_moe, residual
+from megakernel.dims import ModelDims
 from megakernel.math_common import mm, rmsnorm
 from megakernel.quant import dequant_fp8_b256, dequant_mxfp4
 from tpusim.workload.registry.names import (
@@ -25,11 +26,18 @@ from tpusim.workload.registry.names import (
     MlpTensor,
     MoeTensor,
     SmallParam,
+    expert_index,
+    is_expert_op,
 )
+
+# The operands holding a KDA layer's state (layer_ops kinds): read from ``ins``, written to ``states``
+_STATE_OPERANDS = {layer_ops.CONV: "L{layer}.conv", layer_ops.RECURRENT: "L{layer}.kda_state"}
 
 
 class DecodeOps:
-    """Op bodies of one kernel invocation (``ins``/``states`` operand refs, ``scratch``)."""
+    """Op bodies of one kernel invocation (``ins``/``states`` operand refs, ``scratch``): the
+    shared bodies of :mod:`megakernel.layer_ops` on this device's operands (it is their
+    :class:`~megakernel.layer_ops.LayerIo`), the collectives' payloads and results in ``values``."""
 
     def __init__(self, kernel: Any, ctx: Any, ins: dict[str, Any], states: dict[str, Any], logits: Any) -> None:
         self.k, self.ctx, self.ins, self.states, self.logits = kernel, ctx, ins, states, logits
@@ -50,13 +58,34 @@ class DecodeOps:
                                                   key=lambda k: int(k.rsplit(".", 1)[1]))]
         return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
 
+    # ------------------------------------------------------------------ operands (layer_ops.LayerIo)
+
+    @property
+    def dims(self) -> ModelDims:
+        return self.d
+
+    def product(self, tensor: str, layer: int, x: jax.Array) -> jax.Array:
+        return mm(x, self.weight(layer, tensor))
+
+    def resident(self, tensor: str, layer: int) -> jax.Array:
+        return self.weight(layer, tensor)
+
     def small(self, layer: int, kind: str) -> jax.Array:
         offset, length = self.d.small_offsets[kind]
         return self.ins[f"L{layer}.small"][:, offset: offset + length]
 
+    def state_in(self, kind: str, layer: int) -> None:
+        """The state is an operand of the call: nothing to copy in."""
+
+    def state(self, kind: str, layer: int) -> jax.Array:
+        return self.ins[_STATE_OPERANDS[kind].format(layer=layer)][...]
+
+    def keep_state(self, kind: str, layer: int, value: jax.Array) -> None:
+        self.states[_STATE_OPERANDS[kind].format(layer=layer)][...] = value
+
     def run(self, name: str, layer: int) -> None:
-        if name.startswith("expert["):
-            if name == "expert[0]" or "routed" not in self.values:
+        if is_expert_op(name):
+            if expert_index(name) == 0 or "routed" not in self.values:
                 self.experts(layer)
             return
         getattr(self, name.replace(".", "_"))(layer)
@@ -67,13 +96,7 @@ class DecodeOps:
         self.partial = self.partial + out
 
     def mix_norm(self, layer: int, sublayer: str) -> jax.Array:
-        d, h = self.d, self.d.hidden
-        mix = self.small(layer, SmallParam.RESIDUAL_MIX)
-        query = mix[:, :h] if sublayer == "attn" else mix[:, h:]
-        has_partial = layer % d.block_layers > 0 if sublayer == "attn" else True
-        mixed = residual.mix(jnp.stack(self.blocks), self.partial, 1 + layer // d.block_layers, has_partial,
-                             query, d.eps)
-        return rmsnorm(mixed, self.small(layer, f"small.{sublayer}_norm"), d.eps)
+        return layer_ops.mix_norm(self, layer, sublayer, jnp.stack(self.blocks), self.partial)
 
     def finish_mlp(self, layer: int) -> None:
         """Add layer ``layer``'s MLP output (its collectives just completed) and, at a block
@@ -100,28 +123,13 @@ class DecodeOps:
     # ------------------------------------------------------------------ KDA
 
     def kda_qkvgb(self, layer: int) -> None:
-        kd = self.d.kda
-        y = mm(self.values["x"], self.weight(layer, KdaTensor.QKVGB))
-        qkv, gate, beta_logits = math_kda.split_qkvgb(y, kd)
-        conv_w = self.small(layer, SmallParam.KDA_CONV).reshape(kd.conv_kernel, 3 * kd.width)
-        conv_out, window = math_kda.short_conv(qkv, self.ins[f"L{layer}.conv"][...], conv_w)
-        self.states[f"L{layer}.conv"][...] = window
-        self.values["qkv"] = math_kda.prepare_qkv(conv_out, kd)
-        self.values["gate"], self.values["beta"] = gate, jax.nn.sigmoid(beta_logits)
+        self.values["qkv"], self.values["gate"], self.values["beta"] = layer_ops.kda_qkvgb(self, layer, self.values["x"])
 
     def kda_decay(self, layer: int) -> None:
-        kd = self.d.kda
-        f = mm(mm(self.values["x"], self.weight(layer, KdaTensor.DECAY_A)), self.weight(layer, KdaTensor.DECAY_B))
-        self.values["g"] = math_kda.decay_log(f, self.small(layer, SmallParam.KDA_A_LOG),
-                                              self.small(layer, SmallParam.KDA_DT_BIAS), kd)
+        self.values["g"] = layer_ops.kda_decay(self, layer, self.values["x"])
 
     def kda_core(self, layer: int) -> None:
-        kd = self.d.kda
-        q, k, v = self.values.pop("qkv")
-        g, beta = self.values.pop("g"), self.values.pop("beta")
-        state = self.ins[f"L{layer}.kda_state"][...]
-        outs, new_state = math_kda.delta_rule_heads(state, q, k, v, g, beta, kd)
-        self.states[f"L{layer}.kda_state"][...] = new_state
+        outs = layer_ops.kda_core(self, layer, self.values.pop("qkv"), self.values.pop("g"), self.values.pop("beta"))
         self.values[Collective.ATTN_HEAD_EXCHANGE] = math_kda.output_gate(outs, self.values.pop("gate"), self.d.eps)
 
     def project_heads(self, layer: int, name: str) -> None:
@@ -140,23 +148,17 @@ class DecodeOps:
     # ------------------------------------------------------------------ MLA
 
     def mla_q_a(self, layer: int) -> None:
-        cq = mm(self.values["x"], self.weight(layer, MlaTensor.Q_A))
-        self.values["cq"] = rmsnorm(cq, self.small(layer, SmallParam.MLA_Q_NORM), self.d.eps)
+        self.values["cq"] = layer_ops.mla_q_a(self, layer, self.values["x"])
 
     def mla_kv_a(self, layer: int) -> None:
-        pos = self.position.astype(jnp.float32)
-        ckv = mm(self.values["x"], self.weight(layer, MlaTensor.KV_A))
-        self.values["entry"] = math_mla.kv_entry(ckv, self.small(layer, SmallParam.MLA_KV_NORM), pos, self.d.mla,
-                                                 self.d.eps).astype(jnp.bfloat16)
+        self.values["entry"] = layer_ops.mla_kv_a(self, layer, self.values["x"], self.position.astype(jnp.float32))
 
     def mla_q_b(self, layer: int) -> None:
         pos = self.position.astype(jnp.float32)
-        q_nope, q_rope = math_mla.split_q(mm(self.values.pop("cq"), self.weight(layer, MlaTensor.Q_B)), pos, self.d.mla)
-        self.values["q_nope"], self.values["q_rope"] = q_nope, jnp.stack(q_rope, axis=1)
+        self.values["q_nope"], self.values["q_rope"] = layer_ops.mla_q_b(self, layer, self.values.pop("cq"), pos)
 
     def mla_kv_b(self, layer: int) -> None:
-        w_kv_b = self.weight(layer, MlaTensor.KV_B)
-        self.values["q_lat"] = math_mla.absorb(self.values.pop("q_nope"), w_kv_b, self.d.mla)
+        self.values["q_lat"], _ = layer_ops.mla_kv_b(self, layer, self.values.pop("q_nope"))
 
     def mla_core(self, layer: int) -> None:
         """Attention over the cache and this token, the cache write, then this device's heads'
@@ -165,13 +167,11 @@ class DecodeOps:
         cache = self.ins[f"L{layer}.kv"][...]  # [B, T, C + P(R)]
         entry, q_lat, q_rope = self.values.pop("entry"), self.values.pop("q_lat"), self.values.pop("q_rope")
         carry = math_mla.attend_parts(math_mla.attend_init(b, md), q_lat, q_rope, cache, 0, self.position, md)
-        carry = math_mla.attend_tile(carry, q_lat, q_rope, entry[:, None, :], jnp.ones((1, 1, 1), bool), md)
-        o = math_mla.attend_output(carry, self.weight(layer, MlaTensor.KV_B), md)
+        o = layer_ops.mla_fold_entry(carry, q_lat, q_rope, entry, self.weight(layer, MlaTensor.KV_B), self.d)
         out = self.states[f"L{layer}.kv"]
         out[...] = cache
         out[:, pl_ds(self.position), :] = entry[:, None, :]
-        gate = jax.nn.sigmoid(mm(self.values["x"], self.weight(layer, MlaTensor.GATE)))
-        self.values[Collective.ATTN_HEAD_EXCHANGE] = o[:b] * gate
+        self.values[Collective.ATTN_HEAD_EXCHANGE] = layer_ops.mla_gate(self, layer, self.values["x"], o[:b])
 
     def mla_gate(self, layer: int) -> None:
         """Applied at the end of ``mla.core`` (see there)."""
@@ -190,7 +190,7 @@ class DecodeOps:
         """Computed with ``mlp.gate_up`` (see there)."""
 
     def moe_router(self, layer: int) -> None:
-        self.values[Collective.MOE_ROUTER_EXCHANGE] = jax.nn.sigmoid(mm(self.values["x"], self.weight(layer, MoeTensor.ROUTER)))
+        self.values[Collective.MOE_ROUTER_EXCHANGE] = layer_ops.moe_router(self, layer, self.values["x"])
 
     def moe_topk(self, layer: int) -> None:
         e = self.d.moe
@@ -205,8 +205,8 @@ class DecodeOps:
 
     def moe_shared_gate_up(self, layer: int) -> None:
         """The shared experts' channels of this device (both ops; issued at ``shared_down``)."""
-        self.values[Collective.MOE_SHARED_REDUCE] = math_moe.gated_mlp(
-            self.values.pop("x"), self.weight(layer, MoeTensor.SHARED_GATE_UP), self.weight(layer, MoeTensor.SHARED_DOWN))
+        act = layer_ops.gate_up(self, MoeTensor.SHARED_GATE_UP, layer, self.values.pop("x"), self.d.moe.shared_width)
+        self.values[Collective.MOE_SHARED_REDUCE] = self.product(MoeTensor.SHARED_DOWN, layer, act)
 
     def moe_shared_down(self, layer: int) -> None:
         """Computed with ``moe.shared_gate_up`` (see there)."""
@@ -253,8 +253,7 @@ class DecodeOps:
 
     def head_norm(self, layer: int) -> None:
         self.finish_mlp(layer - 1)
-        final = residual.final_hidden(jnp.stack(self.blocks), self.partial, self.d.block_slots)
-        self.values["x"] = rmsnorm(final, None, self.d.eps)
+        self.values["x"] = layer_ops.head_norm(self.d, jnp.stack(self.blocks), self.partial)
 
     def head_lm_head(self, layer: int) -> None:
         self.logits[...] = mm(self.values.pop("x"), self.weight(None, HeadTensor.LM_HEAD))

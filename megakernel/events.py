@@ -40,6 +40,7 @@ from tpusim.workload.registry.names import (
     Family,
     MoeOp,
     StateFamily,
+    is_expert_op,
 )
 
 Event = tuple[Any, ...]
@@ -134,7 +135,7 @@ def planned_event_order(kernel: Megakernel, routing: np.ndarray) -> list[Event]:
         plan = tables.plans[template(i), n[i]]
         for pos, op in enumerate(plan.ops[len(LEAD_IN):]):
             layer = i + op.delta
-            if op.name.startswith("expert["):
+            if is_expert_op(op.name):
                 planned(plan, pos, (i, i + 1))
                 if pos >= 1 and pos + slots - 1 < n[i]:
                     start(Unit("expert", 0, pos + slots - 1), (i, i + 1))

@@ -79,7 +79,7 @@ from tpusim.schedule.kernel_layout import (
 )
 from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import matmul_stage_bytes
-from tpusim.workload.registry.names import KdaTensor, MoeOp, StateFamily
+from tpusim.workload.registry.names import KdaTensor, MoeOp, StateFamily, expert_index
 
 EXPERT_CODES = 1000  # codes below are expert[j]; op identities start here
 
@@ -130,7 +130,8 @@ def build_tables(dims: ModelDims, geo: Geometry, n_max: int, *, respect_buffers:
             if unit not in index:
                 continue
             op = plan.ops[pos - plan.first]
-            table[t, n, index[unit]] = int(op.name[7:-1]) if op.name.startswith("expert[") else codes[op.name, op.delta]
+            entry = expert_index(op.name)
+            table[t, n, index[unit]] = entry if entry is not None else codes[op.name, op.delta]
     for j in range(min(slots, n_max)):
         col = table[:, j + 1:, index[Unit("expert", 0, j)]]
         if (col != col[:, -1:]).any():

@@ -2,8 +2,10 @@
 
 Each function runs consecutive ops of one layer. ``begin(op)`` (from :mod:`megakernel.kernel`)
 issues the copies the plan starts at that op and records the op's compute event; the
-function then waits for the op's own weights (``ctx.matmul`` waits slab by slab) and
-computes with the shared math of :mod:`megakernel.math_kda` / :mod:`megakernel.math_mla`.
+function then runs the op's body from :mod:`megakernel.layer_ops` (written once for this
+kernel and the multi-device decode, :mod:`megakernel.decode_ops`) on this kernel's operands,
+:class:`KernelIo`: weights streamed through their rings (``ctx.matmul`` waits slab by slab),
+the KDA state copied in and out of its VMEM buffers.
 
 State traffic (not in the schedule; each has its own small VMEM buffer):
 
@@ -26,9 +28,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from megakernel import math_kda, math_mla, residual
+from megakernel import layer_ops, math_kda, math_mla
 from megakernel.kernel_dma import Ctx, idiv, imod
-from megakernel.math_common import mm_t, rmsnorm
 from megakernel.quant import words_to_bf16
 from tpusim.schedule.kernel_layout import KV_WRITE_TOKENS, LANES
 from tpusim.workload.registry.names import (
@@ -38,7 +39,6 @@ from tpusim.workload.registry.names import (
     KdaTensor,
     MlaOp,
     MlaTensor,
-    SmallParam,
     StateBuffer,
     StateFamily,
 )
@@ -47,22 +47,26 @@ Begin = Callable[[str], None]
 
 
 def mix_norm(ctx: Ctx, layer: Any, sublayer: str) -> jax.Array:
-    """``attn.mix_norm`` / ``mlp.mix_norm``: attention-residual mixture + RMSNorm -> f32[B, H]."""
-    b, h, d = ctx.batch, ctx.dims.hidden, ctx.dims
+    """``attn.mix_norm`` / ``mlp.mix_norm`` over the residual blocks and partial in VMEM -> f32[B, H]."""
+    b = ctx.batch
     blocks = ctx.scratch["blocks"][:, :b, :]
     partial = ctx.scratch["partial"][:b, :]
-    mix = ctx.small(layer, SmallParam.RESIDUAL_MIX)
-    query = mix[:, :h] if sublayer == "attn" else mix[:, h:]
-    has_partial = (imod(layer, d.block_layers) > 0) if sublayer == "attn" else True
-    mixed = residual.mix(blocks, partial, 1 + idiv(layer, d.block_layers), has_partial, query, d.eps)
-    norm = ctx.small(layer, SmallParam.ATTN_NORM if sublayer == "attn" else SmallParam.MLP_NORM)
-    return rmsnorm(mixed, norm, d.eps)
+    return layer_ops.mix_norm(KernelIo(ctx), layer, sublayer, blocks, partial)
 
 
 def add_to_residual(ctx: Ctx, out: jax.Array) -> None:
     """``partial += out`` (f32[B, H])."""
     b = ctx.batch
     ctx.scratch["partial"][:b, :] = ctx.scratch["partial"][:b, :] + out
+
+
+def attention_input(ctx: Ctx, layer: Any, begin: Begin) -> jax.Array:
+    """``attn.mix_norm`` of any attention layer: the previous layer's MLP output finished (with
+    collectives), the layer's small parameters waited, the mixture normed -> f32[B, H]."""
+    begin(AttnOp.MIX_NORM)
+    finish_previous(ctx, layer)
+    ctx.wait("small", layer, 0)
+    return mix_norm(ctx, layer, "attn")
 
 
 def finish_previous(ctx: Ctx, layer: Any) -> None:
@@ -98,55 +102,70 @@ def _state_event(ctx: Ctx, kind: str, tensor: str, layer: Any) -> None:
     ctx.event(kind, StateFamily.KDA_STATE, tensor, dynamic=(layer, 0))
 
 
+# The KDA state's scratch buffer and its copies' names, by layer_ops kind
+_STATE_SCRATCH = {layer_ops.CONV: "conv", layer_ops.RECURRENT: StateFamily.KDA_STATE}
+_STATE_IN = {layer_ops.CONV: StateBuffer.KDA_CONV_IN, layer_ops.RECURRENT: StateBuffer.KDA_STATE_IN}
+_STATE_OUT = {layer_ops.CONV: StateBuffer.KDA_CONV_OUT, layer_ops.RECURRENT: StateBuffer.KDA_STATE_OUT}
+
+
+class KernelIo:
+    """The single-device kernel's operands for :mod:`megakernel.layer_ops`: weights streamed
+    through their rings (:meth:`Ctx.matmul`), the small-parameter row, and a KDA layer's
+    state in its VMEM buffers, copied in from HBM (after the previous KDA layer's write-back,
+    unless ``first_kda``) and written back by ``copies``."""
+
+    def __init__(self, ctx: Ctx, copies: _StateCopies | None = None, first_kda: bool = False) -> None:
+        self.ctx, self.copies, self.first_kda = ctx, copies, first_kda
+
+    @property
+    def dims(self) -> Any:
+        return self.ctx.dims
+
+    def product(self, tensor: str, layer: Any, x: jax.Array) -> jax.Array:
+        return self.ctx.matmul(tensor, layer, x)
+
+    def resident(self, tensor: str, layer: Any) -> jax.Array:
+        self.ctx.wait(tensor, layer, 0)
+        return _panels(self.ctx, tensor, layer)
+
+    def small(self, layer: Any, kind: str) -> jax.Array:
+        return self.ctx.small(layer, kind)
+
+    def state_in(self, kind: str, layer: Any) -> None:
+        assert self.copies is not None
+        if not self.first_kda:
+            self.copies[f"{kind}_out"].wait()  # the previous KDA layer's write-back
+            _state_event(self.ctx, "dma_wait", _STATE_OUT[kind], layer)
+        self.copies[f"{kind}_in"].start()
+        _state_event(self.ctx, "dma_start", _STATE_IN[kind], layer)
+        self.copies[f"{kind}_in"].wait()
+        _state_event(self.ctx, "dma_wait", _STATE_IN[kind], layer)
+
+    def state(self, kind: str, layer: Any) -> jax.Array:
+        return self.ctx.scratch[_STATE_SCRATCH[kind]][...]  # one load, one store: every access is a callback
+
+    def keep_state(self, kind: str, layer: Any, value: jax.Array) -> None:
+        assert self.copies is not None
+        self.ctx.scratch[_STATE_SCRATCH[kind]][...] = value
+        self.copies[f"{kind}_out"].start()
+        _state_event(self.ctx, "dma_start", _STATE_OUT[kind], layer)
+
+
 def kda_layer(ctx: Ctx, layer: Any, begin: Begin, first_kda: bool) -> None:
     """``attn.mix_norm`` .. ``kda.o`` of a KDA layer; adds the output to the residual."""
-    d, kd = ctx.dims, ctx.dims.kda
+    d = ctx.dims
     m = ctx.instance(ctx.geo.rings[KdaTensor.QKVGB], layer)
-    copies = _state_copies(ctx, m)
-    begin(AttnOp.MIX_NORM)
-    finish_previous(ctx, layer)
-    ctx.wait("small", layer, 0)
-    x = mix_norm(ctx, layer, "attn")
+    io = KernelIo(ctx, _state_copies(ctx, m), first_kda)
+    x = attention_input(ctx, layer, begin)
 
     begin(KdaOp.QKVGB)
-    y = ctx.matmul(KdaTensor.QKVGB, layer, x)
-    if not first_kda:
-        copies["conv_out"].wait()  # the previous KDA layer's write-back
-        _state_event(ctx, "dma_wait", StateBuffer.KDA_CONV_OUT, layer)
-    copies["conv_in"].start()
-    _state_event(ctx, "dma_start", StateBuffer.KDA_CONV_IN, layer)
-    copies["conv_in"].wait()
-    _state_event(ctx, "dma_wait", StateBuffer.KDA_CONV_IN, layer)
-    qkv, gate, beta_logits = math_kda.split_qkvgb(y, kd)
-    # f32[K, 3w], a tap per row by lane slices: a reshape of the f32[1, K*3w] row is no Mosaic
-    # shape cast unless 3w is a multiple of 128 lanes (nano on 8 devices: 3w = 96)
-    taps, cols = ctx.small(layer, SmallParam.KDA_CONV), 3 * kd.width
-    conv_w = jnp.concatenate([taps[:, t * cols: (t + 1) * cols] for t in range(kd.conv_kernel)], axis=0)
-    conv_out, window = math_kda.short_conv(qkv, ctx.scratch["conv"][...], conv_w)
-    ctx.scratch["conv"][...] = window
-    copies["conv_out"].start()
-    _state_event(ctx, "dma_start", StateBuffer.KDA_CONV_OUT, layer)
-    q, k, v = math_kda.prepare_qkv(conv_out, kd)
-    beta = jax.nn.sigmoid(beta_logits)
+    qkv, gate, beta = layer_ops.kda_qkvgb(io, layer, x)
 
     begin(KdaOp.DECAY)
-    low = ctx.matmul(KdaTensor.DECAY_A, layer, x)
-    f = ctx.matmul(KdaTensor.DECAY_B, layer, low)
-    g = math_kda.decay_log(f, ctx.small(layer, SmallParam.KDA_A_LOG), ctx.small(layer, SmallParam.KDA_DT_BIAS), kd)
+    g = layer_ops.kda_decay(io, layer, x)
 
     begin(KdaOp.CORE)
-    if not first_kda:
-        copies["state_out"].wait()
-        _state_event(ctx, "dma_wait", StateBuffer.KDA_STATE_OUT, layer)
-    copies["state_in"].start()
-    _state_event(ctx, "dma_start", StateBuffer.KDA_STATE_IN, layer)
-    copies["state_in"].wait()
-    _state_event(ctx, "dma_wait", StateBuffer.KDA_STATE_IN, layer)
-    state = ctx.scratch[StateFamily.KDA_STATE][...]  # one load, one store: every access is a callback
-    outs, new_state = math_kda.delta_rule_heads(state, q, k, v, g, beta, kd)
-    ctx.scratch[StateFamily.KDA_STATE][...] = new_state
-    copies["state_out"].start()
-    _state_event(ctx, "dma_start", StateBuffer.KDA_STATE_OUT, layer)
+    outs = layer_ops.kda_core(io, layer, qkv, g, beta)
     if ctx.link is not None:  # the exchange carries this device's gated heads
         ctx.link.issue(ctx, Collective.ATTN_HEAD_EXCHANGE, layer, math_kda.output_gate(outs, gate, d.eps))
 
@@ -176,29 +195,21 @@ def _panels(ctx: Ctx, ring: str, layer: Any) -> jax.Array:
 
 def mla_layer(ctx: Ctx, layer: Any, begin: Begin) -> None:
     """``attn.mix_norm`` .. ``mla.o`` of an MLA layer; adds the output to the residual."""
-    d, md = ctx.dims, ctx.dims.mla
-    b = ctx.batch
+    d, b = ctx.dims, ctx.batch
+    io = KernelIo(ctx)
     position = ctx.memo("position", 0, lambda: ctx.ins["smem.scalars"][0])
     pos_f = position.astype(jnp.float32)
-    begin(AttnOp.MIX_NORM)
-    finish_previous(ctx, layer)
-    ctx.wait("small", layer, 0)
-    x = mix_norm(ctx, layer, "attn")
+    x = attention_input(ctx, layer, begin)
 
     begin(MlaOp.Q_A)
-    cq = rmsnorm(ctx.matmul(MlaTensor.Q_A, layer, x), ctx.small(layer, SmallParam.MLA_Q_NORM), d.eps)
+    cq = layer_ops.mla_q_a(io, layer, x)
     begin(MlaOp.KV_A)
-    entry = math_mla.kv_entry(ctx.matmul(MlaTensor.KV_A, layer, x), ctx.small(layer, SmallParam.MLA_KV_NORM), pos_f,
-                              md, d.eps).astype(jnp.bfloat16)
+    entry = layer_ops.mla_kv_a(io, layer, x, pos_f)
     begin(MlaOp.Q_B)
-    q_nope, q_rope = math_mla.split_q(ctx.matmul(MlaTensor.Q_B, layer, cq), pos_f, md)
-    q_rope_all = jnp.stack(q_rope, axis=1)
+    q_nope, q_rope_all = layer_ops.mla_q_b(io, layer, cq, pos_f)
 
     begin(MlaOp.KV_B)
-    ctx.wait(MlaTensor.KV_B, layer, 0)
-    w_kv_b = _panels(ctx, MlaTensor.KV_B, layer)
-    q_lat = jnp.stack([mm_t(q_nope[hd], w_kv_b[:, hd * md.kv_b_head_cols: hd * md.kv_b_head_cols + md.nope])
-                       for hd in range(md.heads)], axis=1)
+    q_lat, w_kv_b = layer_ops.mla_kv_b(io, layer, q_nope)
 
     begin(MlaOp.CORE)
     m = ctx.instance(ctx.geo.rings[MlaTensor.Q_A], layer)
@@ -210,8 +221,7 @@ def mla_layer(ctx: Ctx, layer: Any, begin: Begin) -> None:
     read, write = _kv_block_copies(ctx, m, start)
     read.start()
     carry = _attend_cache(ctx, layer, m, position, q_lat, q_rope_all)
-    carry = math_mla.attend_tile(carry, q_lat, q_rope_all, entry[:, None, :], jnp.ones((1, 1, 1), bool), md)
-    o = math_mla.attend_output(carry, w_kv_b, md)
+    o = layer_ops.mla_fold_entry(carry, q_lat, q_rope_all, entry, w_kv_b, d)
     read.wait()
     row = lax.broadcasted_iota(jnp.int32, (1, block, 1), 1)
     ctx.scratch["kv_entry"][...] = jnp.where(row == position - start, entry[:, None, :], ctx.scratch["kv_entry"][...])
@@ -221,7 +231,7 @@ def mla_layer(ctx: Ctx, layer: Any, begin: Begin) -> None:
     ctx.event("dma_wait", "kv", StateBuffer.MLA_KV_WRITE, dynamic=(layer, 0))
 
     begin(MlaOp.GATE)
-    o = o * jax.nn.sigmoid(ctx.matmul(MlaTensor.GATE, layer, x))
+    o = layer_ops.mla_gate(io, layer, x, o)
     if ctx.link is not None:  # issued after the gate: its weights hold this device's heads only
         ctx.link.issue(ctx, Collective.ATTN_HEAD_EXCHANGE, layer, o[:b])
     begin(MlaOp.OUT)

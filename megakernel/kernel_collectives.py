@@ -49,8 +49,8 @@ issue and wait in trace order, for the event-order test against the plan.
 A device none of whose experts the batch chose still runs one expert op (local expert 0,
 routing weight 0): the schedule starts copies inside the expert loop, so a window needs at
 least one. Lowering: :meth:`CollectiveMegakernel.lower_for_tpu` (32 virtual devices at K3
-TP32 sizes, :mod:`megakernel.lower_check`); interpret-mode runs against the one-device
-reference: :mod:`megakernel.collective_check`.
+TP32 sizes, :mod:`megakernel.commands.lower_check`); interpret-mode runs against the one-device
+reference: :mod:`megakernel.commands.collective_check`.
 """
 
 from __future__ import annotations

@@ -24,10 +24,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from megakernel import math_moe, residual
-from megakernel.kernel_attention import Begin, add_to_residual, mix_norm
+from megakernel import layer_ops, math_moe, residual
+from megakernel.kernel_attention import Begin, KernelIo, add_to_residual, mix_norm
 from megakernel.kernel_dma import N_NEXT, Ctx, idiv, imod
-from megakernel.math_common import rmsnorm, situ
+from megakernel.math_common import situ
 from tpusim.schedule.kernel_layout import LANES, expert_list_rows, expert_list_stage_rows
 from tpusim.workload.registry.names import (
     Collective,
@@ -55,7 +55,7 @@ def moe_pre_experts(ctx: Ctx, layer: Any, begin: Begin, issue_at_topk: Callable[
     x = mix_norm(ctx, layer, "mlp")
     link = ctx.link
     begin(MoeOp.ROUTER)
-    scores = jax.nn.sigmoid(ctx.matmul(MoeTensor.ROUTER, layer, x))
+    scores = layer_ops.moe_router(KernelIo(ctx), layer, x)
     if link is not None:
         link.issue(ctx, Collective.MOE_ROUTER_EXCHANGE, layer, scores)  # this device's router columns
     begin(MoeOp.LATENT_DOWN)  # before the top-k: its all-gather overlaps the selection
@@ -71,8 +71,7 @@ def moe_pre_experts(ctx: Ctx, layer: Any, begin: Begin, issue_at_topk: Callable[
         scores = link.wait(ctx, Collective.MOE_ROUTER_EXCHANGE, layer)
     topk(ctx, layer, scores[:, : e.scored_experts], issue_at_topk)
     begin(MoeOp.SHARED_GATE_UP)
-    gu = ctx.matmul(MoeTensor.SHARED_GATE_UP, layer, x)
-    act = situ(gu[:, : e.shared_width], gu[:, e.shared_width:])
+    act = layer_ops.gate_up(KernelIo(ctx), MoeTensor.SHARED_GATE_UP, layer, x, e.shared_width)
     begin(MoeOp.SHARED_DOWN)
     shared = ctx.matmul(MoeTensor.SHARED_DOWN, layer, act)
     if link is not None and not link.fused_experts:
@@ -241,7 +240,6 @@ def head(ctx: Ctx, begin: Begin) -> None:
     begin(HeadOp.NORM)
     if ctx.link is not None:
         ctx.link.finish_mlp(ctx, d.num_layers)
-    final = residual.final_hidden(ctx.scratch["blocks"][:, :b, :], ctx.scratch["partial"][:b, :], d.block_slots)
-    x = rmsnorm(final, None, d.eps)
+    x = layer_ops.head_norm(d, ctx.scratch["blocks"][:, :b, :], ctx.scratch["partial"][:b, :])
     begin(HeadOp.LM_HEAD)
     ctx.outs["logits"][...] = ctx.matmul(HeadTensor.LM_HEAD, d.num_layers, x)

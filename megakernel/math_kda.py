@@ -70,6 +70,14 @@ def short_conv(qkv: jax.Array, window: jax.Array, weight: jax.Array) -> tuple[ja
     return silu(acc), new_window
 
 
+def conv_taps(row: jax.Array, d: KdaDims) -> jax.Array:
+    """The short convolution's taps f32[K, 3W] from their small-parameter row f32[1, K*3W], a
+    tap per row by lane slices: a reshape of the row is no Mosaic shape cast unless 3W is a
+    multiple of 128 lanes (nano on 8 devices: 3W = 96)."""
+    cols = 3 * d.width
+    return jnp.concatenate([row[:, t * cols: (t + 1) * cols] for t in range(d.conv_kernel)], axis=0)
+
+
 def heads_of(x: jax.Array, heads: int, head_dim: int) -> list[jax.Array]:
     """f32[B, h*hd] -> h arrays f32[B, hd] (static lane slices)."""
     return [x[:, i * head_dim: (i + 1) * head_dim] for i in range(heads)]

@@ -9,26 +9,16 @@ one of them and ``.compile()``d. Nothing is allocated and nothing runs.
 libtpu reads its environment when it is first loaded: :data:`ENVIRONMENT` (no metadata-server
 query, several libtpu loads allowed, JAX on the CPU) must be set before that, which
 :func:`prepare_environment` does (``setdefault``: what a caller set wins). In a process whose
-JAX backends may already be up with other settings, run ``python -m megakernel.mosaic_compile``
+JAX backends may already be up with other settings, run ``python -m megakernel.commands.mosaic_compile``
 (a fresh process, one JSON line, as ``tpusim lower --hardware`` does).
-
-``python -m megakernel.mosaic_compile --model kimi-k3-mini --schedule published --hardware tpu-v5e
-[--devices 1 | --shard-of k3-tp32] [--batch 1] [--context 1024] [--weight-banks 0]`` prints the lowering report
-(:class:`megakernel.tpu_lowering.LoweringReport`) with ``compile`` (:class:`CompileReport`);
-a model, schedule or plan the kernel cannot implement prints ``{"error": KIND, "message": ...}``
-and exits 2, a compile failure exits 1.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
-import dataclasses
 import importlib.util
-import json
 import os
 import re
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -36,15 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from hwmodels.units import MIB
-from tpusim.cli_options import (
-    KERNEL_CONTEXT_HELP,
-    KERNEL_MODEL_HELP,
-    add_batch_option,
-    add_context_option,
-    add_hardware_option,
-    add_model_option,
-    add_schedule_option,
-)
 
 ENVIRONMENT = {"TPU_SKIP_MDS_QUERY": "1", "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
 
@@ -250,61 +231,3 @@ def scoped_vmem_bytes(kernel: Any, topology_name: str) -> int | None:
         report = compile_function(probe.step, step_inputs(probe), topology_name, raw_errors=True)
     found = SCOPED.search(report.error or "")
     return None if found is None else round(float(found.group(1)) * MIB)
-
-
-def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
-    add_model_option(parser, default="kimi-k3-mini", help=KERNEL_MODEL_HELP)
-    add_schedule_option(parser, default="published")
-    add_hardware_option(parser, default="tpu-v5e")
-    parser.add_argument("--devices", type=int, default=1)
-    parser.add_argument("--shard-of", default=None, help="one device's program of this plan")
-    add_batch_option(parser, default=1, type=int)
-    add_context_option(parser, default=1024, type=int, help=KERNEL_CONTEXT_HELP)
-    parser.add_argument("--weight-banks", type=int, default=0,
-                        help="stacked weights hold this many distinct entries (0: one per layer)")
-    parser.add_argument("--scoped-vmem", action="store_true",
-                        help="also read the compiler's scoped-VMEM figure for the kernel (one more compile)")
-    parser.add_argument("--panel-unroll", type=int, nargs=2, default=None, metavar=("DENSE", "EXPERT"),
-                        help="panels per panel-loop iteration, dense and routed experts (default: the kernel's)")
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    prepare_environment()
-    args = parse(argv)
-    from megakernel.dims import UnsupportedModel, model_dims
-    from megakernel.dma_plan import UnsupportedSchedule
-    from megakernel.expert_products import expert_products_for
-    from megakernel.kernel import Megakernel
-    from megakernel.tpu_lowering import lowering_report
-    from megakernel.vmem_limit import vmem_limit_for
-    from tpusim.schedule.schema import load_schedule
-    from tpusim.workload.model_catalog import load_model, plan_for, shard_plan
-
-    model = load_model(args.model)
-    plan = shard_plan(model, args.shard_of) if args.shard_of else plan_for(model, args.devices)
-    schedule = load_schedule(args.schedule)
-    try:
-        dims = dataclasses.replace(model_dims(model, plan), weight_banks=args.weight_banks)
-        unroll = {} if args.panel_unroll is None else dict(
-            zip(("panel_unroll", "expert_panel_unroll"), args.panel_unroll, strict=True))
-        kernel = Megakernel(dims, schedule, args.batch, args.context,
-                            vmem_limit_bytes=vmem_limit_for(args.hardware),
-                            expert_products=expert_products_for(args.hardware), **unroll)
-        report = lowering_report(model, plan, schedule, args.batch, kernel, lowered=True)
-    except (UnsupportedModel, UnsupportedSchedule) as error:
-        kind = "model" if isinstance(error, UnsupportedModel) else "schedule"
-        sys.stdout.write(json.dumps({"error": kind, "message": str(error)}) + "\n")
-        return 2
-    compiled = compile_for(kernel, topology_for(args.hardware))  # one device's kernel
-    result = {**dataclasses.asdict(report), "lowered": compiled.kind != "lowering",
-              "compile": dataclasses.asdict(compiled)}
-    if args.scoped_vmem:
-        result["compiler_scoped_vmem_bytes"] = scoped_vmem_bytes(kernel, topology_for(args.hardware))
-    sys.stdout.write(json.dumps(result) + "\n")
-    return 0 if compiled.ok else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

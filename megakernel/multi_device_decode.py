@@ -2,9 +2,9 @@
 
 One ``pallas_call`` per device under ``jax.shard_map``. The body walks the simulator's
 program (:func:`megakernel.collective_plan.layer_steps`: each layer's ops with the plan's
-issue and wait points between them) and runs, per op, the single-device kernel's math
-(:mod:`megakernel.math_kda`, :mod:`~megakernel.math_mla`, :mod:`~megakernel.math_moe`,
-:mod:`~megakernel.residual`, :mod:`~megakernel.quant`) on this device's shard
+issue and wait points between them) and runs, per op, the single-device kernel's op bodies
+(:mod:`megakernel.layer_ops`, over :mod:`megakernel.math_kda`, :mod:`~megakernel.math_mla`,
+:mod:`~megakernel.math_moe`, :mod:`~megakernel.residual`, :mod:`~megakernel.quant`) on this device's shard
 (:mod:`megakernel.decode_shards`). Every collective is the remote-copy machinery of
 :class:`megakernel.multi_device.CollectiveKernel`; what each one carries (K3's TP pattern):
 

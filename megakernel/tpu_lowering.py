@@ -12,7 +12,7 @@ On a multi-device plan the kernel is :class:`megakernel.kernel_collectives.Colle
 under ``jax.shard_map`` over the plan's mesh, with the plan's collectives as remote copies
 inside it; the process needs ``plan.devices`` JAX devices (on a CPU:
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before JAX starts, as
-``python -m megakernel.lower_check`` does). On one device there are no collectives.
+``python -m megakernel.commands.lower_check`` does). On one device there are no collectives.
 
 The kernel's VMEM scratch (:meth:`megakernel.kernel.Megakernel.scratch_bytes`: arenas, KV
 tiles, states, activations, working scratch, collective send/receive buffers) is set beside

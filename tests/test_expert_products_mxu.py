@@ -142,7 +142,7 @@ def test_fp8_mxu_kernel_matches_independent_reference_mini_13_layers() -> None:
 def test_fp8_mxu_multi_device_kernel_gives_the_reference_tokens() -> None:
     """The collective kernel as lower_check compiles it for TPU7x (FP8 to the MXU), with its
     experts cut across the devices, against the one-device independent reference."""
-    done = subprocess.run([sys.executable, "-m", "megakernel.collective_check", "--devices", "8", "--layers", "4",
+    done = subprocess.run([sys.executable, "-m", "megakernel.commands.collective_check", "--devices", "8", "--layers", "4",
                            "--steps", "1", "--expert-products", "fp8-mxu"], cwd=ROOT, capture_output=True, text=True,
                           timeout=600, check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-2000:]
@@ -153,7 +153,7 @@ def test_fp8_mxu_multi_device_kernel_gives_the_reference_tokens() -> None:
 def _compile(argv: list[str], dump: Path) -> dict[str, object]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TPU_SKIP_MDS_QUERY": "1", "JAX_PLATFORMS": "cpu",
            "LIBTPU_INIT_ARGS": f"--xla_jf_dump_to={dump}"}
-    out = subprocess.run([sys.executable, "-m", "megakernel.mosaic_compile", *argv], env=env, cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "megakernel.commands.mosaic_compile", *argv], env=env, cwd=ROOT,
                          capture_output=True, text=True, check=False)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -98,7 +98,7 @@ def test_map_deployment_keeps_algorithms_and_scales_the_expert_split(tmp_path: P
 
 
 def _check(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "megakernel.collective_check", "--devices", "8", "--layers", "4",
+    return subprocess.run([sys.executable, "-m", "megakernel.commands.collective_check", "--devices", "8", "--layers", "4",
                            "--races", *args], capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
 
 

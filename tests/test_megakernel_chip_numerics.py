@@ -14,6 +14,7 @@ import pytest
 
 from hwmodels.units import MIB
 from megakernel import chip_numerics, runner
+from megakernel.commands import chip_numerics as chip_numerics_command
 from megakernel.vmem_limit import PUBLISHED_KERNEL_CHIP, vmem_limit_for
 
 RECORDS = Path(__file__).resolve().parents[1] / "calibration" / "data" / "tpu-v5e-numerics.jsonl"
@@ -51,14 +52,14 @@ def test_deep_record_fails_when_the_kernel_is_off_by_more_than_the_reference_spr
 
 
 def test_verdicts_cli_exit_codes(tmp_path, capsys):
-    assert chip_numerics.main(["--verdicts", str(RECORDS)]) == 0
+    assert chip_numerics_command.main(["--verdicts", str(RECORDS)]) == 0
     bad = _records()[0]
     bad["steps"][0]["kernel"] = 1.0
     planted = tmp_path / "planted.jsonl"
     planted.write_text(json.dumps(bad) + "\n")
-    assert chip_numerics.main(["--verdicts", str(planted)]) == 1
+    assert chip_numerics_command.main(["--verdicts", str(planted)]) == 1
     assert "FAIL" in capsys.readouterr().out
-    assert chip_numerics.main(["--verdicts", str(tmp_path / "missing.jsonl")]) == 2
+    assert chip_numerics_command.main(["--verdicts", str(tmp_path / "missing.jsonl")]) == 2
 
 
 @pytest.mark.parametrize(("chip", "mib"), [("tpu-v5e", 128), ("tpu-v7", 64)])

@@ -3,7 +3,7 @@ per device under ``jax.shard_map``, remote copies and semaphores inside) on comp
 devices from this CPU-only machine: kimi-k3-nano on 8 devices (``tpu7x:2x2x1``), batch 1,
 ``published``.
 
-Each compile runs in a fresh process (``python -m megakernel.lower_check --compile``: libtpu's
+Each compile runs in a fresh process (``python -m megakernel.commands.lower_check --compile``: libtpu's
 environment must be set before JAX starts). On the 2-core machine the nano test takes ~5 s
 (~2.5 s of it lowering and Mosaic compile); full K3 on 32 devices (``tpu7x:2x2x4``, ~8 s of
 compile, ~12 s in all) is marked slow; K3 at batch 8 (a sweep pick that compiles, published
@@ -23,7 +23,7 @@ pytest.importorskip("libtpu", reason="libtpu is not installed: Mosaic cannot com
 
 
 def compile_check(model: str, devices: int, schedule: str = "published", batch: int = 1) -> tuple[int, dict]:
-    done = subprocess.run([sys.executable, "-m", "megakernel.lower_check", "--model", model, "--devices",
+    done = subprocess.run([sys.executable, "-m", "megakernel.commands.lower_check", "--model", model, "--devices",
                            str(devices), "--schedule", schedule, "--batch", str(batch), "--compile"],
                           capture_output=True, text=True, timeout=600, check=False)
     assert done.stdout.strip(), done.stderr[-2000:]

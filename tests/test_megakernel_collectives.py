@@ -33,7 +33,7 @@ TPU_V7_EXPLICIT_VMEM_BYTES = 58 << 20
 
 
 def lower_on_mesh(schedule: str, batch: int) -> dict:
-    done = subprocess.run([sys.executable, "-m", "megakernel.lower_check", "--model", "kimi-k3", "--devices", "32",
+    done = subprocess.run([sys.executable, "-m", "megakernel.commands.lower_check", "--model", "kimi-k3", "--devices", "32",
                            "--schedule", schedule, "--batch", str(batch), "--log"],
                           capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -151,7 +151,7 @@ def test_pair_matmul_is_the_pair_heads_times_the_hidden_half(batch: int, width_p
 
 
 def collective_check(*args: str) -> dict:
-    done = subprocess.run([sys.executable, "-m", "megakernel.collective_check", "--devices", "8", "--layers", "4",
+    done = subprocess.run([sys.executable, "-m", "megakernel.commands.collective_check", "--devices", "8", "--layers", "4",
                            "--races", *args], capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -82,7 +82,7 @@ def test_planned_log_has_one_line_per_message_the_kernel_records(devices):
 
 def run_check(*args: str) -> dict:
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    done = subprocess.run([sys.executable, "-m", "megakernel.multi_device_check", *args],
+    done = subprocess.run([sys.executable, "-m", "megakernel.commands.multi_device_check", *args],
                           capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -135,7 +135,7 @@ def test_per_device_dims_come_from_the_plan(nano4):
 
 def run_decode(*args: str) -> dict:
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    done = subprocess.run([sys.executable, "-m", "megakernel.decode_check", *args],
+    done = subprocess.run([sys.executable, "-m", "megakernel.commands.decode_check", *args],
                           capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 

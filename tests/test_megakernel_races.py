@@ -2,7 +2,7 @@
 ``vector_clock_size=256``, fixed seeds, uninitialised VMEM as NaN) finds no race for valid
 schedules in both DMA modes, and finds one when the plan is broken on purpose.
 
-Each check runs in a subprocess with a timeout (:mod:`megakernel.race_check`): a kernel
+Each check runs in a subprocess with a timeout (:mod:`megakernel.commands.race_check`): a kernel
 that waits on a semaphore nobody signals would hang forever. The kernel runs on an 8-layer
 kimi-k3-mini (prologue, KDA and MLA windows, the last window and the head: every code path
 of the 93-layer kernel, which is the same loop), batch 2; the planted race on 4 of them.
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def race_check(*args: str, timeout_s: int) -> list[dict]:
     env = {**os.environ, "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"}
-    proc = subprocess.run([sys.executable, "-m", "megakernel.race_check", *args], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "megakernel.commands.race_check", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout_s, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -76,15 +76,15 @@ def test_race_detector_catches_a_plan_that_refills_busy_buffers():
     at 26 s of CPU instead of 32 (measured 2026-12-06)."""
     (result,) = race_check("published", "--modes", "eager", "--unsafe", "--layers", "4", timeout_s=300)
     assert result["races"], result
-    # the race planted, and only it: a weight copy (Ctx.start) lands in a VMEM buffer a product
-    # still reads through Ctx.view, and overlaps the copy before it into the same rows; the
+    # the race planted, and only it: a weight copy (Copies.start, the copies role of Ctx) lands in a VMEM buffer a product
+    # still reads through Copies.view, and overlaps the copy before it into the same rows; the
     # detector reports both (measured 2026-12-07: vmem buffer 137, the kernel's read from device 0)
     reports = result["race_reports"]
     assert result["race_count"] == len(reports) == 2, reports
     (buffer,) = {access["buffer"] for r in reports for access in (r["first"], r["second"])}
     assert buffer.startswith("('vmem', "), buffer  # one VMEM scratch buffer, every access
     pairs = sorted((r["first"]["kind"], frame(r["first"]), r["second"]["kind"], frame(r["second"])) for r in reports)
-    assert pairs == [("read", "Ctx.view", "write", "Ctx.start"), ("write", "Ctx.start", "write", "Ctx.start")]
+    assert pairs == [("read", "Copies.view", "write", "Copies.start"), ("write", "Copies.start", "write", "Copies.start")]
     (read,) = [r["first"] for r in reports if r["first"]["kind"] == "read"]
     assert issuer(read) == (0, 0)  # the kernel's own read: device 0, core 0
     (copies,) = [r for r in reports if r["first"]["kind"] == "write"]

@@ -109,19 +109,21 @@ def test_misaligned_dynamic_slice_fails_with_the_alignment_error() -> None:
 
 @needs_libtpu
 def test_kernel_without_its_alignment_hints_fails(monkeypatch) -> None:
-    """The kernel's DMA context (megakernel.kernel_dma) with ``pl.multiple_of`` planted as a no-op
-    and each routed expert's arena slot one row off: Mosaic refuses the expert slices it cannot
-    prove aligned, and the paragraph points into megakernel/."""
+    """The kernel's copies and streamed products (megakernel.kernel_dma, megakernel.kernel_products)
+    with ``pl.multiple_of`` planted as a no-op and each routed expert's arena slot one row off:
+    Mosaic refuses the expert slices it cannot prove aligned, and the paragraph points into
+    megakernel/."""
     import types
 
     from jax.experimental import pallas as pl
 
-    from megakernel import kernel_dma
+    from megakernel import kernel_dma, kernel_products
     from megakernel.mosaic_compile import compile_for
 
     planted = types.SimpleNamespace(**{name: getattr(pl, name) for name in dir(pl) if not name.startswith("__")})
     planted.multiple_of = lambda value, _multiple: value
     monkeypatch.setattr(kernel_dma, "pl", planted)
+    monkeypatch.setattr(kernel_products, "pl", planted)  # the expert panels' slices (panel_products)
     aligned = kernel_dma.Ctx.expert_row
     monkeypatch.setattr(kernel_dma.Ctx, "expert_row", lambda self, j: aligned(self, j) + 1)  # one row off
     report = compile_for(_mini_kernel("tpu-v5e"), "v5e:2x2")

@@ -3,7 +3,7 @@
 kimi-k3-nano on 8 virtual devices (4 layers: dense, KDA, KDA, MLA), Pallas TPU interpret
 mode, race detector on, one decode step against the one-device reference, in a fresh process
 under a timeout (virtual devices need ``XLA_FLAGS`` before JAX starts). The decode kernel
-(:mod:`megakernel.decode_check`) also checks its issue/wait log against the plan's events.
+(:mod:`megakernel.commands.decode_check`) also checks its issue/wait log against the plan's events.
 Measured on the 2-core build machine (shared): 55-100 s each, so ``slow`` / ``heavy``.
 """
 
@@ -31,12 +31,12 @@ def _run(module: str, *args: str) -> dict:
 
 def _decode(plan: str) -> dict:
     """The decode kernel with f32 payloads: the sharded math held to the f32 tolerance."""
-    return _run("megakernel.decode_check", "--seed", "2", "--f32-payloads", "--plan", plan)
+    return _run("megakernel.commands.decode_check", "--seed", "2", "--f32-payloads", "--plan", plan)
 
 
 def _collective(plan: str, steps: int = 1) -> dict:
     """The schedule-driven kernel (published schedule) with the plan's bf16 payloads."""
-    return _run("megakernel.collective_check", "--races", "--seed", "0", "--plan", plan, "--steps", str(steps))
+    return _run("megakernel.commands.collective_check", "--races", "--seed", "0", "--plan", plan, "--steps", str(steps))
 
 
 @pytest.mark.slow

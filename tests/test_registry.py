@@ -113,3 +113,9 @@ def test_a_registry_change_reaches_program_and_kernel_alike(monkeypatch: pytest.
     program = _program_layer_ops("kimi-k3-mini", layer)[:len(kernel)]
     assert kernel == program
     assert kernel[position] == MlaOp.CORE and kernel.count(MlaOp.CORE) == 2
+
+
+def test_expert_op_names_round_trip_through_the_registry() -> None:
+    assert [registry.expert_index(registry.expert_op(j)) for j in (0, 3, 12)] == [0, 3, 12]
+    assert registry.is_expert_op(registry.expert_op(7))
+    assert not any(registry.is_expert_op(name) for name in (MlaOp.CORE, "expert", "expert.gate_up"))

@@ -1,7 +1,7 @@
 """Command-line options that the commands of every layer share, each defined once.
 
 ``tpusim``'s subcommands (:mod:`tpusim.app.cli`), the kernel's tools (``python -m
-megakernel.decode_check`` and its siblings) and the benchmarks all take a model, a chip, a
+megakernel.commands.decode_check`` and its siblings) and the benchmarks all take a model, a chip, a
 batch, a context and a schedule. Each option's name, value type and help text live here; a
 command states only what is its own (the default, whether the option is required, and a help
 text where the option means something narrower there, such as the KV cache length a kernel is

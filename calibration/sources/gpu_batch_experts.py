@@ -43,7 +43,6 @@ from calibration.sources.gpu_batch_sweeps import (
     judged_points,
     points,
 )
-from tpusim.workload.registry.names import EXPERT_OP_PREFIX
 
 EXPERT_FIGURE = PARAMETERS[0]  # execution.gpu.grouped_gemm_expert_s
 FAMILIES = ("kimi-k2.5", "deepseek-r1", "qwen3-235b-a22b")
@@ -74,7 +73,7 @@ def expert_slice(sweep: Sweep) -> tuple[int, float]:
     """One routed expert's weight bytes on one GPU of ``sweep`` and their copy time (seconds) at
     the chip's published HBM bandwidth."""
     anchor = next(p for p in points() if p.sweep == sweep and p.role == "anchor")
-    op = next(o for o in decode_program(anchor).ops if o.name.startswith(EXPERT_OP_PREFIX))
+    op = next(o for o in decode_program(anchor).ops if o.expert_index is not None)
     bandwidth = sweep_chip(sweep).hbm.peak_bandwidth_bytes_per_s.value
     return op.weight_bytes, op.weight_bytes / bandwidth
 

@@ -10,7 +10,7 @@ hoisted out of the loop, and stores its result to the output ref.
 
 - ``matmul`` ``x[rows, K] @ W[K, N]``, bf16 operands, f32 accumulation, W resident in VMEM.
   ``form="panel_loop"``: W in the kernel's panel layout ``bf16[N/128, K, 128]``
-  (``megakernel.kernel_dma``), a ``fori_loop`` over the N/128 panels of
+  (``megakernel.kernel_products``), a ``fori_loop`` over the N/128 panels of
   ``dot(x, W[p])``; the kernel's own ``einsum("bk,pkn->bpn")`` over all panels at once took
   66 s to compile at K=7168, N=1664 (libtpu 0.0.42, here), too slow for a probe set.
   ``form="dot"``: one ``jnp.dot`` with W ``bf16[K, N]`` (rows 8 and 128 only). Shapes are

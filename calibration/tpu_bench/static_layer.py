@@ -1,6 +1,6 @@
 """The megakernel's layer loop as libtpu schedules it: bundles one layer issues, on this machine.
 
-Compiles K3's per-device megakernel (``python -m megakernel.mosaic_compile``, in a fresh
+Compiles K3's per-device megakernel (``python -m megakernel.commands.mosaic_compile``, in a fresh
 process with libtpu's dump on: libtpu reads ``LIBTPU_INIT_ARGS`` once) for a compile-only
 topology, reads the kernel's final bundles (:mod:`calibration.sources.compiler_schedule`)
 and its loop over layers (:func:`calibration.sources.compiler_loops.layer_loop`): the
@@ -43,7 +43,7 @@ PROGRAM = "-step.1-"  # the megakernel's own program in the dump (not XLA's jit_
 def compile_dump(batch: int, panel_unroll: tuple[int, int], hardware: str, dump: str) -> None:
     """Compile the megakernel (module docstring) with libtpu's dump written to ``dump``."""
     env = {**os.environ, "TPU_SKIP_MDS_QUERY": "1", "JAX_PLATFORMS": "cpu", "LIBTPU_INIT_ARGS": f"--xla_jf_dump_to={dump}"}
-    command = [sys.executable, "-m", "megakernel.mosaic_compile", "--model", MODEL, "--shard-of", SHARD_OF,
+    command = [sys.executable, "-m", "megakernel.commands.mosaic_compile", "--model", MODEL, "--shard-of", SHARD_OF,
                "--weight-banks", str(WEIGHT_BANKS), "--hardware", hardware, "--batch", str(batch),
                "--context", str(CONTEXT), "--schedule", SCHEDULE,
                "--panel-unroll", str(panel_unroll[0]), str(panel_unroll[1])]

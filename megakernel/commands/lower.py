@@ -8,7 +8,7 @@ Usage::
 
 Traces the Pallas megakernel with shapes only (nothing is allocated) and lowers it for TPU
 (Pallas → Mosaic); on several devices with the plan's collectives inside it, over a mesh of
-virtual devices in a fresh process (:mod:`megakernel.lower_check`). It then prints its VMEM scratch beside the simulator's static accounting
+virtual devices in a fresh process (:mod:`megakernel.commands.lower_check`). It then prints its VMEM scratch beside the simulator's static accounting
 (:mod:`tpusim.schedule.vmem`) and the chip's usable VMEM; it exits 1 when the kernel's scratch does not fit (or it does not lower). Lowering proves every op has a
 Mosaic lowering rule ("traced to MLIR only: not compiled"). ``--hardware tpu-v5e|tpu-v6e|tpu-v7``
 on one device (``--devices 1`` or ``--shard-of PLAN``: one device's program of a plan) with libtpu
@@ -17,7 +17,7 @@ process (:mod:`megakernel.mosaic_compile`; no TPU needed), and prints the compil
 compiler's error in one paragraph (exit 1). A model or schedule the kernel cannot implement is reported
 in words, exit 2. A schedule with a deployment (a joint sweep's ``best.json``) is lowered on
 its plan with its collective algorithms, whose send/receive buffers the VMEM accounting
-(``vmem_plan(...).total_bytes``) counts (:mod:`megakernel.lower_check`).
+(``vmem_plan(...).total_bytes``) counts (:mod:`megakernel.commands.lower_check`).
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def mosaic_report(*, model: str, schedule_path: str, batch: int, context: int, c
 
 def _compile_fresh(args: argparse.Namespace, chip_name: str) -> dict[str, Any]:
     """One device with libtpu: lower and compile with Mosaic for ``chip_name``'s topology in a
-    fresh process (``python -m megakernel.mosaic_compile``): libtpu reads its environment when
+    fresh process (``python -m megakernel.commands.mosaic_compile``): libtpu reads its environment when
     it is first loaded, before this process's JAX may have started."""
     import json
     import os
@@ -168,7 +168,7 @@ def _compile_fresh(args: argparse.Namespace, chip_name: str) -> dict[str, Any]:
 
     from megakernel.mosaic_compile import ENVIRONMENT
 
-    command = [sys.executable, "-m", "megakernel.mosaic_compile", "--model", args.model, "--schedule",
+    command = [sys.executable, "-m", "megakernel.commands.mosaic_compile", "--model", args.model, "--schedule",
                args.schedule, "--hardware", chip_name, "--batch", str(args.batch), "--context", str(args.context),
                "--weight-banks", str(args.weight_banks)]
     command += ["--shard-of", args.shard_of] if args.shard_of else ["--devices", "1"]
@@ -201,14 +201,14 @@ def _lower_here(args: argparse.Namespace, model: Any, plan: Any, schedule: Any) 
 
 
 def _lower_on_mesh(args: argparse.Namespace, devices: int, *, compile: bool = False) -> dict[str, Any]:
-    """Several devices: a fresh process (``python -m megakernel.lower_check``), because the
+    """Several devices: a fresh process (``python -m megakernel.commands.lower_check``), because the
     mesh's virtual devices need XLA_FLAGS before JAX starts; ``compile``: also compile with
     Mosaic on compile-only TPU7x devices (``--compile``)."""
     import json
     import subprocess
     import sys
 
-    command = [sys.executable, "-m", "megakernel.lower_check", "--model", args.model, "--devices", str(devices),
+    command = [sys.executable, "-m", "megakernel.commands.lower_check", "--model", args.model, "--devices", str(devices),
                "--schedule", args.schedule, "--batch", str(args.batch), "--context", str(args.context)]
     if compile:
         command += ["--compile", "--scoped-vmem"] if getattr(args, "scoped_vmem", False) else ["--compile"]

@@ -14,13 +14,13 @@ interpreter's, not a TPU's. Records are appended, never rewritten (see
 :mod:`megakernel.runner`).
 
 With ``--devices N`` it runs the schedule-driven collective megakernel
-(:mod:`megakernel.collective_check`: ``kimi-k3-nano`` by default, N virtual devices, TPU
+(:mod:`megakernel.commands.collective_check`: ``kimi-k3-nano`` by default, N virtual devices, TPU
 interpret mode, race detector on) against the one-device reference and prints its tokens,
 logits error and races (exit 1 when it does not match or races). A schedule with a
 deployment runs that plan and those collective algorithms, mapped from the size it was
 searched on (``--deployment-model``, ``--deployment-devices``) by
 :func:`tpusim.workload.kernel_support.map_deployment`; what cannot map is one line, exit 2.
-The older per-op multi-device decode (``python -m megakernel.decode_check``) is no longer
+The older per-op multi-device decode (``python -m megakernel.commands.decode_check``) is no longer
 behind this command; its module and tests remain (it is the collective kernel's copy logic).
 """
 
@@ -159,14 +159,14 @@ def check_kernel_fits(model_name: str, *, batch: int, context_tokens: int, backe
 
 def run_devices(args: argparse.Namespace) -> int:
     """The multi-device run: the schedule-driven collective megakernel
-    (:mod:`megakernel.collective_check`) in a fresh process (virtual devices need XLA_FLAGS
+    (:mod:`megakernel.commands.collective_check`) in a fresh process (virtual devices need XLA_FLAGS
     before JAX), race detector on; a schedule's deployment is mapped onto the model and
     device count by :func:`tpusim.workload.kernel_support.map_deployment`."""
     import json
     import subprocess
     import sys
 
-    command = [sys.executable, "-m", "megakernel.collective_check", "--devices", str(args.devices),
+    command = [sys.executable, "-m", "megakernel.commands.collective_check", "--devices", str(args.devices),
                "--model", args.model or MULTI_DEVICE_MODEL, "--schedule", args.schedule or "published",
                "--deployment-model", args.deployment_model, "--deployment-devices", str(args.deployment_devices),
                "--seed", str(args.seed), "--layers", str(args.layers), "--steps", str(args.steps),

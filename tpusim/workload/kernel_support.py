@@ -1,7 +1,7 @@
 """What the multi-device megakernel runs, and how a deployment maps onto a smaller kernel run.
 
 One owner of two rules that the simulator side (the joint sweep) and the kernel side
-(:mod:`megakernel.collective_plan`, :mod:`megakernel.collective_check`, ``tpusim lower``)
+(:mod:`megakernel.collective_plan`, :mod:`megakernel.commands.collective_check`, ``tpusim lower``)
 both read; this module is pure and imports nothing from ``megakernel/``.
 
 **What the kernel runs** (:func:`kernel_cannot_run`): the collective megakernel

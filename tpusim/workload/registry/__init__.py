@@ -30,6 +30,7 @@ from tpusim.workload.registry.names import (
     SmallParam,
     expert_index,
     expert_op,
+    is_expert_op,
 )
 
 BLOCKS: dict[str, Block] = {block.kind: block for block in
@@ -89,5 +90,5 @@ __all__ = [
     "ATTENTION_KINDS", "BLOCKS", "DENSE", "EXPERT", "EXPERT_REGION_ROLES", "HEAD", "LEAD_IN", "MOE",
     "MOE_POST_EXPERTS", "MOE_PRE_EXPERTS", "REREADS", "ROUTING_OP", "SMALL_READERS", "TENSORS",
     "TENSOR_ORDER", "Block", "OpSpec", "TensorDecl", "attention_block", "expert_index", "expert_op",
-    "head_block", "mlp_block", "tensor_decl",
+    "head_block", "is_expert_op", "mlp_block", "tensor_decl",
 ]

@@ -251,3 +251,8 @@ def expert_index(name: str) -> int | None:
     if name.startswith(EXPERT_OP_PREFIX) and name.endswith("]"):
         return int(name[len(EXPERT_OP_PREFIX):-1])
     return None
+
+
+def is_expert_op(name: str) -> bool:
+    """Whether ``name`` is a routed-expert op (``expert[j]``)."""
+    return expert_index(name) is not None

@@ -1,6 +1,6 @@
 """Run the multi-device collective kernel once in a fresh process and print one JSON line.
 
-``python -m megakernel.multi_device_check --devices 8 [--layers N] [--seed S]
+``python -m megakernel.commands.multi_device_check --devices 8 [--layers N] [--seed S]
 [--mode eager|on_wait] [--bug skip_wait:NAME|single_buffer]``
 
 The process sets ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before JAX starts

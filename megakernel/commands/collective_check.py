@@ -1,7 +1,7 @@
 """Run the schedule-driven kernel with collectives on N virtual devices against the one-device
 reference; print one JSON line.
 
-``python -m megakernel.collective_check --devices 8 [--model kimi-k3-nano] [--layers 4]
+``python -m megakernel.commands.collective_check --devices 8 [--model kimi-k3-nano] [--layers 4]
 [--steps 1] [--schedule published|FILE] [--deployment-model kimi-k3] [--deployment-devices 32] [--seed 0] [--races] [--mode on_wait|eager] [--f32-payloads] [--bug skip_wait:NAME|single_buffer] [--expert-products pairs-fold|fp8-mxu]``
 
 The process sets ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before JAX starts,

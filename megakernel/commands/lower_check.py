@@ -1,6 +1,6 @@
 """Lower the kernel for TPU on a multi-device plan in a fresh process; print one JSON line.
 
-``python -m megakernel.lower_check --model kimi-k3 --devices 32 --schedule published
+``python -m megakernel.commands.lower_check --model kimi-k3 --devices 32 --schedule published
 [--batch 1] [--context 1024] [--log]``
 
 The process sets ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before JAX starts

@@ -1,6 +1,6 @@
 """Run the kernel under Pallas' TPU-interpret race detector; meant for a subprocess.
 
-``python -m megakernel.race_check SCHEDULE[,SCHEDULE...] --modes on_wait,eager [--layers 8]
+``python -m megakernel.commands.race_check SCHEDULE[,SCHEDULE...] --modes on_wait,eager [--layers 8]
 [--batch 2] [--unsafe]`` runs one decode step per (schedule, DMA mode) with
 ``InterpretParams(detect_races=True, vector_clock_size=256, uninitialized_memory="nan")``
 and a fixed seed, and prints one JSON object per line: ``{"schedule", "mode", "races",

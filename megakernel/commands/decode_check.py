@@ -1,6 +1,6 @@
 """Run the multi-device K3 decode against the single-device reference; print one JSON line.
 
-``python -m megakernel.decode_check --devices 8 [--layers N] [--steps 4] [--seed S] [--plan SPEC]
+``python -m megakernel.commands.decode_check --devices 8 [--layers N] [--steps 4] [--seed S] [--plan SPEC]
 [--mode eager|on_wait] [--bug skip_wait:NAME|single_buffer] [--no-races]``
 
 The process sets ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before JAX starts,
