@@ -181,11 +181,11 @@ def test_a_collective_alone_on_idle_links_is_priced_as_the_reference_prices_it()
             phases.append(tuple(groups))
         return MessageCollective(name, tuple(phases), 0, parent=parent)
 
-    for _case in range(300):
+    for _case in range(400):
         script = []
         for step in range(rng.randint(1, 6)):
             script.append((plan(f"c{step}", f"c{step - 1}" if step and rng.random() < 0.3 else None),
-                           rng.random() * 1e-5, rng.random() < 0.7, rng.random()))
+                           rng.choice((0.0, 1e-9, 1e-7, 1e-6, 1e-5)) * rng.random(), rng.random() < 0.6, rng.random()))
         outcomes = []
         for solo in (True, False):
             fabric, handles, now, seen = MessageFabric(solo=solo), {}, 0.0, []
@@ -201,3 +201,33 @@ def test_a_collective_alone_on_idle_links_is_priced_as_the_reference_prices_it()
             seen.append([(handle.done_s, handle.phase, handle.phase_land_s) for handle in handles.values()])
             outcomes.append((seen, _fabric_state(fabric)))
         assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize("offset_s", [-1e-6, -1e-9, 0.0, 1e-9, 1e-6])
+@pytest.mark.parametrize("moment", ["drains", "starts"])
+@pytest.mark.parametrize("link", ["ici", "sibling"])
+def test_a_collective_issued_as_the_pending_one_moves_is_priced_as_the_reference_prices_it(link: str, moment: str,
+                                                                                            offset_s: float) -> None:
+    """The second collective issued just before, at and just after the moment the first (held
+    pending) drains its last flow, or starts its second phase's: the reference runs the first
+    up to that issue (a step cut there while it moves, its start left queued); MessageFabric._solo
+    prices the first at the issue only where none of its steps reaches it. ``==`` on every time
+    and on the fabric's state."""
+    moving = (MessageGroup("ici", 3, 700_000, A / 3, A, L, ISSUE),)
+    second_phase = (MessageGroup("sibling", 1, 70_000, BS, BS, LS, IS),)
+    probe = MessageFabric(solo=False)
+    landed_s = probe.complete_s(probe.issue(MessageCollective("a", (moving,), 0), 0.0))
+    if moment == "drains":
+        first, at_s = MessageCollective("a", (moving,), 0), probe.now_s
+    else:
+        first, at_s = MessageCollective("a", (moving, second_phase), 0), landed_s + IS
+    second = MessageCollective("b", ((MessageGroup("ici", 6, 7168, A / 3, A, L, ISSUE) if link == "ici" else
+                                      MessageGroup("sibling", 1, 700_000, BS, BS, LS, IS),),), 0)
+    outcomes = []
+    for solo in (True, False):
+        fabric = MessageFabric(solo=solo)
+        a = fabric.issue(first, 0.0)
+        b = fabric.issue(second, at_s + offset_s)
+        seen = [fabric.wait(b, at_s + offset_s)[0], fabric.wait(a, 0.0)[0], fabric.finish()]
+        outcomes.append((seen, _fabric_state(fabric)))
+    assert outcomes[0] == outcomes[1]

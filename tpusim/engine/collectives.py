@@ -254,9 +254,9 @@ class MessageFabric:
             else:
                 self.unwaited_parents.append(parent)
             return handle
-        if self.pending is not None:
-            self._materialize()
-        elif self.lazy and not self.flowing and not self.starts and plan.solo:
+        if self.pending is not None and not (self.now_s < time_s and self._solo(self.pending, time_s) is not None):
+            self._materialize()  # (else the pending one ran its course before time_s: the links are idle)
+        if self.lazy and not self.flowing and not self.starts and plan.solo:
             if time_s > self.now_s:  # advance_to on idle links
                 self.now_s = time_s
             self.pending, self.pending_s = handle, time_s  # alone on idle links: priced when waited for
@@ -280,7 +280,7 @@ class MessageFabric:
         assert handle is not None
         self._start_phase(handle, 0, self.pending_s)
 
-    def _solo(self, handle: Handle) -> float | None:
+    def _solo(self, handle: Handle, before_s: float = INF) -> float | None:
         """:meth:`complete_s` of the pending collective alone on idle links from its issue to
         its completion (nothing was issued in between: that would have queued it first): the
         operations :meth:`complete_s`, :meth:`_start_flows`, :meth:`_drained` and
@@ -288,7 +288,11 @@ class MessageFabric:
         time, landing times and sequence numbers), without flows, the start heap or a call per
         step (a K3 step issues ~740 collectives, one at a time). A phase whose groups' flows
         would move at once (the shared step) is left to those methods: None, nothing changed
-        (the busy time and the links' entries are written only at the end)."""
+        (the busy time and the links' entries are written only at the end).
+
+        ``before_s`` (another collective issued then, the links' clock before it): priced only if
+        every step ends before it, so that :meth:`advance_to` up to it would take the same steps
+        (none cut at ``before_s``) and leave the links idle; else None, nothing changed."""
         busy_steps: list[tuple[str, float]] = []
         links: list[str] = []  # the links joined, in order (``active`` gains an entry at the first)
         ulp = math.ulp
@@ -310,11 +314,15 @@ class MessageFabric:
             while left:  # complete_s's loop over this phase
                 if moving is None:  # nothing moving: to the next flow's start
                     now_s = starts[ahead]
+                    if now_s >= before_s:
+                        return None
                 else:  # one flow moving: to its finish or the next start
                     next_s = starts[ahead] if ahead < count else INF
                     finish_s = now_s + left_bytes / rate
                     if finish_s < next_s:
                         next_s = finish_s
+                    if next_s >= before_s:
+                        return None
                     elapsed = next_s - now_s
                     if elapsed > 0.0:
                         left_bytes -= rate * elapsed
@@ -542,6 +550,8 @@ class MessageFabric:
         ``_step(INF)`` until done; with at most one flow moving (every step of a K3 step),
         its arithmetic is inlined here: the same operations on the same floats, in order;
         the pending collective alone on idle links is priced by :meth:`_solo`."""
+        if handle.done_s is not None:  # (the loop below would not run: nothing to queue either)
+            return handle.done_s
         if self.pending is not None:
             if self.pending is handle:
                 done_s = self._solo(handle)
