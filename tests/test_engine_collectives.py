@@ -152,3 +152,82 @@ def test_a_residue_shorter_than_a_clock_tick_drains_instead_of_spinning() -> Non
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def _fabric_state(fabric: MessageFabric) -> tuple[object, ...]:
+    return (fabric.now_s, fabric.last_land_s, fabric.sequence, list(fabric.busy_s.items()), list(fabric.active),
+            fabric.flowing)
+
+
+def test_a_collective_alone_on_idle_links_is_priced_as_the_reference_prices_it() -> None:
+    """MessageFabric._solo (a collective issued on idle links and waited for before anything
+    else is issued) against the reference fabric (solo=False), ``==`` on every time and on the
+    fabric's own state: one- to three-group phases (groups that start while another still
+    moves fall back to the shared step), chains, zero-byte groups, issues that land on a
+    collective still pending, waits far later than the completion."""
+    import random
+
+    rng = random.Random(49)
+    links = (("ici", A / 3, A, L, ISSUE), ("sibling", BS, BS, LS, IS))
+
+    def plan(name: str, parent: str | None = None) -> MessageCollective:
+        phases = []
+        for _phase in range(rng.randint(1, 3)):
+            groups = []
+            for _member in range(rng.randint(1, 3)):
+                link, per_copy, aggregate, latency, issue = rng.choice(links)
+                size = rng.choice((0, 768, 7168, 2048, 14336, rng.randint(1, 5_000_000)))
+                groups.append(MessageGroup(link, rng.randint(1, 6), size, per_copy, aggregate, latency, issue))
+            phases.append(tuple(groups))
+        return MessageCollective(name, tuple(phases), 0, parent=parent)
+
+    for _case in range(400):
+        script = []
+        for step in range(rng.randint(1, 6)):
+            script.append((plan(f"c{step}", f"c{step - 1}" if step and rng.random() < 0.3 else None),
+                           rng.choice((0.0, 1e-9, 1e-7, 1e-6, 1e-5)) * rng.random(), rng.random() < 0.6, rng.random()))
+        outcomes = []
+        for solo in (True, False):
+            fabric, handles, now, seen = MessageFabric(solo=solo), {}, 0.0, []
+            for collective, gap, wait_now, late in script:
+                now += gap
+                parent = handles.get(collective.parent) if collective.parent else None
+                handle = handles[collective.name] = fabric.issue(collective, now, parent)
+                if wait_now:
+                    done, chained = fabric.wait(handle, now + gap * late)
+                    seen.append((done, [child.plan.name for child in chained]))
+                    now = max(now, done)
+            seen.append(fabric.finish())
+            seen.append([(handle.done_s, handle.phase, handle.phase_land_s) for handle in handles.values()])
+            outcomes.append((seen, _fabric_state(fabric)))
+        assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize("offset_s", [-1e-6, -1e-9, 0.0, 1e-9, 1e-6])
+@pytest.mark.parametrize("moment", ["drains", "starts"])
+@pytest.mark.parametrize("link", ["ici", "sibling"])
+def test_a_collective_issued_as_the_pending_one_moves_is_priced_as_the_reference_prices_it(link: str, moment: str,
+                                                                                            offset_s: float) -> None:
+    """The second collective issued just before, at and just after the moment the first (held
+    pending) drains its last flow, or starts its second phase's: the reference runs the first
+    up to that issue (a step cut there while it moves, its start left queued); MessageFabric._solo
+    prices the first at the issue only where none of its steps reaches it. ``==`` on every time
+    and on the fabric's state."""
+    moving = (MessageGroup("ici", 3, 700_000, A / 3, A, L, ISSUE),)
+    second_phase = (MessageGroup("sibling", 1, 70_000, BS, BS, LS, IS),)
+    probe = MessageFabric(solo=False)
+    landed_s = probe.complete_s(probe.issue(MessageCollective("a", (moving,), 0), 0.0))
+    if moment == "drains":
+        first, at_s = MessageCollective("a", (moving,), 0), probe.now_s
+    else:
+        first, at_s = MessageCollective("a", (moving, second_phase), 0), landed_s + IS
+    second = MessageCollective("b", ((MessageGroup("ici", 6, 7168, A / 3, A, L, ISSUE) if link == "ici" else
+                                      MessageGroup("sibling", 1, 700_000, BS, BS, LS, IS),),), 0)
+    outcomes = []
+    for solo in (True, False):
+        fabric = MessageFabric(solo=solo)
+        a = fabric.issue(first, 0.0)
+        b = fabric.issue(second, at_s + offset_s)
+        seen = [fabric.wait(b, at_s + offset_s)[0], fabric.wait(a, 0.0)[0], fabric.finish()]
+        outcomes.append((seen, _fabric_state(fabric)))
+    assert outcomes[0] == outcomes[1]

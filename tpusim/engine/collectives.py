@@ -93,6 +93,14 @@ class MessageCollective:
     phases: tuple[tuple[MessageGroup, ...], ...]
     consumer_index: int  # the op whose start waits for it (len(ops): only the step's end)
     parent: str | None = None  # issued when this collective completes (a chain), else at op end
+    # every phase has a group and every group moves at a positive finite rate (or has no
+    # bytes): alone on idle links, it is priced by MessageFabric._solo
+    solo: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "solo", bool(self.phases) and all(
+            phase and all(group.bytes <= 0 or 0.0 < group.alone_bytes_per_s < INF for group in phase)
+            for phase in self.phases))
 
 
 def link_rates(link: LinkSpec) -> tuple[float, float]:
@@ -215,8 +223,13 @@ class Handle:
 class MessageFabric:
     """The links as shared fluid servers (see the module docstring)."""
 
-    def __init__(self, recorder: Recorder | None = None) -> None:
+    def __init__(self, recorder: Recorder | None = None, *, solo: bool = True) -> None:
         self.now_s = 0.0
+        # a collective issued on idle links, its copies not yet queued, and its issue time
+        # (solo pricing, :meth:`_solo`; not with a recorder, nor in the reference, solo=False)
+        self.lazy = solo and recorder is None
+        self.pending: Handle | None = None
+        self.pending_s = 0.0
         self.active: dict[str, list[_Flow]] = {}
         self.flowing = 0  # flows in ``active``
         self.solo: _Flow | None = None  # the one flow in ``active`` when flowing == 1
@@ -237,15 +250,130 @@ class MessageFabric:
             parent.children = (*parent.children, handle)
             if parent.waited:
                 assert parent.done_s is not None
-                self._start_phase(handle, 0, max(time_s, parent.done_s))
+                self._first_phase(handle, max(time_s, parent.done_s))
             else:
                 self.unwaited_parents.append(parent)
+            return handle
+        if self.pending is not None and not (self.now_s < time_s and self._solo(self.pending, time_s) is not None):
+            self._materialize()  # (else the pending one ran its course before time_s: the links are idle)
+        if self.lazy and not self.flowing and not self.starts and plan.solo:
+            if time_s > self.now_s:  # advance_to on idle links
+                self.now_s = time_s
+            self.pending, self.pending_s = handle, time_s  # alone on idle links: priced when waited for
             return handle
         self.advance_to(time_s)
         self._start_phase(handle, 0, time_s)
         return handle
 
+    def _first_phase(self, handle: Handle, time_s: float) -> None:
+        """:meth:`_start_phase` of ``handle``'s first phase at ``time_s`` (a chain's, issued by
+        the wait on its parent): held pending instead where the links are idle (:meth:`issue`)."""
+        if self.pending is None and self.lazy and not self.flowing and not self.starts and handle.plan.solo:
+            self.pending, self.pending_s = handle, time_s
+        else:
+            self._start_phase(handle, 0, time_s)
+
+    def _materialize(self) -> None:
+        """The pending collective's first phase queued, as :meth:`issue` would have queued it
+        (nothing touched the links since: every other entry point comes here first)."""
+        handle, self.pending = self.pending, None
+        assert handle is not None
+        self._start_phase(handle, 0, self.pending_s)
+
+    def _solo(self, handle: Handle, before_s: float = INF) -> float | None:
+        """:meth:`complete_s` of the pending collective alone on idle links from its issue to
+        its completion (nothing was issued in between: that would have queued it first): the
+        operations :meth:`complete_s`, :meth:`_start_flows`, :meth:`_drained` and
+        :meth:`_start_phase` do, on the same floats in the same order (the same clock, busy
+        time, landing times and sequence numbers), without flows, the start heap or a call per
+        step (a K3 step issues ~740 collectives, one at a time). A phase whose groups' flows
+        would move at once (the shared step) is left to those methods: None, nothing changed
+        (the busy time and the links' entries are written only at the end).
+
+        ``before_s`` (another collective issued then, the links' clock before it): priced only if
+        every step ends before it, so that :meth:`advance_to` up to it would take the same steps
+        (none cut at ``before_s``) and leave the links idle; else None, nothing changed."""
+        busy_steps: list[tuple[str, float]] = []
+        links: list[str] = []  # the links joined, in order (``active`` gains an entry at the first)
+        ulp = math.ulp
+        last_land_s = self.last_land_s
+        now_s = self.now_s
+        phase_start_s = phase_land_s = self.pending_s
+        phases = handle.plan.phases
+        for groups in phases:
+            phase_land_s = phase_start_s  # _start_phase: a group starts once its last copy is issued
+            starts: list[float] = []
+            issued_s = phase_start_s
+            for group in groups:
+                issued_s += group.count * group.issue_s
+                starts.append(issued_s)
+            count = left = len(groups)  # groups in the phase; not yet drained
+            ahead = 0  # the next group to start
+            moving: MessageGroup | None = None  # the group whose flow moves (at most one)
+            left_bytes = rate = 0.0
+            while left:  # complete_s's loop over this phase
+                if moving is None:  # nothing moving: to the next flow's start
+                    now_s = starts[ahead]
+                    if now_s >= before_s:
+                        return None
+                else:  # one flow moving: to its finish or the next start
+                    next_s = starts[ahead] if ahead < count else INF
+                    finish_s = now_s + left_bytes / rate
+                    if finish_s < next_s:
+                        next_s = finish_s
+                    if next_s >= before_s:
+                        return None
+                    elapsed = next_s - now_s
+                    if elapsed > 0.0:
+                        left_bytes -= rate * elapsed
+                        busy_steps.append((moving.link, elapsed))
+                    now_s = next_s
+                    drained_bytes = rate * ulp(next_s)
+                    if not drained_bytes > DRAINED_BYTES:
+                        drained_bytes = DRAINED_BYTES
+                    if left_bytes <= drained_bytes:  # _drained
+                        land_s = now_s + moving.latency_s
+                        if land_s > last_land_s:
+                            last_land_s = land_s
+                        if land_s > phase_land_s:
+                            phase_land_s = land_s
+                        left -= 1
+                        moving = None
+                while ahead < count and starts[ahead] <= now_s:  # _start_flows
+                    group = groups[ahead]
+                    ahead += 1
+                    if group.bytes <= 0:  # _drained at once
+                        land_s = now_s + group.latency_s
+                        if land_s > last_land_s:
+                            last_land_s = land_s
+                        if land_s > phase_land_s:
+                            phase_land_s = land_s
+                        left -= 1
+                    elif moving is not None:
+                        return None  # two flows at once: the shared step's, by the general path
+                    else:
+                        moving, left_bytes, rate = group, group.bytes_float, group.alone_bytes_per_s
+                        if group.link not in links:
+                            links.append(group.link)
+            phase_start_s = phase_land_s
+        self.pending = None
+        active, busy = self.active, self.busy_s
+        for link in links:
+            if link not in active:
+                active[link] = []  # (the list a drained flow leaves)
+        for link, elapsed in busy_steps:
+            busy[link] = busy.get(link, 0.0) + elapsed
+        self.sequence += sum(len(groups) for groups in phases)
+        self.now_s = now_s
+        self.last_land_s = last_land_s
+        handle.phase = len(phases) - 1
+        handle.groups_left = 0
+        handle.phase_land_s = handle.done_s = phase_land_s
+        return phase_land_s
+
     def _start_phase(self, handle: Handle, phase: int, time_s: float) -> None:
+        if self.pending is not None:
+            self._materialize()
         groups = handle.plan.phases[phase]
         handle.phase = phase
         handle.groups_left = len(groups)
@@ -406,6 +534,8 @@ class MessageFabric:
 
     def advance_to(self, time_s: float) -> None:
         """Run the fluid up to ``time_s`` (nothing new is issued before it)."""
+        if self.pending is not None:
+            self._materialize()
         if not self.flowing and not self.starts:  # idle (most issues): only the clock moves, as _step moves it
             if time_s > self.now_s:
                 self.now_s = time_s
@@ -418,7 +548,16 @@ class MessageFabric:
         """When ``handle``'s collective completes (runs the fluid as far as needed).
 
         ``_step(INF)`` until done; with at most one flow moving (every step of a K3 step),
-        its arithmetic is inlined here: the same operations on the same floats, in order."""
+        its arithmetic is inlined here: the same operations on the same floats, in order;
+        the pending collective alone on idle links is priced by :meth:`_solo`."""
+        if handle.done_s is not None:  # (the loop below would not run: nothing to queue either)
+            return handle.done_s
+        if self.pending is not None:
+            if self.pending is handle:
+                done_s = self._solo(handle)
+                if done_s is not None:
+                    return done_s
+            self._materialize()
         starts, busy = self.starts, self.busy_s
         while handle.done_s is None:
             if self.flowing > 1:
@@ -474,13 +613,15 @@ class MessageFabric:
             handle.waited = True
             for child in handle.children:
                 if child.phase < 0:
-                    self._start_phase(child, 0, max(at_s, done_s))
+                    self._first_phase(child, max(at_s, done_s))
                     issued.append(child)
         return done_s, issued
 
     def finish(self) -> float:
         """Run everything in flight to completion, chains whose parent nobody waited for
         issued at the parent's landing; returns the last landing time."""
+        if self.pending is not None:
+            self._materialize()
         pending = True
         while pending:
             while self._step(INF):

@@ -157,7 +157,7 @@ def _execute(program: Program, effective: Schedule, chip: Chip, policy: Executio
         account = StreamAccount()
         stream = Driver(env)
         stream.start(compute_stream(
-            env, stream, lowered, hbm, staging, Links(recorder), account,
+            env, stream, lowered, hbm, staging, Links(recorder, solo=not event_by_event), account,
             per_step_s=policy.per_step_overhead_s, per_layer_s=policy.per_layer_overhead_s,
             recorder=recorder, events=events,
         ))

@@ -134,6 +134,12 @@ class HbmServer:
         self.wake_token = 0
         self.wake_at = INF
         self.free_lanes = list(range(max_in_flight))
+        # copies admitted into an empty queue with slots for all of them may be issued at once
+        # by the staging memory (StagingMemory._fill): _issue's common case, copies by urgency,
+        # each spending its issue latency, nothing recorded; not in the event-by-event
+        # reference (it queues and pumps every copy)
+        self.direct = (self.latency_s > 0.0 and recorder is None and events is None and not self.in_order
+                       and env.run_ahead)
 
     # ----------------------------------------------------------------- clock
 

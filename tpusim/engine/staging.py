@@ -72,10 +72,9 @@ class StagingMemory:
             self._fill(pool)
 
     def _fill(self, pool: Pool) -> None:
-        order, ptr, admitted = pool.order, pool.ptr, False
-        hbm, plain, run = self.hbm, self.plain, self.run
-        # HbmServer.enqueue_many, inlined where copies queue by urgency and no events are kept
-        queue = hbm.queue if not hbm.in_order and hbm.events is None else None
+        order, first = pool.order, pool.ptr
+        ptr = first
+        plain, run = self.plain, self.run
         while ptr < len(order):
             slab = order[ptr]
             if slab.released != run:
@@ -91,15 +90,47 @@ class StagingMemory:
                     self.peak_bytes, self.peak_s, self.peak_layer = used, self.env.now, self.current_layer
             else:
                 self._occupy(slab, slab.nbytes)
+            ptr += 1
+        if ptr == first:
+            return
+        pool.ptr = ptr
+        hbm = self.hbm
+        if hbm.direct and not hbm.queue:
+            # HbmServer.enqueue_many then pump, where every copy admitted here is issued at once:
+            # nothing was queued and there are slots for all of them (K3 on TPU v7: every
+            # admission). They are issued now with one start time, so the order pump would issue
+            # them in (by urgency) changes nothing: each starts streaming at the same moment and
+            # the streaming heap orders them by (target, seq).
+            in_flight = hbm.in_flight
+            copies = len(order[first].descs) if ptr == first + 1 else sum(
+                len(order[at].descs) for at in range(first, ptr))
+            if in_flight + copies <= hbm.max_in_flight:
+                if copies:
+                    now = self.env.now
+                    elapsed = now - hbm.last_s  # HbmServer._advance, inlined
+                    if elapsed > 0.0:
+                        if hbm.streaming:
+                            hbm.virtual_bytes += hbm.rate * elapsed
+                        if in_flight:
+                            hbm.busy_s += elapsed
+                        hbm.last_s = now
+                    start_s, append = now + hbm.latency_s, hbm.starting.append
+                    for at in range(first, ptr):
+                        for desc in order[at].descs:
+                            append((start_s, desc))
+                    hbm.in_flight = in_flight + copies
+                    hbm.issued += copies
+                    hbm._reschedule(now)
+                return
+        # HbmServer.enqueue_many, inlined where copies queue by urgency and no events are kept
+        queue = hbm.queue if not hbm.in_order and hbm.events is None else None
+        for at in range(first, ptr):
             if queue is not None:
-                for desc in slab.descs:
+                for desc in order[at].descs:
                     heappush(queue, (desc.seq, desc))
             else:
-                hbm.enqueue_many(slab.descs)
-            ptr += 1
-            admitted = True
-        pool.ptr = ptr
-        if admitted and hbm._issue():  # HbmServer.pump, inlined
+                hbm.enqueue_many(order[at].descs)
+        if hbm._issue():  # HbmServer.pump, inlined
             hbm._reschedule(self.env.now)
 
     def free(self, slab: Slab) -> None:

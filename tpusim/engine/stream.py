@@ -79,11 +79,11 @@ class StreamAccount:
 class Links:
     """FIFO link servers: each stage starts when both the caller and the link are ready."""
 
-    def __init__(self, recorder: Recorder | None) -> None:
+    def __init__(self, recorder: Recorder | None, *, solo: bool = True) -> None:
         self.free_at: dict[str, float] = {}
         self.busy: dict[str, float] = {}
         self.recorder = recorder
-        self.fabric = MessageFabric(recorder)
+        self.fabric = MessageFabric(recorder, solo=solo)  # solo=False: the reference (no _solo pricing)
 
     def run(self, call: CollectivePlan, start_s: float) -> float:
         """Run ``call``'s stages from ``start_s``; return when the last stage ends."""
