@@ -34,7 +34,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from calibration.reports.tpu_v5e_first_principles import first_principles_chip
-from calibration.reports.tpu_v5e_sensitivity import STEP, THRESHOLD, Row, inputs, put_block, scaled
+from calibration.reports.tpu_v5e_sensitivity import (
+    STEP,
+    THRESHOLD,
+    Row,
+    inputs,
+    move_cells,
+    put_block,
+    scaled,
+    table_rows,
+)
 from calibration.sources.tpu_chip_records import ChipRecord, ChipRecordPredictor, build_records
 from calibration.sources.tpu_layer_static import V5E_CLOCK_HZ
 from calibration.sources.tpu_probes import probe_chip
@@ -150,13 +159,9 @@ def sensitivity(predictor: BuildPredictor, progress: Callable[[str], None] | Non
             rebuilt = moves(chips(scaled(probes, path, 1.0 + STEP)))
         rows.append(Row(path, figures[path].value, figures[path].label, rebuilt, held_moves))
         if progress:
-            progress(f"{path}: rebuilt {_cells(rebuilt)}; held {_cells(held_moves)}")
+            progress(f"{path}: rebuilt {move_cells(rebuilt)}; held {move_cells(held_moves)}")
     rows.append(Row(CLOCK, V5E_CLOCK_HZ, "derived", moves(chips(probes, V5E_CLOCK_HZ / (1.0 + STEP))), None))
     return rows, base
-
-
-def _cells(moves: tuple[float, ...] | None) -> str:
-    return "—" if moves is None else " / ".join(f"{100 * m:+.2f}" for m in moves)
 
 
 NOTES = {
@@ -188,12 +193,7 @@ def markdown(rows: Sequence[Row], predictor: BuildPredictor, seconds: float) -> 
              "`calibration/data/tpu-v5e-first-principles.json`) fail. Not varied: capacities and `dma.service`.", "",
              "| input | value | label | rebuilt (%) | held (%) | over 2 % | guard |",
              "| --- | ---: | --- | --- | --- | --- | --- |"]
-    for row in rows:
-        value = "—" if row.value is None else f"{row.value:.4g}"
-        over = "yes" if row.worst() > THRESHOLD else "no"
-        lines.append(f"| `{row.name}` | {value} | {row.label} | {_cells(row.refitted)} | {_cells(row.held)} | "
-                     f"{over} | {NOTES.get(row.name, '—')} |")
-    return "\n".join([*lines, "", END]) + "\n"
+    return "\n".join([*lines, *table_rows(rows, NOTES), "", END]) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -166,14 +166,14 @@ def sensitivity(records: Sequence[ChipRecord], progress: Callable[[str], None] |
         value = figure.value if figure else (found.dequant_factor if found else None)
         rows.append(Row(path, value, figure.label if figure else "derived", refitted, held))
         if progress:
-            progress(f"{path}: held {_cells(held)}; refitted {_cells(refitted)}")
+            progress(f"{path}: held {move_cells(held)}; refitted {move_cells(refitted)}")
     with tempfile.TemporaryDirectory() as folder:
         refitted = moves(way_b_chip(probes, planted_capped_runs(Path(folder), 1.0 + STEP)))
     rows.append(Row(CAPPED_RUNS, None, "measured", refitted, None))
     return rows
 
 
-def _cells(moves: tuple[float, ...] | None) -> str:
+def move_cells(moves: tuple[float, ...] | None) -> str:
     return "—" if moves is None else " / ".join(f"{100 * m:+.2f}" for m in moves)
 
 
@@ -211,12 +211,18 @@ def markdown(rows: Sequence[Row], records: Sequence[ChipRecord], seconds: float,
              "records).", "",
              "| input | value | label | refitted (%) | held (%) | over 2 % | guard |",
              "| --- | ---: | --- | --- | --- | --- | --- |"]
+    return "\n".join([*lines, *table_rows(rows, notes), "", END]) + "\n"
+
+
+def table_rows(rows: Sequence[Row], notes: dict[str, str]) -> list[str]:
+    """One markdown row per input: value, label, both ways' moves, over the threshold, its note."""
+    out = []
     for row in rows:
         value = "—" if row.value is None else f"{row.value:.4g}"
         over = "yes" if row.worst() > THRESHOLD else "no"
-        lines.append(f"| `{row.name}` | {value} | {row.label} | {_cells(row.refitted)} | {_cells(row.held)} | "
-                     f"{over} | {notes.get(row.name, '—')} |")
-    return "\n".join([*lines, "", END]) + "\n"
+        out.append(f"| `{row.name}` | {value} | {row.label} | {move_cells(row.refitted)} | {move_cells(row.held)} | "
+                   f"{over} | {notes.get(row.name, '—')} |")
+    return out
 
 
 def put_block(page: str, block: str, begin: str = BEGIN, end: str = END, anchor: str = ANCHOR) -> str:
