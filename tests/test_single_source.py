@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,20 +92,26 @@ def _refuses_abbreviations(call: ast.Call) -> bool:
                for k in call.keywords)
 
 
-# Where ``tpusim``'s commands live: its own, and those the layers above register through
-# entry points (tpusim.app.plugins); all are built by add_subparsers from tpusim's Parser.
-COMMAND_FOLDERS = ("tpusim/app/", "megakernel/commands/", "calibration/commands/")
+def _subcommand_files() -> tuple[str, ...]:
+    """Where ``tpusim``'s commands live: its own (``tpusim/app/``), and the modules the layers
+    above register through entry points (``tpusim.commands``, :mod:`tpusim.app.plugins`); all are
+    built by add_subparsers from tpusim's Parser. The kernel's standalone ``python -m`` tools
+    beside them (``megakernel/commands/``) build their own parsers and are held to the rule."""
+    entries = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["tpusim.commands"]
+    return ("tpusim/app/", *sorted({value.split(":")[0].replace(".", "/") + ".py" for value in entries.values()}))
 
 
 def test_every_parser_refuses_abbreviations() -> None:
     """Outside ``tpusim``'s commands every ArgumentParser (and subparser) says allow_abbrev=False;
     inside them, the Parser class says so for all (tests/test_cli_refusals.py checks the instances)."""
+    commands = _subcommand_files()
+    assert "megakernel/commands/run_kernel.py" in commands and "calibration/commands/calibrate.py" in commands
     parsers = _calls("ArgumentParser") + _calls("add_parser")
     assert len(parsers) > 30  # the scan sees the tools, not nothing
     missing = [f"{path}:{call.lineno}" for path, call in parsers
-               if not path.startswith(COMMAND_FOLDERS) and not _refuses_abbreviations(call)]
+               if not path.startswith(commands) and not _refuses_abbreviations(call)]
     assert missing == []
-    direct = [f"{path}:{call.lineno}" for path, call in _calls("ArgumentParser") if path.startswith(COMMAND_FOLDERS)]
+    direct = [f"{path}:{call.lineno}" for path, call in _calls("ArgumentParser") if path.startswith(commands)]
     assert direct == []  # tpusim's commands are built by add_subparsers from its Parser
 
 
