@@ -1,7 +1,7 @@
 """Where the kernel issues and waits each in-kernel collective: read off the simulator's program.
 
 The simulator's per-device program (:func:`tpusim.workload.program.build_program`) lists each
-op with the collectives it issues at its end, and :func:`tpusim.engine.collectives.consumer_index`
+op with the collectives it issues at its end, and :func:`tpusim.engine.collective_messages.consumer_index`
 names the op whose start waits for each one (the plan's ``consumed_by``). This module turns
 that into the kernel's event sequence, so the kernel and the simulator issue and wait at the
 same points by construction of one source, and the test of the recorded trace checks that
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tpusim.engine.collectives import consumer_index
+from tpusim.engine.collective_messages import consumer_index
 from tpusim.workload.collectives import group_ranks, incoming, messages, phase_count
 from tpusim.workload.kernel_support import KERNEL_ALGORITHMS
 from tpusim.workload.modelconfig import ModelConfig

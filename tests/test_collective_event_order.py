@@ -22,7 +22,8 @@ import pytest
 from hwmodels.catalog import make_system
 from megakernel.collective_plan import layer_events
 from tpusim.engine import simulate
-from tpusim.engine.collectives import MessageCollective, MessageFabric, MessageGroup
+from tpusim.engine.collective_messages import MessageCollective, MessageGroup
+from tpusim.engine.collectives import MessageFabric
 from tpusim.schedule.schema import load_schedule
 from tpusim.workload.model_catalog import load_model, plan_for
 from tpusim.workload.program import build_program

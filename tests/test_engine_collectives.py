@@ -11,14 +11,8 @@ import pytest
 
 from hwmodels.catalog import load_chip
 from tpusim.engine import simulate
-from tpusim.engine.collectives import (
-    MessageCollective,
-    MessageFabric,
-    MessageGroup,
-    collective_time_s,
-    consumer_index,
-    isolated_time_s,
-)
+from tpusim.engine.collective_messages import MessageCollective, MessageGroup, consumer_index
+from tpusim.engine.collectives import MessageFabric, collective_time_s, isolated_time_s
 from tpusim.schedule.schema import load_schedule
 from tpusim.workload.collectives import Topology
 from tpusim.workload.model_catalog import load_model, load_plan

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hwmodels.errors import InputError
-from tpusim.engine.collectives import consumer_index
+from tpusim.engine.collective_messages import consumer_index
 from tpusim.schedule.vmem import collective_bytes
 from tpusim.sweep.joint import plan_choices
 from tpusim.workload.collectives import messages

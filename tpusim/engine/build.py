@@ -48,7 +48,7 @@ Run once per simulation, before the event loop. The steps, with what each guaran
    expert part's products follow its conversion panel by panel, so only what the MXU needs
    beyond the VPU, plus one panel (the pipeline's fill), comes after it.
 5. **Collectives** after each op. One whose plan entry names an ``algorithm`` runs as remote
-   copies on a megakernel chip (:mod:`tpusim.engine.collectives`: messages sharing the
+   copies on a megakernel chip (:mod:`tpusim.engine.collective_messages`: messages sharing the
    links, the stream waiting only at the consuming op). Otherwise priced per stage by :mod:`tpusim.engine.costs` (or by the
    policy's ``collective_pricer``: GPU chips). An overlapped one (the latent all-gather) must
    be complete before the next ``moe.expert`` or ``moe.combine`` op of its layer starts (its
@@ -67,7 +67,7 @@ from dataclasses import dataclass, replace
 from operator import attrgetter
 
 from hwmodels.schema import Chip
-from tpusim.engine.collectives import consumer_index, lower_messages
+from tpusim.engine.collective_messages import consumer_index, lower_messages
 from tpusim.engine.costs import collective_stage_s, resolve_link
 from tpusim.engine.execution import ExecutionPolicy
 from tpusim.engine.expert_release import place_expert_releases

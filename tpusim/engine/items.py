@@ -164,7 +164,7 @@ class CollectivePlan(NamedTuple):
     stages: tuple[tuple[str, float], ...]
     join_op_index: int  # overlapped: the op that must not start before it completes
     launch_s: float = 0.0  # a kernel launch paid on the stream before the call (an NCCL kernel)
-    messages: Any = None  # a tpusim.engine.collectives.MessageCollective: run as remote copies
+    messages: Any = None  # a tpusim.engine.collective_messages.MessageCollective: run as remote copies
 
 
 class OpPlan:

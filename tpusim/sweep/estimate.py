@@ -63,7 +63,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from hwmodels.schema import Chip
-from tpusim.engine.collectives import collective_time_s, consumer_index
+from tpusim.engine.collective_messages import consumer_index
+from tpusim.engine.collectives import collective_time_s
 from tpusim.engine.costs import (
     collective_stage_s,
     matmul_time_s,
