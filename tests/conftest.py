@@ -144,3 +144,29 @@ def _default_signal_handlers():
     yield
     for sig, handler in saved.items():
         signal.signal(sig, handler)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  # type: ignore[no-untyped-def]
+    """With ``TPUSIM_TEST_CPU_LOG=FILE``: append one JSON line per test with the CPU seconds its
+    setup, call and teardown took in this process (all threads: XLA's and libtpu's included) and
+    in the child processes it waited for (the fresh-process compiles). CPU seconds, unlike
+    ``--durations``' wall seconds, hardly move with the machine's load: the suite's profile in
+    docs/benchmarks.md is read from them."""
+    log = os.environ.get("TPUSIM_TEST_CPU_LOG")
+    if not log:
+        yield
+        return
+    import json
+    import resource
+    import time
+
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    own, wall = time.process_time(), time.perf_counter()
+    yield
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    line = {"test": item.nodeid, "cpu_s": round(time.process_time() - own, 3),
+            "children_cpu_s": round(after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime, 3),
+            "wall_s": round(time.perf_counter() - wall, 3), "worker": os.environ.get("PYTEST_XDIST_WORKER", "")}
+    with open(log, "a", encoding="utf-8") as handle:  # one short line per write: O_APPEND keeps workers' lines whole
+        handle.write(json.dumps(line) + "\n")
