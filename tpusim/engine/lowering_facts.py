@@ -1,8 +1,9 @@
 """What lowering needs from a program alone, worked out once per program.
 
 A sweep lowers one program under many schedules, and a calibration under many chip
-figures; these facts depend on neither, so :func:`lowering_facts` remembers them for the
-last few programs (by identity) and every lowering of the program reads them:
+figures; these facts depend on neither, so :func:`lowering_facts` remembers them for as long
+as the program lives (by identity; a calibration's residual walks a dozen programs in turn,
+which a short LRU would forget one by one) and every lowering of the program reads them:
 
 - each op's kind of lowering (:data:`EXPERT_OP`, :data:`ALIGNED_WEIGHT_OP`, :data:`WEIGHT_OP`,
   :data:`OTHER_OP`) and the dtype its matmuls run at;
@@ -19,6 +20,7 @@ last few programs (by identity) and every lowering of the program reads them:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -125,19 +127,17 @@ def _facts(program: Program) -> LoweringFacts:
     return LoweringFacts(kinds, [op_matmul_dtype(op) for op in ops], tensor_shapes, shapes, *by_op)
 
 
-_KEPT: list[tuple[Program, LoweringFacts]] = []
+_FACTS: dict[int, LoweringFacts] = {}  # id(program) -> its facts, dropped when the program is collected
 
 
 def lowering_facts(program: Program) -> LoweringFacts:
-    """:class:`LoweringFacts` of ``program``, remembered for the last few programs (by identity,
-    held here)."""
-    for position, (known, facts) in enumerate(_KEPT):
-        if known is program:
-            _KEPT.append(_KEPT.pop(position))
-            return facts
-    facts = _facts(program)
-    _KEPT.append((program, facts))
-    del _KEPT[:-KEPT_PROGRAMS]
+    """:class:`LoweringFacts` of ``program``, remembered while the program lives (by identity:
+    the entry is removed by a finalizer when the program is collected, before its id can be
+    reused, and holds no reference to the program)."""
+    facts = _FACTS.get(id(program))
+    if facts is None:
+        facts = _FACTS[id(program)] = _facts(program)
+        weakref.finalize(program, _FACTS.pop, id(program), None)
     return facts
 
 
