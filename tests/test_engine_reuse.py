@@ -187,3 +187,24 @@ def test_other_copy_engine_figures_reuse_the_step_exactly(hardware: str) -> None
         if unit is vector else unit for unit in chip.compute]})
     _results(program, "published", slower)
     assert len(_KEPT) == 2  # compute figures are read by the lowering: not the same step
+
+
+def test_a_programs_lowering_facts_live_as_long_as_the_program() -> None:
+    """Remembered by identity while the program lives, however many other programs are lowered in
+    between (a calibration walks a dozen in turn), and dropped when it is collected."""
+    import gc
+
+    from tpusim.engine import lowering_facts as facts_module
+
+    loaded = load_model("kimi-k3-mini")
+    plan = plan_for(loaded, 16)
+    first = build_program(loaded, plan, batch=1)
+    facts = facts_module.lowering_facts(first)
+    others = [build_program(loaded, plan, batch=batch) for batch in range(2, 2 + 2 * facts_module.KEPT_PROGRAMS)]
+    for other in others:
+        facts_module.lowering_facts(other)
+    assert facts_module.lowering_facts(first) is facts  # not worked out again
+    key = id(first)
+    del first, facts
+    gc.collect()
+    assert key not in facts_module._FACTS
