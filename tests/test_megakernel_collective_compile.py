@@ -5,7 +5,7 @@ devices from this CPU-only machine: kimi-k3-nano on 8 devices (``tpu7x:2x2x1``),
 
 The compiles run in a fresh process (``python -m megakernel.commands.lower_check --compile``:
 libtpu's environment must be set before JAX starts), the three default-run ones in one
-(:func:`compiles`; measured 2026-12-07: 35 s of CPU, against 45 s in a process each): nano on 8
+(:func:`compiles`; measured 2026-12-07: 35.7 s of CPU, against 40.9 s in a process each): nano on 8
 devices (~2.5 s of lowering and Mosaic compile), full K3 on 32 devices (``tpu7x:2x2x4``, ~8 s of
 compile) and the CI stand-in of K3 at batch 8 (a sweep pick that compiles, published refused on
 VMEM; ~60 s alone, minutes beside the rest of the suite, so ``heavy``): the same pick at batch 8

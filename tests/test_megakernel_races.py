@@ -52,8 +52,8 @@ def _assert_race_free(results: list[dict], runs: int) -> None:
 def race_free_runs() -> dict[str, dict]:
     """The chunked schedule in ``on_wait`` mode and the ring pool in ``eager`` mode, one process:
     the same kernel runs as in a process each (the detector's seed is set before each run), and
-    the weights, start-up and reference step are paid once (measured 2026-12-07: 74 s of CPU for
-    both, against 92 s in two processes)."""
+    the weights, start-up and reference step are paid once (measured 2026-12-07: 73.6 s of CPU for
+    both, against 77.1 s in two processes)."""
     results = race_check("chunked:on_wait,ring:eager", timeout_s=900)
     assert [r["mode"] for r in results] == ["on_wait", "eager"], results
     return {"chunked": results[0], "ring": results[1]}
