@@ -154,7 +154,7 @@ def _assert_decodes(result: dict, steps: int = 4) -> None:
 def test_8_devices_match_reference_over_greedy_steps_race_free_in_plan_order(steps: int):
     """f32 payloads: the sharded math alone, so the logits are held to the f32 tolerance. 2 steps
     (the second from the kernel's own state and tokens; 4 under ``-m heavy``, as the bf16 runs
-    there; suite time: measured 2026-12-07, 54 s of CPU at 4 steps, 38 s at 2)."""
+    there; suite time: measured 2026-12-07, 54.6 s of CPU at 4 steps, 42.1 s at 2)."""
     result = run_decode("--devices", "8", "--layers", "4", "--steps", str(steps), "--seed", "2", "--f32-payloads")
     _assert_decodes(result, steps)
     assert result["matches_reference"] and all(r["matches_reference"] for r in result["records"]), result["steps"]
