@@ -102,8 +102,9 @@ class StagingMemory:
             # them in (by urgency) changes nothing: each starts streaming at the same moment and
             # the streaming heap orders them by (target, seq).
             in_flight = hbm.in_flight
-            copies = len(order[first].descs) if ptr == first + 1 else sum(
-                len(order[at].descs) for at in range(first, ptr))
+            copies = 0
+            for at in range(first, ptr):  # (a loop, not sum(generator): no closure when compiled)
+                copies += len(order[at].descs)
             if in_flight + copies <= hbm.max_in_flight:
                 if copies:
                     now = self.env.now
