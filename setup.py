@@ -29,7 +29,7 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 ENGINE = "tpusim/engine"
 # (keep in step with tpusim.engine.native.ENGINE_MODULES, which setup.py cannot import)
-ENGINE_MODULES = ("items", "loop", "hbm", "staging", "collectives", "stream")
+ENGINE_MODULES = ("items", "loop", "hbm", "staging", "collectives", "lowering", "build", "stream")
 RECORD = "_compiled.json"
 
 

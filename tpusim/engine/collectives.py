@@ -233,7 +233,10 @@ class MessageFabric:
                 active[link] = []  # (the list a drained flow leaves)
         for link, elapsed in busy_steps:
             busy[link] = busy.get(link, 0.0) + elapsed
-        self.sequence += sum(len(groups) for groups in phases)
+        sequence = self.sequence
+        for groups in phases:  # (a loop, not sum(generator): no closure when compiled)
+            sequence += len(groups)
+        self.sequence = sequence
         self.now_s = now_s
         self.last_land_s = last_land_s
         handle.phase = len(phases) - 1

@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 # the compiled modules, in an order each imports only earlier ones (setup.py lists them too)
-ENGINE_MODULES = ("items", "loop", "hbm", "staging", "collectives", "stream")
+ENGINE_MODULES = ("items", "loop", "hbm", "staging", "collectives", "lowering", "build", "stream")
 PACKAGE = "tpusim.engine"
 HERE = Path(__file__).resolve().parent
 RECORD = HERE / "_compiled.json"
