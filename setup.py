@@ -47,6 +47,7 @@ class OptionalBuildExt(build_ext):
     """``build_ext`` that never fails the install, and records what it built."""
 
     def run(self) -> None:
+        self.failed: set[str] = set()
         try:
             super().run()
         except Exception as error:  # (no compiler at all: the interpreted engine)
@@ -58,6 +59,7 @@ class OptionalBuildExt(build_ext):
             super().build_extension(ext)
         except Exception as error:
             self._skip(f"{ext.name} was not compiled ({error}); the engine runs interpreted")
+            self.failed.add(ext.name)
 
     def _skip(self, line: str) -> None:
         sys.stderr.write(f"tpusim: {line}\n")
@@ -67,10 +69,18 @@ class OptionalBuildExt(build_ext):
         built: dict[str, object] = {}
         folder: Path | None = None
         for ext in self.extensions:
+            module = ext.name.rsplit(".", 1)[1]
             path = Path(self.get_ext_fullpath(ext.name))
             folder = path.parent
-            if path.exists():
-                built[ext.name.rsplit(".", 1)[1]] = {"file": path.name, **source_hashes(ext.name.rsplit(".", 1)[1])}
+            if not path.exists():
+                continue
+            if ext.name in self.failed:  # an earlier build's module, left in place: remove it
+                path.unlink()
+                continue
+            # built (or found up to date) from the sources as they are now: not older than them
+            sources = [ROOT / ENGINE / f"{module}{suffix}" for suffix in (".py", ".pxd")]
+            if path.stat().st_mtime >= max(source.stat().st_mtime for source in sources if source.exists()):
+                built[module] = {"file": path.name, **source_hashes(module)}
         if folder is None:
             return
         record = folder / RECORD

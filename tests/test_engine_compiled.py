@@ -11,12 +11,17 @@ lowered step fresh and kept (:mod:`tpusim.engine.reuse`), the reference event-by
 once. Skipped where this process does not run the compiled engine (no build: no C compiler or
 no Cython at install time; a stale build; ``TPUSIM_ENGINE=interpreted``).
 
-Run as a script, it prints the cases' results (pickled) for the subprocess.
+Also: which engine :mod:`tpusim.engine.native` picks from the files (a stale or partial build
+is never used), and ``TPUSIM_ENGINE=interpreted``. Run as a script, this file prints the cases'
+results (pickled) for the subprocess.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import importlib.machinery
+import json
 import os
 import pickle
 import subprocess
@@ -99,3 +104,50 @@ def test_compiled_engine_equals_interpreted_exactly() -> None:
 if __name__ == "__main__":
     assert native.ENGINE == "interpreted", native.description()
     sys.stdout.buffer.write(pickle.dumps(results()))
+
+
+def _fake_build(folder: Path, modules: tuple[str, ...], record: bool = True) -> None:
+    """Sources for every engine module, an (empty) extension file for each of ``modules``,
+    and the build's record of their hashes."""
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    built = {}
+    for module in native.ENGINE_MODULES:
+        (folder / f"{module}.py").write_text(f"# {module}\n")
+        if module in modules:
+            (folder / f"{module}{suffix}").write_bytes(b"")
+            built[module] = {"file": f"{module}{suffix}",
+                             ".py": hashlib.sha256(f"# {module}\n".encode()).hexdigest()}
+    if record:
+        (folder / "_compiled.json").write_text(json.dumps({"cython": "3.x", "modules": built}))
+
+
+def test_a_stale_or_partial_build_is_never_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """native's decision from the files alone (no module imported): no build, a complete one
+    whose hashes match, then each way of being out of date."""
+    monkeypatch.setattr(native, "HERE", tmp_path)
+    monkeypatch.setattr(native, "RECORD", tmp_path / "_compiled.json")
+    _fake_build(tmp_path, ())
+    assert native._compiled_state()[0] == "absent"
+    _fake_build(tmp_path, native.ENGINE_MODULES)
+    assert native._compiled_state()[0] == "compiled"
+    (tmp_path / "hbm.py").write_text("# hbm, edited\n")
+    assert native._compiled_state() == ("stale", "hbm.py changed after it was compiled")
+    _fake_build(tmp_path, native.ENGINE_MODULES)
+    (tmp_path / "staging.pxd").write_text("# a declaration added since\n")
+    assert native._compiled_state() == ("stale", "staging.pxd changed after it was compiled")
+    (tmp_path / "staging.pxd").unlink()
+    (tmp_path / "_compiled.json").unlink()
+    assert native._compiled_state()[0] == "stale"
+    for path in tmp_path.iterdir():
+        path.unlink()
+    _fake_build(tmp_path, native.ENGINE_MODULES[:2])
+    assert native._compiled_state()[0] == "partial"
+
+
+def test_the_environment_variable_forces_the_interpreted_engine() -> None:
+    env = {**os.environ, "TPUSIM_ENGINE": "interpreted",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    code = ("import tpusim.engine.hbm as hbm; from tpusim.engine import native; "
+            "print(native.description(), hbm.__file__.endswith('.py'))")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "engine: interpreted (TPUSIM_ENGINE=interpreted) True"
