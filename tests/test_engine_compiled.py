@@ -136,6 +136,10 @@ def test_a_stale_or_partial_build_is_never_used(tmp_path: Path, monkeypatch: pyt
     (tmp_path / "staging.pxd").write_text("# a declaration added since\n")
     assert native._compiled_state() == ("stale", "staging.pxd changed after it was compiled")
     (tmp_path / "staging.pxd").unlink()
+    record = json.loads((tmp_path / "_compiled.json").read_text())
+    record["modules"]["loop"]["file"] = "loop.cpython-399-other.so"  # another interpreter's build
+    (tmp_path / "_compiled.json").write_text(json.dumps(record))
+    assert native._compiled_state()[0] == "stale"
     (tmp_path / "_compiled.json").unlink()
     assert native._compiled_state()[0] == "stale"
     for path in tmp_path.iterdir():

@@ -49,10 +49,16 @@ def _hash(path: Path) -> str:
 
 
 def _compiled_state() -> tuple[str, str]:
-    """("compiled" | "absent" | "stale", detail) from the build's record and the sources."""
-    suffixes = importlib.machinery.EXTENSION_SUFFIXES
-    built = [module for module in ENGINE_MODULES
-             if any((HERE / f"{module}{suffix}").exists() for suffix in suffixes)]
+    """("compiled" | "absent" | "partial" | "stale", detail) from the build's record and the
+    sources (nothing is imported)."""
+    # the file this interpreter would import for each module (its first extension suffix found)
+    loaded: dict[str, str] = {}
+    for module in ENGINE_MODULES:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            if (HERE / f"{module}{suffix}").exists():
+                loaded[module] = f"{module}{suffix}"
+                break
+    built = list(loaded)
     if not built:
         return "absent", "no compiled build"
     if len(built) < len(ENGINE_MODULES):  # a module failed to compile (the install said so)
@@ -65,8 +71,8 @@ def _compiled_state() -> tuple[str, str]:
         return "stale", f"{RECORD.name} is missing or unreadable"
     for module in ENGINE_MODULES:
         entry = modules.get(module)
-        if entry is None or not (HERE / entry["file"]).exists():
-            return "stale", f"{module} is not in {RECORD.name}"
+        if entry is None or entry.get("file") != loaded[module]:  # (another Python's build, say)
+            return "stale", f"{loaded[module]} is not in {RECORD.name}"
         for suffix in (".py", ".pxd"):
             path = HERE / f"{module}{suffix}"
             now = _hash(path) if path.exists() else None
