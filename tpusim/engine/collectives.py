@@ -38,6 +38,9 @@ move in lockstep, so a group of 31 copies is one entry), which keeps a K3 step (
 Trace: with a recorder each copy is one interval ``issue → landing`` on a track
 ``link <chip link> <lane>`` (lanes assigned greedily at the end so intervals in one
 track never overlap), labelled ``<collective> p<phase> →r<dst>``.
+
+Compiled (``setup.py``), ``Handle``, ``_Flow`` and ``MessageFabric`` take C fields from
+``collectives.pxd``: a new attribute is declared there too.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ schedule that passed :func:`tpusim.schedule.vmem.check_fits`. The peak, its time
 layer at that moment are tracked always; a *watch* threshold (used to diagnose infeasible
 schedules, run with the capacity check off) records the first moment occupancy crosses it
 and the buffers held then.
+
+Compiled (``setup.py``), the fields and admission's locals are typed in ``staging.pxd``: a
+new attribute is declared there too.
 """
 
 from __future__ import annotations
