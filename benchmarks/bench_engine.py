@@ -33,7 +33,9 @@ step time. Target (issue 11):
 reference loop (one queue entry per piece and per copy event, no running ahead:
 :mod:`tpusim.engine.loop`), whose results are identical (``tests/test_engine_run_ahead.py``);
 events per step are printed for either, and ``tests/test_engine_run_ahead.py`` holds K3
-published batch 1 to a budget.
+published batch 1 to a budget. The first line says which engine runs: ``compiled`` (the
+install's Cython build of the hot modules) or ``interpreted`` (``TPUSIM_ENGINE=interpreted``
+forces it: :mod:`tpusim.engine.native`).
 
 Speed work must not move a simulated result. ``--results-out FILE`` writes, for every
 case run, the simulated step, exposed DMA, VMEM peak, breakdown, copy count and per-op
@@ -59,7 +61,7 @@ from typing import Any
 
 from hwmodels.catalog import make_system
 from tpusim.cli_options import add_batch_option, add_schedule_option
-from tpusim.engine import InfeasibleSchedule, simulate
+from tpusim.engine import InfeasibleSchedule, native, simulate
 from tpusim.engine.reuse import forget_lowerings
 from tpusim.schedule.program_issue import forget_issue_plans
 from tpusim.schedule.schema import BUILTIN_SCHEDULES, load_schedule
@@ -147,6 +149,7 @@ def main() -> None:
     args = parser.parse_args()
     cases = ([(name, batch) for batch in (1, 8) for name in BUILTIN_SCHEDULES] if args.all
              else [(args.schedule, args.batch)])
+    print(native.description())  # compiled (the install's Cython build) or interpreted
     results = {}
     for name, batch in cases:
         try:

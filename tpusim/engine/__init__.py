@@ -23,15 +23,21 @@ each resource has one job:
 
 Costs are in :mod:`~tpusim.engine.costs`; results in :mod:`~tpusim.engine.result`; the
 per-resource timeline for traces and plots in :mod:`~tpusim.engine.timeline`. Seconds and
-bytes inside; convert at the edges.
+bytes inside; convert at the edges. The event loop's hot modules may run compiled (Cython, built
+by the install from these same files) or interpreted, with the same results:
+:mod:`~tpusim.engine.native` chooses (``TPUSIM_ENGINE=interpreted`` forces the interpreted one).
 """
 
-from tpusim.engine.core import VmemOverflow, simulate
-from tpusim.engine.execution import ExecutionPolicy
-from tpusim.engine.policy import execution_policy
-from tpusim.engine.result import BREAKDOWN_KEYS, SimResult
-from tpusim.engine.timeline import Timeline
-from tpusim.schedule.vmem import InfeasibleSchedule
+from tpusim.engine import native
+
+native.choose()  # compiled or interpreted: before any engine module is imported (native)
+
+from tpusim.engine.core import VmemOverflow, simulate  # noqa: E402
+from tpusim.engine.execution import ExecutionPolicy  # noqa: E402
+from tpusim.engine.policy import execution_policy  # noqa: E402
+from tpusim.engine.result import BREAKDOWN_KEYS, SimResult  # noqa: E402
+from tpusim.engine.timeline import Timeline  # noqa: E402
+from tpusim.schedule.vmem import InfeasibleSchedule  # noqa: E402
 
 __all__ = [
     "BREAKDOWN_KEYS",

@@ -38,6 +38,9 @@ move in lockstep, so a group of 31 copies is one entry), which keeps a K3 step (
 Trace: with a recorder each copy is one interval ``issue → landing`` on a track
 ``link <chip link> <lane>`` (lanes assigned greedily at the end so intervals in one
 track never overlap), labelled ``<collective> p<phase> →r<dst>``.
+
+Compiled (``setup.py``), ``Handle``, ``_Flow`` and ``MessageFabric`` take C fields from
+``collectives.pxd``: a new attribute is declared there too.
 """
 
 from __future__ import annotations
@@ -233,7 +236,10 @@ class MessageFabric:
                 active[link] = []  # (the list a drained flow leaves)
         for link, elapsed in busy_steps:
             busy[link] = busy.get(link, 0.0) + elapsed
-        self.sequence += sum(len(groups) for groups in phases)
+        sequence = self.sequence
+        for groups in phases:  # (a loop, not sum(generator): no closure when compiled)
+            sequence += len(groups)
+        self.sequence = sequence
         self.now_s = now_s
         self.last_land_s = last_land_s
         handle.phase = len(phases) - 1

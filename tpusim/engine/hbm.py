@@ -43,6 +43,9 @@ have landed, a KDA state buffer once written back) through the staging memory's 
 The server counts its busy time (any copy in flight, latency included), the bytes it moved,
 and, when asked, records each copy on a lane track (lane = the lowest free in-flight slot)
 and emits the kernel's ``dma_start`` events (when a copy is queued: issued).
+
+Compiled (``setup.py``), the server's fields and its turn's locals are typed in ``hbm.pxd``:
+a new attribute is declared there too.
 """
 
 from __future__ import annotations

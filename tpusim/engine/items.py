@@ -22,6 +22,9 @@ per simulation and mutated in the hot loop. A lowered step is run more than once
 (:mod:`tpusim.engine.reuse`), so a copy's and a slab's flags hold the *number of the run* that
 set them (``Lowered.runs``; 0: never): a flag is set in this run when it equals this run's
 number, and a new run starts with every flag clear without touching the objects.
+
+Compiled (``setup.py``), ``Ring``, ``Pool``, ``Slab`` and ``Descriptor`` take C fields from
+``items.pxd``: a new attribute is declared there too (else the compiled build refuses it).
 """
 
 from __future__ import annotations

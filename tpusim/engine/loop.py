@@ -36,6 +36,9 @@ This prices a run of pieces, or of landings, in one event where the loop had one
 ``run_ahead=False`` keeps the event-by-event loop as the reference
 (``simulate(..., event_by_event=True)``; ``tests/test_engine_run_ahead.py`` compares the
 two on every built-in schedule). ``ran_ahead`` counts the turns taken without an entry.
+
+Compiled (``setup.py``), ``Driver`` takes its fields from ``loop.pxd``: a new attribute is
+declared there too.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ schedule that passed :func:`tpusim.schedule.vmem.check_fits`. The peak, its time
 layer at that moment are tracked always; a *watch* threshold (used to diagnose infeasible
 schedules, run with the capacity check off) records the first moment occupancy crosses it
 and the buffers held then.
+
+Compiled (``setup.py``), the fields and admission's locals are typed in ``staging.pxd``: a
+new attribute is declared there too.
 """
 
 from __future__ import annotations
@@ -102,8 +105,9 @@ class StagingMemory:
             # them in (by urgency) changes nothing: each starts streaming at the same moment and
             # the streaming heap orders them by (target, seq).
             in_flight = hbm.in_flight
-            copies = len(order[first].descs) if ptr == first + 1 else sum(
-                len(order[at].descs) for at in range(first, ptr))
+            copies = 0
+            for at in range(first, ptr):  # (a loop, not sum(generator): no closure when compiled)
+                copies += len(order[at].descs)
             if in_flight + copies <= hbm.max_in_flight:
                 if copies:
                     now = self.env.now

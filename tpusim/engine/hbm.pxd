@@ -1,0 +1,35 @@
+# The C layout of hbm.py's HbmServer in the compiled engine (setup.py; Cython's "augmenting
+# .pxd": hbm.py stays the source). Its clock, rates and counters are C doubles and ints; a
+# turn's locals are typed so its arithmetic is C arithmetic on the same doubles in the same
+# order (IEEE, no contraction: setup.py).
+
+cimport cython
+
+from tpusim.engine.items cimport Descriptor, Slab
+
+
+@cython.final
+cdef class HbmServer:
+    cdef public object env, call_later, bandwidth, on_free, recorder, events, starting, ready
+    cdef public long run, max_in_flight, issue_count, in_flight, issued, wake_token
+    cdef public long long bytes_moved
+    cdef public double latency_s, virtual_bytes, rate, last_s, busy_s, last_land_s, wake_at
+    cdef public bint by_stream, in_order, direct
+    cdef public list rate_by_n, aggregate_by_k, queue, streaming, free_lanes
+    cdef public dict streams
+
+    @cython.locals(elapsed=double)
+    cpdef _advance(self, double now)
+
+    @cython.locals(next_s=double, left=double, finish=double)
+    cpdef _reschedule(self, double now)
+
+    @cython.locals(in_flight=long, max_in_flight=long, issued=long, now=double, elapsed=double,
+                   latency_s=double, start_s=double, desc=Descriptor)
+    cpdef bint _issue(self)
+
+    @cython.locals(run=long, now=double, elapsed=double, limit=double, virtual_bytes=double,
+                   next_s=double, finish=double, left_bytes=double, time_s=double, desc=Descriptor,
+                   slab=Slab, by_stream=bint, in_order=bint, run_ahead=bint, count=long,
+                   streaming=list, queue=list)
+    cpdef _wake(self, long token)
