@@ -18,6 +18,7 @@ since (reinstall to rebuild), and ``TPUSIM_ENGINE=interpreted`` forces the inter
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import sys
@@ -28,9 +29,22 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 ENGINE = "tpusim/engine"
-# (keep in step with tpusim.engine.native.ENGINE_MODULES, which setup.py cannot import)
-ENGINE_MODULES = ("items", "loop", "hbm", "staging", "collectives", "lowering", "build", "stream")
-RECORD = "_compiled.json"
+
+
+def _native() -> object:
+    """:mod:`tpusim.engine.native` loaded from its file alone (standard library only; importing
+    the package would need its dependencies, which the isolated build does not have): the one
+    owner of the module list and the record's name."""
+    spec = importlib.util.spec_from_file_location("_tpusim_engine_native", ROOT / ENGINE / "native.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_NATIVE = _native()
+ENGINE_MODULES: tuple[str, ...] = _NATIVE.ENGINE_MODULES  # type: ignore[attr-defined]
+RECORD: str = _NATIVE.RECORD.name  # type: ignore[attr-defined]
 
 
 def source_hashes(module: str) -> dict[str, str]:
@@ -88,7 +102,9 @@ class OptionalBuildExt(build_ext):
             import Cython
 
             folder.mkdir(parents=True, exist_ok=True)
-            record.write_text(json.dumps({"cython": Cython.__version__, "modules": built}, indent=1) + "\n")
+            partial = record.with_name(record.name + ".tmp")  # written whole, then renamed into place
+            partial.write_text(json.dumps({"cython": Cython.__version__, "modules": built}, indent=1) + "\n")
+            os.replace(partial, record)
         elif record.exists():
             record.unlink()
 

@@ -32,7 +32,7 @@ import os
 import sys
 from pathlib import Path
 
-# the compiled modules, in an order each imports only earlier ones (setup.py lists them too)
+# the compiled modules, in an order each imports only earlier ones (setup.py reads this list)
 ENGINE_MODULES = ("items", "loop", "hbm", "staging", "collectives", "lowering", "build", "stream")
 PACKAGE = "tpusim.engine"
 HERE = Path(__file__).resolve().parent
