@@ -202,30 +202,51 @@ def predict_set(set_name: str) -> list[dict[str, Any]]:
         name = Path(case.schedule).stem if case.schedule.endswith(".json") else case.schedule
         match = next((r for r in known if r.batch == case.batch and r.context == case.context
                       and (r.schedule == name or Path(r.schedule_path).stem == name)), None)
+        borrowed = match is None
+        if match is None:
+            match = _borrowed_routing(known, name, case)
         if match is None:
             sys.stderr.write(f"{case.schedule} b{case.batch}: no words32 run to take the routing from; not predicted\n")
             continue
         unroll = (case.panel_unroll or PANEL_UNROLL, case.expert_panel_unroll or EXPERT_PANEL_UNROLL)
         planned.append((case, replace(match, ms_median=float("nan"), ms_spread=float("nan"), runs=0,
-                                      panel_unroll=unroll, expert_list=EXPERT_LIST_BUILD)))
-    predictor = ChipRecordPredictor([r for _, r in planned])
+                                      panel_unroll=unroll, expert_list=EXPERT_LIST_BUILD), borrowed))
+    predictor = ChipRecordPredictor([r for _, r, _ in planned])
     # decoders' figures at its rows; the kernel as it is now (its expert list)
-    built = {b: build_chip(batch=b, expert_list=EXPERT_LIST_BUILD) for b in {r.batch for _, r in planned}}
+    built = {b: build_chip(batch=b, expert_list=EXPERT_LIST_BUILD) for b in {r.batch for _, r, _ in planned}}
     chips = {b: chip for b, (chip, _) in built.items()}
-    predicted = [predictor.predict_many(chips[r.batch], [i])[0] for i, (_, r) in enumerate(planned)]
+    predicted = [predictor.predict_many(chips[r.batch], [i])[0] for i, (_, r, _) in enumerate(planned)]
     now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    for (case, record), ms in zip(planned, predicted, strict=True):
+    for (case, record, borrowed), ms in zip(planned, predicted, strict=True):
         rows.append({"kind": "prediction", "set": set_name, "decoder": KERNEL_DECODER, "model": case.model,
                      "shard_of": case.shard_of, "schedule": case.schedule, "batch": case.batch,
                      "context": case.context, "routing": record.routing, "predicted_ms": ms,
                      "label": built[record.batch][1] + ("" if record.panel_unroll == (1, 1) else
-                        "; the panel loops' unroll: each product's fixed cost over the panels in flight"),
+                        "; the panel loops' unroll: each product's fixed cost over the panels in flight")
+                        + ("; routing: published's trace at this batch (the schedule's own not yet run)" if borrowed
+                           else ""),
                      "figures": {dequant_path(f): _figure(chips[record.batch], dequant_path(f))
                                  for f in FORMAT_OF_PART.values()},
                      "date": now, "probes": str(PROBES_PATH.name), "panel_unroll": list(record.panel_unroll),
                      "expert_list": record.expert_list,
                      **({"kernel_variant": variant} if (variant := case_variant(case)) else {})})
     return rows
+
+
+def _borrowed_routing(known: list[ChipRecord], name: str, case: Any) -> ChipRecord | None:
+    """A words32 run of ``published`` at the case's batch and context with the case's schedule put
+    in: the routing of a schedule not yet run at that batch. The router is the kernel's own on the
+    same weights and seeds whatever the schedule (at batch 1 the committed traces of every schedule
+    are identical); above batch 1 the traces of two schedules part a little where their greedy
+    tokens, fed back, do. None when the schedule has no run at any batch (no file to name)."""
+    own = next((r for r in load_chip_records(KERNEL_PATH)
+                if r.schedule == name or Path(r.schedule_path).stem == name), None)
+    donor = next((r for r in known if r.batch == case.batch and r.context == case.context
+                  and r.schedule == "published" and r.expert_cap is None), None)
+    if own is None or donor is None:
+        return None
+    sys.stderr.write(f"{case.schedule} b{case.batch}: routing borrowed from published's run at that batch\n")
+    return replace(donor, schedule=own.schedule, schedule_path=own.schedule_path)
 
 
 def case_variant(case: Any) -> dict[str, int] | None:

@@ -148,6 +148,9 @@ def _moe_layers(run: ChipRecord) -> int:
     return len({op.layer for op in record_step(run)[0].ops if op.expert_index is not None})
 
 
+DECODERS_HIDDEN = 0.01  # the decoders at half their cost move the slope by under 1 %: they are hidden
+
+
 def fixed_cost(probes: Chip, path: Path | str = FIXED_COST_PATH,
                decoder: str = CALIBRATION_DECODER, panel_unroll: tuple[int, int] | None = None,
                batch: int = 1, expert_list: str | None = None) -> FixedCost | None:
@@ -166,8 +169,10 @@ def fixed_cost(probes: Chip, path: Path | str = FIXED_COST_PATH,
     for _ in range(ROUNDS):  # each figure moves the other a little (overlap): alternate
         at_probes = _slope(slope_runs, _ms(slope_runs, _with(probes, 1.0, per_layer)))
         at_half = _slope(slope_runs, _ms(slope_runs, _with(probes, HALF, per_layer)))
-        if measured <= at_half:  # the chip's slope is under what halved decoders give: the experts are
-            factor = 1.0          # copy-bound there, their decoders hidden; the slope says nothing of them
+        hidden = at_probes - at_half <= DECODERS_HIDDEN * at_probes  # halving them moves no slope
+        if measured <= at_half or hidden:  # the chip's slope is under what halved decoders give, or the
+            factor = 1.0  # decoders move no slope at all: the experts are copy-bound there, the slope says
+            # nothing of the decoders (a ratio over a difference of ~0 would be noise: a negative rate)
         else:
             factor = 1.0 + (measured - at_probes) * (1.0 - HALF) / (at_probes - at_half)
         def error(x: float, factor: float = factor) -> float:

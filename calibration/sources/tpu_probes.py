@@ -288,8 +288,8 @@ def dma_service(records: list[dict[str, Any]]) -> tuple[str, str] | None:
     by = {(r["params"]["large_copies"], r["params"]["small_copy"], r["params"]["chain_iterations"]):
           r["seconds_median"] / r["params"]["iterations"] for r in order}
     alone = by[(0, 1, chain)] - by[(0, 0, chain)]
-    ratios = []
-    for copies in sorted({k[0] for k in by if k[0] > 0}):
+    ratios, counts = [], sorted({k[0] for k in by if k[0] > 0 and (k[0], 1, chain) in by})
+    for copies in counts:
         large = by[(copies, 0, 0)] - by[(0, 0, 0)]
         behind = by[(copies, 1, chain)] - by[(copies, 0, chain)]
         ratios.append((behind - alone) / large)
@@ -297,7 +297,7 @@ def dma_service(records: list[dict[str, Any]]) -> tuple[str, str] | None:
     service = "in_order" if ratio > 0.5 else "shared"
     detail = ", ".join(f"{x:.2f}" for x in ratios)
     return service, (f"measured on tpu-v5e (probe dma_order, {_date(order)}): a 64 KiB copy issued behind "
-                     f"2 and 8 copies of 1 MiB waits {detail} of their own transfer time ({service})")
+                     f"{' / '.join(map(str, counts))} copies of 1 MiB waits {detail} of their own transfer time ({service})")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -39,9 +39,11 @@ from tpusim.schedule.kernel_layout import LANES
 Interpret = Any
 ROW_BYTES = LANES * 2
 BIG_BYTES, SMALL_BYTES = MIB, 64 * KIB
-MAX_BIG = 8
+LARGE_COPIES = (0, 2, 8, 16, 32)  # 1 MiB copies ahead; 16 and 32 since 2026-12-07 (k3-ring keeps ~32 in flight)
+QUICK_LARGE_COPIES = (0, 2, 8)
 ORDER_ITERATIONS = 64
-CHAIN_ITERATIONS = (0, 512, 4096)
+# the longest chain must outlast the most large copies (32 MiB: ~47 us at ~715 GB/s; 4096 steps ~32 us)
+CHAIN_ITERATIONS = (0, 512, 4096, 16384)
 ROUTING_BATCHES = (1, 2, 4, 8, 16)
 ROUTING_REPEATS = (16, 64, 256)
 
@@ -53,9 +55,10 @@ def _spec(space: Any) -> pl.BlockSpec:
 # ---------------------------------------------------------------- DMA service order
 
 
-def dma_order_call(n_src: int, interpret: Interpret) -> Callable[..., Any]:
+def dma_order_call(n_src: int, interpret: Interpret, max_big: int = max(LARGE_COPIES)) -> Callable[..., Any]:
     """``fn(int32[4] = (R, F, small, W), big u16[n_src, 4096, 128], small u16[256, 128],
-    x f32[8, 128]) -> f32[8, 128]`` (the chain's last value plus the small copy's first row)."""
+    x f32[8, 128]) -> f32[8, 128]`` (the chain's last value plus the small copy's first row);
+    ``F`` ≤ ``max_big`` (one VMEM buffer and semaphore each)."""
     big_rows, small_rows = BIG_BYTES // ROW_BYTES, SMALL_BYTES // ROW_BYTES
 
     def kernel(s_ref: Any, big: Any, small: Any, x_ref: Any, out: Any, big_buf: Any, small_buf: Any,
@@ -63,10 +66,10 @@ def dma_order_call(n_src: int, interpret: Interpret) -> Callable[..., Any]:
         r, f, with_small, w = s_ref[0], s_ref[1], s_ref[2], s_ref[3]
 
         def big_copy(i: Any, k: Any) -> Any:
-            src = lax.rem(i * MAX_BIG + k, n_src)
+            src = lax.rem(i * max_big + k, n_src)
             return pltpu.make_async_copy(big.at[src], big_buf.at[k], sem.at[k])
 
-        small_copy = pltpu.make_async_copy(small, small_buf, sem.at[MAX_BIG])
+        small_copy = pltpu.make_async_copy(small, small_buf, sem.at[max_big])
 
         def iteration(i: Any, acc: Any) -> Any:
             def start(k: Any, c: Any) -> Any:
@@ -94,16 +97,19 @@ def dma_order_call(n_src: int, interpret: Interpret) -> Callable[..., Any]:
         kernel, out_shape=jax.ShapeDtypeStruct((8, LANES), jnp.float32),
         in_specs=[_spec(pltpu.SMEM), _spec(pl.ANY), _spec(pl.ANY), _spec(pltpu.VMEM)],
         out_specs=_spec(pltpu.VMEM),
-        scratch_shapes=[pltpu.VMEM((MAX_BIG, big_rows, LANES), jnp.uint16),
+        scratch_shapes=[pltpu.VMEM((max_big, big_rows, LANES), jnp.uint16),
                         pltpu.VMEM((small_rows, LANES), jnp.uint16),
-                        pltpu.SemaphoreType.DMA((MAX_BIG + 1,))],
-        compiler_params=pltpu.CompilerParams(vmem_limit_bytes=32 * MIB, has_side_effects=True),
+                        pltpu.SemaphoreType.DMA((max_big + 1,))],
+        compiler_params=pltpu.CompilerParams(vmem_limit_bytes=max_big * BIG_BYTES + 16 * MIB,
+                                             has_side_effects=True),
         interpret=interpret)
     return jax.jit(call)
 
 
 def dma_order_probe(interpret: Interpret, quick: bool) -> Probe:
-    n_src = 2 * MAX_BIG if quick else 8 * MAX_BIG
+    counts = QUICK_LARGE_COPIES if quick else LARGE_COPIES
+    max_big = max(counts)
+    n_src = 2 * max_big if quick else 8 * max_big
     iterations = 2 if quick else ORDER_ITERATIONS
     chains = (0, 4) if quick else CHAIN_ITERATIONS
     big_rows, small_rows = BIG_BYTES // ROW_BYTES, SMALL_BYTES // ROW_BYTES
@@ -125,7 +131,7 @@ def dma_order_probe(interpret: Interpret, quick: bool) -> Probe:
         return None if ok else "the VPU chain's value differs from numpy"
 
     points = []
-    for f in (0, 2, MAX_BIG):
+    for f in counts:
         for with_small in (0, 1):
             for w in chains:
                 params = {"iterations": iterations, "large_copies": f, "large_bytes": BIG_BYTES,
@@ -133,7 +139,7 @@ def dma_order_probe(interpret: Interpret, quick: bool) -> Probe:
                 points.append(Point(params, (iterations, f, with_small, w),
                                     bytes=iterations * (f * BIG_BYTES + with_small * SMALL_BYTES)))
     return Probe(
-        name="dma_order", params={"dtype": "uint16"}, fn=dma_order_call(n_src, interpret),
+        name="dma_order", params={"dtype": "uint16"}, fn=dma_order_call(n_src, interpret, max_big),
         input_shapes=[jax.ShapeDtypeStruct((n_src, big_rows, LANES), jnp.uint16),
                       jax.ShapeDtypeStruct((small_rows, LANES), jnp.uint16),
                       jax.ShapeDtypeStruct((8, LANES), jnp.float32)],
