@@ -238,15 +238,19 @@ def _borrowed_routing(known: list[ChipRecord], name: str, case: Any) -> ChipReco
     in: the routing of a schedule not yet run at that batch. The router is the kernel's own on the
     same weights and seeds whatever the schedule (at batch 1 the committed traces of every schedule
     are identical); above batch 1 the traces of two schedules part a little where their greedy
-    tokens, fed back, do. None when the schedule has no run at any batch (no file to name)."""
-    own = next((r for r in load_chip_records(KERNEL_PATH)
-                if r.schedule == name or Path(r.schedule_path).stem == name), None)
+    tokens, fed back, do. None when the schedule is neither a file nor a name with a run (no file to name)."""
+    if case.schedule.endswith(".json"):  # a schedule file: it names itself
+        path = case.schedule
+    else:
+        own = next((r for r in load_chip_records(KERNEL_PATH)
+                    if r.schedule == name or Path(r.schedule_path).stem == name), None)
+        path = own.schedule_path if own is not None else None
     donor = next((r for r in known if r.batch == case.batch and r.context == case.context
                   and r.schedule == "published" and r.expert_cap is None), None)
-    if own is None or donor is None:
+    if path is None or donor is None:
         return None
     sys.stderr.write(f"{case.schedule} b{case.batch}: routing borrowed from published's run at that batch\n")
-    return replace(donor, schedule=own.schedule, schedule_path=own.schedule_path)
+    return replace(donor, schedule=name, schedule_path=path)
 
 
 def case_variant(case: Any) -> dict[str, int] | None:
