@@ -385,6 +385,11 @@ class ExecutionModel(BaseModel):
         description="fixed cost per decode-step call (dispatch, glue, barrier), seconds"
     )
     per_layer_overhead_s: Figure = Field(description="fixed cost per layer inside the step, seconds")
+    per_layer_overhead_at: Literal["layer_start", "each_op"] = Field(
+        default="layer_start",
+        description="where the stream pays per_layer_overhead_s: in one block as a layer starts (a "
+        "barrier), or in equal shares at the start of each of the layer's ops (code spread through "
+        "the layer, which copies in flight overlap)")
     per_op_efficiency: Figure | None = Field(
         default=None,
         description="fraction of HBM/compute peak a standalone kernel reaches (per_op_launch)",

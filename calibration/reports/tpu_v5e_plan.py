@@ -224,7 +224,10 @@ def predict_set(set_name: str) -> list[dict[str, Any]]:
                      "label": built[record.batch][1] + ("" if record.panel_unroll == (1, 1) else
                         "; the panel loops' unroll: each product's fixed cost over the panels in flight")
                         + ("; routing: published's trace at this batch (the schedule's own not yet run)" if borrowed
-                           else ""),
+                           else "")
+                        + ("; the per-layer cost in equal shares at each of the layer's ops (execution."
+                           "per_layer_overhead_at: each_op)"
+                           if chips[record.batch].execution.per_layer_overhead_at == "each_op" else ""),
                      "figures": {dequant_path(f): _figure(chips[record.batch], dequant_path(f))
                                  for f in FORMAT_OF_PART.values()},
                      "date": now, "probes": str(PROBES_PATH.name), "panel_unroll": list(record.panel_unroll),

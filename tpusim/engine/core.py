@@ -159,7 +159,7 @@ def _execute(program: Program, effective: Schedule, chip: Chip, policy: Executio
         stream.start(compute_stream(
             env, stream, lowered, hbm, staging, Links(recorder, solo=not event_by_event), account,
             per_step_s=policy.per_step_overhead_s, per_layer_s=policy.per_layer_overhead_s,
-            recorder=recorder, events=events,
+            per_layer_each_op=policy.per_layer_overhead_at == "each_op", recorder=recorder, events=events,
         ))
         env.run()
         if stream.alive:  # cannot happen with in-order pools; kept as a loud guard

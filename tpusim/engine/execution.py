@@ -147,6 +147,8 @@ class ExecutionPolicy:
     # MXU round trip, so each product's fixed cost (``dot_overhead_s``, measured one panel an
     # iteration) is divided by them. (1, 1): one panel an iteration, what the probe measured.
     panel_unroll: tuple[int, int] = (1, 1)
+    # where the stream pays per_layer_overhead_s (hwmodels.schema.Execution.per_layer_overhead_at)
+    per_layer_overhead_at: str = "layer_start"
 
     def effective_schedule(self, schedule: Schedule) -> Schedule:
         """The schedule the engine actually runs under this execution mode."""
@@ -190,6 +192,7 @@ def base_policy(chip: Chip) -> ExecutionPolicy:
             launch_overhead_s=0.0,
             per_step_overhead_s=execution.per_step_overhead_s.value,
             per_layer_overhead_s=execution.per_layer_overhead_s.value,
+            per_layer_overhead_at=execution.per_layer_overhead_at,
             cross_op_prefetch=True,
             enforce_staging_capacity=True,
             kernel_plan=no_kernel_launches,

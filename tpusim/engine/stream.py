@@ -18,7 +18,8 @@ The stream is a generator driven by :class:`tpusim.engine.loop.Driver` (as a Sim
 would be: it yields a delay, or waits for a copy's landing). Per op ``i`` it does
 (pseudocode of :func:`compute_stream`)::
 
-    if op starts a layer: wait per_layer_overhead
+    if op starts a layer: wait per_layer_overhead   # (or, per_layer_overhead_at each_op:
+                                                #  wait its share at every op of the layer)
     wait op.launch_s                            # the kernel launches the policy charges here
     wait op.kernel_fixed_s                      # their fixed time and ramp (serving stack)
     wait for overlapped collectives and message collectives consumed here
@@ -100,7 +101,7 @@ class Links:
 
 def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmServer, staging: StagingMemory,
                    links: Links, account: StreamAccount, *, per_step_s: float, per_layer_s: float,
-                   recorder: Recorder | None,
+                   per_layer_each_op: bool = False, recorder: Recorder | None,
                    events: list[tuple[Any, ...]] | None) -> Generator[float | None, None, None]:
     """The compute stream, run by ``driver`` (see the module docstring): yields a delay to
     sleep, or None while a copy it waits on (``desc.waiter = driver``) has not landed."""
@@ -112,14 +113,28 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
     if per_step_s > 0.0:
         yield per_step_s
         account.fixed_s += per_step_s
+    # the per-layer cost in one block at the layer's start, or (per_layer_each_op) an equal share
+    # at each of its ops' starts: the layer's own code, which the copies in flight run under
+    share_by_layer: dict[int, float] = {}
+    if per_layer_s > 0.0 and per_layer_each_op:
+        for op in lowered.ops:
+            if op.layer >= 0:
+                share_by_layer[op.layer] = share_by_layer.get(op.layer, 0.0) + 1.0
+        for layer in share_by_layer:
+            share_by_layer[layer] = per_layer_s / share_by_layer[layer]
+    block_s = per_layer_s if not share_by_layer else 0.0
     for op in lowered.ops:
         if op.first_of_layer:
             account.layer_start_s.append((op.layer, env.now))
             if recorder is not None:
                 recorder.layer_start(op.layer, env.now)
-            if per_layer_s > 0.0 and op.layer >= 0:
-                yield per_layer_s
-                account.fixed_s += per_layer_s
+            if block_s > 0.0 and op.layer >= 0:
+                yield block_s
+                account.fixed_s += block_s
+        if share_by_layer and op.layer >= 0:
+            share_s = share_by_layer[op.layer]
+            yield share_s
+            account.fixed_s += share_s
         op_start = env.now
         if op.launch_s > 0.0 or op.kernel_fixed_s > 0.0:
             yield from _launch(env, op, account, recorder)
