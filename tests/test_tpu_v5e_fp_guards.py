@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from calibration.reports.tpu_v5e_fp_sensitivity import (
@@ -23,16 +24,24 @@ from calibration.reports.tpu_v5e_fp_sensitivity import (
     committed_residuals,
     held,
 )
-from calibration.reports.tpu_v5e_guards import Guard, drift_check, goal_check, planted_stream_probes
+from calibration.reports.tpu_v5e_guards import (
+    GOAL_MAPE,
+    GOAL_MAX,
+    Guard,
+    drift_check,
+    goal_check,
+    planted_stream_probes,
+)
 from calibration.reports.tpu_v5e_sensitivity import kept_block
 from calibration.sources.tpu_chip_records import ChipRecord
 from calibration.sources.tpu_layer_static import V5E_CLOCK_HZ
-from calibration.sources.tpu_probes import SUSTAINED, probe_chip
+from calibration.sources.tpu_probes import SUSTAINED, dequant_path, probe_chip
 from hwmodels.catalog import load_chip
 from megakernel.quant import WORDS32_DECODER
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "tpu-v5e-measured.md"
-PLANTED = {SUSTAINED, CLOCK}  # every input the docs' table must mark over 2 %
+MXFP4 = dequant_path("mxfp4")
+PLANTED = {SUSTAINED, CLOCK, MXFP4}  # every input the docs' table must mark over 2 %
 
 
 @pytest.fixture(scope="module")
@@ -45,14 +54,18 @@ def _failed(predictor: BuildPredictor, chip) -> list[Guard]:  # type: ignore[no-
     return [g for g in drift_check(predictor.records, predicted, committed_residuals()) if not g.ok]
 
 
-@pytest.mark.slow  # builds the nine decodes' programs and simulates them (~10 s)
-def test_the_committed_chain_passes_both_guards(predictor: BuildPredictor) -> None:
+@pytest.mark.slow  # builds the decodes' programs and simulates them (~10 s)
+def test_the_committed_chain_passes_the_drift_guard_and_reports_its_goals(predictor: BuildPredictor) -> None:
     predicted = predictor.predict(chips())
     drift = drift_check(predictor.records, predicted, committed_residuals())
-    assert len(drift) == len(predictor.records) == 9 and all(g.ok for g in drift), [g.line() for g in drift]
+    assert len(drift) == len(predictor.records) >= 16 and all(g.ok for g in drift), [g.line() for g in drift]
     goals = goal_check(predictor.records, predicted)
     assert [g.what for g in goals] == ["MAPE", "largest error", "Kendall tau b1", "Kendall tau b8"]
-    assert all(g.ok for g in goals), [g.line() for g in goals]
+    # the goals' verdicts are the committed residuals' (not asserted met: since the per-layer cost
+    # is paid through the layer, 2026-12-07, the 16 decodes miss MAPE 5 % / max 10 %; the docs say so)
+    errors = np.abs(np.array(list(committed_residuals().values())))
+    assert goals[0].ok == (errors.mean() <= GOAL_MAPE) and goals[1].ok == (errors.max() <= GOAL_MAX)
+    assert goals[0].error == pytest.approx(max(errors.mean() - GOAL_MAPE, 0.0), abs=0.02)
 
 
 @pytest.mark.slow
@@ -74,6 +87,17 @@ def test_the_bandwidth_held_10_percent_high_fails_the_drift_guard(predictor: Bui
 @pytest.mark.slow
 def test_every_bundle_10_percent_longer_fails_the_drift_guard(predictor: BuildPredictor) -> None:
     failed = _failed(predictor, chips(clock_hz=V5E_CLOCK_HZ / 1.1))
+    # the two schedules whose compute the copies hide least (the docs' table: +3.1 and +5.6 %)
+    assert [g.what.split(" (")[0] for g in failed] == ["layer-double-buffer b1", "published-no-lookahead b1"], \
+        [g.line() for g in failed]
+    assert all(g.error > 0.02 for g in failed)
+
+
+@pytest.mark.slow
+def test_the_mxfp4_decoder_10_percent_slower_fails_the_drift_guard(predictor: BuildPredictor) -> None:
+    """Over 2 % since the per-layer cost is paid through the layer (2026-12-07): the down
+    projections' decode shows where the copies do not hide it (``published-no-lookahead`` b1)."""
+    failed = _failed(predictor, held(chips(), MXFP4, 1.1))
     assert [g.what.split(" (")[0] for g in failed] == ["published-no-lookahead b1"], [g.line() for g in failed]
     assert failed[0].error > 0.02
 

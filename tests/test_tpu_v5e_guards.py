@@ -100,13 +100,16 @@ def test_a_figure_planted_10_percent_high_with_the_rest_held_fails_its_guard(
 def test_a_dma_stream_plant_through_the_refit_fails_the_exposed_dma_guard(
         tmp_path: Path, records: list[ChipRecord], predictor: ChipRecordPredictor, way_b) -> None:  # type: ignore[no-untyped-def]
     """The issue's case: the ``dma_stream`` records 10 % fast, the fixed-cost rules refitted on
-    them; the decodes move by about 2 % (within ``decode_check``), the copy time by 6 %."""
+    them: the copy time moves by 6 % (``exposed_dma_check``). Since the per-layer cost is paid
+    through the layer (``per_layer_overhead_at: each_op``, 2026-12-07) the refit absorbs less of
+    it and ``naive`` b1's decode moves past its tolerance too: either guard catching it is a catch."""
     planted = planted_stream_probes(tmp_path, 1.1)
     committed = dict(iter_figures(way_b))[SUSTAINED].value  # the micro-probe figure: the fit leaves it
     assert probe_figures(load_probes(planted))[SUSTAINED].value == pytest.approx(1.1 * committed, rel=1e-9)
     chip = way_b_chip(probe_chip(load_chip("tpu-v5e", calibrated=False), planted))
     failed = _failed(records, predictor, chip, batch=1)
-    assert [g.check for g in failed] == ["exposed_dma_check"], [g.line() for g in failed]
+    assert "exposed_dma_check" in {g.check for g in failed}, [g.line() for g in failed]
+    assert all(g.check in ("exposed_dma_check", "decode_check") for g in failed), [g.line() for g in failed]
 
 
 @pytest.mark.slow
