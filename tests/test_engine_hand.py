@@ -182,3 +182,21 @@ def test_an_expert_part_multiplies_behind_its_conversion_panel_by_panel() -> Non
     assert behind_conversion_s(3 * US, 12 * US, 12) == pytest.approx(0.25 * US)
     assert behind_conversion_s(10 * US, 4 * US, 4) == pytest.approx(7 * US)
     assert behind_conversion_s(10 * US, 4 * US, 1) == pytest.approx(10 * US)
+
+
+def test_the_per_layer_cost_in_shares_at_each_op_matches_hand_arithmetic() -> None:
+    """d = 1, two buffers, ``per_layer_overhead_at: each_op``: the 2 µs a layer is paid as 2/3 µs
+    at the start of each of the layer's three ops, before the op issues its copies.
+
+    10..10.667 norm0's share; gate_up0 issued 10.667 (streams from 11.667 alone); norm0 ..12.667.
+    12.667..13.333 gate_up0's share; down0 issued 13.333, streams from 14.333 beside gate_up0 (which
+    has 2.667/20 of its bytes, 69,905 B): down0 at half rate 20 µs -> lands 34.333; gate_up0's rest
+    (192,239 B) alone 7.333 µs -> lands 41.667; compute 41.667..51.667. down0's share ..52.333, compute
+    ..57.333, all-reduce ..62.333. Layer 1 the same shifted by 52.333 µs: step 114.667 µs (116 with the
+    2 µs in one block at the layer's start, where neither copy of the layer was issued yet)."""
+    data = hand_chip().model_dump(mode="python")
+    data["execution"]["per_layer_overhead_at"] = "each_op"
+    result = simulate(hand_program(), schedule(1, 2), Chip.model_validate(data))
+    assert result.step_s == pytest.approx((114 + 2 / 3) * US, rel=1e-9)
+    assert result.breakdown_s["fixed_overheads"] == pytest.approx(14 * US, rel=1e-9)  # the same 10 + 2 x 2 µs
+    assert sum(result.breakdown_s.values()) == pytest.approx(result.step_s, rel=1e-12)

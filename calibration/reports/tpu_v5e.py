@@ -65,7 +65,8 @@ NOTES = [
 LATER_NOTES = [
     "- **The copy engine serves in issue order** (`dma.service: in_order`, the `dma_order` probe: a 64 KiB "
     "copy issued behind eight 1 MiB copies lands after all eight, 1.02 of their transfer time; behind two, "
-    "0.76): a later, more urgent copy waits for every copy issued before it, where the simulator used to "
+    "0.76 (2026-12-05); again 2026-12-07 behind 2 / 8 / 16 / 32: 1.09 / 1.01 / 1.02 / 0.98 — in issue order "
+    "32 deep): a later, more urgent copy waits for every copy issued before it, where the simulator used to "
     "share the bandwidth among all copies in flight and serve the most urgent first.",
     "- **Every MXU product has a fixed cost** (`compute.mxu.dot_overhead_s`, 71 ns, the intercept of the "
     "`matmul` probe's time per 128-column panel product against its depth in tiles; the slope, 6.8 ns a tile, "

@@ -265,6 +265,9 @@ def compiler_priced_chip(base: Chip, batch: int, path: Path | str = TPU7X_STATIC
                                     expert_list=EXPERT_LIST_BUILD)
     parent, name = _figure_slot(data, PER_LAYER)
     parent[name] = {**parent[name], "value": value, "label": "derived", "source": f"{source} (tpu7x); clock {clock_source}"}
+    # paid where the v5e method pays it (the layer's code, through the layer: tpu-v5e's rule), so the
+    # v5e residuals of step 4 describe this composition too
+    data["execution"]["per_layer_overhead_at"] = load_chip("tpu-v5e", calibrated=False).execution.per_layer_overhead_at
     return Chip.model_validate(data), down_rows
 
 
