@@ -34,7 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def race_check(*args: str, timeout_s: int) -> list[dict]:
-    env = {**os.environ, "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"}
+    # one Eigen thread; XLA reads only "--" flags and silently drops everything after the first
+    # word without "--" (a bare "intra_op_parallelism_threads=1", not an XLA flag, stood here)
+    env = {**os.environ, "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false"}
     proc = subprocess.run([sys.executable, "-m", "megakernel.commands.race_check", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout_s, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
