@@ -125,3 +125,33 @@ def test_the_unrolled_kernels_own_runs_are_copy_bound(monkeypatch: pytest.Monkey
     assert 9.0 <= found.slope_ms_per_expert * 1e3 <= 9.4
     assert 35e-6 <= found.per_layer_s <= 60e-6
     assert "refit" in label and "this build's own" in label and f"{found.per_layer_s * 1e6:.1f} µs a layer" in label
+
+
+def test_decoders_that_move_no_slope_are_hidden_not_divided_by(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vector-list build's own capped runs (2026-12-07): its expert slope is the copies', the
+    decoders at full and half cost give the same simulated slope, and the factor's ratio had divided
+    by ~0 (a negative dequant rate). The rule must call them hidden (factor 1) and fit the per-layer
+    cost alone: here the simulated step is the measured one less 1 ms plus 1 ms per µs of per-layer
+    cost above 40 µs, so the fit lands at 41 µs."""
+    import numpy as np
+
+    import calibration.sources.tpu_fixed_cost as fixed
+    from calibration.sources.tpu_chip_records import ChipRecord
+
+    runs = [ChipRecord(model="kimi-k3", shard_of="k3-tp32", schedule="published", schedule_path="x.json",
+                       batch=1, context=1024, routing="trace:x", ms_median=10.0 + cap, ms_spread=0.0, runs=1,
+                       expert_cap=cap) for cap in (4, 8, 12)]
+    target = np.array([r.ms_median for r in runs])
+
+    def simulated(runs_: list[ChipRecord], chip) -> np.ndarray:  # type: ignore[no-untyped-def]
+        per_layer = chip.execution.per_layer_overhead_s.value
+        return target - 1.0 + (per_layer - 40e-6) * 1e6
+
+    monkeypatch.setattr(fixed, "capped_runs", lambda *a, **k: runs)
+    monkeypatch.setattr(fixed, "_ms", simulated)
+    # the chip's slope 1.1 ms an expert cap, the simulator's 1.0 whatever the decoders cost
+    monkeypatch.setattr(fixed, "_slope", lambda runs_, ms: float(np.polyfit([4, 8, 12], ms, 1)[0])
+                        * (1.1 if np.array_equal(ms, target) else 1.0))
+    found = fixed.fixed_cost(load_chip("tpu-v5e", calibrated=False))
+    assert found is not None and found.dequant_factor == 1.0
+    assert found.per_layer_s == pytest.approx(41e-6, rel=1e-4)
