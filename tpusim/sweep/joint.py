@@ -76,13 +76,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from concurrent.futures import BrokenExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hwmodels.errors import InputError
-from hwmodels.records.jsonl import COMPACT, append_lines, record_line
+from hwmodels.records.jsonl import COMPACT, LineAppender, record_line
 from hwmodels.schema import System
 from tpusim.schedule.schema import (
     BUILTIN_SCHEDULES,
@@ -206,7 +207,8 @@ def run_joint_sweep(
     if not resume and journal.exists():
         journal.unlink()
     out.mkdir(parents=True, exist_ok=True)
-    storage = JournalStorage(_FlushedJournal(str(journal)))
+    backend = _FlushedJournal(str(journal))
+    storage = JournalStorage(backend)
     study = optuna.create_study(
         study_name="joint", storage=storage, direction="minimize", load_if_exists=True,
         sampler=bounded_tpe(seed=seed, n_startup_trials=min(32, max(4, budget // 8)),
@@ -369,6 +371,7 @@ def run_joint_sweep(
         if pool is not None:
             pool.close()
         table.close()
+        backend.close()  # (reopened should anything write the study later)
     result = _result(list(rows.values()), workload, study, (space, validator, families), started, started_cpu,
                      label)
     from tpusim.sweep.joint_robust import robust_choice
@@ -395,13 +398,42 @@ def _flushed_journal_class() -> type:
 
     class FlushedJournal(JournalFileBackend):
         """Optuna's journal file, appended by the records' one writer
-        (:func:`hwmodels.records.jsonl.append_lines`: one ``O_APPEND`` write a call, so a record
-        survives the process being killed, as ``sweep.csv`` does) without the per-write
-        ``fsync`` and lock file: only this client writes the study (measured: fsync took 68 of
-        500 s of a 60-simulation K3 sweep on the shared machine). Optuna's own compact format."""
+        (:class:`hwmodels.records.jsonl.LineAppender`: one ``O_APPEND`` write a call on a file
+        kept open, so a record survives the process being killed, as ``sweep.csv`` does)
+        without the per-write ``fsync`` and lock file: only this client writes the study
+        (measured: fsync took 68 of 500 s of a 60-simulation K3 sweep on the shared machine).
+        Optuna's own compact format.
+
+        Reading: Optuna's storage reads the logs after each of its writes and at each query
+        (``_sync_with_backend``). The file is read once, when the storage first asks (a resumed
+        sweep's study); after that the logs this process appends are handed back from memory,
+        each parsed from the very line written (``json.loads``), so the storage replays what
+        reading the file would give, without reopening it (a reader not in step with the
+        writer is answered from the file)."""
+
+        def __init__(self, file_path: str) -> None:
+            super().__init__(file_path)
+            self._appender = LineAppender(file_path)
+            self._read: int | None = None  # logs handed out so far (None: the file not read yet)
+            self._unread: list[dict[str, Any]] = []  # appended, not handed out yet
+
+        def read_logs(self, log_number_from: int) -> Iterator[dict[str, Any]]:
+            if self._read is None:
+                self._unread, self._read = list(super().read_logs(0)), 0
+            if log_number_from != self._read:
+                return super().read_logs(log_number_from)
+            logs, self._unread = self._unread, []
+            self._read += len(logs)
+            return iter(logs)
 
         def append_logs(self, logs: list[dict[str, Any]]) -> None:
-            append_lines(self._file_path, [record_line(log, separators=COMPACT) for log in logs], sync=False)
+            lines = [record_line(log, separators=COMPACT) for log in logs]
+            self._appender.append(lines)
+            if self._read is not None:
+                self._unread.extend(json.loads(line) for line in lines)
+
+        def close(self) -> None:
+            self._appender.close()
 
     return FlushedJournal
 

@@ -243,6 +243,7 @@ class _Validator:
         self._runnable: list[str] | None = None
         self._same_copies: dict[tuple[str, str, str], bool] = {}
         self._triples: dict[str, list[str]] = {}
+        self._deployments: dict[tuple[str, tuple[tuple[str, str], ...]], ShardingPlan | str] = {}
 
     def base_plan(self, choice: str) -> ShardingPlan | str:
         """The plan a choice builds, or why it does not (divisibility, a plan for other devices)."""
@@ -259,13 +260,9 @@ class _Validator:
         base = self.base_plan(proposal.plan_choice)
         if isinstance(base, str):
             return base
-        try:
-            plan = base.with_algorithms(proposal.algorithms)
-        except ValueError as error:
-            return f"collective: {error}"
-        why = self.kernel_reason(plan)
-        if why:
-            return f"kernel: {why}"
+        plan = self._deployed(proposal.plan_choice, proposal.algorithms, base)
+        if isinstance(plan, str):
+            return plan
         if proposal.plan_choice not in self._capacity:
             w = self.workload
             report = capacity_report(w.model, base, w.system.chip, batch=w.batch, context_tokens=w.context_tokens)
@@ -285,6 +282,23 @@ class _Validator:
                                   self._accountant(proposal.plan_choice, proposal.algorithms, base, plan))
         proposal.static_mib = verdict.vmem_static_bytes / MIB
         return verdict.reason
+
+    def _deployed(self, choice: str, algorithms: dict[str, str], base: ShardingPlan) -> ShardingPlan | str:
+        """Plan ``choice`` run with ``algorithms``, or why not (the algorithm cannot run its
+        collective; the kernel cannot run the result): memoised, a pure function of the plan
+        and the names (TPE's candidates ask it a few thousand times a sweep)."""
+        key = (choice, tuple(sorted(algorithms.items())))
+        known = self._deployments.get(key)
+        if known is None:
+            try:
+                plan = base.with_algorithms(algorithms)
+            except ValueError as error:
+                known = f"collective: {error}"
+            else:
+                why = self.kernel_reason(plan)
+                known = f"kernel: {why}" if why else plan
+            self._deployments[key] = known
+        return known
 
     def _accountant(self, choice: str, algorithms: dict[str, str], base: ShardingPlan,
                     plan: ShardingPlan) -> VmemAccountant:
@@ -364,8 +378,10 @@ def present_families(model: ModelConfig, program: Program) -> list[str]:
     return [family for family in SCHEDULE_FAMILIES if family in seen]
 
 
-def _suggest(trial: Any, space: JointSpace, validator: _Validator, families: list[str]) -> Proposal:
-    """Draw a trial's parameters (define-by-run: the plan first, then its collectives)."""
+def _suggest(trial: Any, space: JointSpace, validator: _Validator, families: list[str], *,
+             hashed: bool = True) -> Proposal:
+    """Draw a trial's parameters (define-by-run: the plan first, then its collectives).
+    ``hashed=False`` leaves :attr:`Proposal.hash` empty (a candidate only validated)."""
     choice = trial.suggest_categorical("plan", validator.runnable_plans())
     algorithms: dict[str, str] = {}
     for name, kind in validator.collectives(choice):
@@ -405,8 +421,8 @@ def _suggest(trial: Any, space: JointSpace, validator: _Validator, families: lis
     except ValidationError as error:
         schedule, reason = None, describe_validation_error("schema", error)
     proposal = Proposal(trial.number, "tpe", choice, algorithms, schedule, reason)
-    proposal.hash = (schedule.content_hash() if schedule is not None
-                     else _params_hash(trial.params))
+    if hashed:
+        proposal.hash = schedule.content_hash() if schedule is not None else _params_hash(trial.params)
     return proposal
 
 
@@ -466,7 +482,7 @@ def relative_feasibility(space: JointSpace, validator: _Validator, families: lis
         answer = known.get(key)
         if answer is None:
             try:
-                proposal = _suggest(_PartialTrial(params), space, validator, families)
+                proposal = _suggest(_PartialTrial(params), space, validator, families, hashed=False)
             except _Undrawn:
                 answer = True
             else:
