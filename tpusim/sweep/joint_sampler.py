@@ -74,6 +74,32 @@ def bounded_tpe(*, seed: int, n_startup_trials: int, history: int = HISTORY, kee
         _seen: set[int] | None = None  # trial numbers already intersected
 
         _drawing: dict[str, Any] | None = None  # the search space of the draw in progress
+        _internal: dict[tuple[str, str], dict[int, Any]] | None = None  # (name, JSON) -> trial -> value
+
+        def _get_internal_repr(self, trials: list[Any], search_space: dict[str, Any], study: Any) -> dict[str, Any]:
+            """TPE's observations (Optuna's, value for value), each finished trial's parameter
+            converted once: a finished trial's parameters never change, and a categorical's
+            conversion searches its choices (every ask converts the whole bounded history
+            twice: 6.7 of 168 s of a profiled 300-simulation K3 sweep, before)."""
+            import numpy as np
+
+            memo = self._internal = self._internal if self._internal is not None else {}
+            columns = [(name, d, memo.setdefault((name, distribution_to_json(d)), {}))
+                       for name, d in search_space.items()]
+            values: dict[str, list[Any]] = {name: [] for name in search_space}
+            for done in trials:
+                params = self._get_params(done, study)
+                if not search_space.keys() <= params.keys():
+                    continue
+                finished = done.state.is_finished()
+                for name, d, known in columns:
+                    value = known.get(done.number) if finished else None
+                    if value is None:
+                        value = d.to_internal_repr(params[name])
+                        if finished:
+                            known[done.number] = value
+                    values[name].append(value)
+            return {name: np.asarray(v) for name, v in values.items()}
 
         def _sample(self, study: Any, trial: Any, search_space: dict[str, Any]) -> dict[str, Any]:
             self._drawing = search_space
