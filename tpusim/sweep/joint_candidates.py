@@ -147,17 +147,19 @@ CACHE_ENTRIES = 256  # per worker: a deployment's plan, program, estimate contex
 
 
 def _cached(workload: JointWorkload, deployment: Deployment, what: str) -> Any:
-    """The deployment's ``plan`` | ``program`` | ``vmem`` accountant | ``estimate`` context,
-    least recently used out first (a sweep meets a new plan x algorithms about every third
-    estimate, and TPE keeps coming back to the good ones: measured on budget-200 K3 sweeps).
+    """The deployment's ``plan`` | ``program`` | ``vmem`` accountant | issue ``planner`` |
+    ``estimate`` context, least recently used out first (a sweep meets a new plan x algorithms
+    about every third estimate, and TPE keeps coming back to the good ones: measured on
+    budget-200 K3 sweeps).
 
     A deployment with collective algorithms of its own shares the program-independent work of
     its plan as written (the deployment without them): its program is that program with the
     collectives swapped (:func:`tpusim.workload.program.with_collectives`) and its estimate
     context that context with only the collectives priced again
     (:meth:`~tpusim.sweep.estimate.EstimateContext.for_program`), its VMEM accountant that
-    accountant with its own collective buffers (:meth:`VmemAccountant.for_plan`); each equals
-    a fresh build (``tests/test_program_variants.py``)."""
+    accountant with its own collective buffers (:meth:`VmemAccountant.for_plan`), its issue
+    planner that planner (plans never read a collective); each equals a fresh build
+    (``tests/test_program_variants.py``)."""
     key = (hash(json.dumps(workload.describe(), sort_keys=True)),
            f"{what}|{deployment.plan}|{sorted(deployment.collectives.items())}")
     if key in _CACHE:
@@ -175,12 +177,17 @@ def _cached(workload: JointWorkload, deployment: Deployment, what: str) -> Any:
         plan = _cached(workload, deployment, "plan")
         value = (VmemAccountant(workload.model, plan, workload.batch, workload.sequences) if base is None else
                  _cached(workload, base, "vmem").for_plan(plan))
+    elif what == "planner":  # issue plans: one planner for a plan and all its algorithm variants
+        from tpusim.sweep.estimate import IssuePlanner
+
+        value = IssuePlanner(_cached(workload, deployment, "program")) if base is None else \
+            _cached(workload, base, "planner")
     else:
         from tpusim.sweep.estimate import EstimateContext
 
         program = _cached(workload, deployment, "program")
-        value = (EstimateContext(program, workload.system.chip) if base is None else
-                 _cached(workload, base, "estimate").for_program(program))
+        value = (EstimateContext(program, workload.system.chip, _cached(workload, deployment, "planner"))
+                 if base is None else _cached(workload, base, "estimate").for_program(program))
     while len(_CACHE) >= CACHE_ENTRIES:
         _CACHE.popitem(last=False)
     _CACHE[key] = value
@@ -201,11 +208,14 @@ def evaluate_task(workload: JointWorkload, stage: str, schedule_data: dict[str, 
             vmem = _cached(workload, schedule.deployment, "vmem").plan_for(schedule)
             est = estimate(_cached(workload, schedule.deployment, "estimate"), schedule, vmem)
             return {"feasible": True, "est_ms": est.step_s * MS_PER_S}
-        context = _cached(workload, schedule.deployment, "estimate")
-        # the context's issue plan (memoised per pool: cheap for a sweep's many schedules) is the
-        # one the engine would compute; hand it over instead of planning again
-        remember_issue_plan(context.program, schedule, context.issue_plan(schedule))
-        result = simulate(context.program, schedule, workload.system.chip)
+        program = _cached(workload, schedule.deployment, "program")
+        # the planner's issue plan (memoised per pool: cheap for a sweep's many schedules) is the
+        # one the engine would compute; hand it over instead of planning again. No estimate
+        # context: a simulation needs none of its per-op costs (measured: building them for
+        # each plan and pricing each algorithm variant's collectives took ~15 % of a worker's
+        # CPU in a budget-600 K3 sweep, profiled)
+        remember_issue_plan(program, schedule, _cached(workload, schedule.deployment, "planner").issue_plan(schedule))
+        result = simulate(program, schedule, workload.system.chip)
     except (InfeasibleSchedule, UnsupportedIssuePlan) as error:
         return {"feasible": False, "reason": f"{stage}: {error}"}
     return {"feasible": True, "predicted_ms": result.step_s * MS_PER_S, "tokens_per_s": result.tokens_per_s,
