@@ -9,8 +9,8 @@ Run::
 It runs the same library call as ``tpusim sweep --model kimi-k3 --hardware tpu-v7 --chips 16
 --batch 1 --space joint --budget 2000 --jobs 2 --out DIR`` (published chip figures, seed 0,
 no plots) and prints: wall seconds; CPU seconds of this process and of its finished worker
-processes together (``os.times``: what to compare on a machine shared with other jobs, where
-wall time counts waiting for a core); the load average before and after; full simulations
+processes, together and apart (``os.times``: what to compare on a machine shared with other
+jobs, where wall time counts waiting for a core); the load average before and after; full simulations
 and trials (the pruned and screened-out ones included) per wall second and the CPU seconds
 per simulation; and the best speedup over the published design (simulated), which
 ``tpusim simulate --schedule DIR/best.json`` reproduces. Target (issue 26): <= 180 s wall with
@@ -53,11 +53,13 @@ def main() -> None:
         profile.dump_stats(args.profile)
     wall_s = time.perf_counter() - began
     times_after = os.times()
-    cpu_s = sum(getattr(times_after, f) - getattr(times_before, f)
-                for f in ("user", "system", "children_user", "children_system"))
+    client_s = sum(getattr(times_after, f) - getattr(times_before, f) for f in ("user", "system"))
+    cpu_s = client_s + sum(getattr(times_after, f) - getattr(times_before, f)
+                           for f in ("children_user", "children_system"))
     speedup = result.speedup
     print(f"joint sweep, budget {args.budget}, --jobs {args.jobs}: {result.simulated} full simulations, "
-          f"{result.trials} trials in {wall_s:.1f} s wall, {cpu_s:.1f} s CPU (this process + workers); "
+          f"{result.trials} trials in {wall_s:.1f} s wall, {cpu_s:.1f} s CPU (this process {client_s:.1f} + "
+          f"workers {cpu_s - client_s:.1f}); "
           f"{result.simulated / wall_s:.2f} simulations/s, {result.trials / wall_s:.2f} trials/s, "
           f"{cpu_s / max(result.simulated, 1) * 1e3:.0f} ms CPU per simulation; load average "
           f"{load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after")

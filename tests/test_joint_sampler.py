@@ -126,3 +126,32 @@ def test_a_candidate_fits_or_not_by_its_own_vmem_total() -> None:
         refused += reason.startswith("vmem:")
         with_algorithms += bool(proposal.algorithms)
     assert 0 < refused < checked and with_algorithms > 0  # both verdicts, and other algorithms, were seen
+
+
+def test_remembered_observations_equal_optunas() -> None:
+    """The sampler's observations (each finished trial's row remembered) equal Optuna's own
+    conversion, value and dtype, before and after more trials, on a dynamic parameter too."""
+    import numpy as np
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sampler = bounded_tpe(seed=0, n_startup_trials=5)
+    study = optuna.create_study(sampler=sampler)
+
+    def objective(trial: optuna.Trial) -> float:
+        x = trial.suggest_categorical("x", CHOICES)
+        if x % 2:
+            trial.suggest_categorical("odd", ["a", "b"])
+        return float(x)
+
+    for count in (20, 15):
+        study.optimize(objective, n_trials=count)
+        trials = study.get_trials(deepcopy=False)
+        for space in ({"x": optuna.distributions.CategoricalDistribution(CHOICES)},
+                      {"odd": optuna.distributions.CategoricalDistribution(["a", "b"]),
+                       "x": optuna.distributions.CategoricalDistribution(CHOICES)}, {}):
+            for _ in range(2):  # the second reads the remembered rows
+                ours = sampler._get_internal_repr(trials, space, study)
+                theirs = optuna.samplers.TPESampler._get_internal_repr(sampler, trials, space, study)
+                assert ours.keys() == theirs.keys()
+                for name in ours:
+                    assert ours[name].dtype == theirs[name].dtype and np.array_equal(ours[name], theirs[name])

@@ -148,3 +148,53 @@ def test_polish_neighbours_refused_by_validation_get_rows_but_no_trial(tmp_path:
     asked = [r for r in rows if r["source"] == "polish" and int(r["trial"]) >= 0]
     assert asked and not any(r["reason"].startswith("vmem:") for r in asked)
     assert result.simulated >= 40
+
+
+def _trial_facts(trials: list[Any]) -> list[tuple[Any, ...]]:
+    return [(t.number, t.state, t.values, t.params, {k: repr(d) for k, d in t.distributions.items()}, t.user_attrs,
+             t.system_attrs, t.intermediate_values, t.datetime_start, t.datetime_complete) for t in trials]
+
+
+def test_study_storage_replays_what_optunas_journal_storage_reads(tmp_path: Path) -> None:
+    """The sweep's storage (journal kept open, logs read back from memory, parameter records
+    replayed on a fast path) holds the trials a plain JournalStorage reads from its file, and
+    resumes from that file (a dynamic parameter, enqueued, pruned and failed trials)."""
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    from tpusim.sweep.joint import _FlushedJournal, _study_storage, _tell
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    path = tmp_path / "study.journal"
+
+    def run(trials: int, storage: Any) -> Any:
+        study = optuna.create_study(study_name="joint", storage=storage, load_if_exists=True,
+                                    sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=3))
+        study.enqueue_trial({"plan": "b", "knob": 3}, user_attrs={"source": "polish"})
+        for _ in range(trials):
+            trial = study.ask()
+            plan = trial.suggest_categorical("plan", ["a", "b", "c"])
+            knob = trial.suggest_categorical("knob", list(range(20)))
+            if plan == "c":
+                trial.suggest_categorical("alg.x", ["plan", "ring", "tree"])
+            if knob % 5 == 0:
+                _tell(study, trial, state=optuna.trial.TrialState.PRUNED)
+            elif knob % 7 == 0:
+                _tell(study, trial, state=optuna.trial.TrialState.FAIL)
+            else:
+                _tell(study, trial, float(knob) + (plan == "a"))
+        return study
+
+    backend = _FlushedJournal(str(path))
+    live = run(40, _study_storage(backend))
+    plain = JournalStorage(JournalFileBackend(str(path)))
+    assert _trial_facts(live.get_trials(deepcopy=False)) == \
+        _trial_facts(plain.get_all_trials(plain.get_study_id_from_name("joint"), deepcopy=False))
+    backend.close()
+    resumed = run(10, _study_storage(_FlushedJournal(str(path))))
+    plain = JournalStorage(JournalFileBackend(str(path)))
+    assert len(resumed.get_trials(deepcopy=False)) == 50  # each enqueued trial is one of the asks
+    assert resumed._storage._replay_result._parsed  # the fast path ran
+    assert _trial_facts(resumed.get_trials(deepcopy=False)) == \
+        _trial_facts(plain.get_all_trials(plain.get_study_id_from_name("joint"), deepcopy=False))

@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 
 from hwmodels.errors import InputError
-from hwmodels.records.jsonl import append_lines, append_record, record_line, write_lines
+from hwmodels.records.jsonl import (
+    LineAppender,
+    append_lines,
+    append_record,
+    record_line,
+    write_lines,
+)
 from hwmodels.records.kernel import KernelRecord
 from hwmodels.records.timing import half_iqr, sample_seconds, summarise
 
@@ -170,3 +176,18 @@ def test_a_row_without_a_required_field_is_refused() -> None:
         KernelRecord.from_row({"model": "m", "system": {}, "batch": 1, "context": 1, "routing": None,
                                "backend": "b", "ms_per_step_spread": 0.0, "steps": 1, "provenance": "",
                                "label": ""})
+
+
+def test_line_appender_writes_what_append_lines_writes_and_refuses_a_partial_line(tmp_path: Path) -> None:
+    kept, once = tmp_path / "kept.jsonl", tmp_path / "once.jsonl"
+    appender = LineAppender(kept)
+    for record in ({"a": 1}, {"b": "é"}, {"c": None}):
+        appender.append([record_line(record)])
+        append_lines(once, [record_line(record)], sync=False)
+    appender.append([])
+    appender.close()
+    assert kept.read_bytes() == once.read_bytes()
+    kept.write_text('{"a": 1}\n{"b": ')
+    with pytest.raises(InputError, match="the last line has no newline"):
+        LineAppender(kept).append([record_line({"c": 3})])
+    assert kept.read_text() == '{"a": 1}\n{"b": '  # untouched

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from hwmodels.atomic import append_bytes, check_output_file, write_text_atomic
+from hwmodels.atomic import append_bytes, check_output_file, open_for_append, write_text_atomic
 from hwmodels.errors import InputError
 
 SEPARATORS = (", ", ": ")  # the records' format (readable, and what every committed file has)
@@ -67,6 +67,44 @@ def append_lines(path: Path | str, lines: Iterable[str], *, shown: str | None = 
     if data:
         append_bytes(path, data, sync=sync)
     return path
+
+
+class LineAppender:
+    """:func:`append_lines` for one file a process appends to many times (Optuna's journal:
+    thousands of small records per sweep): the path's checks and the partial-last-line refusal
+    run once, at :meth:`open`; each :meth:`append` is then one ``O_APPEND`` write on the file
+    descriptor kept open, without ``fsync`` (the record survives the process being killed,
+    not a power cut). For a file that only this process writes while it is open (measured:
+    opening and checking the journal for every record took 10 of 168 s of a profiled
+    300-simulation K3 sweep)."""
+
+    def __init__(self, path: Path | str, *, shown: str | None = None) -> None:
+        self.path = Path(path)
+        self._shown = shown
+        self._fd: int | None = None
+
+    def open(self) -> None:
+        """Check the path and its last line (as :func:`append_lines` does) and open it."""
+        if self._fd is None:
+            target = check_output_file(self.path)
+            _refuse_partial_last_line(target, str(self.path) if self._shown is None else self._shown)
+            self._fd = open_for_append(self.path)
+
+    def append(self, lines: Iterable[str]) -> None:
+        """Append ``lines`` (JSON text, no newlines) in one write (opening the file first if needed)."""
+        data = "".join(line + "\n" for line in lines).encode("utf-8")
+        if not data:
+            return
+        self.open()
+        assert self._fd is not None
+        written = os.write(self._fd, data)
+        if written != len(data):  # pragma: no cover - short writes on local files are rare
+            raise OSError(f"short write to {self.path} ({written} of {len(data)} bytes)")
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def append_record(path: Path | str, record: Any, *, sort_keys: bool = False, ensure_ascii: bool = True) -> Path:

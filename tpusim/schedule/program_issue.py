@@ -132,6 +132,9 @@ class ProgramFacts:
     topk: dict[int, int]
     router: dict[int, int]
     reads_of: dict[str, list[tuple[int, int]]]  # tensor name -> (op, position in its reads) of each read
+    # program_reads' memo: tensor names -> their reads in program order (op, entry)
+    _reads_in_order: dict[tuple[str, ...], list[tuple[int, tuple[str, str, object, int]]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
 
 def program_facts(program: Program) -> ProgramFacts:
@@ -351,10 +354,14 @@ def program_reads(facts: ProgramFacts, schedule: Schedule, rings: dict[str, Ring
     if only is None:  # every read, in program order
         where: list[tuple[int, tuple[str, str, object, int]]] = [
             (op, entry) for op, op_reads in enumerate(facts.reads) for entry in op_reads]
-    else:  # only the reads of those rings, in program order
-        where = [(op, facts.reads[op][at]) for op, at in sorted(
-            entry for name, entries in facts.reads_of.items()
-            if rings[tensor_ring.get(name, name)].name in only for entry in entries)]
+    else:  # only the reads of those rings, in program order (remembered per set of tensors:
+        # a sweep plans the same pool for many schedules)
+        names = tuple(name for name in facts.reads_of if rings[tensor_ring.get(name, name)].name in only)
+        known = facts._reads_in_order.get(names)
+        if known is None:
+            known = facts._reads_in_order[names] = [(op, facts.reads[op][at]) for op, at in sorted(
+                entry for name in names for entry in facts.reads_of[name])]
+        where = known
     out: list[list[Read]] = [[] for _ in facts.reads]
     for op, (name, family, key, nbytes) in where:
         ring = rings[tensor_ring.get(name, name)]

@@ -365,13 +365,25 @@ F32_BYTES = 4
 
 
 def kernel_bytes(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch: int,
-                 kv_sequences: int | None = None) -> int:
+                 kv_sequences: int | None = None, memo: dict[object, int] | None = None) -> int:
     """The kernel's working scratch of rule 7, in bytes: :func:`working_bytes`, the small
     parameters' lane padding (:func:`small_padding_bytes`) and the per-row caches of a verify
-    step (:func:`row_cache_bytes`)."""
-    return (working_bytes(model, plan, batch) + small_padding_bytes(model, plan, family_chunk(schedule, SMALL_FAMILY)[1])
-            + row_cache_bytes(schedule, model, plan, batch, kv_sequences)
-            + matmul_stage_bytes(schedule, model, plan, batch) + panel_loop_bytes(model, plan, batch))
+    step (:func:`row_cache_bytes`).
+
+    ``memo``: a dict the caller keeps for one ``(model, plan, batch)`` (a sweep's VMEM
+    accountant), where the parts that do not depend on the schedule, or depend on one
+    family's knob only, are remembered."""
+    if memo is None:
+        memo = {}
+    fixed = memo.get("fixed")
+    if fixed is None:
+        fixed = memo["fixed"] = working_bytes(model, plan, batch) + panel_loop_bytes(model, plan, batch)
+    small_buffers = family_chunk(schedule, SMALL_FAMILY)[1]
+    small = memo.get(("small", small_buffers))
+    if small is None:
+        small = memo["small", small_buffers] = small_padding_bytes(model, plan, small_buffers)
+    return (fixed + small + row_cache_bytes(schedule, model, plan, batch, kv_sequences)
+            + matmul_stage_bytes(schedule, model, plan, batch, memo))
 
 
 def row_cache_bytes(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch: int,
@@ -387,10 +399,21 @@ def row_cache_bytes(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, 
     return extra * (schedule.kv_buffers * schedule.kv_tile_tokens * kv_per_token + state)
 
 
-def matmul_stage_bytes(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch: int) -> int:
-    """The looped matmuls' input staging (one buffer sized for the largest), in bytes."""
-    return max((family_stage_bytes(model, plan, batch, family, family_chunk(schedule, family)[0])
-                for family in tensor_kinds(model, plan)), default=0)
+def matmul_stage_bytes(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch: int,
+                       memo: dict[object, int] | None = None) -> int:
+    """The looped matmuls' input staging (one buffer sized for the largest), in bytes
+    (``memo``: as :func:`kernel_bytes`'s, each family's staging per chunk size)."""
+    if memo is None:
+        return max((family_stage_bytes(model, plan, batch, family, family_chunk(schedule, family)[0])
+                    for family in tensor_kinds(model, plan)), default=0)
+    largest = 0
+    for family in tensor_kinds(model, plan):
+        key = ("stage", family, family_chunk(schedule, family)[0])
+        stage = memo.get(key)
+        if stage is None:
+            stage = memo[key] = family_stage_bytes(model, plan, batch, family, key[2])
+        largest = max(largest, stage)
+    return largest
 
 
 def family_stage_bytes(model: ModelConfig, plan: ShardingPlan, batch: int, family: str,
@@ -480,10 +503,16 @@ def arenas(schedule: Schedule, family_bytes: dict[str, int]) -> tuple[dict[str, 
 
 
 def vmem_plan(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch: int,
-              kv_sequences: int | None = None) -> VmemPlan:
+              kv_sequences: int | None = None, memo: dict[object, int] | None = None) -> VmemPlan:
     """Static scratch for ``batch`` rows; KV tiles and state for ``kv_sequences`` (default: one
-    per row; a speculative verify step has ``draft_tokens + 1`` rows per sequence)."""
+    per row; a speculative verify step has ``draft_tokens + 1`` rows per sequence).
+
+    ``memo``: a dict the caller keeps for one ``(model, plan, batch)`` (a sweep's VMEM
+    accountant): the per-layer maxima, the collective buffers per ``receive_slots`` and
+    :func:`kernel_bytes`' parts are remembered there."""
     kv_sequences = kv_sequences or batch
+    if memo is None:
+        memo = {}
     kinds = tensor_kinds(model, plan)
     family_bytes: dict[str, int] = {}
     detail: dict[str, int] = {}
@@ -508,12 +537,22 @@ def vmem_plan(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch:
             total += size
         family_bytes[family] = total
     arena_bytes, arena_members = arenas(schedule, family_bytes)
-    kv_per_token = max((kv_cache_bytes_per_token(model, plan, layer) for layer in range(model.num_layers)), default=0)
+    kv_per_token = memo.get("kv_per_token")
+    if kv_per_token is None:
+        kv_per_token = memo["kv_per_token"] = max(
+            (kv_cache_bytes_per_token(model, plan, layer) for layer in range(model.num_layers)), default=0)
     kv = schedule.kv_buffers * schedule.kv_tile_tokens * kv_per_token * kv_sequences
-    state = max((recurrent_state_bytes(model, plan, layer) for layer in range(model.num_layers)), default=0) * kv_sequences
-    return VmemPlan(family_bytes, arena_bytes, arena_members, kv, state, activation_bytes(model, batch), detail,
-                    collective_bytes(model, plan, batch, schedule.receive_slots),
-                    kernel_bytes(schedule, model, plan, batch, kv_sequences))
+    state_per_sequence = memo.get("state_per_sequence")
+    if state_per_sequence is None:
+        state_per_sequence = memo["state_per_sequence"] = max(
+            (recurrent_state_bytes(model, plan, layer) for layer in range(model.num_layers)), default=0)
+    collectives = memo.get(("collectives", schedule.receive_slots))
+    if collectives is None:
+        collectives = memo["collectives", schedule.receive_slots] = collective_bytes(
+            model, plan, batch, schedule.receive_slots)
+    return VmemPlan(family_bytes, arena_bytes, arena_members, kv, state_per_sequence * kv_sequences,
+                    activation_bytes(model, batch), detail, collectives,
+                    kernel_bytes(schedule, model, plan, batch, kv_sequences, memo))
 
 
 def check_fits(vmem: VmemPlan, capacity_bytes: float, *, where: str = "VMEM") -> None:

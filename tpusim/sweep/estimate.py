@@ -120,10 +120,37 @@ class _OpCost:
     matmul_dtype: str
 
 
+class IssuePlanner:
+    """The issue plans of one program's schedules, memoised on everything they depend on.
+
+    A plan is a function of the ops' tensors and the schedule alone
+    (:mod:`tpusim.schedule.program_issue` never reads a collective), so one planner serves a
+    program and its variants with other collective algorithms
+    (:func:`tpusim.workload.program.with_collectives`): whole plans by the schedule's
+    families, pools and expert issue, and each pool's part (:class:`PoolPlanCache`)."""
+
+    def __init__(self, program: Program) -> None:
+        self.program = program
+        self.facts = program_facts(program)
+        self._plans: dict[str, ProgramIssuePlan] = {}
+        self._pool_plans = PoolPlanCache()
+
+    def issue_plan(self, schedule: Schedule) -> ProgramIssuePlan:
+        """The schedule's issue plan (memoised on everything it depends on)."""
+        key = json.dumps([schedule.model_dump(mode="json", include={"families", "pools", "expert_issue",
+                                                                   "expert_speculation_ops"})], sort_keys=True)
+        known = self._plans.get(key)
+        if known is None:
+            if len(self._plans) > 256:
+                self._plans.clear()
+            known = self._plans[key] = program_issue_plan(self.program, schedule, self.facts, self._pool_plans)
+        return known
+
+
 class EstimateContext:
     """Per-op costs of one program on one chip, computed once and reused for every schedule."""
 
-    def __init__(self, program: Program, chip: Chip) -> None:
+    def __init__(self, program: Program, chip: Chip, planner: IssuePlanner | None = None) -> None:
         self.program, self.chip = program, chip
         self.batch = program.batch
         self.bandwidth_bytes_per_s = execution_policy(chip).hbm_bandwidth_bytes_per_s  # the engine's HBM rate
@@ -174,9 +201,7 @@ class EstimateContext:
             ))
             previous_layer = op.layer
         self._slabs: dict[tuple[str, int | None, int, str], tuple[tuple[int, float], ...]] = {}
-        self.facts = program_facts(program)
-        self._plans: dict[str, ProgramIssuePlan] = {}
-        self._pool_plans = PoolPlanCache()
+        self.planner = planner or IssuePlanner(program)  # (a caller's: shared with its simulations)
 
     def for_program(self, program: Program) -> EstimateContext:
         """The context of ``program``, which is this context's program with other collective
@@ -206,15 +231,8 @@ class EstimateContext:
         return variant
 
     def issue_plan(self, schedule: Schedule) -> ProgramIssuePlan:
-        """The schedule's issue plan (memoised on everything it depends on)."""
-        key = json.dumps([schedule.model_dump(mode="json", include={"families", "pools", "expert_issue",
-                                                                   "expert_speculation_ops"})], sort_keys=True)
-        known = self._plans.get(key)
-        if known is None:
-            if len(self._plans) > 256:
-                self._plans.clear()
-            known = self._plans[key] = program_issue_plan(self.program, schedule, self.facts, self._pool_plans)
-        return known
+        """The schedule's issue plan (:class:`IssuePlanner`, shared with every variant)."""
+        return self.planner.issue_plan(schedule)
 
     def slabs(self, tensor: TensorSpec, chunk_bytes: int | None, rows: int,
               dtype: str) -> tuple[tuple[int, float], ...]:

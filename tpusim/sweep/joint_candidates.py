@@ -147,17 +147,19 @@ CACHE_ENTRIES = 256  # per worker: a deployment's plan, program, estimate contex
 
 
 def _cached(workload: JointWorkload, deployment: Deployment, what: str) -> Any:
-    """The deployment's ``plan`` | ``program`` | ``vmem`` accountant | ``estimate`` context,
-    least recently used out first (a sweep meets a new plan x algorithms about every third
-    estimate, and TPE keeps coming back to the good ones: measured on budget-200 K3 sweeps).
+    """The deployment's ``plan`` | ``program`` | ``vmem`` accountant | issue ``planner`` |
+    ``estimate`` context, least recently used out first (a sweep meets a new plan x algorithms
+    about every third estimate, and TPE keeps coming back to the good ones: measured on
+    budget-200 K3 sweeps).
 
     A deployment with collective algorithms of its own shares the program-independent work of
     its plan as written (the deployment without them): its program is that program with the
     collectives swapped (:func:`tpusim.workload.program.with_collectives`) and its estimate
     context that context with only the collectives priced again
     (:meth:`~tpusim.sweep.estimate.EstimateContext.for_program`), its VMEM accountant that
-    accountant with its own collective buffers (:meth:`VmemAccountant.for_plan`); each equals
-    a fresh build (``tests/test_program_variants.py``)."""
+    accountant with its own collective buffers (:meth:`VmemAccountant.for_plan`), its issue
+    planner that planner (plans never read a collective); each equals a fresh build
+    (``tests/test_program_variants.py``)."""
     key = (hash(json.dumps(workload.describe(), sort_keys=True)),
            f"{what}|{deployment.plan}|{sorted(deployment.collectives.items())}")
     if key in _CACHE:
@@ -175,12 +177,17 @@ def _cached(workload: JointWorkload, deployment: Deployment, what: str) -> Any:
         plan = _cached(workload, deployment, "plan")
         value = (VmemAccountant(workload.model, plan, workload.batch, workload.sequences) if base is None else
                  _cached(workload, base, "vmem").for_plan(plan))
+    elif what == "planner":  # issue plans: one planner for a plan and all its algorithm variants
+        from tpusim.sweep.estimate import IssuePlanner
+
+        value = IssuePlanner(_cached(workload, deployment, "program")) if base is None else \
+            _cached(workload, base, "planner")
     else:
         from tpusim.sweep.estimate import EstimateContext
 
         program = _cached(workload, deployment, "program")
-        value = (EstimateContext(program, workload.system.chip) if base is None else
-                 _cached(workload, base, "estimate").for_program(program))
+        value = (EstimateContext(program, workload.system.chip, _cached(workload, deployment, "planner"))
+                 if base is None else _cached(workload, base, "estimate").for_program(program))
     while len(_CACHE) >= CACHE_ENTRIES:
         _CACHE.popitem(last=False)
     _CACHE[key] = value
@@ -201,11 +208,14 @@ def evaluate_task(workload: JointWorkload, stage: str, schedule_data: dict[str, 
             vmem = _cached(workload, schedule.deployment, "vmem").plan_for(schedule)
             est = estimate(_cached(workload, schedule.deployment, "estimate"), schedule, vmem)
             return {"feasible": True, "est_ms": est.step_s * MS_PER_S}
-        context = _cached(workload, schedule.deployment, "estimate")
-        # the context's issue plan (memoised per pool: cheap for a sweep's many schedules) is the
-        # one the engine would compute; hand it over instead of planning again
-        remember_issue_plan(context.program, schedule, context.issue_plan(schedule))
-        result = simulate(context.program, schedule, workload.system.chip)
+        program = _cached(workload, schedule.deployment, "program")
+        # the planner's issue plan (memoised per pool: cheap for a sweep's many schedules) is the
+        # one the engine would compute; hand it over instead of planning again. No estimate
+        # context: a simulation needs none of its per-op costs (measured: building them for
+        # each plan and pricing each algorithm variant's collectives took ~15 % of a worker's
+        # CPU in a budget-600 K3 sweep, profiled)
+        remember_issue_plan(program, schedule, _cached(workload, schedule.deployment, "planner").issue_plan(schedule))
+        result = simulate(program, schedule, workload.system.chip)
     except (InfeasibleSchedule, UnsupportedIssuePlan) as error:
         return {"feasible": False, "reason": f"{stage}: {error}"}
     return {"feasible": True, "predicted_ms": result.step_s * MS_PER_S, "tokens_per_s": result.tokens_per_s,
@@ -243,6 +253,7 @@ class _Validator:
         self._runnable: list[str] | None = None
         self._same_copies: dict[tuple[str, str, str], bool] = {}
         self._triples: dict[str, list[str]] = {}
+        self._deployments: dict[tuple[str, tuple[tuple[str, str], ...]], ShardingPlan | str] = {}
 
     def base_plan(self, choice: str) -> ShardingPlan | str:
         """The plan a choice builds, or why it does not (divisibility, a plan for other devices)."""
@@ -259,13 +270,9 @@ class _Validator:
         base = self.base_plan(proposal.plan_choice)
         if isinstance(base, str):
             return base
-        try:
-            plan = base.with_algorithms(proposal.algorithms)
-        except ValueError as error:
-            return f"collective: {error}"
-        why = self.kernel_reason(plan)
-        if why:
-            return f"kernel: {why}"
+        plan = self._deployed(proposal.plan_choice, proposal.algorithms, base)
+        if isinstance(plan, str):
+            return plan
         if proposal.plan_choice not in self._capacity:
             w = self.workload
             report = capacity_report(w.model, base, w.system.chip, batch=w.batch, context_tokens=w.context_tokens)
@@ -285,6 +292,23 @@ class _Validator:
                                   self._accountant(proposal.plan_choice, proposal.algorithms, base, plan))
         proposal.static_mib = verdict.vmem_static_bytes / MIB
         return verdict.reason
+
+    def _deployed(self, choice: str, algorithms: dict[str, str], base: ShardingPlan) -> ShardingPlan | str:
+        """Plan ``choice`` run with ``algorithms``, or why not (the algorithm cannot run its
+        collective; the kernel cannot run the result): memoised, a pure function of the plan
+        and the names (TPE's candidates ask it a few thousand times a sweep)."""
+        key = (choice, tuple(sorted(algorithms.items())))
+        known = self._deployments.get(key)
+        if known is None:
+            try:
+                plan = base.with_algorithms(algorithms)
+            except ValueError as error:
+                known = f"collective: {error}"
+            else:
+                why = self.kernel_reason(plan)
+                known = f"kernel: {why}" if why else plan
+            self._deployments[key] = known
+        return known
 
     def _accountant(self, choice: str, algorithms: dict[str, str], base: ShardingPlan,
                     plan: ShardingPlan) -> VmemAccountant:
@@ -364,8 +388,10 @@ def present_families(model: ModelConfig, program: Program) -> list[str]:
     return [family for family in SCHEDULE_FAMILIES if family in seen]
 
 
-def _suggest(trial: Any, space: JointSpace, validator: _Validator, families: list[str]) -> Proposal:
-    """Draw a trial's parameters (define-by-run: the plan first, then its collectives)."""
+def _suggest(trial: Any, space: JointSpace, validator: _Validator, families: list[str], *,
+             hashed: bool = True) -> Proposal:
+    """Draw a trial's parameters (define-by-run: the plan first, then its collectives).
+    ``hashed=False`` leaves :attr:`Proposal.hash` empty (a candidate only validated)."""
     choice = trial.suggest_categorical("plan", validator.runnable_plans())
     algorithms: dict[str, str] = {}
     for name, kind in validator.collectives(choice):
@@ -405,8 +431,8 @@ def _suggest(trial: Any, space: JointSpace, validator: _Validator, families: lis
     except ValidationError as error:
         schedule, reason = None, describe_validation_error("schema", error)
     proposal = Proposal(trial.number, "tpe", choice, algorithms, schedule, reason)
-    proposal.hash = (schedule.content_hash() if schedule is not None
-                     else _params_hash(trial.params))
+    if hashed:
+        proposal.hash = schedule.content_hash() if schedule is not None else _params_hash(trial.params)
     return proposal
 
 
@@ -466,7 +492,7 @@ def relative_feasibility(space: JointSpace, validator: _Validator, families: lis
         answer = known.get(key)
         if answer is None:
             try:
-                proposal = _suggest(_PartialTrial(params), space, validator, families)
+                proposal = _suggest(_PartialTrial(params), space, validator, families, hashed=False)
             except _Undrawn:
                 answer = True
             else:

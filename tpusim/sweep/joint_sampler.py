@@ -74,6 +74,32 @@ def bounded_tpe(*, seed: int, n_startup_trials: int, history: int = HISTORY, kee
         _seen: set[int] | None = None  # trial numbers already intersected
 
         _drawing: dict[str, Any] | None = None  # the search space of the draw in progress
+        _internal: dict[tuple[tuple[str, str], ...], dict[int, tuple[Any, ...]]] | None = None  # space -> rows
+
+        def _get_internal_repr(self, trials: list[Any], search_space: dict[str, Any], study: Any) -> dict[str, Any]:
+            """TPE's observations (Optuna's, value for value), each finished trial's row of
+            parameters converted once per search space (its names and distributions' JSON): a
+            finished trial's parameters never change, and a categorical's conversion searches
+            its choices (every ask converts the whole bounded history twice: 45.7 of 267 s of a
+            profiled budget-2000 K3 sweep's client, before). A row is empty when the trial lacks
+            one of the parameters (Optuna leaves such a trial out)."""
+            import numpy as np
+
+            memo = self._internal = self._internal if self._internal is not None else {}
+            rows = memo.setdefault(tuple((name, distribution_to_json(d)) for name, d in search_space.items()), {})
+            columns: list[list[Any]] = [[] for _ in search_space]
+            for done in trials:
+                number = done.number
+                row = rows.get(number)
+                if row is None:
+                    params = self._get_params(done, study)
+                    row = (tuple(d.to_internal_repr(params[name]) for name, d in search_space.items())
+                           if search_space.keys() <= params.keys() else ())
+                    if done.state.is_finished():
+                        rows[number] = row
+                for column, value in zip(columns, row, strict=False):  # an empty row adds nothing
+                    column.append(value)
+            return {name: np.asarray(column) for name, column in zip(search_space, columns, strict=True)}
 
         def _sample(self, study: Any, trial: Any, search_space: dict[str, Any]) -> dict[str, Any]:
             self._drawing = search_space

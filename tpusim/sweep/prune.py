@@ -56,6 +56,7 @@ class VmemAccountant:
         self._fixed: tuple[int, int] | None = None  # (state, activations)
         self._collectives: dict[str, int] = {}  # receive_slots -> collective buffers (rule 6)
         self._family_of = {t.name: family for family, ts in tensor_kinds(model, plan).items() for t in ts}
+        self._memo: dict[object, int] = {}  # vmem_plan's and kernel_bytes' memo for this plan
         self.calls = 0
 
     def for_plan(self, plan: ShardingPlan) -> VmemAccountant:
@@ -66,11 +67,12 @@ class VmemAccountant:
         workers size many algorithm variants of few plans."""
         twin = copy.copy(self)
         twin.plan, twin._collectives, twin._family_total, twin.calls = plan, {}, {}, 0
+        twin._memo = {}
         return twin
 
     def _learn(self, schedule: Schedule) -> None:
         self.calls += 1
-        full = vmem_plan(schedule, self.model, self.plan, self.batch, self.sequences)
+        full = vmem_plan(schedule, self.model, self.plan, self.batch, self.sequences, self._memo)
         for family in SCHEDULE_FAMILIES:
             chunk_bytes, buffers = family_chunk(schedule, family)
             key = (family, buffers, chunk_bytes)
@@ -133,7 +135,7 @@ class VmemAccountant:
         state, activations = self._fixed
         return VmemPlan(family_bytes, arena_bytes, arena_members, self._kv[kv_key], state, activations, detail,
                         self._collectives[schedule.receive_slots],
-                        kernel_bytes(schedule, self.model, self.plan, self.batch, self.sequences))
+                        kernel_bytes(schedule, self.model, self.plan, self.batch, self.sequences, self._memo))
 
 
 @dataclass(frozen=True)
