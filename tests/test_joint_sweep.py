@@ -163,7 +163,7 @@ def test_study_storage_replays_what_optunas_journal_storage_reads(tmp_path: Path
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
-    from tpusim.sweep.joint import _FlushedJournal, _study_storage, _tell
+    from tpusim.sweep.joint_study import flushed_journal, study_storage, tell
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     path = tmp_path / "study.journal"
@@ -179,20 +179,20 @@ def test_study_storage_replays_what_optunas_journal_storage_reads(tmp_path: Path
             if plan == "c":
                 trial.suggest_categorical("alg.x", ["plan", "ring", "tree"])
             if knob % 5 == 0:
-                _tell(study, trial, state=optuna.trial.TrialState.PRUNED)
+                tell(study, trial, state=optuna.trial.TrialState.PRUNED)
             elif knob % 7 == 0:
-                _tell(study, trial, state=optuna.trial.TrialState.FAIL)
+                tell(study, trial, state=optuna.trial.TrialState.FAIL)
             else:
-                _tell(study, trial, float(knob) + (plan == "a"))
+                tell(study, trial, float(knob) + (plan == "a"))
         return study
 
-    backend = _FlushedJournal(str(path))
-    live = run(40, _study_storage(backend))
+    backend = flushed_journal(str(path))
+    live = run(40, study_storage(backend))
     plain = JournalStorage(JournalFileBackend(str(path)))
     assert _trial_facts(live.get_trials(deepcopy=False)) == \
         _trial_facts(plain.get_all_trials(plain.get_study_id_from_name("joint"), deepcopy=False))
     backend.close()
-    resumed = run(10, _study_storage(_FlushedJournal(str(path))))
+    resumed = run(10, study_storage(flushed_journal(str(path))))
     plain = JournalStorage(JournalFileBackend(str(path)))
     assert len(resumed.get_trials(deepcopy=False)) == 50  # each enqueued trial is one of the asks
     assert resumed._storage._replay_result._parsed  # the fast path ran
