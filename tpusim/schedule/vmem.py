@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from hwmodels.units import MIB
@@ -373,17 +373,20 @@ def kernel_bytes(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, bat
     ``memo``: a dict the caller keeps for one ``(model, plan, batch)`` (a sweep's VMEM
     accountant), where the parts that do not depend on the schedule, or depend on one
     family's knob only, are remembered."""
-    if memo is None:
-        memo = {}
-    fixed = memo.get("fixed")
-    if fixed is None:
-        fixed = memo["fixed"] = working_bytes(model, plan, batch) + panel_loop_bytes(model, plan, batch)
+    memo = {} if memo is None else memo
+    fixed = _remembered(memo, "fixed", lambda: working_bytes(model, plan, batch) + panel_loop_bytes(model, plan, batch))
     small_buffers = family_chunk(schedule, SMALL_FAMILY)[1]
-    small = memo.get(("small", small_buffers))
-    if small is None:
-        small = memo["small", small_buffers] = small_padding_bytes(model, plan, small_buffers)
+    small = _remembered(memo, ("small", small_buffers), lambda: small_padding_bytes(model, plan, small_buffers))
     return (fixed + small + row_cache_bytes(schedule, model, plan, batch, kv_sequences)
             + matmul_stage_bytes(schedule, model, plan, batch, memo))
+
+
+def _remembered(memo: dict[object, int], key: object, compute: Callable[[], int]) -> int:
+    """``memo[key]``, computed by ``compute`` the first time."""
+    value = memo.get(key)
+    if value is None:
+        value = memo[key] = compute()
+    return value
 
 
 def row_cache_bytes(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch: int,
@@ -403,16 +406,12 @@ def matmul_stage_bytes(schedule: Schedule, model: ModelConfig, plan: ShardingPla
                        memo: dict[object, int] | None = None) -> int:
     """The looped matmuls' input staging (one buffer sized for the largest), in bytes
     (``memo``: as :func:`kernel_bytes`'s, each family's staging per chunk size)."""
-    if memo is None:
-        return max((family_stage_bytes(model, plan, batch, family, family_chunk(schedule, family)[0])
-                    for family in tensor_kinds(model, plan)), default=0)
+    memo = {} if memo is None else memo
     largest = 0
     for family in tensor_kinds(model, plan):
-        key = ("stage", family, family_chunk(schedule, family)[0])
-        stage = memo.get(key)
-        if stage is None:
-            stage = memo[key] = family_stage_bytes(model, plan, batch, family, key[2])
-        largest = max(largest, stage)
+        chunk = family_chunk(schedule, family)[0]
+        largest = max(largest, _remembered(memo, ("stage", family, chunk),
+                                           lambda f=family, c=chunk: family_stage_bytes(model, plan, batch, f, c)))
     return largest
 
 
@@ -511,8 +510,7 @@ def vmem_plan(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch:
     accountant): the per-layer maxima, the collective buffers per ``receive_slots`` and
     :func:`kernel_bytes`' parts are remembered there."""
     kv_sequences = kv_sequences or batch
-    if memo is None:
-        memo = {}
+    memo = {} if memo is None else memo
     kinds = tensor_kinds(model, plan)
     family_bytes: dict[str, int] = {}
     detail: dict[str, int] = {}
@@ -537,19 +535,13 @@ def vmem_plan(schedule: Schedule, model: ModelConfig, plan: ShardingPlan, batch:
             total += size
         family_bytes[family] = total
     arena_bytes, arena_members = arenas(schedule, family_bytes)
-    kv_per_token = memo.get("kv_per_token")
-    if kv_per_token is None:
-        kv_per_token = memo["kv_per_token"] = max(
-            (kv_cache_bytes_per_token(model, plan, layer) for layer in range(model.num_layers)), default=0)
+    kv_per_token = _remembered(memo, "kv_per_token", lambda: max(
+        (kv_cache_bytes_per_token(model, plan, layer) for layer in range(model.num_layers)), default=0))
     kv = schedule.kv_buffers * schedule.kv_tile_tokens * kv_per_token * kv_sequences
-    state_per_sequence = memo.get("state_per_sequence")
-    if state_per_sequence is None:
-        state_per_sequence = memo["state_per_sequence"] = max(
-            (recurrent_state_bytes(model, plan, layer) for layer in range(model.num_layers)), default=0)
-    collectives = memo.get(("collectives", schedule.receive_slots))
-    if collectives is None:
-        collectives = memo["collectives", schedule.receive_slots] = collective_bytes(
-            model, plan, batch, schedule.receive_slots)
+    state_per_sequence = _remembered(memo, "state_per_sequence", lambda: max(
+        (recurrent_state_bytes(model, plan, layer) for layer in range(model.num_layers)), default=0))
+    collectives = _remembered(memo, ("collectives", schedule.receive_slots),
+                              lambda: collective_bytes(model, plan, batch, schedule.receive_slots))
     return VmemPlan(family_bytes, arena_bytes, arena_members, kv, state_per_sequence * kv_sequences,
                     activation_bytes(model, batch), detail, collectives,
                     kernel_bytes(schedule, model, plan, batch, kv_sequences, memo))
