@@ -245,8 +245,7 @@ def _borrowed_routing(known: list[ChipRecord], name: str, case: Any) -> ChipReco
     if case.schedule.endswith(".json"):  # a schedule file: it names itself
         path = case.schedule
     else:
-        own = next((r for r in load_chip_records(KERNEL_PATH)
-                    if r.schedule == name or Path(r.schedule_path).stem == name), None)
+        own = next((r for r in known if r.schedule == name or Path(r.schedule_path).stem == name), None)
         path = own.schedule_path if own is not None else None
     donor = next((r for r in known if r.batch == case.batch and r.context == case.context
                   and r.schedule == "published" and r.expert_cap is None), None)
