@@ -16,6 +16,8 @@ in run order:
 2. ``dma_stream`` / ``dma_issue`` / ``dma_latency``: HBM→VMEM async copies, 4 KiB … 16 MiB
    per copy, 1/2/4/8 (16 at 4 KiB) in flight: whole-call seconds and bytes moved.
 3. ``layer_loop``: L ∈ {0, 1, 8, 32, 93} empty layers (SMEM read, 4 KiB DMA, tile op).
+3a. ``code_size``: the same VALU rounds written out or looped (:mod:`calibration.tpu_bench.probes_code`):
+   does a long straight-line body issue as fast as a short loop.
 4. ``matmul`` (``panel_loop``): K3 TP32 projection shapes × rows {8 … 128}, bf16 → f32.
 5. ``rmsnorm_silu`` over f32[8, 7168].
 6. ``dequant_fp8_gate_up`` / ``dequant_mxfp4_down`` per panel (the quant.py decoders).
@@ -46,6 +48,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 
 from calibration.tpu_bench import (
+    probes_code,
     probes_compute,
     probes_dma,
     probes_order,
@@ -80,6 +83,7 @@ def all_probes(interpret: Any, quick: bool) -> list[Probe]:
         *probes_dma.dma_probes(interpret, quick),
         *probes_overlap.overlap_probes(interpret, quick),
         probes_dma.layer_probe(interpret, quick),
+        *probes_code.code_size_probes(interpret, quick),
         *probes_compute.matmul_probes(interpret, quick, "panel_loop"),
         probes_compute.norm_probe(interpret, quick),
         *per_panel,

@@ -1,4 +1,5 @@
-"""The expert-part probes' static schedules: libtpu's bundles per panel, on this machine.
+"""The probes' static schedules: libtpu's bundles per panel (expert parts) or per repetition
+(``code_size``, ``--code-size``), on this machine.
 
 For each ``expert_product`` probe (:mod:`calibration.tpu_bench.probes_products`) this compiles
 the probe for a compile-only topology with libtpu's dump on (a fresh process per probe: libtpu
@@ -8,7 +9,7 @@ body, one 128-column panel of the part — as bundles and unit operations per pa
 weight. Bundles per panel x panels / the chip's clock is the part's static compute time (no
 stall counted).
 
-``python -m calibration.tpu_bench.static_counts [--topology v5e:2x2] [--out FILE.jsonl]``
+``python -m calibration.tpu_bench.static_counts [--topology v5e:2x2] [--code-size] [--out FILE.jsonl]``
 """
 
 from __future__ import annotations
@@ -42,15 +43,8 @@ def count(part: str, decoder: str, rows: int, topology: str = "v5e:2x2") -> dict
     from calibration.tpu_bench.probes_products import _geometry
 
     panels, k, _, _ = _geometry(part)
-    with tempfile.TemporaryDirectory(prefix="llo-") as dump:
-        env = {**os.environ, "TPU_SKIP_MDS_QUERY": "1", "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
-               "LIBTPU_INIT_ARGS": f"--xla_jf_dump_to={dump}"}
-        code = ("from calibration.tpu_bench.static_counts import _compile_in_this_process as c; "
-                f"c({part!r}, {decoder!r}, {rows}, {topology!r})")
-        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
-        if done.returncode:
-            raise RuntimeError(f"compile of {part}/{decoder}/rows {rows} failed: {done.stderr[-2000:]}")
-        schedule = read_dump(dump, "tpu_custom_call")  # the probe kernel, not a (larger) copy program
+    schedule = _schedule_of(f"_compile_in_this_process({part!r}, {decoder!r}, {rows}, {topology!r})",
+                            f"{part}/{decoder}/rows {rows}")
     inner = schedule.innermost()
     panel = max(inner, key=lambda loop: loop.bundles)  # the panel loop dominates the kernel
     weights = k * 128
@@ -68,6 +62,52 @@ def count(part: str, decoder: str, rows: int, topology: str = "v5e:2x2") -> dict
     }
 
 
+def _compile_code_in_this_process(rounds: int, form: str, topology: str) -> None:
+    from calibration.tpu_bench.common import compile_for, topology_device
+    from calibration.tpu_bench.probes_code import _code_probe
+
+    compile_for(_code_probe(rounds, form, (1,), None), topology_device(topology))
+
+
+def count_code(rounds: int, form: str, topology: str = "v5e:2x2") -> dict[str, Any]:
+    """The ``code_size`` probe's bundles a repetition (:mod:`calibration.tpu_bench.probes_code`):
+    the repetition loop's own bundles plus, in the looped form, its inner loop's body times
+    its trips (``rounds / 8``); the distinct code a repetition runs is ``code_bundles``."""
+    from calibration.tpu_bench.probes_code import INNER_ROUNDS
+
+    schedule = _schedule_of(f"_compile_code_in_this_process({rounds}, {form!r}, {topology!r})",
+                            f"code_size {form} rounds {rounds}")
+    repetition = max(schedule.loops, key=lambda loop: loop.bundles)  # the fori_loop over R
+    inner = repetition.children
+    trips = rounds // INNER_ROUNDS if form == "looped" else 1
+    if form == "looped" and len(inner) != 1:
+        raise RuntimeError(f"code_size looped rounds {rounds}: expected one inner loop, found {len(inner)}")
+    issued = repetition.own_bundles + sum(child.bundles for child in inner) * trips
+    valu = repetition.units.get("VALU", 0) + sum(child.units.get("VALU", 0) for child in inner) * trips
+    return {
+        "kind": "static_schedule", "probe": "code_size", "topology": topology,
+        "chip": TOPOLOGIES.get(topology, topology),
+        "params": {"rounds": rounds, "form": form},
+        "repetition_bundles": issued, "code_bundles": repetition.bundles, "valu_ops": valu,
+        "kernel_bundles": schedule.total_bundles,
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "source": "libtpu final bundles (compile-only topology, this machine)",
+    }
+
+
+def _schedule_of(call: str, what: str) -> Any:
+    """Compile by ``call`` (a function of this module) in a fresh process with libtpu's dump
+    on and read the probe kernel's schedule."""
+    with tempfile.TemporaryDirectory(prefix="llo-") as dump:
+        env = {**os.environ, "TPU_SKIP_MDS_QUERY": "1", "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+               "LIBTPU_INIT_ARGS": f"--xla_jf_dump_to={dump}"}
+        code = f"from calibration.tpu_bench import static_counts as s; s.{call}"
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+        if done.returncode:
+            raise RuntimeError(f"compile of {what} failed: {done.stderr[-2000:]}")
+        return read_dump(dump, "tpu_custom_call")  # the probe kernel, not a (larger) copy program
+
+
 def main(argv: list[str] | None = None) -> int:
     from calibration.tpu_bench.probes_products import (
         MXU_DECODERS,
@@ -80,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m calibration.tpu_bench.static_counts", allow_abbrev=False)
     parser.add_argument("--topology", default="v5e:2x2", choices=sorted(TOPOLOGIES))
     parser.add_argument("--out", default=None, help="append JSON lines here (default: stdout)")
+    parser.add_argument("--code-size", action="store_true",
+                        help="count the code_size probe's two forms at each size instead of the expert parts")
     parser.add_argument("--part", action="append", choices=sorted(PARTS))
     parser.add_argument("--decoder", action="append", choices=PRODUCT_DECODERS + MXU_DECODERS,
                         help="default: the decoders, and on tpu7x also the FP8 MXU products")
@@ -89,7 +131,16 @@ def main(argv: list[str] | None = None) -> int:
                         choices=sorted({*PRODUCT_ROWS, ROW_EXPANSION_MAX_ROWS, STATIC_ROWS_MAX}))
     args = parser.parse_args(argv)
     records: list[dict[str, Any]] = []
-    for part in args.part or PARTS:
+    if args.code_size:
+        from calibration.tpu_bench.probes_code import CODE_ROUNDS
+
+        for rounds in CODE_ROUNDS:
+            for form in ("looped", "straight"):
+                record = count_code(rounds, form, args.topology)
+                records.append(record)
+                sys.stderr.write(f"code_size {form} rounds {rounds}: {record['repetition_bundles']} bundles a "
+                                 f"repetition, {record['code_bundles']} of code\n")
+    for part in () if args.code_size else args.part or PARTS:
         for rows in args.rows or PRODUCT_ROWS:
             fp8_chip = TOPOLOGIES.get(args.topology) == "tpu-v7"
             for decoder in args.decoder or PRODUCT_DECODERS + (MXU_DECODERS if fp8_chip else ()):
