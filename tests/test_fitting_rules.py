@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from calibration.core.fitting import fit_line, median
+from calibration.core.fitting import fit_line, fit_through_origin, median
 
 ROOT = Path(__file__).resolve().parents[1]
 OWNER = "calibration/core/fitting.py"
@@ -58,3 +58,10 @@ def test_the_line_and_the_median() -> None:
     noisy = fit_line([0, 1, 2, 3], [0.0, 1.1, 1.9, 3.0], standard_error=True)
     assert noisy.slope == pytest.approx(0.98) and 0.0 < noisy.slope_standard_error < 0.1
     assert median([3.0, 1.0, 2.0]) == 2.0 and median([4.0, 1.0, 2.0, 3.0]) == 2.5
+
+
+def test_the_fit_through_the_origin() -> None:
+    # y = 2 a + 0.5 b exactly at three points; a fourth off by +1 moves both a little
+    assert fit_through_origin([[1, 0, 2], [0, 4, 2]], [2.0, 2.0, 5.0]) == pytest.approx((2.0, 0.5))
+    with pytest.raises(ValueError, match="cannot fix"):
+        fit_through_origin([[1, 2], [2, 4]], [1.0, 2.0])  # dependent columns

@@ -78,7 +78,8 @@ def test_the_layer_is_priced_from_the_tpu7x_layer_loop(tmp_path: Path) -> None:
     base = load_chip("tpu-v7", calibrated=False)
     chip, _ = priced.compiler_priced_chip(base, 1)
     layer = chip.execution.per_layer_overhead_s
-    assert layer.label == "derived" and "(tpu7x)" in layer.source and "1.60 GHz" in layer.source
+    assert layer.label == "derived" and "(tpu7x)" in layer.source and "1.600 G bundles/s" in layer.source
+    assert "cycles a loop iteration, the v5e's (code_size probe" in layer.source
     # the kernel as it is: the record of its expert-list build (the older walk build's stays beside it)
     issued = layer_issue(1, (PANEL_UNROLL, EXPERT_PANEL_UNROLL), priced.TPU7X_STATIC_PATH, EXPERT_LIST_BUILD).issued_bundles
     assert f"({EXPERT_LIST_BUILD} expert list)" in layer.source

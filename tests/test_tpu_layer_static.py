@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from calibration.sources.tpu_layer_static import V5E_CLOCK_HZ, layer_issue, layer_remainder
+from calibration.sources.tpu_layer_static import (
+    V5E_CLOCK_HZ,
+    layer_issue,
+    layer_remainder,
+    loop_iterations,
+)
 from hwmodels.catalog import load_chip
 
 
@@ -55,9 +60,30 @@ def test_the_remainder_is_the_issue_time_less_the_engines_own_compute(tmp_path: 
     low, _ = layer_remainder(chip, 1, (4, 2), path)
     # the engine's part is the same program on the same chip: the difference is the bundles'
     assert high - low == pytest.approx(30_000 / V5E_CLOCK_HZ, rel=1e-9)
-    assert "KDA 73.3 µs, MLA 80.0 µs at batch 1 (1.50 GHz" in source  # (90,000 + 20,000 or 30,000) / 1.5 GHz
+    assert "KDA 73.3 µs, MLA 80.0 µs at batch 1 (1.500 G bundles/s" in source  # (90,000 + 20,000 or 30,000) / 1.5 GHz
     # the arms weigh by the program's layers: layers 1-91 of K3 hold 68 KDA and 23 MLA layers
     arm_path = _write(tmp_path / "a.jsonl", [(1, [8, 2], 90_000, "d")], arms=(30_000 + 9_000, 20_000))
     assert layer_remainder(chip, 1, (8, 2), arm_path)[0] - high == pytest.approx(9_000 / V5E_CLOCK_HZ * 23 / 91, rel=1e-9)
     tiny = _write(tmp_path / "t.jsonl", [(1, [8, 2], 1, "d")], arms=(1, 1))
     assert layer_remainder(chip, 1, (8, 2), tiny)[0] == 0.0  # less than the engine's ops: clipped
+
+
+def test_loop_iterations_of_a_hand_built_layer() -> None:
+    """Outside the arms: a loop of 4 holding one of 3 (4 + 12) and the layer's own back edge;
+    a loop inside the data-dependent expert loop is left out (as its bundles are); the KDA arm
+    runs a loop of 7, the MLA arm one of 2 holding one of 5 (2 + 10)."""
+    record = {"inner_loops": [{"start": 10, "bundles": 50, "trips": 4}, {"start": 20, "bundles": 10, "trips": 3},
+                              {"start": 110, "bundles": 5, "trips": 9},
+                              {"start": 210, "bundles": 20, "trips": 7},
+                              {"start": 310, "bundles": 30, "trips": 2}, {"start": 320, "bundles": 5, "trips": 5}],
+              "data_dependent_loops": [{"start": 100, "bundles": 40}],
+              "arms": {"kda": {"start": 200, "end": 299, "data_dependent_loops": []},
+                       "mla": {"start": 300, "end": 399, "data_dependent_loops": []}}}
+    assert loop_iterations(record) == (4 + 12 + 1, {"kda": 7, "mla": 2 + 10})
+
+
+def test_a_loop_iteration_cost_adds_to_what_a_layer_issues(tmp_path: Path) -> None:
+    path = _write(tmp_path / "s.jsonl", [(1, [8, 2], 87_000, "2026-12-06T19:00")])
+    issue = layer_issue(1, (8, 2), path)
+    assert issue.iterations == 1 and issue.arm_iterations == {"mla": 0, "kda": 0}  # records without loop spans
+    assert issue.issue_s("mla", 1.0e9, 20e-9) == pytest.approx((87_000 + 30_000) / 1.0e9 + 20e-9)

@@ -10,6 +10,9 @@ no other module of the tree fits a line (``polyfit``) or takes a median.
 
 - :func:`fit_line` — ``y = slope x + intercept`` by least squares (numpy's ``polyfit``, degree
   1), optionally with the slope's standard error from its covariance;
+- :func:`fit_through_origin` — ``y = Σ_j c_j x_j`` by least squares, no intercept (numpy's
+  ``lstsq``): several costs at once from points that each mix them (the ``code_size`` probe's
+  seconds per bundle and per loop iteration);
 - :func:`median` — the middle value (the mean of the two middle ones for an even count), as
   :func:`statistics.median` gives it: robust to one outlying repeat or device session.
 """
@@ -44,10 +47,20 @@ def fit_line(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray, *
     return Line(slope, intercept)
 
 
+def fit_through_origin(columns: Sequence[Sequence[float]], y: Sequence[float]) -> tuple[float, ...]:
+    """The coefficients ``c`` of ``y ≈ Σ_j c_j columns[j]`` by least squares, no intercept
+    (at least as many points as columns, the columns independent)."""
+    design = np.column_stack([np.asarray(c, dtype=float) for c in columns])
+    if design.shape[0] < design.shape[1] or np.linalg.matrix_rank(design) < design.shape[1]:
+        raise ValueError(f"{design.shape[0]} points cannot fix {design.shape[1]} independent coefficients")
+    coefficients, *_ = np.linalg.lstsq(design, np.asarray(y, dtype=float), rcond=None)
+    return tuple(float(c) for c in coefficients)
+
+
 def median(values: Iterable[Any]) -> Any:
     """The median of ``values`` (:func:`statistics.median`: the values' own type, a float for
     an even count of floats)."""
     return statistics.median(values)
 
 
-__all__ = ["Line", "fit_line", "median"]
+__all__ = ["Line", "fit_line", "fit_through_origin", "median"]

@@ -33,6 +33,7 @@ from calibration.reports.tpu_v5e_plan import (
     static_rows,
 )
 from calibration.sources.tpu_chip_records import build_records, most_measured_build
+from calibration.sources.tpu_code_issue import code_issue
 from calibration.sources.tpu_fixed_cost import FIXED_COST_PATH, capped_runs, simulated_ms
 from calibration.sources.tpu_layer_static import V5E_CLOCK_HZ, layer_remainder
 from calibration.sources.tpu_probes import PER_LAYER, dequant_path, probe_chip
@@ -49,28 +50,46 @@ from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 def first_principles_chip(decoder: str = KERNEL_DECODER, batch: int = 1,
                           unroll: tuple[int, int] = (PANEL_UNROLL, EXPERT_PANEL_UNROLL),
                           expert_list: str = WALK, probes: Chip | None = None,
-                          clock_hz: float = V5E_CLOCK_HZ) -> Chip:
+                          clock_hz: float | None = None, loop_iteration_s: float | None = None) -> Chip:
     """tpu-v5e with the micro-probes' figures, ``decoder``'s static-schedule decode rates at
     ``batch``'s rows and the layer's own work from the static schedule of the kernel's layer
     loop (:func:`calibration.sources.tpu_layer_static.layer_remainder`: the bundles one layer
     issues less the engine's compute for the same ops; the build (``unroll``, ``expert_list``)'s
     record, else the nearest build's), all ``derived``; every other figure the catalog's.
     ``probes``: the micro-probe chip to start from (default: the committed probe records'); the
-    static schedule's bundles become seconds at ``clock_hz`` (both varied by the sensitivity
-    table, :mod:`calibration.reports.tpu_v5e_fp_sensitivity`)."""
+    static schedule's bundles become seconds at ``clock_hz`` bundles a second and each loop
+    iteration they run costs ``loop_iteration_s`` more (default: both measured by the
+    ``code_size`` probe, :func:`calibration.sources.tpu_code_issue.code_issue`; without its
+    records the clock derived from the MXU's peak and no loop cost; both varied by the
+    sensitivity table, :mod:`calibration.reports.tpu_v5e_fp_sensitivity`)."""
     if probes is None:
         probes = probe_chip(load_chip("tpu-v5e", calibrated=False), decoder=WORDS32_DECODER)
+    clock_hz, loop_iteration_s = issue_figures(clock_hz, loop_iteration_s)
     data = probes.model_dump(mode="python")
     for part, part_decoder in PART_DECODERS[decoder].items():
         value, source = static_figure(part, part_decoder, rows=static_rows(batch, part, part_decoder),
-                                      clock_hz=clock_hz)
+                                      clock_hz=clock_hz, loop_iteration_s=loop_iteration_s,
+                                      panels_per_iteration=unroll[1])
         parent, name = _figure_slot(data, dequant_path(FORMAT_OF_PART[part]))
         parent[name] = {**parent[name], "value": value, "label": "derived", "source": source}
     chip = Chip.model_validate(data)
-    value, source = layer_remainder(chip, batch, unroll, clock_hz=clock_hz, expert_list=expert_list)
+    value, source = layer_remainder(chip, batch, unroll, clock_hz=clock_hz, expert_list=expert_list,
+                                    loop_iteration_s=loop_iteration_s)
     parent, name = _figure_slot(data, PER_LAYER)
     parent[name] = {**parent[name], "value": value, "label": "derived", "source": source}
     return Chip.model_validate(data)
+
+
+def issue_figures(clock_hz: float | None = None, loop_iteration_s: float | None = None) -> tuple[float, float]:
+    """(bundles a second, seconds a loop iteration) the static schedule is priced at: each one
+    given, else the ``code_size`` probe's (:mod:`calibration.sources.tpu_code_issue`), else the
+    clock derived from the MXU's peak (:data:`V5E_CLOCK_HZ`) and no loop cost."""
+    issue = code_issue() if clock_hz is None or loop_iteration_s is None else None
+    if clock_hz is None:
+        clock_hz = issue.bundles_per_s if issue is not None else V5E_CLOCK_HZ
+    if loop_iteration_s is None:
+        loop_iteration_s = issue.loop_iteration_s if issue is not None else 0.0
+    return clock_hz, loop_iteration_s
 
 
 def errors(chip: Chip | Callable[[int], Chip], unroll: tuple[int, int],

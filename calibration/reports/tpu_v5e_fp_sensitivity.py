@@ -12,7 +12,8 @@ committed decode of the kernel's build (:data:`BUILD`) re-simulated, two ways:
 1. **rebuilt**: the figure raised on the micro-probe chip and the first-principles chip built
    again from it (what a changed probe record does: the layer's remainder is the static
    schedule's layer loop *less the engine's compute on that chip*, so an MXU figure moves it);
-   the clock: every static-schedule figure at the clock / 1.1 (each bundle 10 % longer);
+   the clock: every static-schedule figure at the clock / 1.1 (each bundle 10 % longer); the
+   loop iteration's cost likewise (both the ``code_size`` probe's, :mod:`calibration.sources.tpu_code_issue`);
 2. **held**: the figure raised on the first-principles chip, every other figure as it is.
 
 The guards (:mod:`calibration.reports.tpu_v5e_guards`: :func:`~calibration.reports.tpu_v5e_guards.drift_check`
@@ -33,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from calibration.reports.tpu_v5e_first_principles import first_principles_chip
+from calibration.reports.tpu_v5e_first_principles import first_principles_chip, issue_figures
 from calibration.reports.tpu_v5e_sensitivity import (
     STEP,
     THRESHOLD,
@@ -45,7 +46,7 @@ from calibration.reports.tpu_v5e_sensitivity import (
     table_rows,
 )
 from calibration.sources.tpu_chip_records import ChipRecord, ChipRecordPredictor, build_records
-from calibration.sources.tpu_layer_static import V5E_CLOCK_HZ
+from calibration.sources.tpu_code_issue import code_issue
 from calibration.sources.tpu_probes import probe_chip
 from hwmodels.atomic import write_text_atomic
 from hwmodels.catalog import load_chip
@@ -57,7 +58,8 @@ from megakernel.quant_pairs import KERNEL_DECODER
 from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 
 BUILD = ((PANEL_UNROLL, EXPERT_PANEL_UNROLL), EXPERT_LIST_BUILD)  # the kernel as it is
-CLOCK = "static schedule's clock (bundles to seconds)"  # not a chip figure: static_figure / layer_remainder read it
+CLOCK = "static schedule's bundles a second (code_size probe)"  # not a chip figure: static_figure / layer_remainder read it
+LOOP = "a loop iteration beyond its bundles, s (code_size probe)"  # likewise
 RESIDUALS_PATH = Path(__file__).resolve().parents[1] / "data" / "tpu-v5e-first-principles.json"
 COMMAND = "JAX_PLATFORMS=cpu .venv/bin/python -m calibration.reports.tpu_v5e_fp_sensitivity --doc docs/tpu-v5e-measured.md --write"
 BEGIN = "<!-- first-principles sensitivity: begin (python -m calibration.reports.tpu_v5e_fp_sensitivity --doc) -->"
@@ -70,15 +72,17 @@ def probes_chip() -> Chip:
     return probe_chip(load_chip("tpu-v5e", calibrated=False), decoder=WORDS32_DECODER)
 
 
-def chips(probes: Chip | None = None, clock_hz: float = V5E_CLOCK_HZ) -> Callable[[int], Chip]:
-    """The first-principles chip of :data:`BUILD` per batch (built once a batch), from ``probes``."""
+def chips(probes: Chip | None = None, clock_hz: float | None = None,
+          loop_iteration_s: float | None = None) -> Callable[[int], Chip]:
+    """The first-principles chip of :data:`BUILD` per batch (built once a batch), from ``probes``;
+    ``clock_hz`` / ``loop_iteration_s`` None: the ``code_size`` probe's."""
     probes = probes_chip() if probes is None else probes
     built: dict[int, Chip] = {}
 
     def chip(batch: int) -> Chip:
         if batch not in built:
             built[batch] = first_principles_chip(KERNEL_DECODER, batch, BUILD[0], BUILD[1], probes=probes,
-                                                 clock_hz=clock_hz)
+                                                 clock_hz=clock_hz, loop_iteration_s=loop_iteration_s)
         return built[batch]
     return chip
 
@@ -160,13 +164,17 @@ def sensitivity(predictor: BuildPredictor, progress: Callable[[str], None] | Non
         rows.append(Row(path, figures[path].value, figures[path].label, rebuilt, held_moves))
         if progress:
             progress(f"{path}: rebuilt {move_cells(rebuilt)}; held {move_cells(held_moves)}")
-    rows.append(Row(CLOCK, V5E_CLOCK_HZ, "derived", moves(chips(probes, V5E_CLOCK_HZ / (1.0 + STEP))), None))
+    clock_hz, loop_s = issue_figures()
+    label = "measured" if code_issue() is not None else "derived"
+    rows.append(Row(CLOCK, clock_hz, label, moves(chips(probes, clock_hz / (1.0 + STEP))), None))
+    rows.append(Row(LOOP, loop_s, label, moves(chips(probes, clock_hz, loop_s * (1.0 + STEP))), None))
     return rows, base
 
 
 NOTES = {
     "hbm.sustained_bandwidth_bytes_per_s": "`drift_check` fails (planted in the `dma_stream` records, rebuilt; and held)",
     CLOCK: "`drift_check` fails (every bundle 10 % longer)",
+    LOOP: "the static schedule's loops (the layer's and the decoders' panel loops)",
     "compute.vpu.dequant_s_per_element.fp8_e4m3_b256": "the static schedule's panel loop (the decodes hide under the copies)",
     "compute.vpu.dequant_s_per_element.mxfp4": "the static schedule's panel loop (the decodes hide under the copies)",
     "execution.per_layer_overhead_s": "the static schedule's layer loop less the engine's ops",

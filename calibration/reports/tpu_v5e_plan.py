@@ -83,18 +83,23 @@ def static_rows(batch: int, part: str, decoder: str, path: Path | str = STATIC_P
 
 
 def static_figure(part: str, decoder: str, path: Path | str = STATIC_PATH, rows: int = 1,
-                  clock_hz: float = V5E_CLOCK_HZ) -> tuple[float, str]:
-    """(seconds per weight, source) of one expert part's panel loop from the static schedule."""
+                  clock_hz: float = V5E_CLOCK_HZ, loop_iteration_s: float = 0.0,
+                  panels_per_iteration: int = 1) -> tuple[float, str]:
+    """(seconds per weight, source) of one expert part's panel loop from the static schedule;
+    with ``loop_iteration_s``, each iteration of the kernel's panel loop (``panels_per_iteration``
+    panels) costs that much beyond its bundles."""
     for line in Path(path).read_text().splitlines():
         r = json.loads(line)
         p = r["params"]
         if r.get("probe") == "expert_product" and (p["part"], p["decoder"], p["rows"]) == (part, decoder, rows) \
                 and r["chip"] == "tpu-v5e":
             weights = p["k"] * 128
-            value = r["panel_bundles"] / clock_hz / weights
+            value = (r["panel_bundles"] / clock_hz + loop_iteration_s / panels_per_iteration) / weights
+            loop = (f" + {loop_iteration_s * 1e9:.1f} ns a loop iteration of {panels_per_iteration} panels"
+                    if loop_iteration_s else "")
             return value, (f"derived from libtpu's static schedule (expert_product {part}/{decoder}, rows {rows}, "
-                           f"{r['date'][:10]}): {r['panel_bundles']} bundles a panel / {clock_hz / 1e9:.2f} GHz / "
-                           f"{weights} weights")
+                           f"{r['date'][:10]}): ({r['panel_bundles']} bundles a panel / {clock_hz / 1e9:.3f} G bundles/s"
+                           f"{loop}) / {weights} weights")
     raise KeyError(f"no static-schedule record for {part}/{decoder}/rows {rows} in {path}")
 
 

@@ -58,6 +58,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from calibration.reports.tpu_v5e_plan import FORMAT_OF_PART
 from calibration.sources.measurements import Measurement
 from calibration.sources.predict import Predictor
+from calibration.sources.tpu_code_issue import code_issue
 from calibration.sources.tpu_layer_static import layer_remainder
 from calibration.sources.tpu_probes import PER_LAYER
 from hwmodels import values
@@ -240,31 +241,46 @@ def parts_chip() -> Chip:
     return run_stages(STAGES, published, points, components, Predictor())[0]
 
 
+def loop_iteration_s(clock_hz: float) -> tuple[float, str]:
+    """(seconds, source) a taken loop iteration costs beyond its bundles on TPU7x: the v5e's,
+    measured by the ``code_size`` probe (:mod:`calibration.sources.tpu_code_issue`), carried in
+    cycles (prior: the loop-back costs TPU7x the same cycles); 0 without those records."""
+    issue = code_issue()
+    if issue is None:
+        return 0.0, "none (no code_size records)"
+    cycles = issue.loop_iteration_s * issue.bundles_per_s
+    return cycles / clock_hz, (f"{cycles:.1f} cycles a loop iteration, the v5e's (code_size probe, {issue.date}: "
+                               f"{issue.loop_iteration_s * 1e9:.1f} ns at {issue.bundles_per_s / 1e9:.3f} G bundles/s), "
+                               "carried in cycles (prior)")
+
+
 def compiler_priced_chip(base: Chip, batch: int, path: Path | str = TPU7X_STATIC_PATH) -> tuple[Chip, int]:
     """(``base`` with each expert part's static-schedule cost per weight at ``batch`` and the
     layer's own work from the static schedule of the kernel's layer loop compiled for tpu7x,
     the down record's rows) (module docstring, 2)."""
     records = static_records(path)
     clock_hz, clock_source = tpu7x_clock_hz(base, records)
+    loop_s, loop_source = loop_iteration_s(clock_hz)
     data = base.model_dump(mode="python")
     down_rows = 0
     for part, format_name in FORMAT_OF_PART.items():
         record = record_for(records, part, batch)
         weights = record["params"]["k"] * PANEL_COLS
-        value = record["panel_bundles"] / clock_hz / weights
+        value = (record["panel_bundles"] / clock_hz + loop_s / EXPERT_PANEL_UNROLL) / weights
         vector = next(unit for unit in data["compute"] if unit["name"] == base.vector_unit.name)
         vector.setdefault("dequant_s_per_element", {})[format_name] = {"value": value, "label": "derived", "source": (
             f"derived from libtpu's static schedule for tpu7x (expert_product {part}/{MXU_DECODER}, rows "
-            f"{record['params']['rows']}, {record['date'][:10]}): {record['panel_bundles']} bundles a panel / "
-            f"{clock_hz / 1e9:.2f} GHz / {weights} weights; clock {clock_source}")}
+            f"{record['params']['rows']}, {record['date'][:10]}): ({record['panel_bundles']} bundles a panel / "
+            f"{clock_hz / 1e9:.2f} GHz + {loop_s * 1e9:.1f} ns a panel-loop iteration of {EXPERT_PANEL_UNROLL}) / "
+            f"{weights} weights; clock {clock_source}; loop {loop_source}")}
         if part == "down":
             down_rows = record["params"]["rows"]
     chip = Chip.model_validate(data)
     # the kernel as it is (its expert list); a build of it not yet compiled for tpu7x: the nearest, named
     value, source = layer_remainder(chip, batch, (PANEL_UNROLL, EXPERT_PANEL_UNROLL), path, clock_hz,
-                                    expert_list=EXPERT_LIST_BUILD)
+                                    expert_list=EXPERT_LIST_BUILD, loop_iteration_s=loop_s)
     parent, name = _figure_slot(data, PER_LAYER)
-    parent[name] = {**parent[name], "value": value, "label": "derived", "source": f"{source} (tpu7x); clock {clock_source}"}
+    parent[name] = {**parent[name], "value": value, "label": "derived", "source": f"{source} (tpu7x); clock {clock_source}; loop {loop_source}"}
     # paid where the v5e method pays it (the layer's code, through the layer: tpu-v5e's rule), so the
     # v5e residuals of step 4 describe this composition too
     data["execution"]["per_layer_overhead_at"] = load_chip("tpu-v5e", calibrated=False).execution.per_layer_overhead_at

@@ -29,6 +29,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from hwmodels.records.kernel import WALK
 from hwmodels.schema import Chip
 from tpusim.engine.build import lower
@@ -54,10 +56,38 @@ class LayerIssue:
     arms: dict[str, int]  # bundles each arm issues: "mla", "kda"
     date: str
     expert_list: str = WALK  # how the compiled moe.topk built the expert list (records before: walk)
+    iterations: int = 0  # loop iterations a layer runs outside the arms (its own back edge included)
+    arm_iterations: dict[str, int] = dataclasses.field(default_factory=dict)  # and in each arm
 
-    def issue_s(self, kind: str, clock_hz: float = V5E_CLOCK_HZ) -> float:
-        """Seconds a layer of ``kind`` ("mla" or "kda") issues at ``clock_hz``."""
-        return (self.issued_bundles + self.arms[kind]) / clock_hz
+    def issue_s(self, kind: str, clock_hz: float = V5E_CLOCK_HZ, loop_iteration_s: float = 0.0) -> float:
+        """Seconds a layer of ``kind`` ("mla" or "kda") issues at ``clock_hz``, each loop
+        iteration it runs (the data-dependent loops' left out) paying ``loop_iteration_s`` more."""
+        iterations = self.iterations + self.arm_iterations.get(kind, 0)
+        return (self.issued_bundles + self.arms[kind]) / clock_hz + iterations * loop_iteration_s
+
+
+def loop_iterations(record: dict[str, Any]) -> tuple[int, dict[str, int]]:
+    """(iterations outside the arms, per arm) one pass of a ``layer_body`` record's layer loop
+    runs: each inner loop with a static count, its trips times those of the inner loops that
+    hold it; loops inside a data-dependent loop left out (as their bundles are); outside the
+    arms the layer loop's own back edge (+1)."""
+    loops = [(r["start"], r["start"] + r["bundles"] - 1, r["trips"]) for r in record.get("inner_loops", [])]
+    dependent = [(d["start"], d["start"] + d["bundles"] - 1) for d in record.get("data_dependent_loops", [])]
+    dependent += [(d["start"], d["start"] + d["bundles"] - 1)
+                  for arm in record.get("arms", {}).values() for d in arm.get("data_dependent_loops", [])]
+    arms = {kind: (arm["start"], arm["end"]) for kind, arm in record.get("arms", {}).items() if "start" in arm}
+
+    def runs(lo: int, hi: int, skip: list[tuple[int, int]]) -> int:
+        total = 0
+        for start, end, trips in loops:
+            if not lo <= start <= hi or any(a <= start <= b for a, b in skip + dependent):
+                continue
+            held = [t for s, e, t in loops if (s, e) != (start, end) and s <= start and end <= e]
+            total += trips * int(np.prod(held, dtype=np.int64))
+        return total
+
+    outside = runs(0, max((end for _, end, _ in loops), default=0), list(arms.values())) + 1
+    return outside, {kind: runs(*arms[kind], []) if kind in arms else 0 for kind in record.get("arms", {})}
 
 
 def layer_issues(path: Path | str = STATIC_PATH) -> list[LayerIssue]:
@@ -68,7 +98,7 @@ def layer_issues(path: Path | str = STATIC_PATH) -> list[LayerIssue]:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [LayerIssue(r["params"]["batch"], tuple(r["params"]["panel_unroll"]), r["issued_bundles"],
                        {kind: arm["issued_bundles"] for kind, arm in r["arms"].items()}, r["date"],
-                       r["params"].get("expert_list", WALK))
+                       r["params"].get("expert_list", WALK), *loop_iterations(r))
             for r in rows if r.get("probe") == "layer_body"]
 
 
@@ -122,20 +152,26 @@ def _program(batch: int) -> tuple[Any, Any]:
 
 def layer_remainder(chip: Chip, batch: int, panel_unroll: tuple[int, int],
                     path: Path | str = STATIC_PATH, clock_hz: float = V5E_CLOCK_HZ,
-                    expert_list: str = WALK) -> tuple[float, str]:
+                    expert_list: str = WALK, loop_iteration_s: float = 0.0) -> tuple[float, str]:
     """(seconds a layer, source): the mean over the loop's layers of what the record (of the
     build ``panel_unroll``, ``expert_list``) says the layer issues (outside the arms, plus its
-    kind's arm) less the engine's compute for the same ops on ``chip`` (module docstring),
-    clipped at 0."""
+    kind's arm; each loop iteration ``loop_iteration_s`` more) less the engine's compute for
+    the same ops on ``chip`` (module docstring), clipped at 0."""
     record = layer_issue(batch, panel_unroll, path, expert_list)
     layers = engine_layer_compute_s(chip, batch, panel_unroll)
-    value = max(sum(record.issue_s(kind, clock_hz) - s for kind, s in layers.values()) / len(layers), 0.0)
+    def issue(kind: str) -> float:
+        return record.issue_s(kind, clock_hz, loop_iteration_s)
+    value = max(sum(issue(kind) - s for kind, s in layers.values()) / len(layers), 0.0)
     engine = {kind: [s for k, s in layers.values() if k == kind] for kind in ("kda", "mla")}
     build = "" if record.panel_unroll == tuple(panel_unroll) else f" (the u{record.panel_unroll[0]}x{record.panel_unroll[1]} build's)"
     if record.expert_list != WALK or expert_list != WALK:
         build += f" ({record.expert_list} expert list{'' if record.expert_list == expert_list else ', nearest'})"
     return value, (f"derived from libtpu's static schedule{build} ({record.date[:10]}): a layer of the loop issues "
-                   + ", ".join(f"{kind.upper()} {record.issue_s(kind, clock_hz) * 1e6:.1f} µs" for kind in ("kda", "mla"))
-                   + f" at batch {batch} ({clock_hz / 1e9:.2f} GHz, no stall), less the engine's "
+                   + ", ".join(f"{kind.upper()} {issue(kind) * 1e6:.1f} µs" for kind in ("kda", "mla"))
+                   + f" at batch {batch} ({clock_hz / 1e9:.3f} G bundles/s"
+                   + (f", {record.iterations + record.arm_iterations.get('kda', 0)} / "
+                      f"{record.iterations + record.arm_iterations.get('mla', 0)} loop iterations at "
+                      f"{loop_iteration_s * 1e9:.1f} ns" if loop_iteration_s else ", no stall")
+                   + "), less the engine's "
                    + ", ".join(f"{sum(v) / len(v) * 1e6:.1f}" for v in engine.values() if v)
                    + " µs for the same ops; the mean over the loop's layers")
