@@ -170,6 +170,11 @@ SOURCES: tuple[Source, ...] = (
            load="calibration.sources.tpu_layer_static:layer_issues",
            fit="calibration.sources.tpu_layer_static:layer_remainder", overlay=None,
            tool="python -m calibration.sources.compiler_schedule DIR; calibration.reports.tpu_v7_compiler_priced"),
+    Source("tpu v5e code issue", "the code_size probe (tpu-v5e-probes.jsonl) against its static bundles "
+           "(tpu-v5e-static-schedule.jsonl): seconds a bundle and a loop iteration, as the chip issues them",
+           _never, load="calibration.sources.tpu_code_issue:code_forms",
+           fit="calibration.sources.tpu_code_issue:code_issue", overlay=None,
+           tool="python -m calibration.sources.tpu_code_issue (read by the first-principles chip, no overlay)"),
 )
 BY_NAME = {source.name: source for source in SOURCES}
 
