@@ -13,6 +13,14 @@ figure from the kernel's capped runs (way (b)) and none from its decodes. It pri
 decode's error, the MAPE and the largest error, and Kendall's τ per batch — beside way (b) on the
 build's own capped runs (:func:`calibration.reports.tpu_v5e_plan.build_chip`, a kernel-level
 fit, named so). Both are simulated after the runs: neither is a prediction recorded before.
+The static schedule's bundles are priced at the ``code_size`` probe's measured rate and loop
+cost (:mod:`calibration.sources.tpu_code_issue`).
+
+``--predict-set SET [--write]`` predicts a planned set's cases from first principles instead
+(:func:`calibration.reports.tpu_v5e_plan.predict_set` with :func:`fp_chip_for`), appended with
+``--write`` to ``calibration/data/tpu-v5e-fp-predictions.jsonl`` before the device call — the
+first-principles chain judged on runs it has not seen, beside way (b)'s predictions
+(``tpu-v5e-predictions.jsonl``).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 from scipy.stats import kendalltau
@@ -28,6 +37,8 @@ from calibration.reports.tpu_v5e_plan import (
     FORMAT_OF_PART,
     PART_DECODERS,
     build_chip,
+    emit_predictions,
+    predict_set,
     simulate_build,
     static_figure,
     static_rows,
@@ -78,6 +89,17 @@ def first_principles_chip(decoder: str = KERNEL_DECODER, batch: int = 1,
     parent, name = _figure_slot(data, PER_LAYER)
     parent[name] = {**parent[name], "value": value, "label": "derived", "source": source}
     return Chip.model_validate(data)
+
+
+FP_PREDICTIONS_PATH = Path(__file__).resolve().parents[1] / "data" / "tpu-v5e-fp-predictions.jsonl"
+FP_LABEL = ("simulated from first principles (micro-probes, the decoders' and the layer loop's static schedule at the "
+            "code_size probe's bundle rate and loop cost; no kernel run of any kind), the kernel as it is")
+
+
+def fp_chip_for(batch: int) -> tuple[Chip, str]:
+    """The first-principles chip of the kernel as it is at ``batch``, and its label (for
+    :func:`calibration.reports.tpu_v5e_plan.predict_set`)."""
+    return first_principles_chip(KERNEL_DECODER, batch, (PANEL_UNROLL, EXPERT_PANEL_UNROLL), EXPERT_LIST_BUILD), FP_LABEL
 
 
 def issue_figures(clock_hz: float | None = None, loop_iteration_s: float | None = None) -> tuple[float, float]:
@@ -156,7 +178,15 @@ def main(argv: list[str] | None = None) -> int:
                         metavar=("DENSE", "EXPERT"))
     parser.add_argument("--expert-list", default=WALK, choices=(WALK, EXPERT_LIST_BUILD),
                         help="the builds whose moe.topk built the expert list so (default: walk, the older kernels')")
+    parser.add_argument("--predict-set", default=None, metavar="SET",
+                        help="predict the K3-shard cases of a sets.json set from first principles (the kernel as "
+                             "it is) instead of reporting the committed decodes")
+    parser.add_argument("--write", action="store_true",
+                        help=f"with --predict-set: append the rows to {FP_PREDICTIONS_PATH.name} (before the run)")
     args = parser.parse_args(argv)
+    if args.predict_set:
+        emit_predictions(predict_set(args.predict_set, fp_chip_for), args.write, FP_PREDICTIONS_PATH)
+        return 0
     unroll = tuple(args.panel_unroll) if args.panel_unroll else most_measured_build(KERNEL_DECODER)
     out = report_lines(unroll, args.expert_list)  # type: ignore[arg-type]
     if not out:

@@ -194,9 +194,11 @@ def _figure(chip: Chip, path: str) -> float:
     return float(parent[name]["value"])
 
 
-def predict_set(set_name: str) -> list[dict[str, Any]]:
+def predict_set(set_name: str, chip_for: Callable[[int], tuple[Chip, str]] | None = None) -> list[dict[str, Any]]:
     """One row per K3-shard decode case of ``set_name`` that a committed words32 run shares
-    (schedule file, batch, context) with; others are skipped (their routing is unknown)."""
+    (schedule file, batch, context) with; others are skipped (their routing is unknown).
+    ``chip_for(batch)``: the chip each batch is simulated on and its label (default: way (b) on
+    the build's capped runs, :func:`build_chip`)."""
     from calibration.tpu_bench.device_run import load_cases
 
     known = load_chip_records(KERNEL_PATH, decoder=WORDS32_DECODER)
@@ -218,7 +220,10 @@ def predict_set(set_name: str) -> list[dict[str, Any]]:
                                       panel_unroll=unroll, expert_list=EXPERT_LIST_BUILD), borrowed))
     predictor = ChipRecordPredictor([r for _, r, _ in planned])
     # decoders' figures at its rows; the kernel as it is now (its expert list)
-    built = {b: build_chip(batch=b, expert_list=EXPERT_LIST_BUILD) for b in {r.batch for _, r, _ in planned}}
+    if chip_for is None:
+        def chip_for(batch: int) -> tuple[Chip, str]:
+            return build_chip(batch=batch, expert_list=EXPERT_LIST_BUILD)
+    built = {b: chip_for(b) for b in {r.batch for _, r, _ in planned}}
     chips = {b: chip for b, (chip, _) in built.items()}
     predicted = [predictor.predict_many(chips[r.batch], [i])[0] for i, (_, r, _) in enumerate(planned)]
     now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
@@ -276,9 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def emit_predictions(rows: list[dict[str, Any]], write: bool) -> None:
-    """Print prediction rows; with ``write``, append each to :data:`PREDICTIONS_PATH` (the
-    records' one appender, :func:`hwmodels.records.jsonl.append_record`)."""
+def emit_predictions(rows: list[dict[str, Any]], write: bool, path: Path = PREDICTIONS_PATH) -> None:
+    """Print prediction rows; with ``write``, append each to ``path`` (the records' one
+    appender, :func:`hwmodels.records.jsonl.append_record`)."""
     from hwmodels.records.jsonl import append_record
 
     for r in rows:
@@ -286,7 +291,7 @@ def emit_predictions(rows: list[dict[str, Any]], write: bool) -> None:
         sys.stdout.write(f"{r['schedule']} b{r['batch']}{variant}: predicted {r['predicted_ms']:.2f} ms, {r['label']}\n")
     if write:
         for r in rows:
-            append_record(PREDICTIONS_PATH, r)
+            append_record(path, r)
 
 
 if __name__ == "__main__":
