@@ -136,6 +136,7 @@ class HbmServer:
         self.last_land_s = 0.0
         self.wake_token = 0
         self.wake_at = INF
+        self.wake_fn = self._wake  # the bound turn queued with each wake-up (made once, not per entry)
         self.free_lanes = list(range(max_in_flight))
         # copies admitted into an empty queue with slots for all of them may be issued at once
         # by the staging memory (StagingMemory._fill): _issue's common case, copies by urgency,
@@ -161,14 +162,15 @@ class HbmServer:
         next_s = starting[0][0] if starting else INF
         streaming = self.streaming
         if streaming:
-            left = streaming[0][0] - self.virtual_bytes
+            head = streaming[0][0]  # (typed when compiled: the same subtraction, unboxed)
+            left = head - self.virtual_bytes
             finish = now + left / self.rate if left > 0.0 else now
             if finish < next_s:
                 next_s = finish
         if next_s < self.wake_at:
             self.wake_token += 1
             self.wake_at = next_s
-            self.call_later(next_s - now if next_s > now else 0.0, self._wake, self.wake_token)
+            self.call_later(next_s - now if next_s > now else 0.0, self.wake_fn, self.wake_token)
 
     # ----------------------------------------------------------------- issue
 
@@ -289,9 +291,10 @@ class HbmServer:
             landed: list[Descriptor] | None = None
             if streaming:
                 limit = self.virtual_bytes * RELATIVE_SLACK + BYTE_TOLERANCE
-                if streaming[0][0] <= limit:
+                head = streaming[0][0]  # (a typed local when compiled: compared unboxed)
+                if head <= limit:
                     landed = []
-                    while streaming and streaming[0][0] <= limit:
+                    while True:
                         desc = heappop(streaming)[2]
                         landed.append(desc)
                         if by_stream:
@@ -301,6 +304,11 @@ class HbmServer:
                                 streams[key] = left
                             else:
                                 del streams[key]
+                        if not streaming:
+                            break
+                        head = streaming[0][0]
+                        if not head <= limit:
+                            break
             if in_order:
                 ready = self.ready
                 while starting and starting[0][0] <= now:
@@ -310,15 +318,20 @@ class HbmServer:
                     heappush(streaming, (self.virtual_bytes + desc.nbytes, desc.seq, desc))
             elif starting and starting[0][0] <= now:
                 # _start_streaming without its rate (set once below)
-                virtual_bytes = self.virtual_bytes
-                while starting and starting[0][0] <= now:
-                    desc = starting.popleft()[1]
+                virtual_bytes, popleft = self.virtual_bytes, starting.popleft
+                while True:
+                    desc = popleft()[1]
                     heappush(streaming, (virtual_bytes + desc.nbytes, desc.seq, desc))
                     if by_stream:  # stream_of, inlined
                         slab = desc.slab
                         key = desc.stream = desc.family if slab is None else (
                             slab if slab.family == ROUTED else slab.ring)
                         streams[key] = streams.get(key, 0) + 1
+                    if not starting:
+                        break
+                    start_s = starting[0][0]  # (typed when compiled: compared unboxed)
+                    if not start_s <= now:
+                        break
             if by_stream and streaming:
                 self.rate = self.aggregate_by_k[len(streams)] / len(streaming)
             else:
@@ -336,10 +349,10 @@ class HbmServer:
                         heappush(self.free_lanes, desc.lane)
                     waiter = desc.waiter
                     if waiter is not None:  # the compute stream waits on this copy: Driver.wake, inlined
-                        desc.waiter = None
+                        desc.waiter = None  # (waiter: the driver's bound resume)
                         count = env.scheduled
                         env.scheduled = count + 1
-                        heappush(queue, (now + 0.0, NORMAL, count, waiter.resume, None))
+                        heappush(queue, (now + 0.0, NORMAL, count, waiter, None))
                     slab = desc.slab
                     if slab is not None and slab.free_on_land == run and slab.landed_in(run):
                         on_free(slab)  # StagingMemory.resolve: its last copy landed, drop it now
@@ -350,19 +363,24 @@ class HbmServer:
             # when the next copy starts streaming or lands (INF: nothing in flight)
             next_s = starting[0][0] if starting else INF
             if streaming:
-                left_bytes = streaming[0][0] - self.virtual_bytes
+                head = streaming[0][0]
+                left_bytes = head - self.virtual_bytes
                 finish = now + left_bytes / self.rate if left_bytes > 0.0 else now
                 if finish < next_s:
                     next_s = finish
             if not next_s < self.wake_at:
                 return  # a wake-up at or before it is queued already
             time_s = now + (next_s - now if next_s > now else 0.0)  # as call_later computes it
-            if not (run_ahead and (not queue or queue[0][0] > time_s)):  # EventLoop.is_next, inlined
+            ahead = run_ahead  # EventLoop.is_next, inlined: every queued entry is later
+            if ahead and queue:
+                head = queue[0][0]
+                ahead = head > time_s
+            if not ahead:
                 token = self.wake_token = self.wake_token + 1
                 self.wake_at = next_s
                 count = env.scheduled  # call_later(time_s - now, self._wake, token), inlined
                 env.scheduled = count + 1
-                heappush(queue, (now + (time_s - now), NORMAL, count, self._wake, token))
+                heappush(queue, (now + (time_s - now), NORMAL, count, self.wake_fn, token))
                 return
             # the entry would be the next served (tpusim.engine.loop, running ahead): take it now
             self.wake_token += 1  # an entry queued for a later wake-up is superseded, as by a new one

@@ -134,12 +134,13 @@ class Driver:
     when created) or ``None`` (asleep until something calls :meth:`wake`, which queues the
     resumption at the current time, as a succeeded SimPy event is)."""
 
-    __slots__ = ("alive", "loop", "send")
+    __slots__ = ("alive", "loop", "resume_fn", "send")
 
     def __init__(self, loop: EventLoop) -> None:
         self.loop = loop
         self.send: Callable[[None], float | None] | None = None
         self.alive = False
+        self.resume_fn = self.resume  # the bound resumption queued per piece (made once)
 
     def start(self, generator: Generator[float | None, None, None]) -> None:
         """Run ``generator`` from the current time (queued as a SimPy process's start is)."""
@@ -171,4 +172,4 @@ class Driver:
         if delay is not None:  # call_later, inlined (once per compute piece)
             count = loop.scheduled
             loop.scheduled = count + 1
-            heappush(loop._queue, (loop.now + delay, NORMAL, count, self.resume, None))  # type: ignore[arg-type]
+            heappush(loop._queue, (loop.now + delay, NORMAL, count, self.resume_fn, None))  # type: ignore[arg-type]

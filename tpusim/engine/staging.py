@@ -119,9 +119,10 @@ class StagingMemory:
                             hbm.busy_s += elapsed
                         hbm.last_s = now
                     start_s, append = now + hbm.latency_s, hbm.starting.append
+                    start = start_s  # (a Python float, made once for every copy's entry)
                     for at in range(first, ptr):
                         for desc in order[at].descs:
-                            append((start_s, desc))
+                            append((start, desc))
                     hbm.in_flight = in_flight + copies
                     hbm.issued += copies
                     hbm._reschedule(now)

@@ -104,12 +104,14 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
                    per_layer_each_op: bool = False, recorder: Recorder | None,
                    events: list[tuple[Any, ...]] | None) -> Generator[float | None, None, None]:
     """The compute stream, run by ``driver`` (see the module docstring): yields a delay to
-    sleep, or None while a copy it waits on (``desc.waiter = driver``) has not landed."""
+    sleep, or None while a copy it waits on (``desc.waiter = driver.resume``) has not landed."""
     joins: dict[int, float] = {}
     consumed: dict[int, list[Handle]] = {}  # op index -> message collectives it waits for
     exposed_by_family, unit_busy, by_phase = account.exposed_by_family, account.unit_busy, account.compute_by_phase
     run = lowered.runs  # a copy has landed in this run when its ``landed`` is this number (items)
     queue, run_ahead = env._queue, env.run_ahead
+    resume = driver.resume  # what a landing queues for a copy waited on (bound once)
+    free, release_many = staging.free, staging.release_many  # (bound once: called per piece)
     if per_step_s > 0.0:
         yield per_step_s
         account.fixed_s += per_step_s
@@ -149,7 +151,7 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
         staging.current_layer = op.layer
         staging.current_op = op.name
         if op.start_releases:
-            staging.release_many(op.start_releases)
+            release_many(op.start_releases)
         if events is not None:
             events.append(("compute", op.name, op.layer))
         # the op's pieces (inlined here: one generator frame per resumption, none per op); the
@@ -162,7 +164,7 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
                     events.append(("dma_wait", desc.family, desc.tensor, desc.layer, desc.chunk))
                 if desc.landed != run:  # exposed DMA: sleep until it lands
                     start = env.now
-                    desc.waiter = driver
+                    desc.waiter = resume
                     yield None
                     stalled = env.now - start
                     account.exposed_dma_s += stalled
@@ -182,9 +184,9 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
                 if recorder is not None:
                     recorder.interval(UNIT_NAMES[unit], start, env.now, f"{op.name} L{op.layer}")
             for slab in frees:
-                staging.free(slab)
+                free(slab)
             if releases:
-                staging.release_many(releases)
+                release_many(releases)
             if writes:
                 for desc in writes:
                     hbm.enqueue(desc)
@@ -192,7 +194,7 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
         if phase_s is not None:
             by_phase[phase] = phase_s
         if op.end_releases:
-            staging.release_many(op.end_releases)
+            release_many(op.end_releases)
         for slab in op.resolves:
             staging.resolve(slab)
         if op.collectives:
