@@ -31,5 +31,6 @@ cdef class HbmServer:
     @cython.locals(run=long, now=double, elapsed=double, limit=double, virtual_bytes=double,
                    next_s=double, finish=double, left_bytes=double, time_s=double, desc=Descriptor,
                    slab=Slab, by_stream=bint, in_order=bint, run_ahead=bint, count=long,
-                   streaming=list, queue=list, head=double, start_s=double, ahead=bint)
+                   streaming=list, queue=list, head=double, start_s=double, ahead=bint,
+                   slack=double, tolerance=double)
     cpdef _wake(self, long token)

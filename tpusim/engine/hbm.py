@@ -277,6 +277,7 @@ class HbmServer:
         streaming, starting, streams = self.streaming, self.starting, self.streams
         by_stream, in_order, heappop, heappush = self.by_stream, self.in_order, heapq.heappop, heapq.heappush
         run = self.run
+        slack, tolerance = RELATIVE_SLACK, BYTE_TOLERANCE  # (C doubles when compiled)
         while True:  # one turn per wake-up; the next taken at once while nothing is due before it
             self.wake_at = INF
             now = env.now
@@ -290,7 +291,7 @@ class HbmServer:
                 self.last_s = now
             landed: list[Descriptor] | None = None
             if streaming:
-                limit = self.virtual_bytes * RELATIVE_SLACK + BYTE_TOLERANCE
+                limit = self.virtual_bytes * slack + tolerance
                 head = streaming[0][0]  # (a typed local when compiled: compared unboxed)
                 if head <= limit:
                     landed = []
@@ -316,22 +317,24 @@ class HbmServer:
                 if ready and not streaming:  # the next in issue order streams alone
                     desc = ready.popleft()
                     heappush(streaming, (self.virtual_bytes + desc.nbytes, desc.seq, desc))
-            elif starting and starting[0][0] <= now:
-                # _start_streaming without its rate (set once below)
-                virtual_bytes, popleft = self.virtual_bytes, starting.popleft
-                while True:
-                    desc = popleft()[1]
-                    heappush(streaming, (virtual_bytes + desc.nbytes, desc.seq, desc))
-                    if by_stream:  # stream_of, inlined
-                        slab = desc.slab
-                        key = desc.stream = desc.family if slab is None else (
-                            slab if slab.family == ROUTED else slab.ring)
-                        streams[key] = streams.get(key, 0) + 1
-                    if not starting:
-                        break
-                    start_s = starting[0][0]  # (typed when compiled: compared unboxed)
-                    if not start_s <= now:
-                        break
+            elif starting:
+                start_s = starting[0][0]  # (typed when compiled: compared unboxed)
+                if start_s <= now:
+                    # _start_streaming without its rate (set once below)
+                    virtual_bytes, popleft = self.virtual_bytes, starting.popleft
+                    while True:
+                        desc = popleft()[1]
+                        heappush(streaming, (virtual_bytes + desc.nbytes, desc.seq, desc))
+                        if by_stream:  # stream_of, inlined
+                            slab = desc.slab
+                            key = desc.stream = desc.family if slab is None else (
+                                slab if slab.family == ROUTED else slab.ring)
+                            streams[key] = streams.get(key, 0) + 1
+                        if not starting:
+                            break
+                        start_s = starting[0][0]  # (typed when compiled: compared unboxed)
+                        if not start_s <= now:
+                            break
             if by_stream and streaming:
                 self.rate = self.aggregate_by_k[len(streams)] / len(streaming)
             else:

@@ -58,9 +58,12 @@ class EventLoop(simpy.Environment):
     """SimPy's environment with :meth:`call_later` and a direct :meth:`run` (module docstring).
 
     ``now`` is a plain attribute here (SimPy's is a property over ``_now``, which becomes the
-    alias): the engine reads the clock at every event."""
+    alias): the engine reads the clock at every event. It and the other fields the engine
+    reads per event are slots (SimPy's own attributes stay in the instance dict), read
+    without a dictionary lookup."""
 
-    now: float = 0.0  # type: ignore[assignment]  # shadows SimPy's read-only property
+    __slots__ = ("_queue", "now", "ran_ahead", "run_ahead", "scheduled")
+    now: float  # type: ignore[assignment]  # shadows SimPy's read-only property
 
     def __init__(self, *, run_ahead: bool = True) -> None:
         super().__init__()

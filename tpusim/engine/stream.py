@@ -57,7 +57,7 @@ from tpusim.engine.staging import StagingMemory
 from tpusim.engine.timeline import Recorder
 
 
-@dataclass
+@dataclass(slots=True)
 class StreamAccount:
     """Where the compute stream's time went (seconds)."""
 
