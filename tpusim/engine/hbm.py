@@ -53,6 +53,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable
+from heapq import heappop, heappush
 from typing import Any
 
 from hwmodels.schema import DmaSpec
@@ -275,7 +276,7 @@ class HbmServer:
         env = self.env
         queue, run_ahead = env._queue, env.run_ahead
         streaming, starting, streams = self.streaming, self.starting, self.streams
-        by_stream, in_order, heappop, heappush = self.by_stream, self.in_order, heapq.heappop, heapq.heappush
+        by_stream, in_order = self.by_stream, self.in_order  # (heappop, heappush: the module's, no lookup per turn)
         run = self.run
         slack, tolerance = RELATIVE_SLACK, BYTE_TOLERANCE  # (C doubles when compiled)
         while True:  # one turn per wake-up; the next taken at once while nothing is due before it
