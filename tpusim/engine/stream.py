@@ -157,7 +157,8 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
                 account.collective_s += join_s - start
                 if recorder is not None:
                     recorder.interval("wait", start, join_s, "collective join")
-        staging.current_layer = layer
+        if first:  # (else the layer it holds already)
+            staging.current_layer = layer
         staging.current_op = name
         if start_releases:
             release_many(start_releases)
