@@ -25,7 +25,7 @@ cdef class HbmServer:
     cpdef _reschedule(self, double now)
 
     @cython.locals(in_flight=long, max_in_flight=long, issued=long, now=double, elapsed=double,
-                   latency_s=double, start_s=double, desc=Descriptor)
+                   latency_s=double, start_s=double, desc=Descriptor, group=list)
     cpdef bint _issue(self)
 
     @cython.locals(run=long, now=double, elapsed=double, limit=double, virtual_bytes=double,

@@ -121,7 +121,8 @@ class HbmServer:
         self.recorder = recorder
         self.events = events
         self.queue: list[tuple[int, Descriptor]] = []  # (seq, copy) waiting to be issued
-        self.starting: deque[tuple[float, Descriptor]] = deque()  # issued, in issue latency
+        # issued, in issue latency: (start time, the copies issued then, in issue order), oldest first
+        self.starting: deque[tuple[float, list[Descriptor]]] = deque()
         # in order: one copy streams at a time, the others wait (latency spent) in issue order
         self.in_order = dma.service == "in_order"
         self.ready: deque[Descriptor] = deque()
@@ -230,12 +231,14 @@ class HbmServer:
             self.last_s = now
         recorder, latency_s = self.recorder, self.latency_s
         if latency_s > 0.0 and recorder is None:  # the common case: each spends its latency first
-            starting, start_s, heappop = self.starting, now + latency_s, heapq.heappop
+            start_s, heappop = now + latency_s, heapq.heappop
             issued = in_flight
+            group = []  # one entry for the copies issued now (they start together)
             while queue and in_flight < max_in_flight:  # (issue_s is read only by the recorder: not kept here)
                 desc = heappop(queue)[1]
                 in_flight += 1
-                starting.append((start_s, desc))
+                group.append(desc)
+            self.starting.append((start_s, group))
             self.issued += in_flight - issued
             self.in_flight = in_flight
             return True
@@ -247,7 +250,7 @@ class HbmServer:
             if recorder is not None:
                 desc.lane = heapq.heappop(self.free_lanes)
             if latency_s > 0.0:
-                self.starting.append((now + latency_s, desc))
+                self.starting.append((now + latency_s, [desc]))
             elif self.in_order and self.streaming:
                 self.ready.append(desc)
             else:
@@ -314,7 +317,7 @@ class HbmServer:
             if in_order:
                 ready = self.ready
                 while starting and starting[0][0] <= now:
-                    ready.append(starting.popleft()[1])
+                    ready.extend(starting.popleft()[1])
                 if ready and not streaming:  # the next in issue order streams alone
                     desc = ready.popleft()
                     heappush(streaming, (self.virtual_bytes + desc.nbytes, desc.seq, desc))
@@ -324,16 +327,16 @@ class HbmServer:
                     # _start_streaming without its rate (set once below)
                     virtual_bytes, popleft = self.virtual_bytes, starting.popleft
                     while True:
-                        desc = popleft()[1]
-                        heappush(streaming, (virtual_bytes + desc.nbytes, desc.seq, desc))
-                        if by_stream:  # stream_of, inlined
-                            slab = desc.slab
-                            key = desc.stream = desc.family if slab is None else (
-                                slab if slab.family == ROUTED else slab.ring)
-                            streams[key] = streams.get(key, 0) + 1
+                        for desc in popleft()[1]:  # the copies issued together, in issue order
+                            heappush(streaming, (virtual_bytes + desc.nbytes, desc.seq, desc))
+                            if by_stream:  # stream_of, inlined
+                                slab = desc.slab
+                                key = desc.stream = desc.family if slab is None else (
+                                    slab if slab.family == ROUTED else slab.ring)
+                                streams[key] = streams.get(key, 0) + 1
                         if not starting:
                             break
-                        start_s = starting[0][0]  # (typed when compiled: compared unboxed)
+                        start_s = starting[0][0]
                         if not start_s <= now:
                             break
             if by_stream and streaming:
