@@ -23,11 +23,11 @@ This is a fluid processor-sharing server. It is simulated exactly, without a Sim
 per copy, by a *virtual clock*: ``S(t) = ∫ rate dt`` is the number of bytes every streaming
 copy has received since time 0. A copy that starts streaming at ``S0`` with ``b`` bytes
 finishes when ``S`` reaches ``S0 + b``; since all streaming copies advance at the same rate,
-they finish in order of that target, kept in a heap. Whenever the set changes (a copy starts
-or finishes) the rate is recomputed and one wake-up is scheduled for the next start or
-finish (or, when nothing else is due before it, taken at once: the loop's running ahead,
-:mod:`tpusim.engine.loop`). A wake-up made stale by a later change is recognised by its token
-and ignored.
+they finish in order of that target, kept sorted (then by sequence number). Whenever the set
+changes (a copy starts or finishes) the rate is recomputed and one wake-up is scheduled for the
+next start or finish (or, when nothing else is due before it, taken at once: the loop's
+running ahead, :mod:`tpusim.engine.loop`). A wake-up made stale by a later change is recognised
+by its token and ignored.
 
 **In order** (``dma.service: in_order``, measured on TPU v5e by the ``dma_order`` probe: a
 64 KiB copy issued behind eight 1 MiB copies lands after all eight): copies are queued in
@@ -51,9 +51,10 @@ a new attribute is declared there too.
 from __future__ import annotations
 
 import heapq
+from bisect import insort
 from collections import deque
 from collections.abc import Callable
-from heapq import heappop, heappush
+from heapq import heappush
 from typing import Any
 
 from hwmodels.schema import DmaSpec
@@ -127,7 +128,10 @@ class HbmServer:
         self.in_order = dma.service == "in_order"
         self.ready: deque[Descriptor] = deque()
         self.issue_count = 0
-        self.streaming: list[tuple[float, int, Descriptor]] = []  # (target S, seq, copy)
+        # (target S, seq, copy), kept sorted (bisect.insort; the first lands first): at most
+        # max_in_flight long, so an insertion's few comparisons and a list shift cost less
+        # than a heap's push and pop (the same order: (target, seq) is unique)
+        self.streaming: list[tuple[float, int, Descriptor]] = []
         self.in_flight = 0
         self.virtual_bytes = 0.0  # S(t)
         self.rate = 0.0
@@ -258,7 +262,7 @@ class HbmServer:
         return True
 
     def _start_streaming(self, desc: Descriptor) -> None:
-        heapq.heappush(self.streaming, (self.virtual_bytes + desc.nbytes, desc.seq, desc))
+        insort(self.streaming, (self.virtual_bytes + desc.nbytes, desc.seq, desc))
         if self.by_stream:
             streams = self.streams
             key = desc.stream = stream_of(desc)
@@ -279,7 +283,7 @@ class HbmServer:
         env = self.env
         queue, run_ahead = env._queue, env.run_ahead
         streaming, starting, streams = self.streaming, self.starting, self.streams
-        by_stream, in_order = self.by_stream, self.in_order  # (heappop, heappush: the module's, no lookup per turn)
+        by_stream, in_order = self.by_stream, self.in_order  # (insort, heappush: module names, no lookup per turn)
         run = self.run
         slack, tolerance = RELATIVE_SLACK, BYTE_TOLERANCE  # (C doubles when compiled)
         while True:  # one turn per wake-up; the next taken at once while nothing is due before it
@@ -300,7 +304,7 @@ class HbmServer:
                 if head <= limit:
                     landed = []
                     while True:
-                        desc = heappop(streaming)[2]
+                        desc = streaming.pop(0)[2]
                         landed.append(desc)
                         if by_stream:
                             key = desc.stream
@@ -320,7 +324,7 @@ class HbmServer:
                     ready.extend(starting.popleft()[1])
                 if ready and not streaming:  # the next in issue order streams alone
                     desc = ready.popleft()
-                    heappush(streaming, (self.virtual_bytes + desc.nbytes, desc.seq, desc))
+                    insort(streaming, (self.virtual_bytes + desc.nbytes, desc.seq, desc))
             elif starting:
                 start_s = starting[0][0]  # (typed when compiled: compared unboxed)
                 if start_s <= now:
@@ -328,7 +332,7 @@ class HbmServer:
                     virtual_bytes, popleft = self.virtual_bytes, starting.popleft
                     while True:
                         for desc in popleft()[1]:  # the copies issued together, in issue order
-                            heappush(streaming, (virtual_bytes + desc.nbytes, desc.seq, desc))
+                            insort(streaming, (virtual_bytes + desc.nbytes, desc.seq, desc))
                             if by_stream:  # stream_of, inlined
                                 slab = desc.slab
                                 key = desc.stream = desc.family if slab is None else (
