@@ -65,6 +65,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from operator import attrgetter
+from typing import Any
 
 from hwmodels.schema import Chip
 from tpusim.engine.collective_messages import consumer_index, lower_messages
@@ -95,6 +96,9 @@ class Lowered:
     slabs: int
     base_bytes: int  # always-resident scratch (activations)
     runs: int = 0  # runs started on it: the current run's number (its copies' and slabs' flags, items)
+    # each op's fields the compute stream reads, one tuple an op: made by its first run, read by
+    # the next (an op plan does not change once lowered; tpusim.engine.stream.compute_stream)
+    op_rows: list[tuple[Any, ...]] | None = None
 
 
 def _overlap_join_index(ops: list[Op], index: int) -> int:

@@ -10,7 +10,7 @@ from tpusim.engine.items cimport Descriptor, Slab
 
 @cython.final
 cdef class HbmServer:
-    cdef public object env, call_later, bandwidth, on_free, recorder, events, starting, ready
+    cdef public object env, call_later, bandwidth, on_free, recorder, events, starting, ready, wake_fn
     cdef public long run, max_in_flight, issue_count, in_flight, issued, wake_token
     cdef public long long bytes_moved
     cdef public double latency_s, virtual_bytes, rate, last_s, busy_s, last_land_s, wake_at
@@ -21,15 +21,16 @@ cdef class HbmServer:
     @cython.locals(elapsed=double)
     cpdef _advance(self, double now)
 
-    @cython.locals(next_s=double, left=double, finish=double)
+    @cython.locals(next_s=double, head=double, left=double, finish=double)
     cpdef _reschedule(self, double now)
 
     @cython.locals(in_flight=long, max_in_flight=long, issued=long, now=double, elapsed=double,
-                   latency_s=double, start_s=double, desc=Descriptor)
+                   latency_s=double, start_s=double, desc=Descriptor, group=list)
     cpdef bint _issue(self)
 
     @cython.locals(run=long, now=double, elapsed=double, limit=double, virtual_bytes=double,
                    next_s=double, finish=double, left_bytes=double, time_s=double, desc=Descriptor,
                    slab=Slab, by_stream=bint, in_order=bint, run_ahead=bint, count=long,
-                   streaming=list, queue=list)
+                   streaming=list, queue=list, head=double, start_s=double, ahead=bint,
+                   slack=double, tolerance=double)
     cpdef _wake(self, long token)

@@ -23,11 +23,11 @@ This is a fluid processor-sharing server. It is simulated exactly, without a Sim
 per copy, by a *virtual clock*: ``S(t) = ∫ rate dt`` is the number of bytes every streaming
 copy has received since time 0. A copy that starts streaming at ``S0`` with ``b`` bytes
 finishes when ``S`` reaches ``S0 + b``; since all streaming copies advance at the same rate,
-they finish in order of that target, kept in a heap. Whenever the set changes (a copy starts
-or finishes) the rate is recomputed and one wake-up is scheduled for the next start or
-finish (or, when nothing else is due before it, taken at once: the loop's running ahead,
-:mod:`tpusim.engine.loop`). A wake-up made stale by a later change is recognised by its token
-and ignored.
+they finish in order of that target, kept sorted (then by sequence number). Whenever the set
+changes (a copy starts or finishes) the rate is recomputed and one wake-up is scheduled for the
+next start or finish (or, when nothing else is due before it, taken at once: the loop's
+running ahead, :mod:`tpusim.engine.loop`). A wake-up made stale by a later change is recognised
+by its token and ignored.
 
 **In order** (``dma.service: in_order``, measured on TPU v5e by the ``dma_order`` probe: a
 64 KiB copy issued behind eight 1 MiB copies lands after all eight): copies are queued in
@@ -51,8 +51,10 @@ a new attribute is declared there too.
 from __future__ import annotations
 
 import heapq
+from bisect import insort
 from collections import deque
 from collections.abc import Callable
+from heapq import heappush
 from typing import Any
 
 from hwmodels.schema import DmaSpec
@@ -120,12 +122,16 @@ class HbmServer:
         self.recorder = recorder
         self.events = events
         self.queue: list[tuple[int, Descriptor]] = []  # (seq, copy) waiting to be issued
-        self.starting: deque[tuple[float, Descriptor]] = deque()  # issued, in issue latency
+        # issued, in issue latency: (start time, the copies issued then, in issue order), oldest first
+        self.starting: deque[tuple[float, list[Descriptor]]] = deque()
         # in order: one copy streams at a time, the others wait (latency spent) in issue order
         self.in_order = dma.service == "in_order"
         self.ready: deque[Descriptor] = deque()
         self.issue_count = 0
-        self.streaming: list[tuple[float, int, Descriptor]] = []  # (target S, seq, copy)
+        # (target S, seq, copy), kept sorted (bisect.insort; the first lands first): at most
+        # max_in_flight long, so an insertion's few comparisons and a list shift cost less
+        # than a heap's push and pop (the same order: (target, seq) is unique)
+        self.streaming: list[tuple[float, int, Descriptor]] = []
         self.in_flight = 0
         self.virtual_bytes = 0.0  # S(t)
         self.rate = 0.0
@@ -136,6 +142,7 @@ class HbmServer:
         self.last_land_s = 0.0
         self.wake_token = 0
         self.wake_at = INF
+        self.wake_fn = self._wake  # the bound turn queued with each wake-up (made once, not per entry)
         self.free_lanes = list(range(max_in_flight))
         # copies admitted into an empty queue with slots for all of them may be issued at once
         # by the staging memory (StagingMemory._fill): _issue's common case, copies by urgency,
@@ -161,14 +168,15 @@ class HbmServer:
         next_s = starting[0][0] if starting else INF
         streaming = self.streaming
         if streaming:
-            left = streaming[0][0] - self.virtual_bytes
+            head = streaming[0][0]  # (typed when compiled: the same subtraction, unboxed)
+            left = head - self.virtual_bytes
             finish = now + left / self.rate if left > 0.0 else now
             if finish < next_s:
                 next_s = finish
         if next_s < self.wake_at:
             self.wake_token += 1
             self.wake_at = next_s
-            self.call_later(next_s - now if next_s > now else 0.0, self._wake, self.wake_token)
+            self.call_later(next_s - now if next_s > now else 0.0, self.wake_fn, self.wake_token)
 
     # ----------------------------------------------------------------- issue
 
@@ -227,12 +235,14 @@ class HbmServer:
             self.last_s = now
         recorder, latency_s = self.recorder, self.latency_s
         if latency_s > 0.0 and recorder is None:  # the common case: each spends its latency first
-            starting, start_s, heappop = self.starting, now + latency_s, heapq.heappop
+            start_s, heappop = now + latency_s, heapq.heappop
             issued = in_flight
+            group = []  # one entry for the copies issued now (they start together)
             while queue and in_flight < max_in_flight:  # (issue_s is read only by the recorder: not kept here)
                 desc = heappop(queue)[1]
                 in_flight += 1
-                starting.append((start_s, desc))
+                group.append(desc)
+            self.starting.append((start_s, group))
             self.issued += in_flight - issued
             self.in_flight = in_flight
             return True
@@ -244,7 +254,7 @@ class HbmServer:
             if recorder is not None:
                 desc.lane = heapq.heappop(self.free_lanes)
             if latency_s > 0.0:
-                self.starting.append((now + latency_s, desc))
+                self.starting.append((now + latency_s, [desc]))
             elif self.in_order and self.streaming:
                 self.ready.append(desc)
             else:
@@ -252,7 +262,7 @@ class HbmServer:
         return True
 
     def _start_streaming(self, desc: Descriptor) -> None:
-        heapq.heappush(self.streaming, (self.virtual_bytes + desc.nbytes, desc.seq, desc))
+        insort(self.streaming, (self.virtual_bytes + desc.nbytes, desc.seq, desc))
         if self.by_stream:
             streams = self.streams
             key = desc.stream = stream_of(desc)
@@ -273,8 +283,9 @@ class HbmServer:
         env = self.env
         queue, run_ahead = env._queue, env.run_ahead
         streaming, starting, streams = self.streaming, self.starting, self.streams
-        by_stream, in_order, heappop, heappush = self.by_stream, self.in_order, heapq.heappop, heapq.heappush
+        by_stream, in_order = self.by_stream, self.in_order  # (insort, heappush: module names, no lookup per turn)
         run = self.run
+        slack, tolerance = RELATIVE_SLACK, BYTE_TOLERANCE  # (C doubles when compiled)
         while True:  # one turn per wake-up; the next taken at once while nothing is due before it
             self.wake_at = INF
             now = env.now
@@ -288,11 +299,12 @@ class HbmServer:
                 self.last_s = now
             landed: list[Descriptor] | None = None
             if streaming:
-                limit = self.virtual_bytes * RELATIVE_SLACK + BYTE_TOLERANCE
-                if streaming[0][0] <= limit:
+                limit = self.virtual_bytes * slack + tolerance
+                head = streaming[0][0]  # (a typed local when compiled: compared unboxed)
+                if head <= limit:
                     landed = []
-                    while streaming and streaming[0][0] <= limit:
-                        desc = heappop(streaming)[2]
+                    while True:
+                        desc = streaming.pop(0)[2]
                         landed.append(desc)
                         if by_stream:
                             key = desc.stream
@@ -301,24 +313,36 @@ class HbmServer:
                                 streams[key] = left
                             else:
                                 del streams[key]
+                        if not streaming:
+                            break
+                        head = streaming[0][0]
+                        if not head <= limit:
+                            break
             if in_order:
                 ready = self.ready
                 while starting and starting[0][0] <= now:
-                    ready.append(starting.popleft()[1])
+                    ready.extend(starting.popleft()[1])
                 if ready and not streaming:  # the next in issue order streams alone
                     desc = ready.popleft()
-                    heappush(streaming, (self.virtual_bytes + desc.nbytes, desc.seq, desc))
-            elif starting and starting[0][0] <= now:
-                # _start_streaming without its rate (set once below)
-                virtual_bytes = self.virtual_bytes
-                while starting and starting[0][0] <= now:
-                    desc = starting.popleft()[1]
-                    heappush(streaming, (virtual_bytes + desc.nbytes, desc.seq, desc))
-                    if by_stream:  # stream_of, inlined
-                        slab = desc.slab
-                        key = desc.stream = desc.family if slab is None else (
-                            slab if slab.family == ROUTED else slab.ring)
-                        streams[key] = streams.get(key, 0) + 1
+                    insort(streaming, (self.virtual_bytes + desc.nbytes, desc.seq, desc))
+            elif starting:
+                start_s = starting[0][0]  # (typed when compiled: compared unboxed)
+                if start_s <= now:
+                    # _start_streaming without its rate (set once below)
+                    virtual_bytes, popleft = self.virtual_bytes, starting.popleft
+                    while True:
+                        for desc in popleft()[1]:  # the copies issued together, in issue order
+                            insort(streaming, (virtual_bytes + desc.nbytes, desc.seq, desc))
+                            if by_stream:  # stream_of, inlined
+                                slab = desc.slab
+                                key = desc.stream = desc.family if slab is None else (
+                                    slab if slab.family == ROUTED else slab.ring)
+                                streams[key] = streams.get(key, 0) + 1
+                        if not starting:
+                            break
+                        start_s = starting[0][0]
+                        if not start_s <= now:
+                            break
             if by_stream and streaming:
                 self.rate = self.aggregate_by_k[len(streams)] / len(streaming)
             else:
@@ -336,10 +360,10 @@ class HbmServer:
                         heappush(self.free_lanes, desc.lane)
                     waiter = desc.waiter
                     if waiter is not None:  # the compute stream waits on this copy: Driver.wake, inlined
-                        desc.waiter = None
+                        desc.waiter = None  # (waiter: the driver's bound resume)
                         count = env.scheduled
                         env.scheduled = count + 1
-                        heappush(queue, (now + 0.0, NORMAL, count, waiter.resume, None))
+                        heappush(queue, (now + 0.0, NORMAL, count, waiter, None))
                     slab = desc.slab
                     if slab is not None and slab.free_on_land == run and slab.landed_in(run):
                         on_free(slab)  # StagingMemory.resolve: its last copy landed, drop it now
@@ -350,19 +374,24 @@ class HbmServer:
             # when the next copy starts streaming or lands (INF: nothing in flight)
             next_s = starting[0][0] if starting else INF
             if streaming:
-                left_bytes = streaming[0][0] - self.virtual_bytes
+                head = streaming[0][0]
+                left_bytes = head - self.virtual_bytes
                 finish = now + left_bytes / self.rate if left_bytes > 0.0 else now
                 if finish < next_s:
                     next_s = finish
             if not next_s < self.wake_at:
                 return  # a wake-up at or before it is queued already
             time_s = now + (next_s - now if next_s > now else 0.0)  # as call_later computes it
-            if not (run_ahead and (not queue or queue[0][0] > time_s)):  # EventLoop.is_next, inlined
+            ahead = run_ahead  # EventLoop.is_next, inlined: every queued entry is later
+            if ahead and queue:
+                head = queue[0][0]
+                ahead = head > time_s
+            if not ahead:
                 token = self.wake_token = self.wake_token + 1
                 self.wake_at = next_s
                 count = env.scheduled  # call_later(time_s - now, self._wake, token), inlined
                 env.scheduled = count + 1
-                heappush(queue, (now + (time_s - now), NORMAL, count, self._wake, token))
+                heappush(queue, (now + (time_s - now), NORMAL, count, self.wake_fn, token))
                 return
             # the entry would be the next served (tpusim.engine.loop, running ahead): take it now
             self.wake_token += 1  # an entry queued for a later wake-up is superseded, as by a new one

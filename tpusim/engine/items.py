@@ -141,7 +141,7 @@ class Descriptor:
         self.write = write
         self.frees_slab = frees_slab  # a state write-back frees the state buffer when it lands
         self.landed = 0  # the run it landed in (module docstring)
-        self.waiter: Any = None  # the compute stream's Driver while it waits on this copy
+        self.waiter: Any = None  # the compute stream's Driver.resume (bound) while it waits on this copy
         self.stream: object = None  # its address stream while streaming (dma.contention_unit: stream)
         self.lane = -1
         self.issue_s = 0.0

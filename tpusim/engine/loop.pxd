@@ -6,7 +6,7 @@ cimport cython
 
 @cython.final
 cdef class Driver:
-    cdef public object loop, send
+    cdef public object loop, send, resume_fn
     cdef public bint alive
 
     @cython.locals(queue=list, time_s=double)

@@ -58,9 +58,12 @@ class EventLoop(simpy.Environment):
     """SimPy's environment with :meth:`call_later` and a direct :meth:`run` (module docstring).
 
     ``now`` is a plain attribute here (SimPy's is a property over ``_now``, which becomes the
-    alias): the engine reads the clock at every event."""
+    alias): the engine reads the clock at every event. It and the other fields the engine
+    reads per event are slots (SimPy's own attributes stay in the instance dict), read
+    without a dictionary lookup."""
 
-    now: float = 0.0  # type: ignore[assignment]  # shadows SimPy's read-only property
+    __slots__ = ("_queue", "now", "ran_ahead", "run_ahead", "scheduled")
+    now: float  # type: ignore[assignment]  # shadows SimPy's read-only property
 
     def __init__(self, *, run_ahead: bool = True) -> None:
         super().__init__()
@@ -134,12 +137,13 @@ class Driver:
     when created) or ``None`` (asleep until something calls :meth:`wake`, which queues the
     resumption at the current time, as a succeeded SimPy event is)."""
 
-    __slots__ = ("alive", "loop", "send")
+    __slots__ = ("alive", "loop", "resume_fn", "send")
 
     def __init__(self, loop: EventLoop) -> None:
         self.loop = loop
         self.send: Callable[[None], float | None] | None = None
         self.alive = False
+        self.resume_fn = self.resume  # the bound resumption queued per piece (made once)
 
     def start(self, generator: Generator[float | None, None, None]) -> None:
         """Run ``generator`` from the current time (queued as a SimPy process's start is)."""
@@ -171,4 +175,4 @@ class Driver:
         if delay is not None:  # call_later, inlined (once per compute piece)
             count = loop.scheduled
             loop.scheduled = count + 1
-            heappush(loop._queue, (loop.now + delay, NORMAL, count, self.resume, None))  # type: ignore[arg-type]
+            heappush(loop._queue, (loop.now + delay, NORMAL, count, self.resume_fn, None))  # type: ignore[arg-type]

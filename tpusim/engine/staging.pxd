@@ -23,7 +23,7 @@ cdef class StagingMemory:
 
     @cython.locals(order=list, first=long, ptr=long, plain=bint, run=long, slab=Slab, ring=Ring,
                    used=cython.longlong, hbm=HbmServer, in_flight=long, copies=long, now=double,
-                   elapsed=double, start_s=double, at=long, desc=Descriptor, queue=list)
+                   elapsed=double, start_s=double, at=long, desc=Descriptor, queue=list, group=list)
     cpdef _fill(self, Pool pool)
 
     @cython.locals(run=long, pool=Pool, ptr=long)

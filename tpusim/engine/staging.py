@@ -118,10 +118,14 @@ class StagingMemory:
                         if in_flight:
                             hbm.busy_s += elapsed
                         hbm.last_s = now
-                    start_s, append = now + hbm.latency_s, hbm.starting.append
-                    for at in range(first, ptr):
-                        for desc in order[at].descs:
-                            append((start_s, desc))
+                    start_s = now + hbm.latency_s
+                    if ptr == first + 1:  # one slab: its own list of copies (not changed while it runs)
+                        group = order[first].descs
+                    else:
+                        group = []
+                        for at in range(first, ptr):
+                            group.extend(order[at].descs)
+                    hbm.starting.append((start_s, group))  # one entry: they start together
                     hbm.in_flight = in_flight + copies
                     hbm.issued += copies
                     hbm._reschedule(now)

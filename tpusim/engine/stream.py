@@ -57,7 +57,7 @@ from tpusim.engine.staging import StagingMemory
 from tpusim.engine.timeline import Recorder
 
 
-@dataclass
+@dataclass(slots=True)
 class StreamAccount:
     """Where the compute stream's time went (seconds)."""
 
@@ -104,12 +104,14 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
                    per_layer_each_op: bool = False, recorder: Recorder | None,
                    events: list[tuple[Any, ...]] | None) -> Generator[float | None, None, None]:
     """The compute stream, run by ``driver`` (see the module docstring): yields a delay to
-    sleep, or None while a copy it waits on (``desc.waiter = driver``) has not landed."""
+    sleep, or None while a copy it waits on (``desc.waiter = driver.resume``) has not landed."""
     joins: dict[int, float] = {}
     consumed: dict[int, list[Handle]] = {}  # op index -> message collectives it waits for
     exposed_by_family, unit_busy, by_phase = account.exposed_by_family, account.unit_busy, account.compute_by_phase
     run = lowered.runs  # a copy has landed in this run when its ``landed`` is this number (items)
     queue, run_ahead = env._queue, env.run_ahead
+    resume = driver.resume  # what a landing queues for a copy waited on (bound once)
+    free, release_many = staging.free, staging.release_many  # (bound once: called per piece)
     if per_step_s > 0.0:
         yield per_step_s
         account.fixed_s += per_step_s
@@ -123,22 +125,31 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
         for layer in share_by_layer:
             share_by_layer[layer] = per_layer_s / share_by_layer[layer]
     block_s = per_layer_s if not share_by_layer else 0.0
-    for op in lowered.ops:
-        if op.first_of_layer:
-            account.layer_start_s.append((op.layer, env.now))
+    rows = lowered.op_rows  # each op's fields the loop reads, as one tuple (Lowered.op_rows)
+    if rows is None:
+        rows = lowered.op_rows = [
+            (op, op.layer, op.first_of_layer, op.index, op.launch_s > 0.0 or op.kernel_fixed_s > 0.0, op.name,
+             op.start_releases, op.phase, op.pieces, op.end_releases, op.resolves, op.collectives)
+            for op in lowered.ops
+        ]
+    op_times = account.op_time_s
+    for op, layer, first, index, launched, name, start_releases, phase, pieces, end_releases, resolves, collectives \
+            in rows:
+        if first:
+            account.layer_start_s.append((layer, env.now))
             if recorder is not None:
-                recorder.layer_start(op.layer, env.now)
-            if block_s > 0.0 and op.layer >= 0:
+                recorder.layer_start(layer, env.now)
+            if block_s > 0.0 and layer >= 0:
                 yield block_s
                 account.fixed_s += block_s
-        if share_by_layer and op.layer >= 0:
-            share_s = share_by_layer[op.layer]
+        if share_by_layer and layer >= 0:
+            share_s = share_by_layer[layer]
             yield share_s
             account.fixed_s += share_s
         op_start = env.now
-        if op.launch_s > 0.0 or op.kernel_fixed_s > 0.0:
+        if launched:
             yield from _launch(env, op, account, recorder)
-        if op.index in joins or op.index in consumed:  # (a plain call: most joins do not wait)
+        if index in joins or index in consumed:  # (a plain call: most joins do not wait)
             join_s = _join_s(env, op, links, joins, consumed, events)
             if join_s > env.now:
                 start = env.now
@@ -146,23 +157,23 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
                 account.collective_s += join_s - start
                 if recorder is not None:
                     recorder.interval("wait", start, join_s, "collective join")
-        staging.current_layer = op.layer
-        staging.current_op = op.name
-        if op.start_releases:
-            staging.release_many(op.start_releases)
+        if first:  # (else the layer it holds already)
+            staging.current_layer = layer
+        staging.current_op = name
+        if start_releases:
+            release_many(start_releases)
         if events is not None:
-            events.append(("compute", op.name, op.layer))
+            events.append(("compute", name, layer))
         # the op's pieces (inlined here: one generator frame per resumption, none per op); the
         # phase's compute summed here in order and stored at the op's end (no one reads it between)
-        phase = op.phase
         phase_s: float | None = None
-        for duration, unit, waits, frees, releases, writes in op.pieces:
+        for duration, unit, waits, frees, releases, writes in pieces:
             for desc in waits:
                 if events is not None:
                     events.append(("dma_wait", desc.family, desc.tensor, desc.layer, desc.chunk))
                 if desc.landed != run:  # exposed DMA: sleep until it lands
                     start = env.now
-                    desc.waiter = driver
+                    desc.waiter = resume
                     yield None
                     stalled = env.now - start
                     account.exposed_dma_s += stalled
@@ -180,31 +191,31 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
                 unit_busy[unit] += duration
                 phase_s = (by_phase.get(phase, 0.0) if phase_s is None else phase_s) + duration
                 if recorder is not None:
-                    recorder.interval(UNIT_NAMES[unit], start, env.now, f"{op.name} L{op.layer}")
+                    recorder.interval(UNIT_NAMES[unit], start, env.now, f"{name} L{layer}")
             for slab in frees:
-                staging.free(slab)
+                free(slab)
             if releases:
-                staging.release_many(releases)
+                release_many(releases)
             if writes:
                 for desc in writes:
                     hbm.enqueue(desc)
                 hbm.pump()
         if phase_s is not None:
             by_phase[phase] = phase_s
-        if op.end_releases:
-            staging.release_many(op.end_releases)
-        for slab in op.resolves:
+        if end_releases:
+            release_many(end_releases)
+        for slab in resolves:
             staging.resolve(slab)
-        if op.collectives:
+        if collectives:
             # message collectives issue without waiting: a generator only from the first staged one
             issued: dict[str, Handle] = {}
-            for position, call in enumerate(op.collectives):
+            for position, call in enumerate(collectives):
                 if call.messages is None:
                     yield from _run_collectives(env, op, position, issued, links, account, recorder, joins,
                                                 consumed, events)
                     break
-                _issue_messages(links.fabric, call, env.now, issued, consumed, op.layer, events)
-        account.op_time_s.append(env.now - op_start)
+                _issue_messages(links.fabric, call, env.now, issued, consumed, layer, events)
+        op_times.append(env.now - op_start)
     account.stream_end_s = env.now
     _finish_links(links, account)
 
