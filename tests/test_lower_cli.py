@@ -11,7 +11,10 @@ from hwmodels.units import MIB
 from tpusim.app.cli import main
 
 
-@pytest.mark.slow  # traces all 93 layers at K3 TP32 sizes on 32 virtual devices (~8 s of CPU)
+# heavy (suite time: ~5-8 s of CPU): the same lowering (K3 TP32, published, batch 1, its scratch against the
+# accounting) runs by default in tests/test_megakernel_collectives.py (test_full_k3_tp32_lowers_with_collectives_
+# vmem_and_order_match_the_simulator[1]), and the CLI's ``lower --json`` of K3 TP32 in tests/test_vmem_truth.py
+@pytest.mark.heavy  # traces all 93 layers at K3 TP32 sizes on 32 virtual devices (~8 s of CPU)
 def test_lower_full_k3_published(capsys) -> None:
     assert main(["lower", "--model", "kimi-k3", "--schedule", "published", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

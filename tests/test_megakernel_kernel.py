@@ -12,7 +12,7 @@ kernel is used for as much as it can check:
 - batch 4 x {naive, published, layer-double-buffer} (up to 16 distinct experts a layer,
   so the n-dependent issue tables and slot refills are exercised);
 - the chunked example schedule (row slabs with in-op refills, a shared pool, 64-token KV
-  tiles) at batch 2 on an 8-layer variant, 2 steps, with the trace;
+  tiles) at batch 2 on a 5-layer variant (8 layers under ``-m heavy``), 2 steps, with the trace;
 - the ring-pool example schedule (the Muse layout: every dense tensor in one ring of 4 banks,
   so banks wrap across layers and ``kda.qkvgb`` refills inside its op; 3 KV tiles) at batch 1,
   with the trace (batch 4 under ``-m heavy``).
@@ -131,14 +131,22 @@ def eight() -> Setup:
     return Setup(layers=8)
 
 
+@pytest.fixture(scope="module")
+def five() -> Setup:
+    """kimi-k3-mini cut to 5 layers: layer 0 dense, KDA windows 1-2 and the MLA window 3 in the
+    layer loop, KDA layer 4 the last window, then the head: every window kind and every
+    kind-to-kind lead-in of the 8-layer cut (MLA as the last window only there)."""
+    return Setup(layers=5)
+
+
 def test_batch1_8_layers_greedy_2_steps_with_event_trace_published(eight):
     """The CI stand-in of the 93-layer check above: the same checks and trace on 8 layers (greedy
-    decoding over 4 steps on 13 layers: test_megakernel_reference_jnp); the second step's
+    decoding over 2 steps on 13 layers: test_megakernel_reference_jnp); the second step's
     routing, state and trace follow from the kernel's own first step."""
     run_and_check(eight, load_schedule("published"), 1, steps=2, trace=True)
 
 
-# heavy (suite time): batch > 1 runs in CI as the chunked batch-2 8-layer trace
+# heavy (suite time): batch > 1 runs in CI as the chunked batch-2 5-layer trace
 @pytest.mark.parametrize("name", [pytest.param("naive", marks=pytest.mark.heavy),
                                   pytest.param("published", marks=pytest.mark.heavy),
                                   pytest.param("layer-double-buffer", marks=pytest.mark.heavy)])
@@ -146,9 +154,14 @@ def test_batch4_93_layers(mini, name):
     run_and_check(mini, load_schedule(name), 4)
 
 
+def test_chunked_schedule_batch2_5_layers_with_event_trace(five):
+    """Row slabs with in-op refills, a shared pool and 64-token KV tiles (on 5 layers: the
+    kernel's code is the same loop whatever the depth; suite time, the 8-layer run is ``-m heavy``)."""
+    run_and_check(five, chunked_schedule(), 2, steps=2, trace=True)
+
+
+@pytest.mark.heavy
 def test_chunked_schedule_batch2_8_layers_with_event_trace(eight):
-    """Row slabs with in-op refills, a shared pool and 64-token KV tiles (on 8 layers: the
-    kernel's code is the same loop whatever the depth)."""
     run_and_check(eight, chunked_schedule(), 2, steps=2, trace=True)
 
 

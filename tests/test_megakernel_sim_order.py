@@ -3,7 +3,8 @@
 The kernel side is :func:`megakernel.events.planned_event_order`, which
 ``test_megakernel_kernel`` proves equal to the order the kernel records in interpret mode;
 the simulator side is ``simulate(..., record_events=True)`` on the program built with the
-kernel's own routing (saved as a ``trace:`` routing file). Both read one issue plan
+kernel's routing (saved as a ``trace:`` routing file; a seeded draw, or the reference step's own
+routing under ``-m heavy``). Both read one issue plan
 (:mod:`tpusim.schedule.issue_plan`), so every copy must start after the same op: the
 built-in schedules, and schedules drawn from the sweep space whose prefetch distances reach
 back past ``moe.topk`` (the horizon clamp) and whose pools overlap (the free clamp). Three
@@ -72,16 +73,33 @@ def _issue_points(events: list[tuple]) -> dict[tuple, tuple]:
     return points
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    model = load_model("kimi-k3-mini")
-    plan = plan_for(model, 1)
-    dims = model_dims(model, plan)
+def _drawn_routing(model, seed: int = 0) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """i32[MoE layers, 1, top_k]: distinct experts a layer, drawn in selection order (seeded)."""
+    assert model.moe is not None
+    rng = np.random.default_rng(seed)
+    moe_layers = [layer for layer in range(model.num_layers) if layer not in model.dense_layers]
+    return np.asarray([[rng.permutation(model.moe.num_experts)[: model.moe.top_k]] for _ in moe_layers], np.int32)
+
+
+def _reference_routing(dims, model) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """The routing the reference's step computes (one jitted 93-layer step: ~10 s of XLA compile)."""
     params = device_params(random_weights(dims, 0))
     state = init_state(dims, 1, 256, context=130, seed=1)
     tokens = jnp.asarray(np.arange(1) * 37 % dims.vocab_rows, jnp.int32)
     _, _, routing = decode_step_with_routing(dims, params, state, tokens)
-    routing = np.asarray(routing)
+    return np.asarray(routing)
+
+
+# Both sides read the routing as an input (the plan's expert order, the program's trace), so any
+# routing of the right form checks the issue points: a seeded draw by default; the reference step's
+# own routing under ``-m heavy`` (suite time: its 93-layer compile was ~10 s of the file's ~14 s)
+@pytest.fixture(scope="module", params=["drawn", pytest.param("reference", marks=pytest.mark.heavy)])
+def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    model = load_model("kimi-k3-mini")
+    plan = plan_for(model, 1)
+    dims = model_dims(model, plan)
+    routing = _drawn_routing(model) if request.param == "drawn" else _reference_routing(dims, model)
+    assert routing.shape == (model.num_layers - len(model.dense_layers), 1, model.moe.top_k)
     trace = tmp_path_factory.mktemp("routing") / "routing.json"
     save_routing_trace(routing, trace)
     program = build_program(model, plan, batch=1, context_tokens=130, routing=parse_routing(f"trace:{trace}"))

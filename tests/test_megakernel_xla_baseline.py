@@ -5,6 +5,7 @@ is first appearance (the order the kernel and the reference sum in)."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -47,19 +48,34 @@ def test_xla_baseline_computes_the_reference_step(step):
     assert float(jnp.max(jnp.abs(got_state.kv_cache.astype(jnp.float32) - want_state.kv_cache.astype(jnp.float32)))) <= 2e-2
 
 
-@pytest.mark.slow  # two more XLA compiles of the 4-layer decode (caps 10 000 and 0)
-def test_xla_expert_cap_zero_is_the_step_without_routed_experts(step):
-    """Cap 0 runs no routed expert: the same step as one whose routed experts' FP8 values
-    are all zero (each decodes to 0, so its output is 0); a cap above every layer's distinct
-    experts is the uncapped step, bit for bit."""
+def _assert_caps(step, capped) -> None:  # type: ignore[no-untyped-def]
     dims, params, state, tokens, (full, _) = step
-    above, _ = xla_decode_step(dims, params, state, tokens, 10_000)
+    above, _ = capped(10_000)
     np.testing.assert_array_equal(np.asarray(above), np.asarray(full))
     zeroed = {**params, "expert.gate_up.values": jnp.zeros_like(params["expert.gate_up.values"])}
     want, _ = xla_decode_step(dims, zeroed, state, tokens)
-    got, _ = xla_decode_step(dims, params, state, tokens, 0)
+    got, _ = capped(0)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-6)
     assert float(jnp.max(jnp.abs(got - full))) > 1e-3 * float(jnp.max(jnp.abs(full)))
+
+
+@pytest.mark.slow  # one more XLA compile of the 4-layer decode (both caps)
+def test_xla_expert_cap_zero_is_the_step_without_routed_experts(step):
+    """Cap 0 runs no routed expert: the same step as one whose routed experts' FP8 values
+    are all zero (each decodes to 0, so its output is 0); a cap above every layer's distinct
+    experts is the uncapped step, bit for bit. Both caps through one compile: the same function
+    jitted with the cap traced (``xla_decode_step`` makes it static, a compile per cap; that
+    program runs under ``-m heavy``, below; suite time: each compile ~7 s of CPU)."""
+    dims, params, state, tokens, _ = step
+    traced_cap = jax.jit(xla_decode_step.__wrapped__, static_argnums=0)
+    _assert_caps(step, lambda cap: traced_cap(dims, params, state, tokens, jnp.int32(cap)))
+
+
+@pytest.mark.heavy
+def test_xla_expert_cap_zero_is_the_step_without_routed_experts_with_static_caps(step):
+    """The same checks through ``xla_decode_step``'s own static caps (as ``xla_run`` compiles them)."""
+    dims, params, state, tokens, _ = step
+    _assert_caps(step, lambda cap: xla_decode_step(dims, params, state, tokens, cap))
 
 
 def test_capped_bytes_keep_the_first_experts_of_each_layer():
