@@ -35,8 +35,9 @@ from jax import lax
 
 from calibration.tpu_bench.common import Point, Probe
 from calibration.tpu_bench.probes_compute import SLOTS, _call, _last_slot, _slot
+from tpusim.schedule.kernel_layout import LANES
 
-ROWS, LANES = 256, 128
+ROWS = 256
 INNER_ROUNDS = 8  # rounds written out in the looped form's body (and the constants' cycle)
 CONSTANTS = tuple(0x9E3779B1 * (k + 1) & 0xFFFFFFFF for k in range(INNER_ROUNDS))
 CODE_ROUNDS = (32, 256, 1024, 2048)  # ~0.8k, ~6.2k, ~24.6k, ~49k bundles of straight-line code a repetition (v5e)
