@@ -26,7 +26,8 @@ def _records(tmp_path: Path, forms: dict[tuple[str, int], tuple[int, int]]) -> t
                            "params": {"form": form, "rounds": rounds, "repeats_in_kernel": repeats},
                            "seconds_median": seconds})
         static.append({"kind": "static_schedule", "probe": "code_size", "chip": "tpu-v5e",
-                       "params": {"form": form, "rounds": rounds}, "repetition_bundles": bundles})
+                       "params": {"form": form, "rounds": rounds}, "repetition_bundles": bundles,
+                       "loop_iterations": iterations})
     (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in probes))
     (tmp_path / "s.jsonl").write_text("".join(json.dumps(r) + "\n" for r in static))
     return tmp_path / "p.jsonl", tmp_path / "s.jsonl"

@@ -37,7 +37,6 @@ from calibration.sources.tpu_layer_static import STATIC_PATH
 from calibration.sources.tpu_probes import PROBES_PATH, _date, load_probes
 
 PROBE = "code_size"
-INNER_ROUNDS = 8  # the looped form's body: calibration.tpu_bench.probes_code.INNER_ROUNDS (no JAX import here)
 
 
 @dataclass(frozen=True)
@@ -94,8 +93,8 @@ def code_forms(probe_path: Path | str = PROBES_PATH, static_path: Path | str = S
         if (form, rounds) not in static or len({r for r, _ in pts}) < 2:
             continue
         slope = fit_line([r for r, _ in pts], [t for _, t in pts]).slope
-        iterations = 1 + (rounds // INNER_ROUNDS if form == "looped" else 0)
-        forms.append(CodeForm(form, rounds, slope, static[(form, rounds)]["repetition_bundles"], iterations, len(pts)))
+        record = static[(form, rounds)]
+        forms.append(CodeForm(form, rounds, slope, record["repetition_bundles"], record["loop_iterations"], len(pts)))
     return forms
 
 

@@ -89,6 +89,7 @@ def count_code(rounds: int, form: str, topology: str = "v5e:2x2") -> dict[str, A
         "chip": TOPOLOGIES.get(topology, topology),
         "params": {"rounds": rounds, "form": form},
         "repetition_bundles": issued, "code_bundles": repetition.bundles, "valu_ops": valu,
+        "loop_iterations": 1 + (trips if form == "looped" else 0),  # the repetition's back edge, the inner loop's
         "kernel_bundles": schedule.total_bundles,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "source": "libtpu final bundles (compile-only topology, this machine)",
