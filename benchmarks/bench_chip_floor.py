@@ -89,7 +89,7 @@ def table(decoder: str = KERNEL_DECODER, data: Path = DATA,
     xla = {(r["stands_next_to"]["schedule_hash"], r["batch"]): r for r in _rows(data / "tpu-v5e-xla.jsonl")
            if "stands_next_to" in r and r.get("expert_cap") is None}
     predictions = [r for r in _rows(data / "tpu-v5e-predictions.jsonl")
-                   if r["decoder"] == decoder and record_unroll(r) == unroll]
+                   if r["decoder"] == decoder and record_unroll(r) == unroll and r.get("expert_cap") is None]
     lines = [f"K3 TP32 per-device program, decoder {decoder}, panel loops {unroll[0]} (dense) and {unroll[1]} "
              "(experts) panels an iteration, measured on tpu-v5e; floor = HBM bytes / the streaming rate + one empty "
              "call, both from the run's own device session's probes (dma_stream, empty_call), or the latest "
@@ -131,7 +131,8 @@ def variants_table(decoder: str = KERNEL_DECODER, data: Path = DATA,
         return []
     probes = _rows(data / "tpu-v5e-probes.jsonl")
     predictions = [r for r in _rows(data / "tpu-v5e-predictions.jsonl")
-                   if r["decoder"] == decoder and r.get("kernel_variant") and not r["label"].startswith("derived")]
+                   if r["decoder"] == decoder and r.get("kernel_variant") and not r["label"].startswith("derived")
+                   and r.get("expert_cap") is None]
     lines = ["| schedule | batch | panel loops (dense, experts) | measured ms | floor ms (analytic) | measured/floor "
              "| predicted ms (simulated, recorded before the run) | error |",
              "|---|---:|---|---:|---:|---:|---:|---:|"]

@@ -65,7 +65,7 @@ def _first_errors(derived: bool) -> dict[tuple[int, int], list[float]]:
     its build was predicted with, recorded before it ran."""
     kernel = [r for r in _rows("tpu-v5e-kernel.jsonl") if r.get("decoder") in plan.PART_DECODERS]
     predictions = [p for p in _rows("tpu-v5e-predictions.jsonl") if not p.get("kernel_variant")
-                   and p["label"].startswith("derived") == derived]
+                   and p.get("expert_cap") is None and p["label"].startswith("derived") == derived]
     errors: dict[tuple[int, int], list[float]] = {}
     for run in kernel:
         ran = _when(run["provenance"].split("date=")[1].split()[0])
@@ -99,7 +99,8 @@ def test_the_refit_simulator_predicted_the_unrolled_kernel_before_it_ran() -> No
     "refit"), recorded before each run of a point the unrolled kernel had not run."""
     kernel = [r for r in _rows("tpu-v5e-kernel.jsonl") if r.get("decoder") in plan.PART_DECODERS
               and _build(r) == (4, 2)]
-    refit = [p for p in _rows("tpu-v5e-predictions.jsonl") if "refit" in p["label"] and not p.get("kernel_variant")]
+    refit = [p for p in _rows("tpu-v5e-predictions.jsonl") if "refit" in p["label"] and not p.get("kernel_variant")
+             and p.get("expert_cap") is None]
     errors = []
     for run in kernel:
         ran = _when(run["provenance"].split("date=")[1].split()[0])
@@ -159,3 +160,15 @@ def test_every_point_predicted_since_the_per_layer_rule_held_within_5_percent() 
                               p["predicted_ms"] / first["ms_per_step_median"] - 1)
     assert len(errors) == 10, sorted(errors)
     assert max(map(abs, errors.values())) < 0.05, errors
+
+
+def test_a_capped_case_is_predicted_on_the_trace_the_capped_kernel_runs(tmp_path: Path) -> None:
+    """The fixed-cost probe keeps the first ``cap`` distinct experts of each layer's list
+    (first appearance, round-major) and runs every row on them: the borrowed trace says so."""
+    source = tmp_path / "trace.json"
+    source.write_text(json.dumps({"layers": [[[5, 1, 7], [1, 9, 2]], [[3, 4, 0], [8, 3, 6]]]}))
+    routing = plan.capped_trace(f"trace:{source}", 2)
+    capped = json.loads(Path(routing.removeprefix("trace:")).read_text())["layers"]
+    # round-major first appearance: layer 0 picks 5, 1 (round 0), then 1 again, 7, 9, 2; layer 1: 3, 8, ...
+    assert capped == [[[5, 1], [5, 1]], [[3, 8], [3, 8]]]
+    assert routing.endswith("trace-cap2-borrowed.json")

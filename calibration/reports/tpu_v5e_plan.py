@@ -35,8 +35,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from calibration.sources.tpu_chip_records import (
     KERNEL_PATH,
+    ROOT,
     ChipRecord,
     ChipRecordPredictor,
     build_records,
@@ -195,8 +198,10 @@ def _figure(chip: Chip, path: str) -> float:
 
 
 def predict_set(set_name: str, chip_for: Callable[[int], tuple[Chip, str]] | None = None) -> list[dict[str, Any]]:
-    """One row per K3-shard decode case of ``set_name`` that a committed words32 run shares
-    (schedule file, batch, context) with; others are skipped (their routing is unknown).
+    """One row per K3-shard case of ``set_name`` that a committed words32 run shares
+    (schedule file, batch, context) with, or whose routing can be borrowed (published's at the
+    batch; for a capped fixed-cost case at any context: rows ``expert_cap``); others are skipped
+    (their routing is unknown).
     ``chip_for(batch)``: the chip each batch is simulated on and its label (default: way (b) on
     the build's capped runs, :func:`build_chip`)."""
     from calibration.tpu_bench.device_run import load_cases
@@ -204,7 +209,7 @@ def predict_set(set_name: str, chip_for: Callable[[int], tuple[Chip, str]] | Non
     known = load_chip_records(KERNEL_PATH, decoder=WORDS32_DECODER)
     planned, rows = [], []
     for case in load_cases(set_name):
-        if case.shard_of != "k3-tp32" or case.expert_cap is not None:
+        if case.shard_of != "k3-tp32":
             continue
         name = Path(case.schedule).stem if case.schedule.endswith(".json") else case.schedule
         match = next((r for r in known if r.batch == case.batch and r.context == case.context
@@ -212,22 +217,26 @@ def predict_set(set_name: str, chip_for: Callable[[int], tuple[Chip, str]] | Non
         borrowed = match is None
         if match is None:
             match = _borrowed_routing(known, name, case)
+        traced_at = match.context if match is not None else None
+        if match is not None and case.expert_cap is not None:  # a fixed-cost probe run: its program capped
+            match = replace(match, context=case.context, expert_cap=case.expert_cap,
+                            routing=capped_trace(match.routing, case.expert_cap))
         if match is None:
             sys.stderr.write(f"{case.schedule} b{case.batch}: no words32 run to take the routing from; not predicted\n")
             continue
         unroll = (case.panel_unroll or PANEL_UNROLL, case.expert_panel_unroll or EXPERT_PANEL_UNROLL)
         planned.append((case, replace(match, ms_median=float("nan"), ms_spread=float("nan"), runs=0,
-                                      panel_unroll=unroll, expert_list=EXPERT_LIST_BUILD), borrowed))
-    predictor = ChipRecordPredictor([r for _, r, _ in planned])
+                                      panel_unroll=unroll, expert_list=EXPERT_LIST_BUILD), borrowed, traced_at))
+    predictor = ChipRecordPredictor([r for _, r, _, _ in planned])
     # decoders' figures at its rows; the kernel as it is now (its expert list)
     if chip_for is None:
         def chip_for(batch: int) -> tuple[Chip, str]:
             return build_chip(batch=batch, expert_list=EXPERT_LIST_BUILD)
-    built = {b: chip_for(b) for b in {r.batch for _, r, _ in planned}}
+    built = {b: chip_for(b) for b in {r.batch for _, r, _, _ in planned}}
     chips = {b: chip for b, (chip, _) in built.items()}
-    predicted = [predictor.predict_many(chips[r.batch], [i])[0] for i, (_, r, _) in enumerate(planned)]
+    predicted = [predictor.predict_many(chips[r.batch], [i])[0] for i, (_, r, _, _) in enumerate(planned)]
     now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    for (case, record, borrowed), ms in zip(planned, predicted, strict=True):
+    for (case, record, borrowed, traced_at), ms in zip(planned, predicted, strict=True):
         rows.append({"kind": "prediction", "set": set_name, "decoder": KERNEL_DECODER, "model": case.model,
                      "shard_of": case.shard_of, "schedule": case.schedule, "batch": case.batch,
                      "context": case.context, "routing": record.routing, "predicted_ms": ms,
@@ -235,6 +244,10 @@ def predict_set(set_name: str, chip_for: Callable[[int], tuple[Chip, str]] | Non
                         "; the panel loops' unroll: each product's fixed cost over the panels in flight")
                         + ("; routing: published's trace at this batch (the schedule's own not yet run)" if borrowed
                            else "")
+                        + (f"; a fixed-cost probe run: each row's first {case.expert_cap} picks, the list capped "
+                           f"at {case.expert_cap} experts a layer"
+                           + (f" (routing: the trace of a run at context {traced_at})" if traced_at != case.context else "")
+                           if case.expert_cap is not None else "")
                         + ("; the per-layer cost in equal shares at each of the layer's ops (execution."
                            "per_layer_overhead_at: each_op)"
                            if chips[record.batch].execution.per_layer_overhead_at == "each_op" else ""),
@@ -242,6 +255,7 @@ def predict_set(set_name: str, chip_for: Callable[[int], tuple[Chip, str]] | Non
                                  for f in FORMAT_OF_PART.values()},
                      "date": now, "probes": str(PROBES_PATH.name), "panel_unroll": list(record.panel_unroll),
                      "expert_list": record.expert_list,
+                     **({"expert_cap": case.expert_cap} if case.expert_cap is not None else {}),
                      **({"kernel_variant": variant} if (variant := case_variant(case)) else {})})
     return rows
 
@@ -259,10 +273,31 @@ def _borrowed_routing(known: list[ChipRecord], name: str, case: Any) -> ChipReco
         path = own.schedule_path if own is not None else None
     donor = next((r for r in known if r.batch == case.batch and r.context == case.context
                   and r.schedule == "published" and r.expert_cap is None), None)
+    if donor is None and case.expert_cap is not None:
+        # a capped run keeps each row's first picks: which experts matters little, so a trace at
+        # another context serves (the context itself is the case's)
+        donor = next((r for r in known if r.batch == case.batch and r.schedule == "published"
+                      and r.expert_cap is None), None)
     if path is None or donor is None:
         return None
     sys.stderr.write(f"{case.schedule} b{case.batch}: routing borrowed from published's run at that batch\n")
     return replace(donor, schedule=name, schedule_path=path)
+
+
+def capped_trace(routing: str, cap: int) -> str:
+    """``trace:<path>`` of what a kernel capped at ``cap`` experts a layer runs on the routing
+    ``trace:<path>`` (:func:`megakernel.runner.capped_routing`), written beside it (once) as
+    ``<name>-cap<cap>-borrowed.json``: the trace a capped case is predicted on before its own run."""
+    from hwmodels.atomic import write_text_atomic
+    from megakernel.runner import capped_routing
+
+    source = Path(routing.removeprefix("trace:"))
+    source = source if source.is_absolute() else ROOT / source
+    out = source.with_name(f"{source.stem}-cap{cap}-borrowed.json")
+    if not out.exists():
+        layers = np.asarray(json.loads(source.read_text())["layers"])
+        write_text_atomic(out, json.dumps({"layers": capped_routing(layers, cap).tolist()}) + "\n")
+    return f"trace:{out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}"
 
 
 def case_variant(case: Any) -> dict[str, int] | None:
