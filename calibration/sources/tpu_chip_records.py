@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from tpusim.engine.result import SimResult
 
 ROOT = Path(__file__).resolve().parents[2]
+DECODE_CONTEXT = 1024  # the context every K3-shard decode ran at (a record elsewhere names its own in its key)
 KERNEL_PATH = ROOT / "calibration" / "data" / "tpu-v5e-kernel.jsonl"
 # The runs of other builds than the kernel's default of their day (panel loops unrolled
 # otherwise: calibration.tpu_bench.ingest); every row names its build, so a build's decodes are
@@ -78,7 +79,8 @@ class ChipRecord:
         cap = f"/cap{self.expert_cap}" if self.expert_cap is not None else ""
         unroll = "" if self.panel_unroll == (1, 1) else f"/u{self.panel_unroll[0]}x{self.panel_unroll[1]}"
         listed = "" if self.expert_list == WALK else f"/{self.expert_list}-list"
-        return f"{self.schedule}@b{self.batch}{cap}{unroll}{listed}"
+        context = "" if self.context == DECODE_CONTEXT else f"/ctx{self.context}"
+        return f"{self.schedule}@b{self.batch}{cap}{unroll}{listed}{context}"
 
 
 def schedules_by_hash() -> dict[str, Path]:
@@ -184,11 +186,11 @@ def _shard_rows(path: Path, shard_of: str, expert_cap: int | None, decoder: str)
 
 def _merged(rows: list[KernelRecord], path: Path, shard_of: str, expert_cap: int | None) -> list[ChipRecord]:
     files = schedules_by_hash()
-    groups: dict[tuple[str, int, tuple[int, int], str], list[KernelRecord]] = {}
-    for row in rows:  # runs of another kernel build (panel loops unrolled, list built) are another record
-        groups.setdefault((str(row.schedule_hash), row.batch, row.unroll, row.list_build), []).append(row)
+    groups: dict[tuple[str, int, int, tuple[int, int], str], list[KernelRecord]] = {}
+    for row in rows:  # runs of another kernel build (panel loops unrolled, list built) or context are another record
+        groups.setdefault((str(row.schedule_hash), row.batch, row.context, row.unroll, row.list_build), []).append(row)
     out = []
-    for (digest, batch, unroll, listed), runs in groups.items():
+    for (digest, batch, _context, unroll, listed), runs in groups.items():
         first = runs[0]
         if digest not in files:
             raise InputError(f"{path.name}: schedule {first.schedule} [{digest}] matches no schedule file")
@@ -206,7 +208,7 @@ def _merged(rows: list[KernelRecord], path: Path, shard_of: str, expert_cap: int
             routing=f"trace:{routing_name}", ms_median=median(r.ms_per_step_median for r in runs),
             ms_spread=max(r.ms_per_step_spread for r in runs), runs=len(runs), expert_cap=expert_cap,
             panel_unroll=unroll, expert_list=listed))
-    return sorted(out, key=lambda r: (r.batch, r.schedule, r.panel_unroll, r.expert_list))
+    return sorted(out, key=lambda r: (r.batch, r.schedule, r.panel_unroll, r.expert_list, -r.context))
 
 
 def record_program(record: ChipRecord) -> tuple[Program, Schedule]:

@@ -50,6 +50,7 @@ from scipy.optimize import brentq
 
 from calibration.core.fitting import fit_line
 from calibration.sources.tpu_chip_records import (
+    DECODE_CONTEXT,
     KERNEL_PATH,
     ChipRecord,
     load_chip_records,
@@ -73,6 +74,7 @@ from hwmodels.schema import Chip
 FIXED_COST_PATH = KERNEL_PATH.parent / "tpu-v5e-fixed-cost.jsonl"  # what calibration.tpu_bench.ingest writes
 CAPS = (4, 8, 12)  # below the model's top_k: no capped program is a decode
 SLOPE_SCHEDULE = "published"
+FIT_SCHEDULES = (SLOPE_SCHEDULE, "naive")  # the fixed-cost probe's design: published at 4/8/12 experts, naive at 4
 PER_LAYER_BRACKET_S = (0.0, 1e-3)
 ROUNDS = 3
 # the second dequant factor the slope is read at: low enough to tell, high enough that an
@@ -104,6 +106,14 @@ def capped_runs(path: Path | str = FIXED_COST_PATH, decoder: str = CALIBRATION_D
             for run in load_chip_records(path, expert_cap=cap, decoder=decoder)
             if (panel_unroll is None or run.panel_unroll == tuple(panel_unroll))
             and (batch is None or run.batch == batch) and (expert_list is None or run.expert_list == expert_list)]
+
+
+def capped_series(runs: list[ChipRecord]) -> list[ChipRecord]:
+    """The runs of ``runs`` the fixed-cost rules read: the probe's own design, :data:`FIT_SCHEDULES`
+    at the decodes' context (:data:`~calibration.sources.tpu_chip_records.DECODE_CONTEXT`). A capped
+    run of another schedule or context (set v5e-as's, to locate a gap) is a held-out check, never
+    fitted."""
+    return [run for run in runs if run.schedule in FIT_SCHEDULES and run.context == DECODE_CONTEXT]
 
 
 def _with(chip: Chip, factor: float, per_layer_s: float | None) -> Chip:
@@ -159,7 +169,7 @@ def fixed_cost(probes: Chip, path: Path | str = FIXED_COST_PATH,
     what the factor scales: the micro-probes', or another source's; at a batch above 1 its
     decoders' figures should be that batch's); None when the file holds fewer than two
     published caps of that build at that batch."""
-    runs = capped_runs(path, decoder, panel_unroll, batch, expert_list)
+    runs = capped_series(capped_runs(path, decoder, panel_unroll, batch, expert_list))
     slope_runs = [r for r in runs if r.schedule == SLOPE_SCHEDULE]
     if len({r.expert_cap for r in slope_runs}) < 2:
         return None
