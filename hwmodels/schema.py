@@ -390,6 +390,13 @@ class ExecutionModel(BaseModel):
         description="where the stream pays per_layer_overhead_s: in one block as a layer starts (a "
         "barrier), or in equal shares at the start of each of the layer's ops (code spread through "
         "the layer, which copies in flight overlap)")
+    attention_core_s_per_token: Figure | None = Field(
+        default=None,
+        description="megakernel: what the attention core's code takes per cached token it folds, the batch's "
+        "rows together, its products included (the kernel's KV loop from the compiler's schedule), seconds; "
+        "None: the core is priced by its products and vector work")
+    attention_core_s_per_tile: Figure | None = Field(
+        default=None, description="with attention_core_s_per_token: a KV tile's code beyond its tokens', seconds")
     per_op_efficiency: Figure | None = Field(
         default=None,
         description="fraction of HBM/compute peak a standalone kernel reaches (per_op_launch)",

@@ -87,3 +87,37 @@ def test_a_loop_iteration_cost_adds_to_what_a_layer_issues(tmp_path: Path) -> No
     issue = layer_issue(1, (8, 2), path)
     assert issue.iterations == 1 and issue.arm_iterations == {"mla": 0, "kda": 0}  # records without loop spans
     assert issue.issue_s("mla", 1.0e9, 20e-9) == pytest.approx((87_000 + 30_000) / 1.0e9 + 20e-9)
+
+
+def test_the_mla_cores_kv_loop_of_a_hand_built_layer() -> None:
+    """The MLA arm's data-dependent loop (bundles 300-499) holds the part loop (100 bundles, 8
+    trips) with a loop of 4 x 10 inside it, and a loop of 3 x 6 beside it: a part 100 + 3 x 10
+    bundles and 4 iterations beyond its own; a tile 200 - 100 + 2 x 6 and 3 iterations."""
+    record = {"inner_loops": [{"start": 320, "bundles": 100, "trips": 8}, {"start": 330, "bundles": 10, "trips": 4},
+                              {"start": 450, "bundles": 6, "trips": 3}, {"start": 20, "bundles": 50, "trips": 9}],
+              "data_dependent_loops": [],
+              "arms": {"mla": {"start": 250, "end": 599, "data_dependent_loops": [{"start": 300, "bundles": 200}]}}}
+    from calibration.sources.tpu_layer_static import kv_loops
+
+    assert kv_loops(record) == (200 - 100 + 2 * 6, 100 + 3 * 10, 8, 3, 4)
+    assert kv_loops({"arms": {"mla": {"data_dependent_loops": []}}}) == (0, 0, 0, 0, 0)
+
+
+def test_the_attention_cores_figures_are_its_kv_loops_bundles_over_the_clock(tmp_path: Path) -> None:
+    from calibration.sources.tpu_layer_static import attention_core_figures
+    from megakernel.math_mla import KV_FOLD_TOKENS
+
+    row = {"kind": "static_schedule", "probe": "layer_body", "params": {"batch": 8, "panel_unroll": [8, 2]},
+           "issued_bundles": 1, "date": "2026-12-07",
+           "inner_loops": [{"start": 20, "bundles": 1_000, "trips": 8}],
+           "arms": {"kda": {"issued_bundles": 1}, "mla": {"issued_bundles": 1, "start": 0, "end": 2_000,
+                                                         "data_dependent_loops": [{"start": 10, "bundles": 1_040}]}}}
+    path = tmp_path / "s.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    token_s, tile_s, source = attention_core_figures(8, (8, 2), path, clock_hz=1.0e9, loop_iteration_s=20e-9)
+    assert token_s == pytest.approx((1_000e-9 + 20e-9) / KV_FOLD_TOKENS)
+    assert tile_s == pytest.approx(40e-9 + 20e-9)
+    assert "1000 bundles a 16-token part (8 parts a tile as compiled) and 40 a tile" in source
+    row["arms"]["mla"]["data_dependent_loops"] = []
+    path.write_text(json.dumps(row) + "\n")
+    assert attention_core_figures(8, (8, 2), path) is None

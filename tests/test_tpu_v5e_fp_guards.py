@@ -97,9 +97,11 @@ def test_every_bundle_10_percent_longer_fails_the_drift_guard(predictor: BuildPr
 @pytest.mark.slow
 def test_the_mxfp4_decoder_10_percent_slower_fails_the_drift_guard(predictor: BuildPredictor) -> None:
     """Over 2 % since the per-layer cost is paid through the layer (2026-12-07): the down
-    projections' decode shows where the copies do not hide it (the docs' table: +3.2 / +3.0 %)."""
+    projections' decode shows where the copies do not hide it (the docs' table: +3.2 / +3.1 %, and
+    +3.2 % on set v5e-ar's `published-no-lookahead` b4)."""
     failed = _failed(predictor, held(chips(), MXFP4, 1.1))
-    assert [g.what.split(" (")[0] for g in failed] == ["layer-double-buffer b1", "published-no-lookahead b1"], \
+    assert [g.what.split(" (")[0] for g in failed] == ["layer-double-buffer b1", "published-no-lookahead b1",
+                                                       "published-no-lookahead b4"], \
         [g.line() for g in failed]
     assert all(g.error > 0.02 for g in failed)
 

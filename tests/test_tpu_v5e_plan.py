@@ -146,10 +146,12 @@ def test_every_point_predicted_since_the_per_layer_rule_held_within_5_percent() 
     """Issue 45's record (2026-12-07): since the per-layer cost is paid through the layer
     (``each_op``, committed with set v5e-ao's predictions), every point of the kernel as it is
     (panel loops 8/2, vector expert list) predicted before its run came within 5 % of the chip:
-    sets v5e-ao, v5e-ap and v5e-aq, 10 points, none among those the rule was chosen on."""
+    sets v5e-ao, v5e-ap, v5e-aq and v5e-ar, 13 points, none among those the rule was chosen on
+    (the decodes only: set v5e-as's capped runs are another question, the first principles')."""
     kernel = [r for r in _rows("tpu-v5e-kernel.jsonl") if r.get("expert_list") == "vector" and _build(r) == (8, 2)
               and r.get("expert_cap") is None]
-    predictions = [p for p in _rows("tpu-v5e-predictions.jsonl") if p.get("set") in {"v5e-ao", "v5e-ap", "v5e-aq"}]
+    predictions = [p for p in _rows("tpu-v5e-predictions.jsonl") if p.get("set") in {"v5e-ao", "v5e-ap", "v5e-aq", "v5e-ar"}
+                   and p.get("expert_cap") is None]
     errors = {}
     for p in predictions:
         after = [r for r in kernel if r["batch"] == p["batch"] and _when(p["date"]) < _when(r["provenance"].split("date=")[1].split()[0])
@@ -158,7 +160,7 @@ def test_every_point_predicted_since_the_per_layer_rule_held_within_5_percent() 
             first = min(after, key=lambda r: r["provenance"].split("date=")[1])
             errors.setdefault((Path(p["schedule"]).stem, p["batch"], first["provenance"]),
                               p["predicted_ms"] / first["ms_per_step_median"] - 1)
-    assert len(errors) == 10, sorted(errors)
+    assert len(errors) == 13, sorted(errors)
     assert max(map(abs, errors.values())) < 0.05, errors
 
 

@@ -43,10 +43,14 @@ from calibration.reports.tpu_v5e_plan import (
     static_figure,
     static_rows,
 )
-from calibration.sources.tpu_chip_records import build_records, most_measured_build
+from calibration.sources.tpu_chip_records import DECODE_CONTEXT, build_records, most_measured_build
 from calibration.sources.tpu_code_issue import code_issue
 from calibration.sources.tpu_fixed_cost import FIXED_COST_PATH, capped_runs, simulated_ms
-from calibration.sources.tpu_layer_static import V5E_CLOCK_HZ, layer_remainder
+from calibration.sources.tpu_layer_static import (
+    V5E_CLOCK_HZ,
+    attention_core_figures,
+    layer_remainder,
+)
 from calibration.sources.tpu_probes import PER_LAYER, dequant_path, probe_chip
 from hwmodels.catalog import load_chip
 from hwmodels.overlay import _figure_slot
@@ -66,7 +70,9 @@ def first_principles_chip(decoder: str = KERNEL_DECODER, batch: int = 1,
     ``batch``'s rows and the layer's own work from the static schedule of the kernel's layer
     loop (:func:`calibration.sources.tpu_layer_static.layer_remainder`: the bundles one layer
     issues less the engine's compute for the same ops; the build (``unroll``, ``expert_list``)'s
-    record, else the nearest build's), all ``derived``; every other figure the catalog's.
+    record, else the nearest build's) and of the MLA core's KV loop, which that record leaves
+    out as data-dependent (:func:`calibration.sources.tpu_layer_static.attention_core_figures`:
+    the engine prices each KV tile's code with it), all ``derived``; every other figure the catalog's.
     ``probes``: the micro-probe chip to start from (default: the committed probe records'); the
     static schedule's bundles become seconds at ``clock_hz`` bundles a second and each loop
     iteration they run costs ``loop_iteration_s`` more (default: both measured by the
@@ -88,7 +94,16 @@ def first_principles_chip(decoder: str = KERNEL_DECODER, batch: int = 1,
                                     loop_iteration_s=loop_iteration_s)
     parent, name = _figure_slot(data, PER_LAYER)
     parent[name] = {**parent[name], "value": value, "label": "derived", "source": source}
+    core = attention_core_figures(batch, unroll, clock_hz=clock_hz, expert_list=expert_list,
+                                  loop_iteration_s=loop_iteration_s)
+    if core is not None:  # the MLA core's KV loop, out of the layer's remainder (data-dependent)
+        token_s, tile_s, source = core
+        data["execution"].update({ATTENTION_PER_TOKEN: {"value": token_s, "label": "derived", "source": source},
+                                  ATTENTION_PER_TILE: {"value": tile_s, "label": "derived", "source": source}})
     return Chip.model_validate(data)
+
+
+ATTENTION_PER_TOKEN, ATTENTION_PER_TILE = "attention_core_s_per_token", "attention_core_s_per_tile"
 
 
 FP_PREDICTIONS_PATH = Path(__file__).resolve().parents[1] / "data" / "tpu-v5e-fp-predictions.jsonl"
@@ -126,7 +141,8 @@ def capped_errors(chip: Callable[[int], Chip], unroll: tuple[int, int],
     batch (the fixed-cost probe): a held-out check of the first-principles decomposition, which
     reads none."""
     runs = capped_runs(FIXED_COST_PATH, KERNEL_DECODER, unroll, batch=None, expert_list=expert_list)
-    return [(f"{r.schedule} b{r.batch}", int(r.expert_cap or 0), r.ms_median, simulated_ms([r], chip(r.batch))[0]) for r in runs]
+    return [(f"{r.schedule} b{r.batch}" + ("" if r.context == DECODE_CONTEXT else f", context {r.context}"),
+             int(r.expert_cap or 0), r.ms_median, simulated_ms([r], chip(r.batch))[0]) for r in runs]
 
 
 def summary(rows: list[tuple[str, int, float, float]]) -> str:

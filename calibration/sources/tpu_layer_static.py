@@ -58,6 +58,13 @@ class LayerIssue:
     expert_list: str = WALK  # how the compiled moe.topk built the expert list (records before: walk)
     iterations: int = 0  # loop iterations a layer runs outside the arms (its own back edge included)
     arm_iterations: dict[str, int] = dataclasses.field(default_factory=dict)  # and in each arm
+    # the MLA core's KV loop (data-dependent: left out of the above): a tile's bundles beyond its
+    # part loop, the part loop's body and its trips a tile (kv_loops)
+    kv_tile_bundles: int = 0
+    kv_part_bundles: int = 0
+    kv_part_trips: int = 0
+    kv_tile_iterations: int = 0
+    kv_part_iterations: int = 0
 
     def issue_s(self, kind: str, clock_hz: float = V5E_CLOCK_HZ, loop_iteration_s: float = 0.0) -> float:
         """Seconds a layer of ``kind`` ("mla" or "kda") issues at ``clock_hz``, each loop
@@ -90,6 +97,35 @@ def loop_iterations(record: dict[str, Any]) -> tuple[int, dict[str, int]]:
     return outside, {kind: runs(*arms[kind], []) if kind in arms else 0 for kind in record.get("arms", {})}
 
 
+def kv_loops(record: dict[str, Any]) -> tuple[int, int, int, int, int]:
+    """The MLA arm's data-dependent loop in a ``layer_body`` record — the kernel's KV-tile loop
+    (``kernel_attention._attend_cache``), whose largest inner loop folds a tile's parts: (a
+    tile's bundles beyond its parts, a part's bundles, the parts a tile as compiled, the loop
+    iterations a tile runs beyond its parts' and its own back edge, those a part runs beyond its
+    own), each smaller inner loop's bundles counted as many times as it runs; zeros when the
+    record has no such loop."""
+    tiles = record.get("arms", {}).get("mla", {}).get("data_dependent_loops", [])
+    if len(tiles) != 1:
+        return 0, 0, 0, 0, 0
+    lo, hi = tiles[0]["start"], tiles[0]["start"] + tiles[0]["bundles"] - 1
+    inner = [loop for loop in record.get("inner_loops", []) if lo <= loop["start"] <= hi]
+    if not inner:
+        return 0, 0, 0, 0, 0
+    part = max(inner, key=lambda loop: loop["bundles"])
+    p_lo, p_hi = part["start"], part["start"] + part["bundles"] - 1
+    tile_bundles, part_bundles = tiles[0]["bundles"] - part["bundles"], part["bundles"]
+    tile_iterations = part_iterations = 0
+    for loop in inner:
+        if loop is part:
+            continue
+        more = (loop["trips"] - 1) * loop["bundles"]  # its body is in the count once
+        if p_lo <= loop["start"] <= p_hi:
+            part_bundles, part_iterations = part_bundles + more, part_iterations + loop["trips"]
+        else:
+            tile_bundles, tile_iterations = tile_bundles + more, tile_iterations + loop["trips"]
+    return tile_bundles, part_bundles, part["trips"], tile_iterations, part_iterations
+
+
 def layer_issues(path: Path | str = STATIC_PATH) -> list[LayerIssue]:
     """Every layer-loop record of ``path`` (``probe: layer_body``)."""
     path = Path(path)
@@ -98,7 +134,7 @@ def layer_issues(path: Path | str = STATIC_PATH) -> list[LayerIssue]:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [LayerIssue(r["params"]["batch"], tuple(r["params"]["panel_unroll"]), r["issued_bundles"],
                        {kind: arm["issued_bundles"] for kind, arm in r["arms"].items()}, r["date"],
-                       r["params"].get("expert_list", WALK), *loop_iterations(r))
+                       r["params"].get("expert_list", WALK), *loop_iterations(r), *kv_loops(r))
             for r in rows if r.get("probe") == "layer_body"]
 
 
@@ -175,3 +211,29 @@ def layer_remainder(chip: Chip, batch: int, panel_unroll: tuple[int, int],
                    + "), less the engine's "
                    + ", ".join(f"{sum(v) / len(v) * 1e6:.1f}" for v in engine.values() if v)
                    + " µs for the same ops; the mean over the loop's layers")
+
+
+def attention_core_figures(batch: int, panel_unroll: tuple[int, int], path: Path | str = STATIC_PATH,
+                           clock_hz: float = V5E_CLOCK_HZ, expert_list: str = WALK,
+                           loop_iteration_s: float = 0.0) -> tuple[float, float, str] | None:
+    """(seconds a cached token, seconds a tile beyond its tokens', source) of the MLA core from
+    the record's KV loop (:func:`kv_loops`; the build's record at ``batch``, else the nearest
+    build's): a part's bundles / the clock, plus its loop iterations, over the part's
+    :data:`megakernel.math_mla.KV_FOLD_TOKENS` tokens; a tile's own bundles / the clock plus its
+    iterations. The code of the batch's rows together, products and vector work alike (what the
+    engine's ``execution.attention_core_s_per_token`` prices); bundles issued, no stall. None
+    when the record has no KV loop."""
+    from megakernel.math_mla import KV_FOLD_TOKENS
+
+    record = layer_issue(batch, panel_unroll, path, expert_list)
+    if not record.kv_part_bundles:
+        return None
+    token_s = (record.kv_part_bundles / clock_hz + (1 + record.kv_part_iterations) * loop_iteration_s) / KV_FOLD_TOKENS
+    tile_s = record.kv_tile_bundles / clock_hz + (1 + record.kv_tile_iterations) * loop_iteration_s
+    build = "" if (record.panel_unroll, record.expert_list) == (tuple(panel_unroll), expert_list) else \
+        f" (the nearest build's: u{record.panel_unroll[0]}x{record.panel_unroll[1]}, {record.expert_list} expert list)"
+    return token_s, tile_s, (
+        f"derived from libtpu's static schedule{build} ({record.date[:10]}): the MLA core's KV loop at batch {batch}, "
+        f"{record.kv_part_bundles} bundles a {KV_FOLD_TOKENS}-token part ({record.kv_part_trips} parts a tile as "
+        f"compiled) and {record.kv_tile_bundles} a tile beyond its parts, at {clock_hz / 1e9:.3f} G bundles/s"
+        + (f", each loop iteration {loop_iteration_s * 1e9:.1f} ns more" if loop_iteration_s else ", no stall"))

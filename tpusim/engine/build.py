@@ -39,7 +39,9 @@ Run once per simulation, before the event loop. The steps, with what each guaran
 4. **Pieces**: a matmul op whose matmuls pair with its tensors computes slab by slab (wait
    for the slab's copies, compute the slab's rows, free the slab); an expert frees its slot
    after its last matmul; KV-tiled attention computes tile by tile (each tile a share of
-   the op's matmul time proportional to its bytes); any other op waits for all its slabs,
+   the op's matmul time proportional to its bytes; on a chip that prices the kernel's KV loop
+   from its compiled code, ``execution.attention_core_s_per_token``, the tile's whole code
+   instead, vector work included); any other op waits for all its slabs,
    computes, and frees them. Vector work follows as one VPU piece. Weights stored in a
    format the matrix unit cannot take (the vector unit's ``dequant_s_per_element`` lists
    it: FP8 and MXFP4 on tpu-v5e) are converted first, a VPU piece per tensor of an expert
@@ -149,7 +151,7 @@ def lower(program: Program, schedule: Schedule, chip: Chip, policy: ExecutionPol
         elif op.kv_read_bytes and b.recurrent_state_bytes(op.layer):
             vector_s = _lower_state(b, op, plan_, vector_s)
         elif op.kv_read_bytes:
-            _lower_kv_tiles(b, op, plan_)
+            vector_s = _lower_kv_tiles(b, op, plan_, vector_s)
         else:
             matmul_s = b.op_matmul_s(op, dtypes[index])
             if matmul_s:
@@ -271,13 +273,23 @@ def _lower_state(b: Builder, op: Op, plan_: OpPlan, vector_s: float) -> float:
     return 0.0
 
 
-def _lower_kv_tiles(b: Builder, op: Op, plan_: OpPlan) -> None:
-    """MLA / GQA core: the cache streams in ``kv_tile_tokens`` tiles through ``kv_buffers``."""
+def _lower_kv_tiles(b: Builder, op: Op, plan_: OpPlan, vector_s: float) -> float:
+    """MLA / GQA core: the cache streams in ``kv_tile_tokens`` tiles through ``kv_buffers``; each
+    tile's products as it lands, the op's vector work after the last (returned). A chip whose
+    ``execution.attention_core_s_per_token`` is set (the kernel's KV loop from the compiler's
+    schedule) prices each tile's whole code instead, products and vector work together, as a
+    VPU piece at that tile (the kernel folds a tile before it refills its buffer): 0.0 left."""
     program = b.program
     per_token = b.facts.kv_bytes_per_token(program, op.layer) * program.kv_sequences
     tile_bytes = b.schedule.kv_tile_tokens * per_token if per_token else op.kv_read_bytes
     tiles = max(1, math.ceil(op.kv_read_bytes / tile_bytes))
-    matmul_s = b.op_matmul_s(op, b.facts.dtypes[plan_.index])
+    execution = b.chip.execution
+    coded = execution.attention_core_s_per_token is not None and per_token
+    if coded:
+        token_s = execution.attention_core_s_per_token.value
+        tile_s = execution.attention_core_s_per_tile.value if execution.attention_core_s_per_tile is not None else 0.0
+    else:
+        matmul_s = b.op_matmul_s(op, b.facts.dtypes[plan_.index])
     left = op.kv_read_bytes
     for tile in range(tiles):
         size = min(tile_bytes, left)
@@ -285,7 +297,11 @@ def _lower_kv_tiles(b: Builder, op: Op, plan_: OpPlan) -> None:
         slab = b.new_slab(KV_FAMILY, "kv.tile", op.layer, plan_.index, b.kv_pool, b.kv_ring)
         b.add_desc(slab, KV_FAMILY, "kv.tile", op.layer, tile, size)
         plan_.start_releases.append(slab)
-        plan_.pieces.append(Piece(matmul_s * size / op.kv_read_bytes, MXU, slab.descs, (slab,)))
+        if coded:
+            plan_.pieces.append(Piece(tile_s + token_s * size / per_token, VPU, slab.descs, (slab,)))
+        else:
+            plan_.pieces.append(Piece(matmul_s * size / op.kv_read_bytes, MXU, slab.descs, (slab,)))
+    return 0.0 if coded else vector_s
 
 
 # Step 5 depends on the program, the chip and the policy, not on the schedule, and its plans are
