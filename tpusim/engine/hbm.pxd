@@ -8,6 +8,10 @@ cimport cython
 from tpusim.engine.items cimport Descriptor, Slab
 
 
+@cython.locals(seq=long, at=Py_ssize_t, other=Descriptor)
+cdef inline insert_streaming(list streaming, Descriptor desc, double target)
+
+
 @cython.final
 cdef class HbmServer:
     cdef public object env, call_later, bandwidth, on_free, recorder, events, starting, ready, wake_fn
@@ -21,7 +25,7 @@ cdef class HbmServer:
     @cython.locals(elapsed=double)
     cpdef _advance(self, double now)
 
-    @cython.locals(next_s=double, head=double, left=double, finish=double)
+    @cython.locals(next_s=double, head=double, left=double, finish=double, first=Descriptor, streaming=list)
     cpdef _reschedule(self, double now)
 
     @cython.locals(in_flight=long, max_in_flight=long, issued=long, now=double, elapsed=double,
@@ -32,5 +36,5 @@ cdef class HbmServer:
                    next_s=double, finish=double, left_bytes=double, time_s=double, desc=Descriptor,
                    slab=Slab, by_stream=bint, in_order=bint, run_ahead=bint, count=long,
                    streaming=list, queue=list, head=double, start_s=double, ahead=bint,
-                   slack=double, tolerance=double)
+                   slack=double, tolerance=double, count=Py_ssize_t)
     cpdef _wake(self, long token)
