@@ -9,7 +9,7 @@ from tpusim.engine.items cimport Descriptor, Slab
 
 
 @cython.locals(seq=long, at=Py_ssize_t, other=Descriptor)
-cdef inline insert_streaming(list streaming, Descriptor desc, double target)
+cdef insert_streaming(list streaming, Descriptor desc, double target)
 
 
 @cython.final
@@ -36,5 +36,5 @@ cdef class HbmServer:
                    next_s=double, finish=double, left_bytes=double, time_s=double, desc=Descriptor,
                    slab=Slab, by_stream=bint, in_order=bint, run_ahead=bint, count=long,
                    streaming=list, queue=list, head=double, start_s=double, ahead=bint,
-                   slack=double, tolerance=double, count=Py_ssize_t)
+                   slack=double, tolerance=double, turns_ahead=long)
     cpdef _wake(self, long token)

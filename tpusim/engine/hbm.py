@@ -306,9 +306,10 @@ class HbmServer:
         by_stream, in_order = self.by_stream, self.in_order  # (heappush: a module name, no lookup per turn)
         run = self.run
         slack, tolerance = RELATIVE_SLACK, BYTE_TOLERANCE  # (C doubles when compiled)
+        now = env.now
+        turns_ahead = 0  # turns taken at once (added to env.ran_ahead on the way out)
         while True:  # one turn per wake-up; the next taken at once while nothing is due before it
             self.wake_at = INF
-            now = env.now
             # _advance, inlined
             elapsed = now - self.last_s
             if elapsed > 0.0:
@@ -341,7 +342,10 @@ class HbmServer:
                         head = desc.target
                         if not head <= limit:
                             break
-                    del streaming[:count]
+                    if count == 1:
+                        del streaming[0]
+                    else:
+                        del streaming[:count]
             if in_order:
                 ready = self.ready
                 while starting and starting[0][0] <= now:
@@ -405,6 +409,7 @@ class HbmServer:
                 if finish < next_s:
                     next_s = finish
             if not next_s < self.wake_at:
+                env.ran_ahead += turns_ahead
                 return  # a wake-up at or before it is queued already
             time_s = now + (next_s - now if next_s > now else 0.0)  # as call_later computes it
             ahead = run_ahead  # EventLoop.is_next, inlined: every queued entry is later
@@ -417,8 +422,9 @@ class HbmServer:
                 count = env.scheduled  # call_later(time_s - now, self._wake, token), inlined
                 env.scheduled = count + 1
                 heappush(queue, (now + (time_s - now), NORMAL, count, self.wake_fn, token))
+                env.ran_ahead += turns_ahead
                 return
             # the entry would be the next served (tpusim.engine.loop, running ahead): take it now
             self.wake_token += 1  # an entry queued for a later wake-up is superseded, as by a new one
-            env.now = time_s
-            env.ran_ahead += 1
+            env.now = now = time_s
+            turns_ahead += 1

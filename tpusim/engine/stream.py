@@ -133,6 +133,7 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
             for op in lowered.ops
         ]
     op_times = account.op_time_s
+    pieces_ahead = 0  # pieces run ahead (added to env.ran_ahead at the end: only a count)
     for op, layer, first, index, launched, name, start_releases, phase, pieces, end_releases, resolves, collectives \
             in rows:
         if first:
@@ -185,7 +186,7 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
                 time_s = start + duration
                 if run_ahead and (not queue or queue[0][0] > time_s):  # Driver.resume's running ahead,
                     env.now = time_s  # taken here without leaving the generator (tpusim.engine.loop)
-                    env.ran_ahead += 1
+                    pieces_ahead += 1
                 else:
                     yield duration
                 unit_busy[unit] += duration
@@ -217,6 +218,7 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
                 _issue_messages(links.fabric, call, env.now, issued, consumed, layer, events)
         op_times.append(env.now - op_start)
     account.stream_end_s = env.now
+    env.ran_ahead += pieces_ahead
     _finish_links(links, account)
 
 
