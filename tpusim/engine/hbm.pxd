@@ -14,7 +14,7 @@ cdef insert_streaming(list streaming, Descriptor desc, double target)
 
 @cython.final
 cdef class HbmServer:
-    cdef public object env, call_later, bandwidth, on_free, recorder, events, starting, ready, wake_fn
+    cdef public object env, bandwidth, on_free, recorder, events, starting, ready, wake_fn
     cdef public long run, max_in_flight, issue_count, in_flight, issued, wake_token
     cdef public long long bytes_moved
     cdef public double latency_s, virtual_bytes, rate, last_s, busy_s, last_land_s, wake_at
@@ -25,7 +25,8 @@ cdef class HbmServer:
     @cython.locals(elapsed=double)
     cpdef _advance(self, double now)
 
-    @cython.locals(next_s=double, head=double, left=double, finish=double, first=Descriptor, streaming=list)
+    @cython.locals(next_s=double, head=double, left=double, finish=double, first=Descriptor, streaming=list,
+                   token=long, count=long)
     cpdef _reschedule(self, double now)
 
     @cython.locals(in_flight=long, max_in_flight=long, issued=long, now=double, elapsed=double,

@@ -124,7 +124,6 @@ class HbmServer:
                  recorder: Recorder | None, events: list[tuple[Any, ...]] | None, run: int = 1) -> None:
         self.env = env
         self.run = run  # this run's number: what a landing writes in Descriptor.landed
-        self.call_later = env.call_later
         self.bandwidth = bandwidth_bytes_per_s
         self.latency_s = dma.issue_latency_s.value
         self.max_in_flight = max_in_flight
@@ -182,7 +181,8 @@ class HbmServer:
             self.last_s = now
 
     def _reschedule(self, now: float) -> None:
-        # when the next copy starts streaming or lands (INF: nothing in flight)
+        # when the next copy starts streaming or lands (INF: nothing in flight); ``now`` is the
+        # loop's clock (every caller passes env.now)
         starting = self.starting
         next_s = starting[0][0] if starting else INF
         streaming = self.streaming
@@ -194,9 +194,12 @@ class HbmServer:
             if finish < next_s:
                 next_s = finish
         if next_s < self.wake_at:
-            self.wake_token += 1
+            token = self.wake_token = self.wake_token + 1
             self.wake_at = next_s
-            self.call_later(next_s - now if next_s > now else 0.0, self.wake_fn, self.wake_token)
+            env = self.env  # env.call_later(delay, self.wake_fn, token), inlined
+            count = env.scheduled
+            env.scheduled = count + 1
+            heappush(env._queue, (now + (next_s - now if next_s > now else 0.0), NORMAL, count, self.wake_fn, token))
 
     # ----------------------------------------------------------------- issue
 
