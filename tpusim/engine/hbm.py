@@ -141,7 +141,8 @@ class HbmServer:
         self.events = events
         self.queue: list[tuple[int, Descriptor]] = []  # (seq, copy) waiting to be issued
         # issued, in issue latency: (start time, the copies issued then, in issue order), oldest first
-        self.starting: deque[tuple[float, list[Descriptor]]] = deque()
+        # (a list: a few entries at most, taken off the front by pop(0), a C call when compiled)
+        self.starting: list[tuple[float, list[Descriptor]]] = []
         # in order: one copy streams at a time, the others wait (latency spent) in issue order
         self.in_order = dma.service == "in_order"
         self.ready: deque[Descriptor] = deque()
@@ -159,6 +160,7 @@ class HbmServer:
         self.issued = 0
         self.last_land_s = 0.0
         self.wake_token = 0
+        self.turns_ahead = 0  # turns taken at once (loop docstring: running ahead); core adds them to env.ran_ahead
         self.wake_at = INF
         self.wake_fn = self._wake  # the bound turn queued with each wake-up (made once, not per entry)
         self.free_lanes = list(range(max_in_flight))
@@ -310,7 +312,6 @@ class HbmServer:
         run = self.run
         slack, tolerance = RELATIVE_SLACK, BYTE_TOLERANCE  # (C doubles when compiled)
         now = env.now
-        turns_ahead = 0  # turns taken at once (added to env.ran_ahead on the way out)
         while True:  # one turn per wake-up; the next taken at once while nothing is due before it
             self.wake_at = INF
             # _advance, inlined
@@ -352,7 +353,7 @@ class HbmServer:
             if in_order:
                 ready = self.ready
                 while starting and starting[0][0] <= now:
-                    ready.extend(starting.popleft()[1])
+                    ready.extend(starting.pop(0)[1])
                 if ready and not streaming:  # the next in issue order streams alone
                     desc = ready.popleft()
                     insert_streaming(streaming, desc, self.virtual_bytes + desc.nbytes)
@@ -360,9 +361,9 @@ class HbmServer:
                 start_s = starting[0][0]  # (typed when compiled: compared unboxed)
                 if start_s <= now:
                     # _start_streaming without its rate (set once below)
-                    virtual_bytes, popleft = self.virtual_bytes, starting.popleft
+                    virtual_bytes = self.virtual_bytes
                     while True:
-                        for desc in popleft()[1]:  # the copies issued together, in issue order
+                        for desc in starting.pop(0)[1]:  # the copies issued together, in issue order
                             insert_streaming(streaming, desc, virtual_bytes + desc.nbytes)
                             if by_stream:  # stream_of, inlined
                                 slab = desc.slab
@@ -412,7 +413,6 @@ class HbmServer:
                 if finish < next_s:
                     next_s = finish
             if not next_s < self.wake_at:
-                env.ran_ahead += turns_ahead
                 return  # a wake-up at or before it is queued already
             time_s = now + (next_s - now if next_s > now else 0.0)  # as call_later computes it
             ahead = run_ahead  # EventLoop.is_next, inlined: every queued entry is later
@@ -425,9 +425,8 @@ class HbmServer:
                 count = env.scheduled  # call_later(time_s - now, self._wake, token), inlined
                 env.scheduled = count + 1
                 heappush(queue, (now + (time_s - now), NORMAL, count, self.wake_fn, token))
-                env.ran_ahead += turns_ahead
                 return
             # the entry would be the next served (tpusim.engine.loop, running ahead): take it now
             self.wake_token += 1  # an entry queued for a later wake-up is superseded, as by a new one
             env.now = now = time_s
-            turns_ahead += 1
+            self.turns_ahead += 1
