@@ -100,3 +100,30 @@ def test_eight_expert_slots_slow_the_muse_step(tmp_path: Path) -> None:
     steps = {slots: simulate(program, schedules[slots], fitted).step_s for slots in (4, 8)}
     assert prior[8] / prior[4] >= 1.0
     assert 1.15 <= steps[8] / steps[4] <= 1.35
+
+
+def test_streaming_copies_are_kept_in_target_then_seq_order() -> None:
+    """``insert_streaming`` keeps the order ``bisect.insort`` of ``(target, seq, copy)`` tuples
+    kept before it (eighth pass, issue 49): ties of target broken by sequence number, whatever
+    the insertion order. Read from ``hbm.py`` itself (compiled, the function is C-only)."""
+    import bisect
+    import importlib.util
+    import random
+
+    import tpusim.engine
+
+    source = Path(tpusim.engine.__file__).parent / "hbm.py"
+    spec = importlib.util.spec_from_file_location("_hbm_source", source)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rng = random.Random(49)
+    for _trial in range(200):
+        streaming: list[Descriptor] = []
+        reference: list[tuple[float, int, int]] = []
+        seqs = rng.sample(range(100), rng.randint(1, 16))
+        for seq in seqs:
+            target = float(rng.choice((1.0, 2.0, 2.5, 3.0)))  # few values: many ties
+            module.insert_streaming(streaming, Descriptor(seq, "f", "t", 0, 0, 1, None), target)
+            bisect.insort(reference, (target, seq, seq))
+        assert [(desc.target, desc.seq) for desc in streaming] == [(target, seq) for target, seq, _ in reference]

@@ -162,6 +162,7 @@ def _execute(program: Program, effective: Schedule, chip: Chip, policy: Executio
             per_layer_each_op=policy.per_layer_overhead_at == "each_op", recorder=recorder, events=events,
         ))
         env.run()
+        env.ran_ahead += hbm.turns_ahead  # (the server counts its own: one attribute write per step)
         if stream.alive:  # cannot happen with in-order pools; kept as a loud guard
             raise RuntimeError(
                 f"engine stalled at t={env.now:.9f} s in op {staging.current_op} (layer "

@@ -8,20 +8,25 @@ cimport cython
 from tpusim.engine.items cimport Descriptor, Slab
 
 
+@cython.locals(seq=long, at=Py_ssize_t, other=Descriptor)
+cdef insert_streaming(list streaming, Descriptor desc, double target)
+
+
 @cython.final
 cdef class HbmServer:
-    cdef public object env, call_later, bandwidth, on_free, recorder, events, starting, ready, wake_fn
-    cdef public long run, max_in_flight, issue_count, in_flight, issued, wake_token
+    cdef public object env, bandwidth, on_free, recorder, events, ready, wake_fn
+    cdef public long run, max_in_flight, issue_count, in_flight, issued, wake_token, turns_ahead
     cdef public long long bytes_moved
     cdef public double latency_s, virtual_bytes, rate, last_s, busy_s, last_land_s, wake_at
     cdef public bint by_stream, in_order, direct
-    cdef public list rate_by_n, aggregate_by_k, queue, streaming, free_lanes
+    cdef public list rate_by_n, aggregate_by_k, queue, streaming, starting, free_lanes
     cdef public dict streams
 
     @cython.locals(elapsed=double)
     cpdef _advance(self, double now)
 
-    @cython.locals(next_s=double, head=double, left=double, finish=double)
+    @cython.locals(next_s=double, head=double, left=double, finish=double, first=Descriptor, streaming=list, starting=list,
+                   token=long, count=long)
     cpdef _reschedule(self, double now)
 
     @cython.locals(in_flight=long, max_in_flight=long, issued=long, now=double, elapsed=double,
@@ -32,5 +37,5 @@ cdef class HbmServer:
                    next_s=double, finish=double, left_bytes=double, time_s=double, desc=Descriptor,
                    slab=Slab, by_stream=bint, in_order=bint, run_ahead=bint, count=long,
                    streaming=list, queue=list, head=double, start_s=double, ahead=bint,
-                   slack=double, tolerance=double)
+                   slack=double, tolerance=double, starting=list)
     cpdef _wake(self, long token)

@@ -23,7 +23,8 @@ This is a fluid processor-sharing server. It is simulated exactly, without a Sim
 per copy, by a *virtual clock*: ``S(t) = ∫ rate dt`` is the number of bytes every streaming
 copy has received since time 0. A copy that starts streaming at ``S0`` with ``b`` bytes
 finishes when ``S`` reaches ``S0 + b``; since all streaming copies advance at the same rate,
-they finish in order of that target, kept sorted (then by sequence number). Whenever the set
+they finish in order of that target (``Descriptor.target``), kept sorted (then by sequence
+number: :func:`insert_streaming`). Whenever the set
 changes (a copy starts or finishes) the rate is recomputed and one wake-up is scheduled for the
 next start or finish (or, when nothing else is due before it, taken at once: the loop's
 running ahead, :mod:`tpusim.engine.loop`). A wake-up made stale by a later change is recognised
@@ -51,7 +52,6 @@ a new attribute is declared there too.
 from __future__ import annotations
 
 import heapq
-from bisect import insort
 from collections import deque
 from collections.abc import Callable
 from heapq import heappush
@@ -86,6 +86,25 @@ def stream_of(desc: Descriptor) -> object:
     return slab if slab.family == ROUTED else slab.ring
 
 
+def insert_streaming(streaming: list[Descriptor], desc: Descriptor, target: float) -> None:
+    """Put ``desc``, landing at virtual clock ``target``, into ``streaming`` (sorted by
+    (target, seq): the first lands first; (target, seq) is unique, so the order is total).
+
+    The order ``bisect.insort`` of ``(target, seq, desc)`` tuples gives, found from the end: a
+    copy starting now usually lands after those already streaming (it starts at a later ``S``).
+    Compiled (``hbm.pxd``), the comparisons are of C doubles and ints: no tuple or float made.
+    """
+    desc.target = target
+    seq = desc.seq
+    at = len(streaming)
+    while at:
+        other = streaming[at - 1]
+        if other.target < target or (other.target == target and other.seq < seq):
+            break
+        at -= 1
+    streaming.insert(at, desc)
+
+
 def _streams_moot(aggregate_by_k: list[float], rate_by_n: list[float]) -> bool:
     """Whether counting streams cannot change a rate: the aggregate is the same float for any
     number of streams that can be in flight, and that aggregate shared by ``n`` copies is
@@ -105,7 +124,6 @@ class HbmServer:
                  recorder: Recorder | None, events: list[tuple[Any, ...]] | None, run: int = 1) -> None:
         self.env = env
         self.run = run  # this run's number: what a landing writes in Descriptor.landed
-        self.call_later = env.call_later
         self.bandwidth = bandwidth_bytes_per_s
         self.latency_s = dma.issue_latency_s.value
         self.max_in_flight = max_in_flight
@@ -123,15 +141,16 @@ class HbmServer:
         self.events = events
         self.queue: list[tuple[int, Descriptor]] = []  # (seq, copy) waiting to be issued
         # issued, in issue latency: (start time, the copies issued then, in issue order), oldest first
-        self.starting: deque[tuple[float, list[Descriptor]]] = deque()
+        # (a list: a few entries at most, taken off the front by pop(0), a C call when compiled)
+        self.starting: list[tuple[float, list[Descriptor]]] = []
         # in order: one copy streams at a time, the others wait (latency spent) in issue order
         self.in_order = dma.service == "in_order"
         self.ready: deque[Descriptor] = deque()
         self.issue_count = 0
-        # (target S, seq, copy), kept sorted (bisect.insort; the first lands first): at most
-        # max_in_flight long, so an insertion's few comparisons and a list shift cost less
-        # than a heap's push and pop (the same order: (target, seq) is unique)
-        self.streaming: list[tuple[float, int, Descriptor]] = []
+        # the copies streaming, sorted by (desc.target, desc.seq) (insert_streaming; the first
+        # lands first): at most max_in_flight long, so an insertion's few comparisons and a list
+        # shift cost less than a heap's push and pop
+        self.streaming: list[Descriptor] = []
         self.in_flight = 0
         self.virtual_bytes = 0.0  # S(t)
         self.rate = 0.0
@@ -141,6 +160,7 @@ class HbmServer:
         self.issued = 0
         self.last_land_s = 0.0
         self.wake_token = 0
+        self.turns_ahead = 0  # turns taken at once (loop docstring: running ahead); core adds them to env.ran_ahead
         self.wake_at = INF
         self.wake_fn = self._wake  # the bound turn queued with each wake-up (made once, not per entry)
         self.free_lanes = list(range(max_in_flight))
@@ -163,20 +183,25 @@ class HbmServer:
             self.last_s = now
 
     def _reschedule(self, now: float) -> None:
-        # when the next copy starts streaming or lands (INF: nothing in flight)
+        # when the next copy starts streaming or lands (INF: nothing in flight); ``now`` is the
+        # loop's clock (every caller passes env.now)
         starting = self.starting
         next_s = starting[0][0] if starting else INF
         streaming = self.streaming
         if streaming:
-            head = streaming[0][0]  # (typed when compiled: the same subtraction, unboxed)
+            first = streaming[0]
+            head = first.target  # (typed when compiled: the same subtraction, unboxed)
             left = head - self.virtual_bytes
             finish = now + left / self.rate if left > 0.0 else now
             if finish < next_s:
                 next_s = finish
         if next_s < self.wake_at:
-            self.wake_token += 1
+            token = self.wake_token = self.wake_token + 1
             self.wake_at = next_s
-            self.call_later(next_s - now if next_s > now else 0.0, self.wake_fn, self.wake_token)
+            env = self.env  # env.call_later(delay, self.wake_fn, token), inlined
+            count = env.scheduled
+            env.scheduled = count + 1
+            heappush(env._queue, (now + (next_s - now if next_s > now else 0.0), NORMAL, count, self.wake_fn, token))
 
     # ----------------------------------------------------------------- issue
 
@@ -262,7 +287,7 @@ class HbmServer:
         return True
 
     def _start_streaming(self, desc: Descriptor) -> None:
-        insort(self.streaming, (self.virtual_bytes + desc.nbytes, desc.seq, desc))
+        insert_streaming(self.streaming, desc, self.virtual_bytes + desc.nbytes)
         if self.by_stream:
             streams = self.streams
             key = desc.stream = stream_of(desc)
@@ -283,12 +308,12 @@ class HbmServer:
         env = self.env
         queue, run_ahead = env._queue, env.run_ahead
         streaming, starting, streams = self.streaming, self.starting, self.streams
-        by_stream, in_order = self.by_stream, self.in_order  # (insort, heappush: module names, no lookup per turn)
+        by_stream, in_order = self.by_stream, self.in_order  # (heappush: a module name, no lookup per turn)
         run = self.run
         slack, tolerance = RELATIVE_SLACK, BYTE_TOLERANCE  # (C doubles when compiled)
+        now = env.now
         while True:  # one turn per wake-up; the next taken at once while nothing is due before it
             self.wake_at = INF
-            now = env.now
             # _advance, inlined
             elapsed = now - self.last_s
             if elapsed > 0.0:
@@ -300,12 +325,14 @@ class HbmServer:
             landed: list[Descriptor] | None = None
             if streaming:
                 limit = self.virtual_bytes * slack + tolerance
-                head = streaming[0][0]  # (a typed local when compiled: compared unboxed)
+                desc = streaming[0]
+                head = desc.target  # (typed when compiled: compared unboxed)
                 if head <= limit:
                     landed = []
-                    while True:
-                        desc = streaming.pop(0)[2]
+                    count = 0
+                    while True:  # the first `count` copies land: taken off together below
                         landed.append(desc)
+                        count += 1
                         if by_stream:
                             key = desc.stream
                             left = streams[key] - 1
@@ -313,26 +340,31 @@ class HbmServer:
                                 streams[key] = left
                             else:
                                 del streams[key]
-                        if not streaming:
+                        if count == len(streaming):
                             break
-                        head = streaming[0][0]
+                        desc = streaming[count]
+                        head = desc.target
                         if not head <= limit:
                             break
+                    if count == 1:
+                        del streaming[0]
+                    else:
+                        del streaming[:count]
             if in_order:
                 ready = self.ready
                 while starting and starting[0][0] <= now:
-                    ready.extend(starting.popleft()[1])
+                    ready.extend(starting.pop(0)[1])
                 if ready and not streaming:  # the next in issue order streams alone
                     desc = ready.popleft()
-                    insort(streaming, (self.virtual_bytes + desc.nbytes, desc.seq, desc))
+                    insert_streaming(streaming, desc, self.virtual_bytes + desc.nbytes)
             elif starting:
                 start_s = starting[0][0]  # (typed when compiled: compared unboxed)
                 if start_s <= now:
                     # _start_streaming without its rate (set once below)
-                    virtual_bytes, popleft = self.virtual_bytes, starting.popleft
+                    virtual_bytes = self.virtual_bytes
                     while True:
-                        for desc in popleft()[1]:  # the copies issued together, in issue order
-                            insort(streaming, (virtual_bytes + desc.nbytes, desc.seq, desc))
+                        for desc in starting.pop(0)[1]:  # the copies issued together, in issue order
+                            insert_streaming(streaming, desc, virtual_bytes + desc.nbytes)
                             if by_stream:  # stream_of, inlined
                                 slab = desc.slab
                                 key = desc.stream = desc.family if slab is None else (
@@ -374,7 +406,8 @@ class HbmServer:
             # when the next copy starts streaming or lands (INF: nothing in flight)
             next_s = starting[0][0] if starting else INF
             if streaming:
-                head = streaming[0][0]
+                desc = streaming[0]
+                head = desc.target
                 left_bytes = head - self.virtual_bytes
                 finish = now + left_bytes / self.rate if left_bytes > 0.0 else now
                 if finish < next_s:
@@ -395,5 +428,5 @@ class HbmServer:
                 return
             # the entry would be the next served (tpusim.engine.loop, running ahead): take it now
             self.wake_token += 1  # an entry queued for a later wake-up is superseded, as by a new one
-            env.now = time_s
-            env.ran_ahead += 1
+            env.now = now = time_s
+            self.turns_ahead += 1

@@ -32,4 +32,4 @@ cdef class Descriptor:
     cdef public bint write
     cdef public long landed, lane, seq
     cdef public long long nbytes
-    cdef public double issue_s, land_s
+    cdef public double issue_s, land_s, target

@@ -124,6 +124,7 @@ class Descriptor:
         "seq",
         "slab",
         "stream",
+        "target",
         "tensor",
         "waiter",
         "write",
@@ -143,6 +144,7 @@ class Descriptor:
         self.landed = 0  # the run it landed in (module docstring)
         self.waiter: Any = None  # the compute stream's Driver.resume (bound) while it waits on this copy
         self.stream: object = None  # its address stream while streaming (dma.contention_unit: stream)
+        self.target = 0.0  # while streaming: the HBM server's virtual clock at which it lands (hbm)
         self.lane = -1
         self.issue_s = 0.0
         self.land_s = 0.0

@@ -35,7 +35,8 @@ order and every clock value are exactly those of the event-by-event loop, in few
 This prices a run of pieces, or of landings, in one event where the loop had one per item.
 ``run_ahead=False`` keeps the event-by-event loop as the reference
 (``simulate(..., event_by_event=True)``; ``tests/test_engine_run_ahead.py`` compares the
-two on every built-in schedule). ``ran_ahead`` counts the turns taken without an entry.
+two on every built-in schedule). ``ran_ahead`` counts the turns taken without an entry (the
+compute stream and the HBM server keep their own counts and add them when the step ends).
 
 Compiled (``setup.py``), ``Driver`` takes its fields from ``loop.pxd``: a new attribute is
 declared there too.

@@ -65,8 +65,13 @@ class StagingMemory:
 
     def release_many(self, slabs: list[Slab] | tuple[Slab, ...]) -> None:
         """Mark ``slabs`` issuable and admit what fits."""
-        touched: list[Pool] = []
         run = self.run
+        if len(slabs) == 1:  # (most releases: one slab, its pool alone to fill)
+            slab = slabs[0]
+            slab.released = run
+            self._fill(slab.pool)
+            return
+        touched: list[Pool] = []
         for slab in slabs:
             slab.released = run
             if slab.pool not in touched:

@@ -51,7 +51,7 @@ from typing import Any
 from tpusim.engine.build import Lowered
 from tpusim.engine.collectives import Handle, MessageFabric
 from tpusim.engine.hbm import HbmServer
-from tpusim.engine.items import UNIT_NAMES, CollectivePlan, OpPlan
+from tpusim.engine.items import MXU, UNIT_NAMES, VPU, CollectivePlan, OpPlan
 from tpusim.engine.loop import Driver, EventLoop
 from tpusim.engine.staging import StagingMemory
 from tpusim.engine.timeline import Recorder
@@ -126,13 +126,16 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
             share_by_layer[layer] = per_layer_s / share_by_layer[layer]
     block_s = per_layer_s if not share_by_layer else 0.0
     rows = lowered.op_rows  # each op's fields the loop reads, as one tuple (Lowered.op_rows)
-    if rows is None:
+    if rows is None:  # (its pieces as plain tuples: a NamedTuple unpacks through the iterator protocol)
         rows = lowered.op_rows = [
             (op, op.layer, op.first_of_layer, op.index, op.launch_s > 0.0 or op.kernel_fixed_s > 0.0, op.name,
-             op.start_releases, op.phase, op.pieces, op.end_releases, op.resolves, op.collectives)
+             op.start_releases, op.phase, tuple([tuple(piece) for piece in op.pieces]), op.end_releases,
+             op.resolves, op.collectives)
             for op in lowered.ops
         ]
     op_times = account.op_time_s
+    pieces_ahead = 0  # pieces run ahead (added to env.ran_ahead at the end: only a count)
+    mxu_busy_s, vpu_busy_s = unit_busy  # each unit's busy time, summed here in order, stored at the end
     for op, layer, first, index, launched, name, start_releases, phase, pieces, end_releases, resolves, collectives \
             in rows:
         if first:
@@ -185,10 +188,13 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
                 time_s = start + duration
                 if run_ahead and (not queue or queue[0][0] > time_s):  # Driver.resume's running ahead,
                     env.now = time_s  # taken here without leaving the generator (tpusim.engine.loop)
-                    env.ran_ahead += 1
+                    pieces_ahead += 1
                 else:
                     yield duration
-                unit_busy[unit] += duration
+                if unit:  # (VPU = 1, MXU = 0)
+                    vpu_busy_s += duration
+                else:
+                    mxu_busy_s += duration
                 phase_s = (by_phase.get(phase, 0.0) if phase_s is None else phase_s) + duration
                 if recorder is not None:
                     recorder.interval(UNIT_NAMES[unit], start, env.now, f"{name} L{layer}")
@@ -217,6 +223,8 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
                 _issue_messages(links.fabric, call, env.now, issued, consumed, layer, events)
         op_times.append(env.now - op_start)
     account.stream_end_s = env.now
+    unit_busy[MXU], unit_busy[VPU] = mxu_busy_s, vpu_busy_s
+    env.ran_ahead += pieces_ahead
     _finish_links(links, account)
 
 
