@@ -165,7 +165,7 @@ def test_chunked_schedule_batch2_8_layers_with_event_trace(eight):
     run_and_check(eight, chunked_schedule(), 2, steps=2, trace=True)
 
 
-@pytest.mark.heavy  # ~75 s; in CI the ring runs 13 layers x 4 steps against reference_jnp and the race check
+@pytest.mark.heavy  # ~75 s; in CI the ring runs in the race check (5 layers, batch 2, against the reference)
 def test_ring_pool_batch1_93_layers_with_event_trace(mini):
     """One step: over 93 layers of random weights the slab-by-slab sums' rounding grows
     chaotically when kernel and reference each carry their own state (measured: logits 1.2 %

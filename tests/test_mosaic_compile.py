@@ -2,7 +2,9 @@
 devices of a named topology, nothing allocated) for TPU v5e and TPU7x, and fails, with the
 compiler's alignment error in one paragraph, on a dynamic slice it cannot prove aligned.
 
-Each compile takes ~2-13 s on the 2-core machine (the whole file ~45 s, two tests marked slow); tests/conftest.py sets
+Each compile takes ~2-13 s on the 2-core machine (the whole file ~45 s, two tests marked slow; the
+in-process compile of the whole kernel ``-m heavy``, the same compiles running by default in a fresh
+process, named in its docstring); tests/conftest.py sets
 libtpu's environment before JAX starts (megakernel.mosaic_compile.ENVIRONMENT).
 """
 
@@ -52,8 +54,13 @@ def _mini_kernel(chip: str):
 
 @needs_libtpu
 @pytest.mark.parametrize("chip", ["tpu-v5e", "tpu-v7"])
-@pytest.mark.slow  # traces and compiles kimi-k3-mini (~10-20 s)
+@pytest.mark.heavy  # traces and compiles kimi-k3-mini (~10-20 s)
 def test_kimi_k3_mini_compiles_with_mosaic(chip: str) -> None:
+    """In process. The same two compiles run by default in a fresh process each (the kernel of
+    ``megakernel.commands.mosaic_compile``'s defaults: kimi-k3-mini, published, batch 1, context
+    1024, the chip's VMEM limit and expert products, as ``_mini_kernel`` builds it): for tpu-v5e
+    through the CLI (:func:`test_lower_cli_compiles_for_the_chip`), for tpu-v7 in
+    ``tests/test_expert_products_mxu.py::test_mini_compiles_for_tpu7x_with_fp8_pushes``."""
     from megakernel.mosaic_compile import compile_for
 
     report = compile_for(_mini_kernel(chip), topology_for(chip))
@@ -134,6 +141,8 @@ def test_kernel_without_its_alignment_hints_fails(monkeypatch) -> None:
 @needs_libtpu
 @pytest.mark.slow  # a fresh process: imports, traces and compiles kimi-k3-mini (~14 s)
 def test_lower_cli_compiles_for_the_chip(capsys) -> None:
+    """The default run's Mosaic compile of the whole kernel for TPU v5e (``megakernel.commands.mosaic_compile``
+    builds the kernel of ``_mini_kernel("tpu-v5e")``); the in-process one is ``-m heavy``."""
     from tpusim.app.cli import main
 
     assert main(["lower", "--model", "kimi-k3-mini", "--schedule", "published", "--hardware", "tpu-v5e",

@@ -131,9 +131,10 @@ def test_goal_check_on_hand_worked_numbers() -> None:
     assert swapped[2].error == pytest.approx(0.8 - 1 / 3) and not swapped[2].ok
 
 
-def test_the_committed_residuals_are_of_the_committed_decodes() -> None:
-    """A decode re-measured or added must be met by residuals written again (``--write``)."""
-    records = BuildPredictor().records
+def test_the_committed_residuals_are_of_the_committed_decodes(predictor: BuildPredictor) -> None:
+    """A decode re-measured or added must be met by residuals written again (``--write``). The
+    records are the module fixture's (the build's programs made once for the file's tests)."""
+    records = predictor.records
     committed = committed_residuals()
     assert set(committed) == {(r.schedule, r.batch) for r in records}
 
