@@ -296,7 +296,7 @@ def capped_trace(routing: str, cap: int) -> str:
     out = source.with_name(f"{source.stem}-cap{cap}-borrowed.json")
     if not out.exists():
         layers = np.asarray(json.loads(source.read_text())["layers"])
-        write_text_atomic(out, json.dumps({"layers": capped_routing(layers, cap).tolist()}) + "\n")
+        write_text_atomic(out, json.dumps({"layers": capped_routing(layers, cap).tolist()}))  # as ingest writes a trace
     return f"trace:{out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}"
 
 
