@@ -208,3 +208,22 @@ def test_a_programs_lowering_facts_live_as_long_as_the_program() -> None:
     del first, facts
     gc.collect()
     assert key not in facts_module._FACTS
+
+
+def test_a_step_not_kept_runs_the_same_and_leaves_the_store_alone() -> None:
+    """Within :func:`~tpusim.engine.reuse.lowerings_not_kept` (a sweep worker's simulations) a
+    new step is lowered, run and dismantled: the results equal a kept step's, the store is
+    unchanged, and a step the store already holds is still reused."""
+    from tpusim.engine.reuse import lowerings_not_kept
+
+    program, chip = program_on("kimi-k3-mini", "tpu-v5e", 8)
+    forget_lowerings()
+    kept = _results(program, "published", chip)
+    store = list(_KEPT)
+    with lowerings_not_kept():
+        not_kept = _results(program, "layer-double-buffer", chip)
+        assert store == _KEPT
+        assert _results(program, "published", chip) == kept  # the kept step, reused
+    assert store == _KEPT
+    forget_lowerings()
+    assert _results(program, "layer-double-buffer", chip) == not_kept  # a fresh, kept lowering: the same

@@ -108,8 +108,9 @@ def simulate(program: Program, schedule: Schedule, chip: Chip, *, record_timelin
     with _collector_paused():
         run = _execute(program, effective, chip, policy, vmem, record_timeline=record_timeline,
                        record_events=record_events or record_timeline, event_by_event=event_by_event)
-    return dataclasses.replace(_collect(run, program, schedule, policy, vmem, capacity), words=chip.words,
-                               batch_terms_s=terms)
+        result = _collect(run, program, schedule, policy, vmem, capacity)
+        del run  # its loop, queues and accounts (and a step not kept) go by reference counting, not the collector
+    return dataclasses.replace(result, words=chip.words, batch_terms_s=terms)
 
 
 @contextlib.contextmanager

@@ -51,8 +51,6 @@ once (the engine's HBM queue), not when they are issued.
 
 from __future__ import annotations
 
-import bisect
-import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -145,81 +143,103 @@ def plan_issues(rings: dict[str, RingSpec], op_reads: Sequence[Sequence[Read]], 
     instances = sorted(_instances(op_reads, first).values(), key=lambda inst: inst.first)
     plan = IssuePlan({}, {}, {})
     issue, consumer, buffers, refills = plan.issue, plan.consumer, plan.buffer, plan.refills
-    # per pool: occupants first read before c whose last reader may still matter, by last reader
-    # (``free`` looks only at buffers of the copy's own pool)
-    live_by_pool: dict[str, list[_Slot]] = {}
-    slots: list[_Slot] = []
+    # ``free`` by cells: a cell is one buffer of one ring; per cell the latest last reader of
+    # the occupants entered so far (first read before the current op), and per cell the cells
+    # it overlaps (its own, and any other ring's buffer of its pool whose arena bytes overlap).
+    # free(c) is the op after the latest last reader over the overlapping cells: the same as
+    # scanning the pool's occupants by last reader (the rule's statement), at one max per copy.
+    cells_of: dict[str, list[int]] = {}  # ring -> its buffers' cells
+    cell_count = 0
+    for inst in instances:
+        name = inst.read.ring
+        if name not in cells_of:
+            cells_of[name] = list(range(cell_count, cell_count + rings[name].buffers))
+            cell_count += rings[name].buffers
+    overlaps = _overlaps(rings, cells_of)
+    latest = [-FAR] * len(overlaps)  # per cell: the latest last reader entered
+    latest_of = latest.__getitem__
     # named tuples built by tuple.__new__ (their own __new__ and _make are Python calls; a
     # plan builds thousands)
     new_tuple = tuple.__new__
-    # per ring: each buffer's arena range where buffers are static, else the ring's whole region
-    spans_of: dict[str, tuple[RingSpec, Sequence[tuple[int, int]]]] = {}
+    entering, current, horizon_c, oldest, total = 0, None, 0, 0, len(instances)
+    instance_cells: list[list[int]] = []
     for inst in instances:
         read = inst.read
-        known = spans_of.get(read.ring)
-        if known is None:
-            ring = rings[read.ring]
-            known = spans_of[read.ring] = (ring, [ring.buffer_range(buffer) for buffer in range(ring.buffers)]
-                                           if ring.static_buffers else [ring.region] * ring.buffers)
-        ring, spans = known
+        ring = rings[read.ring]
         count = read.slabs if read.slabs is not None else ring.num_slabs
-        first_slot, ring_buffers, last = read.first_slot, ring.buffers, inst.last
-        for k in range(count):
-            buffer = (first_slot + k) % ring_buffers
-            slots.append(new_tuple(_Slot, (ring, inst, k, buffer, spans[buffer], last)))
-    by_first, current, horizon_c, total = 0, None, 0, len(slots)
-    for slot in slots:
-        ring, inst, k, buffer, _span, _last = slot
-        c, read, name = inst.first, inst.read, ring.name
-        unit = new_tuple(Unit, (name, read.key, k))
-        consumer[unit] = c
-        buffers[unit] = buffer
+        cells, ring_buffers, first_slot = cells_of[read.ring], ring.buffers, read.first_slot
+        instance_cells.append([cells[(first_slot + k) % ring_buffers] for k in range(count)])
+    for index, inst in enumerate(instances):
+        read, c = inst.read, inst.first
+        name, key = read.ring, read.key
+        ring = rings[name]
+        ring_buffers = ring.buffers
+        first_slot = read.first_slot
+        cells = instance_cells[index]
         if c != current:
             current = c
             horizon_c = horizon(c)
             oldest = horizon_c - lookback
-            while by_first < total and slots[by_first].inst.first < c:
-                entered = slots[by_first]
-                if entered.last >= oldest:
-                    pool_live = live_by_pool.get(entered.ring.pool)
-                    if pool_live is None:
-                        live_by_pool[entered.ring.pool] = [entered]
-                    else:
-                        if pool_live and pool_live[0].last < oldest:
-                            del pool_live[:bisect.bisect_left(pool_live, oldest, key=_last_reader)]
-                        bisect.insort(pool_live, entered, key=_last_reader)
-                by_first += 1
+            while entering < total and instances[entering].first < c:
+                last = instances[entering].last
+                for cell in instance_cells[entering]:
+                    if latest[cell] < last:
+                        latest[cell] = last
+                entering += 1
+        units = [new_tuple(Unit, (name, key, k)) for k in range(len(cells))]
+        for k, unit in enumerate(units):
+            consumer[unit] = c
+            buffers[unit] = (first_slot + k) % ring_buffers
         if c < min_consumer:
             continue
         expert = name == EXPERT_RING
-        if k >= ring.buffers and not expert:
-            issue[unit] = c
-            refills.add(unit)
-            continue
         if expert:
             floor = routing(read)
         else:
             floor = c - (ring.distance if read.distance is None else read.distance)
             if horizon_c > floor:
                 floor = horizon_c
-        free = -FAR
-        if respect_buffers or expert:
-            pool_live = live_by_pool.get(ring.pool)
-            if pool_live:
-                if pool_live[0].last < oldest:  # (occupants older than the lookback cannot delay it)
-                    del pool_live[:bisect.bisect_left(pool_live, oldest, key=_last_reader)]
-                free = _free(slot, pool_live, floor)
-        when = floor if floor > free else free
-        if when == c + 1 and name.startswith("pool:"):  # the bank's occupant is read by op c too:
-            issue[unit] = c  # refilled inside c as that occupant is consumed
-            refills.add(unit)
-            continue
-        if when > c:
-            raise UnsupportedIssuePlan(
-                f"pool {ring.pool!r}: {ring.name} (first read at op {c}) needs a buffer still read by that "
-                "op; give the families separate pools or more room")
-        issue[unit] = when
+        check_free = respect_buffers or expert
+        pooled = name.startswith("pool:")
+        for k, unit in enumerate(units):
+            if k >= ring_buffers and not expert:
+                issue[unit] = c
+                refills.add(unit)
+                continue
+            when = floor
+            if check_free:
+                # occupants whose last reader is older than the lookback cannot delay it
+                newest = max(map(latest_of, overlaps[cells[k]]))
+                if newest >= oldest and newest >= floor:
+                    when = newest + 1
+            if when == c + 1 and pooled:  # the bank's occupant is read by op c too:
+                issue[unit] = c  # refilled inside c as that occupant is consumed
+                refills.add(unit)
+                continue
+            if when > c:
+                raise UnsupportedIssuePlan(
+                    f"pool {ring.pool!r}: {ring.name} (first read at op {c}) needs a buffer still read by that "
+                    "op; give the families separate pools or more room")
+            issue[unit] = when
     return plan
+
+
+def _overlaps(rings: dict[str, RingSpec], cells_of: dict[str, list[int]]) -> list[tuple[int, ...]]:
+    """Per cell (``cells_of``: ring -> its buffers' cells), the cells a copy into it overwrites:
+    itself and every other ring's buffer of its pool whose arena range overlaps (each buffer's
+    range where the ring's buffers are static, else the ring's whole region)."""
+    spans: dict[int, tuple[RingSpec, int, tuple[int, int]]] = {}
+    for name, cells in cells_of.items():
+        ring = rings[name]
+        for buffer, cell in enumerate(cells):
+            spans[cell] = (ring, buffer, ring.buffer_range(buffer) if ring.static_buffers else ring.region)
+    out: list[tuple[int, ...]] = []
+    for cell in range(len(spans)):
+        ring, buffer, (a, b) = spans[cell]
+        out.append(tuple(other for other, (other_ring, other_buffer, (c, d)) in spans.items()
+                         if other_ring.pool == ring.pool and (
+                             other_buffer == buffer if other_ring is ring else a < d and c < b)))
+    return out
 
 
 def _check_op_fits_its_pools(op: int, reads: Sequence[Read], rings: dict[str, RingSpec]) -> None:
@@ -238,38 +258,3 @@ def _check_op_fits_its_pools(op: int, reads: Sequence[Read], rings: dict[str, Ri
             names = " and ".join(str(key[0] if isinstance(key, tuple) else key) for key in by_tensor)
             raise UnsupportedIssuePlan(f"pool {rings[ring].pool!r}: op {op} reads {names}: {total} slabs, more "
                                        f"than its {banks} banks; use more or larger banks")
-
-
-class _Slot(NamedTuple):
-    """Slab ``slab`` of an instance, in buffer ``buffer`` covering arena ``span``; ``last``:
-    the instance's last reader."""
-
-    ring: RingSpec
-    inst: _Instance
-    slab: int
-    buffer: int
-    span: tuple[int, int]
-    last: int
-
-
-_last_reader = operator.itemgetter(5)  # _Slot.last, as a C key function (sorting ``live``)
-
-
-def _free(mine: _Slot, live: Sequence[_Slot], floor: int) -> int:
-    """The op after the last reader of every buffer ``mine`` overwrites, if after ``floor``
-    (else ``-FAR``). ``live``: the occupants of ``mine``'s pool, sorted by last reader, so the
-    latest overlapping occupant, the first met from the end, decides (and once an occupant's
-    last reader is at or before ``floor``, every one left is too)."""
-    ring, inst, _slab, buffer, (a, b), _last = mine
-    for other_ring, other_inst, _other_slab, other_buffer, other_span, other_last in reversed(live):
-        after = other_last + 1
-        if after <= floor:
-            return -FAR
-        if other_inst is inst:
-            continue
-        if other_ring is ring:
-            if other_buffer == buffer:
-                return after
-        elif a < other_span[1] and other_span[0] < b:
-            return after
-    return -FAR

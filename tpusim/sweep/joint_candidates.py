@@ -197,6 +197,7 @@ def _cached(workload: JointWorkload, deployment: Deployment, what: str) -> Any:
 def evaluate_task(workload: JointWorkload, stage: str, schedule_data: dict[str, Any]) -> dict[str, Any]:
     """One candidate at ``stage`` (``estimate`` | ``simulate``) as a flat row (times in ms)."""
     from tpusim.engine import simulate
+    from tpusim.engine.reuse import lowerings_not_kept
     from tpusim.schedule.issue_plan import UnsupportedIssuePlan
     from tpusim.schedule.program_issue import remember_issue_plan
     from tpusim.sweep.estimate import estimate
@@ -215,7 +216,8 @@ def evaluate_task(workload: JointWorkload, stage: str, schedule_data: dict[str, 
         # each plan and pricing each algorithm variant's collectives took ~15 % of a worker's
         # CPU in a budget-600 K3 sweep, profiled)
         remember_issue_plan(program, schedule, _cached(workload, schedule.deployment, "planner").issue_plan(schedule))
-        result = simulate(program, schedule, workload.system.chip)
+        with lowerings_not_kept():  # a sweep simulates each candidate once: its lowered step is not kept
+            result = simulate(program, schedule, workload.system.chip)
     except (InfeasibleSchedule, UnsupportedIssuePlan) as error:
         return {"feasible": False, "reason": f"{stage}: {error}"}
     return {"feasible": True, "predicted_ms": result.step_s * MS_PER_S, "tokens_per_s": result.tokens_per_s,
