@@ -27,15 +27,13 @@ dicts by insertion), so equal inputs give identical results and event lists.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from hwmodels.schema import Chip
 from hwmodels.units import MIB
+from tpusim.collector import collector_paused
 from tpusim.engine.execution import ExecutionPolicy
 from tpusim.engine.hbm import HbmServer
 from tpusim.engine.items import MXU, VPU, Slab
@@ -105,30 +103,12 @@ def simulate(program: Program, schedule: Schedule, chip: Chip, *, record_timelin
             check_fits(vmem, capacity)
         except InfeasibleSchedule as error:
             raise _diagnose(str(error), program, schedule, effective, chip, policy, vmem, capacity) from None
-    with _collector_paused():
+    with collector_paused():
         run = _execute(program, effective, chip, policy, vmem, record_timeline=record_timeline,
                        record_events=record_events or record_timeline, event_by_event=event_by_event)
         result = _collect(run, program, schedule, policy, vmem, capacity)
         del run  # its loop, queues and accounts (and a step not kept) go by reference counting, not the collector
     return dataclasses.replace(result, words=chip.words, batch_terms_s=terms)
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while a step is lowered and run.
-
-    A K3 step allocates tens of thousands of long-lived objects (copies, buffers, pieces,
-    SimPy events); each allocation burst triggers generational collections that scan all of
-    them again without freeing anything (measured: a third of the engine time at batch 8).
-    Reference counting still frees everything acyclic at once; the few cycles (SimPy
-    processes) go at the next collection after the step. The previous state is restored."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 @dataclass

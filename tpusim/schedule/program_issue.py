@@ -11,12 +11,10 @@ a layer's small-parameter row is read by every op in
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from tpusim.collector import collector_paused
 from tpusim.schedule.issue_plan import (
     EXPERT_RING,
     RING_ORDER,
@@ -188,25 +186,6 @@ def program_issue_plan(program: Program, schedule: Schedule, facts: ProgramFacts
     same plan, for many schedules of one program)."""
     with collector_paused():
         return _program_issue_plan(program, schedule, facts, pools)
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector (the previous state is restored after).
-
-    A plan allocates tens of thousands of acyclic tuples and dict entries: their allocation
-    bursts trigger generational collections that scan the worker's whole heap (its programs,
-    lowered steps and remembered plans) without freeing anything (measured: 10.5 s of the
-    34.5 s CPU a budget-300 K3 joint sweep's simulations took in one process, a quarter of it
-    in full collections). Reference counting frees the acyclic garbage at once; cycles go at
-    the next collection after. Nested pauses keep the collector off until the outermost ends."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _program_issue_plan(program: Program, schedule: Schedule, facts: ProgramFacts | None,
