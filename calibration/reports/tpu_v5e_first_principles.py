@@ -50,6 +50,7 @@ from calibration.sources.tpu_layer_static import (
     V5E_CLOCK_HZ,
     attention_core_figures,
     layer_remainder,
+    put_attention_core,
 )
 from calibration.sources.tpu_probes import PER_LAYER, dequant_path, probe_chip
 from hwmodels.catalog import load_chip
@@ -94,16 +95,11 @@ def first_principles_chip(decoder: str = KERNEL_DECODER, batch: int = 1,
                                     loop_iteration_s=loop_iteration_s)
     parent, name = _figure_slot(data, PER_LAYER)
     parent[name] = {**parent[name], "value": value, "label": "derived", "source": source}
-    core = attention_core_figures(batch, unroll, clock_hz=clock_hz, expert_list=expert_list,
-                                  loop_iteration_s=loop_iteration_s)
-    if core is not None:  # the MLA core's KV loop, out of the layer's remainder (data-dependent)
-        token_s, tile_s, source = core
-        data["execution"].update({ATTENTION_PER_TOKEN: {"value": token_s, "label": "derived", "source": source},
-                                  ATTENTION_PER_TILE: {"value": tile_s, "label": "derived", "source": source}})
+    # the MLA core's KV loop, out of the layer's remainder (data-dependent)
+    put_attention_core(data, attention_core_figures(batch, unroll, clock_hz=clock_hz, expert_list=expert_list,
+                                                    loop_iteration_s=loop_iteration_s))
     return Chip.model_validate(data)
 
-
-ATTENTION_PER_TOKEN, ATTENTION_PER_TILE = "attention_core_s_per_token", "attention_core_s_per_tile"
 
 
 FP_PREDICTIONS_PATH = Path(__file__).resolve().parents[1] / "data" / "tpu-v5e-fp-predictions.jsonl"

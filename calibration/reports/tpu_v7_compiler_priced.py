@@ -59,7 +59,11 @@ from calibration.reports.tpu_v5e_plan import FORMAT_OF_PART
 from calibration.sources.measurements import Measurement
 from calibration.sources.predict import Predictor
 from calibration.sources.tpu_code_issue import code_issue
-from calibration.sources.tpu_layer_static import attention_core_figures, layer_remainder
+from calibration.sources.tpu_layer_static import (
+    attention_core_figures,
+    layer_remainder,
+    put_attention_core,
+)
 from calibration.sources.tpu_probes import PER_LAYER
 from hwmodels import values
 from hwmodels.catalog import load_chip
@@ -281,13 +285,10 @@ def compiler_priced_chip(base: Chip, batch: int, path: Path | str = TPU7X_STATIC
                                     expert_list=EXPERT_LIST_BUILD, loop_iteration_s=loop_s)
     parent, name = _figure_slot(data, PER_LAYER)
     parent[name] = {**parent[name], "value": value, "label": "derived", "source": f"{source} (tpu7x); clock {clock_source}; loop {loop_source}"}
-    core = attention_core_figures(batch, (PANEL_UNROLL, EXPERT_PANEL_UNROLL), path, clock_hz,
-                                  expert_list=EXPERT_LIST_BUILD, loop_iteration_s=loop_s)
-    if core is not None:  # the MLA core's KV loop, as the v5e method prices it
-        token_s, tile_s, core_source = core
-        labelled = {"label": "derived", "source": f"{core_source} (tpu7x); clock {clock_source}; loop {loop_source}"}
-        data["execution"].update({"attention_core_s_per_token": {"value": token_s, **labelled},
-                                  "attention_core_s_per_tile": {"value": tile_s, **labelled}})
+    # the MLA core's KV loop, as the v5e method prices it
+    put_attention_core(data, attention_core_figures(batch, (PANEL_UNROLL, EXPERT_PANEL_UNROLL), path, clock_hz,
+                                                    expert_list=EXPERT_LIST_BUILD, loop_iteration_s=loop_s),
+                       f" (tpu7x); clock {clock_source}; loop {loop_source}")
     # paid where the v5e method pays it (the layer's code, through the layer: tpu-v5e's rule), so the
     # v5e residuals of step 4 describe this composition too
     data["execution"]["per_layer_overhead_at"] = load_chip("tpu-v5e", calibrated=False).execution.per_layer_overhead_at
