@@ -1,0 +1,159 @@
+"""Probe of the MLA core's KV loop: the megakernel's own cache walk, alone, on the chip.
+
+- ``mla_core``: :func:`megakernel.kernel_attention._attend_cache` — the kernel's KV-tile loop
+  (``kv_buffers`` tiles of ``kv_tile_tokens`` in flight, each waited, folded in
+  :data:`megakernel.math_mla.KV_FOLD_TOKENS`-token parts and its buffer refilled after the
+  fold) — at Kimi K3's TP32 per-device MLA widths, ``B`` cache rows, ``position`` cached
+  tokens (SMEM scalars: one compile a batch), repeated ``R`` times, each repetition followed by
+  the softmax's normalisation into the output. When ``F`` > 0, each repetition first starts
+  ``F`` copies of 1 MiB (the weights a layer has in flight when its core runs) and waits for
+  them after the core: in issue order the first tile waits behind them. ``(t(R2) - t(R1)) /
+  (R2 - R1)`` is one layer's core; its slope over the tiles is what a KV tile costs at ``B``
+  rows, the figure the static schedule's bundles (``calibration.sources.tpu_layer_static``)
+  price at 1/2 … 1/4 of the measured decodes' context cost (docs/tpu-v5e-measured.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from calibration.tpu_bench.common import Point, Probe
+from hwmodels.units import MIB
+from tpusim.schedule.kernel_layout import LANES
+
+Interpret = Any
+CORE_BATCHES = (1, 4, 8, 16)
+CORE_TILES = (1, 2, 4, 8)
+CORE_REPEATS = (2, 6)
+CORE_AHEAD = (0, 8)  # 1 MiB copies in flight before the core
+TILE_TOKENS, KV_BUFFERS = 128, 2  # the schedule's defaults (tpusim.schedule.schema)
+BIG_ROWS = MIB // (LANES * 2)
+
+
+def core_dims() -> Any:
+    """Kimi K3's TP32 per-device MLA widths (:class:`megakernel.math_mla.MlaDims`)."""
+    from calibration.tpu_bench.probes_order import routing_dims
+
+    return routing_dims().mla
+
+
+def core_call(batch: int, capacity: int, n_big: int, interpret: Interpret, md: Any) -> Callable[..., Any]:
+    """``fn(int32[3] = (R, position, F), q_lat f32[B, h, C], q_rope f32[B, h, r], kv bf16[1, B,
+    capacity, cols] (HBM), big u16[n_big, 4096, 128] (HBM)) -> f32[B, h, C]`` (the last
+    repetition's attention over the latent, normalised)."""
+    from megakernel import kernel_attention
+
+    def kernel(s_ref: Any, q_lat_ref: Any, q_rope_ref: Any, kv_hbm: Any, big: Any, out: Any,
+               kv_tiles: Any, kv_sem: Any, big_buf: Any, big_sem: Any) -> None:
+        r, position, f = s_ref[0], s_ref[1], s_ref[2]
+
+        def when(cond: Any, fn: Callable[[], None]) -> None:
+            if isinstance(cond, bool):
+                if cond:
+                    fn()
+                return
+            pl.when(cond)(fn)
+
+        ctx = SimpleNamespace(
+            dims=SimpleNamespace(mla=md), batch=batch, when=when, fori=lax.fori_loop,
+            event=lambda *a, **k: None, outs={"state.kv": kv_hbm},
+            scratch={"kv_tiles": kv_tiles, "kv_sem": kv_sem},
+            geo=SimpleNamespace(kv_tile_tokens=TILE_TOKENS, kv_buffers=KV_BUFFERS))
+
+        def big_copy(i: Any, k: Any) -> Any:
+            return pltpu.make_async_copy(big.at[lax.rem(i * n_big + k, n_big)], big_buf.at[k], big_sem.at[k])
+
+        def repetition(i: Any, c: Any) -> Any:
+            def start(k: Any, c: Any) -> Any:
+                big_copy(i, k).start()
+                return c
+
+            def wait(k: Any, c: Any) -> Any:
+                big_copy(i, k).wait()
+                return c
+
+            lax.fori_loop(0, f, start, 0)
+            _m, denom, acc = kernel_attention._attend_cache(ctx, 0, 0, position, q_lat_ref[...], q_rope_ref[...])
+            out[...] = acc / denom
+            lax.fori_loop(0, f, wait, 0)
+            return c
+
+        lax.fori_loop(0, r, repetition, 0)
+
+    cols = md.kv_cols
+    call = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((batch, md.heads, md.kv_lora), jnp.float32),
+        in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec(memory_space=pltpu.VMEM),
+                  pl.BlockSpec(memory_space=pltpu.VMEM), pl.BlockSpec(memory_space=pl.ANY),
+                  pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pltpu.VMEM),
+        scratch_shapes=[pltpu.VMEM((KV_BUFFERS, batch, TILE_TOKENS, cols), jnp.bfloat16),
+                        pltpu.SemaphoreType.DMA((KV_BUFFERS,)),
+                        pltpu.VMEM((n_big, BIG_ROWS, LANES), jnp.uint16),
+                        pltpu.SemaphoreType.DMA((n_big,))],
+        compiler_params=pltpu.CompilerParams(vmem_limit_bytes=64 * MIB, has_side_effects=True),
+        interpret=interpret)
+    return jax.jit(call)
+
+
+def core_reference(q_lat: np.ndarray, q_rope: np.ndarray, kv: np.ndarray, position: int, md: Any) -> np.ndarray:
+    """Softmax attention over tokens [0, position) in float64: sum_t p_t latent_t / sum_t p_t."""
+    latent = kv[0, :, :position, : md.kv_lora].astype(np.float64)
+    k_rope = kv[0, :, :position, md.kv_lora: md.kv_lora + md.rope].astype(np.float64)
+    scores = (np.einsum("bhc,btc->bht", q_lat.astype(np.float64), latent)
+              + np.einsum("bhr,btr->bht", q_rope.astype(np.float64), k_rope)) * md.scale
+    p = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return np.einsum("bht,btc->bhc", p, latent) / p.sum(axis=-1)[..., None]
+
+
+def core_probes(interpret: Interpret, quick: bool) -> list[Probe]:
+    md = core_dims()
+    batches = (2,) if quick else CORE_BATCHES
+    tiles = (1, 2) if quick else CORE_TILES
+    repeats = (1, 2) if quick else CORE_REPEATS
+    ahead = (0, 2) if quick else CORE_AHEAD
+    capacity, n_big = TILE_TOKENS * max(tiles), max(ahead)
+    probes = []
+    for batch in batches:
+        def make(batch: int = batch) -> list[jax.Array]:
+            kq, kr, kk, kb = jax.random.split(jax.random.key(200 + batch), 4)
+            return [0.05 * jax.random.normal(kq, (batch, md.heads, md.kv_lora), jnp.float32),
+                    0.05 * jax.random.normal(kr, (batch, md.heads, md.rope), jnp.float32),
+                    jax.random.normal(kk, (1, batch, capacity, md.kv_cols), jnp.float32).astype(jnp.bfloat16),
+                    jax.random.bits(kb, (n_big, BIG_ROWS, LANES), dtype=jnp.uint16)]
+
+        def check(point: Point, inputs: list[jax.Array], out: Any) -> str | None:
+            position = point.scalars[1]
+            kv = np.asarray(inputs[2].astype(jnp.float32))
+            want = core_reference(np.asarray(inputs[0]), np.asarray(inputs[1]), kv, position, md)
+            err = float(np.max(np.abs(np.asarray(out) - want)))
+            return None if err < 1e-3 else f"mla_core: max |kernel - float64| {err:.2e} at {position} tokens"
+
+        tile_bytes = batch * TILE_TOKENS * md.kv_cols * 2
+        points = [Point({"repeats_in_kernel": r, "tiles": t, "tokens": t * TILE_TOKENS, "large_copies": f},
+                        (r, t * TILE_TOKENS, f), bytes=r * (t * tile_bytes + f * MIB))
+                  for f in ahead for t in tiles for r in repeats]
+        probes.append(Probe(
+            name="mla_core", params={"batch": batch, "heads": md.heads, "kv_lora": md.kv_lora, "rope": md.rope,
+                                     "kv_cols": md.kv_cols, "kv_tile_tokens": TILE_TOKENS, "kv_buffers": KV_BUFFERS,
+                                     "tile_bytes": tile_bytes, "large_bytes": MIB, "model": "kimi-k3",
+                                     "shard_of": "k3-tp32"},
+            fn=core_call(batch, capacity, n_big, interpret, md),
+            input_shapes=[jax.ShapeDtypeStruct((batch, md.heads, md.kv_lora), jnp.float32),
+                          jax.ShapeDtypeStruct((batch, md.heads, md.rope), jnp.float32),
+                          jax.ShapeDtypeStruct((1, batch, capacity, md.kv_cols), jnp.bfloat16),
+                          jax.ShapeDtypeStruct((n_big, BIG_ROWS, LANES), jnp.uint16)],
+            make_inputs=make, points=points, n_scalars=3, check=check, repeats=20,
+            extra={"what": "whole-call seconds of R repetitions of the megakernel's MLA core KV loop "
+                           "(kernel_attention._attend_cache) over `tokens` cached tokens at `batch` rows, "
+                           "after F 1 MiB copies started; difference two R: one layer's core"}))
+    return probes
