@@ -1,7 +1,7 @@
 """Probe of the MLA core's KV loop: the megakernel's own cache walk, alone, on the chip.
 
 - ``mla_core``: :func:`megakernel.kernel_attention._attend_cache` — the kernel's KV-tile loop
-  (``kv_buffers`` tiles of ``kv_tile_tokens`` in flight, each waited, folded in
+  (``kv_buffers`` tiles of ``kv_tile_tokens`` in flight (2, and 4 at 1 and 16 rows), each waited, folded in
   :data:`megakernel.math_mla.KV_FOLD_TOKENS`-token parts and its buffer refilled after the
   fold) — at Kimi K3's TP32 per-device MLA widths, ``B`` cache rows, ``position`` cached
   tokens (SMEM scalars: one compile a batch), repeated ``R`` times, each repetition followed by
@@ -31,11 +31,13 @@ from hwmodels.units import MIB
 from tpusim.schedule.kernel_layout import LANES
 
 Interpret = Any
-CORE_BATCHES = (1, 4, 8, 16)
+# (rows, KV buffers): the schedule's default 2 buffers at every batch the v5e sets run, and 4 at
+# the two ends (were the loop paced by each refill's latency, more buffers in flight would hide it)
+CORE_BUILDS = ((1, 2), (4, 2), (8, 2), (16, 2), (1, 4), (16, 4))
 CORE_TILES = (1, 2, 4, 8)
-CORE_REPEATS = (2, 6)
+CORE_REPEATS = (4, 20)  # 2 and 6 on 2026-12-07 14:10 UTC: too close to resolve a tile at 1 row
 CORE_AHEAD = (0, 8)  # 1 MiB copies in flight before the core
-TILE_TOKENS, KV_BUFFERS = 128, 2  # the schedule's defaults (tpusim.schedule.schema)
+TILE_TOKENS = 128  # the schedule's default (tpusim.schedule.schema)
 BIG_ROWS = MIB // (LANES * 2)
 
 
@@ -46,7 +48,8 @@ def core_dims() -> Any:
     return routing_dims().mla
 
 
-def core_call(batch: int, capacity: int, n_big: int, interpret: Interpret, md: Any) -> Callable[..., Any]:
+def core_call(batch: int, buffers: int, capacity: int, n_big: int, interpret: Interpret, md: Any
+              ) -> Callable[..., Any]:
     """``fn(int32[3] = (R, position, F), q_lat f32[B, h, C], q_rope f32[B, h, r], kv bf16[1, B,
     capacity, cols] (HBM), big u16[n_big, 4096, 128] (HBM)) -> f32[B, h, C]`` (the last
     repetition's attention over the latent, normalised)."""
@@ -67,7 +70,7 @@ def core_call(batch: int, capacity: int, n_big: int, interpret: Interpret, md: A
             dims=SimpleNamespace(mla=md), batch=batch, when=when, fori=lax.fori_loop,
             event=lambda *a, **k: None, outs={"state.kv": kv_hbm},
             scratch={"kv_tiles": kv_tiles, "kv_sem": kv_sem},
-            geo=SimpleNamespace(kv_tile_tokens=TILE_TOKENS, kv_buffers=KV_BUFFERS))
+            geo=SimpleNamespace(kv_tile_tokens=TILE_TOKENS, kv_buffers=buffers))
 
         def big_copy(i: Any, k: Any) -> Any:
             return pltpu.make_async_copy(big.at[lax.rem(i * n_big + k, n_big)], big_buf.at[k], big_sem.at[k])
@@ -96,8 +99,8 @@ def core_call(batch: int, capacity: int, n_big: int, interpret: Interpret, md: A
                   pl.BlockSpec(memory_space=pltpu.VMEM), pl.BlockSpec(memory_space=pl.ANY),
                   pl.BlockSpec(memory_space=pl.ANY)],
         out_specs=pl.BlockSpec(memory_space=pltpu.VMEM),
-        scratch_shapes=[pltpu.VMEM((KV_BUFFERS, batch, TILE_TOKENS, cols), jnp.bfloat16),
-                        pltpu.SemaphoreType.DMA((KV_BUFFERS,)),
+        scratch_shapes=[pltpu.VMEM((buffers, batch, TILE_TOKENS, cols), jnp.bfloat16),
+                        pltpu.SemaphoreType.DMA((buffers,)),
                         pltpu.VMEM((n_big, BIG_ROWS, LANES), jnp.uint16),
                         pltpu.SemaphoreType.DMA((n_big,))],
         compiler_params=pltpu.CompilerParams(vmem_limit_bytes=64 * MIB, has_side_effects=True),
@@ -117,13 +120,13 @@ def core_reference(q_lat: np.ndarray, q_rope: np.ndarray, kv: np.ndarray, positi
 
 def core_probes(interpret: Interpret, quick: bool) -> list[Probe]:
     md = core_dims()
-    batches = (2,) if quick else CORE_BATCHES
+    builds = ((2, 2),) if quick else CORE_BUILDS
     tiles = (1, 2) if quick else CORE_TILES
     repeats = (1, 2) if quick else CORE_REPEATS
     ahead = (0, 2) if quick else CORE_AHEAD
     capacity, n_big = TILE_TOKENS * max(tiles), max(ahead)
     probes = []
-    for batch in batches:
+    for batch, buffers in builds:
         def make(batch: int = batch) -> list[jax.Array]:
             kq, kr, kk, kb = jax.random.split(jax.random.key(200 + batch), 4)
             return [0.05 * jax.random.normal(kq, (batch, md.heads, md.kv_lora), jnp.float32),
@@ -144,10 +147,10 @@ def core_probes(interpret: Interpret, quick: bool) -> list[Probe]:
                   for f in ahead for t in tiles for r in repeats]
         probes.append(Probe(
             name="mla_core", params={"batch": batch, "heads": md.heads, "kv_lora": md.kv_lora, "rope": md.rope,
-                                     "kv_cols": md.kv_cols, "kv_tile_tokens": TILE_TOKENS, "kv_buffers": KV_BUFFERS,
+                                     "kv_cols": md.kv_cols, "kv_tile_tokens": TILE_TOKENS, "kv_buffers": buffers,
                                      "tile_bytes": tile_bytes, "large_bytes": MIB, "model": "kimi-k3",
                                      "shard_of": "k3-tp32"},
-            fn=core_call(batch, capacity, n_big, interpret, md),
+            fn=core_call(batch, buffers, capacity, n_big, interpret, md),
             input_shapes=[jax.ShapeDtypeStruct((batch, md.heads, md.kv_lora), jnp.float32),
                           jax.ShapeDtypeStruct((batch, md.heads, md.rope), jnp.float32),
                           jax.ShapeDtypeStruct((1, batch, capacity, md.kv_cols), jnp.bfloat16),
