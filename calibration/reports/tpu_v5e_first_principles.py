@@ -43,6 +43,7 @@ from calibration.reports.tpu_v5e_plan import (
     static_figure,
     static_rows,
 )
+from calibration.sources.tpu_attention_core import attention_core_probe
 from calibration.sources.tpu_chip_records import DECODE_CONTEXT, build_records, most_measured_build
 from calibration.sources.tpu_code_issue import code_issue
 from calibration.sources.tpu_fixed_cost import FIXED_COST_PATH, capped_runs, simulated_ms
@@ -66,14 +67,18 @@ from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
 def first_principles_chip(decoder: str = KERNEL_DECODER, batch: int = 1,
                           unroll: tuple[int, int] = (PANEL_UNROLL, EXPERT_PANEL_UNROLL),
                           expert_list: str = WALK, probes: Chip | None = None,
-                          clock_hz: float | None = None, loop_iteration_s: float | None = None) -> Chip:
+                          clock_hz: float | None = None, loop_iteration_s: float | None = None,
+                          core_probe: bool = True) -> Chip:
     """tpu-v5e with the micro-probes' figures, ``decoder``'s static-schedule decode rates at
     ``batch``'s rows and the layer's own work from the static schedule of the kernel's layer
     loop (:func:`calibration.sources.tpu_layer_static.layer_remainder`: the bundles one layer
     issues less the engine's compute for the same ops; the build (``unroll``, ``expert_list``)'s
     record, else the nearest build's) and of the MLA core's KV loop, which that record leaves
     out as data-dependent (:func:`calibration.sources.tpu_layer_static.attention_core_figures`:
-    the engine prices each KV tile's code with it), all ``derived``; every other figure the catalog's.
+    the engine prices each KV tile's code with it), all ``derived``, except the KV loop's seconds
+    a tile where the ``mla_core`` probe measured it (``core_probe``;
+    :func:`calibration.sources.tpu_attention_core.attention_core_probe`, measured on tpu-v5e);
+    every other figure the catalog's.
     ``probes``: the micro-probe chip to start from (default: the committed probe records'); the
     static schedule's bundles become seconds at ``clock_hz`` bundles a second and each loop
     iteration they run costs ``loop_iteration_s`` more (default: both measured by the
@@ -95,9 +100,12 @@ def first_principles_chip(decoder: str = KERNEL_DECODER, batch: int = 1,
                                     loop_iteration_s=loop_iteration_s)
     parent, name = _figure_slot(data, PER_LAYER)
     parent[name] = {**parent[name], "value": value, "label": "derived", "source": source}
-    # the MLA core's KV loop, out of the layer's remainder (data-dependent)
-    put_attention_core(data, attention_core_figures(batch, unroll, clock_hz=clock_hz, expert_list=expert_list,
-                                                    loop_iteration_s=loop_iteration_s))
+    # the MLA core's KV loop, out of the layer's remainder (data-dependent): the mla_core probe's
+    # seconds a tile where it ran (the loop's bundles issue 1/4 ... 4/5 of it), else the bundles
+    static = attention_core_figures(batch, unroll, clock_hz=clock_hz, expert_list=expert_list,
+                                    loop_iteration_s=loop_iteration_s)
+    probed = attention_core_probe(batch, static[1] if static is not None else 0.0) if core_probe else None
+    put_attention_core(data, probed if probed is not None else static)
     return Chip.model_validate(data)
 
 

@@ -1,0 +1,129 @@
+"""What the MLA core's KV loop costs on the v5e, measured: the ``mla_core`` probe.
+
+libtpu's static schedule of the megakernel's KV-tile loop (``kernel_attention._attend_cache``)
+holds 259 bundles a 16-token part at one row and 1,982 at sixteen
+(:func:`calibration.sources.tpu_layer_static.kv_loops`); the decodes' context cost was 2–4x
+what those bundles issue. The ``mla_core`` probe (:mod:`calibration.tpu_bench.probes_attention`)
+runs that loop alone — the kernel's own function at Kimi K3's TP32 per-device MLA widths — at
+1, 4, 8 and 16 rows and 1–8 tiles of 128 tokens, and measures what a tile costs on the chip.
+
+Rule (:func:`core_tiles`): per build (rows, KV buffers) with no copies ahead of the core and
+per tile count, one repetition's seconds is the slope of the whole-call time over ``R``
+(:func:`calibration.core.fitting.fit_line` over every record with ``R ≥ 2``, all sessions);
+then a line over the tile counts: its slope is what a 128-token tile costs, its intercept what
+the core costs beyond its tiles. Measured on tpu-v5e from probe records only, never from a
+kernel step. :func:`attention_core_probe` turns the slope at a batch (linear between the
+probed rows; the nearest two beyond them) into the engine's
+``execution.attention_core_s_per_token`` (the tile's seconds less the static schedule's code a
+tile beyond its parts, over its tokens: the kernel folds every part of a tile, so the cost
+scales with the tile's tokens) and ``_per_tile`` (that static remainder). The intercept is left
+to the engine (the first tile's wait, priced by its DMA model).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from calibration.core.fitting import fit_line
+from calibration.sources.tpu_probes import PROBES_PATH, _date, load_probes
+
+PROBE = "mla_core"
+BUFFERS = 2  # the schedule's default KV buffers: the builds the engine's figure is read from
+
+
+@dataclass(frozen=True)
+class CoreBuild:
+    """One (rows, KV buffers, 1 MiB copies ahead) build: seconds a tile and beyond the tiles."""
+
+    batch: int
+    buffers: int
+    large_copies: int
+    tile_tokens: int
+    tile_s: float
+    core_s: float
+    per_tiles: tuple[tuple[int, float], ...]  # (tiles, seconds a repetition)
+
+
+def core_tiles(probe_path: Path | str = PROBES_PATH) -> list[CoreBuild]:
+    """Every build with two or more tile counts, each measured at two or more ``R ≥ 2``."""
+    points: dict[tuple[int, int, int, int], dict[int, list[tuple[int, float]]]] = {}
+    for record in load_probes(probe_path):
+        p = record["params"] if record["probe"] == PROBE else None
+        if p is None or p["repeats_in_kernel"] < 2:
+            continue
+        key = (p["batch"], p["kv_buffers"], p["large_copies"], p["kv_tile_tokens"])
+        points.setdefault(key, {}).setdefault(p["tiles"], []).append((p["repeats_in_kernel"], record["seconds_median"]))
+    builds = []
+    for (batch, buffers, ahead, tokens), by_tiles in sorted(points.items()):
+        per = [(t, fit_line([r for r, _ in pts], [s for _, s in pts]).slope)
+               for t, pts in sorted(by_tiles.items()) if len({r for r, _ in pts}) >= 2]
+        if len(per) < 2:
+            continue
+        line = fit_line([t for t, _ in per], [s for _, s in per])
+        builds.append(CoreBuild(batch, buffers, ahead, tokens, line.slope, line.intercept, tuple(per)))
+    return builds
+
+
+def tile_seconds(batch: int, probe_path: Path | str = PROBES_PATH) -> tuple[float, int, str] | None:
+    """(seconds a tile at ``batch`` rows, the tile's tokens, date) from the default-buffer builds
+    with no copies ahead: linear in the rows between the two probed batches around ``batch`` (the
+    nearest two beyond the probed range); None without two such builds. Remembered per file."""
+    path = Path(probe_path)
+    return _tile_seconds(batch, (str(path), path.stat().st_mtime_ns, path.stat().st_size))
+
+
+@functools.lru_cache(maxsize=32)
+def _tile_seconds(batch: int, stamp: tuple[str, int, int]) -> tuple[float, int, str] | None:
+    builds = [b for b in core_tiles(stamp[0]) if b.buffers == BUFFERS and b.large_copies == 0]
+    if len(builds) < 2:
+        return None
+    builds.sort(key=lambda b: b.batch)
+    upper = next((i for i, b in enumerate(builds) if b.batch >= batch), len(builds) - 1)
+    lo, hi = builds[max(0, upper - 1)], builds[max(1, upper)]
+    value = lo.tile_s + (hi.tile_s - lo.tile_s) * (batch - lo.batch) / (hi.batch - lo.batch)
+    dates = [r for r in load_probes(stamp[0]) if r["probe"] == PROBE]
+    return value, lo.tile_tokens, _date(dates)
+
+
+def attention_core_probe(batch: int, static_tile_s: float = 0.0, probe_path: Path | str = PROBES_PATH
+                         ) -> tuple[float, float, str] | None:
+    """(seconds a cached token, seconds a tile beyond its tokens', source) of the MLA core at
+    ``batch`` rows from the probe (module docstring); ``static_tile_s`` is the static schedule's
+    code a tile beyond its parts (kept per tile). None without the probe's records."""
+    found = tile_seconds(batch, probe_path)
+    if found is None:
+        return None
+    tile_s, tokens, date = found
+    token_s = max(0.0, tile_s - static_tile_s) / tokens
+    return token_s, static_tile_s, (
+        f"measured on tpu-v5e (probe {PROBE}, {date}): the megakernel's KV-tile loop alone at K3 TP32 widths, "
+        f"{tile_s * 1e6:.2f} us a {tokens}-token tile at {batch} rows (slope over 1-8 tiles, 2 buffers, linear "
+        f"in the rows between the probed 1/4/8/16), less the static schedule's {static_tile_s * 1e9:.0f} ns a "
+        "tile beyond its parts, over its tokens")
+
+
+def table(builds: list[CoreBuild]) -> list[str]:
+    """The builds, as markdown lines."""
+    lines = ["| rows | KV buffers | 1 MiB copies ahead | µs a repetition at 1 / 2 / 4 / 8 tiles | µs a tile | µs beyond the tiles |",
+             "|---:|---:|---:|---|---:|---:|"]
+    for b in builds:
+        reps = " / ".join(f"{s * 1e6:.1f}" for _, s in b.per_tiles)
+        lines.append(f"| {b.batch} | {b.buffers} | {b.large_copies} | {reps} | {b.tile_s * 1e6:.2f} | {b.core_s * 1e6:.2f} |")
+    return lines
+
+
+def main() -> int:
+    """``python -m calibration.sources.tpu_attention_core``: the builds' figures."""
+    builds = core_tiles()
+    if not builds:
+        sys.stderr.write(f"no {PROBE} records with two tile counts at two R\n")
+        return 1
+    sys.stdout.write("\n".join(table(builds)) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
