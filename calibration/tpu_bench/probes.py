@@ -83,6 +83,7 @@ def all_probes(interpret: Any, quick: bool) -> list[Probe]:
         probes_order.dma_order_probe(interpret, quick),
         *probes_order.routing_probes(interpret, quick),
         *probes_attention.core_probes(interpret, quick),
+        *probes_attention.kda_core_probes(interpret, quick),
         *probes_dma.dma_probes(interpret, quick),
         *probes_overlap.overlap_probes(interpret, quick),
         probes_dma.layer_probe(interpret, quick),

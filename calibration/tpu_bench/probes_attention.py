@@ -1,4 +1,4 @@
-"""Probe of the MLA core's KV loop: the megakernel's own cache walk, alone, on the chip.
+"""Probes of the attention cores: the megakernel's own code for each, alone, on the chip.
 
 - ``mla_core``: :func:`megakernel.kernel_attention._attend_cache` — the kernel's KV-tile loop
   (``kv_buffers`` tiles of ``kv_tile_tokens`` in flight (2, and 4 at 1 and 16 rows), each waited, folded in
@@ -11,6 +11,13 @@
   (R2 - R1)`` is one layer's core; its slope over the tiles is what a KV tile costs at ``B``
   rows, the figure the static schedule's bundles (``calibration.sources.tpu_layer_static``)
   price at 1/2 … 1/4 of the measured decodes' context cost (docs/tpu-v5e-measured.md).
+- ``kda_core``: :func:`megakernel.layer_ops.kda_core` — a KDA layer's delta rule over its
+  recurrent state f32[B, h, hd, hd], the state copied in from HBM (started and waited at once,
+  after the previous layer's write-back) and written back — at K3's TP32 per-device KDA widths,
+  ``B`` rows, ``R`` repetitions (one layer each, the state of stack entry ``i mod 2``), after
+  ``F`` 1 MiB copies started (waited at the end): in issue order the state's copy waits behind
+  them. ``(t(R2) - t(R1)) / (R2 - R1)`` is one KDA layer's core with its state copies; its growth
+  with ``B`` is the per-row cost the capped decodes at batch 16 hold beyond the simulator's.
 """
 
 from __future__ import annotations
@@ -159,4 +166,143 @@ def core_probes(interpret: Interpret, quick: bool) -> list[Probe]:
             extra={"what": "whole-call seconds of R repetitions of the megakernel's MLA core KV loop "
                            "(kernel_attention._attend_cache) over `tokens` cached tokens at `batch` rows, "
                            "after F 1 MiB copies started; difference two R: one layer's core"}))
+    return probes
+
+
+# ---------------------------------------------------------------- the KDA core (delta rule + state copies)
+
+KDA_BATCHES = (1, 4, 8, 16)
+KDA_REPEATS = (8, 40)
+KDA_AHEAD = (0, 8)
+
+
+def kda_core_call(batch: int, n_big: int, interpret: Interpret, d: Any) -> Callable[..., Any]:
+    """``fn(int32[2] = (R, F), q/k/v f32[3, h, B, hd], g f32[B, W], beta f32[B, h], state f32[2, B,
+    h, hd, hd] (HBM), big u16[n_big, 4096, 128] (HBM)) -> f32[B, W]`` (the last repetition's
+    per-head outputs side by side)."""
+    from megakernel import layer_ops
+
+    kd = d.kda
+
+    def kernel(s_ref: Any, qkv_ref: Any, g_ref: Any, beta_ref: Any, state_hbm: Any, big: Any, out: Any,
+               state_out: Any, state_buf: Any, sem: Any, big_buf: Any, big_sem: Any) -> None:
+        r, f = s_ref[0], s_ref[1]
+
+        def copy(i: Any, direction: str) -> Any:
+            # read from the input's entry, written back to the output's: every repetition starts
+            # from the state the call was given (the check's reference), at the kernel's cost
+            if direction == "in":
+                return pltpu.make_async_copy(state_hbm.at[lax.rem(i, 2)], state_buf, sem.at[0])
+            return pltpu.make_async_copy(state_buf, state_out.at[lax.rem(i, 2)], sem.at[1])
+
+        class Io:  # the kernel's KernelIo for the recurrent state of repetition i
+            dims = d
+
+            def __init__(self, i: Any) -> None:
+                self.i = i
+
+            def state_in(self, kind: str, layer: Any) -> None:
+                @pl.when(self.i > 0)
+                def _() -> None:
+                    copy(self.i - 1, "out").wait()  # the previous layer's write-back
+                copy(self.i, "in").start()
+                copy(self.i, "in").wait()
+
+            def state(self, kind: str, layer: Any) -> Any:
+                return state_buf[...]
+
+            def keep_state(self, kind: str, layer: Any, value: Any) -> None:
+                state_buf[...] = value
+                copy(self.i, "out").start()
+
+        def big_copy(i: Any, k: Any) -> Any:
+            return pltpu.make_async_copy(big.at[lax.rem(i * n_big + k, n_big)], big_buf.at[k], big_sem.at[k])
+
+        def start(k: Any, c: Any) -> Any:
+            big_copy(0, k).start()
+            return c
+
+        def wait(k: Any, c: Any) -> Any:
+            big_copy(0, k).wait()
+            return c
+
+        lax.fori_loop(0, f, start, 0)
+
+        def repetition(i: Any, c: Any) -> Any:
+            qkv = tuple([qkv_ref[j, h] for h in range(kd.heads)] for j in range(3))
+            outs = layer_ops.kda_core(Io(i), 0, qkv, g_ref[...], beta_ref[...])
+            out[...] = jnp.concatenate(outs, axis=1)
+            return c
+
+        lax.fori_loop(0, r, repetition, 0)
+        copy(r - 1, "out").wait()
+        lax.fori_loop(0, f, wait, 0)
+
+    w = kd.heads * kd.head_dim
+    call = pl.pallas_call(
+        kernel, out_shape=(jax.ShapeDtypeStruct((batch, w), jnp.float32),
+                           jax.ShapeDtypeStruct((2, batch, kd.heads, kd.head_dim, kd.head_dim), jnp.float32)),
+        in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), *[pl.BlockSpec(memory_space=pltpu.VMEM)] * 3,
+                  pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=(pl.BlockSpec(memory_space=pltpu.VMEM), pl.BlockSpec(memory_space=pl.ANY)),
+        scratch_shapes=[pltpu.VMEM((batch, kd.heads, kd.head_dim, kd.head_dim), jnp.float32),
+                        pltpu.SemaphoreType.DMA((2,)),
+                        pltpu.VMEM((n_big, BIG_ROWS, LANES), jnp.uint16),
+                        pltpu.SemaphoreType.DMA((n_big,))],
+        compiler_params=pltpu.CompilerParams(vmem_limit_bytes=64 * MIB, has_side_effects=True),
+        interpret=interpret)
+    return jax.jit(call)
+
+
+def kda_core_probes(interpret: Interpret, quick: bool) -> list[Probe]:
+    from calibration.tpu_bench.probes_order import routing_dims
+    from megakernel import math_kda
+
+    d = routing_dims()
+    kd = d.kda
+    w = kd.heads * kd.head_dim
+    batches = (2,) if quick else KDA_BATCHES
+    repeats = (1, 2) if quick else KDA_REPEATS
+    ahead = (0, 2) if quick else KDA_AHEAD
+    n_big = max(ahead)
+    probes = []
+    for batch in batches:
+        def make(batch: int = batch) -> list[jax.Array]:
+            kq, kg, kb, ks, kbig = jax.random.split(jax.random.key(300 + batch), 5)
+            qkv = 0.1 * jax.random.normal(kq, (3, kd.heads, batch, kd.head_dim), jnp.float32)
+            return [qkv, -0.1 * jnp.abs(jax.random.normal(kg, (batch, w), jnp.float32)),
+                    jax.nn.sigmoid(jax.random.normal(kb, (batch, kd.heads), jnp.float32)),
+                    0.01 * jax.random.normal(ks, (2, batch, kd.heads, kd.head_dim, kd.head_dim), jnp.float32),
+                    jax.random.bits(kbig, (n_big, BIG_ROWS, LANES), dtype=jnp.uint16)]
+
+        def check(point: Point, inputs: list[jax.Array], out: Any) -> str | None:
+            r = point.scalars[0]  # the last repetition read the given state's entry (R - 1) mod 2
+            qkv, g, beta, state = (np.asarray(x, np.float64) for x in inputs[:4])
+            st = state[(r - 1) % 2]
+            outs = []
+            for h in range(kd.heads):
+                o, _ = math_kda.delta_rule_head(jnp.asarray(st[:, h]), jnp.asarray(qkv[0, h]), jnp.asarray(qkv[1, h]),
+                                                jnp.asarray(qkv[2, h]), jnp.asarray(g[:, h * kd.head_dim:(h + 1) * kd.head_dim]),
+                                                jnp.asarray(beta[:, h: h + 1]))
+                outs.append(np.asarray(o))
+            err = float(np.max(np.abs(np.asarray(out[0]) - np.concatenate(outs, axis=1))))
+            return None if err < 1e-4 else f"kda_core: max |kernel - reference| {err:.2e}"
+
+        state_bytes = batch * kd.heads * kd.head_dim * kd.head_dim * 4
+        points = [Point({"repeats_in_kernel": r, "large_copies": f}, (r, f), bytes=2 * r * state_bytes + f * MIB)
+                  for f in ahead for r in repeats]
+        probes.append(Probe(
+            name="kda_core", params={"batch": batch, "heads": kd.heads, "head_dim": kd.head_dim,
+                                     "state_bytes": state_bytes, "large_bytes": MIB, "model": "kimi-k3",
+                                     "shard_of": "k3-tp32"},
+            fn=kda_core_call(batch, n_big, interpret, d),
+            input_shapes=[jax.ShapeDtypeStruct((3, kd.heads, batch, kd.head_dim), jnp.float32),
+                          jax.ShapeDtypeStruct((batch, w), jnp.float32),
+                          jax.ShapeDtypeStruct((batch, kd.heads), jnp.float32),
+                          jax.ShapeDtypeStruct((2, batch, kd.heads, kd.head_dim, kd.head_dim), jnp.float32),
+                          jax.ShapeDtypeStruct((n_big, BIG_ROWS, LANES), jnp.uint16)],
+            make_inputs=make, points=points, n_scalars=2, check=check, repeats=20,
+            extra={"what": "whole-call seconds of R KDA cores (layer_ops.kda_core: the state copied in, the delta "
+                           "rule, the state written back) at `batch` rows after F 1 MiB copies started; "
+                           "difference two R: one KDA layer's core with its state copies"}))
     return probes
