@@ -105,7 +105,10 @@ def first_principles_chip(decoder: str = KERNEL_DECODER, batch: int = 1,
     static = attention_core_figures(batch, unroll, clock_hz=clock_hz, expert_list=expert_list,
                                     loop_iteration_s=loop_iteration_s)
     probed = attention_core_probe(batch, static[1] if static is not None else 0.0) if core_probe else None
-    put_attention_core(data, probed if probed is not None else static)
+    if probed is not None:
+        put_attention_core(data, probed, label="measured")
+    else:
+        put_attention_core(data, static)
     return Chip.model_validate(data)
 
 

@@ -179,7 +179,7 @@ NOTES = {
     "compute.vpu.dequant_s_per_element.mxfp4": "the static schedule's panel loop (the decodes hide under the copies)",
     "execution.per_layer_overhead_s": "the static schedule's layer loop less the engine's ops",
     "execution.per_step_overhead_s": "the `empty_call` probe",
-    "execution.attention_core_s_per_token": "the static schedule's KV loop (the MLA core's parts)",
+    "execution.attention_core_s_per_token": "the `mla_core` probe (the kernel's KV loop alone, a tile's seconds at the batch's rows)",
     "execution.attention_core_s_per_tile": "the static schedule's KV loop (a tile beyond its parts)",
     "dma.concurrency_penalty_per_dma": "the `dma_stream` probe (8 vs 4 in flight): near 0 on v5e, its +10 % moves nothing",
     "hbm.peak_bandwidth_bytes_per_s": "not read by the engine's TPU step (the sustained figure is)",

@@ -18,6 +18,12 @@ probed rows; the nearest two beyond them) into the engine's
 tile beyond its parts, over its tokens: the kernel folds every part of a tile, so the cost
 scales with the tile's tokens) and ``_per_tile`` (that static remainder). The intercept is left
 to the engine (the first tile's wait, priced by its DMA model).
+
+The ``kda_core`` probe (the KDA layer's delta rule with its recurrent state copied in, waited,
+and written back; :func:`kda_cores`) is read beside libtpu's bundles for the same code
+(``static_counts --kda-core``) and the state's bytes at the stream rate: where the batch-16
+decodes' per-row time goes, or does not (docs/megakernel-on-tpu.md). Not priced from it: the
+engine already prices the core's code (the layer loop's bundles) and its state copies.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from calibration.core.fitting import fit_line
+from calibration.sources.tpu_layer_static import STATIC_PATH
 from calibration.sources.tpu_probes import PROBES_PATH, _date, load_probes
 
 PROBE = "mla_core"
@@ -105,6 +112,51 @@ def attention_core_probe(batch: int, static_tile_s: float = 0.0, probe_path: Pat
         "tile beyond its parts, over its tokens")
 
 
+@dataclass(frozen=True)
+class KdaCore:
+    """One batch of the ``kda_core`` probe: measured seconds a layer, static bundles, state bytes."""
+
+    batch: int
+    seconds: float
+    bundles: int | None
+    state_bytes: int
+
+
+def kda_cores(probe_path: Path | str = PROBES_PATH, static_path: Path | str = STATIC_PATH) -> list[KdaCore]:
+    """Per batch with no copies ahead: one repetition's seconds (the slope over ``R ≥ 2``, all
+    sessions) and the repetition's static bundles where counted."""
+    import json
+
+    static = {}
+    if Path(static_path).is_file():
+        for line in Path(static_path).read_text().splitlines():
+            row = json.loads(line) if line.strip() else {}
+            if row.get("probe") == "kda_core" and row.get("chip") == "tpu-v5e":
+                static[row["params"]["batch"]] = row["repetition_bundles"]
+    points: dict[int, list[tuple[int, float]]] = {}
+    sizes: dict[int, int] = {}
+    for record in load_probes(probe_path):
+        p = record["params"] if record["probe"] == "kda_core" else None
+        if p is None or p["repeats_in_kernel"] < 2 or p["large_copies"]:
+            continue
+        points.setdefault(p["batch"], []).append((p["repeats_in_kernel"], record["seconds_median"]))
+        sizes[p["batch"]] = p["state_bytes"]
+    return [KdaCore(b, fit_line([r for r, _ in pts], [t for _, t in pts]).slope, static.get(b), sizes[b])
+            for b, pts in sorted(points.items()) if len({r for r, _ in pts}) >= 2]
+
+
+def kda_table(cores: list[KdaCore], s_per_bundle: float, stream_bytes_per_s: float) -> list[str]:
+    """The KDA cores beside their bundles and their state's copies at the stream rate."""
+    lines = ["| rows | measured µs a layer | static bundles | bundles µs | state in + out µs (stream rate) | "
+             "measured − both µs |", "|---:|---:|---:|---:|---:|---:|"]
+    for c in cores:
+        code = c.bundles * s_per_bundle if c.bundles is not None else float("nan")
+        copies = 2 * c.state_bytes / stream_bytes_per_s
+        lines.append(f"| {c.batch} | {c.seconds * 1e6:.2f} | {c.bundles if c.bundles is not None else '—'} | "
+                     f"{code * 1e6:.2f} | {copies * 1e6:.2f} | {(c.seconds - code - copies) * 1e6:+.2f} |")
+    return lines
+
+
 def table(builds: list[CoreBuild]) -> list[str]:
     """The builds, as markdown lines."""
     lines = ["| rows | KV buffers | 1 MiB copies ahead | µs a repetition at 1 / 2 / 4 / 8 tiles | µs a tile | µs beyond the tiles |",
@@ -116,12 +168,22 @@ def table(builds: list[CoreBuild]) -> list[str]:
 
 
 def main() -> int:
-    """``python -m calibration.sources.tpu_attention_core``: the builds' figures."""
+    """``python -m calibration.sources.tpu_attention_core``: the MLA builds' figures, then the KDA
+    cores beside their bundles (at the ``code_size`` probe's rate) and state copies (at the
+    micro-probe chip's stream rate)."""
+    from calibration.sources.tpu_code_issue import code_issue
+    from calibration.sources.tpu_probes import probe_chip
+    from hwmodels.catalog import load_chip
+
     builds = core_tiles()
     if not builds:
         sys.stderr.write(f"no {PROBE} records with two tile counts at two R\n")
         return 1
-    sys.stdout.write("\n".join(table(builds)) + "\n")
+    sys.stdout.write("\n".join(table(builds)) + "\n\n")
+    issue = code_issue()
+    stream = probe_chip(load_chip("tpu-v5e", calibrated=False)).hbm.sustained_bandwidth_bytes_per_s.value
+    if issue is not None:
+        sys.stdout.write("\n".join(kda_table(kda_cores(), issue.s_per_bundle, stream)) + "\n")
     return 0
 
 

@@ -239,13 +239,14 @@ def attention_core_figures(batch: int, panel_unroll: tuple[int, int], path: Path
         + (f", each loop iteration {loop_iteration_s * 1e9:.1f} ns more" if loop_iteration_s else ", no stall"))
 
 
-def put_attention_core(data: dict[str, Any], core: tuple[float, float, str] | None, note: str = "") -> None:
-    """Write :func:`attention_core_figures`' result into dumped chip ``data`` (its
-    ``execution.attention_core_s_per_token`` / ``_per_tile``, ``derived``; ``note`` appended to
-    the source); nothing when ``core`` is None (the chip keeps pricing the core by its products)."""
+def put_attention_core(data: dict[str, Any], core: tuple[float, float, str] | None, note: str = "",
+                       label: str = "derived") -> None:
+    """Write :func:`attention_core_figures`' result (or another source's of the same shape) into
+    dumped chip ``data`` (its ``execution.attention_core_s_per_token``, ``label``, and ``_per_tile``,
+    always the static schedule's, ``derived``; ``note`` appended to the source); nothing when ``core`` is None (the chip keeps pricing the
+    core by its products)."""
     if core is None:
         return
     token_s, tile_s, source = core
-    labelled = {"label": "derived", "source": source + note}
-    data["execution"].update({"attention_core_s_per_token": {"value": token_s, **labelled},
-                              "attention_core_s_per_tile": {"value": tile_s, **labelled}})
+    data["execution"].update({"attention_core_s_per_token": {"value": token_s, "label": label, "source": source + note},
+                              "attention_core_s_per_tile": {"value": tile_s, "label": "derived", "source": source + note}})

@@ -1,5 +1,5 @@
 """The probes' static schedules: libtpu's bundles per panel (expert parts) or per repetition
-(``code_size``, ``--code-size``), on this machine.
+(``code_size``, ``--code-size``; ``kda_core``, ``--kda-core``), on this machine.
 
 For each ``expert_product`` probe (:mod:`calibration.tpu_bench.probes_products`) this compiles
 the probe for a compile-only topology with libtpu's dump on (a fresh process per probe: libtpu
@@ -9,7 +9,7 @@ body, one 128-column panel of the part — as bundles and unit operations per pa
 weight. Bundles per panel x panels / the chip's clock is the part's static compute time (no
 stall counted).
 
-``python -m calibration.tpu_bench.static_counts [--topology v5e:2x2] [--code-size] [--out FILE.jsonl]``
+``python -m calibration.tpu_bench.static_counts [--topology v5e:2x2] [--code-size | --kda-core] [--out FILE.jsonl]``
 """
 
 from __future__ import annotations
@@ -96,6 +96,32 @@ def count_code(rounds: int, form: str, topology: str = "v5e:2x2") -> dict[str, A
     }
 
 
+def _compile_kda_core_in_this_process(batch: int, topology: str) -> None:
+    from calibration.tpu_bench.common import compile_for, topology_device
+    from calibration.tpu_bench.probes_attention import kda_core_probes
+
+    probe = next(p for p in kda_core_probes(None, False) if p.params["batch"] == batch)
+    compile_for(probe, topology_device(topology))
+
+
+def count_kda_core(batch: int, topology: str = "v5e:2x2") -> dict[str, Any]:
+    """The ``kda_core`` probe's bundles a repetition (:mod:`calibration.tpu_bench.probes_attention`):
+    the repetition loop's body — one KDA layer's core, its state copies' issues and waits
+    included — straight-line code, checked to hold no inner loop."""
+    schedule = _schedule_of(f"_compile_kda_core_in_this_process({batch}, {topology!r})", f"kda_core batch {batch}")
+    repetition = max(schedule.loops, key=lambda loop: loop.bundles)  # the fori_loop over R
+    if repetition.children:
+        raise RuntimeError(f"kda_core batch {batch}: the repetition holds {len(repetition.children)} inner loops")
+    return {
+        "kind": "static_schedule", "probe": "kda_core", "topology": topology,
+        "chip": TOPOLOGIES.get(topology, topology), "params": {"batch": batch},
+        "repetition_bundles": repetition.bundles, "valu_ops": repetition.units.get("VALU", 0),
+        "loop_iterations": 1, "kernel_bundles": schedule.total_bundles,
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "source": "libtpu final bundles (compile-only topology, this machine)",
+    }
+
+
 def _schedule_of(call: str, what: str) -> Any:
     """Compile by ``call`` (a function of this module) in a fresh process with libtpu's dump
     on and read the probe kernel's schedule."""
@@ -123,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="append JSON lines here (default: stdout)")
     parser.add_argument("--code-size", action="store_true",
                         help="count the code_size probe's two forms at each size instead of the expert parts")
+    parser.add_argument("--kda-core", action="store_true",
+                        help="count the kda_core probe's repetition at 1, 4, 8 and 16 rows instead")
     parser.add_argument("--part", action="append", choices=sorted(PARTS))
     parser.add_argument("--decoder", action="append", choices=PRODUCT_DECODERS + MXU_DECODERS,
                         help="default: the decoders, and on tpu7x also the FP8 MXU products")
@@ -141,7 +169,14 @@ def main(argv: list[str] | None = None) -> int:
                 records.append(record)
                 sys.stderr.write(f"code_size {form} rounds {rounds}: {record['repetition_bundles']} bundles a "
                                  f"repetition, {record['code_bundles']} of code\n")
-    for part in () if args.code_size else args.part or PARTS:
+    if args.kda_core:
+        from calibration.tpu_bench.probes_attention import KDA_BATCHES
+
+        for batch in KDA_BATCHES:
+            record = count_kda_core(batch, args.topology)
+            records.append(record)
+            sys.stderr.write(f"kda_core batch {batch}: {record['repetition_bundles']} bundles a repetition\n")
+    for part in () if args.code_size or args.kda_core else args.part or PARTS:
         for rows in args.rows or PRODUCT_ROWS:
             fp8_chip = TOPOLOGIES.get(args.topology) == "tpu-v7"
             for decoder in args.decoder or PRODUCT_DECODERS + (MXU_DECODERS if fp8_chip else ()):
