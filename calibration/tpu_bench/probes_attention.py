@@ -128,9 +128,9 @@ def core_reference(q_lat: np.ndarray, q_rope: np.ndarray, kv: np.ndarray, positi
 def core_probes(interpret: Interpret, quick: bool) -> list[Probe]:
     md = core_dims()
     builds = ((2, 2),) if quick else CORE_BUILDS
-    tiles = (1, 2) if quick else CORE_TILES
-    repeats = (1, 2) if quick else CORE_REPEATS
-    ahead = (0, 2) if quick else CORE_AHEAD
+    tiles = (3,) if quick else CORE_TILES  # quick: one point that refills a buffer (3 tiles, 2 buffers)
+    repeats = (2,) if quick else CORE_REPEATS  # quick: one point, two repetitions behind copies ahead
+    ahead = (2,) if quick else CORE_AHEAD
     capacity, n_big = TILE_TOKENS * max(tiles), max(ahead)
     probes = []
     for batch, buffers in builds:
@@ -262,8 +262,8 @@ def kda_core_probes(interpret: Interpret, quick: bool) -> list[Probe]:
     kd = d.kda
     w = kd.heads * kd.head_dim
     batches = (2,) if quick else KDA_BATCHES
-    repeats = (1, 2) if quick else KDA_REPEATS
-    ahead = (0, 2) if quick else KDA_AHEAD
+    repeats = (2,) if quick else KDA_REPEATS  # quick: one point, two layers behind copies ahead
+    ahead = (2,) if quick else KDA_AHEAD
     n_big = max(ahead)
     probes = []
     for batch in batches:
