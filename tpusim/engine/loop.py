@@ -52,19 +52,37 @@ import simpy
 from simpy.core import EmptySchedule
 from simpy.events import NORMAL, URGENT, Event, EventPriority
 
-__all__ = ["NORMAL", "Driver", "EventLoop"]
+__all__ = ["NORMAL", "Clock", "Driver", "EventLoop"]
 
 
-class EventLoop(simpy.Environment):
-    """SimPy's environment with :meth:`call_later` and a direct :meth:`run` (module docstring).
+class Clock:
+    """The loop's clock and queue: the fields the engine reads and writes per event.
 
-    ``now`` is a plain attribute here (SimPy's is a property over ``_now``, which becomes the
-    alias): the engine reads the clock at every event. It and the other fields the engine
-    reads per event are slots (SimPy's own attributes stay in the instance dict), read
-    without a dictionary lookup."""
+    Compiled (``loop.pxd``), a C extension type: ``now`` a C double, ``scheduled`` and
+    ``ran_ahead`` C ints, ``_queue`` a list, so the HBM server, the staging memory and the
+    driver (which hold it typed) read and set the clock without the object protocol (a
+    SimPy-derived class's attribute is a type lookup and a descriptor call, ~60 instructions).
+    :class:`EventLoop` adds SimPy's environment on top."""
 
     __slots__ = ("_queue", "now", "ran_ahead", "run_ahead", "scheduled")
-    now: float  # type: ignore[assignment]  # shadows SimPy's read-only property
+    now: float
+
+    def run_queue(self) -> None:
+        """Pop entries and call them until none is left (:meth:`EventLoop.run` without ``until``)."""
+        queue: list[Any] = self._queue
+        while queue:
+            entry = heappop(queue)
+            self.now = entry[0]
+            entry[3](entry[4])
+
+
+class EventLoop(Clock, simpy.Environment):
+    """SimPy's environment with :meth:`call_later` and a direct :meth:`run` (module docstring).
+
+    ``now`` is a plain field of :class:`Clock` (SimPy's is a property over ``_now``, which
+    becomes the alias): the engine reads the clock at every event. It and the other fields the
+    engine reads per event are :class:`Clock`'s (SimPy's own attributes stay in the instance
+    dict)."""
 
     def __init__(self, *, run_ahead: bool = True) -> None:
         super().__init__()
@@ -102,11 +120,7 @@ class EventLoop(simpy.Environment):
         """Run until no entry is left (with ``until``: SimPy's own loop)."""
         if until is not None:
             return super().run(until)
-        queue: list[Any] = self._queue
-        while queue:
-            entry = heappop(queue)
-            self.now = entry[0]
-            entry[3](entry[4])
+        self.run_queue()
         return None
 
     def step(self) -> None:
@@ -136,20 +150,24 @@ class Driver:
 
     The generator yields a float (sleep that long; queued at once, as a SimPy timeout is
     when created) or ``None`` (asleep until something calls :meth:`wake`, which queues the
-    resumption at the current time, as a succeeded SimPy event is)."""
+    resumption at the current time, as a succeeded SimPy event is). Each resumption sends the
+    clock (``now = yield delay``: the same float as ``loop.now``), so the generator need not
+    read it back; the first, which starts the generator, sends ``None``."""
 
-    __slots__ = ("alive", "loop", "resume_fn", "send")
+    __slots__ = ("alive", "fresh", "loop", "resume_fn", "send")
 
     def __init__(self, loop: EventLoop) -> None:
         self.loop = loop
-        self.send: Callable[[None], float | None] | None = None
+        self.send: Callable[[float | None], float | None] | None = None
         self.alive = False
+        self.fresh = False  # not started yet: the first send is None (a generator's rule)
         self.resume_fn = self.resume  # the bound resumption queued per piece (made once)
 
-    def start(self, generator: Generator[float | None, None, None]) -> None:
+    def start(self, generator: Generator[float | None, float | None, None]) -> None:
         """Run ``generator`` from the current time (queued as a SimPy process's start is)."""
         self.send = generator.send
         self.alive = True
+        self.fresh = True
         self.loop.call_later(0.0, self.resume, None, URGENT)
 
     def wake(self) -> None:
@@ -160,7 +178,11 @@ class Driver:
         loop = self.loop
         send = self.send
         try:
-            delay = send(None)  # type: ignore[misc]
+            if self.fresh:
+                self.fresh = False
+                delay = send(None)  # type: ignore[misc]
+            else:
+                delay = send(loop.now)  # type: ignore[misc]
             if loop.run_ahead:  # the next piece with nothing due before it: no entry (loop docstring)
                 queue = loop._queue
                 while delay is not None:
@@ -169,7 +191,7 @@ class Driver:
                         break
                     loop.now = time_s
                     loop.ran_ahead += 1
-                    delay = send(None)  # type: ignore[misc]
+                    delay = send(time_s)  # type: ignore[misc]
         except StopIteration:
             self.alive = False
             return

@@ -6,11 +6,13 @@ cimport cython
 
 from tpusim.engine.hbm cimport HbmServer
 from tpusim.engine.items cimport Descriptor, Pool, Ring, Slab
+from tpusim.engine.loop cimport Clock
 
 
 @cython.final
 cdef class StagingMemory:
-    cdef public object env, recorder, peak_layer, current_layer, current_op, watch_bytes, crossing
+    cdef public Clock env
+    cdef public object recorder, peak_layer, current_layer, current_op, watch_bytes, crossing
     cdef public object peak_op, peak_holdings, resident
     cdef public long run
     cdef public HbmServer hbm

@@ -112,8 +112,9 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
     queue, run_ahead = env._queue, env.run_ahead
     resume = driver.resume  # what a landing queues for a copy waited on (bound once)
     free, release_many = staging.free, staging.release_many  # (bound once: called per piece)
+    now = env.now  # the clock, kept here: each resumption sends it (Driver.resume), running ahead sets it
     if per_step_s > 0.0:
-        yield per_step_s
+        now = yield per_step_s
         account.fixed_s += per_step_s
     # the per-layer cost in one block at the layer's start, or (per_layer_each_op) an equal share
     # at each of its ops' starts: the layer's own code, which the copies in flight run under
@@ -139,24 +140,25 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
     for op, layer, first, index, launched, name, start_releases, phase, pieces, end_releases, resolves, collectives \
             in rows:
         if first:
-            account.layer_start_s.append((layer, env.now))
+            account.layer_start_s.append((layer, now))
             if recorder is not None:
-                recorder.layer_start(layer, env.now)
+                recorder.layer_start(layer, now)
             if block_s > 0.0 and layer >= 0:
-                yield block_s
+                now = yield block_s
                 account.fixed_s += block_s
         if share_by_layer and layer >= 0:
             share_s = share_by_layer[layer]
-            yield share_s
+            now = yield share_s
             account.fixed_s += share_s
-        op_start = env.now
+        op_start = now
         if launched:
             yield from _launch(env, op, account, recorder)
+            now = env.now
         if index in joins or index in consumed:  # (a plain call: most joins do not wait)
-            join_s = _join_s(env, op, links, joins, consumed, events)
-            if join_s > env.now:
-                start = env.now
-                yield join_s - start
+            join_s = _join_s(now, op, links, joins, consumed, events)
+            if join_s > now:
+                start = now
+                now = yield join_s - start
                 account.collective_s += join_s - start
                 if recorder is not None:
                     recorder.interval("wait", start, join_s, "collective join")
@@ -175,29 +177,29 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
                 if events is not None:
                     events.append(("dma_wait", desc.family, desc.tensor, desc.layer, desc.chunk))
                 if desc.landed != run:  # exposed DMA: sleep until it lands
-                    start = env.now
+                    start = now
                     desc.waiter = resume
-                    yield None
-                    stalled = env.now - start
+                    now = yield None
+                    stalled = now - start
                     account.exposed_dma_s += stalled
                     exposed_by_family[desc.family] = exposed_by_family.get(desc.family, 0.0) + stalled
                     if recorder is not None:
-                        recorder.interval("wait", start, env.now, f"wait {desc.tensor} L{desc.layer}")
+                        recorder.interval("wait", start, now, f"wait {desc.tensor} L{desc.layer}")
             if duration > 0.0:
-                start = env.now
+                start = now
                 time_s = start + duration
                 if run_ahead and (not queue or queue[0][0] > time_s):  # Driver.resume's running ahead,
-                    env.now = time_s  # taken here without leaving the generator (tpusim.engine.loop)
+                    env.now = now = time_s  # taken here without leaving the generator (tpusim.engine.loop)
                     pieces_ahead += 1
                 else:
-                    yield duration
+                    now = yield duration
                 if unit:  # (VPU = 1, MXU = 0)
                     vpu_busy_s += duration
                 else:
                     mxu_busy_s += duration
                 phase_s = (by_phase.get(phase, 0.0) if phase_s is None else phase_s) + duration
                 if recorder is not None:
-                    recorder.interval(UNIT_NAMES[unit], start, env.now, f"{name} L{layer}")
+                    recorder.interval(UNIT_NAMES[unit], start, now, f"{name} L{layer}")
             for slab in frees:
                 free(slab)
             if releases:
@@ -219,10 +221,11 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
                 if call.messages is None:
                     yield from _run_collectives(env, op, position, issued, links, account, recorder, joins,
                                                 consumed, events)
+                    now = env.now
                     break
-                _issue_messages(links.fabric, call, env.now, issued, consumed, layer, events)
-        op_times.append(env.now - op_start)
-    account.stream_end_s = env.now
+                _issue_messages(links.fabric, call, now, issued, consumed, layer, events)
+        op_times.append(now - op_start)
+    account.stream_end_s = now
     unit_busy[MXU], unit_busy[VPU] = mxu_busy_s, vpu_busy_s
     env.ran_ahead += pieces_ahead
     _finish_links(links, account)
@@ -248,11 +251,12 @@ def _launch(env: EventLoop, op: OpPlan, account: StreamAccount,
             recorder.interval("launch", start, env.now, f"kernel fixed time {op.name}")
 
 
-def _join_s(env: EventLoop, op: OpPlan, links: Links, joins: dict[int, float], consumed: dict[int, list[Handle]],
+def _join_s(now: float, op: OpPlan, links: Links, joins: dict[int, float], consumed: dict[int, list[Handle]],
             events: list[tuple[Any, ...]] | None) -> float:
-    """Then (after :func:`_launch`): when the collectives the op consumes are done (seconds)."""
+    """Then (after :func:`_launch`): when the collectives the op consumes are done (seconds;
+    ``now``: the clock)."""
     join_s = joins.pop(op.index, 0.0)
-    wait_s = env.now  # message collectives are waited one after another, in plan order
+    wait_s = now  # message collectives are waited one after another, in plan order
     for handle in consumed.pop(op.index, ()):
         if events is not None:
             events.append(("collective_wait", handle.plan.name, handle.layer, op.layer))
