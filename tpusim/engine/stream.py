@@ -99,6 +99,116 @@ class Links:
         return time_s
 
 
+class PieceRun:
+    """An op's pieces, run without leaving C (compiled: ``stream.pxd``) until the compute stream
+    must sleep or wait: :func:`compute_stream`'s piece loop where nothing is recorded (a sweep's
+    run; with a recorder or events the stream runs its own loop, the same steps inline). The
+    same operations in the same order: each unit's busy time, the phase's compute and the
+    exposed DMA are summed here in the stream's order, and the stream stores them at the end.
+
+    :meth:`start` runs an op's pieces from the first; :meth:`proceed` goes on after the stream
+    slept or waited. Each returns 0 when the op's pieces are done, 1 to sleep :attr:`delay`, or
+    2 to wait for the copy :attr:`desc` (its ``waiter`` set to the stream's resumption)."""
+
+    __slots__ = ("ahead", "at", "by_phase", "delay", "desc", "env", "exposed_by_family", "exposed_dma_s",
+                 "hbm", "mxu_busy_s", "phase", "phase_s", "phase_set", "pieces", "queue", "resume", "run",
+                 "run_ahead", "stage", "staging", "vpu_busy_s", "wait_start", "waited")
+
+    def __init__(self, env: EventLoop, staging: StagingMemory, hbm: HbmServer, run: int, resume: Any,
+                 account: StreamAccount) -> None:
+        self.env, self.staging, self.hbm, self.run, self.resume = env, staging, hbm, run, resume
+        self.queue, self.run_ahead = env._queue, env.run_ahead
+        self.by_phase, self.exposed_by_family = account.compute_by_phase, account.exposed_by_family
+        self.mxu_busy_s, self.vpu_busy_s = account.unit_busy
+        self.exposed_dma_s = account.exposed_dma_s
+        self.ahead = 0  # pieces run ahead (added to env.ran_ahead at the end)
+        self.pieces: tuple[tuple[Any, ...], ...] = ()
+        self.phase: str = ""
+        self.phase_s, self.phase_set = 0.0, False
+        self.at = self.waited = self.stage = 0  # where it stopped: piece, its wait, 1 waiting / 2 computing
+        self.delay, self.wait_start = 0.0, 0.0
+        self.desc: Any = None
+
+    def start(self, pieces: tuple[tuple[Any, ...], ...], phase: str) -> int:
+        """Run an op's pieces from the first (its phase: where their compute is summed)."""
+        self.pieces, self.phase = pieces, phase
+        self.phase_s, self.phase_set = 0.0, False
+        self.at = self.waited = self.stage = 0
+        return self.proceed()
+
+    def proceed(self) -> int:
+        """Go on from where it stopped (see the class docstring for what it returns)."""
+        env = self.env
+        pieces = self.pieces
+        run = self.run
+        at = self.at
+        stage = self.stage
+        count = len(pieces)
+        while at < count:
+            piece = pieces[at]
+            duration = piece[0]
+            if stage == 1:  # back from a wait: its exposed time
+                stalled = env.now - self.wait_start
+                self.exposed_dma_s += stalled
+                family = self.desc.family
+                self.exposed_by_family[family] = self.exposed_by_family.get(family, 0.0) + stalled
+                self.desc = None
+                self.waited += 1
+                stage = 0
+            if stage == 0:  # its waits (from the one after the last waited for), then its compute
+                waits = piece[2]
+                w = self.waited
+                n = len(waits)
+                while w < n:
+                    desc = waits[w]
+                    if desc.landed != run:  # exposed DMA: wait until it lands
+                        self.wait_start = env.now
+                        desc.waiter = self.resume
+                        self.desc = desc
+                        self.at, self.waited, self.stage = at, w, 1
+                        return 2
+                    w += 1
+                if duration > 0.0:
+                    time_s = env.now + duration
+                    queue = self.queue
+                    if self.run_ahead and (not queue or queue[0][0] > time_s):  # running ahead (loop)
+                        env.now = time_s
+                        self.ahead += 1
+                    else:
+                        self.delay = duration
+                        self.at, self.stage = at, 2
+                        return 1
+            # the piece's compute has ended
+            if duration > 0.0:
+                if piece[1]:  # (VPU = 1, MXU = 0)
+                    self.vpu_busy_s += duration
+                else:
+                    self.mxu_busy_s += duration
+                if not self.phase_set:
+                    self.phase_s = self.by_phase.get(self.phase, 0.0)
+                    self.phase_set = True
+                self.phase_s += duration
+            staging = self.staging
+            for slab in piece[3]:
+                staging.free(slab)
+            releases = piece[4]
+            if releases:
+                staging.release_many(releases)
+            writes = piece[5]
+            if writes:
+                hbm = self.hbm
+                for desc in writes:
+                    hbm.enqueue(desc)
+                hbm.pump()
+            at += 1
+            stage = 0
+            self.waited = 0
+        if self.phase_set:
+            self.by_phase[self.phase] = self.phase_s
+        self.at, self.stage = at, 0
+        return 0
+
+
 def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmServer, staging: StagingMemory,
                    links: Links, account: StreamAccount, *, per_step_s: float, per_layer_s: float,
                    per_layer_each_op: bool = False, recorder: Recorder | None,
@@ -137,6 +247,8 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
     op_times = account.op_time_s
     pieces_ahead = 0  # pieces run ahead (added to env.ran_ahead at the end: only a count)
     mxu_busy_s, vpu_busy_s = unit_busy  # each unit's busy time, summed here in order, stored at the end
+    # nothing recorded: the pieces run in C (PieceRun), the same steps as the loop below
+    runner = PieceRun(env, staging, hbm, run, resume, account) if recorder is None and events is None else None
     for op, layer, first, index, launched, name, start_releases, phase, pieces, end_releases, resolves, collectives \
             in rows:
         if first:
@@ -169,6 +281,13 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
             release_many(start_releases)
         if events is not None:
             events.append(("compute", name, layer))
+        if runner is not None:  # (PieceRun: the loop below, compiled)
+            code = runner.start(pieces, phase)
+            while code:
+                now = yield (runner.delay if code == 1 else None)
+                code = runner.proceed()
+            now = env.now
+            pieces = ()
         # the op's pieces (inlined here: one generator frame per resumption, none per op); the
         # phase's compute summed here in order and stored at the op's end (no one reads it between)
         phase_s: float | None = None
@@ -226,6 +345,9 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
                 _issue_messages(links.fabric, call, now, issued, consumed, layer, events)
         op_times.append(now - op_start)
     account.stream_end_s = now
+    if runner is not None:
+        mxu_busy_s, vpu_busy_s, pieces_ahead = runner.mxu_busy_s, runner.vpu_busy_s, runner.ahead
+        account.exposed_dma_s = runner.exposed_dma_s
     unit_busy[MXU], unit_busy[VPU] = mxu_busy_s, vpu_busy_s
     env.ran_ahead += pieces_ahead
     _finish_links(links, account)
