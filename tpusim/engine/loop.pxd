@@ -15,11 +15,19 @@ cdef class Clock:
     cpdef run_queue(self)
 
 
+cdef class Steps:
+    cdef public double delay
+    cdef public bint waiting
+
+    cpdef long proceed(self)
+
+
 @cython.final
 cdef class Driver:
     cdef public Clock loop
     cdef public object send, resume_fn
+    cdef public Steps steps
     cdef public bint alive, fresh
 
-    @cython.locals(queue=list, time_s=double, loop=Clock)
+    @cython.locals(queue=list, time_s=double, loop=Clock, steps=Steps, count=long)
     cpdef resume(self, _arg=*)

@@ -52,7 +52,7 @@ import simpy
 from simpy.core import EmptySchedule
 from simpy.events import NORMAL, URGENT, Event, EventPriority
 
-__all__ = ["NORMAL", "Clock", "Driver", "EventLoop"]
+__all__ = ["NORMAL", "Clock", "Driver", "EventLoop", "Steps"]
 
 
 class Clock:
@@ -145,6 +145,22 @@ class EventLoop(Clock, simpy.Environment):
             raise exc
 
 
+class Steps:
+    """Work the generator hands to its driver, to be run in C until it is done (a base class:
+    :class:`tpusim.engine.stream.PieceRun`, an op's pieces). :meth:`proceed` returns 0 when
+    done, 1 to sleep :attr:`delay` seconds, or 2 to wait (something calls the driver's
+    resumption later); :attr:`waiting` says which of 1 and 2 the last return was."""
+
+    __slots__ = ("delay", "waiting")
+
+    def __init__(self) -> None:
+        self.delay = 0.0
+        self.waiting = False
+
+    def proceed(self) -> int:
+        raise NotImplementedError
+
+
 class Driver:
     """Runs a generator on an :class:`EventLoop` as a SimPy process would (module docstring).
 
@@ -152,18 +168,24 @@ class Driver:
     when created) or ``None`` (asleep until something calls :meth:`wake`, which queues the
     resumption at the current time, as a succeeded SimPy event is). Each resumption sends the
     clock (``now = yield delay``: the same float as ``loop.now``), so the generator need not
-    read it back; the first, which starts the generator, sends ``None``."""
+    read it back; the first, which starts the generator, sends ``None``.
 
-    __slots__ = ("alive", "fresh", "loop", "resume_fn", "send")
+    It may also yield a :class:`Steps` it has started and that is not done (asleep or waiting
+    as its last return said): the driver then resumes the steps (:meth:`Steps.proceed`), not
+    the generator, until they are done, and then the generator. Their sleeps are queued as the
+    generator's are (running ahead is the steps' own); no generator frame per step."""
+
+    __slots__ = ("alive", "fresh", "loop", "resume_fn", "send", "steps")
 
     def __init__(self, loop: EventLoop) -> None:
         self.loop = loop
-        self.send: Callable[[float | None], float | None] | None = None
+        self.send: Callable[[float | None], Any] | None = None
         self.alive = False
         self.fresh = False  # not started yet: the first send is None (a generator's rule)
+        self.steps: Steps | None = None  # handed over by the generator, not done yet
         self.resume_fn = self.resume  # the bound resumption queued per piece (made once)
 
-    def start(self, generator: Generator[float | None, float | None, None]) -> None:
+    def start(self, generator: Generator[Any, float | None, None]) -> None:
         """Run ``generator`` from the current time (queued as a SimPy process's start is)."""
         self.send = generator.send
         self.alive = True
@@ -176,6 +198,15 @@ class Driver:
 
     def resume(self, _arg: Any = None) -> None:
         loop = self.loop
+        steps = self.steps
+        if steps is not None:  # the steps the generator handed over, not the generator
+            if steps.proceed():
+                if not steps.waiting:  # asleep: its resumption queued (call_later, inlined)
+                    count = loop.scheduled
+                    loop.scheduled = count + 1
+                    heappush(loop._queue, (loop.now + steps.delay, NORMAL, count, self.resume_fn, None))
+                return
+            self.steps = None  # done: the generator goes on
         send = self.send
         try:
             if self.fresh:
@@ -183,15 +214,22 @@ class Driver:
                 delay = send(None)  # type: ignore[misc]
             else:
                 delay = send(loop.now)  # type: ignore[misc]
-            if loop.run_ahead:  # the next piece with nothing due before it: no entry (loop docstring)
+            while delay is not None:
+                if isinstance(delay, Steps):  # handed over (asleep or waiting, as it last said)
+                    self.steps = delay
+                    if delay.waiting:
+                        return
+                    delay = delay.delay
+                    break
+                if not loop.run_ahead:
+                    break
+                time_s = loop.now + delay  # the next piece with nothing due before it: no entry (loop docstring)
                 queue = loop._queue
-                while delay is not None:
-                    time_s = loop.now + delay
-                    if queue and queue[0][0] <= time_s:
-                        break
-                    loop.now = time_s
-                    loop.ran_ahead += 1
-                    delay = send(time_s)  # type: ignore[misc]
+                if queue and queue[0][0] <= time_s:
+                    break
+                loop.now = time_s
+                loop.ran_ahead += 1
+                delay = send(time_s)  # type: ignore[misc]
         except StopIteration:
             self.alive = False
             return

@@ -6,12 +6,11 @@ cimport cython
 
 from tpusim.engine.hbm cimport HbmServer
 from tpusim.engine.items cimport Descriptor, Slab
-from tpusim.engine.loop cimport Clock
+from tpusim.engine.loop cimport Clock, Steps
 from tpusim.engine.staging cimport StagingMemory
 
 
-@cython.final
-cdef class PieceRun:
+cdef class PieceRun(Steps):  # (not final: Cython refuses a final subclass overriding proceed)
     cdef public Clock env
     cdef public StagingMemory staging
     cdef public HbmServer hbm
@@ -21,7 +20,7 @@ cdef class PieceRun:
     cdef public object resume, desc, phase
     cdef public long run, at, waited, stage, ahead
     cdef public bint run_ahead, phase_set
-    cdef public double delay, mxu_busy_s, vpu_busy_s, phase_s, wait_start, exposed_dma_s
+    cdef public double mxu_busy_s, vpu_busy_s, phase_s, wait_start, exposed_dma_s
 
     cpdef long start(self, tuple pieces, phase)
 

@@ -52,7 +52,7 @@ from tpusim.engine.build import Lowered
 from tpusim.engine.collectives import Handle, MessageFabric
 from tpusim.engine.hbm import HbmServer
 from tpusim.engine.items import MXU, UNIT_NAMES, VPU, CollectivePlan, OpPlan
-from tpusim.engine.loop import Driver, EventLoop
+from tpusim.engine.loop import Driver, EventLoop, Steps
 from tpusim.engine.staging import StagingMemory
 from tpusim.engine.timeline import Recorder
 
@@ -99,7 +99,7 @@ class Links:
         return time_s
 
 
-class PieceRun:
+class PieceRun(Steps):
     """An op's pieces, run without leaving C (compiled: ``stream.pxd``) until the compute stream
     must sleep or wait: :func:`compute_stream`'s piece loop where nothing is recorded (a sweep's
     run; with a recorder or events the stream runs its own loop, the same steps inline). The
@@ -108,9 +108,11 @@ class PieceRun:
 
     :meth:`start` runs an op's pieces from the first; :meth:`proceed` goes on after the stream
     slept or waited. Each returns 0 when the op's pieces are done, 1 to sleep :attr:`delay`, or
-    2 to wait for the copy :attr:`desc` (its ``waiter`` set to the stream's resumption)."""
+    2 to wait for the copy :attr:`desc` (its ``waiter`` set to the stream's resumption). The
+    stream hands a run not done to its driver (:class:`~tpusim.engine.loop.Steps`), which
+    resumes it, not the generator, until it is done."""
 
-    __slots__ = ("ahead", "at", "by_phase", "delay", "desc", "env", "exposed_by_family", "exposed_dma_s",
+    __slots__ = ("ahead", "at", "by_phase", "desc", "env", "exposed_by_family", "exposed_dma_s",
                  "hbm", "mxu_busy_s", "phase", "phase_s", "phase_set", "pieces", "queue", "resume", "run",
                  "run_ahead", "stage", "staging", "vpu_busy_s", "wait_start", "waited")
 
@@ -127,6 +129,7 @@ class PieceRun:
         self.phase_s, self.phase_set = 0.0, False
         self.at = self.waited = self.stage = 0  # where it stopped: piece, its wait, 1 waiting / 2 computing
         self.delay, self.wait_start = 0.0, 0.0
+        self.waiting = False
         self.desc: Any = None
 
     def start(self, pieces: tuple[tuple[Any, ...], ...], phase: str) -> int:
@@ -166,6 +169,7 @@ class PieceRun:
                         desc.waiter = self.resume
                         self.desc = desc
                         self.at, self.waited, self.stage = at, w, 1
+                        self.waiting = True
                         return 2
                     w += 1
                 if duration > 0.0:
@@ -177,6 +181,7 @@ class PieceRun:
                     else:
                         self.delay = duration
                         self.at, self.stage = at, 2
+                        self.waiting = False
                         return 1
             # the piece's compute has ended
             if duration > 0.0:
@@ -282,11 +287,10 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
         if events is not None:
             events.append(("compute", name, layer))
         if runner is not None:  # (PieceRun: the loop below, compiled)
-            code = runner.start(pieces, phase)
-            while code:
-                now = yield (runner.delay if code == 1 else None)
-                code = runner.proceed()
-            now = env.now
+            if runner.start(pieces, phase):  # asleep or waiting: the driver runs the rest (Driver.resume)
+                now = yield runner
+            else:
+                now = env.now
             pieces = ()
         # the op's pieces (inlined here: one generator frame per resumption, none per op); the
         # phase's compute summed here in order and stored at the op's end (no one reads it between)
