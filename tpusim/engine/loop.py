@@ -38,7 +38,8 @@ This prices a run of pieces, or of landings, in one event where the loop had one
 two on every built-in schedule). ``ran_ahead`` counts the turns taken without an entry (the
 compute stream and the HBM server keep their own counts and add them when the step ends).
 
-Compiled (``setup.py``), ``Driver`` takes its fields from ``loop.pxd``: a new attribute is
+Compiled (``setup.py``), :class:`Clock` (the clock and the queue, under :class:`EventLoop`),
+:class:`Steps` and :class:`Driver` take their fields from ``loop.pxd``: a new attribute is
 declared there too.
 """
 

@@ -15,8 +15,9 @@ stream *does* wait for is other resources:
   it (:mod:`tpusim.engine.build` names that op).
 
 The stream is a generator driven by :class:`tpusim.engine.loop.Driver` (as a SimPy process
-would be: it yields a delay, or waits for a copy's landing). Per op ``i`` it does
-(pseudocode of :func:`compute_stream`)::
+would be: it yields a delay, or waits for a copy's landing). Where nothing is recorded, an op's
+pieces run in C (:class:`PieceRun`, the same steps), handed to the driver while they sleep or
+wait. Per op ``i`` it does (pseudocode of :func:`compute_stream`)::
 
     if op starts a layer: wait per_layer_overhead   # (or, per_layer_overhead_at each_op:
                                                 #  wait its share at every op of the layer)
