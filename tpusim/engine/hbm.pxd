@@ -39,5 +39,5 @@ cdef class HbmServer:
                    next_s=double, finish=double, left_bytes=double, time_s=double, desc=Descriptor,
                    slab=Slab, by_stream=bint, in_order=bint, run_ahead=bint, count=long,
                    streaming=list, queue=list, head=double, start_s=double, ahead=bint,
-                   slack=double, tolerance=double, inf=double, starting=list, env=Clock)
+                   slack=double, tolerance=double, inf=double, starting=list, env=Clock, landed=list, group=list)
     cpdef _wake(self, long token)

@@ -141,7 +141,7 @@ class HbmServer:
         self.events = events
         self.queue: list[tuple[int, Descriptor]] = []  # (seq, copy) waiting to be issued
         # issued, in issue latency: (start time, the copies issued then, in issue order), oldest first
-        # (a list: a few entries at most, taken off the front by pop(0), a C call when compiled)
+        # (a list: a few entries at most, taken off the front by ``del starting[0]``)
         self.starting: list[tuple[float, list[Descriptor]]] = []
         # in order: one copy streams at a time, the others wait (latency spent) in issue order
         self.in_order = dma.service == "in_order"
@@ -329,10 +329,8 @@ class HbmServer:
                 desc = streaming[0]
                 head = desc.target  # (typed when compiled: compared unboxed)
                 if head <= limit:
-                    landed = []
                     count = 0
                     while True:  # the first `count` copies land: taken off together below
-                        landed.append(desc)
                         count += 1
                         if by_stream:
                             key = desc.stream
@@ -347,6 +345,7 @@ class HbmServer:
                         head = desc.target
                         if not head <= limit:
                             break
+                    landed = streaming[:count]  # (one list made, not one append a copy)
                     if count == 1:
                         del streaming[0]
                     else:
@@ -364,7 +363,9 @@ class HbmServer:
                     # _start_streaming without its rate (set once below)
                     virtual_bytes = self.virtual_bytes
                     while True:
-                        for desc in starting.pop(0)[1]:  # the copies issued together, in issue order
+                        group = starting[0][1]  # the copies issued together, in issue order
+                        del starting[0]  # (not pop(0): compiled, a generic method call)
+                        for desc in group:
                             insert_streaming(streaming, desc, virtual_bytes + desc.nbytes)
                             if by_stream:  # stream_of, inlined
                                 slab = desc.slab
