@@ -217,10 +217,10 @@ class Driver:
                 delay = send(loop.now)  # type: ignore[misc]
             while delay is not None:
                 if isinstance(delay, Steps):  # handed over (asleep or waiting, as it last said)
-                    self.steps = delay
-                    if delay.waiting:
+                    steps = self.steps = delay
+                    if steps.waiting:
                         return
-                    delay = delay.delay
+                    delay = steps.delay
                     break
                 if not loop.run_ahead:
                     break

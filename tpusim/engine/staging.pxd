@@ -28,7 +28,7 @@ cdef class StagingMemory:
                    elapsed=double, start_s=double, at=long, desc=Descriptor, queue=list, group=list)
     cpdef _fill(self, Pool pool)
 
-    @cython.locals(run=long, pool=Pool, ptr=long)
+    @cython.locals(run=long, pool=Pool, ptr=long, waiting=Slab)
     cpdef free(self, Slab slab)
 
     cpdef resolve(self, Slab slab)
