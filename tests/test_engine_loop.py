@@ -68,3 +68,56 @@ def test_driver_runs_ahead_only_past_nothing_due() -> None:
         counts.append((loop.scheduled, loop.ran_ahead))
     assert traces[0] == traces[1] == [("half", 0.5), ("other", 1.0), ("one", 1.0), ("end", 1.5)]
     assert counts == [(3, 3), (6, 0)]  # start, other, the sleep to 1.0 / every sleep an entry
+
+
+def test_driver_resumes_steps_handed_over() -> None:
+    """Steps the generator hands over (yields, not done) are resumed by the driver, not the
+    generator, until done; then the generator goes on. Their sleeps are queued as the
+    generator's own would be: the same trace and the same entries as yielding each sleep
+    (event by event: running ahead is the steps' own, and these do not)."""
+    from tpusim.engine.loop import Steps
+
+    class Sleeps(Steps):
+        """Sleeps 0.25 s three times, recording the clock each time it goes on."""
+
+        def __init__(self, loop: EventLoop, trace: list[tuple[str, float]]) -> None:
+            super().__init__()
+            self.loop, self.trace, self.left = loop, trace, 3
+
+        def proceed(self) -> int:
+            self.trace.append(("step", self.loop.now))
+            if not self.left:
+                return 0
+            self.left -= 1
+            self.delay, self.waiting = 0.25, False
+            return 1
+
+    traces, counts = [], []
+    for handed in (True, False):
+        loop = EventLoop(run_ahead=False)
+        trace: list[tuple[str, float]] = []
+        driver = Driver(loop)
+        loop.call_later(0.5, lambda _arg, trace=trace, loop=loop: trace.append(("other", loop.now)))
+
+        def body(trace=trace, loop=loop, handed=handed):  # type: ignore[no-untyped-def]
+            if handed:
+                steps = Sleeps(loop, trace)
+                if steps.proceed():
+                    now = yield steps
+                    trace.append(("back", now))
+            else:
+                for _ in range(3):
+                    trace.append(("step", loop.now))
+                    yield 0.25
+                trace.append(("step", loop.now))
+                trace.append(("back", loop.now))
+            yield 0.5
+            trace.append(("end", loop.now))
+
+        driver.start(body())
+        loop.run()
+        traces.append(trace)
+        counts.append(loop.scheduled)
+    assert traces[0] == traces[1] == [("step", 0.0), ("step", 0.25), ("other", 0.5), ("step", 0.5),
+                                      ("step", 0.75), ("back", 0.75), ("end", 1.25)]
+    assert counts[0] == counts[1]

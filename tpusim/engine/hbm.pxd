@@ -6,6 +6,7 @@
 cimport cython
 
 from tpusim.engine.items cimport Descriptor, Slab
+from tpusim.engine.loop cimport Clock
 
 
 @cython.locals(seq=long, at=Py_ssize_t, other=Descriptor)
@@ -14,7 +15,8 @@ cdef insert_streaming(list streaming, Descriptor desc, double target)
 
 @cython.final
 cdef class HbmServer:
-    cdef public object env, bandwidth, on_free, recorder, events, ready, wake_fn
+    cdef public Clock env
+    cdef public object bandwidth, on_free, recorder, events, ready, wake_fn
     cdef public long run, max_in_flight, issue_count, in_flight, issued, wake_token, turns_ahead
     cdef public long long bytes_moved
     cdef public double latency_s, virtual_bytes, rate, last_s, busy_s, last_land_s, wake_at
@@ -26,7 +28,7 @@ cdef class HbmServer:
     cpdef _advance(self, double now)
 
     @cython.locals(next_s=double, head=double, left=double, finish=double, first=Descriptor, streaming=list, starting=list,
-                   token=long, count=long)
+                   token=long, count=long, env=Clock)
     cpdef _reschedule(self, double now)
 
     @cython.locals(in_flight=long, max_in_flight=long, issued=long, now=double, elapsed=double,
@@ -37,5 +39,5 @@ cdef class HbmServer:
                    next_s=double, finish=double, left_bytes=double, time_s=double, desc=Descriptor,
                    slab=Slab, by_stream=bint, in_order=bint, run_ahead=bint, count=long,
                    streaming=list, queue=list, head=double, start_s=double, ahead=bint,
-                   slack=double, tolerance=double, starting=list)
+                   slack=double, tolerance=double, inf=double, starting=list, env=Clock, landed=list, group=list)
     cpdef _wake(self, long token)

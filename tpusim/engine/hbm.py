@@ -141,7 +141,7 @@ class HbmServer:
         self.events = events
         self.queue: list[tuple[int, Descriptor]] = []  # (seq, copy) waiting to be issued
         # issued, in issue latency: (start time, the copies issued then, in issue order), oldest first
-        # (a list: a few entries at most, taken off the front by pop(0), a C call when compiled)
+        # (a list: a few entries at most, taken off the front by ``del starting[0]``)
         self.starting: list[tuple[float, list[Descriptor]]] = []
         # in order: one copy streams at a time, the others wait (latency spent) in issue order
         self.in_order = dma.service == "in_order"
@@ -310,10 +310,11 @@ class HbmServer:
         streaming, starting, streams = self.streaming, self.starting, self.streams
         by_stream, in_order = self.by_stream, self.in_order  # (heappush: a module name, no lookup per turn)
         run = self.run
-        slack, tolerance = RELATIVE_SLACK, BYTE_TOLERANCE  # (C doubles when compiled)
+        slack, tolerance, inf = RELATIVE_SLACK, BYTE_TOLERANCE, INF  # (C doubles when compiled: read once)
         now = env.now
+        resumed = None  # the compute stream's resumption, taken at the turn's end without an entry (below)
         while True:  # one turn per wake-up; the next taken at once while nothing is due before it
-            self.wake_at = INF
+            self.wake_at = inf
             # _advance, inlined
             elapsed = now - self.last_s
             if elapsed > 0.0:
@@ -328,10 +329,8 @@ class HbmServer:
                 desc = streaming[0]
                 head = desc.target  # (typed when compiled: compared unboxed)
                 if head <= limit:
-                    landed = []
                     count = 0
                     while True:  # the first `count` copies land: taken off together below
-                        landed.append(desc)
                         count += 1
                         if by_stream:
                             key = desc.stream
@@ -346,6 +345,7 @@ class HbmServer:
                         head = desc.target
                         if not head <= limit:
                             break
+                    landed = streaming[:count]  # (one list made, not one append a copy)
                     if count == 1:
                         del streaming[0]
                     else:
@@ -363,7 +363,9 @@ class HbmServer:
                     # _start_streaming without its rate (set once below)
                     virtual_bytes = self.virtual_bytes
                     while True:
-                        for desc in starting.pop(0)[1]:  # the copies issued together, in issue order
+                        group = starting[0][1]  # the copies issued together, in issue order
+                        del starting[0]  # (not pop(0): compiled, a generic method call)
+                        for desc in group:
                             insert_streaming(streaming, desc, virtual_bytes + desc.nbytes)
                             if by_stream:  # stream_of, inlined
                                 slab = desc.slab
@@ -393,9 +395,14 @@ class HbmServer:
                     waiter = desc.waiter
                     if waiter is not None:  # the compute stream waits on this copy: Driver.wake, inlined
                         desc.waiter = None  # (waiter: the driver's bound resume)
-                        count = env.scheduled
-                        env.scheduled = count + 1
-                        heappush(queue, (now + 0.0, NORMAL, count, waiter, None))
+                        if run_ahead and resumed is None and (not queue or queue[0][0] > now):
+                            # its entry would be the next served (every queued entry is later; what
+                            # this turn queues after it comes after it): called at the turn's end
+                            resumed = waiter
+                        else:
+                            count = env.scheduled
+                            env.scheduled = count + 1
+                            heappush(queue, (now + 0.0, NORMAL, count, waiter, None))
                     slab = desc.slab
                     if slab is not None and slab.free_on_land == run and slab.landed_in(run):
                         on_free(slab)  # StagingMemory.resolve: its last copy landed, drop it now
@@ -404,7 +411,7 @@ class HbmServer:
             if self.queue and self.in_flight < self.max_in_flight:
                 self._issue()
             # when the next copy starts streaming or lands (INF: nothing in flight)
-            next_s = starting[0][0] if starting else INF
+            next_s = starting[0][0] if starting else inf
             if streaming:
                 desc = streaming[0]
                 head = desc.target
@@ -412,11 +419,14 @@ class HbmServer:
                 finish = now + left_bytes / self.rate if left_bytes > 0.0 else now
                 if finish < next_s:
                     next_s = finish
-            if not next_s < self.wake_at:
-                return  # a wake-up at or before it is queued already
+            if not next_s < self.wake_at:  # a wake-up at or before it is queued already
+                if resumed is not None:
+                    self.turns_ahead += 1
+                    resumed(None)  # (the loop's call of its entry: the clock is at it already)
+                return
             time_s = now + (next_s - now if next_s > now else 0.0)  # as call_later computes it
-            ahead = run_ahead  # EventLoop.is_next, inlined: every queued entry is later
-            if ahead and queue:
+            ahead = run_ahead and resumed is None  # EventLoop.is_next, inlined: every queued entry is later
+            if ahead and queue:  # (a resumption taken at this turn's end is due before it: not ahead)
                 head = queue[0][0]
                 ahead = head > time_s
             if not ahead:
@@ -425,6 +435,9 @@ class HbmServer:
                 count = env.scheduled  # call_later(time_s - now, self._wake, token), inlined
                 env.scheduled = count + 1
                 heappush(queue, (now + (time_s - now), NORMAL, count, self.wake_fn, token))
+                if resumed is not None:
+                    self.turns_ahead += 1
+                    resumed(None)
                 return
             # the entry would be the next served (tpusim.engine.loop, running ahead): take it now
             self.wake_token += 1  # an entry queued for a later wake-up is superseded, as by a new one

@@ -38,7 +38,8 @@ This prices a run of pieces, or of landings, in one event where the loop had one
 two on every built-in schedule). ``ran_ahead`` counts the turns taken without an entry (the
 compute stream and the HBM server keep their own counts and add them when the step ends).
 
-Compiled (``setup.py``), ``Driver`` takes its fields from ``loop.pxd``: a new attribute is
+Compiled (``setup.py``), :class:`Clock` (the clock and the queue, under :class:`EventLoop`),
+:class:`Steps` and :class:`Driver` take their fields from ``loop.pxd``: a new attribute is
 declared there too.
 """
 
@@ -52,19 +53,37 @@ import simpy
 from simpy.core import EmptySchedule
 from simpy.events import NORMAL, URGENT, Event, EventPriority
 
-__all__ = ["NORMAL", "Driver", "EventLoop"]
+__all__ = ["NORMAL", "Clock", "Driver", "EventLoop", "Steps"]
 
 
-class EventLoop(simpy.Environment):
-    """SimPy's environment with :meth:`call_later` and a direct :meth:`run` (module docstring).
+class Clock:
+    """The loop's clock and queue: the fields the engine reads and writes per event.
 
-    ``now`` is a plain attribute here (SimPy's is a property over ``_now``, which becomes the
-    alias): the engine reads the clock at every event. It and the other fields the engine
-    reads per event are slots (SimPy's own attributes stay in the instance dict), read
-    without a dictionary lookup."""
+    Compiled (``loop.pxd``), a C extension type: ``now`` a C double, ``scheduled`` and
+    ``ran_ahead`` C ints, ``_queue`` a list, so the HBM server, the staging memory and the
+    driver (which hold it typed) read and set the clock without the object protocol (a
+    SimPy-derived class's attribute is a type lookup and a descriptor call, ~60 instructions).
+    :class:`EventLoop` adds SimPy's environment on top."""
 
     __slots__ = ("_queue", "now", "ran_ahead", "run_ahead", "scheduled")
-    now: float  # type: ignore[assignment]  # shadows SimPy's read-only property
+    now: float
+
+    def run_queue(self) -> None:
+        """Pop entries and call them until none is left (:meth:`EventLoop.run` without ``until``)."""
+        queue: list[Any] = self._queue
+        while queue:
+            entry = heappop(queue)
+            self.now = entry[0]
+            entry[3](entry[4])
+
+
+class EventLoop(Clock, simpy.Environment):
+    """SimPy's environment with :meth:`call_later` and a direct :meth:`run` (module docstring).
+
+    ``now`` is a plain field of :class:`Clock` (SimPy's is a property over ``_now``, which
+    becomes the alias): the engine reads the clock at every event. It and the other fields the
+    engine reads per event are :class:`Clock`'s (SimPy's own attributes stay in the instance
+    dict)."""
 
     def __init__(self, *, run_ahead: bool = True) -> None:
         super().__init__()
@@ -102,11 +121,7 @@ class EventLoop(simpy.Environment):
         """Run until no entry is left (with ``until``: SimPy's own loop)."""
         if until is not None:
             return super().run(until)
-        queue: list[Any] = self._queue
-        while queue:
-            entry = heappop(queue)
-            self.now = entry[0]
-            entry[3](entry[4])
+        self.run_queue()
         return None
 
     def step(self) -> None:
@@ -131,25 +146,51 @@ class EventLoop(simpy.Environment):
             raise exc
 
 
+class Steps:
+    """Work the generator hands to its driver, to be run in C until it is done (a base class:
+    :class:`tpusim.engine.stream.PieceRun`, an op's pieces). :meth:`proceed` returns 0 when
+    done, 1 to sleep :attr:`delay` seconds, or 2 to wait (something calls the driver's
+    resumption later); :attr:`waiting` says which of 1 and 2 the last return was."""
+
+    __slots__ = ("delay", "waiting")
+
+    def __init__(self) -> None:
+        self.delay = 0.0
+        self.waiting = False
+
+    def proceed(self) -> int:
+        raise NotImplementedError
+
+
 class Driver:
     """Runs a generator on an :class:`EventLoop` as a SimPy process would (module docstring).
 
     The generator yields a float (sleep that long; queued at once, as a SimPy timeout is
     when created) or ``None`` (asleep until something calls :meth:`wake`, which queues the
-    resumption at the current time, as a succeeded SimPy event is)."""
+    resumption at the current time, as a succeeded SimPy event is). Each resumption sends the
+    clock (``now = yield delay``: the same float as ``loop.now``), so the generator need not
+    read it back; the first, which starts the generator, sends ``None``.
 
-    __slots__ = ("alive", "loop", "resume_fn", "send")
+    It may also yield a :class:`Steps` it has started and that is not done (asleep or waiting
+    as its last return said): the driver then resumes the steps (:meth:`Steps.proceed`), not
+    the generator, until they are done, and then the generator. Their sleeps are queued as the
+    generator's are (running ahead is the steps' own); no generator frame per step."""
+
+    __slots__ = ("alive", "fresh", "loop", "resume_fn", "send", "steps")
 
     def __init__(self, loop: EventLoop) -> None:
         self.loop = loop
-        self.send: Callable[[None], float | None] | None = None
+        self.send: Callable[[float | None], Any] | None = None
         self.alive = False
+        self.fresh = False  # not started yet: the first send is None (a generator's rule)
+        self.steps: Steps | None = None  # handed over by the generator, not done yet
         self.resume_fn = self.resume  # the bound resumption queued per piece (made once)
 
-    def start(self, generator: Generator[float | None, None, None]) -> None:
+    def start(self, generator: Generator[Any, float | None, None]) -> None:
         """Run ``generator`` from the current time (queued as a SimPy process's start is)."""
         self.send = generator.send
         self.alive = True
+        self.fresh = True
         self.loop.call_later(0.0, self.resume, None, URGENT)
 
     def wake(self) -> None:
@@ -158,18 +199,38 @@ class Driver:
 
     def resume(self, _arg: Any = None) -> None:
         loop = self.loop
+        steps = self.steps
+        if steps is not None:  # the steps the generator handed over, not the generator
+            if steps.proceed():
+                if not steps.waiting:  # asleep: its resumption queued (call_later, inlined)
+                    count = loop.scheduled
+                    loop.scheduled = count + 1
+                    heappush(loop._queue, (loop.now + steps.delay, NORMAL, count, self.resume_fn, None))
+                return
+            self.steps = None  # done: the generator goes on
         send = self.send
         try:
-            delay = send(None)  # type: ignore[misc]
-            if loop.run_ahead:  # the next piece with nothing due before it: no entry (loop docstring)
+            if self.fresh:
+                self.fresh = False
+                delay = send(None)  # type: ignore[misc]
+            else:
+                delay = send(loop.now)  # type: ignore[misc]
+            while delay is not None:
+                if isinstance(delay, Steps):  # handed over (asleep or waiting, as it last said)
+                    steps = self.steps = delay
+                    if steps.waiting:
+                        return
+                    delay = steps.delay
+                    break
+                if not loop.run_ahead:
+                    break
+                time_s = loop.now + delay  # the next piece with nothing due before it: no entry (loop docstring)
                 queue = loop._queue
-                while delay is not None:
-                    time_s = loop.now + delay
-                    if queue and queue[0][0] <= time_s:
-                        break
-                    loop.now = time_s
-                    loop.ran_ahead += 1
-                    delay = send(None)  # type: ignore[misc]
+                if queue and queue[0][0] <= time_s:
+                    break
+                loop.now = time_s
+                loop.ran_ahead += 1
+                delay = send(time_s)  # type: ignore[misc]
         except StopIteration:
             self.alive = False
             return

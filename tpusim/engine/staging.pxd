@@ -6,11 +6,13 @@ cimport cython
 
 from tpusim.engine.hbm cimport HbmServer
 from tpusim.engine.items cimport Descriptor, Pool, Ring, Slab
+from tpusim.engine.loop cimport Clock
 
 
 @cython.final
 cdef class StagingMemory:
-    cdef public object env, recorder, peak_layer, current_layer, current_op, watch_bytes, crossing
+    cdef public Clock env
+    cdef public object recorder, peak_layer, current_layer, current_op, watch_bytes, crossing
     cdef public object peak_op, peak_holdings, resident
     cdef public long run
     cdef public HbmServer hbm
@@ -26,7 +28,7 @@ cdef class StagingMemory:
                    elapsed=double, start_s=double, at=long, desc=Descriptor, queue=list, group=list)
     cpdef _fill(self, Pool pool)
 
-    @cython.locals(run=long, pool=Pool, ptr=long)
+    @cython.locals(run=long, pool=Pool, ptr=long, waiting=Slab)
     cpdef free(self, Slab slab)
 
     cpdef resolve(self, Slab slab)

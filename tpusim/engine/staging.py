@@ -112,7 +112,8 @@ class StagingMemory:
             in_flight = hbm.in_flight
             copies = 0
             for at in range(first, ptr):  # (a loop, not sum(generator): no closure when compiled)
-                copies += len(order[at].descs)
+                slab = order[at]  # (typed when compiled: its descs read in C)
+                copies += len(slab.descs)
             if in_flight + copies <= hbm.max_in_flight:
                 if copies:
                     now = self.env.now
@@ -125,11 +126,13 @@ class StagingMemory:
                         hbm.last_s = now
                     start_s = now + hbm.latency_s
                     if ptr == first + 1:  # one slab: its own list of copies (not changed while it runs)
-                        group = order[first].descs
+                        slab = order[first]
+                        group = slab.descs
                     else:
                         group = []
                         for at in range(first, ptr):
-                            group.extend(order[at].descs)
+                            slab = order[at]
+                            group.extend(slab.descs)
                     hbm.starting.append((start_s, group))  # one entry: they start together
                     hbm.in_flight = in_flight + copies
                     hbm.issued += copies
@@ -160,8 +163,10 @@ class StagingMemory:
             self._occupy(slab, -slab.nbytes)
         pool = slab.pool
         ptr = pool.ptr
-        if ptr < len(pool.order) and pool.order[ptr].released == run:  # (else _fill would admit nothing)
-            self._fill(pool)
+        if ptr < len(pool.order):
+            waiting = pool.order[ptr]  # (typed when compiled: its flag read in C)
+            if waiting.released == run:  # (else _fill would admit nothing)
+                self._fill(pool)
 
     def resolve(self, slab: Slab) -> None:
         """Routing is known and ``slab`` was mispredicted: drop it (once it has landed)."""

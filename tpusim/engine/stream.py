@@ -15,8 +15,9 @@ stream *does* wait for is other resources:
   it (:mod:`tpusim.engine.build` names that op).
 
 The stream is a generator driven by :class:`tpusim.engine.loop.Driver` (as a SimPy process
-would be: it yields a delay, or waits for a copy's landing). Per op ``i`` it does
-(pseudocode of :func:`compute_stream`)::
+would be: it yields a delay, or waits for a copy's landing). Where nothing is recorded, an op's
+pieces run in C (:class:`PieceRun`, the same steps), handed to the driver while they sleep or
+wait. Per op ``i`` it does (pseudocode of :func:`compute_stream`)::
 
     if op starts a layer: wait per_layer_overhead   # (or, per_layer_overhead_at each_op:
                                                 #  wait its share at every op of the layer)
@@ -52,7 +53,7 @@ from tpusim.engine.build import Lowered
 from tpusim.engine.collectives import Handle, MessageFabric
 from tpusim.engine.hbm import HbmServer
 from tpusim.engine.items import MXU, UNIT_NAMES, VPU, CollectivePlan, OpPlan
-from tpusim.engine.loop import Driver, EventLoop
+from tpusim.engine.loop import Driver, EventLoop, Steps
 from tpusim.engine.staging import StagingMemory
 from tpusim.engine.timeline import Recorder
 
@@ -99,6 +100,121 @@ class Links:
         return time_s
 
 
+class PieceRun(Steps):
+    """An op's pieces, run without leaving C (compiled: ``stream.pxd``) until the compute stream
+    must sleep or wait: :func:`compute_stream`'s piece loop where nothing is recorded (a sweep's
+    run; with a recorder or events the stream runs its own loop, the same steps inline). The
+    same operations in the same order: each unit's busy time, the phase's compute and the
+    exposed DMA are summed here in the stream's order, and the stream stores them at the end.
+
+    :meth:`start` runs an op's pieces from the first; :meth:`proceed` goes on after the stream
+    slept or waited. Each returns 0 when the op's pieces are done, 1 to sleep :attr:`delay`, or
+    2 to wait for the copy :attr:`desc` (its ``waiter`` set to the stream's resumption). The
+    stream hands a run not done to its driver (:class:`~tpusim.engine.loop.Steps`), which
+    resumes it, not the generator, until it is done."""
+
+    __slots__ = ("ahead", "at", "by_phase", "desc", "env", "exposed_by_family", "exposed_dma_s",
+                 "hbm", "mxu_busy_s", "phase", "phase_s", "phase_set", "pieces", "queue", "resume", "run",
+                 "run_ahead", "stage", "staging", "vpu_busy_s", "wait_start", "waited")
+
+    def __init__(self, env: EventLoop, staging: StagingMemory, hbm: HbmServer, run: int, resume: Any,
+                 account: StreamAccount) -> None:
+        self.env, self.staging, self.hbm, self.run, self.resume = env, staging, hbm, run, resume
+        self.queue, self.run_ahead = env._queue, env.run_ahead
+        self.by_phase, self.exposed_by_family = account.compute_by_phase, account.exposed_by_family
+        self.mxu_busy_s, self.vpu_busy_s = account.unit_busy
+        self.exposed_dma_s = account.exposed_dma_s
+        self.ahead = 0  # pieces run ahead (added to env.ran_ahead at the end)
+        self.pieces: tuple[tuple[Any, ...], ...] = ()
+        self.phase: str = ""
+        self.phase_s, self.phase_set = 0.0, False
+        self.at = self.waited = self.stage = 0  # where it stopped: piece, its wait, 1 waiting / 2 computing
+        self.delay, self.wait_start = 0.0, 0.0
+        self.waiting = False
+        self.desc: Any = None
+
+    def start(self, pieces: tuple[tuple[Any, ...], ...], phase: str) -> int:
+        """Run an op's pieces from the first (its phase: where their compute is summed)."""
+        self.pieces, self.phase = pieces, phase
+        self.phase_s, self.phase_set = 0.0, False
+        self.at = self.waited = self.stage = 0
+        return self.proceed()
+
+    def proceed(self) -> int:
+        """Go on from where it stopped (see the class docstring for what it returns)."""
+        env = self.env
+        pieces = self.pieces
+        run = self.run
+        at = self.at
+        stage = self.stage
+        count = len(pieces)
+        while at < count:
+            piece = pieces[at]
+            duration = piece[0]
+            if stage == 1:  # back from a wait: its exposed time
+                stalled = env.now - self.wait_start
+                self.exposed_dma_s += stalled
+                family = self.desc.family
+                self.exposed_by_family[family] = self.exposed_by_family.get(family, 0.0) + stalled
+                self.desc = None
+                self.waited += 1
+                stage = 0
+            if stage == 0:  # its waits (from the one after the last waited for), then its compute
+                waits = piece[2]
+                w = self.waited
+                n = len(waits)
+                while w < n:
+                    desc = waits[w]
+                    if desc.landed != run:  # exposed DMA: wait until it lands
+                        self.wait_start = env.now
+                        desc.waiter = self.resume
+                        self.desc = desc
+                        self.at, self.waited, self.stage = at, w, 1
+                        self.waiting = True
+                        return 2
+                    w += 1
+                if duration > 0.0:
+                    time_s = env.now + duration
+                    queue = self.queue
+                    if self.run_ahead and (not queue or queue[0][0] > time_s):  # running ahead (loop)
+                        env.now = time_s
+                        self.ahead += 1
+                    else:
+                        self.delay = duration
+                        self.at, self.stage = at, 2
+                        self.waiting = False
+                        return 1
+            # the piece's compute has ended
+            if duration > 0.0:
+                if piece[1]:  # (VPU = 1, MXU = 0)
+                    self.vpu_busy_s += duration
+                else:
+                    self.mxu_busy_s += duration
+                if not self.phase_set:
+                    self.phase_s = self.by_phase.get(self.phase, 0.0)
+                    self.phase_set = True
+                self.phase_s += duration
+            staging = self.staging
+            for slab in piece[3]:
+                staging.free(slab)
+            releases = piece[4]
+            if releases:
+                staging.release_many(releases)
+            writes = piece[5]
+            if writes:
+                hbm = self.hbm
+                for desc in writes:
+                    hbm.enqueue(desc)
+                hbm.pump()
+            at += 1
+            stage = 0
+            self.waited = 0
+        if self.phase_set:
+            self.by_phase[self.phase] = self.phase_s
+        self.at, self.stage = at, 0
+        return 0
+
+
 def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmServer, staging: StagingMemory,
                    links: Links, account: StreamAccount, *, per_step_s: float, per_layer_s: float,
                    per_layer_each_op: bool = False, recorder: Recorder | None,
@@ -112,8 +228,9 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
     queue, run_ahead = env._queue, env.run_ahead
     resume = driver.resume  # what a landing queues for a copy waited on (bound once)
     free, release_many = staging.free, staging.release_many  # (bound once: called per piece)
+    now = env.now  # the clock, kept here: each resumption sends it (Driver.resume), running ahead sets it
     if per_step_s > 0.0:
-        yield per_step_s
+        now = yield per_step_s
         account.fixed_s += per_step_s
     # the per-layer cost in one block at the layer's start, or (per_layer_each_op) an equal share
     # at each of its ops' starts: the layer's own code, which the copies in flight run under
@@ -136,27 +253,30 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
     op_times = account.op_time_s
     pieces_ahead = 0  # pieces run ahead (added to env.ran_ahead at the end: only a count)
     mxu_busy_s, vpu_busy_s = unit_busy  # each unit's busy time, summed here in order, stored at the end
+    # nothing recorded: the pieces run in C (PieceRun), the same steps as the loop below
+    runner = PieceRun(env, staging, hbm, run, resume, account) if recorder is None and events is None else None
     for op, layer, first, index, launched, name, start_releases, phase, pieces, end_releases, resolves, collectives \
             in rows:
         if first:
-            account.layer_start_s.append((layer, env.now))
+            account.layer_start_s.append((layer, now))
             if recorder is not None:
-                recorder.layer_start(layer, env.now)
+                recorder.layer_start(layer, now)
             if block_s > 0.0 and layer >= 0:
-                yield block_s
+                now = yield block_s
                 account.fixed_s += block_s
         if share_by_layer and layer >= 0:
             share_s = share_by_layer[layer]
-            yield share_s
+            now = yield share_s
             account.fixed_s += share_s
-        op_start = env.now
+        op_start = now
         if launched:
             yield from _launch(env, op, account, recorder)
+            now = env.now
         if index in joins or index in consumed:  # (a plain call: most joins do not wait)
-            join_s = _join_s(env, op, links, joins, consumed, events)
-            if join_s > env.now:
-                start = env.now
-                yield join_s - start
+            join_s = _join_s(now, op, links, joins, consumed, events)
+            if join_s > now:
+                start = now
+                now = yield join_s - start
                 account.collective_s += join_s - start
                 if recorder is not None:
                     recorder.interval("wait", start, join_s, "collective join")
@@ -167,6 +287,12 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
             release_many(start_releases)
         if events is not None:
             events.append(("compute", name, layer))
+        if runner is not None:  # (PieceRun: the loop below, compiled)
+            if runner.start(pieces, phase):  # asleep or waiting: the driver runs the rest (Driver.resume)
+                now = yield runner
+            else:
+                now = env.now
+            pieces = ()
         # the op's pieces (inlined here: one generator frame per resumption, none per op); the
         # phase's compute summed here in order and stored at the op's end (no one reads it between)
         phase_s: float | None = None
@@ -175,29 +301,29 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
                 if events is not None:
                     events.append(("dma_wait", desc.family, desc.tensor, desc.layer, desc.chunk))
                 if desc.landed != run:  # exposed DMA: sleep until it lands
-                    start = env.now
+                    start = now
                     desc.waiter = resume
-                    yield None
-                    stalled = env.now - start
+                    now = yield None
+                    stalled = now - start
                     account.exposed_dma_s += stalled
                     exposed_by_family[desc.family] = exposed_by_family.get(desc.family, 0.0) + stalled
                     if recorder is not None:
-                        recorder.interval("wait", start, env.now, f"wait {desc.tensor} L{desc.layer}")
+                        recorder.interval("wait", start, now, f"wait {desc.tensor} L{desc.layer}")
             if duration > 0.0:
-                start = env.now
+                start = now
                 time_s = start + duration
                 if run_ahead and (not queue or queue[0][0] > time_s):  # Driver.resume's running ahead,
-                    env.now = time_s  # taken here without leaving the generator (tpusim.engine.loop)
+                    env.now = now = time_s  # taken here without leaving the generator (tpusim.engine.loop)
                     pieces_ahead += 1
                 else:
-                    yield duration
+                    now = yield duration
                 if unit:  # (VPU = 1, MXU = 0)
                     vpu_busy_s += duration
                 else:
                     mxu_busy_s += duration
                 phase_s = (by_phase.get(phase, 0.0) if phase_s is None else phase_s) + duration
                 if recorder is not None:
-                    recorder.interval(UNIT_NAMES[unit], start, env.now, f"{name} L{layer}")
+                    recorder.interval(UNIT_NAMES[unit], start, now, f"{name} L{layer}")
             for slab in frees:
                 free(slab)
             if releases:
@@ -219,10 +345,14 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
                 if call.messages is None:
                     yield from _run_collectives(env, op, position, issued, links, account, recorder, joins,
                                                 consumed, events)
+                    now = env.now
                     break
-                _issue_messages(links.fabric, call, env.now, issued, consumed, layer, events)
-        op_times.append(env.now - op_start)
-    account.stream_end_s = env.now
+                _issue_messages(links.fabric, call, now, issued, consumed, layer, events)
+        op_times.append(now - op_start)
+    account.stream_end_s = now
+    if runner is not None:
+        mxu_busy_s, vpu_busy_s, pieces_ahead = runner.mxu_busy_s, runner.vpu_busy_s, runner.ahead
+        account.exposed_dma_s = runner.exposed_dma_s
     unit_busy[MXU], unit_busy[VPU] = mxu_busy_s, vpu_busy_s
     env.ran_ahead += pieces_ahead
     _finish_links(links, account)
@@ -248,11 +378,12 @@ def _launch(env: EventLoop, op: OpPlan, account: StreamAccount,
             recorder.interval("launch", start, env.now, f"kernel fixed time {op.name}")
 
 
-def _join_s(env: EventLoop, op: OpPlan, links: Links, joins: dict[int, float], consumed: dict[int, list[Handle]],
+def _join_s(now: float, op: OpPlan, links: Links, joins: dict[int, float], consumed: dict[int, list[Handle]],
             events: list[tuple[Any, ...]] | None) -> float:
-    """Then (after :func:`_launch`): when the collectives the op consumes are done (seconds)."""
+    """Then (after :func:`_launch`): when the collectives the op consumes are done (seconds;
+    ``now``: the clock)."""
     join_s = joins.pop(op.index, 0.0)
-    wait_s = env.now  # message collectives are waited one after another, in plan order
+    wait_s = now  # message collectives are waited one after another, in plan order
     for handle in consumed.pop(op.index, ()):
         if events is not None:
             events.append(("collective_wait", handle.plan.name, handle.layer, op.layer))
