@@ -77,6 +77,14 @@ from tpusim.workload.registry.names import Family, FormatKey, MlaTensor
 from tpusim.workload.shapes import TensorSpec, expert_slice_tensors
 
 
+def check_expert_cap(schedule: Schedule, expert_cap: int | None) -> None:
+    """A fixed-cost probe run's cap: at least the schedule's expert slots (the kernel fills every
+    slot before the list ends), else :class:`UnsupportedSchedule`."""
+    slots = schedule.family(Family.ROUTED_EXPERT).buffers
+    if expert_cap is not None and expert_cap < slots:
+        raise UnsupportedSchedule(f"expert cap {expert_cap}: at least the {slots} expert slots")
+
+
 def ring_family(dims: ModelDims, ring: str) -> str:
     """The weight family of ring ``ring``: :mod:`tpusim.workload.shapes` says (``small`` and
     ``expert`` are the small-parameter row and the expert slots)."""

@@ -168,8 +168,7 @@ class Megakernel:
         self.dims, self.schedule, self.batch = dims, schedule, batch
         self.vmem_limit_bytes = vmem_limit_for(PUBLISHED_KERNEL_CHIP) if vmem_limit_bytes is None else vmem_limit_bytes
         self.geo = dma_plan.geometry(dims, schedule)
-        if expert_cap is not None and expert_cap < (slots := self.geo.rings["expert"].buffers):
-            raise dma_plan.UnsupportedSchedule(f"expert cap {expert_cap}: at least the {slots} expert slots")
+        dma_plan.check_expert_cap(schedule, expert_cap)
         self.expert_cap = expert_cap
         if panel_unroll < 1 or expert_panel_unroll < 1:
             raise ValueError(f"panel unroll {panel_unroll}/{expert_panel_unroll}: must be >= 1")

@@ -174,3 +174,17 @@ def test_a_capped_case_is_predicted_on_the_trace_the_capped_kernel_runs(tmp_path
     # round-major first appearance: layer 0 picks 5, 1 (round 0), then 1 again, 7, 9, 2; layer 1: 3, 8, ...
     assert capped == [[[5, 1], [5, 1]], [[3, 8], [3, 8]]]
     assert routing.endswith("trace-cap2-borrowed.json")
+
+
+def test_a_case_the_kernel_refuses_is_not_predicted(monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Set v5e-av planned `published-slots8` at 4 experts a layer and predicted it; the kernel
+    refused it on the chip (8 expert slots need a cap of at least 8). The plan asks the kernel's
+    own rule (``dma_plan.check_expert_cap``) first now."""
+    from calibration.tpu_bench import device_run
+
+    cases = [c for c in device_run.load_cases("v5e-av") if "slots8" in c.schedule]
+    assert cases and cases[0].expert_cap == 4
+    monkeypatch.setattr(device_run, "load_cases", lambda name: cases)
+    assert plan.predict_set("v5e-av", chip_for=lambda b: (load_chip("tpu-v5e", calibrated=False), "catalog")) == []
+    assert "the kernel refuses it (expert cap 4: at least the 8 expert slots); not predicted" in capsys.readouterr().err

@@ -58,10 +58,13 @@ from hwmodels.catalog import load_chip
 from hwmodels.overlay import _figure_slot
 from hwmodels.records.kernel import WALK
 from hwmodels.schema import Chip
+from megakernel.dma_plan import check_expert_cap
+from megakernel.errors import UnsupportedSchedule
 from megakernel.kernel_moe import EXPERT_LIST_BUILD
 from megakernel.quant import WORDS32_DECODER
 from megakernel.quant_pairs import FP8_PAIRS_DECODER, KERNEL_DECODER
 from tpusim.schedule.kernel_layout import EXPERT_PANEL_UNROLL, PANEL_UNROLL
+from tpusim.schedule.schema import load_schedule
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 PREDICTIONS_PATH = DATA / "tpu-v5e-predictions.jsonl"
@@ -212,6 +215,11 @@ def predict_set(set_name: str, chip_for: Callable[[int], tuple[Chip, str]] | Non
         if case.shard_of != "k3-tp32":
             continue
         name = Path(case.schedule).stem if case.schedule.endswith(".json") else case.schedule
+        try:  # the kernel's own refusal, before any routing is looked for
+            check_expert_cap(load_schedule(case.schedule), case.expert_cap)
+        except UnsupportedSchedule as exc:
+            sys.stderr.write(f"{case.schedule} b{case.batch}: the kernel refuses it ({exc}); not predicted\n")
+            continue
         match = next((r for r in known if r.batch == case.batch and r.context == case.context
                       and (r.schedule == name or Path(r.schedule_path).stem == name)), None)
         borrowed = match is None
