@@ -65,3 +65,18 @@ def test_the_fit_through_the_origin() -> None:
     assert fit_through_origin([[1, 0, 2], [0, 4, 2]], [2.0, 2.0, 5.0]) == pytest.approx((2.0, 0.5))
     with pytest.raises(ValueError, match="cannot fix"):
         fit_through_origin([[1, 2], [2, 4]], [1.0, 2.0])  # dependent columns
+
+
+def test_rank_agreement_counts_a_float_noise_difference_as_a_tie() -> None:
+    """Set v5e-aq's batch-8 decodes: ``published`` and ``published-after-routing`` simulate
+    1e-11 ms apart, their order flipping with the last bit of an input; at 1 µs they tie."""
+    from scipy.stats import kendalltau
+
+    from calibration.core.fitting import rank_agreement
+
+    measured = [73.44, 73.38, 75.70, 76.41]
+    one_way = [74.954305790691, 74.95430579069102, 76.10, 76.37]
+    other_way = [74.84841749898262, 74.84841749898231, 75.99, 76.26]
+    assert kendalltau(measured, one_way).statistic != kendalltau(measured, other_way).statistic
+    assert rank_agreement(measured, one_way) == rank_agreement(measured, other_way)
+    assert rank_agreement(measured, [1.0, 2.0, 3.0, 4.0]) == kendalltau(measured, [1.0, 2.0, 3.0, 4.0]).statistic

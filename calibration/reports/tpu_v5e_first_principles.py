@@ -31,8 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import kendalltau
 
+from calibration.core.fitting import rank_agreement
 from calibration.reports.tpu_v5e_plan import (
     FORMAT_OF_PART,
     PART_DECODERS,
@@ -158,7 +158,7 @@ def summary(rows: list[tuple[str, int, float, float]]) -> str:
     for batch in sorted({b for _, b, _, _ in rows}):
         at = [(ms, sim) for _, b, ms, sim in rows if b == batch]
         if len(at) >= 3:
-            taus.append(f"b{batch} {kendalltau(*zip(*at, strict=True)).statistic:.2f}")
+            taus.append(f"b{batch} {rank_agreement(*zip(*at, strict=True)):.2f}")
     return (f"{len(rows)} decodes: MAPE {np.mean(np.abs(e)):.1%}, max {np.max(np.abs(e)):.1%}, "
             f"{int(np.sum(np.abs(e) <= 0.05))} within 5 %; Kendall tau {', '.join(taus)}")
 

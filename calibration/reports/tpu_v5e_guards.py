@@ -48,9 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import kendalltau
 
-from calibration.core.fitting import median
+from calibration.core.fitting import median, rank_agreement
 from calibration.sources.tpu_chip_records import ChipRecord
 from calibration.sources.tpu_probes import LARGE_COPY_BYTES, PROBES_PATH
 from hwmodels.records.jsonl import record_line, write_lines
@@ -139,7 +138,7 @@ def goal_check(records: Sequence[ChipRecord], predicted_ms: Sequence[float]) -> 
     for batch in sorted({r.batch for r in records}):
         at = [(r.ms_median, p) for r, p in zip(records, predicted_ms, strict=True) if r.batch == batch]
         if len(at) >= 3:
-            tau = round(float(kendalltau(*zip(*at, strict=True)).statistic), 9)  # 9 of 10 pairs in order is 0.8 exactly
+            tau = round(rank_agreement(*zip(*at, strict=True)), 9)  # 9 of 10 pairs in order is 0.8 exactly
             out.append(Guard("goal_check", f"Kendall tau b{batch}", max(GOAL_TAU - tau, 0.0), 0.0))
     return out
 

@@ -19,8 +19,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from scipy.stats import kendalltau
-
+from calibration.core.fitting import rank_agreement
 from calibration.reports.tpu_v5e_plan import build_chip, simulate_build
 from calibration.sources.tpu_chip_records import most_measured_build
 from megakernel.quant_pairs import KERNEL_DECODER
@@ -37,7 +36,7 @@ class Ranking:
     @property
     def tau(self) -> float:
         names = sorted(self.measured_ms)
-        return float(kendalltau([self.measured_ms[n] for n in names], [self.simulated_ms[n] for n in names]).statistic)
+        return rank_agreement([self.measured_ms[n] for n in names], [self.simulated_ms[n] for n in names])
 
     @property
     def pick_is_best(self) -> bool | None:
