@@ -18,11 +18,19 @@ cdef class PieceRun(Steps):  # (not final: Cython refuses a final subclass overr
     cdef public tuple pieces
     cdef public dict by_phase, exposed_by_family
     cdef public object resume, desc, phase
-    cdef public long run, at, waited, stage, ahead
+    cdef public long run, at, waited, stage, ahead, op_at, op_end
     cdef public bint run_ahead, phase_set
-    cdef public double mxu_busy_s, vpu_busy_s, phase_s, wait_start, exposed_dma_s
+    cdef public double mxu_busy_s, vpu_busy_s, phase_s, wait_start, exposed_dma_s, op_start
+    cdef public list rows, op_times
+    cdef public dict joins, consumed
 
     cpdef long start(self, tuple pieces, phase)
+
+    @cython.locals(row=tuple, staging=StagingMemory)
+    cpdef long start_ops(self, list rows, long at, long end)
+
+    @cython.locals(env=Clock, row=tuple, staging=StagingMemory, slab=Slab, at=long)
+    cpdef bint next_op(self)
 
     @cython.locals(env=Clock, pieces=tuple, run=long, at=Py_ssize_t, stage=long, count=Py_ssize_t, piece=tuple,
                    duration=double, stalled=double, desc=Descriptor, w=Py_ssize_t, n=Py_ssize_t, time_s=double,

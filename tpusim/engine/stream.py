@@ -17,7 +17,8 @@ stream *does* wait for is other resources:
 The stream is a generator driven by :class:`tpusim.engine.loop.Driver` (as a SimPy process
 would be: it yields a delay, or waits for a copy's landing). Where nothing is recorded, an op's
 pieces run in C (:class:`PieceRun`, the same steps), handed to the driver while they sleep or
-wait. Per op ``i`` it does (pseudocode of :func:`compute_stream`)::
+wait; so does a run of consecutive plain ops (no layer start, kernel launch or collective: a
+layer's routed experts), op after op, unless the event-by-event reference loop runs. Per op ``i`` it does (pseudocode of :func:`compute_stream`)::
 
     if op starts a layer: wait per_layer_overhead   # (or, per_layer_overhead_at each_op:
                                                 #  wait its share at every op of the layer)
@@ -113,9 +114,10 @@ class PieceRun(Steps):
     stream hands a run not done to its driver (:class:`~tpusim.engine.loop.Steps`), which
     resumes it, not the generator, until it is done."""
 
-    __slots__ = ("ahead", "at", "by_phase", "desc", "env", "exposed_by_family", "exposed_dma_s",
-                 "hbm", "mxu_busy_s", "phase", "phase_s", "phase_set", "pieces", "queue", "resume", "run",
-                 "run_ahead", "stage", "staging", "vpu_busy_s", "wait_start", "waited")
+    __slots__ = ("ahead", "at", "by_phase", "consumed", "desc", "env", "exposed_by_family", "exposed_dma_s",
+                 "hbm", "joins", "mxu_busy_s", "op_at", "op_end", "op_start", "op_times", "phase", "phase_s",
+                 "phase_set", "pieces", "queue", "resume", "rows", "run", "run_ahead", "stage", "staging",
+                 "vpu_busy_s", "wait_start", "waited")
 
     def __init__(self, env: EventLoop, staging: StagingMemory, hbm: HbmServer, run: int, resume: Any,
                  account: StreamAccount) -> None:
@@ -132,10 +134,39 @@ class PieceRun(Steps):
         self.delay, self.wait_start = 0.0, 0.0
         self.waiting = False
         self.desc: Any = None
+        # a run of plain ops (start_ops): the stream's rows, the op running and the run's end (0:
+        # one op's pieces only, start), the op's start; what the stream's op steps read and write
+        self.rows: list[tuple[Any, ...]] = []
+        self.op_at = self.op_end = 0
+        self.op_start = 0.0
+        self.op_times = account.op_time_s
+        self.joins: dict[int, float] = {}
+        self.consumed: dict[int, list[Handle]] = {}
 
     def start(self, pieces: tuple[tuple[Any, ...], ...], phase: str) -> int:
         """Run an op's pieces from the first (its phase: where their compute is summed)."""
         self.pieces, self.phase = pieces, phase
+        self.phase_s, self.phase_set = 0.0, False
+        self.at = self.waited = self.stage = 0
+        self.op_end = 0
+        return self.proceed()
+
+    def start_ops(self, rows: list[tuple[Any, ...]], at: int, end: int) -> int:
+        """Run the plain ops ``rows[at:end]`` (:func:`compute_stream`'s op steps for an op that
+        starts no layer, launches no kernel and runs no collective: its start releases, its
+        pieces, its end releases and resolutions, its time) one after another, as the stream
+        would, until one is waited for by a collective (``joins``, ``consumed``: the stream
+        does that one, from :attr:`op_at`). Returns as :meth:`proceed`; done, :attr:`op_at` is
+        the first op not run. The op at ``at`` is not waited for (the stream checked)."""
+        self.rows, self.op_at, self.op_end = rows, at, end
+        row = rows[at]
+        self.op_start = self.env.now
+        staging = self.staging
+        staging.current_op = row[5]
+        start_releases = row[6]
+        if start_releases:
+            staging.release_many(start_releases)
+        self.pieces, self.phase = row[8], row[7]
         self.phase_s, self.phase_set = 0.0, False
         self.at = self.waited = self.stage = 0
         return self.proceed()
@@ -143,76 +174,111 @@ class PieceRun(Steps):
     def proceed(self) -> int:
         """Go on from where it stopped (see the class docstring for what it returns)."""
         env = self.env
-        pieces = self.pieces
         run = self.run
-        at = self.at
-        stage = self.stage
-        count = len(pieces)
-        while at < count:
-            piece = pieces[at]
-            duration = piece[0]
-            if stage == 1:  # back from a wait: its exposed time
-                stalled = env.now - self.wait_start
-                self.exposed_dma_s += stalled
-                family = self.desc.family
-                self.exposed_by_family[family] = self.exposed_by_family.get(family, 0.0) + stalled
-                self.desc = None
-                self.waited += 1
-                stage = 0
-            if stage == 0:  # its waits (from the one after the last waited for), then its compute
-                waits = piece[2]
-                w = self.waited
-                n = len(waits)
-                while w < n:
-                    desc = waits[w]
-                    if desc.landed != run:  # exposed DMA: wait until it lands
-                        self.wait_start = env.now
-                        desc.waiter = self.resume
-                        self.desc = desc
-                        self.at, self.waited, self.stage = at, w, 1
-                        self.waiting = True
-                        return 2
-                    w += 1
+        while True:  # an op's pieces; in a run of plain ops (start_ops), then the next op's
+            pieces = self.pieces
+            at = self.at
+            stage = self.stage
+            count = len(pieces)
+            while at < count:
+                piece = pieces[at]
+                duration = piece[0]
+                if stage == 1:  # back from a wait: its exposed time
+                    stalled = env.now - self.wait_start
+                    self.exposed_dma_s += stalled
+                    family = self.desc.family
+                    self.exposed_by_family[family] = self.exposed_by_family.get(family, 0.0) + stalled
+                    self.desc = None
+                    self.waited += 1
+                    stage = 0
+                if stage == 0:  # its waits (from the one after the last waited for), then its compute
+                    waits = piece[2]
+                    w = self.waited
+                    n = len(waits)
+                    while w < n:
+                        desc = waits[w]
+                        if desc.landed != run:  # exposed DMA: wait until it lands
+                            self.wait_start = env.now
+                            desc.waiter = self.resume
+                            self.desc = desc
+                            self.at, self.waited, self.stage = at, w, 1
+                            self.waiting = True
+                            return 2
+                        w += 1
+                    if duration > 0.0:
+                        time_s = env.now + duration
+                        queue = self.queue
+                        if self.run_ahead and (not queue or queue[0][0] > time_s):  # running ahead (loop)
+                            env.now = time_s
+                            self.ahead += 1
+                        else:
+                            self.delay = duration
+                            self.at, self.stage = at, 2
+                            self.waiting = False
+                            return 1
+                # the piece's compute has ended
                 if duration > 0.0:
-                    time_s = env.now + duration
-                    queue = self.queue
-                    if self.run_ahead and (not queue or queue[0][0] > time_s):  # running ahead (loop)
-                        env.now = time_s
-                        self.ahead += 1
+                    if piece[1]:  # (VPU = 1, MXU = 0)
+                        self.vpu_busy_s += duration
                     else:
-                        self.delay = duration
-                        self.at, self.stage = at, 2
-                        self.waiting = False
-                        return 1
-            # the piece's compute has ended
-            if duration > 0.0:
-                if piece[1]:  # (VPU = 1, MXU = 0)
-                    self.vpu_busy_s += duration
-                else:
-                    self.mxu_busy_s += duration
-                if not self.phase_set:
-                    self.phase_s = self.by_phase.get(self.phase, 0.0)
-                    self.phase_set = True
-                self.phase_s += duration
-            staging = self.staging
-            for slab in piece[3]:
-                staging.free(slab)
-            releases = piece[4]
-            if releases:
-                staging.release_many(releases)
-            writes = piece[5]
-            if writes:
-                hbm = self.hbm
-                for desc in writes:
-                    hbm.enqueue(desc)
-                hbm.pump()
-            at += 1
-            stage = 0
-            self.waited = 0
-        if self.phase_set:
-            self.by_phase[self.phase] = self.phase_s
-        self.at, self.stage = at, 0
-        return 0
+                        self.mxu_busy_s += duration
+                    if not self.phase_set:
+                        self.phase_s = self.by_phase.get(self.phase, 0.0)
+                        self.phase_set = True
+                    self.phase_s += duration
+                staging = self.staging
+                for slab in piece[3]:
+                    staging.free(slab)
+                releases = piece[4]
+                if releases:
+                    staging.release_many(releases)
+                writes = piece[5]
+                if writes:
+                    hbm = self.hbm
+                    for desc in writes:
+                        hbm.enqueue(desc)
+                    hbm.pump()
+                at += 1
+                stage = 0
+                self.waited = 0
+            if self.phase_set:
+                self.by_phase[self.phase] = self.phase_s
+            self.at, self.stage = at, 0
+            if not self.op_end or not self.next_op():
+                return 0
+
+    def next_op(self) -> bool:
+        """In a run of plain ops (:meth:`start_ops`), after an op's pieces: the op's end (its
+        end releases, its resolutions, its time), then the next op's start, as the stream does
+        them. False when the run is done or the next op is the stream's (waited for)."""
+        env = self.env
+        staging = self.staging
+        row = self.rows[self.op_at]
+        end_releases = row[9]
+        if end_releases:
+            staging.release_many(end_releases)
+        for slab in row[10]:
+            staging.resolve(slab)
+        self.op_times.append(env.now - self.op_start)
+        at = self.op_at + 1
+        self.op_at = at
+        if at == self.op_end:
+            self.op_end = 0
+            return False
+        row = self.rows[at]
+        index = row[3]
+        if index in self.joins or index in self.consumed:  # the stream waits for its collectives
+            self.op_end = 0
+            return False
+        self.op_start = env.now
+        staging.current_op = row[5]
+        start_releases = row[6]
+        if start_releases:
+            staging.release_many(start_releases)
+        self.pieces, self.phase = row[8], row[7]
+        self.phase_s, self.phase_set = 0.0, False
+        self.at = self.waited = self.stage = 0
+        return True
 
 
 def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmServer, staging: StagingMemory,
@@ -244,19 +310,29 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
     block_s = per_layer_s if not share_by_layer else 0.0
     rows = lowered.op_rows  # each op's fields the loop reads, as one tuple (Lowered.op_rows)
     if rows is None:  # (its pieces as plain tuples: a NamedTuple unpacks through the iterator protocol)
-        rows = lowered.op_rows = [
-            (op, op.layer, op.first_of_layer, op.index, op.launch_s > 0.0 or op.kernel_fixed_s > 0.0, op.name,
-             op.start_releases, op.phase, tuple([tuple(piece) for piece in op.pieces]), op.end_releases,
-             op.resolves, op.collectives)
-            for op in lowered.ops
-        ]
+        rows = lowered.op_rows = _op_rows(lowered)
     op_times = account.op_time_s
     pieces_ahead = 0  # pieces run ahead (added to env.ran_ahead at the end: only a count)
     mxu_busy_s, vpu_busy_s = unit_busy  # each unit's busy time, summed here in order, stored at the end
     # nothing recorded: the pieces run in C (PieceRun), the same steps as the loop below
     runner = PieceRun(env, staging, hbm, run, resume, account) if recorder is None and events is None else None
-    for op, layer, first, index, launched, name, start_releases, phase, pieces, end_releases, resolves, collectives \
-            in rows:
+    if runner is not None:
+        runner.joins, runner.consumed = joins, consumed
+    # runs of plain ops in C (PieceRun.start_ops); the event-by-event reference does each op here
+    plain_runs = runner is not None and not share_by_layer and run_ahead
+    at, count = 0, len(rows)
+    while at < count:
+        op, layer, first, index, launched, name, start_releases, phase, pieces, end_releases, resolves, collectives, \
+            end = rows[at]
+        if end and plain_runs and not (index in joins or index in consumed):
+            # a run of plain ops (_op_rows), their op steps below, in C until one is waited for
+            if runner.start_ops(rows, at, end):  # asleep or waiting: the driver runs the rest
+                now = yield runner
+            else:
+                now = env.now
+            at = runner.op_at
+            continue
+        at += 1
         if first:
             account.layer_start_s.append((layer, now))
             if recorder is not None:
@@ -356,6 +432,31 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
     unit_busy[MXU], unit_busy[VPU] = mxu_busy_s, vpu_busy_s
     env.ran_ahead += pieces_ahead
     _finish_links(links, account)
+
+
+def _op_rows(lowered: Lowered) -> list[tuple[Any, ...]]:
+    """Each op's fields the stream reads, as one tuple (its pieces as plain tuples: a NamedTuple
+    unpacks through the iterator protocol), the last the end of the run of plain ops from it
+    (0: not plain). A plain op starts no layer, launches no kernel and runs no collective: the
+    stream's steps for it are its releases, its pieces and its time (PieceRun.start_ops)."""
+    ops = lowered.ops
+    plain = [not op.first_of_layer and not (op.launch_s > 0.0 or op.kernel_fixed_s > 0.0) and not op.collectives
+             for op in ops]
+    ends = [0] * len(ops)
+    end = 0
+    for position in range(len(ops) - 1, -1, -1):
+        if plain[position]:
+            if not end:
+                end = position + 1
+            ends[position] = end
+        else:
+            end = 0
+    return [
+        (op, op.layer, op.first_of_layer, op.index, op.launch_s > 0.0 or op.kernel_fixed_s > 0.0, op.name,
+         op.start_releases, op.phase, tuple([tuple(piece) for piece in op.pieces]), op.end_releases,
+         op.resolves, op.collectives, ends[position])
+        for position, op in enumerate(ops)
+    ]
 
 
 def _launch(env: EventLoop, op: OpPlan, account: StreamAccount,
