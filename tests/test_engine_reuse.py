@@ -167,7 +167,8 @@ def _with_copy_engine(chip: Chip, bandwidth_scale: float, latency_s: float) -> C
 def test_other_copy_engine_figures_reuse_the_step_exactly(hardware: str) -> None:
     """A step whose chip differs only in its HBM and DMA figures (read by the HBM server alone)
     runs on the kept lowering, reset, and its results equal a fresh lowering's with ``==``; a
-    chip with other compute figures is lowered afresh."""
+    chip with other compute figures is the kept lowering priced again (:mod:`tpusim.engine.reprice`,
+    ``tests/test_engine_reprice.py``), equal to its fresh lowering too."""
     program, chip = program_on("kimi-k3-mini", hardware, 1)
     other = _with_copy_engine(chip, 0.8, 2e-6)
     forget_lowerings()
@@ -185,8 +186,13 @@ def test_other_copy_engine_figures_reuse_the_step_exactly(hardware: str) -> None
         unit.model_copy(update={"peak_flops_per_s": {dtype: figure.model_copy(update={"value": figure.value / 2})
                                                    for dtype, figure in unit.peak_flops_per_s.items()}})
         if unit is vector else unit for unit in chip.compute]})
-    _results(program, "published", slower)
-    assert len(_KEPT) == 2  # compute figures are read by the lowering: not the same step
+    forget_lowerings()
+    fresh_slower = _results(program, "layer-double-buffer", slower)
+    forget_lowerings()
+    _results(program, "layer-double-buffer", chip)
+    lowered = _KEPT[-1].lowered
+    assert _results(program, "layer-double-buffer", slower) == fresh_slower
+    assert len(_KEPT) == 1 and _KEPT[-1].lowered is lowered  # compute figures only price it: repriced
 
 
 def test_a_programs_lowering_facts_live_as_long_as_the_program() -> None:
