@@ -44,7 +44,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -355,19 +355,11 @@ def held_out_folds(result: FitResult, *, spread: bool, dimensions: Sequence[str]
         return leave_one_group_out(result.problem, result.solver, folds=folds, spread=spread)
 
 
-@contextlib.contextmanager
-def _steps_kept(records: Sequence[Measurement]) -> Iterator[None]:
+def _steps_kept(records: Sequence[Measurement]) -> contextlib.AbstractContextManager[None]:
     """Within: the engine keeps a lowered step per record (:func:`tpusim.engine.reuse.lowerings_kept`):
     a fit's residuals walk the records in turn, and a point's next chip, moving only figures
     that price the pieces, reprices its kept step (:mod:`tpusim.engine.reprice`) where the
-    default few kept steps would each be dropped before its turn came round again. And the
-    cyclic collector paused (:func:`tpusim.collector.collector_paused`): each simulation leaves
-    thousands of new acyclic objects (the repriced pieces, the stream's rows of them, the kept
-    result), which the collections the engine's own pauses end in would scan again and again
-    (measured: a third of the TPU7x end-to-end fit's CPU time); a simulation leaves ~20 objects
-    in cycles, collected when the fit ends."""
-    from tpusim.collector import collector_paused
+    default few kept steps would each be dropped before its turn came round again."""
     from tpusim.engine.reuse import lowerings_kept  # imported late: the engine is the heavy part
 
-    with lowerings_kept(len(records)), collector_paused():
-        yield
+    return lowerings_kept(len(records))
