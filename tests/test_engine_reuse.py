@@ -233,3 +233,18 @@ def test_a_step_not_kept_runs_the_same_and_leaves_the_store_alone() -> None:
     assert store == _KEPT
     forget_lowerings()
     assert _results(program, "layer-double-buffer", chip) == not_kept  # a fresh, kept lowering: the same
+
+
+def test_steps_kept_for_a_walk_are_dropped_after_it() -> None:
+    """:func:`~tpusim.engine.reuse.lowerings_kept` (a fit walking its points) keeps one step a
+    point while it lasts; after it the limits and the store are back within the defaults."""
+    from tpusim.engine.reuse import _LIMITS, KEPT, lowerings_kept
+
+    chip = program_on("kimi-k3-mini", "tpu-v5e", 1)[1]
+    programs = [program_on("kimi-k3-mini", "tpu-v5e", batch)[0] for batch in range(1, KEPT + 3)]
+    forget_lowerings()
+    with lowerings_kept(len(programs)):
+        for program in programs:
+            simulate(program, load_schedule("naive"), chip)
+        assert [kept.program for kept in _KEPT] == programs
+    assert _LIMITS["steps"] == KEPT and [kept.program for kept in _KEPT] == programs[-KEPT:]

@@ -148,10 +148,7 @@ def lowered_step(program: Program, schedule: Schedule, chip: Chip, policy: Execu
             kept = _Kept(program, digest, chip, policy, lowered, inputs, structure, busy=True)
             with _LOCK:
                 _KEPT.append(kept)
-                copies = sum(known.lowered.descriptors for known in _KEPT)
-                while len(_KEPT) > _LIMITS["steps"] or (copies > _LIMITS["copies"] and len(_KEPT) > 1):
-                    copies -= _KEPT[0].lowered.descriptors
-                    _drop(_KEPT.pop(0))
+                _evict()
     held = lowered if kept is None else kept.lowered
     held.runs += 1  # this run's number: every copy's and slab's flag reads clear (module docstring)
     try:
@@ -203,8 +200,17 @@ def lowerings_kept(steps: int) -> Iterator[None]:
     try:
         yield
     finally:
-        with _LOCK:
-            _LIMITS["steps"] = before
+        with _LOCK:  # and the store back within them: the steps kept for the walk go now, not at
+            _LIMITS["steps"] = before  # the next lowerings (every full collection would traverse them)
+            _evict()
+
+
+def _evict() -> None:
+    """Drop the least recently used steps beyond the limits (the caller holds the lock)."""
+    copies = sum(known.lowered.descriptors for known in _KEPT)
+    while len(_KEPT) > _LIMITS["steps"] or (copies > _LIMITS["copies"] and len(_KEPT) > 1):
+        copies -= _KEPT[0].lowered.descriptors
+        _drop(_KEPT.pop(0))
 
 
 def lowering_inputs(chip: Chip, policy: ExecutionPolicy) -> tuple[Chip, ExecutionPolicy]:
