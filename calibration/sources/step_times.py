@@ -280,7 +280,7 @@ def fit_chip(
                       np.array([r.step_s for r in cal]), groups=groups_of(cal), start=start)
     options = SolverOptions(max_nfev=max_nfev, diff_step=diff_step, xtol=xtol, uncertainty_step=uncertainty_step,
                             hold_weak=hold_weak)
-    with _steps_kept(records):  # each residual walks every point's step: kept, repriced, not lowered again
+    with _steps_kept(len(records)):  # each residual walks every point's step: kept, repriced, not lowered again
         before = {r.key(): run(published, r) for r in split.calibration + split.holdout}
         solution = fit(problem, options)
     res, theta, free = solution.residuals, solution.values, solution.free
@@ -351,15 +351,15 @@ def held_out_folds(result: FitResult, *, spread: bool, dimensions: Sequence[str]
     if result.problem is None or result.solver is None:
         raise ValueError("this result was not fitted through calibration.core (no problem to refit)")
     folds = fold_groups(result.problem, dimensions) if dimensions is not None else None
-    with _steps_kept(result.records):
+    with _steps_kept(len(result.problem.indices)):  # a step per point of the problem refitted
         return leave_one_group_out(result.problem, result.solver, folds=folds, spread=spread)
 
 
-def _steps_kept(records: Sequence[Measurement]) -> contextlib.AbstractContextManager[None]:
+def _steps_kept(steps: int) -> contextlib.AbstractContextManager[None]:
     """Within: the engine keeps a lowered step per record (:func:`tpusim.engine.reuse.lowerings_kept`):
     a fit's residuals walk the records in turn, and a point's next chip, moving only figures
     that price the pieces, reprices its kept step (:mod:`tpusim.engine.reprice`) where the
     default few kept steps would each be dropped before its turn came round again."""
     from tpusim.engine.reuse import lowerings_kept  # imported late: the engine is the heavy part
 
-    return lowerings_kept(len(records))
+    return lowerings_kept(steps)
