@@ -237,14 +237,20 @@ def test_a_step_not_kept_runs_the_same_and_leaves_the_store_alone() -> None:
 
 def test_steps_kept_for_a_walk_are_dropped_after_it() -> None:
     """:func:`~tpusim.engine.reuse.lowerings_kept` (a fit walking its points) keeps one step a
-    point while it lasts; after it the limits and the store are back within the defaults."""
-    from tpusim.engine.reuse import _LIMITS, KEPT, lowerings_kept
+    point while it lasts; after it the limits and the store are back within them (the default
+    limits here; a process's record predictor may have raised them: set back after)."""
+    from tpusim.engine.reuse import _LIMITS, KEPT, KEPT_COPIES, keep_lowerings, lowerings_kept
 
     chip = program_on("kimi-k3-mini", "tpu-v5e", 1)[1]
     programs = [program_on("kimi-k3-mini", "tpu-v5e", batch)[0] for batch in range(1, KEPT + 3)]
-    forget_lowerings()
-    with lowerings_kept(len(programs)):
-        for program in programs:
-            simulate(program, load_schedule("naive"), chip)
-        assert [kept.program for kept in _KEPT] == programs
-    assert _LIMITS["steps"] == KEPT and [kept.program for kept in _KEPT] == programs[-KEPT:]
+    limits = dict(_LIMITS)
+    keep_lowerings(KEPT, KEPT_COPIES)
+    try:
+        forget_lowerings()
+        with lowerings_kept(len(programs)):
+            for program in programs:
+                simulate(program, load_schedule("naive"), chip)
+            assert [kept.program for kept in _KEPT] == programs
+        assert _LIMITS["steps"] == KEPT and [kept.program for kept in _KEPT] == programs[-KEPT:]
+    finally:
+        keep_lowerings(limits["steps"], limits["copies"])
