@@ -167,7 +167,8 @@ def _with_copy_engine(chip: Chip, bandwidth_scale: float, latency_s: float) -> C
 def test_other_copy_engine_figures_reuse_the_step_exactly(hardware: str) -> None:
     """A step whose chip differs only in its HBM and DMA figures (read by the HBM server alone)
     runs on the kept lowering, reset, and its results equal a fresh lowering's with ``==``; a
-    chip with other compute figures is lowered afresh."""
+    chip with other compute figures is the kept lowering priced again (:mod:`tpusim.engine.reprice`,
+    ``tests/test_engine_reprice.py``), equal to its fresh lowering too."""
     program, chip = program_on("kimi-k3-mini", hardware, 1)
     other = _with_copy_engine(chip, 0.8, 2e-6)
     forget_lowerings()
@@ -185,8 +186,13 @@ def test_other_copy_engine_figures_reuse_the_step_exactly(hardware: str) -> None
         unit.model_copy(update={"peak_flops_per_s": {dtype: figure.model_copy(update={"value": figure.value / 2})
                                                    for dtype, figure in unit.peak_flops_per_s.items()}})
         if unit is vector else unit for unit in chip.compute]})
-    _results(program, "published", slower)
-    assert len(_KEPT) == 2  # compute figures are read by the lowering: not the same step
+    forget_lowerings()
+    fresh_slower = _results(program, "layer-double-buffer", slower)
+    forget_lowerings()
+    _results(program, "layer-double-buffer", chip)
+    lowered = _KEPT[-1].lowered
+    assert _results(program, "layer-double-buffer", slower) == fresh_slower
+    assert len(_KEPT) == 1 and _KEPT[-1].lowered is lowered  # compute figures only price it: repriced
 
 
 def test_a_programs_lowering_facts_live_as_long_as_the_program() -> None:
@@ -227,3 +233,24 @@ def test_a_step_not_kept_runs_the_same_and_leaves_the_store_alone() -> None:
     assert store == _KEPT
     forget_lowerings()
     assert _results(program, "layer-double-buffer", chip) == not_kept  # a fresh, kept lowering: the same
+
+
+def test_steps_kept_for_a_walk_are_dropped_after_it() -> None:
+    """:func:`~tpusim.engine.reuse.lowerings_kept` (a fit walking its points) keeps one step a
+    point while it lasts; after it the limits and the store are back within them (the default
+    limits here; a process's record predictor may have raised them: set back after)."""
+    from tpusim.engine.reuse import _LIMITS, KEPT, KEPT_COPIES, keep_lowerings, lowerings_kept
+
+    chip = program_on("kimi-k3-mini", "tpu-v5e", 1)[1]
+    programs = [program_on("kimi-k3-mini", "tpu-v5e", batch)[0] for batch in range(1, KEPT + 3)]
+    limits = dict(_LIMITS)
+    keep_lowerings(KEPT, KEPT_COPIES)
+    try:
+        forget_lowerings()
+        with lowerings_kept(len(programs)):
+            for program in programs:
+                simulate(program, load_schedule("naive"), chip)
+            assert [kept.program for kept in _KEPT] == programs
+        assert _LIMITS["steps"] == KEPT and [kept.program for kept in _KEPT] == programs[-KEPT:]
+    finally:
+        keep_lowerings(limits["steps"], limits["copies"])

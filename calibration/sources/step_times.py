@@ -41,6 +41,7 @@ Steps (:func:`fit_chip`):
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Sequence
@@ -274,13 +275,14 @@ def fit_chip(
             "hold out fewer points or fit fewer parameters"
         )
     fitted_on = describe_records(cal)
-    before = {r.key(): run(published, r) for r in split.calibration + split.holdout}
     problem = Problem("step times", published, published, specs,
                       lambda chip, points: np.array([run(chip, cal[i]) for i in points]),
                       np.array([r.step_s for r in cal]), groups=groups_of(cal), start=start)
     options = SolverOptions(max_nfev=max_nfev, diff_step=diff_step, xtol=xtol, uncertainty_step=uncertainty_step,
                             hold_weak=hold_weak)
-    solution = fit(problem, options)
+    with _steps_kept(len(records)):  # each residual walks every point's step: kept, repriced, not lowered again
+        before = {r.key(): run(published, r) for r in split.calibration + split.holdout}
+        solution = fit(problem, options)
     res, theta, free = solution.residuals, solution.values, solution.free
     paths = solution.problem.paths
     sigma = solution.sigma
@@ -349,4 +351,15 @@ def held_out_folds(result: FitResult, *, spread: bool, dimensions: Sequence[str]
     if result.problem is None or result.solver is None:
         raise ValueError("this result was not fitted through calibration.core (no problem to refit)")
     folds = fold_groups(result.problem, dimensions) if dimensions is not None else None
-    return leave_one_group_out(result.problem, result.solver, folds=folds, spread=spread)
+    with _steps_kept(len(result.problem.indices)):  # a step per point of the problem refitted
+        return leave_one_group_out(result.problem, result.solver, folds=folds, spread=spread)
+
+
+def _steps_kept(steps: int) -> contextlib.AbstractContextManager[None]:
+    """Within: the engine keeps a lowered step per record (:func:`tpusim.engine.reuse.lowerings_kept`):
+    a fit's residuals walk the records in turn, and a point's next chip, moving only figures
+    that price the pieces, reprices its kept step (:mod:`tpusim.engine.reprice`) where the
+    default few kept steps would each be dropped before its turn came round again."""
+    from tpusim.engine.reuse import lowerings_kept  # imported late: the engine is the heavy part
+
+    return lowerings_kept(steps)

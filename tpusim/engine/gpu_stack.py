@@ -47,6 +47,7 @@ from tpusim.engine.gpu_fusion import (
     RADIX_ROUTER,
     SINGLE_CTA_ROUTER,
     SMALL,
+    OpKernels,
     StackTable,
     load_stack,
     op_kernels,
@@ -145,9 +146,13 @@ def _gemm_operands(op: Op, count: int, gpu: GpuExecution) -> list[tuple[int, int
     return out
 
 
-def _grouped_operands(ops: list[Op], first: int, gpu: GpuExecution) -> list[tuple[int, int]]:
-    """(bytes, CTAs) of the two grouped GEMMs (gate/up, down) over a layer's routed experts."""
-    experts = [op for op in ops[first:] if op.role == EXPERT_ROLE and op.layer == ops[first].layer]
+def _grouped_operands(ops: list[Op], first: int, gpu: GpuExecution,
+                      experts_of: dict[int, list[tuple[int, Op]]] | None = None) -> list[tuple[int, int]]:
+    """(bytes, CTAs) of the two grouped GEMMs (gate/up, down) over a layer's routed experts
+    (``experts_of``: :func:`_experts_by_layer` of ``ops``, made once by a caller asking per layer)."""
+    if experts_of is None:
+        experts_of = _experts_by_layer(ops)
+    experts = [op for index, op in experts_of.get(ops[first].layer, ()) if index >= first]
     out = []
     for position in (0, 1):
         tensors = [op.tensors[position] for op in experts if len(op.tensors) > position]
@@ -156,20 +161,33 @@ def _grouped_operands(ops: list[Op], first: int, gpu: GpuExecution) -> list[tupl
     return out
 
 
-def stack_kernels(chip: Chip, program: Program) -> list[list[StackKernel]]:
+def _experts_by_layer(ops: list[Op]) -> dict[int, list[tuple[int, Op]]]:
+    """Per layer, its routed experts' (index, op) in program order."""
+    experts: dict[int, list[tuple[int, Op]]] = {}
+    for index, op in enumerate(ops):
+        if op.role == EXPERT_ROLE:
+            experts.setdefault(op.layer, []).append((index, op))
+    return experts
+
+
+def stack_kernels(chip: Chip, program: Program, layout: OpKernels | None = None) -> list[list[StackKernel]]:
     """Per op of ``program``: the serving stack's kernels launched before it (see the module
-    docstring); an op fused into an earlier kernel gets none."""
+    docstring); an op fused into an earlier kernel gets none (``layout``: ``op_kernels`` of
+    ``program`` on the chip's stack, where the caller has it)."""
     gpu = _figures(chip)
     ops = program.ops
     stack = chip_stack(chip)
-    layout = op_kernels(program, stack)
+    if layout is None:
+        layout = op_kernels(program, stack)
+    experts_of = _experts_by_layer(ops)
     out: list[list[StackKernel]] = []
     for index, (op, kinds) in enumerate(zip(ops, layout.kinds, strict=True)):
         kernels: list[StackKernel] = []
         if kinds:
             gemms = [kind for kind in kinds if kind == GEMM]
             operands = iter(_gemm_operands(op, len(gemms), gpu) if gemms else [])
-            grouped = iter(_grouped_operands(ops, index, gpu) if op.role == EXPERT_ROLE else [(0, 0), (0, 0)])
+            grouped = iter(_grouped_operands(ops, index, gpu, experts_of) if op.role == EXPERT_ROLE
+                           else [(0, 0), (0, 0)])
             low_precision = any(tensor.fmt.name in LOW_PRECISION_FORMATS for tensor in op.tensors)
             if stack.quantize_kernels and (GEMM in kinds or op.role == EXPERT_ROLE) and low_precision:
                 kernels.append(StackKernel(index, SMALL, QUANTIZE, op.role, 0, 0, kernel_fixed_s(gpu, SMALL), 0.0))
@@ -186,7 +204,7 @@ def stack_kernel_plan(chip: Chip, program: Program) -> KernelPlan:
     op's kernels' fixed time and ramp as ``fixed_s``."""
     stack = chip_stack(chip)
     layout = op_kernels(program, stack)
-    kernels = stack_kernels(chip, program)
+    kernels = stack_kernels(chip, program, layout)
     names = tuple(
         f"{len(these)} kernel{'s' if len(these) != 1 else ''} (graph): "
         + ", ".join(kernel.what for kernel in these) if these else ""

@@ -8,8 +8,12 @@ benchmark's warm runs, a caller that simulates a step it simulated before) need 
 them again, nor size its VMEM again (:func:`step_vmem_plan`). The run only flips the state of
 those objects (a copy lands, a slab is reserved and freed, a pool's admission pointer moves),
 so after a run they are set back to their state as lowered and the lowered step is run again.
-A step with other chip figures (a calibration's next point) or another schedule (a sweep's
-next candidate) is lowered afresh.
+A step with another schedule (a sweep's next candidate) is lowered afresh; a step whose chip
+differs only in figures that price the pieces (a calibration's next point: the compute units,
+the links, the launch and per-step and per-layer costs; :func:`structure_inputs`) takes the kept
+step of the same structure and prices it again in place (:mod:`tpusim.engine.reprice`: the
+same pieces, exactly the fresh lowering's times), or is lowered afresh where the new figures
+would change the pieces themselves.
 
 The key is the inputs by value, as :func:`tpusim.schedule.program_issue.cached_issue_plan`
 keys its plans: the program by identity (the cache holds it, so the identity cannot be
@@ -19,7 +23,7 @@ value equality; a policy holding a closure made per call never compares equal, s
 lowered afresh: a miss, never a wrong hit) — all of them but the copy engine's figures
 (:func:`lowering_inputs`: the HBM bandwidth and the DMA spec, which only the HBM server reads),
 so a calibration fitting those (the tpu-v5e kernel fit moves only the HBM bandwidth) runs each
-of its points' steps lowered once. Recent steps are kept (LRU: ``KEPT`` steps holding at
+of its points' steps lowered once (and one moving compute figures, repriced). Recent steps are kept (LRU: ``KEPT`` steps holding at
 most ``KEPT_COPIES`` copies; a caller re-simulating more steps in turn raises both with
 :func:`keep_lowerings`, as the calibration's record predictor does);
 :func:`forget_lowerings` empties the store (a cold benchmark; the tests of the reset). A run
@@ -50,6 +54,7 @@ from hwmodels.schema import Chip
 from tpusim.engine.build import Lowered, lower
 from tpusim.engine.execution import ExecutionPolicy
 from tpusim.engine.items import Descriptor, Ring
+from tpusim.engine.reprice import StepPrices, reprice, repriceable, step_prices
 from tpusim.schedule.schema import Schedule
 from tpusim.schedule.vmem import VmemPlan, vmem_plan
 from tpusim.workload.program import Program
@@ -67,6 +72,8 @@ class _Kept:
     policy: ExecutionPolicy
     lowered: Lowered
     inputs: tuple[Chip, ExecutionPolicy]  # lowering_inputs(chip, policy)
+    structure: tuple[Chip, ExecutionPolicy] | None  # structure_inputs(chip, policy) (None: not repriceable)
+    prices: StepPrices | None = None  # what repricing reads, made at the first (reprice.step_prices)
     # what a reset sets back, gathered at the first reuse (a step run once never pays for it)
     rings: list[Ring] | None = None
     busy: bool = False  # a run holds it (its state is that run's)
@@ -103,15 +110,32 @@ def lowered_step(program: Program, schedule: Schedule, chip: Chip, policy: Execu
     run holds (another thread) is not shared: this run lowers its own copy, not kept."""
     digest = schedule.content_hash()
     inputs = lowering_inputs(chip, policy)
+    structure = structure_inputs(chip, policy) if repriceable(schedule, policy) else None
+    similar = None  # a kept step of the same structure, to be priced for these figures
     with _LOCK:
         position, kept = next(((position, kept) for position, kept in enumerate(_KEPT)
                                if kept.program is program and kept.schedule_hash == digest
                                and ((kept.chip is chip and kept.policy == policy) or kept.inputs == inputs)),
                               (-1, None))
         busy = kept is not None and kept.busy
-        if kept is not None and not busy:
+        if kept is None and structure is not None:
+            position, similar = next(((position, known) for position, known in enumerate(_KEPT)
+                                      if known.program is program and known.schedule_hash == digest
+                                      and not known.busy and known.structure == structure), (-1, None))
+        if similar is not None:
+            similar.busy = True
+            _KEPT.append(_KEPT.pop(position))
+        elif kept is not None and not busy:
             kept.busy = True
             _KEPT.append(_KEPT.pop(position))  # most recently used last
+    if similar is not None:
+        if similar.prices is None:
+            similar.prices = step_prices(similar.lowered, program, schedule, similar.chip, similar.policy, vmem)
+        if reprice(similar.lowered, similar.prices, program, schedule, chip, policy, vmem):
+            similar.chip, similar.policy, similar.inputs = chip, policy, inputs
+            kept = similar
+        else:  # the figures change the pieces themselves: lowered afresh (the kept step is unchanged)
+            similar.busy = False
     disposable = False
     if kept is not None and not busy:
         _reset(kept)
@@ -121,13 +145,10 @@ def lowered_step(program: Program, schedule: Schedule, chip: Chip, policy: Execu
         if busy or disposable:
             kept = None
         else:
-            kept = _Kept(program, digest, chip, policy, lowered, inputs, busy=True)
+            kept = _Kept(program, digest, chip, policy, lowered, inputs, structure, busy=True)
             with _LOCK:
                 _KEPT.append(kept)
-                copies = sum(known.lowered.descriptors for known in _KEPT)
-                while len(_KEPT) > _LIMITS["steps"] or (copies > _LIMITS["copies"] and len(_KEPT) > 1):
-                    copies -= _KEPT[0].lowered.descriptors
-                    _drop(_KEPT.pop(0))
+                _evict()
     held = lowered if kept is None else kept.lowered
     held.runs += 1  # this run's number: every copy's and slab's flag reads clear (module docstring)
     try:
@@ -168,6 +189,30 @@ def keep_lowerings(steps: int, copies: int) -> None:
         _LIMITS["steps"], _LIMITS["copies"] = steps, copies
 
 
+@contextlib.contextmanager
+def lowerings_kept(steps: int) -> Iterator[None]:
+    """Within: at least ``steps`` lowered steps kept (the copies' limit unchanged), the limits as
+    they were after. For a caller that walks ``steps`` steps in turn, again and again (a fit's
+    residual over its points): each finds its step kept, reset or repriced, not lowered again."""
+    with _LOCK:
+        before = _LIMITS["steps"]
+        _LIMITS["steps"] = max(before, steps)
+    try:
+        yield
+    finally:
+        with _LOCK:  # and the store back within them: the steps kept for the walk go now, not at
+            _LIMITS["steps"] = before  # the next lowerings (every full collection would traverse them)
+            _evict()
+
+
+def _evict() -> None:
+    """Drop the least recently used steps beyond the limits (the caller holds the lock)."""
+    copies = sum(known.lowered.descriptors for known in _KEPT)
+    while len(_KEPT) > _LIMITS["steps"] or (copies > _LIMITS["copies"] and len(_KEPT) > 1):
+        copies -= _KEPT[0].lowered.descriptors
+        _drop(_KEPT.pop(0))
+
+
 def lowering_inputs(chip: Chip, policy: ExecutionPolicy) -> tuple[Chip, ExecutionPolicy]:
     """What of ``chip`` and ``policy`` lowering reads, for the store's key: everything but the
     copy engine's figures — the HBM (``policy.hbm_bandwidth_bytes_per_s`` is derived from it)
@@ -178,6 +223,21 @@ def lowering_inputs(chip: Chip, policy: ExecutionPolicy) -> tuple[Chip, Executio
         return chip, policy
     return (chip.model_copy(update={"hbm": None, "dma": None, "calibration": None}),
             dataclasses.replace(policy, hbm_bandwidth_bytes_per_s=0.0))
+
+
+def structure_inputs(chip: Chip, policy: ExecutionPolicy) -> tuple[Chip, ExecutionPolicy]:
+    """What of ``chip`` and ``policy`` the lowered step's structure (its copies, slabs and pieces)
+    depends on: :func:`lowering_inputs` less the figures that only price the pieces (the compute
+    units, the links), each op's launches (the launch cost) or the run (the per-step and per-layer
+    costs). Two steps of equal structure inputs differ only in times, which
+    :func:`tpusim.engine.reprice.reprice` writes (or declines, where a time becoming zero or
+    nonzero would add or drop a piece)."""
+    reduced, reduced_policy = lowering_inputs(chip, policy)
+    execution = chip.execution.model_copy(update={
+        "launch_overhead_s": None, "per_step_overhead_s": None, "per_layer_overhead_s": None})
+    return (reduced.model_copy(update={"compute": [], "links": [], "execution": execution}),
+            dataclasses.replace(reduced_policy, launch_overhead_s=0.0, per_step_overhead_s=0.0,
+                                per_layer_overhead_s=0.0))
 
 
 def forget_lowerings() -> None:

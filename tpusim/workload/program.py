@@ -255,9 +255,17 @@ def _block_ops(block: Block, ctx: _BlockContext, expert_rows: Sequence[int] = ()
     :func:`_op_cost`; a repeated op (the routed experts) once per entry of ``expert_rows``."""
     ops: list[Op] = []
     for spec in block.present_ops(ctx.tensors):
-        if spec.repeated:
-            ops += [_op(block, spec, ctx, expert_op(index), rows, expert_index=index)
-                    for index, rows in enumerate(expert_rows)]
+        if spec.repeated:  # experts of equal rows are one op but for name and index: priced once per rows
+            priced: dict[int, Op] = {}
+            for index, rows in enumerate(expert_rows):
+                like = priced.get(rows)
+                if like is None:
+                    ops.append(priced.setdefault(rows, _op(block, spec, ctx, expert_op(index), rows,
+                                                            expert_index=index)))
+                else:
+                    ops.append(Op(expert_op(index), like.role, like.layer, like.phase, like.unit, like.tensors,
+                                  like.matmuls, like.vector_flops, like.kv_read_bytes, like.kv_write_bytes, index,
+                                  like.collectives))
         else:
             ops.append(_op(block, spec, ctx, spec.name, ctx.rows))
     return ops
