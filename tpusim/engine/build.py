@@ -273,34 +273,47 @@ def _lower_state(b: Builder, op: Op, plan_: OpPlan, vector_s: float) -> float:
     return 0.0
 
 
-def _lower_kv_tiles(b: Builder, op: Op, plan_: OpPlan, vector_s: float) -> float:
-    """MLA / GQA core: the cache streams in ``kv_tile_tokens`` tiles through ``kv_buffers``; each
-    tile's products as it lands, the op's vector work after the last (returned). A chip whose
-    ``execution.attention_core_s_per_token`` is set (the kernel's KV loop from the compiler's
-    schedule) prices each tile's whole code instead, products and vector work together, as a
-    VPU piece at that tile (the kernel folds a tile before it refills its buffer): 0.0 left."""
+def kv_tile_prices(b: Builder, op: Op, dtype: str) -> tuple[list[tuple[int, float, Any]], bool]:
+    """The MLA / GQA core's KV tiles as (bytes, seconds, unit), in order, and whether the chip
+    prices the tile's code (``execution.attention_core_s_per_token`` set: one VPU piece a tile,
+    products and vector work together) rather than its products (an MXU piece a tile, the op's
+    vector work after the last). One owner for the lowering and :mod:`tpusim.engine.reprice`."""
     program = b.program
     per_token = b.facts.kv_bytes_per_token(program, op.layer) * program.kv_sequences
     tile_bytes = b.schedule.kv_tile_tokens * per_token if per_token else op.kv_read_bytes
     tiles = max(1, math.ceil(op.kv_read_bytes / tile_bytes))
     execution = b.chip.execution
-    coded = execution.attention_core_s_per_token is not None and per_token
+    coded = bool(execution.attention_core_s_per_token is not None and per_token)
     if coded:
         token_s = execution.attention_core_s_per_token.value
         tile_s = execution.attention_core_s_per_tile.value if execution.attention_core_s_per_tile is not None else 0.0
     else:
-        matmul_s = b.op_matmul_s(op, b.facts.dtypes[plan_.index])
+        matmul_s = b.op_matmul_s(op, dtype)
+    out = []
     left = op.kv_read_bytes
-    for tile in range(tiles):
+    for _tile in range(tiles):
         size = min(tile_bytes, left)
         left -= size
+        if coded:
+            out.append((size, tile_s + token_s * size / per_token, VPU))
+        else:
+            out.append((size, matmul_s * size / op.kv_read_bytes, MXU))
+    return out, coded
+
+
+def _lower_kv_tiles(b: Builder, op: Op, plan_: OpPlan, vector_s: float) -> float:
+    """MLA / GQA core: the cache streams in ``kv_tile_tokens`` tiles through ``kv_buffers``; each
+    tile's products as it lands, the op's vector work after the last (returned). A chip whose
+    ``execution.attention_core_s_per_token`` is set (the kernel's KV loop from the compiler's
+    schedule or the ``mla_core`` probe) prices each tile's whole code instead, products and
+    vector work together, as a VPU piece at that tile (the kernel folds a tile before it refills
+    its buffer): 0.0 left (:func:`kv_tile_prices`)."""
+    prices, coded = kv_tile_prices(b, op, b.facts.dtypes[plan_.index])
+    for tile, (size, seconds, unit) in enumerate(prices):
         slab = b.new_slab(KV_FAMILY, "kv.tile", op.layer, plan_.index, b.kv_pool, b.kv_ring)
         b.add_desc(slab, KV_FAMILY, "kv.tile", op.layer, tile, size)
         plan_.start_releases.append(slab)
-        if coded:
-            plan_.pieces.append(Piece(tile_s + token_s * size / per_token, VPU, slab.descs, (slab,)))
-        else:
-            plan_.pieces.append(Piece(matmul_s * size / op.kv_read_bytes, MXU, slab.descs, (slab,)))
+        plan_.pieces.append(Piece(seconds, unit, slab.descs, (slab,)))
     return 0.0 if coded else vector_s
 
 

@@ -23,11 +23,10 @@ into the winners' shares after lowering: :mod:`tpusim.engine.expert_release`).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from hwmodels.schema import Chip, LinkSpec
-from tpusim.engine.build import Lowered, _program_collectives
+from tpusim.engine.build import Lowered, _program_collectives, kv_tile_prices
 from tpusim.engine.execution import ExecutionPolicy
 from tpusim.engine.items import MXU, VPU, Piece
 from tpusim.engine.lowering import Builder
@@ -207,24 +206,9 @@ def _op_times(b: Builder, program: Program, index: int, op: Op) -> list[tuple[fl
 
 def _kv_tile_times(b: Builder, program: Program, op: Op, dtype: str, vector_s: float,
                    times: list[tuple[float, int]]) -> float:
-    """:func:`~tpusim.engine.build._lower_kv_tiles`'s pieces, prices only; returns the vector
-    time left for the trailing piece."""
-    per_token = b.facts.kv_bytes_per_token(program, op.layer) * program.kv_sequences
-    tile_bytes = b.schedule.kv_tile_tokens * per_token if per_token else op.kv_read_bytes
-    tiles = max(1, math.ceil(op.kv_read_bytes / tile_bytes))
-    execution = b.chip.execution
-    coded = execution.attention_core_s_per_token is not None and per_token
-    if coded:
-        token_s = execution.attention_core_s_per_token.value
-        tile_s = execution.attention_core_s_per_tile.value if execution.attention_core_s_per_tile is not None else 0.0
-    else:
-        matmul_s = b.op_matmul_s(op, dtype)
-    left = op.kv_read_bytes
-    for _tile in range(tiles):
-        size = min(tile_bytes, left)
-        left -= size
-        if coded:
-            times.append((tile_s + token_s * size / per_token, VPU))
-        else:
-            times.append((matmul_s * size / op.kv_read_bytes, MXU))
+    """:func:`~tpusim.engine.build._lower_kv_tiles`'s pieces, prices only
+    (:func:`~tpusim.engine.build.kv_tile_prices`); returns the vector time left for the trailing
+    piece."""
+    prices, coded = kv_tile_prices(b, op, dtype)
+    times.extend((seconds, unit) for _size, seconds, unit in prices)
     return 0.0 if coded else vector_s
