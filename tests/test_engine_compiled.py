@@ -26,18 +26,14 @@ import os
 import pickle
 import subprocess
 import sys
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
+from engine_programs import program_on
 
-from hwmodels.catalog import make_system
-from hwmodels.schema import Chip
 from tpusim.engine import InfeasibleSchedule, native, simulate
 from tpusim.schedule.schema import load_schedule
-from tpusim.workload.model_catalog import load_model, plan_for
-from tpusim.workload.program import Program, build_program
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,17 +53,10 @@ CASES: tuple[tuple[str, str, int, str, str], ...] = (
 )
 
 
-@cache
-def _program_on(model: str, hardware: str, batch: int) -> tuple[Program, Chip]:
-    system = make_system(hardware, 16, calibrated=False)
-    loaded = load_model(model)
-    plan = plan_for(loaded, system.devices, devices_per_chip=system.chip.devices_per_chip)
-    return build_program(loaded, plan, batch=batch), system.chip
-
 
 def _everything(model: str, hardware: str, batch: int, schedule: str, options: str) -> object:
     """Every simulated number of one case (a refused one: its message)."""
-    program, chip = _program_on(model, hardware, batch)
+    program, chip = program_on(model, hardware, batch)
     try:
         result = simulate(program, load_schedule(schedule), chip, record_timeline=options == "timeline",
                           event_by_event=options == "event_by_event",

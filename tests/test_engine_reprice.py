@@ -16,12 +16,11 @@ zero) is lowered afresh, the kept step untouched.
 from __future__ import annotations
 
 import dataclasses
-from functools import cache
 
 import pytest
+from engine_programs import program_on
 
 from calibration.core.parameters import chip_with, figure_value
-from hwmodels.catalog import make_system
 from hwmodels.schema import Chip
 from tpusim.engine import InfeasibleSchedule, simulate
 from tpusim.engine.build import Lowered, lower
@@ -29,8 +28,7 @@ from tpusim.engine.policy import execution_policy
 from tpusim.engine.reuse import _KEPT, forget_lowerings
 from tpusim.schedule.schema import BUILTIN_SCHEDULES, load_schedule
 from tpusim.schedule.vmem import vmem_plan
-from tpusim.workload.model_catalog import load_model, plan_for
-from tpusim.workload.program import Program, build_program
+from tpusim.workload.program import Program
 
 # figure path -> factor, per chip: each kind a calibration moves (tpusim.engine.reuse.structure_inputs)
 MOVES = {
@@ -54,13 +52,6 @@ MOVES = {
     },
 }
 
-
-@cache
-def program_on(model: str, hardware: str, batch: int) -> tuple[Program, Chip]:
-    system = make_system(hardware, 16, calibrated=False)
-    loaded = load_model(model)
-    plan = plan_for(loaded, system.devices, devices_per_chip=system.chip.devices_per_chip)
-    return build_program(loaded, plan, batch=batch), system.chip
 
 
 def moved(chip: Chip, paths: dict[str, float]) -> Chip:

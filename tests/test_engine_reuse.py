@@ -11,11 +11,10 @@ lowering's collectives (step 5), shared by every schedule of one program on one 
 from __future__ import annotations
 
 import dataclasses
-from functools import cache
 
 import pytest
+from engine_programs import program_on
 
-from hwmodels.catalog import make_system
 from hwmodels.schema import Chip
 from tpusim.engine import InfeasibleSchedule, build, simulate
 from tpusim.engine.build import Lowered
@@ -33,13 +32,6 @@ from tpusim.workload.program import Program, build_program
 DESC_FLAGS = ("landed",)
 SLAB_FLAGS = ("released", "freed", "free_on_land")
 
-
-@cache
-def program_on(model: str, hardware: str, batch: int) -> tuple[Program, Chip]:
-    system = make_system(hardware, 16, calibrated=False)
-    loaded = load_model(model)
-    plan = plan_for(loaded, system.devices, devices_per_chip=system.chip.devices_per_chip)
-    return build_program(loaded, plan, batch=batch), system.chip
 
 
 def _results(program: Program, schedule: str, chip: Chip) -> object:

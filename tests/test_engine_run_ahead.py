@@ -11,16 +11,12 @@ VPU conversion before the products).
 from __future__ import annotations
 
 import dataclasses
-from functools import cache
 
 import pytest
+from engine_programs import program_on
 
-from hwmodels.catalog import make_system
-from hwmodels.schema import Chip
 from tpusim.engine import InfeasibleSchedule, SimResult, simulate
 from tpusim.schedule.schema import BUILTIN_SCHEDULES, load_schedule
-from tpusim.workload.model_catalog import load_model, plan_for
-from tpusim.workload.program import Program, build_program
 
 # Engine events (queue entries) for one K3 step, published schedule, batch 1, 16 TPU v7: 10,481
 # with one entry per piece and per copy event (the reference loop, issue 49), 4,117 running
@@ -28,13 +24,6 @@ from tpusim.workload.program import Program, build_program
 # leaves ~10 % for new mechanisms; one that multiplies events fails here.
 K3_PUBLISHED_B1_EVENT_BUDGET = 4_550
 
-
-@cache
-def program_on(model: str, hardware: str, batch: int) -> tuple[Program, Chip]:
-    system = make_system(hardware, 16, calibrated=False)
-    loaded = load_model(model)
-    plan = plan_for(loaded, system.devices, devices_per_chip=system.chip.devices_per_chip)
-    return build_program(loaded, plan, batch=batch), system.chip
 
 
 def _run(model: str, hardware: str, batch: int, schedule: str, *, event_by_event: bool,

@@ -1,0 +1,20 @@
+"""A built-in model's program on 16 chips of a catalog system, built once per process: the engine
+tests' common input (reuse, run-ahead, repricing, the compiled engine)."""
+
+from __future__ import annotations
+
+from functools import cache
+
+from hwmodels.catalog import make_system
+from hwmodels.schema import Chip
+from tpusim.workload.model_catalog import load_model, plan_for
+from tpusim.workload.program import Program, build_program
+
+
+@cache
+def program_on(model: str, hardware: str, batch: int) -> tuple[Program, Chip]:
+    """``model``'s program at ``batch`` on 16 ``hardware`` chips (uncalibrated), and the chip."""
+    system = make_system(hardware, 16, calibrated=False)
+    loaded = load_model(model)
+    plan = plan_for(loaded, system.devices, devices_per_chip=system.chip.devices_per_chip)
+    return build_program(loaded, plan, batch=batch), system.chip
