@@ -26,8 +26,10 @@ cdef class PieceRun(Steps):  # (not final: Cython refuses a final subclass overr
 
     cpdef long start(self, tuple pieces, phase)
 
-    @cython.locals(row=tuple, staging=StagingMemory)
     cpdef long start_ops(self, list rows, long at, long end)
+
+    @cython.locals(staging=StagingMemory)
+    cpdef void enter_op(self, tuple row)
 
     @cython.locals(env=Clock, row=tuple, staging=StagingMemory, slab=Slab, at=long)
     cpdef bint next_op(self)

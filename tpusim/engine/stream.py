@@ -159,7 +159,12 @@ class PieceRun(Steps):
         does that one, from :attr:`op_at`). Returns as :meth:`proceed`; done, :attr:`op_at` is
         the first op not run. The op at ``at`` is not waited for (the stream checked)."""
         self.rows, self.op_at, self.op_end = rows, at, end
-        row = rows[at]
+        self.enter_op(rows[at])
+        return self.proceed()
+
+    def enter_op(self, row: tuple[Any, ...]) -> None:
+        """Begin the op of ``row`` (one of :attr:`rows`): its start time, its start releases, its
+        pieces from the first."""
         self.op_start = self.env.now
         staging = self.staging
         staging.current_op = row[5]
@@ -169,7 +174,6 @@ class PieceRun(Steps):
         self.pieces, self.phase = row[8], row[7]
         self.phase_s, self.phase_set = 0.0, False
         self.at = self.waited = self.stage = 0
-        return self.proceed()
 
     def proceed(self) -> int:
         """Go on from where it stopped (see the class docstring for what it returns)."""
@@ -270,14 +274,7 @@ class PieceRun(Steps):
         if index in self.joins or index in self.consumed:  # the stream waits for its collectives
             self.op_end = 0
             return False
-        self.op_start = env.now
-        staging.current_op = row[5]
-        start_releases = row[6]
-        if start_releases:
-            staging.release_many(start_releases)
-        self.pieces, self.phase = row[8], row[7]
-        self.phase_s, self.phase_set = 0.0, False
-        self.at = self.waited = self.stage = 0
+        self.enter_op(row)
         return True
 
 
