@@ -85,3 +85,40 @@ def test_a_kda_core_is_the_slope_over_the_repetitions_beside_its_bundles(tmp_pat
     assert core.seconds == pytest.approx(16e-6, rel=1e-9)
     row = kda_table([core], 1e-9, 1e12)[-1]  # 7 us of bundles, 6 us of copies: 3 us left
     assert row.endswith("| +3.00 |")
+
+
+def _capped(batch: int) -> list:
+    from calibration.sources.tpu_fixed_cost import FIXED_COST_PATH, capped_runs
+    from megakernel.quant_pairs import KERNEL_DECODER
+
+    return [r for r in capped_runs(FIXED_COST_PATH, KERNEL_DECODER, batch=batch)
+            if r.schedule == "published" and r.expert_cap == 4 and r.expert_list == "vector"]
+
+
+def test_the_kernels_context_cost_is_the_slope_over_the_context_per_mla_layer() -> None:
+    """Planted: each committed batch-1 capped run's step set to 10 ms + 3 us a cached token; K3
+    has 24 MLA layers (every 4th from layer 3, and layer 92), so a 128-token slice of one MLA
+    layer's cache costs 128 x 3 / 24 = 16 us."""
+    import dataclasses
+
+    from calibration.sources.tpu_attention_core import context_table, kernel_context_costs
+
+    runs = [dataclasses.replace(r, ms_median=10.0 + 3e-3 * r.context) for r in _capped(1)]
+    assert len({r.context for r in runs}) >= 2
+    (cost,) = kernel_context_costs(runs)
+    assert (cost.batch, cost.expert_cap, cost.kv_tile_tokens) == (1, 4, 128)
+    assert cost.kernel_s == pytest.approx(16e-6, rel=1e-9)
+    assert cost.probe_s == pytest.approx(tile_seconds(1)[0], rel=1e-9)
+    assert context_table([cost])[-1].startswith("| published | u8x2 vector list | 1 | 4 |")
+    assert kernel_context_costs(runs[:1]) == []  # one context: no slope
+
+
+def test_the_committed_capped_runs_put_the_batch_16_gap_in_the_kernels_kv_loop() -> None:
+    """Measured on tpu-v5e: at one row the kernel's cache costs what the mla_core probe's loop
+    does alone (5.3 us a 128 tokens a layer); at sixteen, ~8 us more than the probe's 12.6."""
+    from calibration.sources.tpu_attention_core import kernel_context_costs
+
+    (one,) = kernel_context_costs(_capped(1))
+    (sixteen,) = kernel_context_costs(_capped(16))
+    assert abs(one.kernel_s - one.probe_s) < 0.5e-6
+    assert 5e-6 < sixteen.kernel_s - sixteen.probe_s < 11e-6

@@ -43,7 +43,11 @@ from calibration.reports.tpu_v5e_plan import (
     static_figure,
     static_rows,
 )
-from calibration.sources.tpu_attention_core import attention_core_probe
+from calibration.sources.tpu_attention_core import (
+    attention_core_probe,
+    context_table,
+    kernel_context_costs,
+)
 from calibration.sources.tpu_chip_records import DECODE_CONTEXT, build_records, most_measured_build
 from calibration.sources.tpu_code_issue import code_issue
 from calibration.sources.tpu_fixed_cost import FIXED_COST_PATH, capped_runs, simulated_ms
@@ -191,6 +195,11 @@ def report_lines(unroll: tuple[int, int], listed: str = WALK) -> list[str]:
         out += [f"| {name} | {cap} | {ms:.2f} | {sim:.2f} | {sim / ms - 1:+.1%} |" for name, cap, ms, sim in capped]
         e = np.array([sim / ms - 1 for *_, ms, sim in capped])
         out.append(f"capped runs: MAPE {np.mean(np.abs(e)):.1%}, max {np.max(np.abs(e)):.1%}")
+        costs = kernel_context_costs(capped_runs(FIXED_COST_PATH, KERNEL_DECODER, unroll, batch=None,
+                                                 expert_list=listed))
+        if costs:
+            out += ["", "Where the capped runs' error grows with the rows: the cache's cost in the kernel against the "
+                    "same loop probed alone (the simulator prices the probe's):", *context_table(costs)]
     return out
 
 

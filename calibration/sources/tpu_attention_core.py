@@ -32,6 +32,7 @@ import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from calibration.core.fitting import fit_line
 from calibration.sources.tpu_layer_static import STATIC_PATH
@@ -113,6 +114,63 @@ def attention_core_probe(batch: int, static_tile_s: float = 0.0, probe_path: Pat
 
 
 @dataclass(frozen=True)
+class KernelContextCost:
+    """What the kernel itself pays for its cache, from capped runs of one (schedule, rows, expert
+    cap, build) at two or more contexts: the slope of the measured step over the cached tokens,
+    per MLA layer and per 128 tokens (derived from measured steps; a location, not an input)."""
+
+    schedule: str
+    build: str  # the kernel build: panel loops and expert list
+    batch: int
+    expert_cap: int
+    contexts: tuple[int, ...]
+    kv_tile_tokens: int
+    kernel_s: float  # seconds a 128 tokens a MLA layer, in the kernel
+    probe_s: float | None  # the mla_core probe's at the same rows (linear between probed rows)
+
+
+def kernel_context_costs(runs: list[Any], probe_path: Path | str = PROBES_PATH) -> list[KernelContextCost]:
+    """:class:`KernelContextCost` of every group of ``runs`` (capped
+    :class:`calibration.sources.tpu_chip_records.ChipRecord`s) measured at two or more contexts.
+    The MLA layers are counted in the record's own program (ops named ``mla.core``), the tile
+    from its schedule; the probe's figure is :func:`tile_seconds` scaled to 128 tokens."""
+    from calibration.sources.tpu_chip_records import record_step
+    from tpusim.workload.registry.names import MlaOp
+
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    for run in runs:
+        key = (run.schedule, run.batch, run.expert_cap, run.panel_unroll, run.expert_list)
+        groups.setdefault(key, []).append(run)
+    out = []
+    for (schedule, batch, cap, unroll, listed), group in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2])):
+        contexts = sorted({r.context for r in group})
+        if len(contexts) < 2:
+            continue
+        program, plan = record_step(group[0])
+        mla_layers = len({op.layer for op in program.ops if op.name == MlaOp.CORE})
+        slope = fit_line([r.context for r in group], [r.ms_median * 1e-3 for r in group]).slope
+        probe = tile_seconds(batch, probe_path)
+        out.append(KernelContextCost(schedule, f"u{unroll[0]}x{unroll[1]} {listed} list", batch, int(cap or 0), tuple(contexts), plan.kv_tile_tokens,
+                                     slope * 128 / mla_layers,
+                                     probe[0] * 128 / probe[1] if probe is not None else None))
+    return out
+
+
+def context_table(costs: list[KernelContextCost]) -> list[str]:
+    """The kernel's context cost beside the probe's, as markdown lines."""
+    lines = ["| schedule | build | rows | expert cap | contexts | KV tile tokens | µs a 128 tokens a MLA layer in the kernel "
+             "(derived: slope of the measured capped steps over the context) | the `mla_core` probe's µs (measured on "
+             "tpu-v5e, the same code alone) | kernel − probe µs |",
+             "|---|---|---:|---:|---|---:|---:|---:|---:|"]
+    for c in costs:
+        probe = f"{c.probe_s * 1e6:.2f}" if c.probe_s is not None else "—"
+        gap = f"{(c.kernel_s - c.probe_s) * 1e6:+.2f}" if c.probe_s is not None else "—"
+        lines.append(f"| {c.schedule} | {c.build} | {c.batch} | {c.expert_cap} | {' / '.join(map(str, c.contexts))} | "
+                     f"{c.kv_tile_tokens} | {c.kernel_s * 1e6:.2f} | {probe} | {gap} |")
+    return lines
+
+
+@dataclass(frozen=True)
 class KdaCore:
     """One batch of the ``kda_core`` probe: measured seconds a layer, static bundles, state bytes."""
 
@@ -182,6 +240,12 @@ def main() -> int:
         sys.stderr.write(f"no {PROBE} records with two tile counts at two R\n")
         return 1
     sys.stdout.write("\n".join(table(builds)) + "\n\n")
+    from calibration.sources.tpu_fixed_cost import FIXED_COST_PATH, capped_runs
+    from megakernel.quant_pairs import KERNEL_DECODER
+
+    costs = kernel_context_costs(capped_runs(FIXED_COST_PATH, KERNEL_DECODER, batch=None))
+    if costs:
+        sys.stdout.write("\n".join(context_table(costs)) + "\n\n")
     issue = code_issue()
     stream = probe_chip(load_chip("tpu-v5e", calibrated=False)).hbm.sustained_bandwidth_bytes_per_s.value
     if issue is not None:
