@@ -66,7 +66,8 @@ def test_quick_run_gives_well_formed_checked_records(quick_records: list[dict]) 
     assert not errors, errors[0]
     probes = {r["probe"] for r in quick_records}
     assert {"empty_call", "dma_latency", "dma_stream", "layer_loop", "matmul", "rmsnorm_silu",
-            "dequant_fp8_gate_up", "dequant_mxfp4_down", "dma_order", "routing", "mla_core", "kda_core"} <= probes
+            "dequant_fp8_gate_up", "dequant_mxfp4_down", "dma_order", "routing", "mla_core", "mla_core_env",
+            "kda_core"} <= probes
     expected = sum(len(p.points) for p in all_probes(None, quick=True))
     assert len(quick_records) == expected
     for r in quick_records:

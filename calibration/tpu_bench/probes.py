@@ -13,7 +13,8 @@ in run order:
 1a. ``dma_order``: a 64 KiB copy issued behind 0, 2 or 8 copies of 1 MiB: does it wait for
    them (issue order) or share the rate; ``routing``: the kernel's own top-k selection at
    K3's TP32 widths, batch 1 … 16; ``mla_core``: the kernel's own KV-tile loop
-   (:mod:`calibration.tpu_bench.probes_attention`) at 1 … 16 rows and 1 … 8 tiles.
+   (:mod:`calibration.tpu_bench.probes_attention`) at 1 … 16 rows and 1 … 8 tiles, and
+   ``mla_core_env``: that loop at 16 rows in a kernel padded to the megakernel's size.
 2. ``dma_stream`` / ``dma_issue`` / ``dma_latency``: HBM→VMEM async copies, 4 KiB … 16 MiB
    per copy, 1/2/4/8 (16 at 4 KiB) in flight: whole-call seconds and bytes moved.
 3. ``layer_loop``: L ∈ {0, 1, 8, 32, 93} empty layers (SMEM read, 4 KiB DMA, tile op).
@@ -83,6 +84,7 @@ def all_probes(interpret: Any, quick: bool) -> list[Probe]:
         probes_order.dma_order_probe(interpret, quick),
         *probes_order.routing_probes(interpret, quick),
         *probes_attention.core_probes(interpret, quick),
+        *probes_attention.core_env_probes(interpret, quick),
         *probes_attention.kda_core_probes(interpret, quick),
         *probes_dma.dma_probes(interpret, quick),
         *probes_overlap.overlap_probes(interpret, quick),

@@ -11,6 +11,9 @@
   (R2 - R1)`` is one layer's core; its slope over the tiles is what a KV tile costs at ``B``
   rows, the figure the static schedule's bundles (``calibration.sources.tpu_layer_static``)
   price at 1/2 … 1/4 of the measured decodes' context cost (docs/tpu-v5e-measured.md).
+- ``mla_core_env``: the same loop at 16 rows in a kernel as large as the megakernel (straight-line
+  code run once before the repetitions, VMEM scratch beside the core's, both;
+  :func:`core_env_probes`): does the kernel around the loop make it slower?
 - ``kda_core``: :func:`megakernel.layer_ops.kda_core` — a KDA layer's delta rule over its
   recurrent state f32[B, h, hd, hd], the state copied in from HBM (started and waited at once,
   after the previous layer's write-back) and written back — at K3's TP32 per-device KDA widths,
@@ -46,6 +49,12 @@ CORE_REPEATS = (4, 20)  # 2 and 6 on 2026-12-07 14:10 UTC: too close to resolve 
 CORE_AHEAD = (0, 8)  # 1 MiB copies in flight before the core
 TILE_TOKENS = 128  # the schedule's default (tpusim.schedule.schema)
 BIG_ROWS = MIB // (LANES * 2)
+ENV_PROBE = "mla_core_env"
+# (straight-line rounds, VMEM MiB) around the 16-row loop: 2,600 rounds make a 64,952-bundle kernel
+# on v5e (compiled here; the megakernel's ~79k at 16 rows), the loop unchanged; 56 MiB, about its weight slots
+ENV_PADS = ((2600, 0), (0, 56), (2600, 56))
+ENV_TILES = (1, 8)
+PAD_ROWS = 256  # the code_size probe's u32[256, 128]: enough independent vregs to fill the VALU slots
 
 
 def core_dims() -> Any:
@@ -55,16 +64,33 @@ def core_dims() -> Any:
     return routing_dims().mla
 
 
-def core_call(batch: int, buffers: int, capacity: int, n_big: int, interpret: Interpret, md: Any
-              ) -> Callable[..., Any]:
+def core_call(batch: int, buffers: int, capacity: int, n_big: int, interpret: Interpret, md: Any,
+              pad_rounds: int = 0, pad_vmem_mib: int = 0) -> Callable[..., Any]:
     """``fn(int32[3] = (R, position, F), q_lat f32[B, h, C], q_rope f32[B, h, r], kv bf16[1, B,
     capacity, cols] (HBM), big u16[n_big, 4096, 128] (HBM)) -> f32[B, h, C]`` (the last
-    repetition's attention over the latent, normalised)."""
+    repetition's attention over the latent, normalised). ``pad_rounds`` > 0: the kernel also
+    holds that many rounds of the ``code_size`` probe's straight-line code, run once before the
+    repetitions (a kernel as large as the megakernel, ~24 bundles a round on v5e);
+    ``pad_vmem_mib``: that much VMEM scratch allocated beside the core's (the megakernel's weight
+    slots), touched once."""
+    from calibration.tpu_bench.probes_code import _round
     from megakernel import kernel_attention
 
     def kernel(s_ref: Any, q_lat_ref: Any, q_rope_ref: Any, kv_hbm: Any, big: Any, out: Any,
-               kv_tiles: Any, kv_sem: Any, big_buf: Any, big_sem: Any) -> None:
+               kv_tiles: Any, kv_sem: Any, big_buf: Any, big_sem: Any, *pads: Any) -> None:
         r, position, f = s_ref[0], s_ref[1], s_ref[2]
+        if pads:  # the pad's result reaches the output only when R < 0 (never): not dead code
+            # distinct in every lane and row (32 independent vregs, as code_size's input): nothing to share
+            x = (lax.broadcasted_iota(jnp.uint32, (PAD_ROWS, LANES), 0) * LANES
+                 + lax.broadcasted_iota(jnp.uint32, (PAD_ROWS, LANES), 1) + position.astype(jnp.uint32))
+            for k in range(pad_rounds):
+                x = _round(x, k)
+            pads[0][0:PAD_ROWS, :] = x
+
+            @pl.when(r < 0)
+            def _() -> None:
+                every_row = lax.bitcast_convert_type(pads[0][0:PAD_ROWS, :], jnp.int32).astype(jnp.float32)
+                out[0, 0:1, 0:LANES] = jnp.sum(every_row, axis=0, keepdims=True)  # every round's every vreg is live
 
         def when(cond: Any, fn: Callable[[], None]) -> None:
             if isinstance(cond, bool):
@@ -109,8 +135,10 @@ def core_call(batch: int, buffers: int, capacity: int, n_big: int, interpret: In
         scratch_shapes=[pltpu.VMEM((buffers, batch, TILE_TOKENS, cols), jnp.bfloat16),
                         pltpu.SemaphoreType.DMA((buffers,)),
                         pltpu.VMEM((n_big, BIG_ROWS, LANES), jnp.uint16),
-                        pltpu.SemaphoreType.DMA((n_big,))],
-        compiler_params=pltpu.CompilerParams(vmem_limit_bytes=64 * MIB, has_side_effects=True),
+                        pltpu.SemaphoreType.DMA((n_big,)),
+                        *([pltpu.VMEM((max(PAD_ROWS, pad_vmem_mib * MIB // (4 * LANES)), LANES), jnp.uint32)]
+                          if pad_rounds or pad_vmem_mib else [])],
+        compiler_params=pltpu.CompilerParams(vmem_limit_bytes=(64 + pad_vmem_mib) * MIB, has_side_effects=True),
         interpret=interpret)
     return jax.jit(call)
 
@@ -125,48 +153,69 @@ def core_reference(q_lat: np.ndarray, q_rope: np.ndarray, kv: np.ndarray, positi
     return np.einsum("bht,btc->bhc", p, latent) / p.sum(axis=-1)[..., None]
 
 
+def _core_probe(batch: int, buffers: int, tiles: tuple[int, ...], repeats: tuple[int, ...],
+                ahead: tuple[int, ...], interpret: Interpret, md: Any, pad_rounds: int = 0,
+                pad_vmem_mib: int = 0) -> Probe:
+    capacity, n_big = TILE_TOKENS * max(tiles), max(max(ahead), 1)
+
+    def make() -> list[jax.Array]:
+        kq, kr, kk, kb = jax.random.split(jax.random.key(200 + batch), 4)
+        return [0.05 * jax.random.normal(kq, (batch, md.heads, md.kv_lora), jnp.float32),
+                0.05 * jax.random.normal(kr, (batch, md.heads, md.rope), jnp.float32),
+                jax.random.normal(kk, (1, batch, capacity, md.kv_cols), jnp.float32).astype(jnp.bfloat16),
+                jax.random.bits(kb, (n_big, BIG_ROWS, LANES), dtype=jnp.uint16)]
+
+    def check(point: Point, inputs: list[jax.Array], out: Any) -> str | None:
+        position = point.scalars[1]
+        kv = np.asarray(inputs[2].astype(jnp.float32))
+        want = core_reference(np.asarray(inputs[0]), np.asarray(inputs[1]), kv, position, md)
+        err = float(np.max(np.abs(np.asarray(out) - want)))
+        return None if err < 1e-3 else f"mla_core: max |kernel - float64| {err:.2e} at {position} tokens"
+
+    tile_bytes = batch * TILE_TOKENS * md.kv_cols * 2
+    points = [Point({"repeats_in_kernel": r, "tiles": t, "tokens": t * TILE_TOKENS, "large_copies": f},
+                    (r, t * TILE_TOKENS, f), bytes=r * (t * tile_bytes + f * MIB))
+              for f in ahead for t in tiles for r in repeats]
+    padded = pad_rounds or pad_vmem_mib
+    params = {"batch": batch, "heads": md.heads, "kv_lora": md.kv_lora, "rope": md.rope,
+              "kv_cols": md.kv_cols, "kv_tile_tokens": TILE_TOKENS, "kv_buffers": buffers,
+              "tile_bytes": tile_bytes, "large_bytes": MIB, "model": "kimi-k3", "shard_of": "k3-tp32"}
+    if padded:
+        params |= {"pad_rounds": pad_rounds, "pad_vmem_mib": pad_vmem_mib}
+    return Probe(
+        name=ENV_PROBE if padded else "mla_core", params=params,
+        fn=core_call(batch, buffers, capacity, n_big, interpret, md, pad_rounds, pad_vmem_mib),
+        input_shapes=[jax.ShapeDtypeStruct((batch, md.heads, md.kv_lora), jnp.float32),
+                      jax.ShapeDtypeStruct((batch, md.heads, md.rope), jnp.float32),
+                      jax.ShapeDtypeStruct((1, batch, capacity, md.kv_cols), jnp.bfloat16),
+                      jax.ShapeDtypeStruct((n_big, BIG_ROWS, LANES), jnp.uint16)],
+        make_inputs=make, points=points, n_scalars=3, check=check, repeats=20,
+        extra={"what": "whole-call seconds of R repetitions of the megakernel's MLA core KV loop "
+                       "(kernel_attention._attend_cache) over `tokens` cached tokens at `batch` rows, "
+                       "after F 1 MiB copies started; difference two R: one layer's core"
+                       + ("; the kernel padded as the megakernel is (pad_rounds of straight-line code run once "
+                          "before the repetitions, pad_vmem_mib of VMEM scratch)" if padded else "")})
+
+
 def core_probes(interpret: Interpret, quick: bool) -> list[Probe]:
     md = core_dims()
     builds = ((2, 2),) if quick else CORE_BUILDS
     tiles = (3,) if quick else CORE_TILES  # quick: one point that refills a buffer (3 tiles, 2 buffers)
     repeats = (2,) if quick else CORE_REPEATS  # quick: one point, two repetitions behind copies ahead
     ahead = (2,) if quick else CORE_AHEAD
-    capacity, n_big = TILE_TOKENS * max(tiles), max(ahead)
-    probes = []
-    for batch, buffers in builds:
-        def make(batch: int = batch) -> list[jax.Array]:
-            kq, kr, kk, kb = jax.random.split(jax.random.key(200 + batch), 4)
-            return [0.05 * jax.random.normal(kq, (batch, md.heads, md.kv_lora), jnp.float32),
-                    0.05 * jax.random.normal(kr, (batch, md.heads, md.rope), jnp.float32),
-                    jax.random.normal(kk, (1, batch, capacity, md.kv_cols), jnp.float32).astype(jnp.bfloat16),
-                    jax.random.bits(kb, (n_big, BIG_ROWS, LANES), dtype=jnp.uint16)]
+    return [_core_probe(batch, buffers, tiles, repeats, ahead, interpret, md) for batch, buffers in builds]
 
-        def check(point: Point, inputs: list[jax.Array], out: Any) -> str | None:
-            position = point.scalars[1]
-            kv = np.asarray(inputs[2].astype(jnp.float32))
-            want = core_reference(np.asarray(inputs[0]), np.asarray(inputs[1]), kv, position, md)
-            err = float(np.max(np.abs(np.asarray(out) - want)))
-            return None if err < 1e-3 else f"mla_core: max |kernel - float64| {err:.2e} at {position} tokens"
 
-        tile_bytes = batch * TILE_TOKENS * md.kv_cols * 2
-        points = [Point({"repeats_in_kernel": r, "tiles": t, "tokens": t * TILE_TOKENS, "large_copies": f},
-                        (r, t * TILE_TOKENS, f), bytes=r * (t * tile_bytes + f * MIB))
-                  for f in ahead for t in tiles for r in repeats]
-        probes.append(Probe(
-            name="mla_core", params={"batch": batch, "heads": md.heads, "kv_lora": md.kv_lora, "rope": md.rope,
-                                     "kv_cols": md.kv_cols, "kv_tile_tokens": TILE_TOKENS, "kv_buffers": buffers,
-                                     "tile_bytes": tile_bytes, "large_bytes": MIB, "model": "kimi-k3",
-                                     "shard_of": "k3-tp32"},
-            fn=core_call(batch, buffers, capacity, n_big, interpret, md),
-            input_shapes=[jax.ShapeDtypeStruct((batch, md.heads, md.kv_lora), jnp.float32),
-                          jax.ShapeDtypeStruct((batch, md.heads, md.rope), jnp.float32),
-                          jax.ShapeDtypeStruct((1, batch, capacity, md.kv_cols), jnp.bfloat16),
-                          jax.ShapeDtypeStruct((n_big, BIG_ROWS, LANES), jnp.uint16)],
-            make_inputs=make, points=points, n_scalars=3, check=check, repeats=20,
-            extra={"what": "whole-call seconds of R repetitions of the megakernel's MLA core KV loop "
-                           "(kernel_attention._attend_cache) over `tokens` cached tokens at `batch` rows, "
-                           "after F 1 MiB copies started; difference two R: one layer's core"}))
-    return probes
+def core_env_probes(interpret: Interpret, quick: bool) -> list[Probe]:
+    """``mla_core_env``: the same loop at 16 rows in a kernel as large as the megakernel (code,
+    VMEM, both): the batch-16 capped runs pay ~8 us a 128 tokens a MLA layer more than
+    ``mla_core`` alone for the same compiled loop (docs/megakernel-on-tpu.md); does the
+    kernel's size or its VMEM use make that loop slower?"""
+    md = core_dims()
+    if quick:  # interpret mode: the smallest pads, one point each (the same code path)
+        return [_core_probe(1, 2, (1,), (1,), (0,), interpret, md, pad_rounds=8, pad_vmem_mib=1)]
+    return [_core_probe(16, 2, ENV_TILES, CORE_REPEATS, (0,), interpret, md, pad_rounds=rounds, pad_vmem_mib=mib)
+            for rounds, mib in ENV_PADS]
 
 
 # ---------------------------------------------------------------- the KDA core (delta rule + state copies)
