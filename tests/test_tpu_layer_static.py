@@ -52,6 +52,26 @@ def test_the_expert_list_build_is_matched_before_the_panel_loops(tmp_path: Path)
     assert layer_issue(1, (8, 2), only_walk, "vector").expert_list == "walk"  # nearest: no vector record yet
 
 
+def test_a_schedules_own_kernel_is_matched_first_else_publisheds(tmp_path: Path) -> None:
+    """A schedule changes the kernel's code (the ring pool's bookkeeping, its copies' issues):
+    within the build, its own record first, published's otherwise, never a third schedule's; a
+    record of another build is no match (the build is chosen first)."""
+    path = _write(tmp_path / "s.jsonl", [(1, [8, 2], 87_000, "2026-12-06T19:00"), (8, [8, 2], 99_000, "2026-12-06T19:00")])
+    rows = path.read_text().splitlines()
+    def under(row: str, schedule: str, bundles: int, unroll: list[int] | None = None) -> str:
+        record = json.loads(row)
+        record["params"]["schedule"], record["issued_bundles"] = schedule, bundles
+        record["params"]["panel_unroll"] = unroll or record["params"]["panel_unroll"]
+        return json.dumps(record)
+    path.write_text("\n".join([*rows, under(rows[0], "k3-ring", 95_000), under(rows[1], "k3-ring", 96_000, [4, 2]),
+                               under(rows[0], "layer-double-buffer", 91_000)]) + "\n")
+    assert layer_issue(1, (8, 2), path).issued_bundles == 87_000  # published unless asked
+    ring = layer_issue(1, (8, 2), path, schedule="k3-ring")
+    assert (ring.issued_bundles, ring.schedule, ring.panel_unroll) == (95_000, "k3-ring", (8, 2))
+    assert layer_issue(8, (8, 2), path, schedule="k3-ring").schedule == "published"  # none of its own at batch 8
+    assert layer_issue(1, (8, 2), path, schedule="naive").schedule == "published"  # not layer-double-buffer's
+
+
 @pytest.mark.slow  # lowers K3's per-device program once (~5 s)
 def test_the_remainder_is_the_issue_time_less_the_engines_own_compute(tmp_path: Path) -> None:
     chip = load_chip("tpu-v5e", calibrated=False)

@@ -35,8 +35,8 @@ def test_the_capped_runs_are_held_out_not_read(monkeypatch: pytest.MonkeyPatch) 
 
     from calibration.reports import tpu_v5e_first_principles as report
 
-    def chip(batch: int):
-        return first_principles_chip(batch=batch)
+    def chip(batch: int, schedule: str):
+        return first_principles_chip(batch=batch, schedule=schedule)
 
     before = report.capped_errors(chip, (8, 2))
     assert [cap for _, cap, _, _ in before] == [4, 4, 8, 8, 12, 12]  # each cap at batch 1 (v5e-ag) and 16 (v5e-ah)

@@ -186,5 +186,5 @@ def test_a_case_the_kernel_refuses_is_not_predicted(monkeypatch: pytest.MonkeyPa
     cases = [c for c in device_run.load_cases("v5e-av") if "slots8" in c.schedule]
     assert cases and cases[0].expert_cap == 4
     monkeypatch.setattr(device_run, "load_cases", lambda name: cases)
-    assert plan.predict_set("v5e-av", chip_for=lambda b: (load_chip("tpu-v5e", calibrated=False), "catalog")) == []
+    assert plan.predict_set("v5e-av", chip_for=lambda b, s: (load_chip("tpu-v5e", calibrated=False), "catalog")) == []
     assert "the kernel refuses it (expert cap 4: at least the 8 expert slots); not predicted" in capsys.readouterr().err

@@ -26,9 +26,10 @@ first-principles chain judged on runs it has not seen, beside way (b)'s predicti
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +37,7 @@ from calibration.core.fitting import rank_agreement
 from calibration.reports.tpu_v5e_plan import (
     FORMAT_OF_PART,
     PART_DECODERS,
+    ChipFor,
     build_chip,
     emit_predictions,
     predict_set,
@@ -52,8 +54,10 @@ from calibration.sources.tpu_chip_records import DECODE_CONTEXT, build_records, 
 from calibration.sources.tpu_code_issue import code_issue
 from calibration.sources.tpu_fixed_cost import FIXED_COST_PATH, capped_runs, simulated_ms
 from calibration.sources.tpu_layer_static import (
+    PUBLISHED,
     V5E_CLOCK_HZ,
     attention_core_figures,
+    layer_issue,
     layer_remainder,
     put_attention_core,
 )
@@ -72,7 +76,7 @@ def first_principles_chip(decoder: str = KERNEL_DECODER, batch: int = 1,
                           unroll: tuple[int, int] = (PANEL_UNROLL, EXPERT_PANEL_UNROLL),
                           expert_list: str = WALK, probes: Chip | None = None,
                           clock_hz: float | None = None, loop_iteration_s: float | None = None,
-                          core_probe: bool = True) -> Chip:
+                          core_probe: bool = True, schedule: str = PUBLISHED) -> Chip:
     """tpu-v5e with the micro-probes' figures, ``decoder``'s static-schedule decode rates at
     ``batch``'s rows and the layer's own work from the static schedule of the kernel's layer
     loop (:func:`calibration.sources.tpu_layer_static.layer_remainder`: the bundles one layer
@@ -82,7 +86,9 @@ def first_principles_chip(decoder: str = KERNEL_DECODER, batch: int = 1,
     the engine prices each KV tile's code with it), all ``derived``, except the KV loop's seconds
     a tile where the ``mla_core`` probe measured it (``core_probe``;
     :func:`calibration.sources.tpu_attention_core.attention_core_probe`, measured on tpu-v5e);
-    every other figure the catalog's.
+    every other figure the catalog's. ``schedule``: the layer-loop record of the kernel compiled
+    under that schedule where there is one (its copies' issue code, a ring pool's bookkeeping),
+    else published's (:func:`calibration.sources.tpu_layer_static.layer_issue`).
     ``probes``: the micro-probe chip to start from (default: the committed probe records'); the
     static schedule's bundles become seconds at ``clock_hz`` bundles a second and each loop
     iteration they run costs ``loop_iteration_s`` more (default: both measured by the
@@ -101,13 +107,13 @@ def first_principles_chip(decoder: str = KERNEL_DECODER, batch: int = 1,
         parent[name] = {**parent[name], "value": value, "label": "derived", "source": source}
     chip = Chip.model_validate(data)
     value, source = layer_remainder(chip, batch, unroll, clock_hz=clock_hz, expert_list=expert_list,
-                                    loop_iteration_s=loop_iteration_s)
+                                    loop_iteration_s=loop_iteration_s, schedule=schedule)
     parent, name = _figure_slot(data, PER_LAYER)
     parent[name] = {**parent[name], "value": value, "label": "derived", "source": source}
     # the MLA core's KV loop, out of the layer's remainder (data-dependent): the mla_core probe's
     # seconds a tile where it ran (the loop's bundles issue 1/4 ... 4/5 of it), else the bundles
     static = attention_core_figures(batch, unroll, clock_hz=clock_hz, expert_list=expert_list,
-                                    loop_iteration_s=loop_iteration_s)
+                                    loop_iteration_s=loop_iteration_s, schedule=schedule)
     probed = attention_core_probe(batch, static[1] if static is not None else 0.0) if core_probe else None
     if probed is not None:
         put_attention_core(data, probed, label="measured")
@@ -122,10 +128,24 @@ FP_LABEL = ("simulated from first principles (micro-probes, the decoders' and th
             "code_size probe's bundle rate and loop cost; no kernel run of any kind), the kernel as it is")
 
 
-def fp_chip_for(batch: int) -> tuple[Chip, str]:
-    """The first-principles chip of the kernel as it is at ``batch``, and its label (for
-    :func:`calibration.reports.tpu_v5e_plan.predict_set`)."""
-    return first_principles_chip(KERNEL_DECODER, batch, (PANEL_UNROLL, EXPERT_PANEL_UNROLL), EXPERT_LIST_BUILD), FP_LABEL
+def fp_chip_for(batch: int, schedule: str = PUBLISHED) -> tuple[Chip, str]:
+    """The first-principles chip of the kernel as it is at ``batch`` under ``schedule``, and its
+    label (for :func:`calibration.reports.tpu_v5e_plan.predict_set`)."""
+    return fp_chips((PANEL_UNROLL, EXPERT_PANEL_UNROLL), EXPERT_LIST_BUILD)(batch, schedule), FP_LABEL
+
+
+def fp_chips(unroll: tuple[int, int], expert_list: str = WALK, **figures: Any) -> ChipFor:
+    """``chip(batch, schedule)``: :func:`first_principles_chip` of the build (``figures``: its
+    keyword arguments), one per batch and per layer-loop record the schedule reads (a schedule
+    with no record of its own shares published's chip)."""
+    built: dict[tuple[int, str], Chip] = {}
+
+    def chip(batch: int, schedule: str) -> Chip:
+        key = (batch, layer_issue(batch, unroll, expert_list=expert_list, schedule=schedule).schedule)
+        if key not in built:
+            built[key] = first_principles_chip(KERNEL_DECODER, batch, unroll, expert_list, schedule=key[1], **figures)
+        return built[key]
+    return chip
 
 
 def issue_figures(clock_hz: float | None = None, loop_iteration_s: float | None = None) -> tuple[float, float]:
@@ -140,20 +160,20 @@ def issue_figures(clock_hz: float | None = None, loop_iteration_s: float | None 
     return clock_hz, loop_iteration_s
 
 
-def errors(chip: Chip | Callable[[int], Chip], unroll: tuple[int, int],
+def errors(chip: Chip | ChipFor, unroll: tuple[int, int],
            expert_list: str = WALK) -> list[tuple[str, int, float, float]]:
     """(schedule, batch, measured ms, simulated ms) of every committed decode of the build."""
     return [(r.schedule, r.batch, r.ms_median, ms) for r, ms in simulate_build(chip, unroll, expert_list=expert_list)]
 
 
-def capped_errors(chip: Callable[[int], Chip], unroll: tuple[int, int],
+def capped_errors(chip: ChipFor, unroll: tuple[int, int],
                   expert_list: str = WALK) -> list[tuple[str, int, float, float]]:
     """(schedule, expert cap, measured ms, simulated ms) of the build's capped runs at every
     batch (the fixed-cost probe): a held-out check of the first-principles decomposition, which
     reads none."""
     runs = capped_runs(FIXED_COST_PATH, KERNEL_DECODER, unroll, batch=None, expert_list=expert_list)
     return [(f"{r.schedule} b{r.batch}" + ("" if r.context == DECODE_CONTEXT else f", context {r.context}"),
-             int(r.expert_cap or 0), r.ms_median, simulated_ms([r], chip(r.batch))[0]) for r in runs]
+             int(r.expert_cap or 0), r.ms_median, simulated_ms([r], chip(r.batch, r.schedule))[0]) for r in runs]
 
 
 def summary(rows: list[tuple[str, int, float, float]]) -> str:
@@ -175,10 +195,12 @@ def builds() -> list[tuple[tuple[int, int], str]]:
 def report_lines(unroll: tuple[int, int], listed: str = WALK) -> list[str]:
     """The build's table: every committed decode, first principles beside way (b), then its
     capped runs held out from the first principles; [] when the build has no decode."""
-    first = errors(lambda batch: first_principles_chip(KERNEL_DECODER, batch, unroll, listed), unroll, listed)  # type: ignore[arg-type]
+    chips = fp_chips(unroll, listed)
+    first = errors(chips, unroll, listed)
     if not first:
         return []
-    fitted = errors(lambda batch: build_chip(KERNEL_DECODER, unroll, batch, listed)[0], unroll, listed)  # type: ignore[arg-type]
+    fitted_chip = functools.cache(lambda batch: build_chip(KERNEL_DECODER, unroll, batch, listed)[0])  # a fit a batch
+    fitted = errors(lambda batch, _schedule: fitted_chip(batch), unroll, listed)
     out = [f"Build: panel loops {unroll[0]}/{unroll[1]}, {listed} expert list (decoder {KERNEL_DECODER}; measured on "
            "tpu-v5e, simulated after the runs)",
            "| schedule | batch | measured ms | first principles ms | error | way (b), kernel-level fit ms | error |",
@@ -187,7 +209,7 @@ def report_lines(unroll: tuple[int, int], listed: str = WALK) -> list[str]:
         out.append(f"| {name} | {batch} | {ms:.2f} | {a:.2f} | {a / ms - 1:+.1%} | {b:.2f} | {b / ms - 1:+.1%} |")
     out += ["", f"first principles (micro-probes + static schedule, no kernel run): {summary(first)}",
             f"way (b) (refit on the build's own capped runs: a kernel-level fit): {summary(fitted)}"]
-    capped = capped_errors(lambda batch: first_principles_chip(KERNEL_DECODER, batch, unroll, listed), unroll, listed)  # type: ignore[arg-type]
+    capped = capped_errors(chips, unroll, listed)
     if capped:
         out += ["", "The build's capped runs (fixed-cost probe), held out from the first principles "
                 "(way (b) is fitted on them):", "| schedule | expert cap | measured ms (tpu-v5e) | first principles ms (simulated) | error |",

@@ -34,7 +34,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from calibration.reports.tpu_v5e_first_principles import first_principles_chip, issue_figures
+from calibration.reports.tpu_v5e_first_principles import fp_chips, issue_figures
+from calibration.reports.tpu_v5e_plan import ChipFor
 from calibration.reports.tpu_v5e_sensitivity import (
     STEP,
     THRESHOLD,
@@ -47,6 +48,7 @@ from calibration.reports.tpu_v5e_sensitivity import (
 )
 from calibration.sources.tpu_chip_records import ChipRecord, ChipRecordPredictor, build_records
 from calibration.sources.tpu_code_issue import code_issue
+from calibration.sources.tpu_layer_static import PUBLISHED
 from calibration.sources.tpu_probes import probe_chip
 from hwmodels.atomic import write_text_atomic
 from hwmodels.catalog import load_chip
@@ -73,23 +75,17 @@ def probes_chip() -> Chip:
 
 
 def chips(probes: Chip | None = None, clock_hz: float | None = None,
-          loop_iteration_s: float | None = None) -> Callable[[int], Chip]:
-    """The first-principles chip of :data:`BUILD` per batch (built once a batch), from ``probes``;
+          loop_iteration_s: float | None = None) -> ChipFor:
+    """The first-principles chip of :data:`BUILD` per batch and schedule (built once each:
+    :func:`calibration.reports.tpu_v5e_first_principles.fp_chips`), from ``probes``;
     ``clock_hz`` / ``loop_iteration_s`` None: the ``code_size`` probe's."""
     probes = probes_chip() if probes is None else probes
-    built: dict[int, Chip] = {}
-
-    def chip(batch: int) -> Chip:
-        if batch not in built:
-            built[batch] = first_principles_chip(KERNEL_DECODER, batch, BUILD[0], BUILD[1], probes=probes,
-                                                 clock_hz=clock_hz, loop_iteration_s=loop_iteration_s)
-        return built[batch]
-    return chip
+    return fp_chips(BUILD[0], BUILD[1], probes=probes, clock_hz=clock_hz, loop_iteration_s=loop_iteration_s)
 
 
-def held(chip: Callable[[int], Chip], path: str, factor: float) -> Callable[[int], Chip]:
+def held(chip: ChipFor, path: str, factor: float) -> ChipFor:
     """``chip`` with the figure at ``path`` x ``factor`` at every batch, the rest as it is."""
-    return lambda batch: scaled(chip(batch), path, factor)
+    return lambda batch, schedule: scaled(chip(batch, schedule), path, factor)
 
 
 class BuildPredictor:
@@ -99,12 +95,12 @@ class BuildPredictor:
         self.records: list[ChipRecord] = build_records(KERNEL_DECODER, BUILD[0], expert_list=BUILD[1])
         self._predictor = ChipRecordPredictor(self.records)
 
-    def predict(self, chip: Callable[[int], Chip]) -> list[float]:
+    def predict(self, chip: ChipFor) -> list[float]:
         """Simulated ms of each record, in :attr:`records` order."""
         out: dict[int, float] = {}
-        for batch in sorted({r.batch for r in self.records}):
-            at = [i for i, r in enumerate(self.records) if r.batch == batch]
-            out.update(zip(at, self._predictor.predict_many(chip(batch), at), strict=True))
+        for batch, schedule in sorted({(r.batch, r.schedule) for r in self.records}):
+            at = [i for i, r in enumerate(self.records) if (r.batch, r.schedule) == (batch, schedule)]
+            out.update(zip(at, self._predictor.predict_many(chip(batch, schedule), at), strict=True))
         return [out[i] for i in range(len(self.records))]
 
 
@@ -151,12 +147,12 @@ def sensitivity(predictor: BuildPredictor, progress: Callable[[str], None] | Non
     chip = chips(probes)
     base = predictor.predict(chip)
 
-    def moves(other: Callable[[int], Chip]) -> tuple[float, ...]:
+    def moves(other: ChipFor) -> tuple[float, ...]:
         return tuple(p / b - 1.0 for p, b in zip(predictor.predict(other), base, strict=True))
 
-    figures = dict(iter_figures(chip(1)))
+    figures = dict(iter_figures(chip(1, PUBLISHED)))
     rows = []
-    for path in inputs(chip(1)):
+    for path in inputs(chip(1, PUBLISHED)):
         held_moves = moves(held(chip, path, 1.0 + STEP))
         rebuilt = None
         if path in dict(iter_figures(probes)) and figures[path].label != "derived" and max(map(abs, held_moves)) > 5e-4:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -179,19 +180,22 @@ def build_chip(decoder: str = KERNEL_DECODER, unroll: tuple[int, int] = (PANEL_U
     return at_batch, "simulated (way (b) of the words32 kernel; the new decoders from the static schedule)"
 
 
-def simulate_build(chip: Chip | Callable[[int], Chip], unroll: tuple[int, int], decoder: str = KERNEL_DECODER,
+ChipFor = Callable[[int, str], Chip]  # (batch, schedule name) -> the chip a run is simulated on
+
+
+def simulate_build(chip: Chip | ChipFor, unroll: tuple[int, int], decoder: str = KERNEL_DECODER,
                    expert_list: str = WALK) -> list[tuple[ChipRecord, float]]:
     """Every committed decode of the kernel build (``decoder``, panel loops ``unroll``,
-    ``expert_list``) with its simulated ms on ``chip`` (or on ``chip(batch)``: a chip per batch,
-    its decoders' static figures at the batch's rows), after the runs: not a prediction
-    recorded before them."""
+    ``expert_list``) with its simulated ms on ``chip`` (or on ``chip(batch, schedule)``: a chip
+    per run, its decoders' static figures at the batch's rows, its layer code the kernel's
+    under that schedule), after the runs: not a prediction recorded before them."""
     records = build_records(decoder, unroll, expert_list=expert_list)
-    chip_of = chip if callable(chip) else (lambda _batch: chip)
+    chip_of = chip if callable(chip) else (lambda _batch, _schedule: chip)
     predictor = ChipRecordPredictor(records)
     simulated: dict[int, float] = {}
-    for batch in sorted({r.batch for r in records}):
-        at = [i for i, r in enumerate(records) if r.batch == batch]
-        simulated.update(zip(at, predictor.predict_many(chip_of(batch), at), strict=True))
+    for batch, schedule in sorted({(r.batch, r.schedule) for r in records}):
+        at = [i for i, r in enumerate(records) if (r.batch, r.schedule) == (batch, schedule)]
+        simulated.update(zip(at, predictor.predict_many(chip_of(batch, schedule), at), strict=True))
     return [(r, simulated[i]) for i, r in enumerate(records)]
 
 
@@ -200,13 +204,13 @@ def _figure(chip: Chip, path: str) -> float:
     return float(parent[name]["value"])
 
 
-def predict_set(set_name: str, chip_for: Callable[[int], tuple[Chip, str]] | None = None) -> list[dict[str, Any]]:
+def predict_set(set_name: str, chip_for: Callable[[int, str], tuple[Chip, str]] | None = None) -> list[dict[str, Any]]:
     """One row per K3-shard case of ``set_name`` that a committed words32 run shares
     (schedule file, batch, context) with, or whose routing can be borrowed (published's at the
     batch; for a capped fixed-cost case at any context: rows ``expert_cap``); others are skipped
     (their routing is unknown).
-    ``chip_for(batch)``: the chip each batch is simulated on and its label (default: way (b) on
-    the build's capped runs, :func:`build_chip`)."""
+    ``chip_for(batch, schedule)``: the chip each run is simulated on and its label (default: way
+    (b) on the build's capped runs, :func:`build_chip`, the same for every schedule)."""
     from calibration.tpu_bench.device_run import load_cases
 
     known = load_chip_records(KERNEL_PATH, decoder=WORDS32_DECODER)
@@ -238,17 +242,19 @@ def predict_set(set_name: str, chip_for: Callable[[int], tuple[Chip, str]] | Non
     predictor = ChipRecordPredictor([r for _, r, _, _ in planned])
     # decoders' figures at its rows; the kernel as it is now (its expert list)
     if chip_for is None:
-        def chip_for(batch: int) -> tuple[Chip, str]:
-            return build_chip(batch=batch, expert_list=EXPERT_LIST_BUILD)
-    built = {b: chip_for(b) for b in {r.batch for _, r, _, _ in planned}}
-    chips = {b: chip for b, (chip, _) in built.items()}
-    predicted = [predictor.predict_many(chips[r.batch], [i])[0] for i, (_, r, _, _) in enumerate(planned)]
+        fitted = functools.cache(lambda batch: build_chip(batch=batch, expert_list=EXPERT_LIST_BUILD))  # a fit a batch
+
+        def chip_for(batch: int, _schedule: str) -> tuple[Chip, str]:
+            return fitted(batch)
+    built = {key: chip_for(*key) for key in {(r.batch, r.schedule) for _, r, _, _ in planned}}
+    chips = {key: chip for key, (chip, _) in built.items()}
+    predicted = [predictor.predict_many(chips[r.batch, r.schedule], [i])[0] for i, (_, r, _, _) in enumerate(planned)]
     now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     for (case, record, borrowed, traced_at), ms in zip(planned, predicted, strict=True):
         rows.append({"kind": "prediction", "set": set_name, "decoder": KERNEL_DECODER, "model": case.model,
                      "shard_of": case.shard_of, "schedule": case.schedule, "batch": case.batch,
                      "context": case.context, "routing": record.routing, "predicted_ms": ms,
-                     "label": built[record.batch][1] + ("" if record.panel_unroll == (1, 1) else
+                     "label": built[record.batch, record.schedule][1] + ("" if record.panel_unroll == (1, 1) else
                         "; the panel loops' unroll: each product's fixed cost over the panels in flight")
                         + ("; routing: published's trace at this batch (the schedule's own not yet run)" if borrowed
                            else "")
@@ -258,8 +264,8 @@ def predict_set(set_name: str, chip_for: Callable[[int], tuple[Chip, str]] | Non
                            if case.expert_cap is not None else "")
                         + ("; the per-layer cost in equal shares at each of the layer's ops (execution."
                            "per_layer_overhead_at: each_op)"
-                           if chips[record.batch].execution.per_layer_overhead_at == "each_op" else ""),
-                     "figures": {dequant_path(f): _figure(chips[record.batch], dequant_path(f))
+                           if chips[record.batch, record.schedule].execution.per_layer_overhead_at == "each_op" else ""),
+                     "figures": {dequant_path(f): _figure(chips[record.batch, record.schedule], dequant_path(f))
                                  for f in FORMAT_OF_PART.values()},
                      "date": now, "probes": str(PROBES_PATH.name), "panel_unroll": list(record.panel_unroll),
                      "expert_list": record.expert_list,

@@ -176,14 +176,13 @@ def v5e_residuals() -> tuple[tuple[str, int, float], ...]:
     variants; the one-panel builds' stall is gone from the kernel TPU7x would run), its MLA core
     priced as TPU7x's is, by the KV loop's static bundles (``core_probe=False``: no ``mla_core``
     probe runs on TPU7x, so the static core's error on the v5e belongs in the interval)."""
-    from calibration.reports.tpu_v5e_first_principles import errors, first_principles_chip
+    from calibration.reports.tpu_v5e_first_principles import errors, fp_chips
     from calibration.sources.tpu_chip_records import build_records
     from megakernel.quant_pairs import KERNEL_DECODER
 
     builds = sorted({(r.panel_unroll, r.expert_list) for r in build_records(KERNEL_DECODER) if r.panel_unroll[1] > 1})
     rows = [row for build, listed in builds
-            for row in errors(lambda batch, build=build, listed=listed: first_principles_chip(
-                KERNEL_DECODER, batch, build, listed, core_probe=False), build, listed)]
+            for row in errors(fp_chips(build, listed, core_probe=False), build, listed)]
     return tuple((name, batch, sim / ms - 1.0) for name, batch, ms, sim in rows)
 
 

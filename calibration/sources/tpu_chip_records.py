@@ -95,6 +95,15 @@ def schedules_by_hash() -> dict[str, Path]:
     return out
 
 
+def schedule_named(name: str) -> Schedule:
+    """The schedule a record names: a file ``<name>.json`` of :data:`SCHEDULE_DIRS` (the device
+    sets' variants), else a built-in name or a path (:func:`tpusim.schedule.schema.load_schedule`)."""
+    for folder in SCHEDULE_DIRS:
+        if (folder / f"{name}.json").is_file():
+            return load_schedule(str(folder / f"{name}.json"))
+    return load_schedule(name)
+
+
 def is_kernel_records(path: Path | str) -> bool:
     """Whether ``path`` is a JSONL file holding shard runs of the megakernel (rows with
     ``shard_of``: one device's program of a plan, what :func:`load_chip_records` reads). A

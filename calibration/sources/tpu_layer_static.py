@@ -31,12 +31,12 @@ from typing import Any
 
 import numpy as np
 
+from calibration.sources.tpu_chip_records import schedule_named
 from hwmodels.records.kernel import WALK
 from hwmodels.schema import Chip
 from tpusim.collector import collector_paused
 from tpusim.engine.build import lower
 from tpusim.engine.core import execution_policy, step_vmem_plan
-from tpusim.schedule.schema import load_schedule
 from tpusim.workload.format_choice import formats_for_chip
 from tpusim.workload.model_catalog import load_model, shard_plan
 from tpusim.workload.program import build_program
@@ -44,6 +44,7 @@ from tpusim.workload.registry.names import MlaOp, MoeOp
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 STATIC_PATH = DATA / "tpu-v5e-static-schedule.jsonl"
+PUBLISHED = "published"  # the schedule the layer-loop records were compiled under unless they say
 V5E_CLOCK_HZ = 1.5e9  # derived: 197 TF/s bf16 (catalog) = 4 MXUs x 128 x 128 x 2 flops x 1.5 GHz
 # the engine's ops whose kernel code sits in a data-dependent loop (left out of the record)
 DATA_DEPENDENT_OPS = frozenset({MlaOp.CORE, MoeOp.COMBINE})
@@ -66,6 +67,7 @@ class LayerIssue:
     kv_part_trips: int = 0
     kv_tile_iterations: int = 0
     kv_part_iterations: int = 0
+    schedule: str = PUBLISHED  # the built-in schedule the kernel was compiled under (records before: published)
 
     def issue_s(self, kind: str, clock_hz: float = V5E_CLOCK_HZ, loop_iteration_s: float = 0.0) -> float:
         """Seconds a layer of ``kind`` ("mla" or "kda") issues at ``clock_hz``, each loop
@@ -135,36 +137,40 @@ def layer_issues(path: Path | str = STATIC_PATH) -> list[LayerIssue]:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [LayerIssue(r["params"]["batch"], tuple(r["params"]["panel_unroll"]), r["issued_bundles"],
                        {kind: arm["issued_bundles"] for kind, arm in r["arms"].items()}, r["date"],
-                       r["params"].get("expert_list", WALK), *loop_iterations(r), *kv_loops(r))
+                       r["params"].get("expert_list", WALK), *loop_iterations(r), *kv_loops(r),
+                       r["params"].get("schedule", PUBLISHED))
             for r in rows if r.get("probe") == "layer_body"]
 
 
 def layer_issue(batch: int, panel_unroll: tuple[int, int], path: Path | str = STATIC_PATH,
-                expert_list: str = WALK) -> LayerIssue:
-    """The latest record at ``batch`` of the build (``panel_unroll``, ``expert_list``), else of
-    the build nearest it (the same expert list, then the same expert loop first); KeyError when
-    no build has one at that batch."""
+                expert_list: str = WALK, schedule: str = PUBLISHED) -> LayerIssue:
+    """The latest record at ``batch`` of the build (``panel_unroll``, ``expert_list``) compiled
+    under ``schedule``, else the published schedule's (a schedule changes the kernel's code: its
+    copies' issue points, a ring pool's bookkeeping), else of the build nearest it (the same
+    expert list, then the same expert loop first); KeyError when no build has one at that batch."""
     at = [r for r in layer_issues(path) if r.batch == batch]
     if not at:
         raise KeyError(f"no layer-loop record at batch {batch} in {path} "
                        f"(python -m calibration.tpu_bench.static_layer --batch {batch} --out {path})")
-    def distance(r: LayerIssue) -> tuple[bool, bool, bool, int]:
+    def distance(r: LayerIssue) -> tuple[bool, bool, bool, int, bool, bool]:
         return (r.expert_list != expert_list, r.panel_unroll != tuple(panel_unroll), r.panel_unroll[1] != panel_unroll[1],
-                abs(r.panel_unroll[0] - panel_unroll[0]))
+                abs(r.panel_unroll[0] - panel_unroll[0]), r.schedule != schedule, r.schedule != PUBLISHED)
     return min(sorted(at, key=lambda r: r.date, reverse=True), key=distance)  # the latest among equals
 
 
-def engine_layer_compute_s(chip: Chip, batch: int, panel_unroll: tuple[int, int]) -> dict[int, tuple[str, float]]:
-    """Per layer of the loop (1 … L-2) of K3's published per-device program at ``batch``: its
-    kind ("mla" or "kda") and the engine's MXU and VPU seconds for the ops a layer-loop record
-    counts."""
-    return _engine_layer_compute_s(chip.model_dump_json(), batch, tuple(panel_unroll))
+def engine_layer_compute_s(chip: Chip, batch: int, panel_unroll: tuple[int, int],
+                           schedule: str = PUBLISHED) -> dict[int, tuple[str, float]]:
+    """Per layer of the loop (1 … L-2) of K3's per-device program at ``batch`` under
+    ``schedule``: its kind ("mla" or "kda") and the engine's MXU and VPU seconds for the ops a
+    layer-loop record counts."""
+    return _engine_layer_compute_s(chip.model_dump_json(), batch, tuple(panel_unroll), schedule)
 
 
 @functools.cache
-def _engine_layer_compute_s(chip_json: str, batch: int, panel_unroll: tuple[int, int]) -> dict[int, tuple[str, float]]:
+def _engine_layer_compute_s(chip_json: str, batch: int, panel_unroll: tuple[int, int],
+                            schedule_name: str) -> dict[int, tuple[str, float]]:
     chip = Chip.model_validate_json(chip_json)
-    program, schedule = _program(batch)
+    program, schedule = _program(batch, schedule_name)
     policy = dataclasses.replace(execution_policy(chip), panel_unroll=panel_unroll)
     effective = policy.effective_schedule(schedule)
     with collector_paused():  # as the engine lowers: tens of thousands of acyclic objects
@@ -183,21 +189,32 @@ def _engine_layer_compute_s(chip_json: str, batch: int, panel_unroll: tuple[int,
     return {layer: ("mla" if layer in mla else "kda", s) for layer, s in seconds.items()}
 
 
+def _program(batch: int, schedule: str = PUBLISHED) -> tuple[Any, Any]:
+    return _program_at(batch), _schedule(schedule)
+
+
 @functools.cache
-def _program(batch: int) -> tuple[Any, Any]:
+def _program_at(batch: int) -> Any:  # one program a batch, whatever the schedule
     model = formats_for_chip(load_model("kimi-k3"), None, "tpu")[0]  # as the kernel records' programs
-    return build_program(model, shard_plan(model, "k3-tp32"), batch=batch, context_tokens=1024), load_schedule("published")
+    return build_program(model, shard_plan(model, "k3-tp32"), batch=batch, context_tokens=1024)
+
+
+@functools.cache
+def _schedule(name: str) -> Any:
+    return schedule_named(name)
 
 
 def layer_remainder(chip: Chip, batch: int, panel_unroll: tuple[int, int],
                     path: Path | str = STATIC_PATH, clock_hz: float = V5E_CLOCK_HZ,
-                    expert_list: str = WALK, loop_iteration_s: float = 0.0) -> tuple[float, str]:
+                    expert_list: str = WALK, loop_iteration_s: float = 0.0,
+                    schedule: str = PUBLISHED) -> tuple[float, str]:
     """(seconds a layer, source): the mean over the loop's layers of what the record (of the
-    build ``panel_unroll``, ``expert_list``) says the layer issues (outside the arms, plus its
-    kind's arm; each loop iteration ``loop_iteration_s`` more) less the engine's compute for
-    the same ops on ``chip`` (module docstring), clipped at 0."""
-    record = layer_issue(batch, panel_unroll, path, expert_list)
-    layers = engine_layer_compute_s(chip, batch, panel_unroll)
+    build ``panel_unroll``, ``expert_list``, compiled under ``schedule`` where there is one:
+    :func:`layer_issue`) says the layer issues (outside the arms, plus its kind's arm; each loop
+    iteration ``loop_iteration_s`` more) less the engine's compute for the same ops on ``chip``
+    under the record's schedule (module docstring), clipped at 0."""
+    record = layer_issue(batch, panel_unroll, path, expert_list, schedule)
+    layers = engine_layer_compute_s(chip, batch, panel_unroll, record.schedule)
     def issue(kind: str) -> float:
         return record.issue_s(kind, clock_hz, loop_iteration_s)
     value = max(sum(issue(kind) - s for kind, s in layers.values()) / len(layers), 0.0)
@@ -205,6 +222,8 @@ def layer_remainder(chip: Chip, batch: int, panel_unroll: tuple[int, int],
     build = "" if record.panel_unroll == tuple(panel_unroll) else f" (the u{record.panel_unroll[0]}x{record.panel_unroll[1]} build's)"
     if record.expert_list != WALK or expert_list != WALK:
         build += f" ({record.expert_list} expert list{'' if record.expert_list == expert_list else ', nearest'})"
+    if record.schedule != PUBLISHED or schedule != PUBLISHED:
+        build += f" (the kernel under {record.schedule}{'' if record.schedule == schedule else ', nearest'})"
     return value, (f"derived from libtpu's static schedule{build} ({record.date[:10]}): a layer of the loop issues "
                    + ", ".join(f"{kind.upper()} {issue(kind) * 1e6:.1f} µs" for kind in ("kda", "mla"))
                    + f" at batch {batch} ({clock_hz / 1e9:.3f} G bundles/s"
@@ -218,7 +237,7 @@ def layer_remainder(chip: Chip, batch: int, panel_unroll: tuple[int, int],
 
 def attention_core_figures(batch: int, panel_unroll: tuple[int, int], path: Path | str = STATIC_PATH,
                            clock_hz: float = V5E_CLOCK_HZ, expert_list: str = WALK,
-                           loop_iteration_s: float = 0.0) -> tuple[float, float, str] | None:
+                           loop_iteration_s: float = 0.0, schedule: str = PUBLISHED) -> tuple[float, float, str] | None:
     """(seconds a cached token, seconds a tile beyond its tokens', source) of the MLA core from
     the record's KV loop (:func:`kv_loops`; the build's record at ``batch``, else the nearest
     build's): a part's bundles / the clock, plus its loop iterations, over the part's
@@ -228,13 +247,15 @@ def attention_core_figures(batch: int, panel_unroll: tuple[int, int], path: Path
     when the record has no KV loop."""
     from megakernel.math_mla import KV_FOLD_TOKENS
 
-    record = layer_issue(batch, panel_unroll, path, expert_list)
+    record = layer_issue(batch, panel_unroll, path, expert_list, schedule)
     if not record.kv_part_bundles:
         return None
     token_s = (record.kv_part_bundles / clock_hz + (1 + record.kv_part_iterations) * loop_iteration_s) / KV_FOLD_TOKENS
     tile_s = record.kv_tile_bundles / clock_hz + (1 + record.kv_tile_iterations) * loop_iteration_s
     build = "" if (record.panel_unroll, record.expert_list) == (tuple(panel_unroll), expert_list) else \
         f" (the nearest build's: u{record.panel_unroll[0]}x{record.panel_unroll[1]}, {record.expert_list} expert list)"
+    if record.schedule != PUBLISHED:
+        build += f" (the kernel under {record.schedule})"
     return token_s, tile_s, (
         f"derived from libtpu's static schedule{build} ({record.date[:10]}): the MLA core's KV loop at batch {batch}, "
         f"{record.kv_part_bundles} bundles a {KV_FOLD_TOKENS}-token part ({record.kv_part_trips} parts a tile as "
