@@ -212,7 +212,11 @@ class PieceRun(Steps):
                     if duration > 0.0:
                         time_s = env.now + duration
                         queue = self.queue
-                        if self.run_ahead and (not queue or queue[0][0] > time_s):  # running ahead (loop)
+                        ahead = self.run_ahead
+                        if ahead and queue:  # running ahead (loop): every queued entry is later
+                            head = queue[0][0]  # (typed when compiled: compared unboxed)
+                            ahead = head > time_s
+                        if ahead:
                             env.now = time_s
                             self.ahead += 1
                         else:
