@@ -196,11 +196,10 @@ class PieceRun(Steps):
                     self.waited += 1
                     stage = 0
                 if stage == 0:  # its waits (from the one after the last waited for), then its compute
-                    waits = piece[2]
                     w = self.waited
-                    n = len(waits)
+                    n = piece[2]  # (a step: its waits are piece[5:5 + n], then its frees: _op_rows)
                     while w < n:
-                        desc = waits[w]
+                        desc = piece[5 + w]
                         if desc.landed != run:  # exposed DMA: wait until it lands
                             self.wait_start = env.now
                             desc.waiter = self.resume
@@ -235,12 +234,16 @@ class PieceRun(Steps):
                         self.phase_set = True
                     self.phase_s += duration
                 staging = self.staging
-                for slab in piece[3]:
+                f = 5 + piece[2]  # its frees, after its waits
+                n = len(piece)
+                while f < n:
+                    slab = piece[f]
                     staging.free(slab)
-                releases = piece[4]
+                    f += 1
+                releases = piece[3]
                 if releases:
                     staging.release_many(releases)
-                writes = piece[5]
+                writes = piece[4]
                 if writes:
                     hbm = self.hbm
                     for desc in writes:
@@ -322,8 +325,8 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
     plain_runs = runner is not None and not share_by_layer and run_ahead
     at, count = 0, len(rows)
     while at < count:
-        op, layer, first, index, launched, name, start_releases, phase, pieces, end_releases, resolves, collectives, \
-            end, joined = rows[at]
+        op, layer, first, index, launched, name, start_releases, phase, steps, end_releases, resolves, collectives, \
+            end, joined, pieces = rows[at]
         if end and plain_runs and not (joined and (index in joins or index in consumed)):
             # a run of plain ops (_op_rows), their op steps below, in C until one is waited for
             if runner.start_ops(rows, at, end):  # asleep or waiting: the driver runs the rest
@@ -364,7 +367,7 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
         if events is not None:
             events.append(("compute", name, layer))
         if runner is not None:  # (PieceRun: the loop below, compiled)
-            if runner.start(pieces, phase):  # asleep or waiting: the driver runs the rest (Driver.resume)
+            if runner.start(steps, phase):  # asleep or waiting: the driver runs the rest (Driver.resume)
                 now = yield runner
             else:
                 now = env.now
@@ -442,11 +445,14 @@ def _op_rows(lowered: Lowered) -> list[tuple[Any, ...]]:
     launches no kernel and runs no collective: the stream's steps for it are its releases, its
     pieces and its time (PieceRun.start_ops).
 
-    The containers a run reads per op and per piece (the start releases, each piece's waits and
-    frees) are copied here into tuples made one after another, in op order: one object each
-    (a list's items are a second one) and neighbours in memory, so a step touches fewer cache
-    lines (K3 at batch 8 reads some 20,000 of them per step). The same members in the same
-    order: the run reads them, never their identity."""
+    The op's pieces are there twice: as plain tuples ``(duration, unit, waits, frees, releases,
+    writes)`` for the stream's own loop (a recorded run), and as the steps :class:`PieceRun`
+    reads, each one tuple ``(duration, unit, n, releases, writes, *waits, *frees)`` (``n``: how
+    many waits): a piece's waits and frees are read with it, not from containers of their own
+    (the piece's first touch in a step is a cache miss, and so was each container's: K3 at
+    batch 8 reads some 8,000 pieces a step). The start releases are copied into a tuple (one
+    object, a list's items are a second). The same members in the same order: the run reads
+    them, never their identity."""
     ops = lowered.ops
     plain = [not op.first_of_layer and not (op.launch_s > 0.0 or op.kernel_fixed_s > 0.0) and not op.collectives
              for op in ops]
@@ -463,9 +469,10 @@ def _op_rows(lowered: Lowered) -> list[tuple[Any, ...]]:
     return [
         (op, op.layer, op.first_of_layer, op.index, op.launch_s > 0.0 or op.kernel_fixed_s > 0.0, op.name,
          tuple(list(op.start_releases)), op.phase,
-         tuple([(piece[0], piece[1], tuple(list(piece[2])), tuple(list(piece[3])), piece[4], piece[5])
+         tuple([tuple([piece[0], piece[1], len(piece[2]), piece[4], piece[5], *piece[2], *piece[3]])
                 for piece in op.pieces]),
-         op.end_releases, op.resolves, op.collectives, ends[position], op.index in consumers)
+         op.end_releases, op.resolves, op.collectives, ends[position], op.index in consumers,
+         tuple([tuple(piece) for piece in op.pieces]))
         for position, op in enumerate(ops)
     ]
 
