@@ -29,7 +29,7 @@ cdef class HbmServer:
     cpdef _advance(self, double now)
 
     @cython.locals(next_s=double, head=double, left=double, finish=double, first=Descriptor, streaming=list, starting=list,
-                   token=long, count=long, env=Clock, at=Py_ssize_t, start_at=Py_ssize_t)
+                   token=long, count=long, env=Clock, at=Py_ssize_t, start_at=Py_ssize_t, entry=tuple)
     cpdef _reschedule(self, double now)
 
     @cython.locals(in_flight=long, max_in_flight=long, issued=long, now=double, elapsed=double,
@@ -42,5 +42,5 @@ cdef class HbmServer:
                    streaming=list, queue=list, head=double, start_s=double, ahead=bint,
                    slack=double, tolerance=double, inf=double, starting=list, env=Clock, group=list,
                    first=Py_ssize_t, landed=Py_ssize_t, size=Py_ssize_t, at=Py_ssize_t, start_at=Py_ssize_t,
-                   compact_at=Py_ssize_t)
+                   compact_at=Py_ssize_t, entry=tuple)
     cpdef _wake(self, long token)

@@ -194,7 +194,10 @@ class HbmServer:
         # when the next copy starts streaming or lands (INF: nothing in flight); ``now`` is the
         # loop's clock (every caller passes env.now)
         starting, start_at = self.starting, self.start_at
-        next_s = starting[start_at][0] if len(starting) > start_at else INF
+        next_s = INF
+        if len(starting) > start_at:
+            entry = starting[start_at]  # (typed when compiled: a tuple read in C)
+            next_s = entry[0]
         streaming, at = self.streaming, self.first
         if len(streaming) > at:
             first = streaming[at]
@@ -360,10 +363,11 @@ class HbmServer:
                 ready = self.ready
                 start_at = self.start_at
                 while len(starting) > start_at:
-                    start_s = starting[start_at][0]
+                    entry = starting[start_at]
+                    start_s = entry[0]
                     if not start_s <= now:
                         break
-                    ready.extend(starting[start_at][1])
+                    ready.extend(entry[1])
                     start_at += 1
                 if start_at >= compact_at:  # the started entries, dropped together
                     del starting[:start_at]
@@ -375,12 +379,13 @@ class HbmServer:
             else:
                 start_at = self.start_at
                 if len(starting) > start_at:
-                    start_s = starting[start_at][0]  # (typed when compiled: compared unboxed)
+                    entry = starting[start_at]  # (typed when compiled: a tuple read in C)
+                    start_s = entry[0]  # (typed when compiled: compared unboxed)
                     if start_s <= now:
                         # _start_streaming without its rate (set once below)
                         virtual_bytes = self.virtual_bytes
                         while True:
-                            group = starting[start_at][1]  # the copies issued together, in issue order
+                            group = entry[1]  # the copies issued together, in issue order
                             start_at += 1
                             for desc in group:
                                 insert_streaming(streaming, desc, virtual_bytes + desc.nbytes, first)
@@ -391,7 +396,8 @@ class HbmServer:
                                     streams[key] = streams.get(key, 0) + 1
                             if len(starting) == start_at:
                                 break
-                            start_s = starting[start_at][0]
+                            entry = starting[start_at]
+                            start_s = entry[0]
                             if not start_s <= now:
                                 break
                         if start_at >= compact_at:  # the started entries, dropped together
@@ -422,7 +428,8 @@ class HbmServer:
                         if run_ahead and resumed is None:
                             ahead = not queue
                             if not ahead:
-                                head = queue[0][0]  # (typed when compiled: compared unboxed)
+                                entry = queue[0]  # (typed when compiled: a tuple read in C)
+                                head = entry[0]  # (typed when compiled: compared unboxed)
                                 ahead = head > now
                         else:
                             ahead = False
@@ -446,7 +453,10 @@ class HbmServer:
                 self._issue()
             # when the next copy starts streaming or lands (INF: nothing in flight)
             start_at = self.start_at
-            next_s = starting[start_at][0] if len(starting) > start_at else inf
+            next_s = inf
+            if len(starting) > start_at:
+                entry = starting[start_at]
+                next_s = entry[0]
             if len(streaming) > first:
                 desc = streaming[first]
                 head = desc.target
@@ -462,7 +472,8 @@ class HbmServer:
             time_s = now + (next_s - now if next_s > now else 0.0)  # as call_later computes it
             ahead = run_ahead and resumed is None  # EventLoop.is_next, inlined: every queued entry is later
             if ahead and queue:  # (a resumption taken at this turn's end is due before it: not ahead)
-                head = queue[0][0]
+                entry = queue[0]
+                head = entry[0]
                 ahead = head > time_s
             if not ahead:
                 token = self.wake_token = self.wake_token + 1

@@ -227,7 +227,8 @@ class Driver:
                 time_s = loop.now + delay  # the next piece with nothing due before it: no entry (loop docstring)
                 queue = loop._queue
                 if queue:
-                    head = queue[0][0]  # (typed when compiled: compared unboxed)
+                    entry = queue[0]  # (typed when compiled: a tuple read in C)
+                    head = entry[0]  # (typed when compiled: compared unboxed)
                     if head <= time_s:
                         break
                 loop.now = time_s

@@ -37,5 +37,5 @@ cdef class PieceRun(Steps):  # (not final: Cython refuses a final subclass overr
     @cython.locals(env=Clock, pieces=tuple, run=long, at=Py_ssize_t, stage=long, count=Py_ssize_t, piece=tuple,
                    duration=double, stalled=double, desc=Descriptor, w=Py_ssize_t, n=Py_ssize_t, time_s=double,
                    queue=list, staging=StagingMemory, slab=Slab, hbm=HbmServer, head=double, ahead=bint,
-                   f=Py_ssize_t)
+                   f=Py_ssize_t, entry=tuple, releases=tuple, writes=tuple)
     cpdef long proceed(self)

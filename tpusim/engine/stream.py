@@ -213,7 +213,8 @@ class PieceRun(Steps):
                         queue = self.queue
                         ahead = self.run_ahead
                         if ahead and queue:  # running ahead (loop): every queued entry is later
-                            head = queue[0][0]  # (typed when compiled: compared unboxed)
+                            entry = queue[0]  # (typed when compiled: a tuple read in C)
+                            head = entry[0]  # (typed when compiled: compared unboxed)
                             ahead = head > time_s
                         if ahead:
                             env.now = time_s
@@ -469,7 +470,8 @@ def _op_rows(lowered: Lowered) -> list[tuple[Any, ...]]:
     return [
         (op, op.layer, op.first_of_layer, op.index, op.launch_s > 0.0 or op.kernel_fixed_s > 0.0, op.name,
          tuple(list(op.start_releases)), op.phase,
-         tuple([tuple([piece[0], piece[1], len(piece[2]), piece[4], piece[5], *piece[2], *piece[3]])
+         tuple([tuple([piece[0], piece[1], len(piece[2]), tuple(list(piece[4])), tuple(list(piece[5])),
+                       *piece[2], *piece[3]])
                 for piece in op.pieces]),
          op.end_releases, op.resolves, op.collectives, ends[position], op.index in consumers,
          tuple([tuple(piece) for piece in op.pieces]))
