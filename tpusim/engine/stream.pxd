@@ -24,7 +24,7 @@ cdef class PieceRun(Steps):  # (not final: Cython refuses a final subclass overr
     cdef public list rows, op_times
     cdef public dict joins, consumed
 
-    cpdef long start(self, tuple pieces, phase)
+    cpdef long start(self, tuple row, phase)
 
     cpdef long start_ops(self, list rows, long at, long end)
 

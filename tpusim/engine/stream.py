@@ -58,6 +58,8 @@ from tpusim.engine.loop import Driver, EventLoop, Steps
 from tpusim.engine.staging import StagingMemory
 from tpusim.engine.timeline import Recorder
 
+STEPS_AT = 14  # where an op row's steps begin (_op_rows)
+
 
 @dataclass(slots=True)
 class StreamAccount:
@@ -143,11 +145,13 @@ class PieceRun(Steps):
         self.joins: dict[int, float] = {}
         self.consumed: dict[int, list[Handle]] = {}
 
-    def start(self, pieces: tuple[tuple[Any, ...], ...], phase: str) -> int:
-        """Run an op's pieces from the first (its phase: where their compute is summed)."""
-        self.pieces, self.phase = pieces, phase
+    def start(self, row: tuple[Any, ...], phase: str) -> int:
+        """Run the pieces of an op (its row: _op_rows) from the first (its phase: where their
+        compute is summed)."""
+        self.pieces, self.phase = row, phase
         self.phase_s, self.phase_set = 0.0, False
-        self.at = self.waited = self.stage = 0
+        self.at = STEPS_AT
+        self.waited = self.stage = 0
         self.op_end = 0
         return self.proceed()
 
@@ -171,22 +175,23 @@ class PieceRun(Steps):
         start_releases = row[6]
         if start_releases:
             staging.release_many(start_releases)
-        self.pieces, self.phase = row[8], row[7]
+        self.pieces, self.phase = row, row[7]
         self.phase_s, self.phase_set = 0.0, False
-        self.at = self.waited = self.stage = 0
+        self.at = STEPS_AT
+        self.waited = self.stage = 0
 
     def proceed(self) -> int:
         """Go on from where it stopped (see the class docstring for what it returns)."""
         env = self.env
         run = self.run
         while True:  # an op's pieces; in a run of plain ops (start_ops), then the next op's
-            pieces = self.pieces
-            at = self.at
+            pieces = self.pieces  # the op's row: its pieces are its steps from STEPS_AT (_op_rows)
+            at = self.at  # where the piece begins in it
             stage = self.stage
             count = len(pieces)
             while at < count:
-                piece = pieces[at]
-                duration = piece[0]
+                duration = pieces[at]
+                n = pieces[at + 2]  # its waits: pieces[at + 6:at + 6 + n], then its frees
                 if stage == 1:  # back from a wait: its exposed time
                     stalled = env.now - self.wait_start
                     self.exposed_dma_s += stalled
@@ -197,9 +202,8 @@ class PieceRun(Steps):
                     stage = 0
                 if stage == 0:  # its waits (from the one after the last waited for), then its compute
                     w = self.waited
-                    n = piece[2]  # (a step: its waits are piece[5:5 + n], then its frees: _op_rows)
                     while w < n:
-                        desc = piece[5 + w]
+                        desc = pieces[at + 6 + w]
                         if desc.landed != run:  # exposed DMA: wait until it lands
                             self.wait_start = env.now
                             desc.waiter = self.resume
@@ -226,7 +230,7 @@ class PieceRun(Steps):
                             return 1
                 # the piece's compute has ended
                 if duration > 0.0:
-                    if piece[1]:  # (VPU = 1, MXU = 0)
+                    if pieces[at + 1]:  # (VPU = 1, MXU = 0)
                         self.vpu_busy_s += duration
                     else:
                         self.mxu_busy_s += duration
@@ -235,22 +239,22 @@ class PieceRun(Steps):
                         self.phase_set = True
                     self.phase_s += duration
                 staging = self.staging
-                f = 5 + piece[2]  # its frees, after its waits
-                n = len(piece)
+                f = at + 6 + n  # its frees
+                n = f + pieces[at + 3]  # (where the next piece begins)
                 while f < n:
-                    slab = piece[f]
+                    slab = pieces[f]
                     staging.free(slab)
                     f += 1
-                releases = piece[3]
+                releases = pieces[at + 4]
                 if releases:
                     staging.release_many(releases)
-                writes = piece[4]
+                writes = pieces[at + 5]
                 if writes:
                     hbm = self.hbm
                     for desc in writes:
                         hbm.enqueue(desc)
                     hbm.pump()
-                at += 1
+                at = n
                 stage = 0
                 self.waited = 0
             if self.phase_set:
@@ -326,8 +330,9 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
     plain_runs = runner is not None and not share_by_layer and run_ahead
     at, count = 0, len(rows)
     while at < count:
-        op, layer, first, index, launched, name, start_releases, phase, steps, end_releases, resolves, collectives, \
-            end, joined, pieces = rows[at]
+        row = rows[at]
+        op, layer, first, index, launched, name, start_releases, phase, pieces, end_releases, resolves, collectives, \
+            end, joined = row[:STEPS_AT]
         if end and plain_runs and not (joined and (index in joins or index in consumed)):
             # a run of plain ops (_op_rows), their op steps below, in C until one is waited for
             if runner.start_ops(rows, at, end):  # asleep or waiting: the driver runs the rest
@@ -368,7 +373,7 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
         if events is not None:
             events.append(("compute", name, layer))
         if runner is not None:  # (PieceRun: the loop below, compiled)
-            if runner.start(steps, phase):  # asleep or waiting: the driver runs the rest (Driver.resume)
+            if runner.start(row, phase):  # asleep or waiting: the driver runs the rest (Driver.resume)
                 now = yield runner
             else:
                 now = env.now
@@ -447,13 +452,13 @@ def _op_rows(lowered: Lowered) -> list[tuple[Any, ...]]:
     pieces and its time (PieceRun.start_ops).
 
     The op's pieces are there twice: as plain tuples ``(duration, unit, waits, frees, releases,
-    writes)`` for the stream's own loop (a recorded run), and as the steps :class:`PieceRun`
-    reads, each one tuple ``(duration, unit, n, releases, writes, *waits, *frees)`` (``n``: how
-    many waits): a piece's waits and frees are read with it, not from containers of their own
-    (the piece's first touch in a step is a cache miss, and so was each container's: K3 at
-    batch 8 reads some 8,000 pieces a step). The start releases are copied into a tuple (one
-    object, a list's items are a second). The same members in the same order: the run reads
-    them, never their identity."""
+    writes)`` (the row's ``pieces``) for the stream's own loop (a recorded run), and as the steps
+    :class:`PieceRun` reads, in the row itself from :data:`STEPS_AT` on, each ``duration, unit,
+    n, m, releases, writes`` then its ``n`` waits and ``m`` frees: a row is one object, an op's
+    pieces, their waits and frees read from it (their first touch in a step is a cache miss, and
+    so was each container's: K3 at batch 8 reads some 8,000 pieces a step). The start releases
+    are copied into a tuple (one object, a list's items are a second). The same members in the
+    same order: the run reads them, never their identity."""
     ops = lowered.ops
     plain = [not op.first_of_layer and not (op.launch_s > 0.0 or op.kernel_fixed_s > 0.0) and not op.collectives
              for op in ops]
@@ -467,16 +472,18 @@ def _op_rows(lowered: Lowered) -> list[tuple[Any, ...]]:
             ends[position] = end
         else:
             end = 0
-    return [
-        (op, op.layer, op.first_of_layer, op.index, op.launch_s > 0.0 or op.kernel_fixed_s > 0.0, op.name,
-         tuple(list(op.start_releases)), op.phase,
-         tuple([tuple([piece[0], piece[1], len(piece[2]), tuple(list(piece[4])), tuple(list(piece[5])),
-                       *piece[2], *piece[3]])
-                for piece in op.pieces]),
-         op.end_releases, op.resolves, op.collectives, ends[position], op.index in consumers,
-         tuple([tuple(piece) for piece in op.pieces]))
-        for position, op in enumerate(ops)
-    ]
+    rows = []
+    for position, op in enumerate(ops):
+        row = [op, op.layer, op.first_of_layer, op.index, op.launch_s > 0.0 or op.kernel_fixed_s > 0.0, op.name,
+               tuple(list(op.start_releases)), op.phase, tuple([tuple(piece) for piece in op.pieces]),
+               op.end_releases, op.resolves, op.collectives, ends[position], op.index in consumers]
+        for piece in op.pieces:
+            row.extend((piece[0], piece[1], len(piece[2]), len(piece[3]), tuple(list(piece[4])),
+                        tuple(list(piece[5]))))
+            row.extend(piece[2])
+            row.extend(piece[3])
+        rows.append(tuple(row))
+    return rows
 
 
 def _launch(env: EventLoop, op: OpPlan, account: StreamAccount,
