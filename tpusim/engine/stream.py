@@ -474,14 +474,19 @@ def _op_rows(lowered: Lowered) -> list[tuple[Any, ...]]:
             end = 0
     rows = []
     for position, op in enumerate(ops):
+        pieces = tuple([tuple(piece) for piece in op.pieces])
         row = [op, op.layer, op.first_of_layer, op.index, op.launch_s > 0.0 or op.kernel_fixed_s > 0.0, op.name,
-               tuple(list(op.start_releases)), op.phase, tuple([tuple(piece) for piece in op.pieces]),
-               op.end_releases, op.resolves, op.collectives, ends[position], op.index in consumers]
-        for piece in op.pieces:
-            row.extend((piece[0], piece[1], len(piece[2]), len(piece[3]), tuple(list(piece[4])),
-                        tuple(list(piece[5]))))
-            row.extend(piece[2])
-            row.extend(piece[3])
+               tuple(op.start_releases), op.phase, pieces, op.end_releases, op.resolves, op.collectives,
+               ends[position], op.index in consumers]
+        for duration, unit, waits, frees, releases, writes in pieces:  # (tuple() of a tuple: itself)
+            row.append(duration)
+            row.append(unit)
+            row.append(len(waits))
+            row.append(len(frees))
+            row.append(tuple(releases))
+            row.append(tuple(writes))
+            row.extend(waits)
+            row.extend(frees)
         rows.append(tuple(row))
     return rows
 
