@@ -129,10 +129,10 @@ class PieceRun(Steps):
         self.mxu_busy_s, self.vpu_busy_s = account.unit_busy
         self.exposed_dma_s = account.exposed_dma_s
         self.ahead = 0  # pieces run ahead (added to env.ran_ahead at the end)
-        self.pieces: tuple[tuple[Any, ...], ...] = ()
+        self.pieces: tuple[Any, ...] = ()  # the op's row: its pieces from STEPS_AT (_op_rows)
         self.phase: str = ""
         self.phase_s, self.phase_set = 0.0, False
-        self.at = self.waited = self.stage = 0  # where it stopped: piece, its wait, 1 waiting / 2 computing
+        self.at = self.waited = self.stage = 0  # where it stopped: piece (its place in the row), its wait, 1 waiting / 2 computing
         self.delay, self.wait_start = 0.0, 0.0
         self.waiting = False
         self.desc: Any = None
