@@ -10,7 +10,7 @@ from tpusim.engine.loop cimport Clock
 
 
 @cython.locals(seq=long, at=Py_ssize_t, other=Descriptor)
-cdef insert_streaming(list streaming, Descriptor desc, double target)
+cdef insert_streaming(list streaming, Descriptor desc, double target, Py_ssize_t first=*)
 
 
 @cython.final
@@ -18,6 +18,7 @@ cdef class HbmServer:
     cdef public Clock env
     cdef public object bandwidth, on_free, recorder, events, ready, wake_fn
     cdef public long run, max_in_flight, issue_count, in_flight, issued, wake_token, turns_ahead
+    cdef public Py_ssize_t first, start_at
     cdef public long long bytes_moved
     cdef public double latency_s, virtual_bytes, rate, last_s, busy_s, last_land_s, wake_at
     cdef public bint by_stream, in_order, direct
@@ -28,7 +29,7 @@ cdef class HbmServer:
     cpdef _advance(self, double now)
 
     @cython.locals(next_s=double, head=double, left=double, finish=double, first=Descriptor, streaming=list, starting=list,
-                   token=long, count=long, env=Clock)
+                   token=long, count=long, env=Clock, at=Py_ssize_t, start_at=Py_ssize_t, entry=tuple)
     cpdef _reschedule(self, double now)
 
     @cython.locals(in_flight=long, max_in_flight=long, issued=long, now=double, elapsed=double,
@@ -39,5 +40,7 @@ cdef class HbmServer:
                    next_s=double, finish=double, left_bytes=double, time_s=double, desc=Descriptor,
                    slab=Slab, by_stream=bint, in_order=bint, run_ahead=bint, count=long,
                    streaming=list, queue=list, head=double, start_s=double, ahead=bint,
-                   slack=double, tolerance=double, inf=double, starting=list, env=Clock, landed=list, group=list)
+                   slack=double, tolerance=double, inf=double, starting=list, env=Clock, group=list,
+                   first=Py_ssize_t, landed=Py_ssize_t, size=Py_ssize_t, at=Py_ssize_t, start_at=Py_ssize_t,
+                   compact_at=Py_ssize_t, entry=tuple)
     cpdef _wake(self, long token)

@@ -70,6 +70,7 @@ BYTE_TOLERANCE = 0.5
 RELATIVE_TOLERANCE = 1e-9
 RELATIVE_SLACK = 1.0 + RELATIVE_TOLERANCE  # (the same float as computed in place)
 INF = float("inf")
+COMPACT_AT = 32  # landed (started) entries kept at the front of ``streaming`` (``starting``) before they are dropped
 
 
 def stream_of(desc: Descriptor) -> object:
@@ -86,9 +87,10 @@ def stream_of(desc: Descriptor) -> object:
     return slab if slab.family == ROUTED else slab.ring
 
 
-def insert_streaming(streaming: list[Descriptor], desc: Descriptor, target: float) -> None:
-    """Put ``desc``, landing at virtual clock ``target``, into ``streaming`` (sorted by
-    (target, seq): the first lands first; (target, seq) is unique, so the order is total).
+def insert_streaming(streaming: list[Descriptor], desc: Descriptor, target: float, first: int = 0) -> None:
+    """Put ``desc``, landing at virtual clock ``target``, into ``streaming[first:]`` (sorted by
+    (target, seq): the first lands first; (target, seq) is unique, so the order is total;
+    the entries before ``first`` have landed: :attr:`HbmServer.first`).
 
     The order ``bisect.insort`` of ``(target, seq, desc)`` tuples gives, found from the end: a
     copy starting now usually lands after those already streaming (it starts at a later ``S``).
@@ -97,7 +99,7 @@ def insert_streaming(streaming: list[Descriptor], desc: Descriptor, target: floa
     desc.target = target
     seq = desc.seq
     at = len(streaming)
-    while at:
+    while at > first:
         other = streaming[at - 1]
         if other.target < target or (other.target == target and other.seq < seq):
             break
@@ -140,17 +142,23 @@ class HbmServer:
         self.recorder = recorder
         self.events = events
         self.queue: list[tuple[int, Descriptor]] = []  # (seq, copy) waiting to be issued
-        # issued, in issue latency: (start time, the copies issued then, in issue order), oldest first
-        # (a list: a few entries at most, taken off the front by ``del starting[0]``)
+        # issued, in issue latency: (start time, the copies issued then, in issue order), oldest
+        # first from ``starting[start_at]`` (the entries before it have started; see ``first``)
         self.starting: list[tuple[float, list[Descriptor]]] = []
+        self.start_at = 0
         # in order: one copy streams at a time, the others wait (latency spent) in issue order
         self.in_order = dma.service == "in_order"
         self.ready: deque[Descriptor] = deque()
         self.issue_count = 0
         # the copies streaming, sorted by (desc.target, desc.seq) (insert_streaming; the first
         # lands first): at most max_in_flight long, so an insertion's few comparisons and a list
-        # shift cost less than a heap's push and pop
+        # shift cost less than a heap's push and pop. They are ``streaming[first:]``: a landing
+        # moves ``first`` on rather than taking the copy off the front of the list (a shift and,
+        # as the list empties and fills, a reallocation per landing); the landed entries before
+        # it are dropped together once there are COMPACT_AT of them (the same for ``starting``
+        # and ``start_at``)
         self.streaming: list[Descriptor] = []
+        self.first = 0
         self.in_flight = 0
         self.virtual_bytes = 0.0  # S(t)
         self.rate = 0.0
@@ -176,7 +184,7 @@ class HbmServer:
     def _advance(self, now: float) -> None:
         elapsed = now - self.last_s
         if elapsed > 0.0:
-            if self.streaming:
+            if len(self.streaming) > self.first:
                 self.virtual_bytes += self.rate * elapsed
             if self.in_flight:
                 self.busy_s += elapsed
@@ -185,11 +193,14 @@ class HbmServer:
     def _reschedule(self, now: float) -> None:
         # when the next copy starts streaming or lands (INF: nothing in flight); ``now`` is the
         # loop's clock (every caller passes env.now)
-        starting = self.starting
-        next_s = starting[0][0] if starting else INF
-        streaming = self.streaming
-        if streaming:
-            first = streaming[0]
+        starting, start_at = self.starting, self.start_at
+        next_s = INF
+        if len(starting) > start_at:
+            entry = starting[start_at]  # (typed when compiled: a tuple read in C)
+            next_s = entry[0]
+        streaming, at = self.streaming, self.first
+        if len(streaming) > at:
+            first = streaming[at]
             head = first.target  # (typed when compiled: the same subtraction, unboxed)
             left = head - self.virtual_bytes
             finish = now + left / self.rate if left > 0.0 else now
@@ -253,7 +264,7 @@ class HbmServer:
         now = self.env.now
         elapsed = now - self.last_s  # _advance, inlined
         if elapsed > 0.0:
-            if self.streaming:
+            if len(self.streaming) > self.first:
                 self.virtual_bytes += self.rate * elapsed
             if in_flight:
                 self.busy_s += elapsed
@@ -280,21 +291,21 @@ class HbmServer:
                 desc.lane = heapq.heappop(self.free_lanes)
             if latency_s > 0.0:
                 self.starting.append((now + latency_s, [desc]))
-            elif self.in_order and self.streaming:
+            elif self.in_order and len(self.streaming) > self.first:
                 self.ready.append(desc)
             else:
                 self._start_streaming(desc)
         return True
 
     def _start_streaming(self, desc: Descriptor) -> None:
-        insert_streaming(self.streaming, desc, self.virtual_bytes + desc.nbytes)
+        insert_streaming(self.streaming, desc, self.virtual_bytes + desc.nbytes, self.first)
         if self.by_stream:
             streams = self.streams
             key = desc.stream = stream_of(desc)
             streams[key] = streams.get(key, 0) + 1
-            self.rate = self.aggregate_by_k[len(streams)] / len(self.streaming)
+            self.rate = self.aggregate_by_k[len(streams)] / (len(self.streaming) - self.first)
         else:
-            self.rate = self.rate_by_n[len(self.streaming)]
+            self.rate = self.rate_by_n[len(self.streaming) - self.first]
 
     # ----------------------------------------------------------------- wake-ups
 
@@ -311,27 +322,29 @@ class HbmServer:
         by_stream, in_order = self.by_stream, self.in_order  # (heappush: a module name, no lookup per turn)
         run = self.run
         slack, tolerance, inf = RELATIVE_SLACK, BYTE_TOLERANCE, INF  # (C doubles when compiled: read once)
+        compact_at = COMPACT_AT  # (a C int when compiled)
         now = env.now
         resumed = None  # the compute stream's resumption, taken at the turn's end without an entry (below)
         while True:  # one turn per wake-up; the next taken at once while nothing is due before it
             self.wake_at = inf
             # _advance, inlined
+            first = self.first  # the copies streaming are streaming[first:] (__init__)
             elapsed = now - self.last_s
             if elapsed > 0.0:
-                if streaming:
+                if len(streaming) > first:
                     self.virtual_bytes += self.rate * elapsed
                 if self.in_flight:
                     self.busy_s += elapsed
                 self.last_s = now
-            landed: list[Descriptor] | None = None
-            if streaming:
+            landed = first  # streaming[landed:first] land in this turn (none yet)
+            size = len(streaming)
+            if size > first:
                 limit = self.virtual_bytes * slack + tolerance
-                desc = streaming[0]
+                desc = streaming[first]
                 head = desc.target  # (typed when compiled: compared unboxed)
                 if head <= limit:
-                    count = 0
-                    while True:  # the first `count` copies land: taken off together below
-                        count += 1
+                    while True:  # the copies from the first on land: passed over together below
+                        first += 1
                         if by_stream:
                             key = desc.stream
                             left = streams[key] - 1
@@ -339,52 +352,69 @@ class HbmServer:
                                 streams[key] = left
                             else:
                                 del streams[key]
-                        if count == len(streaming):
+                        if first == size:
                             break
-                        desc = streaming[count]
+                        desc = streaming[first]
                         head = desc.target
                         if not head <= limit:
                             break
-                    landed = streaming[:count]  # (one list made, not one append a copy)
-                    if count == 1:
-                        del streaming[0]
-                    else:
-                        del streaming[:count]
+                    self.first = first
             if in_order:
                 ready = self.ready
-                while starting and starting[0][0] <= now:
-                    ready.extend(starting.pop(0)[1])
-                if ready and not streaming:  # the next in issue order streams alone
+                start_at = self.start_at
+                while len(starting) > start_at:
+                    entry = starting[start_at]
+                    start_s = entry[0]
+                    if not start_s <= now:
+                        break
+                    ready.extend(entry[1])
+                    start_at += 1
+                if start_at >= compact_at:  # the started entries, dropped together
+                    del starting[:start_at]
+                    start_at = 0
+                self.start_at = start_at
+                if ready and len(streaming) == first:  # the next in issue order streams alone
                     desc = ready.popleft()
-                    insert_streaming(streaming, desc, self.virtual_bytes + desc.nbytes)
-            elif starting:
-                start_s = starting[0][0]  # (typed when compiled: compared unboxed)
-                if start_s <= now:
-                    # _start_streaming without its rate (set once below)
-                    virtual_bytes = self.virtual_bytes
-                    while True:
-                        group = starting[0][1]  # the copies issued together, in issue order
-                        del starting[0]  # (not pop(0): compiled, a generic method call)
-                        for desc in group:
-                            insert_streaming(streaming, desc, virtual_bytes + desc.nbytes)
-                            if by_stream:  # stream_of, inlined
-                                slab = desc.slab
-                                key = desc.stream = desc.family if slab is None else (
-                                    slab if slab.family == ROUTED else slab.ring)
-                                streams[key] = streams.get(key, 0) + 1
-                        if not starting:
-                            break
-                        start_s = starting[0][0]
-                        if not start_s <= now:
-                            break
-            if by_stream and streaming:
-                self.rate = self.aggregate_by_k[len(streams)] / len(streaming)
+                    insert_streaming(streaming, desc, self.virtual_bytes + desc.nbytes, first)
             else:
-                self.rate = self.rate_by_n[len(streaming)]
-            if landed is not None:
+                start_at = self.start_at
+                if len(starting) > start_at:
+                    entry = starting[start_at]  # (typed when compiled: a tuple read in C)
+                    start_s = entry[0]  # (typed when compiled: compared unboxed)
+                    if start_s <= now:
+                        # _start_streaming without its rate (set once below)
+                        virtual_bytes = self.virtual_bytes
+                        while True:
+                            group = entry[1]  # the copies issued together, in issue order
+                            start_at += 1
+                            for desc in group:
+                                insert_streaming(streaming, desc, virtual_bytes + desc.nbytes, first)
+                                if by_stream:  # stream_of, inlined
+                                    slab = desc.slab
+                                    key = desc.stream = desc.family if slab is None else (
+                                        slab if slab.family == ROUTED else slab.ring)
+                                    streams[key] = streams.get(key, 0) + 1
+                            if len(starting) == start_at:
+                                break
+                            entry = starting[start_at]
+                            start_s = entry[0]
+                            if not start_s <= now:
+                                break
+                        if start_at >= compact_at:  # the started entries, dropped together
+                            del starting[:start_at]
+                            start_at = 0
+                        self.start_at = start_at
+            size = len(streaming) - first  # the copies streaming now
+            if by_stream and size:
+                self.rate = self.aggregate_by_k[len(streams)] / size
+            else:
+                self.rate = self.rate_by_n[size]
+            if landed < first:
                 self.last_land_s = now
                 recorder, on_free = self.recorder, self.on_free
-                for desc in landed:  # _land
+                # (what a landing frees may issue copies: they are inserted after streaming[first])
+                for at in range(landed, first):  # _land
+                    desc = streaming[at]
                     self.in_flight -= 1  # per copy: a slab it frees may issue into the freed slot
                     self.bytes_moved += desc.nbytes
                     desc.landed = run
@@ -395,7 +425,15 @@ class HbmServer:
                     waiter = desc.waiter
                     if waiter is not None:  # the compute stream waits on this copy: Driver.wake, inlined
                         desc.waiter = None  # (waiter: the driver's bound resume)
-                        if run_ahead and resumed is None and (not queue or queue[0][0] > now):
+                        if run_ahead and resumed is None:
+                            ahead = not queue
+                            if not ahead:
+                                entry = queue[0]  # (typed when compiled: a tuple read in C)
+                                head = entry[0]  # (typed when compiled: compared unboxed)
+                                ahead = head > now
+                        else:
+                            ahead = False
+                        if ahead:
                             # its entry would be the next served (every queued entry is later; what
                             # this turn queues after it comes after it): called at the turn's end
                             resumed = waiter
@@ -408,12 +446,19 @@ class HbmServer:
                         on_free(slab)  # StagingMemory.resolve: its last copy landed, drop it now
                     if desc.frees_slab is not None:
                         on_free(desc.frees_slab)
+                if first >= compact_at:  # the landed entries, dropped together
+                    del streaming[:first]
+                    first = self.first = 0
             if self.queue and self.in_flight < self.max_in_flight:
                 self._issue()
             # when the next copy starts streaming or lands (INF: nothing in flight)
-            next_s = starting[0][0] if starting else inf
-            if streaming:
-                desc = streaming[0]
+            start_at = self.start_at
+            next_s = inf
+            if len(starting) > start_at:
+                entry = starting[start_at]
+                next_s = entry[0]
+            if len(streaming) > first:
+                desc = streaming[first]
                 head = desc.target
                 left_bytes = head - self.virtual_bytes
                 finish = now + left_bytes / self.rate if left_bytes > 0.0 else now
@@ -427,7 +472,8 @@ class HbmServer:
             time_s = now + (next_s - now if next_s > now else 0.0)  # as call_later computes it
             ahead = run_ahead and resumed is None  # EventLoop.is_next, inlined: every queued entry is later
             if ahead and queue:  # (a resumption taken at this turn's end is due before it: not ahead)
-                head = queue[0][0]
+                entry = queue[0]
+                head = entry[0]
                 ahead = head > time_s
             if not ahead:
                 token = self.wake_token = self.wake_token + 1

@@ -29,5 +29,5 @@ cdef class Driver:
     cdef public Steps steps
     cdef public bint alive, fresh
 
-    @cython.locals(queue=list, time_s=double, loop=Clock, steps=Steps, count=long)
+    @cython.locals(queue=list, time_s=double, loop=Clock, steps=Steps, count=long, head=double, entry=tuple)
     cpdef resume(self, _arg=*)

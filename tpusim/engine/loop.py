@@ -226,8 +226,11 @@ class Driver:
                     break
                 time_s = loop.now + delay  # the next piece with nothing due before it: no entry (loop docstring)
                 queue = loop._queue
-                if queue and queue[0][0] <= time_s:
-                    break
+                if queue:
+                    entry = queue[0]  # (typed when compiled: a tuple read in C)
+                    head = entry[0]  # (typed when compiled: compared unboxed)
+                    if head <= time_s:
+                        break
                 loop.now = time_s
                 loop.ran_ahead += 1
                 delay = send(time_s)  # type: ignore[misc]

@@ -119,7 +119,7 @@ class StagingMemory:
                     now = self.env.now
                     elapsed = now - hbm.last_s  # HbmServer._advance, inlined
                     if elapsed > 0.0:
-                        if hbm.streaming:
+                        if len(hbm.streaming) > hbm.first:
                             hbm.virtual_bytes += hbm.rate * elapsed
                         if in_flight:
                             hbm.busy_s += elapsed

@@ -24,7 +24,7 @@ cdef class PieceRun(Steps):  # (not final: Cython refuses a final subclass overr
     cdef public list rows, op_times
     cdef public dict joins, consumed
 
-    cpdef long start(self, tuple pieces, phase)
+    cpdef long start(self, tuple row, phase)
 
     cpdef long start_ops(self, list rows, long at, long end)
 
@@ -36,5 +36,6 @@ cdef class PieceRun(Steps):  # (not final: Cython refuses a final subclass overr
 
     @cython.locals(env=Clock, pieces=tuple, run=long, at=Py_ssize_t, stage=long, count=Py_ssize_t, piece=tuple,
                    duration=double, stalled=double, desc=Descriptor, w=Py_ssize_t, n=Py_ssize_t, time_s=double,
-                   queue=list, staging=StagingMemory, slab=Slab, hbm=HbmServer)
+                   queue=list, staging=StagingMemory, slab=Slab, hbm=HbmServer, head=double, ahead=bint,
+                   f=Py_ssize_t, entry=tuple, releases=tuple, writes=tuple)
     cpdef long proceed(self)

@@ -58,6 +58,8 @@ from tpusim.engine.loop import Driver, EventLoop, Steps
 from tpusim.engine.staging import StagingMemory
 from tpusim.engine.timeline import Recorder
 
+STEPS_AT = 14  # where an op row's steps begin (_op_rows)
+
 
 @dataclass(slots=True)
 class StreamAccount:
@@ -127,10 +129,10 @@ class PieceRun(Steps):
         self.mxu_busy_s, self.vpu_busy_s = account.unit_busy
         self.exposed_dma_s = account.exposed_dma_s
         self.ahead = 0  # pieces run ahead (added to env.ran_ahead at the end)
-        self.pieces: tuple[tuple[Any, ...], ...] = ()
+        self.pieces: tuple[Any, ...] = ()  # the op's row: its pieces from STEPS_AT (_op_rows)
         self.phase: str = ""
         self.phase_s, self.phase_set = 0.0, False
-        self.at = self.waited = self.stage = 0  # where it stopped: piece, its wait, 1 waiting / 2 computing
+        self.at = self.waited = self.stage = 0  # where it stopped: piece (its place in the row), its wait, 1 waiting / 2 computing
         self.delay, self.wait_start = 0.0, 0.0
         self.waiting = False
         self.desc: Any = None
@@ -143,11 +145,13 @@ class PieceRun(Steps):
         self.joins: dict[int, float] = {}
         self.consumed: dict[int, list[Handle]] = {}
 
-    def start(self, pieces: tuple[tuple[Any, ...], ...], phase: str) -> int:
-        """Run an op's pieces from the first (its phase: where their compute is summed)."""
-        self.pieces, self.phase = pieces, phase
+    def start(self, row: tuple[Any, ...], phase: str) -> int:
+        """Run the pieces of an op (its row: _op_rows) from the first (its phase: where their
+        compute is summed)."""
+        self.pieces, self.phase = row, phase
         self.phase_s, self.phase_set = 0.0, False
-        self.at = self.waited = self.stage = 0
+        self.at = STEPS_AT
+        self.waited = self.stage = 0
         self.op_end = 0
         return self.proceed()
 
@@ -171,22 +175,23 @@ class PieceRun(Steps):
         start_releases = row[6]
         if start_releases:
             staging.release_many(start_releases)
-        self.pieces, self.phase = row[8], row[7]
+        self.pieces, self.phase = row, row[7]
         self.phase_s, self.phase_set = 0.0, False
-        self.at = self.waited = self.stage = 0
+        self.at = STEPS_AT
+        self.waited = self.stage = 0
 
     def proceed(self) -> int:
         """Go on from where it stopped (see the class docstring for what it returns)."""
         env = self.env
         run = self.run
         while True:  # an op's pieces; in a run of plain ops (start_ops), then the next op's
-            pieces = self.pieces
-            at = self.at
+            pieces = self.pieces  # the op's row: its pieces are its steps from STEPS_AT (_op_rows)
+            at = self.at  # where the piece begins in it
             stage = self.stage
             count = len(pieces)
             while at < count:
-                piece = pieces[at]
-                duration = piece[0]
+                duration = pieces[at]
+                n = pieces[at + 2]  # its waits: pieces[at + 6:at + 6 + n], then its frees
                 if stage == 1:  # back from a wait: its exposed time
                     stalled = env.now - self.wait_start
                     self.exposed_dma_s += stalled
@@ -196,11 +201,9 @@ class PieceRun(Steps):
                     self.waited += 1
                     stage = 0
                 if stage == 0:  # its waits (from the one after the last waited for), then its compute
-                    waits = piece[2]
                     w = self.waited
-                    n = len(waits)
                     while w < n:
-                        desc = waits[w]
+                        desc = pieces[at + 6 + w]
                         if desc.landed != run:  # exposed DMA: wait until it lands
                             self.wait_start = env.now
                             desc.waiter = self.resume
@@ -212,7 +215,12 @@ class PieceRun(Steps):
                     if duration > 0.0:
                         time_s = env.now + duration
                         queue = self.queue
-                        if self.run_ahead and (not queue or queue[0][0] > time_s):  # running ahead (loop)
+                        ahead = self.run_ahead
+                        if ahead and queue:  # running ahead (loop): every queued entry is later
+                            entry = queue[0]  # (typed when compiled: a tuple read in C)
+                            head = entry[0]  # (typed when compiled: compared unboxed)
+                            ahead = head > time_s
+                        if ahead:
                             env.now = time_s
                             self.ahead += 1
                         else:
@@ -222,7 +230,7 @@ class PieceRun(Steps):
                             return 1
                 # the piece's compute has ended
                 if duration > 0.0:
-                    if piece[1]:  # (VPU = 1, MXU = 0)
+                    if pieces[at + 1]:  # (VPU = 1, MXU = 0)
                         self.vpu_busy_s += duration
                     else:
                         self.mxu_busy_s += duration
@@ -231,18 +239,22 @@ class PieceRun(Steps):
                         self.phase_set = True
                     self.phase_s += duration
                 staging = self.staging
-                for slab in piece[3]:
+                f = at + 6 + n  # its frees
+                n = f + pieces[at + 3]  # (where the next piece begins)
+                while f < n:
+                    slab = pieces[f]
                     staging.free(slab)
-                releases = piece[4]
+                    f += 1
+                releases = pieces[at + 4]
                 if releases:
                     staging.release_many(releases)
-                writes = piece[5]
+                writes = pieces[at + 5]
                 if writes:
                     hbm = self.hbm
                     for desc in writes:
                         hbm.enqueue(desc)
                     hbm.pump()
-                at += 1
+                at = n
                 stage = 0
                 self.waited = 0
             if self.phase_set:
@@ -270,8 +282,7 @@ class PieceRun(Steps):
             self.op_end = 0
             return False
         row = self.rows[at]
-        index = row[3]
-        if index in self.joins or index in self.consumed:  # the stream waits for its collectives
+        if row[13] and (row[3] in self.joins or row[3] in self.consumed):  # the stream waits for its collectives
             self.op_end = 0
             return False
         self.enter_op(row)
@@ -319,9 +330,10 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
     plain_runs = runner is not None and not share_by_layer and run_ahead
     at, count = 0, len(rows)
     while at < count:
+        row = rows[at]
         op, layer, first, index, launched, name, start_releases, phase, pieces, end_releases, resolves, collectives, \
-            end = rows[at]
-        if end and plain_runs and not (index in joins or index in consumed):
+            end, joined = row[:STEPS_AT]
+        if end and plain_runs and not (joined and (index in joins or index in consumed)):
             # a run of plain ops (_op_rows), their op steps below, in C until one is waited for
             if runner.start_ops(rows, at, end):  # asleep or waiting: the driver runs the rest
                 now = yield runner
@@ -345,7 +357,7 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
         if launched:
             yield from _launch(env, op, account, recorder)
             now = env.now
-        if index in joins or index in consumed:  # (a plain call: most joins do not wait)
+        if joined and (index in joins or index in consumed):  # (a plain call: most joins do not wait)
             join_s = _join_s(now, op, links, joins, consumed, events)
             if join_s > now:
                 start = now
@@ -361,7 +373,7 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
         if events is not None:
             events.append(("compute", name, layer))
         if runner is not None:  # (PieceRun: the loop below, compiled)
-            if runner.start(pieces, phase):  # asleep or waiting: the driver runs the rest (Driver.resume)
+            if runner.start(row, phase):  # asleep or waiting: the driver runs the rest (Driver.resume)
                 now = yield runner
             else:
                 now = env.now
@@ -433,12 +445,24 @@ def compute_stream(env: EventLoop, driver: Driver, lowered: Lowered, hbm: HbmSer
 
 def _op_rows(lowered: Lowered) -> list[tuple[Any, ...]]:
     """Each op's fields the stream reads, as one tuple (its pieces as plain tuples: a NamedTuple
-    unpacks through the iterator protocol), the last the end of the run of plain ops from it
-    (0: not plain). A plain op starts no layer, launches no kernel and runs no collective: the
-    stream's steps for it are its releases, its pieces and its time (PieceRun.start_ops)."""
+    unpacks through the iterator protocol), then the end of the run of plain ops from it (0: not
+    plain) and whether a collective names it as its consumer (only such an op can be waited for:
+    ``joins`` and ``consumed`` are keyed by ``join_op_index``). A plain op starts no layer,
+    launches no kernel and runs no collective: the stream's steps for it are its releases, its
+    pieces and its time (PieceRun.start_ops).
+
+    The op's pieces are there twice: as plain tuples ``(duration, unit, waits, frees, releases,
+    writes)`` (the row's ``pieces``) for the stream's own loop (a recorded run), and as the steps
+    :class:`PieceRun` reads, in the row itself from :data:`STEPS_AT` on, each ``duration, unit,
+    n, m, releases, writes`` then its ``n`` waits and ``m`` frees: a row is one object, an op's
+    pieces, their waits and frees read from it (their first touch in a step is a cache miss, and
+    so was each container's: K3 at batch 8 reads some 8,000 pieces a step). The start releases
+    are copied into a tuple (one object, a list's items are a second). The same members in the
+    same order: the run reads them, never their identity."""
     ops = lowered.ops
     plain = [not op.first_of_layer and not (op.launch_s > 0.0 or op.kernel_fixed_s > 0.0) and not op.collectives
              for op in ops]
+    consumers = {call.join_op_index for op in ops for call in op.collectives}
     ends = [0] * len(ops)
     end = 0
     for position in range(len(ops) - 1, -1, -1):
@@ -448,12 +472,23 @@ def _op_rows(lowered: Lowered) -> list[tuple[Any, ...]]:
             ends[position] = end
         else:
             end = 0
-    return [
-        (op, op.layer, op.first_of_layer, op.index, op.launch_s > 0.0 or op.kernel_fixed_s > 0.0, op.name,
-         op.start_releases, op.phase, tuple([tuple(piece) for piece in op.pieces]), op.end_releases,
-         op.resolves, op.collectives, ends[position])
-        for position, op in enumerate(ops)
-    ]
+    rows = []
+    for position, op in enumerate(ops):
+        pieces = tuple([tuple(piece) for piece in op.pieces])
+        row = [op, op.layer, op.first_of_layer, op.index, op.launch_s > 0.0 or op.kernel_fixed_s > 0.0, op.name,
+               tuple(op.start_releases), op.phase, pieces, op.end_releases, op.resolves, op.collectives,
+               ends[position], op.index in consumers]
+        for duration, unit, waits, frees, releases, writes in pieces:  # (tuple() of a tuple: itself)
+            row.append(duration)
+            row.append(unit)
+            row.append(len(waits))
+            row.append(len(frees))
+            row.append(tuple(releases))
+            row.append(tuple(writes))
+            row.extend(waits)
+            row.extend(frees)
+        rows.append(tuple(row))
+    return rows
 
 
 def _launch(env: EventLoop, op: OpPlan, account: StreamAccount,
