@@ -105,12 +105,13 @@ def test_every_bundle_10_percent_longer_fails_the_drift_guard(predictor: BuildPr
 def test_the_mxfp4_decoder_10_percent_slower_fails_the_drift_guard(predictor: BuildPredictor,
                                                                    committed) -> None:  # type: ignore[no-untyped-def]
     """Over 2 % since the per-layer cost is paid through the layer (2026-12-07): the down
-    projections' decode shows where the copies do not hide it (the docs' table: +3.2 / +3.1 %, and
-    +3.2 % on set v5e-ar's `published-no-lookahead` b4)."""
+    projections' decode shows where the copies do not hide it (the docs' table: +3.1 / +3.1 % at
+    batch 1, +2.8 % on `published-no-lookahead` b4; since each schedule's own kernel is read, the
+    ring kernels' longer layer code leaves less to hide it under: +2.4 % at b1, +2.3 % at b16)."""
     failed = _failed(predictor, held(committed, MXFP4, 1.1))
-    assert [g.what.split(" (")[0] for g in failed] == ["layer-double-buffer b1", "published-no-lookahead b1",
-                                                       "published-no-lookahead b4"], \
-        [g.line() for g in failed]
+    assert [g.what.split(" (")[0] for g in failed] == [
+        "k3-ring b1", "k3-ring-banks6 b1", "k3-ring-during-selection b1", "k3-ring-kv128 b1", "layer-double-buffer b1",
+        "published-no-lookahead b1", "published-no-lookahead b4", "k3-ring b16"], [g.line() for g in failed]
     assert all(g.error > 0.02 for g in failed)
 
 
