@@ -90,7 +90,8 @@ def core_call(batch: int, buffers: int, capacity: int, n_big: int, interpret: In
             @pl.when(r < 0)
             def _() -> None:
                 every_row = lax.bitcast_convert_type(pads[0][0:PAD_ROWS, :], jnp.int32).astype(jnp.float32)
-                out[0, 0:1, 0:LANES] = jnp.sum(every_row, axis=0, keepdims=True)  # every round's every vreg is live
+                first_lanes = slice(0, LANES)
+                out[0, 0:1, first_lanes] = jnp.sum(every_row, axis=0, keepdims=True)  # every round's every vreg is live
 
         def when(cond: Any, fn: Callable[[], None]) -> None:
             if isinstance(cond, bool):
