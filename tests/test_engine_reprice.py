@@ -15,14 +15,12 @@ zero) is lowered afresh, the kept step untouched.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
-from engine_programs import program_on
+from engine_programs import program_on, results_of
 
 from calibration.core.parameters import chip_with, figure_value
 from hwmodels.schema import Chip
-from tpusim.engine import InfeasibleSchedule, simulate
+from tpusim.engine import simulate
 from tpusim.engine.build import Lowered, lower
 from tpusim.engine.policy import execution_policy
 from tpusim.engine.reuse import _KEPT, forget_lowerings
@@ -58,14 +56,6 @@ def moved(chip: Chip, paths: dict[str, float]) -> Chip:
     return chip_with(chip, {path: figure_value(chip, path) * factor for path, factor in paths.items()})
 
 
-def _results(program: Program, schedule: str, chip: Chip) -> object:
-    try:
-        result = simulate(program, load_schedule(schedule), chip, record_events=True)
-    except InfeasibleSchedule as error:
-        return f"infeasible: {error}"
-    return dataclasses.asdict(dataclasses.replace(result, event_count=0)), result.event_count
-
-
 def _seqs(items: object) -> tuple[int, ...]:
     return tuple(item.seq for item in items)
 
@@ -86,16 +76,16 @@ def _fresh(program: Program, schedule: str, chip: Chip) -> list[object]:
 
 def _repriced_against_fresh(program: Program, schedule: str, chip: Chip, other: Chip) -> None:
     forget_lowerings()
-    fresh = _results(program, schedule, other)
+    fresh = results_of(program, schedule, other)
     forget_lowerings()
-    first = _results(program, schedule, chip)
+    first = results_of(program, schedule, chip)
     kept = _KEPT[-1].lowered
-    repriced = _results(program, schedule, other)
+    repriced = results_of(program, schedule, other)
     during_selection = load_schedule(schedule).expert_issue == "during_selection"
     assert (len(_KEPT) == 1 and _KEPT[-1].lowered is kept) != during_selection
     assert repriced == fresh
     assert _view(_KEPT[-1].lowered) == _fresh(program, schedule, other)
-    assert _results(program, schedule, chip) == first  # and back
+    assert results_of(program, schedule, chip) == first  # and back
     assert _view(_KEPT[-1].lowered) == _fresh(program, schedule, chip)
 
 
@@ -135,12 +125,12 @@ def test_every_figure_at_once_and_the_fit_walking_its_points() -> None:
     for number, trial in enumerate(chips):
         for position, program in enumerate(programs):
             forget_lowerings()
-            fresh[number, position] = _results(program, "layer-double-buffer", trial)
+            fresh[number, position] = results_of(program, "layer-double-buffer", trial)
     forget_lowerings()
     for _round in range(2):
         for number, trial in enumerate(chips):
             for position, program in enumerate(programs):
-                assert _results(program, "layer-double-buffer", trial) == fresh[number, position], (number, position)
+                assert results_of(program, "layer-double-buffer", trial) == fresh[number, position], (number, position)
     assert len(_KEPT) == len(programs)  # one kept step a point, repriced in turn
 
 
@@ -152,11 +142,11 @@ def test_a_figure_that_changes_the_pieces_is_lowered_afresh() -> None:
     free = chip.model_copy(update={"compute": [
         unit.model_copy(update={"dequant_s_per_element": {}}) if unit is vector else unit for unit in chip.compute]})
     forget_lowerings()
-    fresh = _results(program, "naive", free)
+    fresh = results_of(program, "naive", free)
     forget_lowerings()
-    first = _results(program, "naive", chip)
+    first = results_of(program, "naive", chip)
     kept = _KEPT[-1].lowered
     before = _view(kept)
-    assert _results(program, "naive", free) == fresh != first
+    assert results_of(program, "naive", free) == fresh != first
     assert len(_KEPT) == 2 and _KEPT[0].lowered is kept and _view(kept) == before
-    assert _results(program, "naive", chip) == first
+    assert results_of(program, "naive", chip) == first

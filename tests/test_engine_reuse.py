@@ -10,20 +10,18 @@ lowering's collectives (step 5), shared by every schedule of one program on one 
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
-from engine_programs import program_on
+from engine_programs import program_on, results_of
 
 from hwmodels.schema import Chip
-from tpusim.engine import InfeasibleSchedule, build, simulate
+from tpusim.engine import build, simulate
 from tpusim.engine.build import Lowered
 from tpusim.engine.policy import execution_policy
 from tpusim.engine.reuse import _KEPT, forget_lowerings, lowered_step
 from tpusim.schedule.schema import BUILTIN_SCHEDULES, load_schedule
 from tpusim.schedule.vmem import vmem_plan
 from tpusim.workload.model_catalog import load_model, plan_for
-from tpusim.workload.program import Program, build_program
+from tpusim.workload.program import build_program
 
 # What a run may set and the next run must find clear. Flags hold the number of the run that set
 # them (tpusim.engine.items), so they are compared as "set in the held run". A copy's ``stream``,
@@ -32,14 +30,6 @@ from tpusim.workload.program import Program, build_program
 DESC_FLAGS = ("landed",)
 SLAB_FLAGS = ("released", "freed", "free_on_land")
 
-
-
-def _results(program: Program, schedule: str, chip: Chip) -> object:
-    try:
-        result = simulate(program, load_schedule(schedule), chip, record_events=True)
-    except InfeasibleSchedule as error:
-        return f"infeasible: {error}"
-    return dataclasses.asdict(dataclasses.replace(result, event_count=0)), result.event_count
 
 
 def _state(lowered: Lowered) -> list[object]:
@@ -70,7 +60,7 @@ def test_reset_state_equals_a_fresh_lowering(schedule: str) -> None:
     forget_lowerings()
     with lowered_step(program, effective, chip, policy, vmem) as lowered:
         fresh = _state(lowered)
-    _results(program, schedule, chip)  # runs the kept step: its state moves
+    results_of(program, schedule, chip)  # runs the kept step: its state moves
     assert _state(_KEPT[-1].lowered) != fresh
     with lowered_step(program, effective, chip, policy, vmem) as again:
         assert again is _KEPT[-1].lowered  # reused, not lowered again
@@ -105,8 +95,8 @@ def test_a_held_step_is_not_shared() -> None:
         with lowered_step(program, effective, chip, policy, vmem) as other:
             assert other is not held and _state(other) == _state(held)
         assert len(_KEPT) == 1 and _KEPT[0].lowered is held  # the second copy is not kept
-        expected = _results(program, "published", chip)  # runs on a copy of its own, too
-    assert _results(program, "published", chip) == expected  # the kept one, reset
+        expected = results_of(program, "published", chip)  # runs on a copy of its own, too
+    assert results_of(program, "published", chip) == expected  # the kept one, reset
 
 
 def test_reused_step_equals_fresh_mini() -> None:
@@ -114,9 +104,9 @@ def test_reused_step_equals_fresh_mini() -> None:
     program, chip = program_on("kimi-k3-mini", "tpu-v5e", 1)
     for schedule in BUILTIN_SCHEDULES:
         forget_lowerings()
-        fresh = _results(program, schedule, chip)
-        _results(program, BUILTIN_SCHEDULES[0] if schedule != BUILTIN_SCHEDULES[0] else BUILTIN_SCHEDULES[1], chip)
-        assert _results(program, schedule, chip) == fresh, schedule
+        fresh = results_of(program, schedule, chip)
+        results_of(program, BUILTIN_SCHEDULES[0] if schedule != BUILTIN_SCHEDULES[0] else BUILTIN_SCHEDULES[1], chip)
+        assert results_of(program, schedule, chip) == fresh, schedule
 
 
 @pytest.mark.slow
@@ -126,9 +116,9 @@ def test_reused_step_equals_fresh_mini() -> None:
 def test_reused_step_equals_fresh_exactly(model: str, hardware: str, batch: int) -> None:
     program, chip = program_on(model, hardware, batch)
     forget_lowerings()
-    fresh = {schedule: _results(program, schedule, chip) for schedule in BUILTIN_SCHEDULES}
+    fresh = {schedule: results_of(program, schedule, chip) for schedule in BUILTIN_SCHEDULES}
     for schedule in BUILTIN_SCHEDULES:  # each step kept, then reset and run again
-        assert _results(program, schedule, chip) == fresh[schedule], (model, hardware, batch, schedule)
+        assert results_of(program, schedule, chip) == fresh[schedule], (model, hardware, batch, schedule)
 
 
 def test_collectives_shared_across_schedules_exactly() -> None:
@@ -138,12 +128,12 @@ def test_collectives_shared_across_schedules_exactly() -> None:
     program, chip = program_on("kimi-k3", "tpu-v7", 1)
     forget_lowerings()
     build._COLLECTIVES.clear()
-    own = _results(program, "naive", chip)
+    own = results_of(program, "naive", chip)
     forget_lowerings()
     build._COLLECTIVES.clear()
-    _results(program, "published", chip)  # lowers step 5 for the program
+    results_of(program, "published", chip)  # lowers step 5 for the program
     assert len(build._COLLECTIVES) == 1
-    assert _results(program, "naive", chip) == own  # naive lowered with published's plans
+    assert results_of(program, "naive", chip) == own  # naive lowered with published's plans
     assert len(build._COLLECTIVES) == 1
 
 
@@ -164,26 +154,26 @@ def test_other_copy_engine_figures_reuse_the_step_exactly(hardware: str) -> None
     program, chip = program_on("kimi-k3-mini", hardware, 1)
     other = _with_copy_engine(chip, 0.8, 2e-6)
     forget_lowerings()
-    fresh = _results(program, "published", other)
+    fresh = results_of(program, "published", other)
     assert len(_KEPT) == 1
     forget_lowerings()
-    _results(program, "published", chip)
+    results_of(program, "published", chip)
     lowered = _KEPT[-1].lowered
-    reused = _results(program, "published", other)
+    reused = results_of(program, "published", other)
     assert len(_KEPT) == 1 and _KEPT[-1].lowered is lowered  # the same lowering, reset
     assert reused == fresh
-    assert reused != _results(program, "published", chip)  # the figures do move the step
+    assert reused != results_of(program, "published", chip)  # the figures do move the step
     vector = chip.vector_unit
     slower = chip.model_copy(update={"compute": [
         unit.model_copy(update={"peak_flops_per_s": {dtype: figure.model_copy(update={"value": figure.value / 2})
                                                    for dtype, figure in unit.peak_flops_per_s.items()}})
         if unit is vector else unit for unit in chip.compute]})
     forget_lowerings()
-    fresh_slower = _results(program, "layer-double-buffer", slower)
+    fresh_slower = results_of(program, "layer-double-buffer", slower)
     forget_lowerings()
-    _results(program, "layer-double-buffer", chip)
+    results_of(program, "layer-double-buffer", chip)
     lowered = _KEPT[-1].lowered
-    assert _results(program, "layer-double-buffer", slower) == fresh_slower
+    assert results_of(program, "layer-double-buffer", slower) == fresh_slower
     assert len(_KEPT) == 1 and _KEPT[-1].lowered is lowered  # compute figures only price it: repriced
 
 
@@ -216,15 +206,15 @@ def test_a_step_not_kept_runs_the_same_and_leaves_the_store_alone() -> None:
 
     program, chip = program_on("kimi-k3-mini", "tpu-v5e", 8)
     forget_lowerings()
-    kept = _results(program, "published", chip)
+    kept = results_of(program, "published", chip)
     store = list(_KEPT)
     with lowerings_not_kept():
-        not_kept = _results(program, "layer-double-buffer", chip)
+        not_kept = results_of(program, "layer-double-buffer", chip)
         assert store == _KEPT
-        assert _results(program, "published", chip) == kept  # the kept step, reused
+        assert results_of(program, "published", chip) == kept  # the kept step, reused
     assert store == _KEPT
     forget_lowerings()
-    assert _results(program, "layer-double-buffer", chip) == not_kept  # a fresh, kept lowering: the same
+    assert results_of(program, "layer-double-buffer", chip) == not_kept  # a fresh, kept lowering: the same
 
 
 def test_steps_kept_for_a_walk_are_dropped_after_it() -> None:
